@@ -1,0 +1,39 @@
+"""Shared fixtures: locating ../shared/data (skipped with a clear reason when absent)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _shared_data_dir() -> Path:
+    env = os.environ.get("PRIVMTL_SHARED_DATA")
+    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    path = _shared_data_dir()
+    if not path.is_dir():
+        pytest.skip(f"shared data folder not found at {path} (set PRIVMTL_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def school_path(shared_data_dir: Path) -> Path:
+    path = shared_data_dir / "school" / "school.mat"
+    if not path.is_file():
+        pytest.skip(f"School data not found at {path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def femnist_dir(shared_data_dir: Path) -> Path:
+    path = shared_data_dir / "femnist-leaf"
+    if not (path / "train").is_dir():
+        pytest.skip(f"LEAF FEMNIST data not found at {path}")
+    return path
