@@ -87,7 +87,7 @@ def check_rng(seed: Any, name: str = "random_state") -> np.random.Generator:
     Passing a Generator returns it unchanged (its state is shared, as in scikit-learn).
     Legacy ``RandomState`` objects are refused: all privmtl randomness is explicit.
     """
-    if seed is None or isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+    if seed is None or (isinstance(seed, numbers.Integral) and not isinstance(seed, bool)):
         if seed is not None and int(seed) < 0:
             raise InvalidParameterError(
                 f"The '{name}' parameter must be a non-negative int, a numpy Generator or None; "

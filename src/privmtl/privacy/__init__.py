@@ -1,1 +1,89 @@
-"""privacy."""
+"""Privacy layer: mechanisms emit events, accountants compose them, guarantees state the result.
+
+Solvers in :mod:`privmtl.linear` and :mod:`privmtl.federated` never compute ε themselves: they draw
+clients with a :class:`ClientSampler`, release statistics through the primitives here, and ask the
+planning object (sampler + :class:`PrivacyLedger`, or :class:`CovarianceSchedule`) for the guarantee.
+"""
+
+from __future__ import annotations
+
+from privmtl.privacy.accounting import (
+    PrivacyLedger,
+    adapt_event,
+    calibrate_noise_multiplier,
+    compute_epsilon,
+    event_from_dict,
+    event_to_dict,
+    make_accountant,
+)
+from privmtl.privacy.closed_form import (
+    pmtl_theorem1_epsilon,
+    pmtl_theorem1_noise_std,
+    pmtl_theorem1_valid,
+    workshop_noise_std,
+)
+from privmtl.privacy.composition import (
+    allocate_budgets,
+    allocation_weights,
+    composition_bound,
+    ip_to_mp,
+    mp_budget_for_ip,
+)
+from privmtl.privacy.covariance import (
+    CovarianceSchedule,
+    covariance_sensitivity,
+    plan_covariance_releases,
+    wishart_real_delta,
+)
+from privmtl.privacy.guarantee import ACCOUNTANTS, RELATIONS, SAMPLINGS, PrivacyGuarantee
+from privmtl.privacy.mechanisms import (
+    clip_columns,
+    clip_rows,
+    symmetric_gaussian_noise,
+    wishart_noise,
+    wishart_support_mismatch,
+)
+from privmtl.privacy.sampling import (
+    ClientSampler,
+    FixedSizeSampler,
+    FullParticipation,
+    PoissonSampler,
+    make_sampler,
+)
+
+__all__ = [
+    "ACCOUNTANTS",
+    "RELATIONS",
+    "SAMPLINGS",
+    "ClientSampler",
+    "CovarianceSchedule",
+    "FixedSizeSampler",
+    "FullParticipation",
+    "PoissonSampler",
+    "PrivacyGuarantee",
+    "PrivacyLedger",
+    "adapt_event",
+    "allocate_budgets",
+    "allocation_weights",
+    "calibrate_noise_multiplier",
+    "clip_columns",
+    "clip_rows",
+    "composition_bound",
+    "compute_epsilon",
+    "covariance_sensitivity",
+    "event_from_dict",
+    "event_to_dict",
+    "ip_to_mp",
+    "make_accountant",
+    "make_sampler",
+    "mp_budget_for_ip",
+    "plan_covariance_releases",
+    "pmtl_theorem1_epsilon",
+    "pmtl_theorem1_noise_std",
+    "pmtl_theorem1_valid",
+    "symmetric_gaussian_noise",
+    "wishart_noise",
+    "wishart_real_delta",
+    "wishart_support_mismatch",
+    "workshop_noise_std",
+]

@@ -1,0 +1,359 @@
+"""Composing privacy events into (ε, δ) with dp-accounting's RDP and PLD accountants.
+
+Convention for Gaussian events emitted by privmtl mechanisms: ``noise_multiplier`` z = σ/Δ where Δ is
+the *add/remove* sensitivity of the released statistic (γ/q for the server mean of q clipped updates,
+K² for the covariance W̃W̃ᵀ of clipped task models). The neighbouring relation is chosen when
+accounting, and this module translates it into what each dp-accounting accountant expects:
+
+=========  ============  ================================================================
+relation   accountant    translation
+=========  ============  ================================================================
+add-remove rdp, pld      events as they are (Poisson-sampled or plain Gaussian)
+replace-one pld          events as they are; PLD doubles the sensitivity itself
+replace-one rdp          Gaussian(z) → Gaussian(z/2) (replace-one sensitivity is 2Δ);
+                         fixed-size sampling → Wang–Balle–Kasiviswanathan bound (z/2)
+=========  ============  ================================================================
+
+Combinations dp-accounting cannot bound (fixed-size sampling under add/remove, fixed-size sampling
+with PLD, Poisson sampling under replace-one with RDP) raise :class:`InvalidParameterError` naming a
+supported alternative — never a silent, wrong ε.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import Any
+
+import dp_accounting
+from dp_accounting import dp_event as dpe
+
+from privmtl._validation import check_choice, check_real
+from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
+from privmtl.privacy.guarantee import RELATIONS
+
+__all__ = [
+    "TIGHT_ACCOUNTANTS",
+    "PrivacyLedger",
+    "adapt_event",
+    "calibrate_noise_multiplier",
+    "compute_epsilon",
+    "event_from_dict",
+    "event_to_dict",
+    "make_accountant",
+]
+
+#: Accountants backed by dp-accounting.
+TIGHT_ACCOUNTANTS = ("rdp", "pld")
+
+_REL = dp_accounting.NeighboringRelation
+
+
+def _check(accountant: str, relation: str) -> None:
+    check_choice("accountant", accountant, TIGHT_ACCOUNTANTS)
+    check_choice("relation", relation, RELATIONS)
+
+
+def make_accountant(accountant: str = "rdp", relation: str = "add-remove") -> Any:
+    """A fresh dp-accounting accountant for ``accountant`` in {"rdp", "pld"} and the relation."""
+    _check(accountant, relation)
+    rel = _REL.REPLACE_ONE if relation == "replace-one" else _REL.ADD_OR_REMOVE_ONE
+    if accountant == "rdp":
+        # Integer orders: the fractional orders below 2 make dp-accounting's series fail to converge
+        # (and be dropped, with a warning) at small noise multipliers.
+        orders = [float(a) for a in range(2, 129)] + [160.0, 192.0, 256.0, 384.0, 512.0, 1024.0]
+        return dp_accounting.rdp.RdpAccountant(orders=orders, neighboring_relation=rel)
+    return dp_accounting.pld.PLDAccountant(neighboring_relation=rel)
+
+
+def adapt_event(event: dpe.DpEvent, *, accountant: str, relation: str) -> dpe.DpEvent:
+    """Translate a privmtl event (add/remove convention) for dp-accounting; see the module doc."""
+    _check(accountant, relation)
+    halve = accountant == "rdp" and relation == "replace-one"
+
+    def walk(e: dpe.DpEvent) -> dpe.DpEvent:
+        if isinstance(e, dpe.NoOpDpEvent | dpe.NonPrivateDpEvent):
+            return e
+        if isinstance(e, dpe.GaussianDpEvent):
+            return dpe.GaussianDpEvent(e.noise_multiplier / 2.0) if halve else e
+        if isinstance(e, dpe.SelfComposedDpEvent):
+            return dpe.SelfComposedDpEvent(walk(e.event), e.count)
+        if isinstance(e, dpe.ComposedDpEvent):
+            return dpe.ComposedDpEvent([walk(x) for x in e.events])
+        if isinstance(e, dpe.PoissonSampledDpEvent):
+            if halve:
+                raise InvalidParameterError(
+                    "Poisson client sampling under the 'replace-one' relation cannot be accounted "
+                    "with accountant='rdp'; use accountant='pld' or relation='add-remove'."
+                )
+            return e
+        if isinstance(e, dpe.SampledWithoutReplacementDpEvent):
+            if relation != "replace-one":
+                raise InvalidParameterError(
+                    "Fixed-size client sampling is accounted under the 'replace-one' relation "
+                    "only (the population size is public); got relation='add-remove'. Use "
+                    "sampling='poisson' or relation='replace-one'."
+                )
+            if accountant != "rdp":
+                raise InvalidParameterError(
+                    "Fixed-size client sampling is supported by accountant='rdp' only; got "
+                    f"accountant={accountant!r}."
+                )
+            return dpe.SampledWithoutReplacementDpEvent(
+                e.source_dataset_size, e.sample_size, walk(e.event)
+            )
+        raise InvalidParameterError(f"Unsupported privacy event for accounting: {e!r}.")
+
+    return walk(event)
+
+
+def compute_epsilon(
+    event: dpe.DpEvent,
+    *,
+    delta: float,
+    accountant: str = "rdp",
+    relation: str = "add-remove",
+) -> float:
+    """ε of ``event`` at ``delta`` (``inf`` for a non-private event)."""
+    check_real("delta", delta, low=0.0, high=1.0, closed="neither")
+    acc = make_accountant(accountant, relation)
+    acc.compose(adapt_event(event, accountant=accountant, relation=relation))
+    eps = float(acc.get_epsilon(delta))
+    return eps if math.isfinite(eps) else math.inf
+
+
+def calibrate_noise_multiplier(
+    event_fn: Callable[[float], dpe.DpEvent],
+    *,
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "rdp",
+    relation: str = "add-remove",
+    rtol: float = 1e-4,
+) -> float:
+    """Smallest noise multiplier z (within ``rtol``) with ε(event_fn(z)) ≤ ``target_epsilon``.
+
+    Uses :func:`dp_accounting.calibrate_dp_mechanism` (Brent's method) and then checks the result:
+    the returned z always satisfies the target (it is nudged up if the search ended a hair below).
+    """
+    target = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
+    check_real("delta", delta, low=0.0, high=1.0, closed="neither")
+    _check(accountant, relation)
+
+    def make_event(z: float) -> dpe.DpEvent:
+        return adapt_event(event_fn(z), accountant=accountant, relation=relation)
+
+    def eps_of(z: float) -> float:
+        return compute_epsilon(event_fn(z), delta=delta, accountant=accountant, relation=relation)
+
+    if accountant == "rdp":
+        bracket: Any = dp_accounting.LowerEndpointAndGuess(1e-3, 1.0)
+        tol = 1e-9
+    else:
+        # PLD is expensive at tiny noise (huge privacy-loss grids): bracket it with RDP, which is
+        # cheap and never tighter than PLD.
+        try:
+            z_hi = calibrate_noise_multiplier(
+                event_fn, target_epsilon=target, delta=delta, accountant="rdp", relation=relation
+            )
+        except InvalidParameterError:
+            z_hi = 2.5 * calibrate_noise_multiplier(
+                event_fn,
+                target_epsilon=target,
+                delta=delta,
+                accountant="rdp",
+                relation="add-remove",
+            )
+        while eps_of(z_hi) > target:
+            z_hi *= 1.5
+        bracket = dp_accounting.ExplicitBracketInterval(z_hi / 8.0, z_hi)
+        tol = rtol * z_hi / 10.0
+    z = float(
+        dp_accounting.calibrate_dp_mechanism(
+            lambda: make_accountant(accountant, relation),
+            make_event,
+            target,
+            delta,
+            bracket_interval=bracket,
+            tol=tol,
+        )
+    )
+    for _ in range(60):
+        if eps_of(z) <= target:
+            return z
+        z *= 1.0 + rtol
+    raise PrivacyBudgetError(  # pragma: no cover - defensive
+        f"Could not calibrate a noise multiplier for epsilon={target} at delta={delta}."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Serialization of the events privmtl emits (for ledgers that survive checkpoint/resume).
+
+
+def event_to_dict(event: dpe.DpEvent) -> dict[str, Any]:
+    """JSON-ready form of the events privmtl emits."""
+    if isinstance(event, dpe.NoOpDpEvent):
+        return {"type": "noop"}
+    if isinstance(event, dpe.NonPrivateDpEvent):
+        return {"type": "non_private"}
+    if isinstance(event, dpe.GaussianDpEvent):
+        return {"type": "gaussian", "noise_multiplier": float(event.noise_multiplier)}
+    if isinstance(event, dpe.PoissonSampledDpEvent):
+        return {
+            "type": "poisson",
+            "sampling_probability": float(event.sampling_probability),
+            "event": event_to_dict(event.event),
+        }
+    if isinstance(event, dpe.SampledWithoutReplacementDpEvent):
+        return {
+            "type": "fixed",
+            "source_dataset_size": int(event.source_dataset_size),
+            "sample_size": int(event.sample_size),
+            "event": event_to_dict(event.event),
+        }
+    if isinstance(event, dpe.SelfComposedDpEvent):
+        return {
+            "type": "self_composed",
+            "count": int(event.count),
+            "event": event_to_dict(event.event),
+        }
+    if isinstance(event, dpe.ComposedDpEvent):
+        return {"type": "composed", "events": [event_to_dict(e) for e in event.events]}
+    raise InvalidParameterError(f"Cannot serialize privacy event {event!r}.")
+
+
+def event_from_dict(data: dict[str, Any]) -> dpe.DpEvent:
+    """Inverse of :func:`event_to_dict`."""
+    kind = data.get("type")
+    if kind == "noop":
+        return dpe.NoOpDpEvent()
+    if kind == "non_private":
+        return dpe.NonPrivateDpEvent()
+    if kind == "gaussian":
+        return dpe.GaussianDpEvent(float(data["noise_multiplier"]))
+    if kind == "poisson":
+        return dpe.PoissonSampledDpEvent(
+            float(data["sampling_probability"]), event_from_dict(data["event"])
+        )
+    if kind == "fixed":
+        return dpe.SampledWithoutReplacementDpEvent(
+            int(data["source_dataset_size"]),
+            int(data["sample_size"]),
+            event_from_dict(data["event"]),
+        )
+    if kind == "self_composed":
+        return dpe.SelfComposedDpEvent(event_from_dict(data["event"]), int(data["count"]))
+    if kind == "composed":
+        return dpe.ComposedDpEvent([event_from_dict(e) for e in data["events"]])
+    raise InvalidParameterError(f"Unknown privacy event type in ledger: {kind!r}.")
+
+
+class PrivacyLedger:
+    """Records every privatized release and keeps the running (ε at fixed δ).
+
+    Parameters
+    ----------
+    delta : float
+        δ at which ε is reported.
+    accountant : {"rdp", "pld"}
+    relation : {"add-remove", "replace-one"}
+    budget : float or None
+        If given, :meth:`check` raises :class:`PrivacyBudgetError` *before* a release whose event
+        would take ε above the budget; :meth:`record` checks too.
+
+    Notes
+    -----
+    ``to_dict``/``from_dict`` round-trip through JSON, so a training run can checkpoint its ledger and
+    resume with the exact same accounting state.
+    """
+
+    def __init__(
+        self,
+        *,
+        delta: float,
+        accountant: str = "rdp",
+        relation: str = "add-remove",
+        budget: float | None = None,
+    ) -> None:
+        _check(accountant, relation)
+        self.delta = check_real("delta", delta, low=0.0, high=1.0, closed="neither")
+        self.accountant = accountant
+        self.relation = relation
+        self.budget = (
+            None if budget is None else check_real("budget", budget, low=0.0, closed="neither")
+        )
+        self._acc = make_accountant(accountant, relation)
+        self.records: list[dict[str, Any]] = []
+        self.history: list[float] = []
+
+    def _composed_epsilon(self, acc: Any) -> float:
+        eps = float(acc.get_epsilon(self.delta))
+        return eps if math.isfinite(eps) else math.inf
+
+    def epsilon_if(self, event: dpe.DpEvent) -> float:
+        """ε the ledger would report after also recording ``event``."""
+        acc = copy.deepcopy(self._acc)
+        acc.compose(adapt_event(event, accountant=self.accountant, relation=self.relation))
+        return self._composed_epsilon(acc)
+
+    def check(self, event: dpe.DpEvent) -> float:
+        """Raise :class:`PrivacyBudgetError` if recording ``event`` would exceed the budget.
+
+        Returns the ε after the event.
+        """
+        eps = self.epsilon_if(event)
+        if self.budget is not None and eps > self.budget:
+            raise PrivacyBudgetError(
+                f"Release refused: it would take epsilon from {self.epsilon():.4g} to {eps:.4g}, "
+                f"above the budget {self.budget:.4g} (delta={self.delta:g}, "
+                f"{self.accountant}, {self.relation})."
+            )
+        return eps
+
+    def record(self, event: dpe.DpEvent, *, round: int | None = None) -> float:
+        """Compose ``event`` (after :meth:`check`) and return the new ε."""
+        adapted = adapt_event(event, accountant=self.accountant, relation=self.relation)
+        if self.budget is not None:
+            self.check(event)
+        self._acc.compose(adapted)
+        eps = self._composed_epsilon(self._acc)
+        self.records.append({"round": round, "event": event_to_dict(event)})
+        self.history.append(eps)
+        return eps
+
+    def epsilon(self) -> float:
+        """Current ε at ``delta`` (0 before any release)."""
+        if not self.records:
+            return 0.0
+        return self.history[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready state."""
+        return {
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "relation": self.relation,
+            "budget": self.budget,
+            "records": list(self.records),
+            "history": [e if math.isfinite(e) else None for e in self.history],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyLedger:
+        """Rebuild a ledger (re-composing every recorded event) from :meth:`to_dict` output."""
+        ledger = cls(
+            delta=data["delta"],
+            accountant=data["accountant"],
+            relation=data["relation"],
+            budget=data.get("budget"),
+        )
+        for rec in data["records"]:
+            event = event_from_dict(rec["event"])
+            ledger._acc.compose(
+                adapt_event(event, accountant=ledger.accountant, relation=ledger.relation)
+            )
+            ledger.records.append(dict(rec))
+        ledger.history = [math.inf if e is None else float(e) for e in data.get("history", [])]
+        return ledger

@@ -1,0 +1,71 @@
+"""Clipping and additive-noise primitives, as pure functions.
+
+Solvers call these; none of them computes ε. The privacy event of a release is emitted by the object
+that planned it (a sampler for PMTL, a :class:`~privmtl.privacy.covariance.CovarianceSchedule` for
+MP-MTL) and composed by :mod:`privmtl.privacy.accounting`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from privmtl._validation import check_real
+
+__all__ = [
+    "clip_columns",
+    "clip_rows",
+    "symmetric_gaussian_noise",
+    "wishart_noise",
+    "wishart_support_mismatch",
+]
+
+
+def _clip(A: np.ndarray, bound: float, axis: int) -> np.ndarray:
+    b = check_real("clip", bound, low=0.0, closed="neither")
+    A = np.asarray(A, dtype=float)
+    norms = np.linalg.norm(A, axis=axis, keepdims=True)
+    return A / np.maximum(1.0, norms / b)
+
+
+def clip_columns(W: np.ndarray, bound: float) -> np.ndarray:
+    """Scale every column w_i of ``W`` (d×m) to ``w_i / max(1, ‖w_i‖₂/bound)``."""
+    return _clip(W, bound, axis=0)
+
+
+def clip_rows(U: np.ndarray, bound: float) -> np.ndarray:
+    """Scale every row of ``U`` to ℓ2 norm at most ``bound`` (rows shorter than it are unchanged)."""
+    return _clip(U, bound, axis=1)
+
+
+def symmetric_gaussian_noise(dim: int, std: float, rng: np.random.Generator) -> np.ndarray:
+    """Symmetric d×d matrix whose upper triangle (diagonal included) is i.i.d. N(0, std²).
+
+    This is the noise of the "Analyze Gauss" mechanism: the upper-triangular vector of w wᵀ has ℓ2
+    norm ≤ ‖w‖², so releasing Σ̃ + E has sensitivity K² (add/remove one task with ‖w‖ ≤ K).
+    """
+    upper = np.triu(rng.standard_normal((dim, dim)) * std)
+    return upper + np.triu(upper, 1).T
+
+
+def wishart_noise(dim: int, scale: float, rng: np.random.Generator) -> np.ndarray:
+    """E ~ Wishart_d(ν = d+1, V = scale·I_d), sampled as GᵀG with G (d+1)×d i.i.d. N(0, scale).
+
+    The MP-MTL paper uses ``scale = K²/(2ε_t)``. Equivalent in law to
+    ``scipy.stats.wishart(df=d+1, scale=scale*I)``.
+    """
+    G = rng.standard_normal((dim + 1, dim)) * np.sqrt(scale)
+    return G.T @ G
+
+
+def wishart_support_mismatch(E: np.ndarray, w: np.ndarray) -> bool:
+    """True when E − w wᵀ is not positive definite.
+
+    For neighbouring inputs with w_i = 0 and w_i' = w, a Wishart release Σ̃ + E is then *impossible*
+    under the neighbour: the event that breaks the published ε-DP claim (SPEC §4).
+    """
+    M = E - np.outer(w, w)
+    try:
+        np.linalg.cholesky(M)
+    except np.linalg.LinAlgError:
+        return True
+    return False
