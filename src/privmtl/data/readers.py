@@ -1,0 +1,358 @@
+"""Readers for multi-task data: MALSAR ``.mat`` files (School) and long CSV/Parquet tables.
+
+Every reader returns a :class:`~privmtl.data.multitask.MultiTaskDataset` and reports unreadable or
+malformed input as :class:`~privmtl.exceptions.DataFormatError` naming the path, column or row.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from privmtl._validation import check_choice
+from privmtl.data.multitask import TASK_TYPES, MultiTaskDataset, TaskType
+from privmtl.exceptions import DataFormatError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "SCHOOL_ENV_VAR",
+    "dataset_from_frame",
+    "default_school_path",
+    "load_malsar_mat",
+    "load_school",
+    "read_table",
+]
+
+SCHOOL_ENV_VAR = "PRIVMTL_SCHOOL_PATH"
+_SHARED_ENV_VAR = "PRIVMTL_SHARED_DATA"
+_CSV_SUFFIXES = (".csv", ".csv.gz")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def _resolve_task_type(
+    y: NDArray[np.float64], task_type: str | None, where: str
+) -> tuple[NDArray[np.float64], TaskType]:
+    """Infer/check the task type and map {-1, 1} labels to {0, 1}.
+
+    Classification is inferred when the target values are a subset of {0, 1} or of {-1, 1}.
+    """
+    if task_type is not None:
+        check_choice("task_type", task_type, TASK_TYPES)
+    values = np.unique(y)
+    is01 = bool(np.all(np.isin(values, (0.0, 1.0))))
+    is_pm1 = bool(np.all(np.isin(values, (-1.0, 1.0))))
+    if task_type == "regression" or (task_type is None and not (is01 or is_pm1)):
+        return y, "regression"
+    if is01:
+        return y, "classification"
+    if is_pm1:
+        return (y > 0).astype(np.float64), "classification"
+    shown = values[~np.isin(values, (-1.0, 0.0, 1.0))][:5].tolist()
+    raise DataFormatError(
+        f"{where}: classification targets must be 0/1 or -1/1; found values such as {shown}."
+    )
+
+
+# ---------------------------------------------------------------------- MALSAR .mat
+def _cells(obj: Any, key: str, path: Path) -> list[Any]:
+    arr = np.asarray(obj)
+    if arr.dtype != object:
+        raise DataFormatError(
+            f"{path}: variable {key!r} must be a MATLAB cell array (1 x m or m x 1); "
+            f"got a {arr.dtype} array of shape {arr.shape}."
+        )
+    if arr.ndim != 2 or 1 not in arr.shape:
+        raise DataFormatError(
+            f"{path}: cell array {key!r} must be 1 x m or m x 1; got shape {arr.shape}."
+        )
+    return list(arr.ravel())
+
+
+def load_malsar_mat(
+    path: str | os.PathLike[str],
+    *,
+    task_type: TaskType | None = "regression",
+    task_names: Sequence[str] | None = None,
+) -> MultiTaskDataset:
+    """Read a MALSAR-style MATLAB file with cell arrays ``X`` and ``Y``.
+
+    ``X{i}`` is the ``n_i x d`` feature matrix of task ``i`` and ``Y{i}`` its ``n_i x 1`` targets.
+    Cells may be laid out 1 x m or m x 1. Values of any numeric MATLAB class (School stores
+    **uint8**) are converted to float64 before any arithmetic. No column is added or removed.
+
+    Parameters
+    ----------
+    path : path-like
+        The ``.mat`` file (MATLAB v4-v7.2, read by :func:`scipy.io.loadmat`).
+    task_type : {"regression", "classification"} or None, default="regression"
+        ``None`` infers classification when all targets are in {0, 1} or {-1, 1}.
+        -1/1 labels are mapped to 0/1.
+    task_names : sequence of str, optional
+        Default ``("task_0", ...)``.
+
+    Returns
+    -------
+    MultiTaskDataset
+
+    Raises
+    ------
+    DataFormatError
+        If the file is missing or unreadable, ``X``/``Y`` are missing or not cell arrays of matching
+        length, or a cell has an invalid shape or content (the task index is named).
+    """
+    from scipy.io import loadmat
+
+    p = Path(path)
+    if not p.is_file():
+        raise DataFormatError(f"MALSAR .mat file not found: {p}")
+    try:
+        mat = loadmat(str(p))
+    except Exception as exc:  # scipy raises several types for corrupt files
+        raise DataFormatError(f"{p}: not a readable MATLAB .mat file ({exc}).") from exc
+    for key in ("X", "Y"):
+        if key not in mat:
+            found = sorted(k for k in mat if not k.startswith("__"))
+            raise DataFormatError(f"{p}: variable {key!r} not found; the file has {found}.")
+    Xc, Yc = _cells(mat["X"], "X", p), _cells(mat["Y"], "Y", p)
+    if len(Xc) != len(Yc):
+        raise DataFormatError(f"{p}: X has {len(Xc)} cells but Y has {len(Yc)}.")
+    Xs: list[NDArray[np.float64]] = []
+    ys: list[NDArray[np.float64]] = []
+    for i, (xi, yi) in enumerate(zip(Xc, Yc, strict=True)):
+        try:
+            Xa = np.asarray(xi).astype(np.float64)
+            ya = np.asarray(yi).astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise DataFormatError(f"{p}: cell {i + 1} is not numeric ({exc}).") from exc
+        if ya.ndim == 2 and 1 in ya.shape:
+            ya = ya.ravel()
+        if Xa.ndim != 2 or ya.ndim != 1:
+            raise DataFormatError(
+                f"{p}: cell {i + 1}: X must be n_i x d and Y n_i x 1; "
+                f"got {Xa.shape} and {np.asarray(yi).shape}."
+            )
+        Xs.append(Xa)
+        ys.append(ya)
+    y_all, kind = _resolve_task_type(np.concatenate(ys), task_type, str(p))
+    ys = np.split(y_all, np.cumsum([len(y) for y in ys])[:-1])
+    return MultiTaskDataset(
+        X=tuple(Xs),
+        y=tuple(ys),
+        task_names=tuple(task_names) if task_names is not None else (),
+        task_type=kind,
+    )
+
+
+def default_school_path() -> Path:
+    """Where :func:`load_school` looks by default.
+
+    In order: ``$PRIVMTL_SCHOOL_PATH``; ``$PRIVMTL_SHARED_DATA/school/school.mat``;
+    ``../shared/data/school/school.mat`` relative to the current working directory.
+    """
+    env = os.environ.get(SCHOOL_ENV_VAR)
+    if env:
+        return Path(env)
+    shared = os.environ.get(_SHARED_ENV_VAR)
+    if shared:
+        return Path(shared) / "school" / "school.mat"
+    return Path.cwd().parent / "shared" / "data" / "school" / "school.mat"
+
+
+def load_school(path: str | os.PathLike[str] | None = None) -> MultiTaskDataset:
+    """Load the School data (ILEA, as distributed with MALSAR): 139 regression tasks.
+
+    Each task is a school; ``X_i`` is ``n_i x 28`` (27 attributes and a final constant column of
+    ones, kept as is), ``y_i`` the exam scores; 15 362 students in total. Task names are
+    ``"school_001"`` ... ``"school_139"``. Apply the MP-MTL protocol yourself:
+    ``load_school().train_test_split(0.3, random_state=...)`` and ``normalize_rows()``.
+
+    Parameters
+    ----------
+    path : path-like, optional
+        Default :func:`default_school_path`.
+
+    Raises
+    ------
+    DataFormatError
+        If the file does not exist (the message names the path and ``PRIVMTL_SCHOOL_PATH``).
+    """
+    p = Path(path) if path is not None else default_school_path()
+    if not p.is_file():
+        raise DataFormatError(
+            f"School data not found at {p}. Pass the path of school.mat or set the environment "
+            f"variable {SCHOOL_ENV_VAR} (or {_SHARED_ENV_VAR} to the shared data folder)."
+        )
+    data = load_malsar_mat(p, task_type="regression")
+    names = tuple(f"school_{i + 1:03d}" for i in range(data.n_tasks))
+    return MultiTaskDataset(X=data.X, y=data.y, task_names=names, task_type="regression")
+
+
+# ---------------------------------------------------------------------- tables
+def _first_bad_row(frame: pd.DataFrame, column: str, mask: NDArray[np.bool_]) -> str:
+    pos = int(np.argmax(mask))
+    return f"column {column!r} row {pos} (index label {frame.index[pos]!r})"
+
+
+def dataset_from_frame(
+    frame: pd.DataFrame,
+    *,
+    task_column: str = "task",
+    target_column: str = "y",
+    feature_columns: Sequence[str] | None = None,
+    task_type: TaskType | None = None,
+    source: str = "table",
+) -> MultiTaskDataset:
+    """Build a dataset from a long table with one row per sample.
+
+    Tasks appear in the order of their first row (for a categorical task column: the category
+    order). See :func:`read_table` for the rules.
+    """
+    import pandas as pd
+
+    columns = [str(c) for c in frame.columns]
+    frame = frame.set_axis(columns, axis=1)
+    for col, what in ((task_column, "task"), (target_column, "target")):
+        if col not in columns:
+            raise DataFormatError(f"{source}: {what} column {col!r} not found; columns: {columns}.")
+    if feature_columns is None:
+        feats = [c for c in columns if c not in (task_column, target_column)]
+    else:
+        feats = [str(c) for c in feature_columns]
+        missing = [c for c in feats if c not in columns]
+        if missing:
+            raise DataFormatError(
+                f"{source}: feature column(s) {missing} not found; columns: {columns}."
+            )
+        overlap = [c for c in feats if c in (task_column, target_column)]
+        if overlap:
+            raise DataFormatError(
+                f"{source}: column(s) {overlap} cannot be both a feature and the task/target."
+            )
+    if not feats:
+        raise DataFormatError(f"{source}: no feature columns (columns: {columns}).")
+    if len(frame) == 0:
+        raise DataFormatError(f"{source}: the table has no rows.")
+
+    tasks = frame[task_column]
+    if tasks.isna().any():
+        raise DataFormatError(
+            f"{source}: missing task in {_first_bad_row(frame, task_column, tasks.isna().to_numpy())}."
+        )
+    for col in [*feats, target_column]:
+        s = frame[col]
+        if not (pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s)):
+            bad = pd.to_numeric(s, errors="coerce").isna().to_numpy() & s.notna().to_numpy()
+            where = _first_bad_row(frame, col, bad) if bad.any() else f"column {col!r}"
+            raise DataFormatError(f"{source}: non-numeric value in {where} (dtype {s.dtype}).")
+        vals = s.to_numpy(dtype=np.float64, na_value=np.nan)
+        bad = ~np.isfinite(vals)
+        if bad.any():
+            raise DataFormatError(
+                f"{source}: NaN or infinite value in {_first_bad_row(frame, col, bad)}."
+            )
+
+    X_all = frame[feats].to_numpy(dtype=np.float64)
+    y_all = frame[target_column].to_numpy(dtype=np.float64)
+    y_all, kind = _resolve_task_type(y_all, task_type, f"{source}: column {target_column!r}")
+
+    if isinstance(tasks.dtype, pd.CategoricalDtype):
+        order = list(tasks.cat.categories)
+        codes = tasks.cat.codes.to_numpy()
+        empty = [str(c) for k, c in enumerate(order) if not np.any(codes == k)]
+        if empty:
+            raise DataFormatError(
+                f"{source}: task(s) {empty[:5]} have 0 rows in column {task_column!r}."
+            )
+    else:
+        codes_, uniques = pd.factorize(tasks, sort=False)
+        codes, order = np.asarray(codes_), list(uniques)
+    names = [str(t) for t in order]
+    if len(set(names)) != len(names):
+        raise DataFormatError(
+            f"{source}: task labels in column {task_column!r} collide as strings."
+        )
+    Xs, ys = [], []
+    for k in range(len(order)):
+        rows = np.flatnonzero(codes == k)
+        Xs.append(X_all[rows])
+        ys.append(y_all[rows])
+    return MultiTaskDataset(
+        X=tuple(Xs),
+        y=tuple(ys),
+        task_names=tuple(names),
+        task_type=kind,
+        feature_names=tuple(feats),
+    )
+
+
+def read_table(
+    path: str | os.PathLike[str],
+    *,
+    task_column: str = "task",
+    target_column: str = "y",
+    feature_columns: Sequence[str] | None = None,
+    task_type: TaskType | None = None,
+) -> MultiTaskDataset:
+    """Read a long CSV or Parquet table (one row per sample) into a multi-task dataset.
+
+    Parameters
+    ----------
+    path : path-like
+        ``.csv`` / ``.csv.gz`` (read with :func:`pandas.read_csv`) or ``.parquet`` / ``.pq``
+        (:func:`pandas.read_parquet`); the format is chosen by suffix.
+    task_column : str, default="task"
+        Column identifying the task of each row (any hashable values; names become ``str``).
+        Tasks are ordered by first appearance, or by category order for a categorical column.
+    target_column : str, default="y"
+        Numeric target column.
+    feature_columns : sequence of str, optional
+        Feature columns in this order; default: every other column, in table order.
+    task_type : {"regression", "classification"} or None, default=None
+        ``None`` infers classification when the target values are a subset of {0, 1} or of
+        {-1, 1} (-1/1 labels are mapped to 0/1), regression otherwise.
+
+    Returns
+    -------
+    MultiTaskDataset
+
+    Raises
+    ------
+    DataFormatError
+        Missing file, unknown suffix, unreadable file, missing column, non-numeric feature or
+        target, NaN/infinite value or missing task label (the column and row are named), a task
+        (category) with 0 rows, or classification targets that are not binary.
+    """
+    import pandas as pd
+
+    p = Path(path)
+    name = p.name.lower()
+    if name.endswith(_CSV_SUFFIXES):
+        reader: Any = pd.read_csv
+    elif name.endswith(_PARQUET_SUFFIXES):
+        reader = pd.read_parquet
+    else:
+        raise DataFormatError(
+            f"{p}: unknown table format {''.join(p.suffixes) or '(no suffix)'!r}; "
+            f"supported suffixes: {', '.join(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}."
+        )
+    if not p.is_file():
+        raise DataFormatError(f"table file not found: {p}")
+    try:
+        frame = reader(p)
+    except Exception as exc:  # pandas/pyarrow raise many types for corrupt input
+        raise DataFormatError(f"{p}: could not be read as a table ({exc}).") from exc
+    return dataset_from_frame(
+        frame,
+        task_column=task_column,
+        target_column=target_column,
+        feature_columns=feature_columns,
+        task_type=task_type,
+        source=str(p),
+    )
