@@ -100,7 +100,7 @@ class PrivacyGuarantee:
             return f"non-private (ε = ∞); {self.notion}"
         head = f"(ε={self.epsilon:.4g}, δ={self.delta:.3g})"
         text = (
-            f"{head} {self.notion}, neighbours: {self.relation} one task, "
+            f"{head} {self.notion}, neighbours: {self.relation} one task (client), "
             f"sampling: {self.sampling}, accountant: {self.accountant}"
         )
         if not self.valid:

@@ -1,0 +1,80 @@
+"""``privmtl demo``: the README's main job — both method families on built-in data, no files needed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from privmtl.cli._common import atomic_output_dir, write_json_atomic
+
+__all__ = ["demo"]
+
+
+@click.command()
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("privmtl-results/demo"),
+    show_default=True,
+    help="Folder for the tables and plots.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--tune/--no-tune", default=False, show_default=True, help="CV tuning (slower).")
+def demo(out_dir: Path, seed: int, tune: bool) -> None:
+    """MP-MTL ε sweep on synthetic low-rank tasks, then a short private PMTL run.
+
+    \b
+    1. MP-MTL (low-rank, Gaussian covariance mechanism) vs single-task learning and non-private
+       trace-norm MTL, ε ∈ {0.1, 0.3, 1, 3, 10}: table (CSV/JSON) and trade-off plot (PNG).
+    2. PMTL vs private FedAvg on a heterogeneous synthetic federation (logistic regression, ε = 2).
+    """
+    from privmtl.cli.mpmtl import run_mpmtl_sweep
+    from privmtl.experiments.pmtl import run_pmtl
+
+    t0 = time.perf_counter()
+    click.echo("[1/2] MP-MTL privacy–accuracy sweep on synthetic low-rank tasks (m=320, d=30)")
+    with atomic_output_dir(out_dir) as tmp:
+        res = run_mpmtl_sweep(
+            data="synthetic-lowrank",
+            data_path=None,
+            methods=["lowrank", "stl-l2", "mtl-trace"],
+            epsilons=[0.1, 0.3, 1.0, 3.0, 10.0],
+            seeds=[seed],
+            noise="gaussian",
+            tune=tune,
+            out_dir=tmp,
+        )
+        for row in res["summary"]:
+            e = "non-private" if row["target_epsilon"] is None else f"ε={row['target_epsilon']:g}"
+            if row["method"].startswith("stl"):
+                e = "ε=0 (no sharing)"
+            click.echo(f"    {row['method']:>10}  {e:>16}  nMSE {row['mean']:.4f}")
+        t1 = time.perf_counter()
+        click.echo(f"    ({t1 - t0:.0f}s)")
+        click.echo("[2/2] PMTL vs private FedAvg, synthetic federation (50 clients, logreg, ε=2)")
+        runs = {}
+        for method in ("pmtl", "fedavg"):
+            runs[method] = run_pmtl(
+                data="synthetic",
+                model="logreg",
+                method=method,
+                epsilon=2.0,
+                rounds=40,
+                clients_per_round=10,
+                clip=0.5,
+                seed=seed,
+                show_progress=True,
+            )
+            r = runs[method]
+            click.echo(
+                f"    {method:>7}: test accuracy {r['test_accuracy']:.3f} "
+                f"({r['seconds']:.1f}s) — {r['summary']}"
+            )
+        write_json_atomic(tmp / "pmtl_demo.json", runs)
+    click.echo(
+        f"wrote {out_dir}/ (mpmtl_sweep.csv, mpmtl_sweep.json, mpmtl_tradeoff.png, pmtl_demo.json)"
+    )
+    click.echo(f"total {time.perf_counter() - t0:.0f}s")

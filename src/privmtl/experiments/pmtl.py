@@ -1,0 +1,313 @@
+"""One PMTL-family federated run (data → model → private training → optional fine-tuning → metrics).
+
+This is what ``privmtl pmtl`` and ``privmtl pmtl-sweep`` call. Privacy is client-level: the server's
+released sequence (noisy mean of clipped updates, the billboard) is accounted by the ledger of the
+training engine with the sampler it actually used; personalized models and local fine-tuning are
+post-processing and keep the guarantee (billboard privacy ⇒ joint DP).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import dp_accounting
+import torch
+
+from privmtl._validation import check_choice, check_int, check_real
+from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
+from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.privacy import PrivacyGuarantee, calibrate_noise_multiplier, make_sampler
+
+__all__ = [
+    "FINETUNE_METHODS",
+    "FL_DATASETS",
+    "FL_METHODS",
+    "FL_MODELS",
+    "calibrate_noise_std",
+    "default_femnist_dir",
+    "load_federated",
+    "make_model",
+    "run_pmtl",
+]
+
+FL_DATASETS = ("femnist-leaf", "synthetic")
+FL_MODELS = ("cnn", "logreg")
+FL_METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd")
+FINETUNE_METHODS = ("none", "vanilla", "mr", "skl", "ewc")
+
+
+def default_femnist_dir() -> Path:
+    """``$PRIVMTL_FEMNIST_DIR``, else ``../shared/data/femnist-leaf`` relative to the CWD."""
+    env = os.environ.get("PRIVMTL_FEMNIST_DIR")
+    return Path(env) if env else Path("..") / "shared" / "data" / "femnist-leaf"
+
+
+def load_federated(
+    data: str, *, data_path: str | Path | None = None, seed: int = 0
+) -> FederatedDataset:
+    """The benchmark population: FEMNIST writers with train and test data, or built-in synthetic."""
+    check_choice("data", data, FL_DATASETS)
+    if data == "synthetic":
+        return make_synthetic_federated(random_state=seed)
+    path = Path(data_path) if data_path is not None else default_femnist_dir()
+    if not path.is_dir():
+        raise DataFormatError(
+            f"LEAF FEMNIST directory not found: {path} (pass --data-path or set "
+            "PRIVMTL_FEMNIST_DIR)."
+        )
+    return load_leaf(path, random_state=seed)
+
+
+def make_model(name: str, dataset: FederatedDataset, seed: int = 0) -> torch.nn.Module:
+    """``cnn`` (the paper's FEMNIST CNN; needs 1×28×28 inputs) or ``logreg`` (multinomial)."""
+    from privmtl.federated.models import FemnistCNN, MultinomialLogReg
+
+    check_choice("model", name, FL_MODELS)
+    torch.manual_seed(seed)
+    if name == "cnn":
+        if tuple(dataset.feature_shape) != (1, 28, 28):
+            raise InvalidParameterError(
+                "The 'model' parameter 'cnn' needs 28x28 images (FEMNIST); got features of shape "
+                f"{tuple(dataset.feature_shape)}. Use --model logreg."
+            )
+        return FemnistCNN(n_classes=dataset.n_classes, random_state=seed)
+    return MultinomialLogReg(dataset.n_features, dataset.n_classes, random_state=seed)
+
+
+def calibrate_noise_std(
+    *,
+    epsilon: float,
+    delta: float,
+    clip: float,
+    num_clients: int,
+    clients_per_round: int,
+    rounds: int,
+    sampling: str = "poisson",
+    accountant: str = "rdp",
+    relation: str = "add-remove",
+) -> float:
+    """σ (std of the noise on the mean update) meeting (ε, δ) after ``rounds`` rounds."""
+    sampler = make_sampler(
+        "all" if clients_per_round == num_clients else sampling, num_clients, clients_per_round
+    )
+    z = calibrate_noise_multiplier(
+        lambda zz: dp_accounting.SelfComposedDpEvent(sampler.event(zz), rounds),
+        target_epsilon=epsilon,
+        delta=delta,
+        accountant=accountant,
+        relation=relation,
+    )
+    return z * clip / clients_per_round
+
+
+def run_pmtl(
+    *,
+    data: str = "synthetic",
+    data_path: str | Path | None = None,
+    model: str = "logreg",
+    method: str = "pmtl",
+    epsilon: float | None = None,
+    noise_std: float | None = None,
+    clip: float = 0.5,
+    rounds: int = 100,
+    clients_per_round: int = 20,
+    local_steps: int | None = None,
+    local_epochs: int | None = None,
+    lam: float = 0.1,
+    lr: float = 0.1,
+    batch_size: int = 10,
+    finetune: str = "none",
+    finetune_epochs: int = 1,
+    seed: int = 0,
+    sequential: bool = False,
+    sampling: str = "poisson",
+    accountant: str = "rdp",
+    relation: str = "add-remove",
+    delta: float | None = None,
+    show_progress: bool = True,
+    dataset: FederatedDataset | None = None,
+) -> dict[str, Any]:
+    """Run one federated method and return a JSON-ready result dictionary (see the CLI contract)."""
+    check_choice("method", method, FL_METHODS)
+    check_choice("finetune", finetune, FINETUNE_METHODS)
+    seed = check_int("seed", seed, low=0)
+    rounds = check_int("rounds", rounds, low=1)
+    clip = check_real("clip", clip, low=0.0, closed="neither")
+    if epsilon is not None and noise_std is not None:
+        raise InvalidParameterError(
+            "Give at most one of 'epsilon' and 'noise_std'; got "
+            f"epsilon={epsilon!r}, noise_std={noise_std!r}."
+        )
+    if epsilon is not None:
+        epsilon = check_real("epsilon", epsilon, low=0.0, closed="neither")
+    if noise_std is not None:
+        noise_std = check_real("noise_std", noise_std, low=0.0)
+    t_load = time.perf_counter()
+    ds = dataset if dataset is not None else load_federated(data, data_path=data_path, seed=seed)
+    load_seconds = time.perf_counter() - t_load
+    m = ds.n_clients
+    q = min(check_int("clients_per_round", clients_per_round, low=1), m)
+    dlt = (
+        1.0 / m
+        if delta is None
+        else check_real("delta", delta, low=0.0, high=1.0, closed="neither")
+    )
+    if epsilon is not None and method != "local":
+        sigma = calibrate_noise_std(
+            epsilon=epsilon,
+            delta=dlt,
+            clip=clip,
+            num_clients=m,
+            clients_per_round=q,
+            rounds=rounds,
+            sampling=sampling,
+            accountant=accountant,
+            relation=relation,
+        )
+    else:
+        sigma = noise_std or 0.0
+    net = make_model(model, ds, seed)
+    from privmtl.federated.config import TrainConfig
+
+    config = TrainConfig(
+        method=method if method in ("pmtl", "fedavg", "fedprox", "local") else "pmtl",
+        rounds=rounds,
+        clients_per_round=q,
+        local_steps=local_steps,
+        local_epochs=local_epochs,
+        batch_size=batch_size,
+        lr=lr,
+        lam=lam,
+        clip=clip,
+        noise_std=sigma,
+        sampling="all" if q == m else sampling,
+        seed=seed,
+        delta=dlt,
+        accountant=accountant,
+        relation=relation,
+        batched=not sequential,
+        progress=show_progress,
+    )
+    if method == "joint-dp":
+        from privmtl.federated.baselines import train_joint_dp
+
+        result = train_joint_dp(ds, net, config)
+    elif method == "pp-sgd":
+        if model != "logreg":
+            raise InvalidParameterError(
+                f"The 'method' parameter 'pp-sgd' supports --model logreg only; got model={model!r}."
+            )
+        from privmtl.federated.baselines import train_pp_sgd
+
+        result = train_pp_sgd(ds, config)
+    else:
+        from privmtl.federated.engine import train
+
+        result = train(ds, net, config)
+    out = _result_dict(result, method=method, model=model, data=data, sigma=sigma, q=q, m=m)
+    out["data_seconds"] = load_seconds
+    if finetune != "none":
+        out.update(_finetune(result, ds, net, finetune, finetune_epochs, lr, batch_size, lam, seed))
+    return out
+
+
+def _result_dict(
+    result: Any, *, method: str, model: str, data: str, sigma: float, q: int, m: int
+) -> dict[str, Any]:
+    cfg = result.config
+    eps = float(result.epsilon)
+    private = sigma > 0 and method != "local"
+    if method == "local":
+        guarantee = PrivacyGuarantee(
+            epsilon=0.0,
+            delta=0.0,
+            relation=cfg.relation,
+            sampling="none",
+            accountant="none",
+            notes=("local training: nothing leaves a client, epsilon = 0 towards the others",),
+        )
+    elif not private:
+        guarantee = PrivacyGuarantee.non_private(
+            notion="JDP (billboard)", relation=cfg.relation, sampling=cfg.sampling
+        )
+    else:
+        guarantee = PrivacyGuarantee(
+            epsilon=eps,
+            delta=float(result.delta),
+            relation=cfg.relation,
+            sampling=cfg.sampling,
+            accountant=cfg.accountant,
+            notion="JDP (billboard)" if method != "joint-dp" else "DP of the joint model",
+            details={"noise_multiplier": sigma * q / cfg.clip, "rounds": cfg.rounds, "rate": q / m},
+        )
+    per_round = [h.get("epsilon") for h in result.history]
+    return {
+        "method": method,
+        "data": data,
+        "model": model,
+        "epsilon": guarantee.epsilon,
+        "delta": guarantee.delta,
+        "accountant": guarantee.accountant,
+        "sampling": guarantee.sampling,
+        "relation": guarantee.relation,
+        "noise_std": sigma,
+        "noise_multiplier": sigma * q / cfg.clip if cfg.clip else None,
+        "clip": cfg.clip,
+        "clients_per_round": q,
+        "num_clients": m,
+        "rounds": cfg.rounds,
+        "lam": cfg.lam,
+        "lr": cfg.lr,
+        "seed": cfg.seed,
+        "batched": cfg.batched,
+        "test_accuracy": float(result.test_accuracy),
+        "mean_client_accuracy": float(result.mean_client_accuracy),
+        "val_accuracy": float(result.val_accuracy),
+        "seconds": float(result.seconds),
+        "seconds_per_round": float(result.seconds_per_round),
+        "epsilon_per_round": [None if e is None or not math.isfinite(e) else e for e in per_round],
+        "train_loss_per_round": [h.get("train_loss") for h in result.history],
+        "guarantee": guarantee.to_dict(),
+        "summary": guarantee.describe(),
+    }
+
+
+def _finetune(
+    result: Any,
+    ds: FederatedDataset,
+    net: torch.nn.Module,
+    method: str,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    lam: float,
+    seed: int,
+) -> dict[str, Any]:
+    from privmtl.federated.finetune import finetune
+
+    start = "personalized" if result.personalized_params is not None else "global"
+    _, acc = finetune(
+        result,
+        ds,
+        net,
+        method=method,
+        start=start,
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        lam=lam,
+        seed=seed,
+    )
+    return {
+        "finetune": method,
+        "finetune_start": start,
+        "pre_finetune_test_accuracy": float(result.test_accuracy),
+        "test_accuracy": float(acc["test"]["accuracy"]),
+        "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
+        "val_accuracy": float(acc.get("val", {}).get("accuracy", float("nan"))),
+        "finetune_note": "local fine-tuning is post-processing of the billboard: no privacy cost",
+    }

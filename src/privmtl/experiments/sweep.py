@@ -1,0 +1,160 @@
+"""ε sweeps: run methods over privacy levels and seeds, tabulate, and plot the privacy–accuracy trade-off.
+
+The plot follows the MP-MTL paper's Figs. 6 and 9 (and the PMTL paper's Fig. 3): the metric against ε
+on a log axis for each private method (mean ± std over seeds), with the methods that do not depend on
+ε (single-task learning, non-private MTL) drawn as horizontal reference lines.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["aggregate", "plot_tradeoff", "rows_to_csv", "run_sweep"]
+
+#: Columns written to the sweep CSV (the JSON carries every key of every row).
+CSV_COLUMNS = (
+    "method",
+    "epsilon",
+    "target_epsilon",
+    "delta",
+    "relation",
+    "sampling",
+    "accountant",
+    "seed",
+    "metric",
+    "value",
+    "seconds",
+)
+
+
+def run_sweep(
+    run_one: Callable[..., dict[str, Any]],
+    *,
+    methods: Sequence[str],
+    epsilons: Sequence[float | None],
+    seeds: Sequence[int],
+    private_methods: Iterable[str],
+    metric: str,
+    progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    **common: Any,
+) -> list[dict[str, Any]]:
+    """Call ``run_one(method=, epsilon=, seed=, **common)`` over the grid and collect result rows.
+
+    Methods not in ``private_methods`` are run once per seed (ε-independent reference lines).
+    """
+    private = set(private_methods)
+    jobs: list[tuple[str, float | None, int]] = []
+    for seed in seeds:
+        for method in methods:
+            if method in private:
+                jobs.extend((method, eps, seed) for eps in epsilons)
+            else:
+                jobs.append((method, None, seed))
+    it: Iterable[Any] = jobs if progress is None else progress(jobs, len(jobs))
+    rows = []
+    for method, eps, seed in it:
+        row = run_one(method=method, epsilon=eps, seed=seed, **common)
+        row["metric"] = metric
+        row["value"] = row.get(metric)
+        rows.append(row)
+    return rows
+
+
+def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
+    """CSV text of the sweep rows (one line per run)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS})
+    return buf.getvalue()
+
+
+def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and std of ``value`` per (method, target ε) over seeds."""
+    groups: dict[tuple[str, float | None], list[float]] = defaultdict(list)
+    eps_real: dict[tuple[str, float | None], list[float]] = defaultdict(list)
+    for row in rows:
+        key = (row["method"], row.get("target_epsilon"))
+        if row.get("value") is not None:
+            groups[key].append(float(row["value"]))
+        e = row.get("epsilon")
+        eps_real[key].append(math.inf if e is None else float(e))
+    out = []
+    for (method, target), vals in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], math.inf if kv[0][1] is None else kv[0][1])
+    ):
+        arr = np.asarray(vals)
+        out.append(
+            {
+                "method": method,
+                "target_epsilon": target,
+                "epsilon": max(eps_real[(method, target)]),
+                "mean": float(arr.mean()),
+                "std": float(arr.std(ddof=1)) if arr.size > 1 else 0.0,
+                "n": int(arr.size),
+            }
+        )
+    return out
+
+
+def plot_tradeoff(
+    summary: Sequence[dict[str, Any]],
+    path: Path,
+    *,
+    metric_label: str,
+    title: str,
+    lower_is_better: bool = True,
+    subtitle: str | None = None,
+) -> None:
+    """Write a PNG: metric vs ε (log x) per private method, ε-free methods as horizontal lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.0, 4.6), dpi=120)
+    curves: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    refs: list[dict[str, Any]] = []
+    for row in summary:
+        (refs if row["target_epsilon"] is None else curves[row["method"]]).append(row)
+    markers = "osD^v<>p*h"
+    for i, (method, pts) in enumerate(sorted(curves.items())):
+        pts = sorted(pts, key=lambda r: r["target_epsilon"])
+        x = [p["target_epsilon"] for p in pts]
+        y = np.array([p["mean"] for p in pts])
+        e = np.array([p["std"] for p in pts])
+        ax.plot(x, y, marker=markers[i % len(markers)], label=method)
+        ax.fill_between(x, y - e, y + e, alpha=0.15)
+    styles = ["--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1))]
+    for i, ref in enumerate(refs):
+        ax.axhline(
+            ref["mean"],
+            linestyle=styles[i % len(styles)],
+            color=f"C{(len(curves) + i) % 10}",
+            label=f"{ref['method']} ({'ε = 0' if ref['epsilon'] == 0 else 'ε-free'})"
+            if ref["epsilon"] == 0
+            else f"{ref['method']} (non-private)",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("ε (privacy budget; smaller is more private)")
+    ax.set_ylabel(
+        metric_label + (" (lower is better)" if lower_is_better else " (higher is better)")
+    )
+    ax.set_title(title, fontsize=11)
+    if subtitle:
+        fig.text(0.5, 0.005, subtitle, ha="center", va="bottom", fontsize=7, color="0.3")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout(rect=(0, 0.04 if subtitle else 0, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
