@@ -1,0 +1,171 @@
+"""PMTL on FEMNIST-105 (LEAF writers with train and test data): accuracy and privacy benchmarks.
+
+Resumable: each finished run is appended to ``results/pmtl_femnist<tag>.jsonl`` and skipped when the
+script is run again; ``--report`` rebuilds ``results/pmtl_femnist<tag>.md`` and the PNG plots.
+
+Suites (``--suite``):
+
+``acceptance``
+    The issue's checks: CNN, 20 clients per round, 100 rounds, ε = 2, PMTL vs private FedAvg
+    (seeds 0, 1); non-private PMTL with 300 rounds.
+``tradeoff``
+    PMTL, private FedAvg, FedProx and local training (+ mean-regularized fine-tuning of PMTL) at
+    ε ∈ {0.5, 1, 2, 4, ∞}; (γ, T) selected per ε on validation accuracy, test accuracy reported.
+``nonprivate``
+    Non-private PMTL settings (rounds, clients per round, λ, local epochs) towards the paper's 0.83.
+
+Example::
+
+    python benchmarks/pmtl_femnist.py --suite acceptance --data-path ../shared/data/femnist-leaf
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import RESULTS, append_jsonl, load_jsonl, machine_info, markdown_table, mean_std
+
+from privmtl.experiments.pmtl import load_federated, run_pmtl
+
+COMMON = {"data": "femnist-leaf", "model": "cnn", "lr": 0.1, "batch_size": 10}
+
+
+def suite_acceptance() -> list[dict[str, Any]]:
+    runs = []
+    for seed, method in itertools.product((0, 1), ("pmtl", "fedavg")):
+        runs.append({"method": method, "epsilon": 2.0, "rounds": 100, "clients_per_round": 20,
+                     "clip": 0.5, "lam": 0.1, "seed": seed, "group": "eps2-100r"})  # fmt: skip
+    runs.append({"method": "pmtl", "epsilon": None, "rounds": 300, "clients_per_round": 20,
+                 "clip": 0.5, "lam": 0.1, "seed": 0, "group": "nonprivate-300r"})  # fmt: skip
+    return runs
+
+
+def suite_tradeoff(seeds: list[int]) -> list[dict[str, Any]]:
+    runs = []
+    for seed in seeds:
+        for method in ("pmtl", "fedavg", "fedprox", "local"):
+            eps_list = [None] if method == "local" else [0.5, 1.0, 2.0, 4.0, None]
+            for eps, clip, rounds in itertools.product(eps_list, (0.2, 0.5, 1.0), (50, 100)):
+                if method == "local" and clip != 0.5:
+                    continue
+                runs.append({"method": method, "epsilon": eps, "rounds": rounds,
+                             "clients_per_round": 20, "clip": clip, "lam": 0.1, "seed": seed,
+                             "group": "tradeoff"})  # fmt: skip
+    return runs
+
+
+def suite_nonprivate() -> list[dict[str, Any]]:
+    runs = []
+    for rounds, q, lam in [(300, 20, 0.1), (300, 20, 0.01), (300, 50, 0.1), (500, 20, 0.1)]:
+        runs.append({"method": "pmtl", "epsilon": None, "rounds": rounds, "clients_per_round": q,
+                     "clip": 1e6, "lam": lam, "seed": 0, "group": "nonprivate"})  # fmt: skip
+    return runs
+
+
+def key(run: dict[str, Any]) -> str:
+    return json.dumps({k: run.get(k) for k in sorted(run) if k != "group"}, sort_keys=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--suite", choices=["acceptance", "tradeoff", "nonprivate"], required=True)
+    p.add_argument("--data-path", default=None)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--finetune", default="none")
+    p.add_argument("--report", action="store_true")
+    args = p.parse_args()
+    log = RESULTS / f"pmtl_femnist_{args.suite}.jsonl"
+    if not args.report:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        plan = {"acceptance": suite_acceptance, "nonprivate": suite_nonprivate}.get(args.suite)
+        runs = plan() if plan else suite_tradeoff(seeds)
+        done = {r["run_key"] for r in load_jsonl(log)}
+        datasets: dict[int, Any] = {}
+        for run in runs:
+            k = key(run)
+            if k in done:
+                continue
+            seed = run["seed"]
+            if seed not in datasets:
+                datasets[seed] = load_federated("femnist-leaf", data_path=args.data_path, seed=seed)
+            t0 = time.perf_counter()
+            kw = {k2: v for k2, v in run.items() if k2 != "group"}
+            out = run_pmtl(**COMMON, **kw, dataset=datasets[seed], show_progress=True,
+                           finetune=args.finetune)  # fmt: skip
+            out["run_key"], out["group"] = k, run["group"]
+            out["target_epsilon"] = run["epsilon"]
+            append_jsonl(log, out)
+            print(f"{run} -> test acc {out['test_accuracy']:.4f} ({time.perf_counter() - t0:.0f}s)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    report(args.suite, log)
+
+
+def report(suite: str, log: Path) -> None:
+    rows = load_jsonl(log)
+    if not rows:
+        raise SystemExit(f"no results in {log}")
+    lines = [f"# PMTL on FEMNIST-105: suite '{suite}'", ""]
+    if suite == "tradeoff":
+        best: dict[tuple[int, str, Any], dict[str, Any]] = {}
+        for r in rows:
+            k = (r["seed"], r["method"], r["target_epsilon"])
+            if k not in best or r["val_accuracy"] > best[k]["val_accuracy"]:
+                best[k] = r
+        rows_sel = list(best.values())
+        eps_cols = [0.5, 1.0, 2.0, 4.0, None]
+        table = []
+        for m in ("pmtl", "fedavg", "fedprox", "local"):
+            cells = [m]
+            for e in eps_cols:
+                vals = [
+                    r["test_accuracy"]
+                    for r in rows_sel
+                    if r["method"] == m and r["target_epsilon"] == e
+                ]
+                mu, sd, n = mean_std(vals)
+                cells.append("" if n == 0 else f"{mu:.3f} ± {sd:.3f} (n={n})")
+            table.append(cells)
+        lines += [
+            "Test accuracy pooled over all test images; per ε, (γ, T) chosen on validation accuracy.",
+            "",
+            markdown_table(
+                ["method", *[("ε=∞" if e is None else f"ε={e:g}") for e in eps_cols]], table
+            ),
+        ]
+    else:
+        table = []
+        for r in rows:
+            table.append([
+                r["group"], r["method"], r["seed"], r["rounds"], r["clients_per_round"], r["clip"],
+                r["lam"], "∞" if r["epsilon"] is None else f"{r['epsilon']:.3g}",
+                f"{r['noise_std']:.4g}", f"{r['test_accuracy']:.4f}", f"{r['mean_client_accuracy']:.4f}",
+                f"{r['seconds_per_round']:.2f}",
+            ])  # fmt: skip
+        lines += [markdown_table(
+            ["group", "method", "seed", "T", "q", "γ", "λ", "ε", "σ", "test acc", "mean client acc", "s/round"],
+            table,
+        )]  # fmt: skip
+        groups: dict[tuple[str, str], list[float]] = {}
+        for r in rows:
+            groups.setdefault((r["group"], r["method"]), []).append(r["test_accuracy"])
+        lines += ["", "Means over seeds:", ""]
+        lines += [f"- {g} / {m}: {mean_std(v)[0]:.4f} (n={len(v)})" for (g, m), v in groups.items()]
+    g = next((r for r in rows if r["guarantee"]["private"]), None)
+    if g is not None:
+        lines += ["", f"Privacy of private rows: {g['summary']} (δ = 1/m)."]
+    lines += ["", f"Machine: {machine_info()}.", "",
+              f"Reproduce: `python benchmarks/pmtl_femnist.py --suite {suite} --data-path ../shared/data/femnist-leaf`"]  # fmt: skip
+    (RESULTS / f"pmtl_femnist_{suite}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
