@@ -10,17 +10,17 @@ losses of :mod:`privmtl.linear.losses`::
 so every task counts equally whatever its size. **No intercept** is fitted: append a constant
 feature if one is wanted (the School data has one).
 
-=====================  ============================================================================
-estimator              objective (minimized over ``W = [w_1..w_m]``)
-=====================  ============================================================================
-:class:`STLRidge`      ``sum_i [L_i(w_i) + (lam/2) ||w_i||^2]``  (tasks independent)
-:class:`STLLasso`      ``sum_i [L_i(w_i) + (mu/2) ||w_i||^2 + lam ||w_i||_1]``
-:class:`TraceNormMTL`  ``sum_i L_i(w_i) + (mu/2) ||W||_F^2 + lam ||W||_*``  (Ji & Ye 2009)
-:class:`L21MTL`        ``sum_i L_i(w_i) + (mu/2) ||W||_F^2 + lam ||W||_{2,1}``  (Liu et al. 2009)
-:class:`MTRL`          ``sum_i L_i(w_i) + (lam1/2) ||W||_F^2 + (lam2/2) tr(W Omega^-1 W^T)`` over W
-                       and ``Omega >= 0, tr(Omega) = 1`` (Zhang & Yeung 2010)
-:class:`ModelAveraging` STLRidge per task, then every task uses the mean model (DP-AGGR, no noise)
-=====================  ============================================================================
+=========================  ========================================================================
+estimator                  objective (minimized over ``W = [w_1..w_m]``)
+=========================  ========================================================================
+:class:`STLRidge`          ``sum_i [L_i(w_i) + (lam/2) ||w_i||^2]``  (tasks independent)
+:class:`STLLasso`          ``sum_i [L_i(w_i) + (mu/2) ||w_i||^2 + lam ||w_i||_1]``
+:class:`TraceNormMTL`      ``sum_i L_i(w_i) + (mu/2) ||W||_F^2 + lam ||W||_*``  (Ji & Ye 2009)
+:class:`L21MTL`            ``sum_i L_i(w_i) + (mu/2) ||W||_F^2 + lam ||W||_{2,1}``  (Liu et al.)
+:class:`MTRL`              ``sum_i L_i(w_i) + (lam1/2) ||W||_F^2 + (lam2/2) tr(W Omega^-1 W^T)``
+                           over W and ``Omega >= 0, tr(Omega) = 1`` (Zhang & Yeung 2010)
+:class:`ModelAveraging`    STLRidge per task, then every task uses the mean model (DP-AGGR, no noise)
+=========================  ========================================================================
 
 Common API: ``fit(Xs, ys)`` (``Xs`` may also be a :class:`~privmtl.data.MultiTaskDataset`, then
 ``ys`` is omitted), ``decision_function(Xs)`` (scores ``X_i w_i``), ``predict(Xs)`` (scores for
