@@ -12,10 +12,12 @@ test sample of every task::
     nMSE = [sum_i sum_j (yhat_ij - y_ij)^2 / N] / Var(y)     (N = sum_i n_i)
 
 where ``Var(y)`` is the population variance (``ddof=0``) of the concatenation of all tasks'
-targets. Equivalently ``nMSE = SSE / sum_ij (y_ij - ybar)^2`` with ``ybar`` the grand mean, so the
-MSE is the sample-size-weighted mean of the task MSEs (as in MALSAR's ``eval_MTL_mse`` pooling
-``sum_i MSE_i n_i / sum_i n_i``) and ``1 - nMSE`` is the "explained variance" reported for the
-School data (Argyriou et al., 2008). Predicting the grand mean gives 1.
+targets. Equivalently ``nMSE = SSE / sum_ij (y_ij - ybar)^2`` with ``ybar`` the grand mean: the
+numerator is the sample-size-weighted mean of the task MSEs, ``sum_i n_i MSE_i / sum_i n_i``, and
+``1 - nMSE`` is the "explained variance" reported for the School data (Argyriou et al., 2008).
+Predicting the grand mean gives 1. (MALSAR's example ``eval_MTL_mse`` pools
+``sum_i sqrt(SSE_i) n_i / sum_i n_i`` instead, which is not a mean squared error; it is not
+followed here.)
 
 Two alternatives are available: ``"task-weighted"`` normalizes each task by its own variance and
 averages with weights ``n_i`` (``sum_i n_i MSE_i / Var(y_i) / N``), and ``"task-mean"`` takes the
