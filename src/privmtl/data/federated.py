@@ -1,0 +1,609 @@
+"""Federated (one client = one task) classification data: LEAF reader and synthetic generator.
+
+A :class:`FederatedDataset` holds, for each of ``m`` clients, train / validation / test tensors
+(features ``float32`` of shape ``(n, d)``, labels ``int64`` of shape ``(n,)``). Images are stored
+flattened row by row (``d = 784`` for FEMNIST) and :attr:`FederatedDataset.feature_shape` says how
+to reshape them (``(1, 28, 28)``); models reshape themselves.
+
+Two sources:
+
+* :func:`load_leaf` reads LEAF's JSON shards (``path/train/*.json[.gz]`` and
+  ``path/test/*.json[.gz]``), keeps the writers present in both splits, carves a seeded per-client
+  validation split out of each writer's training data, and caches the parsed arrays as ``.npz``
+  outside the repository (parsing FEMNIST's JSON takes seconds, loading the cache milliseconds).
+* :func:`make_synthetic_federated` draws a heterogeneous federated problem in the spirit of LEAF's
+  ``synthetic(alpha, beta)`` (Li et al., FedProx): per-client softmax models scattered around a
+  shared one, per-client feature shifts and unequal client sizes, so that both federation (shared
+  part) and personalization (client part) help.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+import os
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from privmtl._validation import check_int, check_real, check_rng
+from privmtl.exceptions import DataFormatError, InvalidParameterError
+
+__all__ = ["FederatedDataset", "default_cache_dir", "load_leaf", "make_synthetic_federated"]
+
+_SPLITS = ("train", "val", "test")
+_CACHE_VERSION = 1
+
+
+def _as_x(a: Any) -> torch.Tensor:
+    t = torch.as_tensor(np.asarray(a, dtype=np.float32) if not torch.is_tensor(a) else a)
+    return t.to(torch.float32)
+
+
+def _as_y(a: Any) -> torch.Tensor:
+    t = torch.as_tensor(np.asarray(a) if not torch.is_tensor(a) else a)
+    return t.to(torch.int64)
+
+
+@dataclass
+class FederatedDataset:
+    """Per-client train / validation / test classification data.
+
+    Parameters
+    ----------
+    client_ids : list of str
+        One identifier per client (for LEAF: the writer id).
+    train_x, val_x, test_x : list of Tensor
+        Per-client features, ``float32`` of shape ``(n_k, d)`` (converted on construction).
+    train_y, val_y, test_y : list of Tensor
+        Per-client labels, ``int64`` of shape ``(n_k,)`` in ``[0, n_classes)``.
+    n_classes : int
+        Number of classes.
+    feature_shape : tuple of int, optional
+        Shape of one example before flattening (``(1, 28, 28)`` for FEMNIST); its product must
+        equal ``d``. Defaults to ``(d,)``.
+    name : str
+        Free-text name used in summaries.
+
+    Notes
+    -----
+    A client may have an empty validation or test split (e.g. writers with 4 images and
+    ``val_fraction=0.1``); every client has at least one training example.
+    """
+
+    client_ids: list[str]
+    train_x: list[torch.Tensor]
+    train_y: list[torch.Tensor]
+    val_x: list[torch.Tensor]
+    val_y: list[torch.Tensor]
+    test_x: list[torch.Tensor]
+    test_y: list[torch.Tensor]
+    n_classes: int
+    feature_shape: tuple[int, ...] = ()
+    name: str = "federated"
+    _concat_cache: dict[str, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        self.client_ids = [str(c) for c in self.client_ids]
+        m = len(self.client_ids)
+        if m == 0:
+            raise DataFormatError("A FederatedDataset needs at least one client; got 0.")
+        if len(set(self.client_ids)) != m:
+            raise DataFormatError("client_ids must be unique.")
+        self.n_classes = check_int("n_classes", self.n_classes, low=1)
+        d = None
+        for split in _SPLITS:
+            xs = [_as_x(x) for x in getattr(self, f"{split}_x")]
+            ys = [_as_y(y) for y in getattr(self, f"{split}_y")]
+            if len(xs) != m or len(ys) != m:
+                raise DataFormatError(
+                    f"{split}_x and {split}_y must have one entry per client ({m}); "
+                    f"got {len(xs)} and {len(ys)}."
+                )
+            for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
+                if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+                    raise DataFormatError(
+                        f"client {self.client_ids[k]!r} {split}: x must be (n, d) and y (n,); "
+                        f"got {tuple(x.shape)} and {tuple(y.shape)}."
+                    )
+                if d is None:
+                    d = int(x.shape[1])
+                if x.shape[1] != d:
+                    raise DataFormatError(
+                        f"client {self.client_ids[k]!r} {split}: {x.shape[1]} features, "
+                        f"expected {d}."
+                    )
+                if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.n_classes):
+                    raise DataFormatError(
+                        f"client {self.client_ids[k]!r} {split}: labels must be in "
+                        f"[0, {self.n_classes}); got range [{int(y.min())}, {int(y.max())}]."
+                    )
+                if not torch.isfinite(x).all():
+                    raise DataFormatError(
+                        f"client {self.client_ids[k]!r} {split}: features contain NaN or inf."
+                    )
+            setattr(self, f"{split}_x", xs)
+            setattr(self, f"{split}_y", ys)
+        assert d is not None
+        for k in range(m):
+            if self.train_y[k].numel() == 0:
+                raise DataFormatError(f"client {self.client_ids[k]!r} has no training data.")
+        self.feature_shape = tuple(int(s) for s in self.feature_shape) or (d,)
+        if math.prod(self.feature_shape) != d:
+            raise DataFormatError(
+                f"feature_shape {self.feature_shape} has {math.prod(self.feature_shape)} "
+                f"entries but the data has {d} features."
+            )
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def n_clients(self) -> int:
+        """Number of clients ``m``."""
+        return len(self.client_ids)
+
+    @property
+    def n_features(self) -> int:
+        """Number of (flattened) features ``d``."""
+        return int(self.train_x[0].shape[1])
+
+    def sizes(self, split: str = "train") -> np.ndarray:
+        """Per-client number of examples of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
+        return np.array([int(y.shape[0]) for y in self._ys(split)], dtype=np.int64)
+
+    def n_samples(self, split: str = "train") -> int:
+        """Total number of examples of ``split`` over all clients."""
+        return int(self.sizes(split).sum())
+
+    def _xs(self, split: str) -> list[torch.Tensor]:
+        if split not in _SPLITS:
+            raise InvalidParameterError(
+                f"The 'split' parameter must be one of {_SPLITS}; got {split!r}."
+            )
+        return getattr(self, f"{split}_x")  # type: ignore[no-any-return]
+
+    def _ys(self, split: str) -> list[torch.Tensor]:
+        self._xs(split)
+        return getattr(self, f"{split}_y")  # type: ignore[no-any-return]
+
+    def split(self, split: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Return ``(xs, ys)``, the per-client tensors of ``split``."""
+        return self._xs(split), self._ys(split)
+
+    def concat(self, split: str = "train") -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """All clients' ``split`` data stacked: ``(X (N, d), y (N,), offsets (m + 1,))``.
+
+        Client ``k`` owns rows ``offsets[k]:offsets[k + 1]``. The result is cached.
+        """
+        if split not in self._concat_cache:
+            xs, ys = self.split(split)
+            offsets = np.concatenate([[0], np.cumsum([y.shape[0] for y in ys])]).astype(np.int64)
+            self._concat_cache[split] = (torch.cat(xs), torch.cat(ys), offsets)
+        return self._concat_cache[split]
+
+    def subset(self, clients: Sequence[int]) -> FederatedDataset:
+        """A new dataset with the clients at positions ``clients`` (in that order)."""
+        idx = [int(i) for i in clients]
+        for i in idx:
+            if not 0 <= i < self.n_clients:
+                raise InvalidParameterError(
+                    f"The 'clients' parameter must hold indices in [0, {self.n_clients}); got {i}."
+                )
+        kw = {
+            f"{s}_{a}": [getattr(self, f"{s}_{a}")[i] for i in idx] for s in _SPLITS for a in "xy"
+        }
+        return FederatedDataset(
+            client_ids=[self.client_ids[i] for i in idx],
+            n_classes=self.n_classes,
+            feature_shape=self.feature_shape,
+            name=self.name,
+            **kw,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-serializable description: clients, examples per split, features, classes."""
+        tr = self.sizes("train")
+        return {
+            "name": self.name,
+            "n_clients": self.n_clients,
+            "n_features": self.n_features,
+            "feature_shape": list(self.feature_shape),
+            "n_classes": self.n_classes,
+            "n_train": int(tr.sum()),
+            "n_val": self.n_samples("val"),
+            "n_test": self.n_samples("test"),
+            "train_per_client": {
+                "min": int(tr.min()),
+                "median": float(np.median(tr)),
+                "max": int(tr.max()),
+            },
+        }
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (
+            f"FederatedDataset(name={s['name']!r}, n_clients={s['n_clients']}, "
+            f"n_features={s['n_features']}, n_classes={s['n_classes']}, n_train={s['n_train']}, "
+            f"n_val={s['n_val']}, n_test={s['n_test']})"
+        )
+
+
+# ====================================================================== LEAF reader
+def default_cache_dir() -> Path:
+    """``$PRIVMTL_CACHE_DIR/leaf`` if that variable is set, else ``~/.cache/privmtl/leaf``."""
+    root = os.environ.get("PRIVMTL_CACHE_DIR")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "privmtl"
+    return base / "leaf"
+
+
+def _shards(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        raise DataFormatError(
+            f"LEAF directory {directory} does not exist (expected train/ and "
+            "test/ sub-directories with *.json or *.json.gz shards)."
+        )
+    files = sorted(
+        p
+        for p in directory.iterdir()
+        if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+    )
+    if not files:
+        raise DataFormatError(f"No LEAF shards (*.json or *.json.gz) in {directory}.")
+    return files
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                return json.load(fh)
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataFormatError(f"Cannot parse LEAF shard {path}: {exc}") from exc
+
+
+def _parse_split(files: list[Path]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Map user -> (x float32 (n, d), y int64 (n,)) over all shards of one split."""
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    where: dict[str, Path] = {}
+    dim: int | None = None
+    for path in files:
+        doc = _read_json(path)
+        if not isinstance(doc, dict) or "users" not in doc or "user_data" not in doc:
+            raise DataFormatError(
+                f"LEAF shard {path} must be an object with keys 'users' and 'user_data'."
+            )
+        users, data = doc["users"], doc["user_data"]
+        counts = doc.get("num_samples")
+        if not isinstance(users, list) or not isinstance(data, dict):
+            raise DataFormatError(
+                f"LEAF shard {path}: 'users' must be a list and 'user_data' an object."
+            )
+        if counts is not None and (not isinstance(counts, list) or len(counts) != len(users)):
+            raise DataFormatError(f"LEAF shard {path}: 'num_samples' must list one count per user.")
+        for j, user in enumerate(users):
+            user = str(user)
+            if user in where:
+                raise DataFormatError(f"User {user!r} appears in both {where[user]} and {path}.")
+            rec = data.get(user)
+            if not isinstance(rec, dict) or "x" not in rec or "y" not in rec:
+                raise DataFormatError(
+                    f"LEAF shard {path}: user {user!r} needs 'x' and 'y' in 'user_data'."
+                )
+            rx, ry = rec["x"], rec["y"]
+            if not isinstance(rx, list) or not isinstance(ry, list) or len(rx) != len(ry):
+                raise DataFormatError(
+                    f"LEAF shard {path}: user {user!r} has {len(rx) if isinstance(rx, list) else '?'}"
+                    f" x rows but {len(ry) if isinstance(ry, list) else '?'} labels."
+                )
+            if counts is not None and counts[j] != len(ry):
+                raise DataFormatError(
+                    f"LEAF shard {path}: user {user!r} has num_samples="
+                    f"{counts[j]} but {len(ry)} examples."
+                )
+            if not rx:
+                x = np.zeros((0, dim or 0), dtype=np.float32)
+            else:
+                lens = {len(r) if isinstance(r, list) else -1 for r in rx}
+                if len(lens) != 1 or -1 in lens:
+                    raise DataFormatError(
+                        f"LEAF shard {path}: user {user!r} has feature rows of different lengths "
+                        f"{sorted(lens)} (expected flattened images of one size, e.g. 784)."
+                    )
+                try:
+                    x = np.asarray(rx, dtype=np.float32)
+                except (TypeError, ValueError) as exc:
+                    raise DataFormatError(
+                        f"LEAF shard {path}: user {user!r} has non-numeric features."
+                    ) from exc
+                if dim is None:
+                    dim = int(x.shape[1])
+                elif x.shape[1] != dim:
+                    raise DataFormatError(
+                        f"LEAF shard {path}: user {user!r} has {x.shape[1]} features per example, "
+                        f"other users have {dim}."
+                    )
+                if not np.isfinite(x).all():
+                    raise DataFormatError(f"LEAF shard {path}: user {user!r} has NaN/inf features.")
+            try:
+                yf = np.asarray(ry, dtype=np.float64)
+            except (TypeError, ValueError) as exc:
+                raise DataFormatError(
+                    f"LEAF shard {path}: user {user!r} has non-numeric labels."
+                ) from exc
+            if yf.ndim != 1 or (yf.size and (np.any(yf < 0) or np.any(yf != np.round(yf)))):
+                raise DataFormatError(
+                    f"LEAF shard {path}: user {user!r} labels must be non-negative integers."
+                )
+            out[user] = (x, yf.astype(np.int64))
+            where[user] = path
+    if dim is not None:  # users with no rows got (0, 0) before dim was known
+        out = {u: (x.reshape(-1, dim) if x.size == 0 else x, y) for u, (x, y) in out.items()}
+    return out
+
+
+def _cache_key(files: list[Path]) -> str:
+    h = hashlib.sha256(f"privmtl-leaf-v{_CACHE_VERSION}".encode())
+    for p in files:
+        st = p.stat()
+        h.update(f"{p.parent.name}/{p.name}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:24]
+
+
+def _pack(parsed: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+    users = sorted(parsed)
+    xs = [parsed[u][0] for u in users]
+    ys = [parsed[u][1] for u in users]
+    dim = next((x.shape[1] for x in xs if x.ndim == 2), 0)
+    return {
+        "users": np.array(users, dtype=np.str_),
+        "x": np.concatenate(xs) if xs else np.zeros((0, dim), np.float32),
+        "y": np.concatenate(ys) if ys else np.zeros(0, np.int64),
+        "offsets": np.concatenate([[0], np.cumsum([len(y) for y in ys])]).astype(np.int64),
+    }
+
+
+def _unpack(arrs: dict[str, np.ndarray], prefix: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    users, x, y, off = (arrs[f"{prefix}_{k}"] for k in ("users", "x", "y", "offsets"))
+    return {str(u): (x[off[i] : off[i + 1]], y[off[i] : off[i + 1]]) for i, u in enumerate(users)}
+
+
+def load_leaf(
+    path: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    min_train: int = 1,
+    val_fraction: float = 0.1,
+    random_state: int | np.random.Generator | None = 0,
+    use_cache: bool = True,
+) -> FederatedDataset:
+    """Read a LEAF classification data set (e.g. FEMNIST) as a :class:`FederatedDataset`.
+
+    Parameters
+    ----------
+    path : path-like
+        Folder with ``train/`` and ``test/`` sub-folders of LEAF JSON shards (``*.json`` or
+        ``*.json.gz``): ``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [[...],
+        ...], "y": [...]}}}``, ``x`` rows being flattened numeric feature vectors.
+    cache_dir : path-like, optional
+        Where to keep the parsed copy (``leaf-<key>.npz``); default :func:`default_cache_dir`
+        (``$PRIVMTL_CACHE_DIR/leaf`` or ``~/.cache/privmtl/leaf``, outside the repository). The
+        key hashes the shard names, sizes and modification times, so the cache is rebuilt when
+        any input changes.
+    min_train : int, default 1
+        Keep only writers with at least this many training examples (before the validation split).
+    val_fraction : float in [0, 1), default 0.1
+        Each writer's validation split is ``floor(val_fraction * n_k)`` of its training examples,
+        capped so that at least one training example remains, drawn uniformly without
+        replacement.
+    random_state : int, numpy Generator or None, default 0
+        Seed of the validation split. Writer ``k``'s split uses its own stream seeded by
+        ``(seed, crc32(writer id))``, so it does not change when other writers are added or
+        removed.
+    use_cache : bool, default True
+        ``False`` always parses the JSON and writes no cache.
+
+    Returns
+    -------
+    FederatedDataset
+        One client per writer present in both ``train`` and ``test`` (sorted by writer id),
+        ``n_classes = 1 + max label``, ``feature_shape = (1, 28, 28)`` for 784 features and
+        ``(d,)`` otherwise. For ``/work/shared/data/femnist-leaf`` that is 105 writers with
+        14 708 training (train + val) and 1 685 test images.
+
+    Raises
+    ------
+    DataFormatError
+        Missing folders, no shards, unparsable JSON, missing keys, ``x``/``y`` length mismatch,
+        rows of different lengths (pixel dimensions), non-integer labels, duplicate users, or no
+        writer with both splits.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise DataFormatError(f"LEAF data folder {root} does not exist.")
+    min_train = check_int("min_train", min_train, low=1)
+    val_fraction = check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="left")
+    train_files, test_files = _shards(root / "train"), _shards(root / "test")
+
+    arrays: dict[str, np.ndarray] | None = None
+    cache_file: Path | None = None
+    if use_cache:
+        folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        cache_file = folder / f"leaf-{_cache_key(train_files + test_files)}.npz"
+        if cache_file.is_file():
+            try:
+                with np.load(cache_file, allow_pickle=False) as npz:
+                    arrays = {k: npz[k] for k in npz.files}
+            except (OSError, ValueError, EOFError, zlib.error):
+                arrays = None  # corrupt cache: rebuild
+    if arrays is None:
+        tr, te = _pack(_parse_split(train_files)), _pack(_parse_split(test_files))
+        arrays = {f"train_{k}": v for k, v in tr.items()} | {f"test_{k}": v for k, v in te.items()}
+        if cache_file is not None:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_suffix(f".tmp{os.getpid()}.npz")
+            np.savez(tmp, **arrays)  # type: ignore[arg-type]
+            os.replace(tmp, cache_file)
+
+    train, test = _unpack(arrays, "train"), _unpack(arrays, "test")
+    dims = {a.shape[1] for a, _ in (*train.values(), *test.values()) if a.size}
+    if len(dims) > 1:
+        raise DataFormatError(f"train and test shards have different feature sizes {sorted(dims)}.")
+    users = sorted(u for u in train if u in test and len(train[u][1]) >= min_train)
+    if not users:
+        raise DataFormatError(
+            f"No LEAF writer in {root} has both train and test data (min_train={min_train})."
+        )
+    labels = [y for u in users for y in (train[u][1], test[u][1]) if y.size]
+    n_classes = int(max(int(y.max()) for y in labels)) + 1
+    dim = dims.pop()
+    base = (
+        int(check_rng(random_state).integers(2**63))
+        if not isinstance(random_state, (int, np.integer))
+        else int(random_state)
+    )
+    if base < 0:
+        raise InvalidParameterError(f"The 'random_state' parameter must be >= 0; got {base}.")
+
+    tx: list[torch.Tensor] = []
+    ty: list[torch.Tensor] = []
+    vx: list[torch.Tensor] = []
+    vy: list[torch.Tensor] = []
+    for u in users:
+        x, y = train[u]
+        n = len(y)
+        n_val = min(math.floor(val_fraction * n), n - 1)
+        perm = np.random.default_rng([base, zlib.crc32(u.encode())]).permutation(n)
+        val_idx, tr_idx = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+        tx.append(torch.from_numpy(x[tr_idx]))
+        ty.append(torch.from_numpy(y[tr_idx]))
+        vx.append(torch.from_numpy(x[val_idx]))
+        vy.append(torch.from_numpy(y[val_idx]))
+    return FederatedDataset(
+        client_ids=users,
+        train_x=tx,
+        train_y=ty,
+        val_x=vx,
+        val_y=vy,
+        test_x=[torch.from_numpy(np.ascontiguousarray(test[u][0])) for u in users],
+        test_y=[torch.from_numpy(np.ascontiguousarray(test[u][1])) for u in users],
+        n_classes=n_classes,
+        feature_shape=(1, 28, 28) if dim == 784 else (dim,),
+        name=root.name,
+    )
+
+
+# ====================================================================== synthetic
+def make_synthetic_federated(
+    *,
+    n_clients: int = 50,
+    n_features: int = 20,
+    n_classes: int = 10,
+    samples_per_client: int | tuple[int, int] = (20, 200),
+    heterogeneity: float = 1.0,
+    feature_shift: float = 0.5,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.1,
+    random_state: int | np.random.Generator | None = None,
+) -> FederatedDataset:
+    r"""Heterogeneous synthetic federated classification (softmax models around a shared one).
+
+    For client :math:`k` (all draws independent):
+
+    * shared model :math:`W_0 \in \mathbb{R}^{C \times d}, b_0 \in \mathbb{R}^C` with i.i.d.
+      :math:`N(0, 1)` entries (drawn once);
+    * client model :math:`W_k = W_0 + \tau A_k`, :math:`b_k = b_0 + \tau a_k`, :math:`A_k, a_k`
+      i.i.d. :math:`N(0, 1)`, :math:`\tau` = ``heterogeneity``;
+    * features :math:`x \sim N(v_k, \Sigma)`, :math:`\Sigma = \mathrm{diag}(j^{-1.2})_{j=1..d}`,
+      client mean :math:`v_k \sim N(\beta_k \mathbf 1, I)` with :math:`\beta_k \sim N(0,`
+      ``feature_shift``:math:`^2)` (as in LEAF's synthetic(alpha, beta));
+    * label :math:`y = \arg\max_c (W_k x + b_k)_c` (noise-free, as in FedProx);
+    * size :math:`n_k`: ``samples_per_client`` if an int, else log-uniform on ``[lo, hi]``;
+      ``round(test_fraction * n_k)`` examples go to test, then ``floor(val_fraction * rest)`` to
+      validation (at least one training example is always kept).
+
+    With ``heterogeneity = 0`` all clients share one labelling rule (a global model suffices); as it
+    grows, client models diverge and personalization helps, while the shared :math:`W_0` keeps
+    federation useful for clients with few samples.
+
+    Parameters
+    ----------
+    n_clients, n_features, n_classes : int
+        ``m``, ``d`` (>= 1) and ``C`` (>= 2).
+    samples_per_client : int or (int, int)
+        Total examples per client before splitting (>= 3 each).
+    heterogeneity : float >= 0
+        Spread :math:`\tau` of client models around the shared model.
+    feature_shift : float >= 0
+        Standard deviation of the per-client feature offset :math:`\beta_k`.
+    test_fraction, val_fraction : float in [0, 1)
+    random_state : int, numpy Generator or None
+
+    Returns
+    -------
+    FederatedDataset
+        ``client_ids`` ``"synthetic_000"``, ...; ``feature_shape = (d,)``.
+    """
+    m = check_int("n_clients", n_clients, low=1)
+    d = check_int("n_features", n_features, low=1)
+    c = check_int("n_classes", n_classes, low=2)
+    tau = check_real("heterogeneity", heterogeneity, low=0.0)
+    shift = check_real("feature_shift", feature_shift, low=0.0)
+    test_fraction = check_real("test_fraction", test_fraction, low=0.0, high=1.0, closed="left")
+    val_fraction = check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="left")
+    if isinstance(samples_per_client, tuple | list):
+        if len(samples_per_client) != 2:
+            raise InvalidParameterError(
+                "The 'samples_per_client' parameter must be an int or a (low, high) pair; "
+                f"got {samples_per_client!r}."
+            )
+        lo = check_int("samples_per_client[0]", samples_per_client[0], low=3)
+        hi = check_int("samples_per_client[1]", samples_per_client[1], low=lo)
+    else:
+        lo = hi = check_int("samples_per_client", samples_per_client, low=3)
+    rng = check_rng(random_state)
+
+    w0 = rng.standard_normal((c, d))
+    b0 = rng.standard_normal(c)
+    scale = np.arange(1, d + 1, dtype=np.float64) ** -0.6  # sqrt of diag(j^-1.2)
+    if lo == hi:
+        sizes = np.full(m, lo, dtype=np.int64)
+    else:
+        sizes = np.floor(np.exp(rng.uniform(np.log(lo), np.log(hi + 1), size=m))).astype(np.int64)
+        sizes = np.clip(sizes, lo, hi)
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("tx", "ty", "vx", "vy", "sx", "sy")}
+    for k in range(m):
+        wk = w0 + tau * rng.standard_normal((c, d))
+        bk = b0 + tau * rng.standard_normal(c)
+        vk = rng.normal(rng.normal(0.0, shift) if shift > 0 else 0.0, 1.0, size=d)
+        n = int(sizes[k])
+        x = vk + rng.standard_normal((n, d)) * scale
+        y = np.argmax(x @ wk.T + bk, axis=1)
+        n_test = min(round(test_fraction * n), n - 1)
+        n_val = min(math.floor(val_fraction * (n - n_test)), n - n_test - 1)
+        perm = rng.permutation(n)
+        te, va, tr = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
+        for key, idx in (("t", tr), ("v", va), ("s", te)):
+            parts[key + "x"].append(torch.from_numpy(x[idx].astype(np.float32)))
+            parts[key + "y"].append(torch.from_numpy(y[idx].astype(np.int64)))
+    return FederatedDataset(
+        client_ids=[f"synthetic_{k:03d}" for k in range(m)],
+        train_x=parts["tx"],
+        train_y=parts["ty"],
+        val_x=parts["vx"],
+        val_y=parts["vy"],
+        test_x=parts["sx"],
+        test_y=parts["sy"],
+        n_classes=c,
+        feature_shape=(d,),
+        name=f"synthetic(m={m}, d={d}, C={c}, tau={tau:g}, shift={shift:g})",
+    )
