@@ -1,1 +1,46 @@
-"""linear."""
+"""Linear multi-task learning: MP-MTL estimators, their private and non-private baselines.
+
+Private (model-protected, MP-MTL of Liang et al.): :class:`MPMTLLowRank` (Alg. 2),
+:class:`MPMTLGroupSparse` (Alg. 3), :class:`MPMTLLowRankSparse` (Alg. 4), with instance-level
+protection (Alg. 5) as ``instance_epsilon=``. IP-MTL baselines made MP-MTL by group privacy:
+:class:`DPMTRL`, :class:`DPAGGR`. Non-private baselines: :class:`STLRidge`, :class:`STLLasso`,
+:class:`TraceNormMTL`, :class:`L21MTL`, :class:`MTRL`, :class:`ModelAveraging`. Tuning:
+:func:`select_hyperparameters` with :data:`DEFAULT_GRIDS`.
+"""
+
+from privmtl.linear.baselines import (
+    L21MTL,
+    MTRL,
+    ModelAveraging,
+    STLLasso,
+    STLRidge,
+    TraceNormMTL,
+)
+from privmtl.linear.dp_baselines import DPAGGR, DPMTRL
+from privmtl.linear.mpmtl import MPMTLGroupSparse, MPMTLLowRank, MPMTLLowRankSparse
+from privmtl.linear.selection import (
+    DEFAULT_GRIDS,
+    METHODS,
+    TUNING_NOT_CHARGED,
+    make_estimator,
+    select_hyperparameters,
+)
+
+__all__ = [
+    "DEFAULT_GRIDS",
+    "DPAGGR",
+    "DPMTRL",
+    "L21MTL",
+    "METHODS",
+    "MTRL",
+    "TUNING_NOT_CHARGED",
+    "MPMTLGroupSparse",
+    "MPMTLLowRank",
+    "MPMTLLowRankSparse",
+    "ModelAveraging",
+    "STLLasso",
+    "STLRidge",
+    "TraceNormMTL",
+    "make_estimator",
+    "select_hyperparameters",
+]
