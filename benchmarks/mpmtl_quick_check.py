@@ -102,6 +102,27 @@ def synthetic(seeds: list[int]) -> dict[str, list[float]]:
     return res
 
 
+def perf(m: int, d: int, n: int, iterations: int) -> None:
+    """Seconds per iteration of MPMTLLowRank (Gaussian, eps = 1) on random data of size m, d, n."""
+    from privmtl.linear.mpmtl import MPMTLLowRank
+
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    Xs = [rng.standard_normal((n, d)) for _ in range(m)]
+    Xs = [x / np.linalg.norm(x, axis=1, keepdims=True) for x in Xs]
+    ys = [x @ rng.standard_normal(d) for x in Xs]
+    print(f"[perf] data m={m} d={d} n={n}: {time.perf_counter() - t0:.1f}s", flush=True)
+    for T in (1, 1 + iterations):
+        est = MPMTLLowRank(lam=0.1, clip=1.0, iterations=T, epsilon=1.0, random_state=0)
+        t0 = time.perf_counter()
+        est.fit(Xs, ys)
+        elapsed = time.perf_counter() - t0
+        print(f"[perf] fit with T={T}: {elapsed:.1f}s", flush=True)
+        if T == 1:
+            base = elapsed
+    print(f"[perf] seconds per iteration: {(elapsed - base) / iterations:.2f}")
+
+
 def report(school_res: dict[str, list[float]], syn_res: dict[str, list[float]]) -> dict[str, Any]:
     mean = {k: float(np.mean(v)) for k, v in {**school_res, **syn_res}.items()}
     checks: dict[str, Any] = {}
@@ -142,7 +163,18 @@ def main() -> None:
         default=os.environ.get("PRIVMTL_SCHOOL_PATH", "/work/shared/data/school/school.mat"),
     )
     ap.add_argument("--json", default=None, help="write the means and checks to this file")
+    ap.add_argument(
+        "--perf",
+        type=int,
+        nargs=3,
+        metavar=("M", "D", "N"),
+        default=None,
+        help="only time MPMTLLowRank per iteration on random data (BLAS threads not limited)",
+    )
     args = ap.parse_args()
+    if args.perf:
+        perf(*args.perf, iterations=3)
+        return
     warnings.simplefilter("ignore")  # convergence warnings of baselines during tuning
     t0 = time.perf_counter()
     with threadpool_limits(1):

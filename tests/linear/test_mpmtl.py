@@ -411,3 +411,15 @@ def test_folded_eigen_fix_equals_planner_fix():
             np.testing.assert_allclose(
                 _apply_lowrank_left(A, thr, Wc), _apply_lowrank_left(B, thr, Wc, shift), atol=1e-10
             )
+
+
+def test_prepared_tasks_reuse_gives_identical_fits():
+    Xs, ys, _ = make_lowrank()
+    est = MPMTLLowRank(lam=0.05, clip=5.0, iterations=4, epsilon=1.0, init="stl", random_state=0)
+    prepared = est.prepare_tasks(Xs, ys)
+    a = est.fit(prepared).coef_.copy()
+    b = MPMTLLowRank(**est.get_params()).fit(Xs, ys).coef_
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(est.fit(prepared).coef_, a)  # the cache is not mutated
+    with pytest.raises(InvalidParameterError, match="loss"):
+        MPMTLLowRank(loss="logistic").fit(prepared)

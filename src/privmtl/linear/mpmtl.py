@@ -53,6 +53,7 @@ __all__ = [
     "MPMTLGroupSparse",
     "MPMTLLowRank",
     "MPMTLLowRankSparse",
+    "PreparedTasks",
     "default_delta",
     "sample_l2_laplace",
 ]
@@ -147,6 +148,37 @@ def _clip_columns(W: FloatArray, bound: float) -> FloatArray:
 
 def _scores(Xs: Sequence[FloatArray], coef: FloatArray) -> list[FloatArray]:
     return [np.asarray(x @ coef[:, i], dtype=np.float64) for i, x in enumerate(Xs)]
+
+
+class PreparedTasks:
+    """Validated, zero-padded tasks with cached per-task quantities, reusable across fits.
+
+    Holds the :class:`~privmtl.linear.losses.TaskBatch` of ``(Xs, ys)`` and caches the Lipschitz
+    constant (per ``mu``) and the local ridge solutions (per weight), which depend only on the
+    data. Cross-validation builds one per split and fits every grid point on it.
+    """
+
+    def __init__(self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike] | None, *, loss: str):
+        Xl, yl = check_tasks(Xs, ys, loss=loss)
+        if yl is None:
+            raise DataFormatError("targets ys are required.")
+        self.loss = loss
+        self.batch = TaskBatch.from_tasks(Xl, yl)
+        self._lips: dict[float, float] = {}
+        self._ridge: dict[float, FloatArray] = {}
+
+    def lipschitz(self, mu: float) -> float:
+        """``max_i`` Lipschitz constant of ``grad L_i`` (with ``(mu/2)||w||^2``)."""
+        if mu not in self._lips:
+            kind: Any = self.loss
+            self._lips[mu] = float(np.max(task_lipschitz(kind, self.batch, mu=mu)))
+        return self._lips[mu]
+
+    def ridge(self, alpha: float) -> FloatArray:
+        """The tasks' own ridge solutions (a copy), see :func:`local_ridge`."""
+        if alpha not in self._ridge:
+            self._ridge[alpha] = local_ridge(self.batch, self.loss, alpha)
+        return self._ridge[alpha].copy()
 
 
 class _LinearMTLMixin:
@@ -401,20 +433,36 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         return p
 
     # ------------------------------------------------------------------------------------ fit
-    def fit(self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike]) -> _MPMTLBase:
-        """Fit on per-task data ``Xs[i]`` (``n_i x d``) and ``ys[i]`` (``n_i``)."""
+    def fit(
+        self, Xs: Sequence[ArrayLike] | PreparedTasks, ys: Sequence[ArrayLike] | None = None
+    ) -> Any:
+        """Fit on per-task data ``Xs[i]`` (``n_i x d``) and ``ys[i]`` (``n_i``).
+
+        ``Xs`` may also be a :class:`PreparedTasks` built with :meth:`prepare_tasks` (then ``ys``
+        is ignored): cross-validation reuses it for every grid point of a split.
+        """
         p = self._validate()
-        Xl, yl = check_tasks(Xs, ys, loss=p["loss"])
-        assert yl is not None
-        batch = TaskBatch.from_tasks(Xl, yl)
-        self._fit_batch(batch, p)
+        prepared = Xs if isinstance(Xs, PreparedTasks) else self.prepare_tasks(Xs, ys)
+        if prepared.loss != p["loss"]:
+            raise InvalidParameterError(
+                f"The prepared tasks were validated for loss={prepared.loss!r}; the estimator has "
+                f"loss={p['loss']!r}."
+            )
+        self._fit_batch(prepared, p)
         return self
 
-    def _fit_batch(self, batch: TaskBatch, p: dict[str, Any]) -> None:
+    def prepare_tasks(
+        self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike] | None
+    ) -> PreparedTasks:
+        """Validate and pad the tasks once (see :class:`PreparedTasks`)."""
+        return PreparedTasks(Xs, ys, loss=check_choice("loss", self.loss, LOSSES))
+
+    def _fit_batch(self, prepared: PreparedTasks, p: dict[str, Any]) -> None:
         rng = check_rng(self.random_state)
+        batch = prepared.batch
         m, d = batch.n_tasks, batch.n_features
         T, K, lam, mu = p["iterations"], p["clip"], p["lam"], p["mu"]
-        lips = float(np.max(task_lipschitz(p["loss"], batch, mu=mu)))
+        lips = prepared.lipschitz(mu)
         if not np.isfinite(lips) or lips <= 0:
             raise DataFormatError(
                 "the loss has a zero Lipschitz constant (all features are zero?); cannot set a step."
@@ -458,7 +506,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                 return (1.0 - r) / (1.0 + r)
             return (t1 - 1.0) / (t1 + 2.0)
 
-        W = self._initial_models(batch, p)  # task models w_i^(0)
+        W = self._initial_models(prepared, p)  # task models w_i^(0)
         Qs = np.zeros((d, m)) if decomposed else None  # sparse part (Alg. 4)
         W_hat_prev = _clip_columns(W, K)
         Q_hat_prev = np.zeros((d, m)) if decomposed else None
@@ -531,12 +579,12 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.instance_privacy_ = self._instance_guarantee(p, inst_eps)
         self.n_features_in_ = d
 
-    def _initial_models(self, batch: TaskBatch, p: dict[str, Any]) -> FloatArray:
-        d, m = batch.n_features, batch.n_tasks
+    def _initial_models(self, prepared: PreparedTasks, p: dict[str, Any]) -> FloatArray:
+        d, m = prepared.batch.n_features, prepared.batch.n_tasks
         if isinstance(p["init"], str) and p["init"] == "zeros":
             return np.zeros((d, m))
         if isinstance(p["init"], str):
-            return local_ridge(batch, p["loss"], p["init_alpha"] + p["mu"])
+            return prepared.ridge(p["init_alpha"] + p["mu"])
         W0 = np.asarray(p["init"], dtype=np.float64)
         if W0.shape != (d, m):
             raise DataFormatError(

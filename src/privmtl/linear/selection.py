@@ -296,6 +296,7 @@ def select_hyperparameters(
 
     rows = []
     direction: bool | None = greater_is_better
+    prepared: dict[tuple[int, type, str], Any] = {}
     for params in points:
         scores = []
         elapsed = 0.0
@@ -308,7 +309,14 @@ def select_hyperparameters(
                 direction = _greater_is_better(est)
             t0 = time.perf_counter()
             try:
-                est.fit(Xtr, ytr)
+                train: Any = Xtr
+                if hasattr(est, "prepare_tasks"):
+                    # validate/pad the split once per estimator type and loss (MP-MTL estimators)
+                    pkey = (s, type(est), str(getattr(est, "loss", "")))
+                    if pkey not in prepared:
+                        prepared[pkey] = est.prepare_tasks(Xtr, ytr)
+                    train = prepared[pkey]
+                est.fit(train, ytr)
                 scores.append(float(est.score(Xva, yva)))
             except (DataFormatError, FloatingPointError, np.linalg.LinAlgError) as exc:
                 # e.g. a diverging fit whose predictions are not finite: score it as failed
