@@ -188,11 +188,14 @@ def run_mpmtl(
     if tune:
         from privmtl.linear.selection import DEFAULT_GRIDS, select_hyperparameters
 
-        grid = dict(DEFAULT_GRIDS.get(method, {}))
-        if iterations is not None:
-            grid.pop("iterations", None)
-        for key in extra_params or {}:
-            grid.pop(key, None)
+        raw = DEFAULT_GRIDS.get(method, [])
+        grid = [dict(g) for g in (raw if isinstance(raw, list) else [raw])]
+        for sub in grid:
+            if iterations is not None:
+                sub.pop("iterations", None)
+            for key in extra_params or {}:
+                sub.pop(key, None)
+        grid = [g for g in grid if g]
         if grid:
             best, _ = select_hyperparameters(
                 lambda **p: cls(**{**fixed, **p}),
