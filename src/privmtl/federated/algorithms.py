@@ -1,0 +1,203 @@
+"""Pieces shared by the batched engine and the per-client reference loop.
+
+Everything random is drawn here, in a fixed order, so that both paths consume identical draws:
+
+* client sampling: ``sampler.sample(rng_sampling)`` with ``rng_sampling`` a numpy Generator seeded
+  by ``(seed, 0)``;
+* local minibatches of client ``k`` in round ``t``: a numpy Generator seeded by ``(seed, 1, t, k)``
+  (:func:`draw_round_plan`); a client's draws therefore do not depend on which other clients were
+  sampled or on their data sizes;
+* server noise: ``torch.randn`` from a ``torch.Generator`` seeded from ``(seed, 2)``, one tensor
+  per parameter in ``model.named_parameters()`` order (:func:`draw_noise`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from privmtl.federated.config import TrainConfig
+
+__all__ = [
+    "MethodSpec",
+    "Params",
+    "clip_factors",
+    "draw_noise",
+    "draw_round_plan",
+    "evaluate",
+    "method_spec",
+    "noise_generator",
+    "pad_plan",
+    "sampling_rng",
+]
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """How a method uses the shared engine."""
+
+    name: str
+    start_from_global: bool  # clients start local training from w~ (fedavg, fedprox)
+    prox_weight: float  # λ (pmtl) / μ (fedprox) of (coef/2)‖w − w~‖², 0 otherwise
+    communicates: bool  # False for "local"
+    personalized: bool  # keeps m persistent models (pmtl, local)
+
+
+def method_spec(config: TrainConfig) -> MethodSpec:
+    """The :class:`MethodSpec` of ``config.method``."""
+    lam = float(config.lam)
+    return {
+        "pmtl": MethodSpec("pmtl", False, lam, True, True),
+        "fedavg": MethodSpec("fedavg", True, 0.0, True, False),
+        "fedprox": MethodSpec("fedprox", True, lam, True, False),
+        "local": MethodSpec("local", False, 0.0, False, True),
+    }[config.method]
+
+
+# ---------------------------------------------------------------------------- random streams
+def sampling_rng(seed: int) -> np.random.Generator:
+    """The numpy Generator used for client sampling."""
+    return np.random.default_rng([seed, 0])
+
+
+def noise_generator(seed: int) -> torch.Generator:
+    """The torch Generator of the server's Gaussian noise."""
+    state = np.random.SeedSequence([seed, 2]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)
+
+
+def _client_batches(n: int, rng: np.random.Generator, config: TrainConfig) -> list[np.ndarray]:
+    b = config.batch_size
+    if not config.epochs_mode:
+        size = min(b, n)
+        return [rng.choice(n, size=size, replace=False) for _ in range(config.n_local_steps)]
+    out: list[np.ndarray] = []
+    for _ in range(config.n_local_epochs):
+        perm = rng.permutation(n)
+        out.extend(perm[i : i + b] for i in range(0, n, b))
+    return out
+
+
+def draw_round_plan(
+    sampled: Sequence[int] | np.ndarray, offsets: np.ndarray, round_index: int, config: TrainConfig
+) -> list[list[np.ndarray]]:
+    """Minibatches of every sampled client for one round, as rows of the stacked train data.
+
+    ``plan[j][s]`` holds the rows (into ``dataset.concat("train")``) of step ``s`` of the ``j``-th
+    sampled client; see :class:`~privmtl.federated.config.TrainConfig` for how steps are defined.
+    """
+    plan = []
+    for k in sampled:
+        k = int(k)
+        n = int(offsets[k + 1] - offsets[k])
+        rng = np.random.default_rng([config.seed, 1, round_index, k])
+        plan.append([offsets[k] + idx for idx in _client_batches(n, rng, config)])
+    return plan
+
+
+def pad_plan(
+    plan: list[list[np.ndarray]], batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad a round plan to ``(S, K, B)`` row indices, per-row weights and ``(S, K)`` activity.
+
+    ``weights[s, j, i] = 1 / |batch|`` for real rows and 0 for padding (so the weighted sum of
+    per-example losses is the minibatch mean), ``active[s, j] = 1`` while client ``j`` still has
+    steps to run. Padded rows point at row 0 with weight 0.
+    """
+    k = len(plan)
+    s = max((len(p) for p in plan), default=0)
+    rows = np.zeros((s, k, batch_size), dtype=np.int64)
+    weights = np.zeros((s, k, batch_size), dtype=np.float64)
+    active = np.zeros((s, k), dtype=np.float32)
+    for j, steps in enumerate(plan):
+        for t, idx in enumerate(steps):
+            rows[t, j, : len(idx)] = idx
+            weights[t, j, : len(idx)] = 1.0 / len(idx)
+            active[t, j] = 1.0
+    return torch.from_numpy(rows), torch.from_numpy(weights), torch.from_numpy(active)
+
+
+def draw_noise(template: Params, std: float, gen: torch.Generator) -> Params | None:
+    """``N(0, std² I)`` for every parameter (in ``template`` order), or None if ``std == 0``."""
+    if std == 0:
+        return None
+    return {
+        name: torch.randn(p.shape, generator=gen, dtype=p.dtype) * std
+        for name, p in template.items()
+    }
+
+
+def clip_factors(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
+    """``min(1, γ / ‖g_k‖)`` per client (1 for a zero update or when ``clip`` is None)."""
+    if clip is None:
+        return torch.ones_like(norms)
+    return torch.where(norms > clip, clip / norms.clamp_min(1e-30), torch.ones_like(norms))
+
+
+# ---------------------------------------------------------------------------- evaluation
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    params: Params,
+    buffers: Params,
+    xs: list[torch.Tensor],
+    ys: list[torch.Tensor],
+    *,
+    personalized: bool,
+    chunk: int = 256,
+) -> dict[str, float]:
+    """Accuracy and loss of a global model or of stacked personalized models on per-client data.
+
+    Returns ``accuracy`` (pooled: correct / examples over all clients), ``mean_client_accuracy``
+    (mean over clients with at least one example), ``loss`` (pooled mean cross-entropy) and ``n``.
+    """
+    correct = np.zeros(len(ys))
+    counts = np.array([y.shape[0] for y in ys], dtype=np.int64)
+    loss_sum = 0.0
+    if counts.sum() == 0:
+        nan = float("nan")
+        return {"accuracy": nan, "mean_client_accuracy": nan, "loss": nan, "n": 0}
+    dtype = next(iter(params.values())).dtype
+    was_training = model.training
+    model.eval()
+    try:
+        if personalized:
+            for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
+                if y.shape[0] == 0:
+                    continue
+                pk = {name: p[k] for name, p in params.items()}
+                for i in range(0, y.shape[0], chunk):
+                    xi = x[i : i + chunk].to(dtype)
+                    logits = functional_call(model, (pk, buffers), (xi,))
+                    yy = y[i : i + chunk]
+                    correct[k] += float((logits.argmax(1) == yy).sum())
+                    loss_sum += float(F.cross_entropy(logits, yy, reduction="sum"))
+        else:
+            x_all, y_all = torch.cat(xs), torch.cat(ys)
+            hits = torch.empty(y_all.shape[0], dtype=torch.bool)
+            for i in range(0, y_all.shape[0], chunk):
+                xi = x_all[i : i + chunk].to(dtype)
+                logits = functional_call(model, (params, buffers), (xi,))
+                yy = y_all[i : i + chunk]
+                hits[i : i + chunk] = logits.argmax(1) == yy
+                loss_sum += float(F.cross_entropy(logits, yy, reduction="sum"))
+            offsets = np.concatenate([[0], np.cumsum(counts)])
+            csum = np.concatenate([[0], np.cumsum(hits.numpy())])
+            correct = (csum[offsets[1:]] - csum[offsets[:-1]]).astype(float)
+    finally:
+        model.train(was_training)
+    has = counts > 0
+    return {
+        "accuracy": float(correct.sum() / counts.sum()),
+        "mean_client_accuracy": float(np.mean(correct[has] / counts[has])),
+        "loss": loss_sum / float(counts.sum()),
+        "n": int(counts.sum()),
+    }

@@ -1,0 +1,282 @@
+"""Configuration and result containers of the federated training engine."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from privmtl._validation import check_choice, check_int, check_real
+from privmtl.exceptions import InvalidParameterError
+
+__all__ = ["METHODS", "SAMPLINGS", "TrainConfig", "TrainResult"]
+
+METHODS = ("pmtl", "fedavg", "fedprox", "local")
+SAMPLINGS = ("poisson", "fixed", "all")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    r"""Hyper-parameters of one federated training run (PMTL, Algorithm 1, and its baselines).
+
+    Parameters
+    ----------
+    method : {"pmtl", "fedavg", "fedprox", "local"}, default "pmtl"
+        * ``"pmtl"``: each sampled client ``k`` starts from its own persistent model ``w_k`` and
+          runs local SGD on :math:`f_k(w) = l_k(w) + \frac{\lambda}{2}\lVert w - \tilde w\rVert^2`;
+          the output is the ``m`` personalized models.
+        * ``"fedavg"``: clients start from :math:`\tilde w` and minimise :math:`l_k` (λ ignored);
+          evaluated with the single global model :math:`\tilde w`.
+        * ``"fedprox"``: clients start from :math:`\tilde w` and minimise
+          :math:`l_k(w) + \frac{\mu}{2}\lVert w - \tilde w\rVert^2` with :math:`\mu` = ``lam``;
+          global model.
+        * ``"local"``: no communication: sampled clients run local SGD on :math:`l_k` from their
+          own model; no server step, no noise, ε = 0 towards the other clients.
+    rounds : int, default 100
+        Communication rounds ``T``.
+    clients_per_round : int, default 10
+        ``q``: the fixed number of clients per round (``"fixed"``), the expected number
+        (``"poisson"``, rate ``q/m``), ignored for ``"all"`` (``q = m``). The server divides the
+        sum of clipped updates by this fixed ``q``, never by the realised count.
+    local_steps, local_epochs : int or None
+        At most one may be set. ``local_steps = E``: every sampled client runs exactly ``E`` SGD
+        steps, each on ``min(B, n_k)`` examples drawn uniformly without replacement (fresh draw per
+        step). ``local_epochs = e``: each epoch visits a fresh permutation of the client's data in
+        ``ceil(n_k / B)`` minibatches (the last one may be smaller), so the number of steps,
+        ``e * ceil(n_k / B)``, differs across clients. Both unset: ``local_epochs = 1`` (paper).
+    batch_size : int, default 10
+        ``B``.
+    lr : float, default 0.1
+        Local SGD step size ``η``.
+    lam : float, default 0.1
+        ``λ`` of the mean-regularizer (pmtl) or ``μ`` of the proximal term (fedprox).
+    clip : float or None, default 1.0
+        ``γ``: each update ``g_k`` is scaled by ``min(1, γ / ‖g_k‖₂)`` (norm over all
+        parameters). ``None`` disables clipping (then the run is not private).
+    noise_std : float, default 0.0
+        ``σ``: standard deviation of the Gaussian noise added to the *mean* update. The noise
+        multiplier given to the accountant is ``z = σ q / γ``.
+    sampling : {"poisson", "fixed", "all"}, default "poisson"
+        Client sampling; the privacy event is the sampler's own (``sampler.event(z)``). The
+        accountant supports ``"poisson"`` with either relation (replace-one needs
+        ``accountant="pld"``), ``"fixed"`` with ``relation="replace-one"`` and ``"rdp"`` only, and
+        ``"all"`` with both; other combinations are refused before training starts.
+    seed : int, default 0
+        Seeds three independent streams: client sampling (numpy), local minibatch draws (one numpy
+        stream per client and round) and server noise (``torch.Generator``).
+    delta : float or None
+        Target δ of the reported ε; default ``1/m`` as in the paper.
+    accountant : str, default "rdp"
+        Accountant of the :class:`~privmtl.privacy.accounting.PrivacyLedger`.
+    relation : {"add-remove", "replace-one"}, default "add-remove"
+        Neighbouring relation of the guarantee.
+    budget : float or None
+        Optional ε budget; a round whose release would exceed it raises
+        :class:`~privmtl.exceptions.PrivacyBudgetError` before it is released.
+    batched : bool, default True
+        Train the sampled clients together with ``torch.func.vmap``; ``False`` runs the per-client
+        reference loop (same math, same random draws).
+    vectorize : {"auto", "vmap", "model"}, default "auto"
+        Batched path: ``"vmap"`` vectorises any module with ``torch.func.vmap``; ``"model"`` uses
+        the model's ``forward_batched`` (see :mod:`privmtl.federated.models`); ``"auto"`` prefers
+        the latter when the model has it.
+    client_chunk : int or None
+        Batched path: vectorise over at most this many clients at a time (memory bound).
+    eval_every : int, default 0
+        Every ``eval_every`` rounds, record the validation accuracy of the method's model in the
+        history (0: only at the end).
+    progress : bool, default True
+        Show a tqdm progress bar (on stderr).
+    threads : int, default 2
+        ``torch.set_num_threads`` during training (restored afterwards).
+    """
+
+    method: str = "pmtl"
+    rounds: int = 100
+    clients_per_round: int = 10
+    local_steps: int | None = None
+    local_epochs: int | None = None
+    batch_size: int = 10
+    lr: float = 0.1
+    lam: float = 0.1
+    clip: float | None = 1.0
+    noise_std: float = 0.0
+    sampling: str = "poisson"
+    seed: int = 0
+    delta: float | None = None
+    accountant: str = "rdp"
+    relation: str = "add-remove"
+    budget: float | None = None
+    batched: bool = True
+    vectorize: str = "auto"
+    client_chunk: int | None = None
+    eval_every: int = 0
+    progress: bool = True
+    threads: int = 2
+
+    def __post_init__(self) -> None:
+        check_choice("method", self.method, METHODS)
+        check_int("rounds", self.rounds, low=0)
+        check_int("clients_per_round", self.clients_per_round, low=1)
+        if self.local_steps is not None and self.local_epochs is not None:
+            raise InvalidParameterError(
+                "Set at most one of 'local_steps' and 'local_epochs'; got "
+                f"local_steps={self.local_steps!r}, local_epochs={self.local_epochs!r}."
+            )
+        if self.local_steps is not None:
+            check_int("local_steps", self.local_steps, low=1)
+        if self.local_epochs is not None:
+            check_int("local_epochs", self.local_epochs, low=1)
+        check_int("batch_size", self.batch_size, low=1)
+        check_real("lr", self.lr, low=0.0, closed="neither")
+        check_real("lam", self.lam, low=0.0)
+        if self.clip is not None:
+            check_real("clip", self.clip, low=0.0, closed="neither")
+        check_real("noise_std", self.noise_std, low=0.0)
+        check_choice("sampling", self.sampling, SAMPLINGS)
+        check_int("seed", self.seed, low=0)
+        if self.delta is not None:
+            check_real("delta", self.delta, low=0.0, high=1.0, closed="neither")
+        check_choice("relation", self.relation, ("add-remove", "replace-one"))
+        if self.budget is not None:
+            check_real("budget", self.budget, low=0.0, closed="neither")
+        check_choice("vectorize", self.vectorize, ("auto", "vmap", "model"))
+        if self.client_chunk is not None:
+            check_int("client_chunk", self.client_chunk, low=1)
+        check_int("eval_every", self.eval_every, low=0)
+        check_int("threads", self.threads, low=1)
+
+    @property
+    def epochs_mode(self) -> bool:
+        """True when local work is counted in epochs (the default), False for fixed steps."""
+        return self.local_steps is None
+
+    @property
+    def n_local_epochs(self) -> int:
+        """Local epochs per round (1 when neither ``local_steps`` nor ``local_epochs`` is set)."""
+        return 1 if self.local_epochs is None else int(self.local_epochs)
+
+    @property
+    def n_local_steps(self) -> int:
+        """``local_steps`` (only meaningful when it is set)."""
+        return 0 if self.local_steps is None else int(self.local_steps)
+
+    @property
+    def is_private(self) -> bool:
+        """True when the server release is a Gaussian mechanism (noise > 0 and finite clip)."""
+        return self.method != "local" and self.noise_std > 0 and self.clip is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrainResult:
+    """Output of :func:`privmtl.federated.train`.
+
+    Attributes
+    ----------
+    config : TrainConfig
+    client_ids : list of str
+    personalized_params : dict of str to Tensor, or None
+        Stacked per-client parameters ``(m, *shape)`` (pmtl, local); ``None`` for fedavg/fedprox.
+    global_params : dict of str to Tensor
+        The released global model :math:`\\tilde w^T` (unchanged initial model for ``local``).
+    history : list of dict
+        One record per round: ``round``, ``sampled`` (client indices), ``n_sampled``,
+        ``train_loss`` (mean over sampled clients of their mean minibatch loss ``l_k`` during the
+        round; NaN if none sampled), ``update_norms`` (before clipping), ``clipped_fraction``,
+        ``noise_multiplier`` (``z = σq/γ`` or None), ``epsilon`` (after the round; ``inf``
+        if not private, 0 for ``local``), ``seconds``; plus ``val_accuracy`` and
+        ``val_mean_client_accuracy`` on evaluation rounds.
+    accuracies : dict
+        ``accuracies[split][model]`` with ``split`` in {"val", "test"} and ``model`` in
+        {"personalized", "global"}: ``{"accuracy": pooled over all examples,
+        "mean_client_accuracy": mean over clients with data of their accuracy, "loss": pooled mean
+        cross-entropy, "n": examples}``.
+    primary : {"personalized", "global"}
+        The model the method is evaluated with (pmtl/local: personalized; fedavg/fedprox: global).
+    epsilon, delta : float
+        Final guarantee of the released global-model sequence (``inf`` if not private, 0 for
+        ``local``); the personalized outputs are (ε, δ) billboard/joint DP by post-processing.
+    ledger : PrivacyLedger or None
+    seconds : float
+        Wall-clock training time (rounds only, without the final evaluation).
+    seconds_per_round : float
+    """
+
+    config: TrainConfig
+    client_ids: list[str]
+    personalized_params: dict[str, torch.Tensor] | None
+    global_params: dict[str, torch.Tensor]
+    history: list[dict[str, Any]]
+    accuracies: dict[str, dict[str, dict[str, float]]]
+    primary: str
+    epsilon: float
+    delta: float
+    ledger: Any = None
+    seconds: float = 0.0
+    seconds_per_round: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def test_accuracy(self) -> float:
+        """Pooled test accuracy of the method's model (personalized or global)."""
+        return self.accuracies["test"][self.primary]["accuracy"]
+
+    @property
+    def mean_client_accuracy(self) -> float:
+        """Mean over clients of their test accuracy with the method's model."""
+        return self.accuracies["test"][self.primary]["mean_client_accuracy"]
+
+    @property
+    def val_accuracy(self) -> float:
+        """Pooled validation accuracy of the method's model (NaN without validation data)."""
+        return self.accuracies["val"][self.primary]["accuracy"]
+
+    def client_params(self, k: int) -> dict[str, torch.Tensor]:
+        """Parameters used by client ``k`` (its personalized model, or the global model)."""
+        if self.personalized_params is None:
+            return dict(self.global_params)
+        return {name: p[k] for name, p in self.personalized_params.items()}
+
+    def client_model(self, model: nn.Module, k: int) -> nn.Module:
+        """A deep copy of ``model`` holding client ``k``'s parameters."""
+        out = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in out.named_parameters():
+                p.copy_(self.client_params(k)[name])
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable summary (no tensors; infinities as the string "inf")."""
+
+        def clean(v: Any) -> Any:
+            if isinstance(v, float) and math.isinf(v):
+                return "inf" if v > 0 else "-inf"
+            if isinstance(v, float) and math.isnan(v):
+                return None
+            if isinstance(v, dict):
+                return {k: clean(x) for k, x in v.items()}
+            if isinstance(v, list | tuple):
+                return [clean(x) for x in v]
+            return v
+
+        return clean(
+            {
+                "config": self.config.to_dict(),
+                "n_clients": len(self.client_ids),
+                "primary": self.primary,
+                "epsilon": self.epsilon,
+                "delta": self.delta,
+                "accuracies": self.accuracies,
+                "seconds": self.seconds,
+                "seconds_per_round": self.seconds_per_round,
+                "history": self.history,
+                **self.extra,
+            }
+        )
