@@ -21,7 +21,6 @@ Tuning is not charged to the privacy budget (as in the paper).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -32,19 +31,16 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from privmtl.linear.selection import DEFAULT_GRIDS, make_estimator, select_hyperparameters
+from privmtl.linear.selection import PRIVATE_METHODS, make_estimator, tune_method
 
 SCHOOL_EPS = (0.1, 1.0, 10.0)
 
 
 def tuned_score(method: str, train: Any, test: Any, seed: int, **fixed: Any) -> tuple[float, dict]:
-    """Tune ``method`` by 5-fold CV on ``train``, refit, return (test score, best params)."""
-    factory = functools.partial(make_estimator, method, **fixed)
-    best, _ = select_hyperparameters(
-        factory, DEFAULT_GRIDS[method], train.X, train.y, n_splits=5, random_state=seed
-    )
+    """Tune ``method`` by 5-fold CV on ``train`` (tune_method), refit, return (test score, best)."""
+    best, _ = tune_method(method, train.X, train.y, n_splits=5, random_state=seed, **fixed)
     params = {**fixed, **best}
-    if method in ("lowrank", "groupsparse", "lowrank-sparse", "dp-mtrl", "dp-aggr"):
+    if method in PRIVATE_METHODS:
         params["random_state"] = seed
     est = make_estimator(method, **params).fit(train.X, train.y)
     return float(est.score(test.X, test.y)), best

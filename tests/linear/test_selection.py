@@ -17,7 +17,9 @@ from privmtl.linear.selection import (
     expand_grid,
     make_estimator,
     per_task_folds,
+    resolve_grid,
     select_hyperparameters,
+    tune_method,
 )
 
 
@@ -149,8 +151,8 @@ def test_real_estimator_selection():
 def test_default_grids_cover_every_method_with_valid_parameters():
     assert set(DEFAULT_GRIDS) == set(METHODS) == set(METHOD_ESTIMATORS)
     for method in METHODS:
-        points = expand_grid(DEFAULT_GRIDS[method])
-        assert 1 <= len(points) <= 250, method
+        points = expand_grid(resolve_grid(DEFAULT_GRIDS[method], clip_scale=5.0, init_alpha=1e-3))
+        assert 1 <= len(points) <= 300, method
         for point in points[:: max(1, len(points) // 7)]:
             est = make_estimator(method, **point)
             assert set(point) <= set(est.get_params()), method
@@ -160,7 +162,8 @@ def test_default_grids_cover_every_method_with_valid_parameters():
 
 def test_private_grid_fits_and_tuning_note():
     Xs, ys = make_tasks(m=6, d=3, n=10)
-    grid = [dict(p, iterations=[2]) for p in DEFAULT_GRIDS["lowrank"][:2]]
+    grid = resolve_grid(DEFAULT_GRIDS["lowrank"][:2], clip_scale=3.0, init_alpha=1e-3)
+    grid = [dict(p, iterations=[2]) for p in grid[:2]]
     best, table = select_hyperparameters(
         functools.partial(make_estimator, "lowrank", epsilon=1.0),
         grid,
@@ -172,3 +175,49 @@ def test_private_grid_fits_and_tuning_note():
     assert set(best) >= {"clip", "lam", "iterations"}
     assert np.isfinite(table["mean_score"]).all()
     assert "NOT charged" in TUNING_NOT_CHARGED
+
+
+def test_resolve_grid_and_relative_keys_guard():
+    template = [
+        {"clip_factor": [1.0, 2.0], "lam_per_clip": [0.1], "init_alpha": ["stl-l2"], "x": [1]},
+        {"lam": [3.0]},
+    ]
+    out = resolve_grid(template, clip_scale=10.0, init_alpha=0.5)
+    assert out == [
+        {"init_alpha": [0.5], "x": [1], "clip": [10.0], "lam": [1.0]},
+        {"init_alpha": [0.5], "x": [1], "clip": [20.0], "lam": [2.0]},
+        {"lam": [3.0]},
+    ]
+    Xs, ys = make_tasks()
+    with pytest.raises(InvalidParameterError, match="tune_method"):
+        select_hyperparameters(Dummy, {"clip_factor": [1.0]}, Xs, ys, n_splits=2)
+    with pytest.raises(InvalidParameterError, match="clip_scale"):
+        resolve_grid(template, clip_scale=0.0, init_alpha=0.5)
+
+
+def test_tune_method_two_stage_for_mpmtl():
+    from privmtl.linear.baselines import STLRidge
+
+    Xs, ys = make_tasks(m=6, d=3, n=12)
+    small = [
+        {
+            "clip_factor": [1.0, 2.0],
+            "lam_per_clip": [1e-3],
+            "iterations": [1, 2],
+            "init": ["stl"],
+            "init_alpha": ["stl-l2"],
+        }
+    ]
+    best, table = tune_method("lowrank", Xs, ys, grid=small, random_state=0, epsilon=1.0)
+    stl_best, _ = tune_method("stl-l2", Xs, ys, random_state=0)
+    assert table.attrs["stl_lam"] == best["init_alpha"] == stl_best["lam"]
+    W = STLRidge(lam=stl_best["lam"]).fit(Xs, ys).coef_
+    scale = float(np.median(np.linalg.norm(W, axis=0)))
+    assert table.attrs["clip_scale"] == pytest.approx(scale)
+    assert best["clip"] / scale in (pytest.approx(1.0), pytest.approx(2.0))
+    assert len(table) == 4
+    # non-MP-MTL methods use their grid directly
+    best, table = tune_method("dp-aggr", Xs, ys, random_state=0, epsilon=1.0)
+    assert set(best) == {"lam"} and len(table) == len(DEFAULT_GRIDS["dp-aggr"][0]["lam"])
+    with pytest.raises(InvalidParameterError, match="method"):
+        tune_method("nope", Xs, ys)
