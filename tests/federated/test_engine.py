@@ -108,6 +108,33 @@ def test_batched_equals_reference_small_cnn_float32(
     assert _max_diff(a.personalized_params, init) > 1e-3
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(
+    ("sampling", "relation"), [("poisson", "add-remove"), ("fixed", "replace-one")]
+)
+def test_batched_equals_reference_femnist_cnn_float32(
+    images: FederatedDataset, seed: int, sampling: str, relation: str
+) -> None:
+    """The FEMNIST CNN's grouped-convolution path (default) against the loop, in float32."""
+    model = FemnistCNN(n_classes=5)
+    a, b = _run_both(
+        images,
+        model,
+        method="pmtl",
+        sampling=sampling,
+        relation=relation,
+        seed=seed,
+        clients_per_round=3,
+        batch_size=5,
+        vectorize="model",
+        **PRIVATE,
+    )
+    assert _max_diff(a.personalized_params, b.personalized_params) < 1e-4
+    assert _max_diff(a.global_params, b.global_params) < 1e-4
+    init = {n: p.detach().unsqueeze(0) for n, p in model.named_parameters()}
+    assert _max_diff(a.personalized_params, init) > 1e-3
+
+
 @pytest.mark.parametrize("vectorize", ["model", "vmap"])
 @pytest.mark.parametrize(
     ("sampling", "relation"), [("poisson", "add-remove"), ("fixed", "replace-one")]
@@ -115,11 +142,12 @@ def test_batched_equals_reference_small_cnn_float32(
 def test_batched_equals_reference_femnist_cnn_float64(
     images: FederatedDataset, vectorize: str, sampling: str, relation: str
 ) -> None:
-    """The max-pool CNN in float64: identical math up to 1e-9.
+    """The max-pool CNN in float64, both vectorisations: identical math up to 1e-9.
 
-    In float32 the grouped and per-client convolutions may round differently (~1e-7) and a
-    max-pool window holding two near-equal activations then routes the gradient to a different
-    pixel; the runs drift apart by ~1e-2 although both are exact SGD. float64 removes near-ties.
+    Under vmap the convolutions run in NCHW while the loop runs the second one channels-last; in
+    float32 the ~1e-7 rounding difference can flip a max-pool argmax between two near-equal
+    activations, i.e. route the gradient to another pixel, and runs then drift apart by ~1e-2
+    although both are exact SGD (see privmtl.federated.models). float64 removes the near-ties.
     """
     model = FemnistCNN(n_classes=5).double()
     a, b = _run_both(

@@ -191,7 +191,8 @@ class TrainResult:
         ``train_loss`` (mean over sampled clients of their mean minibatch loss ``l_k`` during the
         round; NaN if none sampled), ``update_norms`` (before clipping), ``clipped_fraction``,
         ``noise_multiplier`` (``z = σq/γ`` or None), ``epsilon`` (after the round; ``inf``
-        if not private, 0 for ``local``), ``seconds``; plus ``val_accuracy`` and
+        if not private, 0 for ``local``), ``seconds`` (wall clock) and ``cpu_seconds`` (CPU time
+        of the process, all threads); plus ``val_accuracy`` and
         ``val_mean_client_accuracy`` on evaluation rounds.
     accuracies : dict
         ``accuracies[split][model]`` with ``split`` in {"val", "test"} and ``model`` in

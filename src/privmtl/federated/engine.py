@@ -84,7 +84,7 @@ def make_step_fn(model: nn.Module, buffers: Params, vectorize: str = "auto") -> 
         def step(
             params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
         ) -> tuple[Params, torch.Tensor]:
-            leaves = {name: p.detach().clone().requires_grad_(True) for name, p in params.items()}
+            leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
             with torch.enable_grad():
                 logits = forward_batched(leaves, x)
                 ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
@@ -263,7 +263,7 @@ def train(
     try:
         bar = tqdm(range(config.rounds), desc=config.method, disable=not config.progress)
         for t in bar:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             event = sampler.event(z) if z is not None else None
             if event is not None and config.budget is not None:
                 ledger.check(event)
@@ -343,6 +343,7 @@ def train(
                 "noise_multiplier": z,
                 "epsilon": eps,
                 "seconds": time.perf_counter() - t0,
+                "cpu_seconds": time.process_time() - c0,
             }
             if config.eval_every and (t + 1) % config.eval_every == 0:
                 ev = _evaluate_split(model, buffers, dataset, "val", glob, personal, spec)
