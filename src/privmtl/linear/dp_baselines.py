@@ -302,7 +302,7 @@ class DPMTRL(_IPBase):
                     nsr[t:] = math.inf
                     break
                 # Omega-step on the released models: Omega = (G + eps I)^{1/2} / trace.
-                vals, vecs = scipy.linalg.eigh(gram_t, check_finite=False)
+                vals, vecs = scipy.linalg.eigh(gram_t, check_finite=False, driver="evd")
                 vals = np.maximum(vals, 0.0)
                 root = np.sqrt(vals + omega_eps * max(float(vals.mean()), 1e-300))
                 trace = float(root.sum())

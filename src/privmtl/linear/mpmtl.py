@@ -534,7 +534,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                 if shift is None:
                     diag = np.abs(np.diag(Sigma))
                 else:
-                    vals, U = scipy.linalg.eigh(Sigma, check_finite=False)
+                    vals, U = scipy.linalg.eigh(Sigma, check_finite=False, driver="evd")
                     diag = (U * U) @ np.maximum(vals + shift, 0.0)
                 W_hat = _group_shrink(diag, thr)[:, None] * Wc
             elif wtw:
@@ -764,7 +764,7 @@ def _spectral_factors(
     ``shift`` (not None) first maps Λ -> max(Λ + shift, 0) (the PSD fix of a Gaussian release).
     Directions with Λ <= 0 get S_ii = 0 (λ > 0) or 1 (λ = 0: M = I).
     """
-    lam_, U = scipy.linalg.eigh(Sigma, check_finite=False)
+    lam_, U = scipy.linalg.eigh(Sigma, check_finite=False, driver="evd")
     if thr == 0:
         return U, np.ones_like(lam_)
     if shift is not None:
