@@ -135,6 +135,18 @@ def test_batched_equals_reference_femnist_cnn_float32(
     assert _max_diff(a.personalized_params, init) > 1e-3
 
 
+def test_client_chunks_do_not_change_results(images: FederatedDataset) -> None:
+    model = FemnistCNN(n_classes=5)
+    kw = {"method": "pmtl", "clients_per_round": 4, "batch_size": 5, **PRIVATE, **FAST}
+    runs = [
+        train(images, model, TrainConfig(client_chunk=c, **kw), ledger=_NullLedger())
+        for c in (None, 3, 1)
+    ]
+    for other in runs[1:]:
+        assert _max_diff(runs[0].personalized_params, other.personalized_params) < 1e-6
+        assert _max_diff(runs[0].global_params, other.global_params) < 1e-6
+
+
 @pytest.mark.parametrize("vectorize", ["model", "vmap"])
 @pytest.mark.parametrize(
     ("sampling", "relation"), [("poisson", "add-remove"), ("fixed", "replace-one")]

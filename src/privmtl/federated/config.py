@@ -84,8 +84,11 @@ class TrainConfig:
         Batched path: ``"vmap"`` vectorises any module with ``torch.func.vmap``; ``"model"`` uses
         the model's ``forward_batched`` (see :mod:`privmtl.federated.models`); ``"auto"`` prefers
         the latter when the model has it.
-    client_chunk : int or None
-        Batched path: vectorise over at most this many clients at a time (memory bound).
+    client_chunk : int or None, default 8
+        Batched path: vectorise over at most this many clients at a time (``None``: all sampled
+        clients). Results do not depend on it. On the 2-core test machine (1 thread) the FEMNIST
+        CNN ran fastest with 5-10 clients per chunk (50-100 examples per grouped step): one round
+        of 100 clients took 6.5 s CPU with chunks of 5-10, 9-10 s unchunked, 9.3 s in the loop.
     eval_every : int, default 0
         Every ``eval_every`` rounds, record the validation accuracy of the method's model in the
         history (0: only at the end).
@@ -113,7 +116,7 @@ class TrainConfig:
     budget: float | None = None
     batched: bool = True
     vectorize: str = "auto"
-    client_chunk: int | None = None
+    client_chunk: int | None = 8
     eval_every: int = 0
     progress: bool = True
     threads: int = 2

@@ -115,7 +115,10 @@ def local_train_batched(
     """Local SGD of all clients of ``plan`` at once (same update as the reference loop).
 
     ``starts`` holds stacked parameters ``(K, ...)``; returns the new stacked parameters and each
-    client's mean minibatch loss.
+    client's mean minibatch loss. Step ``s`` runs on the clients that still have a ``s``-th
+    minibatch only (the others are dropped from the batch, not masked, which saves the ~15% of
+    client-steps that padding to the longest client would waste on FEMNIST); inside a step,
+    minibatches shorter than ``batch_size`` are padded with zero-weight rows.
     """
     rows, weights, active = pad_plan(plan, batch_size)
     names = list(starts)
@@ -125,21 +128,26 @@ def local_train_batched(
     loss_sum = torch.zeros(len(plan), dtype=torch.float64)
     with torch.no_grad():
         for s in range(rows.shape[0]):
-            r = rows[s]
-            grads, loss = step_fn(dict(zip(names, ps, strict=True)), x_all[r], y_all[r], weights[s])
+            a = active[s]
+            idx = None if bool(a.all()) else torch.nonzero(a).flatten()
+            cur = ps if idx is None else [p.index_select(0, idx) for p in ps]
+            r, wts = (rows[s], weights[s]) if idx is None else (rows[s][idx], weights[s][idx])
+            grads, loss = step_fn(dict(zip(names, cur, strict=True)), x_all[r], y_all[r], wts)
             gs = [grads[name] for name in names]
             steps: list[torch.Tensor]
             if anchors is not None:  # step = g + ρ (w − w~)
-                steps = list(torch._foreach_sub(ps, anchors))
+                steps = list(torch._foreach_sub(cur, anchors))
                 torch._foreach_mul_(steps, prox_weight)
                 torch._foreach_add_(steps, gs)
             else:
                 steps = gs
-            a = active[s]
-            if not bool(a.all()):  # freeze clients that have run all their steps
-                steps = [g * a.view((-1,) + (1,) * (g.ndim - 1)) for g in steps]
-            torch._foreach_add_(ps, steps, alpha=-lr)
-            loss_sum += loss.double() * a.double()
+            torch._foreach_add_(cur, steps, alpha=-lr)
+            if idx is None:
+                loss_sum += loss.double()
+            else:
+                for p, c in zip(ps, cur, strict=True):
+                    p.index_copy_(0, idx, c)
+                loss_sum.index_add_(0, idx, loss.double())
     w = dict(zip(names, ps, strict=True))
     n_steps = active.sum(0).double()
     losses = torch.where(n_steps > 0, loss_sum / n_steps.clamp_min(1), torch.nan)
