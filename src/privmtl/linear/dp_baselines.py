@@ -42,7 +42,8 @@ it is (ε, δ)-MP-MTL (:func:`ip_to_mp`). ``privacy_`` reports that MP-MTL guara
     ``omega_eps`` in the Omega-step (Omega^-1 must exist when m > d), Omega^(0) = I/m,
     wbar^(0) = 0, and the output (``output="perturbed"``, the released models as in the paper's
     Fig. 3e; ``output="local"`` lets each task use its own last unperturbed solve, which is
-    post-processing of the others' releases and therefore keeps the same guarantee).
+    post-processing of the others' releases and therefore keeps the same guarantee — note that
+    with T = 1 it is exactly non-private STL ridge with weight ``lam1 + m lam2``).
 
 :class:`DPAGGR` — Pathak, Rane & Raj (2010)
     Every task trains ``w_i = argmin L_i(w) + (lam/2)||w||^2`` locally (squared or logistic loss,

@@ -22,14 +22,16 @@ Every iteration ``t = 0..T-1`` does exactly (Alg. 2/3 of the paper, 0-based here
     z_i   = w^_i + beta_t (w^_i - w^_i_prev)
     w_i   = z_i - eta * grad L_i(z_i)
 
-and returns ``coef_ = W^(T)`` (the last projected models ``w^_i``, the paper's output). Only ``S``
+and returns ``coef_ = W^^(T)``, the last projected models ``w^_i`` (the paper's output; the
+final local gradient step is skipped since it would not reach the output). Only ``S``
 depends on other tasks, so each task's output is post-processing of the covariance releases: the
 guarantee is the one of the :class:`~privmtl.privacy.covariance.CovarianceSchedule` (MP-MTL, the
 whole task — data and model sequence — is the unit of privacy). The schedule is planned by
 :func:`privmtl.privacy.covariance.plan_covariance_releases`; solvers never compute ε themselves.
 
-Performance: the per-iteration cost is one ``d x d`` symmetric eigendecomposition, two ``d x d x m``
-matrix products (``W~ W~^T`` and ``M W~``, BLAS) and the batched gradients of a zero-padded
+Performance: the per-iteration cost is one ``d x d`` symmetric eigendecomposition (the PSD fix of a
+Gaussian release is folded into it), ``d x d x m`` matrix products (``W~ W~^T``, and ``U (S U^T W~)``
+restricted to the cheaper of the kept or shrunk eigenvectors; BLAS) and the batched gradients of a zero-padded
 :class:`~privmtl.linear.losses.TaskBatch` (``O(m n_max d)``, no Python loop over tasks).
 """
 
@@ -293,7 +295,11 @@ _COMMON_PARAMS_DOC = """
         step, ``w-_i = clip(w~_i + b_i, K)`` with density ``p(b_i) ∝ exp(-ε_dp,t ||b_i|| / (2K))``
         (ℓ2 sensitivity 2K); ε_dp,t follow the same allocation shape and sum to ``instance_epsilon``
         (pure ε, basic composition = CB with δ = 0). ``instance_privacy_`` reports the IP-MTL
-        guarantee. None ⇒ off.
+        guarantee. The perturbed models are clipped to K again before the covariance step: the
+        paper's proof of Prop. 4 bounds the covariance density ratio at perturbed models, whose
+        norm is not bounded by K, so without re-clipping the covariance release would have
+        unbounded sensitivity. Only the shared (curator-side) copy is perturbed; each task projects
+        its own clean clipped model (its own state is never released unperturbed). None ⇒ off.
     init : {"zeros", "stl"} or array of shape (d, m), default="zeros"
         Initial task models W^(0). ``"stl"``: every task's own ridge solution
         ``argmin L_i(w) + ((init_alpha + mu)/2)||w||^2`` (local, no privacy cost; the paper allows
