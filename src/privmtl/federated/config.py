@@ -42,6 +42,16 @@ class TrainConfig:
         ``q``: the fixed number of clients per round (``"fixed"``), the expected number
         (``"poisson"``, rate ``q/m``), ignored for ``"all"`` (``q = m``). The server divides the
         sum of clipped updates by this fixed ``q``, never by the realised count.
+    server_update : {"delta", "offset"}, default "delta"
+        What a sampled client sends (pmtl; the two coincide for fedavg/fedprox, which start from
+        :math:`\tilde w^t`). ``"delta"``: :math:`g_k = w_k^{new} - w_k^{old}`, Algorithm 1 as printed.
+        ``"offset"``: :math:`g_k = w_k^{new} - \tilde w^t`, what the authors' released code sends
+        (``models/model.py``: the update is the personalized model minus the broadcast global
+        model). Same sensitivity and guarantee. Without clipping and noise, "delta" moves
+        :math:`\tilde w` by :math:`\frac1q\sum_{S_t}\Delta w_k`, ``m/q`` times the change of the mean
+        :math:`\bar w` of the :math:`w_k` (:math:`\tilde w^t-\tilde w^0 = \frac mq(\bar w^t-\bar w^0)`),
+        so with ``q < m`` it overshoots the mean it is meant to track; with "offset" and fixed-size
+        sampling, :math:`\tilde w^{t+1}` is the mean of the sampled personalized models.
     local_steps, local_epochs : int or None
         At most one may be set. ``local_steps = E``: every sampled client runs exactly ``E`` SGD
         steps, each on ``min(B, n_k)`` examples drawn uniformly without replacement (fresh draw per
@@ -101,6 +111,7 @@ class TrainConfig:
     method: str = "pmtl"
     rounds: int = 100
     clients_per_round: int = 10
+    server_update: str = "delta"
     local_steps: int | None = None
     local_epochs: int | None = None
     batch_size: int = 10
@@ -125,6 +136,7 @@ class TrainConfig:
         check_choice("method", self.method, METHODS)
         check_int("rounds", self.rounds, low=0)
         check_int("clients_per_round", self.clients_per_round, low=1)
+        check_choice("server_update", self.server_update, ("delta", "offset"))
         if self.local_steps is not None and self.local_epochs is not None:
             raise InvalidParameterError(
                 "Set at most one of 'local_steps' and 'local_epochs'; got "
@@ -188,7 +200,7 @@ class TrainResult:
     personalized_params : dict of str to Tensor, or None
         Stacked per-client parameters ``(m, *shape)`` (pmtl, local); ``None`` for fedavg/fedprox.
     global_params : dict of str to Tensor
-        The released global model :math:`\\tilde w^T` (unchanged initial model for ``local``).
+        The released global model :math:`\tilde w^T` (unchanged initial model for ``local``).
     history : list of dict
         One record per round: ``round``, ``sampled`` (client indices), ``n_sampled``,
         ``train_loss`` (mean over sampled clients of their mean minibatch loss ``l_k`` during the

@@ -330,12 +330,23 @@ def train(
             if spec.communicates:
                 if news is None or starts is None:
                     mean = {n: torch.zeros_like(p) for n, p in glob.items()}
-                elif step_fn is not None:
-                    deltas = {n: news[n] - starts[n] for n in news}
-                    mean, norms, clipped = aggregate_batched(deltas, glob, config.clip, q)
                 else:
-                    dl = [{n: news[n][j] - starts[n][j] for n in news} for j in range(len(sampled))]
-                    mean, norms, clipped = aggregate_reference(dl, glob, config.clip, q)
+                    # g_k = w_k^new − w_k^old (Algorithm 1), or w_k^new − w~^t ("offset")
+                    base = glob if config.server_update == "offset" else None
+                    if step_fn is not None:
+                        deltas = {
+                            n: news[n] - (starts[n] if base is None else base[n]) for n in news
+                        }
+                        mean, norms, clipped = aggregate_batched(deltas, glob, config.clip, q)
+                    else:
+                        dl = [
+                            {
+                                n: news[n][j] - (starts[n][j] if base is None else base[n])
+                                for n in news
+                            }
+                            for j in range(len(sampled))
+                        ]
+                        mean, norms, clipped = aggregate_reference(dl, glob, config.clip, q)
                 noise = draw_noise(glob, config.noise_std, gen)
                 for n in glob:
                     glob[n] = glob[n] + mean[n] + (noise[n] if noise is not None else 0.0)
