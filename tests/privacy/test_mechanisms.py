@@ -98,3 +98,20 @@ def test_gaussian_schedule_limits():
     )
     mean = sum(s2.release(0, cov, rng) for _ in range(4000)) / 4000
     assert np.allclose(mean, cov, atol=5 * s2.per_release[0] / math.sqrt(4000))
+
+
+def test_denoise_fix_removes_the_noise_floor_but_keeps_strong_directions():
+    rng = np.random.default_rng(11)
+    d = 20
+    u = np.zeros(d)
+    u[0] = 1.0
+    cov = 1e4 * np.outer(u, u)  # one strong direction
+    s = plan_covariance_releases(
+        epsilon=1.0, delta=1e-3, iterations=1, clip=1.0, dim=d, eigen_fix="denoise"
+    )
+    s = dataclasses.replace(s, per_release=(20.0,))  # ‖E‖₂ ≈ 2·20·√20 ≈ 179 ≪ 1e4
+    vals, vecs = np.linalg.eigh(s.release(0, cov, rng))
+    # noise-only directions fall below 2σ√d and are zeroed; the signal survives, shrunk by ≈ 2σ√d
+    assert np.sum(vals > 0) == 1
+    assert abs(vecs[0, -1]) > 0.99
+    assert vals[-1] == pytest.approx(1e4 - 2 * 20 * math.sqrt(d), rel=0.05)

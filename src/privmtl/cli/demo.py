@@ -22,8 +22,15 @@ __all__ = ["demo"]
     help="Folder for the tables and plots.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--tune/--no-tune", default=False, show_default=True, help="CV tuning (slower).")
-def demo(out_dir: Path, seed: int, tune: bool) -> None:
+@click.option(
+    "--tune",
+    "tune_mode",
+    type=click.Choice(["each", "once"]),
+    default="once",
+    show_default=True,
+    help="CV-tune each private method at every ε, or once at ε = 1 (faster).",
+)
+def demo(out_dir: Path, seed: int, tune_mode: str) -> None:
     """MP-MTL ε sweep on synthetic low-rank tasks, then a short private PMTL run.
 
     \b
@@ -44,7 +51,7 @@ def demo(out_dir: Path, seed: int, tune: bool) -> None:
             epsilons=[0.1, 0.3, 1.0, 3.0, 10.0],
             seeds=[seed],
             noise="gaussian",
-            tune=tune,
+            tune_mode=tune_mode,
             out_dir=tmp,
         )
         for row in res["summary"]:

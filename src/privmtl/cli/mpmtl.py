@@ -24,6 +24,8 @@ from privmtl.experiments.sweep import aggregate, plot_tradeoff, rows_to_csv, run
 
 __all__ = ["mpmtl", "mpmtl_sweep", "run_mpmtl_sweep"]
 
+_PRIVACY_KEYS = ("epsilon", "delta", "noise", "relation", "accountant", "random_state")
+
 _data_opt = click.option(
     "--data", type=click.Choice(list(DATASETS)), required=True, help="Dataset (built-in or a file)."
 )
@@ -112,7 +114,7 @@ def run_mpmtl_sweep(
     epsilons: list[float],
     seeds: list[int],
     noise: str,
-    tune: bool,
+    tune_mode: str,
     out_dir: Path,
     show_progress: bool = True,
     iterations: int | None = None,
@@ -122,17 +124,34 @@ def run_mpmtl_sweep(
     classification = splits[seeds[0]][0].task_type == "classification"
     metric = "auc" if classification else "nmse"
 
+    tuned_once: dict[tuple[str, int], dict[str, Any]] = {}
+    reference_eps = sorted(epsilons)[len(epsilons) // 2]
+
     def one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
-        return run_mpmtl(
-            data=data,
-            method=method,
-            epsilon=epsilon,
-            noise=noise,
-            seed=seed,
-            tune=tune,
-            iterations=iterations,
-            split=splits[seed],
+        common = {
+            "data": data,
+            "method": method,
+            "noise": noise,
+            "seed": seed,
+            "split": splits[seed],
+        }
+        if tune_mode != "once" or epsilon is None:
+            return run_mpmtl(
+                **common, epsilon=epsilon, tune=tune_mode != "none", iterations=iterations
+            )
+        key = (method, seed)
+        if key not in tuned_once:
+            ref = run_mpmtl(**common, epsilon=reference_eps, tune=True, iterations=iterations)
+            tuned_once[key] = {k: v for k, v in ref["params"].items() if k not in _PRIVACY_KEYS}
+            if epsilon == reference_eps:
+                return ref
+        out = run_mpmtl(**common, epsilon=epsilon, tune=False, extra_params=tuned_once[key])
+        out["tuned"] = True
+        out["tuning_note"] = (
+            f"hyper-parameters tuned once by k-fold CV at epsilon={reference_eps:g} and reused; "
+            "tuning is not charged to the privacy budget (as in the MP-MTL paper)"
         )
+        return out
 
     rows = run_sweep(
         one,
@@ -207,7 +226,7 @@ def mpmtl_sweep(
     seeds: str,
     noise: str,
     iterations: int | None,
-    tune: bool,
+    tune_mode: str,
     out_dir: Path,
     as_json: bool,
 ) -> None:
@@ -231,7 +250,7 @@ def mpmtl_sweep(
         epsilons=eps,
         seeds=seed_list,
         noise=noise,
-        tune=tune,
+        tune_mode=tune_mode,
         out_dir=out_dir,
         iterations=iterations,
     )

@@ -186,24 +186,23 @@ def run_mpmtl(
     best: dict[str, Any] = {}
     tuned = False
     if tune:
-        from privmtl.linear.selection import DEFAULT_GRIDS, select_hyperparameters
+        from privmtl.linear.selection import DEFAULT_GRIDS, tune_method
 
-        raw = DEFAULT_GRIDS.get(method, [])
-        grid = [dict(g) for g in (raw if isinstance(raw, list) else [raw])]
-        for sub in grid:
-            if iterations is not None:
-                sub.pop("iterations", None)
-            for key in extra_params or {}:
-                sub.pop(key, None)
-        grid = [g for g in grid if g]
-        if grid:
-            best, _ = select_hyperparameters(
-                lambda **p: cls(**{**fixed, **p}),
-                grid,
-                Xs,
-                ys,
-                n_splits=n_splits,
-                random_state=seed,
+        grid = None
+        if iterations is not None or extra_params:
+            # Keep the user's explicit choices out of the search.
+            raw = DEFAULT_GRIDS.get(method, [])
+            grid = [dict(g) for g in (raw if isinstance(raw, list) else [raw])]
+            for sub in grid:
+                for key in ("iterations", *(extra_params or {})):
+                    if key in fixed:
+                        sub.pop(key, None)
+            grid = [g for g in grid if g]
+        if grid is None or grid:
+            # Fold splits and per-fold estimator seeds derive from ``seed``.
+            search_fixed = {k: v for k, v in fixed.items() if k != "random_state"}
+            best, _ = tune_method(
+                method, Xs, ys, n_splits=n_splits, random_state=seed, grid=grid, **search_fixed
             )
             tuned = True
     est = cls(**{**fixed, **best})

@@ -66,7 +66,7 @@ NOISES = ("gaussian", "wishart")
 COVARIANCES = ("WWt", "WtW")
 ALLOCATIONS = ("power", "geometric")
 RELATIONS = ("add-remove", "replace-one")
-EIGEN_FIXES = ("shift", "clip", "none")
+EIGEN_FIXES = ("shift", "denoise", "clip", "none")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -646,7 +646,10 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             return None
         if fix == "clip":
             return 0.0
-        return float(schedule.shift_scale * schedule.per_release[t] * math.sqrt(dim))
+        edge = schedule.per_release[t] * math.sqrt(dim)
+        if fix == "denoise":
+            return float(-2.0 * edge)
+        return float(schedule.shift_scale * edge)
 
     def _guarantee(self, schedule: Any, p: dict[str, Any]) -> Any:
         from dataclasses import replace

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import dp_accounting
 import numpy as np
+import scipy.linalg
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.privacy.accounting import (
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 COVARIANCE_NOISES = ("gaussian", "wishart", "none")
-EIGEN_FIXES = ("shift", "clip", "none")
+EIGEN_FIXES = ("shift", "denoise", "clip", "none")
 MPMTL_NOTION = "MP-MTL (model-protected; JDP over model sequences)"
 
 
@@ -123,9 +124,12 @@ class CovarianceSchedule:
     def _fix(self, S: np.ndarray, std: float) -> np.ndarray:
         if self.eigen_fix == "none":
             return S
+        edge = std * math.sqrt(S.shape[0])  # ‖E‖₂ ≈ 2·edge for the symmetric Gaussian noise
         if self.eigen_fix == "shift":
-            S = S + (self.shift_scale * std * math.sqrt(S.shape[0])) * np.eye(S.shape[0])
-        vals, vecs = np.linalg.eigh(S)
+            S = S + (self.shift_scale * edge) * np.eye(S.shape[0])
+        elif self.eigen_fix == "denoise":
+            S = S - (2.0 * edge) * np.eye(S.shape[0])
+        vals, vecs = scipy.linalg.eigh(S, check_finite=False, driver="evd")
         return (vecs * np.maximum(vals, 0.0)) @ vecs.T
 
 
