@@ -26,9 +26,9 @@ __all__ = ["demo"]
     "--tune",
     "tune_mode",
     type=click.Choice(["each", "once"]),
-    default="once",
+    default="each",
     show_default=True,
-    help="CV-tune each private method at every ε, or once at ε = 1 (faster).",
+    help="CV-tune the private method at every ε (3-fold), or once at ε = 1 (faster).",
 )
 def demo(out_dir: Path, seed: int, tune_mode: str) -> None:
     """MP-MTL ε sweep on synthetic low-rank tasks, then a short private PMTL run.
@@ -52,6 +52,7 @@ def demo(out_dir: Path, seed: int, tune_mode: str) -> None:
             seeds=[seed],
             noise="gaussian",
             tune_mode=tune_mode,
+            n_splits=3,
             out_dir=tmp,
         )
         for row in res["summary"]:

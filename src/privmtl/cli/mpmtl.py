@@ -118,6 +118,7 @@ def run_mpmtl_sweep(
     out_dir: Path,
     show_progress: bool = True,
     iterations: int | None = None,
+    n_splits: int = 5,
 ) -> dict[str, Any]:
     """Run the sweep and write ``mpmtl_sweep.csv``, ``mpmtl_sweep.json`` and ``mpmtl_tradeoff.png``."""
     splits = {s: load_mpmtl_data(data, data_path=data_path, seed=s) for s in seeds}
