@@ -1,0 +1,79 @@
+import json
+
+import pytest
+
+from privmtl.cli import main
+
+MPMTL_KEYS = ("method", "epsilon", "delta", "relation", "accountant", "seconds")
+PMTL_KEYS = (
+    "method", "epsilon", "delta", "accountant", "sampling", "relation", "test_accuracy",
+    "mean_client_accuracy", "rounds", "seconds", "seconds_per_round",
+)  # fmt: skip
+
+
+def _json(capsys, args):
+    code = main(args)
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    return json.loads(cap.out)
+
+
+def test_mpmtl_json_contract_on_synthetic(capsys):
+    out = _json(
+        capsys,
+        ["mpmtl", "--data", "synthetic-lowrank", "--method", "lowrank", "--epsilon", "1",
+         "--iterations", "3", "--no-tune", "--json"],
+    )  # fmt: skip
+    for key in (*MPMTL_KEYS, "nmse"):
+        assert key in out
+    assert out["epsilon"] == pytest.approx(1.0, rel=1e-6)
+    assert out["delta"] == pytest.approx(1 / (320 * __import__("math").log(320)))
+    assert out["relation"] == "add-remove" and out["accountant"] == "rdp"
+    # non-private when --epsilon is absent
+    out = _json(
+        capsys,
+        ["mpmtl", "--data", "synthetic-lowrank", "--method", "mtl-trace", "--no-tune", "--json"],
+    )
+    assert out["epsilon"] is None and out["guarantee"]["private"] is False
+
+
+def test_wishart_reports_its_real_delta_on_school(capsys, school_path):
+    """Acceptance (issue 2): --noise wishart --epsilon 1 --iterations 5 reports δ ≥ 0.1."""
+    out = _json(
+        capsys,
+        ["mpmtl", "--data", "school", "--data-path", str(school_path), "--method", "lowrank",
+         "--noise", "wishart", "--epsilon", "1", "--iterations", "5", "--no-tune", "--json"],
+    )  # fmt: skip
+    assert out["delta"] >= 0.1
+    assert out["guarantee"]["valid"] is False
+    assert out["accountant"] == "kairouz-cb"
+
+
+def test_mpmtl_table_with_nan_is_refused(capsys, tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("task,x1,x2,y\na,1,2,3\na,2,1,1\nb,1,nan,2\nb,0,1,1\n")
+    code = main(["mpmtl", "--data", "table", "--data-path", str(path), "--method", "stl-l2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("privmtl: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_pmtl_json_contract_and_sequential_path(capsys):
+    args = ["pmtl", "--data", "synthetic", "--model", "logreg", "--method", "pmtl", "--epsilon", "2",
+            "--rounds", "3", "--clients-per-round", "5", "--json"]  # fmt: skip
+    batched = _json(capsys, args)
+    for key in PMTL_KEYS:
+        assert key in batched
+    assert batched["epsilon"] <= 2.0 and batched["sampling"] == "poisson"
+    assert len(batched["epsilon_per_round"]) == 3
+    sequential = _json(capsys, [*args, "--sequential"])
+    assert sequential["test_accuracy"] == pytest.approx(batched["test_accuracy"], abs=1e-6)
+    assert sequential["batched"] is False
+
+
+def test_pmtl_local_reports_zero_epsilon(capsys):
+    out = _json(
+        capsys,
+        ["pmtl", "--data", "synthetic", "--model", "logreg", "--method", "local", "--rounds", "2",
+         "--json"],
+    )  # fmt: skip
+    assert out["epsilon"] == 0.0
