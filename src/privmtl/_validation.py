@@ -93,7 +93,7 @@ def check_rng(seed: Any, name: str = "random_state") -> np.random.Generator:
                 f"The '{name}' parameter must be a non-negative int, a numpy Generator or None; "
                 f"got {seed!r}."
             )
-        return np.random.default_rng(seed)
+        return np.random.default_rng(None if seed is None else int(seed))
     if isinstance(seed, np.random.Generator):
         return seed
     raise InvalidParameterError(

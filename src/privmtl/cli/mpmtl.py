@@ -129,7 +129,7 @@ def run_mpmtl_sweep(
     reference_eps = sorted(epsilons)[len(epsilons) // 2]
 
     def one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
-        common = {
+        common: dict[str, Any] = {
             "data": data,
             "method": method,
             "noise": noise,
