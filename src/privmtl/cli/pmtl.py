@@ -68,6 +68,14 @@ def _human(out: dict[str, Any]) -> None:
     show_default=True,
 )
 @click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
+@click.option(
+    "--server-update",
+    type=click.Choice(["delta", "offset"]),
+    default="delta",
+    show_default=True,
+    help="Client message: delta = w_k^new - w_k^old (Algorithm 1 as printed) or offset = "
+    "w_k^new - w~ (the authors' code; stable under partial participation).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--sequential", is_flag=True, help="Per-client reference loop instead of batched training."

@@ -128,6 +128,7 @@ def run_pmtl(
     accountant: str = "rdp",
     relation: str = "add-remove",
     delta: float | None = None,
+    server_update: str = "delta",
     show_progress: bool = True,
     dataset: FederatedDataset | None = None,
 ) -> dict[str, Any]:
@@ -191,6 +192,7 @@ def run_pmtl(
         relation=relation,
         batched=not sequential,
         progress=show_progress,
+        server_update=server_update,
     )
     if method == "joint-dp":
         from privmtl.federated.baselines import train_joint_dp
@@ -271,6 +273,7 @@ def _result_dict(
         "lr": cfg.lr,
         "seed": cfg.seed,
         "batched": cfg.batched,
+        "server_update": cfg.server_update,
         "test_accuracy": float(result.test_accuracy),
         "mean_client_accuracy": float(result.mean_client_accuracy),
         "val_accuracy": float(result.val_accuracy),
