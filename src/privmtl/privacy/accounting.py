@@ -49,6 +49,9 @@ TIGHT_ACCOUNTANTS = ("rdp", "pld")
 
 _REL = dp_accounting.NeighboringRelation
 
+#: Smallest noise multiplier calibration searches; looser targets get this much noise.
+_MIN_NOISE_MULTIPLIER = 1e-3
+
 
 def _check(accountant: str, relation: str) -> None:
     check_choice("accountant", accountant, TIGHT_ACCOUNTANTS)
@@ -149,7 +152,7 @@ def calibrate_noise_multiplier(
         return compute_epsilon(event_fn(z), delta=delta, accountant=accountant, relation=relation)
 
     if accountant == "rdp":
-        bracket: Any = dp_accounting.LowerEndpointAndGuess(1e-3, 1.0)
+        bracket: Any = dp_accounting.LowerEndpointAndGuess(_MIN_NOISE_MULTIPLIER, 1.0)
         tol = 1e-9
     else:
         # PLD is expensive at tiny noise (huge privacy-loss grids): bracket it with RDP, which is
@@ -170,16 +173,25 @@ def calibrate_noise_multiplier(
             z_hi *= 1.5
         bracket = dp_accounting.ExplicitBracketInterval(z_hi / 8.0, z_hi)
         tol = rtol * z_hi / 10.0
-    z = float(
-        dp_accounting.calibrate_dp_mechanism(
-            lambda: make_accountant(accountant, relation),
-            make_event,
-            target,
-            delta,
-            bracket_interval=bracket,
-            tol=tol,
+    if accountant == "rdp" and eps_of(_MIN_NOISE_MULTIPLIER) <= target:
+        # The target is so loose that (almost) no noise meets it: return the floor of the search.
+        return _MIN_NOISE_MULTIPLIER
+    try:
+        z = float(
+            dp_accounting.calibrate_dp_mechanism(
+                lambda: make_accountant(accountant, relation),
+                make_event,
+                target,
+                delta,
+                bracket_interval=bracket,
+                tol=tol,
+            )
         )
-    )
+    except dp_accounting.mechanism_calibration.NoBracketIntervalFoundError:
+        raise PrivacyBudgetError(
+            f"No noise multiplier up to 2**30 meets epsilon={target:g} at delta={delta:g} "
+            f"({accountant}, {relation}); increase epsilon or delta."
+        ) from None
     for _ in range(60):
         if eps_of(z) <= target:
             return z
