@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from privmtl.data.readers import load_school, read_table
 from privmtl.data.synthetic import make_groupsparse_tasks, make_lowrank_tasks
 from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.metrics import aauc, nmse
+from privmtl.linear.mpmtl import default_delta
 from privmtl.privacy import PrivacyGuarantee
 
 __all__ = [
@@ -89,12 +89,6 @@ def load_mpmtl_data(
     full = full.normalize_rows()
     train, test = full.train_test_split(frac, random_state=seed)
     return train, test
-
-
-def default_delta(n_tasks: int) -> float:
-    """δ = 1/(m·log m), the MP-MTL paper's choice (1/m for a single task... guarded for m ≤ 2)."""
-    m = max(int(n_tasks), 3)
-    return 1.0 / (m * math.log(m))
 
 
 def estimator_class(method: str) -> Any:
