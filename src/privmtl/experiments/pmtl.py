@@ -14,20 +14,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import dp_accounting
 import torch
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
 from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.privacy import PrivacyGuarantee, calibrate_noise_multiplier, make_sampler
+from privmtl.privacy import PrivacyGuarantee
 
 __all__ = [
     "FINETUNE_METHODS",
     "FL_DATASETS",
     "FL_METHODS",
     "FL_MODELS",
-    "calibrate_noise_std",
     "default_femnist_dir",
     "load_federated",
     "make_model",
@@ -76,32 +74,6 @@ def make_model(name: str, dataset: FederatedDataset, seed: int = 0) -> torch.nn.
             )
         return FemnistCNN(n_classes=dataset.n_classes, random_state=seed)
     return MultinomialLogReg(dataset.n_features, dataset.n_classes, random_state=seed)
-
-
-def calibrate_noise_std(
-    *,
-    epsilon: float,
-    delta: float,
-    clip: float,
-    num_clients: int,
-    clients_per_round: int,
-    rounds: int,
-    sampling: str = "poisson",
-    accountant: str = "rdp",
-    relation: str = "add-remove",
-) -> float:
-    """σ (std of the noise on the mean update) meeting (ε, δ) after ``rounds`` rounds."""
-    sampler = make_sampler(
-        "all" if clients_per_round == num_clients else sampling, num_clients, clients_per_round
-    )
-    z = calibrate_noise_multiplier(
-        lambda zz: dp_accounting.SelfComposedDpEvent(sampler.event(zz), rounds),
-        target_epsilon=epsilon,
-        delta=delta,
-        accountant=accountant,
-        relation=relation,
-    )
-    return z * clip / clients_per_round
 
 
 def run_pmtl(
@@ -157,20 +129,6 @@ def run_pmtl(
         if delta is None
         else check_real("delta", delta, low=0.0, high=1.0, closed="neither")
     )
-    if epsilon is not None and method != "local":
-        sigma = calibrate_noise_std(
-            epsilon=epsilon,
-            delta=dlt,
-            clip=clip,
-            num_clients=m,
-            clients_per_round=q,
-            rounds=rounds,
-            sampling=sampling,
-            accountant=accountant,
-            relation=relation,
-        )
-    else:
-        sigma = noise_std or 0.0
     net = make_model(model, ds, seed)
     from privmtl.federated.config import TrainConfig
 
@@ -184,7 +142,7 @@ def run_pmtl(
         lr=lr,
         lam=lam,
         clip=clip,
-        noise_std=sigma,
+        noise_std=noise_std or 0.0,
         sampling="all" if q == m else sampling,
         seed=seed,
         delta=dlt,
@@ -194,6 +152,11 @@ def run_pmtl(
         progress=show_progress,
         server_update=server_update,
     )
+    if epsilon is not None and method != "local":
+        from privmtl.federated.baselines import config_for_epsilon
+
+        config = config_for_epsilon(config, m, epsilon)
+    sigma = config.noise_std
     if method == "joint-dp":
         from privmtl.federated.baselines import train_joint_dp
 

@@ -85,47 +85,13 @@ def default_delta(m: int) -> float:
 def check_tasks(
     Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike] | None, *, loss: str | None = None
 ) -> tuple[list[FloatArray], list[FloatArray] | None]:
-    """Validate per-task arrays; return float64 copies (``ys`` raveled) or raise DataFormatError."""
-    if isinstance(Xs, np.ndarray) and Xs.ndim == 2:
-        raise DataFormatError(
-            "Xs must be a sequence of per-task 2-D arrays (one per task), not a single 2-D array."
-        )
-    try:
-        Xl = [np.asarray(x, dtype=np.float64) for x in Xs]
-    except (TypeError, ValueError) as exc:
-        raise DataFormatError(f"Xs must be a sequence of numeric 2-D arrays: {exc}") from exc
-    if len(Xl) == 0:
-        raise DataFormatError("Xs must contain at least one task; got 0.")
-    d = Xl[0].shape[1] if Xl[0].ndim == 2 else -1
-    for i, x in enumerate(Xl):
-        if x.ndim != 2 or x.shape[1] != d or d < 1:
-            raise DataFormatError(
-                f"task {i}: features must be a 2-D array with {max(d, 1)} columns like task 0; "
-                f"got shape {x.shape}."
-            )
-        if x.shape[0] == 0:
-            raise DataFormatError(f"task {i}: has no samples (every task needs n_i >= 1).")
-        if not np.all(np.isfinite(x)):
-            raise DataFormatError(f"task {i}: features contain NaN or infinite values.")
-    if ys is None:
-        return Xl, None
-    if len(ys) != len(Xl):
-        raise DataFormatError(f"got {len(Xl)} feature arrays but {len(ys)} target arrays.")
-    try:
-        yl = [np.asarray(y, dtype=np.float64).ravel() for y in ys]
-    except (TypeError, ValueError) as exc:
-        raise DataFormatError(f"ys must be a sequence of numeric 1-D arrays: {exc}") from exc
-    for i, (x, y) in enumerate(zip(Xl, yl, strict=True)):
-        if y.shape[0] != x.shape[0]:
-            raise DataFormatError(f"task {i}: {x.shape[0]} feature rows but {y.shape[0]} targets.")
-        if not np.all(np.isfinite(y)):
-            raise DataFormatError(f"task {i}: targets contain NaN or infinite values.")
-        if loss == "logistic" and not np.all((y == 0) | (y == 1)):
-            raise DataFormatError(
-                f"task {i}: the logistic loss needs labels in {{0, 1}}; got values "
-                f"{np.unique(y)[:5].tolist()}."
-            )
-    return Xl, yl
+    """Validate per-task arrays; return float64 copies (``ys`` raveled) or raise DataFormatError.
+
+    The one validator of :mod:`privmtl.linear` (shared with the non-private baselines).
+    """
+    from privmtl.linear.baselines import _check_tasks
+
+    return _check_tasks(Xs, ys, loss, need_y=False)
 
 
 def sample_l2_laplace(rng: np.random.Generator, dim: int, scale: float, size: int) -> FloatArray:
