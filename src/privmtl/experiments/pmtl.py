@@ -94,6 +94,7 @@ def run_pmtl(
     batch_size: int = 10,
     finetune: str = "none",
     finetune_epochs: int = 1,
+    extra_finetunes: tuple[str, ...] | list[str] = (),
     seed: int = 0,
     sequential: bool = False,
     sampling: str = "poisson",
@@ -103,10 +104,18 @@ def run_pmtl(
     server_update: str = "delta",
     show_progress: bool = True,
     dataset: FederatedDataset | None = None,
+    threads: int = 2,
 ) -> dict[str, Any]:
-    """Run one federated method and return a JSON-ready result dictionary (see the CLI contract)."""
+    """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
+
+    ``finetune`` replaces the reported accuracies by those after local fine-tuning (the CLI's
+    ``--finetune``); ``extra_finetunes`` additionally scores each listed variant on the same trained
+    run and stores them under ``finetune_results[name]`` (benchmarks compare variants this way).
+    """
     check_choice("method", method, FL_METHODS)
     check_choice("finetune", finetune, FINETUNE_METHODS)
+    for name in extra_finetunes:
+        check_choice("extra_finetunes", name, FINETUNE_METHODS[1:])
     seed = check_int("seed", seed, low=0)
     rounds = check_int("rounds", rounds, low=1)
     clip = check_real("clip", clip, low=0.0, closed="neither")
@@ -151,6 +160,7 @@ def run_pmtl(
         batched=not sequential,
         progress=show_progress,
         server_update=server_update,
+        threads=threads,
     )
     if epsilon is not None and method != "local":
         from privmtl.federated.baselines import config_for_epsilon
@@ -175,6 +185,13 @@ def run_pmtl(
         result = train(ds, net, config)
     out = _result_dict(result, method=method, model=model, data=data, sigma=sigma, q=q, m=m)
     out["data_seconds"] = load_seconds
+    if extra_finetunes:
+        # Several fine-tuning variants of the SAME trained run (post-processing, no privacy cost):
+        # cheaper and a fairer comparison than one training run per variant.
+        out["finetune_results"] = {
+            name: _finetune(result, ds, net, name, finetune_epochs, lr, batch_size, lam, seed)
+            for name in extra_finetunes
+        }
     if finetune != "none":
         out.update(_finetune(result, ds, net, finetune, finetune_epochs, lr, batch_size, lam, seed))
         if method == "joint-dp" and out["guarantee"]["private"]:
