@@ -152,7 +152,7 @@ def test_default_grids_cover_every_method_with_valid_parameters():
     assert set(DEFAULT_GRIDS) == set(METHODS) == set(METHOD_ESTIMATORS)
     for method in METHODS:
         points = expand_grid(resolve_grid(DEFAULT_GRIDS[method], clip_scale=5.0, init_alpha=1e-3))
-        assert 1 <= len(points) <= 300, method
+        assert 1 <= len(points) <= 330, method
         for point in points[:: max(1, len(points) // 7)]:
             est = make_estimator(method, **point)
             assert set(point) <= set(est.get_params()), method
@@ -221,3 +221,24 @@ def test_tune_method_two_stage_for_mpmtl():
     assert set(best) == {"lam"} and len(table) == len(DEFAULT_GRIDS["dp-aggr"][0]["lam"])
     with pytest.raises(InvalidParameterError, match="method"):
         tune_method("nope", Xs, ys)
+
+
+def test_final_step_restricts_the_search_to_one_output_rule():
+    Xs, ys = make_tasks(m=6, d=3, n=12)
+    proj = [{"clip_factor": [1.0], "lam_per_clip": [1e-3], "iterations": [1], "init": ["stl"],
+             "init_alpha": ["stl-l2"]}]  # fmt: skip
+    refit = [{**proj[0], "refit_lam_per_stl": [1.0, 10.0]}]
+    grid = proj + refit
+    best, table = tune_method("lowrank", Xs, ys, grid=grid, final_step="refit", random_state=0)
+    assert len(table) == 2 and best["refit_lam"] in (
+        pytest.approx(table.attrs["stl_lam"]),
+        pytest.approx(10 * table.attrs["stl_lam"]),
+    )
+    best, table = tune_method("lowrank", Xs, ys, grid=grid, final_step="projection", random_state=0)
+    assert len(table) == 1 and "refit_lam" not in best
+    _, table = tune_method("lowrank", Xs, ys, grid=grid, random_state=0)
+    assert len(table) == 3
+    with pytest.raises(InvalidParameterError, match="final_step"):
+        tune_method("lowrank", Xs, ys, grid=grid, final_step="both")
+    with pytest.raises(InvalidParameterError, match="final_step"):
+        tune_method("lowrank", Xs, ys, grid=proj, final_step="refit")

@@ -45,6 +45,16 @@ _noise_opt = click.option(
 )
 
 
+_final_opt = click.option(
+    "--final-step",
+    type=click.Choice(["auto", "projection", "refit"]),
+    default="auto",
+    show_default=True,
+    help="MP-MTL low-rank/group-sparse output rule searched by tuning: the paper's projected "
+    "models, the local variational refit against the last release, or both (CV chooses).",
+)
+
+
 def _human(out: dict[str, Any]) -> None:
     metric = "nmse" if "nmse" in out else "auc"
     click.echo(
@@ -74,6 +84,7 @@ def _human(out: dict[str, Any]) -> None:
     show_default=True,
 )
 @click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
+@_final_opt
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def mpmtl(
     data: str,
@@ -87,6 +98,7 @@ def mpmtl(
     tune: bool,
     relation: str,
     accountant: str,
+    final_step: str,
     as_json: bool,
 ) -> None:
     """Model-protected linear MTL (MP-MTL) and its baselines: one method at one ε."""
@@ -102,6 +114,7 @@ def mpmtl(
         tune=tune,
         relation=relation,
         accountant=accountant,
+        final_step=final_step,
     )
     echo_json(out) if as_json else _human(out)
 
@@ -119,6 +132,7 @@ def run_mpmtl_sweep(
     show_progress: bool = True,
     iterations: int | None = None,
     n_splits: int = 5,
+    final_step: str = "auto",
 ) -> dict[str, Any]:
     """Run the sweep and write ``mpmtl_sweep.csv``, ``mpmtl_sweep.json`` and ``mpmtl_tradeoff.png``."""
     splits = {s: load_mpmtl_data(data, data_path=data_path, seed=s) for s in seeds}
@@ -135,6 +149,7 @@ def run_mpmtl_sweep(
             "noise": noise,
             "seed": seed,
             "split": splits[seed],
+            "final_step": final_step,
         }
         if tune_mode != "once" or epsilon is None:
             return run_mpmtl(
@@ -218,6 +233,7 @@ def _floats(text: str, name: str) -> list[float]:
     default=Path("privmtl-results"),
     show_default=True,
 )
+@_final_opt
 @click.option("--json", "as_json", is_flag=True)
 def mpmtl_sweep(
     data: str,
@@ -229,6 +245,7 @@ def mpmtl_sweep(
     iterations: int | None,
     tune_mode: str,
     out_dir: Path,
+    final_step: str,
     as_json: bool,
 ) -> None:
     """ε sweep of MP-MTL methods: writes a CSV/JSON table and a trade-off PNG (paper Figs. 6, 9)."""
@@ -254,6 +271,7 @@ def mpmtl_sweep(
         tune_mode=tune_mode,
         out_dir=out_dir,
         iterations=iterations,
+        final_step=final_step,
     )
     if as_json:
         echo_json(res)

@@ -136,8 +136,13 @@ def run_mpmtl(
     accountant: str = "rdp",
     split: tuple[MultiTaskDataset, MultiTaskDataset] | None = None,
     extra_params: dict[str, Any] | None = None,
+    final_step: str = "auto",
 ) -> dict[str, Any]:
     """Run one method at one ε and return a JSON-ready result dictionary.
+
+    ``final_step`` restricts the tuning of the MP-MTL low-rank / group-sparse estimators to the
+    paper's projected output (``"projection"``) or the local variational refit (``"refit"``);
+    ``"auto"`` lets cross-validation choose (see :func:`privmtl.linear.selection.tune_method`).
 
     Keys: ``method, data, epsilon, delta, relation, sampling, accountant, nmse | auc, seconds,
     params, tuned, tuning_note, guarantee, n_tasks, n_features, seed``.
@@ -145,6 +150,7 @@ def run_mpmtl(
     check_choice("method", method, tuple(METHODS))
     check_choice("noise", noise, ("gaussian", "wishart"))
     seed = check_int("seed", seed, low=0)
+    check_choice("final_step", final_step, ("auto", "projection", "refit"))
     if epsilon is not None:
         epsilon = check_real("epsilon", epsilon, low=0.0, closed="neither")
         if method not in PRIVATE_METHODS:
@@ -174,6 +180,8 @@ def run_mpmtl(
         "random_state": seed,
         "loss": "logistic" if train.task_type == "classification" and method != "dp-mtrl" else None,
     }
+    if final_step == "refit" and not tune and method in ("lowrank", "groupsparse"):
+        fixed["refit_lam"] = 1e-3  # the default ridge weight (init_alpha's)
     fixed.update(extra_params or {})
     fixed = _supported(cls, fixed)
     Xs, ys = list(train.X), list(train.y)
@@ -196,7 +204,14 @@ def run_mpmtl(
             # Fold splits and per-fold estimator seeds derive from ``seed``.
             search_fixed = {k: v for k, v in fixed.items() if k != "random_state"}
             best, _ = tune_method(
-                method, Xs, ys, n_splits=n_splits, random_state=seed, grid=grid, **search_fixed
+                method,
+                Xs,
+                ys,
+                n_splits=n_splits,
+                random_state=seed,
+                grid=grid,
+                final_step=final_step if method in ("lowrank", "groupsparse") else "auto",
+                **search_fixed,
             )
             tuned = True
     est = cls(**{**fixed, **best})
@@ -221,6 +236,11 @@ def run_mpmtl(
         "n_tasks": train.n_tasks,
         "n_features": train.n_features,
         "params": {**{k: v for k, v in fixed.items() if k != "random_state"}, **best},
+        "final_step": (
+            ("refit" if est.get_params().get("refit_lam") is not None else "projection")
+            if method in ("lowrank", "groupsparse")
+            else None
+        ),
         "tuned": tuned,
         "tuning_note": TUNING_NOTE if tuned else "no tuning (defaults)",
         "guarantee": guarantee.to_dict(),

@@ -49,6 +49,7 @@ from sklearn.base import BaseEstimator
 
 from privmtl._validation import check_choice, check_int, check_real, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.linear.local import local_ridge, refit_with_metric, variational_factor
 from privmtl.linear.losses import LOSSES, TaskBatch, task_lipschitz
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "MPMTLLowRankSparse",
     "PreparedTasks",
     "default_delta",
+    "local_ridge",
     "sample_l2_laplace",
 ]
 
@@ -266,6 +268,20 @@ _COMMON_PARAMS_DOC = """
         norm is not bounded by K, so without re-clipping the covariance release would have
         unbounded sensitivity. Only the shared (curator-side) copy is perturbed; each task projects
         its own clean clipped model (its own state is never released unperturbed). None ⇒ off.
+    refit_lam : float or None, default=None
+        ``None``: the output is the paper's, ``W^(T)`` (projected clipped models). A float ``rho > 0``
+        replaces it by a *local variational refit* against the last release ``S``: every task
+        solves ``argmin_w L_i(w) + (rho/2) w^T D^-1 w`` on its own data (μ not included), with
+        ``D = (max(Lambda + c_T, 0)^(1/2) + tau)`` in the eigenbasis of ``S`` (diagonal of ``S``
+        for the group-sparse estimator), normalised to mean eigenvalue 1 — one W-step of the
+        alternating minimisation of the trace-norm (l2,1) problem in its variational form
+        (Argyriou et al. 2008; :mod:`privmtl.linear.local`). It reads only the task's own data and
+        the private release, so the MP-MTL guarantee is unchanged; unlike the projection it uses
+        unclipped data, so clipping biases nothing, and it keeps the STL limit (pure noise ⇒
+        ``D = I`` ⇒ ridge with weight ``rho``). Not available for the low-rank + sparse estimator
+        or ``covariance="WtW"``.
+    refit_floor : float, default=1e-3
+        ``tau = refit_floor * K * sqrt(m)`` (``K sqrt(m)`` bounds ``sqrt(Lambda)``), so that ``D > 0``.
     init : {"zeros", "stl"} or array of shape (d, m), default="zeros"
         Initial task models W^(0). ``"stl"``: every task's own ridge solution
         ``argmin L_i(w) + ((init_alpha + mu)/2)||w||^2`` (local, no privacy cost; the paper allows
@@ -328,6 +344,8 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         instance_epsilon: float | None = None,
         init: Any = "zeros",
         init_alpha: float = 1e-3,
+        refit_lam: float | None = None,
+        refit_floor: float = 1e-3,
         random_state: Any = None,
     ) -> None:
         self.lam = lam
@@ -350,6 +368,8 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.instance_epsilon = instance_epsilon
         self.init = init
         self.init_alpha = init_alpha
+        self.refit_lam = refit_lam
+        self.refit_floor = refit_floor
         self.random_state = random_state
 
     # ---------------------------------------------------------------------------------- checks
@@ -402,6 +422,19 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         else:
             p["init"] = self.init
         p["init_alpha"] = check_real("init_alpha", self.init_alpha, low=0.0, closed="neither")
+        p["refit_lam"] = (
+            None
+            if self.refit_lam is None
+            else check_real("refit_lam", self.refit_lam, low=0.0, closed="neither")
+        )
+        p["refit_floor"] = check_real("refit_floor", self.refit_floor, low=0.0)
+        if p["refit_lam"] is not None and (
+            self._penalty == "lowrank-sparse" or p["covariance"] == "WtW"
+        ):
+            raise InvalidParameterError(
+                "The 'refit_lam' parameter must be None for the low-rank + sparse estimator and for "
+                f"covariance='WtW' (the refit needs the d x d feature covariance); got {self.refit_lam!r}."
+            )
         return p
 
     # ------------------------------------------------------------------------------------ fit
@@ -501,6 +534,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             # eigenvalue fix of a Gaussian release (post-processing), folded into the one
             # eigendecomposition: Lambda -> max(Lambda + c_t, 0) ("shift") or max(Lambda, 0)
             shift = self._eigen_shift(schedule, t, p["eigen_fix"], dim)
+            last_release = (Sigma, shift)
             thr = eta * lam
             if self._penalty == "groupsparse":
                 if shift is None:
@@ -538,6 +572,15 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             self.lowrank_ = W_hat
             self.sparse_ = Q_hat
             self.coef_ = W_hat + Q_hat
+        elif p["refit_lam"] is not None:
+            # local refit against the last release (post-processing + own data, see linear.local)
+            A = variational_factor(
+                last_release[0],
+                penalty=self._penalty,
+                shift=last_release[1],
+                floor=p["refit_floor"] * K * math.sqrt(m),
+            )
+            self.coef_ = refit_with_metric(batch, p["loss"], p["refit_lam"], A)
         else:
             self.coef_ = W_hat
         self.noise_to_signal_ = nsr
@@ -672,54 +715,6 @@ def _cached_plan(items: tuple[tuple[str, Any], ...]) -> Any:
     from privmtl.privacy.covariance import plan_covariance_releases
 
     return plan_covariance_releases(**dict(items))
-
-
-def local_ridge(batch: TaskBatch, loss: str, alpha: float) -> FloatArray:
-    """Per-task ridge solutions ``argmin_w L_i(w) + (alpha/2)||w||^2`` (columns of a d x m matrix).
-
-    Batched over tasks (no Python loop), through the smaller of the ``d x d`` primal or the
-    ``n_max x n_max`` dual systems. Squared loss: closed form. Logistic loss: 30 Newton steps
-    (in the dual, ``w = X^T a``, when ``n_max < d``), which converge to machine precision for
-    well-posed ridge problems.
-    """
-    X, y, mask, n = batch.X, batch.y, batch.mask, batch.n
-    m, n_max, d = X.shape
-    if alpha <= 0:
-        raise InvalidParameterError(f"The ridge weight must be > 0; got {alpha!r}.")
-    Xt = X.transpose(0, 2, 1)
-    primal = d <= n_max
-    if loss == "squared":
-        if primal:
-            A = np.matmul(Xt, X) / n[:, None, None] + alpha * np.eye(d)
-            b = np.matmul(Xt, (y * mask)[:, :, None]) / n[:, None, None]
-            return np.asarray(np.linalg.solve(A, b)[:, :, 0].T, dtype=np.float64)
-        G = np.matmul(X, Xt) + (n * alpha)[:, None, None] * np.eye(n_max)
-        a = np.linalg.solve(G, (y * mask)[:, :, None])
-        return np.asarray(np.matmul(Xt, a)[:, :, 0].T, dtype=np.float64)
-    from scipy.special import expit
-
-    if primal:
-        W = np.zeros((m, d))
-        for _ in range(30):
-            prob = expit(np.matmul(X, W[:, :, None])[:, :, 0])
-            r = (prob - y) * mask / n[:, None]
-            g = np.matmul(r[:, None, :], X)[:, 0, :] + alpha * W
-            D = prob * (1.0 - prob) * mask / n[:, None]
-            H = np.matmul(Xt * D[:, None, :], X) + alpha * np.eye(d)
-            W = W - np.linalg.solve(H, g[:, :, None])[:, :, 0]
-        return np.asarray(W.T, dtype=np.float64)
-    # Dual Newton: w = X^T a, Kg = X X^T. grad_w = X^T (r + alpha a) and the Newton system
-    # (X^T D X + alpha I) dw = grad is solved by dw = X^T da with (D Kg + alpha I) da = r + alpha a.
-    Kg = np.matmul(X, Xt)
-    a = np.zeros((m, n_max))
-    eye_n = np.eye(n_max)
-    for _ in range(30):
-        prob = expit(np.matmul(Kg, a[:, :, None])[:, :, 0])
-        r = (prob - y) * mask / n[:, None]
-        D = prob * (1.0 - prob) * mask / n[:, None]
-        A = D[:, :, None] * Kg + alpha * eye_n
-        a = a - np.linalg.solve(A, (r + alpha * a)[:, :, None])[:, :, 0]
-    return np.asarray(np.matmul(Xt, a[:, :, None])[:, :, 0].T, dtype=np.float64)
 
 
 def _group_shrink(diag: FloatArray, thr: float) -> FloatArray:

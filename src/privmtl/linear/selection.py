@@ -38,12 +38,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from privmtl._validation import check_int, check_rng
+from privmtl._validation import check_choice, check_int, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.mpmtl import check_tasks
 
 __all__ = [
     "DEFAULT_GRIDS",
+    "FINAL_STEPS",
     "METHODS",
     "METHOD_ESTIMATORS",
     "MPMTL_METHODS",
@@ -57,6 +58,9 @@ __all__ = [
     "select_hyperparameters",
     "tune_method",
 ]
+
+#: Output rules of the MP-MTL low-rank / group-sparse estimators searched by :func:`tune_method`.
+FINAL_STEPS: tuple[str, ...] = ("auto", "projection", "refit")
 
 #: Printed by the CLI next to every tuned private result.
 TUNING_NOT_CHARGED = (
@@ -132,8 +136,29 @@ _SCHEDULES: tuple[tuple[int, dict[str, Any]], ...] = (
 #: Relative grid keys of the MP-MTL templates, resolved by :func:`resolve_grid`:
 #: ``clip = clip_factor * scale`` (scale: median norm of the tasks' own tuned ridge models),
 #: ``lam = lam_per_clip * clip``, ``lam_sparse = lam_sparse_per_clip * clip`` and
-#: ``init_alpha = "stl-l2"`` -> the ridge weight selected for the STL-l2 baseline.
-RELATIVE_KEYS: tuple[str, ...] = ("clip_factor", "lam_per_clip", "lam_sparse_per_clip")
+#: ``init_alpha = "stl-l2"`` -> the ridge weight selected for the STL-l2 baseline, and
+#: ``refit_lam = refit_lam_per_stl * (that weight)``.
+RELATIVE_KEYS: tuple[str, ...] = (
+    "clip_factor",
+    "lam_per_clip",
+    "lam_sparse_per_clip",
+    "refit_lam_per_stl",
+)
+
+#: Grid points of the local variational refit (``refit_lam``): all the budget on ONE release of the
+#: STL models' covariance (T = 1), then every task refits on its own data; the denoise fix (drop
+#: eigenvalues below the noise edge) or the shift fix (STL limit); ``lam`` is irrelevant (the
+#: projected output is replaced) and fixed to 0.
+_REFIT_POINT: dict[str, list[Any]] = {
+    "clip_factor": [0.5, 1.0, 1.5, 2.5],
+    "lam_per_clip": [0.0],
+    "refit_lam_per_stl": [1.0, 3.0, 10.0, 30.0],
+    "eigen_fix": ["denoise", "shift"],
+    "iterations": [1],
+    "init": ["stl"],
+    "init_alpha": ["stl-l2"],
+    **{k: [v] for k, v in _NO_ACC.items()},
+}
 MPMTL_METHODS: tuple[str, ...] = ("lowrank", "groupsparse", "lowrank-sparse")
 
 
@@ -167,8 +192,10 @@ DEFAULT_GRIDS: dict[str, list[dict[str, list[Any]]]] = {
     # x their median norm; lam = {1e-4, 1e-3, 1e-2, 1e-1} x K; eigenvalue fix shift | clip;
     # (T, strategy) in _SCHEDULES (no acceleration T = 1, 3, 10; acceleration T = 3, 5, 10, 20;
     # acceleration + mu = 1e-3 with geometric allocation T = 10, 20). 288 points.
-    "lowrank": _mpmtl_template(),
-    "groupsparse": _mpmtl_template(),
+    # Plus the local variational refit (_REFIT_POINT: 32 points); `final_step` in tune_method
+    # restricts the search to one of the two output rules.
+    "lowrank": [*_mpmtl_template(), _REFIT_POINT],
+    "groupsparse": [*_mpmtl_template(), _REFIT_POINT],
     # Alg. 4 also searches the l1 weight of the outlier part Q (accelerated schedules and the
     # shift fix only: 160 points).
     "lowrank-sparse": _mpmtl_template(
@@ -219,6 +246,8 @@ def resolve_grid(
             point["lam"] = [float(c) * K for c in g.get("lam_per_clip", [0.0])]
             if "lam_sparse_per_clip" in g:
                 point["lam_sparse"] = [float(c) * K for c in g["lam_sparse_per_clip"]]
+            if "refit_lam_per_stl" in g:
+                point["refit_lam"] = [float(c) * float(init_alpha) for c in g["refit_lam_per_stl"]]
             out.append(point)
     return out
 
@@ -231,9 +260,14 @@ def tune_method(
     n_splits: int = 5,
     random_state: Any = None,
     grid: Any = None,
+    final_step: str = "auto",
     **fixed: Any,
 ) -> tuple[dict[str, Any], Any]:
     """Tune a CLI method on training data with its default grid; the entry point for the CLI.
+
+    ``final_step`` (MP-MTL low-rank and group-sparse only): ``"auto"`` searches both output rules,
+    ``"projection"`` only the paper's projected output (grid points without ``refit_lam``),
+    ``"refit"`` only the local variational refit (points with it).
 
     Non-MP-MTL methods: :func:`select_hyperparameters` over ``DEFAULT_GRIDS[method]`` (or
     ``grid``) with the estimator ``make_estimator(method, **fixed)``.
@@ -280,6 +314,15 @@ def tune_method(
     if not scale > 0:
         scale = 1.0  # all-zero ridge models (e.g. constant zero targets): any scale will do
     template = DEFAULT_GRIDS[method] if grid is None else grid
+    check_choice("final_step", final_step, FINAL_STEPS)
+    if final_step != "auto":
+        want = final_step == "refit"
+        template = [g for g in template if ("refit_lam_per_stl" in g or "refit_lam" in g) == want]
+        if not template:
+            raise InvalidParameterError(
+                f"The 'final_step' parameter {final_step!r} leaves no grid point for "
+                f"method={method!r}."
+            )
     resolved = resolve_grid(template, clip_scale=scale, init_alpha=float(stl_best["lam"]))
     best, table = select_hyperparameters(
         factory, resolved, Xs, ys, n_splits=n_splits, random_state=rng
