@@ -37,7 +37,16 @@ def parse_seeds(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> Path:
     log = RESULTS / f"mpmtl_{args.data}{args.tag}.jsonl"
-    done = {(r["method"], r["target_epsilon"], r["seed"], r.get("noise")) for r in load_jsonl(log)}
+    done = {
+        (
+            r["method"],
+            r["target_epsilon"],
+            r["seed"],
+            r.get("noise"),
+            r.get("final_step_mode", "auto"),
+        )
+        for r in load_jsonl(log)
+    }
     methods = args.methods.split(",")
     epsilons = [float(e) for e in args.epsilons.split(",")]
     for seed in parse_seeds(args.seeds):
@@ -46,7 +55,8 @@ def run(args: argparse.Namespace) -> Path:
             eps_list = epsilons if method in PRIVATE_METHODS else [None]
             for eps in eps_list:
                 noise = args.noise if method in PRIVATE_METHODS else None
-                if (method, eps, seed, noise) in done:
+                mode = args.final_step if method in ("lowrank", "groupsparse") else "auto"
+                if (method, eps, seed, noise, mode) in done:
                     continue
                 if split is None:
                     split = load_mpmtl_data(args.data, data_path=args.data_path, seed=seed)
@@ -59,8 +69,11 @@ def run(args: argparse.Namespace) -> Path:
                     seed=seed,
                     tune=not args.no_tune,
                     split=split,
+                    n_splits=args.n_splits,
+                    final_step=mode,
                 )
                 row["noise"] = noise
+                row["final_step_mode"] = mode
                 append_jsonl(log, row)
                 metric = row.get("nmse", row.get("auc"))
                 print(
@@ -80,6 +93,8 @@ def report(data: str, tag: str = "") -> None:
     metric = "nmse" if "nmse" in rows[0] else "auc"
     for r in rows:
         r["metric"], r["value"] = metric, r[metric]
+        if r.get("final_step_mode", "auto") != "auto":
+            r["method"] = f"{r['method']} ({r['final_step_mode']} only)"
     summary = aggregate(rows)
     eps_cols = sorted({r["target_epsilon"] for r in rows if r["target_epsilon"] is not None})
     methods = sorted({r["method"] for r in rows}, key=lambda m: (m not in PRIVATE_METHODS, m))
@@ -137,6 +152,13 @@ def main() -> None:
     p.add_argument("--seeds", default="0-9")
     p.add_argument("--noise", default="gaussian", choices=["gaussian", "wishart"])
     p.add_argument("--no-tune", action="store_true")
+    p.add_argument("--n-splits", type=int, default=5, help="folds of the tuning CV")
+    p.add_argument(
+        "--final-step",
+        default="auto",
+        choices=["auto", "projection", "refit"],
+        help="output rule of lowrank/groupsparse searched by the CV (auto: both)",
+    )
     p.add_argument("--tag", default="", help="suffix of the result files")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot")
     args = p.parse_args()

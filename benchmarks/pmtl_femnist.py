@@ -164,38 +164,124 @@ def main() -> None:
     report(args.suite, log)
 
 
+EPS_COLS: tuple[float | None, ...] = (0.5, 1.0, 2.0, 4.0, None)
+
+
+def _selected(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One run per (seed, method, ε): the best validation accuracy (only PMTL has a choice)."""
+    best: dict[tuple[int, str, Any], dict[str, Any]] = {}
+    for r in rows:
+        k = (r["seed"], r["method"], r["target_epsilon"])
+        if k not in best or r["val_accuracy"] > best[k]["val_accuracy"]:
+            best[k] = r
+    return list(best.values())
+
+
+def _variants(r: dict[str, Any]) -> dict[str, float]:
+    """Test accuracy of a run and of its fine-tuned variants, by display name."""
+    out = {r["method"]: r["test_accuracy"]}
+    for name, ft in (r.get("finetune_results") or {}).items():
+        out[f"{r['method']} + {name} fine-tuning"] = ft["test_accuracy"]
+    return out
+
+
+def tradeoff_report(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines (table of test accuracy vs ε) and the two PNGs of the trade-off suite."""
+    from privmtl.experiments.pmtl_sweep import plot_rounds
+    from privmtl.experiments.sweep import plot_tradeoff
+
+    sel = _selected(rows)
+    cells: dict[tuple[str, Any], list[float]] = {}
+    names: list[str] = []
+    for r in sorted(sel, key=lambda r: ("pmtl", "fedavg", "fedprox", "local").index(r["method"])):
+        eps_list = list(EPS_COLS) if r["method"] == "local" else [r["target_epsilon"]]
+        for name, acc in _variants(r).items():
+            if name not in names:
+                names.append(name)
+            for e in eps_list:  # local training has no budget: the same value in every column
+                cells.setdefault((name, e), []).append(acc)
+    table = []
+    for name in names:
+        row = [name]
+        for e in EPS_COLS:
+            mu, sd, n = mean_std(cells.get((name, e), []))
+            row.append("" if n == 0 else f"{mu:.3f} ± {sd:.3f} (n={n})")
+        table.append(row)
+    lam_sel = {
+        e: sorted({r["lam"] for r in sel if r["method"] == "pmtl" and r["target_epsilon"] == e})
+        for e in EPS_COLS
+    }
+    z = {
+        e: next((r["noise_multiplier"] for r in sel if r["target_epsilon"] == e
+                 and r["method"] == "pmtl"), None)
+        for e in EPS_COLS if e is not None
+    }  # fmt: skip
+    seeds = sorted({r["seed"] for r in rows})
+    lines = [
+        "Test accuracy pooled over all 1 685 test images of the 105 writers (mean ± std over seeds "
+        f"{', '.join(map(str, seeds))}; n = number of seeds finished). CNN, 100 rounds, 20 clients per "
+        "round (Poisson sampling, rate 20/105), γ = 0.5, lr 0.1, batch 10, 1 local epoch; PMTL with "
+        "the authors' client message (`offset`) and λ selected per ε on seed 0's validation accuracy "
+        "from {0.01, 0.1}; FedProx μ = 0.01; fine-tuning: 1 local epoch from the released model "
+        "(post-processing, no privacy cost); local: no communication (ε = 0 towards the others, "
+        "repeated in every column).",
+        "",
+        markdown_table(
+            ["method", *[("ε=∞" if e is None else f"ε={e:g}") for e in EPS_COLS]], table
+        ),
+        "",
+        "Selected λ (PMTL): "
+        + ", ".join(
+            f"{'∞' if e is None else f'{e:g}'}: {lam_sel[e]}" for e in EPS_COLS if lam_sel[e]
+        )
+        + ".",
+        "Noise multiplier z = σq/γ per ε: "
+        + ", ".join(f"{e:g}: {v:.2f}" for e, v in z.items() if v is not None)
+        + ".",
+        "",
+        "![accuracy vs epsilon](pmtl_femnist_tradeoff.png)",
+        "![loss and epsilon per round](pmtl_femnist_rounds.png)",
+    ]
+    summary = []
+    for name in names:
+        for e in EPS_COLS:
+            vals = cells.get((name, e), [])
+            if not vals or name.startswith("local"):
+                continue
+            mu, sd, n = mean_std(vals)
+            label = name if e is not None else f"{name} (non-private)"
+            if e is None and "fine-tuning" in name:
+                continue
+            summary.append({"method": label, "target_epsilon": e, "epsilon": e, "mean": mu,
+                            "std": sd, "n": n})  # fmt: skip
+    loc = cells.get(("local", None), [])
+    if loc:
+        mu, sd, n = mean_std(loc)
+        summary.append({"method": "local (ε = 0)", "target_epsilon": None, "epsilon": 0.0,
+                        "mean": mu, "std": sd, "n": n})  # fmt: skip
+    plot_tradeoff(
+        summary,
+        RESULTS / "pmtl_femnist_tradeoff.png",
+        metric_label="test accuracy",
+        title="PMTL vs global models on FEMNIST-105 (CNN, 100 rounds, 20 clients/round)",
+        lower_is_better=False,
+        subtitle="δ = 1/105, add/remove one client, Poisson sampling, RDP; mean ± std over seeds",
+    )
+    plot_rounds(
+        [r for r in sel if r["seed"] == seeds[0] and r["target_epsilon"] in (2.0, None)
+         and r["method"] in ("pmtl", "fedavg")],
+        RESULTS / "pmtl_femnist_rounds.png",
+    )  # fmt: skip
+    return lines
+
+
 def report(suite: str, log: Path) -> None:
     rows = load_jsonl(log)
     if not rows:
         raise SystemExit(f"no results in {log}")
     lines = [f"# PMTL on FEMNIST-105: suite '{suite}'", ""]
     if suite == "tradeoff":
-        best: dict[tuple[int, str, Any], dict[str, Any]] = {}
-        for r in rows:
-            k = (r["seed"], r["method"], r["target_epsilon"])
-            if k not in best or r["val_accuracy"] > best[k]["val_accuracy"]:
-                best[k] = r
-        rows_sel = list(best.values())
-        eps_cols = [0.5, 1.0, 2.0, 4.0, None]
-        table = []
-        for m in ("pmtl", "fedavg", "fedprox", "local"):
-            cells = [m]
-            for e in eps_cols:
-                vals = [
-                    r["test_accuracy"]
-                    for r in rows_sel
-                    if r["method"] == m and r["target_epsilon"] == e
-                ]
-                mu, sd, n = mean_std(vals)
-                cells.append("" if n == 0 else f"{mu:.3f} ± {sd:.3f} (n={n})")
-            table.append(cells)
-        lines += [
-            "Test accuracy pooled over all test images; per ε, (γ, T) chosen on validation accuracy.",
-            "",
-            markdown_table(
-                ["method", *[("ε=∞" if e is None else f"ε={e:g}") for e in eps_cols]], table
-            ),
-        ]
+        lines += tradeoff_report([r for r in rows if r.get("group") == "tradeoff"])
     else:
         table = []
         for r in rows:
