@@ -115,3 +115,39 @@ def test_ledger_history_resume_and_budget():
     with pytest.raises(PrivacyBudgetError, match="budget"):
         ledger.record(big)
     assert len(ledger.records) == n
+
+
+def test_cached_rdp_accountant_equals_dp_accounting_over_mixed_sequences():
+    """The ledger's RDP accountant caches each event's RDP increment; composing must not change."""
+    import dp_accounting
+    from dp_accounting import dp_event as dpe
+
+    from privmtl.privacy.accounting import adapt_event, make_accountant
+
+    events = [
+        dpe.PoissonSampledDpEvent(0.2, dpe.GaussianDpEvent(1.3)),
+        dpe.GaussianDpEvent(4.0),
+        dpe.PoissonSampledDpEvent(0.2, dpe.GaussianDpEvent(1.3)),
+        dpe.SelfComposedDpEvent(dpe.GaussianDpEvent(2.0), 3),
+        dpe.PoissonSampledDpEvent(0.05, dpe.GaussianDpEvent(0.9)),
+    ] * 3
+    ours = make_accountant("rdp", "add-remove")
+    plain = dp_accounting.rdp.RdpAccountant(orders=list(ours._orders))
+    for i, e in enumerate(events):
+        ours.compose(e, count=1 + i % 2)
+        plain.compose(e, count=1 + i % 2)
+        assert ours.get_epsilon(1e-5) == pytest.approx(plain.get_epsilon(1e-5), rel=1e-12)
+    fixed = adapt_event(
+        dpe.SampledWithoutReplacementDpEvent(100, 10, dpe.GaussianDpEvent(1.5)),
+        accountant="rdp",
+        relation="replace-one",
+    )
+    rel = dp_accounting.privacy_accountant.NeighboringRelation.REPLACE_ONE
+    ours = make_accountant("rdp", "replace-one")
+    plain = dp_accounting.rdp.RdpAccountant(orders=list(ours._orders), neighboring_relation=rel)
+    for _ in range(4):
+        ours.compose(fixed)
+        plain.compose(fixed)
+    assert ours.get_epsilon(1e-5) == pytest.approx(plain.get_epsilon(1e-5), rel=1e-12)
+    ours.compose(dpe.NonPrivateDpEvent())
+    assert ours.get_epsilon(1e-5) == float("inf")
