@@ -81,7 +81,7 @@ class _CachedRdpAccountant(dp_accounting.rdp.RdpAccountant):  # type: ignore[mis
         except TypeError:  # ComposedDpEvent holds a list: its parts are cached one by one
             return super()._maybe_compose(event, count, do_compose)
         if inc is None:
-            saved: Any = self._rdp
+            saved: Any = getattr(self, "_rdp")  # noqa: B009 (typed access to a parent attribute)
             self._rdp = saved * 0.0
             try:
                 err = super()._maybe_compose(event, count, do_compose)
