@@ -150,6 +150,7 @@ def run_mpmtl_sweep(
             "seed": seed,
             "split": splits[seed],
             "final_step": final_step,
+            "n_splits": n_splits,
         }
         if tune_mode != "once" or epsilon is None:
             return run_mpmtl(
