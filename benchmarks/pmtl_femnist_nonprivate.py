@@ -58,6 +58,10 @@ def report() -> None:
         "",
         "`delta` (Algorithm 1 as printed) moves the billboard m/q = 5.25 times faster than the mean of",
         "the personalized models and diverges after ~50 rounds; `offset` (the authors' code) trains.",
+        "With λ = 1 and 500 rounds the personalized models reach 0.779 (≥ 0.75; the paper reports 0.83",
+        "with 205 clients); the global model of the same run (the billboard) is higher still, 0.829:",
+        "on FEMNIST's 105 writers a stronger pull towards the mean helps, and one local epoch of",
+        "fine-tuning does not add accuracy.",
         "",
         "Reproduce: `python benchmarks/pmtl_femnist_nonprivate.py`",
     ]
