@@ -19,8 +19,8 @@ from privmtl.data.multitask import MultiTaskDataset
 from privmtl.data.readers import load_school, read_table
 from privmtl.data.synthetic import make_groupsparse_tasks, make_lowrank_tasks
 from privmtl.exceptions import InvalidParameterError
+from privmtl.linear.common import default_delta
 from privmtl.linear.metrics import aauc, nmse
-from privmtl.linear.mpmtl import default_delta
 from privmtl.privacy import PrivacyGuarantee
 
 __all__ = [

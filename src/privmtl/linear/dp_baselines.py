@@ -72,14 +72,10 @@ from sklearn.base import BaseEstimator
 
 from privmtl._validation import check_choice, check_int, check_real, check_rng
 from privmtl.exceptions import InvalidParameterError
+from privmtl.linear.common import _LinearMTLMixin, check_tasks, default_delta
+from privmtl.linear.local import local_ridge
 from privmtl.linear.losses import LOSSES, TaskBatch
-from privmtl.linear.mpmtl import (
-    _LinearMTLMixin,
-    check_tasks,
-    default_delta,
-    local_ridge,
-    sample_l2_laplace,
-)
+from privmtl.privacy.mechanisms import sample_l2_laplace
 
 __all__ = ["DPAGGR", "DPMTRL", "GROUP_PRIVACY_NOTION"]
 

@@ -138,3 +138,67 @@ def refit_with_metric(batch: TaskBatch, loss: str, rho: float, A: FloatArray) ->
 
     V = local_ridge(replace(batch, X=Xa), loss, rho)
     return np.asarray(A @ V, dtype=np.float64)
+
+
+# ----------------------------------------------- projections of Alg. 2/3 given a release
+def _group_shrink(diag: FloatArray, thr: float) -> FloatArray:
+    with np.errstate(divide="ignore"):
+        root = np.sqrt(diag)
+        s = np.where(root > 0, 1.0 - thr / np.where(root > 0, root, 1.0), 0.0)
+    if thr == 0:
+        s = np.ones_like(diag)
+    return np.asarray(np.maximum(s, 0.0), dtype=np.float64)
+
+
+def _spectral_factors(
+    Sigma: FloatArray, thr: float, shift: float | None = None
+) -> tuple[FloatArray, FloatArray]:
+    """Eigenvectors U and shrinkage S_ii = max(0, 1 - thr/sqrt(Λ_ii)) of a symmetric matrix.
+
+    ``shift`` (not None) first maps Λ -> max(Λ + shift, 0) (the PSD fix of a Gaussian release).
+    Directions with Λ <= 0 get S_ii = 0 (λ > 0) or 1 (λ = 0: M = I).
+    """
+    lam_, U = scipy.linalg.eigh(Sigma, check_finite=False, driver="evd")
+    if thr == 0:
+        return U, np.ones_like(lam_)
+    if shift is not None:
+        lam_ = lam_ + shift
+    pos = np.maximum(lam_, 0.0)
+    with np.errstate(divide="ignore"):
+        root = np.sqrt(pos)
+        s = np.where(root > 0, 1.0 - thr / np.where(root > 0, root, 1.0), 0.0)
+    return U, np.asarray(np.maximum(s, 0.0), dtype=np.float64)
+
+
+def _apply_lowrank_left(
+    Sigma: FloatArray, thr: float, Wc: FloatArray, shift: float | None = None
+) -> FloatArray:
+    """``U S U^T Wc`` using the cheaper of the kept (S > 0) or shrunk (S < 1) eigenvectors."""
+    U, s = _spectral_factors(Sigma, thr, shift)
+    keep = s > 0
+    shrunk = s < 1
+    if int(keep.sum()) <= int(shrunk.sum()):
+        Uk = U[:, keep]
+        return np.asarray(Uk @ (s[keep, None] * (Uk.T @ Wc)), dtype=np.float64)
+    Us = U[:, shrunk]
+    return np.asarray(Wc - Us @ ((1.0 - s[shrunk])[:, None] * (Us.T @ Wc)), dtype=np.float64)
+
+
+def _apply_lowrank_right(
+    Sigma: FloatArray,
+    thr: float,
+    shared: FloatArray,
+    own: FloatArray,
+    shift: float | None = None,
+) -> FloatArray:
+    """``W^ = shared M`` with ``M = V S V^T`` (m x m), each task keeping its own clean column.
+
+    ``shared`` are the models the curator sees (noisy under Alg. 5, else equal to ``own``); task i's
+    output uses its own clean model for the diagonal term ``M_ii``.
+    """
+    V, s = _spectral_factors(Sigma, thr, shift)
+    M = (V * s) @ V.T
+    out = shared @ M
+    if shared is not own:
+        out += (own - shared) * np.diag(M)[None, :]
+    return np.asarray(out, dtype=np.float64)

@@ -49,8 +49,22 @@ from sklearn.base import BaseEstimator
 
 from privmtl._validation import check_choice, check_int, check_real, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.linear.local import local_ridge, refit_with_metric, variational_factor
-from privmtl.linear.losses import LOSSES, TaskBatch, task_lipschitz
+from privmtl.linear.common import (
+    PreparedTasks,
+    _clip_columns,
+    _LinearMTLMixin,
+    default_delta,
+)
+from privmtl.linear.local import (
+    _apply_lowrank_left,
+    _apply_lowrank_right,
+    _group_shrink,
+    local_ridge,
+    refit_with_metric,
+    variational_factor,
+)
+from privmtl.linear.losses import LOSSES
+from privmtl.privacy.mechanisms import sample_l2_laplace
 
 __all__ = [
     "MPMTLGroupSparse",
@@ -69,139 +83,6 @@ COVARIANCES = ("WWt", "WtW")
 ALLOCATIONS = ("power", "geometric")
 RELATIONS = ("add-remove", "replace-one")
 EIGEN_FIXES = ("shift", "denoise", "clip", "none")
-
-
-# --------------------------------------------------------------------------------------------------
-# helpers shared with dp_baselines
-# --------------------------------------------------------------------------------------------------
-def default_delta(m: int) -> float:
-    """The paper's ``delta = 1 / (m log m)`` (natural log); needs at least 2 tasks."""
-    if m < 2:
-        raise InvalidParameterError(
-            "The 'delta' parameter must be given explicitly with fewer than 2 tasks "
-            f"(the default 1/(m log m) is undefined); got m={m}."
-        )
-    return 1.0 / (m * math.log(m))
-
-
-def check_tasks(
-    Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike] | None, *, loss: str | None = None
-) -> tuple[list[FloatArray], list[FloatArray] | None]:
-    """Validate per-task arrays; return float64 copies (``ys`` raveled) or raise DataFormatError.
-
-    The one validator of :mod:`privmtl.linear` (shared with the non-private baselines).
-    """
-    from privmtl.linear.baselines import _check_tasks
-
-    return _check_tasks(Xs, ys, loss, need_y=False)
-
-
-def sample_l2_laplace(rng: np.random.Generator, dim: int, scale: float, size: int) -> FloatArray:
-    """Draw ``size`` vectors ``b`` in R^dim with density proportional to ``exp(-||b||_2 / scale)``.
-
-    In ``dim`` dimensions the radius ``r = ||b||`` has density proportional to
-    ``r^(dim-1) exp(-r/scale)``, i.e. ``r ~ Gamma(shape=dim, scale=scale)`` (mean ``dim*scale``),
-    and the direction is uniform on the sphere. Returns an array of shape ``(dim, size)``.
-    """
-    direction = rng.standard_normal((dim, size))
-    norms = np.linalg.norm(direction, axis=0)
-    norms[norms == 0] = 1.0
-    radius = rng.gamma(shape=float(dim), scale=float(scale), size=size)
-    return np.asarray(direction / norms * radius, dtype=np.float64)
-
-
-def _clip_columns(W: FloatArray, bound: float) -> FloatArray:
-    from privmtl.privacy.mechanisms import clip_columns
-
-    return np.asarray(clip_columns(W, bound), dtype=np.float64)
-
-
-def _scores(Xs: Sequence[FloatArray], coef: FloatArray) -> list[FloatArray]:
-    return [np.asarray(x @ coef[:, i], dtype=np.float64) for i, x in enumerate(Xs)]
-
-
-class PreparedTasks:
-    """Validated, zero-padded tasks with cached per-task quantities, reusable across fits.
-
-    Holds the :class:`~privmtl.linear.losses.TaskBatch` of ``(Xs, ys)`` and caches the Lipschitz
-    constant (per ``mu``) and the local ridge solutions (per weight), which depend only on the
-    data. Cross-validation builds one per split and fits every grid point on it.
-    """
-
-    def __init__(self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike] | None, *, loss: str):
-        Xl, yl = check_tasks(Xs, ys, loss=loss)
-        if yl is None:
-            raise DataFormatError("targets ys are required.")
-        self.loss = loss
-        self.batch = TaskBatch.from_tasks(Xl, yl)
-        self._lips: dict[float, float] = {}
-        self._ridge: dict[float, FloatArray] = {}
-
-    def lipschitz(self, mu: float) -> float:
-        """``max_i`` Lipschitz constant of ``grad L_i`` (with ``(mu/2)||w||^2``)."""
-        if mu not in self._lips:
-            kind: Any = self.loss
-            self._lips[mu] = float(np.max(task_lipschitz(kind, self.batch, mu=mu)))
-        return self._lips[mu]
-
-    def ridge(self, alpha: float) -> FloatArray:
-        """The tasks' own ridge solutions (a copy), see :func:`local_ridge`."""
-        if alpha not in self._ridge:
-            self._ridge[alpha] = local_ridge(self.batch, self.loss, alpha)
-        return self._ridge[alpha].copy()
-
-
-class _LinearMTLMixin:
-    """predict / decision_function / score for estimators with ``coef_`` (d x m) and ``loss``."""
-
-    coef_: FloatArray
-    loss: str
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "coef_"):
-            from sklearn.exceptions import NotFittedError
-
-            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet.")
-
-    def _check_predict_input(self, Xs: Sequence[ArrayLike]) -> list[FloatArray]:
-        self._check_fitted()
-        Xl, _ = check_tasks(Xs, None)
-        d, m = self.coef_.shape
-        if len(Xl) != m:
-            raise DataFormatError(f"the model was fitted on {m} tasks; got {len(Xl)} tasks.")
-        if Xl[0].shape[1] != d:
-            raise DataFormatError(f"the model was fitted with {d} features; got {Xl[0].shape[1]}.")
-        return Xl
-
-    def decision_function(self, Xs: Sequence[ArrayLike]) -> list[FloatArray]:
-        """Scores ``X_i w_i`` of every task (list of arrays of shape ``(n_i,)``)."""
-        return _scores(self._check_predict_input(Xs), self.coef_)
-
-    def predict(self, Xs: Sequence[ArrayLike]) -> list[FloatArray]:
-        """Predictions per task: the scores (regression) or labels in ``{0, 1}`` (logistic)."""
-        scores = self.decision_function(Xs)
-        if self._is_classifier():
-            return [(s > 0).astype(np.float64) for s in scores]
-        return scores
-
-    def _is_classifier(self) -> bool:
-        return self.loss == "logistic"
-
-    def score(self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike]) -> float:
-        """nMSE (regression, lower is better) or aAUC (classification, higher is better).
-
-        See :func:`privmtl.linear.metrics.nmse` and :func:`privmtl.linear.metrics.aauc` for the
-        exact pooling over tasks.
-        """
-        from privmtl.linear.metrics import aauc, nmse
-
-        Xl = self._check_predict_input(Xs)
-        _, yl = check_tasks(Xl, ys)
-        assert yl is not None
-        scores = _scores(Xl, self.coef_)
-        if self._is_classifier():
-            return float(aauc(yl, scores))
-        return float(nmse(yl, scores))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -715,69 +596,6 @@ def _cached_plan(items: tuple[tuple[str, Any], ...]) -> Any:
     from privmtl.privacy.covariance import plan_covariance_releases
 
     return plan_covariance_releases(**dict(items))
-
-
-def _group_shrink(diag: FloatArray, thr: float) -> FloatArray:
-    with np.errstate(divide="ignore"):
-        root = np.sqrt(diag)
-        s = np.where(root > 0, 1.0 - thr / np.where(root > 0, root, 1.0), 0.0)
-    if thr == 0:
-        s = np.ones_like(diag)
-    return np.asarray(np.maximum(s, 0.0), dtype=np.float64)
-
-
-def _spectral_factors(
-    Sigma: FloatArray, thr: float, shift: float | None = None
-) -> tuple[FloatArray, FloatArray]:
-    """Eigenvectors U and shrinkage S_ii = max(0, 1 - thr/sqrt(Λ_ii)) of a symmetric matrix.
-
-    ``shift`` (not None) first maps Λ -> max(Λ + shift, 0) (the PSD fix of a Gaussian release).
-    Directions with Λ <= 0 get S_ii = 0 (λ > 0) or 1 (λ = 0: M = I).
-    """
-    lam_, U = scipy.linalg.eigh(Sigma, check_finite=False, driver="evd")
-    if thr == 0:
-        return U, np.ones_like(lam_)
-    if shift is not None:
-        lam_ = lam_ + shift
-    pos = np.maximum(lam_, 0.0)
-    with np.errstate(divide="ignore"):
-        root = np.sqrt(pos)
-        s = np.where(root > 0, 1.0 - thr / np.where(root > 0, root, 1.0), 0.0)
-    return U, np.asarray(np.maximum(s, 0.0), dtype=np.float64)
-
-
-def _apply_lowrank_left(
-    Sigma: FloatArray, thr: float, Wc: FloatArray, shift: float | None = None
-) -> FloatArray:
-    """``U S U^T Wc`` using the cheaper of the kept (S > 0) or shrunk (S < 1) eigenvectors."""
-    U, s = _spectral_factors(Sigma, thr, shift)
-    keep = s > 0
-    shrunk = s < 1
-    if int(keep.sum()) <= int(shrunk.sum()):
-        Uk = U[:, keep]
-        return np.asarray(Uk @ (s[keep, None] * (Uk.T @ Wc)), dtype=np.float64)
-    Us = U[:, shrunk]
-    return np.asarray(Wc - Us @ ((1.0 - s[shrunk])[:, None] * (Us.T @ Wc)), dtype=np.float64)
-
-
-def _apply_lowrank_right(
-    Sigma: FloatArray,
-    thr: float,
-    shared: FloatArray,
-    own: FloatArray,
-    shift: float | None = None,
-) -> FloatArray:
-    """``W^ = shared M`` with ``M = V S V^T`` (m x m), each task keeping its own clean column.
-
-    ``shared`` are the models the curator sees (noisy under Alg. 5, else equal to ``own``); task i's
-    output uses its own clean model for the diagonal term ``M_ii``.
-    """
-    V, s = _spectral_factors(Sigma, thr, shift)
-    M = (V * s) @ V.T
-    out = shared @ M
-    if shared is not own:
-        out += (own - shared) * np.diag(M)[None, :]
-    return np.asarray(out, dtype=np.float64)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from numpy.typing import ArrayLike
 
 from privmtl._validation import check_choice, check_int, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.linear.mpmtl import check_tasks
+from privmtl.linear.common import check_tasks
 
 __all__ = [
     "DEFAULT_GRIDS",

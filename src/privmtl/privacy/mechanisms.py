@@ -14,6 +14,7 @@ from privmtl._validation import check_real
 __all__ = [
     "clip_columns",
     "clip_rows",
+    "sample_l2_laplace",
     "symmetric_gaussian_noise",
     "wishart_noise",
     "wishart_support_mismatch",
@@ -69,3 +70,17 @@ def wishart_support_mismatch(E: np.ndarray, w: np.ndarray) -> bool:
     except np.linalg.LinAlgError:
         return True
     return False
+
+
+def sample_l2_laplace(rng: np.random.Generator, dim: int, scale: float, size: int) -> np.ndarray:
+    """Draw ``size`` vectors ``b`` in R^dim with density proportional to ``exp(-||b||_2 / scale)``.
+
+    In ``dim`` dimensions the radius ``r = ||b||`` has density proportional to
+    ``r^(dim-1) exp(-r/scale)``, i.e. ``r ~ Gamma(shape=dim, scale=scale)`` (mean ``dim*scale``),
+    and the direction is uniform on the sphere. Returns an array of shape ``(dim, size)``.
+    """
+    direction = rng.standard_normal((dim, size))
+    norms = np.linalg.norm(direction, axis=0)
+    norms[norms == 0] = 1.0
+    radius = rng.gamma(shape=float(dim), scale=float(scale), size=size)
+    return np.asarray(direction / norms * radius, dtype=np.float64)
