@@ -77,3 +77,19 @@ def test_pmtl_local_reports_zero_epsilon(capsys):
          "--json"],
     )  # fmt: skip
     assert out["epsilon"] == 0.0
+
+
+def test_mpmtl_sweep_writes_its_files_and_parallel_rows_equal_sequential(capsys, tmp_path):
+    base = ["mpmtl-sweep", "--data", "synthetic-lowrank", "--methods", "lowrank,stl-l2",
+            "--epsilons", "1,10", "--iterations", "3", "--tune", "none", "--json"]  # fmt: skip
+    seq = _json(capsys, [*base, "--out", str(tmp_path / "a")])
+    par = _json(capsys, [*base, "--out", str(tmp_path / "b"), "--jobs", "2"])
+    for name in ("mpmtl_sweep.csv", "mpmtl_sweep.json", "mpmtl_tradeoff.png"):
+        assert (tmp_path / "a" / name).stat().st_size > 0
+    assert [(r["method"], r["target_epsilon"], r["mean"]) for r in seq["summary"]] == [
+        (r["method"], r["target_epsilon"], r["mean"]) for r in par["summary"]
+    ]
+    rows = json.loads((tmp_path / "b" / "mpmtl_sweep.json").read_text())["rows"]
+    assert [r["target_epsilon"] for r in rows] == [1.0, 10.0, None]  # job order kept
+    assert main([*base, "--tune", "twice", "--out", str(tmp_path / "c")]) == 2
+    assert not (tmp_path / "c").exists()

@@ -39,8 +39,9 @@ def demo(out_dir: Path, seed: int, tune_mode: str) -> None:
        trace-norm MTL, ε ∈ {0.1, 0.3, 1, 3, 10}: table (CSV/JSON) and trade-off plot (PNG).
     2. PMTL vs private FedAvg on a heterogeneous synthetic federation (logistic regression, ε = 2).
     """
+    import os
+
     from privmtl.cli.mpmtl import run_mpmtl_sweep
-    from privmtl.experiments.pmtl import run_pmtl
 
     t0 = time.perf_counter()
     click.echo("[1/2] MP-MTL privacy–accuracy sweep on synthetic low-rank tasks (m=320, d=30)")
@@ -55,6 +56,7 @@ def demo(out_dir: Path, seed: int, tune_mode: str) -> None:
             tune_mode=tune_mode,
             n_splits=3,
             out_dir=tmp,
+            n_jobs=min(2, os.cpu_count() or 1),  # forked workers: before torch is imported
         )
         for row in res["summary"]:
             e = "non-private" if row["target_epsilon"] is None else f"ε={row['target_epsilon']:g}"
@@ -70,6 +72,8 @@ def demo(out_dir: Path, seed: int, tune_mode: str) -> None:
         )
         t1 = time.perf_counter()
         click.echo(f"    ({t1 - t0:.0f}s)")
+        from privmtl.experiments.pmtl import run_pmtl
+
         click.echo("[2/2] PMTL vs private FedAvg, synthetic federation (50 clients, logreg, ε=2)")
         runs = {}
         for method in ("pmtl", "fedavg"):

@@ -133,6 +133,7 @@ def run_mpmtl_sweep(
     iterations: int | None = None,
     n_splits: int = 5,
     final_step: str = "auto",
+    n_jobs: int = 1,
 ) -> dict[str, Any]:
     """Run the sweep and write ``mpmtl_sweep.csv``, ``mpmtl_sweep.json`` and ``mpmtl_tradeoff.png``."""
     splits = {s: load_mpmtl_data(data, data_path=data_path, seed=s) for s in seeds}
@@ -178,6 +179,8 @@ def run_mpmtl_sweep(
         private_methods=PRIVATE_METHODS,
         metric=metric,
         progress=lambda jobs, n: progress(jobs, desc="mpmtl sweep", enabled=show_progress, total=n),
+        # "once" shares the tuned parameters between jobs: sequential only
+        n_jobs=1 if tune_mode == "once" else n_jobs,
     )
     summary = aggregate(rows)
     g = next((r for r in rows if r["method"] in PRIVATE_METHODS), rows[0])
@@ -226,7 +229,22 @@ def _floats(text: str, name: str) -> list[float]:
 @click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
 @_noise_opt
 @click.option("--iterations", type=int, help="T for every method (default: tuned).")
-@click.option("--tune/--no-tune", default=True, show_default=True)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes for the (method, ε, seed) runs; results do not depend on it.",
+)
+@click.option(
+    "--tune",
+    "tune_mode",
+    type=click.Choice(["each", "once", "none"]),
+    default="each",
+    show_default=True,
+    help="k-fold CV on each training split for every (method, ε, seed); once per (method, seed) "
+    "at the middle ε and reused; or none (defaults).",
+)
 @click.option(
     "--out",
     "out_dir",
@@ -244,6 +262,7 @@ def mpmtl_sweep(
     seeds: str,
     noise: str,
     iterations: int | None,
+    jobs: int,
     tune_mode: str,
     out_dir: Path,
     final_step: str,
@@ -273,6 +292,7 @@ def mpmtl_sweep(
         out_dir=out_dir,
         iterations=iterations,
         final_step=final_step,
+        n_jobs=jobs,
     )
     if as_json:
         echo_json(res)

@@ -35,6 +35,23 @@ CSV_COLUMNS = (
 )
 
 
+#: (run_one, common kwargs) of the sweep being run in parallel; inherited by forked workers.
+_WORKER: tuple[Callable[..., dict[str, Any]], dict[str, Any]] | None = None
+
+
+def _one_blas_thread() -> None:
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+
+
+def _run_job(job: tuple[str, float | None, int]) -> dict[str, Any]:
+    assert _WORKER is not None
+    run_one, common = _WORKER
+    method, eps, seed = job
+    return run_one(method=method, epsilon=eps, seed=seed, **common)
+
+
 def run_sweep(
     run_one: Callable[..., dict[str, Any]],
     *,
@@ -44,12 +61,18 @@ def run_sweep(
     private_methods: Iterable[str],
     metric: str,
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    n_jobs: int = 1,
     **common: Any,
 ) -> list[dict[str, Any]]:
     """Call ``run_one(method=, epsilon=, seed=, **common)`` over the grid and collect result rows.
 
     Methods not in ``private_methods`` are run once per seed (ε-independent reference lines).
+    ``n_jobs > 1`` runs the jobs in that many forked worker processes (one BLAS thread each; POSIX
+    only, otherwise sequential). Every job seeds itself from its own (method, ε, seed), so the rows
+    are identical to a sequential run and come back in the same order; ``run_one`` must then not
+    rely on state shared between jobs.
     """
+    global _WORKER
     private = set(private_methods)
     jobs: list[tuple[str, float | None, int]] = []
     for seed in seeds:
@@ -58,10 +81,38 @@ def run_sweep(
                 jobs.extend((method, eps, seed) for eps in epsilons)
             else:
                 jobs.append((method, None, seed))
-    it: Iterable[Any] = jobs if progress is None else progress(jobs, len(jobs))
+    results: list[dict[str, Any]] = []
+    ctx = None
+    if n_jobs > 1 and len(jobs) > 1:
+        import multiprocessing
+
+        try:
+            ctx = multiprocessing.get_context("fork")
+        except ValueError:  # no fork on this platform: run sequentially
+            ctx = None
+    if ctx is None:
+        it: Iterable[Any] = jobs if progress is None else progress(jobs, len(jobs))
+        results = [run_one(method=m, epsilon=e, seed=s, **common) for m, e, s in it]
+    else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        _WORKER = (run_one, common)
+        try:
+            with ProcessPoolExecutor(
+                max_workers=min(n_jobs, len(jobs)), mp_context=ctx, initializer=_one_blas_thread
+            ) as pool:
+                futures = {pool.submit(_run_job, job): i for i, job in enumerate(jobs)}
+                done: Iterable[Any] = as_completed(futures)
+                if progress is not None:
+                    done = progress(done, len(jobs))
+                by_index: dict[int, dict[str, Any]] = {}
+                for fut in done:
+                    by_index[futures[fut]] = fut.result()
+            results = [by_index[i] for i in range(len(jobs))]
+        finally:
+            _WORKER = None
     rows = []
-    for method, eps, seed in it:
-        row = run_one(method=method, epsilon=eps, seed=seed, **common)
+    for row in results:
         row["metric"] = metric
         row["value"] = row.get(metric)
         rows.append(row)
