@@ -93,3 +93,28 @@ def test_mpmtl_sweep_writes_its_files_and_parallel_rows_equal_sequential(capsys,
     assert [r["target_epsilon"] for r in rows] == [1.0, 10.0, None]  # job order kept
     assert main([*base, "--tune", "twice", "--out", str(tmp_path / "c")]) == 2
     assert not (tmp_path / "c").exists()
+
+
+def test_pmtl_sweep_selects_on_validation_and_writes_plots(capsys, tmp_path):
+    out = _json(
+        capsys,
+        ["pmtl-sweep", "--data", "synthetic", "--methods", "pmtl,fedavg", "--epsilons", "2",
+         "--clips", "0.5", "--rounds-grid", "3", "--lams", "0.01,1", "--server-update", "offset",
+         "--out", str(tmp_path / "s"), "--json"],
+    )  # fmt: skip
+    files = {p.rsplit("/", 1)[-1] for p in out["files"]}
+    assert files == {"pmtl_sweep.csv", "pmtl_sweep.json", "pmtl_tradeoff.png", "pmtl_rounds.png"}
+    saved = json.loads((tmp_path / "s" / "pmtl_sweep.json").read_text())
+    cands = saved["candidates"]
+    # pmtl tried both lambdas at each eps, fedavg only one; the kept pmtl row has the best val acc
+    assert sorted(
+        c["lam"] for c in cands if c["method"] == "pmtl" and c["target_epsilon"] == 2.0
+    ) == [0.01, 1.0]
+    assert len([c for c in cands if c["method"] == "fedavg"]) == 2
+    kept = next(r for r in saved["rows"] if r["method"] == "pmtl" and r["target_epsilon"] == 2.0)
+    best = max(
+        (c for c in cands if c["method"] == "pmtl" and c["target_epsilon"] == 2.0),
+        key=lambda c: c["val_accuracy"],
+    )
+    assert kept["lam"] == best["lam"] and kept["server_update"] == "offset"
+    assert kept["epsilon"] == pytest.approx(2.0, rel=0.03)

@@ -102,9 +102,21 @@ def pmtl(**kw: Any) -> None:
 @click.option("--clips", default="0.2,0.5,1", show_default=True, help="γ grid.")
 @click.option("--rounds-grid", default="50,100", show_default=True, help="T grid.")
 @click.option("--clients-per-round", type=int, default=20, show_default=True)
-@click.option("--lam", type=float, default=0.1, show_default=True)
+@click.option(
+    "--lams",
+    default="0.1",
+    show_default=True,
+    help="λ grid (pmtl's mean regularizer, fedprox's μ).",
+)
 @click.option("--lr", type=float, default=0.1, show_default=True)
 @click.option("--local-steps", type=int)
+@click.option(
+    "--server-update",
+    type=click.Choice(["delta", "offset"]),
+    default="delta",
+    show_default=True,
+    help="PMTL client message: Algorithm 1's w_new - w_old, or the authors' code's w_new - w~.",
+)
 @click.option(
     "--finetune", type=click.Choice(list(FINETUNE_METHODS)), default="none", show_default=True
 )
@@ -138,10 +150,11 @@ def pmtl_sweep(**kw: Any) -> None:
         clips=_floats(kw["clips"], "--clips"),
         rounds_grid=[int(t) for t in _floats(kw["rounds_grid"], "--rounds-grid")],
         clients_per_round=kw["clients_per_round"],
-        lam=kw["lam"],
+        lam=_floats(kw["lams"], "--lams"),
         lr=kw["lr"],
         local_steps=kw["local_steps"],
         finetune=kw["finetune"],
+        server_update=kw["server_update"],
         progress=lambda jobs, n: progress(
             jobs, desc="pmtl sweep", enabled=not kw["as_json"], total=n
         ),

@@ -32,23 +32,30 @@ def run_pmtl_sweep(
     clips: Sequence[float],
     rounds_grid: Sequence[int],
     clients_per_round: int,
-    lam: float = 0.1,
+    lam: float | Sequence[float] = 0.1,
     lr: float = 0.1,
     local_steps: int | None = None,
     finetune: str = "none",
+    server_update: str = "delta",
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
 ) -> dict[str, Any]:
-    """Run the sweep; returns ``{"rows": best rows, "candidates": all runs, "summary": ...}``."""
+    """Run the sweep; returns ``{"rows": best rows, "candidates": all runs, "summary": ...}``.
+
+    Per (seed, method, ε) the run with the best validation accuracy over ``clips`` × ``rounds_grid``
+    (× ``lam`` when it is a list, for the methods that use λ: pmtl, fedprox) is selected.
+    """
     datasets = {s: load_federated(data, data_path=data_path, seed=s) for s in seeds}
-    jobs: list[tuple[int, str, float | None, float, int]] = []
+    lams = [float(lam)] if isinstance(lam, int | float) else [float(v) for v in lam]
+    jobs: list[tuple[int, str, float | None, float, int, float]] = []
     for seed, method in itertools.product(seeds, methods):
         eps_list: list[float | None] = [None] if method == "local" else [*epsilons, None]
+        method_lams = lams if method in ("pmtl", "fedprox") else lams[:1]
         for eps in eps_list:
-            for clip, T in itertools.product(clips, rounds_grid):
-                jobs.append((seed, method, eps, clip, T))
+            for clip, T, lam_ in itertools.product(clips, rounds_grid, method_lams):
+                jobs.append((seed, method, eps, clip, T, lam_))
     it: Iterable[Any] = jobs if progress is None else progress(jobs, len(jobs))
     candidates = []
-    for seed, method, eps, clip, T in it:
+    for seed, method, eps, clip, T, lam_ in it:
         row = run_pmtl(
             data=data,
             model=model,
@@ -57,8 +64,9 @@ def run_pmtl_sweep(
             clip=clip,
             rounds=T,
             clients_per_round=clients_per_round,
-            lam=lam,
+            lam=lam_,
             lr=lr,
+            server_update=server_update,
             local_steps=local_steps,
             finetune=finetune,
             seed=seed,
@@ -102,7 +110,7 @@ def write_pmtl_sweep(result: dict[str, Any], out_dir: Path, *, title: str) -> li
     subtitle = (
         f"δ={g['delta']:.3g}, neighbours: {g['relation']} one client, sampling: {g['sampling']} "
         f"(q={g['clients_per_round']} of m={g['num_clients']}), accountant: {g['accountant']}; "
-        "(γ, T) selected per ε on validation accuracy"
+        "(γ, T, λ) selected per ε on validation accuracy"
     )
     plot_tradeoff(
         result["summary"],
