@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from sklearn.base import BaseEstimator
-from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.exceptions import ConvergenceWarning
 
 from privmtl._validation import check_choice, check_int, check_real
-from privmtl.exceptions import DataFormatError
+from privmtl.linear.common import _check_tasks, _LinearMTLMixin
 from privmtl.linear.losses import LOSSES, TaskBatch, task_gradients, task_lipschitz, task_losses
 
 __all__ = [
@@ -65,61 +65,6 @@ ProxFn = Callable[[FloatArray, Any], tuple[FloatArray, float]]
 # --------------------------------------------------------------------------------------------------
 # data handling
 # --------------------------------------------------------------------------------------------------
-def _check_tasks(
-    Xs: Any, ys: Sequence[ArrayLike] | None, loss: str | None, *, need_y: bool
-) -> tuple[list[FloatArray], list[FloatArray] | None]:
-    """Validate per-task arrays (or unpack a MultiTaskDataset) into float64 lists."""
-    from privmtl.data.multitask import MultiTaskDataset
-
-    if isinstance(Xs, MultiTaskDataset):
-        if ys is None:
-            ys = Xs.y
-        Xs = Xs.X
-    if isinstance(Xs, np.ndarray) and Xs.ndim == 2:
-        raise DataFormatError(
-            "Xs must be a sequence of per-task (n_i, d) arrays, not a single 2-D array."
-        )
-    try:
-        Xl = [np.asarray(x, dtype=np.float64) for x in Xs]
-    except (TypeError, ValueError) as exc:
-        raise DataFormatError(f"Xs must be a sequence of numeric (n_i, d) arrays: {exc}") from exc
-    if not Xl:
-        raise DataFormatError("at least one task is required; got 0.")
-    d = Xl[0].shape[1] if Xl[0].ndim == 2 else None
-    for i, x in enumerate(Xl):
-        if x.ndim != 2 or x.shape[1] != d:
-            raise DataFormatError(
-                f"task {i}: features must be a 2-D array with the same number of columns as task "
-                f"0 ({d}); got shape {x.shape}."
-            )
-        if x.shape[0] == 0:
-            raise DataFormatError(f"task {i}: has no samples.")
-        if not np.all(np.isfinite(x)):
-            raise DataFormatError(f"task {i}: features contain NaN or infinity.")
-    if ys is None:
-        if need_y:
-            raise DataFormatError("targets ys are required.")
-        return Xl, None
-    if len(ys) != len(Xl):
-        raise DataFormatError(f"got {len(Xl)} feature arrays but {len(ys)} target arrays.")
-    yl = []
-    for i, (x, y) in enumerate(zip(Xl, ys, strict=True)):
-        try:
-            ya = np.asarray(y, dtype=np.float64).ravel()
-        except (TypeError, ValueError) as exc:
-            raise DataFormatError(f"task {i}: targets are not numeric ({exc}).") from exc
-        if ya.shape[0] != x.shape[0]:
-            raise DataFormatError(f"task {i}: {x.shape[0]} feature rows but {ya.shape[0]} targets.")
-        if not np.all(np.isfinite(ya)):
-            raise DataFormatError(f"task {i}: targets contain NaN or infinity.")
-        if loss == "logistic" and not np.all((ya == 0) | (ya == 1)):
-            raise DataFormatError(
-                f"task {i}: the logistic loss needs 0/1 labels; found {np.unique(ya)[:5].tolist()}."
-            )
-        yl.append(ya)
-    return Xl, yl
-
-
 class _Tasks:
     """Per-task data with batched (padded) evaluation when padding wastes little memory."""
 
@@ -248,8 +193,8 @@ def _soft(V: FloatArray, tau: float | FloatArray) -> FloatArray:
 # --------------------------------------------------------------------------------------------------
 # shared estimator machinery
 # --------------------------------------------------------------------------------------------------
-class _LinearMTLBase(BaseEstimator):  # type: ignore[misc]
-    """predict / decision_function / score for fitted ``coef_`` (d x m) and a ``loss``."""
+class _LinearMTLBase(_LinearMTLMixin, BaseEstimator):  # type: ignore[misc]
+    """Fitting helpers of the non-private baselines (predict / score come from the mixin)."""
 
     loss: str
     coef_: FloatArray
@@ -265,49 +210,6 @@ class _LinearMTLBase(BaseEstimator):  # type: ignore[misc]
         self.n_features_in_, self.n_tasks_ = self.coef_.shape
         self.n_iter_ = int(n_iter)
         self.objective_ = np.asarray(objective, dtype=np.float64)
-
-    def _check_X(self, Xs: Any) -> list[FloatArray]:
-        if not hasattr(self, "coef_"):
-            raise NotFittedError(f"This {type(self).__name__} instance is not fitted yet.")
-        Xl, _ = _check_tasks(Xs, None, None, need_y=False)
-        d, m = self.coef_.shape
-        if len(Xl) != m:
-            raise DataFormatError(f"the model was fitted on {m} tasks; got {len(Xl)}.")
-        if Xl[0].shape[1] != d:
-            raise DataFormatError(f"the model was fitted with {d} features; got {Xl[0].shape[1]}.")
-        return Xl
-
-    def decision_function(self, Xs: Any) -> list[FloatArray]:
-        """Scores ``X_i w_i`` of every task, a list of arrays of shape ``(n_i,)``."""
-        Xl = self._check_X(Xs)
-        return [np.asarray(x @ self.coef_[:, i], dtype=np.float64) for i, x in enumerate(Xl)]
-
-    def predict(self, Xs: Any) -> list[FloatArray]:
-        """Scores (squared loss) or 0/1 labels ``1[score > 0]`` (logistic loss), per task."""
-        scores = self.decision_function(Xs)
-        if self.loss == "logistic":
-            return [(s > 0).astype(np.float64) for s in scores]
-        return scores
-
-    def predict_proba(self, Xs: Any) -> list[FloatArray]:
-        """``P(y = 1 | x) = sigmoid(x^T w_i)`` per task (logistic loss only)."""
-        from scipy.special import expit
-
-        if self.loss != "logistic":
-            raise AttributeError("predict_proba is only available with loss='logistic'.")
-        return [np.asarray(expit(s), dtype=np.float64) for s in self.decision_function(Xs)]
-
-    def score(self, Xs: Any, ys: Sequence[ArrayLike] | None = None) -> float:
-        """nMSE for the squared loss (lower is better) or aAUC for the logistic loss (higher is
-        better); see :func:`privmtl.linear.metrics.nmse` (global pooling) and
-        :func:`privmtl.linear.metrics.aauc`."""
-        from privmtl.linear.metrics import aauc, nmse
-
-        Xl = self._check_X(Xs)
-        _, yl = _check_tasks(Xs, ys, self.loss, need_y=True)
-        assert yl is not None
-        scores = self.decision_function(Xl)
-        return aauc(yl, scores) if self.loss == "logistic" else nmse(yl, scores)
 
     def _warn_not_converged(self, what: str) -> None:
         warnings.warn(

@@ -29,15 +29,68 @@ def default_delta(m: int) -> float:
     return 1.0 / (m * math.log(m))
 
 
+def _check_tasks(
+    Xs: Any, ys: Sequence[ArrayLike] | None, loss: str | None, *, need_y: bool
+) -> tuple[list[FloatArray], list[FloatArray] | None]:
+    """Validate per-task arrays (or unpack a MultiTaskDataset) into float64 lists."""
+    from privmtl.data.multitask import MultiTaskDataset
+
+    if isinstance(Xs, MultiTaskDataset):
+        if ys is None:
+            ys = Xs.y
+        Xs = Xs.X
+    if isinstance(Xs, np.ndarray) and Xs.ndim == 2:
+        raise DataFormatError(
+            "Xs must be a sequence of per-task (n_i, d) arrays, not a single 2-D array."
+        )
+    try:
+        Xl = [np.asarray(x, dtype=np.float64) for x in Xs]
+    except (TypeError, ValueError) as exc:
+        raise DataFormatError(f"Xs must be a sequence of numeric (n_i, d) arrays: {exc}") from exc
+    if not Xl:
+        raise DataFormatError("at least one task is required; got 0.")
+    d = Xl[0].shape[1] if Xl[0].ndim == 2 else None
+    for i, x in enumerate(Xl):
+        if x.ndim != 2 or x.shape[1] != d:
+            raise DataFormatError(
+                f"task {i}: features must be a 2-D array with the same number of columns as task "
+                f"0 ({d}); got shape {x.shape}."
+            )
+        if x.shape[0] == 0:
+            raise DataFormatError(f"task {i}: has no samples.")
+        if not np.all(np.isfinite(x)):
+            raise DataFormatError(f"task {i}: features contain NaN or infinity.")
+    if ys is None:
+        if need_y:
+            raise DataFormatError("targets ys are required.")
+        return Xl, None
+    if len(ys) != len(Xl):
+        raise DataFormatError(f"got {len(Xl)} feature arrays but {len(ys)} target arrays.")
+    yl = []
+    for i, (x, y) in enumerate(zip(Xl, ys, strict=True)):
+        try:
+            ya = np.asarray(y, dtype=np.float64).ravel()
+        except (TypeError, ValueError) as exc:
+            raise DataFormatError(f"task {i}: targets are not numeric ({exc}).") from exc
+        if ya.shape[0] != x.shape[0]:
+            raise DataFormatError(f"task {i}: {x.shape[0]} feature rows but {ya.shape[0]} targets.")
+        if not np.all(np.isfinite(ya)):
+            raise DataFormatError(f"task {i}: targets contain NaN or infinity.")
+        if loss == "logistic" and not np.all((ya == 0) | (ya == 1)):
+            raise DataFormatError(
+                f"task {i}: the logistic loss needs 0/1 labels; found {np.unique(ya)[:5].tolist()}."
+            )
+        yl.append(ya)
+    return Xl, yl
+
+
 def check_tasks(
     Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike] | None, *, loss: str | None = None
 ) -> tuple[list[FloatArray], list[FloatArray] | None]:
     """Validate per-task arrays; return float64 copies (``ys`` raveled) or raise DataFormatError.
 
-    The one validator of :mod:`privmtl.linear` (shared with the non-private baselines).
+    The one validator of :mod:`privmtl.linear` (see :func:`_check_tasks`).
     """
-    from privmtl.linear.baselines import _check_tasks
-
     return _check_tasks(Xs, ys, loss, need_y=False)
 
 
@@ -115,19 +168,28 @@ class _LinearMTLMixin:
             return [(s > 0).astype(np.float64) for s in scores]
         return scores
 
+    def predict_proba(self, Xs: Sequence[ArrayLike]) -> list[FloatArray]:
+        """``P(y = 1 | x) = sigmoid(x^T w_i)`` per task (logistic loss only)."""
+        from scipy.special import expit
+
+        if not self._is_classifier():
+            raise AttributeError("predict_proba is only available with loss='logistic'.")
+        return [np.asarray(expit(s), dtype=np.float64) for s in self.decision_function(Xs)]
+
     def _is_classifier(self) -> bool:
         return self.loss == "logistic"
 
-    def score(self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike]) -> float:
+    def score(self, Xs: Any, ys: Sequence[ArrayLike] | None = None) -> float:
         """nMSE (regression, lower is better) or aAUC (classification, higher is better).
 
-        See :func:`privmtl.linear.metrics.nmse` and :func:`privmtl.linear.metrics.aauc` for the
-        exact pooling over tasks.
+        ``Xs`` may be a :class:`~privmtl.data.MultiTaskDataset` (then ``ys`` defaults to its
+        targets). See :func:`privmtl.linear.metrics.nmse` (global pooling) and
+        :func:`privmtl.linear.metrics.aauc` for the exact pooling over tasks.
         """
         from privmtl.linear.metrics import aauc, nmse
 
         Xl = self._check_predict_input(Xs)
-        _, yl = check_tasks(Xl, ys)
+        _, yl = _check_tasks(Xs, ys, None, need_y=True)
         assert yl is not None
         scores = _scores(Xl, self.coef_)
         if self._is_classifier():
