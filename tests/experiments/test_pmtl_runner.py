@@ -22,3 +22,11 @@ def test_extra_finetunes_score_the_same_run_as_finetune():
 def test_extra_finetunes_rejects_unknown_variant():
     with pytest.raises(InvalidParameterError, match="extra_finetunes"):
         run_pmtl(**KW, extra_finetunes=["none"])
+
+
+def test_global_accuracy_is_reported_for_the_billboard():
+    fedavg = run_pmtl(**{**KW, "epsilon": None}, method="fedavg")
+    assert fedavg["global_test_accuracy"] == fedavg["test_accuracy"]  # its model IS the global one
+    pmtl = run_pmtl(**{**KW, "epsilon": None}, method="pmtl")
+    assert 0.0 <= pmtl["global_test_accuracy"] <= 1.0
+    assert run_pmtl(**KW, method="local")["global_test_accuracy"] is None

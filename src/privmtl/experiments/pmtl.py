@@ -257,6 +257,8 @@ def _result_dict(
         "test_accuracy": float(result.test_accuracy),
         "mean_client_accuracy": float(result.mean_client_accuracy),
         "val_accuracy": float(result.val_accuracy),
+        # the released global model (the billboard) evaluated on every client, where there is one
+        "global_test_accuracy": _global_accuracy(result),
         "seconds": float(result.seconds),
         "seconds_per_round": float(result.seconds_per_round),
         "epsilon_per_round": [None if e is None or not math.isfinite(e) else e for e in per_round],
@@ -264,6 +266,11 @@ def _result_dict(
         "guarantee": guarantee.to_dict(),
         "summary": guarantee.describe(),
     }
+
+
+def _global_accuracy(result: Any) -> float | None:
+    acc = result.accuracies.get("test", {}).get("global")
+    return None if not isinstance(acc, dict) else float(acc["accuracy"])
 
 
 def _finetune(
