@@ -320,7 +320,7 @@ class STLRidge(_LinearMTLBase):
         return self
 
 
-class ModelAveraging(_LinearMTLBase):
+class ModelAveraging(STLRidge):
     """Model averaging: fit :class:`STLRidge` per task, then give every task the mean model.
 
     This is the paper's "plain model averaging" baseline, i.e. DP-AGGR (Pathak et al. 2010) without
@@ -342,33 +342,12 @@ class ModelAveraging(_LinearMTLBase):
         Those of the local fits (``objective_`` is the STLRidge objective of ``local_coef_``).
     """
 
-    def __init__(
-        self,
-        *,
-        lam: float = 1.0,
-        loss: str = "squared",
-        tol: float = 1e-6,
-        max_iter: int = 1000,
-    ) -> None:
-        self.lam = lam
-        self.loss = loss
-        self.tol = tol
-        self.max_iter = max_iter
-
     def fit(self, Xs: Any, ys: Sequence[ArrayLike] | None = None) -> ModelAveraging:
-        """Fit the local models and average them."""
-        lam = check_real("lam", self.lam, low=0.0)
-        tol = check_real("tol", self.tol, low=0.0, closed="neither")
-        max_iter = check_int("max_iter", self.max_iter, low=1)
-        tasks = self._prepare_fit(Xs, ys)
-        W, n_iter, ok = _ridge_stl(tasks, self.loss, lam, tol=tol, max_iter=max_iter)
-        if not ok:
-            self._warn_not_converged("L-BFGS")
-        self.local_coef_ = W
-        mean = W.mean(axis=1, keepdims=True)
-        self._set_fitted(
-            np.repeat(mean, tasks.m, axis=1), n_iter, [_ridge_objective(tasks, self.loss, lam, W)]
-        )
+        """Fit the local models (:meth:`STLRidge.fit`) and give every task their mean."""
+        super().fit(Xs, ys)
+        self.local_coef_ = self.coef_
+        mean = self.coef_.mean(axis=1, keepdims=True)
+        self.coef_ = np.repeat(mean, self.coef_.shape[1], axis=1)
         return self
 
 
