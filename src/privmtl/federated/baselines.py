@@ -43,7 +43,7 @@ from privmtl.federated.algorithms import (
     pad_plan,
     sampling_rng,
 )
-from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.engine import local_train_batched, make_step_fn
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.reference import local_train_reference
@@ -104,10 +104,7 @@ class _Run:
     def __init__(
         self, dataset: FederatedDataset, config: TrainConfig, sampler: Any, ledger: Any
     ) -> None:
-        if not isinstance(dataset, FederatedDataset):
-            raise InvalidParameterError(
-                f"The 'dataset' parameter must be a FederatedDataset; got {type(dataset).__name__}."
-            )
+        check_inputs(dataset)
         self.m = dataset.n_clients
         self.q = _clients_per_round(config, self.m)
         self.delta = config.delta if config.delta is not None else 1.0 / self.m
@@ -231,10 +228,7 @@ def train_joint_dp(
         ``extra["method"] = "joint-dp"``.
     """
     config = TrainConfig() if config is None else config
-    if not isinstance(model, nn.Module):
-        raise InvalidParameterError(
-            f"The 'model' parameter must be a torch.nn.Module; got {type(model).__name__}."
-        )
+    check_inputs(dataset, model)
     run = _Run(dataset, config, sampler, ledger)
     m, z = run.m, run.z
     block_std = z * float(config.clip) if z is not None and config.clip is not None else 0.0

@@ -47,7 +47,7 @@ from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, evaluate
 from privmtl.federated.baselines import config_for_epsilon
-from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.engine import train
 
 __all__ = ["ClusteredTrainResult", "cluster_seed", "parse_clusters", "train_clusters"]
@@ -182,10 +182,7 @@ def train_clusters(
         z_c`, seed and :math:`\varepsilon_c` (with its ledger as a dict).
     """
     config = TrainConfig() if config is None else config
-    if not isinstance(dataset, FederatedDataset):
-        raise InvalidParameterError(
-            f"The 'dataset' parameter must be a FederatedDataset; got {type(dataset).__name__}."
-        )
+    check_inputs(dataset)
     m = dataset.n_clients
     groups = parse_clusters(clusters, m)
     qs = _cluster_sizes(config, groups, m, clients_per_cluster)

@@ -296,3 +296,18 @@ class TrainResult:
                 **self.extra,
             }
         )
+
+
+def check_inputs(dataset: Any, model: Any = None) -> None:
+    """Raise InvalidParameterError unless ``dataset`` is a FederatedDataset (and ``model``, when
+    given, a ``torch.nn.Module``): the shared guard of every federated training entry point."""
+    from privmtl.data.federated import FederatedDataset
+
+    if not isinstance(dataset, FederatedDataset):
+        raise InvalidParameterError(
+            f"The 'dataset' parameter must be a FederatedDataset; got {type(dataset).__name__}."
+        )
+    if model is not None and not isinstance(model, nn.Module):
+        raise InvalidParameterError(
+            f"The 'model' parameter must be a torch.nn.Module; got {type(model).__name__}."
+        )

@@ -55,7 +55,7 @@ from privmtl.federated.algorithms import (
     pad_plan,
     sampling_rng,
 )
-from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.reference import aggregate_reference, local_train_reference
 
 __all__ = ["aggregate_batched", "local_train_batched", "make_step_fn", "train"]
@@ -224,14 +224,7 @@ def train(
     TrainResult
     """
     config = TrainConfig() if config is None else config
-    if not isinstance(dataset, FederatedDataset):
-        raise InvalidParameterError(
-            f"The 'dataset' parameter must be a FederatedDataset; got {type(dataset).__name__}."
-        )
-    if not isinstance(model, nn.Module):
-        raise InvalidParameterError(
-            f"The 'model' parameter must be a torch.nn.Module; got {type(model).__name__}."
-        )
+    check_inputs(dataset, model)
     m = dataset.n_clients
     q = m if config.sampling == "all" else config.clients_per_round
     if q > m:

@@ -57,7 +57,7 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, evaluate
-from privmtl.federated.config import TrainResult
+from privmtl.federated.config import TrainResult, check_inputs
 
 __all__ = [
     "FINETUNE_METHODS",
@@ -435,14 +435,7 @@ def finetune(
     check_choice("method", method, FINETUNE_METHODS)
     check_choice("start", start, FINETUNE_STARTS)
     epochs = check_int("epochs", epochs, low=0)
-    if not isinstance(dataset, FederatedDataset):
-        raise InvalidParameterError(
-            f"The 'dataset' parameter must be a FederatedDataset; got {type(dataset).__name__}."
-        )
-    if not isinstance(model, nn.Module):
-        raise InvalidParameterError(
-            f"The 'model' parameter must be a torch.nn.Module; got {type(model).__name__}."
-        )
+    check_inputs(dataset, model)
     if client_chunk is not None:
         check_int("client_chunk", client_chunk, low=1)
     m = dataset.n_clients

@@ -65,7 +65,7 @@ from privmtl.federated.algorithms import (
     noise_generator,
     pad_plan,
 )
-from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.engine import make_step_fn
 from privmtl.federated.finetune import finetune
 from privmtl.privacy.closed_form import pmtl_theorem1_valid, workshop_noise_std
@@ -222,14 +222,7 @@ def train_workshop(
         ``pre_finetune_accuracies``.
     """
     config = TrainConfig() if config is None else config
-    if not isinstance(dataset, FederatedDataset):
-        raise InvalidParameterError(
-            f"The 'dataset' parameter must be a FederatedDataset; got {type(dataset).__name__}."
-        )
-    if not isinstance(model, nn.Module):
-        raise InvalidParameterError(
-            f"The 'model' parameter must be a torch.nn.Module; got {type(model).__name__}."
-        )
+    check_inputs(dataset, model)
     bound = check_real("bound", bound, low=0.0, closed="neither")
     finetune_epochs = check_int("finetune_epochs", finetune_epochs, low=0)
     if epsilon is not None and noise_std is not None:
