@@ -63,7 +63,7 @@ def suite_acceptance() -> list[dict[str, Any]]:
 TRADEOFF_EPS: tuple[float | None, ...] = (None, 2.0, 0.5, 1.0, 4.0)
 #: PMTL's λ is selected per ε on the validation accuracy of the selection seed (the first seed);
 #: the other seeds reuse the selected value.
-TRADEOFF_LAMS = (0.01, 0.1, 1.0)
+TRADEOFF_LAMS = (0.001, 0.01, 0.1, 1.0)
 
 
 def _selected_lam(rows: list[dict[str, Any]], seed: int, eps: float | None) -> float | None:
@@ -222,7 +222,7 @@ def tradeoff_report(rows: list[dict[str, Any]]) -> list[str]:
         f"{', '.join(map(str, seeds))}; n = number of seeds finished). CNN, 100 rounds, 20 clients per "
         "round (Poisson sampling, rate 20/105), γ = 0.5, lr 0.1, batch 10, 1 local epoch; PMTL with "
         "the authors' client message (`offset`) and λ selected per ε on seed 0's validation accuracy "
-        "from {0.01, 0.1, 1}; FedProx μ = 0.01; fine-tuning: 1 local epoch from the released model "
+        "from {0.001, 0.01, 0.1, 1}; FedProx μ = 0.01; fine-tuning: 1 local epoch from the released model "
         "(post-processing, no privacy cost); local: no communication (ε = 0 towards the others, "
         "repeated in every column).",
         "",
