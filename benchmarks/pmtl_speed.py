@@ -78,7 +78,9 @@ def _load() -> tuple[float, float]:
     return load, steal
 
 
-def _config(k: int, batched: bool, threads: int, args: argparse.Namespace) -> TrainConfig:
+def _config(
+    k: int, batched: bool, threads: int, args: argparse.Namespace, parallel: bool = False
+) -> TrainConfig:
     return TrainConfig(
         method="pmtl",
         rounds=2,  # round 0 warms up (step function, allocator); round 1 is timed
@@ -95,15 +97,18 @@ def _config(k: int, batched: bool, threads: int, args: argparse.Namespace) -> Tr
         seed=args.seed,
         progress=False,
         threads=threads,
+        parallel_chunks=parallel,
     )
 
 
-def engine_round(ds: Any, k: int, batched: bool, threads: int, args: argparse.Namespace) -> dict:
+def engine_round(
+    ds: Any, k: int, batched: bool, threads: int, args: argparse.Namespace, parallel: bool = False
+) -> dict:
     """Wall and CPU seconds of one PMTL round (the second of a fresh 2-round run)."""
     res = train(
         ds,
         FemnistCNN(variant=args.variant),
-        _config(k, batched, threads, args),
+        _config(k, batched, threads, args, parallel),
         ledger=_NoAccounting(),
     )
     h = res.history[1]
@@ -190,8 +195,8 @@ def main() -> None:
     ap.add_argument(
         "--paths",
         nargs="+",
-        choices=["batched", "reference", "ceiling"],
-        default=["batched", "reference", "ceiling"],
+        choices=["batched", "parallel", "reference", "ceiling"],
+        default=["batched", "parallel", "reference", "ceiling"],
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-dir", default=None, help="LEAF cache folder (default: user cache)")
@@ -209,9 +214,11 @@ def main() -> None:
             samples: dict[str, list[dict]] = {p: [] for p in args.paths}
             for rep in range(args.repeats):  # interleave the paths: the machine load drifts
                 for path in args.paths:
-                    if path == "ceiling":
+                    if path == "ceiling" or (path == "parallel" and threads == 1):
                         continue
-                    r = engine_round(ds, k, path == "batched", threads, args)
+                    r = engine_round(
+                        ds, k, path != "reference", threads, args, parallel=path == "parallel"
+                    )
                     samples[path].append(r)
                     print(
                         f"threads={threads} K={k} rep={rep} {path}: {r['seconds']:.2f} s "
@@ -247,7 +254,7 @@ def main() -> None:
     print("|---:|---:|---|---:|---:|---:|---:|---:|")
     for out in rows:
         ref = out.get("reference")
-        for path in ("batched", "reference", "ceiling"):
+        for path in ("batched", "parallel", "reference", "ceiling"):
             if path not in out:
                 continue
             r = out[path]
@@ -255,7 +262,9 @@ def main() -> None:
             spc = (
                 f"{ref['cpu_seconds_per_round'] / r['cpu_seconds_per_round']:.2f}×" if ref else "–"
             )
-            label = path if path != "ceiling" else f"ceiling (1 model, batch {r['batch']})"
+            label = {"parallel": "batched, chunks in parallel threads"}.get(path, path)
+            if path == "ceiling":
+                label = f"ceiling (1 model, batch {r['batch']})"
             print(
                 f"| {out['threads']} | {out['clients_per_round']} | {label} | "
                 f"{r['seconds_per_round']:.2f} | {r['cpu_seconds_per_round']:.2f} | "

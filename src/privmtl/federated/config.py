@@ -106,6 +106,11 @@ class TrainConfig:
         Show a tqdm progress bar (on stderr).
     threads : int, default 2
         ``torch.set_num_threads`` during training (restored afterwards).
+    parallel_chunks : bool, default False
+        Batched path with ``threads > 1``: train the client chunks concurrently, one chunk per
+        thread with one torch thread each (inter-op instead of intra-op parallelism; chunks of at
+        most ``ceil(sampled / threads)`` clients), instead of one chunk after another with
+        ``threads`` torch threads per operation. The updates are bit-for-bit the same.
     """
 
     method: str = "pmtl"
@@ -131,6 +136,7 @@ class TrainConfig:
     eval_every: int = 0
     progress: bool = True
     threads: int = 2
+    parallel_chunks: bool = False
 
     def __post_init__(self) -> None:
         check_choice("method", self.method, METHODS)

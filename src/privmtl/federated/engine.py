@@ -257,7 +257,14 @@ def train(
     eps = 0.0 if config.method == "local" else math.inf
 
     old_threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
+    pool = None
+    if config.parallel_chunks and config.batched and config.threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=config.threads)  # torch ops release the GIL
+        torch.set_num_threads(1)
+    else:
+        torch.set_num_threads(config.threads)
     was_training = model.training
     model.train()
     t_start = time.perf_counter()
@@ -286,10 +293,11 @@ def train(
                     assert personal is not None
                     starts = {n: p.index_select(0, sel) for n, p in personal.items()}
                 if step_fn is not None:
-                    parts = []
-                    for c in range(0, len(sampled), chunk):
-                        sl = slice(c, c + chunk)
-                        w, ls = local_train_batched(
+
+                    def train_chunk(
+                        sl: slice, starts: Params = starts, anchor: Any = anchor, plan: Any = plan
+                    ) -> tuple[Params, list]:
+                        return local_train_batched(
                             step_fn,
                             {n: p[sl] for n, p in starts.items()},
                             anchor,
@@ -300,9 +308,19 @@ def train(
                             plan[sl],
                             config.batch_size,
                         )
-                        parts.append(w)
+
+                    size = chunk
+                    if pool is not None:  # balance the chunks over the worker threads
+                        size = min(chunk, -(-len(sampled) // config.threads))
+                    slices = [slice(c, c + size) for c in range(0, len(sampled), size)]
+                    results = (
+                        list(pool.map(train_chunk, slices))
+                        if pool is not None
+                        else [train_chunk(sl) for sl in slices]
+                    )
+                    for _, ls in results:
                         losses.extend(ls)
-                    news = {n: torch.cat([w[n] for w in parts]) for n in starts}
+                    news = {n: torch.cat([w[n] for w, _ in results]) for n in starts}
                 else:
                     lst = [{n: p[j] for n, p in starts.items()} for j in range(len(sampled))]
                     outs, losses = local_train_reference(
@@ -371,6 +389,8 @@ def train(
             for split in ("val", "test")
         }
     finally:
+        if pool is not None:
+            pool.shutdown()
         torch.set_num_threads(old_threads)
         model.train(was_training)
     train_seconds = sum(r["seconds"] for r in history)
