@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> Path:
                 )
                 row["noise"] = noise
                 row["final_step_mode"] = mode
+                row["n_splits"] = args.n_splits
                 append_jsonl(log, row)
                 metric = row.get("nmse", row.get("auc"))
                 print(
@@ -85,12 +86,13 @@ def run(args: argparse.Namespace) -> Path:
     return log
 
 
-def report(data: str, tag: str = "") -> None:
+def report(data: str, tag: str = "", n_splits: int = 5) -> None:
     log = RESULTS / f"mpmtl_{data}{tag}.jsonl"
     rows = load_jsonl(log)
     if not rows:
         raise SystemExit(f"no results in {log}")
     metric = "nmse" if "nmse" in rows[0] else "auc"
+    folds = sorted({int(r.get("n_splits", n_splits)) for r in rows})
     for r in rows:
         r["metric"], r["value"] = metric, r[metric]
         if r.get("final_step_mode", "auto") != "auto":
@@ -117,14 +119,15 @@ def report(data: str, tag: str = "") -> None:
         f"Privacy: δ = {g['delta']:.4g} (1/(m·log m)), neighbours: {g['relation']} one task, all tasks "
         f"every iteration, accountant {g['accountant']} ({g.get('noise')} covariance mechanism). "
         "ε-free rows: STL shares nothing (ε = 0 towards other tasks); mtl-* are non-private. "
-        "Hyper-parameters by 5-fold CV on each run's training split, not charged to ε (as in the paper).",
+        f"Hyper-parameters by {'/'.join(map(str, folds))}-fold CV on each run's training split, not "
+        "charged to ε (as in the paper).",
         "",
         markdown_table(header, table),
         "",
         f"{len(rows)} runs, {seconds / 60:.1f} CPU-minutes in total. Machine: {machine_info()}.",
         f"Reproduce: `python benchmarks/mpmtl_tradeoff.py --data {data} --seeds "
         f"{min(r['seed'] for r in rows)}-{max(r['seed'] for r in rows)} "
-        f"--methods {','.join(methods)}`",
+        f"--methods {','.join(methods)}" + (f" --n-splits {folds[0]}`" if folds != [5] else "`"),
     ]
     (RESULTS / f"mpmtl_{data}{tag}.md").write_text("\n".join(text) + "\n")
     plot_tradeoff(
@@ -164,7 +167,7 @@ def main() -> None:
     args = p.parse_args()
     if not args.report:
         run(args)
-    report(args.data, args.tag)
+    report(args.data, args.tag, args.n_splits)
 
 
 if __name__ == "__main__":
