@@ -197,7 +197,7 @@ def plot_tradeoff(
         )
     ax.set_xscale("log")
     means = [float(r["mean"]) for r in summary if r.get("mean") is not None]
-    if means and min(means) > 0 and max(means) / min(means) > 20:
+    if lower_is_better and means and min(means) > 0 and max(means) / min(means) > 20:
         ax.set_yscale("log")  # e.g. nMSE from 0.01 (MTL) to 7 (DP-MTRL): keep both readable
     ax.set_xlabel("ε (privacy budget; smaller is more private)")
     ax.set_ylabel(
