@@ -93,9 +93,12 @@ def report(data: str, tag: str = "", n_splits: int = 5) -> None:
         raise SystemExit(f"no results in {log}")
     metric = "nmse" if "nmse" in rows[0] else "auc"
     folds = sorted({int(r.get("n_splits", n_splits)) for r in rows})
+    run_methods = sorted({r.get("base_method", r["method"]) for r in rows})
+    modes = sorted({r.get("final_step_mode", "auto") for r in rows} - {"auto"})
     for r in rows:
         r["metric"], r["value"] = metric, r[metric]
         if r.get("final_step_mode", "auto") != "auto":
+            r["base_method"] = r["method"]
             r["method"] = f"{r['method']} ({r['final_step_mode']} only)"
     summary = aggregate(rows)
     eps_cols = sorted({r["target_epsilon"] for r in rows if r["target_epsilon"] is not None})
@@ -109,7 +112,7 @@ def report(data: str, tag: str = "", n_splits: int = 5) -> None:
             cells.append("" if n == 0 else f"{mu:.4f} ± {sd:.4f} (n={n})")
         table.append(cells)
     header = ["method", "ε-free"] + [f"ε={e:g}" for e in eps_cols]
-    g = next(r for r in rows if r["method"] in PRIVATE_METHODS)
+    g = next(r for r in rows if r["target_epsilon"] is not None)
     seconds = sum(r["seconds"] for r in rows)
     text = [
         f"# MP-MTL on {data}: {metric} (mean ± std over seeds; lower is better)"
@@ -127,7 +130,10 @@ def report(data: str, tag: str = "", n_splits: int = 5) -> None:
         f"{len(rows)} runs, {seconds / 60:.1f} CPU-minutes in total. Machine: {machine_info()}.",
         f"Reproduce: `python benchmarks/mpmtl_tradeoff.py --data {data} --seeds "
         f"{min(r['seed'] for r in rows)}-{max(r['seed'] for r in rows)} "
-        f"--methods {','.join(methods)}" + (f" --n-splits {folds[0]}`" if folds != [5] else "`"),
+        f"--methods {','.join(run_methods)}"
+        + (f" --n-splits {folds[0]}" if folds != [5] else "")
+        + "".join(f" --final-step {m}" for m in modes)
+        + (f" --tag {tag}`" if tag else "`"),
     ]
     (RESULTS / f"mpmtl_{data}{tag}.md").write_text("\n".join(text) + "\n")
     plot_tradeoff(
