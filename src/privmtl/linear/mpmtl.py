@@ -309,12 +309,10 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             else check_real("refit_lam", self.refit_lam, low=0.0, closed="neither")
         )
         p["refit_floor"] = check_real("refit_floor", self.refit_floor, low=0.0)
-        if p["refit_lam"] is not None and (
-            self._penalty == "lowrank-sparse" or p["covariance"] == "WtW"
-        ):
+        if p["refit_lam"] is not None and p["covariance"] == "WtW":
             raise InvalidParameterError(
-                "The 'refit_lam' parameter must be None for the low-rank + sparse estimator and for "
-                f"covariance='WtW' (the refit needs the d x d feature covariance); got {self.refit_lam!r}."
+                "The 'refit_lam' parameter must be None with covariance='WtW' (the refit needs the "
+                f"d x d feature covariance); got {self.refit_lam!r}."
             )
         return p
 
