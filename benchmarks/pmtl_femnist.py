@@ -131,6 +131,12 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--finetune", default="none")
     p.add_argument("--report", action="store_true")
+    p.add_argument(
+        "--reverse",
+        action="store_true",
+        help="take runs from the end of the plan: a second process on the other core then meets "
+        "the first in the middle instead of repeating its runs",
+    )
     args = p.parse_args()
     import torch
 
@@ -147,7 +153,7 @@ def main() -> None:
             todo = [r for r in runs if key(r) not in done]
             if not todo:
                 break
-            run = todo[0]
+            run = todo[-1] if args.reverse else todo[0]
             k = key(run)
             seed = run["seed"]
             if seed not in datasets:
