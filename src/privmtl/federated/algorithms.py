@@ -34,6 +34,7 @@ __all__ = [
     "method_spec",
     "noise_generator",
     "pad_plan",
+    "partition_plan",
     "sampling_rng",
 ]
 
@@ -123,6 +124,32 @@ def pad_plan(
             weights[t, j, : len(idx)] = 1.0 / len(idx)
             active[t, j] = 1.0
     return torch.from_numpy(rows), torch.from_numpy(weights), torch.from_numpy(active)
+
+
+def partition_plan(
+    plan: list[list[np.ndarray]], n_groups: int, max_group: int | None = None
+) -> list[np.ndarray]:
+    """Split the clients of a round plan into groups of nearly equal work (number of steps).
+
+    Greedy longest-processing-time scheduling: clients in decreasing order of steps, each to the
+    group with the least work so far. The number of groups is ``n_groups`` times the fewest rounds
+    of ``n_groups`` groups of at most ``max_group`` clients, so that ``n_groups`` workers taking
+    the groups in order get nearly equal work. Returns the client positions (into ``plan``) of
+    every non-empty group, each in increasing order.
+    """
+    k = len(plan)
+    per_worker = 1 if max_group is None else max(1, -(-k // (n_groups * max_group)))
+    n = min(k, n_groups * per_worker)
+    if n == 0:
+        return []
+    steps = np.array([len(p) for p in plan])
+    load = np.zeros(n)
+    members: list[list[int]] = [[] for _ in range(n)]
+    for j in np.argsort(-steps, kind="stable"):
+        g = int(np.argmin(load))
+        members[g].append(int(j))
+        load[g] += steps[j]
+    return [np.sort(np.asarray(g, dtype=np.int64)) for g in members if g]
 
 
 def draw_noise(template: Params, std: float, gen: torch.Generator) -> Params | None:

@@ -107,10 +107,12 @@ class TrainConfig:
     threads : int, default 2
         ``torch.set_num_threads`` during training (restored afterwards).
     parallel_chunks : bool, default False
-        Batched path with ``threads > 1``: train the client chunks concurrently, one chunk per
-        thread with one torch thread each (inter-op instead of intra-op parallelism; chunks of at
-        most ``ceil(sampled / threads)`` clients), instead of one chunk after another with
-        ``threads`` torch threads per operation. The updates are bit-for-bit the same.
+        Batched path with ``threads > 1``: train groups of clients concurrently, one group per
+        thread with one torch thread each (inter-op instead of intra-op parallelism), instead of
+        one chunk after another with ``threads`` torch threads per operation. The sampled clients
+        are split into ``threads * ceil(sampled / (threads * client_chunk))`` groups of nearly
+        equal work (local steps; greedy longest-first), so that the threads finish together
+        although clients hold different amounts of data. The updates are the same.
     """
 
     method: str = "pmtl"

@@ -53,6 +53,7 @@ from privmtl.federated.algorithms import (
     method_spec,
     noise_generator,
     pad_plan,
+    partition_plan,
     sampling_rng,
 )
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
@@ -294,33 +295,42 @@ def train(
                     starts = {n: p.index_select(0, sel) for n, p in personal.items()}
                 if step_fn is not None:
 
-                    def train_chunk(
-                        sl: slice, starts: Params = starts, anchor: Any = anchor, plan: Any = plan
+                    def train_group(
+                        pos: np.ndarray,
+                        starts: Params = starts,
+                        anchor: Any = anchor,
+                        plan: Any = plan,
                     ) -> tuple[Params, list]:
+                        idx = torch.from_numpy(pos)
                         return local_train_batched(
                             step_fn,
-                            {n: p[sl] for n, p in starts.items()},
+                            {n: p.index_select(0, idx) for n, p in starts.items()},
                             anchor,
                             spec.prox_weight,
                             config.lr,
                             x_all,
                             y_all,
-                            plan[sl],
+                            [plan[j] for j in pos],
                             config.batch_size,
                         )
 
-                    size = chunk
-                    if pool is not None:  # balance the chunks over the worker threads
-                        size = min(chunk, -(-len(sampled) // config.threads))
-                    slices = [slice(c, c + size) for c in range(0, len(sampled), size)]
-                    results = (
-                        list(pool.map(train_chunk, slices))
-                        if pool is not None
-                        else [train_chunk(sl) for sl in slices]
-                    )
+                    if pool is not None:  # groups of equal work, one per thread at a time
+                        groups = partition_plan(plan, config.threads, config.client_chunk)
+                        results = list(pool.map(train_group, groups))
+                    else:
+                        groups = [
+                            np.arange(c, min(c + chunk, len(sampled)))
+                            for c in range(0, len(sampled), chunk)
+                        ]
+                        results = [train_group(g) for g in groups]
+                    order = torch.from_numpy(np.argsort(np.concatenate(groups), kind="stable"))
                     for _, ls in results:
                         losses.extend(ls)
-                    news = {n: torch.cat([w[n] for w, _ in results]) for n in starts}
+                    losses = [losses[int(i)] for i in order]
+                    news = {
+                        n: torch.cat([w[n] for w, _ in results]).index_select(0, order)
+                        for n in starts
+                    }
                 else:
                     lst = [{n: p[j] for n, p in starts.items()} for j in range(len(sampled))]
                     outs, losses = local_train_reference(
