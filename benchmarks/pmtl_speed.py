@@ -98,6 +98,7 @@ def _config(
         progress=False,
         threads=threads,
         parallel_chunks=parallel,
+        client_chunk=args.client_chunk or None,
     )
 
 
@@ -197,6 +198,12 @@ def main() -> None:
         nargs="+",
         choices=["batched", "parallel", "reference", "ceiling"],
         default=["batched", "parallel", "reference", "ceiling"],
+    )
+    ap.add_argument(
+        "--client-chunk",
+        type=int,
+        default=8,
+        help="TrainConfig.client_chunk of the batched paths (0: all sampled clients at once)",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache-dir", default=None, help="LEAF cache folder (default: user cache)")

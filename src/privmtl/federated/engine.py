@@ -262,8 +262,12 @@ def train(
     if config.parallel_chunks and config.batched and config.threads > 1:
         from concurrent.futures import ThreadPoolExecutor
 
-        pool = ThreadPoolExecutor(max_workers=config.threads)  # torch ops release the GIL
         torch.set_num_threads(1)
+        # torch ops release the GIL; each worker pins its own OpenMP/MKL thread count to 1 too
+        # (thread-local settings that a new thread would otherwise take from the environment)
+        pool = ThreadPoolExecutor(
+            max_workers=config.threads, initializer=torch.set_num_threads, initargs=(1,)
+        )
     else:
         torch.set_num_threads(config.threads)
     was_training = model.training
