@@ -17,7 +17,9 @@ Each timed round is the second round of a fresh 2-round run (the first warms up)
 interleaved (batched, reference, ceiling, batched, ...) because on a shared machine the load drifts.
 Reported per (threads, K): median wall seconds per round, median CPU seconds per round (process
 time over all threads: robust to other jobs when threads=1), training examples per second
-(examples visited by local SGD in the round / wall seconds) and the speed-ups over the loop.
+(examples visited by local SGD in the round / wall seconds) and the speed-ups over the loop:
+the ratio of the medians, and the median (with min and max) of the per-repetition ratios, which
+pairs rounds run back to back and so cancels most of the drift of a shared machine.
 Output: a markdown table on stdout and, with --json, a JSON file.
 
 Example::
@@ -149,6 +151,12 @@ def ceiling_round(n_examples: float, k: int, threads: int, args: argparse.Namesp
     }
 
 
+def _paired_ratios(ref: list[float], other: list[float]) -> list[float]:
+    """Loop time / path time of each repetition (the paths of one repetition run back to back,
+    so the ratio cancels the load drift that the medians of each path keep)."""
+    return [a / b for a, b in zip(ref, other, strict=False)]
+
+
 def _summary(samples: list[dict]) -> dict:
     wall = [r["seconds"] for r in samples]
     cpu = [r["cpu_seconds"] for r in samples]
@@ -256,9 +264,9 @@ def main() -> None:
     )
     print(
         "| threads | clients/round | path | s/round (wall) | CPU s/round | train examples/s "
-        "| speed-up vs loop (wall) | (CPU) |"
+        "| speed-up vs loop (wall) | (CPU) | paired speed-up: median [min, max] |"
     )
-    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for out in rows:
         ref = out.get("reference")
         for path in ("batched", "parallel", "reference", "ceiling"):
@@ -269,18 +277,23 @@ def main() -> None:
             spc = (
                 f"{ref['cpu_seconds_per_round'] / r['cpu_seconds_per_round']:.2f}×" if ref else "–"
             )
+            paired = "–"
+            if ref and path != "reference":
+                ratios = _paired_ratios(ref["seconds_all"], r["seconds_all"])
+                paired = f"{statistics.median(ratios):.2f}× [{min(ratios):.2f}, {max(ratios):.2f}]"
+                r["paired_speedup"] = ratios
             label = {"parallel": "batched, chunks in parallel threads"}.get(path, path)
             if path == "ceiling":
                 label = f"ceiling (1 model, batch {r['batch']})"
             print(
                 f"| {out['threads']} | {out['clients_per_round']} | {label} | "
                 f"{r['seconds_per_round']:.2f} | {r['cpu_seconds_per_round']:.2f} | "
-                f"{r['examples_per_second']:.0f} | {sp} | {spc} |"
+                f"{r['examples_per_second']:.0f} | {sp} | {spc} | {paired} |"
             )
         acc = out["accounting"]["seconds_per_round"]
         print(
             f"| {out['threads']} | {out['clients_per_round']} | ledger.record (RDP, fixed-size) "
-            f"| {acc:.3f} | – | – | – | – |"
+            f"| {acc:.3f} | – | – | – | – | – |"
         )
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
