@@ -10,6 +10,7 @@ from privmtl.federated.clusters import ClusteredTrainResult, train_clusters
 from privmtl.federated.config import METHODS, TrainConfig, TrainResult
 from privmtl.federated.engine import train
 from privmtl.federated.finetune import FINETUNE_METHODS, finetune
+from privmtl.federated.finetune_selection import finetune_select
 from privmtl.federated.models import FemnistCNN, MultinomialLogReg, count_parameters
 from privmtl.federated.workshop import train_workshop
 
@@ -24,6 +25,7 @@ __all__ = [
     "config_for_epsilon",
     "count_parameters",
     "finetune",
+    "finetune_select",
     "train",
     "train_clusters",
     "train_joint_dp",

@@ -27,6 +27,7 @@ from privmtl.federated.config import TrainConfig
 __all__ = [
     "MethodSpec",
     "Params",
+    "client_scores",
     "clip_factors",
     "draw_noise",
     "draw_round_plan",
@@ -171,6 +172,39 @@ def clip_factors(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------- evaluation
 @torch.no_grad()
+@torch.no_grad()
+def client_scores(
+    model: nn.Module,
+    params: Params,
+    buffers: Params,
+    xs: list[torch.Tensor],
+    ys: list[torch.Tensor],
+    *,
+    chunk: int = 256,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-client number of correct predictions and summed cross-entropy of stacked models.
+
+    Client ``k`` is scored with its own slice ``params[name][k]`` on ``xs[k], ys[k]`` only.
+    Returns two float arrays of length ``len(ys)`` (zeros for clients without examples).
+    """
+    correct = np.zeros(len(ys))
+    losses = np.zeros(len(ys))
+    dtype = next(iter(params.values())).dtype
+    was_training = model.training
+    model.eval()
+    try:
+        for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            pk = {name: p[k] for name, p in params.items()}
+            for i in range(0, y.shape[0], chunk):
+                logits = functional_call(model, (pk, buffers), (x[i : i + chunk].to(dtype),))
+                yy = y[i : i + chunk]
+                correct[k] += float((logits.argmax(1) == yy).sum())
+                losses[k] += float(F.cross_entropy(logits, yy, reduction="sum"))
+    finally:
+        model.train(was_training)
+    return correct, losses
+
+
 def evaluate(
     model: nn.Module,
     params: Params,
@@ -197,16 +231,8 @@ def evaluate(
     model.eval()
     try:
         if personalized:
-            for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
-                if y.shape[0] == 0:
-                    continue
-                pk = {name: p[k] for name, p in params.items()}
-                for i in range(0, y.shape[0], chunk):
-                    xi = x[i : i + chunk].to(dtype)
-                    logits = functional_call(model, (pk, buffers), (xi,))
-                    yy = y[i : i + chunk]
-                    correct[k] += float((logits.argmax(1) == yy).sum())
-                    loss_sum += float(F.cross_entropy(logits, yy, reduction="sum"))
+            correct, losses = client_scores(model, params, buffers, xs, ys, chunk=chunk)
+            loss_sum = float(losses.sum())
         else:
             x_all, y_all = torch.cat(xs), torch.cat(ys)
             hits = torch.empty(y_all.shape[0], dtype=torch.bool)
