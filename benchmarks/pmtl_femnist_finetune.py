@@ -137,7 +137,7 @@ def run_one(ds: Any, seed: int, eps: float | None, method: str) -> list[dict[str
         )
         print(
             f"seed {seed} eps {eps} {method} + {objective}: {rows[-1]['test_accuracy']:.4f} "
-            f"(grid {['%.3f' % a for a in sel['grid_test_accuracy']]})",
+            f"(grid {[round(a, 3) for a in sel['grid_test_accuracy']]})",
             file=sys.stderr,
             flush=True,
         )
