@@ -118,3 +118,26 @@ def test_pmtl_sweep_selects_on_validation_and_writes_plots(capsys, tmp_path):
     )
     assert kept["lam"] == best["lam"] and kept["server_update"] == "offset"
     assert kept["epsilon"] == pytest.approx(2.0, rel=0.03)
+
+
+def test_pmtl_finetune_grid_is_chosen_per_client(capsys):
+    out = _json(
+        capsys,
+        ["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "3", "--finetune",
+         "mr", "--finetune-lrs", "0.01,0.1", "--finetune-lams", "0.1,1", "--json"],
+    )  # fmt: skip
+    sel = out["finetune_selection"]
+    assert sel["select"] == "client"
+    assert sel["grid"] == [[0.01, 0.1], [0.01, 1.0], [0.1, 0.1], [0.1, 1.0]]
+    assert sum(sel["choice_counts"]) == out["num_clients"]
+    assert out["finetune"] == "mr" and 0.0 <= out["test_accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--finetune-lrs", "0,0.1"), ("--finetune-lams", "-1"), ("--finetune-lrs", "a")],
+)
+def test_pmtl_finetune_grid_bad_input(capsys, flag, value):
+    code = main(["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", flag, value])
+    err = capsys.readouterr().err
+    assert code == 2 and flag in err and len(err.strip().splitlines()) == 1

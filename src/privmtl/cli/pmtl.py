@@ -59,6 +59,15 @@ def _human(out: dict[str, Any]) -> None:
     "--finetune", type=click.Choice(list(FINETUNE_METHODS)), default="none", show_default=True
 )
 @click.option(
+    "--finetune-lrs",
+    help="Comma-separated fine-tuning step sizes: every client picks one (and one of "
+    "--finetune-lams) on its own validation split; default: --lr only, no choice.",
+)
+@click.option(
+    "--finetune-lams",
+    help="Comma-separated penalty weights λ for mr/skl/ewc fine-tuning (see --finetune-lrs).",
+)
+@click.option(
     "--sampling", type=click.Choice(["poisson", "fixed"]), default="poisson", show_default=True
 )
 @click.option(
@@ -86,6 +95,20 @@ def pmtl(**kw: Any) -> None:
     """Private personalized federated learning (PMTL) and its baselines: one run."""
     as_json = kw.pop("as_json")
     quiet = kw.pop("quiet")
+    from privmtl.cli.mpmtl import _floats
+
+    for name, low in (("finetune_lrs", "> 0"), ("finetune_lams", ">= 0")):
+        flag = "--" + name.replace("_", "-")
+        if kw[name] is None:
+            continue
+        values = _floats(kw[name], flag)
+        bad = not values or any(v <= 0 if low == "> 0" else v < 0 for v in values)
+        if bad:
+            raise click.BadParameter(
+                f"must be one or more comma-separated numbers {low}; got {kw[name]!r}",
+                param_hint=flag,
+            )
+        kw[name] = values
     out = run_pmtl(**kw, show_progress=not quiet and not as_json)
     echo_json(out) if as_json else _human(out)
 

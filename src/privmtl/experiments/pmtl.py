@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,8 @@ def run_pmtl(
     finetune: str = "none",
     finetune_epochs: int = 1,
     extra_finetunes: tuple[str, ...] | list[str] = (),
+    finetune_lrs: Sequence[float] | None = None,
+    finetune_lams: Sequence[float] | None = None,
     seed: int = 0,
     sequential: bool = False,
     sampling: str = "poisson",
@@ -111,6 +114,10 @@ def run_pmtl(
     ``finetune`` replaces the reported accuracies by those after local fine-tuning (the CLI's
     ``--finetune``); ``extra_finetunes`` additionally scores each listed variant on the same trained
     run and stores them under ``finetune_results[name]`` (benchmarks compare variants this way).
+    ``finetune_lrs`` / ``finetune_lams`` turn fine-tuning into a per-client choice over that grid
+    of step sizes and penalty weights (default: ``[lr]`` / ``[lam]``), each client choosing on its
+    own validation split (:func:`~privmtl.federated.finetune_selection.finetune_select`; the
+    privacy guarantee is unchanged).
     """
     check_choice("method", method, FL_METHODS)
     check_choice("finetune", finetune, FINETUNE_METHODS)
@@ -185,15 +192,23 @@ def run_pmtl(
         result = train(ds, net, config)
     out = _result_dict(result, method=method, model=model, data=data, sigma=sigma, q=q, m=m)
     out["data_seconds"] = load_seconds
+    grid = None
+    if finetune_lrs is not None or finetune_lams is not None:
+        grid = (
+            [float(v) for v in (finetune_lrs if finetune_lrs is not None else [lr])],
+            [float(v) for v in (finetune_lams if finetune_lams is not None else [lam])],
+        )
     if extra_finetunes:
         # Several fine-tuning variants of the SAME trained run (post-processing, no privacy cost):
         # cheaper and a fairer comparison than one training run per variant.
         out["finetune_results"] = {
-            name: _finetune(result, ds, net, name, finetune_epochs, lr, batch_size, lam, seed)
+            name: _finetune(result, ds, net, name, finetune_epochs, lr, batch_size, lam, seed, grid)
             for name in extra_finetunes
         }
     if finetune != "none":
-        out.update(_finetune(result, ds, net, finetune, finetune_epochs, lr, batch_size, lam, seed))
+        out.update(
+            _finetune(result, ds, net, finetune, finetune_epochs, lr, batch_size, lam, seed, grid)
+        )
         if method == "joint-dp" and out["guarantee"]["private"]:
             # Each client's fine-tuned model reads its own data: what remains is joint DP.
             out["guarantee"]["notion"] = "JDP (billboard)"
@@ -283,23 +298,47 @@ def _finetune(
     batch_size: int,
     lam: float,
     seed: int,
+    grid: tuple[list[float], list[float]] | None = None,
 ) -> dict[str, Any]:
     from privmtl.federated.finetune import finetune
+    from privmtl.federated.finetune_selection import finetune_select
 
     start = "personalized" if result.personalized_params is not None else "global"
-    _, acc = finetune(
-        result,
-        ds,
-        net,
-        method=method,
-        start=start,
-        epochs=epochs,
-        lr=lr,
-        batch_size=batch_size,
-        lam=lam,
-        seed=seed,
-    )
+    extra: dict[str, Any] = {}
+    if grid is not None:
+        _, acc, sel = finetune_select(
+            result,
+            ds,
+            net,
+            method=method,
+            lrs=grid[0],
+            lams=grid[1],
+            start=start,
+            epochs=epochs,
+            batch_size=batch_size,
+            seed=seed,
+        )
+        extra["finetune_selection"] = {
+            "select": sel["select"],
+            "grid": sel["grid"],
+            "choice_counts": [sel["choice"].count(g) for g in range(len(sel["grid"]))],
+            "note": "each client chose (lr, lam) on its own validation split: no privacy cost",
+        }
+    else:
+        _, acc = finetune(
+            result,
+            ds,
+            net,
+            method=method,
+            start=start,
+            epochs=epochs,
+            lr=lr,
+            batch_size=batch_size,
+            lam=lam,
+            seed=seed,
+        )
     return {
+        **extra,
         "finetune": method,
         "finetune_start": start,
         "pre_finetune_test_accuracy": float(result.test_accuracy),
