@@ -6,7 +6,13 @@ message and exit code 2 without hiding genuine bugs (which are not subclasses).
 
 from __future__ import annotations
 
-__all__ = ["DataFormatError", "InvalidParameterError", "PrivacyBudgetError", "PrivmtlError"]
+__all__ = [
+    "DataFormatError",
+    "InvalidParameterError",
+    "PrivacyBudgetError",
+    "PrivmtlError",
+    "PrivmtlWarning",
+]
 
 
 class PrivmtlError(Exception):
@@ -23,3 +29,7 @@ class DataFormatError(PrivmtlError, ValueError):
 
 class PrivacyBudgetError(PrivmtlError, RuntimeError):
     """An operation would exceed, or cannot be accounted within, the privacy budget."""
+
+
+class PrivmtlWarning(UserWarning):
+    """A valid but risky setting (the CLI prints it as one ``privmtl: warning:`` line)."""

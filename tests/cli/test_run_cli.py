@@ -141,3 +141,13 @@ def test_pmtl_finetune_grid_bad_input(capsys, flag, value):
     code = main(["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", flag, value])
     err = capsys.readouterr().err
     assert code == 2 and flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_risky_setting_is_one_warning_line_and_json_stays_clean(capsys):
+    code = main(["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", "--json"])
+    cap = capsys.readouterr()
+    assert code == 0
+    json.loads(cap.out)  # stdout is exactly the JSON object
+    lines = [ln for ln in cap.err.splitlines() if ln.startswith("privmtl: warning:")]
+    assert len(lines) == 1 and "server_update='offset'" in lines[0]
+    assert "Traceback" not in cap.err and "UserWarning" not in cap.err

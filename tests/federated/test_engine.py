@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -706,3 +707,17 @@ def test_server_update_offset_is_mean_of_sampled_models(tabular: FederatedDatase
         torch.testing.assert_close(res.global_params[n], p[last].mean(0), rtol=1e-5, atol=1e-6)
     delta = train(tabular, model, TrainConfig(**{**cfg.to_dict(), "server_update": "delta"}))
     assert _max_diff(delta.global_params, res.global_params) > 1e-3
+
+
+def test_delta_message_under_partial_participation_warns(tabular: FederatedDataset) -> None:
+    from privmtl.exceptions import PrivmtlWarning
+
+    model = MultinomialLogReg(tabular.train_x[0].shape[1], tabular.n_classes)
+    kw = {**FAST, "rounds": 1, "clients_per_round": 2}
+    with pytest.warns(PrivmtlWarning, match="server_update='delta'.*m/q"):
+        train(tabular, model, TrainConfig(**kw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrivmtlWarning)
+        train(tabular, model, TrainConfig(server_update="offset", **kw))
+        train(tabular, model, TrainConfig(sampling="all", **{**kw, "clients_per_round": 1}))
+        train(tabular, model, TrainConfig(method="fedavg", **kw))

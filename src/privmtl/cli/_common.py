@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,13 +16,29 @@ from typing import Any
 import click
 import numpy as np
 
-from privmtl.exceptions import PrivmtlError
+from privmtl.exceptions import PrivmtlError, PrivmtlWarning
 
 __all__ = ["atomic_output_dir", "echo_json", "run_cli", "to_jsonable", "write_json_atomic"]
+
+_default_showwarning = warnings.showwarning
 
 
 def run_cli(group: click.Group, argv: list[str]) -> int:
     """Run ``group`` and turn user errors into one line on stderr with exit code 2."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("once", PrivmtlWarning)  # repeated runs (sweeps): say it once
+        warnings.showwarning = _show_warning
+        return _run(group, argv)
+
+
+def _show_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+    if issubclass(category, PrivmtlWarning):
+        click.echo(f"privmtl: warning: {_one_line(str(message))}", err=True)
+    else:
+        _default_showwarning(message, category, *args, **kwargs)
+
+
+def _run(group: click.Group, argv: list[str]) -> int:
     try:
         group.main(args=argv, prog_name="privmtl", standalone_mode=False)
     except click.exceptions.Exit as exc:  # --help, --version

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -43,7 +44,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from tqdm.auto import tqdm
 
 from privmtl.data.federated import FederatedDataset
-from privmtl.exceptions import InvalidParameterError
+from privmtl.exceptions import InvalidParameterError, PrivmtlWarning
 from privmtl.federated.algorithms import (
     Params,
     clip_factors,
@@ -233,6 +234,15 @@ def train(
             f"The 'clients_per_round' parameter must be <= the number of clients ({m}); got {q}."
         )
     spec = method_spec(config)
+    if config.method == "pmtl" and config.server_update == "delta" and q < m:
+        warnings.warn(
+            f"server_update='delta' (Algorithm 1 as printed) with partial participation (q={q} "
+            f"of m={m} clients per round) moves the billboard m/q = {m / q:.3g} times faster than "
+            "the mean of the personalized models and can diverge; server_update='offset' (the "
+            "authors' code) has the same privacy guarantee.",
+            PrivmtlWarning,
+            stacklevel=2,
+        )
     delta = config.delta if config.delta is not None else 1.0 / m
     sampler = _resolve_sampler(config, m, q, sampler)
     ledger = _resolve_ledger(config, delta, ledger)
