@@ -133,10 +133,11 @@ def partition_plan(
     """Split the clients of a round plan into groups of nearly equal work (number of steps).
 
     Greedy longest-processing-time scheduling: clients in decreasing order of steps, each to the
-    group with the least work so far. The number of groups is ``n_groups`` times the fewest rounds
-    of ``n_groups`` groups of at most ``max_group`` clients, so that ``n_groups`` workers taking
-    the groups in order get nearly equal work. Returns the client positions (into ``plan``) of
-    every non-empty group, each in increasing order.
+    group with the least work so far. There are ``n_groups * ceil(K / (n_groups * max_group))``
+    groups (``K`` clients), i.e. ``max_group`` clients per group on average (a group may hold more
+    clients with little work each), so that ``n_groups`` workers taking the groups in order get
+    nearly equal work. Returns the client positions (into ``plan``) of every non-empty group, each
+    in increasing order.
     """
     k = len(plan)
     per_worker = 1 if max_group is None else max(1, -(-k // (n_groups * max_group)))
