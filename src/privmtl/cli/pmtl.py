@@ -97,15 +97,15 @@ def pmtl(**kw: Any) -> None:
     quiet = kw.pop("quiet")
     from privmtl.cli.mpmtl import _floats
 
-    for name, low in (("finetune_lrs", "> 0"), ("finetune_lams", ">= 0")):
-        flag = "--" + name.replace("_", "-")
+    for name, positive in (("finetune_lrs", True), ("finetune_lams", False)):
         if kw[name] is None:
             continue
+        flag = "--" + name.replace("_", "-")
         values = _floats(kw[name], flag)
-        bad = not values or any(v <= 0 if low == "> 0" else v < 0 for v in values)
-        if bad:
+        if not values or any(v <= 0 if positive else v < 0 for v in values):
             raise click.BadParameter(
-                f"must be one or more comma-separated numbers {low}; got {kw[name]!r}",
+                f"must be one or more comma-separated numbers {'> 0' if positive else '>= 0'}; "
+                f"got {kw[name]!r}",
                 param_hint=flag,
             )
         kw[name] = values

@@ -173,7 +173,6 @@ def clip_factors(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-@torch.no_grad()
 def client_scores(
     model: nn.Module,
     params: Params,
@@ -206,6 +205,7 @@ def client_scores(
     return correct, losses
 
 
+@torch.no_grad()
 def evaluate(
     model: nn.Module,
     params: Params,
