@@ -8,7 +8,6 @@ planning object (sampler + :class:`PrivacyLedger`, or :class:`CovarianceSchedule
 from __future__ import annotations
 
 from privmtl.privacy.accounting import (
-    PrivacyLedger,
     adapt_event,
     calibrate_noise_multiplier,
     compute_epsilon,
@@ -36,6 +35,7 @@ from privmtl.privacy.covariance import (
     wishart_real_delta,
 )
 from privmtl.privacy.guarantee import ACCOUNTANTS, RELATIONS, SAMPLINGS, PrivacyGuarantee
+from privmtl.privacy.ledger import PrivacyLedger, reaccount
 from privmtl.privacy.mechanisms import (
     clip_columns,
     clip_rows,
@@ -43,6 +43,14 @@ from privmtl.privacy.mechanisms import (
     wishart_noise,
     wishart_support_mismatch,
 )
+from privmtl.privacy.noise import (
+    NOISE_SOURCES,
+    NoiseSource,
+    SecureNoise,
+    SeededNoise,
+    make_noise_source,
+)
+from privmtl.privacy.release import GaussianMeanRelease, Release
 from privmtl.privacy.sampling import (
     ClientSampler,
     FixedSizeSampler,
@@ -53,15 +61,21 @@ from privmtl.privacy.sampling import (
 
 __all__ = [
     "ACCOUNTANTS",
+    "NOISE_SOURCES",
     "RELATIONS",
     "SAMPLINGS",
     "ClientSampler",
     "CovarianceSchedule",
     "FixedSizeSampler",
     "FullParticipation",
+    "GaussianMeanRelease",
+    "NoiseSource",
     "PoissonSampler",
     "PrivacyGuarantee",
     "PrivacyLedger",
+    "Release",
+    "SecureNoise",
+    "SeededNoise",
     "adapt_event",
     "allocate_budgets",
     "allocation_weights",
@@ -75,12 +89,14 @@ __all__ = [
     "event_to_dict",
     "ip_to_mp",
     "make_accountant",
+    "make_noise_source",
     "make_sampler",
     "mp_budget_for_ip",
     "plan_covariance_releases",
     "pmtl_theorem1_epsilon",
     "pmtl_theorem1_noise_std",
     "pmtl_theorem1_valid",
+    "reaccount",
     "symmetric_gaussian_noise",
     "wishart_noise",
     "wishart_real_delta",

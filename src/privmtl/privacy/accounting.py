@@ -21,7 +21,6 @@ supported alternative — never a silent, wrong ε.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +34,6 @@ from privmtl.privacy.guarantee import RELATIONS
 
 __all__ = [
     "TIGHT_ACCOUNTANTS",
-    "PrivacyLedger",
     "adapt_event",
     "calibrate_noise_multiplier",
     "compute_epsilon",
@@ -300,110 +298,10 @@ def event_from_dict(data: dict[str, Any]) -> dpe.DpEvent:
     raise InvalidParameterError(f"Unknown privacy event type in ledger: {kind!r}.")
 
 
-class PrivacyLedger:
-    """Records every privatized release and keeps the running (ε at fixed δ).
+def __getattr__(name: str) -> Any:
+    # PrivacyLedger lives in privmtl.privacy.ledger (it imports this module)
+    if name == "PrivacyLedger":
+        from privmtl.privacy.ledger import PrivacyLedger
 
-    Parameters
-    ----------
-    delta : float
-        δ at which ε is reported.
-    accountant : {"rdp", "pld"}
-    relation : {"add-remove", "replace-one"}
-    budget : float or None
-        If given, :meth:`check` raises :class:`PrivacyBudgetError` *before* a release whose event
-        would take ε above the budget; :meth:`record` checks too.
-
-    Notes
-    -----
-    ``to_dict``/``from_dict`` round-trip through JSON, so a training run can checkpoint its ledger and
-    resume with the exact same accounting state.
-    """
-
-    def __init__(
-        self,
-        *,
-        delta: float,
-        accountant: str = "rdp",
-        relation: str = "add-remove",
-        budget: float | None = None,
-    ) -> None:
-        _check(accountant, relation)
-        self.delta = check_real("delta", delta, low=0.0, high=1.0, closed="neither")
-        self.accountant = accountant
-        self.relation = relation
-        self.budget = (
-            None if budget is None else check_real("budget", budget, low=0.0, closed="neither")
-        )
-        self._acc = make_accountant(accountant, relation)
-        self.records: list[dict[str, Any]] = []
-        self.history: list[float] = []
-
-    def _composed_epsilon(self, acc: Any) -> float:
-        eps = float(acc.get_epsilon(self.delta))
-        return eps if math.isfinite(eps) else math.inf
-
-    def epsilon_if(self, event: dpe.DpEvent) -> float:
-        """ε the ledger would report after also recording ``event``."""
-        acc = copy.deepcopy(self._acc)
-        acc.compose(adapt_event(event, accountant=self.accountant, relation=self.relation))
-        return self._composed_epsilon(acc)
-
-    def check(self, event: dpe.DpEvent) -> float:
-        """Raise :class:`PrivacyBudgetError` if recording ``event`` would exceed the budget.
-
-        Returns the ε after the event.
-        """
-        eps = self.epsilon_if(event)
-        if self.budget is not None and eps > self.budget:
-            raise PrivacyBudgetError(
-                f"Release refused: it would take epsilon from {self.epsilon():.4g} to {eps:.4g}, "
-                f"above the budget {self.budget:.4g} (delta={self.delta:g}, "
-                f"{self.accountant}, {self.relation})."
-            )
-        return eps
-
-    def record(self, event: dpe.DpEvent, *, round: int | None = None) -> float:
-        """Compose ``event`` (after :meth:`check`) and return the new ε."""
-        adapted = adapt_event(event, accountant=self.accountant, relation=self.relation)
-        if self.budget is not None:
-            self.check(event)
-        self._acc.compose(adapted)
-        eps = self._composed_epsilon(self._acc)
-        self.records.append({"round": round, "event": event_to_dict(event)})
-        self.history.append(eps)
-        return eps
-
-    def epsilon(self) -> float:
-        """Current ε at ``delta`` (0 before any release)."""
-        if not self.records:
-            return 0.0
-        return self.history[-1]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready state."""
-        return {
-            "delta": self.delta,
-            "accountant": self.accountant,
-            "relation": self.relation,
-            "budget": self.budget,
-            "records": list(self.records),
-            "history": [e if math.isfinite(e) else None for e in self.history],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PrivacyLedger:
-        """Rebuild a ledger (re-composing every recorded event) from :meth:`to_dict` output."""
-        ledger = cls(
-            delta=data["delta"],
-            accountant=data["accountant"],
-            relation=data["relation"],
-            budget=data.get("budget"),
-        )
-        for rec in data["records"]:
-            event = event_from_dict(rec["event"])
-            ledger._acc.compose(
-                adapt_event(event, accountant=ledger.accountant, relation=ledger.relation)
-            )
-            ledger.records.append(dict(rec))
-        ledger.history = [math.inf if e is None else float(e) for e in data.get("history", [])]
-        return ledger
+        return PrivacyLedger
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,177 @@
+"""Atomic checkpoints of a run's state, refused when they do not belong to the run resuming them.
+
+A checkpoint directory holds
+
+* ``state.pt`` — ``torch.save`` of the run's state: nested dicts/lists of tensors and JSON scalars
+  (curator and client states, generator states in seeded mode);
+* ``manifest.json`` — format name and version, the kind of run, its configuration and the
+  configuration's fingerprint, the step (round or iteration) reached, the noise source, and the
+  SHA-256 of ``state.pt``;
+* ``ledger.jsonl`` — the run's durable privacy ledger (:mod:`privmtl.privacy.ledger`), appended to
+  by the curator before every release and never rewritten by a checkpoint.
+
+:func:`save_checkpoint` writes the state to a temporary file, ``fsync``\\ s it, renames it over
+``state.pt``, then does the same for the manifest (which names the state's hash), then syncs the
+directory. A process killed at any instant leaves either the previous checkpoint or the new one;
+a state file that does not match its manifest is reported as corrupt, never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privmtl.exceptions import PrivmtlError
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "config_fingerprint",
+    "has_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+FORMAT = "privmtl-checkpoint"
+FORMAT_VERSION = 1
+_STATE = "state.pt"
+_MANIFEST = "manifest.json"
+
+
+class CheckpointError(PrivmtlError):
+    """A checkpoint is missing, corrupt, of another format, or from another configuration."""
+
+
+def _canonical(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, default=str, separators=(",", ":"))
+
+
+def config_fingerprint(config: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of a configuration."""
+    return hashlib.sha256(_canonical(config).encode()).hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def has_checkpoint(directory: str | os.PathLike[str]) -> bool:
+    """True when ``directory`` holds a checkpoint manifest."""
+    return (Path(directory) / _MANIFEST).is_file()
+
+
+def save_checkpoint(
+    directory: str | os.PathLike[str],
+    *,
+    kind: str,
+    config: dict[str, Any],
+    state: dict[str, Any],
+    step: int,
+    noise_source: str,
+) -> None:
+    """Write ``state`` atomically as the checkpoint of a ``kind`` run at ``step`` (module doc)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    _write_atomic(d / _STATE, data)
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "kind": kind,
+        "step": int(step),
+        "noise_source": noise_source,
+        "config": json.loads(_canonical(config)),
+        "config_fingerprint": config_fingerprint(config),
+        "state_sha256": hashlib.sha256(data).hexdigest(),
+    }
+    _write_atomic(d / _MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    _fsync_dir(d)
+
+
+def _differing_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    keys = sorted(set(saved) | set(current))
+    return [k for k in keys if _canonical({"v": saved.get(k)}) != _canonical({"v": current.get(k)})]
+
+
+def load_checkpoint(
+    directory: str | os.PathLike[str], *, kind: str, config: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(state, manifest)`` of the checkpoint in ``directory``, after checking that it is ours.
+
+    Raises :class:`CheckpointError` (one line naming what differs) for a missing or unreadable
+    manifest, another format or version, another kind of run, another configuration (the first
+    differing keys and their two values), or a state file whose hash does not match.
+    """
+    d = Path(directory)
+    mpath = d / _MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(f"No checkpoint in {d} (no {_MANIFEST}).")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"The checkpoint manifest {mpath} is unreadable: {exc}.") from None
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{mpath} is not a privmtl checkpoint (format {manifest.get('format')!r})."
+        )
+    if manifest.get("version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"The checkpoint in {d} has format version {manifest.get('version')!r}; this privmtl "
+            f"reads version {FORMAT_VERSION}."
+        )
+    if manifest.get("kind") != kind:
+        raise CheckpointError(
+            f"The checkpoint in {d} is of a {manifest.get('kind')!r} run, not {kind!r}."
+        )
+    if manifest.get("config_fingerprint") != config_fingerprint(config):
+        saved = manifest.get("config", {})
+        current = json.loads(_canonical(config))
+        diff = _differing_keys(saved, current)
+        shown = "; ".join(
+            f"{k}: {saved.get(k)!r} (checkpoint) vs {current.get(k)!r} (now)" for k in diff[:3]
+        )
+        raise CheckpointError(
+            f"The checkpoint in {d} is from another configuration: {shown or 'fingerprint differs'}."
+        )
+    spath = d / _STATE
+    try:
+        data = spath.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"The checkpoint state {spath} is unreadable: {exc}.") from None
+    if hashlib.sha256(data).hexdigest() != manifest.get("state_sha256"):
+        raise CheckpointError(f"The checkpoint state {spath} is corrupt (its hash does not match).")
+    try:
+        state = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"The checkpoint state {spath} cannot be loaded: {exc}.") from None
+    return state, manifest

@@ -1,0 +1,375 @@
+r"""The privacy ledger: every release a curator makes, recorded before it leaves, re-accountable later.
+
+A :class:`PrivacyLedger` composes the dp-accounting events of the releases of one run (RDP or
+PLD, at a fixed δ, under one neighbouring relation) and can refuse a release that would exceed a
+budget. With a ``path`` it is also *durable*: each :meth:`PrivacyLedger.record` appends one JSON
+line to the file and ``fsync``\ s it before returning, and a curator lets a release leave only
+after ``record`` returned (write-ahead). Whatever happens to the process afterwards — a crash, a
+``SIGKILL`` between the record and the release — the file never says less than what was released.
+A torn last line (the process died *inside* ``record``) belongs to a release that never left and is
+dropped when the file is opened again.
+
+File format (JSON Lines, ``privmtl-ledger`` version 1): the first line is a header
+``{"format", "version", "delta", "accountant", "relation", "budget"}``; every other line is one
+release::
+
+    {"index": 0, "release_id": "round:0", "round": 0, "mechanism": "gaussian-mean",
+     "params": {...}, "sampling": "poisson", "relation": "add-remove", "accountant": "rdp",
+     "delta": 0.0095, "event": {...serialized DpEvent...}, "epsilon": 0.123}
+
+``epsilon`` is the ledger's ε after that release (its own accountant and δ); :func:`reaccount`
+recomposes the events of a file with any accountant and δ (``privmtl ledger PATH``).
+
+Replays. A run resumed from a checkpoint repeats the releases made after that checkpoint. With
+seeded noise the repeated release is bit-identical to the first one (a deterministic function of
+the checkpointed state), so recording it again with ``replay_ok=True`` returns the recorded ε
+without charging it twice. With secure noise a repeat is a *new* release (fresh noise) and is
+charged again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from dp_accounting import dp_event as dpe
+
+from privmtl._validation import check_real
+from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
+from privmtl.privacy.accounting import (
+    TIGHT_ACCOUNTANTS,
+    _check,
+    adapt_event,
+    event_from_dict,
+    event_to_dict,
+    make_accountant,
+)
+
+__all__ = ["LEDGER_FORMAT", "LEDGER_VERSION", "PrivacyLedger", "reaccount", "read_ledger"]
+
+LEDGER_FORMAT = "privmtl-ledger"
+LEDGER_VERSION = 1
+
+
+def _sampling_of(event: dpe.DpEvent) -> str:
+    if isinstance(event, dpe.PoissonSampledDpEvent):
+        return "poisson"
+    if isinstance(event, dpe.SampledWithoutReplacementDpEvent):
+        return "fixed"
+    if isinstance(event, dpe.SelfComposedDpEvent):
+        return _sampling_of(event.event)
+    return "all"
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class PrivacyLedger:
+    """Records every privatized release and keeps the running ε at a fixed δ.
+
+    Parameters
+    ----------
+    delta : float
+        δ at which ε is reported.
+    accountant : {"rdp", "pld"}
+    relation : {"add-remove", "replace-one"}
+    budget : float or None
+        If given, :meth:`check` raises :class:`PrivacyBudgetError` *before* a release whose event
+        would take ε above the budget (and :meth:`record` checks too); :meth:`would_exceed` asks
+        without raising.
+    path : str or Path, optional
+        Durable ledger file (module docstring). Use :meth:`open` to continue an existing file.
+
+    Notes
+    -----
+    ``to_dict``/``from_dict`` round-trip through JSON as well.
+    """
+
+    def __init__(
+        self,
+        *,
+        delta: float,
+        accountant: str = "rdp",
+        relation: str = "add-remove",
+        budget: float | None = None,
+        path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        _check(accountant, relation)
+        self.delta = check_real("delta", delta, low=0.0, high=1.0, closed="neither")
+        self.accountant = accountant
+        self.relation = relation
+        self.budget = (
+            None if budget is None else check_real("budget", budget, low=0.0, closed="neither")
+        )
+        self._acc = make_accountant(accountant, relation)
+        self.records: list[dict[str, Any]] = []
+        self.history: list[float] = []
+        self.path: Path | None = None
+        if path is not None:
+            self.path = Path(path)
+            if self.path.exists() and self.path.stat().st_size > 0:
+                raise InvalidParameterError(
+                    f"The ledger file {self.path} exists already; continue it with "
+                    "PrivacyLedger.open(...) (resume) or choose a new path."
+                )
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._append(self._header())
+
+    # ------------------------------------------------------------------------------- file
+    def _header(self) -> dict[str, Any]:
+        return {
+            "format": LEDGER_FORMAT,
+            "version": LEDGER_VERSION,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "relation": self.relation,
+            "budget": self.budget,
+        }
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        assert self.path is not None
+        line = json.dumps(entry, sort_keys=True) + "\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        delta: float,
+        accountant: str = "rdp",
+        relation: str = "add-remove",
+        budget: float | None = None,
+    ) -> PrivacyLedger:
+        """Create the durable ledger at ``path``, or continue the one there.
+
+        An existing file must have been written with the same accountant, relation and δ;
+        otherwise :class:`InvalidParameterError` names what differs. Its releases are composed
+        again, so the ledger resumes with every release it ever recorded.
+        """
+        p = Path(path)
+        if not p.exists() or p.stat().st_size == 0:
+            return cls(delta=delta, accountant=accountant, relation=relation, budget=budget, path=p)
+        header, entries = read_ledger(p, repair=True)
+        wanted = {"accountant": accountant, "relation": relation, "delta": float(delta)}
+        for key, value in wanted.items():
+            if header.get(key) != value:
+                raise InvalidParameterError(
+                    f"The ledger {p} was written with {key}={header.get(key)!r}; this run has "
+                    f"{key}={value!r}. Resume with the same settings or use a new directory."
+                )
+        ledger = cls(delta=delta, accountant=accountant, relation=relation, budget=budget)
+        for entry in entries:
+            event = event_from_dict(entry["event"])
+            ledger._acc.compose(adapt_event(event, accountant=accountant, relation=relation))
+            ledger.records.append(entry)
+            ledger.history.append(ledger._composed_epsilon(ledger._acc))
+        ledger.path = p
+        return ledger
+
+    # ------------------------------------------------------------------------------- accounting
+    def _composed_epsilon(self, acc: Any) -> float:
+        eps = float(acc.get_epsilon(self.delta))
+        return eps if math.isfinite(eps) else math.inf
+
+    def epsilon_if(self, event: dpe.DpEvent) -> float:
+        """ε the ledger would report after also recording ``event``."""
+        acc = copy.deepcopy(self._acc)
+        acc.compose(adapt_event(event, accountant=self.accountant, relation=self.relation))
+        return self._composed_epsilon(acc)
+
+    def would_exceed(self, event: dpe.DpEvent) -> bool:
+        """True when a budget is set and recording ``event`` would take ε above it."""
+        return self.budget is not None and self.epsilon_if(event) > self.budget
+
+    def check(self, event: dpe.DpEvent) -> float:
+        """Raise :class:`PrivacyBudgetError` if recording ``event`` would exceed the budget.
+
+        Returns the ε after the event.
+        """
+        eps = self.epsilon_if(event)
+        if self.budget is not None and eps > self.budget:
+            raise PrivacyBudgetError(
+                f"Release refused: it would take epsilon from {self.epsilon():.4g} to {eps:.4g}, "
+                f"above the budget {self.budget:.4g} (delta={self.delta:g}, "
+                f"{self.accountant}, {self.relation})."
+            )
+        return eps
+
+    def has_release(self, release_id: str) -> bool:
+        """True when a release with this id was recorded."""
+        return any(r.get("release_id") == release_id for r in self.records)
+
+    def record(
+        self,
+        event: dpe.DpEvent,
+        *,
+        round: int | None = None,
+        mechanism: str | None = None,
+        params: dict[str, Any] | None = None,
+        release_id: str | None = None,
+        replay_ok: bool = False,
+    ) -> float:
+        """Compose ``event`` (after :meth:`check`), persist it, and return the new ε.
+
+        With a durable file the entry is on disk (``fsync``) when this returns: only then may the
+        release leave the curator. ``replay_ok=True`` with a ``release_id`` that was recorded
+        before returns that release's ε without composing it again (a bit-identical seeded
+        replay after resume; the events must match).
+        """
+        if replay_ok and release_id is not None:
+            for i, rec in enumerate(self.records):
+                if rec.get("release_id") == release_id:
+                    if rec["event"] != event_to_dict(event):
+                        raise InvalidParameterError(
+                            f"Release {release_id!r} was recorded with another event; a seeded "
+                            "replay must repeat the same release."
+                        )
+                    return self.history[i]
+        adapted = adapt_event(event, accountant=self.accountant, relation=self.relation)
+        if self.budget is not None:
+            self.check(event)
+        acc = copy.deepcopy(self._acc) if self.path is not None else self._acc
+        acc.compose(adapted)
+        eps = self._composed_epsilon(acc)
+        entry = {
+            "index": len(self.records),
+            "release_id": release_id,
+            "round": round,
+            "mechanism": mechanism,
+            "params": params or {},
+            "sampling": _sampling_of(event),
+            "relation": self.relation,
+            "accountant": self.accountant,
+            "delta": self.delta,
+            "event": event_to_dict(event),
+            "epsilon": _finite(eps),
+        }
+        if self.path is not None:
+            self._append(entry)  # write-ahead: on disk before the release can leave
+            self._acc = acc
+        self.records.append(entry)
+        self.history.append(eps)
+        return eps
+
+    def epsilon(self) -> float:
+        """Current ε at ``delta`` (0 before any release)."""
+        if not self.records:
+            return 0.0
+        return self.history[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready state."""
+        return {
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "relation": self.relation,
+            "budget": self.budget,
+            "records": list(self.records),
+            "history": [_finite(e) for e in self.history],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyLedger:
+        """Rebuild a ledger (re-composing every recorded event) from :meth:`to_dict` output."""
+        ledger = cls(
+            delta=data["delta"],
+            accountant=data["accountant"],
+            relation=data["relation"],
+            budget=data.get("budget"),
+        )
+        for rec in data["records"]:
+            event = event_from_dict(rec["event"])
+            ledger._acc.compose(
+                adapt_event(event, accountant=ledger.accountant, relation=ledger.relation)
+            )
+            ledger.records.append(dict(rec))
+        ledger.history = [math.inf if e is None else float(e) for e in data.get("history", [])]
+        return ledger
+
+
+def read_ledger(
+    path: str | os.PathLike[str], *, repair: bool = False
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Header and entries of a ledger file.
+
+    A torn last line (a process killed inside :meth:`PrivacyLedger.record`, before the release
+    could leave) is skipped, and with ``repair=True`` cut from the file so that appends continue
+    on a clean line. Anything else malformed raises :class:`InvalidParameterError`.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "ledger.jsonl"
+    if not p.is_file():
+        raise InvalidParameterError(f"No ledger file at {p}.")
+    raw = p.read_bytes()
+    lines = raw.split(b"\n")
+    complete, tail = lines[:-1], lines[-1]
+    if tail.strip():  # torn last line: no newline, so record() never returned
+        if repair:
+            with open(p, "r+b") as fh:
+                fh.truncate(len(raw) - len(tail))
+                fh.flush()
+                os.fsync(fh.fileno())
+    parsed = []
+    for i, line in enumerate(complete):
+        if not line.strip():
+            continue
+        try:
+            parsed.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise InvalidParameterError(f"The ledger {p} is corrupt at line {i + 1}.") from None
+    if not parsed or parsed[0].get("format") != LEDGER_FORMAT:
+        raise InvalidParameterError(f"{p} is not a privmtl ledger (no '{LEDGER_FORMAT}' header).")
+    header = parsed[0]
+    if header.get("version") != LEDGER_VERSION:
+        raise InvalidParameterError(
+            f"The ledger {p} has format version {header.get('version')!r}; this privmtl reads "
+            f"version {LEDGER_VERSION}."
+        )
+    return header, parsed[1:]
+
+
+def reaccount(
+    path: str | os.PathLike[str], *, accountant: str | None = None, delta: float | None = None
+) -> dict[str, Any]:
+    """Compose the events of a ledger file again with ``accountant`` at ``delta``.
+
+    Defaults are the file's own. Returns ``epsilon``, ``delta``, ``accountant``, ``relation``,
+    ``releases`` (count), ``per_release`` (ε after each release), ``recorded_epsilon`` (what the
+    run itself reported after its last release) and the ``mechanisms`` seen.
+    """
+    header, entries = read_ledger(path)
+    acc_name = header["accountant"] if accountant is None else accountant
+    if acc_name not in TIGHT_ACCOUNTANTS:
+        raise InvalidParameterError(
+            f"The 'accountant' parameter must be one of {TIGHT_ACCOUNTANTS}; got {acc_name!r}."
+        )
+    dlt = header["delta"] if delta is None else check_real("delta", delta, low=0.0, high=1.0)
+    relation = header["relation"]
+    ledger = PrivacyLedger(delta=dlt, accountant=acc_name, relation=relation)
+    per_release = []
+    for entry in entries:
+        per_release.append(ledger.record(event_from_dict(entry["event"])))
+    eps = ledger.epsilon()
+    return {
+        "epsilon": _finite(eps),
+        "delta": dlt,
+        "accountant": acc_name,
+        "relation": relation,
+        "releases": len(entries),
+        "per_release": [_finite(e) for e in per_release],
+        "recorded_epsilon": entries[-1].get("epsilon") if entries else 0.0,
+        "recorded_accountant": header["accountant"],
+        "mechanisms": sorted({str(e.get("mechanism")) for e in entries}),
+    }
