@@ -59,7 +59,7 @@ def test_mpmtl_table_with_nan_is_refused(capsys, tmp_path):
 
 def test_pmtl_json_contract_and_sequential_path(capsys):
     args = ["pmtl", "--data", "synthetic", "--model", "logreg", "--method", "pmtl", "--epsilon", "2",
-            "--rounds", "3", "--clients-per-round", "5", "--json"]  # fmt: skip
+            "--rounds", "3", "--clients-per-round", "5", "--reproducible-noise", "--json"]  # fmt: skip
     batched = _json(capsys, args)
     for key in PMTL_KEYS:
         assert key in batched

@@ -5,7 +5,14 @@ import pytest
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import run_pmtl
 
-KW = {"data": "synthetic", "rounds": 3, "epsilon": 2.0, "show_progress": False, "threads": 1}
+KW = {
+    "data": "synthetic",
+    "rounds": 3,
+    "epsilon": 2.0,
+    "show_progress": False,
+    "threads": 1,
+    "noise_source": "seeded",
+}
 
 
 def test_extra_finetunes_score_the_same_run_as_finetune():

@@ -28,7 +28,7 @@ def data() -> FederatedDataset:
 def _cfg(**kw) -> TrainConfig:
     base = dict(
         rounds=4, clients_per_round=6, sampling="poisson", clip=0.5, lr=0.1, batch_size=10,
-        lam=0.1, noise_std=0.05, progress=False, seed=0,
+        lam=0.1, noise_std=0.05, progress=False, seed=0, noise_source="seeded",
     )  # fmt: skip
     base.update(kw)
     return TrainConfig(**base)

@@ -31,7 +31,7 @@ def data() -> FederatedDataset:
 def _cfg(**kw) -> TrainConfig:
     base = dict(
         rounds=3, clients_per_round=6, sampling="poisson", clip=0.5, noise_std=0.1, lr=0.1,
-        lam=0.1, batch_size=10, seed=0, progress=False,
+        lam=0.1, batch_size=10, seed=0, progress=False, noise_source="seeded",
     )  # fmt: skip
     base.update(kw)
     return TrainConfig(**base)

@@ -22,7 +22,7 @@ from privmtl.federated.reference import aggregate_reference, local_train_referen
 from privmtl.privacy.accounting import compute_epsilon
 from privmtl.privacy.sampling import make_sampler
 
-FAST = {"progress": False, "threads": 1}
+FAST = {"progress": False, "threads": 1, "noise_source": "seeded"}
 
 
 def _max_diff(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] | None) -> float:
@@ -679,7 +679,15 @@ def test_server_update_delta_keeps_the_mean_with_full_participation(
     res = train(
         tabular,
         model,
-        TrainConfig(method="pmtl", rounds=3, sampling="all", clip=None, lam=0.5, **FAST),
+        TrainConfig(
+            method="pmtl",
+            rounds=3,
+            sampling="all",
+            clip=None,
+            lam=0.5,
+            server_update="delta",
+            **FAST,
+        ),
     )
     assert res.personalized_params is not None
     for n, p in res.personalized_params.items():
@@ -715,7 +723,7 @@ def test_delta_message_under_partial_participation_warns(tabular: FederatedDatas
     model = MultinomialLogReg(tabular.train_x[0].shape[1], tabular.n_classes)
     kw = {**FAST, "rounds": 1, "clients_per_round": 2}
     with pytest.warns(PrivmtlWarning, match="server_update='delta'.*m/q"):
-        train(tabular, model, TrainConfig(**kw))
+        train(tabular, model, TrainConfig(server_update="delta", **kw))
     with warnings.catch_warnings():
         warnings.simplefilter("error", PrivmtlWarning)
         train(tabular, model, TrainConfig(server_update="offset", **kw))

@@ -28,7 +28,9 @@ def data() -> FederatedDataset:
 
 
 def _cfg(**kw) -> TrainConfig:
-    base = dict(rounds=3, lr=0.3, lam=0.1, batch_size=8, seed=0, progress=False)
+    base = dict(
+        rounds=3, lr=0.3, lam=0.1, batch_size=8, seed=0, progress=False, noise_source="seeded"
+    )
     base.update(kw)
     return TrainConfig(**base)
 

@@ -15,6 +15,8 @@ from privmtl import __version__
 from privmtl.cli._common import run_cli
 from privmtl.cli.account import account
 from privmtl.cli.demo import demo
+from privmtl.cli.evaluate import evaluate
+from privmtl.cli.ledger import ledger
 from privmtl.cli.mpmtl import mpmtl, mpmtl_sweep
 from privmtl.cli.pmtl import pmtl, pmtl_sweep
 
@@ -33,6 +35,8 @@ def cli() -> None:
     Tools:
       account      (ε, δ) of a client-level Gaussian mechanism, or σ for a target ε
       demo         the quick tour: an MP-MTL ε sweep and a short PMTL run on built-in data
+      ledger       re-account a run's durable privacy ledger (ε per release, rdp and pld)
+      evaluate     reload models saved with --save-models and score them
     """
 
 
@@ -42,6 +46,8 @@ cli.add_command(mpmtl_sweep)
 cli.add_command(pmtl)
 cli.add_command(pmtl_sweep)
 cli.add_command(demo)
+cli.add_command(ledger)
+cli.add_command(evaluate)
 
 
 def main(argv: list[str] | None = None) -> int:

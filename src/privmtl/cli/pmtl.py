@@ -25,6 +25,13 @@ def _human(out: dict[str, Any]) -> None:
     )
     click.echo(f"time: {out['seconds']:.1f}s ({out['seconds_per_round']:.3f}s/round)")
     click.echo(f"privacy: {out['summary']}")
+    if out.get("stopped_on_budget"):
+        click.echo(
+            f"stopped on budget after {out['rounds_run']} of {out['rounds']} rounds "
+            f"(ε spent {out['epsilon']:.4g})"
+        )
+    if out.get("models_dir"):
+        click.echo(f"models: {out['models_dir']}")
     for note in out["guarantee"]["notes"]:
         click.echo(f"note: {note}")
 
@@ -87,6 +94,32 @@ def _human(out: dict[str, Any]) -> None:
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--reproducible-noise",
+    is_flag=True,
+    help="Draw the server noise from a generator seeded by --seed (research simulation only: "
+    "anyone who knows the seed can subtract it). Default: secure noise from OS entropy.",
+)
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Save the run's state here atomically (and its write-ahead privacy ledger, "
+    "ledger.jsonl); see --resume.",
+)
+@click.option(
+    "--checkpoint-every", type=int, default=1, show_default=True, help="Rounds between checkpoints."
+)
+@click.option("--resume", is_flag=True, help="Continue the run saved in --checkpoint-dir.")
+@click.option(
+    "--budget-epsilon",
+    type=float,
+    help="Stop before the release that would take ε above this budget (keeps the models).",
+)
+@click.option(
+    "--save-models",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the trained models (PyTorch state dicts) and model.json with the guarantee here.",
+)
+@click.option(
     "--sequential", is_flag=True, help="Per-client reference loop instead of batched training."
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -95,6 +128,17 @@ def pmtl(**kw: Any) -> None:
     """Private personalized federated learning (PMTL) and its baselines: one run."""
     as_json = kw.pop("as_json")
     quiet = kw.pop("quiet")
+    kw["noise_source"] = "seeded" if kw.pop("reproducible_noise") else "secure"
+    if kw["resume"] and kw["checkpoint_dir"] is None:
+        raise click.BadParameter("needs --checkpoint-dir", param_hint="--resume")
+    if kw["checkpoint_every"] < 1:
+        raise click.BadParameter(
+            f"must be >= 1; got {kw['checkpoint_every']}", param_hint="--checkpoint-every"
+        )
+    if kw["budget_epsilon"] is not None and not kw["budget_epsilon"] > 0:
+        raise click.BadParameter(
+            f"must be > 0; got {kw['budget_epsilon']}", param_hint="--budget-epsilon"
+        )
     from privmtl.cli.mpmtl import _floats
 
     for name, positive in (("finetune_lrs", True), ("finetune_lams", False)):

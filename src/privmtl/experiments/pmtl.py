@@ -28,6 +28,7 @@ __all__ = [
     "FL_METHODS",
     "FL_MODELS",
     "default_femnist_dir",
+    "evaluate_saved",
     "load_federated",
     "make_model",
     "run_pmtl",
@@ -108,6 +109,12 @@ def run_pmtl(
     show_progress: bool = True,
     dataset: FederatedDataset | None = None,
     threads: int = 2,
+    noise_source: str = "secure",
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 1,
+    resume: bool = False,
+    budget_epsilon: float | None = None,
+    save_models: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
@@ -118,6 +125,12 @@ def run_pmtl(
     of step sizes and penalty weights (default: ``[lr]`` / ``[lam]``), each client choosing on its
     own validation split (:func:`~privmtl.federated.finetune_selection.finetune_select`; the
     privacy guarantee is unchanged).
+
+    ``noise_source`` (``"secure"``: OS entropy, the default; ``"seeded"``: reproducible from
+    ``seed``, research simulation only), ``checkpoint_dir``/``checkpoint_every``/``resume`` and
+    ``budget_epsilon`` are passed to :class:`~privmtl.federated.protocol.Trainer`; the result
+    reports ``noise_source`` and ``stopped_on_budget``. ``save_models`` writes the trained models
+    (:func:`privmtl.federated.saved.save_models`).
     """
     check_choice("method", method, FL_METHODS)
     check_choice("finetune", finetune, FINETUNE_METHODS)
@@ -168,16 +181,24 @@ def run_pmtl(
         progress=show_progress,
         server_update=server_update,
         threads=threads,
+        noise_source=noise_source,
     )
     if epsilon is not None and method != "local":
         from privmtl.federated.baselines import config_for_epsilon
 
         config = config_for_epsilon(config, m, epsilon)
     sigma = config.noise_std
+    run: dict[str, Any] = {
+        "checkpoint_dir": checkpoint_dir,
+        "checkpoint_every": checkpoint_every,
+        "resume": resume,
+        "budget_epsilon": budget_epsilon,
+        "on_budget": "stop",
+    }
     if method == "joint-dp":
         from privmtl.federated.baselines import train_joint_dp
 
-        result = train_joint_dp(ds, net, config)
+        result = train_joint_dp(ds, net, config, **run)
     elif method == "pp-sgd":
         if model != "logreg":
             raise InvalidParameterError(
@@ -185,13 +206,15 @@ def run_pmtl(
             )
         from privmtl.federated.baselines import train_pp_sgd
 
-        result = train_pp_sgd(ds, config)
+        result = train_pp_sgd(ds, config, **run)
     else:
         from privmtl.federated.engine import train
 
-        result = train(ds, net, config)
+        result = train(ds, net, config, **run)
     out = _result_dict(result, method=method, model=model, data=data, sigma=sigma, q=q, m=m)
     out["data_seconds"] = load_seconds
+    if checkpoint_dir is not None:
+        out["checkpoint_dir"] = str(checkpoint_dir)
     grid = None
     if finetune_lrs is not None or finetune_lams is not None:
         grid = (
@@ -205,10 +228,14 @@ def run_pmtl(
             name: _finetune(result, ds, net, name, finetune_epochs, lr, batch_size, lam, seed, grid)
             for name in extra_finetunes
         }
+        for res in out["finetune_results"].values():
+            res.pop("_params")
+    tuned = None
     if finetune != "none":
         out.update(
             _finetune(result, ds, net, finetune, finetune_epochs, lr, batch_size, lam, seed, grid)
         )
+        tuned = out.pop("_params")
         if method == "joint-dp" and out["guarantee"]["private"]:
             # Each client's fine-tuned model reads its own data: what remains is joint DP.
             out["guarantee"]["notion"] = "JDP (billboard)"
@@ -216,6 +243,74 @@ def run_pmtl(
                 "joint-model DP becomes joint DP once each client fine-tunes on its own data"
             )
             out["summary"] = out["summary"].replace("DP of the joint model", "JDP (billboard)")
+    if save_models is not None:
+        from privmtl.federated.saved import save_models as _save
+
+        out["models_dir"] = str(
+            _save(
+                save_models,
+                result,
+                out,
+                model=model,
+                dataset=ds,
+                data={"data": data, "data_path": None if data_path is None else str(data_path)},
+                personalized=tuned,
+            )
+        )
+    return out
+
+
+def evaluate_saved(
+    models_dir: str | Path,
+    *,
+    data: str | None = None,
+    data_path: str | Path | None = None,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Reload models saved by ``run_pmtl(save_models=...)`` and score them on the test split.
+
+    The data set defaults to the one the run used (its name, path and seed, recorded in
+    ``model.json``); the same data and split give exactly the run's ``test_accuracy``.
+    """
+    from privmtl.federated.algorithms import evaluate
+    from privmtl.federated.saved import load_models
+
+    meta, glob, pers = load_models(models_dir)
+    saved = meta.get("data", {})
+    name = data if data is not None else saved.get("data")
+    path = data_path if data_path is not None else saved.get("data_path")
+    sd = int(seed if seed is not None else saved.get("seed") or 0)
+    ds = load_federated(str(name), data_path=path, seed=sd)
+    if list(ds.client_ids) != list(meta["client_ids"]):
+        raise DataFormatError(
+            f"The data has other clients than the saved models ({ds.n_clients} vs "
+            f"{len(meta['client_ids'])}); pass the --data the run used."
+        )
+    net = make_model(meta["model"]["name"], ds, sd)
+    buffers = {n: b.detach() for n, b in net.named_buffers()}
+    xs, ys = ds.split("test")
+    personalized = meta["primary"] == "personalized" and pers is not None
+    params = pers if personalized else glob
+    assert params is not None
+    acc = evaluate(net, params, buffers, xs, ys, personalized=personalized)
+    out = {
+        "family": "pmtl",
+        "method": meta.get("method"),
+        "data": name,
+        "model": meta["model"]["name"],
+        "models_dir": str(models_dir),
+        "primary": meta["primary"],
+        "test_accuracy": acc["accuracy"],
+        "mean_client_accuracy": acc["mean_client_accuracy"],
+        "n_test": acc["n"],
+        "noise_source": meta.get("run", {}).get("noise_source"),
+        "guarantee": meta.get("guarantee"),
+        "summary": meta.get("summary"),
+    }
+    if pers is not None:
+        out["global_test_accuracy"] = evaluate(net, glob, buffers, xs, ys, personalized=False)[
+            "accuracy"
+        ]
     return out
 
 
@@ -247,6 +342,8 @@ def _result_dict(
             accountant=cfg.accountant,
             notion="JDP (billboard)" if method != "joint-dp" else "DP of the joint model",
             details={"noise_multiplier": sigma * q / cfg.clip, "rounds": cfg.rounds, "rate": q / m},
+            noise_source=result.noise_source,
+            notes=_noise_notes(result.noise_source),
         )
     per_round = [h.get("epsilon") for h in result.history]
     return {
@@ -278,9 +375,21 @@ def _result_dict(
         "seconds_per_round": float(result.seconds_per_round),
         "epsilon_per_round": [None if e is None or not math.isfinite(e) else e for e in per_round],
         "train_loss_per_round": [h.get("train_loss") for h in result.history],
+        "noise_source": result.noise_source,
+        "stopped_on_budget": bool(result.stopped_on_budget),
+        "rounds_run": len(result.history),
         "guarantee": guarantee.to_dict(),
         "summary": guarantee.describe(),
     }
+
+
+def _noise_notes(noise_source: str) -> tuple[str, ...]:
+    if noise_source == "seeded":
+        return (
+            "seeded noise (--reproducible-noise): anyone who knows the seed can regenerate and "
+            "subtract it; for research simulation only, it protects nobody",
+        )
+    return ()
 
 
 def _global_accuracy(result: Any) -> float | None:
@@ -306,7 +415,7 @@ def _finetune(
     start = "personalized" if result.personalized_params is not None else "global"
     extra: dict[str, Any] = {}
     if grid is not None:
-        _, acc, sel = finetune_select(
+        params, acc, sel = finetune_select(
             result,
             ds,
             net,
@@ -325,7 +434,7 @@ def _finetune(
             "note": "each client chose (lr, lam) on its own validation split: no privacy cost",
         }
     else:
-        _, acc = finetune(
+        params, acc = finetune(
             result,
             ds,
             net,
@@ -346,4 +455,5 @@ def _finetune(
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
         "val_accuracy": float(acc.get("val", {}).get("accuracy", float("nan"))),
         "finetune_note": "local fine-tuning is post-processing of the billboard: no privacy cost",
+        "_params": params,
     }

@@ -7,14 +7,14 @@ Everything random is drawn here, in a fixed order, so that both paths consume id
 * local minibatches of client ``k`` in round ``t``: a numpy Generator seeded by ``(seed, 1, t, k)``
   (:func:`draw_round_plan`); a client's draws therefore do not depend on which other clients were
   sampled or on their data sizes;
-* server noise: ``torch.randn`` from a ``torch.Generator`` seeded from ``(seed, 2)``, one tensor
-  per parameter in ``model.named_parameters()`` order (:func:`draw_noise`).
+* server noise (seeded mode): ``torch.randn`` from a ``torch.Generator`` seeded from ``(seed, 2)``,
+  one tensor per parameter in ``model.named_parameters()`` order
+  (:class:`~privmtl.privacy.noise.SeededNoise`; :func:`draw_noise` draws the same).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,16 +23,16 @@ from torch import nn
 from torch.func import functional_call
 
 from privmtl.federated.config import TrainConfig
+from privmtl.privacy.noise import seeded_torch_generator
+from privmtl.privacy.release import clip_factors
 
 __all__ = [
-    "MethodSpec",
     "Params",
     "client_scores",
     "clip_factors",
     "draw_noise",
     "draw_round_plan",
     "evaluate",
-    "method_spec",
     "noise_generator",
     "pad_plan",
     "partition_plan",
@@ -42,28 +42,6 @@ __all__ = [
 Params = dict[str, torch.Tensor]
 
 
-@dataclass(frozen=True)
-class MethodSpec:
-    """How a method uses the shared engine."""
-
-    name: str
-    start_from_global: bool  # clients start local training from w~ (fedavg, fedprox)
-    prox_weight: float  # λ (pmtl) / μ (fedprox) of (coef/2)‖w − w~‖², 0 otherwise
-    communicates: bool  # False for "local"
-    personalized: bool  # keeps m persistent models (pmtl, local)
-
-
-def method_spec(config: TrainConfig) -> MethodSpec:
-    """The :class:`MethodSpec` of ``config.method``."""
-    lam = float(config.lam)
-    return {
-        "pmtl": MethodSpec("pmtl", False, lam, True, True),
-        "fedavg": MethodSpec("fedavg", True, 0.0, True, False),
-        "fedprox": MethodSpec("fedprox", True, lam, True, False),
-        "local": MethodSpec("local", False, 0.0, False, True),
-    }[config.method]
-
-
 # ---------------------------------------------------------------------------- random streams
 def sampling_rng(seed: int) -> np.random.Generator:
     """The numpy Generator used for client sampling."""
@@ -71,9 +49,8 @@ def sampling_rng(seed: int) -> np.random.Generator:
 
 
 def noise_generator(seed: int) -> torch.Generator:
-    """The torch Generator of the server's Gaussian noise."""
-    state = np.random.SeedSequence([seed, 2]).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 31 | int(state[1]) >> 1)
+    """The torch Generator of the server's seeded Gaussian noise (:class:`SeededNoise` ``(seed)``)."""
+    return seeded_torch_generator(seed, (2,))
 
 
 def _client_batches(n: int, rng: np.random.Generator, config: TrainConfig) -> list[np.ndarray]:
@@ -162,13 +139,6 @@ def draw_noise(template: Params, std: float, gen: torch.Generator) -> Params | N
         name: torch.randn(p.shape, generator=gen, dtype=p.dtype) * std
         for name, p in template.items()
     }
-
-
-def clip_factors(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
-    """``min(1, γ / ‖g_k‖)`` per client (1 for a zero update or when ``clip`` is None)."""
-    if clip is None:
-        return torch.ones_like(norms)
-    return torch.where(norms > clip, clip / norms.clamp_min(1e-30), torch.ones_like(norms))
 
 
 # ---------------------------------------------------------------------------- evaluation

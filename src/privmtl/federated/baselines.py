@@ -1,7 +1,7 @@
 r"""Baselines of the PMTL paper that need their own server: joint-model DP and PP-SGD.
 
-Both use the engine's building blocks (client sampler, minibatch plans, local SGD, clipping, noise
-stream, ledger), so their privacy events — and hence ε for a given :class:`TrainConfig` — are the
+Both run through :class:`~privmtl.federated.protocol.Trainer` (client sampler, minibatch plans,
+local SGD, the one server release, noise source, ledger), so their privacy events — and hence ε for a given :class:`TrainConfig` — are the
 same as PMTL's: the sampler's event with noise multiplier :math:`z = \sigma q/\gamma` per round.
 
 * :func:`train_joint_dp` — naive client-level DP on the *joint* model (the concatenation of all
@@ -17,36 +17,21 @@ same as PMTL's: the sampler's event with noise multiplier :math:`z = \sigma q/\g
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import dp_accounting
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
-from tqdm.auto import tqdm
 
 from privmtl._validation import check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import (
-    Params,
-    clip_factors,
-    draw_noise,
-    draw_round_plan,
-    evaluate,
-    noise_generator,
-    pad_plan,
-    sampling_rng,
-)
+from privmtl.federated.algorithms import Params
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
-from privmtl.federated.engine import local_train_batched, make_step_fn
 from privmtl.federated.models import MultinomialLogReg
-from privmtl.federated.reference import local_train_reference
+from privmtl.federated.protocol import Trainer
 
 __all__ = ["config_for_epsilon", "train_joint_dp", "train_pp_sgd"]
 
@@ -98,91 +83,6 @@ def config_for_epsilon(
     return dataclasses.replace(config, noise_std=z * config.clip / q)
 
 
-class _Run:
-    """Sampler, ledger, noise multiplier and random streams of one private run (engine order)."""
-
-    def __init__(
-        self, dataset: FederatedDataset, config: TrainConfig, sampler: Any, ledger: Any
-    ) -> None:
-        check_inputs(dataset)
-        self.m = dataset.n_clients
-        self.q = _clients_per_round(config, self.m)
-        self.delta = config.delta if config.delta is not None else 1.0 / self.m
-        self.sampler = _sampler(config, self.m, self.q, sampler)
-        private = config.noise_std > 0 and config.clip is not None
-        self.z = config.noise_std * self.q / config.clip if private and config.clip else None
-        if self.z is not None and ledger is None:
-            from privmtl.privacy.accounting import PrivacyLedger
-
-            ledger = PrivacyLedger(
-                accountant=config.accountant,
-                relation=config.relation,
-                delta=self.delta,
-                budget=config.budget,
-            )
-        self.ledger = ledger
-        if self.z is not None:  # fail fast on an unsupported sampling/relation/accountant
-            self.ledger.epsilon_if(self.sampler.event(self.z))
-        self.rng = sampling_rng(config.seed)
-        self.gen = noise_generator(config.seed)
-        self.eps = math.inf
-        self.config = config
-
-    def begin_round(self) -> tuple[Any, np.ndarray]:
-        event = self.sampler.event(self.z) if self.z is not None else None
-        if event is not None and self.config.budget is not None:
-            self.ledger.check(event)
-        sampled = np.asarray(self.sampler.sample(self.rng), dtype=np.int64).reshape(-1)
-        return event, sampled
-
-    def end_round(self, event: Any, t: int) -> float:
-        if event is not None:
-            self.eps = float(self.ledger.record(event, round=t))
-        return self.eps
-
-
-def _record(
-    t: int,
-    sampled: np.ndarray,
-    losses: list[float],
-    norms: np.ndarray,
-    clipped: np.ndarray,
-    z: float | None,
-    eps: float,
-    t0: float,
-) -> dict[str, Any]:
-    return {
-        "round": t,
-        "sampled": sampled.tolist(),
-        "n_sampled": len(sampled),
-        "train_loss": float(np.nanmean(losses)) if len(losses) else math.nan,
-        "update_norms": [float(v) for v in norms],
-        "clipped_fraction": float(clipped.mean()) if len(clipped) else 0.0,
-        "noise_multiplier": z,
-        "epsilon": eps,
-        "seconds": time.perf_counter() - t0,
-    }
-
-
-def _norms_and_factors(deltas: Params, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    sq = sum(t.double().flatten(1).pow(2).sum(1) for t in deltas.values())
-    norms = torch.as_tensor(sq).sqrt()
-    return norms, clip_factors(norms, clip)
-
-
-def _evaluate_both(
-    model: nn.Module, buffers: Params, dataset: FederatedDataset, personal: Params, glob: Params
-) -> dict[str, dict[str, dict[str, float]]]:
-    out = {}
-    for split in ("val", "test"):
-        xs, ys = dataset.split(split)
-        out[split] = {
-            "personalized": evaluate(model, personal, buffers, xs, ys, personalized=True),
-            "global": evaluate(model, glob, buffers, xs, ys, personalized=False),
-        }
-    return out
-
-
 # ---------------------------------------------------------------------------- joint-model DP
 def train_joint_dp(
     dataset: FederatedDataset,
@@ -191,6 +91,7 @@ def train_joint_dp(
     *,
     sampler: Any = None,
     ledger: Any = None,
+    **run: Any,
 ) -> TrainResult:
     r"""Naive client-level DP on the joint model :math:`W = [w_1; \dots; w_m]` (paper, Fig. 1).
 
@@ -228,189 +129,24 @@ def train_joint_dp(
         ``extra["method"] = "joint-dp"``.
     """
     config = TrainConfig() if config is None else config
-    check_inputs(dataset, model)
-    run = _Run(dataset, config, sampler, ledger)
-    m, z = run.m, run.z
-    block_std = z * float(config.clip) if z is not None and config.clip is not None else 0.0
-    x_all, y_all, offsets = dataset.concat("train")
-    init = {n: p.detach().clone() for n, p in model.named_parameters()}
-    buffers = {n: b.detach() for n, b in model.named_buffers()}
-    released = {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in init.items()}
-    step_fn = make_step_fn(model, buffers) if config.batched else None
-    lam = float(config.lam)
-    history: list[dict[str, Any]] = []
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    was_training = model.training
-    model.train()
-    t_start = time.perf_counter()
-    try:
-        bar = tqdm(range(config.rounds), desc="joint-dp", disable=not config.progress)
-        for t in bar:
-            t0 = time.perf_counter()
-            event, sampled = run.begin_round()
-            plan = draw_round_plan(sampled.tolist(), offsets, t, config)
-            losses: list[float] = []
-            norms, clipped = np.zeros(0), np.zeros(0, dtype=bool)
-            if len(sampled):
-                sel = torch.from_numpy(sampled)
-                centre = {n: p.mean(0) for n, p in released.items()} if lam != 0 else None
-                starts = {n: p.index_select(0, sel) for n, p in released.items()}
-                news, losses = _local_sgd(
-                    model, buffers, step_fn, starts, centre, lam, config, x_all, y_all, plan
-                )
-                deltas = {n: news[n] - starts[n] for n in news}
-                nrm, fac = _norms_and_factors(deltas, config.clip)
-                norms, clipped = nrm.numpy(), (fac < 1).numpy()
-                with torch.no_grad():
-                    for n in released:
-                        shape = (-1,) + (1,) * (released[n].ndim - 1)
-                        released[n][sel] += deltas[n] * fac.to(deltas[n].dtype).view(shape)
-            noise = draw_noise(released, block_std, run.gen)
-            if noise is not None:
-                for n in released:
-                    released[n] = released[n] + noise[n]
-            eps = run.end_round(event, t)
-            history.append(_record(t, sampled, losses, norms, clipped, z, eps, t0))
-            if config.progress:
-                bar.set_postfix(eps=f"{eps:.3g}")
-        seconds = time.perf_counter() - t_start
-        glob = {n: p.mean(0) for n, p in released.items()}
-        accuracies = _evaluate_both(model, buffers, dataset, released, glob)
-    finally:
-        torch.set_num_threads(old_threads)
-        model.train(was_training)
-    return TrainResult(
-        config=config,
-        client_ids=list(dataset.client_ids),
-        personalized_params=released,
-        global_params=glob,
-        history=history,
-        accuracies=accuracies,
-        primary="personalized",
-        epsilon=run.eps,
-        delta=run.delta,
-        ledger=run.ledger,
-        seconds=seconds,
-        seconds_per_round=sum(r["seconds"] for r in history) / max(len(history), 1),
-        extra={
+    cfg = dataclasses.replace(config, method="joint-dp")
+    trainer = Trainer(dataset, model, cfg, sampler=sampler, ledger=ledger, **run)
+    result = trainer.run()
+    z = trainer.curator.release_mechanism.noise_multiplier
+    block_std = z * float(cfg.clip) if z is not None and cfg.clip is not None else 0.0
+    result.config = config
+    result.extra.update(
+        {
             "method": "joint-dp",
             "notion": "DP of the joint model (all m models released)",
             "block_noise_std": block_std,
-        },
+        }
     )
-
-
-def _local_sgd(
-    model: nn.Module,
-    buffers: Params,
-    step_fn: Any,
-    starts: Params,
-    anchor: Params | None,
-    lam: float,
-    config: TrainConfig,
-    x_all: torch.Tensor,
-    y_all: torch.Tensor,
-    plan: list[list[np.ndarray]],
-) -> tuple[Params, list[float]]:
-    """The engine's local SGD (batched or reference) on ``l_k(w) + (lam/2)‖w − anchor‖²``."""
-    k = len(plan)
-    if step_fn is not None:
-        chunk = config.client_chunk or k
-        parts, losses = [], []
-        for c in range(0, k, chunk):
-            sl = slice(c, c + chunk)
-            w, ls = local_train_batched(
-                step_fn,
-                {n: p[sl] for n, p in starts.items()},
-                anchor,
-                lam,
-                config.lr,
-                x_all,
-                y_all,
-                plan[sl],
-                config.batch_size,
-            )
-            parts.append(w)
-            losses.extend(ls)
-        return {n: torch.cat([w[n] for w in parts]) for n in starts}, losses
-    lst = [{n: p[j] for n, p in starts.items()} for j in range(k)]
-    outs, losses = local_train_reference(
-        model, buffers, lst, anchor, lam, config.lr, x_all, y_all, plan
-    )
-    return {n: torch.stack([o[n] for o in outs]) for n in starts}, losses
+    return result
 
 
 # ---------------------------------------------------------------------------- PP-SGD
 Observer = Callable[[dict[str, Any]], None]
-
-
-def _ppsgd_batched(
-    step_fn: Any,
-    shared: Params,
-    local: Params,
-    lr: float,
-    alpha: float,
-    mu: float,
-    x_all: torch.Tensor,
-    y_all: torch.Tensor,
-    plan: list[list[np.ndarray]],
-    batch_size: int,
-) -> tuple[Params, Params, list[float]]:
-    rows, weights, active = pad_plan(plan, batch_size)
-    w = {n: p.clone() for n, p in shared.items()}
-    th = {n: p.clone() for n, p in local.items()}
-    loss_sum = torch.zeros(len(plan), dtype=torch.float64)
-    with torch.no_grad():
-        for s in range(rows.shape[0]):
-            r = rows[s]
-            v = {n: w[n] + th[n] for n in w}
-            grads, loss = step_fn(v, x_all[r], y_all[r], weights[s])
-            a = active[s]
-            for n in w:
-                mask = a.view((-1,) + (1,) * (w[n].ndim - 1)).to(w[n].dtype)
-                g = grads[n]
-                w[n] = w[n] - lr * g * mask
-                th[n] = th[n] - alpha * lr * (g + mu * th[n]) * mask
-            loss_sum += loss.double() * a.double()
-    steps = active.sum(0).double()
-    losses = torch.where(steps > 0, loss_sum / steps.clamp_min(1), torch.nan)
-    return w, th, losses.tolist()
-
-
-def _ppsgd_reference(
-    model: nn.Module,
-    buffers: Params,
-    shared: Params,
-    local: list[Params],
-    lr: float,
-    alpha: float,
-    mu: float,
-    x_all: torch.Tensor,
-    y_all: torch.Tensor,
-    plan: list[list[np.ndarray]],
-) -> tuple[list[Params], list[Params], list[float]]:
-    ws, ths, losses = [], [], []
-    for th0, steps in zip(local, plan, strict=True):
-        w = {n: p.clone() for n, p in shared.items()}
-        th = {n: p.clone() for n, p in th0.items()}
-        total = 0.0
-        for rows in steps:
-            idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-            leaves = {n: (w[n] + th[n]).requires_grad_(True) for n in w}
-            with torch.enable_grad():
-                logits = functional_call(model, (leaves, buffers), (x_all[idx],))
-                loss = F.cross_entropy(logits, y_all[idx])
-                gs = torch.autograd.grad(loss, list(leaves.values()))
-            total += float(loss.detach())
-            with torch.no_grad():
-                for n, g in zip(leaves, gs, strict=True):
-                    w[n] = w[n] - lr * g
-                    th[n] = th[n] - alpha * lr * (g + mu * th[n])
-        ws.append(w)
-        ths.append(th)
-        losses.append(total / len(steps) if steps else math.nan)
-    return ws, ths, losses
 
 
 def train_pp_sgd(
@@ -424,6 +160,7 @@ def train_pp_sgd(
     sampler: Any = None,
     ledger: Any = None,
     observer: Observer | None = None,
+    **run: Any,
 ) -> TrainResult:
     r"""PP-SGD (Bietti et al. 2022) for multinomial logistic regression, with PMTL's server.
 
@@ -481,8 +218,7 @@ def train_pp_sgd(
         :math:`\tilde u^T`; ``primary = "personalized"``; ``extra["method"] = "pp-sgd"``.
     """
     config = TrainConfig() if config is None else config
-    run = _Run(dataset, config, sampler, ledger)
-    m, q, z = run.m, run.q, run.z
+    check_inputs(dataset)
     alpha = check_real("alpha", alpha, low=0.0)
     mu = check_real("theta_reg", config.lam if theta_reg is None else theta_reg, low=0.0)
     if model is None:
@@ -497,94 +233,43 @@ def train_pp_sgd(
             f"The model has {model.n_features} features and {model.n_classes} classes; the data "
             f"has {dataset.n_features} and {dataset.n_classes}."
         )
-    x_all, y_all, offsets = dataset.concat("train")
-    glob = {n: p.detach().clone() for n, p in model.named_parameters()}
-    buffers = {n: b.detach() for n, b in model.named_buffers()}
-    if theta_init is None:
-        theta = {n: torch.zeros((m, *p.shape), dtype=p.dtype) for n, p in glob.items()}
-    else:
-        theta = {}
-        for n, p in glob.items():
+    m = dataset.n_clients
+    initial = None
+    if theta_init is not None:
+        for n, p in model.named_parameters():
             if n not in theta_init or tuple(theta_init[n].shape) != (m, *p.shape):
                 raise InvalidParameterError(
                     f"The 'theta_init' parameter must hold {n!r} of shape {(m, *p.shape)}."
                 )
-            theta[n] = torch.as_tensor(theta_init[n], dtype=p.dtype).clone()
-    step_fn = make_step_fn(model, buffers) if config.batched else None
-    history: list[dict[str, Any]] = []
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    t_start = time.perf_counter()
-    try:
-        bar = tqdm(range(config.rounds), desc="pp-sgd", disable=not config.progress)
-        for t in bar:
-            t0 = time.perf_counter()
-            event, sampled = run.begin_round()
-            plan = draw_round_plan(sampled.tolist(), offsets, t, config)
-            losses: list[float] = []
-            norms, clipped = np.zeros(0), np.zeros(0, dtype=bool)
-            mean = {n: torch.zeros_like(p) for n, p in glob.items()}
-            messages = {n: torch.zeros((0, *p.shape), dtype=p.dtype) for n, p in glob.items()}
-            if len(sampled):
-                sel = torch.from_numpy(sampled)
-                k = len(sampled)
-                shared = {n: p.unsqueeze(0).expand((k, *p.shape)).clone() for n, p in glob.items()}
-                local = {n: p.index_select(0, sel) for n, p in theta.items()}
-                if step_fn is not None:
-                    new_u, new_th, losses = _ppsgd_batched(
-                        step_fn, shared, local, config.lr, alpha, mu, x_all, y_all, plan,
-                        config.batch_size,
-                    )  # fmt: skip
-                else:
-                    us, ths, losses = _ppsgd_reference(
-                        model, buffers, {n: p for n, p in glob.items()},
-                        [{n: p[j] for n, p in local.items()} for j in range(k)],
-                        config.lr, alpha, mu, x_all, y_all, plan,
-                    )  # fmt: skip
-                    new_u = {n: torch.stack([u[n] for u in us]) for n in glob}
-                    new_th = {n: torch.stack([h[n] for h in ths]) for n in glob}
-                for n in theta:  # the local part stays on the client
-                    theta[n][sel] = new_th[n]
-                # ---- what the server receives: the shared-part updates only
-                messages = {n: new_u[n] - shared[n] for n in glob}
-                nrm, fac = _norms_and_factors(messages, config.clip)
-                norms, clipped = nrm.numpy(), (fac < 1).numpy()
-                mean = {
-                    n: torch.tensordot(fac.to(g.dtype), g, dims=1) / q for n, g in messages.items()
-                }
-            noise = draw_noise(glob, config.noise_std, run.gen)  # as the engine
-            for n in glob:
-                glob[n] = glob[n] + mean[n] + (noise[n] if noise is not None else 0.0)
-            if observer is not None:
-                observer(
-                    {
-                        "round": t,
-                        "sampled": sampled.copy(),
-                        "messages": {n: g.clone() for n, g in messages.items()},
-                        "released": {n: p.clone() for n, p in glob.items()},
-                    }
-                )
-            eps = run.end_round(event, t)
-            history.append(_record(t, sampled, losses, norms, clipped, z, eps, t0))
-            if config.progress:
-                bar.set_postfix(eps=f"{eps:.3g}")
-        seconds = time.perf_counter() - t_start
-        personal = {n: glob[n].unsqueeze(0) + theta[n] for n in glob}
-        accuracies = _evaluate_both(model, buffers, dataset, personal, glob)
-    finally:
-        torch.set_num_threads(old_threads)
-    return TrainResult(
-        config=config,
-        client_ids=list(dataset.client_ids),
-        personalized_params=personal,
-        global_params=glob,
-        history=history,
-        accuracies=accuracies,
-        primary="personalized",
-        epsilon=run.eps,
-        delta=run.delta,
-        ledger=run.ledger,
-        seconds=seconds,
-        seconds_per_round=sum(r["seconds"] for r in history) / max(len(history), 1),
-        extra={"method": "pp-sgd", "alpha": alpha, "theta_reg": mu},
+        initial = {"theta": dict(theta_init)}
+    cfg = dataclasses.replace(config, method="pp-sgd", pp_alpha=alpha, pp_theta_reg=mu)
+    seen: dict[str, Any] = {}
+
+    def capture(t: int, sampled: np.ndarray, messages: Params) -> Params:
+        seen["messages"] = {n: g.clone() for n, g in messages.items()}
+        return messages
+
+    trainer = Trainer(
+        dataset,
+        model,
+        cfg,
+        sampler=sampler,
+        ledger=ledger,
+        initial_state=initial,
+        message_hook=capture if observer is not None else None,
+        **run,
     )
+    for rec in trainer:
+        if observer is not None:
+            observer(
+                {
+                    "round": rec.round,
+                    "sampled": rec.sampled.copy(),
+                    "messages": seen["messages"],
+                    "released": {n: p.clone() for n, p in rec.released.items()},
+                }
+            )
+    result = trainer.run()
+    result.config = config
+    result.extra.update({"method": "pp-sgd", "alpha": alpha, "theta_reg": mu})
+    return result

@@ -15,7 +15,7 @@ from privmtl.exceptions import InvalidParameterError
 
 __all__ = ["METHODS", "SAMPLINGS", "TrainConfig", "TrainResult"]
 
-METHODS = ("pmtl", "fedavg", "fedprox", "local")
+METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "workshop")
 SAMPLINGS = ("poisson", "fixed", "all")
 
 
@@ -42,7 +42,7 @@ class TrainConfig:
         ``q``: the fixed number of clients per round (``"fixed"``), the expected number
         (``"poisson"``, rate ``q/m``), ignored for ``"all"`` (``q = m``). The server divides the
         sum of clipped updates by this fixed ``q``, never by the realised count.
-    server_update : {"delta", "offset"}, default "delta"
+    server_update : {"offset", "delta"}, default "offset"
         What a sampled client sends (pmtl; the two coincide for fedavg/fedprox, which start from
         :math:`\tilde w^t`). ``"delta"``: :math:`g_k = w_k^{new} - w_k^{old}`, Algorithm 1 as printed.
         ``"offset"``: :math:`g_k = w_k^{new} - \tilde w^t`, what the authors' released code sends
@@ -85,8 +85,9 @@ class TrainConfig:
     relation : {"add-remove", "replace-one"}, default "add-remove"
         Neighbouring relation of the guarantee.
     budget : float or None
-        Optional ε budget; a round whose release would exceed it raises
-        :class:`~privmtl.exceptions.PrivacyBudgetError` before it is released.
+        Optional ε budget: the run stops before the release that would exceed it
+        (:class:`~privmtl.federated.protocol.Trainer`; :func:`~privmtl.federated.engine.train`
+        raises :class:`~privmtl.exceptions.PrivacyBudgetError` there instead).
     batched : bool, default True
         Train the sampled clients together with ``torch.func.vmap``; ``False`` runs the per-client
         reference loop (same math, same random draws).
@@ -96,9 +97,7 @@ class TrainConfig:
         the latter when the model has it.
     client_chunk : int or None, default 8
         Batched path: vectorise over at most this many clients at a time (``None``: all sampled
-        clients). Results do not depend on it. On the 2-core test machine (1 thread) the FEMNIST
-        CNN ran fastest with 5-10 clients per chunk (50-100 examples per grouped step): one round
-        of 100 clients took 6.5 s CPU with chunks of 5-10, 9-10 s unchunked, 9.3 s in the loop.
+        clients). Results do not depend on it; ``benchmarks/pmtl_speed.py`` measures its effect.
     eval_every : int, default 0
         Every ``eval_every`` rounds, record the validation accuracy of the method's model in the
         history (0: only at the end).
@@ -112,15 +111,34 @@ class TrainConfig:
         one chunk after another with ``threads`` torch threads per operation. The sampled clients
         are split into ``threads * ceil(sampled / (threads * client_chunk))`` groups of nearly
         equal work (local steps; greedy longest-first), so that the threads finish together
-        although clients hold different amounts of data. The updates are the same. On the
-        2-core test machine this was faster with both 20 and 100 clients per round
-        (``benchmarks/results/pmtl_speed.md``).
+        although clients hold different amounts of data. The updates are the same
+        (``benchmarks/results/pmtl_speed.md`` measures the speed).
+    noise_source : {"secure", "seeded"}, default "secure"
+        Where the server's Gaussian noise comes from (:mod:`privmtl.privacy.noise`): OS entropy
+        (secure, not reproducible, never checkpointed; client sampling then also uses fresh OS
+        entropy every round) or a generator seeded from ``seed`` (reproducible research
+        simulation only: anyone who knows the seed can subtract the noise).
+    pp_alpha : float, default 1.0
+        ``pp-sgd``: step-size ratio α of the local part θ_k (Bietti et al. 2022).
+    pp_theta_reg : float or None
+        ``pp-sgd``: weight μ of (μ/2)‖θ_k‖² (default ``lam``).
+    ball : float or None
+        ``workshop``: radius B of the ball every task model is projected onto (required).
+
+    Notes
+    -----
+    ``method`` also accepts ``"joint-dp"`` (naive client-level DP of the concatenation of all
+    models, :func:`~privmtl.federated.baselines.train_joint_dp`), ``"pp-sgd"``
+    (:func:`~privmtl.federated.baselines.train_pp_sgd`) and ``"workshop"``
+    (:func:`~privmtl.federated.workshop.train_workshop`): all run through
+    :class:`~privmtl.federated.protocol.Trainer`. ``progress``, ``threads``, ``parallel_chunks``,
+    ``client_chunk`` and ``eval_every`` change how a run executes, not its result.
     """
 
     method: str = "pmtl"
     rounds: int = 100
     clients_per_round: int = 10
-    server_update: str = "delta"
+    server_update: str = "offset"
     local_steps: int | None = None
     local_epochs: int | None = None
     batch_size: int = 10
@@ -141,6 +159,10 @@ class TrainConfig:
     progress: bool = True
     threads: int = 2
     parallel_chunks: bool = True
+    noise_source: str = "secure"
+    pp_alpha: float = 1.0
+    pp_theta_reg: float | None = None
+    ball: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("method", self.method, METHODS)
@@ -174,6 +196,14 @@ class TrainConfig:
             check_int("client_chunk", self.client_chunk, low=1)
         check_int("eval_every", self.eval_every, low=0)
         check_int("threads", self.threads, low=1)
+        check_choice("noise_source", self.noise_source, ("secure", "seeded"))
+        check_real("pp_alpha", self.pp_alpha, low=0.0)
+        if self.pp_theta_reg is not None:
+            check_real("pp_theta_reg", self.pp_theta_reg, low=0.0)
+        if self.ball is not None:
+            check_real("ball", self.ball, low=0.0, closed="neither")
+        if self.method == "workshop" and self.ball is None:
+            raise InvalidParameterError("method='workshop' needs the ball radius 'ball'; got None.")
 
     @property
     def epochs_mode(self) -> bool:
@@ -193,6 +223,8 @@ class TrainConfig:
     @property
     def is_private(self) -> bool:
         """True when the server release is a Gaussian mechanism (noise > 0 and finite clip)."""
+        if self.method == "workshop":
+            return self.noise_std > 0
         return self.method != "local" and self.noise_std > 0 and self.clip is not None
 
     def to_dict(self) -> dict[str, Any]:
@@ -233,6 +265,10 @@ class TrainResult:
     seconds : float
         Wall-clock training time (rounds only, without the final evaluation).
     seconds_per_round : float
+    noise_source : {"secure", "seeded"}
+        Where the server's noise came from.
+    stopped_on_budget : bool
+        True when the run stopped before the release that would have exceeded its ε budget.
     """
 
     config: TrainConfig
@@ -248,6 +284,8 @@ class TrainResult:
     seconds: float = 0.0
     seconds_per_round: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    noise_source: str = "seeded"
+    stopped_on_budget: bool = False
 
     @property
     def test_accuracy(self) -> float:
@@ -303,6 +341,8 @@ class TrainResult:
                 "seconds": self.seconds,
                 "seconds_per_round": self.seconds_per_round,
                 "history": self.history,
+                "noise_source": self.noise_source,
+                "stopped_on_budget": self.stopped_on_budget,
                 **self.extra,
             }
         )

@@ -11,9 +11,7 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
 
 from privmtl.federated.algorithms import Params
 
@@ -36,34 +34,21 @@ def local_train_reference(
     For client ``j`` and each minibatch ``b`` of ``plan[j]``:
     :math:`w \leftarrow w - \eta\,(\nabla_w \frac{1}{|b|}\sum_{i\in b} \mathrm{CE}(h_w(x_i), y_i)
     + \rho\,(w - \tilde w))` with :math:`\rho` = ``prox_weight`` (the gradient of
-    :math:`\frac{\rho}{2}\lVert w - \tilde w\rVert^2`; skipped when ``anchor`` is None).
+    :math:`\frac{\rho}{2}\lVert w - \tilde w\rVert^2`; skipped when ``anchor`` is None):
+    :func:`~privmtl.federated.client.local_sgd_reference` with a
+    :class:`~privmtl.federated.client.ProxStep`.
 
     Returns the final parameters of every client and its mean minibatch loss (data term only,
     measured before each step; NaN for a client without steps).
     """
-    outs: list[Params] = []
-    losses: list[float] = []
-    for start, steps in zip(starts, plan, strict=True):
-        w = {name: p.detach().clone() for name, p in start.items()}
-        total = 0.0
-        for rows in steps:
-            idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-            x, y = x_all[idx], y_all[idx]
-            leaves = {name: p.detach().requires_grad_(True) for name, p in w.items()}
-            with torch.enable_grad():
-                logits = functional_call(model, (leaves, buffers), (x,))
-                loss = F.cross_entropy(logits, y)
-                grads = torch.autograd.grad(loss, list(leaves.values()))
-            total += float(loss.detach())
-            with torch.no_grad():
-                for (name, p), g in zip(leaves.items(), grads, strict=True):
-                    step = g
-                    if anchor is not None and prox_weight != 0:
-                        step = g + prox_weight * (p - anchor[name])
-                    w[name] = p.detach() - lr * step
-        outs.append(w)
-        losses.append(total / len(steps) if steps else math.nan)
-    return outs, losses
+    from privmtl.federated.client import ProxStep, local_sgd_reference
+
+    if not starts:
+        return [], []
+    stacked = {n: torch.stack([s[n] for s in starts]) for n in starts[0]}
+    rule = ProxStep(lr=lr, anchor=anchor, weight=prox_weight)
+    out, losses = local_sgd_reference(model, buffers, stacked, rule, x_all, y_all, plan)
+    return [{n: p[j] for n, p in out.items()} for j in range(len(starts))], losses
 
 
 @torch.no_grad()

@@ -42,32 +42,23 @@ Privacy of the released sequence :math:`\tilde w^{1..T}` (then JDP by the billbo
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import time
 from typing import Any
 
-import dp_accounting
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
-from tqdm.auto import tqdm
 
 from privmtl._validation import check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import (
     Params,
-    draw_noise,
-    draw_round_plan,
     evaluate,
-    noise_generator,
-    pad_plan,
 )
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
-from privmtl.federated.engine import make_step_fn
 from privmtl.federated.finetune import finetune
+from privmtl.federated.protocol import Trainer
 from privmtl.privacy.closed_form import pmtl_theorem1_valid, workshop_noise_std
 
 __all__ = ["project_to_ball", "train_workshop", "workshop_epsilon_closed_form"]
@@ -100,77 +91,6 @@ def project_to_ball(params: Params, bound: float, *, stacked: bool) -> Params:
     return {n: p * f for n, p in params.items()}
 
 
-def _model_norms(params: Params) -> torch.Tensor:
-    sq = sum(p.double().flatten(1).pow(2).sum(1) for p in params.values())
-    return torch.as_tensor(sq).sqrt()
-
-
-def _local_batched(
-    step_fn: Any,
-    w: Params,
-    anchor: Params,
-    lam: float,
-    lr: float,
-    bound: float,
-    x_all: torch.Tensor,
-    y_all: torch.Tensor,
-    plan: list[list[np.ndarray]],
-    batch_size: int,
-) -> tuple[Params, list[float]]:
-    rows, weights, active = pad_plan(plan, batch_size)
-    w = {n: p.clone() for n, p in w.items()}
-    loss_sum = torch.zeros(len(plan), dtype=torch.float64)
-    with torch.no_grad():
-        for s in range(rows.shape[0]):
-            r = rows[s]
-            grads, loss = step_fn(w, x_all[r], y_all[r], weights[s])
-            a = active[s]
-            new = {}
-            for n, p in w.items():
-                mask = a.view((-1,) + (1,) * (p.ndim - 1)).to(p.dtype)
-                new[n] = p - lr * (grads[n] + lam * (p - anchor[n])) * mask
-            w = project_to_ball(new, bound, stacked=True)  # identity for inactive (in the ball)
-            loss_sum += loss.double() * a.double()
-    steps = active.sum(0).double()
-    return w, torch.where(steps > 0, loss_sum / steps.clamp_min(1), torch.nan).tolist()
-
-
-def _local_reference(
-    model: nn.Module,
-    buffers: Params,
-    w: Params,
-    anchor: Params,
-    lam: float,
-    lr: float,
-    bound: float,
-    x_all: torch.Tensor,
-    y_all: torch.Tensor,
-    plan: list[list[np.ndarray]],
-) -> tuple[Params, list[float]]:
-    outs, losses = [], []
-    for k, steps in enumerate(plan):
-        wk = {n: p[k].clone() for n, p in w.items()}
-        total = 0.0
-        for rows in steps:
-            idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-            leaves = {n: p.detach().requires_grad_(True) for n, p in wk.items()}
-            with torch.enable_grad():
-                loss = F.cross_entropy(
-                    functional_call(model, (leaves, buffers), (x_all[idx],)), y_all[idx]
-                )
-                gs = torch.autograd.grad(loss, list(leaves.values()))
-            total += float(loss.detach())
-            with torch.no_grad():
-                new = {
-                    n: p.detach() - lr * (g + lam * (p.detach() - anchor[n]))
-                    for (n, p), g in zip(leaves.items(), gs, strict=True)
-                }
-            wk = project_to_ball(new, bound, stacked=False)
-        outs.append(wk)
-        losses.append(total / len(steps) if steps else math.nan)
-    return {n: torch.stack([o[n] for o in outs]) for n in w}, losses
-
-
 def train_workshop(
     dataset: FederatedDataset,
     model: nn.Module,
@@ -182,6 +102,7 @@ def train_workshop(
     finetune_epochs: int = 1,
     finetune_lr: float | None = None,
     ledger: Any = None,
+    **run: Any,
 ) -> TrainResult:
     r"""Run the workshop algorithm (module docstring) and fine-tune every task against
     :math:`\tilde w^T`.
@@ -239,73 +160,22 @@ def train_workshop(
         sigma = check_real("noise_std", noise_std, low=0.0)
     else:
         sigma = float(config.noise_std)
-    z = sigma * m / bound if sigma > 0 else None
-    if z is not None and ledger is None:
-        from privmtl.privacy.accounting import PrivacyLedger
-
-        ledger = PrivacyLedger(
-            accountant=config.accountant,
-            relation=config.relation,
-            delta=delta,
-            budget=config.budget,
-        )
     eps_closed = (
         workshop_epsilon_closed_form(sigma, bound, m, T, delta) if sigma > 0 and T > 0 else math.inf
     )
-
-    x_all, y_all, offsets = dataset.concat("train")
-    init = project_to_ball(
-        {n: p.detach().clone() for n, p in model.named_parameters()}, bound, stacked=False
+    cfg = dataclasses.replace(
+        config, method="workshop", ball=bound, noise_std=sigma, sampling="all", clients_per_round=m
     )
+    trainer = Trainer(dataset, model, cfg, ledger=ledger, **run)
+    for rec in trainer:  # the models sent are in the ball: their norms are the messages' norms
+        rec.record["max_model_norm"] = max(rec.record["update_norms"], default=0.0)
+    trained = trainer.run()
+    w, glob = trained.personalized_params, trained.global_params
+    assert w is not None
+    z = trainer.curator.release_mechanism.noise_multiplier
     buffers = {n: b.detach() for n, b in model.named_buffers()}
-    w = {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in init.items()}
-    glob = {n: p.clone() for n, p in init.items()}
-    gen = noise_generator(config.seed)
-    step_fn = make_step_fn(model, buffers) if config.batched else None
-    everyone = list(range(m))
-    history: list[dict[str, Any]] = []
-    eps = math.inf
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
     was_training = model.training
-    model.train()
-    t_start = time.perf_counter()
     try:
-        bar = tqdm(range(T), desc="workshop", disable=not config.progress)
-        for t in bar:
-            t0 = time.perf_counter()
-            event = dp_accounting.GaussianDpEvent(z) if z is not None else None
-            if event is not None and config.budget is not None:
-                ledger.check(event)
-            plan = draw_round_plan(everyone, offsets, t, config)
-            if step_fn is not None:
-                w, losses = _local_batched(
-                    step_fn, w, glob, config.lam, config.lr, bound, x_all, y_all, plan,
-                    config.batch_size,
-                )  # fmt: skip
-            else:
-                w, losses = _local_reference(
-                    model, buffers, w, glob, config.lam, config.lr, bound, x_all, y_all, plan
-                )
-            noise = draw_noise(glob, sigma, gen)
-            glob = {n: p.mean(0) + (noise[n] if noise is not None else 0.0) for n, p in w.items()}
-            if event is not None:
-                eps = float(ledger.record(event, round=t))
-            history.append(
-                {
-                    "round": t,
-                    "sampled": everyone,
-                    "n_sampled": m,
-                    "train_loss": float(np.nanmean(losses)) if losses else math.nan,
-                    "max_model_norm": float(_model_norms(w).max()),
-                    "noise_multiplier": z,
-                    "epsilon": eps,
-                    "seconds": time.perf_counter() - t0,
-                }
-            )
-            if config.progress:
-                bar.set_postfix(eps=f"{eps:.3g}")
-        seconds = time.perf_counter() - t_start
         pre = {}
         for split in ("val", "test"):
             xs, ys = dataset.split(split)
@@ -332,8 +202,9 @@ def train_workshop(
                 "global": evaluate(model, glob, buffers, xs, ys, personalized=False),
             }
     finally:
-        torch.set_num_threads(old_threads)
         model.train(was_training)
+    history, eps = trained.history, trained.epsilon
+    seconds = trained.seconds
     factor = 2.0 if config.relation == "replace-one" else 1.0
     return TrainResult(
         config=config,
@@ -345,7 +216,7 @@ def train_workshop(
         primary="personalized",
         epsilon=eps,
         delta=delta,
-        ledger=ledger,
+        ledger=trained.ledger,
         seconds=seconds,
         seconds_per_round=sum(r["seconds"] for r in history) / max(len(history), 1),
         extra={
@@ -363,4 +234,6 @@ def train_workshop(
             "finetune_epochs": finetune_epochs,
             "pre_finetune_accuracies": {s: {"personalized": v} for s, v in pre.items()},
         },
+        noise_source=trained.noise_source,
+        stopped_on_budget=trained.stopped_on_budget,
     )

@@ -37,7 +37,7 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.sampling import ClientSampler
 
-__all__ = ["GaussianMeanRelease", "Release", "clip_factors", "update_norms"]
+__all__ = ["GaussianMeanRelease", "Release", "clip_factors", "clipped_mean", "update_norms"]
 
 Params = dict[str, torch.Tensor]
 
@@ -53,6 +53,28 @@ def clip_factors(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
     if clip is None:
         return torch.ones_like(norms)
     return torch.where(norms > clip, clip / norms.clamp_min(1e-30), torch.ones_like(norms))
+
+
+def clipped_mean(
+    updates: Params, clip: float | None, divisor: float, template: Params | None = None
+) -> tuple[Params, np.ndarray, np.ndarray]:
+    """Clip every row of stacked ``(K, ...)`` messages to ``clip`` and sum over ``divisor``.
+
+    Returns the clipped mean (zeros like ``template`` when ``K = 0``), the norms before
+    clipping and a boolean "was clipped" per row.
+    """
+    first = next(iter(updates.values()))
+    if first.shape[0] == 0:
+        if template is None:
+            raise InvalidParameterError("A mean of no messages needs a 'template'.")
+        zeros = {n: torch.zeros_like(p) for n, p in template.items()}
+        return zeros, np.zeros(0), np.zeros(0, dtype=bool)
+    norms = update_norms(updates)
+    factors = clip_factors(norms, clip)
+    mean = {
+        n: torch.tensordot(factors.to(t.dtype), t, dims=1) / divisor for n, t in updates.items()
+    }
+    return mean, norms.numpy(), (factors < 1).numpy()
 
 
 @dataclass
@@ -131,32 +153,17 @@ class GaussianMeanRelease:
             "noise_std": self.noise_std,
             "divisor": self.q,
             "noise_multiplier": self.noise_multiplier,
-            "sampling": self.sampler.kind,
-            "num_clients": self.sampler.num_clients,
-            "clients_per_round": self.sampler.clients_per_round,
+            "sampling": getattr(self.sampler, "kind", None),
+            "num_clients": getattr(self.sampler, "num_clients", None),
+            "clients_per_round": getattr(self.sampler, "clients_per_round", None),
         }
 
     # ------------------------------------------------------------------------------- pieces
     def aggregate(
         self, updates: Params, template: Params | None = None
     ) -> tuple[Params, np.ndarray, np.ndarray]:
-        """Clip every row of stacked ``(K, ...)`` messages to γ and sum over the divisor.
-
-        Returns the clipped mean (zeros like ``template`` when ``K = 0``), the norms before
-        clipping and a boolean "was clipped" per row.
-        """
-        first = next(iter(updates.values()))
-        if first.shape[0] == 0:
-            if template is None:
-                raise InvalidParameterError("aggregate() of no messages needs a 'template'.")
-            zeros = {n: torch.zeros_like(p) for n, p in template.items()}
-            return zeros, np.zeros(0), np.zeros(0, dtype=bool)
-        norms = update_norms(updates)
-        factors = clip_factors(norms, self.clip)
-        mean = {
-            n: torch.tensordot(factors.to(t.dtype), t, dims=1) / self.q for n, t in updates.items()
-        }
-        return mean, norms.numpy(), (factors < 1).numpy()
+        """:func:`clipped_mean` with this release's clip and divisor."""
+        return clipped_mean(updates, self.clip, self.q, template)
 
     def _record(
         self, ledger: Any, round: int | None, release_id: str | None, replay_ok: bool, kind: str
@@ -164,6 +171,10 @@ class GaussianMeanRelease:
         event = self.event()
         if event is None or ledger is None:
             return (float("inf") if event is None else float("nan")), event
+        from privmtl.privacy.ledger import PrivacyLedger
+
+        if not isinstance(ledger, PrivacyLedger):  # a stand-in with record(event, round=...)
+            return float(ledger.record(event, round=round)), event
         eps = ledger.record(
             event,
             round=round,

@@ -1,0 +1,50 @@
+"""``privmtl ledger PATH``: re-account a run's durable privacy ledger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from privmtl.cli._common import echo_json
+
+__all__ = ["ledger"]
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--accountant",
+    type=click.Choice(["rdp", "pld"]),
+    help="Accountant to compose the recorded events with (default: the run's own).",
+)
+@click.option("--delta", type=float, help="δ of the reported ε (default: the run's own).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def ledger(path: Path, accountant: str | None, delta: float | None, as_json: bool) -> None:
+    """Re-account the releases recorded in PATH (a checkpoint directory or a ledger.jsonl file).
+
+    Prints ε after every release. Without --accountant the JSON also gives the other tight
+    accountant's ε (rdp and pld side by side).
+    """
+    from privmtl.privacy.ledger import reaccount
+
+    if delta is not None and not 0 < delta < 1:
+        raise click.BadParameter(f"must be in (0, 1); got {delta}", param_hint="--delta")
+    out: dict[str, Any] = reaccount(path, accountant=accountant, delta=delta)
+    if accountant is None:
+        other = "pld" if out["accountant"] == "rdp" else "rdp"
+        out[f"epsilon_{other}"] = reaccount(path, accountant=other, delta=delta)["epsilon"]
+    if as_json:
+        echo_json(out)
+        return
+    click.echo(
+        f"{out['releases']} releases ({', '.join(out['mechanisms'])}), {out['relation']}, "
+        f"δ={out['delta']:.3g}"
+    )
+    for i, eps in enumerate(out["per_release"]):
+        click.echo(f"  release {i}: ε = {eps:.6g}" if eps is not None else f"  release {i}: ε = ∞")
+    click.echo(f"ε = {out['epsilon']} ({out['accountant']})")
+    for key in ("epsilon_rdp", "epsilon_pld"):
+        if key in out:
+            click.echo(f"ε = {out[key]} ({key.split('_')[1]})")

@@ -1,0 +1,187 @@
+r"""The one client step of the federated family: local SGD of the sampled clients.
+
+Every federated method runs the same local loop on the clients sampled in a round; they differ
+only in the *update rule* applied after each minibatch gradient :math:`g` of the data term (the
+minibatch mean cross-entropy):
+
+:class:`ProxStep`
+    :math:`w \leftarrow w - \eta\,(g + \rho\,(w - a))`, then optionally
+    :math:`w \leftarrow \Pi_B(w) = w\min(1, B/\lVert w\rVert_2)` (norm over all parameters). With
+    :math:`\rho = 0` this is plain SGD (FedAvg, local training); :math:`\rho = \lambda` and
+    :math:`a = \tilde w` is PMTL's mean-regularized step (FedProx: :math:`\rho = \mu`); the
+    projection is the workshop variant's.
+:class:`SplitStep`
+    PP-SGD (Bietti et al. 2022): the client holds a shared part :math:`u` and a local part
+    :math:`\theta`, predicts with :math:`u + \theta`, and with :math:`g` the gradient at
+    :math:`u+\theta` steps :math:`u \leftarrow u - \eta g` and
+    :math:`\theta \leftarrow \theta - \alpha\eta\,(g + \mu\theta)`.
+
+:func:`local_sgd_batched` trains all clients of a round together (one vectorised gradient per
+step over stacked parameters ``(K, ...)``; a client without a ``s``-th minibatch is dropped from
+step ``s``, not masked); :func:`local_sgd_reference` is the per-client loop with ordinary
+autograd, the oracle the batched path is tested against. Both consume the same minibatch plan
+(:func:`~privmtl.federated.algorithms.draw_round_plan`) and apply the same rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from privmtl.federated.algorithms import Params, pad_plan
+
+__all__ = [
+    "ProxStep",
+    "SplitStep",
+    "UpdateRule",
+    "local_sgd_batched",
+    "local_sgd_reference",
+    "split_names",
+]
+
+StepFn = Callable[..., tuple[Params, torch.Tensor]]
+
+#: Prefix of the local part's entries in a :class:`SplitStep` state.
+_LOCAL = "local::"
+
+
+def split_names(name: str) -> str:
+    """The state key of the local (PP-SGD) part of parameter ``name``."""
+    return _LOCAL + name
+
+
+class UpdateRule:
+    """How a client's state moves after a minibatch gradient (see the module docstring).
+
+    ``params_at(state)`` gives the model parameters at which the gradient is taken (stacked
+    ``(K, ...)``); ``apply_(names, state, grads)`` updates the listed state tensors in place.
+    """
+
+    def params_at(self, state: Params) -> Params:
+        return state
+
+    def apply_(self, state: Params, grads: Params) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ProxStep(UpdateRule):
+    """:math:`w \\leftarrow \\Pi_B(w - \\eta(g + \\rho(w - a)))` (no projection when ``ball`` is None)."""
+
+    lr: float
+    anchor: Params | None = None
+    weight: float = 0.0
+    ball: float | None = None
+
+    def apply_(self, state: Params, grads: Params) -> None:
+        names = list(state)
+        cur = [state[n] for n in names]
+        gs = [grads[n] for n in names]
+        if self.anchor is not None and self.weight:
+            steps = list(torch._foreach_sub(cur, [self.anchor[n] for n in names]))
+            torch._foreach_mul_(steps, self.weight)
+            torch._foreach_add_(steps, gs)
+        else:
+            steps = gs
+        torch._foreach_add_(cur, steps, alpha=-self.lr)
+        if self.ball is not None:
+            sq = sum(p.double().flatten(1).pow(2).sum(1) for p in cur)
+            norms = torch.as_tensor(sq).sqrt()
+            fac = torch.where(norms > self.ball, self.ball / norms.clamp_min(1e-30), 1.0)
+            for p in cur:
+                p.mul_(fac.to(p.dtype).view((-1,) + (1,) * (p.ndim - 1)))
+
+
+@dataclass(frozen=True)
+class SplitStep(UpdateRule):
+    """PP-SGD: shared ``u`` (the model's names) and local ``θ`` (``split_names(name)``)."""
+
+    lr: float
+    alpha: float
+    mu: float
+
+    def params_at(self, state: Params) -> Params:
+        return {n: p + state[split_names(n)] for n, p in state.items() if not n.startswith(_LOCAL)}
+
+    def apply_(self, state: Params, grads: Params) -> None:
+        for n, g in grads.items():
+            th = state[split_names(n)]
+            state[n].sub_(self.lr * g)
+            th.sub_(self.alpha * self.lr * (g + self.mu * th))
+
+
+def local_sgd_batched(
+    step_fn: StepFn,
+    starts: Params,
+    rule: UpdateRule,
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    plan: list[list[np.ndarray]],
+    batch_size: int,
+) -> tuple[Params, list[float]]:
+    """Local SGD of all clients of ``plan`` at once (module docstring).
+
+    ``starts`` holds the stacked state ``(K, ...)`` of the ``K`` clients of ``plan``; returns
+    their new state and each client's mean minibatch loss (NaN for a client without steps).
+    Minibatches shorter than ``batch_size`` are padded with zero-weight rows.
+    """
+    rows, weights, active = pad_plan(plan, batch_size)
+    names = list(starts)
+    state = {n: starts[n].clone() for n in names}
+    weights = weights.to(state[names[0]].dtype)
+    loss_sum = torch.zeros(len(plan), dtype=torch.float64)
+    with torch.no_grad():
+        for s in range(rows.shape[0]):
+            a = active[s]
+            idx = None if bool(a.all()) else torch.nonzero(a).flatten()
+            cur = state if idx is None else {n: p.index_select(0, idx) for n, p in state.items()}
+            r, wts = (rows[s], weights[s]) if idx is None else (rows[s][idx], weights[s][idx])
+            grads, loss = step_fn(rule.params_at(cur), x_all[r], y_all[r], wts)
+            rule.apply_(cur, grads)
+            if idx is None:
+                loss_sum += loss.double()
+            else:
+                for n in names:
+                    state[n].index_copy_(0, idx, cur[n])
+                loss_sum.index_add_(0, idx, loss.double())
+    n_steps = active.sum(0).double()
+    losses = torch.where(n_steps > 0, loss_sum / n_steps.clamp_min(1), torch.nan)
+    return state, losses.tolist()
+
+
+def local_sgd_reference(
+    model: nn.Module,
+    buffers: Params,
+    starts: Params,
+    rule: UpdateRule,
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    plan: list[list[np.ndarray]],
+) -> tuple[Params, list[float]]:
+    """The same local SGD one client after the other, with ordinary autograd per minibatch."""
+    outs: list[Params] = []
+    losses: list[float] = []
+    for j, steps in enumerate(plan):
+        state = {n: p[j : j + 1].detach().clone() for n, p in starts.items()}
+        total = 0.0
+        for rows in steps:
+            idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+            at = rule.params_at(state)
+            leaves = {n: p[0].detach().requires_grad_(True) for n, p in at.items()}
+            with torch.enable_grad():
+                logits = functional_call(model, (leaves, buffers), (x_all[idx],))
+                loss = F.cross_entropy(logits, y_all[idx])
+                grads = torch.autograd.grad(loss, list(leaves.values()))
+            total += float(loss.detach())
+            with torch.no_grad():
+                rule.apply_(state, {n: g.unsqueeze(0) for n, g in zip(leaves, grads, strict=True)})
+        outs.append(state)
+        losses.append(total / len(steps) if steps else math.nan)
+    return {n: torch.cat([o[n] for o in outs]) for n in starts}, losses

@@ -1,0 +1,754 @@
+r"""One round at a time: the curator, the clients and the driver of every federated method.
+
+The backbone of the PMTL family, written once:
+
+1. the **curator** samples the round's clients (its sampler names the privacy event of the round)
+   and broadcasts the billboard;
+2. every sampled **client** runs the method's local update from its start model
+   (:mod:`privmtl.federated.client`) and sends a message;
+3. the curator **releases**: clip every message → mean over the fixed ``q`` → Gaussian noise from
+   its noise source → ledger record (write-ahead, durable with a checkpoint directory) → billboard
+   update (:class:`~privmtl.privacy.release.GaussianMeanRelease`);
+4. the **driver** (:class:`Trainer`) records the round and, every ``checkpoint_every`` rounds,
+   saves the curator's and the clients' state atomically.
+
+The methods differ only in what a client starts from, its update rule, what it sends and how the
+billboard absorbs a release (:class:`MethodSpec`):
+
+============  ==================  ====================  ==================  ===============
+method        client starts from  local rule            message             billboard
+============  ==================  ====================  ==================  ===============
+pmtl          its own model       ProxStep(λ, w̃)        Δw or w − w̃         w̃ + release
+fedavg        w̃                   ProxStep(0)           w − w̃               w̃ + release
+fedprox       w̃                   ProxStep(μ, w̃)        w − w̃               w̃ + release
+local         its own model       ProxStep(0)           (none)              (none)
+joint-dp      its released block  ProxStep(λ, mean)     w − block           blocks + release
+pp-sgd        (w̃, its own θ)      SplitStep(α, μ)       u − w̃               w̃ + release
+workshop      its own model       ProxStep(λ, w̃, B)     w (the model)       release
+============  ==================  ====================  ==================  ===============
+
+Randomness (seeded mode reproduces a run bit for bit, and a resumed run equals the uninterrupted
+one): client sampling from ``numpy.random.default_rng([seed, 0])``, client ``k``'s minibatches of
+round ``t`` from ``default_rng([seed, 1, t, k])``, server noise from
+:class:`~privmtl.privacy.noise.SeededNoise` ``(seed, (2,))``. In secure mode (the default) the noise
+comes from OS entropy and every round's client sampling from a generator freshly seeded with 128
+bits of OS entropy, so that no client can predict who is sampled; neither is ever checkpointed.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import secrets
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from privmtl._validation import check_choice, check_int, check_real
+from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from privmtl.data.federated import FederatedDataset
+from privmtl.exceptions import InvalidParameterError, PrivmtlWarning
+from privmtl.federated.algorithms import (
+    Params,
+    draw_round_plan,
+    evaluate,
+    partition_plan,
+    sampling_rng,
+)
+from privmtl.federated.client import (
+    ProxStep,
+    SplitStep,
+    UpdateRule,
+    local_sgd_batched,
+    local_sgd_reference,
+    split_names,
+)
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.privacy.ledger import PrivacyLedger
+from privmtl.privacy.noise import NoiseSource, make_noise_source
+from privmtl.privacy.release import GaussianMeanRelease, Release
+from privmtl.privacy.sampling import ClientSampler, make_sampler
+
+__all__ = ["Curator", "MethodSpec", "RoundRecord", "Trainer", "method_spec"]
+
+MessageHook = Callable[[int, np.ndarray, Params], Params]
+
+#: Config fields that change how a run executes but not its result (left out of the fingerprint
+#: that a checkpoint must match).
+_EXECUTION_ONLY = ("progress", "threads", "parallel_chunks", "client_chunk", "eval_every")
+
+
+# ---------------------------------------------------------------------------------- methods
+@dataclass(frozen=True)
+class MethodSpec:
+    """How a method uses the protocol (module docstring table)."""
+
+    name: str
+    start: str  # "own" | "global" | "block" | "split"
+    prox_weight: float  # ρ of the local rule
+    communicates: bool
+    personalized: bool  # output: m personalized models (else the one billboard)
+    billboard: str = "add"  # "add" | "replace" | "blocks"
+    message: str = "delta"  # "delta" | "offset" | "model"
+
+
+def method_spec(config: TrainConfig) -> MethodSpec:
+    """The :class:`MethodSpec` of ``config.method``."""
+    lam = float(config.lam)
+    msg = "offset" if config.server_update == "offset" else "delta"
+    return {
+        "pmtl": MethodSpec("pmtl", "own", lam, True, True, message=msg),
+        "fedavg": MethodSpec("fedavg", "global", 0.0, True, False),
+        "fedprox": MethodSpec("fedprox", "global", lam, True, False),
+        "local": MethodSpec("local", "own", 0.0, False, True),
+        "joint-dp": MethodSpec("joint-dp", "block", lam, True, True, billboard="blocks"),
+        "pp-sgd": MethodSpec("pp-sgd", "split", 0.0, True, True),
+        "workshop": MethodSpec(
+            "workshop", "own", lam, True, True, billboard="replace", message="model"
+        ),
+    }[config.method]
+
+
+# ---------------------------------------------------------------------------------- curator
+class Curator:
+    """The server: billboard, round index, sampler and its randomness, the release, the ledger.
+
+    Parameters
+    ----------
+    release : GaussianMeanRelease
+        Clip, noise and sampler of every release (the sampler also draws the clients).
+    billboard : dict of str to Tensor
+        The initial billboard :math:`\\tilde w^0` (stacked ``(m, ...)`` blocks for ``"blocks"``).
+    noise : NoiseSource
+    ledger : PrivacyLedger or None
+        Receives every private release before it leaves (None: not private).
+    update : {"add", "replace", "blocks"}
+        How a release enters the billboard: :math:`\\tilde w + r`, :math:`r`, or block-wise add.
+    seed : int
+        Seed of the client-sampling stream in seeded mode.
+    name : str
+        Prefix of the release ids in the ledger (several curators may share one).
+    """
+
+    def __init__(
+        self,
+        release: GaussianMeanRelease,
+        billboard: Params,
+        *,
+        noise: NoiseSource,
+        ledger: PrivacyLedger | None,
+        update: str = "add",
+        seed: int = 0,
+        name: str = "",
+    ) -> None:
+        self.release_mechanism = release
+        self.billboard = {n: p.clone() for n, p in billboard.items()}
+        self.noise = noise
+        self.ledger = ledger
+        self.update = check_choice("update", update, ("add", "replace", "blocks"))
+        self.round = 0
+        self.name = name
+        self._seeded = noise.kind == "seeded"
+        self._rng = sampling_rng(seed) if self._seeded else None
+
+    @property
+    def sampler(self) -> ClientSampler:
+        return self.release_mechanism.sampler
+
+    def event(self) -> Any:
+        """The privacy event of the next release (None when not private)."""
+        return self.release_mechanism.event()
+
+    def would_exceed_budget(self) -> bool:
+        """True when the ledger has a budget that the next release would exceed."""
+        event = self.event()
+        return event is not None and self.ledger is not None and self.ledger.would_exceed(event)
+
+    def sample_round(self) -> np.ndarray:
+        """The sorted indices of this round's clients."""
+        rng = self._rng if self._rng is not None else np.random.default_rng(secrets.randbits(128))
+        return np.asarray(self.sampler.sample(rng), dtype=np.int64).reshape(-1)
+
+    def release(self, messages: Params, rows: np.ndarray | None = None) -> Release:
+        """Clip → mean → noise → record → billboard update; returns what was released."""
+        rid = f"{self.name}round:{self.round}"
+        common: dict[str, Any] = {
+            "ledger": self.ledger,
+            "round": self.round,
+            "release_id": rid,
+            "replay_ok": self._seeded,
+        }
+        mech = self.release_mechanism
+        if self.update == "blocks":
+            assert rows is not None
+            num = next(iter(self.billboard.values())).shape[0]
+            out = mech.release_blocks(messages, rows, num, self.noise, **common)
+        else:
+            out = mech.release(messages, self.noise, template=self.billboard, **common)
+        # the ledger has the release on disk: it may now leave the curator
+        if self.update == "replace":
+            self.billboard = out.value
+        else:
+            self.billboard = {n: self.billboard[n] + out.value[n] for n in self.billboard}
+        self.round += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Billboard, round and (seeded mode only) the sampling and noise generator states."""
+        state: dict[str, Any] = {"billboard": self.billboard, "round": self.round}
+        if self._rng is not None:
+            state["sampling_rng"] = json.dumps(self._rng.bit_generator.state)
+            state["noise"] = self.noise.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.billboard = {n: p.clone() for n, p in state["billboard"].items()}
+        self.round = int(state["round"])
+        if self._rng is not None:
+            self._rng.bit_generator.state = json.loads(state["sampling_rng"])
+            self.noise.load_state_dict(state["noise"])
+
+
+# ---------------------------------------------------------------------------------- driver
+@dataclass
+class RoundRecord:
+    """What one round did; ``released`` is the billboard after the round (public)."""
+
+    round: int
+    sampled: np.ndarray
+    released: Params
+    epsilon: float
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def _stack(params: Params, m: int) -> Params:
+    return {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in params.items()}
+
+
+def _refuse_running_buffers(model: nn.Module) -> None:
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm) or (
+            isinstance(mod, nn.modules.instancenorm._InstanceNorm) and mod.track_running_stats
+        ):
+            raise InvalidParameterError(
+                f"The 'model' parameter has a {type(mod).__name__} ({name or 'root'}): its running "
+                "statistics change in training and would mix clients' data in shared buffers. "
+                "Use LayerNorm or GroupNorm (or BatchNorm with track_running_stats=False)."
+            )
+
+
+class Trainer:
+    r"""The in-process driver of every federated method: steppable, checkpointable, resumable.
+
+    Parameters
+    ----------
+    dataset : FederatedDataset
+        One client per task; training uses ``train``, evaluation ``val`` and ``test``.
+    model : torch.nn.Module
+        Architecture and initial parameters (copied: the module itself is never modified).
+        Modules whose buffers change in training (BatchNorm with running statistics) are refused.
+    config : TrainConfig, optional
+    noise_source : {"secure", "seeded"}, optional
+        Default ``config.noise_source``. ``"seeded"`` is for research simulation only.
+    sampler : ClientSampler, optional
+        Default ``make_sampler(config.sampling, m, q)``.
+    ledger : PrivacyLedger, optional
+        Default: a new ledger (``config.accountant``, ``config.relation``, δ = ``config.delta``
+        or ``1/m``), durable at ``checkpoint_dir/ledger.jsonl`` when a checkpoint directory is
+        given.
+    checkpoint_dir : path, optional
+        Where the run's state is saved atomically every ``checkpoint_every`` rounds and at the end.
+    checkpoint_every : int, default 1
+    resume : bool, default False
+        Continue the run checkpointed in ``checkpoint_dir`` (refused if it is from another
+        configuration). Without ``resume`` a directory that already holds a checkpoint is refused.
+    budget_epsilon : float, optional
+        Stop before the release that would take ε above it (default ``config.budget``).
+    on_budget : {"stop", "raise"}, default "stop"
+        Stop cleanly (``result().stopped_on_budget``) or raise :class:`PrivacyBudgetError`.
+    message_hook : callable, optional
+        ``hook(round, sampled, messages) -> messages``: sees (and may replace) the clients'
+        messages before the curator clips them — for audits with adversarial canary clients.
+    initial_state : dict, optional
+        Client states to start from instead of the model's parameters (e.g. PP-SGD's ``θ``:
+        ``{"theta": {name: (m, ...)}}``).
+
+    Examples
+    --------
+    >>> trainer = Trainer(dataset, model, TrainConfig(rounds=10), noise_source="seeded")
+    >>> for rec in trainer:                     # doctest: +SKIP
+    ...     print(rec.round, rec.epsilon)
+    >>> result = trainer.result()               # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        dataset: FederatedDataset,
+        model: nn.Module,
+        config: TrainConfig | None = None,
+        *,
+        noise_source: str | None = None,
+        sampler: ClientSampler | None = None,
+        ledger: PrivacyLedger | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = False,
+        budget_epsilon: float | None = None,
+        on_budget: str = "stop",
+        message_hook: MessageHook | None = None,
+        initial_state: dict[str, Any] | None = None,
+    ) -> None:
+        config = TrainConfig() if config is None else config
+        check_inputs(dataset, model)
+        _refuse_running_buffers(model)
+        self.dataset, self.config = dataset, config
+        self.model = copy.deepcopy(model)
+        self.spec = spec = method_spec(config)
+        m = dataset.n_clients
+        self.m = m
+        full = config.sampling == "all" or spec.name == "workshop"
+        q = m if full else config.clients_per_round
+        if q > m:
+            raise InvalidParameterError(
+                f"The 'clients_per_round' parameter must be <= the number of clients ({m}); got {q}."
+            )
+        self.q = q
+        if spec.name == "pmtl" and spec.message == "delta" and q < m:
+            warnings.warn(
+                f"server_update='delta' (Algorithm 1 as printed) with partial participation (q={q} "
+                f"of m={m} clients per round) moves the billboard m/q = {m / q:.3g} times faster "
+                "than the mean of the personalized models and can diverge; server_update='offset' "
+                "(the authors' code) has the same privacy guarantee.",
+                PrivmtlWarning,
+                stacklevel=2,
+            )
+        self.noise_source = check_choice(
+            "noise_source", noise_source or config.noise_source, ("secure", "seeded")
+        )
+        self.delta = config.delta if config.delta is not None else 1.0 / m
+        self.checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.on_budget = check_choice("on_budget", on_budget, ("stop", "raise"))
+        budget = config.budget if budget_epsilon is None else budget_epsilon
+        if budget is not None:
+            budget = check_real("budget_epsilon", budget, low=0.0, closed="neither")
+        self.budget = budget
+        self.message_hook = message_hook
+
+        init = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        if not init:
+            raise InvalidParameterError("The 'model' parameter must have at least one parameter.")
+        self.buffers = {n: b.detach() for n, b in self.model.named_buffers()}
+        x_all, y_all, offsets = dataset.concat("train")
+        self.x_all = x_all.to(next(iter(init.values())).dtype)
+        self.y_all, self.offsets = y_all, offsets
+
+        # ---- the release of this method
+        sampler = (
+            sampler
+            if sampler is not None
+            else make_sampler("all" if full else config.sampling, m, q)
+        )
+        clip, sigma, divisor = config.clip, config.noise_std, float(q)
+        if spec.name == "workshop":
+            clip = config.ball  # models are projected to the ball: the clip is its radius
+        if spec.billboard == "blocks":  # block std zγ with z = σq/γ (PMTL's multiplier)
+            sigma, divisor = config.noise_std * q, 1.0
+        if spec.name == "local":
+            sigma = 0.0
+        mech = GaussianMeanRelease(clip=clip, noise_std=sigma, sampler=sampler, divisor=divisor)
+        if spec.communicates and mech.private:
+            if ledger is None:
+                ledger = self._make_ledger()
+            ledger.epsilon_if(mech.event())  # fail fast on an unsupported combination
+        if budget is not None and ledger is not None:
+            ledger.budget = budget
+        self.ledger = ledger if spec.communicates and mech.private else None
+        noise = make_noise_source(self.noise_source, config.seed)
+
+        # ---- curator and client states
+        if spec.name == "workshop":
+            from privmtl.federated.workshop import project_to_ball
+
+            assert config.ball is not None
+            init = project_to_ball(init, config.ball, stacked=False)
+        board = _stack(init, m) if spec.billboard == "blocks" else init
+        self.curator = Curator(
+            mech,
+            board,
+            noise=noise,
+            ledger=self.ledger,
+            update=spec.billboard,
+            seed=config.seed,
+        )
+        self.clients: dict[str, Params] = {}
+        if spec.start == "own":
+            self.clients["personal"] = _stack(init, m)
+        if spec.start == "split":
+            theta = (initial_state or {}).get("theta")
+            self.clients["theta"] = (
+                {n: torch.zeros((m, *p.shape), dtype=p.dtype) for n, p in init.items()}
+                if theta is None
+                else {n: torch.as_tensor(theta[n], dtype=p.dtype).clone() for n, p in init.items()}
+            )
+        self.names = list(init)
+        self.history: list[dict[str, Any]] = []
+        self.epsilon = 0.0 if spec.name == "local" else (math.inf if self.ledger is None else 0.0)
+        self.stopped_on_budget = False
+        self._train_seconds = 0.0
+        self._step_fn: Any = None
+        self._local = threading.local()
+        if self.checkpoint_dir is not None:
+            self._open_checkpoint(resume)
+
+    # ---------------------------------------------------------------------------- setup
+    def _make_ledger(self, path: Path | None = None) -> PrivacyLedger:
+        kw: dict[str, Any] = {
+            "delta": self.delta,
+            "accountant": self.config.accountant,
+            "relation": self.config.relation,
+            "budget": self.budget,
+        }
+        if path is None:
+            return PrivacyLedger(**kw)
+        return PrivacyLedger.open(path, **kw)
+
+    def fingerprint_config(self) -> dict[str, Any]:
+        """What a checkpoint must match: results-relevant config, data, model and noise source."""
+        cfg = {k: v for k, v in self.config.to_dict().items() if k not in _EXECUTION_ONLY}
+        cfg.pop("budget", None)  # a resumed run may be given another budget
+        sizes = self.dataset.sizes("train").tolist()
+        ids = hashlib.sha256("\n".join(self.dataset.client_ids).encode()).hexdigest()
+        return {
+            **cfg,
+            "noise_source": self.noise_source,
+            "num_clients": self.m,
+            "client_ids_sha256": ids,
+            "train_sizes_sha256": hashlib.sha256(str(sizes).encode()).hexdigest(),
+            "model": {n: list(p.shape) for n, p in self.model.named_parameters()},
+        }
+
+    def _open_checkpoint(self, resume: bool) -> None:
+        assert self.checkpoint_dir is not None
+        d = self.checkpoint_dir
+        exists = has_checkpoint(d)
+        if exists and not resume:
+            raise InvalidParameterError(
+                f"The checkpoint directory {d} already holds a run; pass resume=True (--resume) "
+                "to continue it, or choose an empty directory."
+            )
+        if self.ledger is not None:
+            if not exists and (d / "ledger.jsonl").exists():
+                raise InvalidParameterError(
+                    f"{d} holds a ledger but no checkpoint; choose an empty directory."
+                )
+            budget, self.ledger.budget = self.ledger.budget, None
+            durable = self._make_ledger(d / "ledger.jsonl")
+            durable.budget = budget
+            if self.ledger.records:
+                raise InvalidParameterError(
+                    "Give either a ledger or a checkpoint directory, not a ledger with releases."
+                )
+            self.ledger = self.curator.ledger = durable
+        if exists:
+            state, _ = load_checkpoint(d, kind="pmtl-family", config=self.fingerprint_config())
+            self.load_state_dict(state)
+
+    # ---------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Curator and client states, history and the ε reached (no secret noise state)."""
+        return {
+            "curator": self.curator.state_dict(),
+            "clients": self.clients,
+            "history": json.dumps(self.history),
+            "epsilon": self.epsilon,
+            "stopped_on_budget": self.stopped_on_budget,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.curator.load_state_dict(state["curator"])
+        self.clients = {
+            k: {n: p.clone() for n, p in v.items()} for k, v in state["clients"].items()
+        }
+        self.history = json.loads(state["history"])
+        self.epsilon = float(state["epsilon"])
+        if self.ledger is not None and self.history and self.noise_source == "secure":
+            self.epsilon = self.ledger.epsilon()
+
+    def save(self) -> None:
+        """Save a checkpoint now (atomic; the ledger file is already up to date)."""
+        if self.checkpoint_dir is None:
+            raise InvalidParameterError("save() needs a checkpoint_dir.")
+        save_checkpoint(
+            self.checkpoint_dir,
+            kind="pmtl-family",
+            config=self.fingerprint_config(),
+            state=self.state_dict(),
+            step=self.round,
+            noise_source=self.noise_source,
+        )
+
+    @property
+    def round(self) -> int:
+        return self.curator.round
+
+    @property
+    def finished(self) -> bool:
+        return self.round >= self.config.rounds or self.stopped_on_budget
+
+    # ---------------------------------------------------------------------------- one round
+    def _thread_step_fn(self) -> Any:
+        from privmtl.federated.engine import make_step_fn
+
+        fn = getattr(self._local, "step_fn", None)
+        if fn is None:  # functional_call swaps a module's parameters: one module per thread
+            model = (
+                self.model
+                if threading.current_thread() is threading.main_thread()
+                else copy.deepcopy(self.model)
+            )
+            fn = make_step_fn(model, self.buffers, self.config.vectorize)
+            self._local.step_fn = fn
+        return fn
+
+    def _rule(self, anchor: Params | None) -> UpdateRule:
+        cfg, spec = self.config, self.spec
+        if spec.start == "split":
+            mu = cfg.lam if cfg.pp_theta_reg is None else cfg.pp_theta_reg
+            return SplitStep(lr=cfg.lr, alpha=cfg.pp_alpha, mu=mu)
+        ball = cfg.ball if spec.name == "workshop" else None
+        return ProxStep(lr=cfg.lr, anchor=anchor, weight=spec.prox_weight, ball=ball)
+
+    def _starts(self, sel: torch.Tensor) -> tuple[Params, Params | None]:
+        """Start states of the sampled clients and the anchor of the local rule."""
+        spec, board, k = self.spec, self.curator.billboard, len(sel)
+        if spec.start == "global":
+            starts = {n: p.unsqueeze(0).expand((k, *p.shape)).clone() for n, p in board.items()}
+            return starts, board if spec.prox_weight else None
+        if spec.start == "block":
+            centre = {n: p.mean(0) for n, p in board.items()} if spec.prox_weight else None
+            return {n: p.index_select(0, sel) for n, p in board.items()}, centre
+        if spec.start == "split":
+            starts = {n: p.unsqueeze(0).expand((k, *p.shape)).clone() for n, p in board.items()}
+            theta = self.clients["theta"]
+            starts.update({split_names(n): p.index_select(0, sel) for n, p in theta.items()})
+            return starts, None
+        personal = self.clients["personal"]
+        starts = {n: p.index_select(0, sel) for n, p in personal.items()}
+        return starts, board if spec.prox_weight else None
+
+    def _train_clients(
+        self, starts: Params, rule: UpdateRule, plan: list[list[np.ndarray]], pool: Any
+    ) -> tuple[Params, list[float]]:
+        cfg = self.config
+        k = len(plan)
+        if not cfg.batched:
+            return local_sgd_reference(
+                self.model, self.buffers, starts, rule, self.x_all, self.y_all, plan
+            )
+
+        def train_group(pos: np.ndarray) -> tuple[Params, list[float]]:
+            idx = torch.from_numpy(pos)
+            return local_sgd_batched(
+                self._thread_step_fn(),
+                {n: p.index_select(0, idx) for n, p in starts.items()},
+                rule,
+                self.x_all,
+                self.y_all,
+                [plan[j] for j in pos],
+                cfg.batch_size,
+            )
+
+        if pool is not None:  # groups of equal work, one per thread at a time
+            groups = partition_plan(plan, cfg.threads, cfg.client_chunk)
+            results = list(pool.map(train_group, groups))
+        else:
+            chunk = cfg.client_chunk or max(k, 1)
+            groups = [np.arange(c, min(c + chunk, k)) for c in range(0, k, chunk)]
+            results = [train_group(g) for g in groups]
+        order = torch.from_numpy(np.argsort(np.concatenate(groups), kind="stable"))
+        losses: list[float] = [v for _, ls in results for v in ls]
+        news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, order) for n in starts}
+        return news, [losses[int(i)] for i in order]
+
+    def _messages(self, starts: Params, news: Params) -> Params:
+        spec, board = self.spec, self.curator.billboard
+        if spec.message == "model":
+            return {n: news[n] for n in self.names}
+        if spec.message == "offset" or spec.start in ("global", "split"):
+            return {n: news[n] - board[n] for n in self.names}
+        return {n: news[n] - starts[n] for n in self.names}
+
+    def step(self, pool: Any = None) -> RoundRecord | None:
+        """Run one round; None when the run is finished or stops on its budget."""
+        if self.finished:
+            return None
+        if self.budget is not None and self.curator.would_exceed_budget():
+            if self.on_budget == "raise":
+                assert self.ledger is not None
+                self.ledger.check(self.curator.event())
+            self.stopped_on_budget = True
+            return None
+        t0, c0 = time.perf_counter(), time.process_time()
+        t, spec = self.round, self.spec
+        sampled = self.curator.sample_round() if spec.communicates or spec.name == "local" else None
+        assert sampled is not None
+        plan = draw_round_plan(sampled, self.offsets, t, self.config)
+        losses: list[float] = []
+        norms, clipped = np.zeros(0), np.zeros(0, dtype=bool)
+        messages = {n: p.new_zeros((0, *p.shape)) for n, p in self._template().items()}
+        if len(sampled):
+            sel = torch.from_numpy(sampled)
+            starts, anchor = self._starts(sel)
+            news, losses = self._train_clients(starts, self._rule(anchor), plan, pool)
+            self._keep(sel, news)
+            messages = self._messages(starts, news)
+        if self.message_hook is not None:
+            messages = self.message_hook(t, sampled, messages)
+        if spec.communicates:
+            out = self.curator.release(messages, rows=sampled)
+            norms, clipped = out.norms, out.clipped
+            if self.ledger is not None:
+                self.epsilon = out.epsilon
+        else:
+            self.curator.round += 1  # local training: a round without a release
+        z = self.curator.release_mechanism.noise_multiplier if spec.communicates else None
+        rec: dict[str, Any] = {
+            "round": t,
+            "sampled": sampled.tolist(),
+            "n_sampled": len(sampled),
+            "train_loss": float(np.nanmean(losses)) if len(losses) else math.nan,
+            "update_norms": [float(v) for v in norms],
+            "clipped_fraction": float(clipped.mean()) if len(clipped) else 0.0,
+            "noise_multiplier": z,
+            "epsilon": self.epsilon,
+            "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - c0,
+        }
+        if self.config.eval_every and (t + 1) % self.config.eval_every == 0:
+            ev = self._evaluate_split("val")
+            main = ev["personalized" if self.spec.personalized else "global"]
+            rec["val_accuracy"] = main["accuracy"]
+            rec["val_mean_client_accuracy"] = main["mean_client_accuracy"]
+        self.history.append(rec)
+        if self.checkpoint_dir is not None and (
+            self.round % self.checkpoint_every == 0 or self.round == self.config.rounds
+        ):
+            self.save()
+        return RoundRecord(t, sampled, self.curator.billboard, self.epsilon, rec)
+
+    def _template(self) -> Params:
+        board = self.curator.billboard
+        if self.spec.billboard == "blocks":
+            return {n: p[0] for n, p in board.items()}
+        return board
+
+    def _keep(self, sel: torch.Tensor, news: Params) -> None:
+        """The sampled clients keep their new state (personalized models, PP-SGD's θ)."""
+        if "personal" in self.clients:
+            for n, p in self.clients["personal"].items():
+                p[sel] = news[n]
+        if "theta" in self.clients:
+            for n, p in self.clients["theta"].items():
+                p[sel] = news[split_names(n)]
+
+    # ---------------------------------------------------------------------------- loop
+    def __iter__(self) -> Iterator[RoundRecord]:
+        """Run the remaining rounds, yielding one :class:`RoundRecord` per round."""
+        cfg = self.config
+        old_threads = torch.get_num_threads()
+        pool = None
+        if cfg.parallel_chunks and cfg.batched and cfg.threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            torch.set_num_threads(1)
+            pool = ThreadPoolExecutor(
+                max_workers=cfg.threads, initializer=torch.set_num_threads, initargs=(1,)
+            )
+        else:
+            torch.set_num_threads(cfg.threads)
+        self.model.train()
+        bar = tqdm(
+            total=cfg.rounds, initial=self.round, desc=self.spec.name, disable=not cfg.progress
+        )
+        try:
+            while True:
+                t0 = time.perf_counter()
+                rec = self.step(pool)
+                if rec is None:
+                    break
+                self._train_seconds += time.perf_counter() - t0
+                bar.update(1)
+                if cfg.progress:
+                    bar.set_postfix(
+                        loss=f"{rec.record['train_loss']:.3f}", eps=f"{rec.epsilon:.3g}"
+                    )
+                yield rec
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.shutdown()
+            torch.set_num_threads(old_threads)
+
+    def run(self) -> TrainResult:
+        """Run every remaining round and return :meth:`result`."""
+        for _ in self:
+            pass
+        if self.checkpoint_dir is not None and self.history:
+            self.save()
+        return self.result()
+
+    # ---------------------------------------------------------------------------- output
+    def _outputs(self) -> tuple[Params | None, Params]:
+        board = self.curator.billboard
+        if self.spec.billboard == "blocks":
+            return board, {n: p.mean(0) for n, p in board.items()}
+        if "theta" in self.clients:
+            theta = self.clients["theta"]
+            return {n: board[n].unsqueeze(0) + theta[n] for n in board}, board
+        return self.clients.get("personal"), board
+
+    def _evaluate_split(self, split: str) -> dict[str, dict[str, float]]:
+        personal, glob = self._outputs()
+        xs, ys = self.dataset.split(split)
+        out = {}
+        if personal is not None and self.spec.personalized:
+            out["personalized"] = evaluate(
+                self.model, personal, self.buffers, xs, ys, personalized=True
+            )
+        if self.spec.communicates:
+            out["global"] = evaluate(self.model, glob, self.buffers, xs, ys, personalized=False)
+        return out
+
+    def result(self) -> TrainResult:
+        """The :class:`TrainResult` of the rounds run so far (evaluates on val and test)."""
+        personal, glob = self._outputs()
+        accuracies = {split: self._evaluate_split(split) for split in ("val", "test")}
+        train_seconds = sum(r["seconds"] for r in self.history)
+        return TrainResult(
+            config=self.config,
+            client_ids=list(self.dataset.client_ids),
+            personalized_params=personal if self.spec.personalized else None,
+            global_params=glob,
+            history=self.history,
+            accuracies=accuracies,
+            primary="personalized" if self.spec.personalized else "global",
+            epsilon=self.epsilon,
+            delta=self.delta,
+            ledger=self.ledger,
+            seconds=train_seconds,
+            seconds_per_round=train_seconds / max(len(self.history), 1),
+            noise_source=self.noise_source,
+            stopped_on_budget=self.stopped_on_budget,
+        )
