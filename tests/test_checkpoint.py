@@ -35,9 +35,10 @@ def test_refuses_a_corrupt_state_and_another_version(tmp_path):
     save_checkpoint(
         tmp_path, kind="pmtl", config=CONFIG, state=_state(), step=1, noise_source="seeded"
     )
-    data = bytearray((tmp_path / "state.pt").read_bytes())
+    (state_file,) = tmp_path.glob("state-*.pt")
+    data = bytearray(state_file.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (tmp_path / "state.pt").write_bytes(bytes(data))
+    state_file.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="corrupt"):
         load_checkpoint(tmp_path, kind="pmtl", config=CONFIG)
     save_checkpoint(
@@ -47,3 +48,27 @@ def test_refuses_a_corrupt_state_and_another_version(tmp_path):
     (tmp_path / "manifest.json").write_text(manifest)
     with pytest.raises(CheckpointError, match="format version 99"):
         load_checkpoint(tmp_path, kind="pmtl", config=CONFIG)
+
+
+def test_a_kill_between_state_and_manifest_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    import privmtl.checkpoint as ck
+
+    save_checkpoint(
+        tmp_path, kind="pmtl", config=CONFIG, state=_state(), step=1, noise_source="seeded"
+    )
+    real = ck._write_atomic
+
+    def die_after_state(path, data):
+        real(path, data)
+        if path.name.startswith("state-"):
+            raise KeyboardInterrupt  # stands for a kill after the new state file, before the manifest
+
+    monkeypatch.setattr(ck, "_write_atomic", die_after_state)
+    new = _state()
+    new["round"] = 2
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(
+            tmp_path, kind="pmtl", config=CONFIG, state=new, step=2, noise_source="seeded"
+        )
+    state, manifest = load_checkpoint(tmp_path, kind="pmtl", config=CONFIG)
+    assert manifest["step"] == 1 and state["round"] == 3

@@ -2,18 +2,19 @@
 
 A checkpoint directory holds
 
-* ``state.pt`` — ``torch.save`` of the run's state: nested dicts/lists of tensors and JSON scalars
-  (curator and client states, generator states in seeded mode);
+* ``state-<step>.pt`` — ``torch.save`` of the run's state: nested dicts/lists of tensors and JSON
+  scalars (curator and client states, generator states in seeded mode);
 * ``manifest.json`` — format name and version, the kind of run, its configuration and the
-  configuration's fingerprint, the step (round or iteration) reached, the noise source, and the
-  SHA-256 of ``state.pt``;
+  configuration's fingerprint, the step (round or iteration) reached, the noise source, the name
+  of the state file and its SHA-256;
 * ``ledger.jsonl`` — the run's durable privacy ledger (:mod:`privmtl.privacy.ledger`), appended to
   by the curator before every release and never rewritten by a checkpoint.
 
-:func:`save_checkpoint` writes the state to a temporary file, ``fsync``\\ s it, renames it over
-``state.pt``, then does the same for the manifest (which names the state's hash), then syncs the
-directory. A process killed at any instant leaves either the previous checkpoint or the new one;
-a state file that does not match its manifest is reported as corrupt, never loaded.
+:func:`save_checkpoint` writes the state to a new file (temporary name, ``fsync``, rename), then
+replaces the manifest the same way (the manifest names the new state file and its hash), syncs the
+directory, and only then deletes the previous state file. A process killed at any instant leaves
+a manifest naming a complete state file: the previous checkpoint or the new one. A state file
+that does not match its manifest is reported as corrupt, never loaded.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ __all__ = [
 
 FORMAT = "privmtl-checkpoint"
 FORMAT_VERSION = 1
-_STATE = "state.pt"
 _MANIFEST = "manifest.json"
 
 
@@ -103,7 +103,8 @@ def save_checkpoint(
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()
-    _write_atomic(d / _STATE, data)
+    state_file = f"state-{int(step):08d}.pt"
+    _write_atomic(d / state_file, data)
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -112,10 +113,14 @@ def save_checkpoint(
         "noise_source": noise_source,
         "config": json.loads(_canonical(config)),
         "config_fingerprint": config_fingerprint(config),
+        "state_file": state_file,
         "state_sha256": hashlib.sha256(data).hexdigest(),
     }
     _write_atomic(d / _MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     _fsync_dir(d)
+    for old in d.glob("state-*.pt"):  # the manifest no longer names them
+        if old.name != state_file:
+            old.unlink(missing_ok=True)
 
 
 def _differing_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -163,7 +168,7 @@ def load_checkpoint(
         raise CheckpointError(
             f"The checkpoint in {d} is from another configuration: {shown or 'fingerprint differs'}."
         )
-    spath = d / _STATE
+    spath = d / str(manifest.get("state_file", ""))
     try:
         data = spath.read_bytes()
     except OSError as exc:

@@ -449,9 +449,11 @@ class Trainer:
                 "to continue it, or choose an empty directory."
             )
         if self.ledger is not None:
-            if not exists and (d / "ledger.jsonl").exists():
+            if not exists and not resume and (d / "ledger.jsonl").exists():
+                # killed before its first checkpoint: the spent budget is in the ledger
                 raise InvalidParameterError(
-                    f"{d} holds a ledger but no checkpoint; choose an empty directory."
+                    f"{d} holds the privacy ledger of a run killed before its first checkpoint; "
+                    "pass resume=True (--resume) to restart it from round 0 with that ledger."
                 )
             budget, self.ledger.budget = self.ledger.budget, None
             durable = self._make_ledger(d / "ledger.jsonl")

@@ -1,0 +1,187 @@
+"""The round-by-round protocol: resume after SIGKILL, budget stop, noise sources, saved models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import dp_accounting
+import pytest
+import torch
+
+from privmtl.data.federated import FederatedDataset, make_synthetic_federated
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated import FemnistCNN, MultinomialLogReg, TrainConfig
+from privmtl.federated.protocol import Trainer
+from privmtl.privacy.accounting import compute_epsilon
+from privmtl.privacy.ledger import reaccount
+from privmtl.privacy.sampling import make_sampler
+
+KILL_SCRIPT = Path(__file__).with_name("kill_run.py")
+CFG = {
+    "rounds": 4,
+    "clients_per_round": 5,
+    "clip": 0.5,
+    "noise_std": 0.02,
+    "lam": 0.01,
+    "progress": False,
+    "threads": 1,
+    "noise_source": "seeded",
+}
+
+
+def _equal(a: dict[str, torch.Tensor] | None, b: dict[str, torch.Tensor] | None) -> bool:
+    assert a is not None and b is not None
+    return all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.fixture(scope="module")
+def femnist(femnist_dir: Path, tmp_path_factory: Any) -> tuple[Path, Path, FederatedDataset]:
+    from privmtl.data.federated import load_leaf
+
+    cache = tmp_path_factory.mktemp("leaf-cache")
+    return femnist_dir, cache, load_leaf(femnist_dir, cache_dir=cache)
+
+
+def _kill(femnist: Any, ckpt: Path, cfg: dict[str, Any], point: str, at: int) -> None:
+    data_dir, cache, _ = femnist
+    proc = subprocess.run(
+        [sys.executable, str(KILL_SCRIPT), str(data_dir), str(cache), str(ckpt),
+         json.dumps(cfg), point, str(at)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == -9, proc.stderr[-2000:]
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize(
+    ("point", "at"),
+    [
+        ("recorded", 0),  # before the first checkpoint: only the ledger exists
+        ("message", 2),
+        ("recorded", 1),
+        ("recorded", 3),
+        ("state_written", 2),
+        ("checkpointed", 2),
+    ],
+)
+def test_sigkill_then_resume_equals_the_uninterrupted_run(femnist, tmp_path, point, at):
+    _, _, ds = femnist
+    whole = Trainer(ds, FemnistCNN(random_state=0), TrainConfig(**CFG)).run()
+    _kill(femnist, tmp_path, CFG, point, at)
+    resumed = Trainer(
+        ds, FemnistCNN(random_state=0), TrainConfig(**CFG), checkpoint_dir=tmp_path, resume=True
+    ).run()
+    assert _equal(resumed.global_params, whole.global_params)  # same billboard bits
+    assert _equal(resumed.personalized_params, whole.personalized_params)
+    assert resumed.test_accuracy == whole.test_accuracy
+    assert resumed.epsilon == whole.epsilon
+    ledger = reaccount(tmp_path)
+    assert ledger["releases"] == CFG["rounds"]  # a seeded replay is not charged twice
+    assert ledger["epsilon"] == pytest.approx(whole.epsilon, rel=1e-12)
+
+
+@pytest.mark.shared_data
+def test_secure_resume_charges_the_repeated_release(femnist, tmp_path):
+    _, _, ds = femnist
+    cfg = {**CFG, "noise_source": "secure"}
+    _kill(femnist, tmp_path, cfg, "recorded", 2)  # round 2 recorded, maybe released, then killed
+    resumed = Trainer(
+        ds, FemnistCNN(random_state=0), TrainConfig(**cfg), checkpoint_dir=tmp_path, resume=True
+    ).run()
+    ledger = reaccount(tmp_path)
+    assert ledger["releases"] == CFG["rounds"] + 1  # round 2 drew fresh noise: released twice
+    assert resumed.epsilon == pytest.approx(ledger["epsilon"], rel=1e-12)
+    sampler = make_sampler("poisson", ds.n_clients, CFG["clients_per_round"])
+    z = CFG["noise_std"] * CFG["clients_per_round"] / CFG["clip"]
+    released = compute_epsilon(
+        dp_accounting.SelfComposedDpEvent(sampler.event(z), CFG["rounds"] + 1),
+        delta=1.0 / ds.n_clients,
+    )
+    assert resumed.epsilon == pytest.approx(released, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------- fast, synthetic
+@pytest.fixture(scope="module")
+def data() -> FederatedDataset:
+    return make_synthetic_federated(
+        n_clients=12, n_features=5, n_classes=3, samples_per_client=(10, 30), random_state=0
+    )
+
+
+def _cfg(**kw: Any) -> TrainConfig:
+    base = {**CFG, "rounds": 6, "noise_std": 0.05, "clients_per_round": 4}
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _model(data: FederatedDataset) -> MultinomialLogReg:
+    return MultinomialLogReg(data.n_features, data.n_classes, zero_init=False, random_state=0)
+
+
+@pytest.mark.parametrize("method", ["pmtl", "fedavg", "joint-dp", "pp-sgd"])
+def test_stepping_checkpointing_and_resuming_in_process(data, tmp_path, method):
+    cfg = _cfg(method=method)
+    whole = Trainer(data, _model(data), cfg).run()
+    first = Trainer(data, _model(data), cfg, checkpoint_dir=tmp_path, checkpoint_every=2)
+    assert [first.step().round for _ in range(3)] == [0, 1, 2]  # checkpoint after round 2 only
+    again = Trainer(data, _model(data), cfg, checkpoint_dir=tmp_path, resume=True)
+    assert again.round == 2
+    rest = again.run()
+    assert _equal(rest.global_params, whole.global_params)
+    if whole.personalized_params is not None:
+        assert _equal(rest.personalized_params, whole.personalized_params)
+    assert rest.epsilon == whole.epsilon
+    assert [h["round"] for h in rest.history] == list(range(6))
+
+
+def test_a_checkpoint_of_another_configuration_or_an_unasked_one_is_refused(data, tmp_path):
+    Trainer(data, _model(data), _cfg(rounds=2), checkpoint_dir=tmp_path).run()
+    with pytest.raises(InvalidParameterError, match="--resume"):
+        Trainer(data, _model(data), _cfg(rounds=2), checkpoint_dir=tmp_path)
+    from privmtl.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"lam: 0\.01 \(checkpoint\) vs 0\.5 \(now\)"):
+        Trainer(data, _model(data), _cfg(rounds=2, lam=0.5), checkpoint_dir=tmp_path, resume=True)
+
+
+def test_budget_stops_before_the_release_that_would_exceed_it(data, tmp_path):
+    cfg = _cfg(rounds=40, noise_std=0.2)
+    full = Trainer(data, _model(data), cfg).run()
+    budget = full.epsilon / 2
+    stopped = Trainer(data, _model(data), cfg, budget_epsilon=budget).run()
+    assert stopped.stopped_on_budget and not full.stopped_on_budget
+    assert stopped.epsilon <= budget < full.epsilon
+    assert 0 < len(stopped.history) < 40
+    assert stopped.personalized_params is not None  # the models are kept
+
+
+def test_secure_noise_differs_and_seeded_noise_repeats(data):
+    runs = [
+        Trainer(data, _model(data), _cfg(rounds=2, noise_source=src)).run()
+        for src in ("secure", "secure", "seeded", "seeded")
+    ]
+    w = "linear.weight"
+    assert not torch.equal(runs[0].global_params[w], runs[1].global_params[w])
+    assert torch.equal(runs[2].global_params[w], runs[3].global_params[w])
+    assert [r.noise_source for r in runs] == ["secure", "secure", "seeded", "seeded"]
+    assert runs[0].epsilon == runs[2].epsilon  # the same releases are accounted
+
+
+def test_message_hook_sees_messages_before_clipping_and_can_replace_them(data):
+    seen: list[torch.Tensor] = []
+
+    def canary(t, sampled, messages):  # every sampled client sends a huge update
+        seen.append(messages["linear.weight"].clone())
+        return {n: torch.full_like(m, 100.0) for n, m in messages.items()}
+
+    trainer = Trainer(data, _model(data), _cfg(rounds=1, noise_std=0.0), message_hook=canary)
+    before = {n: p.clone() for n, p in trainer.curator.billboard.items()}
+    rec = trainer.step()
+    assert rec is not None and len(seen) == 1
+    step = torch.cat([(rec.released[n] - before[n]).flatten() for n in before])
+    k = len(rec.sampled)
+    assert float(step.norm()) == pytest.approx(CFG["clip"] * k / 4, rel=1e-5)  # clipped to γ, /q
