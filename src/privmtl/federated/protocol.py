@@ -238,13 +238,14 @@ def _stack(params: Params, m: int) -> Params:
 
 def _refuse_running_buffers(model: nn.Module) -> None:
     for name, mod in model.named_modules():
-        if isinstance(mod, nn.modules.batchnorm._BatchNorm) or (
-            isinstance(mod, nn.modules.instancenorm._InstanceNorm) and mod.track_running_stats
-        ):
+        batch_norm = isinstance(mod, nn.modules.batchnorm._BatchNorm)
+        running = isinstance(mod, nn.modules.instancenorm._InstanceNorm) and mod.track_running_stats
+        if batch_norm or running:
             raise InvalidParameterError(
-                f"The 'model' parameter has a {type(mod).__name__} ({name or 'root'}): its running "
-                "statistics change in training and would mix clients' data in shared buffers. "
-                "Use LayerNorm or GroupNorm (or BatchNorm with track_running_stats=False)."
+                f"The 'model' parameter has a {type(mod).__name__} ({name or 'root'}): it "
+                "normalizes with statistics of the minibatch or keeps running statistics, which "
+                "would mix examples across the padded minibatches of the batched engine and "
+                "clients' data in shared buffers. Use LayerNorm or GroupNorm instead."
             )
 
 
