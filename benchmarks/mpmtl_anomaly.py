@@ -41,6 +41,7 @@ def project(W0: np.ndarray, *, epsilon: float, noise: str, seed: int) -> np.ndar
         accelerate=False,
         init=W0,
         random_state=seed,
+        noise_source="seeded",  # a reproducible simulation
     ).fit(Xs, ys)
     return np.asarray(est.coef_)
 

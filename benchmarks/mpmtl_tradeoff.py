@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> Path:
                     split=split,
                     n_splits=args.n_splits,
                     final_step=mode,
+                    noise_source="seeded",  # reproducible research simulation
                 )
                 row["noise"] = noise
                 row["final_step_mode"] = mode

@@ -81,7 +81,8 @@ def test_pmtl_local_reports_zero_epsilon(capsys):
 
 def test_mpmtl_sweep_writes_its_files_and_parallel_rows_equal_sequential(capsys, tmp_path):
     base = ["mpmtl-sweep", "--data", "synthetic-lowrank", "--methods", "lowrank,stl-l2",
-            "--epsilons", "1,10", "--iterations", "3", "--tune", "none", "--json"]  # fmt: skip
+            "--epsilons", "1,10", "--iterations", "3", "--tune", "none", "--reproducible-noise",
+            "--json"]  # fmt: skip
     seq = _json(capsys, [*base, "--out", str(tmp_path / "a")])
     par = _json(capsys, [*base, "--out", str(tmp_path / "b"), "--jobs", "2"])
     for name in ("mpmtl_sweep.csv", "mpmtl_sweep.json", "mpmtl_tradeoff.png"):

@@ -180,6 +180,7 @@ def test_very_high_noise_degrades_to_stl_gradient_descent(noise):
         delta=1e-6,
         noise=noise,
         random_state=3,
+        noise_source="seeded",
     ).fit(Xs, ys)
     stl = oracle(Xs, ys, prox=lambda V: V, K=K, T=T, eta=eta, accelerate=True)
     # M -> I: the shrinkage 1 - eta*lam/sqrt(Lambda) is within ~1e-3 of 1 for every direction
@@ -203,7 +204,9 @@ def test_groupsparse_very_high_noise_is_stl():
 
 def test_moderate_noise_is_between_and_reported():
     Xs, ys, _ = make_lowrank(m=30)
-    est = MPMTLLowRank(lam=0.05, clip=5.0, iterations=8, epsilon=1.0, random_state=0).fit(Xs, ys)
+    est = MPMTLLowRank(
+        lam=0.05, clip=5.0, iterations=8, epsilon=1.0, random_state=0, noise_source="seeded"
+    ).fit(Xs, ys)
     g = est.privacy_
     assert g.is_private and g.valid
     assert g.epsilon <= 1.0 + 1e-6
@@ -215,7 +218,9 @@ def test_moderate_noise_is_between_and_reported():
 
 def test_wishart_reports_invalid_guarantee_with_real_delta():
     Xs, ys, _ = make_lowrank()
-    est = MPMTLLowRank(clip=5.0, iterations=4, epsilon=1.0, noise="wishart", random_state=0)
+    est = MPMTLLowRank(
+        clip=5.0, iterations=4, epsilon=1.0, noise="wishart", random_state=0, noise_source="seeded"
+    )
     est.fit(Xs, ys)
     assert not est.privacy_.valid
     assert est.privacy_.delta >= 1 - math.exp(-float(np.sum(est.epsilons_))) - 1e-12
@@ -224,7 +229,14 @@ def test_wishart_reports_invalid_guarantee_with_real_delta():
 
 def test_determinism_by_seed():
     Xs, ys, _ = make_lowrank()
-    kw = {"lam": 0.05, "clip": 5.0, "iterations": 5, "epsilon": 0.5, "instance_epsilon": 5.0}
+    kw = {
+        "lam": 0.05,
+        "clip": 5.0,
+        "iterations": 5,
+        "epsilon": 0.5,
+        "instance_epsilon": 5.0,
+        "noise_source": "seeded",
+    }
     a = MPMTLLowRank(random_state=7, **kw).fit(Xs, ys).coef_
     b = MPMTLLowRank(random_state=7, **kw).fit(Xs, ys).coef_
     c = MPMTLLowRank(random_state=8, **kw).fit(Xs, ys).coef_
@@ -304,6 +316,7 @@ def test_wtw_private_shape_and_invalid_guarantee():
         epsilon=1e-8,
         delta=1e-6,
         random_state=0,
+        noise_source="seeded",
     ).fit(Xs, ys)
     np.testing.assert_allclose(h.coef_, stl, rtol=2e-3, atol=1e-3 * np.abs(stl).max())
 
@@ -415,7 +428,15 @@ def test_folded_eigen_fix_equals_planner_fix():
 
 def test_prepared_tasks_reuse_gives_identical_fits():
     Xs, ys, _ = make_lowrank()
-    est = MPMTLLowRank(lam=0.05, clip=5.0, iterations=4, epsilon=1.0, init="stl", random_state=0)
+    est = MPMTLLowRank(
+        lam=0.05,
+        clip=5.0,
+        iterations=4,
+        epsilon=1.0,
+        init="stl",
+        random_state=0,
+        noise_source="seeded",
+    )
     prepared = est.prepare_tasks(Xs, ys)
     a = est.fit(prepared).coef_.copy()
     b = MPMTLLowRank(**est.get_params()).fit(Xs, ys).coef_

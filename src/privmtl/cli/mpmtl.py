@@ -55,6 +55,14 @@ _final_opt = click.option(
 )
 
 
+_reproducible_opt = click.option(
+    "--reproducible-noise",
+    is_flag=True,
+    help="Draw the privacy noise from --seed (seeded, reproducible: research simulation only — "
+    "anyone who knows the seed can subtract it). Default: secure noise from OS entropy.",
+)
+
+
 def _human(out: dict[str, Any]) -> None:
     metric = "nmse" if "nmse" in out else "auc"
     click.echo(
@@ -65,6 +73,15 @@ def _human(out: dict[str, Any]) -> None:
     for note in out["guarantee"]["notes"]:
         click.echo(f"note: {note}")
     click.echo(f"tuning: {out['tuning_note']}")
+    click.echo(f"noise source: {out['noise_source']}")
+    if out.get("stopped_on_budget"):
+        click.echo(
+            f"stopped on budget after {out.get('iterations_run')} iterations: "
+            f"epsilon spent {out['epsilon']:.4g} <= {out.get('budget_epsilon')}"
+        )
+    for key in ("ledger", "models_dir"):
+        if out.get(key):
+            click.echo(f"{key.replace('_', ' ')}: {out[key]}")
 
 
 @click.command()
@@ -85,6 +102,32 @@ def _human(out: dict[str, Any]) -> None:
 )
 @click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
 @_final_opt
+@_reproducible_opt
+@click.option(
+    "--budget-epsilon",
+    type=float,
+    help="Stop before the covariance release that would take epsilon above this budget, keep "
+    "the model reached (MP-MTL methods).",
+)
+@click.option(
+    "--checkpoint-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Save the run's state atomically here and keep its durable privacy ledger in "
+    "DIR/ledger.jsonl (MP-MTL methods).",
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Iterations between checkpoints.",
+)
+@click.option("--resume", is_flag=True, help="Continue the run checkpointed in --checkpoint-dir.")
+@click.option(
+    "--save-models",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the fitted W (coef.npy) and model.json here (see privmtl evaluate).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def mpmtl(
     data: str,
@@ -99,6 +142,12 @@ def mpmtl(
     relation: str,
     accountant: str,
     final_step: str,
+    reproducible_noise: bool,
+    budget_epsilon: float | None,
+    checkpoint_dir: Path | None,
+    checkpoint_every: int,
+    resume: bool,
+    save_models: Path | None,
     as_json: bool,
 ) -> None:
     """Model-protected linear MTL (MP-MTL) and its baselines: one method at one ε."""
@@ -115,6 +164,12 @@ def mpmtl(
         relation=relation,
         accountant=accountant,
         final_step=final_step,
+        noise_source="seeded" if reproducible_noise else "secure",
+        budget_epsilon=budget_epsilon,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        save_models=save_models,
     )
     echo_json(out) if as_json else _human(out)
 
@@ -134,6 +189,7 @@ def run_mpmtl_sweep(
     n_splits: int = 5,
     final_step: str = "auto",
     n_jobs: int = 1,
+    noise_source: str = "secure",
 ) -> dict[str, Any]:
     """Run the sweep and write ``mpmtl_sweep.csv``, ``mpmtl_sweep.json`` and ``mpmtl_tradeoff.png``."""
     splits = {s: load_mpmtl_data(data, data_path=data_path, seed=s) for s in seeds}
@@ -152,6 +208,7 @@ def run_mpmtl_sweep(
             "split": splits[seed],
             "final_step": final_step,
             "n_splits": n_splits,
+            "noise_source": noise_source,
         }
         if tune_mode != "once" or epsilon is None:
             return run_mpmtl(
@@ -253,6 +310,7 @@ def _floats(text: str, name: str) -> list[float]:
     show_default=True,
 )
 @_final_opt
+@_reproducible_opt
 @click.option("--json", "as_json", is_flag=True)
 def mpmtl_sweep(
     data: str,
@@ -266,6 +324,7 @@ def mpmtl_sweep(
     tune_mode: str,
     out_dir: Path,
     final_step: str,
+    reproducible_noise: bool,
     as_json: bool,
 ) -> None:
     """ε sweep of MP-MTL methods: writes a CSV/JSON table and a trade-off PNG (paper Figs. 6, 9)."""
@@ -293,6 +352,7 @@ def mpmtl_sweep(
         iterations=iterations,
         final_step=final_step,
         n_jobs=jobs,
+        noise_source="seeded" if reproducible_noise else "secure",
     )
     if as_json:
         echo_json(res)

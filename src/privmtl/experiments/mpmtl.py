@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
+import math
+import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,7 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.multitask import MultiTaskDataset
 from privmtl.data.readers import load_school, read_table
 from privmtl.data.synthetic import make_groupsparse_tasks, make_lowrank_tasks
-from privmtl.exceptions import InvalidParameterError
+from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.common import default_delta
 from privmtl.linear.metrics import aauc, nmse
 from privmtl.privacy import PrivacyGuarantee
@@ -29,6 +33,7 @@ __all__ = [
     "PRIVATE_METHODS",
     "TUNING_NOTE",
     "estimator_class",
+    "evaluate_saved",
     "load_mpmtl_data",
     "run_mpmtl",
 ]
@@ -137,15 +142,32 @@ def run_mpmtl(
     split: tuple[MultiTaskDataset, MultiTaskDataset] | None = None,
     extra_params: dict[str, Any] | None = None,
     final_step: str = "auto",
+    noise_source: str = "secure",
+    budget_epsilon: float | None = None,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 1,
+    resume: bool = False,
+    save_models: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run one method at one ε and return a JSON-ready result dictionary.
+
+    ``noise_source``: ``"secure"`` (OS entropy, the default) or ``"seeded"`` (reproducible from
+    ``seed``; research simulation only). It is passed to the estimator and to every fit of the
+    cross-validation. ``budget_epsilon``, ``checkpoint_dir``, ``checkpoint_every`` and ``resume``
+    go to the final fit of an MP-MTL estimator (the run's durable ledger is
+    ``checkpoint_dir/ledger.jsonl``; the tuned hyper-parameters are kept in
+    ``checkpoint_dir/tuning.json`` so that a resumed run continues the same configuration).
+    ``save_models`` writes the fitted ``W`` and its description (:mod:`privmtl.linear.saved`);
+    :func:`evaluate_saved` scores it again.
 
     ``final_step`` restricts the tuning of the MP-MTL low-rank / group-sparse estimators to the
     paper's projected output (``"projection"``) or the local variational refit (``"refit"``);
     ``"auto"`` lets cross-validation choose (see :func:`privmtl.linear.selection.tune_method`).
 
     Keys: ``method, data, epsilon, delta, relation, sampling, accountant, nmse | auc, seconds,
-    params, tuned, tuning_note, guarantee, n_tasks, n_features, seed``.
+    params, tuned, tuning_note, guarantee, n_tasks, n_features, seed, noise_source,
+    stopped_on_budget`` (and ``iterations_run``, ``checkpoint_dir``, ``ledger``, ``resumed_from``,
+    ``models_dir`` when they apply). ``epsilon`` is what the ledger recorded.
     """
     check_choice("method", method, tuple(METHODS))
     check_choice("noise", noise, ("gaussian", "wishart"))
@@ -160,6 +182,38 @@ def run_mpmtl(
             )
     if iterations is not None:
         iterations = check_int("iterations", iterations, low=1)
+    from privmtl.privacy.noise import NOISE_SOURCES
+
+    check_choice("noise_source", noise_source, NOISE_SOURCES)
+    runtime: dict[str, Any] = {}
+    if budget_epsilon is not None:
+        runtime["budget_epsilon"] = check_real(
+            "budget_epsilon", budget_epsilon, low=0.0, closed="neither"
+        )
+    if checkpoint_dir is not None:
+        runtime.update(
+            checkpoint_dir=str(checkpoint_dir),
+            checkpoint_every=check_int("checkpoint_every", checkpoint_every, low=1),
+            resume=bool(resume),
+        )
+    elif resume:
+        raise InvalidParameterError(
+            "The 'resume' parameter needs a checkpoint_dir to resume from; got checkpoint_dir=None."
+        )
+    if runtime and method not in ESTIMATOR_PROTOCOL_METHODS:
+        raise InvalidParameterError(
+            "The checkpoint/budget parameters apply to the MP-MTL methods "
+            f"{ESTIMATOR_PROTOCOL_METHODS}; got method={method!r}."
+        )
+    tuning_file = None if checkpoint_dir is None else Path(checkpoint_dir) / "tuning.json"
+    if checkpoint_dir is not None and not resume:
+        from privmtl.checkpoint import has_checkpoint
+
+        if has_checkpoint(checkpoint_dir) or (Path(checkpoint_dir) / "ledger.jsonl").exists():
+            raise InvalidParameterError(
+                f"The 'checkpoint_dir' {checkpoint_dir} holds a run already; pass resume=True "
+                "(--resume) to continue it, or choose a new directory."
+            )
     t0 = time.perf_counter()
     train, test = (
         split if split is not None else load_mpmtl_data(data, data_path=data_path, seed=seed)
@@ -178,6 +232,7 @@ def run_mpmtl(
         "relation": relation,
         "accountant": accountant,
         "random_state": seed,
+        "noise_source": noise_source,
         "loss": "logistic" if train.task_type == "classification" and method != "dp-mtrl" else None,
     }
     if final_step == "refit" and not tune and method in ("lowrank", "groupsparse"):
@@ -187,7 +242,11 @@ def run_mpmtl(
     Xs, ys = list(train.X), list(train.y)
     best: dict[str, Any] = {}
     tuned = False
-    if tune:
+    if tune and resume and tuning_file is not None and tuning_file.is_file():
+        # the resumed run continues the configuration tuned (and checkpointed) before
+        best = json.loads(tuning_file.read_text())["best"]
+        tuned = True
+    elif tune:
         from privmtl.linear.selection import DEFAULT_GRIDS, tune_method
 
         grid = None
@@ -214,7 +273,9 @@ def run_mpmtl(
                 **search_fixed,
             )
             tuned = True
-    est = cls(**{**fixed, **best})
+            if tuning_file is not None:
+                _write_json(tuning_file, {"method": method, "best": _jsonable(best)})
+    est = cls(**{**fixed, **best, **runtime})
     est.fit(Xs, ys)
     pred = (
         est.decision_function(list(test.X))
@@ -235,7 +296,10 @@ def run_mpmtl(
         "seed": seed,
         "n_tasks": train.n_tasks,
         "n_features": train.n_features,
-        "params": {**{k: v for k, v in fixed.items() if k != "random_state"}, **best},
+        "params": {
+            **{k: v for k, v in fixed.items() if k not in ("random_state", "noise_source")},
+            **best,
+        },
         "final_step": (
             ("refit" if est.get_params().get("refit_lam") is not None else "projection")
             if method in ("lowrank", "groupsparse")
@@ -246,9 +310,175 @@ def run_mpmtl(
         "guarantee": guarantee.to_dict(),
         "summary": guarantee.describe(),
     }
+    out.update(_protocol_keys(method, est, noise_source, runtime))
     if train.task_type == "classification":
         out["auc"] = aauc(list(test.y), pred)
     else:
         out["nmse"] = nmse(list(test.y), pred)
     out["seconds"] = time.perf_counter() - t0
+    if save_models is not None:
+        out["models_dir"] = str(
+            _save_models(
+                save_models,
+                est,
+                out,
+                data={
+                    "data": data,
+                    "data_path": None if data_path is None else str(data_path),
+                    "seed": seed,
+                    "train_fraction": 0.3 if data in ("school", "table") else None,
+                    "preprocessing": (
+                        "every feature row scaled to unit l2 norm, then each task's rows split "
+                        f"{0.3:g}/{0.7:g} train/test by the seed"
+                        if data in ("school", "table")
+                        else "built-in synthetic generator, train/test drawn from the seed"
+                    ),
+                    "task_type": train.task_type,
+                    "task_names": list(train.task_names),
+                    "n_tasks": train.n_tasks,
+                    "n_features": train.n_features,
+                },
+            )
+        )
+    return out
+
+
+#: Methods whose estimator runs the MP-MTL protocol (ledger, checkpoints, budget).
+ESTIMATOR_PROTOCOL_METHODS = ("lowrank", "groupsparse", "lowrank-sparse")
+
+SEEDED_NOTE = (
+    "seeded noise (--reproducible-noise): anyone who knows the seed can regenerate and subtract "
+    "it; for research simulation only, it protects nobody"
+)
+
+
+def _protocol_keys(
+    method: str, est: Any, requested: str, runtime: dict[str, Any]
+) -> dict[str, Any]:
+    """``noise_source``, ``stopped_on_budget`` and the checkpoint/ledger keys of a result."""
+    params = est.get_params(deep=False) if hasattr(est, "get_params") else {}
+    if "noise_source" in params:
+        source = getattr(est, "noise_source_", params["noise_source"])
+    elif method in PRIVATE_METHODS:
+        source = "seeded"  # these baselines draw their noise from random_state only
+    else:
+        source = requested  # nothing is noised; the run's setting
+    out: dict[str, Any] = {
+        "noise_source": source,
+        "stopped_on_budget": bool(getattr(est, "stopped_on_budget_", False)),
+    }
+    if hasattr(est, "n_iter_") and method in ESTIMATOR_PROTOCOL_METHODS:
+        out["iterations_run"] = int(est.n_iter_)
+    if "checkpoint_dir" in runtime:
+        out["checkpoint_dir"] = runtime["checkpoint_dir"]
+        out["ledger"] = str(Path(runtime["checkpoint_dir"]) / "ledger.jsonl")
+        out["resumed_from"] = getattr(est, "resumed_from_", None)
+    if "budget_epsilon" in runtime:
+        out["budget_epsilon"] = runtime["budget_epsilon"]
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=2, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _save_models(
+    directory: str | Path, est: Any, out: dict[str, Any], *, data: dict[str, Any]
+) -> Path:
+    from privmtl.linear.saved import save_linear_models
+
+    metric = "nmse" if "nmse" in out else "auc"
+    meta = {
+        "family": "mpmtl",
+        "method": out["method"],
+        "estimator": f"{type(est).__module__}.{type(est).__name__}",
+        "loss": getattr(est, "loss", "squared"),
+        "params": _jsonable(out["params"]),
+        "data": _jsonable(data),
+        "guarantee": _jsonable(out["guarantee"]),
+        "summary": out["summary"],
+        "noise_source": out["noise_source"],
+        "stopped_on_budget": out["stopped_on_budget"],
+        "iterations_run": out.get("iterations_run"),
+        "metrics": {metric: out[metric]},
+    }
+    return save_linear_models(directory, est.coef_, meta)
+
+
+def evaluate_saved(
+    models_dir: str | Path,
+    *,
+    data: str | None = None,
+    data_path: str | Path | None = None,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Reload a model saved by ``run_mpmtl(save_models=...)`` and score it on the test split.
+
+    The data set, its path and the split seed default to the run's (``model.json``); the same data
+    and split give exactly the run's ``nmse`` (regression) or ``auc`` (classification).
+    """
+    import numpy as np
+
+    from privmtl.linear.saved import load_linear_models
+
+    meta, coef = load_linear_models(models_dir)
+    if meta.get("family") != "mpmtl":
+        raise DataFormatError(
+            f"{models_dir} holds {meta.get('family')!r} models, not MP-MTL (linear) models."
+        )
+    saved = meta.get("data", {})
+    name = data if data is not None else saved.get("data")
+    path = data_path if data_path is not None else saved.get("data_path")
+    sd = check_int("seed", seed if seed is not None else saved.get("seed", 0), low=0)
+    _, test = load_mpmtl_data(str(name), data_path=path, seed=sd)
+    d, m = coef.shape
+    if (test.n_features, test.n_tasks) != (d, m):
+        raise DataFormatError(
+            f"The saved model has d={d} features and m={m} tasks; the data {name!r} has "
+            f"d={test.n_features}, m={test.n_tasks}. Pass the --data the run used."
+        )
+    scores = [np.asarray(x @ coef[:, i], dtype=np.float64) for i, x in enumerate(test.X)]
+    out: dict[str, Any] = {
+        "family": "mpmtl",
+        "method": meta.get("method"),
+        "data": name,
+        "seed": sd,
+        "models_dir": str(models_dir),
+        "n_tasks": m,
+        "n_features": d,
+        "noise_source": meta.get("noise_source"),
+        "stopped_on_budget": meta.get("stopped_on_budget"),
+        "guarantee": meta.get("guarantee"),
+        "summary": meta.get("summary"),
+    }
+    if test.task_type == "classification":
+        out["auc"] = aauc(list(test.y), scores)
+    else:
+        out["nmse"] = nmse(list(test.y), scores)
     return out

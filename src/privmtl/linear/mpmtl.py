@@ -38,8 +38,12 @@ restricted to the cheaper of the kept or shrunk eigenvectors; BLAS) and the batc
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,14 +67,21 @@ from privmtl.linear.local import (
     refit_with_metric,
     variational_factor,
 )
-from privmtl.linear.losses import LOSSES
+from privmtl.linear.losses import LOSSES, TaskBatch
+from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.mechanisms import sample_l2_laplace
+from privmtl.privacy.noise import NOISE_SOURCES, NoiseSource, NumpySeededNoise, SecureNoise
 
 __all__ = [
+    "CALLBACK_STAGES",
+    "CovarianceCurator",
+    "CovarianceRelease",
     "MPMTLGroupSparse",
     "MPMTLLowRank",
     "MPMTLLowRankSparse",
+    "MPMTLState",
     "PreparedTasks",
+    "TaskStep",
     "default_delta",
     "local_ridge",
     "sample_l2_laplace",
@@ -199,6 +210,506 @@ _FITTED_DOC = """
 """
 
 
+# --------------------------------------------------------------------------------------------------
+# the protocol: explicit state, a curator step, a task step, one loop
+# --------------------------------------------------------------------------------------------------
+CALLBACK_STAGES = ("recorded", "iteration", "checkpoint")
+SEEDED_NOISE_NOTE = (
+    "seeded noise (noise_source='seeded', --reproducible-noise): anyone who knows the seed can "
+    "regenerate and subtract it; for research simulation only, it protects nobody"
+)
+CHECKPOINT_KIND = "mpmtl"
+
+
+@dataclass
+class MPMTLState:
+    """Everything an MP-MTL run needs to continue after ``iteration`` releases (serializable).
+
+    Attributes
+    ----------
+    iteration : int
+        Number of covariance releases made (the index of the next one).
+    W : ndarray of shape (d, m)
+        The tasks' models after their last local gradient step (``W^(0)`` initially).
+    W_hat_prev : ndarray of shape (d, m)
+        The tasks' last projected models (momentum term, and the output ``W^(t)``); ``clip(W^(0))``
+        before the first release.
+    Q, Q_hat_prev : ndarray of shape (d, m) or None
+        Sparse part and its last soft-thresholded value (low-rank + sparse estimator only).
+    noise_to_signal : ndarray of shape (T,)
+        ``||E||_F / ||S~||_F`` of the releases made so far (0 after them).
+    last_release : ndarray or None
+        The last released matrix (raw, before the eigenvalue fix), for the local refit.
+    last_shift : float or None
+        Its eigenvalue shift (see :func:`privmtl.privacy.covariance.eigen_shift`).
+    stopped_on_budget : bool
+        True when the next release would have exceeded ``budget_epsilon``.
+    """
+
+    iteration: int
+    W: FloatArray
+    W_hat_prev: FloatArray
+    Q: FloatArray | None
+    Q_hat_prev: FloatArray | None
+    noise_to_signal: FloatArray
+    last_release: FloatArray | None = None
+    last_shift: float | None = None
+    stopped_on_budget: bool = False
+
+    _ARRAYS = ("W", "W_hat_prev", "Q", "Q_hat_prev", "noise_to_signal", "last_release")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Tensors and JSON scalars (for :func:`privmtl.checkpoint.save_checkpoint`)."""
+        import torch
+
+        out: dict[str, Any] = {
+            "iteration": int(self.iteration),
+            "last_shift": self.last_shift,
+            "stopped_on_budget": bool(self.stopped_on_budget),
+        }
+        for name in self._ARRAYS:
+            value = getattr(self, name)
+            out[name] = None if value is None else torch.from_numpy(np.array(value, copy=True))
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MPMTLState:
+        """Inverse of :meth:`to_dict` (float64 bits preserved)."""
+
+        def arr(name: str) -> FloatArray | None:
+            value = data[name]
+            if value is None:
+                return None
+            return np.asarray(value.numpy(), dtype=np.float64).copy()
+
+        W, W_hat_prev, nsr = arr("W"), arr("W_hat_prev"), arr("noise_to_signal")
+        assert W is not None and W_hat_prev is not None and nsr is not None
+        shift = data["last_shift"]
+        return cls(
+            iteration=int(data["iteration"]),
+            W=W,
+            W_hat_prev=W_hat_prev,
+            Q=arr("Q"),
+            Q_hat_prev=arr("Q_hat_prev"),
+            noise_to_signal=nsr,
+            last_release=arr("last_release"),
+            last_shift=None if shift is None else float(shift),
+            stopped_on_budget=bool(data["stopped_on_budget"]),
+        )
+
+
+@dataclass(frozen=True)
+class CovarianceRelease:
+    """One release of the curator: ``Sigma`` (raw, symmetrized) and its eigenvalue shift.
+
+    ``shared`` are the clipped models the curator saw; only the ``covariance="WtW"`` projection
+    uses them (which is why that variant has no MP-MTL guarantee).
+    """
+
+    iteration: int
+    Sigma: FloatArray
+    shift: float | None
+    shared: FloatArray
+    noise_to_signal: float
+
+
+class CovarianceCurator:
+    """The MP-MTL curator: clip → ``W~W~^T`` → budget check → ledger record → noisy release.
+
+    The ledger entry (mechanism ``schedule.mechanism``, the schedule's event and parameters of
+    release ``t``, ``release_id="covariance:t"``) is recorded — on disk, when the ledger is durable —
+    *before* the noise is drawn and the release leaves (write-ahead). A seeded run resumed from a
+    checkpoint repeats bit-identical releases; their ids are in the ledger already, so they are
+    not charged again. A secure run's repeat is a new release (fresh noise) and is charged.
+
+    Parameters
+    ----------
+    schedule : CovarianceSchedule
+    covariance : {"WWt", "WtW"}
+    clip : float
+        K: the curator clips every model to norm K before forming the covariance (the schedule
+        of the ``"WtW"`` variant is planned with a larger equivalent clip, see ``_plan``).
+    noise : NoiseSource
+    ledger : PrivacyLedger
+    eigen_fix : str
+        The fix whose shift accompanies every release (:meth:`CovarianceSchedule.eigen_shift`).
+    notify : callable or None
+        ``notify("recorded", t)`` once the entry is written and before the release is used.
+    """
+
+    def __init__(
+        self,
+        schedule: Any,
+        *,
+        covariance: str,
+        clip: float,
+        noise: NoiseSource,
+        ledger: PrivacyLedger,
+        eigen_fix: str,
+        notify: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.schedule = schedule
+        self.covariance = covariance
+        self.clip = clip
+        self.noise = noise
+        self.ledger = ledger
+        self.eigen_fix = eigen_fix
+        self.notify = notify
+
+    @staticmethod
+    def release_id(t: int) -> str:
+        return f"covariance:{t}"
+
+    def would_exceed_budget(self, t: int) -> bool:
+        """True when release ``t`` is new and would take the ledger above its budget."""
+        if self.noise.kind == "seeded" and self.ledger.has_release(self.release_id(t)):
+            return False  # a seeded replay: charged when it was first made
+        return self.ledger.would_exceed(self.schedule.event(t))
+
+    def release(self, t: int, messages: FloatArray) -> CovarianceRelease:
+        """Release ``t`` of the covariance of the tasks' ``messages`` (their models, d x m)."""
+        shared = _clip_columns(messages, self.clip)
+        cov = shared.T @ shared if self.covariance == "WtW" else shared @ shared.T
+        self.ledger.record(
+            self.schedule.event(t),
+            round=t,
+            mechanism=self.schedule.mechanism,
+            params=self.schedule.params(t),
+            release_id=self.release_id(t),
+            replay_ok=self.noise.kind == "seeded",
+        )
+        if self.notify is not None:
+            self.notify("recorded", t)
+        Sigma = np.asarray(self.schedule.noisy(t, cov, self.noise), dtype=np.float64)
+        Sigma = 0.5 * (Sigma + Sigma.T)
+        cov_norm = float(np.linalg.norm(cov))
+        err = float(np.linalg.norm(Sigma - cov))  # ||E||_F of the raw release
+        nsr = err / cov_norm if cov_norm > 0 else (0.0 if err == 0 else math.inf)
+        shift = (
+            None if self.schedule.noise == "none" else self.schedule.eigen_shift(t, self.eigen_fix)
+        )
+        return CovarianceRelease(t, Sigma, shift, shared, nsr)
+
+
+class _Strategy:
+    """What differs between the MP-MTL algorithms: the projection given a release (and Alg. 4's
+    sparse part). ``project(release, own, thr)`` maps the task's own clipped models to ``W^``."""
+
+    name = "base"
+    decomposed = False
+    refit_penalty: str | None = None
+
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+        raise NotImplementedError
+
+
+class _LowRank(_Strategy):
+    """Alg. 2: ``W^ = U diag(max(0, 1 - thr/sqrt(Λ))) U^T W~`` from the released ``W~W~^T``."""
+
+    name = "lowrank"
+    refit_penalty = "lowrank"
+
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+        return _apply_lowrank_left(release.Sigma, thr, own, release.shift)
+
+
+class _LowRankTaskCovariance(_Strategy):
+    """Alg. 1 alternative (``covariance="WtW"``): ``W^ = W~ V diag(...) V^T`` from ``W~^T W~``."""
+
+    name = "lowrank-WtW"
+
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+        shared = release.shared
+        if np.array_equal(shared, own):
+            shared = own  # unperturbed: each task's own column is the shared one
+        return _apply_lowrank_right(release.Sigma, thr, shared, own, release.shift)
+
+
+class _GroupSparse(_Strategy):
+    """Alg. 3: ``W^ = diag(max(0, 1 - thr/sqrt(S_jj))) W~`` (after the eigenvalue fix)."""
+
+    name = "groupsparse"
+    refit_penalty = "groupsparse"
+
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+        Sigma, shift = release.Sigma, release.shift
+        if shift is None:
+            diag = np.abs(np.diag(Sigma))
+        else:
+            vals, U = scipy.linalg.eigh(Sigma, check_finite=False, driver="evd")
+            diag = (U * U) @ np.maximum(vals + shift, 0.0)
+        return _group_shrink(diag, thr)[:, None] * own
+
+
+class _LowRankSparse(_Strategy):
+    """Alg. 4: the low-rank part projected as in Alg. 2 (or its WtW variant), plus a local
+    entry-wise soft-thresholded sparse part."""
+
+    name = "lowrank-sparse"
+    decomposed = True
+
+    def __init__(self, lowrank: _Strategy) -> None:
+        self.lowrank = lowrank
+
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+        return self.lowrank.project(release, own, thr)
+
+
+def _strategy(penalty: str, covariance: str) -> _Strategy:
+    lowrank: _Strategy = _LowRankTaskCovariance() if covariance == "WtW" else _LowRank()
+    if penalty == "groupsparse":
+        return _GroupSparse()
+    if penalty == "lowrank-sparse":
+        return _LowRankSparse(lowrank)
+    return lowrank
+
+
+class TaskStep:
+    """The tasks' side of an iteration, batched over tasks (each column only reads its own data).
+
+    :meth:`messages` is what every task hands to the curator (its model; under Alg. 5 its clipped
+    model plus l2-Laplace noise); :meth:`update` is the local step given the release: projection
+    (through the strategy), momentum, the sparse part of Alg. 4, and a gradient step on the task's
+    own loss (skipped after the last release: the output is the projection ``W^(T)``).
+    """
+
+    def __init__(
+        self,
+        strategy: _Strategy,
+        batch: TaskBatch,
+        *,
+        loss: str,
+        clip: float,
+        eta: float,
+        lam: float,
+        mu: float,
+        lam_sparse: float,
+        beta: Callable[[int], float],
+        iterations: int,
+        instance_epsilons: FloatArray | None,
+        noise: NoiseSource,
+        rng: np.random.Generator,
+    ) -> None:
+        self.strategy = strategy
+        self.batch = batch
+        self.loss: Any = loss
+        self.clip = clip
+        self.eta = eta
+        self.lam = lam
+        self.mu = mu
+        self.lam_sparse = lam_sparse
+        self.beta = beta
+        self.iterations = iterations
+        self.instance_epsilons = instance_epsilons
+        self.noise = noise
+        self.rng = rng
+
+    def messages(self, state: MPMTLState) -> FloatArray:
+        """The models sent to the curator for release ``state.iteration``."""
+        if self.instance_epsilons is None:
+            return state.W
+        Wc = _clip_columns(state.W, self.clip)
+        d, m = Wc.shape
+        scale = 2.0 * self.clip / self.instance_epsilons[state.iteration]
+        return Wc + _l2_laplace(self.noise, self.rng, d, scale, m)
+
+    def update(self, state: MPMTLState, release: CovarianceRelease) -> None:
+        """Apply release ``t = state.iteration`` to every task, in place, and advance ``t``."""
+        t = state.iteration
+        eta = self.eta
+        Wc = _clip_columns(state.W, self.clip)
+        W_hat = self.strategy.project(release, Wc, eta * self.lam)
+        bt = self.beta(t + 1)
+        Z = W_hat + bt * (W_hat - state.W_hat_prev) if bt else W_hat
+        Q_hat = None
+        if self.strategy.decomposed:
+            assert state.Q is not None
+            Q_hat = np.sign(state.Q) * np.maximum(np.abs(state.Q) - eta * self.lam_sparse, 0.0)
+        if t < self.iterations - 1:  # the last gradient step would not reach the output W^(T)
+            if self.strategy.decomposed:
+                assert Q_hat is not None and state.Q_hat_prev is not None
+                Zq = Q_hat + bt * (Q_hat - state.Q_hat_prev) if bt else Q_hat
+                G = self.batch.gradients(self.loss, Z + Zq, mu=self.mu)
+                state.W = Z - eta * G
+                state.Q = Zq - eta * G
+            else:
+                G = self.batch.gradients(self.loss, Z, mu=self.mu)
+                state.W = Z - eta * G
+        state.W_hat_prev = W_hat
+        if Q_hat is not None:
+            state.Q_hat_prev = Q_hat
+        state.noise_to_signal[t] = release.noise_to_signal
+        state.last_release = release.Sigma
+        state.last_shift = release.shift
+        state.iteration = t + 1
+
+
+def _l2_laplace(
+    noise: NoiseSource, rng: np.random.Generator, dim: int, scale: float, size: int
+) -> FloatArray:
+    """Alg. 5 noise, density ∝ exp(-||b|| / scale): from ``rng`` when seeded (the same draws as
+    :func:`~privmtl.privacy.mechanisms.sample_l2_laplace`), else from the secure source, with the
+    Gamma(dim, scale) radius as ``scale/2`` times a chi-square with ``2 dim`` degrees of freedom
+    (a sum of ``dim`` exponentials, each half the squared norm of two standard normals)."""
+    if noise.kind == "seeded":
+        return sample_l2_laplace(rng, dim, scale, size)
+    direction = noise.normal_numpy((dim, size), 1.0)
+    norms = np.linalg.norm(direction, axis=0)
+    norms[norms == 0] = 1.0
+    radius = 0.5 * scale * np.sum(noise.normal_numpy((2 * dim, size), 1.0) ** 2, axis=0)
+    return np.asarray(direction / norms * radius, dtype=np.float64)
+
+
+# checkpoint of an MP-MTL run: parameters that say where and how often, not what is computed
+_RUNTIME_PARAMS = ("budget_epsilon", "callback", "checkpoint_dir", "checkpoint_every", "resume")
+
+
+def _jsonable_param(value: Any) -> Any:
+    if isinstance(value, np.random.Generator):
+        return "numpy-generator"
+    if isinstance(value, np.ndarray | list | tuple):
+        arr = np.ascontiguousarray(np.asarray(value, dtype=np.float64))
+        return f"array{list(arr.shape)}:sha256:{hashlib.sha256(arr.tobytes()).hexdigest()[:16]}"
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _data_fingerprint(batch: TaskBatch) -> str:
+    h = hashlib.sha256()
+    for arr in (batch.X, batch.y, batch.mask, batch.n):
+        a = np.ascontiguousarray(arr, dtype=np.float64)
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+class _Checkpointer:
+    """The run's ledger (durable under ``checkpoint_dir``) and its atomic checkpoints.
+
+    Without a directory: an in-memory ledger and no checkpoint. With one: ``ledger.jsonl`` continued
+    with :meth:`PrivacyLedger.open`, and the state written by
+    :func:`privmtl.checkpoint.save_checkpoint` after the initial models (before any release), every
+    ``checkpoint_every`` iterations and at the end.
+    """
+
+    def __init__(
+        self,
+        directory: Path | None,
+        *,
+        every: int,
+        config: dict[str, Any],
+        ledger_kw: dict[str, Any],
+        resume: bool,
+        noise_source: str,
+        notify: Callable[[str, int], None] | None,
+    ) -> None:
+        self.directory = directory
+        self.every = every
+        self.config = config
+        self.ledger_kw = ledger_kw
+        self.ledger = PrivacyLedger(**ledger_kw)  # in memory; durable from restore() on
+        self.resume = resume
+        self._saved_at: int | None = None
+        self.noise_source = noise_source
+        self.notify = notify
+
+    @classmethod
+    def create(
+        cls,
+        est: Any,
+        p: dict[str, Any],
+        *,
+        prepared: PreparedTasks,
+        schedule: Any,
+        delta: float,
+        accountant: str,
+    ) -> _Checkpointer:
+        ledger_kw: dict[str, Any] = {
+            "delta": delta,
+            "accountant": accountant,
+            "relation": p["relation"],
+            "budget": p["budget_epsilon"],
+        }
+        common: dict[str, Any] = {
+            "every": p["checkpoint_every"],
+            "resume": p["resume"],
+            "noise_source": p["noise_source"],
+            "notify": est.callback,
+        }
+        if est.checkpoint_dir is None:
+            return cls(None, config={}, ledger_kw=ledger_kw, **common)
+        from privmtl.checkpoint import has_checkpoint
+
+        directory = Path(est.checkpoint_dir)
+        params = {
+            f"param.{k}": _jsonable_param(v)
+            for k, v in est.get_params(deep=False).items()
+            if k not in _RUNTIME_PARAMS
+        }
+        ident = dict(schedule.identity())
+        per = np.asarray(ident.pop("per_release"), dtype=np.float64)
+        ident["per_release_sha256"] = hashlib.sha256(per.tobytes()).hexdigest()[:16]
+        config = {
+            "estimator": type(est).__name__,
+            "data_sha256": _data_fingerprint(prepared.batch),
+            "n_tasks": prepared.batch.n_tasks,
+            "n_features": prepared.batch.n_features,
+            **params,
+            **{f"schedule.{k}": v for k, v in ident.items()},
+        }
+        ledger_path = directory / "ledger.jsonl"
+        if not p["resume"] and (has_checkpoint(directory) or ledger_path.exists()):
+            raise InvalidParameterError(
+                f"The 'checkpoint_dir' {directory} holds a run already; pass resume=True "
+                "(--resume) to continue it, or choose a new directory."
+            )
+        return cls(directory, config=config, ledger_kw=ledger_kw, **common)
+
+    def restore(self, noise: NoiseSource) -> MPMTLState | None:
+        """The checkpointed state (noise state restored in seeded mode), or None to start anew.
+
+        Opens (or creates) the durable ledger once the checkpoint was found to be this run's.
+        """
+        if self.directory is None:
+            return None
+        from privmtl.checkpoint import has_checkpoint, load_checkpoint
+
+        state: MPMTLState | None = None
+        if self.resume and has_checkpoint(self.directory):
+            saved, _ = load_checkpoint(self.directory, kind=CHECKPOINT_KIND, config=self.config)
+            noise.load_state_dict(json.loads(saved["noise"]))
+            state = MPMTLState.from_dict(saved["state"])
+            state.stopped_on_budget = False  # re-checked against this run's budget
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.ledger = PrivacyLedger.open(self.directory / "ledger.jsonl", **self.ledger_kw)
+        if state is not None:
+            self._saved_at = state.iteration
+        return state
+
+    def save(self, state: MPMTLState, noise: NoiseSource) -> None:
+        """Write the checkpoint of ``state`` (atomic), unless it was just written."""
+        if self.directory is None or self._saved_at == state.iteration:
+            return
+        from privmtl.checkpoint import save_checkpoint
+
+        save_checkpoint(
+            self.directory,
+            kind=CHECKPOINT_KIND,
+            config=self.config,
+            state={"state": state.to_dict(), "noise": json.dumps(noise.state_dict())},
+            step=state.iteration,
+            noise_source=self.noise_source,
+        )
+        self._saved_at = state.iteration
+        if self.notify is not None:
+            self.notify("checkpoint", state.iteration)
+
+    def maybe_save(self, state: MPMTLState, noise: NoiseSource) -> None:
+        if state.iteration % self.every == 0:
+            self.save(state, noise)
+
+
 class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
     _penalty = "lowrank"
 
@@ -228,6 +739,12 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         refit_lam: float | None = None,
         refit_floor: float = 1e-3,
         random_state: Any = None,
+        noise_source: str = "secure",
+        budget_epsilon: float | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = False,
+        callback: Callable[[str, int], None] | None = None,
     ) -> None:
         self.lam = lam
         self.epsilon = epsilon
@@ -252,6 +769,12 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.refit_lam = refit_lam
         self.refit_floor = refit_floor
         self.random_state = random_state
+        self.noise_source = noise_source
+        self.budget_epsilon = budget_epsilon
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.callback = callback
 
     # ---------------------------------------------------------------------------------- checks
     def _validate(self) -> dict[str, Any]:
@@ -309,6 +832,27 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             else check_real("refit_lam", self.refit_lam, low=0.0, closed="neither")
         )
         p["refit_floor"] = check_real("refit_floor", self.refit_floor, low=0.0)
+        p["noise_source"] = check_choice("noise_source", self.noise_source, NOISE_SOURCES)
+        p["budget_epsilon"] = (
+            None
+            if self.budget_epsilon is None
+            else check_real("budget_epsilon", self.budget_epsilon, low=0.0, closed="neither")
+        )
+        p["checkpoint_every"] = check_int("checkpoint_every", self.checkpoint_every, low=1)
+        if not isinstance(self.resume, bool | np.bool_):
+            raise InvalidParameterError(
+                f"The 'resume' parameter must be a bool; got {self.resume!r}."
+            )
+        p["resume"] = bool(self.resume)
+        if p["resume"] and self.checkpoint_dir is None:
+            raise InvalidParameterError(
+                "The 'resume' parameter needs a checkpoint_dir to resume from; got "
+                "checkpoint_dir=None."
+            )
+        if self.callback is not None and not callable(self.callback):
+            raise InvalidParameterError(
+                f"The 'callback' parameter must be callable or None; got {self.callback!r}."
+            )
         if p["refit_lam"] is not None and p["covariance"] == "WtW":
             raise InvalidParameterError(
                 "The 'refit_lam' parameter must be None with covariance='WtW' (the refit needs the "
@@ -351,11 +895,11 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             raise DataFormatError(
                 "the loss has a zero Lipschitz constant (all features are zero?); cannot set a step."
             )
-        decomposed = self._penalty == "lowrank-sparse"
+        strategy = _strategy(self._penalty, p["covariance"])
         eta = (
             p["step_size"]
             if p["step_size"] is not None
-            else 1.0 / (2.0 * lips if decomposed else lips)
+            else 1.0 / (2.0 * lips if strategy.decomposed else lips)
         )
         delta = p["delta"] if p["delta"] is not None else default_delta(m)
 
@@ -371,9 +915,13 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         else:
             Q = p["Q"]
 
-        wtw = p["covariance"] == "WtW"
-        dim = m if wtw else d
+        dim = m if p["covariance"] == "WtW" else d
         schedule = self._plan(p, delta=delta, dim=dim, alpha=alpha, Q=Q, n_tasks=m)
+        if p["budget_epsilon"] is not None and schedule.noise != "gaussian":
+            raise InvalidParameterError(
+                "The 'budget_epsilon' parameter needs releases a ledger can account (epsilon set, "
+                f"noise='gaussian'); got noise={p['noise']!r}, epsilon={p['epsilon']!r}."
+            )
 
         inst_eps = None
         if p["instance_epsilon"] is not None:
@@ -390,86 +938,104 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                 return (1.0 - r) / (1.0 + r)
             return (t1 - 1.0) / (t1 + 2.0)
 
-        W = self._initial_models(prepared, p)  # task models w_i^(0)
-        Qs = np.zeros((d, m)) if decomposed else None  # sparse part (Alg. 4)
-        W_hat_prev = _clip_columns(W, K)
-        Q_hat_prev = np.zeros((d, m)) if decomposed else None
-        nsr = np.zeros(T)
-        W_hat = W_hat_prev
-        Q_hat = Q_hat_prev
-        for t in range(T):
-            Wc = _clip_columns(W, K)
-            shared = Wc
-            if inst_eps is not None:
-                b = sample_l2_laplace(rng, d, 2.0 * K / inst_eps[t], m)
-                shared = _clip_columns(Wc + b, K)
-            cov = shared.T @ shared if wtw else shared @ shared.T
-            Sigma = np.asarray(schedule.release(t, cov, rng), dtype=np.float64)
-            Sigma = 0.5 * (Sigma + Sigma.T)
-            cov_norm = float(np.linalg.norm(cov))
-            err = float(np.linalg.norm(Sigma - cov))  # ||E||_F of the raw release
-            nsr[t] = err / cov_norm if cov_norm > 0 else (0.0 if err == 0 else math.inf)
-
-            # eigenvalue fix of a Gaussian release (post-processing), folded into the one
-            # eigendecomposition: Lambda -> max(Lambda + c_t, 0) ("shift") or max(Lambda, 0)
-            shift = self._eigen_shift(schedule, t, p["eigen_fix"], dim)
-            last_release = (Sigma, shift)
-            thr = eta * lam
-            if self._penalty == "groupsparse":
-                if shift is None:
-                    diag = np.abs(np.diag(Sigma))
-                else:
-                    vals, U = scipy.linalg.eigh(Sigma, check_finite=False, driver="evd")
-                    diag = (U * U) @ np.maximum(vals + shift, 0.0)
-                W_hat = _group_shrink(diag, thr)[:, None] * Wc
-            elif wtw:
-                W_hat = _apply_lowrank_right(Sigma, thr, shared, Wc, shift)
-            else:
-                W_hat = _apply_lowrank_left(Sigma, thr, Wc, shift)
-
-            bt = beta(t + 1)
-            Z = W_hat + bt * (W_hat - W_hat_prev) if bt else W_hat
-            if decomposed:
-                assert Qs is not None
-                Q_hat = np.sign(Qs) * np.maximum(np.abs(Qs) - eta * p["lam_sparse"], 0.0)
-            if t == T - 1:
-                break  # the output is W^(T); the last local gradient step would not reach it
-            if decomposed:
-                assert Q_hat is not None and Q_hat_prev is not None
-                Zq = Q_hat + bt * (Q_hat - Q_hat_prev) if bt else Q_hat
-                G = batch.gradients(p["loss"], Z + Zq, mu=mu)
-                W = Z - eta * G
-                Qs = Zq - eta * G
-                Q_hat_prev = Q_hat
-            else:
-                G = batch.gradients(p["loss"], Z, mu=mu)
-                W = Z - eta * G
-            W_hat_prev = W_hat
-
-        if decomposed:
-            assert Q_hat is not None
-            self.lowrank_ = W_hat
-            self.sparse_ = Q_hat
-            self.coef_ = W_hat + Q_hat
-        elif p["refit_lam"] is not None:
-            # local refit against the last release (post-processing + own data, see linear.local)
-            A = variational_factor(
-                last_release[0],
-                penalty=self._penalty,
-                shift=last_release[1],
-                floor=p["refit_floor"] * K * math.sqrt(m),
+        noise: NoiseSource = (
+            NumpySeededNoise(rng) if p["noise_source"] == "seeded" else SecureNoise()
+        )
+        accountant = self.accountant if self.accountant is not None else "rdp"
+        ckpt = _Checkpointer.create(
+            self,
+            p,
+            prepared=prepared,
+            schedule=schedule,
+            delta=delta,
+            accountant=accountant,
+        )
+        state = ckpt.restore(noise)  # checks the checkpoint is this run's; opens the ledger
+        self.resumed_from_ = None if state is None else state.iteration
+        if state is None:
+            W0 = self._initial_models(prepared, p)
+            state = MPMTLState(
+                iteration=0,
+                W=W0,
+                W_hat_prev=_clip_columns(W0, K),
+                Q=np.zeros((d, m)) if strategy.decomposed else None,
+                Q_hat_prev=np.zeros((d, m)) if strategy.decomposed else None,
+                noise_to_signal=np.zeros(T),
             )
+            ckpt.save(state, noise)  # the starting point, before any release
+        ledger = ckpt.ledger
+        tasks = TaskStep(
+            strategy,
+            batch,
+            loss=p["loss"],
+            clip=K,
+            eta=eta,
+            lam=lam,
+            mu=mu,
+            lam_sparse=p.get("lam_sparse", 0.0),
+            beta=beta,
+            iterations=T,
+            instance_epsilons=inst_eps,
+            noise=noise,
+            rng=rng,
+        )
+        curator = CovarianceCurator(
+            schedule,
+            covariance=p["covariance"],
+            clip=K,
+            noise=noise,
+            ledger=ledger,
+            eigen_fix=p["eigen_fix"],
+            notify=self.callback,
+        )
+
+        # ---- the loop, once: messages -> release (write-ahead) -> local update -> checkpoint
+        while state.iteration < T and not state.stopped_on_budget:
+            t = state.iteration
+            messages = tasks.messages(state)
+            if curator.would_exceed_budget(t):
+                state.stopped_on_budget = True
+                break
+            release = curator.release(t, messages)
+            tasks.update(state, release)
+            if self.callback is not None:
+                self.callback("iteration", t)
+            ckpt.maybe_save(state, noise)
+        ckpt.save(state, noise)
+
+        # ---- output rule on the state reached
+        if strategy.decomposed:
+            assert state.Q_hat_prev is not None
+            self.lowrank_ = state.W_hat_prev
+            self.sparse_ = state.Q_hat_prev
+            self.coef_ = state.W_hat_prev + state.Q_hat_prev
+        elif p["refit_lam"] is not None:
+            # local refit against the last release (post-processing + own data, see linear.local);
+            # before any release the metric is the identity (single-task ridge)
+            if state.last_release is None or strategy.refit_penalty is None:
+                A = np.eye(d)
+            else:
+                A = variational_factor(
+                    state.last_release,
+                    penalty=strategy.refit_penalty,
+                    shift=state.last_shift,
+                    floor=p["refit_floor"] * K * math.sqrt(m),
+                )
             self.coef_ = refit_with_metric(batch, p["loss"], p["refit_lam"], A)
         else:
-            self.coef_ = W_hat
-        self.noise_to_signal_ = nsr
+            self.coef_ = state.W_hat_prev
+        self.state_ = state
+        self.noise_to_signal_ = state.noise_to_signal
         self.step_size_ = float(eta)
         self.lipschitz_ = lips
         self.delta_ = float(delta)
-        self.n_iter_ = T
+        self.n_iter_ = state.iteration
+        self.stopped_on_budget_ = bool(state.stopped_on_budget)
+        self.noise_source_ = noise.kind
+        self.ledger_ = ledger
         per = getattr(schedule, "per_release", None)
         self.epsilons_ = None if per is None else np.asarray(per, dtype=np.float64)
-        self.privacy_ = self._guarantee(schedule, p)
+        self.privacy_ = self._guarantee(schedule, p, ledger=ledger, state=state)
         self.instance_privacy_ = self._instance_guarantee(p, inst_eps)
         self.n_features_in_ = d
 
@@ -524,46 +1090,64 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
 
     @staticmethod
     def _eigen_shift(schedule: Any, t: int, fix: str, dim: int) -> float | None:
-        """Eigenvalue shift c_t of the planner's PSD fix for Gaussian releases, or None.
+        """Shift of the PSD fix ``fix`` for release ``t`` (one home: :func:`~privmtl.privacy.
+        covariance.eigen_shift`; ``dim`` is the released matrix's dimension)."""
+        from privmtl.privacy.covariance import eigen_shift
 
-        Same post-processing as ``CovarianceSchedule`` with ``eigen_fix`` ("shift": add
-        ``shift_scale * sigma_t * sqrt(dim)`` to every eigenvalue, then clip at 0; "clip": clip at
-        0), done on the eigenvalues of the single eigendecomposition the projection needs.
-        """
-        if schedule.noise != "gaussian" or fix == "none":
-            return None
-        if fix == "clip":
-            return 0.0
-        edge = schedule.per_release[t] * math.sqrt(dim)
-        if fix == "denoise":
-            return float(-2.0 * edge)
-        return float(schedule.shift_scale * edge)
+        return eigen_shift(schedule.noise, schedule.per_release[t], dim, fix, schedule.shift_scale)
 
-    def _guarantee(self, schedule: Any, p: dict[str, Any]) -> Any:
+    def _guarantee(
+        self, schedule: Any, p: dict[str, Any], *, ledger: PrivacyLedger, state: MPMTLState
+    ) -> Any:
+        """The schedule's guarantee, with ε from the ledger (what was actually recorded)."""
         from dataclasses import replace
 
         g = schedule.guarantee
+        notes = list(g.notes)
+        details = dict(g.details)
+        T = schedule.iterations
+        if schedule.noise == "gaussian":
+            spent = ledger.epsilon()
+            details.update(
+                planned_epsilon=g.epsilon,
+                releases=len(ledger.records),
+                iterations_run=state.iteration,
+            )
+            if state.stopped_on_budget:
+                notes.append(
+                    f"stopped on budget: {state.iteration} of {T} planned releases made, "
+                    f"epsilon spent {spent:.4g} <= budget {p['budget_epsilon']:g}; the model is "
+                    "the output rule applied to the state reached"
+                )
+            if len(ledger.records) > state.iteration:
+                notes.append(
+                    f"the ledger holds {len(ledger.records)} releases for {state.iteration} "
+                    "iterations: a resumed run with secure noise repeats the releases made after "
+                    "its checkpoint with fresh noise, and each is charged"
+                )
+            g = replace(g, epsilon=spent)
+        elif schedule.noise == "wishart":
+            notes.append(
+                "ledger: each Wishart release is recorded as a non-private event (no RDP/PLD bound "
+                "holds), so re-accounting the ledger gives epsilon = inf; the epsilon above is the "
+                "paper's claim, with the real delta"
+            )
         if p["covariance"] == "WtW" and math.isfinite(g.epsilon):
-            g = replace(
-                g,
-                valid=False,
-                notes=(
-                    *g.notes,
-                    "covariance='WtW': the projection W^ = W~ M mixes other tasks' unperturbed "
-                    "clipped models into each task's output, which is not post-processing of the "
-                    "private release; the stated epsilon is NOT an MP-MTL guarantee.",
-                ),
+            g = replace(g, valid=False)
+            notes.append(
+                "covariance='WtW': the projection W^ = W~ M mixes other tasks' unperturbed "
+                "clipped models into each task's output, which is not post-processing of the "
+                "private release; the stated epsilon is NOT an MP-MTL guarantee."
             )
         if p["instance_epsilon"] is not None:
-            g = replace(
-                g,
-                notes=(
-                    *g.notes,
-                    "Alg. 5: models are perturbed (and re-clipped to K) before the covariance step; "
-                    "the instance-level guarantee is in instance_privacy_.",
-                ),
+            notes.append(
+                "Alg. 5: models are perturbed (and re-clipped to K) before the covariance step; "
+                "the instance-level guarantee is in instance_privacy_."
             )
-        return g
+        noise_source = p["noise_source"] if schedule.noise != "none" else None
+        if noise_source == "seeded":
+            notes.append(SEEDED_NOISE_NOTE)
+        return replace(g, notes=tuple(notes), details=details, noise_source=noise_source)
 
     def _instance_guarantee(self, p: dict[str, Any], inst_eps: FloatArray | None) -> Any:
         if p["instance_epsilon"] is None or inst_eps is None:
@@ -584,6 +1168,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                 "CB({eps_t}, 0) = sum eps_t.",
             ),
             details={"per_release": [float(e) for e in inst_eps]},
+            noise_source=p["noise_source"],
         )
 
 
@@ -699,6 +1284,12 @@ class MPMTLLowRankSparse(_MPMTLBase):
         init: Any = "zeros",
         init_alpha: float = 1e-3,
         random_state: Any = None,
+        noise_source: str = "secure",
+        budget_epsilon: float | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = False,
+        callback: Callable[[str, int], None] | None = None,
     ) -> None:
         super().__init__(
             lam=lam,
@@ -722,6 +1313,12 @@ class MPMTLLowRankSparse(_MPMTLBase):
             init=init,
             init_alpha=init_alpha,
             random_state=random_state,
+            noise_source=noise_source,
+            budget_epsilon=budget_epsilon,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+            callback=callback,
         )
         self.lam_sparse = lam_sparse
 

@@ -40,12 +40,14 @@ from privmtl.privacy.accounting import (
 from privmtl.privacy.composition import allocate_budgets, allocation_weights, composition_bound
 from privmtl.privacy.guarantee import RELATIONS, PrivacyGuarantee
 from privmtl.privacy.mechanisms import symmetric_gaussian_noise, wishart_noise
+from privmtl.privacy.noise import NoiseSource, NumpySeededNoise
 
 __all__ = [
     "COVARIANCE_NOISES",
     "EIGEN_FIXES",
     "CovarianceSchedule",
     "covariance_sensitivity",
+    "eigen_shift",
     "plan_covariance_releases",
     "wishart_real_delta",
 ]
@@ -65,6 +67,30 @@ def covariance_sensitivity(clip: float, relation: str) -> float:
 def wishart_real_delta(epsilons: np.ndarray) -> float:
     """Lower bound on δ of T Wishart releases: P(some release is impossible under the neighbour)."""
     return float(-np.expm1(-np.sum(epsilons)))
+
+
+def eigen_shift(
+    noise: str, std: float, dim: int, fix: str, shift_scale: float = 3.0
+) -> float | None:
+    """Eigenvalue shift ``c`` of the PSD fix of one Gaussian release, or None (no fix).
+
+    The fix maps every eigenvalue ``Λ`` of the released matrix to ``max(Λ + c, 0)`` (post-processing,
+    no privacy cost). With ``edge = std·√dim`` (≈ half the spectral norm of the symmetric noise):
+    ``"shift"`` → ``c = shift_scale·edge`` (under high noise the projection tends to the identity:
+    single-task learning); ``"denoise"`` → ``c = −2·edge`` (drop the eigenvalues the noise alone
+    would produce); ``"clip"`` → ``c = 0``; ``"none"`` (or a non-Gaussian release) → None, the raw
+    matrix. This is the one definition of the fix: :meth:`CovarianceSchedule.release` applies it to
+    the matrix, the MP-MTL solvers to the eigenvalues of the decomposition they compute anyway.
+    """
+    check_choice("eigen_fix", fix, EIGEN_FIXES)
+    if noise != "gaussian" or fix == "none":
+        return None
+    if fix == "clip":
+        return 0.0
+    edge = std * math.sqrt(dim)
+    if fix == "denoise":
+        return float(-2.0 * edge)
+    return float(shift_scale * edge)
 
 
 @dataclass(frozen=True)
@@ -107,30 +133,118 @@ class CovarianceSchedule:
         nu = d + 1
         return scale * math.sqrt(nu * d * (nu + d + 1))
 
-    def release(self, t: int, cov: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Privatized version of ``cov`` (= W̃W̃ᵀ of the clipped models) for iteration ``t``."""
-        if self.noise == "none":
-            return np.asarray(cov, dtype=float)
+    # ------------------------------------------------------------------ one release
+    @property
+    def mechanism(self) -> str:
+        """Ledger name of the mechanism: ``gaussian-covariance``, ``wishart`` or ``exact-covariance``."""
+        return {"gaussian": "gaussian-covariance", "wishart": "wishart"}.get(
+            self.noise, "exact-covariance"
+        )
+
+    def _check_index(self, t: int) -> None:
         if not 0 <= t < self.iterations:
             raise IndexError(f"release index {t} outside the planned {self.iterations} releases")
+
+    def event(self, t: int) -> dp_accounting.DpEvent:
+        """The privacy event of release ``t`` for a :class:`~privmtl.privacy.ledger.PrivacyLedger`.
+
+        Gaussian: ``GaussianDpEvent(z_t)`` (the noise multiplier relative to the add/remove
+        sensitivity, as planned). Wishart and non-private releases: ``NonPrivateDpEvent`` — no RDP
+        or PLD bound holds for the published Wishart step (each release is impossible under a
+        neighbour with probability ``1 − e^{−ε_t}``), so an accountant composing it must report
+        ε = ∞; the claimed per-release ε_t is kept in :meth:`params` and the schedule's
+        ``guarantee`` (``valid=False``) states the claimed ε with the real δ.
+        """
+        self._check_index(t)
+        if self.noise == "gaussian":
+            z = self.guarantee.details["noise_multipliers"][t]
+            return dp_accounting.GaussianDpEvent(float(z))
+        return dp_accounting.NonPrivateDpEvent()
+
+    def params(self, t: int) -> dict[str, float | int | str | None]:
+        """JSON parameters of release ``t`` as written to the ledger."""
+        self._check_index(t)
+        out: dict[str, float | int | str | None] = {
+            "iteration": t,
+            "iterations": self.iterations,
+            "dim": self.dim,
+            "clip": self.clip,
+        }
+        if self.noise == "gaussian":
+            out["noise_std"] = self.per_release[t]
+            out["noise_multiplier"] = float(self.guarantee.details["noise_multipliers"][t])
+            out["sensitivity"] = float(self.guarantee.details["sensitivity"])
+        elif self.noise == "wishart":
+            out["claimed_epsilon_t"] = self.per_release[t]
+            out["scale"] = self.clip**2 / (2.0 * self.per_release[t])
+            out["dof"] = self.dim + 1
+            out["note"] = "published Wishart step: not epsilon-DP, no RDP/PLD bound (ledger: inf)"
+        return out
+
+    def eigen_shift(self, t: int, fix: str | None = None) -> float | None:
+        """Shift of the PSD fix of release ``t`` (:func:`eigen_shift`); ``fix`` defaults to ours."""
+        self._check_index(t)
+        return eigen_shift(
+            self.noise,
+            self.per_release[t],
+            self.dim,
+            self.eigen_fix if fix is None else fix,
+            self.shift_scale,
+        )
+
+    def noisy(
+        self, t: int, cov: np.ndarray, noise: NoiseSource | np.random.Generator
+    ) -> np.ndarray:
+        """``cov + E_t``: release ``t`` of ``cov`` before any eigenvalue fix.
+
+        ``noise`` is a :class:`~privmtl.privacy.noise.NoiseSource` (``"secure"`` or ``"seeded"``)
+        or a numpy Generator (wrapped as seeded noise; the same draws).
+        """
         cov = np.asarray(cov, dtype=float)
+        if self.noise == "none":
+            return cov
+        self._check_index(t)
+        src = NumpySeededNoise(noise) if isinstance(noise, np.random.Generator) else noise
         if self.noise == "wishart":
             scale = self.clip**2 / (2.0 * self.per_release[t])
-            return cov + wishart_noise(cov.shape[0], scale, rng)
-        std = self.per_release[t]
-        noisy = cov + symmetric_gaussian_noise(cov.shape[0], std, rng)
-        return self._fix(noisy, std)
+            return cov + wishart_noise(cov.shape[0], scale, src)
+        return cov + symmetric_gaussian_noise(cov.shape[0], self.per_release[t], src)
 
-    def _fix(self, S: np.ndarray, std: float) -> np.ndarray:
-        if self.eigen_fix == "none":
+    def release(
+        self, t: int, cov: np.ndarray, rng: NoiseSource | np.random.Generator
+    ) -> np.ndarray:
+        """Privatized version of ``cov`` (= W̃W̃ᵀ of the clipped models) for iteration ``t``.
+
+        :meth:`noisy`, then (Gaussian) the schedule's eigenvalue fix (:func:`eigen_shift`) applied
+        to the matrix.
+        """
+        noisy = self.noisy(t, cov, rng)
+        if self.noise != "gaussian":
+            return noisy
+        return self._fix(noisy, self.eigen_shift(t))
+
+    @staticmethod
+    def _fix(S: np.ndarray, shift: float | None) -> np.ndarray:
+        if shift is None:
             return S
-        edge = std * math.sqrt(S.shape[0])  # ‖E‖₂ ≈ 2·edge for the symmetric Gaussian noise
-        if self.eigen_fix == "shift":
-            S = S + (self.shift_scale * edge) * np.eye(S.shape[0])
-        elif self.eigen_fix == "denoise":
-            S = S - (2.0 * edge) * np.eye(S.shape[0])
+        if shift != 0.0:
+            S = S + shift * np.eye(S.shape[0])
         vals, vecs = scipy.linalg.eigh(S, check_finite=False, driver="evd")
         return (vecs * np.maximum(vals, 0.0)) @ vecs.T
+
+    def identity(self) -> dict[str, object]:
+        """What identifies this schedule (for checkpoints): mechanism, per-release noise, K, dim."""
+        return {
+            "noise": self.noise,
+            "per_release": list(self.per_release),
+            "clip": self.clip,
+            "dim": self.dim,
+            "eigen_fix": self.eigen_fix,
+            "shift_scale": self.shift_scale,
+            "epsilon": self.guarantee.epsilon if math.isfinite(self.guarantee.epsilon) else None,
+            "delta": self.guarantee.delta,
+            "accountant": self.guarantee.accountant,
+        }
 
 
 def plan_covariance_releases(

@@ -7,6 +7,8 @@ MP-MTL) and composed by :mod:`privmtl.privacy.accounting`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from privmtl._validation import check_real
@@ -38,23 +40,33 @@ def clip_rows(U: np.ndarray, bound: float) -> np.ndarray:
     return _clip(U, bound, axis=1)
 
 
-def symmetric_gaussian_noise(dim: int, std: float, rng: np.random.Generator) -> np.ndarray:
+def _normal(rng: Any, shape: tuple[int, ...], std: float) -> np.ndarray:
+    """``N(0, std²)`` draws from a numpy Generator or a :class:`~privmtl.privacy.noise.NoiseSource`."""
+    if isinstance(rng, np.random.Generator):
+        return rng.standard_normal(shape) * std
+    return np.asarray(rng.normal_numpy(shape, std), dtype=np.float64)
+
+
+def symmetric_gaussian_noise(dim: int, std: float, rng: Any) -> np.ndarray:
     """Symmetric d×d matrix whose upper triangle (diagonal included) is i.i.d. N(0, std²).
+
+    ``rng`` is a numpy Generator or a :class:`~privmtl.privacy.noise.NoiseSource` (secure or
+    seeded); a seeded source wrapping a Generator draws exactly what the Generator would.
 
     This is the noise of the "Analyze Gauss" mechanism: the upper-triangular vector of w wᵀ has ℓ2
     norm ≤ ‖w‖², so releasing Σ̃ + E has sensitivity K² (add/remove one task with ‖w‖ ≤ K).
     """
-    upper = np.triu(rng.standard_normal((dim, dim)) * std)
+    upper = np.triu(_normal(rng, (dim, dim), std))
     return upper + np.triu(upper, 1).T
 
 
-def wishart_noise(dim: int, scale: float, rng: np.random.Generator) -> np.ndarray:
+def wishart_noise(dim: int, scale: float, rng: Any) -> np.ndarray:
     """E ~ Wishart_d(ν = d+1, V = scale·I_d), sampled as GᵀG with G (d+1)×d i.i.d. N(0, scale).
 
     The MP-MTL paper uses ``scale = K²/(2ε_t)``. Equivalent in law to
-    ``scipy.stats.wishart(df=d+1, scale=scale*I)``.
+    ``scipy.stats.wishart(df=d+1, scale=scale*I)``. ``rng``: a Generator or a NoiseSource.
     """
-    G = rng.standard_normal((dim + 1, dim)) * np.sqrt(scale)
+    G = _normal(rng, (dim + 1, dim), float(np.sqrt(scale)))
     return G.T @ G
 
 
