@@ -419,10 +419,7 @@ class _LowRankTaskCovariance(_Strategy):
     name = "lowrank-WtW"
 
     def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
-        shared = release.shared
-        if np.array_equal(shared, own):
-            shared = own  # unperturbed: each task's own column is the shared one
-        return _apply_lowrank_right(release.Sigma, thr, shared, own, release.shift)
+        return _apply_lowrank_right(release.Sigma, thr, release.shared, own, release.shift)
 
 
 class _GroupSparse(_Strategy):
@@ -517,7 +514,11 @@ class TaskStep:
         """Apply release ``t = state.iteration`` to every task, in place, and advance ``t``."""
         t = state.iteration
         eta = self.eta
-        Wc = _clip_columns(state.W, self.clip)
+        if self.instance_epsilons is None:
+            # the curator clipped exactly the task's own model: the same array, not recomputed
+            Wc = release.shared
+        else:
+            Wc = _clip_columns(state.W, self.clip)
         W_hat = self.strategy.project(release, Wc, eta * self.lam)
         bt = self.beta(t + 1)
         Z = W_hat + bt * (W_hat - state.W_hat_prev) if bt else W_hat
