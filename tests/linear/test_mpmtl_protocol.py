@@ -290,11 +290,11 @@ def test_resume_refuses_another_configuration_or_a_corrupt_file(tmp_path):
     Xs2[0][0, 0] += 1e-3
     with pytest.raises(CheckpointError, match="data_sha256"):
         MPMTLLowRank(**KW, noise_source="seeded", checkpoint_dir=tmp_path, resume=True).fit(Xs2, ys)
-    state = tmp_path / "state.pt"
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    state = tmp_path / manifest["state_file"]
     state.write_bytes(state.read_bytes()[:-5] + b"xxxxx")
     with pytest.raises(CheckpointError, match="corrupt"):
         MPMTLLowRank(**KW, noise_source="seeded", checkpoint_dir=tmp_path, resume=True).fit(Xs, ys)
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
     manifest["version"] = 99
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="version 99"):
