@@ -56,14 +56,14 @@ def test_a_kill_between_state_and_manifest_leaves_the_previous_checkpoint(tmp_pa
     save_checkpoint(
         tmp_path, kind="pmtl", config=CONFIG, state=_state(), step=1, noise_source="seeded"
     )
-    real = ck._write_atomic
+    real = ck.write_atomic
 
     def die_after_state(path, data):
         real(path, data)
         if path.name.startswith("state-"):
             raise KeyboardInterrupt  # stands for a kill after the new state file, before the manifest
 
-    monkeypatch.setattr(ck, "_write_atomic", die_after_state)
+    monkeypatch.setattr(ck, "write_atomic", die_after_state)
     new = _state()
     new["round"] = 2
     with pytest.raises(KeyboardInterrupt):

@@ -39,6 +39,7 @@ __all__ = [
     "has_checkpoint",
     "load_checkpoint",
     "save_checkpoint",
+    "write_atomic",
 ]
 
 FORMAT = "privmtl-checkpoint"
@@ -70,7 +71,8 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, ``fsync`` and an atomic rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -104,7 +106,7 @@ def save_checkpoint(
     torch.save(state, buf)
     data = buf.getvalue()
     state_file = f"state-{int(step):08d}.pt"
-    _write_atomic(d / state_file, data)
+    write_atomic(d / state_file, data)
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -116,7 +118,7 @@ def save_checkpoint(
         "state_file": state_file,
         "state_sha256": hashlib.sha256(data).hexdigest(),
     }
-    _write_atomic(d / _MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    write_atomic(d / _MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     _fsync_dir(d)
     for old in d.glob("state-*.pt"):  # the manifest no longer names them
         if old.name != state_file:

@@ -38,14 +38,14 @@ def main() -> None:
 
         PrivacyLedger.record = record  # type: ignore[method-assign]
     if point == "state_written":
-        real_write = ck._write_atomic
+        real_write = ck.write_atomic
 
         def write(path, data):  # type: ignore[no-untyped-def]
             real_write(path, data)
             if path.name == f"state-{at_round + 1:08d}.pt":
                 die()
 
-        ck._write_atomic = write  # type: ignore[assignment]
+        ck.write_atomic = write  # type: ignore[assignment]
 
     def hook(t, sampled, messages):  # type: ignore[no-untyped-def]
         if point == "message" and t == at_round:

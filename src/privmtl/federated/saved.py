@@ -26,12 +26,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import DataFormatError
 
 __all__ = ["MODELS_FORMAT", "MODELS_VERSION", "load_models", "save_models"]
@@ -40,19 +40,6 @@ MODELS_FORMAT = "privmtl-models"
 MODELS_VERSION = 1
 
 Params = dict[str, torch.Tensor]
-
-
-def _write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _tensors(params: Params) -> bytes:
@@ -80,10 +67,10 @@ def save_models(
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     files = {"global": "global.pt"}
-    _write(d / "global.pt", _tensors(result.global_params))
+    write_atomic(d / "global.pt", _tensors(result.global_params))
     pers = personalized if personalized is not None else result.personalized_params
     if pers is not None:
-        _write(d / "personalized.pt", _tensors(pers))
+        write_atomic(d / "personalized.pt", _tensors(pers))
         files["personalized"] = "personalized.pt"
     keep = (
         "method", "epsilon", "delta", "accountant", "sampling", "relation", "noise_source",
@@ -116,7 +103,7 @@ def save_models(
         "guarantee": summary.get("guarantee"),
         "summary": summary.get("summary"),
     }
-    _write(d / "model.json", (json.dumps(meta, indent=2, default=str) + "\n").encode())
+    write_atomic(d / "model.json", (json.dumps(meta, indent=2, default=str) + "\n").encode())
     return d
 
 
