@@ -2,8 +2,9 @@
 
 Runs ``benchmarks/pmtl_speed.py`` of tree A, then of tree B, then A, B, ... (each process times
 ``--repeats 1`` round of one path after a warm-up round, from its own ``src/`` on ``PYTHONPATH``),
-and reports each tree's median seconds per round and the median of the per-pair ratios B/A —
-pairs run back to back, so the drift of a shared machine cancels.
+and reports each tree's median seconds per round and the median of the per-pair ratios B/A, for
+wall-clock and for CPU seconds (all threads of the process) — pairs run back to back, so the drift
+of a shared machine cancels; CPU seconds also resist other processes competing for the cores.
 
 Example (issue "One round at a time": the new engine within 5% of the old at 20 clients)::
 
@@ -24,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 
-def _round_seconds(tree: Path, args: argparse.Namespace) -> float:
+def _round_seconds(tree: Path, args: argparse.Namespace) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
         env = {**os.environ, "PYTHONPATH": str(tree / "src")}
@@ -37,7 +38,8 @@ def _round_seconds(tree: Path, args: argparse.Namespace) -> float:
             cmd += ["--cache-dir", args.cache_dir]
         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         (row,) = json.loads(out.read_text())["results"]
-    return float(row[args.path]["seconds_per_round"])
+    r = row[args.path]
+    return float(r["seconds_per_round"]), float(r["cpu_seconds_per_round"])
 
 
 def main() -> None:
@@ -52,12 +54,18 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=7)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    a_s, b_s = [], []
+    a_s, b_s, a_c, b_c = [], [], [], []
     for i in range(args.pairs):
-        a_s.append(_round_seconds(args.a.resolve(), args))
-        b_s.append(_round_seconds(args.b.resolve(), args))
-        print(f"pair {i}: A {a_s[-1]:.3f} s  B {b_s[-1]:.3f} s  B/A {b_s[-1] / a_s[-1]:.3f}")
+        for tree, wall, cpu in ((args.a, a_s, a_c), (args.b, b_s, b_c)):
+            w, c = _round_seconds(tree.resolve(), args)
+            wall.append(w)
+            cpu.append(c)
+        print(
+            f"pair {i}: wall A {a_s[-1]:.3f} s  B {b_s[-1]:.3f} s  B/A {b_s[-1] / a_s[-1]:.3f}; "
+            f"cpu A {a_c[-1]:.3f} s  B {b_c[-1]:.3f} s  B/A {b_c[-1] / a_c[-1]:.3f}"
+        )
     ratios = [b / a for a, b in zip(a_s, b_s, strict=True)]
+    cpu_ratios = [b / a for a, b in zip(a_c, b_c, strict=True)]
     summary = {
         "clients_per_round": args.clients,
         "threads": args.threads,
@@ -72,11 +80,18 @@ def main() -> None:
         "ratio_median": statistics.median(ratios),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
+        "a_cpu_seconds": a_c,
+        "b_cpu_seconds": b_c,
+        "cpu_ratio_median": statistics.median(cpu_ratios),
+        "cpu_ratio_min": min(cpu_ratios),
+        "cpu_ratio_max": max(cpu_ratios),
         "load_average": os.getloadavg(),
     }
     print(
         f"A median {summary['a_median']:.3f} s/round, B median {summary['b_median']:.3f} s/round, "
-        f"paired B/A median {summary['ratio_median']:.3f} [{min(ratios):.3f}, {max(ratios):.3f}]"
+        f"paired B/A median {summary['ratio_median']:.3f} [{min(ratios):.3f}, {max(ratios):.3f}]; "
+        f"CPU seconds paired B/A median {summary['cpu_ratio_median']:.3f} "
+        f"[{min(cpu_ratios):.3f}, {max(cpu_ratios):.3f}]"
     )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")

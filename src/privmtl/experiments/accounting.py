@@ -22,6 +22,7 @@ from privmtl.privacy import (
     pmtl_theorem1_noise_std,
     pmtl_theorem1_valid,
 )
+from privmtl.privacy.release import noise_multiplier, noise_std_for
 
 __all__ = ["account_rounds"]
 
@@ -95,7 +96,7 @@ def account_rounds(
                     f"MISMATCH: you asked for sampling={sampling!r}, relation={relation!r}, but the "
                     "paper's accountant assumes Poisson sampling and add/remove"
                 )
-        z = sigma * q / g
+        z = noise_multiplier(sigma, q, g)
         guarantee = PrivacyGuarantee(
             epsilon=eps,
             delta=dlt,
@@ -107,7 +108,7 @@ def account_rounds(
     else:
         sampler = make_sampler(sampled_kind, m, q)
         sigma, eps = _tight(sampler, g, q, T, dlt, noise_std, target_epsilon, accountant, relation)
-        z = sigma * q / g
+        z = noise_multiplier(sigma, q, g)
         guarantee = PrivacyGuarantee(
             epsilon=eps,
             delta=dlt,
@@ -158,7 +159,7 @@ def _tight(
         sigma = check_real("noise_std", noise_std, low=0.0)
         if sigma == 0:
             return 0.0, math.inf
-        z = sigma * q / clip
+        z = noise_multiplier(sigma, q, clip)
         eps = compute_epsilon(
             _rounds_event(sampler, z, T), delta=delta, accountant=accountant, relation=relation
         )
@@ -174,4 +175,4 @@ def _tight(
     eps = compute_epsilon(
         _rounds_event(sampler, z, T), delta=delta, accountant=accountant, relation=relation
     )
-    return z * clip / q, eps
+    return noise_std_for(z, q, clip), eps

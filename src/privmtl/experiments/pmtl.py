@@ -21,6 +21,7 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.privacy import PrivacyGuarantee
+from privmtl.privacy.release import noise_multiplier
 
 __all__ = [
     "FINETUNE_METHODS",
@@ -319,6 +320,7 @@ def _result_dict(
 ) -> dict[str, Any]:
     cfg = result.config
     eps = float(result.epsilon)
+    z = noise_multiplier(sigma, q, cfg.clip) if cfg.clip else None
     private = sigma > 0 and method != "local"
     if method == "local":
         guarantee = PrivacyGuarantee(
@@ -341,7 +343,7 @@ def _result_dict(
             sampling=cfg.sampling,
             accountant=cfg.accountant,
             notion="JDP (billboard)" if method != "joint-dp" else "DP of the joint model",
-            details={"noise_multiplier": sigma * q / cfg.clip, "rounds": cfg.rounds, "rate": q / m},
+            details={"noise_multiplier": z, "rounds": cfg.rounds, "rate": q / m},
             noise_source=result.noise_source,
             notes=_noise_notes(result.noise_source),
         )
@@ -356,7 +358,7 @@ def _result_dict(
         "sampling": guarantee.sampling,
         "relation": guarantee.relation,
         "noise_std": sigma,
-        "noise_multiplier": sigma * q / cfg.clip if cfg.clip else None,
+        "noise_multiplier": z,
         "clip": cfg.clip,
         "clients_per_round": q,
         "num_clients": m,

@@ -32,6 +32,7 @@ from privmtl.federated.algorithms import Params
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.protocol import Trainer
+from privmtl.privacy.release import noise_std_for
 
 __all__ = ["config_for_epsilon", "train_joint_dp", "train_pp_sgd"]
 
@@ -72,7 +73,7 @@ def config_for_epsilon(
     m = int(num_clients)
     q = _clients_per_round(config, m)
     smp = _sampler(config, m, q, sampler)
-    delta = config.delta if config.delta is not None else 1.0 / m
+    delta = config.delta_for(m)
     z = calibrate_noise_multiplier(
         lambda zz: dp_accounting.SelfComposedDpEvent(smp.event(zz), config.rounds),
         target_epsilon=target_epsilon,
@@ -80,7 +81,7 @@ def config_for_epsilon(
         accountant=config.accountant,
         relation=config.relation,
     )
-    return dataclasses.replace(config, noise_std=z * config.clip / q)
+    return dataclasses.replace(config, noise_std=noise_std_for(z, q, config.clip))
 
 
 # ---------------------------------------------------------------------------- joint-model DP

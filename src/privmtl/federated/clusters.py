@@ -49,6 +49,7 @@ from privmtl.federated.algorithms import Params, evaluate
 from privmtl.federated.baselines import config_for_epsilon
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.engine import train
+from privmtl.privacy.release import noise_multiplier
 
 __all__ = ["ClusteredTrainResult", "cluster_seed", "parse_clusters", "train_clusters"]
 
@@ -186,7 +187,7 @@ def train_clusters(
     m = dataset.n_clients
     groups = parse_clusters(clusters, m)
     qs = _cluster_sizes(config, groups, m, clients_per_cluster)
-    delta = config.delta if config.delta is not None else 1.0 / m
+    delta = config.delta_for(m)
 
     results: list[TrainResult] = []
     info: list[dict[str, Any]] = []
@@ -198,7 +199,9 @@ def train_clusters(
             cfg = config_for_epsilon(cfg, len(idx), target_epsilon)
         res = train(dataset.subset(idx.tolist()), model, cfg)
         results.append(res)
-        z_c = cfg.noise_std * q_c / cfg.clip if cfg.is_private and cfg.clip else None
+        z_c = (
+            noise_multiplier(cfg.noise_std, q_c, cfg.clip) if cfg.is_private and cfg.clip else None
+        )
         info.append(
             {
                 "clients": idx.tolist(),

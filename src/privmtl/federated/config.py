@@ -220,6 +220,10 @@ class TrainConfig:
         """``local_steps`` (only meaningful when it is set)."""
         return 0 if self.local_steps is None else int(self.local_steps)
 
+    def delta_for(self, num_clients: int) -> float:
+        """``delta``, or the PMTL paper's ``1/m`` for ``m = num_clients`` when it is None."""
+        return self.delta if self.delta is not None else 1.0 / num_clients
+
     @property
     def is_private(self) -> bool:
         """True when the server release is a Gaussian mechanism (noise > 0 and finite clip)."""

@@ -337,7 +337,7 @@ class Trainer:
         self.noise_source = check_choice(
             "noise_source", noise_source or config.noise_source, ("secure", "seeded")
         )
-        self.delta = config.delta if config.delta is not None else 1.0 / m
+        self.delta = config.delta_for(m)
         self.checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.on_budget = check_choice("on_budget", on_budget, ("stop", "raise"))

@@ -153,7 +153,7 @@ def train_workshop(
         )
     m = dataset.n_clients
     T = config.rounds
-    delta = config.delta if config.delta is not None else 1.0 / m
+    delta = config.delta_for(m)
     if epsilon is not None:
         sigma = workshop_noise_std(epsilon, bound, m, max(T, 1), delta)
     elif noise_std is not None:

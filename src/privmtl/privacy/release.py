@@ -37,7 +37,26 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.sampling import ClientSampler
 
-__all__ = ["GaussianMeanRelease", "Release", "clip_factors", "clipped_mean", "update_norms"]
+__all__ = [
+    "GaussianMeanRelease",
+    "Release",
+    "clip_factors",
+    "clipped_mean",
+    "noise_multiplier",
+    "noise_std_for",
+    "update_norms",
+]
+
+
+def noise_multiplier(noise_std: float, divisor: float, clip: float) -> float:
+    """:math:`z = \\sigma q/\\gamma`: the noise std over the add/remove sensitivity γ/q of the mean."""
+    return noise_std * divisor / clip
+
+
+def noise_std_for(multiplier: float, divisor: float, clip: float) -> float:
+    """:math:`\\sigma = z\\gamma/q`, the inverse of :func:`noise_multiplier`."""
+    return multiplier * clip / divisor
+
 
 Params = dict[str, torch.Tensor]
 
@@ -139,7 +158,7 @@ class GaussianMeanRelease:
         if not self.private:
             return None
         assert self.clip is not None
-        return self.noise_std * self.q / self.clip
+        return noise_multiplier(self.noise_std, self.q, self.clip)
 
     def event(self) -> dpe.DpEvent | None:
         """The dp-accounting event of one release (None when not private)."""
