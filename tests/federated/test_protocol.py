@@ -185,3 +185,12 @@ def test_message_hook_sees_messages_before_clipping_and_can_replace_them(data):
     step = torch.cat([(rec.released[n] - before[n]).flatten() for n in before])
     k = len(rec.sampled)
     assert float(step.norm()) == pytest.approx(CFG["clip"] * k / 4, rel=1e-5)  # clipped to γ, /q
+
+
+def test_result_states_its_full_guarantee(data):
+    res = Trainer(data, _model(data), _cfg(rounds=2)).run()
+    g = res.guarantee
+    assert (g.epsilon, g.delta) == (res.epsilon, res.delta) and g.noise_source == "seeded"
+    assert (g.relation, g.sampling, g.accountant) == ("add-remove", "poisson", "rdp")
+    assert "SEEDED" in g.describe()
+    assert Trainer(data, _model(data), _cfg(method="local")).run().guarantee.epsilon == 0.0

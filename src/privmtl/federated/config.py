@@ -292,6 +292,39 @@ class TrainResult:
     stopped_on_budget: bool = False
 
     @property
+    def guarantee(self) -> Any:
+        """The :class:`~privmtl.privacy.PrivacyGuarantee` of the released billboard sequence.
+
+        Client-level (ε, δ) with the config's relation, sampling and accountant and the noise
+        source; ``notion`` is billboard privacy (joint DP of the personalized models). ``local``
+        has ε = 0 towards the others; a run without noise is non-private (ε = ∞).
+        """
+        from privmtl.privacy.guarantee import PrivacyGuarantee
+
+        if self.config.method == "local":
+            return PrivacyGuarantee(
+                epsilon=0.0, delta=0.0, relation=self.config.relation, sampling="none",
+                accountant="none", notion="JDP (billboard)",
+                notes=("local training: nothing leaves a client",),
+            )  # fmt: skip
+        sampling = "all" if self.config.method == "workshop" else self.config.sampling
+        if not math.isfinite(self.epsilon):
+            return PrivacyGuarantee.non_private(
+                notion="JDP (billboard)", relation=self.config.relation, sampling=sampling
+            )
+        notion = "DP of the joint model" if self.config.method == "joint-dp" else "JDP (billboard)"
+        return PrivacyGuarantee(
+            epsilon=self.epsilon,
+            delta=self.delta,
+            relation=self.config.relation,
+            sampling=sampling,
+            accountant=self.config.accountant,
+            notion=notion,
+            noise_source=self.noise_source,
+            details={"rounds_run": len(self.history), "stopped_on_budget": self.stopped_on_budget},
+        )
+
+    @property
     def test_accuracy(self) -> float:
         """Pooled test accuracy of the method's model (personalized or global)."""
         return self.accuracies["test"][self.primary]["accuracy"]
