@@ -71,3 +71,47 @@ def test_protocol_errors_are_one_line(capsys, tmp_path):
     code = main(["mpmtl", "--data", "synthetic-lowrank", "--method", "stl-l2", "--no-tune",
                  "--budget-epsilon", "1"])  # fmt: skip
     assert code == 2 and "budget" in capsys.readouterr().err
+
+
+_KILLED_CLI = """
+import os, signal, sys
+sys.path.insert(0, {src!r})
+import privmtl.linear.mpmtl as mp
+from privmtl.cli import main
+
+update = mp.TaskStep.update
+
+def killing_update(self, state, release):
+    if state.iteration == {at}:  # the release is recorded and drawn, the update not applied
+        os.kill(os.getpid(), signal.SIGKILL)
+    update(self, state, release)
+
+mp.TaskStep.update = killing_update
+main(sys.argv[1:])
+"""
+
+
+def test_cli_run_killed_mid_iteration_resumes_to_the_same_result(capsys, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    args = [*BASE, "--epsilon", "1", "--reproducible-noise", "--checkpoint-every", "2"]
+    ref = _json(capsys, [*args, "--checkpoint-dir", str(tmp_path / "ref")])
+    ck = str(tmp_path / "ck")
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_CLI.format(src=src, at=3), *args, "--checkpoint-dir", ck],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    out = _json(capsys, [*args, "--checkpoint-dir", ck, "--resume"])
+    assert out["resumed_from"] == 2
+    for key in ("nmse", "epsilon", "iterations_run", "stopped_on_budget", "noise_source"):
+        assert out[key] == ref[key], key
+    # one ledger entry per release (the replayed release 2 was not charged again)
+    led, led_ref = (_json(capsys, ["ledger", p, "--json"]) for p in (ck, str(tmp_path / "ref")))
+    assert led["per_release"] == led_ref["per_release"] and led["releases"] == 6

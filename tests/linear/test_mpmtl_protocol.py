@@ -356,3 +356,34 @@ def test_save_models_then_evaluate_reproduces_the_run(tmp_path):
     again = evaluate_saved(tmp_path / "models")
     assert again["nmse"] == out["nmse"]
     assert again["noise_source"] == "seeded" and again["guarantee"] == out["guarantee"]
+
+
+def test_resumed_run_reuses_the_checkpointed_tuning(tmp_path, monkeypatch):
+    """Secure-noise tuning is not reproducible: a resumed run must continue the configuration
+    tuned before (kept in checkpoint_dir/tuning.json), not tune again."""
+    import privmtl.linear.selection as selection
+    from privmtl.experiments.mpmtl import run_mpmtl
+
+    calls = []
+
+    def fake_tune(method, Xs, ys, **kw):
+        calls.append(kw["noise_source"])
+        return {"lam": 0.2, "clip": 2.0}, None
+
+    monkeypatch.setattr(selection, "tune_method", fake_tune)
+    kw = {"data": "synthetic-lowrank", "method": "lowrank", "epsilon": 1.0, "iterations": 4}
+    first = run_mpmtl(**kw, checkpoint_dir=tmp_path / "ck")
+    assert calls == ["secure"]  # the tuning's fits use the run's noise source
+    assert json.loads((tmp_path / "ck" / "tuning.json").read_text())["best"] == {
+        "lam": 0.2,
+        "clip": 2.0,
+    }
+
+    def no_tune(*a, **k):
+        raise AssertionError("tuned again")
+
+    monkeypatch.setattr(selection, "tune_method", no_tune)
+    again = run_mpmtl(**kw, checkpoint_dir=tmp_path / "ck", resume=True)
+    assert again["params"]["lam"] == 0.2 and again["params"]["clip"] == 2.0
+    assert again["resumed_from"] == 4 and again["nmse"] == first["nmse"]
+    assert again["epsilon"] == first["epsilon"]

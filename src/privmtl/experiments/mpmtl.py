@@ -311,6 +311,11 @@ def run_mpmtl(
         "summary": guarantee.describe(),
     }
     out.update(_protocol_keys(method, est, noise_source, runtime))
+    if method in PRIVATE_METHODS and "noise_source" not in est.get_params(deep=False):
+        out["guarantee"]["notes"].append(
+            f"{method} draws its noise from the seed (seeded); secure noise is not implemented "
+            "for this baseline: " + SEEDED_NOTE
+        )
     if train.task_type == "classification":
         out["auc"] = aauc(list(test.y), pred)
     else:
