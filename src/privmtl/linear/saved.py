@@ -25,31 +25,18 @@ from __future__ import annotations
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import DataFormatError
 
 __all__ = ["MODELS_FORMAT", "MODELS_VERSION", "load_linear_models", "save_linear_models"]
 
 MODELS_FORMAT = "privmtl-models"
 MODELS_VERSION = 1
-
-
-def _write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_linear_models(
@@ -63,7 +50,7 @@ def save_linear_models(
         raise DataFormatError(f"coef must be a (d, m) matrix; got shape {W.shape}.")
     buf = io.BytesIO()
     np.save(buf, W, allow_pickle=False)
-    _write(d / "coef.npy", buf.getvalue())
+    write_atomic(d / "coef.npy", buf.getvalue())
     full = {
         "format": MODELS_FORMAT,
         "version": MODELS_VERSION,
@@ -76,7 +63,7 @@ def save_linear_models(
         },
     }
     text = json.dumps(full, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    _write(d / "model.json", text.encode())
+    write_atomic(d / "model.json", text.encode())
     return d
 
 
