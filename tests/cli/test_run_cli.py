@@ -92,6 +92,7 @@ def test_mpmtl_sweep_writes_its_files_and_parallel_rows_equal_sequential(capsys,
     ]
     rows = json.loads((tmp_path / "b" / "mpmtl_sweep.json").read_text())["rows"]
     assert [r["target_epsilon"] for r in rows] == [1.0, 10.0, None]  # job order kept
+    assert seq["noise_source"] == "seeded" and {r["noise_source"] for r in rows} == {"seeded"}
     assert main([*base, "--tune", "twice", "--out", str(tmp_path / "c")]) == 2
     assert not (tmp_path / "c").exists()
 

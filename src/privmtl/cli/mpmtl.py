@@ -247,7 +247,10 @@ def run_mpmtl_sweep(
     )
     with atomic_output_dir(out_dir) as tmp:
         (tmp / "mpmtl_sweep.csv").write_text(rows_to_csv(rows))
-        write_json_atomic(tmp / "mpmtl_sweep.json", {"rows": rows, "summary": summary})
+        write_json_atomic(
+            tmp / "mpmtl_sweep.json",
+            {"rows": rows, "summary": summary, "noise_source": noise_source},
+        )
         plot_tradeoff(
             summary,
             tmp / "mpmtl_tradeoff.png",
@@ -258,6 +261,7 @@ def run_mpmtl_sweep(
         )
     return {
         "summary": summary,
+        "noise_source": noise_source,
         "files": [
             str(out_dir / n) for n in ("mpmtl_sweep.csv", "mpmtl_sweep.json", "mpmtl_tradeoff.png")
         ],
