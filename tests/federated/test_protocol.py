@@ -194,3 +194,22 @@ def test_result_states_its_full_guarantee(data):
     assert (g.relation, g.sampling, g.accountant) == ("add-remove", "poisson", "rdp")
     assert "SEEDED" in g.describe()
     assert Trainer(data, _model(data), _cfg(method="local")).run().guarantee.epsilon == 0.0
+
+
+def test_a_resumed_seeded_run_replays_within_its_budget(data, tmp_path):
+    """Releases recorded before a kill are replayed, not refused, even with ε at the budget."""
+    cfg = _cfg(rounds=6, noise_std=0.2)
+    whole = Trainer(data, _model(data), cfg).run()
+    first = Trainer(data, _model(data), cfg, checkpoint_dir=tmp_path, checkpoint_every=3)
+    for t in range(6):  # all 6 releases recorded; killed before the checkpoint after round 5
+        if t == 3:
+            first.save = lambda: None  # type: ignore[method-assign]
+        first.step()
+    assert len(first.ledger.records) == 6
+    again = Trainer(
+        data, _model(data), cfg, checkpoint_dir=tmp_path, resume=True,
+        budget_epsilon=whole.epsilon * (1 + 1e-9),
+    )  # fmt: skip
+    rest = again.run()
+    assert not rest.stopped_on_budget and len(rest.history) == 6
+    assert rest.epsilon == whole.epsilon

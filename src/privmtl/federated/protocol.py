@@ -170,10 +170,22 @@ class Curator:
         """The privacy event of the next release (None when not private)."""
         return self.release_mechanism.event()
 
+    def release_id(self) -> str:
+        """The ledger id of the next release."""
+        return f"{self.name}round:{self.round}"
+
     def would_exceed_budget(self) -> bool:
-        """True when the ledger has a budget that the next release would exceed."""
+        """True when the ledger has a budget that the next release would exceed.
+
+        A seeded replay of a release the ledger holds already (a resumed run) was charged when it
+        was first made, so it never exceeds the budget.
+        """
         event = self.event()
-        return event is not None and self.ledger is not None and self.ledger.would_exceed(event)
+        if event is None or self.ledger is None:
+            return False
+        if self._seeded and self.ledger.has_release(self.release_id()):
+            return False
+        return bool(self.ledger.would_exceed(event))
 
     def sample_round(self) -> np.ndarray:
         """The sorted indices of this round's clients."""
@@ -182,7 +194,7 @@ class Curator:
 
     def release(self, messages: Params, rows: np.ndarray | None = None) -> Release:
         """Clip → mean → noise → record → billboard update; returns what was released."""
-        rid = f"{self.name}round:{self.round}"
+        rid = self.release_id()
         common: dict[str, Any] = {
             "ledger": self.ledger,
             "round": self.round,

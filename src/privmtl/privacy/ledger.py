@@ -109,6 +109,7 @@ class PrivacyLedger:
         self._acc = make_accountant(accountant, relation)
         self.records: list[dict[str, Any]] = []
         self.history: list[float] = []
+        self._ids: set[str | None] = set()
         self.path: Path | None = None
         if path is not None:
             self.path = Path(path)
@@ -173,6 +174,7 @@ class PrivacyLedger:
             event = event_from_dict(entry["event"])
             ledger._acc.compose(adapt_event(event, accountant=accountant, relation=relation))
             ledger.records.append(entry)
+            ledger._ids.add(entry.get("release_id"))
             ledger.history.append(ledger._composed_epsilon(ledger._acc))
         ledger.path = p
         return ledger
@@ -208,7 +210,7 @@ class PrivacyLedger:
 
     def has_release(self, release_id: str) -> bool:
         """True when a release with this id was recorded."""
-        return any(r.get("release_id") == release_id for r in self.records)
+        return release_id in self._ids
 
     def record(
         self,
@@ -259,6 +261,8 @@ class PrivacyLedger:
             self._append(entry)  # write-ahead: on disk before the release can leave
             self._acc = acc
         self.records.append(entry)
+        if release_id is not None:
+            self._ids.add(release_id)
         self.history.append(eps)
         return eps
 
@@ -294,6 +298,7 @@ class PrivacyLedger:
                 adapt_event(event, accountant=ledger.accountant, relation=ledger.relation)
             )
             ledger.records.append(dict(rec))
+            ledger._ids.add(rec.get("release_id"))
         ledger.history = [math.inf if e is None else float(e) for e in data.get("history", [])]
         return ledger
 
