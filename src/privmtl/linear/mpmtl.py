@@ -29,6 +29,15 @@ guarantee is the one of the :class:`~privmtl.privacy.covariance.CovarianceSchedu
 whole task — data and model sequence — is the unit of privacy). The schedule is planned by
 :func:`privmtl.privacy.covariance.plan_covariance_releases`; solvers never compute ε themselves.
 
+The protocol is written once, as explicit state and steps (:class:`MPMTLState`): every task hands
+its model to the :class:`CovarianceCurator`, which clips, forms the covariance, checks the budget,
+records the release in the run's :class:`~privmtl.privacy.ledger.PrivacyLedger` (on disk first when
+the ledger is durable: write-ahead) and only then adds the noise; :class:`TaskStep` then applies the
+release to every task (projection, momentum, local gradient step). What differs between Algorithms
+2, 3, 4 and the ``W~^T W~`` variant is a small strategy (the projection given a release, and Alg. 4's
+sparse part). The noise is secure (OS entropy) by default, or seeded from ``random_state`` for
+reproducible simulation; the state can be checkpointed and resumed (``checkpoint_dir``).
+
 Performance: the per-iteration cost is one ``d x d`` symmetric eigendecomposition (the PSD fix of a
 Gaussian release is folded into it), ``d x d x m`` matrix products (``W~ W~^T``, and ``U (S U^T W~)``
 restricted to the cheaper of the kept or shrunk eigenvectors; BLAS) and the batched gradients of a zero-padded
@@ -181,7 +190,33 @@ _COMMON_PARAMS_DOC = """
     init_alpha : float, default=1e-3
         Ridge weight of the ``"stl"`` initialization.
     random_state : None, int or numpy.random.Generator, default=None
-        Source of all noise. Same seed ⇒ same result.
+        Source of all noise when ``noise_source="seeded"`` (same seed ⇒ same result); unused by
+        secure noise.
+    noise_source : {"secure", "seeded"}, default="secure"
+        Where the noise of the covariance releases (and of Alg. 5) comes from: ``"secure"`` draws
+        from the operating system's entropy (:class:`~privmtl.privacy.noise.SecureNoise`; not
+        reproducible, never checkpointed); ``"seeded"`` from ``random_state`` — reproducible
+        bit for bit, for research simulation only (anyone who knows the seed can subtract the
+        noise). ``privacy_.noise_source`` states it.
+    budget_epsilon : float or None, default=None
+        Stop before the covariance release that would take the ledger's ε above this budget; the
+        model is then the output rule applied to the state reached (``stopped_on_budget_``).
+        Gaussian releases only (the ledger cannot account the Wishart step).
+    checkpoint_dir : str, path or None, default=None
+        Directory of the run's durable privacy ledger (``ledger.jsonl``, every release recorded
+        before it is used) and of its atomic checkpoints (:mod:`privmtl.checkpoint`): iteration,
+        models, momentum and sparse state, and the noise generator's state in seeded mode.
+    checkpoint_every : int, default=1
+        Iterations between checkpoints (the starting point and the end are always saved).
+    resume : bool, default=False
+        Continue the run checkpointed in ``checkpoint_dir``; a checkpoint of another configuration,
+        data or format version is refused naming what differs. A seeded run resumed after a crash
+        ends exactly as the uninterrupted one, its repeated releases not charged twice; a secure
+        run charges the repeated releases again (fresh noise).
+    callback : callable or None, default=None
+        ``callback(stage, t)`` at ``"recorded"`` (release ``t`` is in the ledger and not yet
+        used), ``"iteration"`` (iteration ``t`` applied) and ``"checkpoint"`` (state of ``t``
+        releases saved): lets a caller observe or interrupt the run between its steps.
 """
 
 _FITTED_DOC = """
@@ -206,7 +241,18 @@ _FITTED_DOC = """
     delta_ : float
         δ used.
     n_iter_ : int
-        Number of iterations run (T).
+        Number of iterations run (T, or fewer when stopped on budget).
+    stopped_on_budget_ : bool
+        True when the run stopped before a release that would have exceeded ``budget_epsilon``.
+    noise_source_ : {"secure", "seeded"}
+        The noise source used.
+    ledger_ : PrivacyLedger
+        Every covariance release of the run (durable in ``checkpoint_dir``); ``privacy_.epsilon``
+        is its ε for Gaussian releases.
+    resumed_from_ : int or None
+        Iteration of the checkpoint the fit resumed from.
+    state_ : MPMTLState
+        The protocol state reached.
 """
 
 
