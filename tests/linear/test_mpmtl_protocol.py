@@ -273,6 +273,14 @@ def test_sigkill_then_resume_in_secure_mode_charges_every_release(tmp_path):
     assert res.privacy_.epsilon == res.ledger_.epsilon() == reaccount(ckpt)["epsilon"]
     assert res.privacy_.epsilon > ref.privacy_.epsilon
     assert any("charged" in n for n in res.privacy_.notes)
+    # nothing of the secure source is in the checkpoint
+    from privmtl.checkpoint import load_checkpoint
+    from privmtl.linear.mpmtl import CHECKPOINT_KIND
+
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    state, _ = load_checkpoint(ckpt, kind=CHECKPOINT_KIND, config=manifest["config"])
+    assert json.loads(state["noise"]) == {"kind": "secure"}
+    assert manifest["noise_source"] == "secure"
 
 
 def test_resume_refuses_another_configuration_or_a_corrupt_file(tmp_path):

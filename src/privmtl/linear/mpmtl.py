@@ -83,6 +83,7 @@ from privmtl.privacy.noise import NOISE_SOURCES, NoiseSource, NumpySeededNoise, 
 
 __all__ = [
     "CALLBACK_STAGES",
+    "CHECKPOINT_KIND",
     "CovarianceCurator",
     "CovarianceRelease",
     "MPMTLGroupSparse",
