@@ -2,20 +2,44 @@
 
 Each check names the parameter, the constraint and the value received, e.g.
 ``The 'epsilon' parameter must be a float in (0, inf); got -1.0.``
+
+Estimators declare their constraints once per class, as scikit-learn does::
+
+    class Ridge(BaseEstimator):
+        _parameter_constraints = {
+            "lam": Interval(Real, 0.0, None),
+            "loss": Options(("squared", "logistic")),
+            "step_size": [None, Interval(Real, 0.0, None, closed="neither")],
+        }
+
+and call the one checker, :func:`validate_params`, at the start of ``fit``; it returns the checked
+(converted) values by name. A list means "any of these"; ``None`` in a list admits ``None``.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 import numpy as np
 
 from privmtl.exceptions import InvalidParameterError
 
-__all__ = ["check_choice", "check_int", "check_real", "check_rng"]
+__all__ = [
+    "Boolean",
+    "Interval",
+    "Options",
+    "RandomState",
+    "check_choice",
+    "check_int",
+    "check_real",
+    "check_rng",
+    "validate_params",
+]
 
 
 def _interval(low: float | None, high: float | None, closed: str) -> str:
@@ -100,3 +124,136 @@ def check_rng(seed: Any, name: str = "random_state") -> np.random.Generator:
         f"The '{name}' parameter must be a non-negative int, a numpy Generator or None; "
         f"got {seed!r}."
     )
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Numbers of ``kind`` (:class:`numbers.Real` or :class:`numbers.Integral`) in an interval.
+
+    ``low`` / ``high`` of ``None`` are unbounded; ``closed`` is ``"both"``, ``"left"``,
+    ``"right"`` or ``"neither"`` (ignored for integers, whose bounds are always included).
+    """
+
+    kind: type
+    low: float | None
+    high: float | None
+    closed: str = "both"
+
+    def check(self, name: str, value: Any) -> Any:
+        """Return the value converted (``float`` or ``int``) or raise InvalidParameterError."""
+        if self.kind is Integral:
+            low = None if self.low is None else int(self.low)
+            high = None if self.high is None else int(self.high)
+            return check_int(name, value, low=low, high=high)
+        return check_real(name, value, low=self.low, high=self.high, closed=self.closed)
+
+    def describe(self) -> str:
+        """Human-readable form used when several constraints are allowed."""
+        what = "an integer" if self.kind is Integral else "a real number"
+        return f"{what} in {_interval(self.low, self.high, self.closed)}"
+
+
+@dataclass(frozen=True)
+class Options:
+    """One of a fixed set of values (compared with ``==``)."""
+
+    values: tuple[Any, ...]
+
+    def check(self, name: str, value: Any) -> Any:
+        """Return the value or raise InvalidParameterError."""
+        return check_choice(name, value, self.values)
+
+    def describe(self) -> str:
+        """Human-readable form used when several constraints are allowed."""
+        return "one of {" + ", ".join(repr(v) for v in self.values) + "}"
+
+
+@dataclass(frozen=True)
+class Boolean:
+    """``True`` or ``False`` (numpy booleans accepted and converted)."""
+
+    def check(self, name: str, value: Any) -> bool:
+        """Return the value as a bool or raise InvalidParameterError."""
+        if not isinstance(value, bool | np.bool_):
+            raise InvalidParameterError(f"The '{name}' parameter must be a bool; got {value!r}.")
+        return bool(value)
+
+    def describe(self) -> str:
+        """Human-readable form used when several constraints are allowed."""
+        return "a bool"
+
+
+@dataclass(frozen=True)
+class RandomState:
+    """``None``, a non-negative int seed or a :class:`numpy.random.Generator` (kept as given)."""
+
+    def check(self, name: str, value: Any) -> Any:
+        """Return the value unchanged after :func:`check_rng` accepted it."""
+        check_rng(value, name)
+        return value
+
+    def describe(self) -> str:
+        """Human-readable form used when several constraints are allowed."""
+        return "a non-negative int, a numpy Generator or None"
+
+
+Constraint = Interval | Options | Boolean | RandomState | None
+
+
+def _check_one(name: str, value: Any, constraint: Constraint) -> Any:
+    if constraint is None:
+        if value is not None:
+            raise InvalidParameterError(f"The '{name}' parameter must be None; got {value!r}.")
+        return None
+    return constraint.check(name, value)
+
+
+def validate_params(
+    obj: Any, constraints: Mapping[str, Constraint | list[Constraint]] | None = None
+) -> dict[str, Any]:
+    """Check every declared parameter of ``obj``; return the checked values by name.
+
+    Parameters
+    ----------
+    obj : object
+        An estimator; its parameters are read as attributes of the same name.
+    constraints : mapping, optional
+        Parameter name to a constraint or a list of alternatives (``None`` admits ``None``).
+        Defaults to ``type(obj)._parameter_constraints``.
+
+    Returns
+    -------
+    dict
+        Converted values (floats for real intervals, ints for integer ones, bools) by name.
+
+    Raises
+    ------
+    InvalidParameterError
+        Naming the parameter, the constraint and the value received.
+    """
+    spec = type(obj)._parameter_constraints if constraints is None else constraints
+    out: dict[str, Any] = {}
+    for name, constraint in spec.items():
+        value = getattr(obj, name)
+        if not isinstance(constraint, list):
+            out[name] = _check_one(name, value, constraint)
+            continue
+        if value is None and None in constraint:
+            out[name] = None
+            continue
+        real = [c for c in constraint if c is not None]
+        if len(real) == 1:
+            out[name] = _check_one(name, value, real[0])
+            continue
+        for c in real:
+            try:
+                out[name] = _check_one(name, value, c)
+                break
+            except InvalidParameterError:
+                continue
+        else:
+            shown = " or ".join(
+                [c.describe() for c in real] + (["None"] if None in constraint else [])
+            )
+            raise InvalidParameterError(f"The '{name}' parameter must be {shown}; got {value!r}.")
+    return out

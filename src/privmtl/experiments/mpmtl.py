@@ -8,7 +8,6 @@ the training split only, and — as in the paper — tuning is *not* charged to 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
@@ -23,6 +22,7 @@ from privmtl.data.synthetic import make_groupsparse_tasks, make_lowrank_tasks
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.common import default_delta
 from privmtl.linear.metrics import aauc, nmse
+from privmtl.linear.selection import ISOLATED_METHODS, METHODS, PRIVATE_METHODS, estimator_class
 from privmtl.privacy import PrivacyGuarantee
 
 __all__ = [
@@ -37,25 +37,6 @@ __all__ = [
 ]
 
 DATASETS = ("school", "synthetic-lowrank", "synthetic-groupsparse", "table")
-
-#: CLI method name → estimator (``module:Class`` under :mod:`privmtl.linear`, imported on use).
-METHODS: dict[str, str] = {
-    "lowrank": "mpmtl:MPMTLLowRank",
-    "groupsparse": "mpmtl:MPMTLGroupSparse",
-    "lowrank-sparse": "mpmtl:MPMTLLowRankSparse",
-    "stl-l2": "baselines:STLRidge",
-    "stl-l1": "baselines:STLLasso",
-    "mtl-trace": "baselines:TraceNormMTL",
-    "mtl-l21": "baselines:L21MTL",
-    "mtrl": "baselines:MTRL",
-    "average": "baselines:ModelAveraging",
-    "dp-mtrl": "dp_baselines:DPMTRL",
-    "dp-aggr": "dp_baselines:DPAGGR",
-}
-#: Methods that take (epsilon, delta) and release something about every task.
-PRIVATE_METHODS = ("lowrank", "groupsparse", "lowrank-sparse", "dp-mtrl", "dp-aggr")
-#: Methods that share nothing between tasks (ε = 0 towards every other task).
-ISOLATED_METHODS = ("stl-l2", "stl-l1")
 
 TUNING_NOTE = (
     "hyper-parameters tuned by k-fold cross-validation on the training split; as in the MP-MTL "
@@ -92,13 +73,6 @@ def load_mpmtl_data(
     full = full.normalize_rows()
     train, test = full.train_test_split(frac, random_state=seed)
     return train, test
-
-
-def estimator_class(method: str) -> Any:
-    """The estimator class behind a CLI method name."""
-    check_choice("method", method, tuple(METHODS))
-    module, name = METHODS[method].split(":")
-    return getattr(importlib.import_module(f"privmtl.linear.{module}"), name)
 
 
 def _supported(cls: Any, params: dict[str, Any]) -> dict[str, Any]:

@@ -45,12 +45,14 @@ from privmtl.linear.common import check_tasks
 __all__ = [
     "DEFAULT_GRIDS",
     "FINAL_STEPS",
+    "ISOLATED_METHODS",
     "METHODS",
     "METHOD_ESTIMATORS",
     "MPMTL_METHODS",
     "PRIVATE_METHODS",
     "RELATIVE_KEYS",
     "TUNING_NOT_CHARGED",
+    "estimator_class",
     "expand_grid",
     "make_estimator",
     "per_task_folds",
@@ -107,6 +109,9 @@ PRIVATE_METHODS: tuple[str, ...] = (
     "dp-mtrl",
     "dp-aggr",
 )
+
+#: Methods that share nothing between tasks (epsilon = 0 towards every other task).
+ISOLATED_METHODS: tuple[str, ...] = ("stl-l2", "stl-l1")
 
 
 def _decades(lo: int, hi: int, per_decade: int = 1) -> list[float]:
@@ -332,18 +337,18 @@ def tune_method(
     return best, table
 
 
-def make_estimator(method: str, **params: Any) -> Any:
-    """Instantiate the estimator of a CLI method name with ``params``."""
+def estimator_class(method: str) -> Any:
+    """The estimator class behind a CLI method name (its module is imported on use)."""
     import importlib
 
-    if method not in METHOD_ESTIMATORS:
-        shown = ", ".join(METHODS)
-        raise InvalidParameterError(
-            f"The 'method' parameter must be one of {{{shown}}}; got {method!r}."
-        )
+    check_choice("method", method, METHODS)
     module, name = METHOD_ESTIMATORS[method]
-    cls = getattr(importlib.import_module(module), name)
-    return cls(**params)
+    return getattr(importlib.import_module(module), name)
+
+
+def make_estimator(method: str, **params: Any) -> Any:
+    """Instantiate the estimator of a CLI method name with ``params``."""
+    return estimator_class(method)(**params)
 
 
 def expand_grid(
