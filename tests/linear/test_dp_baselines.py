@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.linear.baselines import ModelAveraging, STLRidge
 from privmtl.linear.dp_baselines import DPAGGR, DPMTRL, GROUP_PRIVACY_NOTION
+from privmtl.linear.stl import ModelAveraging, STLRidge
 from privmtl.privacy.composition import composition_bound, ip_to_mp, mp_budget_for_ip
 
 

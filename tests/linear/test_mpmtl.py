@@ -144,8 +144,8 @@ def test_lowrank_sparse_with_huge_l1_weight_is_lowrank():
 
 def test_stl_init_is_local_ridge():
     Xs, ys, _ = make_lowrank()
-    from privmtl.linear.baselines import STLRidge
     from privmtl.linear.losses import TaskBatch
+    from privmtl.linear.stl import STLRidge
 
     W0 = local_ridge(TaskBatch.from_tasks(Xs, ys), "squared", 0.01)
     np.testing.assert_allclose(W0, STLRidge(lam=0.01).fit(Xs, ys).coef_, atol=1e-10)

@@ -196,7 +196,7 @@ def test_resolve_grid_and_relative_keys_guard():
 
 
 def test_tune_method_two_stage_for_mpmtl():
-    from privmtl.linear.baselines import STLRidge
+    from privmtl.linear.stl import STLRidge
 
     Xs, ys = make_tasks(m=6, d=3, n=12)
     small = [

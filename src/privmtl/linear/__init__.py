@@ -8,16 +8,10 @@ protection (Alg. 5) as ``instance_epsilon=``. IP-MTL baselines made MP-MTL by gr
 :func:`select_hyperparameters` with :data:`DEFAULT_GRIDS`.
 """
 
-from privmtl.linear.baselines import (
-    L21MTL,
-    MTRL,
-    ModelAveraging,
-    STLLasso,
-    STLRidge,
-    TraceNormMTL,
-)
 from privmtl.linear.dp_baselines import DPAGGR, DPMTRL
 from privmtl.linear.mpmtl import MPMTLGroupSparse, MPMTLLowRank, MPMTLLowRankSparse
+from privmtl.linear.mtrl import MTRL
+from privmtl.linear.regularized import L21MTL, STLLasso, TraceNormMTL
 from privmtl.linear.selection import (
     DEFAULT_GRIDS,
     METHODS,
@@ -25,6 +19,7 @@ from privmtl.linear.selection import (
     make_estimator,
     select_hyperparameters,
 )
+from privmtl.linear.stl import ModelAveraging, STLRidge
 
 __all__ = [
     "DEFAULT_GRIDS",

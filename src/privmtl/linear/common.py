@@ -1,18 +1,22 @@
 """Pieces shared by every linear multi-task estimator: task validation, the paper's default δ, the
-prepared (validated, padded, cached) task batch and the predict / decision_function / score mixin."""
+prepared (validated, padded, cached) task batch, the predict / decision_function / score mixin and
+the fitting helpers of the non-private estimators."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from sklearn.base import BaseEstimator
 
+from privmtl._validation import check_choice
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.local import local_ridge
-from privmtl.linear.losses import TaskBatch, task_lipschitz
+from privmtl.linear.losses import LOSSES, TaskBatch, task_lipschitz
 
 __all__ = ["PreparedTasks", "check_tasks", "default_delta"]
 
@@ -29,10 +33,19 @@ def default_delta(m: int) -> float:
     return 1.0 / (m * math.log(m))
 
 
-def _check_tasks(
-    Xs: Any, ys: Sequence[ArrayLike] | None, loss: str | None, *, need_y: bool
+def check_tasks(
+    Xs: Any,
+    ys: Sequence[ArrayLike] | None,
+    *,
+    loss: str | None = None,
+    need_y: bool = False,
 ) -> tuple[list[FloatArray], list[FloatArray] | None]:
-    """Validate per-task arrays (or unpack a MultiTaskDataset) into float64 lists."""
+    """Validate per-task arrays; return float64 copies (``ys`` raveled) or raise DataFormatError.
+
+    The one validator of :mod:`privmtl.linear`. ``Xs`` may be a
+    :class:`~privmtl.data.MultiTaskDataset` (its targets are used when ``ys`` is None); with
+    ``need_y`` the targets are required; with ``loss="logistic"`` they must be 0/1 labels.
+    """
     from privmtl.data.multitask import MultiTaskDataset
 
     if isinstance(Xs, MultiTaskDataset):
@@ -84,16 +97,6 @@ def _check_tasks(
     return Xl, yl
 
 
-def check_tasks(
-    Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike] | None, *, loss: str | None = None
-) -> tuple[list[FloatArray], list[FloatArray] | None]:
-    """Validate per-task arrays; return float64 copies (``ys`` raveled) or raise DataFormatError.
-
-    The one validator of :mod:`privmtl.linear` (see :func:`_check_tasks`).
-    """
-    return _check_tasks(Xs, ys, loss, need_y=False)
-
-
 def _clip_columns(W: FloatArray, bound: float) -> FloatArray:
     from privmtl.privacy.mechanisms import clip_columns
 
@@ -112,14 +115,40 @@ class PreparedTasks:
     data. Cross-validation builds one per split and fits every grid point on it.
     """
 
-    def __init__(self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike] | None, *, loss: str):
-        Xl, yl = check_tasks(Xs, ys, loss=loss)
-        if yl is None:
-            raise DataFormatError("targets ys are required.")
+    def __init__(self, Xs: Any, ys: Sequence[ArrayLike] | None, *, loss: str):
+        Xl, yl = check_tasks(Xs, ys, loss=loss, need_y=True)
+        assert yl is not None
         self.loss = loss
+        self.Xl, self.yl = Xl, yl
+        self.m, self.d = len(Xl), Xl[0].shape[1]
         self.batch = TaskBatch.from_tasks(Xl, yl)
         self._lips: dict[float, float] = {}
         self._ridge: dict[float, FloatArray] = {}
+
+    def losses(self, W: FloatArray) -> FloatArray:
+        """Per-task losses ``L_i(w_i)``, shape ``(m,)``."""
+        return self.batch.losses(self._kind(), W)
+
+    def grads(self, W: FloatArray) -> FloatArray:
+        """Per-task gradients ``grad L_i(w_i)`` as the columns of a ``(d, m)`` matrix."""
+        return self.batch.gradients(self._kind(), W)
+
+    def task_lipschitz(self, mu: float = 0.0) -> FloatArray:
+        """Per-task Lipschitz constants of ``grad L_i`` (with ``(mu/2)||w||^2``), shape ``(m,)``."""
+        return np.asarray(task_lipschitz(self._kind(), self.batch, mu=mu), dtype=np.float64)
+
+    def hess_sq(self, W: FloatArray) -> FloatArray:
+        """Columns ``H_i w_i`` with ``H_i = X_i^T X_i / n_i`` (Hessian of the squared loss)."""
+        scores = self.batch.scores(W) * self.batch.mask / self.batch.n[:, None]
+        return np.asarray(np.matmul(scores[:, None, :], self.batch.X)[:, 0, :].T)
+
+    def rhs_sq(self) -> FloatArray:
+        """Columns ``X_i^T y_i / n_i``."""
+        yw = self.batch.y / self.batch.n[:, None]
+        return np.asarray(np.matmul(yw[:, None, :], self.batch.X)[:, 0, :].T)
+
+    def _kind(self) -> Any:
+        return self.loss
 
     def lipschitz(self, mu: float) -> float:
         """``max_i`` Lipschitz constant of ``grad L_i`` (with ``(mu/2)||w||^2``)."""
@@ -189,9 +218,32 @@ class _LinearMTLMixin:
         from privmtl.linear.metrics import aauc, nmse
 
         Xl = self._check_predict_input(Xs)
-        _, yl = _check_tasks(Xs, ys, None, need_y=True)
+        _, yl = check_tasks(Xs, ys, need_y=True)
         assert yl is not None
         scores = _scores(Xl, self.coef_)
         if self._is_classifier():
             return float(aauc(yl, scores))
         return float(nmse(yl, scores))
+
+
+class _LinearMTLBase(_LinearMTLMixin, BaseEstimator):  # type: ignore[misc]
+    """Fitting helpers of the non-private estimators (predict / score come from the mixin)."""
+
+    def _prepare_fit(self, Xs: Any, ys: Any) -> PreparedTasks:
+        return PreparedTasks(Xs, ys, loss=check_choice("loss", self.loss, LOSSES))
+
+    def _set_fitted(self, W: FloatArray, n_iter: int, objective: Sequence[float]) -> None:
+        self.coef_ = np.asarray(W, dtype=np.float64)
+        self.n_features_in_, self.n_tasks_ = self.coef_.shape
+        self.n_iter_ = int(n_iter)
+        self.objective_ = np.asarray(objective, dtype=np.float64)
+
+    def _warn_not_converged(self, what: str) -> None:
+        from sklearn.exceptions import ConvergenceWarning
+
+        warnings.warn(
+            f"{type(self).__name__}: {what} did not converge within max_iter; increase max_iter "
+            "or tol.",
+            ConvergenceWarning,
+            stacklevel=3,
+        )

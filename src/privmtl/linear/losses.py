@@ -23,8 +23,7 @@ Speed
 Functions taking sequences of per-task arrays loop over tasks in Python, which is fine for a few
 thousand small tasks. For large ``m`` build a :class:`TaskBatch` once (tasks zero-padded to a common
 length with a mask) and pass it instead: every evaluation is then two batched matrix products,
-``O(m * n_max * d)`` with no Python loop (e.g. ``m = 10 000``, ``n_i = 30``, ``d = 1 000`` takes a
-fraction of a second per gradient on one core). Padding wastes work when task sizes differ a lot.
+``O(m * n_max * d)`` with no Python loop. Padding wastes work when task sizes differ a lot.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ __all__ = [
     "LossKind",
     "TaskBatch",
     "lipschitz",
+    "loss_conjugate",
     "loss_derivative",
     "loss_grad",
     "loss_value",
@@ -103,6 +103,25 @@ def loss_derivative(kind: LossKind, scores: ArrayLike, y: ArrayLike) -> FloatArr
     if k == "squared":
         return np.asarray(s - t, dtype=np.float64)
     return np.asarray(expit(s) - t, dtype=np.float64)
+
+
+def loss_conjugate(kind: LossKind, a: ArrayLike, y: ArrayLike) -> FloatArray:
+    """Convex conjugate ``l*(a) = sup_s (a s - l(s, y))`` of the per-sample loss in its score.
+
+    ``0.5 a^2 + a y`` for the squared loss; for the logistic loss, with ``p = a + y`` (finite only
+    for ``p`` in ``[0, 1]``), the negative binary entropy ``p log p + (1 - p) log(1 - p)``. Used by
+    the duality-gap certificates of :mod:`privmtl.linear.solvers`, whose dual points are
+    ``a = c * dl/ds`` with ``c`` in ``[0, 1]`` (always in the domain).
+    """
+    from scipy.special import xlogy
+
+    k = _kind(kind)
+    aa = np.asarray(a, dtype=np.float64)
+    t = np.asarray(y, dtype=np.float64)
+    if k == "squared":
+        return np.asarray(0.5 * aa * aa + aa * t, dtype=np.float64)
+    p = np.clip(aa + t, 0.0, 1.0)
+    return np.asarray(xlogy(p, p) + xlogy(1.0 - p, 1.0 - p), dtype=np.float64)
 
 
 def loss_value(
@@ -268,7 +287,7 @@ class TaskBatch:
         return Wa
 
 
-def _check_tasks(Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike], W: FloatArray) -> None:
+def _check_shapes(Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike], W: FloatArray) -> None:
     if len(Xs) != len(ys):
         raise DataFormatError(f"got {len(Xs)} feature arrays but {len(ys)} target arrays.")
     if W.ndim != 2 or W.shape[1] != len(Xs):
@@ -307,7 +326,7 @@ def task_losses(
     Wa = np.asarray(W, dtype=np.float64)
     if ys is None:
         raise DataFormatError("ys is required unless Xs is a TaskBatch.")
-    _check_tasks(Xs, ys, Wa)
+    _check_shapes(Xs, ys, Wa)
     pairs = enumerate(zip(Xs, ys, strict=True))
     return np.array([loss_value(kind, X, y, Wa[:, i], mu=mu) for i, (X, y) in pairs])
 
@@ -329,7 +348,7 @@ def task_gradients(
     Wa = np.asarray(W, dtype=np.float64)
     if ys is None:
         raise DataFormatError("ys is required unless Xs is a TaskBatch.")
-    _check_tasks(Xs, ys, Wa)
+    _check_shapes(Xs, ys, Wa)
     G = np.empty_like(Wa)
     for i, (X, y) in enumerate(zip(Xs, ys, strict=True)):
         G[:, i] = loss_grad(kind, X, y, Wa[:, i], mu=mu)
