@@ -63,14 +63,15 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.linalg
 from numpy.typing import ArrayLike, NDArray
 from sklearn.base import BaseEstimator
 
-from privmtl._validation import check_choice, check_int, check_real, check_rng
+from privmtl._validation import Interval, Options, RandomState, check_rng, validate_params
 from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.common import _LinearMTLMixin, check_tasks, default_delta
 from privmtl.linear.local import local_ridge
@@ -143,20 +144,16 @@ def _estimated_lipschitz(X: FloatArray, y: FloatArray, w: FloatArray) -> float:
     return float(r.max())
 
 
-class _IPBase(_LinearMTLMixin, BaseEstimator):
-    def _check_common(self) -> tuple[float | None, float | None]:
-        eps = (
-            None
-            if self.epsilon is None
-            else check_real("epsilon", self.epsilon, low=0.0, closed="neither")
-        )
-        dlt = (
-            None
-            if self.delta is None
-            else check_real("delta", self.delta, low=0.0, high=1.0, closed="neither")
-        )
-        return eps, dlt
+#: Constraints shared by the two IP-MTL baselines.
+_COMMON_CONSTRAINTS: dict[str, Any] = {
+    "epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
+    "delta": [None, Interval(Real, 0.0, 1.0, closed="neither")],
+    "loss": Options(LOSSES),
+    "random_state": RandomState(),
+}
 
+
+class _IPBase(_LinearMTLMixin, BaseEstimator):
     epsilon: float | None
     delta: float | None
 
@@ -211,6 +208,15 @@ class DPMTRL(_IPBase):
     n_iter_ : int
     """
 
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        "lam1": Interval(Real, 0.0, None),
+        "lam2": Interval(Real, 0.0, None),
+        "iterations": Interval(Integral, 1, None),
+        "omega_eps": Interval(Real, 0.0, None, closed="neither"),
+        "output": Options(("perturbed", "local")),
+        **_COMMON_CONSTRAINTS,
+    }
+
     def __init__(
         self,
         *,
@@ -236,17 +242,13 @@ class DPMTRL(_IPBase):
 
     def fit(self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike]) -> DPMTRL:
         """Fit on per-task data ``Xs[i]`` (``n_i x d``) and ``ys[i]`` (``n_i``)."""
-        lam1 = check_real("lam1", self.lam1, low=0.0)
-        lam2 = check_real("lam2", self.lam2, low=0.0)
+        p = validate_params(self)
+        lam1, lam2, eps, dlt, loss = p["lam1"], p["lam2"], p["epsilon"], p["delta"], p["loss"]
         if lam1 + lam2 <= 0:
             raise InvalidParameterError(
                 f"The 'lam1' and 'lam2' parameters must not both be 0; got {lam1!r}, {lam2!r}."
             )
-        eps, dlt = self._check_common()
-        T = check_int("iterations", self.iterations, low=1)
-        omega_eps = check_real("omega_eps", self.omega_eps, low=0.0, closed="neither")
-        output = check_choice("output", self.output, ("perturbed", "local"))
-        loss = check_choice("loss", self.loss, LOSSES)
+        T, omega_eps, output = p["iterations"], p["omega_eps"], p["output"]
         Xl, yl = check_tasks(Xs, ys, loss=loss)
         assert yl is not None
         if loss == "logistic":
@@ -377,6 +379,11 @@ class DPAGGR(_IPBase):
         ``||b|| / ||mean model||``.
     """
 
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        "lam": Interval(Real, 0.0, None, closed="neither"),
+        **_COMMON_CONSTRAINTS,
+    }
+
     def __init__(
         self,
         *,
@@ -394,9 +401,8 @@ class DPAGGR(_IPBase):
 
     def fit(self, Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike]) -> DPAGGR:
         """Fit the local models, average them and add the noise."""
-        lam = check_real("lam", self.lam, low=0.0, closed="neither")
-        eps, dlt = self._check_common()
-        loss = check_choice("loss", self.loss, LOSSES)
+        p = validate_params(self)
+        lam, eps, dlt, loss = p["lam"], p["epsilon"], p["delta"], p["loss"]
         Xl, yl = check_tasks(Xs, ys, loss=loss)
         assert yl is not None
         rng = check_rng(self.random_state)

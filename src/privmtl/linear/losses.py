@@ -287,20 +287,28 @@ class TaskBatch:
         return Wa
 
 
-def _check_shapes(Xs: Sequence[ArrayLike], ys: Sequence[ArrayLike], W: FloatArray) -> None:
+#: Per-task features, or a prebuilt batch.
+TaskData = Sequence[ArrayLike] | TaskBatch
+#: Per-task targets (``None`` with a TaskBatch).
+Targets = Sequence[ArrayLike] | None
+
+
+def _unbatched(
+    Xs: Sequence[ArrayLike], ys: Targets, W: ArrayLike
+) -> tuple[FloatArray, Sequence[ArrayLike]]:
+    """``(W as float64, ys)`` after checking the per-task lists against each other and ``W``."""
+    Wa = np.asarray(W, dtype=np.float64)
+    if ys is None:
+        raise DataFormatError("ys is required unless Xs is a TaskBatch.")
     if len(Xs) != len(ys):
         raise DataFormatError(f"got {len(Xs)} feature arrays but {len(ys)} target arrays.")
-    if W.ndim != 2 or W.shape[1] != len(Xs):
-        raise DataFormatError(f"W must have shape (d, m) with m = {len(Xs)} tasks; got {W.shape}.")
+    if Wa.ndim != 2 or Wa.shape[1] != len(Xs):
+        raise DataFormatError(f"W must have shape (d, m) with m = {len(Xs)} tasks; got {Wa.shape}.")
+    return Wa, ys
 
 
 def task_losses(
-    kind: LossKind,
-    Xs: Sequence[ArrayLike] | TaskBatch,
-    ys: Sequence[ArrayLike] | None,
-    W: ArrayLike,
-    *,
-    mu: float = 0.0,
+    kind: LossKind, Xs: TaskData, ys: Targets, W: ArrayLike, *, mu: float = 0.0
 ) -> FloatArray:
     """Per-task losses ``[L_1(w_1), ..., L_m(w_m)]``.
 
@@ -323,21 +331,13 @@ def task_losses(
     """
     if isinstance(Xs, TaskBatch):
         return Xs.losses(kind, W, mu=mu)
-    Wa = np.asarray(W, dtype=np.float64)
-    if ys is None:
-        raise DataFormatError("ys is required unless Xs is a TaskBatch.")
-    _check_shapes(Xs, ys, Wa)
-    pairs = enumerate(zip(Xs, ys, strict=True))
+    Wa, yl = _unbatched(Xs, ys, W)
+    pairs = enumerate(zip(Xs, yl, strict=True))
     return np.array([loss_value(kind, X, y, Wa[:, i], mu=mu) for i, (X, y) in pairs])
 
 
 def task_gradients(
-    kind: LossKind,
-    Xs: Sequence[ArrayLike] | TaskBatch,
-    ys: Sequence[ArrayLike] | None,
-    W: ArrayLike,
-    *,
-    mu: float = 0.0,
+    kind: LossKind, Xs: TaskData, ys: Targets, W: ArrayLike, *, mu: float = 0.0
 ) -> FloatArray:
     """Per-task gradients ``grad L_i(w_i)`` stacked as the columns of a ``(d, m)`` matrix.
 
@@ -345,12 +345,9 @@ def task_gradients(
     """
     if isinstance(Xs, TaskBatch):
         return Xs.gradients(kind, W, mu=mu)
-    Wa = np.asarray(W, dtype=np.float64)
-    if ys is None:
-        raise DataFormatError("ys is required unless Xs is a TaskBatch.")
-    _check_shapes(Xs, ys, Wa)
+    Wa, yl = _unbatched(Xs, ys, W)
     G = np.empty_like(Wa)
-    for i, (X, y) in enumerate(zip(Xs, ys, strict=True)):
+    for i, (X, y) in enumerate(zip(Xs, yl, strict=True)):
         G[:, i] = loss_grad(kind, X, y, Wa[:, i], mu=mu)
     return G
 

@@ -150,7 +150,7 @@ class ModelAveraging(STLRidge):
         ``m`` identical columns ``w_bar``.
     local_coef_ : ndarray of shape (d, m)
         The single-task models that were averaged.
-    n_iter_, objective_ :
+    n_iter_, objective_, dual_gap_ :
         Those of the local fits (``objective_`` is the STLRidge objective of ``local_coef_``).
     """
 
