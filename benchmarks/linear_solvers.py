@@ -63,7 +63,9 @@ def main() -> None:
         "# Linear solvers on School (MALSAR split and scaling)",
         "",
         f"m = {len(Xs)} tasks, d = {Xs[0].shape[1]} features, n_i = {min(n)}..{max(n)} training "
-        f"rows; {machine_info()}",
+        f"rows. Machine: " + ", ".join(f"{k} {v}" for k, v in machine_info().items()) + ".",
+        "",
+        "Command: `python benchmarks/linear_solvers.py --data-path PATH/TO/school.mat`",
         "",
         "`default`: estimator defaults (ADMM, stop at relative duality gap 1e-8). `fista`: the "
         "previous solver (FISTA, global step 1/L) with the same stop, capped at max_iter = 5000. "

@@ -101,3 +101,23 @@ def test_ridge_gap_is_zero_at_the_closed_form() -> None:
     Xs, ys = _problem("squared", seed=4)
     est = STLRidge(lam=0.1).fit(Xs, ys)
     assert abs(est.dual_gap_) <= 1e-12 * est.objective_[-1]
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("cls", [TraceNormMTL, L21MTL])
+def test_school_certified_at_every_rho_with_defaults(cls, school_path) -> None:
+    """School as in MALSAR: 30% per-task split, unit-norm rows, task rows scaled by sqrt(n_i).
+
+    The speed of these fits is measured in ``benchmarks/linear_solvers.py``, not here.
+    """
+    from privmtl.data.readers import load_school
+
+    full = load_school(school_path).normalize_rows()
+    train, _ = full.train_test_split(0.3, random_state=0)
+    Xs = [np.sqrt(len(y)) * np.asarray(x) for x, y in zip(train.X, train.y, strict=True)]
+    ys = [np.sqrt(len(y)) * np.asarray(y) for y in train.y]
+    for rho in (0.1, 1.0, 10.0, 100.0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no ConvergenceWarning with the defaults
+            est = cls(lam=rho).fit(Xs, ys)
+        assert 0 <= est.dual_gap_ <= 1e-8 * est.objective_[-1]
