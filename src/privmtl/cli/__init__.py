@@ -14,6 +14,7 @@ import click
 from privmtl import __version__
 from privmtl.cli._common import run_cli
 from privmtl.cli.account import account
+from privmtl.cli.audit import audit
 from privmtl.cli.demo import demo
 from privmtl.cli.evaluate import evaluate
 from privmtl.cli.ledger import ledger
@@ -37,6 +38,7 @@ def cli() -> None:
       demo         the quick tour: an MP-MTL ε sweep and a short PMTL run on built-in data
       ledger       re-account a run's durable privacy ledger (ε per release, rdp and pld)
       evaluate     reload models saved with --save-models and score them
+      audit        empirical ε lower bound of a mechanism (canaries through the real code)
     """
 
 
@@ -48,6 +50,7 @@ cli.add_command(pmtl_sweep)
 cli.add_command(demo)
 cli.add_command(ledger)
 cli.add_command(evaluate)
+cli.add_command(audit)
 
 
 def main(argv: list[str] | None = None) -> int:
