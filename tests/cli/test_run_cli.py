@@ -146,10 +146,53 @@ def test_pmtl_finetune_grid_bad_input(capsys, flag, value):
 
 
 def test_risky_setting_is_one_warning_line_and_json_stays_clean(capsys):
-    code = main(["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", "--json"])
+    argv = ["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", "--json"]
+    code = main([*argv, "--server-update", "delta"])
     cap = capsys.readouterr()
     assert code == 0
     json.loads(cap.out)  # stdout is exactly the JSON object
     lines = [ln for ln in cap.err.splitlines() if ln.startswith("privmtl: warning:")]
     assert len(lines) == 1 and "server_update='offset'" in lines[0]
     assert "Traceback" not in cap.err and "UserWarning" not in cap.err
+
+
+def test_pmtl_defaults_are_the_stable_client_message_without_warning(capsys):
+    code = main(["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", "--json"])
+    cap = capsys.readouterr()
+    assert code == 0 and "privmtl: warning" not in cap.err
+    out = json.loads(cap.out)
+    assert out["server_update"] == "offset" and out["lam"] == 1.0  # non-private default λ
+    code = main(
+        [
+            "pmtl",
+            "--data",
+            "synthetic",
+            "--model",
+            "logreg",
+            "--rounds",
+            "1",
+            "--epsilon",
+            "2",
+            "--json",
+        ]
+    )
+    assert code == 0 and json.loads(capsys.readouterr().out)["lam"] == 0.001
+
+
+def test_pmtl_clients_per_round_above_population_exits_2(capsys):
+    code = main(
+        [
+            "pmtl",
+            "--data",
+            "synthetic",
+            "--model",
+            "logreg",
+            "--rounds",
+            "1",
+            "--clients-per-round",
+            "51",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "clients_per_round" in err and "m=50" in err
+    assert len(err.strip().splitlines()) == 1

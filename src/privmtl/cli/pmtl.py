@@ -58,7 +58,10 @@ def _human(out: dict[str, Any]) -> None:
 @click.option("--clients-per-round", type=int, default=20, show_default=True)
 @click.option("--local-steps", type=int, help="E local SGD steps (default: 1 local epoch).")
 @click.option(
-    "--lam", type=float, default=0.1, show_default=True, help="λ (mean-regularization / FedProx μ)."
+    "--lam",
+    type=float,
+    help="λ (mean-regularization / FedProx μ). Default: chosen on FEMNIST validation accuracy, "
+    "0.001 for private PMTL runs, 1 without noise, 0.01 for FedProx.",
 )
 @click.option("--lr", type=float, default=0.1, show_default=True)
 @click.option("--batch-size", type=int, default=10, show_default=True)
@@ -86,11 +89,12 @@ def _human(out: dict[str, Any]) -> None:
 @click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
 @click.option(
     "--server-update",
-    type=click.Choice(["delta", "offset"]),
-    default="delta",
+    type=click.Choice(["offset", "delta"]),
+    default="offset",
     show_default=True,
-    help="Client message: delta = w_k^new - w_k^old (Algorithm 1 as printed) or offset = "
-    "w_k^new - w~ (the authors' code; stable under partial participation).",
+    help="Client message: offset = w_k^new - w~ (the authors' code; stable under partial "
+    "participation) or delta = w_k^new - w_k^old (Algorithm 1 as printed; can diverge when "
+    "q < m, and warns).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -179,10 +183,11 @@ def pmtl(**kw: Any) -> None:
 @click.option("--local-steps", type=int)
 @click.option(
     "--server-update",
-    type=click.Choice(["delta", "offset"]),
-    default="delta",
+    type=click.Choice(["offset", "delta"]),
+    default="offset",
     show_default=True,
-    help="PMTL client message: Algorithm 1's w_new - w_old, or the authors' code's w_new - w~.",
+    help="PMTL client message: the authors' code's w_new - w~ (stable), or Algorithm 1's "
+    "w_new - w_old as printed.",
 )
 @click.option(
     "--finetune", type=click.Choice(list(FINETUNE_METHODS)), default="none", show_default=True

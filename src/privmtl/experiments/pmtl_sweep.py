@@ -36,7 +36,7 @@ def run_pmtl_sweep(
     lr: float = 0.1,
     local_steps: int | None = None,
     finetune: str = "none",
-    server_update: str = "delta",
+    server_update: str = "offset",
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the sweep; returns ``{"rows": best rows, "candidates": all runs, "summary": ...}``.
