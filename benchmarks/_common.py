@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -11,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from privmtl.io import append_jsonl as append_jsonl  # re-exported for the benchmark scripts
+from privmtl.io import load_jsonl as load_jsonl
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -28,28 +30,6 @@ def machine_info() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "numpy": np.__version__,
     }
-
-
-def load_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows already computed (a benchmark appends one JSON object per finished run)."""
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            rows.append(json.loads(line))
-    return rows
-
-
-def append_jsonl(path: Path, row: dict[str, Any]) -> None:
-    """Append one finished run (flushed immediately, so an interrupted benchmark can resume)."""
-    from privmtl.cli._common import to_jsonable
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fh.write(json.dumps(to_jsonable(row)) + "\n")
-        fh.flush()
 
 
 def mean_std(values: Iterable[float]) -> tuple[float, float, int]:

@@ -23,13 +23,14 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from privmtl.exceptions import PrivmtlError
+from privmtl.io import fsync_dir as _fsync_dir
+from privmtl.io import write_atomic
 
 __all__ = [
     "FORMAT",
@@ -58,31 +59,6 @@ def _canonical(config: dict[str, Any]) -> str:
 def config_fingerprint(config: dict[str, Any]) -> str:
     """SHA-256 of the canonical JSON of a configuration."""
     return hashlib.sha256(_canonical(config).encode()).hexdigest()
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file, ``fsync`` and an atomic rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def has_checkpoint(directory: str | os.PathLike[str]) -> bool:

@@ -95,7 +95,7 @@ def run_pmtl_sweep(
 
 def write_pmtl_sweep(result: dict[str, Any], out_dir: Path, *, title: str) -> list[Path]:
     """CSV + JSON + accuracy-vs-ε PNG + per-round loss/ε PNG into ``out_dir`` (already atomic)."""
-    from privmtl.cli._common import write_json_atomic
+    from privmtl.io import write_json_atomic
 
     files = [
         out_dir / "pmtl_sweep.csv",

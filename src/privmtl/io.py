@@ -1,0 +1,164 @@
+"""File output shared by every layer: atomic writes, strict-JSON conversion, append-only run logs.
+
+Nothing here knows about privacy or models. A file is either written completely or not at all
+(temporary file, ``fsync``, atomic rename); a JSON-lines run log is appended one ``fsync``-ed line
+per finished run, and a torn last line (the process killed mid-write) is dropped when read back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privmtl.exceptions import DataFormatError, InvalidParameterError
+
+__all__ = [
+    "append_jsonl",
+    "atomic_output_dir",
+    "check_writable_dir",
+    "fsync_dir",
+    "load_jsonl",
+    "to_jsonable",
+    "write_atomic",
+    "write_json_atomic",
+]
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert NumPy scalars/arrays, paths and non-finite floats (→ None) for strict JSON."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return to_jsonable(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def fsync_dir(directory: Path) -> None:
+    """``fsync`` a directory so that renames and new files in it are durable."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, ``fsync`` and an atomic rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write ``payload`` as strict JSON to ``path`` atomically (creating the parent folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, (json.dumps(to_jsonable(payload), indent=2) + "\n").encode())
+
+
+@contextmanager
+def atomic_output_dir(final: Path) -> Iterator[Path]:
+    """Yield a temporary sibling directory; move its files into ``final`` only on success."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    try:
+        yield tmp
+        final.mkdir(parents=True, exist_ok=True)
+        for item in tmp.iterdir():
+            os.replace(item, final / item.name)
+        tmp.rmdir()
+    except BaseException:
+        for item in tmp.iterdir():
+            item.unlink()
+        tmp.rmdir()
+        raise
+
+
+def check_writable_dir(path: Path, *, name: str) -> Path:
+    """Check, before any computation, that folder ``path`` can be created and written.
+
+    Creates ``path`` (and its parents) and writes and removes a probe file there; raises
+    :class:`~privmtl.exceptions.InvalidParameterError` naming the parameter ``name`` otherwise.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InvalidParameterError(
+            f"The '{name}' parameter must be a folder; got {str(path)!r}, which is a file."
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".privmtl-write-probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InvalidParameterError(
+            f"The '{name}' parameter must be a writable folder; got {str(path)!r} "
+            f"({exc.strerror or exc})."
+        ) from None
+    return path
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    """Append one record as a JSON line and ``fsync`` it (a finished run survives a kill)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(to_jsonable(row)) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines log; a torn last line (killed mid-write) is dropped and cut off.
+
+    Only a last line without its newline can be torn: it is removed from the file so that the next
+    :func:`append_jsonl` starts on a fresh line. A malformed complete line is an error.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        with path.open("r+b") as fh:
+            fh.truncate(cut)
+            fh.flush()
+            os.fsync(fh.fileno())
+        data = data[:cut]
+    rows = []
+    for number, line in enumerate(data.decode().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataFormatError(
+                    f"{path}, line {number}: not a JSON object ({exc})."
+                ) from None
+    return rows
