@@ -1,6 +1,7 @@
 """privmtl.io: append-only run logs survive a torn last line; writable-folder check."""
 
 import json
+
 import pytest
 
 from privmtl.exceptions import DataFormatError, InvalidParameterError
@@ -33,9 +34,10 @@ def test_write_json_atomic_round_trip(tmp_path):
 
 
 def test_check_writable_dir(tmp_path):
-    assert check_writable_dir(tmp_path / "new" / "dir", name="out").is_dir()
+    assert not check_writable_dir(tmp_path / "new" / "dir", name="out").exists()
+    assert check_writable_dir(tmp_path / "new" / "dir", name="out", create=True).is_dir()
     (tmp_path / "file").write_text("")
-    with pytest.raises(InvalidParameterError, match="'out'.*file"):
+    with pytest.raises(InvalidParameterError, match=r"'out'.*file"):
         check_writable_dir(tmp_path / "file", name="out")
     with pytest.raises(InvalidParameterError, match="writable"):
         check_writable_dir(tmp_path / "file" / "sub", name="out")  # unwritable even for root

@@ -99,10 +99,11 @@ def atomic_output_dir(final: Path) -> Iterator[Path]:
         raise
 
 
-def check_writable_dir(path: Path, *, name: str) -> Path:
-    """Check, before any computation, that folder ``path`` can be created and written.
+def check_writable_dir(path: Path, *, name: str, create: bool = False) -> Path:
+    """Check, before any computation, that folder ``path`` exists or can be created, and is writable.
 
-    Creates ``path`` (and its parents) and writes and removes a probe file there; raises
+    The nearest existing folder on the way to ``path`` must be a folder where a probe file can be
+    written and removed; ``path`` is created only when ``create`` is true. Raises
     :class:`~privmtl.exceptions.InvalidParameterError` naming the parameter ``name`` otherwise.
     """
     path = Path(path)
@@ -110,11 +111,17 @@ def check_writable_dir(path: Path, *, name: str) -> Path:
         raise InvalidParameterError(
             f"The '{name}' parameter must be a folder; got {str(path)!r}, which is a file."
         )
+    probe_dir = path.absolute()
+    while not probe_dir.exists():
+        probe_dir = probe_dir.parent
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".privmtl-write-probe.")
+        if not probe_dir.is_dir():
+            raise NotADirectoryError(20, f"{str(probe_dir)!r} is not a folder")
+        fd, probe = tempfile.mkstemp(dir=probe_dir, prefix=".privmtl-write-probe.")
         os.close(fd)
         os.unlink(probe)
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidParameterError(
             f"The '{name}' parameter must be a writable folder; got {str(path)!r} "

@@ -6,6 +6,7 @@ import click
 
 from privmtl.cli._common import echo_json
 from privmtl.experiments.accounting import account_rounds
+from privmtl.privacy.guarantee import RELATIONS, SAMPLINGS
 
 __all__ = ["account"]
 
@@ -27,14 +28,14 @@ __all__ = ["account"]
 )
 @click.option(
     "--sampling",
-    type=click.Choice(["poisson", "fixed"]),
+    type=click.Choice([s for s in SAMPLINGS if s in ("poisson", "fixed")]),
     default="poisson",
     show_default=True,
     help="Client sampling performed (and accounted).",
 )
 @click.option(
     "--relation",
-    type=click.Choice(["add-remove", "replace-one"]),
+    type=click.Choice(list(RELATIONS)),
     default="add-remove",
     show_default=True,
     help="Neighbouring relation: one whole client added/removed, or replaced.",

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from privmtl.cli._common import atomic_output_dir, write_json_atomic
+from privmtl.cli._common import atomic_output_dir, progress, write_json_atomic
+from privmtl.io import check_writable_dir
 
 __all__ = ["demo"]
 
@@ -41,8 +42,9 @@ def demo(out_dir: Path, seed: int, tune_mode: str) -> None:
     """
     import os
 
-    from privmtl.cli.mpmtl import run_mpmtl_sweep
+    from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
 
+    check_writable_dir(out_dir, name="out")
     t0 = time.perf_counter()
     click.echo("[1/2] MP-MTL privacy–accuracy sweep on synthetic low-rank tasks (m=320, d=30)")
     with atomic_output_dir(out_dir) as tmp:
@@ -57,6 +59,7 @@ def demo(out_dir: Path, seed: int, tune_mode: str) -> None:
             n_splits=3,
             out_dir=tmp,
             n_jobs=min(2, os.cpu_count() or 1),  # forked workers: before torch is imported
+            progress=lambda jobs, n: progress(jobs, desc="mpmtl sweep", enabled=True, total=n),
         )
         for row in res["summary"]:
             e = "non-private" if row["target_epsilon"] is None else f"ε={row['target_epsilon']:g}"

@@ -7,24 +7,16 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import (
-    atomic_output_dir,
-    echo_json,
-    progress,
-    write_json_atomic,
-)
+from privmtl.cli._common import echo_json, progress
 from privmtl.experiments.mpmtl import (
     DATASETS,
     METHODS,
-    PRIVATE_METHODS,
-    load_mpmtl_data,
     run_mpmtl,
 )
-from privmtl.experiments.sweep import aggregate, plot_tradeoff, rows_to_csv, run_sweep
+from privmtl.io import check_writable_dir
+from privmtl.privacy.guarantee import RELATIONS
 
-__all__ = ["mpmtl", "mpmtl_sweep", "run_mpmtl_sweep"]
-
-_PRIVACY_KEYS = ("epsilon", "delta", "noise", "relation", "accountant", "random_state")
+__all__ = ["mpmtl", "mpmtl_sweep"]
 
 _data_opt = click.option(
     "--data", type=click.Choice(list(DATASETS)), required=True, help="Dataset (built-in or a file)."
@@ -96,7 +88,7 @@ def _human(out: dict[str, Any]) -> None:
 @click.option("--tune/--no-tune", default=True, show_default=True, help="k-fold CV on train split.")
 @click.option(
     "--relation",
-    type=click.Choice(["add-remove", "replace-one"]),
+    type=click.Choice(list(RELATIONS)),
     default="add-remove",
     show_default=True,
 )
@@ -151,6 +143,9 @@ def mpmtl(
     as_json: bool,
 ) -> None:
     """Model-protected linear MTL (MP-MTL) and its baselines: one method at one ε."""
+    for name, folder in (("save_models", save_models), ("checkpoint_dir", checkpoint_dir)):
+        if folder is not None:  # checked before any computation
+            check_writable_dir(folder, name=name)
     out = run_mpmtl(
         data=data,
         data_path=data_path,
@@ -172,100 +167,6 @@ def mpmtl(
         save_models=save_models,
     )
     echo_json(out) if as_json else _human(out)
-
-
-def run_mpmtl_sweep(
-    *,
-    data: str,
-    data_path: Path | None,
-    methods: list[str],
-    epsilons: list[float],
-    seeds: list[int],
-    noise: str,
-    tune_mode: str,
-    out_dir: Path,
-    show_progress: bool = True,
-    iterations: int | None = None,
-    n_splits: int = 5,
-    final_step: str = "auto",
-    n_jobs: int = 1,
-    noise_source: str = "secure",
-) -> dict[str, Any]:
-    """Run the sweep and write ``mpmtl_sweep.csv``, ``mpmtl_sweep.json`` and ``mpmtl_tradeoff.png``."""
-    splits = {s: load_mpmtl_data(data, data_path=data_path, seed=s) for s in seeds}
-    classification = splits[seeds[0]][0].task_type == "classification"
-    metric = "auc" if classification else "nmse"
-
-    tuned_once: dict[tuple[str, int], dict[str, Any]] = {}
-    reference_eps = sorted(epsilons)[len(epsilons) // 2]
-
-    def one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
-        common: dict[str, Any] = {
-            "data": data,
-            "method": method,
-            "noise": noise,
-            "seed": seed,
-            "split": splits[seed],
-            "final_step": final_step,
-            "n_splits": n_splits,
-            "noise_source": noise_source,
-        }
-        if tune_mode != "once" or epsilon is None:
-            return run_mpmtl(
-                **common, epsilon=epsilon, tune=tune_mode != "none", iterations=iterations
-            )
-        key = (method, seed)
-        if key not in tuned_once:
-            ref = run_mpmtl(**common, epsilon=reference_eps, tune=True, iterations=iterations)
-            tuned_once[key] = {k: v for k, v in ref["params"].items() if k not in _PRIVACY_KEYS}
-            if epsilon == reference_eps:
-                return ref
-        out = run_mpmtl(**common, epsilon=epsilon, tune=False, extra_params=tuned_once[key])
-        out["tuned"] = True
-        out["tuning_note"] = (
-            f"hyper-parameters tuned once by k-fold CV at epsilon={reference_eps:g} and reused; "
-            "tuning is not charged to the privacy budget (as in the MP-MTL paper)"
-        )
-        return out
-
-    rows = run_sweep(
-        one,
-        methods=methods,
-        epsilons=epsilons,
-        seeds=seeds,
-        private_methods=PRIVATE_METHODS,
-        metric=metric,
-        progress=lambda jobs, n: progress(jobs, desc="mpmtl sweep", enabled=show_progress, total=n),
-        # "once" shares the tuned parameters between jobs: sequential only
-        n_jobs=1 if tune_mode == "once" else n_jobs,
-    )
-    summary = aggregate(rows)
-    g = next((r for r in rows if r["method"] in PRIVATE_METHODS), rows[0])
-    subtitle = (
-        f"δ={g['delta']:.3g}, neighbours: {g['relation']} one task, sampling: all tasks, "
-        f"accountant: {g['accountant']}; {len(seeds)} seed(s); tuning not charged to ε"
-    )
-    with atomic_output_dir(out_dir) as tmp:
-        (tmp / "mpmtl_sweep.csv").write_text(rows_to_csv(rows))
-        write_json_atomic(
-            tmp / "mpmtl_sweep.json",
-            {"rows": rows, "summary": summary, "noise_source": noise_source},
-        )
-        plot_tradeoff(
-            summary,
-            tmp / "mpmtl_tradeoff.png",
-            metric_label="nMSE" if metric == "nmse" else "aAUC",
-            title=f"MP-MTL privacy–accuracy trade-off on {data} ({noise} noise)",
-            lower_is_better=metric == "nmse",
-            subtitle=subtitle,
-        )
-    return {
-        "summary": summary,
-        "noise_source": noise_source,
-        "files": [
-            str(out_dir / n) for n in ("mpmtl_sweep.csv", "mpmtl_sweep.json", "mpmtl_tradeoff.png")
-        ],
-    }
 
 
 def _floats(text: str, name: str) -> list[float]:
@@ -344,6 +245,8 @@ def mpmtl_sweep(
             f"every epsilon must be > 0; got {epsilons!r}", param_hint="--epsilons"
         )
     seed_list = [int(s) for s in _floats(seeds, "--seeds")]
+    from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
+
     res = run_mpmtl_sweep(
         data=data,
         data_path=data_path,
@@ -357,6 +260,7 @@ def mpmtl_sweep(
         final_step=final_step,
         n_jobs=jobs,
         noise_source="seeded" if reproducible_noise else "secure",
+        progress=lambda jobs, n: progress(jobs, desc="mpmtl sweep", enabled=not as_json, total=n),
     )
     if as_json:
         echo_json(res)
@@ -364,4 +268,9 @@ def mpmtl_sweep(
     for row in res["summary"]:
         eps_txt = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
         click.echo(f"{row['method']:>14}  ε={eps_txt:>6}  {row['mean']:.4f} ± {row['std']:.4f}")
+    if res["runs_reused"]:
+        click.echo(
+            f"reused {res['runs_reused']} finished run(s) from {out_dir / 'runs.jsonl'}; "
+            f"computed {res['runs_computed']}"
+        )
     click.echo("wrote: " + ", ".join(res["files"]))

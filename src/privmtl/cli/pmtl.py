@@ -9,6 +9,8 @@ import click
 
 from privmtl.cli._common import atomic_output_dir, echo_json, progress
 from privmtl.experiments.pmtl import FINETUNE_METHODS, FL_DATASETS, FL_METHODS, FL_MODELS, run_pmtl
+from privmtl.io import check_writable_dir
+from privmtl.privacy.guarantee import RELATIONS
 
 __all__ = ["pmtl", "pmtl_sweep"]
 
@@ -78,11 +80,14 @@ def _human(out: dict[str, Any]) -> None:
     help="Comma-separated penalty weights λ for mr/skl/ewc fine-tuning (see --finetune-lrs).",
 )
 @click.option(
-    "--sampling", type=click.Choice(["poisson", "fixed"]), default="poisson", show_default=True
+    "--sampling",
+    type=click.Choice(["poisson", "fixed"]),
+    default="poisson",
+    show_default=True,
 )
 @click.option(
     "--relation",
-    type=click.Choice(["add-remove", "replace-one"]),
+    type=click.Choice(list(RELATIONS)),
     default="add-remove",
     show_default=True,
 )
@@ -133,6 +138,9 @@ def pmtl(**kw: Any) -> None:
     as_json = kw.pop("as_json")
     quiet = kw.pop("quiet")
     kw["noise_source"] = "seeded" if kw.pop("reproducible_noise") else "secure"
+    for name in ("save_models", "checkpoint_dir"):
+        if kw[name] is not None:  # checked before any computation
+            check_writable_dir(kw[name], name=name)
     if kw["resume"] and kw["checkpoint_dir"] is None:
         raise click.BadParameter("needs --checkpoint-dir", param_hint="--resume")
     if kw["checkpoint_every"] < 1:
@@ -199,11 +207,21 @@ def pmtl(**kw: Any) -> None:
     default=Path("privmtl-results"),
     show_default=True,
 )
+@click.option(
+    "--reproducible-noise",
+    is_flag=True,
+    help="Seed the server noise from each run's seed (research simulation only). Default: secure.",
+)
 @click.option("--json", "as_json", is_flag=True)
 def pmtl_sweep(**kw: Any) -> None:
-    """ε sweep: per ε pick (γ, T) on validation accuracy, report test accuracy; CSV/JSON + plots."""
+    """ε sweep: per ε pick (γ, T) on validation accuracy, report test accuracy; CSV/JSON + plots.
+
+    Every finished run is appended to OUT/runs.jsonl; re-running the sweep into the same --out
+    reuses the runs of the same configuration (an interrupted sweep resumes).
+    """
     from privmtl.cli.mpmtl import _floats
-    from privmtl.experiments.pmtl_sweep import run_pmtl_sweep, write_pmtl_sweep
+    from privmtl.experiments.pmtl_sweep import PMTL_SWEEP_FILES, run_pmtl_sweep, write_pmtl_sweep
+    from privmtl.experiments.runlog import RunLog
 
     methods = [m.strip() for m in kw["methods"].split(",") if m.strip()]
     for m in methods:
@@ -212,6 +230,8 @@ def pmtl_sweep(**kw: Any) -> None:
     eps = _floats(kw["epsilons"], "--epsilons")
     if any(e <= 0 for e in eps):
         raise click.BadParameter("every epsilon must be > 0", param_hint="--epsilons")
+    log = RunLog(kw["out_dir"], outputs=PMTL_SWEEP_FILES)
+    reused_before = log.reused
     res = run_pmtl_sweep(
         data=kw["data"],
         data_path=kw["data_path"],
@@ -230,17 +250,22 @@ def pmtl_sweep(**kw: Any) -> None:
         progress=lambda jobs, n: progress(
             jobs, desc="pmtl sweep", enabled=not kw["as_json"], total=n
         ),
+        noise_source="seeded" if kw["reproducible_noise"] else "secure",
+        log=log,
     )
     out_dir: Path = kw["out_dir"]
     with atomic_output_dir(out_dir) as tmp:
         written = write_pmtl_sweep(
             res, tmp, title=f"PMTL vs global models on {kw['data']} ({kw['model']})"
         )
-    files = [str(out_dir / p.name) for p in written]
+    files = [str(out_dir / p.name) for p in written] + [str(log.path)]
+    runs = {"runs_reused": log.reused - reused_before, "runs_computed": log.computed}
     if kw["as_json"]:
-        echo_json({"summary": res["summary"], "files": files})
+        echo_json({"summary": res["summary"], "files": files, **runs})
         return
     for row in res["summary"]:
         e = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
         click.echo(f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f} ± {row['std']:.4f}")
+    if runs["runs_reused"]:
+        click.echo(f"reused {runs['runs_reused']} finished run(s) from {log.path}")
     click.echo("wrote: " + ", ".join(files))

@@ -16,9 +16,13 @@ from typing import Any
 import numpy as np
 
 from privmtl.experiments.pmtl import load_federated, run_pmtl
+from privmtl.experiments.runlog import RunLog
 from privmtl.experiments.sweep import aggregate, plot_tradeoff, rows_to_csv
 
-__all__ = ["plot_rounds", "run_pmtl_sweep"]
+__all__ = ["PMTL_SWEEP_FILES", "plot_rounds", "run_pmtl_sweep", "write_pmtl_sweep"]
+
+#: The sweep's tables and plots, written into its output folder when every run has finished.
+PMTL_SWEEP_FILES = ("pmtl_sweep.csv", "pmtl_sweep.json", "pmtl_tradeoff.png", "pmtl_rounds.png")
 
 
 def run_pmtl_sweep(
@@ -38,11 +42,15 @@ def run_pmtl_sweep(
     finetune: str = "none",
     server_update: str = "offset",
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    noise_source: str = "secure",
+    log: RunLog | None = None,
 ) -> dict[str, Any]:
     """Run the sweep; returns ``{"rows": best rows, "candidates": all runs, "summary": ...}``.
 
     Per (seed, method, ε) the run with the best validation accuracy over ``clips`` × ``rounds_grid``
     (× ``lam`` when it is a list, for the methods that use λ: pmtl, fedprox) is selected.
+    With a ``log`` (:class:`~privmtl.experiments.runlog.RunLog`), every finished run is appended to
+    it and runs of the same configuration already logged are reused, not run again.
     """
     datasets = {s: load_federated(data, data_path=data_path, seed=s) for s in seeds}
     lams = [float(lam)] if isinstance(lam, int | float) else [float(v) for v in lam]
@@ -56,6 +64,28 @@ def run_pmtl_sweep(
     it: Iterable[Any] = jobs if progress is None else progress(jobs, len(jobs))
     candidates = []
     for seed, method, eps, clip, T, lam_ in it:
+        cfg = {
+            "sweep": "pmtl",
+            "data": data,
+            "data_path": None if data_path is None else str(data_path),
+            "model": model,
+            "method": method,
+            "epsilon": eps,
+            "clip": clip,
+            "rounds": T,
+            "lam": lam_,
+            "clients_per_round": clients_per_round,
+            "lr": lr,
+            "local_steps": local_steps,
+            "finetune": finetune,
+            "server_update": server_update,
+            "noise_source": noise_source,
+            "seed": seed,
+        }
+        done = None if log is None else log.get(cfg)
+        if done is not None:
+            candidates.append(done)
+            continue
         row = run_pmtl(
             data=data,
             model=model,
@@ -72,15 +102,16 @@ def run_pmtl_sweep(
             seed=seed,
             show_progress=False,
             dataset=datasets[seed],
+            noise_source=noise_source,
         )
         row["target_epsilon"] = eps
-        candidates.append(row)
+        candidates.append(row if log is None else log.add(cfg, row))
     best: dict[tuple[int, str, float | None], dict[str, Any]] = {}
     for row in candidates:
         key = (row["seed"], row["method"], row["target_epsilon"])
-        val = row["val_accuracy"]
+        val = _val(row)
         cur = best.get(key)
-        if cur is None or (not math.isnan(val) and val > cur["val_accuracy"]):
+        if cur is None or (not math.isnan(val) and not val <= _val(cur)):
             best[key] = row
     rows = []
     for row in best.values():
@@ -91,6 +122,11 @@ def run_pmtl_sweep(
             row["method"] = f"{row['method']} (non-private)"
         rows.append(row)
     return {"rows": rows, "candidates": candidates, "summary": aggregate(rows)}
+
+
+def _val(row: dict[str, Any]) -> float:
+    v = row.get("val_accuracy")
+    return math.nan if v is None else float(v)
 
 
 def write_pmtl_sweep(result: dict[str, Any], out_dir: Path, *, title: str) -> list[Path]:

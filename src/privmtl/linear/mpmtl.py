@@ -77,6 +77,7 @@ from privmtl.linear.local import (
     variational_factor,
 )
 from privmtl.linear.losses import LOSSES, TaskBatch
+from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.mechanisms import sample_l2_laplace
 from privmtl.privacy.noise import NOISE_SOURCES, NoiseSource, NumpySeededNoise, SecureNoise
@@ -102,7 +103,6 @@ FloatArray = NDArray[np.float64]
 NOISES = ("gaussian", "wishart")
 COVARIANCES = ("WWt", "WtW")
 ALLOCATIONS = ("power", "geometric")
-RELATIONS = ("add-remove", "replace-one")
 EIGEN_FIXES = ("shift", "denoise", "clip", "none")
 
 

@@ -2,7 +2,7 @@
 
 A sampler both *draws* the clients of a round and *names the privacy event* of one round of the
 Gaussian mechanism run on them, so code and accounting cannot drift apart (the PMTL reference code
-samples exactly q clients but accounts Poisson sampling; SPEC §4).
+samples exactly q clients but accounts Poisson sampling; README, 'The privacy model').
 
 Normalization convention (all schemes): the server divides the sum of clipped updates by the fixed
 ``clients_per_round`` q — not by the realised number of Poisson-sampled clients — so the add/remove
@@ -18,6 +18,7 @@ import numpy as np
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
+from privmtl.privacy.guarantee import SAMPLINGS
 
 __all__ = [
     "SAMPLING_KINDS",
@@ -28,7 +29,8 @@ __all__ = [
     "make_sampler",
 ]
 
-SAMPLING_KINDS = ("poisson", "fixed", "all")
+#: The samplers a training run can use: every guarantee sampling except "none" (no release).
+SAMPLING_KINDS = tuple(s for s in SAMPLINGS if s != "none")
 
 
 @dataclass(frozen=True)
