@@ -105,7 +105,13 @@ def test_pmtl_sweep_selects_on_validation_and_writes_plots(capsys, tmp_path):
          "--out", str(tmp_path / "s"), "--json"],
     )  # fmt: skip
     files = {p.rsplit("/", 1)[-1] for p in out["files"]}
-    assert files == {"pmtl_sweep.csv", "pmtl_sweep.json", "pmtl_tradeoff.png", "pmtl_rounds.png"}
+    assert files == {
+        "pmtl_sweep.csv",
+        "pmtl_sweep.json",
+        "pmtl_tradeoff.png",
+        "pmtl_rounds.png",
+        "runs.jsonl",
+    }
     saved = json.loads((tmp_path / "s" / "pmtl_sweep.json").read_text())
     cands = saved["candidates"]
     # pmtl tried both lambdas at each eps, fedavg only one; the kept pmtl row has the best val acc

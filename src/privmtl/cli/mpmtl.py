@@ -82,7 +82,12 @@ def _human(out: dict[str, Any]) -> None:
 @click.option("--method", type=click.Choice(list(METHODS)), required=True)
 @_noise_opt
 @click.option("--epsilon", type=float, help="Privacy budget ε (absent: non-private).")
-@click.option("--delta", type=float, help="δ (default 1/(m·log m), as in the MP-MTL paper).")
+@click.option(
+    "--delta",
+    type=float,
+    help="δ. Default: 1/(m·log m) on the papers' data (school, synthetic-*), as in the MP-MTL "
+    "paper; min(1e-5, 1/(100·m)) on a user's table. δ >= 1/m warns; δ >= 1 is refused.",
+)
 @click.option("--iterations", type=int, help="T: proximal-gradient iterations (default: tuned).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--tune/--no-tune", default=True, show_default=True, help="k-fold CV on train split.")
@@ -120,6 +125,25 @@ def _human(out: dict[str, Any]) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Write the fitted W (coef.npy) and model.json here (see privmtl evaluate).",
 )
+@click.option(
+    "--task-column", default="task", show_default=True, help="table: the column naming the task."
+)
+@click.option("--target-column", default="y", show_default=True, help="table: the target column.")
+@click.option(
+    "--train-fraction",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=0.3,
+    show_default=True,
+    help="school/table: fraction of each task's rows used for training (the paper's 30%); "
+    "the rest is the test split.",
+)
+@click.option(
+    "--normalize",
+    type=click.Choice(["unit-norm", "none"]),
+    default="unit-norm",
+    show_default=True,
+    help="school/table: scale every row to unit l2 norm (the paper's protocol) or keep it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def mpmtl(
     data: str,
@@ -140,6 +164,10 @@ def mpmtl(
     checkpoint_every: int,
     resume: bool,
     save_models: Path | None,
+    task_column: str,
+    target_column: str,
+    train_fraction: float,
+    normalize: str,
     as_json: bool,
 ) -> None:
     """Model-protected linear MTL (MP-MTL) and its baselines: one method at one ε."""
@@ -165,6 +193,10 @@ def mpmtl(
         checkpoint_every=checkpoint_every,
         resume=resume,
         save_models=save_models,
+        train_fraction=train_fraction,
+        task_column=task_column,
+        target_column=target_column,
+        normalize=normalize,
     )
     echo_json(out) if as_json else _human(out)
 

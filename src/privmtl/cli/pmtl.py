@@ -42,11 +42,24 @@ def _human(out: dict[str, Any]) -> None:
 @click.option("--data", type=click.Choice(list(FL_DATASETS)), required=True)
 @click.option(
     "--data-path",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="LEAF FEMNIST folder with train/ and test/ (default: $PRIVMTL_FEMNIST_DIR or "
-    "../shared/data/femnist-leaf).",
+    type=click.Path(path_type=Path),
+    help="femnist-leaf: a LEAF folder with train/ and test/ (any LEAF classification set; "
+    "default: $PRIVMTL_FEMNIST_DIR or ../shared/data/femnist-leaf); table: a CSV/Parquet file "
+    "with one row per example.",
 )
-@click.option("--model", type=click.Choice(list(FL_MODELS)), required=True)
+@click.option("--client-column", help="table: the column naming each row's client.")
+@click.option("--label-column", help="table: the class label column (integers 0, 1, ...).")
+@click.option(
+    "--feature-columns",
+    help="table: comma-separated feature columns (default: every other column, all numeric).",
+)
+@click.option(
+    "--model",
+    required=True,
+    metavar="[cnn|logreg|MODULE:FACTORY]",
+    help="cnn (FEMNIST's 1x28x28 images), logreg, or your own model: 'package.module:factory', "
+    "called as factory(n_features, n_classes) and returning a torch.nn.Module.",
+)
 @click.option("--method", type=click.Choice(list(FL_METHODS)), default="pmtl", show_default=True)
 @click.option(
     "--epsilon",
@@ -54,7 +67,12 @@ def _human(out: dict[str, Any]) -> None:
     help="Target ε: σ is calibrated (absent with --noise-std absent: non-private).",
 )
 @click.option("--noise-std", type=float, help="σ on the mean update (instead of --epsilon).")
-@click.option("--delta", type=float, help="δ (default 1/m).")
+@click.option(
+    "--delta",
+    type=float,
+    help="δ. Default: 1/m on the papers' data (femnist-leaf, synthetic), as in the PMTL paper; "
+    "min(1e-5, 1/(100·m)) on a user's table. δ >= 1/m warns; δ >= 1 is refused.",
+)
 @click.option("--clip", type=float, default=0.5, show_default=True, help="γ: client update clip.")
 @click.option("--rounds", type=int, default=100, show_default=True)
 @click.option("--clients-per-round", type=int, default=20, show_default=True)
@@ -138,6 +156,27 @@ def pmtl(**kw: Any) -> None:
     as_json = kw.pop("as_json")
     quiet = kw.pop("quiet")
     kw["noise_source"] = "seeded" if kw.pop("reproducible_noise") else "secure"
+    if kw["model"] not in FL_MODELS and ":" not in kw["model"]:
+        raise click.BadParameter(
+            f"must be one of {', '.join(FL_MODELS)} or 'package.module:factory'; "
+            f"got {kw['model']!r}",
+            param_hint="--model",
+        )
+    table_opts = ("client_column", "label_column", "feature_columns")
+    if kw["data"] == "table":
+        for name in ("data_path", "client_column", "label_column"):
+            if kw[name] is None:
+                raise click.BadParameter(
+                    "required with --data table", param_hint="--" + name.replace("_", "-")
+                )
+    else:
+        for name in table_opts:
+            if kw[name] is not None:
+                raise click.BadParameter(
+                    "only with --data table", param_hint="--" + name.replace("_", "-")
+                )
+    if kw["feature_columns"] is not None:
+        kw["feature_columns"] = [c.strip() for c in kw["feature_columns"].split(",") if c.strip()]
     for name in ("save_models", "checkpoint_dir"):
         if kw[name] is not None:  # checked before any computation
             check_writable_dir(kw[name], name=name)

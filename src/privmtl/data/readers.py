@@ -27,6 +27,7 @@ __all__ = [
     "default_school_path",
     "load_malsar_mat",
     "load_school",
+    "read_frame",
     "read_table",
 ]
 
@@ -197,6 +198,9 @@ def load_school(path: str | os.PathLike[str] | None = None) -> MultiTaskDataset:
 # ---------------------------------------------------------------------- tables
 def _first_bad_row(frame: pd.DataFrame, column: str, mask: NDArray[np.bool_]) -> str:
     pos = int(np.argmax(mask))
+    line = frame.attrs.get("privmtl_first_line")
+    if line is not None:  # a CSV file: name the line a user sees in an editor
+        return f"column {column!r}, line {pos + int(line)} of the file"
     return f"column {column!r} row {pos} (index label {frame.index[pos]!r})"
 
 
@@ -329,6 +333,23 @@ def read_table(
         target, NaN/infinite value or missing task label (the column and row are named), a task
         (category) with 0 rows, or classification targets that are not binary.
     """
+    p = Path(path)
+    return dataset_from_frame(
+        read_frame(p),
+        task_column=task_column,
+        target_column=target_column,
+        feature_columns=feature_columns,
+        task_type=task_type,
+        source=str(p),
+    )
+
+
+def read_frame(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Read a CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``) file into a frame.
+
+    Raises :class:`~privmtl.exceptions.DataFormatError` for a missing file, an unknown suffix or
+    an unreadable file.
+    """
     import pandas as pd
 
     p = Path(path)
@@ -348,11 +369,6 @@ def read_table(
         frame = reader(p)
     except Exception as exc:  # pandas/pyarrow raise many types for corrupt input
         raise DataFormatError(f"{p}: could not be read as a table ({exc}).") from exc
-    return dataset_from_frame(
-        frame,
-        task_column=task_column,
-        target_column=target_column,
-        feature_columns=feature_columns,
-        task_type=task_type,
-        source=str(p),
-    )
+    if reader is pd.read_csv:
+        frame.attrs["privmtl_first_line"] = 2  # line 1 is the header
+    return frame

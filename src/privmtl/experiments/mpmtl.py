@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.multitask import MultiTaskDataset
 from privmtl.data.readers import load_school, read_table
@@ -24,6 +26,7 @@ from privmtl.linear.common import default_delta
 from privmtl.linear.metrics import aauc, nmse
 from privmtl.linear.selection import ISOLATED_METHODS, METHODS, PRIVATE_METHODS, estimator_class
 from privmtl.privacy import PrivacyGuarantee
+from privmtl.privacy.delta import check_delta, user_data_delta
 
 __all__ = [
     "DATASETS",
@@ -52,8 +55,16 @@ def load_mpmtl_data(
     train_fraction: float = 0.3,
     task_column: str = "task",
     target_column: str = "y",
+    normalize: str = "unit-norm",
 ) -> tuple[MultiTaskDataset, MultiTaskDataset]:
-    """(train, test) for a named dataset, with the paper's preprocessing (unit-norm rows)."""
+    """(train, test) for a named dataset, with the paper's preprocessing (unit-norm rows).
+
+    For School and a table, ``train_fraction`` of each task's rows train (the paper's 30%) and
+    ``normalize="unit-norm"`` scales every row to unit length (the paper's protocol; ``"none"``
+    keeps the features as they are). A table's target with 3 to 10 distinct integer values is
+    refused: it looks like a multi-class label, which no MP-MTL method models.
+    """
+    check_choice("normalize", normalize, ("unit-norm", "none"))
     check_choice("data", data, DATASETS)
     if data == "synthetic-lowrank":
         train, test = make_lowrank_tasks(random_state=seed)
@@ -70,7 +81,16 @@ def load_mpmtl_data(
                 "The 'data_path' parameter is required with data='table'; got None."
             )
         full = read_table(data_path, task_column=task_column, target_column=target_column)
-    full = full.normalize_rows()
+        if full.task_type == "regression":
+            values = np.unique(np.concatenate(full.y))
+            if 3 <= values.size <= 10 and np.all(values == np.round(values)):
+                raise DataFormatError(
+                    f"{data_path}: target column {target_column!r} looks like a "
+                    f"{values.size}-class label (values {values.tolist()}); MP-MTL methods model "
+                    "regression or binary classification only."
+                )
+    if normalize == "unit-norm":
+        full = full.normalize_rows()
     train, test = full.train_test_split(frac, random_state=seed)
     return train, test
 
@@ -112,6 +132,10 @@ def run_mpmtl(
     relation: str = "add-remove",
     accountant: str = "rdp",
     split: tuple[MultiTaskDataset, MultiTaskDataset] | None = None,
+    train_fraction: float = 0.3,
+    task_column: str = "task",
+    target_column: str = "y",
+    normalize: str = "unit-norm",
     extra_params: dict[str, Any] | None = None,
     final_step: str = "auto",
     noise_source: str = "secure",
@@ -188,12 +212,22 @@ def run_mpmtl(
             )
     t0 = time.perf_counter()
     train, test = (
-        split if split is not None else load_mpmtl_data(data, data_path=data_path, seed=seed)
+        split
+        if split is not None
+        else load_mpmtl_data(
+            data,
+            data_path=data_path,
+            seed=seed,
+            train_fraction=train_fraction,
+            task_column=task_column,
+            target_column=target_column,
+            normalize=normalize,
+        )
     )
     dlt = (
-        default_delta(train.n_tasks)
+        (user_data_delta(train.n_tasks) if data == "table" else default_delta(train.n_tasks))
         if delta is None
-        else check_real("delta", delta, low=0.0, high=1.0, closed="neither")
+        else check_delta(delta, train.n_tasks, unit="task")
     )
     cls = estimator_class(method)
     fixed: dict[str, Any] = {

@@ -21,6 +21,7 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.privacy import PrivacyGuarantee
+from privmtl.privacy.delta import check_delta, user_data_delta
 from privmtl.privacy.release import noise_multiplier
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "FL_DATASETS",
     "FL_METHODS",
     "FL_MODELS",
+    "default_delta",
     "default_femnist_dir",
     "default_lam",
     "evaluate_saved",
@@ -36,7 +38,7 @@ __all__ = [
     "run_pmtl",
 ]
 
-FL_DATASETS = ("femnist-leaf", "synthetic")
+FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
 FL_METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd")
 FINETUNE_METHODS = ("none", "vanilla", "mr", "skl", "ewc")
@@ -47,6 +49,16 @@ FINETUNE_METHODS = ("none", "vanilla", "mr", "skl", "ewc")
 DEFAULT_LAM_PRIVATE = 0.001
 DEFAULT_LAM_NONPRIVATE = 1.0
 DEFAULT_FEDPROX_MU = 0.01
+
+
+#: The papers' data sets keep the papers' δ = 1/m; a user's table gets the DP-practice default.
+PAPER_DATASETS = ("femnist-leaf", "synthetic")
+
+
+def default_delta(data: str, m: int) -> float:
+    """δ when none is given: 1/m on the papers' data sets (as in the PMTL paper and the
+    benchmarks), :func:`~privmtl.privacy.delta.user_data_delta` on a user's table."""
+    return 1.0 / m if data in PAPER_DATASETS else user_data_delta(m)
 
 
 def default_lam(method: str, *, private: bool) -> float:
@@ -63,12 +75,41 @@ def default_femnist_dir() -> Path:
 
 
 def load_federated(
-    data: str, *, data_path: str | Path | None = None, seed: int = 0
+    data: str,
+    *,
+    data_path: str | Path | None = None,
+    seed: int = 0,
+    client_column: str | None = None,
+    label_column: str | None = None,
+    feature_columns: Sequence[str] | None = None,
 ) -> FederatedDataset:
-    """The benchmark population: FEMNIST writers with train and test data, or built-in synthetic."""
+    """FEMNIST writers (or any LEAF classification set), built-in synthetic, or a user's table.
+
+    ``data="table"`` reads ``data_path`` (CSV/Parquet) with
+    :func:`~privmtl.data.federated_table.load_federated_table`; ``client_column`` and
+    ``label_column`` are then required.
+    """
     check_choice("data", data, FL_DATASETS)
     if data == "synthetic":
         return make_synthetic_federated(random_state=seed)
+    if data == "table":
+        from privmtl.data.federated_table import load_federated_table
+
+        for name, value in (
+            ("data_path", data_path),
+            ("client_column", client_column),
+            ("label_column", label_column),
+        ):
+            if value is None:
+                raise InvalidParameterError(f"data='table' needs the '{name}' parameter.")
+        assert data_path is not None and client_column is not None and label_column is not None
+        return load_federated_table(
+            data_path,
+            client_column=client_column,
+            label_column=label_column,
+            feature_columns=feature_columns,
+            random_state=seed,
+        )
     path = Path(data_path) if data_path is not None else default_femnist_dir()
     if not path.is_dir():
         raise DataFormatError(
@@ -79,11 +120,19 @@ def load_federated(
 
 
 def make_model(name: str, dataset: FederatedDataset, seed: int = 0) -> torch.nn.Module:
-    """``cnn`` (the paper's FEMNIST CNN; needs 1×28×28 inputs) or ``logreg`` (multinomial)."""
+    """``cnn`` (the paper's FEMNIST CNN; needs 1×28×28 inputs), ``logreg`` (multinomial), or a
+    user's model ``"package.module:factory"``.
+
+    The factory is called as ``factory(n_features, n_classes)`` (with torch's global seed set to
+    ``seed``) and must return a :class:`torch.nn.Module` mapping ``(batch, n_features)`` float
+    inputs to ``(batch, n_classes)`` logits.
+    """
     from privmtl.federated.models import FemnistCNN, MultinomialLogReg
 
-    check_choice("model", name, FL_MODELS)
     torch.manual_seed(seed)
+    if ":" in name:
+        return _user_model(name, dataset)
+    check_choice("model", name, FL_MODELS)
     if name == "cnn":
         if tuple(dataset.feature_shape) != (1, 28, 28):
             raise InvalidParameterError(
@@ -94,10 +143,32 @@ def make_model(name: str, dataset: FederatedDataset, seed: int = 0) -> torch.nn.
     return MultinomialLogReg(dataset.n_features, dataset.n_classes, random_state=seed)
 
 
+def _user_model(spec: str, dataset: FederatedDataset) -> torch.nn.Module:
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidParameterError(
+            f"The 'model' parameter must be 'cnn', 'logreg' or an importable "
+            f"'package.module:factory'; could not load {spec!r} ({exc})."
+        ) from None
+    net = factory(dataset.n_features, dataset.n_classes)
+    if not isinstance(net, torch.nn.Module):
+        raise InvalidParameterError(
+            f"The 'model' factory {spec!r} must return a torch.nn.Module; got {type(net).__name__}."
+        )
+    return net
+
+
 def run_pmtl(
     *,
     data: str = "synthetic",
     data_path: str | Path | None = None,
+    client_column: str | None = None,
+    label_column: str | None = None,
+    feature_columns: Sequence[str] | None = None,
     model: str = "logreg",
     method: str = "pmtl",
     epsilon: float | None = None,
@@ -165,7 +236,16 @@ def run_pmtl(
     if noise_std is not None:
         noise_std = check_real("noise_std", noise_std, low=0.0)
     t_load = time.perf_counter()
-    ds = dataset if dataset is not None else load_federated(data, data_path=data_path, seed=seed)
+    table: dict[str, Any] = {
+        "client_column": client_column,
+        "label_column": label_column,
+        "feature_columns": None if feature_columns is None else list(feature_columns),
+    }
+    ds = (
+        dataset
+        if dataset is not None
+        else load_federated(data, data_path=data_path, seed=seed, **table)
+    )
     load_seconds = time.perf_counter() - t_load
     m = ds.n_clients
     q = check_int("clients_per_round", clients_per_round, low=1)
@@ -176,11 +256,7 @@ def run_pmtl(
         )
     if lam is None:
         lam = default_lam(method, private=epsilon is not None or bool(noise_std))
-    dlt = (
-        1.0 / m
-        if delta is None
-        else check_real("delta", delta, low=0.0, high=1.0, closed="neither")
-    )
+    dlt = default_delta(data, m) if delta is None else check_delta(delta, m)
     net = make_model(model, ds, seed)
     from privmtl.federated.config import TrainConfig
 
@@ -276,7 +352,11 @@ def run_pmtl(
                 out,
                 model=model,
                 dataset=ds,
-                data={"data": data, "data_path": None if data_path is None else str(data_path)},
+                data={
+                    "data": data,
+                    "data_path": None if data_path is None else str(data_path),
+                    **(table if data == "table" else {}),
+                },
                 personalized=tuned,
             )
         )
@@ -303,7 +383,10 @@ def evaluate_saved(
     name = data if data is not None else saved.get("data")
     path = data_path if data_path is not None else saved.get("data_path")
     sd = int(seed if seed is not None else saved.get("seed") or 0)
-    ds = load_federated(str(name), data_path=path, seed=sd)
+    table: dict[str, Any] = {
+        k: saved.get(k) for k in ("client_column", "label_column", "feature_columns")
+    }
+    ds = load_federated(str(name), data_path=path, seed=sd, **table)
     if list(ds.client_ids) != list(meta["client_ids"]):
         raise DataFormatError(
             f"The data has other clients than the saved models ({ds.n_clients} vs "

@@ -1,0 +1,127 @@
+"""A user's federated classification table: one row per example, a client column, a label column.
+
+Features are the other numeric columns (or the ones named). Every client's rows are split at random
+into train / validation / test, each client with its own stream seeded by (seed, client name), as
+:func:`~privmtl.data.federated.load_leaf` splits a writer's training data.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from privmtl._validation import check_int, check_real
+from privmtl.data.federated import FederatedDataset
+from privmtl.data.readers import dataset_from_frame, read_frame
+from privmtl.exceptions import DataFormatError
+
+__all__ = ["MIN_CLIENT_ROWS", "load_federated_table"]
+
+#: Rows a client needs: at least one training and one test example.
+MIN_CLIENT_ROWS = 2
+
+
+def load_federated_table(
+    path: str | os.PathLike[str],
+    *,
+    client_column: str,
+    label_column: str,
+    feature_columns: Sequence[str] | None = None,
+    n_classes: int | None = None,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.1,
+    random_state: int = 0,
+) -> FederatedDataset:
+    """Read a CSV/Parquet table into a :class:`~privmtl.data.federated.FederatedDataset`.
+
+    Parameters
+    ----------
+    path : path-like
+        ``.csv`` / ``.csv.gz`` / ``.parquet`` / ``.pq`` file, one row per example.
+    client_column : str
+        Column naming each row's client (any values; names become ``str``).
+    label_column : str
+        Class labels: integers in ``[0, n_classes)``.
+    feature_columns : sequence of str, optional
+        Feature columns in this order; default: every other column (all must be numeric).
+    n_classes : int, optional
+        Number of classes; default: the largest label + 1.
+    test_fraction, val_fraction : float in [0, 1)
+        Each client's test split is ``max(1, round(test_fraction * n_k))`` of its rows; its
+        validation split ``floor(val_fraction * rest)`` of the remaining rows (at least one row
+        stays for training).
+    random_state : int, default 0
+        Seed of the splits.
+
+    Raises
+    ------
+    DataFormatError
+        Unreadable file, missing column, non-numeric or NaN/infinite value (column and row named),
+        a label that is not an integer in ``[0, n_classes)``, or a client with fewer than
+        :data:`MIN_CLIENT_ROWS` rows.
+    """
+    src = str(path)
+    test_fraction = check_real("test_fraction", test_fraction, low=0.0, high=1.0, closed="neither")
+    val_fraction = check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="left")
+    seed = check_int("random_state", random_state, low=0)
+    tasks = dataset_from_frame(
+        read_frame(path),
+        task_column=client_column,
+        target_column=label_column,
+        feature_columns=feature_columns,
+        task_type="regression",  # numeric check only; labels are checked below
+        source=src,
+    )
+    labels = np.concatenate(tasks.y)
+    bad = (labels != np.round(labels)) | (labels < 0)
+    if bad.any():
+        raise DataFormatError(
+            f"{src}: label column {label_column!r} must hold class labels 0, 1, 2, ...; "
+            f"got {labels[bad][0]!r}."
+        )
+    top = int(labels.max())
+    if n_classes is None:
+        n_classes = top + 1
+    n_classes = check_int("n_classes", n_classes, low=2)
+    if top >= n_classes:
+        raise DataFormatError(
+            f"{src}: label column {label_column!r} holds label {top}, out of range for "
+            f"n_classes={n_classes} (labels must be in [0, {n_classes - 1}])."
+        )
+    tx: list[torch.Tensor] = []
+    ty: list[torch.Tensor] = []
+    vx: list[torch.Tensor] = []
+    vy: list[torch.Tensor] = []
+    sx: list[torch.Tensor] = []
+    sy: list[torch.Tensor] = []
+    for name, x, y in zip(tasks.task_names, tasks.X, tasks.y, strict=True):
+        n = len(y)
+        if n < MIN_CLIENT_ROWS:
+            raise DataFormatError(
+                f"{src}: client {name!r} (column {client_column!r}) has {n} row(s); every client "
+                f"needs at least {MIN_CLIENT_ROWS} (one training and one test example)."
+            )
+        n_test = min(max(1, round(test_fraction * n)), n - 1)
+        n_val = min(math.floor(val_fraction * (n - n_test)), n - n_test - 1)
+        perm = np.random.default_rng([seed, zlib.crc32(name.encode())]).permutation(n)
+        parts = np.split(perm, [n_test, n_test + n_val])
+        for idx, xs, ys in zip(parts, (sx, vx, tx), (sy, vy, ty), strict=True):
+            idx = np.sort(idx)
+            xs.append(torch.from_numpy(np.ascontiguousarray(x[idx], dtype=np.float32)))
+            ys.append(torch.from_numpy(y[idx].astype(np.int64)))
+    return FederatedDataset(
+        client_ids=list(tasks.task_names),
+        train_x=tx,
+        train_y=ty,
+        val_x=vx,
+        val_y=vy,
+        test_x=sx,
+        test_y=sy,
+        n_classes=n_classes,
+        name=os.path.basename(src),
+    )

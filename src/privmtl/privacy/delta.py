@@ -1,0 +1,34 @@
+"""δ defaults and checks shared by both families.
+
+The papers' data sets keep the papers' δ (MP-MTL: 1/(m log m); PMTL: 1/m) so that the published
+experiments and the benchmarks are reproduced. A user's own data gets the default of DP practice,
+δ well below 1/m: :func:`user_data_delta`. Any δ ≥ 1/m warns (a mechanism may then reveal one
+unit's data outright with probability δ and still meet the definition); δ outside (0, 1) is refused.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from privmtl._validation import check_real
+from privmtl.exceptions import PrivmtlWarning
+
+__all__ = ["check_delta", "user_data_delta"]
+
+
+def user_data_delta(m: int) -> float:
+    """The default δ on a user's data with ``m`` units (tasks or clients): min(1e-5, 1/(100·m))."""
+    return min(1e-5, 1.0 / (100.0 * m))
+
+
+def check_delta(delta: float, m: int, *, unit: str = "client") -> float:
+    """Return ``delta`` after refusing δ ∉ (0, 1) and warning when δ ≥ 1/m (``m`` units)."""
+    delta = check_real("delta", delta, low=0.0, high=1.0, closed="neither")
+    if delta >= 1.0 / m:
+        warnings.warn(
+            f"delta={delta:g} >= 1/m = {1.0 / m:g} (m={m} {unit}s): a guarantee at this delta "
+            f"allows revealing one {unit}'s data outright; use delta well below 1/m.",
+            PrivmtlWarning,
+            stacklevel=2,
+        )
+    return delta
