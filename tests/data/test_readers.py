@@ -169,13 +169,13 @@ def test_read_table_bad_input(tmp_path: Path) -> None:
     with pytest.raises(DataFormatError, match="'f9'"):
         read_table(path, feature_columns=["f1", "f9"])
     _frame().assign(f1=[1.0, np.nan, 3.0, 4.0, 5.0]).to_csv(path, index=False)
-    with pytest.raises(DataFormatError, match=r"NaN.*column 'f1' row 1"):
+    with pytest.raises(DataFormatError, match=r"NaN.*column 'f1', line 3 of the file"):
         read_table(path)
     _frame().assign(f2=["0", "1", "x", "1", "0"]).to_csv(path, index=False)
-    with pytest.raises(DataFormatError, match=r"non-numeric.*column 'f2' row 2"):
+    with pytest.raises(DataFormatError, match=r"non-numeric.*column 'f2', line 4 of the file"):
         read_table(path)
     _frame().assign(y=[0.5, None, 1.0, 2.0, 3.0]).to_csv(path, index=False)
-    with pytest.raises(DataFormatError, match="column 'y' row 1"):
+    with pytest.raises(DataFormatError, match="column 'y', line 3 of the file"):
         read_table(path)
     _frame().assign(task=["a", None, "b", "a", "b"]).to_parquet(tmp_path / "t.parquet")
     with pytest.raises(DataFormatError, match=r"missing task.*row 1"):

@@ -78,6 +78,9 @@ def test_sigkilled_sweep_resumes_with_only_missing_runs(
     assert main([*argv, "--out", str(full), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["runs_reused"], out["runs_computed"]) == (0, n_runs)
+    # every row carries its own guarantee, validity included
+    for row in _table(full / table):
+        assert row["valid"] == "True" and row["notion"] and row["relation"] and row["accountant"]
 
     proc = subprocess.run(
         [sys.executable, "-c", KILL_AFTER, str(kill_after), *argv, "--out", str(killed)],
@@ -124,3 +127,11 @@ def test_unwritable_output_exits_2_fast_having_computed_nothing(tmp_path, capsys
     assert code == 2 and elapsed < 3.0
     assert len(err.strip().splitlines()) == 1 and "writable" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_csv_row_states_an_invalid_guarantee():
+    from privmtl.experiments.sweep import rows_to_csv
+
+    text = rows_to_csv([{"method": "dp-mtrl", "guarantee": {"valid": False, "notion": "MP-MTL"}}])
+    row = next(csv.DictReader(io.StringIO(text)))
+    assert row["valid"] == "False" and row["notion"] == "MP-MTL"

@@ -19,7 +19,8 @@ import numpy as np
 
 __all__ = ["aggregate", "plot_tradeoff", "rows_to_csv", "run_sweep"]
 
-#: Columns written to the sweep CSV (the JSON carries every key of every row).
+#: Columns written to the sweep CSV (the JSON carries every key of every row); each row states its
+#: own guarantee (relation, sampling, accountant, notion, validity, noise source).
 CSV_COLUMNS = (
     "method",
     "epsilon",
@@ -28,6 +29,9 @@ CSV_COLUMNS = (
     "relation",
     "sampling",
     "accountant",
+    "notion",
+    "valid",
+    "noise_source",
     "seed",
     "metric",
     "value",
@@ -125,7 +129,9 @@ def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
     writer = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS})
+        g = row.get("guarantee") or {}  # the row's own guarantee fills what the row lacks
+        cells = {k: row[k] if k in row else g.get(k) for k in CSV_COLUMNS}
+        writer.writerow({k: ("" if v is None else v) for k, v in cells.items()})
     return buf.getvalue()
 
 
