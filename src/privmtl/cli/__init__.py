@@ -7,32 +7,119 @@ a traceback and without leaving partial output files behind.
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import Any
 
 import click
 
 from privmtl import __version__
 from privmtl.cli._common import run_cli
-from privmtl.cli.account import account
-from privmtl.cli.audit import audit
-from privmtl.cli.demo import demo
-from privmtl.cli.evaluate import evaluate
-from privmtl.cli.ledger import ledger
-from privmtl.cli.mpmtl import mpmtl, mpmtl_sweep
-from privmtl.cli.pmtl import pmtl, pmtl_sweep
 
 __all__ = ["cli", "main"]
 
+# Sub-commands are imported when they run, not when the group is built: `privmtl --help` then
+# loads neither PyTorch nor SciPy. name -> (module, attribute); the listing in --help comes from
+# the group's docstring below.
+_LAZY_COMMANDS = {
+    "account": ("privmtl.cli.account", "account"),
+    "mpmtl": ("privmtl.cli.mpmtl", "mpmtl"),
+    "mpmtl-sweep": ("privmtl.cli.mpmtl", "mpmtl_sweep"),
+    "pmtl": ("privmtl.cli.pmtl", "pmtl"),
+    "pmtl-sweep": ("privmtl.cli.pmtl", "pmtl_sweep"),
+    "demo": ("privmtl.cli.demo", "demo"),
+    "ledger": ("privmtl.cli.ledger", "ledger"),
+    "evaluate": ("privmtl.cli.evaluate", "evaluate"),
+    "audit": ("privmtl.cli.audit", "audit"),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class _LazyGroup(click.Group):
+    """A click group that imports a sub-command's module only when that command is used."""
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy = dict(lazy)
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        _add_verbosity_options(cmd)
+        super().add_command(cmd, name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self._lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self._lazy:
+            module, attr = self._lazy[cmd_name]
+            command = getattr(importlib.import_module(module), attr)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # The docstring lists the commands; importing them all to print it would defeat laziness.
+        return None
+
+
+def _set_verbosity(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        from privmtl._progress import QUIET, VERBOSE, set_verbosity
+
+        set_verbosity(QUIET if param.name == "_quiet" else VERBOSE)
+
+
+def _add_verbosity_options(command: click.Command) -> None:
+    """Give ``command`` ``--quiet``/``--verbose`` unless it declares its own."""
+    names = {opt for p in command.params for opt in getattr(p, "opts", ())}
+    for flag, name, text in (
+        ("--quiet", "_quiet", "No progress output."),
+        ("--verbose", "_verbose", "A progress line per step in logs; warnings in full."),
+    ):
+        if flag not in names:
+            command.params.append(
+                click.Option(
+                    [flag, name],
+                    is_flag=True,
+                    expose_value=False,
+                    is_eager=True,
+                    callback=_set_verbosity,
+                    help=text,
+                )
+            )
+
+
+@click.group(
+    cls=_LazyGroup,
+    lazy=_LAZY_COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="privmtl")
+@click.option(
+    "-q",
+    "--quiet",
+    "_quiet",
+    is_flag=True,
+    expose_value=False,
+    callback=_set_verbosity,
+    help="No progress output (also accepted after the command).",
+)
+@click.option(
+    "-v",
+    "--verbose",
+    "_verbose",
+    is_flag=True,
+    expose_value=False,
+    callback=_set_verbosity,
+    help="A progress line per step in logs; warnings in full (also after the command).",
+)
 def cli() -> None:
     """Private multi-task learning with computed, recorded and checked privacy guarantees.
 
     \b
     Families:
       mpmtl        model-protected linear MTL (MP-MTL; Liang et al.) and baselines
+      mpmtl-sweep  an ε sweep of mpmtl methods: CSV/JSON table and plots
       pmtl         private personalized federated learning (PMTL; Hu, Wu, Smith) and baselines
+      pmtl-sweep   an ε sweep of pmtl methods: CSV/JSON table and plots
     Tools:
       account      (ε, δ) of a client-level Gaussian mechanism, or σ for a target ε
       demo         the quick tour: an MP-MTL ε sweep and a short PMTL run on built-in data
@@ -40,17 +127,6 @@ def cli() -> None:
       evaluate     reload models saved with --save-models and score them
       audit        empirical ε lower bound of a mechanism (canaries through the real code)
     """
-
-
-cli.add_command(account)
-cli.add_command(mpmtl)
-cli.add_command(mpmtl_sweep)
-cli.add_command(pmtl)
-cli.add_command(pmtl_sweep)
-cli.add_command(demo)
-cli.add_command(ledger)
-cli.add_command(evaluate)
-cli.add_command(audit)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,18 +25,42 @@ _default_showwarning = warnings.showwarning
 
 
 def run_cli(group: click.Group, argv: list[str]) -> int:
-    """Run ``group`` and turn user errors into one line on stderr with exit code 2."""
+    """Run ``group`` and turn user errors into one line on stderr with exit code 2.
+
+    Numerical warnings (``RuntimeWarning``: NumPy overflow, a diverging fit) are collected and
+    summed up in one line at the end; ``--verbose`` prints each distinct one instead.
+    """
+    numerical: list[tuple[str, str]] = []
+    seen: set[tuple[str, str, int]] = set()
+
+    def show(
+        message: Any, category: Any, filename: str, lineno: int, *args: Any, **kw: Any
+    ) -> None:
+        if issubclass(category, PrivmtlWarning):
+            click.echo(f"privmtl: warning: {_one_line(str(message))}", err=True)
+        elif issubclass(category, RuntimeWarning):
+            from privmtl._progress import VERBOSE, get_verbosity
+
+            if get_verbosity() < VERBOSE:
+                numerical.append((category.__name__, str(message)))
+            elif (str(message), filename, lineno) not in seen:
+                seen.add((str(message), filename, lineno))
+                _default_showwarning(message, category, filename, lineno, *args, **kw)
+        else:
+            _default_showwarning(message, category, filename, lineno, *args, **kw)
+
     with warnings.catch_warnings():
+        warnings.simplefilter("always", RuntimeWarning)  # counted, then summed up below
         warnings.simplefilter("once", PrivmtlWarning)  # repeated runs (sweeps): say it once
-        warnings.showwarning = _show_warning
-        return _run(group, argv)
+        warnings.showwarning = show
+        try:
+            return _run(group, argv)
+        finally:
+            from privmtl._progress import summarize_warnings
 
-
-def _show_warning(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
-    if issubclass(category, PrivmtlWarning):
-        click.echo(f"privmtl: warning: {_one_line(str(message))}", err=True)
-    else:
-        _default_showwarning(message, category, *args, **kwargs)
+            line = summarize_warnings(numerical)
+            if line is not None:
+                click.echo(f"privmtl: warning: {line}", err=True)
 
 
 def _run(group: click.Group, argv: list[str]) -> int:
@@ -69,14 +93,7 @@ def echo_json(payload: dict[str, Any]) -> None:
 
 
 def progress(iterable: Any, *, desc: str, enabled: bool, total: int | None = None) -> Any:
-    """A tqdm progress bar on stderr (quiet when ``enabled`` is False or stderr is not a TTY)."""
-    from tqdm.auto import tqdm
+    """Report finished runs on stderr: a bar on a terminal, a line per run in logs and pipes."""
+    from privmtl._progress import progress as _progress
 
-    return tqdm(
-        iterable,
-        desc=desc,
-        total=total,
-        disable=None if enabled else True,
-        file=sys.stderr,
-        leave=False,
-    )
+    return _progress(iterable, desc=desc, total=total, enabled=enabled, unit="run", every=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -49,11 +50,14 @@ def _one_blas_thread() -> None:
     threadpool_limits(1)
 
 
-def _run_job(job: tuple[str, float | None, int]) -> dict[str, Any]:
+def _run_job(job: tuple[str, float | None, int]) -> tuple[dict[str, Any], list[Any]]:
     assert _WORKER is not None
     run_one, common = _WORKER
     method, eps, seed = job
-    return run_one(method=method, epsilon=eps, seed=seed, **common)
+    with warnings.catch_warnings(record=True) as caught:  # re-emitted in the parent process
+        warnings.simplefilter("always", RuntimeWarning)
+        row = run_one(method=method, epsilon=eps, seed=seed, **common)
+    return row, [(w.message, w.category, w.filename, w.lineno) for w in caught]
 
 
 def run_sweep(
@@ -111,7 +115,9 @@ def run_sweep(
                     done = progress(done, len(jobs))
                 by_index: dict[int, dict[str, Any]] = {}
                 for fut in done:
-                    by_index[futures[fut]] = fut.result()
+                    by_index[futures[fut]], caught = fut.result()
+                    for message, category, filename, lineno in caught:
+                        warnings.warn_explicit(message, category, filename, lineno)
             results = [by_index[i] for i in range(len(jobs))]
         finally:
             _WORKER = None

@@ -102,7 +102,8 @@ class TrainConfig:
         Every ``eval_every`` rounds, record the validation accuracy of the method's model in the
         history (0: only at the end).
     progress : bool, default True
-        Show a tqdm progress bar (on stderr).
+        Report progress on stderr: a bar on a terminal, about ten plain lines in a log or a
+        pipe (see :class:`privmtl._progress.Progress`).
     threads : int, default 2
         ``torch.set_num_threads`` during training (restored afterwards).
     parallel_chunks : bool, default True

@@ -53,8 +53,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
+from privmtl._progress import Progress
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from privmtl.data.federated import FederatedDataset
@@ -694,8 +694,12 @@ class Trainer:
         else:
             torch.set_num_threads(cfg.threads)
         self.model.train()
-        bar = tqdm(
-            total=cfg.rounds, initial=self.round, desc=self.spec.name, disable=not cfg.progress
+        bar = Progress(
+            total=cfg.rounds,
+            initial=self.round,
+            desc=self.spec.name,
+            enabled=cfg.progress,
+            unit="round",
         )
         try:
             while True:
@@ -704,11 +708,7 @@ class Trainer:
                 if rec is None:
                     break
                 self._train_seconds += time.perf_counter() - t0
-                bar.update(1)
-                if cfg.progress:
-                    bar.set_postfix(
-                        loss=f"{rec.record['train_loss']:.3f}", eps=f"{rec.epsilon:.3g}"
-                    )
+                bar.update(1, loss=f"{rec.record['train_loss']:.3f}", eps=f"{rec.epsilon:.3g}")
                 yield rec
         finally:
             bar.close()

@@ -1,0 +1,119 @@
+"""Progress output and warnings fit where they go; `privmtl --help` stays light."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import warnings
+
+import click
+import numpy as np
+import pytest
+
+from privmtl import _progress
+from privmtl._progress import NORMAL, QUIET, VERBOSE, Progress, set_verbosity, summarize_warnings
+from privmtl.cli import _LAZY_COMMANDS, cli
+from privmtl.cli._common import run_cli
+
+
+@pytest.fixture(autouse=True)
+def _reset_verbosity():
+    yield
+    set_verbosity(NORMAL)
+
+
+def _lines(total: int, level: int = NORMAL, **kw) -> list[str]:
+    set_verbosity(level)
+    buf = io.StringIO()  # not a terminal: plain lines
+    with Progress(total=total, desc="job", unit="round", stream=buf, **kw) as bar:
+        for _ in range(total):
+            bar.update(1, loss="0.5")
+    return buf.getvalue().splitlines()
+
+
+def test_plain_lines_in_a_pipe():
+    lines = _lines(100)
+    assert len(lines) == 10
+    assert lines[-1].startswith("job: 100/100 rounds loss=0.5")
+    assert all("\r" not in line for line in lines)
+    assert len(_lines(7)) == 7  # short loops: a line per step
+    assert len(_lines(95)) == 10  # every 10th step, and the last one
+    assert _lines(100, QUIET) == []
+    assert len(_lines(100, VERBOSE)) == 100
+    assert _lines(100, enabled=False) == []
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys, contextlib, io\n"
+        "from privmtl.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    rc = main(['--help'])\n"
+        "assert rc == 0 and 'pmtl-sweep' in out.getvalue(), out.getvalue()\n"
+        "heavy = [m for m in ('torch', 'scipy', 'sklearn', 'matplotlib') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == ""
+
+
+def test_every_command_takes_quiet_and_verbose():
+    ctx = click.Context(cli)
+    for name in _LAZY_COMMANDS:
+        command = cli.get_command(ctx, name)
+        assert command is not None
+        opts = {o for p in command.params for o in getattr(p, "opts", ())}
+        assert {"--quiet", "--verbose"} <= opts, name
+
+
+def test_piped_run_has_no_carriage_return_spam():
+    code = (
+        "from privmtl.cli import main\n"
+        "raise SystemExit(main(['pmtl', '--data', 'synthetic', '--model', 'logreg', "
+        "'--rounds', '30', '--epsilon', '2', '--reproducible-noise', '--server-update', "
+        "'offset']))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "\r" not in res.stderr
+    progress_lines = [line for line in res.stderr.splitlines() if line.startswith("pmtl: ")]
+    assert 1 <= len(progress_lines) <= 11
+    assert progress_lines[-1].startswith("pmtl: 30/30 rounds")
+
+
+def _noisy_group() -> click.Group:
+    @click.group()
+    def group() -> None:
+        pass
+
+    @group.command()
+    def diverge() -> None:
+        for _ in range(30):
+            with np.errstate(over="warn"):
+                np.float64(1e300) * np.float64(1e300)
+            warnings.warn("the fit diverged: use fewer iterations", RuntimeWarning, stacklevel=1)
+        click.echo("done")
+
+    return group
+
+
+def test_numerical_warnings_summed_up_in_one_line(capsys, monkeypatch):
+    assert run_cli(_noisy_group(), ["diverge"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("privmtl: warning: 60 numerical warnings (overflow ×30)")
+    assert "the fit diverged: use fewer iterations" in err[0]
+    shown: list[str] = []
+    monkeypatch.setattr(
+        "privmtl.cli._common._default_showwarning", lambda message, *a, **k: shown.append(message)
+    )
+    set_verbosity(VERBOSE)  # in full, each distinct warning once
+    assert run_cli(_noisy_group(), ["diverge"]) == 0
+    assert capsys.readouterr().err == ""
+    assert len(shown) == 2
+
+
+def test_summarize_warnings_none_when_empty():
+    assert summarize_warnings([]) is None
+    assert _progress.get_verbosity() == NORMAL
