@@ -117,3 +117,40 @@ def test_numerical_warnings_summed_up_in_one_line(capsys, monkeypatch):
 def test_summarize_warnings_none_when_empty():
     assert summarize_warnings([]) is None
     assert _progress.get_verbosity() == NORMAL
+
+
+def test_sweep_plot_labels_and_colours(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from privmtl.cli._common import spread
+    from privmtl.experiments.sweep import plot_tradeoff
+
+    figs: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda self, *a, **k: figs.append(self)
+    )
+    summary = [
+        {
+            "method": f"m{i}",
+            "target_epsilon": eps,
+            "epsilon": eps,
+            "mean": 0.5 + i / 100,
+            "std": 0.0,
+        }
+        for i in range(9)
+        for eps in (1.0, 2.0)
+    ]
+    summary.append({"method": "fedavg (non-private)", "target_epsilon": None, "epsilon": None,
+                    "mean": 0.6, "std": 0.0})  # fmt: skip
+    summary.append({"method": "mtl-trace", "target_epsilon": None, "epsilon": None, "mean": 0.7,
+                    "std": 0.0})  # fmt: skip
+    plot_tradeoff(summary, tmp_path / "p.png", metric_label="acc", title="t")
+    ax = figs[0].axes[0]
+    lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+    labels = [ln.get_label() for ln in lines]
+    assert "fedavg (non-private)" in labels and "mtl-trace (non-private)" in labels
+    assert not any("(non-private) (non-private)" in label for label in labels)
+    assert len(lines) == 11
+    assert len({tuple(np.atleast_1d(ln.get_color())) for ln in lines}) == 11
+    assert spread({"mean": 0.5, "std": 0.0, "n": 1}) == " (1 seed)"
+    assert spread({"mean": 0.5, "std": 0.01, "n": 3}) == " ± 0.0100 (3 seeds)"

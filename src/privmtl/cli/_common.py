@@ -16,6 +16,7 @@ __all__ = [
     "echo_json",
     "progress",
     "run_cli",
+    "spread",
     "to_jsonable",
     "write_json_atomic",
 ]
@@ -96,3 +97,9 @@ def progress(iterable: Any, *, desc: str, enabled: bool, total: int | None = Non
     from privmtl._progress import progress as _progress
 
     return _progress(iterable, desc=desc, total=total, enabled=enabled, unit="run", every=1)
+
+
+def spread(row: dict[str, Any]) -> str:
+    """' ± std (n seeds)' of a summary row, or ' (1 seed)': one run has no spread to show."""
+    n = int(row.get("n", 1))
+    return f" ± {row['std']:.4f} ({n} seeds)" if n > 1 else " (1 seed)"

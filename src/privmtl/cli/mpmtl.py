@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import echo_json, progress
+from privmtl.cli._common import echo_json, progress, spread
 from privmtl.experiments.mpmtl import (
     DATASETS,
     METHODS,
@@ -299,7 +299,7 @@ def mpmtl_sweep(
         return
     for row in res["summary"]:
         eps_txt = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
-        click.echo(f"{row['method']:>14}  ε={eps_txt:>6}  {row['mean']:.4f} ± {row['std']:.4f}")
+        click.echo(f"{row['method']:>14}  ε={eps_txt:>6}  {row['mean']:.4f}{spread(row)}")
     if res["runs_reused"]:
         click.echo(
             f"reused {res['runs_reused']} finished run(s) from {out_dir / 'runs.jsonl'}; "

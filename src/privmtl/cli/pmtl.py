@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import atomic_output_dir, echo_json, progress
+from privmtl.cli._common import atomic_output_dir, echo_json, progress, spread
 from privmtl.experiments.pmtl import FINETUNE_METHODS, FL_DATASETS, FL_METHODS, FL_MODELS, run_pmtl
 from privmtl.io import check_writable_dir
 from privmtl.privacy.guarantee import RELATIONS
@@ -304,7 +304,7 @@ def pmtl_sweep(**kw: Any) -> None:
         return
     for row in res["summary"]:
         e = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
-        click.echo(f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f} ± {row['std']:.4f}")
+        click.echo(f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f}{spread(row)}")
     if runs["runs_reused"]:
         click.echo(f"reused {runs['runs_reused']} finished run(s) from {log.path}")
     click.echo("wrote: " + ", ".join(files))

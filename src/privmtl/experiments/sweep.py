@@ -190,21 +190,27 @@ def plot_tradeoff(
     for row in summary:
         (refs if row["target_epsilon"] is None else curves[row["method"]]).append(row)
     markers = "osD^v<>p*h"
+    # one colour per line: tab10 up to 10 lines, tab20 beyond (11 lines never share a colour)
+    n_lines = len(curves) + len(refs)
+    colors = plt.get_cmap("tab10" if n_lines <= 10 else "tab20").colors  # type: ignore[attr-defined]
     for i, (method, pts) in enumerate(sorted(curves.items())):
         pts = sorted(pts, key=lambda r: r["target_epsilon"])
         x = [p["target_epsilon"] for p in pts]
         y = np.array([p["mean"] for p in pts])
         e = np.array([p["std"] for p in pts])
-        ax.plot(x, y, marker=markers[i % len(markers)], label=method)
-        ax.fill_between(x, y - e, y + e, alpha=0.15)
+        color = colors[i % len(colors)]
+        ax.plot(x, y, marker=markers[i % len(markers)], label=method, color=color)
+        ax.fill_between(x, y - e, y + e, alpha=0.15, color=color)
     styles = ["--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1))]
     for i, ref in enumerate(refs):
         ax.axhline(
             ref["mean"],
             linestyle=styles[i % len(styles)],
-            color=f"C{(len(curves) + i) % 10}",
-            label=f"{ref['method']} ({'ε = 0' if ref['epsilon'] == 0 else 'ε-free'})"
+            color=colors[(len(curves) + i) % len(colors)],
+            label=f"{ref['method']} (ε = 0)"
             if ref["epsilon"] == 0
+            else ref["method"]
+            if "non-private" in ref["method"]  # already named so (pmtl-sweep's references)
             else f"{ref['method']} (non-private)",
         )
     ax.set_xscale("log")

@@ -51,7 +51,7 @@ it is (ε, δ)-MP-MTL (:func:`ip_to_mp`). ``privacy_`` reports that MP-MTL guara
     ``wbar`` (one model for all tasks). Replacing one record of task i moves w_i by at most
     ``2 L_i / (n_i lam)`` and the average by ``1/m`` of that, so ``b`` has density
     ``∝ exp(-eps_ip ||b|| / s)``, ``s = max_i 2 L_i / (m n_i lam)`` (T = 1). ``L_i`` is
-    ``max_j ||x_ij||`` for the logistic loss (|l'| <= 1; exactly 1 for unit-norm rows, then the
+    ``max_j ||x_ij||`` for the logistic loss (``|l'| <= 1``; exactly 1 for unit-norm rows, then the
     guarantee is valid) and the same data-dependent estimate as DP-MTRL for the squared loss
     (``valid=False``). Pathak et al. state the noise in terms of the smallest local data set
     ``n_(1)``; the sensitivity of the *average* derived above is the tighter correct value (the

@@ -5,14 +5,14 @@ the *add/remove* sensitivity of the released statistic (γ/q for the server mean
 K² for the covariance W̃W̃ᵀ of clipped task models). The neighbouring relation is chosen when
 accounting, and this module translates it into what each dp-accounting accountant expects:
 
-=========  ============  ================================================================
-relation   accountant    translation
-=========  ============  ================================================================
-add-remove rdp, pld      events as they are (Poisson-sampled or plain Gaussian)
-replace-one pld          events as they are; PLD doubles the sensitivity itself
-replace-one rdp          Gaussian(z) → Gaussian(z/2) (replace-one sensitivity is 2Δ);
+===========  ==========  ================================================================
+relation     accountant  translation
+===========  ==========  ================================================================
+add-remove   rdp, pld    events as they are (Poisson-sampled or plain Gaussian)
+replace-one  pld         events as they are; PLD doubles the sensitivity itself
+replace-one  rdp         Gaussian(z) → Gaussian(z/2) (replace-one sensitivity is 2Δ);
                          fixed-size sampling → Wang–Balle–Kasiviswanathan bound (z/2)
-=========  ============  ================================================================
+===========  ==========  ================================================================
 
 Combinations dp-accounting cannot bound (fixed-size sampling under add/remove, fixed-size sampling
 with PLD, Poisson sampling under replace-one with RDP) raise :class:`InvalidParameterError` naming a

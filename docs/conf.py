@@ -1,0 +1,98 @@
+"""Sphinx configuration of the privmtl documentation (build: ``sphinx-build -W -b html docs DIR``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+project = "privmtl"
+author = "privmtl developers"
+copyright = "privmtl developers"
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    "myst_parser",
+]
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+exclude_patterns = ["_build", "_generated/results/*.md"]
+myst_heading_anchors = 3
+suppress_warnings = ["myst.header", "myst.xref_missing"]
+
+# API reference: every public module, found by walking the package (new modules appear by
+# themselves). Optional dependencies are mocked so that their modules are documented too.
+autosummary_generate = True
+autosummary_imported_members = False
+autodoc_mock_imports = ["flwr"]
+# ignore-module-all: a package's page documents what it defines, not what it re-exports from its
+# modules (each object has one home, so cross-references are unambiguous).
+autodoc_default_options = {"members": True, "show-inheritance": True, "ignore-module-all": True}
+autodoc_typehints = "none"
+autoclass_content = "class"
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+napoleon_use_rtype = False
+napoleon_preprocess_types = False
+nitpicky = False
+
+html_theme = "alabaster"
+html_title = "privmtl"
+
+
+def _copy_results(app: object) -> None:
+    """Copy benchmarks/results (*.md tables, *.png plots) next to the pages that include them."""
+    src = ROOT / "benchmarks" / "results"
+    dst = HERE / "_generated" / "results"
+    dst.mkdir(parents=True, exist_ok=True)
+    names = sorted(p.name for p in src.glob("*.md"))
+    for pattern in ("*.md", "*.png"):
+        for path in src.glob(pattern):
+            shutil.copy2(path, dst / path.name)
+    lines = [
+        "# Benchmark results",
+        "",
+        "The committed results of the scripts in `benchmarks/`, included as they are written "
+        "(tables in Markdown, plots in PNG). Every table states its ε, δ, neighbouring relation, "
+        "sampling, accountant and noise source; re-run a script to regenerate its file.",
+        "",
+    ]
+    shown: set[str] = set()
+    for name in names:
+        stem = name[: -len(".md")]
+        text = (src / name).read_text()
+        lines += [
+            f"```{{include}} _generated/results/{name}",
+            ":heading-offset: 1",
+            ":relative-images:",
+            "```",
+            "",
+        ]
+        shown |= {p.name for p in src.glob("*.png") if p.name in text}
+        png = src / f"{stem}.png"
+        if png.exists() and png.name not in shown:
+            lines += [f"![{stem}](_generated/results/{png.name})", ""]
+            shown.add(png.name)
+    for png in sorted(src.glob("*.png")):
+        if png.name not in shown:
+            lines += [f"## {png.stem}", "", f"![{png.stem}](_generated/results/{png.name})", ""]
+    page = "\n".join(lines)
+    out = HERE / "benchmarks.md"
+    if not out.exists() or out.read_text() != page:
+        out.write_text(page)
+
+
+def _skip_member(app: object, what: str, name: str, obj: object, skip: bool, options: object) -> bool:
+    """Skip scikit-learn's generated metadata-routing methods (their docstrings are sklearn's)."""
+    if name == "get_metadata_routing" or (name.startswith("set_") and name.endswith("_request")):
+        return True
+    return skip
+
+
+def setup(app: object) -> None:
+    app.connect("builder-inited", _copy_results)  # type: ignore[attr-defined]
+    app.connect("autodoc-skip-member", _skip_member)  # type: ignore[attr-defined]
