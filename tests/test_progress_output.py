@@ -154,3 +154,26 @@ def test_sweep_plot_labels_and_colours(tmp_path, monkeypatch):
     assert len({tuple(np.atleast_1d(ln.get_color())) for ln in lines}) == 11
     assert spread({"mean": 0.5, "std": 0.0, "n": 1}) == " (1 seed)"
     assert spread({"mean": 0.5, "std": 0.01, "n": 3}) == " ± 0.0100 (3 seeds)"
+
+
+def _warning_run(*, method, epsilon, seed):
+    warnings.warn(f"diverged at seed {seed}", RuntimeWarning, stacklevel=1)
+    return {"method": method, "target_epsilon": epsilon, "seed": seed, "nmse": 1.0}
+
+
+def test_sweep_workers_hand_their_warnings_to_the_parent():
+    from privmtl.experiments.sweep import run_sweep
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = run_sweep(
+            _warning_run,
+            methods=["a"],
+            epsilons=[1.0],
+            seeds=[0, 1, 2],
+            private_methods=["a"],
+            metric="nmse",
+            n_jobs=2,
+        )
+    assert [r["seed"] for r in rows] == [0, 1, 2]
+    assert sorted(str(w.message) for w in caught) == [f"diverged at seed {s}" for s in (0, 1, 2)]
