@@ -177,7 +177,7 @@ _PARAMS_DOC = """
     dual_gap_ : float
         Duality gap at ``coef_``: an upper bound on ``P(coef_) - P*``.
     n_iter_ : int
-    objective_ : ndarray of shape (n_iter_,)
+    objective_ : ndarray of shape ``(n_iter_,)``
         Objective after every iteration.
     step_size_ : float or ndarray
         Step of the proximal-gradient solver (``nan`` for ADMM).
