@@ -86,13 +86,21 @@ def _copy_results(app: object) -> None:
         out.write_text(page)
 
 
-def _skip_member(app: object, what: str, name: str, obj: object, skip: bool, options: object) -> bool:
+def _skip_member(
+    app: object, what: str, name: str, obj: object, skip: bool, options: object
+) -> bool:
     """Skip scikit-learn's generated metadata-routing methods (their docstrings are sklearn's)."""
     if name == "get_metadata_routing" or (name.startswith("set_") and name.endswith("_request")):
         return True
     return skip
 
 
+def _clean_stubs(app: object) -> None:
+    """Drop the API stubs of a previous build, so a removed module leaves no stale page."""
+    shutil.rmtree(HERE / "_autosummary", ignore_errors=True)
+
+
 def setup(app: object) -> None:
+    app.connect("builder-inited", _clean_stubs, priority=100)  # type: ignore[attr-defined]
     app.connect("builder-inited", _copy_results)  # type: ignore[attr-defined]
     app.connect("autodoc-skip-member", _skip_member)  # type: ignore[attr-defined]
