@@ -53,6 +53,11 @@ def _copy_results(app: object) -> None:
     for pattern in ("*.md", "*.png"):
         for path in src.glob(pattern):
             shutil.copy2(path, dst / path.name)
+    # pages that include README sections see its images at their README paths
+    readme_images = HERE / "benchmarks" / "results"
+    readme_images.mkdir(parents=True, exist_ok=True)
+    for path in src.glob("*.png"):
+        shutil.copy2(path, readme_images / path.name)
     lines = [
         "# Benchmark results",
         "",
