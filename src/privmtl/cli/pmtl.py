@@ -60,6 +60,12 @@ def _human(out: dict[str, Any]) -> None:
     help="cnn (FEMNIST's 1x28x28 images), logreg, or your own model: 'package.module:factory', "
     "called as factory(n_features, n_classes) and returning a torch.nn.Module.",
 )
+@click.option(
+    "--num-clients",
+    type=click.IntRange(min=1),
+    help="--data synthetic: number of clients m of the synthetic federation (default 50; other "
+    "generator parameters at their documented defaults).",
+)
 @click.option("--method", type=click.Choice(list(FL_METHODS)), default="pmtl", show_default=True)
 @click.option(
     "--epsilon",

@@ -82,16 +82,27 @@ def load_federated(
     client_column: str | None = None,
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
+    num_clients: int | None = None,
 ) -> FederatedDataset:
     """FEMNIST writers (or any LEAF classification set), built-in synthetic, or a user's table.
 
     ``data="table"`` reads ``data_path`` (CSV/Parquet) with
     :func:`~privmtl.data.federated_table.load_federated_table`; ``client_column`` and
-    ``label_column`` are then required.
+    ``label_column`` are then required. ``num_clients`` (synthetic only) is the population size
+    ``m`` of :func:`~privmtl.data.federated.make_synthetic_federated` (default 50); every other
+    generator parameter keeps its documented default.
     """
     check_choice("data", data, FL_DATASETS)
+    if num_clients is not None:
+        num_clients = check_int("num_clients", num_clients, low=1)
+        if data != "synthetic":
+            raise InvalidParameterError(
+                f"The 'num_clients' parameter applies to data='synthetic' only; got data={data!r}."
+            )
     if data == "synthetic":
-        return make_synthetic_federated(random_state=seed)
+        if num_clients is None:
+            return make_synthetic_federated(random_state=seed)
+        return make_synthetic_federated(n_clients=num_clients, random_state=seed)
     if data == "table":
         from privmtl.data.federated_table import load_federated_table
 
@@ -202,6 +213,7 @@ def run_pmtl(
     resume: bool = False,
     budget_epsilon: float | None = None,
     save_models: str | Path | None = None,
+    num_clients: int | None = None,
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
@@ -244,7 +256,7 @@ def run_pmtl(
     ds = (
         dataset
         if dataset is not None
-        else load_federated(data, data_path=data_path, seed=seed, **table)
+        else load_federated(data, data_path=data_path, seed=seed, **table, num_clients=num_clients)
     )
     load_seconds = time.perf_counter() - t_load
     m = ds.n_clients
@@ -356,6 +368,7 @@ def run_pmtl(
                     "data": data,
                     "data_path": None if data_path is None else str(data_path),
                     **(table if data == "table" else {}),
+                    "num_clients": num_clients,
                 },
                 personalized=tuned,
             )
@@ -386,7 +399,9 @@ def evaluate_saved(
     table: dict[str, Any] = {
         k: saved.get(k) for k in ("client_column", "label_column", "feature_columns")
     }
-    ds = load_federated(str(name), data_path=path, seed=sd, **table)
+    ds = load_federated(
+        str(name), data_path=path, seed=sd, **table, num_clients=saved.get("num_clients")
+    )
     if list(ds.client_ids) != list(meta["client_ids"]):
         raise DataFormatError(
             f"The data has other clients than the saved models ({ds.n_clients} vs "

@@ -73,7 +73,11 @@ class UpdateRule:
 
 @dataclass(frozen=True)
 class ProxStep(UpdateRule):
-    """:math:`w \\leftarrow \\Pi_B(w - \\eta(g + \\rho(w - a)))` (no projection when ``ball`` is None)."""
+    """:math:`w \\leftarrow \\Pi_B(w - \\eta(g + \\rho(w - a)))` (no projection when ``ball`` is None).
+
+    Parameters missing from ``anchor`` (the personal layers of partial sharing) take the plain
+    step :math:`w - \\eta g`.
+    """
 
     lr: float
     anchor: Params | None = None
@@ -84,10 +88,17 @@ class ProxStep(UpdateRule):
         names = list(state)
         cur = [state[n] for n in names]
         gs = [grads[n] for n in names]
-        if self.anchor is not None and self.weight:
-            steps = list(torch._foreach_sub(cur, [self.anchor[n] for n in names]))
+        anchored = [] if self.anchor is None or not self.weight else list(self.anchor)
+        if anchored and len(anchored) == len(names):
+            steps = list(torch._foreach_sub(cur, [self.anchor[n] for n in names]))  # type: ignore[index]
             torch._foreach_mul_(steps, self.weight)
             torch._foreach_add_(steps, gs)
+        elif anchored:  # partial sharing: only the anchor's parameters are pulled towards it
+            assert self.anchor is not None
+            steps = [
+                g + self.weight * (c - self.anchor[n]) if n in self.anchor else g
+                for n, c, g in zip(names, cur, gs, strict=True)
+            ]
         else:
             steps = gs
         torch._foreach_add_(cur, steps, alpha=-self.lr)

@@ -125,6 +125,20 @@ class TrainConfig:
         ``pp-sgd``: weight μ of (μ/2)‖θ_k‖² (default ``lam``).
     ball : float or None
         ``workshop``: radius B of the ball every task model is projected onto (required).
+    server_optimizer : {"none", "momentum", "adam"}, default "none"
+        How the billboard absorbs each *released* (noised) mean ``r``
+        (:class:`~privmtl.federated.server_optim.ServerOptimizer`; DP-FedAvgM / DP-FedAdam):
+        post-processing of the released sequence, no privacy cost. ``"none"``: ``w̃ + r``.
+        Methods whose billboard adds releases only (pmtl, fedavg, fedprox, pp-sgd).
+    server_lr, server_momentum, server_beta2, server_adam_eps : float
+        The server optimizer's step size (default 1.0), β or β₁ (0.9), Adam's β₂ (0.99) and τ
+        (1e-3).
+    shared_params : tuple of str or None
+        Partial sharing (FedPer/FedRep-style; pmtl only): only the parameters whose name
+        equals an entry or starts with ``entry + "."`` go through the billboard (messages, clip,
+        noise, prox anchor); the others stay personal and take plain local SGD steps. The norm
+        clipped is that of the shared part; the accounting (z = σq/γ) does not depend on the
+        released dimension. None: every parameter is shared.
 
     Notes
     -----
@@ -164,6 +178,12 @@ class TrainConfig:
     pp_alpha: float = 1.0
     pp_theta_reg: float | None = None
     ball: float | None = None
+    server_optimizer: str = "none"
+    server_lr: float = 1.0
+    server_momentum: float = 0.9
+    server_beta2: float = 0.99
+    server_adam_eps: float = 1e-3
+    shared_params: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check_choice("method", self.method, METHODS)
@@ -203,6 +223,30 @@ class TrainConfig:
             check_real("pp_theta_reg", self.pp_theta_reg, low=0.0)
         if self.ball is not None:
             check_real("ball", self.ball, low=0.0, closed="neither")
+        check_choice("server_optimizer", self.server_optimizer, ("none", "momentum", "adam"))
+        check_real("server_lr", self.server_lr, low=0.0, closed="neither")
+        check_real("server_momentum", self.server_momentum, low=0.0, high=1.0, closed="left")
+        check_real("server_beta2", self.server_beta2, low=0.0, high=1.0, closed="left")
+        check_real("server_adam_eps", self.server_adam_eps, low=0.0, closed="neither")
+        if self.server_optimizer != "none" and self.method in ("local", "joint-dp", "workshop"):
+            raise InvalidParameterError(
+                "The 'server_optimizer' parameter needs a method whose billboard adds the "
+                f"releases (pmtl, fedavg, fedprox, pp-sgd); got method={self.method!r}."
+            )
+        if self.shared_params is not None:
+            if isinstance(self.shared_params, str) or not all(
+                isinstance(n, str) and n for n in self.shared_params
+            ):
+                raise InvalidParameterError(
+                    "The 'shared_params' parameter must be a tuple of parameter names; got "
+                    f"{self.shared_params!r}."
+                )
+            object.__setattr__(self, "shared_params", tuple(self.shared_params))
+            if self.method != "pmtl":
+                raise InvalidParameterError(
+                    "The 'shared_params' parameter (partial sharing) needs method='pmtl' (clients "
+                    f"keep their personal layers); got method={self.method!r}."
+                )
         if self.method == "workshop" and self.ball is None:
             raise InvalidParameterError("method='workshop' needs the ball radius 'ball'; got None.")
 

@@ -75,6 +75,7 @@ from privmtl.federated.client import (
     split_names,
 )
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.federated.server_optim import ServerOptimizer
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import NoiseSource, make_noise_source
 from privmtl.privacy.release import GaussianMeanRelease, Release
@@ -139,6 +140,9 @@ class Curator:
         Seed of the client-sampling stream in seeded mode.
     name : str
         Prefix of the release ids in the ledger (several curators may share one).
+    optimizer : ServerOptimizer, optional
+        With ``update="add"``: the billboard adds ``optimizer.step(r)`` instead of the released
+        value ``r`` (post-processing of what was released; it never sees the un-noised mean).
     """
 
     def __init__(
@@ -151,12 +155,18 @@ class Curator:
         update: str = "add",
         seed: int = 0,
         name: str = "",
+        optimizer: ServerOptimizer | None = None,
     ) -> None:
         self.release_mechanism = release
         self.billboard = {n: p.clone() for n, p in billboard.items()}
         self.noise = noise
         self.ledger = ledger
         self.update = check_choice("update", update, ("add", "replace", "blocks"))
+        if optimizer is not None and self.update != "add":
+            raise InvalidParameterError(
+                f"A server optimizer needs update='add'; got update={update!r}."
+            )
+        self.optimizer = optimizer
         self.round = 0
         self.name = name
         self._seeded = noise.kind == "seeded"
@@ -211,6 +221,9 @@ class Curator:
         # the ledger has the release on disk: it may now leave the curator
         if self.update == "replace":
             self.billboard = out.value
+        elif self.optimizer is not None:  # post-processing of the released (noised) value only
+            inc = self.optimizer.step(out.value)
+            self.billboard = {n: self.billboard[n] + inc[n] for n in self.billboard}
         else:
             self.billboard = {n: self.billboard[n] + out.value[n] for n in self.billboard}
         self.round += 1
@@ -222,6 +235,8 @@ class Curator:
         if self._rng is not None:
             state["sampling_rng"] = json.dumps(self._rng.bit_generator.state)
             state["noise"] = self.noise.state_dict()
+        if self.optimizer is not None:
+            state["server_optimizer"] = self.optimizer.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -230,6 +245,8 @@ class Curator:
         if self._rng is not None:
             self._rng.bit_generator.state = json.loads(state["sampling_rng"])
             self.noise.load_state_dict(state["noise"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state.get("server_optimizer", {}))
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -246,6 +263,20 @@ class RoundRecord:
 
 def _stack(params: Params, m: int) -> Params:
     return {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in params.items()}
+
+
+def _shared_names(init: Params, shared: tuple[str, ...] | None) -> list[str]:
+    """The parameters that go through the billboard (all when ``shared`` is None)."""
+    if shared is None:
+        return list(init)
+    names = [n for n in init if any(n == s or n.startswith(s + ".") for s in shared)]
+    unknown = [s for s in shared if not any(n == s or n.startswith(s + ".") for n in init)]
+    if unknown or not names:
+        raise InvalidParameterError(
+            f"The 'shared_params' parameter must name parameters (or module prefixes) of the "
+            f"model {list(init)}; got {list(shared)} (unmatched: {unknown})."
+        )
+    return names
 
 
 def _refuse_running_buffers(model: nn.Module) -> None:
@@ -396,7 +427,19 @@ class Trainer:
 
             assert config.ball is not None
             init = project_to_ball(init, config.ball, stacked=False)
-        board = _stack(init, m) if spec.billboard == "blocks" else init
+        self.shared = _shared_names(init, config.shared_params)
+        self._personal_init = {n: p for n, p in init.items() if n not in self.shared}
+        shared_init = {n: init[n] for n in self.shared}
+        board = _stack(init, m) if spec.billboard == "blocks" else shared_init
+        optimizer = None
+        if config.server_optimizer != "none":
+            optimizer = ServerOptimizer(
+                config.server_optimizer,
+                lr=config.server_lr,
+                momentum=config.server_momentum,
+                beta2=config.server_beta2,
+                eps=config.server_adam_eps,
+            )
         self.curator = Curator(
             mech,
             board,
@@ -404,6 +447,7 @@ class Trainer:
             ledger=self.ledger,
             update=spec.billboard,
             seed=config.seed,
+            optimizer=optimizer,
         )
         self.clients: dict[str, Params] = {}
         if spec.start == "own":
@@ -600,10 +644,10 @@ class Trainer:
     def _messages(self, starts: Params, news: Params) -> Params:
         spec, board = self.spec, self.curator.billboard
         if spec.message == "model":
-            return {n: news[n] for n in self.names}
+            return {n: news[n] for n in self.shared}
         if spec.message == "offset" or spec.start in ("global", "split"):
-            return {n: news[n] - board[n] for n in self.names}
-        return {n: news[n] - starts[n] for n in self.names}
+            return {n: news[n] - board[n] for n in self.shared}
+        return {n: news[n] - starts[n] for n in self.shared}
 
     def step(self, pool: Any = None) -> RoundRecord | None:
         """Run one round; None when the run is finished or stops on its budget."""
@@ -732,6 +776,8 @@ class Trainer:
         if "theta" in self.clients:
             theta = self.clients["theta"]
             return {n: board[n].unsqueeze(0) + theta[n] for n in board}, board
+        if self._personal_init:  # partial sharing: the global model keeps the initial personal part
+            board = {n: board[n] if n in board else self._personal_init[n] for n in self.names}
         return self.clients.get("personal"), board
 
     def _evaluate_split(self, split: str) -> dict[str, dict[str, float]]:

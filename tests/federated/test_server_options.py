@@ -1,0 +1,191 @@
+"""Server optimizers after the noise, partial sharing, vectorised scoring of many clients."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from privmtl.data.federated import FederatedDataset
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated import MultinomialLogReg, TrainConfig
+from privmtl.federated.algorithms import client_scores
+from privmtl.federated.protocol import Trainer
+from privmtl.federated.server_optim import ServerOptimizer
+from privmtl.privacy.noise import SeededNoise
+from privmtl.privacy.release import clipped_mean
+
+BASE: dict[str, Any] = {
+    "rounds": 3,
+    "clients_per_round": 4,
+    "clip": 0.5,
+    "noise_std": 0.3,
+    "lam": 0.5,
+    "progress": False,
+    "threads": 1,
+    "noise_source": "seeded",
+    "sampling": "fixed",
+    "relation": "replace-one",
+}
+
+
+def _model(ds: FederatedDataset) -> MultinomialLogReg:
+    return MultinomialLogReg(ds.n_features, ds.n_classes)
+
+
+# ------------------------------------------------------------------- server optimizer
+class _Spy(ServerOptimizer):
+    def __init__(self, **kw: Any) -> None:
+        super().__init__("momentum", **kw)
+        self.seen: list[dict[str, torch.Tensor]] = []
+
+    def step(self, released: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.seen.append({n: r.clone() for n, r in released.items()})
+        return super().step(released)
+
+
+def test_server_optimizer_sees_only_the_noised_mean(tabular: FederatedDataset) -> None:
+    cfg = TrainConfig(**BASE, server_optimizer="momentum")
+    seen_messages: list[dict[str, torch.Tensor]] = []
+
+    def hook(t: int, sampled: np.ndarray, msgs: dict[str, torch.Tensor]) -> Any:
+        seen_messages.append({n: p.clone() for n, p in msgs.items()})
+        return msgs
+
+    tr = Trainer(tabular, _model(tabular), cfg, message_hook=hook)
+    spy = _Spy(lr=1.0, momentum=0.9)
+    tr.curator.optimizer = spy
+    tr.run()
+    # an independent replay of the server noise stream: SeededNoise(seed, (2,)), one draw per
+    # parameter in message order, std σ
+    noise = SeededNoise(0, (2,))
+    assert len(spy.seen) == 3
+    for msgs, got in zip(seen_messages, spy.seen, strict=True):
+        mean, _, _ = clipped_mean(msgs, 0.5, 4.0)
+        draws = noise.normal_like(mean, 0.3)
+        for n in mean:
+            assert torch.allclose(got[n], mean[n] + draws[n], atol=1e-6)
+            # the un-noised mean differs from what the optimizer saw by the noise (σ√d ≫ 0)
+            assert (got[n] - mean[n]).norm() > 0.1 * math.sqrt(mean[n].numel()) * 0.3
+
+
+def test_momentum_billboard_is_the_momentum_of_the_releases(tabular: FederatedDataset) -> None:
+    cfg = TrainConfig(**BASE, server_optimizer="momentum", server_lr=0.5, server_momentum=0.8)
+    tr = Trainer(tabular, _model(tabular), cfg)
+    board0 = {n: p.clone() for n, p in tr.curator.billboard.items()}
+    released = []
+    orig = tr.curator.release_mechanism.release
+
+    def capture(*a: Any, **k: Any) -> Any:
+        out = orig(*a, **k)
+        released.append({n: v.clone() for n, v in out.value.items()})
+        return out
+
+    object.__setattr__(tr.curator.release_mechanism, "release", capture)
+    tr.run()
+    v = {n: torch.zeros_like(p) for n, p in board0.items()}
+    expect = {n: p.clone() for n, p in board0.items()}
+    for r in released:
+        for n in v:
+            v[n] = 0.8 * v[n] + r[n]
+            expect[n] = expect[n] + 0.5 * v[n]
+    for n in expect:
+        assert torch.allclose(tr.curator.billboard[n], expect[n], atol=1e-6)
+
+
+def test_adam_step_matches_formula() -> None:
+    opt = ServerOptimizer("adam", lr=0.1, momentum=0.9, beta2=0.99, eps=1e-3)
+    r1, r2 = torch.tensor([1.0, -2.0]), torch.tensor([0.5, 0.0])
+    opt.step({"w": r1})
+    inc = opt.step({"w": r2})["w"]
+    m = 0.9 * (0.1 * r1) + 0.1 * r2
+    v = 0.99 * (0.01 * r1**2) + 0.01 * r2**2
+    assert torch.allclose(inc, 0.1 * m / (v.sqrt() + 1e-3))
+
+
+def test_server_optimizer_costs_no_privacy(tabular: FederatedDataset) -> None:
+    plain = Trainer(tabular, _model(tabular), TrainConfig(**BASE)).run()
+    adam = Trainer(tabular, _model(tabular), TrainConfig(**BASE, server_optimizer="adam")).run()
+    assert plain.epsilon == adam.epsilon and math.isfinite(plain.epsilon)
+    assert not torch.equal(plain.global_params["linear.weight"], adam.global_params["linear.weight"])
+
+
+def test_server_optimizer_refused_for_replace_billboards() -> None:
+    with pytest.raises(InvalidParameterError, match="server_optimizer"):
+        TrainConfig(method="local", server_optimizer="adam")
+    with pytest.raises(InvalidParameterError, match="server_optimizer"):
+        TrainConfig(server_optimizer="sgd")
+
+
+# ------------------------------------------------------------------- partial sharing
+def test_partial_sharing_releases_only_shared_dimension_at_the_same_epsilon(
+    tabular: FederatedDataset,
+) -> None:
+    full = Trainer(tabular, _model(tabular), TrainConfig(**BASE))
+    part = Trainer(tabular, _model(tabular), TrainConfig(**BASE, shared_params=("linear.bias",)))
+    shapes: list[list[str]] = []
+    orig = part.curator.release
+
+    def spy(messages: dict[str, torch.Tensor], rows: Any = None) -> Any:
+        shapes.append(sorted(messages))
+        return orig(messages, rows)
+
+    part.curator.release = spy  # type: ignore[method-assign]
+    r_full, r_part = full.run(), part.run()
+    assert shapes == [["linear.bias"]] * 3
+    assert sorted(part.curator.billboard) == ["linear.bias"]
+    # the released dimension (4 vs 36) does not change the accounting
+    assert r_part.epsilon == r_full.epsilon and math.isfinite(r_part.epsilon)
+    assert r_part.ledger is not None and r_full.ledger is not None
+    assert r_part.ledger.history == r_full.ledger.history
+    # the global model completes the shared part with the initial personal part
+    assert torch.equal(r_part.global_params["linear.weight"], torch.zeros(4, 8))
+
+
+def test_personal_layers_are_untouched_by_the_billboard(tabular: FederatedDataset) -> None:
+    """With one local step per round the personal layer's step is the plain gradient at the
+    client's own model: enormous billboard noise must not move it (it would through a prox pull)."""
+    kw = {**BASE, "local_steps": 1, "shared_params": ("linear.weight",), "sampling": "all"}
+    quiet = Trainer(tabular, _model(tabular), TrainConfig(**{**kw, "noise_std": 0.0})).run()
+    loud = Trainer(tabular, _model(tabular), TrainConfig(**{**kw, "noise_std": 1e3})).run()
+    assert quiet.personalized_params is not None and loud.personalized_params is not None
+    qb, lb = quiet.personalized_params["linear.bias"], loud.personalized_params["linear.bias"]
+    qw, lw = quiet.personalized_params["linear.weight"], loud.personalized_params["linear.weight"]
+    # the shared layer is pulled to the (noisy) billboard ...
+    assert (qw - lw).abs().max() > 1.0
+    # ... the personal one is not; it only feels the shared layer through the loss
+    # (the gradient of round t is taken at the client's model of round t)
+    full_q = Trainer(tabular, _model(tabular), TrainConfig(**{**BASE, "local_steps": 1,
+                                                             "sampling": "all", "noise_std": 0.0}))
+    full_l = Trainer(tabular, _model(tabular), TrainConfig(**{**BASE, "local_steps": 1,
+                                                             "sampling": "all", "noise_std": 1e3}))
+    fq, fl = full_q.run(), full_l.run()
+    assert fq.personalized_params is not None and fl.personalized_params is not None
+    full_gap = (fq.personalized_params["linear.bias"] - fl.personalized_params["linear.bias"])
+    part_gap = qb - lb
+    assert full_gap.abs().max() > 100 * part_gap.abs().max()
+
+
+def test_partial_sharing_refuses_unknown_names(tabular: FederatedDataset) -> None:
+    with pytest.raises(InvalidParameterError, match="shared_params"):
+        Trainer(tabular, _model(tabular), TrainConfig(**BASE, shared_params=("conv1",)))
+    with pytest.raises(InvalidParameterError, match="shared_params"):
+        TrainConfig(method="fedavg", shared_params=("linear.weight",))
+
+
+# ------------------------------------------------------------------- scoring many clients
+def test_vectorised_scores_equal_the_client_loop(tabular: FederatedDataset) -> None:
+    net = _model(tabular)
+    gen = torch.Generator().manual_seed(0)
+    params = {
+        n: torch.randn((tabular.n_clients, *p.shape), generator=gen)
+        for n, p in net.named_parameters()
+    }
+    xs, ys = tabular.split("test")
+    loop = client_scores(net, params, {}, xs, ys, clients_together=1)
+    grouped = client_scores(net, params, {}, xs, ys, clients_together=5)
+    np.testing.assert_array_equal(loop[0], grouped[0])
+    np.testing.assert_allclose(loop[1], grouped[1], rtol=1e-5)
