@@ -63,9 +63,9 @@ def argv_for(method: str, m: int, eps: float | None, rounds: int, q: int) -> lis
 def _run(argv: list[str], seed: int) -> dict[str, Any]:
     from click.testing import CliRunner
 
-    from privmtl.cli import main
+    from privmtl.cli import cli
 
-    res = CliRunner().invoke(main, ["pmtl", *argv, "--seed", str(seed), "--json"])
+    res = CliRunner().invoke(cli, ["pmtl", *argv, "--seed", str(seed), "--json"])
     if res.exit_code != 0:
         raise RuntimeError(f"privmtl pmtl {' '.join(argv)} failed: {res.output}")
     out = json.loads(res.output)
