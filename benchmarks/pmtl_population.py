@@ -130,7 +130,11 @@ def report(args: argparse.Namespace) -> None:
                 mu, sd, n = mean_std(accs)
                 table[(method, eps, m)] = (mu, sd, n)
                 cells.append("—" if n == 0 else f"{mu:.3f}" + (f" ± {sd:.3f}" if n > 1 else ""))
-            e = "∞ (non-private)" if eps is None and method != "local" else ("—" if eps is None else f"{eps:g}")
+            e = (
+                "∞ (non-private)"
+                if eps is None and method != "local"
+                else ("—" if eps is None else f"{eps:g}")
+            )
             lines.append(f"| {method} | {e} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     import matplotlib

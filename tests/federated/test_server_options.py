@@ -110,7 +110,9 @@ def test_server_optimizer_costs_no_privacy(tabular: FederatedDataset) -> None:
     plain = Trainer(tabular, _model(tabular), TrainConfig(**BASE)).run()
     adam = Trainer(tabular, _model(tabular), TrainConfig(**BASE, server_optimizer="adam")).run()
     assert plain.epsilon == adam.epsilon and math.isfinite(plain.epsilon)
-    assert not torch.equal(plain.global_params["linear.weight"], adam.global_params["linear.weight"])
+    assert not torch.equal(
+        plain.global_params["linear.weight"], adam.global_params["linear.weight"]
+    )
 
 
 def test_server_optimizer_refused_for_replace_billboards() -> None:
@@ -158,13 +160,19 @@ def test_personal_layers_are_untouched_by_the_billboard(tabular: FederatedDatase
     assert (qw - lw).abs().max() > 1.0
     # ... the personal one is not; it only feels the shared layer through the loss
     # (the gradient of round t is taken at the client's model of round t)
-    full_q = Trainer(tabular, _model(tabular), TrainConfig(**{**BASE, "local_steps": 1,
-                                                             "sampling": "all", "noise_std": 0.0}))
-    full_l = Trainer(tabular, _model(tabular), TrainConfig(**{**BASE, "local_steps": 1,
-                                                             "sampling": "all", "noise_std": 1e3}))
+    full_q = Trainer(
+        tabular,
+        _model(tabular),
+        TrainConfig(**{**BASE, "local_steps": 1, "sampling": "all", "noise_std": 0.0}),
+    )
+    full_l = Trainer(
+        tabular,
+        _model(tabular),
+        TrainConfig(**{**BASE, "local_steps": 1, "sampling": "all", "noise_std": 1e3}),
+    )
     fq, fl = full_q.run(), full_l.run()
     assert fq.personalized_params is not None and fl.personalized_params is not None
-    full_gap = (fq.personalized_params["linear.bias"] - fl.personalized_params["linear.bias"])
+    full_gap = fq.personalized_params["linear.bias"] - fl.personalized_params["linear.bias"]
     part_gap = qb - lb
     assert full_gap.abs().max() > 100 * part_gap.abs().max()
 

@@ -125,6 +125,23 @@ def _human(out: dict[str, Any]) -> None:
     "participation) or delta = w_k^new - w_k^old (Algorithm 1 as printed; can diverge when "
     "q < m, and warns).",
 )
+@click.option(
+    "--server-optimizer",
+    type=click.Choice(["none", "momentum", "adam"]),
+    default="none",
+    show_default=True,
+    help="Apply momentum (DP-FedAvgM) or Adam (DP-FedAdam) to each released noisy mean "
+    "(post-processing: no privacy cost).",
+)
+@click.option("--server-lr", type=float, default=1.0, show_default=True, help="Server step size.")
+@click.option(
+    "--server-momentum", type=float, default=0.9, show_default=True, help="Server β (Adam: β1)."
+)
+@click.option(
+    "--shared-params",
+    help="Comma-separated parameter names or module prefixes shared through the billboard (pmtl); "
+    "the rest stays personal. Default: all.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--reproducible-noise",
@@ -198,6 +215,8 @@ def pmtl(**kw: Any) -> None:
         )
     from privmtl.cli.mpmtl import _floats
 
+    if kw["shared_params"] is not None:
+        kw["shared_params"] = [v.strip() for v in kw["shared_params"].split(",") if v.strip()]
     for name, positive in (("finetune_lrs", True), ("finetune_lams", False)):
         if kw[name] is None:
             continue

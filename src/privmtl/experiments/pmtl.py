@@ -214,6 +214,10 @@ def run_pmtl(
     budget_epsilon: float | None = None,
     save_models: str | Path | None = None,
     num_clients: int | None = None,
+    server_optimizer: str = "none",
+    server_lr: float = 1.0,
+    server_momentum: float = 0.9,
+    shared_params: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
@@ -229,7 +233,10 @@ def run_pmtl(
     ``seed``, research simulation only), ``checkpoint_dir``/``checkpoint_every``/``resume`` and
     ``budget_epsilon`` are passed to :class:`~privmtl.federated.protocol.Trainer`; the result
     reports ``noise_source`` and ``stopped_on_budget``. ``save_models`` writes the trained models
-    (:func:`privmtl.federated.saved.save_models`).
+    (:func:`privmtl.federated.saved.save_models`). ``num_clients`` sets the synthetic population's
+    size; ``server_optimizer``/``server_lr``/``server_momentum`` and ``shared_params`` are the
+    :class:`~privmtl.federated.config.TrainConfig` options of the same names (post-processing and
+    partial sharing; the guarantee is unchanged).
     """
     check_choice("method", method, FL_METHODS)
     check_choice("finetune", finetune, FINETUNE_METHODS)
@@ -293,6 +300,10 @@ def run_pmtl(
         server_update=server_update,
         threads=threads,
         noise_source=noise_source,
+        server_optimizer=server_optimizer,
+        server_lr=server_lr,
+        server_momentum=server_momentum,
+        shared_params=None if shared_params is None else tuple(shared_params),
     )
     if epsilon is not None and method != "local":
         from privmtl.federated.baselines import config_for_epsilon
@@ -324,6 +335,8 @@ def run_pmtl(
         result = train(ds, net, config, **run)
     out = _result_dict(result, method=method, model=model, data=data, sigma=sigma, q=q, m=m)
     out["data_seconds"] = load_seconds
+    out["server_optimizer"] = config.server_optimizer
+    out["shared_params"] = None if shared_params is None else list(shared_params)
     if checkpoint_dir is not None:
         out["checkpoint_dir"] = str(checkpoint_dir)
     grid = None

@@ -88,15 +88,15 @@ class ProxStep(UpdateRule):
         names = list(state)
         cur = [state[n] for n in names]
         gs = [grads[n] for n in names]
-        anchored = [] if self.anchor is None or not self.weight else list(self.anchor)
-        if anchored and len(anchored) == len(names):
-            steps = list(torch._foreach_sub(cur, [self.anchor[n] for n in names]))  # type: ignore[index]
+        anchor = self.anchor if self.anchor is not None and self.weight else None
+        steps: list[torch.Tensor]
+        if anchor is not None and all(n in anchor for n in names):
+            steps = list(torch._foreach_sub(cur, [anchor[n] for n in names]))
             torch._foreach_mul_(steps, self.weight)
             torch._foreach_add_(steps, gs)
-        elif anchored:  # partial sharing: only the anchor's parameters are pulled towards it
-            assert self.anchor is not None
+        elif anchor is not None:  # partial sharing: only the anchor's parameters are pulled to it
             steps = [
-                g + self.weight * (c - self.anchor[n]) if n in self.anchor else g
+                g + self.weight * (c - anchor[n]) if n in anchor else g
                 for n, c, g in zip(names, cur, gs, strict=True)
             ]
         else:
