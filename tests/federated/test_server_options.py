@@ -197,3 +197,27 @@ def test_vectorised_scores_equal_the_client_loop(tabular: FederatedDataset) -> N
     grouped = client_scores(net, params, {}, xs, ys, clients_together=5)
     np.testing.assert_array_equal(loop[0], grouped[0])
     np.testing.assert_allclose(loop[1], grouped[1], rtol=1e-5)
+
+
+# ------------------------------------------------------------------- cold start
+def test_billboard_personal_init(tabular: FederatedDataset) -> None:
+    kw = {**BASE, "clients_per_round": 2, "rounds": 2, "noise_std": 0.0}
+    tr = Trainer(tabular, _model(tabular), TrainConfig(**kw, personal_init="billboard"))
+    tr.run()
+    joined = tr.clients["joined"]["mask"]
+    sampled = {k for rec in tr.history for k in rec["sampled"]}
+    assert set(torch.nonzero(joined).flatten().tolist()) == sampled
+    never = int(torch.nonzero(~joined)[0])
+    board = tr.curator.billboard
+    assert any(p.abs().sum() > 0 for p in board.values())
+    # a new client starts from the billboard, a returning one from its own model
+    old = int(torch.nonzero(joined)[0])
+    starts, _ = tr._starts(torch.tensor([never, old]))
+    res = tr.result()
+    assert res.personalized_params is not None
+    for n, b in board.items():
+        assert torch.equal(starts[n][0], b)
+        assert torch.equal(starts[n][1], tr.clients["personal"][n][old])
+        # clients that never took part are scored with the billboard
+        assert torch.equal(res.personalized_params[n][never], b)
+        assert not torch.equal(tr.clients["personal"][n][never], b)

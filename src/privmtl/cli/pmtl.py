@@ -142,6 +142,14 @@ def _human(out: dict[str, Any]) -> None:
     help="Comma-separated parameter names or module prefixes shared through the billboard (pmtl); "
     "the rest stays personal. Default: all.",
 )
+@click.option(
+    "--personal-init",
+    type=click.Choice(["model", "billboard"]),
+    default="model",
+    show_default=True,
+    help="pmtl: a client's model starts from the initial model, or from the billboard at its "
+    "first participation (clients never sampled are then scored with the billboard).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--reproducible-noise",

@@ -218,6 +218,7 @@ def run_pmtl(
     server_lr: float = 1.0,
     server_momentum: float = 0.9,
     shared_params: Sequence[str] | None = None,
+    personal_init: str = "model",
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
@@ -234,7 +235,8 @@ def run_pmtl(
     ``budget_epsilon`` are passed to :class:`~privmtl.federated.protocol.Trainer`; the result
     reports ``noise_source`` and ``stopped_on_budget``. ``save_models`` writes the trained models
     (:func:`privmtl.federated.saved.save_models`). ``num_clients`` sets the synthetic population's
-    size; ``server_optimizer``/``server_lr``/``server_momentum`` and ``shared_params`` are the
+    size; ``server_optimizer``/``server_lr``/``server_momentum``, ``shared_params`` and
+    ``personal_init`` are the
     :class:`~privmtl.federated.config.TrainConfig` options of the same names (post-processing and
     partial sharing; the guarantee is unchanged).
     """
@@ -304,6 +306,7 @@ def run_pmtl(
         server_lr=server_lr,
         server_momentum=server_momentum,
         shared_params=None if shared_params is None else tuple(shared_params),
+        personal_init=personal_init,
     )
     if epsilon is not None and method != "local":
         from privmtl.federated.baselines import config_for_epsilon
@@ -336,6 +339,7 @@ def run_pmtl(
     out = _result_dict(result, method=method, model=model, data=data, sigma=sigma, q=q, m=m)
     out["data_seconds"] = load_seconds
     out["server_optimizer"] = config.server_optimizer
+    out["personal_init"] = config.personal_init
     out["shared_params"] = None if shared_params is None else list(shared_params)
     if checkpoint_dir is not None:
         out["checkpoint_dir"] = str(checkpoint_dir)

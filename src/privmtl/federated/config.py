@@ -139,6 +139,11 @@ class TrainConfig:
         noise, prox anchor); the others stay personal and take plain local SGD steps. The norm
         clipped is that of the shared part; the accounting (z = σq/γ) does not depend on the
         released dimension. None: every parameter is shared.
+    personal_init : {"model", "billboard"}, default "model"
+        Personalized methods with a billboard (pmtl): where a client's persistent model starts.
+        ``"model"``: the initial model. ``"billboard"``: the billboard at the client's first
+        participation, and clients that never took part are scored with the final billboard
+        (what they would download; post-processing of public releases, no privacy cost).
 
     Notes
     -----
@@ -184,6 +189,7 @@ class TrainConfig:
     server_beta2: float = 0.99
     server_adam_eps: float = 1e-3
     shared_params: tuple[str, ...] | None = None
+    personal_init: str = "model"
 
     def __post_init__(self) -> None:
         check_choice("method", self.method, METHODS)
@@ -247,6 +253,7 @@ class TrainConfig:
                     "The 'shared_params' parameter (partial sharing) needs method='pmtl' (clients "
                     f"keep their personal layers); got method={self.method!r}."
                 )
+        check_choice("personal_init", self.personal_init, ("model", "billboard"))
         if self.method == "workshop" and self.ball is None:
             raise InvalidParameterError("method='workshop' needs the ball radius 'ball'; got None.")
 

@@ -452,6 +452,8 @@ class Trainer:
         self.clients: dict[str, Params] = {}
         if spec.start == "own":
             self.clients["personal"] = _stack(init, m)
+            if config.personal_init == "billboard" and spec.communicates:
+                self.clients["joined"] = {"mask": torch.zeros(m, dtype=torch.bool)}
         if spec.start == "split":
             theta = (initial_state or {}).get("theta")
             self.clients["theta"] = (
@@ -605,6 +607,11 @@ class Trainer:
             return starts, None
         personal = self.clients["personal"]
         starts = {n: p.index_select(0, sel) for n, p in personal.items()}
+        if "joined" in self.clients:  # first participation: start from the billboard
+            new = ~self.clients["joined"]["mask"].index_select(0, sel)
+            if bool(new.any()):
+                for n, b in board.items():
+                    starts[n][new] = b
         return starts, board if spec.prox_weight else None
 
     def _train_clients(
@@ -718,6 +725,8 @@ class Trainer:
         if "personal" in self.clients:
             for n, p in self.clients["personal"].items():
                 p[sel] = news[n]
+        if "joined" in self.clients:
+            self.clients["joined"]["mask"][sel] = True
         if "theta" in self.clients:
             for n, p in self.clients["theta"].items():
                 p[sel] = news[split_names(n)]
@@ -778,7 +787,14 @@ class Trainer:
             return {n: board[n].unsqueeze(0) + theta[n] for n in board}, board
         if self._personal_init:  # partial sharing: the global model keeps the initial personal part
             board = {n: board[n] if n in board else self._personal_init[n] for n in self.names}
-        return self.clients.get("personal"), board
+        personal = self.clients.get("personal")
+        if personal is not None and "joined" in self.clients:
+            # clients that never took part hold the billboard they would download
+            never = ~self.clients["joined"]["mask"]
+            personal = {n: p.clone() for n, p in personal.items()}
+            for n, p in personal.items():
+                p[never] = board[n]
+        return personal, board
 
     def _evaluate_split(self, split: str) -> dict[str, dict[str, float]]:
         personal, glob = self._outputs()
