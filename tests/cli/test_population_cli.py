@@ -43,6 +43,6 @@ def test_unknown_shared_params_exit_2(capsys):
     code, cap = _run(
         capsys,
         ["pmtl", "--data", "synthetic", "--num-clients", "10", "--model", "logreg",
-         "--rounds", "1", "--shared-params", "conv1"],
+         "--rounds", "1", "--clients-per-round", "5", "--shared-params", "conv1"],
     )  # fmt: skip
     assert code == 2 and "shared_params" in cap.err
