@@ -23,6 +23,7 @@ __all__ = ["cli", "main"]
 # the group's docstring below.
 _LAZY_COMMANDS = {
     "account": ("privmtl.cli.account", "account"),
+    "flower": ("privmtl.cli.flower", "flower"),
     "mpmtl": ("privmtl.cli.mpmtl", "mpmtl"),
     "mpmtl-sweep": ("privmtl.cli.mpmtl", "mpmtl_sweep"),
     "pmtl": ("privmtl.cli.pmtl", "pmtl"),
@@ -126,6 +127,7 @@ def cli() -> None:
       ledger       re-account a run's durable privacy ledger (ε per release, rdp and pld)
       evaluate     reload models saved with --save-models and score them
       audit        empirical ε lower bound of a mechanism (canaries through the real code)
+      flower       PMTL on Flower's Deployment Engine (extra: privmtl[flower])
     """
 
 

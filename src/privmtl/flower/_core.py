@@ -1,0 +1,558 @@
+"""The PMTL protocol split into a server side and a node side, independent of the transport.
+
+:class:`NodeClients` is what one SuperNode runs: it holds the data of its clients (a partition
+of the population chosen by ``partition-id``/``num-partitions``), their persistent personalized
+models, and runs the one client step of :mod:`privmtl.federated.client` (PMTL's mean-regularized
+local SGD from the client's own model, with the minibatch plan of
+:func:`~privmtl.federated.algorithms.draw_round_plan`).
+
+:class:`ServerRun` is what the ServerApp runs: PMTL's :class:`~privmtl.federated.protocol.Curator`
+(sampling, clip → mean over the fixed ``q`` → noise → write-ahead ledger → billboard) built exactly
+as the in-process :class:`~privmtl.federated.protocol.Trainer` builds it, so a seeded run releases
+the same billboards. The server never sees a personalized model: it receives the clients' messages
+(``w - w̃``) and per-client evaluation counts.
+
+The Flower apps (:mod:`privmtl.flower.apps`) only move these objects' inputs and outputs as
+``ArrayRecord``/``ConfigRecord`` messages.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from privmtl.checkpoint import write_atomic
+from privmtl.data.federated import FederatedDataset
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
+from privmtl.federated.client import ProxStep, local_sgd_batched
+from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.protocol import Curator, method_spec
+from privmtl.privacy.ledger import PrivacyLedger
+from privmtl.privacy.noise import make_noise_source
+from privmtl.privacy.release import GaussianMeanRelease
+from privmtl.privacy.sampling import make_sampler
+
+__all__ = [
+    "RUN_DEFAULTS",
+    "NodeClients",
+    "ServerRun",
+    "check_options",
+    "from_bytes",
+    "load_node",
+    "make_config",
+    "partition",
+    "run_options",
+    "to_bytes",
+]
+
+# run-config keys (pyproject [tool.flwr.app.config]) -> run_pmtl/TrainConfig meaning
+RUN_DEFAULTS: dict[str, Any] = {
+    "data": "synthetic",
+    "data-path": "",
+    "model": "logreg",
+    "rounds": 3,
+    "clients-per-round": 6,
+    "epsilon": -1.0,  # < 0: not given
+    "noise-std": -1.0,  # < 0: not given
+    "clip": 0.5,
+    "lam": 0.1,
+    "lr": 0.1,
+    "batch-size": 10,
+    "local-steps": 0,  # 0: TrainConfig default
+    "seed": 0,
+    "sampling": "poisson",
+    "accountant": "rdp",
+    "relation": "add-remove",
+    "server-update": "delta",
+    "noise-source": "secure",
+    "num-supernodes": 1,
+    "out-dir": "",
+    "on-missing": "fail",  # "fail" | "drop"
+    "round-timeout": 120.0,
+}
+
+
+def run_options(run_config: dict[str, Any]) -> dict[str, Any]:
+    """The run configuration with every key present (defaults filled in)."""
+    out = dict(RUN_DEFAULTS)
+    out.update({k: v for k, v in run_config.items() if k in RUN_DEFAULTS})
+    return out
+
+
+def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
+    """Refuse invalid run options before any process starts (InvalidParameterError)."""
+    from privmtl._validation import check_int, check_real
+
+    check_int("num_supernodes", num_supernodes, low=1)
+    check_int("rounds", run_config["rounds"], low=1)
+    check_int("clients_per_round", run_config["clients-per-round"], low=1)
+    check_int("seed", run_config["seed"], low=0)
+    check_real("clip", run_config["clip"], low=0.0, closed="neither")
+    eps, std = float(run_config["epsilon"]), float(run_config["noise-std"])
+    if eps != -1.0:
+        check_real("epsilon", eps, low=0.0, closed="neither")
+    if std != -1.0:
+        check_real("noise_std", std, low=0.0)
+
+
+def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
+    """The :class:`TrainConfig` of a run with ``m`` clients, as ``run_pmtl`` builds it.
+
+    Returns the config (``noise_std`` calibrated to ``epsilon`` when one is given) and the
+    noise standard deviation of the released mean.
+    """
+    q = min(int(opts["clients-per-round"]), m)
+    eps = float(opts["epsilon"])
+    std = float(opts["noise-std"])
+    if eps >= 0 and std >= 0:
+        raise InvalidParameterError(
+            f"Give at most one of 'epsilon' and 'noise_std'; got epsilon={eps}, noise_std={std}."
+        )
+    steps = int(opts["local-steps"])
+    config = TrainConfig(
+        method="pmtl",
+        rounds=int(opts["rounds"]),
+        clients_per_round=q,
+        local_steps=steps if steps > 0 else None,
+        batch_size=int(opts["batch-size"]),
+        lr=float(opts["lr"]),
+        lam=float(opts["lam"]),
+        clip=float(opts["clip"]),
+        noise_std=max(std, 0.0),
+        sampling="all" if q == m else str(opts["sampling"]),
+        seed=int(opts["seed"]),
+        delta=1.0 / m,
+        accountant=str(opts["accountant"]),
+        relation=str(opts["relation"]),
+        batched=True,
+        progress=False,
+        server_update=str(opts["server-update"]),
+        threads=1,
+        noise_source=str(opts["noise-source"]),
+    )
+    if eps > 0:
+        from privmtl.federated.baselines import config_for_epsilon
+
+        config = config_for_epsilon(config, m, eps)
+    return config, float(config.noise_std)
+
+
+def partition(m: int, partition_id: int, num_partitions: int) -> np.ndarray:
+    """The clients (global indices) that node ``partition_id`` of ``num_partitions`` serves."""
+    if not 0 <= partition_id < num_partitions:
+        raise InvalidParameterError(
+            "The 'partition-id' node config must be in [0, num-partitions); got "
+            f"partition-id={partition_id}, num-partitions={num_partitions}."
+        )
+    if num_partitions > m:
+        raise InvalidParameterError(
+            f"The 'num-partitions' node config must be <= the number of clients ({m}); "
+            f"got {num_partitions}."
+        )
+    return np.array_split(np.arange(m), num_partitions)[partition_id]
+
+
+def to_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def from_bytes(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+class NodeClients:
+    """The clients one SuperNode serves: data, persistent personalized models, client step.
+
+    Parameters
+    ----------
+    dataset : FederatedDataset
+        The whole population as every node loads it (same data and seed); the node keeps only
+        ``partition(m, partition_id, num_partitions)``.
+    model : torch.nn.Module
+        Architecture and initial parameters (``make_model`` with the run's seed: every node and
+        the in-process engine start from the same parameters).
+    partition_id, num_partitions : int
+    state_dir : path or None
+        The node's own storage: ``personal.pt`` holds the personalized models of its clients by
+        client id (written atomically after every round). None keeps them in memory only.
+    """
+
+    def __init__(
+        self,
+        dataset: FederatedDataset,
+        model: torch.nn.Module,
+        *,
+        partition_id: int,
+        num_partitions: int,
+        state_dir: str | Path | None = None,
+    ) -> None:
+        clients = partition(dataset.n_clients, partition_id, num_partitions)
+        _, _, full_offsets = dataset.concat("train")
+        self._setup(
+            dataset.subset(clients.tolist()),
+            model,
+            clients=clients,
+            full_offsets=full_offsets,
+            partition_id=partition_id,
+            num_partitions=num_partitions,
+            state_dir=state_dir,
+        )
+
+    @classmethod
+    def from_parts(
+        cls,
+        local: FederatedDataset,
+        model: torch.nn.Module,
+        *,
+        clients: np.ndarray,
+        full_offsets: np.ndarray,
+        partition_id: int,
+        num_partitions: int,
+        state_dir: str | Path | None = None,
+    ) -> NodeClients:
+        """A node from its own clients' data only (``full_offsets``: the population's sizes)."""
+        self = cls.__new__(cls)
+        self._setup(
+            local,
+            model,
+            clients=clients,
+            full_offsets=full_offsets,
+            partition_id=partition_id,
+            num_partitions=num_partitions,
+            state_dir=state_dir,
+        )
+        return self
+
+    def _setup(
+        self,
+        local: FederatedDataset,
+        model: torch.nn.Module,
+        *,
+        clients: np.ndarray,
+        full_offsets: np.ndarray,
+        partition_id: int,
+        num_partitions: int,
+        state_dir: str | Path | None,
+    ) -> None:
+        from privmtl.federated.engine import make_step_fn
+
+        self.m = len(full_offsets) - 1
+        self.clients = np.asarray(clients, dtype=np.int64)
+        self.partition_id, self.num_partitions = partition_id, num_partitions
+        self.local = local
+        self.client_ids = list(local.client_ids)
+        self.full_offsets = np.asarray(full_offsets, dtype=np.int64)
+        self.model = model
+        self.init = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.buffers = {n: b.detach() for n, b in model.named_buffers()}
+        x, y, offsets = local.concat("train")
+        self.x_all = x.to(next(iter(self.init.values())).dtype)
+        self.y_all, self.offsets = y, offsets
+        self.pos = {int(k): j for j, k in enumerate(self.clients)}
+        self.step_fn = make_step_fn(model, self.buffers)
+        self.state_dir = None if state_dir is None else Path(state_dir)
+        self.personal: dict[str, Params] = {}
+        self.rounds_trained = 0
+        if self.state_dir is not None and (self.state_dir / "personal.pt").exists():
+            saved = from_bytes((self.state_dir / "personal.pt").read_bytes())
+            self.personal = {cid: saved["models"][cid] for cid in saved["models"]}
+            self.rounds_trained = int(saved.get("rounds_trained", 0))
+
+    def data_state(self) -> dict[str, Any]:
+        """This node's data as tensors (cached in the node's storage by the ClientApp)."""
+        return {
+            "clients": torch.from_numpy(self.clients),
+            "full_offsets": torch.from_numpy(self.full_offsets),
+            "client_ids": self.client_ids,
+            "n_classes": int(self.local.n_classes),
+            "feature_shape": [int(v) for v in self.local.feature_shape],
+            "name": str(self.local.name),
+            **{
+                f"{split}_{a}": getattr(self.local, f"{split}_{a}")
+                for split in ("train", "val", "test")
+                for a in "xy"
+            },
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "clients": [int(k) for k in self.clients],
+            "client_ids": self.client_ids,
+            "num_clients": self.m,
+            "continued": sum(cid in self.personal for cid in self.client_ids),
+        }
+
+    def model_of(self, k: int) -> Params:
+        cid = self.client_ids[self.pos[k]]
+        return self.personal.get(cid, self.init)
+
+    def train(
+        self, clients: list[int], billboard: Params, round_index: int, config: TrainConfig
+    ) -> tuple[Params, list[float]]:
+        """One PMTL client step for each of ``clients``; returns their stacked messages."""
+        if not clients:
+            return {n: p.new_zeros((0, *p.shape)) for n, p in billboard.items()}, []
+        spec = method_spec(config)
+        plan = []
+        for k in clients:
+            if k not in self.pos:
+                raise InvalidParameterError(
+                    f"Client {k} is not served by node partition {self.partition_id}."
+                )
+            (steps,) = draw_round_plan([k], self.full_offsets, round_index, config)
+            shift = int(self.offsets[self.pos[k]]) - int(self.full_offsets[k])
+            plan.append([s + shift for s in steps])
+        starts = {n: torch.stack([self.model_of(k)[n] for k in clients]) for n in self.init}
+        rule = ProxStep(lr=config.lr, anchor=billboard, weight=spec.prox_weight)
+        news, losses = local_sgd_batched(
+            self.step_fn, starts, rule, self.x_all, self.y_all, plan, config.batch_size
+        )
+        for j, k in enumerate(clients):
+            cid = self.client_ids[self.pos[k]]
+            self.personal[cid] = {n: news[n][j].clone() for n in news}
+        self.rounds_trained += 1
+        self.save()
+        if spec.message == "offset":
+            msgs = {n: news[n] - billboard[n] for n in self.init}
+        else:
+            msgs = {n: news[n] - starts[n] for n in self.init}
+        return msgs, [float(v) for v in losses]
+
+    def save(self) -> None:
+        """Write the personalized models to the node's storage (atomic replace)."""
+        if self.state_dir is None:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        data = {"models": self.personal, "rounds_trained": self.rounds_trained}
+        write_atomic(self.state_dir / "personal.pt", to_bytes(data))
+
+    def evaluate(self, billboard: Params) -> dict[str, list[float]]:
+        """Per-client correct counts and sizes of the personalized and the global model."""
+        personal = {
+            n: torch.stack([self.model_of(int(k))[n] for k in self.clients]) for n in self.init
+        }
+        out: dict[str, list[float]] = {}
+        for split in ("val", "test"):
+            xs, ys = self.local.split(split)
+            xs = [x.to(self.x_all.dtype) for x in xs]
+            counts = [float(y.shape[0]) for y in ys]
+            self.model.eval()
+            pc, _ = client_scores(self.model, personal, self.buffers, xs, ys)
+            glob = {n: p.unsqueeze(0).expand(len(ys), *p.shape) for n, p in billboard.items()}
+            gc, _ = client_scores(self.model, glob, self.buffers, xs, ys)
+            out[f"{split}_n"] = counts
+            out[f"{split}_personal"] = [float(v) for v in pc]
+            out[f"{split}_global"] = [float(v) for v in gc]
+        return out
+
+
+def _accuracy(correct: np.ndarray, counts: np.ndarray) -> dict[str, float]:
+    has = counts > 0
+    return {
+        "accuracy": float(correct.sum() / counts.sum()),
+        "mean_client_accuracy": float(np.mean(correct[has] / counts[has])),
+        "n": float(counts.sum()),
+    }
+
+
+class ServerRun:
+    """The server side: PMTL's curator, built as the in-process Trainer builds it.
+
+    Parameters
+    ----------
+    opts : dict
+        The run options (:func:`run_options`).
+    init : dict of str to Tensor
+        The initial billboard (the model's initial parameters, reported by the nodes).
+    num_clients : int
+    ledger_path : path or None
+        Where the ledger is written ahead of every release (JSON lines, fsynced).
+    """
+
+    def __init__(
+        self,
+        opts: dict[str, Any],
+        init: Params,
+        num_clients: int,
+        *,
+        ledger_path: str | Path | None = None,
+    ) -> None:
+        m = num_clients
+        self.opts, self.m = opts, m
+        self.config, self.sigma = make_config(opts, m)
+        cfg = self.config
+        self.q = q = cfg.clients_per_round
+        sampler = make_sampler(cfg.sampling, m, q)
+        mech = GaussianMeanRelease(clip=cfg.clip, noise_std=cfg.noise_std, sampler=sampler)
+        self.delta = cfg.delta_for(m)
+        self.ledger: PrivacyLedger | None = None
+        if mech.private:
+            kw: dict[str, Any] = {
+                "delta": self.delta,
+                "accountant": cfg.accountant,
+                "relation": cfg.relation,
+            }
+            self.ledger = (
+                PrivacyLedger(**kw)
+                if ledger_path is None
+                else PrivacyLedger.open(Path(ledger_path), **kw)
+            )
+            self.ledger.epsilon_if(mech.event())
+        self.noise_source = cfg.noise_source
+        self.curator = Curator(
+            mech,
+            init,
+            noise=make_noise_source(cfg.noise_source, cfg.seed),
+            ledger=self.ledger,
+            update="add",
+            seed=cfg.seed,
+        )
+        self.epsilon = 0.0 if self.ledger is not None else math.inf
+        self.history: list[dict[str, Any]] = []
+        self.billboards: list[Params] = []
+
+    def release(
+        self,
+        sampled: np.ndarray,
+        messages: dict[int, Params],
+        losses: dict[int, float],
+        seconds: float,
+    ) -> None:
+        """Release the round from the messages of the clients that answered.
+
+        A sampled client without a message contributes nothing to the sum (which is still divided
+        by the fixed ``q``): the release has the sensitivity it is accounted for.
+        """
+        t = self.curator.round
+        answered = [int(k) for k in sampled if int(k) in messages]
+        names = list(self.curator.billboard)
+        stacked = {
+            n: (
+                torch.stack([messages[k][n] for k in answered])
+                if answered
+                else self.curator.billboard[n].new_zeros((0, *self.curator.billboard[n].shape))
+            )
+            for n in names
+        }
+        out = self.curator.release(stacked, rows=np.asarray(answered, dtype=np.int64))
+        if self.ledger is not None:
+            self.epsilon = float(out.epsilon)
+        ls = [losses[k] for k in answered if not math.isnan(losses[k])]
+        self.history.append(
+            {
+                "round": t,
+                "sampled": [int(k) for k in sampled],
+                "answered": answered,
+                "n_sampled": len(sampled),
+                "train_loss": float(np.mean(ls)) if ls else math.nan,
+                "update_norms": [float(v) for v in out.norms],
+                "clipped_fraction": float(np.mean(out.clipped)) if len(out.clipped) else 0.0,
+                "noise_multiplier": self.curator.release_mechanism.noise_multiplier,
+                "epsilon": self.epsilon,
+                "seconds": seconds,
+            }
+        )
+        self.billboards.append({n: p.clone() for n, p in self.curator.billboard.items()})
+
+    def result(self, evaluations: list[dict[str, list[float]]], started: float) -> TrainResult:
+        """A :class:`TrainResult` (no personalized models: they stay on the nodes)."""
+        acc: dict[str, dict[str, dict[str, float]]] = {}
+        for split in ("val", "test"):
+            n = np.concatenate([np.asarray(e[f"{split}_n"]) for e in evaluations])
+            acc[split] = {
+                kind: _accuracy(
+                    np.concatenate([np.asarray(e[f"{split}_{key}"]) for e in evaluations]), n
+                )
+                for kind, key in (("personalized", "personal"), ("global", "global"))
+            }
+        secs = float(sum(h["seconds"] for h in self.history))
+        return TrainResult(
+            config=self.config,
+            client_ids=[],
+            personalized_params=None,
+            global_params=self.curator.billboard,
+            history=self.history,
+            accuracies=acc,
+            primary="personalized",
+            epsilon=self.epsilon,
+            delta=self.delta,
+            ledger=self.ledger,
+            seconds=secs,
+            seconds_per_round=secs / max(len(self.history), 1),
+            noise_source=self.noise_source,
+            stopped_on_budget=False,
+            extra={"wall_seconds": time.perf_counter() - started},
+        )
+
+    def result_dict(self, evaluations: list[dict[str, list[float]]], started: float) -> dict:
+        """The JSON of ``privmtl pmtl`` for this run, plus ``engine``."""
+        from privmtl.experiments.pmtl import _result_dict
+
+        res = self.result(evaluations, started)
+        out = _result_dict(
+            res,
+            method="pmtl",
+            model=str(self.opts["model"]),
+            data=str(self.opts["data"]),
+            sigma=self.sigma,
+            q=self.q,
+            m=self.m,
+        )
+        out["engine"] = "flower-deployment"
+        out["on_missing"] = str(self.opts["on-missing"])
+        out["clients_answered_per_round"] = [len(h["answered"]) for h in self.history]
+        return json.loads(json.dumps(out, default=float))
+
+
+def load_node(opts: dict[str, Any], pid: int, parts: int, state_dir: str | None) -> NodeClients:
+    """Build the node's clients; their data is cached as tensors in the node's storage.
+
+    Each message runs in a fresh ClientApp process: reading the node's own shard back is much
+    cheaper than loading (or generating) the population again.
+    """
+    import hashlib
+
+    from privmtl.experiments.pmtl import load_federated, make_model
+
+    seed = int(opts["seed"])
+    ident = json.dumps([opts["data"], opts["data-path"], seed, pid, parts])
+    cache = None
+    if state_dir is not None:
+        digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+        cache = Path(state_dir) / f"data-{digest}.pt"
+    if cache is not None and cache.exists():
+        d = from_bytes(cache.read_bytes())
+        local = FederatedDataset(
+            client_ids=list(d["client_ids"]),
+            n_classes=int(d["n_classes"]),
+            feature_shape=tuple(d["feature_shape"]),
+            name=str(d["name"]),
+            **{f"{s}_{a}": list(d[f"{s}_{a}"]) for s in ("train", "val", "test") for a in "xy"},
+        )
+        net = make_model(str(opts["model"]), local, seed)
+        return NodeClients.from_parts(
+            local,
+            net,
+            clients=d["clients"].numpy(),
+            full_offsets=d["full_offsets"].numpy(),
+            partition_id=pid,
+            num_partitions=parts,
+            state_dir=state_dir,
+        )
+    ds = load_federated(str(opts["data"]), data_path=opts["data-path"] or None, seed=seed)
+    net = make_model(str(opts["model"]), ds, seed)
+    node = NodeClients(ds, net, partition_id=pid, num_partitions=parts, state_dir=state_dir)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache, to_bytes(node.data_state()))
+    return node

@@ -1,0 +1,241 @@
+"""The Flower ServerApp and ClientApp of PMTL (Flower's Message API; needs ``privmtl[flower]``).
+
+Messages (all ``RecordDict`` contents):
+
+``query`` (server → every node)
+    reply: ``ConfigRecord "node"`` with ``describe`` (a JSON string: the node's clients by global
+    index and id, the population size) and ``ArrayRecord "init"`` (the model's initial parameters,
+    the same on every node since every node builds the model from the run's seed).
+``train`` (server → nodes serving this round's sampled clients)
+    ``ArrayRecord "billboard"`` and ``ConfigRecord "round"`` (round index, the node's sampled
+    clients, the TrainConfig as JSON); reply: ``ArrayRecord "messages"`` (stacked ``(K, ...)``
+    client messages in the order asked) and ``MetricRecord "losses"``.
+``evaluate`` (server → every node)
+    ``ArrayRecord "billboard"``; reply: ``ConfigRecord "scores"`` (per-client correct counts and
+    sizes of the personalized and the global model on val and test).
+
+Node configuration: ``partition-id``, ``num-partitions`` and ``state-dir`` (the node's own storage
+for the personalized models). Run configuration: :data:`privmtl.flower._core.RUN_DEFAULTS`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from privmtl.checkpoint import write_atomic
+from privmtl.flower._core import NodeClients, ServerRun, load_node, run_options
+
+__all__ = ["client_app", "server_app"]
+
+server_app = ServerApp()
+client_app = ClientApp()
+
+_NODES: dict[tuple[Any, ...], NodeClients] = {}
+
+
+def _arrays(params: dict[str, torch.Tensor]) -> ArrayRecord:
+    return ArrayRecord(torch_state_dict={n: p.detach().contiguous() for n, p in params.items()})
+
+
+def _params(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    return {n: torch.as_tensor(p) for n, p in record.to_torch_state_dict().items()}
+
+
+_STATE = "privmtl-personal"
+_SEP = "\x1f"
+
+
+def _restore(node: NodeClients, context: Context) -> None:
+    """Take the personalized models from Context.state when this run already holds them."""
+    if _STATE not in context.state.array_records:
+        return
+    personal: dict[str, dict[str, torch.Tensor]] = {}
+    for key, p in _params(context.state.array_records[_STATE]).items():
+        cid, name = key.split(_SEP, 1)
+        personal.setdefault(cid, {})[name] = p
+    node.personal.update(personal)
+
+
+def _node(context: Context) -> NodeClients:
+    """This node's clients, kept for the life of the process (and their models on disk)."""
+    opts = run_options(dict(context.run_config))
+    nc = context.node_config
+    pid, parts = int(nc.get("partition-id", 0)), int(nc.get("num-partitions", 1))
+    state_dir = str(nc.get("state-dir", "")) or None
+    key = (opts["data"], opts["data-path"], opts["model"], opts["seed"], pid, parts, state_dir)
+    node = _NODES.get(key)
+    if node is None:
+        node = load_node(opts, pid, parts, state_dir)
+        _NODES[key] = node
+    return node
+
+
+@client_app.query()
+def query(msg: Message, context: Context) -> Message:
+    node = _node(context)
+    content = RecordDict(
+        {
+            "node": ConfigRecord({"describe": json.dumps(node.describe())}),
+            "init": _arrays(node.init),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
+@client_app.train()
+def train(msg: Message, context: Context) -> Message:
+    from privmtl.federated.config import TrainConfig
+
+    node = _node(context)
+    spec = json.loads(str(msg.content.config_records["round"]["json"]))
+    config = TrainConfig(**spec["config"])
+    board = _params(msg.content.array_records["billboard"])
+    _restore(node, context)
+    msgs, losses = node.train([int(k) for k in spec["clients"]], board, int(spec["round"]), config)
+    # within a run the personalized models also live in the node's Context.state
+    context.state[_STATE] = _arrays(
+        {f"{cid}{_SEP}{n}": p for cid, ps in node.personal.items() for n, p in ps.items()}
+    )
+    content = RecordDict(
+        {
+            "messages": _arrays(msgs),
+            "losses": ConfigRecord({"json": json.dumps([float(v) for v in losses])}),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
+@client_app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    node = _node(context)
+    _restore(node, context)
+    scores = node.evaluate(_params(msg.content.array_records["billboard"]))
+    content = RecordDict({"scores": ConfigRecord({"json": json.dumps(scores)})})
+    return Message(content, reply_to=msg)
+
+
+def _ask(grid: Grid, kind: str, contents: dict[int, RecordDict], timeout: float) -> dict:
+    """Send one message per node and collect the answers that came back without error."""
+    msgs = [
+        Message(content, dst_node_id=nid, message_type=kind) for nid, content in contents.items()
+    ]
+    out = {}
+    for reply in grid.send_and_receive(msgs, timeout=timeout):
+        if not reply.has_error():
+            out[reply.metadata.src_node_id] = reply.content
+    return out
+
+
+def _wait_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
+    end = time.monotonic() + timeout
+    while True:
+        ids = sorted(grid.get_node_ids())
+        if len(ids) >= n or time.monotonic() > end:
+            if len(ids) < n:
+                raise RuntimeError(f"only {len(ids)} of {n} SuperNodes connected in {timeout}s")
+            return ids
+        time.sleep(0.5)
+
+
+@server_app.main()
+def main(grid: Grid, context: Context) -> None:
+    opts = run_options(dict(context.run_config))
+    out_dir = Path(str(opts["out-dir"]))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timeout = float(opts["round-timeout"])
+    started = time.perf_counter()
+    try:
+        nodes = _wait_nodes(grid, int(opts["num-supernodes"]), timeout)
+        described = _ask(grid, "query", {nid: RecordDict() for nid in nodes}, timeout)
+        if len(described) < len(nodes):
+            raise RuntimeError(f"only {len(described)} of {len(nodes)} nodes described themselves")
+        owner: dict[int, int] = {}
+        m = None
+        init = None
+        for nid, content in described.items():
+            info = json.loads(str(content.config_records["node"]["describe"]))
+            m = int(info["num_clients"])
+            for k in info["clients"]:
+                owner[int(k)] = nid
+            init = _params(content.array_records["init"])
+        assert m is not None and init is not None
+        if sorted(owner) != list(range(m)):
+            raise RuntimeError(
+                f"the nodes serve {len(owner)} distinct clients of {m}: check each node's "
+                "partition-id and num-partitions"
+            )
+        run = ServerRun(opts, init, m, ledger_path=out_dir / "ledger.jsonl")
+        config = _config_fields(run.config)
+        board_path = out_dir / "billboards.pt"
+        for t in range(run.config.rounds):
+            t0 = time.perf_counter()
+            sampled = run.curator.sample_round()
+            per_node: dict[int, list[int]] = {}
+            for k in sampled:
+                per_node.setdefault(owner[int(k)], []).append(int(k))
+            board = _arrays(run.curator.billboard)
+            contents = {
+                nid: RecordDict(
+                    {
+                        "billboard": board,
+                        "round": ConfigRecord(
+                            {"json": json.dumps({"round": t, "clients": ks, "config": config})}
+                        ),
+                    }
+                )
+                for nid, ks in per_node.items()
+            }
+            replies = _ask(grid, "train", contents, timeout)
+            messages: dict[int, dict[str, torch.Tensor]] = {}
+            losses: dict[int, float] = {}
+            for nid, content in replies.items():
+                stacked = _params(content.array_records["messages"])
+                ls = json.loads(str(content.config_records["losses"]["json"]))
+                for j, k in enumerate(per_node[nid]):
+                    messages[k] = {n: p[j] for n, p in stacked.items()}
+                    losses[k] = float(ls[j])
+            missing = sorted(set(per_node) - set(replies))
+            if missing and opts["on-missing"] == "fail":
+                raise RuntimeError(
+                    f"round {t}: {len(missing)} node(s) did not answer; nothing was released "
+                    "(on-missing=fail)"
+                )
+            run.release(sampled, messages, losses, time.perf_counter() - t0)
+            h = run.history[-1]
+            print(
+                f"privmtl-flower round {t + 1}/{run.config.rounds}: sampled {h['n_sampled']}, "
+                f"answered {len(h['answered'])}, loss {h['train_loss']:.4f}, "
+                f"epsilon {h['epsilon']:.4g}",
+                flush=True,
+            )
+        torch.save(run.billboards, board_path)
+        board = _arrays(run.curator.billboard)
+        evals = _ask(
+            grid, "evaluate", {nid: RecordDict({"billboard": board}) for nid in nodes}, timeout
+        )
+        if len(evals) < len(nodes):
+            raise RuntimeError(f"only {len(evals)} of {len(nodes)} nodes answered the evaluation")
+        scores = [json.loads(str(evals[nid].config_records["scores"]["json"])) for nid in nodes]
+        result = run.result_dict(scores, started)
+        _write(out_dir / "result.json", json.dumps(result))
+    except Exception as exc:  # the launcher reports it
+        _write(out_dir / "error.txt", f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def _config_fields(config: Any) -> dict[str, Any]:
+    from dataclasses import fields
+
+    return {f.name: getattr(config, f.name) for f in fields(config)}
+
+
+def _write(path: Path, text: str) -> None:
+    write_atomic(path, text.encode())

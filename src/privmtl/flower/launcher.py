@@ -1,0 +1,382 @@
+"""Start a SuperLink and N SuperNodes on loopback, submit the PMTL app with ``flwr run``, clean up.
+
+Every process is started in its own process group (SuperNodes start SuperExec and ClientApp
+children) and the whole group is terminated, then killed after a bounded wait, on success, on
+failure and on Ctrl-C. All traffic stays on ``127.0.0.1`` with insecure (plain HTTP) transport:
+for a real deployment across machines use TLS and node authentication (README).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from privmtl.exceptions import InvalidParameterError, PrivmtlError
+
+__all__ = ["FlowerRunError", "run_local"]
+
+LOOPBACK = "127.0.0.1"
+
+
+class FlowerRunError(PrivmtlError):
+    """The Flower deployment failed (a process died, a timeout, or the ServerApp raised)."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def _bin(name: str) -> str:
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise FlowerRunError(
+            f"{name} not found: install the extra with pip install 'privmtl[flower]'"
+        )
+    return found
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(str(v))
+
+
+def write_app(directory: Path, run_config: dict[str, Any]) -> Path:
+    """Write the Flower app directory (a ``pyproject.toml`` naming privmtl's apps)."""
+    from privmtl.flower._core import RUN_DEFAULTS
+
+    cfg = dict(RUN_DEFAULTS)
+    cfg.update(run_config)
+    lines = [
+        "[build-system]",
+        'requires = ["hatchling"]',
+        'build-backend = "hatchling.build"',
+        "",
+        "[project]",
+        'name = "privmtl-pmtl"',
+        'version = "1.0.0"',
+        'description = "PMTL (privmtl) on the Flower Deployment Engine"',
+        'license = "MIT"',
+        "dependencies = []",
+        "",
+        "[tool.flwr.app]",
+        'publisher = "privmtl"',
+        "",
+        "[tool.flwr.app.components]",
+        'serverapp = "privmtl.flower.apps:server_app"',
+        'clientapp = "privmtl.flower.apps:client_app"',
+        "",
+        "[tool.flwr.app.config]",
+        *[f"{k} = {_toml_value(v)}" for k, v in cfg.items()],
+        "",
+    ]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "pyproject.toml").write_text("\n".join(lines))
+    return directory
+
+
+class _Procs:
+    """Processes started in their own process groups, torn down together."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
+        self.log_dir, self.env = log_dir, env
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "wb")
+        proc = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,
+        )
+        log.close()
+        self.procs.append((name, proc))
+        return proc
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if proc.poll() is not None and name.startswith("superlink"):
+                raise FlowerRunError(
+                    f"{name} exited with code {proc.returncode}; see {self.log_dir / name}.log"
+                )
+
+    def kill_group(self, proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        # the group may outlive its leader (SuperExec, ClientApp children): make sure
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout)
+
+    def stop_all(self, timeout: float = 10.0) -> None:
+        # Flower starts some helpers in their own sessions (the SuperLink's SuperExec): collect
+        # every descendant first, then stop the groups and the stragglers
+        extra = {d for _, proc in self.procs for d in _descendants(proc.pid)}
+        for _, proc in reversed(self.procs):
+            self.kill_group(proc)
+        for pid in extra:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        end = time.monotonic() + timeout
+        while extra and time.monotonic() < end:
+            extra = {pid for pid in extra if _running(pid)}
+            time.sleep(0.1)
+        for pid in extra:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self.procs.clear()
+
+
+def _children_map() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return out
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        out.setdefault(ppid, []).append(int(entry.name))
+    return out
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    children = _children_map()
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt so the processes are torn down on it too."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def run_local(
+    *,
+    num_supernodes: int,
+    run_config: dict[str, Any],
+    state_dir: str | Path | None = None,
+    work_dir: str | Path | None = None,
+    timeout: float = 900.0,
+    progress: Callable[[str], None] | None = None,
+    on_started: Callable[[list[int]], None] | None = None,
+) -> dict[str, Any]:
+    """Run PMTL on a SuperLink and ``num_supernodes`` SuperNodes started on loopback.
+
+    Parameters
+    ----------
+    num_supernodes : int
+        SuperNodes to start; node ``i`` serves partition ``i`` of the clients.
+    run_config : dict
+        Run configuration (keys of :data:`privmtl.flower._core.RUN_DEFAULTS`).
+    state_dir : path, optional
+        Root of the nodes' own storage (``node-<i>/personal.pt``). Reusing a directory continues
+        the same personalized models; default: a fresh temporary directory.
+    work_dir : path, optional
+        Where the app, logs, ledger and result are written (default: a temporary directory,
+        removed afterwards).
+    timeout : float
+        Seconds the whole run may take.
+    progress : callable, optional
+        Receives each progress line of the ServerApp.
+    on_started : callable, optional
+        Receives the SuperNodes' process ids once they run (tests kill one through it).
+
+    Returns
+    -------
+    dict
+        The JSON result of ``privmtl pmtl`` plus ``engine: "flower-deployment"``.
+    """
+    if int(num_supernodes) < 1:
+        raise InvalidParameterError(
+            f"The 'num_supernodes' parameter must be >= 1; got {num_supernodes!r}."
+        )
+    own_work = work_dir is None
+    work = Path(tempfile.mkdtemp(prefix="privmtl-flower-")) if work_dir is None else Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    states = Path(state_dir) if state_dir is not None else work / "nodes"
+    out_dir = work / "out"
+    for stale in ("result.json", "error.txt"):
+        (out_dir / stale).unlink(missing_ok=True)
+    home = work / "flwr-home"
+    home.mkdir(exist_ok=True)
+    logs = work / "logs"
+    logs.mkdir(exist_ok=True)
+    env = dict(os.environ)
+    env["FLWR_HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"
+    port = _free_port()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
+        f'address = "{LOOPBACK}:{port}"\ninsecure = true\n'
+    )
+    cfg = dict(run_config)
+    cfg["num-supernodes"] = int(num_supernodes)
+    cfg["out-dir"] = str(out_dir)
+    app = write_app(work / "app", cfg)
+    procs = _Procs(logs, env)
+    try:
+        with _sigterm_as_interrupt():
+            return _run(
+                procs,
+                app,
+                port,
+                num_supernodes,
+                states,
+                out_dir,
+                logs,
+                timeout,
+                progress,
+                on_started,
+            )
+    finally:
+        procs.stop_all()
+        if own_work:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(
+    procs: _Procs,
+    app: Path,
+    port: int,
+    n: int,
+    states: Path,
+    out_dir: Path,
+    logs: Path,
+    timeout: float,
+    progress: Callable[[str], None] | None,
+    on_started: Callable[[list[int]], None] | None,
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    procs.start(
+        "superlink",
+        [
+            _bin("flower-superlink"),
+            "--insecure",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(port),
+            "--disable-runtime-dependency-installation",
+        ],
+    )
+    _wait_port(port, procs, deadline)
+    pids = []
+    for i in range(n):
+        node_dir = states / f"node-{i}"
+        node_dir.mkdir(parents=True, exist_ok=True)
+        node_cfg = f'partition-id={i} num-partitions={n} state-dir="{node_dir}"'
+        p = procs.start(
+            f"supernode-{i}",
+            [
+                _bin("flower-supernode"),
+                "--insecure",
+                "--superlink",
+                f"{LOOPBACK}:{port}",
+                "--port",
+                str(_free_port()),
+                "--node-config",
+                node_cfg,
+            ],
+        )
+        pids.append(p.pid)
+    if on_started is not None:
+        on_started(pids)
+    run = procs.start("flwr-run", [_bin("flwr"), "run", str(app), "local", "--stream"])
+    run_log = logs / "flwr-run.log"
+    seen = 0
+    result_file, error_file = out_dir / "result.json", out_dir / "error.txt"
+    while True:
+        if progress is not None:
+            lines = _tail(run_log, 10_000).splitlines()
+            for line in lines[seen:]:
+                if "privmtl-flower" in line:
+                    progress(line[line.index("privmtl-flower") :])
+            seen = len(lines)
+        if result_file.exists():
+            return dict(json.loads(result_file.read_text()))
+        if error_file.exists():
+            raise FlowerRunError(f"the ServerApp failed: {error_file.read_text().strip()}")
+        procs.check_alive()
+        if run.poll() is not None and run.returncode != 0:
+            raise FlowerRunError(f"flwr run exited with code {run.returncode}:\n{_tail(run_log)}")
+        if time.monotonic() > deadline:
+            raise FlowerRunError(f"the run did not finish in {timeout:.0f} s:\n{_tail(run_log)}")
+        time.sleep(0.3)
+
+
+def _wait_port(port: int, procs: _Procs, deadline: float) -> None:
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            if s.connect_ex((LOOPBACK, port)) == 0:
+                return
+        procs.check_alive()
+        if time.monotonic() > deadline:
+            raise FlowerRunError(f"the SuperLink did not listen on {LOOPBACK}:{port}")
+        time.sleep(0.2)

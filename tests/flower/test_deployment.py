@@ -1,0 +1,176 @@
+"""A real SuperLink and SuperNodes on loopback (needs the extra: pip install 'privmtl[flower]')."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
+
+from privmtl.data.federated import make_synthetic_federated
+from privmtl.experiments.pmtl import make_model, run_pmtl
+from privmtl.federated.protocol import Trainer
+from privmtl.flower._core import from_bytes, run_options
+from privmtl.flower.launcher import run_local
+
+pytestmark = pytest.mark.slow
+
+CONFIG = {
+    "data": "synthetic",
+    "model": "logreg",
+    "rounds": 3,
+    "clients-per-round": 6,
+    "noise-std": 0.05,
+    "seed": 3,
+    "noise-source": "seeded",
+    "local-steps": 3,
+}
+
+
+def _alive_with_home(home: Path) -> list[int]:
+    """Our processes whose environment names this run's Flower home."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if f"FLWR_HOME={home}".encode() in env and stat.split(") ")[1][0] != "Z":
+            found.append(int(pid))
+    return found
+
+
+def _personal(state: Path) -> dict:
+    out = {}
+    for f in sorted(state.glob("node-*/personal.pt")):
+        out.update(from_bytes(f.read_bytes())["models"])
+    return out
+
+
+def test_three_supernodes_match_in_process_engine_and_continue(tmp_path):
+    state = tmp_path / "state"
+    res = run_local(
+        num_supernodes=3,
+        run_config=CONFIG,
+        state_dir=state,
+        work_dir=tmp_path / "w1",
+        timeout=600,
+    )
+    assert not _alive_with_home(tmp_path / "w1" / "flwr-home")
+    # the JSON of privmtl pmtl plus the engine
+    ref_keys = run_pmtl(rounds=1, clients_per_round=2, noise_std=0.05, show_progress=False).keys()
+    assert set(ref_keys) - {"data_seconds"} <= set(res)
+    assert res["engine"] == "flower-deployment"
+
+    # seeded: every billboard equals the in-process engine's, and so do ε and the accuracy
+    ds = make_synthetic_federated(random_state=3)
+    from privmtl.flower._core import make_config
+
+    config, _ = make_config(run_options(CONFIG), ds.n_clients)
+    trainer = Trainer(ds, make_model("logreg", ds, 3), config, noise_source="seeded")
+    ref = [{n: p.clone() for n, p in rec.released.items()} for rec in trainer]
+    boards = torch.load(tmp_path / "w1" / "out" / "billboards.pt", weights_only=True)
+    assert len(boards) == 3
+    for a, b in zip(boards, ref, strict=True):
+        for n in a:
+            assert torch.allclose(a[n], b[n], atol=1e-5, rtol=0)
+    assert res["epsilon"] == pytest.approx(trainer.epsilon, rel=1e-9)
+    assert res["epsilon_per_round"] == pytest.approx([h["epsilon"] for h in trainer.history])
+    inproc = trainer.result()
+    assert res["test_accuracy"] == pytest.approx(inproc.test_accuracy, abs=1e-9)
+    assert res["mean_client_accuracy"] == pytest.approx(inproc.mean_client_accuracy, abs=1e-9)
+
+    # the personalized models live on the nodes and equal the engine's
+    personal = _personal(state)
+    trained = {k for h in trainer.history for k in h["sampled"]}
+    assert set(personal) == {ds.client_ids[k] for k in trained}
+    for k in trained:
+        for n, p in personal[ds.client_ids[k]].items():
+            assert torch.allclose(p, inproc.personalized_params[n][k], atol=1e-5, rtol=0)
+
+    # a second run on the same node storage continues the same personalized models:
+    # its first release equals an in-process engine started from those models
+    shutil.copytree(state, tmp_path / "state-after-1")
+    res2 = run_local(
+        num_supernodes=3,
+        run_config={**CONFIG, "rounds": 1},
+        state_dir=state,
+        work_dir=tmp_path / "w2",
+        timeout=600,
+    )
+    assert res2["rounds_run"] == 1
+    config1, _ = make_config(run_options({**CONFIG, "rounds": 1}), ds.n_clients)
+    cont = Trainer(ds, make_model("logreg", ds, 3), config1, noise_source="seeded")
+    for k in range(ds.n_clients):  # the clients' own models after run 1
+        cid = ds.client_ids[k]
+        if cid in personal:
+            for n, p in personal[cid].items():
+                cont.clients["personal"][n][k] = p
+    (rec,) = list(cont)
+    (b2,) = torch.load(tmp_path / "w2" / "out" / "billboards.pt", weights_only=True)
+    for n in b2:
+        assert torch.allclose(b2[n], rec.released[n], atol=1e-5, rtol=0)
+    fresh = Trainer(ds, make_model("logreg", ds, 3), config1, noise_source="seeded")
+    (rec0,) = list(fresh)
+    assert not all(torch.allclose(b2[n], rec0.released[n], atol=1e-5) for n in b2)
+
+
+@pytest.mark.parametrize("on_missing", ["fail", "drop"])
+def test_killing_a_supernode_keeps_the_ledger_an_upper_bound(tmp_path, on_missing):
+    """Node 2 dies after round 1: the run fails before releasing (fail) or goes on without it
+    (drop); the ledger holds exactly the releases that happened, and ε is theirs."""
+    import signal
+
+    from privmtl.flower.launcher import FlowerRunError
+    from privmtl.privacy.ledger import reaccount
+
+    pids: list[int] = []
+    killed = []
+
+    def progress(line: str) -> None:
+        if "round 1/" in line and not killed:
+            os.killpg(pids[2], signal.SIGKILL)
+            killed.append(True)
+
+    cfg = {**CONFIG, "on-missing": on_missing, "round-timeout": 20.0, "clients-per-round": 20}
+    work = tmp_path / "w"
+    if on_missing == "fail":
+        with pytest.raises(FlowerRunError, match="did not answer"):
+            run_local(
+                num_supernodes=3,
+                run_config=cfg,
+                work_dir=work,
+                timeout=600,
+                progress=progress,
+                on_started=pids.extend,
+            )
+    else:
+        res = run_local(
+            num_supernodes=3,
+            run_config=cfg,
+            work_dir=work,
+            timeout=600,
+            progress=progress,
+            on_started=pids.extend,
+        )
+    assert killed
+    assert not _alive_with_home(work / "flwr-home")
+    lines = (work / "out" / "ledger.jsonl").read_text().splitlines()
+    entries = [json.loads(x) for x in lines if x.strip()]
+    releases = [e for e in entries if "release_id" in e]
+    acc = reaccount(work / "out" / "ledger.jsonl")
+    if on_missing == "fail":
+        assert [e["round"] for e in releases] == [0]
+        assert acc["releases"] == 1
+    else:
+        assert [e["round"] for e in releases] == [0, 1, 2]
+        assert res["epsilon"] == pytest.approx(acc["epsilon"], rel=1e-6)
+        assert min(res["clients_answered_per_round"][1:]) < 20
