@@ -28,9 +28,6 @@ def main() -> None:
         rounds=5 if SMALL else 100,
         clients_per_round=10,
         lam=0.01,
-        # Until the engine's generic vmap path is safe under parallel client groups
-        # (issue 12, item 2), train the groups one after the other.
-        parallel_chunks=False,
         # A simulation: noise drawn from the seed. Drop this line for secure noise.
         noise_source="seeded",
         seed=0,
