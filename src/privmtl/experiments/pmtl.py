@@ -338,9 +338,6 @@ def run_pmtl(
         result = train(ds, net, config, **run)
     out = _result_dict(result, method=method, model=model, data=data, sigma=sigma, q=q, m=m)
     out["data_seconds"] = load_seconds
-    out["server_optimizer"] = config.server_optimizer
-    out["personal_init"] = config.personal_init
-    out["shared_params"] = None if shared_params is None else list(shared_params)
     if checkpoint_dir is not None:
         out["checkpoint_dir"] = str(checkpoint_dir)
     grid = None
@@ -505,6 +502,9 @@ def _result_dict(
         "seed": cfg.seed,
         "batched": cfg.batched,
         "server_update": cfg.server_update,
+        "server_optimizer": cfg.server_optimizer,
+        "personal_init": cfg.personal_init,
+        "shared_params": None if cfg.shared_params is None else list(cfg.shared_params),
         "test_accuracy": float(result.test_accuracy),
         "mean_client_accuracy": float(result.mean_client_accuracy),
         "val_accuracy": float(result.val_accuracy),
