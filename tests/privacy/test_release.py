@@ -77,3 +77,19 @@ def test_block_release_puts_each_clipped_message_in_its_block_and_noises_all():
     noisy = GaussianMeanRelease(clip=0.5, noise_std=1.0, sampler=rel.sampler, divisor=1.0)
     out2 = noisy.release_blocks(upd, np.array([1, 3]), 4, SeededNoise(0))
     assert torch.all(out2.value["w"][[0, 2]] != 0)
+
+
+def test_signal_and_noise_norms_are_those_of_the_clipped_mean_and_of_the_draws():
+    upd = _updates(4, seed=5)
+    rel = GaussianMeanRelease(clip=1.0, noise_std=0.3, sampler=make_sampler("fixed", 10, 5))
+    out = rel.release(upd, SeededNoise(3))
+    mean = rel.release(upd, SeededNoise(3)).value  # same seed: same noise
+    clean = GaussianMeanRelease(clip=1.0, noise_std=0.0, sampler=rel.sampler).release(
+        upd, SeededNoise(3)
+    )
+    flat = torch.cat([clean.value[n].flatten() for n in upd])
+    noise = torch.cat([(mean[n] - clean.value[n]).flatten() for n in upd])
+    assert out.details["signal_norm"] == pytest.approx(float(flat.norm()))
+    assert out.details["noise_norm"] == pytest.approx(float(noise.norm()))
+    assert out.details["released_dim"] == 3 * 2 + 3
+    assert clean.details["noise_norm"] == 0.0

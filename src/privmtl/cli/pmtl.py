@@ -84,6 +84,11 @@ def _human(out: dict[str, Any]) -> None:
 @click.option("--clients-per-round", type=int, default=20, show_default=True)
 @click.option("--local-steps", type=int, help="E local SGD steps (default: 1 local epoch).")
 @click.option(
+    "--local-epochs",
+    type=click.IntRange(min=1),
+    help="Local epochs per round (instead of --local-steps; default 1).",
+)
+@click.option(
     "--lam",
     type=float,
     help="λ (mean-regularization / FedProx μ). Default: chosen on FEMNIST validation accuracy, "
@@ -179,6 +184,13 @@ def _human(out: dict[str, Any]) -> None:
 )
 @click.option(
     "--sequential", is_flag=True, help="Per-client reference loop instead of batched training."
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Torch threads during training (changes the speed, not the result).",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

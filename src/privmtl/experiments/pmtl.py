@@ -514,6 +514,12 @@ def _result_dict(
         "seconds_per_round": float(result.seconds_per_round),
         "epsilon_per_round": [None if e is None or not math.isfinite(e) else e for e in per_round],
         "train_loss_per_round": [h.get("train_loss") for h in result.history],
+        # curator-side diagnostics (the signal norm reads the un-noised mean: not private)
+        "signal_norm_per_round": [h.get("signal_norm") for h in result.history],
+        "noise_norm_per_round": [h.get("noise_norm") for h in result.history],
+        "released_dim": next(
+            (h["released_dim"] for h in result.history if "released_dim" in h), None
+        ),
         "noise_source": result.noise_source,
         "stopped_on_budget": bool(result.stopped_on_budget),
         "rounds_run": len(result.history),

@@ -303,7 +303,10 @@ class TrainResult:
         One record per round: ``round``, ``sampled`` (client indices), ``n_sampled``,
         ``train_loss`` (mean over sampled clients of their mean minibatch loss ``l_k`` during the
         round; NaN if none sampled), ``update_norms`` (before clipping), ``clipped_fraction``,
-        ``noise_multiplier`` (``z = σq/γ`` or None), ``epsilon`` (after the round; ``inf``
+        ``noise_multiplier`` (``z = σq/γ`` or None), for a mean release ``signal_norm`` (norm of
+        the un-noised mean of clipped messages: a curator-side diagnostic, not covered by the
+        guarantee), ``noise_norm`` and ``released_dim``
+        (:func:`~privmtl.privacy.release.signal_noise`), ``epsilon`` (after the round; ``inf``
         if not private, 0 for ``local``), ``seconds`` (wall clock) and ``cpu_seconds`` (CPU time
         of the process, all threads); plus ``val_accuracy`` and
         ``val_mean_client_accuracy`` on evaluation rounds.

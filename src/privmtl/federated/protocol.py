@@ -673,6 +673,7 @@ class Trainer:
         plan = draw_round_plan(sampled, self.offsets, t, self.config)
         losses: list[float] = []
         norms, clipped = np.zeros(0), np.zeros(0, dtype=bool)
+        diagnostics: dict[str, Any] = {}
         messages = {n: p.new_zeros((0, *p.shape)) for n, p in self._template().items()}
         if len(sampled):
             sel = torch.from_numpy(sampled)
@@ -685,6 +686,7 @@ class Trainer:
         if spec.communicates:
             out = self.curator.release(messages, rows=sampled)
             norms, clipped = out.norms, out.clipped
+            diagnostics = out.details
             if self.ledger is not None:
                 self.epsilon = out.epsilon
         else:
@@ -698,6 +700,7 @@ class Trainer:
             "update_norms": [float(v) for v in norms],
             "clipped_fraction": float(clipped.mean()) if len(clipped) else 0.0,
             "noise_multiplier": z,
+            **diagnostics,
             "epsilon": self.epsilon,
             "seconds": time.perf_counter() - t0,
             "cpu_seconds": time.process_time() - c0,

@@ -44,6 +44,7 @@ __all__ = [
     "clipped_mean",
     "noise_multiplier",
     "noise_std_for",
+    "signal_noise",
     "update_norms",
 ]
 
@@ -72,6 +73,25 @@ def clip_factors(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
     if clip is None:
         return torch.ones_like(norms)
     return torch.where(norms > clip, clip / norms.clamp_min(1e-30), torch.ones_like(norms))
+
+
+def _norm(params: Params) -> float:
+    return float(sum(t.double().pow(2).sum() for t in params.values()) ** 0.5)
+
+
+def signal_noise(mean: Params, draws: Params | None) -> dict[str, Any]:
+    """Curator-side diagnostics of one release: ``signal_norm`` ‖mean of clipped messages‖,
+    ``noise_norm`` ‖noise drawn‖ (0 without noise) and ``released_dim`` (coordinates noised).
+
+    The signal norm is computed from the un-noised mean: it is *not* covered by the privacy
+    guarantee and stays in the curator's history (a simulation diagnostic, like the per-client
+    update norms).
+    """
+    return {
+        "signal_norm": _norm(mean),
+        "noise_norm": 0.0 if draws is None else _norm(draws),
+        "released_dim": int(sum(t.numel() for t in mean.values())),
+    }
 
 
 def clipped_mean(
@@ -229,9 +249,9 @@ class GaussianMeanRelease:
             draws = noise.normal_like(mean, self.noise_std)
             value = {n: mean[n] + draws[n] for n in mean}
         else:
-            value = mean
+            draws, value = None, mean
         eps, event = self._record(ledger, round, release_id, replay_ok, "gaussian-mean")
-        return Release(value, norms, clipped, eps, event)
+        return Release(value, norms, clipped, eps, event, signal_noise(mean, draws))
 
     def release_blocks(
         self,
