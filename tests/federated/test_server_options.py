@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -221,3 +222,88 @@ def test_billboard_personal_init(tabular: FederatedDataset) -> None:
         # clients that never took part are scored with the billboard
         assert torch.equal(res.personalized_params[n][never], b)
         assert not torch.equal(tr.clients["personal"][n][never], b)
+
+
+# ------------------------------------------------------------------- random subspace
+def test_subspace_release_changes_k_coordinates_per_round_at_the_same_epsilon(
+    tabular: FederatedDataset,
+) -> None:
+    full = Trainer(tabular, _model(tabular), TrainConfig(**BASE)).run()
+    tr = Trainer(tabular, _model(tabular), TrainConfig(**BASE, subspace_dim=5))
+    before = torch.cat([p.flatten() for p in tr.curator.billboard.values()])
+    tr.step()
+    after = torch.cat([p.flatten() for p in tr.curator.billboard.values()])
+    assert int((after != before).sum()) == 5
+    assert tr.history[0]["released_dim"] == 5
+    sub = Trainer(tabular, _model(tabular), TrainConfig(**BASE, subspace_dim=5)).run()
+    assert sub.ledger is not None and full.ledger is not None
+    assert sub.ledger.history == full.ledger.history and math.isfinite(sub.epsilon)
+    assert [r["event"] for r in sub.ledger.records] == [r["event"] for r in full.ledger.records]
+
+
+# ------------------------------------------------------------------- adaptive clipping
+ADAPT: dict[str, Any] = {**BASE, "adaptive_clip_quantile": 0.5, "adaptive_clip_noise": 1.0}
+
+
+def test_adaptive_clip_each_release_is_clipped_with_the_clip_it_is_accounted_with(
+    tabular: FederatedDataset,
+) -> None:
+    direction = {"linear.weight": torch.ones(4, 8), "linear.bias": torch.ones(4)}
+
+    def huge(t: int, sampled: np.ndarray, msgs: dict[str, torch.Tensor]) -> Any:
+        # every message is far above any clip, in the same direction: the mean's norm is the clip
+        return {n: direction[n].expand_as(p) * 100.0 for n, p in msgs.items()}
+
+    cfg = TrainConfig(**{**ADAPT, "noise_std": 1e-9, "rounds": 5})
+    tr = Trainer(tabular, _model(tabular), cfg, message_hook=huge)
+    res = tr.run()
+    assert res.ledger is not None
+    clips = [r["params"]["clip"] for r in res.ledger.records]
+    assert clips == [h["clip"] for h in res.history]
+    assert clips[0] == 0.5 and len(set(clips)) == 5  # every message clipped: the clip grows
+    assert all(b > a for a, b in itertools.pairwise(clips))
+    for h, c in zip(res.history, clips, strict=True):
+        assert h["signal_norm"] == pytest.approx(h["n_sampled"] * c / 4, rel=1e-6)
+    # the mean's noise multiplier stays fixed: σ follows the clip
+    ratios = [r["params"]["noise_std"] / r["params"]["clip"] for r in res.ledger.records]
+    assert max(ratios) == pytest.approx(min(ratios), rel=1e-12)
+    assert all(r["mechanism"] == "gaussian-mean+count" for r in res.ledger.records)
+
+
+def test_adaptive_clip_costs_its_count_and_meets_an_epsilon_target(
+    tabular: FederatedDataset,
+) -> None:
+    from privmtl.federated import config_for_epsilon
+
+    plain = Trainer(tabular, _model(tabular), TrainConfig(**BASE)).run()
+    adapt = Trainer(tabular, _model(tabular), TrainConfig(**ADAPT)).run()
+    assert adapt.epsilon > plain.epsilon * 1.01  # same σ on the mean, plus the count
+    base = TrainConfig(**{**ADAPT, "noise_std": 0.0, "adaptive_clip_noise": 3.0})
+    cfg = config_for_epsilon(base, tabular.n_clients, 2.0)
+    ref = config_for_epsilon(TrainConfig(**{**BASE, "noise_std": 0.0}), tabular.n_clients, 2.0)
+    assert cfg.noise_std > ref.noise_std  # the mean pays for the count
+    res = Trainer(tabular, _model(tabular), cfg).run()
+    assert res.epsilon == pytest.approx(2.0, rel=1e-6)
+
+
+def test_adaptive_clip_state_survives_a_checkpoint(tabular: FederatedDataset) -> None:
+    cfg = TrainConfig(**{**ADAPT, "rounds": 4})
+    whole = Trainer(tabular, _model(tabular), cfg).run()
+    first = Trainer(tabular, _model(tabular), cfg)
+    first.step()
+    first.step()
+    second = Trainer(tabular, _model(tabular), cfg)
+    second.load_state_dict(first.state_dict())
+    assert second.curator.release_mechanism.clip == first.curator.release_mechanism.clip != 0.5
+    res = second.run()
+    assert [h["clip"] for h in res.history] == [h["clip"] for h in whole.history]
+    torch.testing.assert_close(res.global_params, whole.global_params)
+
+
+def test_subspace_and_adaptive_clip_refused_where_they_do_not_apply() -> None:
+    with pytest.raises(InvalidParameterError, match="subspace_dim"):
+        TrainConfig(method="local", subspace_dim=3)
+    with pytest.raises(InvalidParameterError, match="adaptive_clip_quantile"):
+        TrainConfig(adaptive_clip_quantile=1.5)
+    with pytest.raises(InvalidParameterError, match="adaptive_clip_quantile"):
+        TrainConfig(clip=None, adaptive_clip_quantile=0.5)

@@ -148,6 +148,27 @@ def _human(out: dict[str, Any]) -> None:
     "the rest stays personal. Default: all.",
 )
 @click.option(
+    "--subspace-dim",
+    type=click.IntRange(min=1),
+    help="Release the clipped mean in a public random subspace of this many coordinates, fresh "
+    "every round (noise only there; same sensitivity and ε). Default: all coordinates.",
+)
+@click.option(
+    "--adaptive-clip-quantile",
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    help="Adaptive clipping (Andrew et al. 2021): move the clip (starting at --clip) towards this "
+    "quantile of the update norms with a noisy count released with the mean (accounted jointly: "
+    "with --epsilon the mean gets slightly more noise).",
+)
+@click.option(
+    "--adaptive-clip-lr", type=float, default=0.2, show_default=True, help="Clip step size η_C."
+)
+@click.option(
+    "--adaptive-clip-noise",
+    type=float,
+    help="σ_b: noise std of the count of unclipped updates (default clients-per-round / 20).",
+)
+@click.option(
     "--personal-init",
     type=click.Choice(["model", "billboard"]),
     default="model",

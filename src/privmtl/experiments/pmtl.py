@@ -219,6 +219,10 @@ def run_pmtl(
     server_momentum: float = 0.9,
     shared_params: Sequence[str] | None = None,
     personal_init: str = "model",
+    subspace_dim: int | None = None,
+    adaptive_clip_quantile: float | None = None,
+    adaptive_clip_lr: float = 0.2,
+    adaptive_clip_noise: float | None = None,
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
@@ -236,9 +240,10 @@ def run_pmtl(
     reports ``noise_source`` and ``stopped_on_budget``. ``save_models`` writes the trained models
     (:func:`privmtl.federated.saved.save_models`). ``num_clients`` sets the synthetic population's
     size; ``server_optimizer``/``server_lr``/``server_momentum``, ``shared_params`` and
-    ``personal_init`` are the
-    :class:`~privmtl.federated.config.TrainConfig` options of the same names (post-processing and
-    partial sharing; the guarantee is unchanged).
+    ``personal_init``, ``subspace_dim`` and ``adaptive_clip_*`` are the
+    :class:`~privmtl.federated.config.TrainConfig` options of the same names (post-processing,
+    partial sharing and random-subspace releases leave the guarantee unchanged; adaptive clipping's
+    count is accounted with the mean, so with ``epsilon`` the mean gets a little more noise).
     """
     check_choice("method", method, FL_METHODS)
     check_choice("finetune", finetune, FINETUNE_METHODS)
@@ -307,6 +312,10 @@ def run_pmtl(
         server_momentum=server_momentum,
         shared_params=None if shared_params is None else tuple(shared_params),
         personal_init=personal_init,
+        subspace_dim=subspace_dim,
+        adaptive_clip_quantile=adaptive_clip_quantile,
+        adaptive_clip_lr=adaptive_clip_lr,
+        adaptive_clip_noise=adaptive_clip_noise,
     )
     if epsilon is not None and method != "local":
         from privmtl.federated.baselines import config_for_epsilon
@@ -505,6 +514,11 @@ def _result_dict(
         "server_optimizer": cfg.server_optimizer,
         "personal_init": cfg.personal_init,
         "shared_params": None if cfg.shared_params is None else list(cfg.shared_params),
+        "subspace_dim": cfg.subspace_dim,
+        "adaptive_clip_quantile": cfg.adaptive_clip_quantile,
+        "adaptive_clip_lr": cfg.adaptive_clip_lr,
+        "adaptive_clip_noise": cfg.count_noise_std_for(q),
+        "clip_per_round": [h.get("clip") for h in result.history],
         "test_accuracy": float(result.test_accuracy),
         "mean_client_accuracy": float(result.mean_client_accuracy),
         "val_accuracy": float(result.val_accuracy),

@@ -32,7 +32,7 @@ from privmtl.federated.algorithms import Params
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.protocol import Trainer
-from privmtl.privacy.release import noise_std_for
+from privmtl.privacy.release import mean_multiplier_for, noise_std_for
 
 __all__ = ["config_for_epsilon", "train_joint_dp", "train_pp_sgd"]
 
@@ -65,6 +65,9 @@ def config_for_epsilon(
     ``config.relation`` and δ = ``config.delta`` or ``1/num_clients``; then
     :math:`\sigma = z\gamma/q` (the PMTL convention: σ is the std of the noise on the mean update).
     :func:`train_joint_dp`, :func:`train_pp_sgd` and the PMTL engine all spend the same ε with it.
+    With adaptive clipping the calibrated multiplier is the joint :math:`z_\Delta` of mean and
+    count, and the mean's :math:`z` is :math:`(z_\Delta^{-2} - (2\sigma_b)^{-2})^{-1/2}`
+    (:func:`~privmtl.privacy.release.mean_multiplier_for`).
     """
     from privmtl.privacy.accounting import calibrate_noise_multiplier
 
@@ -81,6 +84,9 @@ def config_for_epsilon(
         accountant=config.accountant,
         relation=config.relation,
     )
+    count_std = config.count_noise_std_for(q)
+    if count_std is not None:  # the event's multiplier is the joint one of mean and count
+        z = mean_multiplier_for(z, count_std)
     return dataclasses.replace(config, noise_std=noise_std_for(z, q, config.clip))
 
 

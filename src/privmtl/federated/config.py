@@ -144,6 +144,26 @@ class TrainConfig:
         ``"model"``: the initial model. ``"billboard"``: the billboard at the client's first
         participation, and clients that never took part are scored with the final billboard
         (what they would download; post-processing of public releases, no privacy cost).
+    subspace_dim : int or None
+        ``k``: release the clipped mean in a public random subspace of ``k`` coordinates (of the
+        shared parameters), fresh every round, with noise in those ``k`` coordinates only
+        (:class:`~privmtl.privacy.release.GaussianMeanRelease`). Same sensitivity and privacy
+        event as the full release. Methods whose billboard adds the releases. None: all
+        coordinates.
+    adaptive_clip_quantile : float in (0, 1) or None
+        Adaptive clipping (Andrew et al. 2021): every round the curator also releases the noisy
+        fraction of messages not clipped, and the next clip is
+        ``clip * exp(-adaptive_clip_lr * (fraction - adaptive_clip_quantile))``; ``clip`` is the
+        initial clip. The noise multiplier z = σq/γ of the mean stays fixed (σ follows the clip),
+        and each round's event is the sampler's event for the joint multiplier of mean and count
+        (:mod:`privmtl.privacy.release`). None: fixed clip.
+    adaptive_clip_lr : float, default 0.2
+        :math:`\eta_C` of the clip update.
+    adaptive_clip_noise : float or None
+        σ_b, the std of the noise on the centred count of unclipped messages (default ``q/20``,
+        the paper's recommendation). With an ε target, the mean's multiplier is
+        :math:`(z_\Delta^{-2} - (2\sigma_b)^{-2})^{-1/2}` where :math:`z_\Delta` meets the
+        target (:func:`~privmtl.federated.baselines.config_for_epsilon`).
 
     Notes
     -----
@@ -190,6 +210,10 @@ class TrainConfig:
     server_adam_eps: float = 1e-3
     shared_params: tuple[str, ...] | None = None
     personal_init: str = "model"
+    subspace_dim: int | None = None
+    adaptive_clip_quantile: float | None = None
+    adaptive_clip_lr: float = 0.2
+    adaptive_clip_noise: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("method", self.method, METHODS)
@@ -256,6 +280,30 @@ class TrainConfig:
         check_choice("personal_init", self.personal_init, ("model", "billboard"))
         if self.method == "workshop" and self.ball is None:
             raise InvalidParameterError("method='workshop' needs the ball radius 'ball'; got None.")
+        if self.subspace_dim is not None:
+            check_int("subspace_dim", self.subspace_dim, low=1)
+        if self.adaptive_clip_quantile is not None:
+            check_real(
+                "adaptive_clip_quantile",
+                self.adaptive_clip_quantile,
+                low=0.0,
+                high=1.0,
+                closed="neither",
+            )
+            if self.clip is None:
+                raise InvalidParameterError(
+                    "The 'adaptive_clip_quantile' parameter needs a finite initial 'clip'; got "
+                    "clip=None."
+                )
+        check_real("adaptive_clip_lr", self.adaptive_clip_lr, low=0.0, closed="neither")
+        if self.adaptive_clip_noise is not None:
+            check_real("adaptive_clip_noise", self.adaptive_clip_noise, low=0.0, closed="neither")
+        for name in ("subspace_dim", "adaptive_clip_quantile"):
+            if getattr(self, name) is not None and self.method in ("local", "joint-dp", "workshop"):
+                raise InvalidParameterError(
+                    f"The '{name}' parameter needs a method whose billboard adds the releases "
+                    f"(pmtl, fedavg, fedprox, pp-sgd); got method={self.method!r}."
+                )
 
     @property
     def epochs_mode(self) -> bool:
@@ -271,6 +319,14 @@ class TrainConfig:
     def n_local_steps(self) -> int:
         """``local_steps`` (only meaningful when it is set)."""
         return 0 if self.local_steps is None else int(self.local_steps)
+
+    def count_noise_std_for(self, clients_per_round: int) -> float | None:
+        """σ_b of adaptive clipping (``adaptive_clip_noise`` or ``q/20``); None without it."""
+        if self.adaptive_clip_quantile is None:
+            return None
+        if self.adaptive_clip_noise is not None:
+            return float(self.adaptive_clip_noise)
+        return clients_per_round / 20.0
 
     def delta_for(self, num_clients: int) -> float:
         """``delta``, or the PMTL paper's ``1/m`` for ``m = num_clients`` when it is None."""

@@ -38,6 +38,7 @@ bits of OS entropy, so that no client can predict who is sampled; neither is eve
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -78,7 +79,7 @@ from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.server_optim import ServerOptimizer
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import NoiseSource, make_noise_source
-from privmtl.privacy.release import GaussianMeanRelease, Release
+from privmtl.privacy.release import AdaptiveClip, GaussianMeanRelease, Release, noise_std_for
 from privmtl.privacy.sampling import ClientSampler, make_sampler
 
 __all__ = ["Curator", "MethodSpec", "RoundRecord", "Trainer", "method_spec"]
@@ -143,6 +144,11 @@ class Curator:
     optimizer : ServerOptimizer, optional
         With ``update="add"``: the billboard adds ``optimizer.step(r)`` instead of the released
         value ``r`` (post-processing of what was released; it never sees the un-noised mean).
+    adaptive_clip : AdaptiveClip, optional
+        With a release that also releases the noisy unclipped fraction (``count_noise_std``):
+        after every release the clip moves to ``adaptive_clip.next_clip(clip, fraction)`` and the
+        noise std to :math:`zC/q` with the initial multiplier ``z`` fixed, so that the next
+        release is clipped with, and accounted for, the same clip.
     """
 
     def __init__(
@@ -156,7 +162,15 @@ class Curator:
         seed: int = 0,
         name: str = "",
         optimizer: ServerOptimizer | None = None,
+        adaptive_clip: AdaptiveClip | None = None,
     ) -> None:
+        if adaptive_clip is not None and (release.count_noise_std is None or release.clip is None):
+            raise InvalidParameterError(
+                "An adaptive clip needs a release with a finite clip and a noisy count "
+                "('count_noise_std')."
+            )
+        self.adaptive_clip = adaptive_clip
+        self._z = release.noise_multiplier
         self.release_mechanism = release
         self.billboard = {n: p.clone() for n, p in billboard.items()}
         self.noise = noise
@@ -226,8 +240,18 @@ class Curator:
             self.billboard = {n: self.billboard[n] + inc[n] for n in self.billboard}
         else:
             self.billboard = {n: self.billboard[n] + out.value[n] for n in self.billboard}
+        if self.adaptive_clip is not None:  # post-processing of the released count
+            assert mech.clip is not None
+            self._set_clip(
+                self.adaptive_clip.next_clip(mech.clip, out.details["unclipped_fraction"])
+            )
         self.round += 1
         return out
+
+    def _set_clip(self, clip: float) -> None:
+        mech = self.release_mechanism
+        sigma = 0.0 if self._z is None else noise_std_for(self._z, mech.q, clip)
+        self.release_mechanism = dataclasses.replace(mech, clip=clip, noise_std=sigma)
 
     def state_dict(self) -> dict[str, Any]:
         """Billboard, round and (seeded mode only) the sampling and noise generator states."""
@@ -237,6 +261,8 @@ class Curator:
             state["noise"] = self.noise.state_dict()
         if self.optimizer is not None:
             state["server_optimizer"] = self.optimizer.state_dict()
+        if self.adaptive_clip is not None:
+            state["clip"] = self.release_mechanism.clip
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -247,6 +273,8 @@ class Curator:
             self.noise.load_state_dict(state["noise"])
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state.get("server_optimizer", {}))
+        if self.adaptive_clip is not None:
+            self._set_clip(float(state["clip"]))
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -411,7 +439,15 @@ class Trainer:
             sigma, divisor = config.noise_std * q, 1.0
         if spec.name == "local":
             sigma = 0.0
-        mech = GaussianMeanRelease(clip=clip, noise_std=sigma, sampler=sampler, divisor=divisor)
+        mech = GaussianMeanRelease(
+            clip=clip,
+            noise_std=sigma,
+            sampler=sampler,
+            divisor=divisor,
+            subspace_dim=config.subspace_dim,
+            subspace_seed=config.seed,
+            count_noise_std=config.count_noise_std_for(q) if spec.communicates else None,
+        )
         if spec.communicates and mech.private:
             if ledger is None:
                 ledger = self._make_ledger()
@@ -448,6 +484,9 @@ class Trainer:
             update=spec.billboard,
             seed=config.seed,
             optimizer=optimizer,
+            adaptive_clip=None
+            if config.adaptive_clip_quantile is None
+            else AdaptiveClip(config.adaptive_clip_quantile, config.adaptive_clip_lr),
         )
         self.clients: dict[str, Params] = {}
         if spec.start == "own":

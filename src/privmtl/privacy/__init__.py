@@ -50,7 +50,7 @@ from privmtl.privacy.noise import (
     SeededNoise,
     make_noise_source,
 )
-from privmtl.privacy.release import GaussianMeanRelease, Release
+from privmtl.privacy.release import AdaptiveClip, GaussianMeanRelease, Release
 from privmtl.privacy.sampling import (
     ClientSampler,
     FixedSizeSampler,
@@ -64,6 +64,7 @@ __all__ = [
     "NOISE_SOURCES",
     "RELATIONS",
     "SAMPLINGS",
+    "AdaptiveClip",
     "ClientSampler",
     "CovarianceSchedule",
     "FixedSizeSampler",

@@ -17,6 +17,37 @@ and the privacy event of one release is the sampler's own event for ``z``
 :meth:`GaussianMeanRelease.release` is the write-ahead order: clip → mean → noise → ledger record
 (on disk when the ledger is durable) → return; the caller publishes only what was returned.
 
+Two options change what is released, not the sensitivity argument:
+
+* **Random subspace** (``subspace_dim = k``): the release is
+  :math:`P_t^\top(P_t \bar g + N(0, \sigma^2 I_k))` where :math:`\bar g` is the clipped mean
+  above and :math:`P_t` selects ``k`` of the ``d`` coordinates, drawn afresh every round from the
+  *public* generator ``default_rng([subspace_seed, round])`` (it depends on no data). Clipping
+  comes first and :math:`P_t` has orthonormal rows, so :math:`\lVert P_t g\rVert \le
+  \lVert g\rVert \le \gamma`: the sensitivity of the projected mean is still γ/q and the
+  privacy event is exactly that of the full release (noise only in ``k`` coordinates, norm
+  :math:`\sigma\sqrt k` instead of :math:`\sigma\sqrt d`). Clipping after the projection would
+  also be correct, but at the same γ it is a larger clip on the full vector (the projected norm is
+  about :math:`\sqrt{k/d}` of the full one); clipping first keeps γ comparable across ``k``.
+  A random subspace shrinks the signal too (by about :math:`\sqrt{k/d}` unless the mean
+  concentrates on few coordinates), so the per-round signal-to-noise ratio is unchanged in
+  expectation; the release details report both norms.
+* **Noisy count for adaptive clipping** (``count_noise_std = σ_b``; Andrew et al. 2021): with the
+  mean, the curator releases :math:`\tilde b = \frac1q\bigl(\sum_k (b_k - \tfrac12) +
+  N(0, \sigma_b^2)\bigr) + \tfrac12` with :math:`b_k = [\lVert g_k\rVert \le \gamma]`, the
+  fraction of unclipped messages (:class:`AdaptiveClip` turns it into the next round's clip).
+  The centred bit moves the sum by at most 1/2 when one client is added or removed, so the count
+  is a Gaussian mechanism with multiplier :math:`z_b = 2\sigma_b`, on the *same* Poisson sample
+  as the mean. Mean and count together are one Gaussian mechanism on the pair with multiplier
+  :math:`z_\Delta = (z^{-2} + z_b^{-2})^{-1/2}` (the privacy loss of independent Gaussian noise
+  on two outputs depends only on the sensitivity vector scaled by the noise, whose norm is
+  :math:`(z^{-2}+z_b^{-2})^{1/2}`), and the round's event is the sampler's event for
+  :math:`z_\Delta`, recorded once per round with both parts in its parameters. Recording the
+  count as a *second* Poisson-sampled event would undercount: both releases see the same
+  sample, and amplification by sampling of a composed mechanism is weaker than the composition of
+  two independently amplified ones. Under replace-one both sensitivities double (2γ/q and 1),
+  so :math:`z_\Delta` is the same and the accountant applies the relation as for the mean alone.
+
 The norm is taken over all parameters of a message jointly. A *block* release
 (:meth:`GaussianMeanRelease.release_blocks`, joint-model DP) puts each client's clipped message in
 its own block of an ``m``-block vector and adds noise to every block; with ``divisor = 1`` its
@@ -32,16 +63,20 @@ import numpy as np
 import torch
 from dp_accounting import dp_event as dpe
 
-from privmtl._validation import check_real
+from privmtl._validation import check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.sampling import ClientSampler
 
 __all__ = [
+    "AdaptiveClip",
     "GaussianMeanRelease",
     "Release",
     "clip_factors",
     "clipped_mean",
+    "combined_noise_multiplier",
+    "count_noise_multiplier",
+    "mean_multiplier_for",
     "noise_multiplier",
     "noise_std_for",
     "signal_noise",
@@ -57,6 +92,29 @@ def noise_multiplier(noise_std: float, divisor: float, clip: float) -> float:
 def noise_std_for(multiplier: float, divisor: float, clip: float) -> float:
     """:math:`\\sigma = z\\gamma/q`, the inverse of :func:`noise_multiplier`."""
     return multiplier * clip / divisor
+
+
+def combined_noise_multiplier(z: float, z_count: float) -> float:
+    """:math:`(z^{-2} + z_b^{-2})^{-1/2}`: one Gaussian mechanism releasing mean and count."""
+    return float((z**-2 + z_count**-2) ** -0.5)
+
+
+def count_noise_multiplier(count_noise_std: float) -> float:
+    r""":math:`z_b = 2\sigma_b`: the centred bit count has add/remove sensitivity 1/2."""
+    return 2.0 * count_noise_std
+
+
+def mean_multiplier_for(combined: float, count_noise_std: float) -> float:
+    r"""The mean's multiplier :math:`z = (z_\Delta^{-2} - (2\sigma_b)^{-2})^{-1/2}` that gives the
+    combined multiplier ``combined`` (Andrew et al. 2021); needs :math:`2\sigma_b > z_\Delta`."""
+    zb = count_noise_multiplier(count_noise_std)
+    if not zb > combined:
+        raise InvalidParameterError(
+            "The 'adaptive_clip_noise' parameter σ_b must satisfy 2σ_b > z_Δ (the combined noise "
+            f"multiplier {combined:.4g} that the budget allows); got σ_b={count_noise_std!r}. "
+            "Use more noise on the count, a larger budget or fewer rounds."
+        )
+    return float((combined**-2 - zb**-2) ** -0.5)
 
 
 Params = dict[str, torch.Tensor]
@@ -148,12 +206,23 @@ class GaussianMeanRelease:
     divisor : float, optional
         The fixed divisor (default ``sampler.clients_per_round``, i.e. q); ``1`` for block
         releases.
+    subspace_dim : int, optional
+        ``k``: release the mean in a public random subspace of ``k`` coordinates, fresh every
+        round (module docstring); None: all coordinates. Mean releases only.
+    subspace_seed : int, default 0
+        Public seed of the subspaces (``default_rng([subspace_seed, round])``).
+    count_noise_std : float, optional
+        σ_b: also release the noisy fraction of unclipped messages (adaptive clipping, module
+        docstring), accounted jointly with the mean. None: no count. Mean releases only.
     """
 
     clip: float | None
     noise_std: float
     sampler: ClientSampler
     divisor: float | None = None
+    subspace_dim: int | None = None
+    subspace_seed: int = 0
+    count_noise_std: float | None = None
 
     def __post_init__(self) -> None:
         if self.clip is not None:
@@ -161,6 +230,10 @@ class GaussianMeanRelease:
         check_real("noise_std", self.noise_std, low=0.0)
         if self.divisor is not None:
             check_real("divisor", self.divisor, low=0.0, closed="neither")
+        if self.subspace_dim is not None:
+            check_int("subspace_dim", self.subspace_dim, low=1)
+        if self.count_noise_std is not None:
+            check_real("count_noise_std", self.count_noise_std, low=0.0, closed="neither")
 
     @property
     def q(self) -> float:
@@ -180,9 +253,17 @@ class GaussianMeanRelease:
         assert self.clip is not None
         return noise_multiplier(self.noise_std, self.q, self.clip)
 
+    @property
+    def event_multiplier(self) -> float | None:
+        r"""The multiplier of the round's event: :math:`z`, or :math:`z_\Delta` with the count."""
+        z = self.noise_multiplier
+        if z is None or self.count_noise_std is None:
+            return z
+        return combined_noise_multiplier(z, count_noise_multiplier(self.count_noise_std))
+
     def event(self) -> dpe.DpEvent | None:
         """The dp-accounting event of one release (None when not private)."""
-        z = self.noise_multiplier
+        z = self.event_multiplier
         return None if z is None else self.sampler.event(z)
 
     def params(self) -> dict[str, Any]:
@@ -195,7 +276,31 @@ class GaussianMeanRelease:
             "sampling": getattr(self.sampler, "kind", None),
             "num_clients": getattr(self.sampler, "num_clients", None),
             "clients_per_round": getattr(self.sampler, "clients_per_round", None),
+            **({"subspace_dim": self.subspace_dim} if self.subspace_dim is not None else {}),
+            **(
+                {
+                    "count_noise_std": self.count_noise_std,
+                    "count_noise_multiplier": count_noise_multiplier(self.count_noise_std),
+                    "combined_noise_multiplier": self.event_multiplier,
+                }
+                if self.count_noise_std is not None
+                else {}
+            ),
         }
+
+    def subspace(self, round: int | None, dim: int) -> np.ndarray:
+        """The sorted coordinates (of the flattened message) released in ``round``."""
+        if self.subspace_dim is None:
+            return np.arange(dim)
+        if round is None:
+            raise InvalidParameterError("A subspace release needs its 'round' index.")
+        if self.subspace_dim > dim:
+            raise InvalidParameterError(
+                f"The 'subspace_dim' parameter must be at most the released dimension {dim}; "
+                f"got {self.subspace_dim}."
+            )
+        rng = np.random.default_rng([self.subspace_seed, int(round)])
+        return np.sort(rng.choice(dim, size=self.subspace_dim, replace=False))
 
     # ------------------------------------------------------------------------------- pieces
     def aggregate(
@@ -245,13 +350,45 @@ class GaussianMeanRelease:
         :meth:`~privmtl.privacy.ledger.PrivacyLedger.record` (seeded replays after resume).
         """
         mean, norms, clipped = self.aggregate(updates, template)
-        if self.noise_std > 0:
-            draws = noise.normal_like(mean, self.noise_std)
-            value = {n: mean[n] + draws[n] for n in mean}
+        if self.subspace_dim is not None:
+            value, details = self._subspace_release(mean, noise, round)
         else:
-            draws, value = None, mean
-        eps, event = self._record(ledger, round, release_id, replay_ok, "gaussian-mean")
-        return Release(value, norms, clipped, eps, event, signal_noise(mean, draws))
+            draws = noise.normal_like(mean, self.noise_std) if self.noise_std > 0 else None
+            value = mean if draws is None else {n: mean[n] + draws[n] for n in mean}
+            details = signal_noise(mean, draws)
+        kind = "gaussian-mean"
+        if self.count_noise_std is not None:
+            details.update(self._count_release(norms, noise))
+            kind = "gaussian-mean+count"
+        details["clip"] = self.clip
+        eps, event = self._record(ledger, round, release_id, replay_ok, kind)
+        return Release(value, norms, clipped, eps, event, details)
+
+    def _subspace_release(
+        self, mean: Params, noise: NoiseSource, round: int | None
+    ) -> tuple[Params, dict[str, Any]]:
+        flat = torch.cat([t.flatten() for t in mean.values()])
+        idx = torch.from_numpy(self.subspace(round, flat.numel()))
+        part = flat.index_select(0, idx)
+        draws = None
+        if self.noise_std > 0:
+            draws = noise.normal_like({"subspace": part}, self.noise_std)
+            part = part + draws["subspace"]
+        out = torch.zeros_like(flat)
+        out[idx] = part
+        value, start = {}, 0
+        for n, t in mean.items():
+            value[n] = out[start : start + t.numel()].view_as(t)
+            start += t.numel()
+        details = signal_noise({"subspace": flat.index_select(0, idx)}, draws)
+        details["full_signal_norm"] = float(flat.double().norm())
+        return value, details
+
+    def _count_release(self, norms: np.ndarray, noise: NoiseSource) -> dict[str, Any]:
+        assert self.count_noise_std is not None and self.clip is not None
+        centred = float(np.sum((norms <= self.clip) - 0.5)) if len(norms) else 0.0
+        draw = float(noise.normal((1,), self.count_noise_std, dtype=torch.float64)[0])
+        return {"unclipped_fraction": (centred + draw) / self.q + 0.5}
 
     def release_blocks(
         self,
@@ -285,3 +422,32 @@ class GaussianMeanRelease:
             value = {n: value[n] + draws[n] for n in value}
         eps, event = self._record(ledger, round, release_id, replay_ok, "gaussian-blocks")
         return Release(value, norms, clipped, eps, event)
+
+
+@dataclass(frozen=True)
+class AdaptiveClip:
+    r"""Geometric update of the clip towards a quantile of the update norms (Andrew et al. 2021).
+
+    After a release with clip :math:`C` whose noisy fraction of unclipped messages is
+    :math:`\tilde b` (:class:`GaussianMeanRelease` with ``count_noise_std``), the next clip is
+    :math:`C \exp(-\eta_C (\tilde b - \kappa))`: it shrinks while more than the target fraction
+    κ of the messages fit, and grows otherwise. It reads released values only (post-processing).
+
+    Parameters
+    ----------
+    quantile : float in (0, 1)
+        κ, the target fraction of unclipped messages.
+    lr : float > 0
+        :math:`\eta_C` (the paper's default 0.2).
+    """
+
+    quantile: float
+    lr: float = 0.2
+
+    def __post_init__(self) -> None:
+        check_real("adaptive_clip_quantile", self.quantile, low=0.0, high=1.0, closed="neither")
+        check_real("adaptive_clip_lr", self.lr, low=0.0, closed="neither")
+
+    def next_clip(self, clip: float, unclipped_fraction: float) -> float:
+        """The clip of the next round."""
+        return float(clip * np.exp(-self.lr * (unclipped_fraction - self.quantile)))
