@@ -89,6 +89,51 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
     "adam-lam1": ("server Adam", _pmtl(100, 0.5, 1.0, *ADAM)),
 }
 
+ADAPT = ("--adaptive-clip-quantile", "0.5", "--adaptive-clip-noise", "5")
+CONFIGS.update(
+    {
+        "local-e2": ("local", [*CONFIGS["local"][1], "--local-epochs", "2"]),
+        "sub10k-lam1": ("subspace", _pmtl(100, 0.5, 1.0, "--subspace-dim", "10000")),
+        "sub1k-lam1": ("subspace", _pmtl(100, 0.5, 1.0, "--subspace-dim", "1000")),
+        "adapt-lam0.001": ("adaptive clipping", _pmtl(100, 0.5, 0.001, *ADAPT)),
+        "adapt-lam1": ("adaptive clipping", _pmtl(100, 0.5, 1.0, *ADAPT)),
+    }
+)
+
+#: The schedule search space (item 3 of issue 11): every option of ``privmtl pmtl`` that the
+#: table studies, the schedule (T rounds, E local epochs per round, γ; σ follows from ε = 1 by
+#: calibration) and λ. ``--search N`` draws N configurations from it with a seeded generator.
+SPACE: dict[str, list[tuple[str, ...]]] = {
+    "schedule": [
+        ("--rounds", "100"),
+        ("--rounds", "50", "--local-epochs", "2"),
+        ("--rounds", "20", "--local-epochs", "5"),
+    ],
+    "clip": [("--clip", "0.5"), ("--clip", "2")],
+    "lam": [("--lam", "0.01"), ("--lam", "0.1"), ("--lam", "1")],
+    "shared": [(), ("--shared-params", "conv1"), ("--shared-params", CONV)],
+    "server": [(), MOM],
+    "clip_rule": [(), ADAPT],
+    "init": [(), ("--personal-init", "billboard")],
+}
+
+
+def search_configs(n: int, seed: int = 0) -> dict[str, tuple[str, list[str]]]:
+    """``n`` distinct configurations drawn uniformly from :data:`SPACE` (names ``s<seed>-<i>``)."""
+    rng = np.random.default_rng([seed, 11])
+    out: dict[str, tuple[str, list[str]]] = {}
+    seen: set[tuple[int, ...]] = set()
+    while len(out) < n:
+        pick = tuple(int(rng.integers(len(v))) for v in SPACE.values())
+        if pick in seen:
+            continue
+        seen.add(pick)
+        extra = [a for (k, v), i in zip(SPACE.items(), pick, strict=True) for a in v[i]]
+        argv = [*COMMON[:4], *PMTL, *COMMON[4:], *extra]
+        out[f"s{seed}-{len(out)}"] = ("schedule search", argv)
+    return out
+
+
 _LOCK = threading.Lock()
 
 
@@ -226,9 +271,20 @@ def main() -> None:
     p.add_argument("--seeds", default="0")
     p.add_argument("--jobs", type=int, default=1, help="concurrent runs (one thread each)")
     p.add_argument("--report", action="store_true")
+    p.add_argument(
+        "--search",
+        type=int,
+        default=0,
+        help="also run N configurations drawn from SPACE (seeded by --search-seed)",
+    )
+    p.add_argument("--search-seed", type=int, default=0)
     args = p.parse_args()
+    CONFIGS.update(search_configs(args.search, args.search_seed))
+    for r in load_jsonl(LOG):  # configurations of earlier searches, for the report
+        CONFIGS.setdefault(r["config"], (r["technique"], r["argv"]))
     if not args.report:
         names = [c for c in args.configs.split(",") if c]
+        names += [n for n in CONFIGS if n.startswith(f"s{args.search_seed}-")][: args.search]
         unknown = [c for c in names if c not in CONFIGS]
         if unknown:
             p.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
