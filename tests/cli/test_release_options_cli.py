@@ -21,6 +21,7 @@ def test_subspace_and_adaptive_clip_flags_reach_the_run(capsys):
     assert out["adaptive_clip_quantile"] == 0.5 and out["adaptive_clip_noise"] == 3.0
     assert out["clip_per_round"][0] == 0.5 and len(set(out["clip_per_round"])) == 3
     assert len(out["signal_norm_per_round"]) == len(out["noise_norm_per_round"]) == 3
+    assert len(out["full_signal_norm_per_round"]) == 3
 
 
 def test_too_little_count_noise_exits_2_naming_the_parameter(capsys):

@@ -531,6 +531,11 @@ def _result_dict(
         # curator-side diagnostics (the signal norm reads the un-noised mean: not private)
         "signal_norm_per_round": [h.get("signal_norm") for h in result.history],
         "noise_norm_per_round": [h.get("noise_norm") for h in result.history],
+        **(
+            {"full_signal_norm_per_round": [h.get("full_signal_norm") for h in result.history]}
+            if cfg.subspace_dim is not None
+            else {}
+        ),
         "released_dim": next(
             (h["released_dim"] for h in result.history if "released_dim" in h), None
         ),
