@@ -379,8 +379,42 @@ def report(rows: list[dict[str, Any]]) -> str:
             markdown_table(["config", "k", "measured ‖Pḡ‖/‖ḡ‖", "√(k/d)"], sub_rows),
             "",
         ]
-    lines += [READING, "", f"Machine: {machine_info()}.", ""]
+    lines += [
+        "![noise over signal per round](pmtl_femnist_options.png)",
+        "",
+        READING,
+        "",
+        f"Machine: {machine_info()}.",
+        "",
+    ]
     return "\n".join(lines)
+
+
+def plot_noise_signal(rows: list[dict[str, Any]], path: Any) -> bool:
+    """Noise norm over signal norm per round (seed 0) of every PMTL configuration."""
+    rs = [r for r in rows if r["seed"] == 0 and r.get("method") != "local"]
+    if not rs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in {r["config"]: r for r in rs}.values():
+        sig = np.asarray([v or np.nan for v in r["signal_norm_per_round"]], dtype=float)
+        noi = np.asarray([v or np.nan for v in r["noise_norm_per_round"]], dtype=float)
+        ax.plot(np.arange(1, len(sig) + 1), noi / sig, lw=1, label=r["config"])
+    ax.set_yscale("log")
+    ax.axhline(1.0, color="k", lw=0.8, ls=":")
+    ax.set_xlabel("round")
+    ax.set_ylabel("noise norm / signal norm")
+    ax.set_title("FEMNIST-105, ε = 1: noise vs signal of each release (seed 0)", fontsize=10)
+    ax.legend(fontsize=6, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def main() -> None:
@@ -430,7 +464,9 @@ def main() -> None:
 
         with ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
             list(pool.map(work, todo))
-    (RESULTS / "pmtl_femnist_options.md").write_text(report(load_jsonl(LOG)))
+    rows = load_jsonl(LOG)
+    plot_noise_signal(rows, RESULTS / "pmtl_femnist_options.png")
+    (RESULTS / "pmtl_femnist_options.md").write_text(report(rows))
 
 
 if __name__ == "__main__":
