@@ -93,3 +93,25 @@ def test_signal_and_noise_norms_are_those_of_the_clipped_mean_and_of_the_draws()
     assert out.details["noise_norm"] == pytest.approx(float(noise.norm()))
     assert out.details["released_dim"] == 3 * 2 + 3
     assert clean.details["noise_norm"] == 0.0
+
+
+def test_release_from_a_clipped_sum_is_the_release_of_the_messages(tmp_path):
+    # client-side clipping (secure aggregation): the curator gets only the sum of clipped
+    # messages; the released value, the noise and the ledger entry are those of release()
+    upd = _updates(4, seed=5)
+    sampler = make_sampler("poisson", 10, 5)
+    rel = GaussianMeanRelease(clip=1.0, noise_std=0.3, sampler=sampler)
+    from privmtl.privacy.release import clip_factors, update_norms
+
+    fac = clip_factors(update_norms(upd), 1.0)
+    total = {n: torch.tensordot(fac.to(t.dtype), t, dims=1) for n, t in upd.items()}
+    la = PrivacyLedger(delta=1e-3, path=tmp_path / "a.jsonl")
+    lb = PrivacyLedger(delta=1e-3, path=tmp_path / "b.jsonl")
+    a = rel.release(upd, SeededNoise(7), ledger=la, round=0, release_id="round:0")
+    b = rel.release_sum(total, SeededNoise(7), ledger=lb, round=0, release_id="round:0")
+    for n in upd:
+        torch.testing.assert_close(a.value[n], b.value[n])
+    assert la.records == lb.records and b.epsilon == a.epsilon
+    assert b.norms.size == 0 and b.clipped.size == 0
+    assert b.details["signal_norm"] == pytest.approx(a.details["signal_norm"])
+    assert b.details["noise_norm"] == pytest.approx(a.details["noise_norm"])

@@ -66,6 +66,40 @@ def flower() -> None:
     help="A node that does not answer a round: fail the run before the release, or release "
     "without its clients (the mean keeps the fixed divisor q).",
 )
+@click.option(
+    "--secagg",
+    is_flag=True,
+    help="Secure aggregation (SecAgg+ among all SuperNodes, >= 3): clients clip and quantize, "
+    "the server sees only the sum and adds the noise (same accounting).",
+)
+@click.option(
+    "--secagg-num-shares",
+    type=int,
+    default=0,
+    show_default=True,
+    help="SecAgg+ shares per secret (neighbours per node); 0: every node.",
+)
+@click.option(
+    "--secagg-threshold",
+    type=int,
+    default=0,
+    show_default=True,
+    help="SecAgg+ reconstruction threshold; 0: a majority of the shares.",
+)
+@click.option(
+    "--secagg-quantization-range",
+    type=int,
+    default=2**22,
+    show_default=True,
+    help="SecAgg+ quantization range R (one step is 2*clip/R).",
+)
+@click.option(
+    "--secagg-modulus-range",
+    type=int,
+    default=2**32,
+    show_default=True,
+    help="SecAgg+ modulus (a power of two <= 2**32).",
+)
 @click.option("--round-timeout", type=float, default=120.0, show_default=True)
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Whole run, seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -99,10 +133,17 @@ def local(**kw: Any) -> None:
         "noise-source": "seeded" if kw["reproducible_noise"] else "secure",
         "on-missing": kw["on_missing"],
         "round-timeout": kw["round_timeout"],
+        "secagg": kw["secagg"],
+        "secagg-num-shares": kw["secagg_num_shares"],
+        "secagg-threshold": kw["secagg_threshold"],
+        "secagg-quantization-range": kw["secagg_quantization_range"],
+        "secagg-modulus-range": kw["secagg_modulus_range"],
     }
     from privmtl.flower._core import check_options
+    from privmtl.flower.secagg import check_secagg_options
 
     check_options(run_config, kw["num_supernodes"])
+    check_secagg_options(run_config, kw["num_supernodes"])
     out = run_local(
         num_supernodes=kw["num_supernodes"],
         run_config=run_config,
@@ -122,3 +163,9 @@ def local(**kw: Any) -> None:
         f"{out['mean_client_accuracy']:.4f}"
     )
     click.echo(f"privacy: {out['summary']}")
+    if out.get("secure_aggregation"):
+        sa = out["secure_aggregation"]
+        click.echo(
+            f"secure aggregation: {sa['protocol']}, {sa['clipping']} clipping, max quantization "
+            f"error {sa['max_quantization_error']:.3g} per coordinate"
+        )

@@ -232,6 +232,32 @@ class Curator:
             out = mech.release_blocks(messages, rows, num, self.noise, **common)
         else:
             out = mech.release(messages, self.noise, template=self.billboard, **common)
+        self._apply(out)
+        return out
+
+    def release_sum(self, total: Params) -> Release:
+        """Like :meth:`release` from the sum of messages clipped elsewhere (secure aggregation).
+
+        ``total`` is the sum over this round's answering clients of their messages, each clipped
+        by the client to ℓ2 norm at most γ; the rest (fixed divisor, noise, write-ahead ledger
+        record, billboard update) is :meth:`release`'s. Only for ``update="add"``.
+        """
+        if self.update != "add":
+            raise InvalidParameterError(
+                f"A release from a clipped sum needs update='add'; got update={self.update!r}."
+            )
+        out = self.release_mechanism.release_sum(
+            total,
+            self.noise,
+            ledger=self.ledger,
+            round=self.round,
+            release_id=self.release_id(),
+            replay_ok=self._seeded,
+        )
+        self._apply(out)
+        return out
+
+    def _apply(self, out: Release) -> None:
         # the ledger has the release on disk: it may now leave the curator
         if self.update == "replace":
             self.billboard = out.value
@@ -241,12 +267,12 @@ class Curator:
         else:
             self.billboard = {n: self.billboard[n] + out.value[n] for n in self.billboard}
         if self.adaptive_clip is not None:  # post-processing of the released count
+            mech = self.release_mechanism
             assert mech.clip is not None
             self._set_clip(
                 self.adaptive_clip.next_clip(mech.clip, out.details["unclipped_fraction"])
             )
         self.round += 1
-        return out
 
     def _set_clip(self, clip: float) -> None:
         mech = self.release_mechanism

@@ -35,6 +35,7 @@ from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
 from privmtl.federated.client import ProxStep, local_sgd_batched
 from privmtl.federated.config import TrainConfig, TrainResult
 from privmtl.federated.protocol import Curator, method_spec
+from privmtl.flower.secagg import SECAGG_DEFAULTS
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import make_noise_source
 from privmtl.privacy.release import GaussianMeanRelease
@@ -77,6 +78,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "out-dir": "",
     "on-missing": "fail",  # "fail" | "drop"
     "round-timeout": 120.0,
+    **SECAGG_DEFAULTS,
 }
 
 
@@ -427,27 +429,36 @@ class ServerRun:
         messages: dict[int, Params],
         losses: dict[int, float],
         seconds: float,
+        *,
+        secure: tuple[Params, list[int]] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         """Release the round from the messages of the clients that answered.
 
         A sampled client without a message contributes nothing to the sum (which is still divided
-        by the fixed ``q``): the release has the sensitivity it is accounted for.
+        by the fixed ``q``): the release has the sensitivity it is accounted for. With
+        ``secure = (total, answered)`` the curator has only the sum of the answering clients'
+        messages, clipped by the clients (secure aggregation, :mod:`privmtl.flower.secagg`).
         """
         t = self.curator.round
-        answered = [int(k) for k in sampled if int(k) in messages]
-        names = list(self.curator.billboard)
-        stacked = {
-            n: (
-                torch.stack([messages[k][n] for k in answered])
-                if answered
-                else self.curator.billboard[n].new_zeros((0, *self.curator.billboard[n].shape))
-            )
-            for n in names
-        }
-        out = self.curator.release(stacked, rows=np.asarray(answered, dtype=np.int64))
+        if secure is not None:
+            total, answered = secure
+            out = self.curator.release_sum(total)
+        else:
+            answered = [int(k) for k in sampled if int(k) in messages]
+            names = list(self.curator.billboard)
+            stacked = {
+                n: (
+                    torch.stack([messages[k][n] for k in answered])
+                    if answered
+                    else self.curator.billboard[n].new_zeros((0, *self.curator.billboard[n].shape))
+                )
+                for n in names
+            }
+            out = self.curator.release(stacked, rows=np.asarray(answered, dtype=np.int64))
         if self.ledger is not None:
             self.epsilon = float(out.epsilon)
-        ls = [losses[k] for k in answered if not math.isnan(losses[k])]
+        ls = [losses[k] for k in answered if k in losses and not math.isnan(losses[k])]
         self.history.append(
             {
                 "round": t,
@@ -456,10 +467,15 @@ class ServerRun:
                 "n_sampled": len(sampled),
                 "train_loss": float(np.mean(ls)) if ls else math.nan,
                 "update_norms": [float(v) for v in out.norms],
-                "clipped_fraction": float(np.mean(out.clipped)) if len(out.clipped) else 0.0,
+                "clipped_fraction": (
+                    float(np.mean(out.clipped))
+                    if len(out.clipped)
+                    else (math.nan if secure is not None else 0.0)
+                ),
                 "noise_multiplier": self.curator.release_mechanism.noise_multiplier,
                 "epsilon": self.epsilon,
                 "seconds": seconds,
+                **(extra or {}),
             }
         )
         self.billboards.append({n: p.clone() for n, p in self.curator.billboard.items()})

@@ -10,6 +10,10 @@ Messages (all ``RecordDict`` contents):
     ``ArrayRecord "billboard"`` and ``ConfigRecord "round"`` (round index, the node's sampled
     clients, the TrainConfig as JSON); reply: ``ArrayRecord "messages"`` (stacked ``(K, ...)``
     client messages in the order asked) and ``MetricRecord "losses"``.
+``train.secagg`` (server → every node, four times per round, with ``--secagg``)
+    ``ConfigRecord "secagg"``: one SecAgg+ stage (:mod:`privmtl.flower.secagg`); the collect
+    stage also carries the ``train`` records and runs the client step, and the node answers with
+    its masked, quantized sum of clipped client messages instead of the messages.
 ``evaluate`` (server → every node)
     ``ArrayRecord "billboard"``; reply: ``ConfigRecord "scores"`` (per-client correct counts and
     sizes of the personalized and the global model on val and test).
@@ -90,8 +94,8 @@ def query(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
-@client_app.train()
-def train(msg: Message, context: Context) -> Message:
+def _train(msg: Message, context: Context) -> tuple[NodeClients, dict, dict, list[float]]:
+    """Run the client step of the node's clients named in a train message."""
     from privmtl.federated.config import TrainConfig
 
     node = _node(context)
@@ -104,6 +108,12 @@ def train(msg: Message, context: Context) -> Message:
     context.state[_STATE] = _arrays(
         {f"{cid}{_SEP}{n}": p for cid, ps in node.personal.items() for n, p in ps.items()}
     )
+    return node, spec, msgs, losses
+
+
+@client_app.train()
+def train(msg: Message, context: Context) -> Message:
+    _, _, msgs, losses = _train(msg, context)
     content = RecordDict(
         {
             "messages": _arrays(msgs),
@@ -111,6 +121,18 @@ def train(msg: Message, context: Context) -> Message:
         }
     )
     return Message(content, reply_to=msg)
+
+
+@client_app.train("secagg")
+def train_secagg(msg: Message, context: Context) -> Message:
+    """One SecAgg+ stage; the collect stage runs the client step (:mod:`privmtl.flower.secagg`)."""
+    from privmtl.flower import secagg
+
+    def vector(m: Message) -> Any:
+        node, spec, msgs, _ = _train(m, context)
+        return secagg.node_vector(msgs, spec, node.partition_id)
+
+    return secagg.client_message(msg, context, vector)
 
 
 @client_app.evaluate()
@@ -174,6 +196,8 @@ def main(grid: Grid, context: Context) -> None:
             )
         run = ServerRun(opts, init, m, ledger_path=out_dir / "ledger.jsonl")
         config = _config_fields(run.config)
+        secure = _secagg_setup(opts, run) if opts["secagg"] else None
+        bounds: list[float] = []
         board_path = out_dir / "billboards.pt"
         for t in range(run.config.rounds):
             t0 = time.perf_counter()
@@ -182,6 +206,12 @@ def main(grid: Grid, context: Context) -> None:
             for k in sampled:
                 per_node.setdefault(owner[int(k)], []).append(int(k))
             board = _arrays(run.curator.billboard)
+            if secure is not None:
+                bounds.append(
+                    _secure_round(grid, nodes, owner, sampled, per_node, board, config, run, secure)
+                )
+                _progress(run)
+                continue
             contents = {
                 nid: RecordDict(
                     {
@@ -209,13 +239,7 @@ def main(grid: Grid, context: Context) -> None:
                     "(on-missing=fail)"
                 )
             run.release(sampled, messages, losses, time.perf_counter() - t0)
-            h = run.history[-1]
-            print(
-                f"privmtl-flower round {t + 1}/{run.config.rounds}: sampled {h['n_sampled']}, "
-                f"answered {len(h['answered'])}, loss {h['train_loss']:.4f}, "
-                f"epsilon {h['epsilon']:.4g}",
-                flush=True,
-            )
+            _progress(run)
         torch.save(run.billboards, board_path)
         board = _arrays(run.curator.billboard)
         evals = _ask(
@@ -225,10 +249,123 @@ def main(grid: Grid, context: Context) -> None:
             raise RuntimeError(f"only {len(evals)} of {len(nodes)} nodes answered the evaluation")
         scores = [json.loads(str(evals[nid].config_records["scores"]["json"])) for nid in nodes]
         result = run.result_dict(scores, started)
+        result["secure_aggregation"] = (
+            None if secure is None else _secagg_describe(secure, len(nodes), bounds)
+        )
         _write(out_dir / "result.json", json.dumps(result))
     except Exception as exc:  # the launcher reports it
         _write(out_dir / "error.txt", f"{type(exc).__name__}: {exc}")
         raise
+
+
+def _progress(run: ServerRun) -> None:
+    h = run.history[-1]
+    print(
+        f"privmtl-flower round {len(run.history)}/{run.config.rounds}: sampled "
+        f"{h['n_sampled']}, answered {len(h['answered'])}, loss {h['train_loss']:.4f}, "
+        f"epsilon {h['epsilon']:.4g}",
+        flush=True,
+    )
+
+
+def _secagg_setup(opts: dict[str, Any], run: ServerRun) -> Any:
+    from privmtl.flower.secagg import SecAggParams, SecAggServer
+
+    params = SecAggParams(
+        clip=float(opts["clip"]),
+        dim=sum(int(p.numel()) for p in run.curator.billboard.values()),
+        quantization_range=int(opts["secagg-quantization-range"]),
+        modulus_range=int(opts["secagg-modulus-range"]),
+    )
+    return SecAggServer(
+        params,
+        num_shares=int(opts["secagg-num-shares"]),
+        threshold=int(opts["secagg-threshold"]),
+    )
+
+
+def _secagg_describe(server: Any, num_nodes: int, bounds: list[float]) -> dict[str, Any]:
+    from privmtl.flower.secagg import describe
+
+    return describe(server.params, server, num_nodes, bounds)
+
+
+def _secure_round(
+    grid: Grid,
+    nodes: list[int],
+    owner: dict[int, int],
+    sampled: Any,
+    per_node: dict[int, list[int]],
+    board: ArrayRecord,
+    config: dict[str, Any],
+    run: ServerRun,
+    server: Any,
+) -> float:
+    """One round under SecAgg+: every node takes part, the curator gets only the sum.
+
+    Returns the round's documented quantization error bound.
+    """
+    from privmtl.flower.secagg import (
+        SecureAggregationError,
+        dequantize_sum,
+        grid_exchange,
+        unflatten,
+    )
+
+    t0 = time.perf_counter()
+    t = run.curator.round
+    params = server.params
+    if len(sampled) > params.max_clients:
+        raise SecureAggregationError(
+            f"round {t}: {len(sampled)} sampled clients exceed the {params.max_clients} one "
+            "SecAgg+ sum can hold; nothing was released"
+        )
+    template = run.curator.billboard
+    spec = {
+        "config": config,
+        "names": list(template),
+        "secagg": {
+            "clip": params.clip,
+            "dim": params.dim,
+            "quantization_range": params.quantization_range,
+            "modulus_range": params.modulus_range,
+        },
+    }
+    collect = {
+        nid: {
+            "billboard": board,
+            "round": ConfigRecord(
+                {"json": json.dumps({**spec, "round": t, "clients": per_node.get(nid, [])})}
+            ),
+        }
+        for nid in nodes
+    }
+    timeout = float(run.opts["round-timeout"])
+    res = server.run(nodes, grid_exchange(grid, collect, timeout), round_index=t)
+    lost = [nid for nid in res.dropped if per_node.get(nid)]
+    if lost and run.opts["on-missing"] == "fail":
+        raise RuntimeError(
+            f"round {t}: {len(lost)} node(s) with sampled clients dropped out of SecAgg+; "
+            "nothing was released (on-missing=fail)"
+        )
+    included = set(res.included)
+    answered = [int(k) for k in sampled if owner[int(k)] in included]
+    flat = dequantize_sum(res.total, len(answered), params)
+    total = {n: p.to(template[n].dtype) for n, p in unflatten(flat, template).items()}
+    bound = params.error_bound(len(answered), run.q)
+    run.release(
+        sampled,
+        {},
+        {},
+        time.perf_counter() - t0,
+        secure=(total, answered),
+        extra={
+            "secagg_nodes": len(res.included),
+            "secagg_dropped_nodes": len(res.dropped),
+            "secagg_error_bound": bound,
+        },
+    )
+    return bound
 
 
 def _config_fields(config: Any) -> dict[str, Any]:

@@ -350,12 +350,7 @@ class GaussianMeanRelease:
         :meth:`~privmtl.privacy.ledger.PrivacyLedger.record` (seeded replays after resume).
         """
         mean, norms, clipped = self.aggregate(updates, template)
-        if self.subspace_dim is not None:
-            value, details = self._subspace_release(mean, noise, round)
-        else:
-            draws = noise.normal_like(mean, self.noise_std) if self.noise_std > 0 else None
-            value = mean if draws is None else {n: mean[n] + draws[n] for n in mean}
-            details = signal_noise(mean, draws)
+        value, details = self._noised(mean, noise, round)
         kind = "gaussian-mean"
         if self.count_noise_std is not None:
             details.update(self._count_release(norms, noise))
@@ -363,6 +358,15 @@ class GaussianMeanRelease:
         details["clip"] = self.clip
         eps, event = self._record(ledger, round, release_id, replay_ok, kind)
         return Release(value, norms, clipped, eps, event, details)
+
+    def _noised(
+        self, mean: Params, noise: NoiseSource, round: int | None
+    ) -> tuple[Params, dict[str, Any]]:
+        if self.subspace_dim is not None:
+            return self._subspace_release(mean, noise, round)
+        draws = noise.normal_like(mean, self.noise_std) if self.noise_std > 0 else None
+        value = mean if draws is None else {n: mean[n] + draws[n] for n in mean}
+        return value, signal_noise(mean, draws)
 
     def _subspace_release(
         self, mean: Params, noise: NoiseSource, round: int | None
@@ -389,6 +393,38 @@ class GaussianMeanRelease:
         centred = float(np.sum((norms <= self.clip) - 0.5)) if len(norms) else 0.0
         draw = float(noise.normal((1,), self.count_noise_std, dtype=torch.float64)[0])
         return {"unclipped_fraction": (centred + draw) / self.q + 0.5}
+
+    def release_sum(
+        self,
+        total: Params,
+        noise: NoiseSource,
+        *,
+        ledger: Any = None,
+        round: int | None = None,
+        release_id: str | None = None,
+        replay_ok: bool = False,
+    ) -> Release:
+        """Mean over the fixed divisor → noise → ledger record, from a sum clipped elsewhere.
+
+        ``total`` is the sum of the round's messages, each already clipped to ℓ2 norm at most
+        γ by whoever computed the sum (client-side clipping under secure aggregation: the curator
+        never sees a single message). Everything else is :meth:`release`: the same divisor,
+        noise draws, privacy event and ledger entry, so the accounting is that of
+        :meth:`release` exactly when the clipping holds. ``norms`` and ``clipped`` of the result
+        are empty (unknown to the curator). Adaptive clipping needs every message's norm and is
+        refused.
+        """
+        if self.count_noise_std is not None:
+            raise InvalidParameterError(
+                "Adaptive clipping needs each message's norm, which a release from a sum "
+                "(secure aggregation) does not have; got count_noise_std="
+                f"{self.count_noise_std}."
+            )
+        mean = {n: t / self.q for n, t in total.items()}
+        value, details = self._noised(mean, noise, round)
+        details["clip"] = self.clip
+        eps, event = self._record(ledger, round, release_id, replay_ok, "gaussian-mean")
+        return Release(value, np.zeros(0), np.zeros(0, dtype=bool), eps, event, details)
 
     def release_blocks(
         self,
