@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+
+import pytest
 
 from privmtl.cli import main
 
@@ -33,3 +36,45 @@ def test_invalid_rounds_exit_2_before_starting_anything(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert len(err) == 1 and ("rounds" in err[0] or "Flower" in err[0])
+
+
+needs_flwr = pytest.mark.skipif(
+    importlib.util.find_spec("flwr") is None, reason="privmtl flower checks Flower first"
+)
+
+
+def _local(*extra):
+    return ["flower", "local", "--data", "synthetic", "--model", "logreg", *extra]
+
+
+@needs_flwr
+def test_negative_values_are_refused_not_read_as_not_given(capsys):
+    # the run config encodes "not given" as -1: a given -1 must not turn a run non-private
+    for flag in ("--epsilon", "--budget-epsilon", "--noise-std"):
+        rc = main(_local(flag, "-1"))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and flag in err[0], (flag, err)
+
+
+@needs_flwr
+def test_resume_needs_a_work_dir_and_bad_options_exit_2(capsys):
+    for argv, word in (
+        (_local("--resume"), "--work-dir"),
+        (_local("--round-timeout", "0"), "round_timeout"),
+        (_local("--checkpoint-every", "0"), "checkpoint_every"),
+        (_local("--on-missing", "drop"), "on-missing"),
+    ):
+        rc = main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and word in err[0], (argv, err)
+
+
+@needs_flwr
+def test_unfinished_work_dir_is_refused_before_any_process_starts(tmp_path, capsys):
+    server = tmp_path / "server"
+    server.mkdir()
+    (server / "run.json").write_text('{"run": 0, "token": "t", "finished": false}')
+    rc = main(_local("--work-dir", str(tmp_path)))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--resume" in err[0]
+    assert not (tmp_path / "logs").exists()  # nothing was started

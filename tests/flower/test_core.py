@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 import torch
 
+from privmtl.checkpoint import CheckpointError
 from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import make_model
+from privmtl.federated.config import TrainConfig
 from privmtl.federated.protocol import Trainer
 from privmtl.flower._core import NodeClients, ServerRun, partition, run_options
+from privmtl.privacy.ledger import reaccount, read_ledger
 
 
 def _opts(**kw):
@@ -29,10 +33,9 @@ def _opts(**kw):
     return run_options(base)
 
 
-def _split_run(ds, opts, n_nodes, state_root=None, ledger_path=None):
-    """Drive ServerRun + NodeClients as the Flower apps do (by-value message passing)."""
+def _nodes(ds, opts, n_nodes, state_root=None):
     seed = int(opts["seed"])
-    nodes = [
+    return [
         NodeClients(
             ds,
             make_model("logreg", ds, seed),
@@ -42,26 +45,42 @@ def _split_run(ds, opts, n_nodes, state_root=None, ledger_path=None):
         )
         for i in range(n_nodes)
     ]
+
+
+def _round(run, nodes):
+    """One round as the ServerApp drives it (by-value message passing, the config as JSON)."""
     owner = {int(k): node for node in nodes for k in node.clients}
+    t = run.curator.round
+    key = run.round_key()
+    sampled = run.curator.sample_round()
+    messages, losses = {}, {}
+    board = {n: p.clone() for n, p in run.curator.billboard.items()}
+    cfg = TrainConfig(**json.loads(json.dumps(asdict(run.config))))
+    for node in nodes:
+        ks = [int(k) for k in sampled if owner[int(k)] is node]
+        msgs, ls = node.train(ks, board, t, cfg, key=key)
+        for j, k in enumerate(ks):
+            messages[k] = {n: p[j] for n, p in msgs.items()}
+            losses[k] = ls[j]
+    run.release(sampled, messages, losses, 0.0)
+
+
+def _drive(run, nodes, max_rounds=None):
+    """The ServerApp's loop: rounds until finished or stopped on the budget."""
+    done = 0
+    while not run.finished and not run.stop_on_budget():
+        if max_rounds is not None and done == max_rounds:
+            return run
+        _round(run, nodes)
+        done += 1
+    run.finish()
+    return run
+
+
+def _split_run(ds, opts, n_nodes, state_root=None, ledger_path=None):
+    nodes = _nodes(ds, opts, n_nodes, state_root)
     run = ServerRun(opts, nodes[0].init, ds.n_clients, ledger_path=ledger_path)
-    for t in range(run.config.rounds):
-        sampled = run.curator.sample_round()
-        messages, losses = {}, {}
-        board = {n: p.clone() for n, p in run.curator.billboard.items()}
-        for node in nodes:
-            ks = [int(k) for k in sampled if owner[int(k)] is node]
-            # the config travels as JSON, as in the Flower message
-            from dataclasses import asdict
-
-            from privmtl.federated.config import TrainConfig
-
-            cfg = TrainConfig(**json.loads(json.dumps(asdict(run.config))))
-            msgs, ls = node.train(ks, board, t, cfg)
-            for j, k in enumerate(ks):
-                messages[k] = {n: p[j] for n, p in msgs.items()}
-                losses[k] = ls[j]
-        run.release(sampled, messages, losses, 0.0)
-    return run, nodes
+    return _drive(run, nodes), nodes
 
 
 def test_partition_covers_every_client_once():
@@ -161,3 +180,98 @@ def test_node_data_cache_rebuilds_the_same_node(tmp_path):
     m2, _ = again.train(ks, board, 0, cfg)
     for n in m1:
         assert torch.equal(m1[n], m2[n])
+
+
+def _boards_close(a, b, atol=1e-6):
+    return len(a) == len(b) and all(
+        torch.allclose(x[n], y[n], atol=atol, rtol=0) for x, y in zip(a, b, strict=True) for n in x
+    )
+
+
+def test_budget_stop_before_the_exceeding_release_as_the_trainer(tmp_path):
+    ds = make_synthetic_federated(random_state=0)
+    full, _ = _split_run(ds, _opts(rounds=4), n_nodes=2)
+    per_round = [h["epsilon"] for h in full.history]
+    budget = (per_round[1] + per_round[2]) / 2  # room for two releases, not three
+    opts = _opts(rounds=4, **{"budget-epsilon": budget})
+    nodes = _nodes(ds, opts, 2, tmp_path / "nodes")
+    run = _drive(ServerRun(opts, nodes[0].init, ds.n_clients, server_dir=tmp_path / "s"), nodes)
+    assert run.stopped_on_budget and len(run.history) == 2
+    assert run.epsilon == pytest.approx(per_round[1], rel=1e-12) and run.epsilon <= budget
+    _, entries = read_ledger(tmp_path / "s" / "ledger.jsonl")
+    assert len(entries) == 2
+    res = run.result_dict([n.evaluate(run.curator.billboard) for n in nodes], 0.0)
+    assert res["stopped_on_budget"] is True and res["rounds_run"] == 2
+    assert res["budget_epsilon"] == budget
+    # the in-process Trainer stops at the same round
+    trainer = Trainer(
+        ds, make_model("logreg", ds, 3), run.config, noise_source="seeded", budget_epsilon=budget
+    )
+    trainer.run()
+    assert trainer.stopped_on_budget and len(trainer.history) == 2
+
+
+def test_resumed_server_repeats_uncheckpointed_round_without_double_charge(tmp_path):
+    """Killed after round 2's release but before its checkpoint: the resumed run repeats round 2
+    from the same state (curator and nodes), the ledger keeps one entry per release, and every
+    billboard equals the uninterrupted run's."""
+    ds = make_synthetic_federated(random_state=0)
+    opts = _opts(rounds=4, **{"checkpoint-every": 2})
+    ref_nodes = _nodes(ds, opts, 3, tmp_path / "ref-nodes")
+    ref = _drive(
+        ServerRun(opts, ref_nodes[0].init, ds.n_clients, server_dir=tmp_path / "ref"), ref_nodes
+    )
+    nodes = _nodes(ds, opts, 3, tmp_path / "nodes")
+    first = ServerRun(opts, nodes[0].init, ds.n_clients, server_dir=tmp_path / "s")
+    _drive(first, nodes, max_rounds=3)  # rounds 0, 1, 2 released; checkpoint after round 1
+    assert first.curator.round == 3
+    with pytest.raises(InvalidParameterError, match="did not finish"):
+        ServerRun(opts, nodes[0].init, ds.n_clients, server_dir=tmp_path / "s")
+    # restarted server and nodes (read back from their storage)
+    nodes = _nodes(ds, opts, 3, tmp_path / "nodes")
+    again = ServerRun(
+        {**opts, "resume": True}, nodes[0].init, ds.n_clients, server_dir=tmp_path / "s"
+    )
+    assert again.curator.round == 2 and again.token == first.token
+    _drive(again, nodes)
+    assert _boards_close(again.billboards, ref.billboards)
+    _, entries = read_ledger(tmp_path / "s" / "ledger.jsonl")
+    assert [e["release_id"] for e in entries] == [f"round:{t}" for t in range(4)]
+    assert again.epsilon == pytest.approx(ref.epsilon, rel=1e-12)
+    assert reaccount(tmp_path / "s")["epsilon"] == pytest.approx(again.epsilon, rel=1e-9)
+    # the nodes' personalized models equal the uninterrupted run's
+    for a, b in zip(nodes, ref_nodes, strict=True):
+        assert a.personal.keys() == b.personal.keys()
+        for cid in a.personal:
+            for n in a.personal[cid]:
+                assert torch.allclose(a.personal[cid][n], b.personal[cid][n], atol=1e-6)
+
+
+def test_resume_of_another_configuration_is_refused(tmp_path):
+    ds = make_synthetic_federated(random_state=0)
+    opts = _opts(rounds=3)
+    nodes = _nodes(ds, opts, 1)
+    _drive(ServerRun(opts, nodes[0].init, ds.n_clients, server_dir=tmp_path), nodes, max_rounds=1)
+    other = {**opts, "lam": 0.5, "resume": True}
+    with pytest.raises(CheckpointError, match="lam"):
+        ServerRun(other, nodes[0].init, ds.n_clients, server_dir=tmp_path)
+
+
+def test_a_second_run_in_the_same_directory_continues_the_ledger(tmp_path):
+    """The clients continue their models, so the second run's ε composes both runs' releases."""
+    ds = make_synthetic_federated(random_state=0)
+    opts = _opts(rounds=2, **{"noise-source": "secure"})
+    nodes = _nodes(ds, opts, 2, tmp_path / "nodes")
+    one = _drive(ServerRun(opts, nodes[0].init, ds.n_clients, server_dir=tmp_path / "s"), nodes)
+    two = _drive(ServerRun(opts, nodes[0].init, ds.n_clients, server_dir=tmp_path / "s"), nodes)
+    assert (one.run_index, two.run_index) == (0, 1)
+    _, entries = read_ledger(tmp_path / "s" / "ledger.jsonl")
+    ids = [e["release_id"] for e in entries]
+    assert ids == ["round:0", "round:1", "run1:round:0", "run1:round:1"]
+    assert two.epsilon > one.epsilon
+    assert two.epsilon == pytest.approx(reaccount(tmp_path / "s")["epsilon"], rel=1e-9)
+    # two runs of 2 rounds = one run of 4 rounds (same mechanism) for the accountant
+    four = ServerRun(_opts(rounds=4), nodes[0].init, ds.n_clients)
+    for _ in range(4):
+        four.curator.ledger.record(four.curator.event())
+    assert two.epsilon == pytest.approx(four.epsilon, rel=1e-9)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from privmtl.experiments.pmtl import make_model, run_pmtl
 from privmtl.federated.protocol import Trainer
 from privmtl.flower._core import from_bytes, run_options
 from privmtl.flower.launcher import run_local
+from privmtl.privacy.ledger import reaccount
 
 pytestmark = pytest.mark.slow
 
@@ -55,19 +56,13 @@ def _personal(state: Path) -> dict:
 
 
 def test_three_supernodes_match_in_process_engine_and_continue(tmp_path):
-    state = tmp_path / "state"
-    res = run_local(
-        num_supernodes=3,
-        run_config=CONFIG,
-        state_dir=state,
-        work_dir=tmp_path / "w1",
-        timeout=600,
-    )
-    assert not _alive_with_home(tmp_path / "w1" / "flwr-home")
+    work = tmp_path / "w"
+    res = run_local(num_supernodes=3, run_config=CONFIG, work_dir=work, timeout=600)
+    assert not _alive_with_home(work / "flwr-home")
     # the JSON of privmtl pmtl plus the engine
     ref_keys = run_pmtl(rounds=1, clients_per_round=2, noise_std=0.05, show_progress=False).keys()
     assert set(ref_keys) - {"data_seconds"} <= set(res)
-    assert res["engine"] == "flower-deployment"
+    assert res["engine"] == "flower-deployment" and res["work_dir"] == str(work.absolute())
 
     # seeded: every billboard equals the in-process engine's, and so do ε and the accuracy
     ds = make_synthetic_federated(random_state=3)
@@ -76,7 +71,7 @@ def test_three_supernodes_match_in_process_engine_and_continue(tmp_path):
     config, _ = make_config(run_options(CONFIG), ds.n_clients)
     trainer = Trainer(ds, make_model("logreg", ds, 3), config, noise_source="seeded")
     ref = [{n: p.clone() for n, p in rec.released.items()} for rec in trainer]
-    boards = torch.load(tmp_path / "w1" / "out" / "billboards.pt", weights_only=True)
+    boards = torch.load(work / "server" / "billboards.pt", weights_only=True)
     assert len(boards) == 3
     for a, b in zip(boards, ref, strict=True):
         for n in a:
@@ -86,26 +81,30 @@ def test_three_supernodes_match_in_process_engine_and_continue(tmp_path):
     inproc = trainer.result()
     assert res["test_accuracy"] == pytest.approx(inproc.test_accuracy, abs=1e-9)
     assert res["mean_client_accuracy"] == pytest.approx(inproc.mean_client_accuracy, abs=1e-9)
+    # the work directory keeps the write-ahead ledger, the checkpoint and every process's log
+    assert reaccount(work / "server")["releases"] == 3
+    assert (work / "server" / "manifest.json").is_file()
+    assert json.loads((work / "server" / "run.json").read_text())["finished"] is True
+    assert {p.name for p in next((work / "logs").iterdir()).iterdir()} >= {
+        "superlink.log",
+        "supernode-0.log",
+        "flwr-run.log",
+    }
 
     # the personalized models live on the nodes and equal the engine's
-    personal = _personal(state)
+    personal = _personal(work / "nodes")
     trained = {k for h in trainer.history for k in h["sampled"]}
     assert set(personal) == {ds.client_ids[k] for k in trained}
     for k in trained:
         for n, p in personal[ds.client_ids[k]].items():
             assert torch.allclose(p, inproc.personalized_params[n][k], atol=1e-5, rtol=0)
 
-    # a second run on the same node storage continues the same personalized models:
+    # a second run in the same work directory continues the same personalized models:
     # its first release equals an in-process engine started from those models
-    shutil.copytree(state, tmp_path / "state-after-1")
     res2 = run_local(
-        num_supernodes=3,
-        run_config={**CONFIG, "rounds": 1},
-        state_dir=state,
-        work_dir=tmp_path / "w2",
-        timeout=600,
+        num_supernodes=3, run_config={**CONFIG, "rounds": 1}, work_dir=work, timeout=600
     )
-    assert res2["rounds_run"] == 1
+    assert res2["rounds_run"] == 1 and res2["run_index"] == 1
     config1, _ = make_config(run_options({**CONFIG, "rounds": 1}), ds.n_clients)
     cont = Trainer(ds, make_model("logreg", ds, 3), config1, noise_source="seeded")
     for k in range(ds.n_clients):  # the clients' own models after run 1
@@ -114,9 +113,14 @@ def test_three_supernodes_match_in_process_engine_and_continue(tmp_path):
             for n, p in personal[cid].items():
                 cont.clients["personal"][n][k] = p
     (rec,) = list(cont)
-    (b2,) = torch.load(tmp_path / "w2" / "out" / "billboards.pt", weights_only=True)
+    (b2,) = torch.load(work / "server" / "billboards.pt", weights_only=True)
     for n in b2:
         assert torch.allclose(b2[n], rec.released[n], atol=1e-5, rtol=0)
     fresh = Trainer(ds, make_model("logreg", ds, 3), config1, noise_source="seeded")
     (rec0,) = list(fresh)
     assert not all(torch.allclose(b2[n], rec0.released[n], atol=1e-5) for n in b2)
+    # the ledger continues: ε composes the 3 + 1 releases the clients took part in
+    acc = reaccount(work / "server")
+    assert acc["releases"] == res2["ledger_releases"] == 4
+    assert res2["epsilon"] == pytest.approx(acc["epsilon"], rel=1e-9)
+    assert res2["epsilon"] > res["epsilon"]

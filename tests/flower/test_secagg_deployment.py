@@ -37,7 +37,7 @@ def _ledger(path):
 
 
 def _boards(work):
-    return torch.load(work / "out" / "billboards.pt", weights_only=True)
+    return torch.load(work / "server" / "billboards.pt", weights_only=True)
 
 
 def _dist(a, b):
@@ -61,8 +61,8 @@ def test_secagg_billboards_match_the_plain_run_up_to_the_quantization_bound(tmp_
     )
 
     # the same accounting: identical ledger entries and epsilon
-    assert _ledger(tmp_path / "sec" / "out" / "ledger.jsonl") == _ledger(
-        tmp_path / "plain" / "out" / "ledger.jsonl"
+    assert _ledger(tmp_path / "sec" / "server" / "ledger.jsonl") == _ledger(
+        tmp_path / "plain" / "server" / "ledger.jsonl"
     )
     assert sec["epsilon"] == plain["epsilon"]
     assert sec["epsilon_per_round"] == plain["epsilon_per_round"]

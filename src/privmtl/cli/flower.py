@@ -7,12 +7,14 @@ the extra installed.
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import click
 
 from privmtl.cli._common import echo_json
 from privmtl.exceptions import InvalidParameterError
+from privmtl.io import check_writable_dir
 
 __all__ = ["flower"]
 
@@ -53,18 +55,49 @@ def flower() -> None:
     "anyone who knows the seed can subtract it). Default: secure noise from OS entropy.",
 )
 @click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False),
-    help="Root of the nodes' own storage of personalized models (node-<i>/); reuse it to continue "
-    "the same personalized models. Default: a fresh temporary directory.",
+    "--work-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The run's durable directory: server/ (write-ahead privacy ledger ledger.jsonl, "
+    "checkpoint, billboards.pt, result.json), nodes/node-<i>/ (each SuperNode's personalized "
+    "models), logs/. Run again with the same directory to continue the personalized models (the "
+    "ledger continues too: ε composes every release the clients took part in). Default: a new "
+    "directory under $XDG_STATE_HOME/privmtl/flower (~/.local/state/...), printed on stderr; "
+    "it is never deleted.",
+)
+@click.option(
+    "--budget-epsilon",
+    type=float,
+    help="Stop before the release that would take the ledger's ε above this budget "
+    "(stopped_on_budget: true).",
+)
+@click.option(
+    "--checkpoint-every",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Rounds between checkpoints of the ServerApp (in WORK_DIR/server).",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the run in --work-dir that did not finish (killed, failed, interrupted) from "
+    "its checkpoint; seeded replays are not charged twice.",
 )
 @click.option(
     "--on-missing",
-    type=click.Choice(["fail", "drop"]),
+    type=click.Choice(["fail", "proceed"]),
     default="fail",
     show_default=True,
-    help="A node that does not answer a round: fail the run before the release, or release "
-    "without its clients (the mean keeps the fixed divisor q).",
+    help="A node that does not answer a round within --round-timeout: fail the run before the "
+    "release (resume later with --resume), or proceed without its clients (the mean keeps the "
+    "fixed divisor q).",
+)
+@click.option(
+    "--round-timeout",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the nodes' answers in a round (and for the SuperNodes to connect).",
 )
 @click.option(
     "--secagg",
@@ -100,11 +133,14 @@ def flower() -> None:
     show_default=True,
     help="SecAgg+ modulus (a power of two <= 2**32).",
 )
-@click.option("--round-timeout", type=float, default=120.0, show_default=True)
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Whole run, seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def local(**kw: Any) -> None:
-    """Run PMTL on a SuperLink and N SuperNodes started on 127.0.0.1 (insecure loopback only)."""
+    """Run PMTL on a SuperLink and N SuperNodes started on 127.0.0.1 (insecure loopback only).
+
+    Everything the run writes stays in --work-dir (the privacy ledger first of all); every
+    process started is stopped at the end, also on failure and on Ctrl-C.
+    """
     if importlib.util.find_spec("flwr") is None:
         raise click.ClickException("privmtl flower needs Flower: pip install 'privmtl[flower]'")
     if kw["epsilon"] is not None and kw["noise_std"] is not None:
@@ -112,7 +148,21 @@ def local(**kw: Any) -> None:
             "Give at most one of --epsilon and --noise-std; got "
             f"epsilon={kw['epsilon']}, noise_std={kw['noise_std']}."
         )
-    from privmtl.flower.launcher import run_local
+    # checked here: the run config encodes "not given" as -1
+    for name, low in (("epsilon", "> 0"), ("budget_epsilon", "> 0"), ("noise_std", ">= 0")):
+        v = kw[name]
+        if v is not None and not (v > 0 if low == "> 0" else v >= 0):
+            raise click.BadParameter(
+                f"must be {low}; got {v}", param_hint="--" + name.replace("_", "-")
+            )
+    if kw["resume"] and kw["work_dir"] is None:
+        raise click.BadParameter("needs --work-dir", param_hint="--resume")
+    if kw["timeout"] <= 0:
+        raise click.BadParameter(f"must be > 0; got {kw['timeout']}", param_hint="--timeout")
+    if kw["work_dir"] is not None:
+        check_writable_dir(kw["work_dir"], name="work_dir")
+    from privmtl.flower._core import default_work_dir
+    from privmtl.flower.launcher import check_work_dir, run_local
 
     as_json = kw["as_json"]
     run_config: dict[str, Any] = {
@@ -138,16 +188,22 @@ def local(**kw: Any) -> None:
         "secagg-threshold": kw["secagg_threshold"],
         "secagg-quantization-range": kw["secagg_quantization_range"],
         "secagg-modulus-range": kw["secagg_modulus_range"],
+        "budget-epsilon": -1.0 if kw["budget_epsilon"] is None else float(kw["budget_epsilon"]),
+        "checkpoint-every": kw["checkpoint_every"],
+        "resume": bool(kw["resume"]),
     }
     from privmtl.flower._core import check_options
     from privmtl.flower.secagg import check_secagg_options
 
     check_options(run_config, kw["num_supernodes"])
     check_secagg_options(run_config, kw["num_supernodes"])
+    work = kw["work_dir"] if kw["work_dir"] is not None else default_work_dir()
+    check_work_dir(work, resume=kw["resume"])
+    click.echo(f"privmtl: work directory {work} (ledger: server/ledger.jsonl)", err=True)
     out = run_local(
         num_supernodes=kw["num_supernodes"],
         run_config=run_config,
-        state_dir=kw["state_dir"],
+        work_dir=work,
         timeout=kw["timeout"],
         progress=lambda line: click.echo(line, err=True),
     )
@@ -169,3 +225,9 @@ def local(**kw: Any) -> None:
             f"secure aggregation: {sa['protocol']}, {sa['clipping']} clipping, max quantization "
             f"error {sa['max_quantization_error']:.3g} per coordinate"
         )
+    if out.get("stopped_on_budget"):
+        click.echo(
+            f"stopped on budget after {out['rounds_run']} of {out['rounds']} rounds "
+            f"(ε spent {out['epsilon']:.4g})"
+        )
+    click.echo(f"work directory: {out['work_dir']}")

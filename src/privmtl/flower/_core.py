@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmtl.checkpoint import write_atomic
+from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint, write_atomic
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
@@ -43,9 +44,11 @@ from privmtl.privacy.sampling import make_sampler
 
 __all__ = [
     "RUN_DEFAULTS",
+    "SERVER_DIR",
     "NodeClients",
     "ServerRun",
     "check_options",
+    "default_work_dir",
     "from_bytes",
     "load_node",
     "make_config",
@@ -75,11 +78,17 @@ RUN_DEFAULTS: dict[str, Any] = {
     "server-update": "delta",
     "noise-source": "secure",
     "num-supernodes": 1,
-    "out-dir": "",
-    "on-missing": "fail",  # "fail" | "drop"
+    "work-dir": "",  # "": default_work_dir() of the machine running the ServerApp
+    "on-missing": "fail",  # "fail" | "proceed"
     "round-timeout": 120.0,
     **SECAGG_DEFAULTS,
+    "budget-epsilon": -1.0,  # <= 0: no budget
+    "checkpoint-every": 1,
+    "resume": False,
 }
+
+SERVER_DIR = "server"
+"""The ServerApp's storage inside the work directory (ledger, checkpoint, billboards, result)."""
 
 
 def run_options(run_config: dict[str, Any]) -> dict[str, Any]:
@@ -89,9 +98,23 @@ def run_options(run_config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def default_work_dir() -> Path:
+    """A new durable work directory for a run: ``$XDG_STATE_HOME/privmtl/flower/run-<time>-<id>``.
+
+    ``$XDG_STATE_HOME`` defaults to ``~/.local/state``: the ledger of a private run is a record of
+    what was released and is never put in a temporary directory.
+    """
+    import os
+    import secrets
+
+    root = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return root / "privmtl" / "flower" / f"run-{stamp}-{secrets.token_hex(3)}"
+
+
 def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
     """Refuse invalid run options before any process starts (InvalidParameterError)."""
-    from privmtl._validation import check_int, check_real
+    from privmtl._validation import check_choice, check_int, check_real
 
     check_int("num_supernodes", num_supernodes, low=1)
     check_int("rounds", run_config["rounds"], low=1)
@@ -103,6 +126,12 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
         check_real("epsilon", eps, low=0.0, closed="neither")
     if std != -1.0:
         check_real("noise_std", std, low=0.0)
+    check_real("round_timeout", run_config["round-timeout"], low=0.0, closed="neither")
+    check_int("checkpoint_every", run_config["checkpoint-every"], low=1)
+    budget = float(run_config["budget-epsilon"])
+    if budget != -1.0:
+        check_real("budget_epsilon", budget, low=0.0, closed="neither")
+    check_choice("on_missing", run_config["on-missing"], ("fail", "proceed"))
 
 
 def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
@@ -265,10 +294,17 @@ class NodeClients:
         self.state_dir = None if state_dir is None else Path(state_dir)
         self.personal: dict[str, Params] = {}
         self.rounds_trained = 0
+        # the round trained last (its key) and its clients' models before it: a server resumed
+        # from a checkpoint may ask for that round again, which then starts from the same models
+        self.last_key: str | None = None
+        self.before: dict[str, Params | None] = {}
         if self.state_dir is not None and (self.state_dir / "personal.pt").exists():
             saved = from_bytes((self.state_dir / "personal.pt").read_bytes())
             self.personal = {cid: saved["models"][cid] for cid in saved["models"]}
             self.rounds_trained = int(saved.get("rounds_trained", 0))
+            self.last_key = saved.get("last_key") or None
+            self.before = dict.fromkeys(saved.get("fresh", []))
+            self.before.update(saved.get("before", {}))
 
     def data_state(self) -> dict[str, Any]:
         """This node's data as tensors (cached in the node's storage by the ClientApp)."""
@@ -299,10 +335,32 @@ class NodeClients:
         return self.personal.get(cid, self.init)
 
     def train(
-        self, clients: list[int], billboard: Params, round_index: int, config: TrainConfig
+        self,
+        clients: list[int],
+        billboard: Params,
+        round_index: int,
+        config: TrainConfig,
+        key: str | None = None,
     ) -> tuple[Params, list[float]]:
-        """One PMTL client step for each of ``clients``; returns their stacked messages."""
+        """One PMTL client step for each of ``clients``; returns their stacked messages.
+
+        ``key`` names the round (the server's run token and round index). Asked again for the
+        round it trained last (a server resumed from a checkpoint taken before that round's
+        release), the node first puts back its clients' models from before that round, so the
+        repeated round starts where the first attempt did.
+        """
+        if key is not None and key == self.last_key:
+            for cid, prev in self.before.items():
+                if prev is None:
+                    self.personal.pop(cid, None)
+                else:
+                    self.personal[cid] = prev
+            if self.before:
+                self.rounds_trained -= 1
+        self.last_key = key
+        self.before = {}
         if not clients:
+            self.save()
             return {n: p.new_zeros((0, *p.shape)) for n, p in billboard.items()}, []
         spec = method_spec(config)
         plan = []
@@ -321,6 +379,7 @@ class NodeClients:
         )
         for j, k in enumerate(clients):
             cid = self.client_ids[self.pos[k]]
+            self.before[cid] = self.personal.get(cid)
             self.personal[cid] = {n: news[n][j].clone() for n in news}
         self.rounds_trained += 1
         self.save()
@@ -335,7 +394,13 @@ class NodeClients:
         if self.state_dir is None:
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        data = {"models": self.personal, "rounds_trained": self.rounds_trained}
+        data = {
+            "models": self.personal,
+            "rounds_trained": self.rounds_trained,
+            "last_key": self.last_key or "",
+            "before": {cid: p for cid, p in self.before.items() if p is not None},
+            "fresh": [cid for cid, p in self.before.items() if p is None],
+        }
         write_atomic(self.state_dir / "personal.pt", to_bytes(data))
 
     def evaluate(self, billboard: Params) -> dict[str, list[float]]:
@@ -373,12 +438,29 @@ class ServerRun:
     Parameters
     ----------
     opts : dict
-        The run options (:func:`run_options`).
+        The run options (:func:`run_options`); ``budget-epsilon``, ``checkpoint-every`` and
+        ``resume`` act as ``budget_epsilon``, ``checkpoint_every`` and ``resume`` of the
+        in-process :class:`~privmtl.federated.protocol.Trainer`.
     init : dict of str to Tensor
         The initial billboard (the model's initial parameters, reported by the nodes).
     num_clients : int
     ledger_path : path or None
-        Where the ledger is written ahead of every release (JSON lines, fsynced).
+        Where the ledger is written ahead of every release when there is no ``server_dir``.
+    server_dir : path or None
+        The server's durable storage. ``ledger.jsonl``: the write-ahead ledger of every release
+        made from this directory — a later run continues it, since its clients continue their
+        personalized models, so its ε composes every release they took part in. The checkpoint
+        (``manifest.json``, ``state-*.pt``; :mod:`privmtl.checkpoint`) of the current run, saved
+        before its first release and every ``checkpoint-every`` rounds. ``run.json``: the current
+        run's index, token and whether it finished; a directory whose run did not finish is
+        refused unless ``resume`` continues it.
+
+    Notes
+    -----
+    A resumed run repeats the rounds after its checkpoint. With seeded noise a repeated release
+    is the one the ledger holds (same id and event) and is not charged again; with secure noise
+    it is a new release and is charged. The nodes keep their clients' models from before the round
+    they trained last, so a repeated round starts from the same personalized models.
     """
 
     def __init__(
@@ -388,12 +470,20 @@ class ServerRun:
         num_clients: int,
         *,
         ledger_path: str | Path | None = None,
+        server_dir: str | Path | None = None,
     ) -> None:
         m = num_clients
         self.opts, self.m = opts, m
         self.config, self.sigma = make_config(opts, m)
         cfg = self.config
         self.q = q = cfg.clients_per_round
+        budget = float(opts["budget-epsilon"])
+        self.budget = budget if budget > 0 else None
+        self.checkpoint_every = int(opts["checkpoint-every"])
+        self.server_dir = None if server_dir is None else Path(server_dir)
+        if self.server_dir is not None:
+            self.server_dir.mkdir(parents=True, exist_ok=True)
+            ledger_path = self.server_dir / "ledger.jsonl"
         sampler = make_sampler(cfg.sampling, m, q)
         mech = GaussianMeanRelease(clip=cfg.clip, noise_std=cfg.noise_std, sampler=sampler)
         self.delta = cfg.delta_for(m)
@@ -403,6 +493,7 @@ class ServerRun:
                 "delta": self.delta,
                 "accountant": cfg.accountant,
                 "relation": cfg.relation,
+                "budget": self.budget,
             }
             self.ledger = (
                 PrivacyLedger(**kw)
@@ -419,9 +510,118 @@ class ServerRun:
             update="add",
             seed=cfg.seed,
         )
-        self.epsilon = 0.0 if self.ledger is not None else math.inf
+        self.shapes = {n: [int(v) for v in p.shape] for n, p in init.items()}
+        self.run_index = 0
+        self.token = secrets.token_hex(8)
+        self.stopped_on_budget = False
         self.history: list[dict[str, Any]] = []
         self.billboards: list[Params] = []
+        if self.server_dir is not None:
+            self._open(bool(opts["resume"]))
+
+    # ------------------------------------------------------------------------- durable state
+    @property
+    def epsilon(self) -> float:
+        """ε of everything the ledger holds (inf without a ledger: not private)."""
+        return math.inf if self.ledger is None else self.ledger.epsilon()
+
+    @property
+    def finished(self) -> bool:
+        return self.curator.round >= self.config.rounds or self.stopped_on_budget
+
+    def round_key(self) -> str:
+        """The name of the next round for the nodes (this run's token and the round index)."""
+        return f"{self.token}:{self.curator.round}"
+
+    def fingerprint_config(self) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed (as the Trainer's, plus data and run)."""
+        from privmtl.federated.protocol import _EXECUTION_ONLY
+
+        cfg = {k: v for k, v in self.config.to_dict().items() if k not in _EXECUTION_ONLY}
+        cfg.pop("budget", None)  # a resumed run may be given another budget
+        return {
+            **cfg,
+            "noise_source": self.noise_source,
+            "num_clients": self.m,
+            "data": str(self.opts["data"]),
+            "data_path": str(self.opts["data-path"]),
+            "model": str(self.opts["model"]),
+            "shapes": self.shapes,
+            "run": self.run_index,
+            "token": self.token,
+        }
+
+    def _open(self, resume: bool) -> None:
+        assert self.server_dir is not None
+        d = self.server_dir
+        info_path = d / "run.json"
+        info = json.loads(info_path.read_text()) if info_path.exists() else None
+        if info is not None and not info.get("finished") and not resume:
+            raise InvalidParameterError(
+                f"{d} holds run {info['run']}, which did not finish (it was killed, failed or "
+                "interrupted); resume it (--resume) or use another work directory."
+            )
+        load = False
+        if info is not None and resume:
+            self.run_index, self.token = int(info["run"]), str(info["token"])
+            if has_checkpoint(d):
+                manifest = json.loads((d / "manifest.json").read_text())
+                load = manifest.get("config", {}).get("token") == self.token
+        elif info is not None:
+            self.run_index = int(info["run"]) + 1
+        self.curator.name = f"run{self.run_index}:" if self.run_index else ""
+        if load:
+            state, _ = load_checkpoint(d, kind="flower-pmtl", config=self.fingerprint_config())
+            self.load_state_dict(state)
+        self._write_info(finished=False)
+        self.save()  # before the first release: a killed run always has a checkpoint
+
+    def _write_info(self, *, finished: bool) -> None:
+        assert self.server_dir is not None
+        info = {"run": self.run_index, "token": self.token, "finished": finished}
+        write_atomic(self.server_dir / "run.json", (json.dumps(info) + "\n").encode())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Curator state, history and the released billboards (no personalized model)."""
+        return {
+            "curator": self.curator.state_dict(),
+            "history": json.dumps(self.history),
+            "billboards": self.billboards,
+            "stopped_on_budget": self.stopped_on_budget,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.curator.load_state_dict(state["curator"])
+        self.history = json.loads(state["history"])
+        self.billboards = [{n: p.clone() for n, p in b.items()} for b in state["billboards"]]
+        # a budget stop is decided again (the resumed run may have another budget)
+        self.stopped_on_budget = False
+
+    def save(self) -> None:
+        """Checkpoint the run now (atomic; the ledger is already on disk)."""
+        if self.server_dir is None:
+            return
+        save_checkpoint(
+            self.server_dir,
+            kind="flower-pmtl",
+            config=self.fingerprint_config(),
+            state=self.state_dict(),
+            step=self.curator.round,
+            noise_source=self.noise_source,
+        )
+
+    def stop_on_budget(self) -> bool:
+        """True (and ``stopped_on_budget`` set) when the next release would exceed the budget."""
+        if self.budget is not None and self.curator.would_exceed_budget():
+            self.stopped_on_budget = True
+        return self.stopped_on_budget
+
+    def finish(self) -> None:
+        """Save the final checkpoint and mark the run finished (call after the result is out)."""
+        if self.server_dir is None:
+            return
+        self.save()
+        self._write_info(finished=True)
 
     def release(
         self,
@@ -456,8 +656,6 @@ class ServerRun:
                 for n in names
             }
             out = self.curator.release(stacked, rows=np.asarray(answered, dtype=np.int64))
-        if self.ledger is not None:
-            self.epsilon = float(out.epsilon)
         ls = [losses[k] for k in answered if k in losses and not math.isnan(losses[k])]
         self.history.append(
             {
@@ -473,12 +671,15 @@ class ServerRun:
                     else (math.nan if secure is not None else 0.0)
                 ),
                 "noise_multiplier": self.curator.release_mechanism.noise_multiplier,
-                "epsilon": self.epsilon,
+                "epsilon": float(out.epsilon) if self.ledger is not None else math.inf,
                 "seconds": seconds,
                 **(extra or {}),
             }
         )
         self.billboards.append({n: p.clone() for n, p in self.curator.billboard.items()})
+        r = self.curator.round
+        if r % self.checkpoint_every == 0 or r == self.config.rounds:
+            self.save()
 
     def result(self, evaluations: list[dict[str, list[float]]], started: float) -> TrainResult:
         """A :class:`TrainResult` (no personalized models: they stay on the nodes)."""
@@ -506,7 +707,7 @@ class ServerRun:
             seconds=secs,
             seconds_per_round=secs / max(len(self.history), 1),
             noise_source=self.noise_source,
-            stopped_on_budget=False,
+            stopped_on_budget=self.stopped_on_budget,
             extra={"wall_seconds": time.perf_counter() - started},
         )
 
@@ -527,6 +728,11 @@ class ServerRun:
         out["engine"] = "flower-deployment"
         out["on_missing"] = str(self.opts["on-missing"])
         out["clients_answered_per_round"] = [len(h["answered"]) for h in self.history]
+        out["budget_epsilon"] = self.budget
+        out["run_index"] = self.run_index
+        out["ledger_releases"] = 0 if self.ledger is None else len(self.ledger.records)
+        if self.server_dir is not None:
+            out["server_dir"] = str(self.server_dir)
         return json.loads(json.dumps(out, default=float))
 
 

@@ -7,9 +7,9 @@ Messages (all ``RecordDict`` contents):
     index and id, the population size) and ``ArrayRecord "init"`` (the model's initial parameters,
     the same on every node since every node builds the model from the run's seed).
 ``train`` (server → nodes serving this round's sampled clients)
-    ``ArrayRecord "billboard"`` and ``ConfigRecord "round"`` (round index, the node's sampled
-    clients, the TrainConfig as JSON); reply: ``ArrayRecord "messages"`` (stacked ``(K, ...)``
-    client messages in the order asked) and ``MetricRecord "losses"``.
+    ``ArrayRecord "billboard"`` and ``ConfigRecord "round"`` (round index, round key, the node's
+    sampled clients, the TrainConfig as JSON); reply: ``ArrayRecord "messages"`` (stacked
+    ``(K, ...)`` client messages in the order asked) and ``ConfigRecord "losses"``.
 ``train.secagg`` (server → every node, four times per round, with ``--secagg``)
     ``ConfigRecord "secagg"``: one SecAgg+ stage (:mod:`privmtl.flower.secagg`); the collect
     stage also carries the ``train`` records and runs the client step, and the node answers with
@@ -19,13 +19,19 @@ Messages (all ``RecordDict`` contents):
     sizes of the personalized and the global model on val and test).
 
 Node configuration: ``partition-id``, ``num-partitions`` and ``state-dir`` (the node's own storage
-for the personalized models). Run configuration: :data:`privmtl.flower._core.RUN_DEFAULTS`.
+for the personalized models). Run configuration: :data:`privmtl.flower._core.RUN_DEFAULTS`; the
+ServerApp keeps its ledger, checkpoint and result in ``<work-dir>/server`` (``work-dir`` empty: a
+new :func:`~privmtl.flower._core.default_work_dir` on the machine running it).
+
+The ServerApp's loop is ``_discover`` (which node serves which clients), then
+``_train_round`` until the run is finished or its budget stops it, then ``_evaluate``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +41,14 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from privmtl.checkpoint import write_atomic
-from privmtl.flower._core import NodeClients, ServerRun, load_node, run_options
+from privmtl.flower._core import (
+    SERVER_DIR,
+    NodeClients,
+    ServerRun,
+    default_work_dir,
+    load_node,
+    run_options,
+)
 
 __all__ = ["client_app", "server_app"]
 
@@ -103,7 +116,8 @@ def _train(msg: Message, context: Context) -> tuple[NodeClients, dict, dict, lis
     config = TrainConfig(**spec["config"])
     board = _params(msg.content.array_records["billboard"])
     _restore(node, context)
-    msgs, losses = node.train([int(k) for k in spec["clients"]], board, int(spec["round"]), config)
+    clients = [int(k) for k in spec["clients"]]
+    msgs, losses = node.train(clients, board, int(spec["round"]), config, key=spec.get("key"))
     # within a run the personalized models also live in the node's Context.state
     context.state[_STATE] = _arrays(
         {f"{cid}{_SEP}{n}": p for cid, ps in node.personal.items() for n, p in ps.items()}
@@ -145,7 +159,11 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 
 def _ask(grid: Grid, kind: str, contents: dict[int, RecordDict], timeout: float) -> dict:
-    """Send one message per node and collect the answers that came back without error."""
+    """Send one message per node and collect the answers that came back without error.
+
+    Returns after every node answered, or after ``timeout`` seconds with the answers so far (a
+    node that died or hangs cannot hold the run longer than that).
+    """
     msgs = [
         Message(content, dst_node_id=nid, message_type=kind) for nid, content in contents.items()
     ]
@@ -167,92 +185,147 @@ def _wait_nodes(grid: Grid, n: int, timeout: float) -> list[int]:
         time.sleep(0.5)
 
 
+@dataclass
+class _Federation:
+    """The SuperNodes of the run and the clients each one serves."""
+
+    nodes: list[int]
+    owner: dict[int, int]  # client (global index) -> node id
+    num_clients: int
+    init: dict[str, torch.Tensor]
+
+
+def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
+    """Wait for the SuperNodes and ask each which clients it serves (and the initial model)."""
+    nodes = _wait_nodes(grid, int(opts["num-supernodes"]), timeout)
+    described = _ask(grid, "query", {nid: RecordDict() for nid in nodes}, timeout)
+    if len(described) < len(nodes):
+        raise RuntimeError(f"only {len(described)} of {len(nodes)} nodes described themselves")
+    owner: dict[int, int] = {}
+    m = None
+    init = None
+    for nid, content in described.items():
+        info = json.loads(str(content.config_records["node"]["describe"]))
+        m = int(info["num_clients"])
+        for k in info["clients"]:
+            owner[int(k)] = nid
+        init = _params(content.array_records["init"])
+    assert m is not None and init is not None
+    if sorted(owner) != list(range(m)):
+        raise RuntimeError(
+            f"the nodes serve {len(owner)} distinct clients of {m}: check each node's "
+            "partition-id and num-partitions"
+        )
+    return _Federation(nodes, owner, m, init)
+
+
+def _train_round(
+    grid: Grid, run: ServerRun, fed: _Federation, opts: dict[str, Any], timeout: float
+) -> None:
+    """One round: sample, ask the nodes of the sampled clients for their messages, release.
+
+    A node that does not answer in ``timeout`` seconds (or that the SuperLink reports offline)
+    fails the run before the release (``on-missing=fail``) or is left out of the sum, which keeps
+    the fixed divisor q (``on-missing=proceed``).
+    """
+    t = run.curator.round
+    t0 = time.perf_counter()
+    sampled = run.curator.sample_round()
+    per_node: dict[int, list[int]] = {}
+    for k in sampled:
+        per_node.setdefault(fed.owner[int(k)], []).append(int(k))
+    online = set(grid.get_node_ids())
+    board = _arrays(run.curator.billboard)
+    spec = {"round": t, "key": run.round_key(), "config": _config_fields(run.config)}
+    contents = {
+        nid: RecordDict(
+            {
+                "billboard": board,
+                "round": ConfigRecord({"json": json.dumps({**spec, "clients": ks})}),
+            }
+        )
+        for nid, ks in per_node.items()
+        if nid in online
+    }
+    replies = _ask(grid, "train", contents, timeout) if contents else {}
+    messages: dict[int, dict[str, torch.Tensor]] = {}
+    losses: dict[int, float] = {}
+    for nid, content in replies.items():
+        stacked = _params(content.array_records["messages"])
+        ls = json.loads(str(content.config_records["losses"]["json"]))
+        for j, k in enumerate(per_node[nid]):
+            messages[k] = {n: p[j] for n, p in stacked.items()}
+            losses[k] = float(ls[j])
+    missing = sorted(set(per_node) - set(replies))
+    if missing and opts["on-missing"] == "fail":
+        raise RuntimeError(
+            f"round {t + 1}/{run.config.rounds}: {len(missing)} node(s) did not answer within "
+            f"{timeout:g} s or went offline; nothing "
+            "was released in this round (on-missing=fail)"
+        )
+    run.release(sampled, messages, losses, time.perf_counter() - t0)
+
+
+def _evaluate(
+    grid: Grid, run: ServerRun, fed: _Federation, opts: dict[str, Any], timeout: float
+) -> list[dict[str, list[float]]]:
+    """Every node scores its clients' personalized models and the final billboard."""
+    board = _arrays(run.curator.billboard)
+    online = set(grid.get_node_ids())
+    asked = [nid for nid in fed.nodes if nid in online]
+    evals = _ask(
+        grid, "evaluate", {nid: RecordDict({"billboard": board}) for nid in asked}, timeout
+    )
+    if len(evals) < len(fed.nodes) and (opts["on-missing"] == "fail" or not evals):
+        raise RuntimeError(f"only {len(evals)} of {len(fed.nodes)} nodes answered the evaluation")
+    return [
+        json.loads(str(evals[nid].config_records["scores"]["json"]))
+        for nid in fed.nodes
+        if nid in evals
+    ]
+
+
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     opts = run_options(dict(context.run_config))
-    out_dir = Path(str(opts["out-dir"]))
+    work = Path(str(opts["work-dir"])) if opts["work-dir"] else default_work_dir()
+    out_dir = work / SERVER_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     timeout = float(opts["round-timeout"])
     started = time.perf_counter()
     try:
-        nodes = _wait_nodes(grid, int(opts["num-supernodes"]), timeout)
-        described = _ask(grid, "query", {nid: RecordDict() for nid in nodes}, timeout)
-        if len(described) < len(nodes):
-            raise RuntimeError(f"only {len(described)} of {len(nodes)} nodes described themselves")
-        owner: dict[int, int] = {}
-        m = None
-        init = None
-        for nid, content in described.items():
-            info = json.loads(str(content.config_records["node"]["describe"]))
-            m = int(info["num_clients"])
-            for k in info["clients"]:
-                owner[int(k)] = nid
-            init = _params(content.array_records["init"])
-        assert m is not None and init is not None
-        if sorted(owner) != list(range(m)):
-            raise RuntimeError(
-                f"the nodes serve {len(owner)} distinct clients of {m}: check each node's "
-                "partition-id and num-partitions"
-            )
-        run = ServerRun(opts, init, m, ledger_path=out_dir / "ledger.jsonl")
-        config = _config_fields(run.config)
-        secure = _secagg_setup(opts, run) if opts["secagg"] else None
-        bounds: list[float] = []
-        board_path = out_dir / "billboards.pt"
-        for t in range(run.config.rounds):
-            t0 = time.perf_counter()
-            sampled = run.curator.sample_round()
-            per_node: dict[int, list[int]] = {}
-            for k in sampled:
-                per_node.setdefault(owner[int(k)], []).append(int(k))
-            board = _arrays(run.curator.billboard)
-            if secure is not None:
-                bounds.append(
-                    _secure_round(grid, nodes, owner, sampled, per_node, board, config, run, secure)
-                )
-                _progress(run)
-                continue
-            contents = {
-                nid: RecordDict(
-                    {
-                        "billboard": board,
-                        "round": ConfigRecord(
-                            {"json": json.dumps({"round": t, "clients": ks, "config": config})}
-                        ),
-                    }
-                )
-                for nid, ks in per_node.items()
-            }
-            replies = _ask(grid, "train", contents, timeout)
-            messages: dict[int, dict[str, torch.Tensor]] = {}
-            losses: dict[int, float] = {}
-            for nid, content in replies.items():
-                stacked = _params(content.array_records["messages"])
-                ls = json.loads(str(content.config_records["losses"]["json"]))
-                for j, k in enumerate(per_node[nid]):
-                    messages[k] = {n: p[j] for n, p in stacked.items()}
-                    losses[k] = float(ls[j])
-            missing = sorted(set(per_node) - set(replies))
-            if missing and opts["on-missing"] == "fail":
-                raise RuntimeError(
-                    f"round {t}: {len(missing)} node(s) did not answer; nothing was released "
-                    "(on-missing=fail)"
-                )
-            run.release(sampled, messages, losses, time.perf_counter() - t0)
-            _progress(run)
-        torch.save(run.billboards, board_path)
-        board = _arrays(run.curator.billboard)
-        evals = _ask(
-            grid, "evaluate", {nid: RecordDict({"billboard": board}) for nid in nodes}, timeout
+        fed = _discover(grid, opts, timeout)
+        print(
+            f"privmtl-flower {len(fed.nodes)} SuperNodes serve {fed.num_clients} clients "
+            f"({time.perf_counter() - started:.1f} s)",
+            flush=True,
         )
-        if len(evals) < len(nodes):
-            raise RuntimeError(f"only {len(evals)} of {len(nodes)} nodes answered the evaluation")
-        scores = [json.loads(str(evals[nid].config_records["scores"]["json"])) for nid in nodes]
+        run = ServerRun(opts, fed.init, fed.num_clients, server_dir=out_dir)
+        if run.curator.round:
+            print(f"privmtl-flower resumed at round {run.curator.round}", flush=True)
+        secure = _secagg_setup(opts, run) if opts["secagg"] else None
+        while not run.finished and not run.stop_on_budget():
+            if secure is None:
+                _train_round(grid, run, fed, opts, timeout)
+            else:
+                _secure_round(grid, run, fed, secure)
+            _progress(run)
+        if run.stopped_on_budget:
+            print(
+                f"privmtl-flower stopped on budget before round {run.curator.round + 1}: "
+                f"epsilon {run.epsilon:.4g} <= {run.budget}",
+                flush=True,
+            )
+        torch.save(run.billboards, out_dir / "billboards.pt")
+        scores = _evaluate(grid, run, fed, opts, timeout)
         result = run.result_dict(scores, started)
+        result["nodes_evaluated"] = len(scores)
+        bounds = [h["secagg_error_bound"] for h in run.history if "secagg_error_bound" in h]
         result["secure_aggregation"] = (
-            None if secure is None else _secagg_describe(secure, len(nodes), bounds)
+            None if secure is None else _secagg_describe(secure, len(fed.nodes), bounds)
         )
         _write(out_dir / "result.json", json.dumps(result))
+        run.finish()
     except Exception as exc:  # the launcher reports it
         _write(out_dir / "error.txt", f"{type(exc).__name__}: {exc}")
         raise
@@ -263,7 +336,7 @@ def _progress(run: ServerRun) -> None:
     print(
         f"privmtl-flower round {len(run.history)}/{run.config.rounds}: sampled "
         f"{h['n_sampled']}, answered {len(h['answered'])}, loss {h['train_loss']:.4f}, "
-        f"epsilon {h['epsilon']:.4g}",
+        f"epsilon {h['epsilon']:.4g} ({h['seconds']:.1f} s)",
         flush=True,
     )
 
@@ -290,20 +363,11 @@ def _secagg_describe(server: Any, num_nodes: int, bounds: list[float]) -> dict[s
     return describe(server.params, server, num_nodes, bounds)
 
 
-def _secure_round(
-    grid: Grid,
-    nodes: list[int],
-    owner: dict[int, int],
-    sampled: Any,
-    per_node: dict[int, list[int]],
-    board: ArrayRecord,
-    config: dict[str, Any],
-    run: ServerRun,
-    server: Any,
-) -> float:
+def _secure_round(grid: Grid, run: ServerRun, fed: _Federation, server: Any) -> None:
     """One round under SecAgg+: every node takes part, the curator gets only the sum.
 
-    Returns the round's documented quantization error bound.
+    The round's documented quantization error bound goes into its history
+    (``secagg_error_bound``).
     """
     from privmtl.flower.secagg import (
         SecureAggregationError,
@@ -314,6 +378,14 @@ def _secure_round(
 
     t0 = time.perf_counter()
     t = run.curator.round
+    nodes, owner = fed.nodes, fed.owner
+    key = run.round_key()
+    sampled = run.curator.sample_round()
+    per_node: dict[int, list[int]] = {}
+    for k in sampled:
+        per_node.setdefault(owner[int(k)], []).append(int(k))
+    board = _arrays(run.curator.billboard)
+    config = _config_fields(run.config)
     params = server.params
     if len(sampled) > params.max_clients:
         raise SecureAggregationError(
@@ -335,7 +407,11 @@ def _secure_round(
         nid: {
             "billboard": board,
             "round": ConfigRecord(
-                {"json": json.dumps({**spec, "round": t, "clients": per_node.get(nid, [])})}
+                {
+                    "json": json.dumps(
+                        {**spec, "round": t, "key": key, "clients": per_node.get(nid, [])}
+                    )
+                }
             ),
         }
         for nid in nodes
@@ -365,7 +441,6 @@ def _secure_round(
             "secagg_error_bound": bound,
         },
     )
-    return bound
 
 
 def _config_fields(config: Any) -> dict[str, Any]:

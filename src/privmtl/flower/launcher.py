@@ -16,15 +16,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from privmtl.exceptions import InvalidParameterError, PrivmtlError
+from privmtl.flower._core import SERVER_DIR
 
-__all__ = ["FlowerRunError", "run_local"]
+__all__ = ["FlowerRunError", "check_work_dir", "run_local", "write_app"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -121,35 +121,33 @@ class _Procs:
                     f"{name} exited with code {proc.returncode}; see {self.log_dir / name}.log"
                 )
 
-    def kill_group(self, proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        # the group may outlive its leader (SuperExec, ClientApp children): make sure
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=timeout)
+    def ours(self) -> set[int]:
+        """Live processes carrying this run's environment marker (its own ``FLWR_HOME``).
+
+        Flower starts some helpers in their own sessions (SuperExec, ClientApp) and a process
+        whose parent died is adopted elsewhere: the marker finds them wherever they are.
+        """
+        marker = f"FLWR_HOME={self.env['FLWR_HOME']}".encode() + b"\0"
+        return {pid for pid in _with_environ(marker) if pid != os.getpid()}
 
     def stop_all(self, timeout: float = 10.0) -> None:
-        # Flower starts some helpers in their own sessions (the SuperLink's SuperExec): collect
-        # every descendant first, then stop the groups and the stragglers
-        extra = {d for _, proc in self.procs for d in _descendants(proc.pid)}
-        for _, proc in reversed(self.procs):
-            self.kill_group(proc)
-        for pid in extra:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGTERM)
-        end = time.monotonic() + timeout
-        while extra and time.monotonic() < end:
-            extra = {pid for pid in extra if _running(pid)}
-            time.sleep(0.1)
-        for pid in extra:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        """SIGTERM every process group, descendant and marked process; SIGKILL what is left."""
+        procs = [proc for _, proc in self.procs]
+        extra = {d for proc in procs for d in _descendants(proc.pid)} | self.ours()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+            for pid in extra:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            end = time.monotonic() + timeout
+            while True:
+                running = [proc for proc in procs if proc.poll() is None]
+                extra = {pid for pid in extra | self.ours() if _running(pid)}
+                if (not running and not extra) or time.monotonic() > end:
+                    break
+                time.sleep(0.1)
         self.procs.clear()
 
 
@@ -168,6 +166,24 @@ def _children_map() -> dict[int, list[int]]:
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         out.setdefault(ppid, []).append(int(entry.name))
     return out
+
+
+def _with_environ(marker: bytes) -> set[int]:
+    """Live processes (readable by us) whose environment contains ``marker`` (Linux ``/proc``)."""
+    found: set[int] = set()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in env + b"\0" and _running(int(entry.name)):
+            found.add(int(entry.name))
+    return found
 
 
 def _descendants(pid: int) -> set[int]:
@@ -216,6 +232,22 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
+def check_work_dir(work_dir: str | Path, *, resume: bool) -> None:
+    """Refuse, before any process starts, a work directory whose run did not finish (no resume)."""
+    info = Path(work_dir) / SERVER_DIR / "run.json"
+    if resume or not info.is_file():
+        return
+    try:
+        finished = bool(json.loads(info.read_text()).get("finished"))
+    except (OSError, json.JSONDecodeError):
+        finished = False
+    if not finished:
+        raise InvalidParameterError(
+            f"The work directory {work_dir} holds a run that did not finish (killed, failed or "
+            "interrupted); continue it with --resume or choose another --work-dir."
+        )
+
+
 def run_local(
     *,
     num_supernodes: int,
@@ -235,11 +267,15 @@ def run_local(
     run_config : dict
         Run configuration (keys of :data:`privmtl.flower._core.RUN_DEFAULTS`).
     state_dir : path, optional
-        Root of the nodes' own storage (``node-<i>/personal.pt``). Reusing a directory continues
-        the same personalized models; default: a fresh temporary directory.
+        Root of the nodes' own storage (``node-<i>/personal.pt``); default ``work_dir/nodes``.
     work_dir : path, optional
-        Where the app, logs, ledger and result are written (default: a temporary directory,
-        removed afterwards).
+        The run's durable directory (default: a new :func:`~privmtl.flower._core.default_work_dir`;
+        it is never deleted). ``server/``: the write-ahead ledger ``ledger.jsonl``, the
+        checkpoint, ``run.json``, ``billboards.pt`` and ``result.json``; ``nodes/node-<i>/``: each
+        SuperNode's storage (personalized models, data cache); ``logs/<time>/``: every process's
+        output; ``app/`` and ``flwr-home/``: the Flower app and CLI configuration. A second run in
+        the same directory continues the personalized models and the ledger; ``resume`` in
+        ``run_config`` continues a run that did not finish.
     timeout : float
         Seconds the whole run may take.
     progress : callable, optional
@@ -250,26 +286,33 @@ def run_local(
     Returns
     -------
     dict
-        The JSON result of ``privmtl pmtl`` plus ``engine: "flower-deployment"``.
+        The JSON result of ``privmtl pmtl`` plus ``engine: "flower-deployment"`` and
+        ``work_dir``.
     """
     if int(num_supernodes) < 1:
         raise InvalidParameterError(
             f"The 'num_supernodes' parameter must be >= 1; got {num_supernodes!r}."
         )
-    own_work = work_dir is None
-    work = Path(tempfile.mkdtemp(prefix="privmtl-flower-")) if work_dir is None else Path(work_dir)
+    from privmtl.flower._core import default_work_dir
+
+    work = (default_work_dir() if work_dir is None else Path(work_dir)).absolute()
+    check_work_dir(work, resume=bool(run_config.get("resume", False)))
     work.mkdir(parents=True, exist_ok=True)
-    states = Path(state_dir) if state_dir is not None else work / "nodes"
-    out_dir = work / "out"
+    states = Path(state_dir).absolute() if state_dir is not None else work / "nodes"
+    out_dir = work / SERVER_DIR
+    out_dir.mkdir(exist_ok=True)
     for stale in ("result.json", "error.txt"):
         (out_dir / stale).unlink(missing_ok=True)
     home = work / "flwr-home"
     home.mkdir(exist_ok=True)
-    logs = work / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = work / "logs" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["FLWR_HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"
+    # the SuperLink and SuperNodes start flower-superexec by name: from the same installation
+    bindir = str(Path(_bin("flower-superlink")).parent)
+    env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
     port = _free_port()
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
@@ -277,12 +320,12 @@ def run_local(
     )
     cfg = dict(run_config)
     cfg["num-supernodes"] = int(num_supernodes)
-    cfg["out-dir"] = str(out_dir)
+    cfg["work-dir"] = str(work)
     app = write_app(work / "app", cfg)
     procs = _Procs(logs, env)
     try:
         with _sigterm_as_interrupt():
-            return _run(
+            out = _run(
                 procs,
                 app,
                 port,
@@ -296,8 +339,8 @@ def run_local(
             )
     finally:
         procs.stop_all()
-        if own_work:
-            shutil.rmtree(work, ignore_errors=True)
+    out["work_dir"] = str(work)
+    return out
 
 
 def _run(

@@ -1,0 +1,158 @@
+"""A SuperNode killed mid-run: the round fails or proceeds as configured, the ledger stays exact.
+
+Needs the extra (pip install 'privmtl[flower]'). The round timeout is generous: rounds where every
+node answers end with the last answer, and the round asking the dead node ends when the SuperLink
+marks it offline (missed heartbeats), before the timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
+
+from privmtl.cli import main
+from privmtl.flower._core import partition
+from privmtl.flower.launcher import FlowerRunError, _descendants, run_local
+
+pytestmark = pytest.mark.slow
+
+CONFIG = {
+    "data": "synthetic",
+    "model": "logreg",
+    "clients-per-round": 20,
+    "noise-std": 0.05,
+    "seed": 5,
+    "noise-source": "seeded",  # the sampled clients are reproducible: node 2 is always sampled
+    "local-steps": 2,
+    "round-timeout": 240.0,
+}
+KILLED = 2  # node index
+
+
+def _alive_with_home(home: Path) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if f"FLWR_HOME={home}\0".encode() in env + b"\0" and stat.split(") ")[1][0] != "Z":
+            found.append(int(pid))
+    return found
+
+
+def _run_and_kill(work: Path, cfg: dict) -> tuple[dict | None, Exception | None, list[str]]:
+    """Run 3 SuperNodes; kill node 2 (its process group and descendants) after round 1."""
+    pids: list[int] = []
+    lines: list[str] = []
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        if "round 1/" in line and not any("KILLED" in x for x in lines):
+            victims = {pids[KILLED], *_descendants(pids[KILLED])}
+            os.killpg(pids[KILLED], signal.SIGKILL)
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            lines.append("KILLED")
+
+    try:
+        res = run_local(
+            num_supernodes=3,
+            run_config=cfg,
+            work_dir=work,
+            timeout=900,
+            progress=progress,
+            on_started=pids.extend,
+        )
+    except FlowerRunError as exc:
+        return None, exc, lines
+    return res, None, lines
+
+
+def _ledger_entries(work: Path) -> list[dict]:
+    text = (work / "server" / "ledger.jsonl").read_text()
+    assert text.endswith("\n")  # no torn line
+    return [json.loads(line) for line in text.splitlines()]  # every line parses
+
+
+def _reaccounted(work: Path, capsys) -> dict:
+    capsys.readouterr()
+    assert main(["ledger", str(work / "server"), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_killed_supernode_with_on_missing_proceed(tmp_path, capsys):
+    work = tmp_path / "w"
+    res, err, lines = _run_and_kill(work, {**CONFIG, "rounds": 3, "on-missing": "proceed"})
+    assert err is None, err
+    assert "KILLED" in lines
+    assert not _alive_with_home(work / "flwr-home")
+    assert res is not None and res["rounds_run"] == 3
+    # the rounds after the kill released the clients that answered: all but node 2's
+    dead = set(partition(res["num_clients"], KILLED, 3).tolist())
+    answered = res["clients_answered_per_round"]
+    server = json.loads((work / "server" / "result.json").read_text())
+    assert answered == server["clients_answered_per_round"]
+    rounds = _history(work)
+    assert rounds[0]["answered"] == rounds[0]["sampled"]
+    for h in rounds[1:]:
+        assert set(h["sampled"]) & dead  # node 2 was asked (seeded sampling)
+        assert h["answered"] == [k for k in h["sampled"] if k not in dead]
+    assert answered[1] < len(rounds[1]["sampled"]) and answered[2] < len(rounds[2]["sampled"])
+    assert res["nodes_evaluated"] == 2
+    # one ledger entry per release, and the reported ε bounds what the ledger recomposes
+    entries = _ledger_entries(work)
+    releases = [e for e in entries if "release_id" in e]
+    assert [e["release_id"] for e in releases] == ["round:0", "round:1", "round:2"]
+    acc = _reaccounted(work, capsys)
+    assert acc["releases"] == 3
+    assert res["epsilon"] >= acc["epsilon"] - 1e-12
+    assert res["epsilon"] == pytest.approx(acc["epsilon"], rel=1e-9)
+
+
+def test_killed_supernode_with_on_missing_fail(tmp_path, capsys):
+    work = tmp_path / "w"
+    res, err, lines = _run_and_kill(work, {**CONFIG, "rounds": 3, "on-missing": "fail"})
+    assert res is None and err is not None
+    assert "KILLED" in lines
+    assert not _alive_with_home(work / "flwr-home")
+    message = str(err)
+    assert "\n" not in message and "did not answer" in message and "round 2/3" in message
+    # exactly the release made before the kill; the checkpoint lets --resume continue
+    entries = _ledger_entries(work)
+    assert [e["release_id"] for e in entries if "release_id" in e] == ["round:0"]
+    acc = _reaccounted(work, capsys)
+    assert acc["releases"] == 1
+    assert acc["epsilon"] == pytest.approx(entries[-1]["epsilon"], rel=1e-9)
+    assert json.loads((work / "server" / "run.json").read_text())["finished"] is False
+    manifest = json.loads((work / "server" / "manifest.json").read_text())
+    assert manifest["step"] == 1
+    assert not (work / "server" / "result.json").exists()
+    # and through the CLI: the unfinished work directory is refused without --resume (exit 2)
+    capsys.readouterr()
+    rc = main(
+        ["flower", "local", "--data", "synthetic", "--model", "logreg", "--work-dir", str(work)]
+    )
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err_lines) == 1 and "--resume" in err_lines[0]
+
+
+def _history(work: Path) -> list[dict]:
+    """The per-round history of the server's checkpoint (sampled and answered clients)."""
+    import torch
+
+    manifest = json.loads((work / "server" / "manifest.json").read_text())
+    state = torch.load(work / "server" / manifest["state_file"], weights_only=True)
+    return json.loads(state["history"])
