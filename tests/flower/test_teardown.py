@@ -1,0 +1,113 @@
+"""No process outlives ``privmtl flower local``: after a failure, and after Ctrl-C (then --resume).
+
+Needs the extra (pip install 'privmtl[flower]'). Every process a run starts carries the run's own
+``FLWR_HOME`` (inside its work directory) in its environment; none may be left afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
+
+from privmtl.data.federated import make_synthetic_federated
+from privmtl.experiments.pmtl import make_model
+from privmtl.federated.protocol import Trainer
+from privmtl.flower._core import make_config, run_options
+from privmtl.flower.launcher import FlowerRunError, run_local
+
+pytestmark = pytest.mark.slow
+
+
+def _alive_with_home(home: Path) -> list[str]:
+    """Our live processes whose environment names this run's Flower home (with their cmdline)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if f"FLWR_HOME={home}\0".encode() in env + b"\0" and stat.split(") ")[1][0] != "Z":
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def test_a_failing_run_leaves_no_process(tmp_path):
+    """The nodes cannot load their data: the run fails with one line and stops everything."""
+    work = tmp_path / "w"
+    cfg = {"data": "femnist-leaf", "data-path": str(tmp_path / "missing"), "model": "logreg"}
+    cfg["round-timeout"] = 240.0
+    with pytest.raises(FlowerRunError) as info:
+        run_local(num_supernodes=2, run_config=cfg, work_dir=work, timeout=600)
+    assert "\n" not in str(info.value) and "nodes described themselves" in str(info.value)
+    assert not _alive_with_home(work / "flwr-home")
+    assert (work / "server" / "error.txt").is_file()
+
+
+def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path):
+    """SIGINT to privmtl flower local after round 1: exit 130, no process left, the ledger holds
+    the releases made; --resume finishes the run, and (seeded) every billboard equals the
+    uninterrupted in-process engine's and no release is charged twice."""
+    work = tmp_path / "w"
+    args = [
+        str(Path(sys.executable).parent / "privmtl"),
+        "flower", "local", "--num-supernodes", "2", "--data", "synthetic", "--model", "logreg",
+        "--rounds", "4", "--clients-per-round", "6", "--noise-std", "0.05", "--local-steps", "3",
+        "--seed", "3", "--reproducible-noise", "--round-timeout", "240", "--work-dir", str(work),
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 600
+    for line in proc.stderr:
+        seen.append(line)
+        if "round 1/4" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+        assert time.monotonic() < deadline, seen
+    _, rest = proc.communicate(timeout=120)
+    err = "".join(seen) + rest
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "privmtl: aborted"
+    assert not _alive_with_home(work / "flwr-home")
+    lines = (work / "server" / "ledger.jsonl").read_text().splitlines()
+    done = [json.loads(x)["release_id"] for x in lines[1:]]  # every line parses
+    assert done and done == [f"round:{t}" for t in range(len(done))]
+    assert json.loads((work / "server" / "run.json").read_text())["finished"] is False
+
+    out = subprocess.run([*args, "--resume", "--json"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert not _alive_with_home(work / "flwr-home")
+    assert res["rounds_run"] == 4 and res["run_index"] == 0
+    lines = (work / "server" / "ledger.jsonl").read_text().splitlines()
+    assert [json.loads(x)["release_id"] for x in lines[1:]] == [f"round:{t}" for t in range(4)]
+
+    opts = run_options({
+        "rounds": 4, "clients-per-round": 6, "noise-std": 0.05, "local-steps": 3, "seed": 3,
+        "noise-source": "seeded",
+    })  # fmt: skip
+    ds = make_synthetic_federated(random_state=3)
+    config, _ = make_config(opts, ds.n_clients)
+    trainer = Trainer(ds, make_model("logreg", ds, 3), config, noise_source="seeded")
+    ref = [{n: p.clone() for n, p in rec.released.items()} for rec in trainer]
+    import torch
+
+    boards = torch.load(work / "server" / "billboards.pt", weights_only=True)
+    assert len(boards) == 4
+    for a, b in zip(boards, ref, strict=True):
+        for n in a:
+            assert torch.allclose(a[n], b[n], atol=1e-5, rtol=0)
+    assert res["epsilon"] == pytest.approx(trainer.epsilon, rel=1e-9)
