@@ -50,26 +50,141 @@ JSONL = RESULTS / "pmtl_population.jsonl"
 
 def argv_for(method: str, m: int, eps: float | None, rounds: int, q: int) -> list[str]:
     """The ``privmtl pmtl`` arguments of one run (without --seed and --json)."""
+    if method == "local":  # every client trains alone, epochs and lr chosen on validation
+        return [
+            "--data", "synthetic", "--num-clients", str(m), "--model", "logreg",
+            "--method", "local-all", "--quiet",
+        ]  # fmt: skip
     argv = [
         "--data", "synthetic", "--num-clients", str(m), "--model", "logreg",
         "--method", method, "--clients-per-round", str(min(q, m)), "--rounds", str(rounds),
-        "--server-update", "offset", "--reproducible-noise", "--quiet",
+        "--reproducible-noise", "--quiet",
     ]  # fmt: skip
-    if eps is not None and method != "local":
+    if eps is not None:
         argv += ["--epsilon", f"{eps:g}"]
     return argv
 
 
-def _run(argv: list[str], seed: int) -> dict[str, Any]:
-    from click.testing import CliRunner
+def _kwargs(argv: list[str]) -> dict[str, Any]:
+    """``run_pmtl`` keyword arguments equal to the CLI arguments ``argv`` (one torch thread)."""
+    kw: dict[str, Any] = {"show_progress": False, "threads": 1}
+    it = iter(argv)
+    for flag in it:
+        if flag == "--quiet":
+            continue
+        if flag == "--reproducible-noise":
+            kw["noise_source"] = "seeded"
+            continue
+        value = next(it)
+        key = flag[2:].replace("-", "_")
+        if key in ("num_clients", "clients_per_round", "rounds"):
+            kw[key] = int(value)
+        elif key == "epsilon":
+            kw[key] = float(value)
+        else:
+            kw[key] = value
+    return kw
 
-    from privmtl.cli import cli
 
-    res = CliRunner().invoke(cli, ["pmtl", *argv, "--seed", str(seed), "--json"])
-    if res.exit_code != 0:
-        raise RuntimeError(f"privmtl pmtl {' '.join(argv)} failed: {res.output}")
-    out = json.loads(res.output)
+def _row(out: dict[str, Any]) -> dict[str, Any]:
+    """The fields every result row states (accuracy and the full privacy statement)."""
+    return {
+        "test_accuracy": out["test_accuracy"],
+        "mean_client_accuracy": out["mean_client_accuracy"],
+        "global_test_accuracy": out.get("global_test_accuracy"),
+        "epsilon": out["epsilon"],
+        "delta": out["delta"],
+        "relation": out["relation"],
+        "sampling": out["sampling"],
+        "accountant": out["accountant"],
+        "noise_source": out["noise_source"] if out["method"] != "local-all" else None,
+        "noise_std": out["noise_std"],
+        "lam": out["lam"],
+        "personal_init": out["personal_init"],
+        "local_selection": out.get("local_selection"),
+        "summary": out["summary"],
+    }
+
+
+def _run(argv: list[str], seed: int, dataset: Any = None) -> dict[str, Any]:
+    """Run ``privmtl pmtl argv --seed seed`` in process (same code path as the CLI)."""
+    from privmtl.experiments.pmtl import run_pmtl
+
+    kw = _kwargs(argv)
+    if dataset is not None:
+        kw.pop("num_clients", None)
+    out: dict[str, Any] = run_pmtl(**kw, seed=seed, dataset=dataset)
     return out
+
+
+GRID_JSONL = RESULTS / "pmtl_population_grid.jsonl"
+GRID_TAUS = (0.25, 0.5, 1.0)
+GRID_SIZES = ("leaf", "loguniform-20-200")
+GRID_NOISES = (0.0, 0.1)
+GRID_RUNS: tuple[tuple[str, float | None], ...] = (
+    ("local", None),
+    ("pmtl", 1.0),
+    ("pmtl", None),
+    ("fedavg", 1.0),
+)
+
+
+def grid_dataset(m: int, tau: float, sizes: str, noise: float, seed: int) -> Any:
+    """The synthetic federation of one grid setting (other generator parameters at default)."""
+    from privmtl.data.federated import make_synthetic_federated
+
+    spc = None if sizes == "leaf" else (20, 200)
+    return make_synthetic_federated(
+        n_clients=m,
+        heterogeneity=tau,
+        samples_per_client=spc,
+        label_noise=noise,
+        random_state=seed,
+    )
+
+
+def grid(args: argparse.Namespace) -> None:
+    done = {
+        (r["tau"], r["sizes"], r["label_noise"], r["method"], r["target_epsilon"], r["seed"])
+        for r in load_jsonl(GRID_JSONL)
+    }
+    m, seed = args.m, 0
+    for noise in args.noises:
+        for sizes in args.sizes:
+            for tau in args.taus:
+                ds = None
+                for method, eps in GRID_RUNS:
+                    if args.runs and f"{method}:{eps}" not in args.runs:
+                        continue
+                    if (tau, sizes, noise, method, eps, seed) in done:
+                        continue
+                    if ds is None:
+                        ds = grid_dataset(m, tau, sizes, noise, seed)
+                    argv = argv_for(method, m, eps, args.rounds, args.clients_per_round)
+                    t0 = time.perf_counter()
+                    out = _run(argv, seed, dataset=ds)
+                    row = {
+                        "m": m,
+                        "tau": tau,
+                        "sizes": sizes,
+                        "label_noise": noise,
+                        "method": method,
+                        "target_epsilon": eps,
+                        "seed": seed,
+                        **_row(out),
+                        "seconds": time.perf_counter() - t0,
+                        "data": f"make_synthetic_federated(n_clients={m}, heterogeneity={tau}, "
+                        f"samples_per_client={None if sizes == 'leaf' else (20, 200)}, "
+                        f"label_noise={noise}, random_state={seed})",
+                        "command": "privmtl pmtl " + " ".join(argv) + f" --seed {seed} --json",
+                    }
+                    append_jsonl(GRID_JSONL, row)
+                    print(
+                        f"tau={tau} sizes={sizes} noise={noise} {method} eps={eps}: "
+                        f"{row['test_accuracy']:.4f} / {row['mean_client_accuracy']:.4f} "
+                        f"({row['seconds']:.0f}s)",
+                        flush=True,
+                    )
 
 
 def study(args: argparse.Namespace) -> None:
@@ -92,13 +207,7 @@ def study(args: argparse.Namespace) -> None:
                         "m": m,
                         "target_epsilon": eps,
                         "seed": seed,
-                        "test_accuracy": out["test_accuracy"],
-                        "mean_client_accuracy": out["mean_client_accuracy"],
-                        "global_test_accuracy": out.get("global_test_accuracy"),
-                        "epsilon": out["epsilon"],
-                        "delta": out["delta"],
-                        "noise_std": out["noise_std"],
-                        "summary": out["summary"],
+                        **_row(out),
                         "seconds": time.perf_counter() - t0,
                         "command": "privmtl pmtl " + " ".join(argv) + f" --seed {seed} --json",
                     }
@@ -223,6 +332,14 @@ def main() -> None:
     s.add_argument("--epsilons", type=float, nargs="*", default=[], help="subset; inf: non-private")
     s.add_argument("--rounds", type=int, default=200)
     s.add_argument("--clients-per-round", type=int, default=200)
+    g = sub.add_parser("grid")
+    g.add_argument("--m", type=int, default=1000)
+    g.add_argument("--taus", type=float, nargs="+", default=list(GRID_TAUS))
+    g.add_argument("--sizes", nargs="+", default=list(GRID_SIZES), choices=GRID_SIZES)
+    g.add_argument("--noises", type=float, nargs="+", default=[0.0])
+    g.add_argument("--runs", nargs="*", default=[], help="subset, e.g. local:None pmtl:1.0")
+    g.add_argument("--rounds", type=int, default=200)
+    g.add_argument("--clients-per-round", type=int, default=200)
     sub.add_parser("report")
     p = sub.add_parser("speed")
     p.add_argument("--m", type=int, default=10000)
@@ -231,7 +348,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--json")
     args = ap.parse_args()
-    {"study": study, "report": report, "speed": speed}[args.mode](args)
+    {"study": study, "grid": grid, "report": report, "speed": speed}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -46,3 +46,32 @@ def test_unknown_shared_params_exit_2(capsys):
          "--rounds", "1", "--clients-per-round", "5", "--shared-params", "conv1"],
     )  # fmt: skip
     assert code == 2 and "shared_params" in cap.err
+
+
+def test_local_all_trains_every_client_alone(capsys):
+    code, cap = _run(
+        capsys,
+        ["pmtl", "--data", "synthetic", "--num-clients", "12", "--model", "logreg",
+         "--method", "local-all", "--epsilon", "1", "--json"],
+    )  # fmt: skip
+    assert code == 0, cap.err
+    out = json.loads(cap.out)
+    # nothing leaves a client: ε = 0 whatever --epsilon says, and no noise
+    assert out["epsilon"] == 0.0 and out["noise_std"] == 0.0
+    assert out["guarantee"]["sampling"] == "none"
+    sel = out["local_selection"]
+    assert sel["select"] == "pooled" and sum(sel["clients_per_choice"]) == 12
+    best = max(range(len(sel["grid"])), key=lambda g: sel["grid_val_accuracy"][g])
+    assert sel["clients_per_choice"][best] == 12
+    assert out["test_accuracy"] == pytest.approx(sel["grid_test_accuracy"][best])
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_bad_num_clients_exit_2(capsys, value):
+    code, cap = _run(
+        capsys,
+        ["pmtl", "--data", "synthetic", "--num-clients", value, "--model", "logreg",
+         "--method", "local-all"],
+    )  # fmt: skip
+    assert code == 2
+    assert "num-clients" in cap.err and "Traceback" not in cap.err

@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
+from privmtl.data.federated import (
+    FederatedDataset,
+    load_leaf,
+    make_synthetic_federated,
+    synthetic_client_sizes,
+)
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 
 
@@ -278,3 +283,50 @@ def test_synthetic_heterogeneity_makes_personalization_help() -> None:
     # 0.93); heterogeneous rules: local models are far better (0.67 vs 0.93)
     assert gain_homo < 0.05
     assert gain_het > 0.15 and gain_het > gain_homo + 0.1
+
+
+def test_synthetic_defaults_follow_leaf_and_fedprox() -> None:
+    ds = make_synthetic_federated(random_state=3)
+    assert ds.n_clients == 50 and ds.n_features == 60 and ds.n_classes == 10
+    assert ds.feature_shape == (60,)
+    total = ds.sizes("train") + ds.sizes("val") + ds.sizes("test")
+    # LEAF's law, drawn independently: n_k = min(5 + floor(LogNormal(3, 2)), 1000), the first
+    # draws after W_0 (C x d) and b_0 (C)
+    rng = np.random.default_rng(3)
+    rng.standard_normal((10, 60))
+    rng.standard_normal(10)
+    expected = np.minimum(5 + np.floor(rng.lognormal(3.0, 2.0, size=50)), 1000)
+    assert total.tolist() == expected.astype(int).tolist()
+    assert (ds.sizes("train") >= 1).all()
+
+
+def test_leaf_size_law_many_small_clients() -> None:
+    sizes = synthetic_client_sizes(20000, random_state=0)
+    assert sizes.min() == 5 and sizes.max() == 1000
+    # median of 5 + floor(e^Z), Z ~ N(3, 4): 5 + floor(e^3) = 25 (24 from the floor of draws)
+    assert 23 <= np.median(sizes) <= 26
+    # P(n < 15) = P(e^Z < 10) = Phi((ln 10 - 3) / 2) = 0.364; P(n = 1000) = P(e^Z >= 995) = 0.026
+    assert abs((sizes < 15).mean() - 0.364) < 0.01
+    assert abs((sizes == 1000).mean() - 0.026) < 0.006
+    assert synthetic_client_sizes(4, 7, random_state=0).tolist() == [7] * 4
+    lu = synthetic_client_sizes(1000, (20, 200), random_state=0)
+    assert lu.min() >= 20 and lu.max() <= 200
+    with pytest.raises(InvalidParameterError, match="size_lognormal"):
+        synthetic_client_sizes(3, size_lognormal=(3.0,))  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameterError, match="size_lognormal"):
+        synthetic_client_sizes(3, size_lognormal=(3.0, -1.0))
+
+
+def test_label_noise_redraws_labels_uniformly() -> None:
+    kw = {"n_clients": 4, "samples_per_client": 400, "random_state": 2}
+    clean = make_synthetic_federated(**kw)
+    assert "noise=0" in clean.name
+    noisy = make_synthetic_federated(label_noise=1.0, **kw)
+    y = torch.cat(noisy.train_y).numpy()
+    # every label redrawn uniformly over the 10 classes: each class about 10 %
+    counts = np.bincount(y, minlength=10) / len(y)
+    assert np.abs(counts - 0.1).max() < 0.03
+    # the clean labels are far from uniform within a client (the feature shift)
+    assert max(np.bincount(t.numpy(), minlength=10).max() / len(t) for t in clean.train_y) > 0.3
+    with pytest.raises(InvalidParameterError, match="label_noise"):
+        make_synthetic_federated(label_noise=1.5)

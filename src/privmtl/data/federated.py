@@ -36,7 +36,15 @@ import torch
 from privmtl._validation import check_int, check_real, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 
-__all__ = ["FederatedDataset", "default_cache_dir", "load_leaf", "make_synthetic_federated"]
+__all__ = [
+    "LEAF_SIZE_BOUNDS",
+    "LEAF_SIZE_LOGNORMAL",
+    "FederatedDataset",
+    "default_cache_dir",
+    "load_leaf",
+    "make_synthetic_federated",
+    "synthetic_client_sizes",
+]
 
 _SPLITS = ("train", "val", "test")
 _CACHE_VERSION = 1
@@ -503,19 +511,87 @@ def load_leaf(
 
 
 # ====================================================================== synthetic
+LEAF_SIZE_LOGNORMAL = (3.0, 2.0)
+"""``(mu, s)`` of LEAF's law of examples per client (``data/synthetic/main.py``)."""
+LEAF_SIZE_BOUNDS = (5, 1000)
+"""Smallest and largest client of LEAF's law: ``n_k = min(5 + floor(LogNormal(3, 2)), 1000)``."""
+
+
+def synthetic_client_sizes(
+    n_clients: int,
+    samples_per_client: int | tuple[int, int] | None = None,
+    *,
+    size_lognormal: tuple[float, float] = LEAF_SIZE_LOGNORMAL,
+    random_state: int | np.random.Generator | None = None,
+) -> np.ndarray:
+    r"""Examples per client (before the train/validation/test split) of the synthetic federation.
+
+    Parameters
+    ----------
+    n_clients : int
+        ``m``.
+    samples_per_client : int, (int, int) or None, default None
+        ``None``: LEAF's law, :math:`n_k = \min(5 + \lfloor e^{Z_k} \rfloor, 1000)` with
+        :math:`Z_k \sim N(\mu, s^2)` and :math:`(\mu, s)` = ``size_lognormal`` (LEAF's
+        ``synthetic``: (3, 2): median 24 examples, a third of the clients below 15, about 3 %
+        at the cap of 1000). An int: every client has that many. ``(lo, hi)``: log-uniform on
+        ``[lo, hi]``.
+    size_lognormal : (float, float), default (3.0, 2.0)
+        :math:`(\mu, s)` of the lognormal law (``s >= 0``), used when ``samples_per_client`` is
+        None.
+    random_state : int, numpy Generator or None
+
+    Returns
+    -------
+    ndarray of int64, shape (n_clients,)
+    """
+    m = check_int("n_clients", n_clients, low=1)
+    rng = check_rng(random_state)
+    if samples_per_client is None:
+        if not isinstance(size_lognormal, tuple | list) or len(size_lognormal) != 2:
+            raise InvalidParameterError(
+                f"The 'size_lognormal' parameter must be a (mu, s) pair; got {size_lognormal!r}."
+            )
+        mu = check_real("size_lognormal[0]", size_lognormal[0])
+        s = check_real("size_lognormal[1]", size_lognormal[1], low=0.0)
+        lo, hi = LEAF_SIZE_BOUNDS
+        raw = (
+            np.floor(rng.lognormal(mu, s, size=m))
+            if s > 0
+            else np.full(m, math.floor(math.exp(mu)))
+        )
+        return np.asarray(np.minimum(lo + np.minimum(raw, hi), hi), dtype=np.int64)
+    if isinstance(samples_per_client, tuple | list):
+        if len(samples_per_client) != 2:
+            raise InvalidParameterError(
+                "The 'samples_per_client' parameter must be None, an int or a (low, high) pair; "
+                f"got {samples_per_client!r}."
+            )
+        lo = check_int("samples_per_client[0]", samples_per_client[0], low=3)
+        hi = check_int("samples_per_client[1]", samples_per_client[1], low=lo)
+    else:
+        lo = hi = check_int("samples_per_client", samples_per_client, low=3)
+    if lo == hi:
+        return np.full(m, lo, dtype=np.int64)
+    sizes = np.floor(np.exp(rng.uniform(np.log(lo), np.log(hi + 1), size=m))).astype(np.int64)
+    return np.asarray(np.clip(sizes, lo, hi), dtype=np.int64)
+
+
 def make_synthetic_federated(
     *,
     n_clients: int = 50,
-    n_features: int = 20,
+    n_features: int = 60,
     n_classes: int = 10,
-    samples_per_client: int | tuple[int, int] = (20, 200),
-    heterogeneity: float = 1.0,
+    samples_per_client: int | tuple[int, int] | None = None,
+    size_lognormal: tuple[float, float] = LEAF_SIZE_LOGNORMAL,
+    heterogeneity: float = 0.5,
     feature_shift: float = 0.5,
+    label_noise: float = 0.0,
     test_fraction: float = 0.2,
     val_fraction: float = 0.1,
     random_state: int | np.random.Generator | None = None,
 ) -> FederatedDataset:
-    r"""Heterogeneous synthetic federated classification (softmax models around a shared one).
+    r"""Heterogeneous synthetic federated classification (LEAF-style; softmax models around a shared one).
 
     For client :math:`k` (all draws independent):
 
@@ -525,11 +601,24 @@ def make_synthetic_federated(
       i.i.d. :math:`N(0, 1)`, :math:`\tau` = ``heterogeneity``;
     * features :math:`x \sim N(v_k, \Sigma)`, :math:`\Sigma = \mathrm{diag}(j^{-1.2})_{j=1..d}`,
       client mean :math:`v_k \sim N(\beta_k \mathbf 1, I)` with :math:`\beta_k \sim N(0,`
-      ``feature_shift``:math:`^2)` (as in LEAF's synthetic(alpha, beta));
-    * label :math:`y = \arg\max_c (W_k x + b_k)_c` (noise-free, as in FedProx);
-    * size :math:`n_k`: ``samples_per_client`` if an int, else log-uniform on ``[lo, hi]``;
-      ``round(test_fraction * n_k)`` examples go to test, then ``floor(val_fraction * rest)`` to
-      validation (at least one training example is always kept).
+      ``feature_shift``:math:`^2)` (as in LEAF's and FedProx's synthetic(alpha, beta));
+    * label :math:`y = \arg\max_c (W_k x + b_k)_c`, then, with probability ``label_noise``,
+      replaced by a class drawn uniformly (it may draw the same class);
+    * size :math:`n_k` from :func:`synthetic_client_sizes` (default: LEAF's lognormal law, many
+      clients with a few examples and a few with hundreds); ``round(test_fraction * n_k)``
+      examples go to test, then ``floor(val_fraction * rest)`` to validation (at least one
+      training example is always kept, so the smallest clients have no validation example).
+
+    The defaults follow the federated-learning literature: ``d = 60`` features and ``C = 10``
+    classes as in FedProx's synthetic(alpha, beta), LEAF's law of examples per client, feature
+    shift 0.5 (FedProx's synthetic(0.5, 0.5)) and noise-free labels. Unlike FedProx's generator,
+    whose client models share nothing but a scalar mean, the client models here share
+    :math:`W_0`; :math:`\tau = 0.5` makes each client's rule a quarter of its own variance
+    (:math:`\tau^2 / (1 + \tau^2) = 0.2` of the model variance is client-specific), a population
+    in which a single global model is poor (personalization is needed) while a client with tens
+    of examples in 60 dimensions cannot learn its rule alone (collaboration is needed).
+    ``benchmarks/results/pmtl_population.md`` measures how the gap between collaboration and
+    training alone depends on :math:`\tau`, the law of client sizes and label noise.
 
     With ``heterogeneity = 0`` all clients share one labelling rule (a global model suffices); as it
     grows, client models diverge and personalization helps, while the shared :math:`W_0` keeps
@@ -539,12 +628,17 @@ def make_synthetic_federated(
     ----------
     n_clients, n_features, n_classes : int
         ``m``, ``d`` (>= 1) and ``C`` (>= 2).
-    samples_per_client : int or (int, int)
-        Total examples per client before splitting (>= 3 each).
-    heterogeneity : float >= 0
+    samples_per_client : int, (int, int) or None, default None
+        Total examples per client before splitting (see :func:`synthetic_client_sizes`; >= 3 each
+        for an int or a pair). None: LEAF's lognormal law.
+    size_lognormal : (float, float), default (3.0, 2.0)
+        :math:`(\mu, s)` of the lognormal law (LEAF: (3, 2)).
+    heterogeneity : float >= 0, default 0.5
         Spread :math:`\tau` of client models around the shared model.
-    feature_shift : float >= 0
+    feature_shift : float >= 0, default 0.5
         Standard deviation of the per-client feature offset :math:`\beta_k`.
+    label_noise : float in [0, 1], default 0.0
+        Probability that a label is redrawn uniformly.
     test_fraction, val_fraction : float in [0, 1)
     random_state : int, numpy Generator or None
 
@@ -558,28 +652,17 @@ def make_synthetic_federated(
     c = check_int("n_classes", n_classes, low=2)
     tau = check_real("heterogeneity", heterogeneity, low=0.0)
     shift = check_real("feature_shift", feature_shift, low=0.0)
+    flip = check_real("label_noise", label_noise, low=0.0, high=1.0)
     test_fraction = check_real("test_fraction", test_fraction, low=0.0, high=1.0, closed="left")
     val_fraction = check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="left")
-    if isinstance(samples_per_client, tuple | list):
-        if len(samples_per_client) != 2:
-            raise InvalidParameterError(
-                "The 'samples_per_client' parameter must be an int or a (low, high) pair; "
-                f"got {samples_per_client!r}."
-            )
-        lo = check_int("samples_per_client[0]", samples_per_client[0], low=3)
-        hi = check_int("samples_per_client[1]", samples_per_client[1], low=lo)
-    else:
-        lo = hi = check_int("samples_per_client", samples_per_client, low=3)
     rng = check_rng(random_state)
 
     w0 = rng.standard_normal((c, d))
     b0 = rng.standard_normal(c)
     scale = np.arange(1, d + 1, dtype=np.float64) ** -0.6  # sqrt of diag(j^-1.2)
-    if lo == hi:
-        sizes = np.full(m, lo, dtype=np.int64)
-    else:
-        sizes = np.floor(np.exp(rng.uniform(np.log(lo), np.log(hi + 1), size=m))).astype(np.int64)
-        sizes = np.clip(sizes, lo, hi)
+    sizes = synthetic_client_sizes(
+        m, samples_per_client, size_lognormal=size_lognormal, random_state=rng
+    )
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("tx", "ty", "vx", "vy", "sx", "sy")}
     for k in range(m):
         wk = w0 + tau * rng.standard_normal((c, d))
@@ -588,6 +671,9 @@ def make_synthetic_federated(
         n = int(sizes[k])
         x = vk + rng.standard_normal((n, d)) * scale
         y = np.argmax(x @ wk.T + bk, axis=1)
+        if flip > 0:
+            redraw = rng.random(n) < flip
+            y = np.where(redraw, rng.integers(0, c, size=n), y)
         n_test = min(round(test_fraction * n), n - 1)
         n_val = min(math.floor(val_fraction * (n - n_test)), n - n_test - 1)
         perm = rng.permutation(n)
@@ -605,5 +691,5 @@ def make_synthetic_federated(
         test_y=parts["sy"],
         n_classes=c,
         feature_shape=(d,),
-        name=f"synthetic(m={m}, d={d}, C={c}, tau={tau:g}, shift={shift:g})",
+        name=f"synthetic(m={m}, d={d}, C={c}, tau={tau:g}, shift={shift:g}, noise={flip:g})",
     )

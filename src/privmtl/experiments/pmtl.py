@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from privmtl._validation import check_choice, check_int, check_real
@@ -40,7 +41,7 @@ __all__ = [
 
 FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
-FL_METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd")
+FL_METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "local-all")
 FINETUNE_METHODS = ("none", "vanilla", "mr", "skl", "ewc")
 
 #: Default λ: PMTL's mean-regularization weight chosen on validation accuracy in the committed
@@ -218,7 +219,7 @@ def run_pmtl(
     server_lr: float = 1.0,
     server_momentum: float = 0.9,
     shared_params: Sequence[str] | None = None,
-    personal_init: str = "model",
+    personal_init: str = "billboard",
     subspace_dim: int | None = None,
     adaptive_clip_quantile: float | None = None,
     adaptive_clip_lr: float = 0.2,
@@ -233,6 +234,11 @@ def run_pmtl(
     of step sizes and penalty weights (default: ``[lr]`` / ``[lam]``), each client choosing on its
     own validation split (:func:`~privmtl.federated.finetune_selection.finetune_select`; the
     privacy guarantee is unchanged).
+
+    ``method="local-all"`` is the training-alone baseline of
+    :func:`~privmtl.federated.local.train_local`: every client (not only sampled ones) trains on its
+    own data over a grid of epochs and step sizes chosen on validation; ``rounds``,
+    ``clients_per_round``, ``lr`` and the privacy options do not apply (ε = 0 towards the others).
 
     ``noise_source`` (``"secure"``: OS entropy, the default; ``"seeded"``: reproducible from
     ``seed``, research simulation only), ``checkpoint_dir``/``checkpoint_every``/``resume`` and
@@ -275,6 +281,8 @@ def run_pmtl(
     load_seconds = time.perf_counter() - t_load
     m = ds.n_clients
     q = check_int("clients_per_round", clients_per_round, low=1)
+    if method == "local-all":  # every client trains: clients_per_round does not apply
+        q = m
     if q > m:
         raise InvalidParameterError(
             f"The 'clients_per_round' parameter must be at most the number of clients m={m} "
@@ -317,7 +325,7 @@ def run_pmtl(
         adaptive_clip_lr=adaptive_clip_lr,
         adaptive_clip_noise=adaptive_clip_noise,
     )
-    if epsilon is not None and method != "local":
+    if epsilon is not None and method not in ("local", "local-all"):
         from privmtl.federated.baselines import config_for_epsilon
 
         config = config_for_epsilon(config, m, epsilon)
@@ -329,7 +337,12 @@ def run_pmtl(
         "budget_epsilon": budget_epsilon,
         "on_budget": "stop",
     }
-    if method == "joint-dp":
+    if method == "local-all":
+        from privmtl.federated.local import train_local
+
+        result = train_local(ds, net, batch_size=batch_size, seed=seed)
+        sigma, q = 0.0, m
+    elif method == "joint-dp":
         from privmtl.federated.baselines import train_joint_dp
 
         result = train_joint_dp(ds, net, config, **run)
@@ -347,6 +360,19 @@ def run_pmtl(
         result = train(ds, net, config, **run)
     out = _result_dict(result, method=method, model=model, data=data, sigma=sigma, q=q, m=m)
     out["data_seconds"] = load_seconds
+    if method == "local-all":
+        sel = result.extra["local_selection"]
+        out["local_selection"] = {
+            "grid": sel["grid"],
+            "select": sel["select"],
+            "clients_per_choice": np.bincount(sel["choice"], minlength=len(sel["grid"])).tolist(),
+            "grid_val_accuracy": sel["grid_val_accuracy"],
+            "grid_test_accuracy": sel["grid_test_accuracy"],
+        }
+        out["guarantee"]["notes"].append(
+            "every client trained alone on its own data; one (epochs, lr) of the grid chosen on "
+            "the pooled validation accuracy (hyper-parameter tuning, as for every method)"
+        )
     if checkpoint_dir is not None:
         out["checkpoint_dir"] = str(checkpoint_dir)
     grid = None
@@ -464,8 +490,8 @@ def _result_dict(
     cfg = result.config
     eps = float(result.epsilon)
     z = noise_multiplier(sigma, q, cfg.clip) if cfg.clip else None
-    private = sigma > 0 and method != "local"
-    if method == "local":
+    private = sigma > 0 and method not in ("local", "local-all")
+    if method in ("local", "local-all"):
         guarantee = PrivacyGuarantee(
             epsilon=0.0,
             delta=0.0,

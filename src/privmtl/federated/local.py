@@ -1,0 +1,305 @@
+r"""Training alone: every client fits its own model on its own data, nothing is shared.
+
+The baseline that private collaboration has to beat. Unlike the engine's ``method="local"``
+(which trains, round after round, only the clients sampled in that round, so that with
+``q`` of ``m`` clients per round a client trains about ``T q / m`` times and a client never
+sampled keeps its initial model), :func:`train_local` trains **every** client, from the same
+initial model as the federated methods, with plain minibatch SGD on its own training split
+(:math:`\frac{1}{|b|}\sum_{i\in b}\mathrm{CE}(h_w(x_i), y_i)`, no penalty), for every
+``(epochs, lr)`` of a small grid, and keeps the setting with the best validation accuracy:
+
+* ``select="pooled"`` (default): one setting for all clients, the best pooled validation
+  accuracy (how the federated methods' hyper-parameters are chosen: on validation data of the
+  population; a tuning step outside the guarantee, as in the PMTL paper);
+* ``select="client"``: each client keeps the setting with the most correct predictions on its own
+  validation split (ties: lower validation loss, then the earlier setting); clients without
+  validation data keep the first setting. Nothing leaves any client.
+
+Minibatches are those of :func:`~privmtl.federated.finetune.finetune` (``start="global"`` from the
+initial model, ``method="vanilla"``): ``epochs`` fresh permutations of the client's ``n_k``
+training examples cut into ``ceil(n_k / batch_size)`` minibatches, drawn from
+``numpy.random.default_rng([seed, 3, k])``; all clients are trained together with
+``torch.func.vmap`` in groups of similar size, so a population of ``m = 10 000`` clients trains in
+about the time of one pass of every grid point over its data.
+
+Privacy: a client's model reads its own data only (ε = 0 towards the other clients); with
+``select="pooled"`` the choice of one ``(epochs, lr)`` reads every client's validation data, as
+the tuning of every other method does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import grad, vmap
+
+from privmtl._validation import check_choice, check_int, check_real
+from privmtl.data.federated import FederatedDataset
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.algorithms import Params, client_scores, evaluate
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.federated.finetune import _pad_own, finetune, finetune_objective, finetune_plan
+from privmtl.federated.models import MultinomialLogReg
+
+__all__ = ["LOCAL_EPOCHS", "LOCAL_LRS", "LOCAL_SELECT", "train_local"]
+
+LOCAL_EPOCHS = (1, 3, 10, 30, 100)
+"""Default grid of local epochs of :func:`train_local`."""
+LOCAL_LRS = (0.01, 0.03, 0.1)
+"""Default grid of SGD step sizes of :func:`train_local`."""
+LOCAL_SELECT = ("pooled", "client")
+
+
+def _grid(epochs: Sequence[int], lrs: Sequence[float]) -> list[tuple[int, float]]:
+    if isinstance(epochs, str | bytes) or len(epochs) == 0:
+        raise InvalidParameterError(
+            f"The 'epochs' parameter must hold at least one number of epochs; got {epochs!r}."
+        )
+    if isinstance(lrs, str | bytes) or len(lrs) == 0:
+        raise InvalidParameterError(
+            f"The 'lrs' parameter must hold at least one step size; got {lrs!r}."
+        )
+    es = [check_int("epochs", e, low=1) for e in epochs]
+    ls = [check_real("lrs", lr, low=0.0, closed="neither") for lr in lrs]
+    return [(e, lr) for e in es for lr in ls]
+
+
+def _logreg_grad(p: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Params:
+    r"""Per-row gradient of :math:`\sum_i w_i \mathrm{CE}(W x_i + b, y_i)` for stacked ``W, b``."""
+    weight, bias = p["linear.weight"], p["linear.bias"]
+    xf = x.reshape(x.shape[0], x.shape[1], -1).to(weight.dtype)
+    logits = torch.baddbmm(bias.unsqueeze(1), xf, weight.transpose(1, 2))
+    g = torch.softmax(logits, dim=-1)
+    g.scatter_add_(-1, y.unsqueeze(-1), -torch.ones_like(y, dtype=g.dtype).unsqueeze(-1))
+    g = g * w.unsqueeze(-1).to(g.dtype)
+    return {"linear.weight": torch.bmm(g.transpose(1, 2), xf), "linear.bias": g.sum(1)}
+
+
+def _train_grid(
+    model: nn.Module,
+    buffers: Params,
+    init: Params,
+    dataset: FederatedDataset,
+    grid: list[tuple[int, float]],
+    batch_size: int,
+    seed: int,
+    client_chunk: int | None,
+    batched: bool,
+) -> list[Params]:
+    """The models of every grid point, stacked ``(m, ...)``, in grid order.
+
+    The model of ``(e, lr)`` is the state after the first ``e`` epochs of one run of
+    ``max(epochs)`` epochs at step size ``lr`` (the first ``e`` epochs of
+    :func:`~privmtl.federated.finetune.finetune_plan` do not depend on the number of epochs
+    planned), i.e. exactly ``finetune(init, start="global", epochs=e, lr=lr)``. The batched path
+    trains every step size at once: each client appears once per step size in the vectorised
+    call, with its own step size.
+    """
+    m = dataset.n_clients
+    e_max = max(e for e, _ in grid)
+    lr_list = sorted({lr for _, lr in grid})
+    if not batched:
+        out = []
+        for e, lr in grid:
+            params, _ = finetune(
+                init, dataset, model, method="vanilla", start="global", epochs=e, lr=lr,
+                batch_size=batch_size, seed=seed, batched=False,
+            )  # fmt: skip
+            out.append(params)
+        return out
+    x_all, y_all, offsets = dataset.concat("train")
+    plan = finetune_plan(dataset, epochs=e_max, batch_size=batch_size, seed=seed)
+    per_epoch = np.array([len(p) // e_max for p in plan], dtype=np.int64)
+    snaps = {
+        (e, lr): {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in init.items()}
+        for e, lr in grid
+    }
+    epochs_wanted = sorted({e for e, _ in grid})
+    n_lr = len(lr_list)
+    lr_row = torch.tensor(lr_list, dtype=next(iter(init.values())).dtype)
+
+    def obj(p: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return finetune_objective(
+            model, p, init, x, y, w, method="vanilla", lam=0.0, buffers=buffers
+        )
+
+    step: Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], Params] = vmap(
+        grad(obj), in_dims=(0, 0, 0, 0)
+    )
+    if isinstance(model, MultinomialLogReg) and set(init) == {"linear.weight", "linear.bias"}:
+        step = _logreg_grad  # the same gradient in closed form, several times faster
+    order = np.argsort([len(p) for p in plan], kind="stable")
+    chunk = client_chunk or m
+    with torch.no_grad():
+        for c in range(0, m, chunk):
+            idx = order[c : c + chunk]
+            k = len(idx)
+            rows, weights, active = _pad_own(
+                [plan[int(i)] for i in idx], [int(offsets[int(i)]) for i in idx], batch_size
+            )
+            # rows of the vectorised call: (step size j, client i) -> j * k + i
+            rows = rows.repeat(1, n_lr, 1)
+            weights = weights.repeat(1, n_lr, 1)
+            active = active.repeat(1, n_lr)
+            lr_vec = lr_row.repeat_interleave(k)
+            w = {n: p.unsqueeze(0).repeat((n_lr * k,) + (1,) * p.ndim) for n, p in init.items()}
+            ends = {e: per_epoch[idx] * e for e in epochs_wanted}  # step count after e epochs
+            ti = torch.from_numpy(idx)
+            for s in range(rows.shape[0]):
+                r = rows[s]
+                g = step(w, x_all[r], y_all[r], weights[s])
+                a = (active[s] * lr_vec).to(lr_row.dtype)
+                for n, p in w.items():
+                    w[n] = p - g[n] * a.view((-1,) + (1,) * (p.ndim - 1))
+                for e in epochs_wanted:
+                    done = np.flatnonzero(ends[e] == s + 1)
+                    if done.size == 0:
+                        continue
+                    for j, lr in enumerate(lr_list):
+                        if (e, lr) not in snaps:
+                            continue
+                        src = torch.from_numpy(j * k + done)
+                        dst = ti[torch.from_numpy(done)]
+                        for n, p in w.items():
+                            snaps[(e, lr)][n][dst] = p[src]
+    return [snaps[key] for key in grid]
+
+
+def train_local(
+    dataset: FederatedDataset,
+    model: nn.Module,
+    *,
+    epochs: Sequence[int] = LOCAL_EPOCHS,
+    lrs: Sequence[float] = LOCAL_LRS,
+    batch_size: int = 10,
+    select: str = "pooled",
+    seed: int = 0,
+    client_chunk: int | None = 64,
+    batched: bool = True,
+) -> TrainResult:
+    r"""Train every client alone on its own data, over a grid of epochs and step sizes.
+
+    Parameters
+    ----------
+    dataset : FederatedDataset
+        Client ``k`` trains on its ``train`` split; ``val`` selects, ``test`` scores.
+    model : nn.Module
+        Architecture and initial parameters (the same initial model for every client, as for the
+        federated methods); the module itself is not modified.
+    epochs : sequence of int, default (1, 3, 10, 30, 100)
+        Numbers of passes over the client's training data tried (each >= 1).
+    lrs : sequence of float, default (0.01, 0.03, 0.1)
+        SGD step sizes tried (each > 0).
+    batch_size : int, default 10
+        Minibatch size ``B`` (the last minibatch of an epoch may be smaller).
+    select : {"pooled", "client"}, default "pooled"
+        One setting for all clients by pooled validation accuracy, or one per client by its own
+        validation accuracy (module docstring).
+    seed : int, default 0
+        Seed of the minibatch draws.
+    client_chunk : int or None, default 64
+        Clients trained together per vectorised call (None: all); the models do not depend on it.
+    batched : bool, default True
+        ``False`` runs :func:`~privmtl.federated.finetune.finetune`'s per-client reference loop.
+
+    Returns
+    -------
+    TrainResult
+        ``method="local"`` configuration with ``sampling="all"``, personalized models stacked
+        ``(m, ...)``, the initial model as ``global_params``, ε = δ = 0, and in ``extra``:
+        ``local_selection`` with ``grid`` (the ``(epochs, lr)`` pairs), ``select``, ``choice``
+        (grid index per client), ``grid_val_accuracy`` and ``grid_test_accuracy`` (pooled
+        accuracy of every grid point used for all clients).
+    """
+    check_inputs(dataset, model)
+    check_choice("select", select, LOCAL_SELECT)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    seed = check_int("seed", seed, low=0)
+    if client_chunk is not None:
+        client_chunk = check_int("client_chunk", client_chunk, low=1)
+    grid = _grid(epochs, lrs)
+    t0 = time.perf_counter()
+    m = dataset.n_clients
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    val_x, val_y = dataset.split("val")
+    test_x, test_y = dataset.split("test")
+    chosen: Params = {}
+    choice = np.zeros(m, dtype=np.int64)
+    best_correct, best_loss = np.full(m, -1.0), np.full(m, np.inf)
+    grid_val: list[float] = []
+    grid_test: list[float] = []
+    models = _train_grid(
+        model, buffers, init, dataset, grid, batch_size, seed, client_chunk, batched
+    )
+    for g, params in enumerate(models):
+        correct, loss = client_scores(model, params, buffers, val_x, val_y)
+        n_val = max(sum(int(y.shape[0]) for y in val_y), 1)
+        grid_val.append(float(correct.sum() / n_val))
+        grid_test.append(
+            float(evaluate(model, params, buffers, test_x, test_y, personalized=True)["accuracy"])
+        )
+        if select == "pooled":
+            better = np.full(
+                m, g == 0 or (-correct.sum(), loss.sum()) < (-best_correct.sum(), best_loss.sum())
+            )
+        else:
+            better = (correct > best_correct) | ((correct == best_correct) & (loss < best_loss))
+        if g == 0:
+            chosen = {n: p.clone() for n, p in params.items()}
+            better[:] = True
+        else:
+            mask = torch.from_numpy(better)
+            for n, p in chosen.items():
+                p[mask] = params[n][mask]
+        choice[better] = g
+        best_correct = np.where(better, correct, best_correct)
+        best_loss = np.where(better, loss, best_loss)
+    accuracies: dict[str, dict[str, dict[str, float]]] = {}
+    for split in ("val", "test"):
+        xs, ys = dataset.split(split)
+        accuracies[split] = {
+            "personalized": evaluate(model, chosen, buffers, xs, ys, personalized=True),
+            "global": evaluate(model, init, buffers, xs, ys, personalized=False),
+        }
+    first = grid[int(np.bincount(choice, minlength=len(grid)).argmax())]
+    config = TrainConfig(
+        method="local",
+        rounds=max(e for e, _ in grid),
+        clients_per_round=m,
+        sampling="all",
+        local_epochs=1,
+        batch_size=batch_size,
+        lr=first[1],
+        lam=0.0,
+        clip=None,
+        seed=seed,
+        progress=False,
+    )
+    selection: dict[str, Any] = {
+        "grid": [[e, lr] for e, lr in grid],
+        "select": select,
+        "choice": choice.tolist(),
+        "grid_val_accuracy": grid_val,
+        "grid_test_accuracy": grid_test,
+    }
+    seconds = time.perf_counter() - t0
+    return TrainResult(
+        config=config,
+        client_ids=list(dataset.client_ids),
+        personalized_params=chosen,
+        global_params=init,
+        history=[],
+        accuracies=accuracies,
+        primary="personalized",
+        epsilon=0.0,
+        delta=0.0,
+        seconds=seconds,
+        seconds_per_round=seconds,
+        extra={"local_selection": selection},
+    )

@@ -1,0 +1,126 @@
+"""Training alone (``train_local``): every client, its own data only, tuned on validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privmtl.data.federated import FederatedDataset, make_synthetic_federated
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.local import train_local
+from privmtl.federated.models import MultinomialLogReg
+
+D, C, SEED, B = 5, 3, 4, 4
+
+
+@pytest.fixture(scope="module")
+def ds() -> FederatedDataset:
+    return make_synthetic_federated(
+        n_clients=9, n_features=D, n_classes=C, samples_per_client=(8, 40), random_state=5
+    )
+
+
+def _alone(ds: FederatedDataset, k: int, epochs: int, lr: float) -> dict[str, torch.Tensor]:
+    """Client k trained by itself: a plain loop, nothing but its own rows and the documented
+    minibatch law (fresh permutation per epoch from default_rng([seed, 3, k]), batches of B)."""
+    x, y = ds.train_x[k].double(), ds.train_y[k]
+    w = torch.zeros(C, D, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(C, dtype=torch.float64, requires_grad=True)
+    rng = np.random.default_rng([SEED, 3, k])
+    for _ in range(epochs):
+        perm = rng.permutation(len(y))
+        for i in range(0, len(y), B):
+            idx = torch.from_numpy(perm[i : i + B])
+            loss = F.cross_entropy(x[idx] @ w.T + b, y[idx])
+            gw, gb = torch.autograd.grad(loss, (w, b))
+            with torch.no_grad():
+                w -= lr * gw
+                b -= lr * gb
+    return {"linear.weight": w.detach(), "linear.bias": b.detach()}
+
+
+def _val_correct(ds: FederatedDataset, k: int, p: dict[str, torch.Tensor]) -> int:
+    x, y = ds.val_x[k].double(), ds.val_y[k]
+    pred = (x @ p["linear.weight"].T + p["linear.bias"]).argmax(1)
+    return int((pred == y).sum())
+
+
+def test_each_client_gets_the_model_it_would_train_by_itself(ds: FederatedDataset) -> None:
+    grid = {"epochs": (1, 3), "lrs": (0.05, 0.3)}
+    res = train_local(ds, MultinomialLogReg(D, C), **grid, batch_size=B, seed=SEED, select="client")
+    sel = res.extra["local_selection"]
+    assert sel["grid"] == [[1, 0.05], [1, 0.3], [3, 0.05], [3, 0.3]]
+    assert res.epsilon == 0.0 and res.guarantee.epsilon == 0.0
+    pers = res.personalized_params
+    assert pers is not None
+    for k in range(ds.n_clients):
+        oracle = [_alone(ds, k, e, lr) for e, lr in sel["grid"]]
+        g = sel["choice"][k]
+        for n in oracle[g]:
+            torch.testing.assert_close(pers[n][k].double(), oracle[g][n], rtol=1e-4, atol=1e-5)
+        # the client's own validation split chose it: no grid point has more correct predictions
+        assert _val_correct(ds, k, oracle[g]) == max(_val_correct(ds, k, o) for o in oracle)
+        # every client was trained (zero init: an untrained client would still be all zeros)
+        assert pers["linear.weight"][k].abs().sum() > 0
+
+
+def test_pooled_selection_is_one_setting_with_the_best_pooled_validation(
+    ds: FederatedDataset,
+) -> None:
+    res = train_local(ds, MultinomialLogReg(D, C), epochs=(1, 3), lrs=(0.05, 0.3), batch_size=B,
+                      seed=SEED)  # fmt: skip
+    sel = res.extra["local_selection"]
+    assert len(set(sel["choice"])) == 1
+    g = sel["choice"][0]
+    pooled = [
+        sum(_val_correct(ds, k, _alone(ds, k, e, lr)) for k in range(ds.n_clients))
+        for e, lr in sel["grid"]
+    ]
+    assert pooled[g] == max(pooled)
+    n_val = sum(len(y) for y in ds.val_y)
+    np.testing.assert_allclose(sel["grid_val_accuracy"], np.array(pooled) / n_val, atol=1e-12)
+    assert res.val_accuracy == pytest.approx(max(pooled) / n_val)
+
+
+class _Plain(nn.Module):
+    """The same linear model under other parameter names: the generic vmap(grad) path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, C)
+        nn.init.zeros_(self.lin.weight)
+        nn.init.zeros_(self.lin.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+def test_closed_form_logreg_gradient_matches_autograd_and_reference(ds: FederatedDataset) -> None:
+    kw = {"epochs": (2,), "lrs": (0.2,), "batch_size": B, "seed": SEED, "client_chunk": 4}
+    fast = train_local(ds, MultinomialLogReg(D, C), **kw).personalized_params
+    generic = train_local(ds, _Plain(), **kw).personalized_params
+    ref = train_local(ds, MultinomialLogReg(D, C), **kw, batched=False).personalized_params
+    assert fast is not None and generic is not None and ref is not None
+    torch.testing.assert_close(fast["linear.weight"], generic["lin.weight"])
+    torch.testing.assert_close(fast["linear.bias"], generic["lin.bias"])
+    torch.testing.assert_close(fast["linear.weight"], ref["linear.weight"])
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [
+        ({"epochs": ()}, "epochs"),
+        ({"epochs": (0,)}, "epochs"),
+        ({"lrs": (0.0,)}, "lrs"),
+        ({"lrs": []}, "lrs"),
+        ({"select": "best"}, "select"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"client_chunk": 0}, "client_chunk"),
+    ],
+)
+def test_bad_input_names_the_parameter(ds: FederatedDataset, kw: dict, name: str) -> None:
+    with pytest.raises(InvalidParameterError, match=name):
+        train_local(ds, MultinomialLogReg(D, C), **kw)
