@@ -610,15 +610,19 @@ def make_synthetic_federated(
       training example is always kept, so the smallest clients have no validation example).
 
     The defaults follow the federated-learning literature: ``d = 60`` features and ``C = 10``
-    classes as in FedProx's synthetic(alpha, beta), LEAF's law of examples per client, feature
-    shift 0.5 (FedProx's synthetic(0.5, 0.5)) and noise-free labels. Unlike FedProx's generator,
-    whose client models share nothing but a scalar mean, the client models here share
-    :math:`W_0`; :math:`\tau = 0.5` makes each client's rule a quarter of its own variance
-    (:math:`\tau^2 / (1 + \tau^2) = 0.2` of the model variance is client-specific), a population
-    in which a single global model is poor (personalization is needed) while a client with tens
-    of examples in 60 dimensions cannot learn its rule alone (collaboration is needed).
-    ``benchmarks/results/pmtl_population.md`` measures how the gap between collaboration and
-    training alone depends on :math:`\tau`, the law of client sizes and label noise.
+    classes as in FedProx's synthetic(alpha, beta), LEAF's law of examples per client (many
+    clients with a few examples, a few with hundreds), feature shift 0.5 (FedProx's
+    synthetic(0.5, 0.5)) and noise-free labels. Unlike FedProx's generator, whose client models
+    share nothing but a scalar mean, and LEAF's, whose client models are all multiples of one
+    matrix, the client models here share :math:`W_0` and keep a part of their own:
+    :math:`\tau = 0.5` puts a fifth of the variance of a client's model in its own part
+    (:math:`\tau^2 / (1 + \tau^2) = 0.2`), a population where one global model fits no client
+    well (personalization is needed) while the shared part is worth learning together for the
+    many clients with tens of examples in 60 dimensions. The per-client feature means make each
+    client's label distribution skewed (a few classes dominate), which a client learns alone
+    from few examples. ``benchmarks/results/pmtl_population.md`` measures how the gap between
+    collaboration and training alone depends on :math:`\tau`, the law of client sizes and label
+    noise.
 
     With ``heterogeneity = 0`` all clients share one labelling rule (a global model suffices); as it
     grows, client models diverge and personalization helps, while the shared :math:`W_0` keeps
