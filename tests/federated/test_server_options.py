@@ -224,6 +224,32 @@ def test_billboard_personal_init(tabular: FederatedDataset) -> None:
         assert not torch.equal(tr.clients["personal"][n][never], b)
 
 
+@pytest.mark.parametrize(
+    ("noise_std", "subspace_dim", "shared"),
+    [
+        (0.0, None, None),
+        (0.01, None, None),
+        (0.3, None, None),
+        (0.3, 2, None),
+        (0.05, None, ("linear.bias",)),
+        (0.3, None, ("linear.bias",)),
+    ],
+)
+def test_auto_personal_init_compares_the_noise_norm_with_the_clip(
+    tabular: FederatedDataset, noise_std: float, subspace_dim: int | None, shared: Any
+) -> None:
+    model = _model(tabular)
+    kw = {**BASE, "noise_std": noise_std, "subspace_dim": subspace_dim, "shared_params": shared}
+    tr = Trainer(tabular, model, TrainConfig(**kw, personal_init="auto"))
+    # independent oracle: sigma * sqrt(released coordinates) against the clip
+    names = [n for n, _ in model.named_parameters() if shared is None or n in shared]
+    dim = subspace_dim or sum(dict(model.named_parameters())[n].numel() for n in names)
+    expected = "billboard" if noise_std * math.sqrt(dim) <= BASE["clip"] else "model"
+    assert tr.config.personal_init == expected
+    assert ("joined" in tr.clients) == (expected == "billboard")
+    assert tr.run().config.personal_init == expected
+
+
 # ------------------------------------------------------------------- random subspace
 def test_subspace_release_changes_k_coordinates_per_round_at_the_same_epsilon(
     tabular: FederatedDataset,

@@ -173,12 +173,14 @@ def _human(out: dict[str, Any]) -> None:
 )
 @click.option(
     "--personal-init",
-    type=click.Choice(["model", "billboard"]),
-    default="billboard",
+    type=click.Choice(["auto", "model", "billboard"]),
+    default="auto",
     show_default=True,
     help="pmtl: a client's model starts from the billboard at its first participation, and "
     "clients never sampled are scored with the billboard (what they would download; "
-    "post-processing, same guarantee), or from the initial model.",
+    "post-processing, same guarantee), or from the initial model. auto: the billboard when the "
+    "noise norm of one release (sigma * sqrt(released dim)) is at most the clip, else the "
+    "initial model; the JSON key personal_init reports the choice.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(

@@ -219,7 +219,7 @@ def run_pmtl(
     server_lr: float = 1.0,
     server_momentum: float = 0.9,
     shared_params: Sequence[str] | None = None,
-    personal_init: str = "billboard",
+    personal_init: str = "auto",
     subspace_dim: int | None = None,
     adaptive_clip_quantile: float | None = None,
     adaptive_clip_lr: float = 0.2,

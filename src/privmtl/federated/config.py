@@ -139,11 +139,14 @@ class TrainConfig:
         noise, prox anchor); the others stay personal and take plain local SGD steps. The norm
         clipped is that of the shared part; the accounting (z = σq/γ) does not depend on the
         released dimension. None: every parameter is shared.
-    personal_init : {"model", "billboard"}, default "model"
+    personal_init : {"model", "billboard", "auto"}, default "model"
         Personalized methods with a billboard (pmtl): where a client's persistent model starts.
         ``"model"``: the initial model. ``"billboard"``: the billboard at the client's first
         participation, and clients that never took part are scored with the final billboard
         (what they would download; post-processing of public releases, no privacy cost).
+        ``"auto"``: ``"billboard"`` when the noise norm of one release is at most the clip
+        (:func:`~privmtl.federated.protocol.billboard_carries_signal`), else ``"model"``; the
+        run's result reports the choice made.
     subspace_dim : int or None
         ``k``: release the clipped mean in a public random subspace of ``k`` coordinates (of the
         shared parameters), fresh every round, with noise in those ``k`` coordinates only
@@ -277,7 +280,7 @@ class TrainConfig:
                     "The 'shared_params' parameter (partial sharing) needs method='pmtl' (clients "
                     f"keep their personal layers); got method={self.method!r}."
                 )
-        check_choice("personal_init", self.personal_init, ("model", "billboard"))
+        check_choice("personal_init", self.personal_init, ("model", "billboard", "auto"))
         if self.method == "workshop" and self.ball is None:
             raise InvalidParameterError("method='workshop' needs the ball radius 'ball'; got None.")
         if self.subspace_dim is not None:

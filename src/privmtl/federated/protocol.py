@@ -82,7 +82,14 @@ from privmtl.privacy.noise import NoiseSource, make_noise_source
 from privmtl.privacy.release import AdaptiveClip, GaussianMeanRelease, Release, noise_std_for
 from privmtl.privacy.sampling import ClientSampler, make_sampler
 
-__all__ = ["Curator", "MethodSpec", "RoundRecord", "Trainer", "method_spec"]
+__all__ = [
+    "Curator",
+    "MethodSpec",
+    "RoundRecord",
+    "Trainer",
+    "billboard_carries_signal",
+    "method_spec",
+]
 
 MessageHook = Callable[[int, np.ndarray, Params], Params]
 
@@ -319,6 +326,20 @@ def _stack(params: Params, m: int) -> Params:
     return {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in params.items()}
 
 
+def billboard_carries_signal(release: GaussianMeanRelease, released_dim: int) -> bool:
+    r"""Whether a client should start from the billboard under ``personal_init="auto"``.
+
+    True when the norm of the noise added to one release, :math:`\sigma\sqrt k` over the ``k``
+    released coordinates, is at most the clip γ, the largest norm the un-noised mean of clipped
+    messages can have; also without noise or clipping. Otherwise a round's noise can exceed any
+    signal it carries, and a client is better off starting from the initial model. The rule reads
+    only public parameters of the release (σ, γ, k), so it costs no privacy.
+    """
+    if release.clip is None or release.noise_std == 0.0:
+        return True
+    return bool(release.noise_std * math.sqrt(released_dim) <= release.clip)
+
+
 def _shared_names(init: Params, shared: tuple[str, ...] | None) -> list[str]:
     """The parameters that go through the billboard (all when ``shared`` is None)."""
     if shared is None:
@@ -493,6 +514,10 @@ class Trainer:
         self._personal_init = {n: p for n, p in init.items() if n not in self.shared}
         shared_init = {n: init[n] for n in self.shared}
         board = _stack(init, m) if spec.billboard == "blocks" else shared_init
+        if config.personal_init == "auto":
+            dim = config.subspace_dim or sum(p.numel() for p in shared_init.values())
+            resolved = "billboard" if billboard_carries_signal(mech, dim) else "model"
+            self.config = config = dataclasses.replace(config, personal_init=resolved)
         optimizer = None
         if config.server_optimizer != "none":
             optimizer = ServerOptimizer(
