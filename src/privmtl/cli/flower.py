@@ -33,7 +33,12 @@ def flower() -> None:
 @click.option("--model", type=click.Choice(["logreg", "cnn"]), required=True)
 @click.option("--rounds", type=int, default=3, show_default=True)
 @click.option("--clients-per-round", type=int, default=6, show_default=True)
-@click.option("--epsilon", type=float, help="Target ε of the whole run (σ calibrated to it).")
+@click.option(
+    "--epsilon",
+    type=float,
+    help="Target ε of the whole run (σ calibrated to it; in a continued --work-dir the ε "
+    "reported also composes the earlier runs' releases).",
+)
 @click.option("--noise-std", type=float, help="σ on the mean update (instead of --epsilon).")
 @click.option("--clip", type=float, default=0.5, show_default=True, help="γ: client update clip.")
 @click.option("--lam", type=float, default=0.1, show_default=True)
