@@ -617,7 +617,7 @@ class ServerRun:
         return self.stopped_on_budget
 
     def finish(self) -> None:
-        """Save the final checkpoint and mark the run finished (call after the result is out)."""
+        """Save the final checkpoint and mark the run finished (once its result is computed)."""
         if self.server_dir is None:
             return
         self.save()

@@ -324,8 +324,8 @@ def main(grid: Grid, context: Context) -> None:
         result["secure_aggregation"] = (
             None if secure is None else _secagg_describe(secure, len(fed.nodes), bounds)
         )
+        run.finish()  # before the result: the launcher stops every process once it sees it
         _write(out_dir / "result.json", json.dumps(result))
-        run.finish()
     except Exception as exc:  # the launcher reports it
         _write(out_dir / "error.txt", f"{type(exc).__name__}: {exc}")
         raise
