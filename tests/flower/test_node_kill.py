@@ -130,6 +130,7 @@ def test_killed_supernode_with_on_missing_fail(tmp_path, capsys):
     assert not _alive_with_home(work / "flwr-home")
     message = str(err)
     assert "\n" not in message and "did not answer" in message and "round 2/3" in message
+    assert f"--resume --work-dir {work}" in message
     # exactly the release made before the kill; the checkpoint lets --resume continue
     entries = _ledger_entries(work)
     assert [e["release_id"] for e in entries if "release_id" in e] == ["round:0"]

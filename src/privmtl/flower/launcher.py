@@ -404,7 +404,15 @@ def _run(
         if result_file.exists():
             return dict(json.loads(result_file.read_text()))
         if error_file.exists():
-            raise FlowerRunError(f"the ServerApp failed: {error_file.read_text().strip()}")
+            why = " ".join(error_file.read_text().split())
+            hint = ""
+            try:  # a run that started (and checkpointed) can be continued
+                started = not json.loads((out_dir / "run.json").read_text())["finished"]
+            except (OSError, ValueError, KeyError):
+                started = False
+            if started:
+                hint = f"; continue it with --resume --work-dir {out_dir.parent}"
+            raise FlowerRunError(f"the ServerApp failed: {why}{hint}")
         procs.check_alive()
         if run.poll() is not None and run.returncode != 0:
             raise FlowerRunError(f"flwr run exited with code {run.returncode}:\n{_tail(run_log)}")
