@@ -275,3 +275,16 @@ def test_a_second_run_in_the_same_directory_continues_the_ledger(tmp_path):
     for _ in range(4):
         four.curator.ledger.record(four.curator.event())
     assert two.epsilon == pytest.approx(four.epsilon, rel=1e-9)
+
+
+def test_num_clients_sets_the_synthetic_population_of_every_node():
+    from privmtl.flower._core import check_options, load_node
+
+    opts = _opts(**{"num-clients": 12})
+    node = load_node(opts, 1, 3, None)
+    assert node.m == 12 and node.clients.tolist() == [4, 5, 6, 7]
+    assert load_node(_opts(), 0, 1, None).m == 50  # 0: the generator's default
+    with pytest.raises(InvalidParameterError, match="num_clients"):
+        check_options({**opts, "data": "femnist-leaf"}, 3)
+    with pytest.raises(InvalidParameterError, match="num_clients"):
+        check_options(opts, 13)  # fewer clients than SuperNodes

@@ -30,6 +30,7 @@ def flower() -> None:
 )
 @click.option("--data", type=click.Choice(["synthetic", "femnist-leaf"]), required=True)
 @click.option("--data-path", type=click.Path(file_okay=False), help="LEAF FEMNIST directory.")
+@click.option("--num-clients", type=int, help="--data synthetic: number of clients m (default 50).")
 @click.option("--model", type=click.Choice(["logreg", "cnn"]), required=True)
 @click.option("--rounds", type=int, default=3, show_default=True)
 @click.option("--clients-per-round", type=int, default=6, show_default=True)
@@ -173,6 +174,7 @@ def local(**kw: Any) -> None:
     run_config: dict[str, Any] = {
         "data": kw["data"],
         "data-path": kw["data_path"] or "",
+        "num-clients": kw["num_clients"] or 0,
         "model": kw["model"],
         "rounds": kw["rounds"],
         "clients-per-round": kw["clients_per_round"],

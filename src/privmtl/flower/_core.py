@@ -18,6 +18,7 @@ The Flower apps (:mod:`privmtl.flower.apps`) only move these objects' inputs and
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -61,6 +62,7 @@ __all__ = [
 RUN_DEFAULTS: dict[str, Any] = {
     "data": "synthetic",
     "data-path": "",
+    "num-clients": 0,  # synthetic only; 0: the generator's default m
     "model": "logreg",
     "rounds": 3,
     "clients-per-round": 6,
@@ -120,6 +122,14 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
     check_int("rounds", run_config["rounds"], low=1)
     check_int("clients_per_round", run_config["clients-per-round"], low=1)
     check_int("seed", run_config["seed"], low=0)
+    num = int(run_config.get("num-clients", 0))
+    if num:
+        check_int("num_clients", num, low=num_supernodes)
+        if run_config.get("data") != "synthetic":
+            raise InvalidParameterError(
+                "The 'num_clients' parameter applies to --data synthetic only; got data="
+                f"{run_config.get('data')!r}."
+            )
     check_real("clip", run_config["clip"], low=0.0, closed="neither")
     eps, std = float(run_config["epsilon"]), float(run_config["noise-std"])
     if eps != -1.0:
@@ -736,6 +746,14 @@ class ServerRun:
         return json.loads(json.dumps(out, default=float))
 
 
+@functools.lru_cache(maxsize=2)
+def _population(data: str, data_path: str, seed: int, num_clients: int | None) -> FederatedDataset:
+    """The whole population, loaded once per process (a simulation's actor serves many nodes)."""
+    from privmtl.experiments.pmtl import load_federated
+
+    return load_federated(data, data_path=data_path or None, seed=seed, num_clients=num_clients)
+
+
 def load_node(opts: dict[str, Any], pid: int, parts: int, state_dir: str | None) -> NodeClients:
     """Build the node's clients; their data is cached as tensors in the node's storage.
 
@@ -744,10 +762,11 @@ def load_node(opts: dict[str, Any], pid: int, parts: int, state_dir: str | None)
     """
     import hashlib
 
-    from privmtl.experiments.pmtl import load_federated, make_model
+    from privmtl.experiments.pmtl import make_model
 
     seed = int(opts["seed"])
-    ident = json.dumps([opts["data"], opts["data-path"], seed, pid, parts])
+    num = int(opts.get("num-clients", 0)) or None
+    ident = json.dumps([opts["data"], opts["data-path"], seed, pid, parts, num])
     cache = None
     if state_dir is not None:
         digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
@@ -771,7 +790,7 @@ def load_node(opts: dict[str, Any], pid: int, parts: int, state_dir: str | None)
             num_partitions=parts,
             state_dir=state_dir,
         )
-    ds = load_federated(str(opts["data"]), data_path=opts["data-path"] or None, seed=seed)
+    ds = _population(str(opts["data"]), str(opts["data-path"]), seed, num)
     net = make_model(str(opts["model"]), ds, seed)
     node = NodeClients(ds, net, partition_id=pid, num_partitions=parts, state_dir=state_dir)
     if cache is not None:
