@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -32,22 +31,6 @@ CONFIG = {
 }
 
 
-def _alive_with_home(home: Path) -> list[int]:
-    """Our processes whose environment names this run's Flower home."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if f"FLWR_HOME={home}".encode() in env and stat.split(") ")[1][0] != "Z":
-            found.append(int(pid))
-    return found
-
-
 def _personal(state: Path) -> dict:
     out = {}
     for f in sorted(state.glob("node-*/personal.pt")):
@@ -55,10 +38,10 @@ def _personal(state: Path) -> dict:
     return out
 
 
-def test_three_supernodes_match_in_process_engine_and_continue(tmp_path):
+def test_three_supernodes_match_in_process_engine_and_continue(tmp_path, alive_with_home):
     work = tmp_path / "w"
     res = run_local(num_supernodes=3, run_config=CONFIG, work_dir=work, timeout=600)
-    assert not _alive_with_home(work / "flwr-home")
+    assert not alive_with_home(work / "flwr-home")
     # the JSON of privmtl pmtl plus the engine
     ref_keys = run_pmtl(rounds=1, clients_per_round=2, noise_std=0.05, show_progress=False).keys()
     assert set(ref_keys) - {"data_seconds"} <= set(res)

@@ -35,21 +35,6 @@ CONFIG = {
 KILLED = 2  # node index
 
 
-def _alive_with_home(home: Path) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if f"FLWR_HOME={home}\0".encode() in env + b"\0" and stat.split(") ")[1][0] != "Z":
-            found.append(int(pid))
-    return found
-
-
 def _run_and_kill(work: Path, cfg: dict) -> tuple[dict | None, Exception | None, list[str]]:
     """Run 3 SuperNodes; kill node 2 (its process group and descendants) after round 1."""
     pids: list[int] = []
@@ -93,12 +78,12 @@ def _reaccounted(work: Path, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_killed_supernode_with_on_missing_proceed(tmp_path, capsys):
+def test_killed_supernode_with_on_missing_proceed(tmp_path, capsys, alive_with_home):
     work = tmp_path / "w"
     res, err, lines = _run_and_kill(work, {**CONFIG, "rounds": 3, "on-missing": "proceed"})
     assert err is None, err
     assert "KILLED" in lines
-    assert not _alive_with_home(work / "flwr-home")
+    assert not alive_with_home(work / "flwr-home")
     assert res is not None and res["rounds_run"] == 3
     # the rounds after the kill released the clients that answered: all but node 2's
     dead = set(partition(res["num_clients"], KILLED, 3).tolist())
@@ -122,12 +107,12 @@ def test_killed_supernode_with_on_missing_proceed(tmp_path, capsys):
     assert res["epsilon"] == pytest.approx(acc["epsilon"], rel=1e-9)
 
 
-def test_killed_supernode_with_on_missing_fail(tmp_path, capsys):
+def test_killed_supernode_with_on_missing_fail(tmp_path, capsys, alive_with_home):
     work = tmp_path / "w"
     res, err, lines = _run_and_kill(work, {**CONFIG, "rounds": 3, "on-missing": "fail"})
     assert res is None and err is not None
     assert "KILLED" in lines
-    assert not _alive_with_home(work / "flwr-home")
+    assert not alive_with_home(work / "flwr-home")
     message = str(err)
     assert "\n" not in message and "did not answer" in message and "round 2/3" in message
     assert f"--resume --work-dir {work}" in message

@@ -7,7 +7,6 @@ Needs the extra (pip install 'privmtl[flower]'). Every process a run starts carr
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -27,24 +26,7 @@ from privmtl.flower.launcher import FlowerRunError, run_local
 pytestmark = pytest.mark.slow
 
 
-def _alive_with_home(home: Path) -> list[str]:
-    """Our live processes whose environment names this run's Flower home (with their cmdline)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if f"FLWR_HOME={home}\0".encode() in env + b"\0" and stat.split(") ")[1][0] != "Z":
-            found.append(f"{pid}: {cmd}")
-    return found
-
-
-def test_a_failing_run_leaves_no_process(tmp_path):
+def test_a_failing_run_leaves_no_process(tmp_path, alive_with_home):
     """The nodes cannot load their data: the run fails with one line and stops everything."""
     work = tmp_path / "w"
     cfg = {"data": "femnist-leaf", "data-path": str(tmp_path / "missing"), "model": "logreg"}
@@ -52,11 +34,11 @@ def test_a_failing_run_leaves_no_process(tmp_path):
     with pytest.raises(FlowerRunError) as info:
         run_local(num_supernodes=2, run_config=cfg, work_dir=work, timeout=600)
     assert "\n" not in str(info.value) and "nodes described themselves" in str(info.value)
-    assert not _alive_with_home(work / "flwr-home")
+    assert not alive_with_home(work / "flwr-home")
     assert (work / "server" / "error.txt").is_file()
 
 
-def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path):
+def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path, alive_with_home):
     """SIGINT to privmtl flower local after round 1: exit 130, no process left, the ledger holds
     the releases made; --resume finishes the run, and (seeded) every billboard equals the
     uninterrupted in-process engine's and no release is charged twice."""
@@ -81,7 +63,7 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path):
     err = "".join(seen) + rest
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "privmtl: aborted"
-    assert not _alive_with_home(work / "flwr-home")
+    assert not alive_with_home(work / "flwr-home")
     lines = (work / "server" / "ledger.jsonl").read_text().splitlines()
     done = [json.loads(x)["release_id"] for x in lines[1:]]  # every line parses
     assert done and done == [f"round:{t}" for t in range(len(done))]
@@ -90,7 +72,7 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path):
     out = subprocess.run([*args, "--resume", "--json"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
-    assert not _alive_with_home(work / "flwr-home")
+    assert not alive_with_home(work / "flwr-home")
     assert res["rounds_run"] == 4 and res["run_index"] == 0
     lines = (work / "server" / "ledger.jsonl").read_text().splitlines()
     assert [json.loads(x)["release_id"] for x in lines[1:]] == [f"round:{t}" for t in range(4)]
