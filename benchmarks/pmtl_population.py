@@ -79,7 +79,7 @@ def _kwargs(argv: list[str]) -> dict[str, Any]:
         key = flag[2:].replace("-", "_")
         if key in ("num_clients", "clients_per_round", "rounds"):
             kw[key] = int(value)
-        elif key == "epsilon":
+        elif key in ("epsilon", "lam"):
             kw[key] = float(value)
         else:
             kw[key] = value
@@ -188,7 +188,12 @@ def grid(args: argparse.Namespace) -> None:
 
 
 def study(args: argparse.Namespace) -> None:
-    done = {(r["method"], r["m"], r["target_epsilon"], r["seed"]) for r in load_jsonl(JSONL)}
+    variant = None if args.lam is None else f"lam={args.lam:g}"
+    done = {
+        (r["method"], r["m"], r["target_epsilon"], r["seed"])
+        for r in load_jsonl(JSONL)
+        if r.get("variant") == variant
+    }
     for m in args.ms:
         for seed in args.seeds:
             for method in args.methods:
@@ -200,9 +205,12 @@ def study(args: argparse.Namespace) -> None:
                     if key in done:
                         continue
                     argv = argv_for(method, m, eps, args.rounds, args.clients_per_round)
+                    if args.lam is not None:
+                        argv += ["--lam", f"{args.lam:g}"]
                     t0 = time.perf_counter()
                     out = _run(argv, seed)
                     row = {
+                        "variant": variant,
                         "method": method,
                         "m": m,
                         "target_epsilon": eps,
@@ -226,8 +234,27 @@ def _cell(rows: list[dict[str, Any]], key: str) -> tuple[str, float]:
     return f"{mu:.3f}" + (f" ± {sd:.3f}" if n > 1 else "") + (f" (n={n})" if n > 1 else ""), mu
 
 
+DEFAULT_SETTING = (0.5, "leaf", 0.0)  # the generator's defaults: tau, client-size law, label noise
+
+
+def study_rows() -> list[dict[str, Any]]:
+    """The study's rows: its own JSONL plus the grid's runs at the generator's defaults.
+
+    A grid run at the default setting is the same computation as the study's run (the same
+    data, ``make_synthetic_federated(n_clients=m, random_state=seed)``, and the same arguments),
+    so it is not repeated.
+    """
+    rows = [r for r in load_jsonl(JSONL) if r.get("variant") is None]
+    have = {(r["method"], r["m"], r["target_epsilon"], r["seed"]) for r in rows}
+    for r in load_jsonl(GRID_JSONL):
+        key = (r["method"], r["m"], r["target_epsilon"], r["seed"])
+        if (r["tau"], r["sizes"], r["label_noise"]) == DEFAULT_SETTING and key not in have:
+            rows.append({**r, "from_grid": True})
+    return rows
+
+
 def report(args: argparse.Namespace) -> None:
-    rows = load_jsonl(JSONL)
+    rows = study_rows()
     ms = sorted({r["m"] for r in rows})
     out = ["## Study (pooled test accuracy / mean of the clients' test accuracies)", ""]
     out += [
@@ -255,16 +282,23 @@ def report(args: argparse.Namespace) -> None:
             )
             lines_method = "local (every client alone)" if method == "local" else method
             out.append(f"| {lines_method} | {e} | " + " | ".join(cells) + " |")
+    variants = [r for r in load_jsonl(JSONL) if r.get("variant") is not None]
+    for v in sorted({r["variant"] for r in variants}):
+        cells = []
+        for m in ms:
+            sel = [r for r in variants if r["variant"] == v and r["m"] == m]
+            pooled, _ = _cell(sel, "test_accuracy")
+            client, _ = _cell(sel, "mean_client_accuracy")
+            cells.append(pooled if pooled == "—" else f"{pooled} / {client}")
+        out.append(
+            f"| pmtl, {v.replace('lam', 'λ')} | ∞ (non-private) | " + " | ".join(cells) + " |"
+        )
     out += ["", "Privacy statement of every row (from its JSON):", ""]
     seen = set()
     for r in rows:
         if r["summary"] not in seen:
             seen.add(r["summary"])
-            src = r.get("noise_source")
-            out.append(
-                f"* m = {r['m']}, {r['method']}: {r['summary']}"
-                + (f"; noise: {src}" if src else "")
-            )
+            out.append(f"* m = {r['m']}, {r['method']}: {r['summary']}")
     grid_rows = load_jsonl(GRID_JSONL)
     if grid_rows:
         out += ["", "## Grid at m = 1000 (seed 0; pooled / mean-client test accuracy)", ""]
@@ -377,6 +411,7 @@ def main() -> None:
     s.add_argument("--epsilons", type=float, nargs="*", default=[], help="subset; inf: non-private")
     s.add_argument("--rounds", type=int, default=200)
     s.add_argument("--clients-per-round", type=int, default=200)
+    s.add_argument("--lam", type=float, help="a variant with this λ (rows tagged variant)")
     g = sub.add_parser("grid")
     g.add_argument("--m", type=int, default=1000)
     g.add_argument("--taus", type=float, nargs="+", default=list(GRID_TAUS))
