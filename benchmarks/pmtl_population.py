@@ -336,7 +336,7 @@ def report(args: argparse.Namespace) -> None:
         ("pmtl", 1.0, "o-", "PMTL ε=1"),
         ("fedavg", 1.0, "s-", "FedAvg ε=1"),
         ("local", None, "^-", "local (every client alone)"),
-        ("pmtl", None, "o:", "PMTL non-private"),
+        ("pmtl", None, "o:", "PMTL non-private (default λ = 1)"),
     ):
         ys = [table.get((method, eps, m), math.nan) for m in ms]
         ax.plot(ms, ys, style, label=label)
