@@ -60,6 +60,8 @@ def argv_for(method: str, m: int, eps: float | None, rounds: int, q: int) -> lis
         "--method", method, "--clients-per-round", str(min(q, m)), "--rounds", str(rounds),
         "--reproducible-noise", "--quiet",
     ]  # fmt: skip
+    if method == "pmtl":  # the runs committed start clients from the billboard (explicit: the
+        argv += ["--personal-init", "billboard"]  # CLI default is "auto" now)
     if eps is not None:
         argv += ["--epsilon", f"{eps:g}"]
     return argv
