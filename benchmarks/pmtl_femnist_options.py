@@ -94,8 +94,7 @@ ADAPT = ("--adaptive-clip-quantile", "0.5", "--adaptive-clip-noise", "5")
 CONFIGS.update(
     {
         "local-e2": ("local", [*CONFIGS["local"][1], "--local-epochs", "2"]),
-        "sub10k-lam1": ("subspace", _pmtl(100, 0.5, 1.0, "--subspace-dim", "10000")),
-        "sub1k-lam1": ("subspace", _pmtl(100, 0.5, 1.0, "--subspace-dim", "1000")),
+        "sub1k-lam0.001": ("subspace", _pmtl(100, 0.5, 0.001, "--subspace-dim", "1000")),
         "adapt-lam0.001": ("adaptive clipping", _pmtl(100, 0.5, 0.001, *ADAPT)),
         "adapt-lam1": ("adaptive clipping", _pmtl(100, 0.5, 1.0, *ADAPT)),
     }
@@ -422,7 +421,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--data-path", default=None)
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help="comma-separated names; 'search' = the --search configurations, 'best' = the PMTL "
+        "and local configurations with the best seed-0 validation accuracy so far",
+    )
     p.add_argument("--seeds", default="0")
     p.add_argument("--jobs", type=int, default=1, help="concurrent runs (one thread each)")
     p.add_argument("--report", action="store_true")
@@ -438,8 +442,15 @@ def main() -> None:
     for r in load_jsonl(LOG):  # configurations of earlier searches, for the report
         CONFIGS.setdefault(r["config"], (r["technique"], r["argv"]))
     if not args.report:
-        names = [c for c in args.configs.split(",") if c]
-        names += [n for n in CONFIGS if n.startswith(f"s{args.search_seed}-")][: args.search]
+        names: list[str] = []
+        for c in (c for c in args.configs.split(",") if c):
+            if c == "search":  # every configuration of this --search
+                names += [n for n in CONFIGS if n.startswith(f"s{args.search_seed}-")]
+            elif c == "best":  # the PMTL and local configurations chosen so far
+                summ = summarize(load_jsonl(LOG))
+                names += [s["config"] for s in (choose(summ, False), choose(summ, True)) if s]
+            else:
+                names.append(c)
         unknown = [c for c in names if c not in CONFIGS]
         if unknown:
             p.error(f"unknown configs {unknown}; known: {list(CONFIGS)}")
