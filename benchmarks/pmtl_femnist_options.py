@@ -95,6 +95,22 @@ CONFIGS.update(
     {
         "local-e2": ("local", [*CONFIGS["local"][1], "--local-epochs", "2"]),
         "sub1k-lam0.001": ("subspace", _pmtl(100, 0.5, 0.001, "--subspace-dim", "1000")),
+        "conv1-lam10": ("shared-params", _pmtl(100, 0.5, 10.0, "--shared-params", "conv1")),
+        "conv1-lam1-adam": (
+            "combination",
+            _pmtl(100, 0.5, 1.0, "--shared-params", "conv1", *ADAM),
+        ),
+        "conv1-lam1-sub100": (
+            "combination",
+            _pmtl(100, 0.5, 1.0, "--shared-params", "conv1", "--subspace-dim", "100"),
+        ),
+        # control: the same prox pull on conv1 towards a billboard that never moves (server step
+        # 1e-9, no momentum): what the shared first layer gives without any billboard content
+        "conv1-lam1-frozen": (
+            "control",
+            _pmtl(100, 0.5, 1.0, "--shared-params", "conv1", "--server-optimizer", "momentum",
+                  "--server-lr", "1e-9", "--server-momentum", "0"),
+        ),  # fmt: skip
         "adapt-lam0.001": ("adaptive clipping", _pmtl(100, 0.5, 0.001, *ADAPT)),
         "adapt-lam1": ("adaptive clipping", _pmtl(100, 0.5, 1.0, *ADAPT)),
     }
@@ -147,6 +163,7 @@ TECHNIQUES = [
     "subspace",
     "schedule search",
     "combination",
+    "control",
 ]
 FULL_DIM = 115_646  # parameters of the FEMNIST CNN
 
