@@ -108,9 +108,20 @@ CONFIGS.update(
         # 1e-9, no momentum): what the shared first layer gives without any billboard content
         "conv1-lam1-frozen": (
             "control",
-            _pmtl(100, 0.5, 1.0, "--shared-params", "conv1", "--server-optimizer", "momentum",
-                  "--server-lr", "1e-9", "--server-momentum", "0"),
-        ),  # fmt: skip
+            _pmtl(
+                100,
+                0.5,
+                1.0,
+                "--shared-params",
+                "conv1",
+                "--server-optimizer",
+                "momentum",
+                "--server-lr",
+                "1e-9",
+                "--server-momentum",
+                "0",
+            ),
+        ),
         "adapt-lam0.001": ("adaptive clipping", _pmtl(100, 0.5, 0.001, *ADAPT)),
         "adapt-lam1": ("adaptive clipping", _pmtl(100, 0.5, 1.0, *ADAPT)),
     }
