@@ -301,8 +301,13 @@ def _gain(s: dict[str, Any], local: dict[str, Any] | None) -> str:
 
 
 def choose(summ: list[dict[str, Any]], local: bool) -> dict[str, Any] | None:
-    """The configuration with the best seed-0 validation accuracy (PMTL or local)."""
-    cands = [s for s in summ if s["local"] == local and math.isfinite(s["val0"])]
+    """The configuration with the best seed-0 validation accuracy (PMTL or local; controls,
+    which use nothing from the billboard, are not candidates)."""
+    cands = [
+        s
+        for s in summ
+        if s["local"] == local and s["technique"] != "control" and math.isfinite(s["val0"])
+    ]
     return max(cands, key=lambda s: s["val0"]) if cands else None
 
 
@@ -465,6 +470,11 @@ def main() -> None:
         help="also run N configurations drawn from SPACE (seeded by --search-seed)",
     )
     p.add_argument("--search-seed", type=int, default=0)
+    p.add_argument(
+        "--write-best",
+        action="store_true",
+        help="write results/pmtl_femnist_best.json from the chosen PMTL and local configurations",
+    )
     args = p.parse_args()
     CONFIGS.update(search_configs(args.search, args.search_seed))
     for r in load_jsonl(LOG):  # configurations of earlier searches, for the report
@@ -506,6 +516,14 @@ def main() -> None:
     rows = load_jsonl(LOG)
     plot_noise_signal(rows, RESULTS / "pmtl_femnist_options.png")
     (RESULTS / "pmtl_femnist_options.md").write_text(report(rows))
+    if args.write_best:
+        summ = summarize(rows)
+        best, local = choose(summ, local=False), choose(summ, local=True)
+        if best is None or local is None:
+            p.error("--write-best needs PMTL and local runs in the log")
+        doc = {"epsilon": 1, "pmtl": best["argv"], "local": local["argv"]}
+        text = "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in doc.items())
+        (RESULTS / "pmtl_femnist_best.json").write_text(text + "\n}\n")
 
 
 if __name__ == "__main__":
