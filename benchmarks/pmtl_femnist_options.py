@@ -104,6 +104,14 @@ CONFIGS.update(
             "combination",
             _pmtl(100, 0.5, 1.0, "--shared-params", "conv1", "--subspace-dim", "100"),
         ),
+        "conv1-lam1-adapt": (
+            "combination",
+            _pmtl(100, 0.5, 1.0, "--shared-params", "conv1", *ADAPT),
+        ),
+        "conv1-lam1-T50E2": (
+            "schedule search",
+            _pmtl(50, 0.5, 1.0, "--shared-params", "conv1", "--local-epochs", "2"),
+        ),
         # control: the same prox pull on conv1 towards a billboard that never moves (server step
         # 1e-9, no momentum): what the shared first layer gives without any billboard content
         "conv1-lam1-frozen": (
