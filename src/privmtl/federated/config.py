@@ -159,7 +159,10 @@ class TrainConfig:
         ``clip * exp(-adaptive_clip_lr * (fraction - adaptive_clip_quantile))``; ``clip`` is the
         initial clip. The noise multiplier z = σq/γ of the mean stays fixed (σ follows the clip),
         and each round's event is the sampler's event for the joint multiplier of mean and count
-        (:mod:`privmtl.privacy.release`). None: fixed clip.
+        (:mod:`privmtl.privacy.release`). None: fixed clip. With the ``offset`` message the
+        message norms include the billboard's own noise, whose scale follows the clip: when the
+        noise norm :math:`\sigma\sqrt d` is far above the clip, the quantile rule then grows the
+        clip (and σ with it) without bound — use it where the noise is small against the updates.
     adaptive_clip_lr : float, default 0.2
         :math:`\eta_C` of the clip update.
     adaptive_clip_noise : float or None
