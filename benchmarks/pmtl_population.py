@@ -2,31 +2,38 @@
 
 The synthetic federation of ``privmtl pmtl --data synthetic --num-clients M``
 (:func:`privmtl.data.federated.make_synthetic_federated` with ``n_clients = M``, every other
-generator parameter at its documented default: d = 20 features, C = 10 classes, 20-200 examples per
-client, model spread τ = 1 around a shared model, feature shift 0.5), multinomial logistic
-regression, Poisson client sampling of ``q = min(M, 200)`` clients per round, T = 200 rounds, the
-CLI's other defaults (γ = 0.5, η = 0.1, λ = 0.1, B = 10, one local epoch) except the client message,
-which is ``--server-update offset`` (the authors' code; the CLI's default ``delta`` overshoots with
-partial participation). Privacy: client-level (ε, δ = 1/M)-DP of the billboard sequence,
-add/remove-one-client relation, Poisson subsampling, RDP accountant; σ calibrated to ε; noise
-from the seeded source (``--reproducible-noise``: a research simulation, not a deployment).
-Every client is scored on its own test split (pooled accuracy over all test examples), including
-clients that were sampled rarely or never.
+generator parameter at its documented default: d = 60 features, C = 10 classes, LEAF's law of
+examples per client, client models W_0 + τ A_k with τ = 0.5, feature shift 0.5, isotropic features
+with client means spread 0.5), multinomial logistic regression, Poisson client sampling of
+``q = min(M, 200)`` clients per round, T = 200 rounds, every other option at the CLI default.
+Privacy: client-level (ε, δ = 1/M) joint DP of the billboard sequence, add/remove-one-client
+relation, Poisson subsampling, RDP accountant; σ calibrated to ε; noise from the seeded source
+(``--reproducible-noise``: a research simulation, not a deployment). Every client is scored on
+its own test split (pooled accuracy over all test examples), including clients that were sampled
+rarely or never.
 
-Each run is the command printed in the ``command`` field of its JSONL row, e.g.::
+Every federated run also fine-tunes every client from the released billboard with the grid and
+the selection of ``--method local-all`` (post-processing: the guarantee is unchanged), so one
+training run gives both numbers: the method at its defaults (``pre_finetune_test_accuracy``) and
+after fine-tuning (``test_accuracy``). Each run is the command in the ``command`` field of its
+JSONL row, e.g.::
 
-    privmtl pmtl --data synthetic --num-clients 10000 --model logreg --method pmtl --epsilon 1 \\
-        --clients-per-round 200 --rounds 200 --server-update offset --reproducible-noise \\
-        --seed 0 --json
+    privmtl pmtl --data synthetic --num-clients 10000 --model logreg --method pmtl \
+        --clients-per-round 200 --rounds 200 --reproducible-noise --quiet \
+        --finetune vanilla --finetune-start billboard --finetune-epochs 1,3,10,30,100 \
+        --finetune-lrs 0.01,0.03,0.1 --finetune-select pooled --epsilon 1 --seed 0 --json
 
 Modes::
 
     python benchmarks/pmtl_population.py study --ms 100 1000 10000 --seeds 0
-    python benchmarks/pmtl_population.py report      # markdown table + PNG from the JSONL
+    python benchmarks/pmtl_population.py grid        # feature laws and tau at m = 1000
+    python benchmarks/pmtl_population.py report      # markdown tables + PNG from the JSONL
     python benchmarks/pmtl_population.py speed --m 10000 --clients-per-round 100 --rounds 5
 
 ``speed`` times rounds of the engine at ``m`` clients with persistent personalized models (seconds
-per round, wall and CPU) and reports the peak resident memory of the process.
+per round, wall and CPU) and reports the peak resident memory of the process. Rows of the
+generator's earlier feature law (LEAF's covariance, client means spread 1) carry
+``feature_law = "leaf"`` (absent in the oldest rows) and are reported in their own table.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import argparse
 import json
 import math
 import resource
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -46,6 +54,18 @@ from _common import RESULTS, append_jsonl, load_jsonl, machine_info, mean_std
 EPSILONS: tuple[float | None, ...] = (0.5, 1.0, 2.0, 4.0, None)
 METHODS = ("pmtl", "fedavg", "local")
 JSONL = RESULTS / "pmtl_population.jsonl"
+FEATURE_LAW = "isotropic-0.5"  # the generator's default feature law (covariance, mean spread)
+FINETUNE = [
+    "--finetune", "vanilla", "--finetune-start", "billboard",
+    "--finetune-epochs", "1,3,10,30,100", "--finetune-lrs", "0.01,0.03,0.1",
+    "--finetune-select", "pooled",
+]  # fmt: skip
+"""Every client fine-tunes from the billboard with local-all's grid and selection."""
+
+
+def feature_law(row: dict[str, Any]) -> str:
+    """The feature law a row was measured under (rows before the isotropic default: LEAF's)."""
+    return str(row.get("feature_law", "leaf"))
 
 
 def argv_for(method: str, m: int, eps: float | None, rounds: int, q: int) -> list[str]:
@@ -58,10 +78,8 @@ def argv_for(method: str, m: int, eps: float | None, rounds: int, q: int) -> lis
     argv = [
         "--data", "synthetic", "--num-clients", str(m), "--model", "logreg",
         "--method", method, "--clients-per-round", str(min(q, m)), "--rounds", str(rounds),
-        "--reproducible-noise", "--quiet",
+        "--reproducible-noise", "--quiet", *FINETUNE,
     ]  # fmt: skip
-    if method == "pmtl":  # the runs committed start clients from the billboard (explicit: the
-        argv += ["--personal-init", "billboard"]  # CLI default is "auto" now)
     if eps is not None:
         argv += ["--epsilon", f"{eps:g}"]
     return argv
@@ -81,11 +99,20 @@ def _kwargs(argv: list[str]) -> dict[str, Any]:
         key = flag[2:].replace("-", "_")
         if key in ("num_clients", "clients_per_round", "rounds"):
             kw[key] = int(value)
-        elif key in ("epsilon", "lam"):
+        elif key in ("epsilon", "lam", "server_lr"):
             kw[key] = float(value)
+        elif key == "finetune_epochs":
+            kw[key] = [int(v) for v in value.split(",")]
+        elif key == "finetune_lrs":
+            kw[key] = [float(v) for v in value.split(",")]
         else:
             kw[key] = value
     return kw
+
+
+def _median(values: Any) -> float | None:
+    vals = sorted(v for v in values or [] if v is not None)
+    return vals[len(vals) // 2] if vals else None
 
 
 def _row(out: dict[str, Any]) -> dict[str, Any]:
@@ -93,6 +120,10 @@ def _row(out: dict[str, Any]) -> dict[str, Any]:
     return {
         "test_accuracy": out["test_accuracy"],
         "mean_client_accuracy": out["mean_client_accuracy"],
+        "pre_finetune_test_accuracy": out.get("pre_finetune_test_accuracy"),
+        "finetune_selection": out.get("finetune_selection"),
+        "median_signal_norm": _median(out.get("signal_norm_per_round")),
+        "median_noise_norm": _median(out.get("noise_norm_per_round")),
         "global_test_accuracy": out.get("global_test_accuracy"),
         "epsilon": out["epsilon"],
         "delta": out["delta"],
@@ -120,81 +151,91 @@ def _run(argv: list[str], seed: int, dataset: Any = None) -> dict[str, Any]:
 
 
 GRID_JSONL = RESULTS / "pmtl_population_grid.jsonl"
-GRID_TAUS = (0.25, 0.5, 1.0)
-GRID_SIZES = ("leaf", "loguniform-20-200")
-GRID_NOISES = (0.0, 0.1)
+#: (feature_cov, feature_spread, tau) of the grid at m = 1000; the first is the default
+GRID_SETTINGS: tuple[tuple[str, float, float], ...] = (
+    ("isotropic", 0.5, 0.5),
+    ("isotropic", 1.0, 0.5),
+    ("leaf", 1.0, 0.5),
+    ("isotropic", 0.5, 0.25),
+    ("isotropic", 0.5, 1.0),
+)
 GRID_RUNS: tuple[tuple[str, float | None], ...] = (
     ("local", None),
     ("pmtl", 1.0),
-    ("pmtl", None),
     ("fedavg", 1.0),
 )
 
 
-def grid_dataset(m: int, tau: float, sizes: str, noise: float, seed: int) -> Any:
+def grid_dataset(m: int, cov: str, spread: float, tau: float, seed: int) -> Any:
     """The synthetic federation of one grid setting (other generator parameters at default)."""
     from privmtl.data.federated import make_synthetic_federated
 
-    spc = None if sizes == "leaf" else (20, 200)
     return make_synthetic_federated(
-        n_clients=m,
-        heterogeneity=tau,
-        samples_per_client=spc,
-        label_noise=noise,
-        random_state=seed,
+        n_clients=m, feature_cov=cov, feature_spread=spread, heterogeneity=tau, random_state=seed
     )
+
+
+def _majority_class(ds: Any) -> float:
+    """Fraction of examples in their client's most frequent class (all splits)."""
+    import torch
+
+    hits = total = 0
+    for k in range(ds.n_clients):
+        y = torch.cat([ds.train_y[k], ds.val_y[k], ds.test_y[k]])
+        hits += int(torch.bincount(y).max())
+        total += len(y)
+    return hits / total
+
+
+def _grid_key(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (r.get("feature_cov"), r.get("feature_spread"), r.get("tau"))
 
 
 def grid(args: argparse.Namespace) -> None:
     done = {
-        (r["tau"], r["sizes"], r["label_noise"], r["method"], r["target_epsilon"], r["seed"])
-        for r in load_jsonl(GRID_JSONL)
+        (*_grid_key(r), r["method"], r["target_epsilon"], r["seed"]) for r in load_jsonl(GRID_JSONL)
     }
     m, seed = args.m, 0
-    for noise in args.noises:
-        for sizes in args.sizes:
-            for tau in args.taus:
-                ds = None
-                for method, eps in GRID_RUNS:
-                    if args.runs and f"{method}:{eps}" not in args.runs:
-                        continue
-                    if (tau, sizes, noise, method, eps, seed) in done:
-                        continue
-                    if ds is None:
-                        ds = grid_dataset(m, tau, sizes, noise, seed)
-                    argv = argv_for(method, m, eps, args.rounds, args.clients_per_round)
-                    t0 = time.perf_counter()
-                    out = _run(argv, seed, dataset=ds)
-                    row = {
-                        "m": m,
-                        "tau": tau,
-                        "sizes": sizes,
-                        "label_noise": noise,
-                        "method": method,
-                        "target_epsilon": eps,
-                        "seed": seed,
-                        **_row(out),
-                        "seconds": time.perf_counter() - t0,
-                        "data": f"make_synthetic_federated(n_clients={m}, heterogeneity={tau}, "
-                        f"samples_per_client={None if sizes == 'leaf' else (20, 200)}, "
-                        f"label_noise={noise}, random_state={seed})",
-                        "command": "privmtl pmtl " + " ".join(argv) + f" --seed {seed} --json",
-                    }
-                    append_jsonl(GRID_JSONL, row)
-                    print(
-                        f"tau={tau} sizes={sizes} noise={noise} {method} eps={eps}: "
-                        f"{row['test_accuracy']:.4f} / {row['mean_client_accuracy']:.4f} "
-                        f"({row['seconds']:.0f}s)",
-                        flush=True,
-                    )
+    for cov, spread, tau in GRID_SETTINGS:
+        ds = None
+        for method, eps in GRID_RUNS:
+            if (cov, spread, tau, method, eps, seed) in done:
+                continue
+            if ds is None:
+                ds = grid_dataset(m, cov, spread, tau, seed)
+            argv = argv_for(method, m, eps, args.rounds, args.clients_per_round)
+            t0 = time.perf_counter()
+            out = _run(argv, seed, dataset=ds)
+            row = {
+                "m": m,
+                "feature_cov": cov,
+                "feature_spread": spread,
+                "tau": tau,
+                "majority_class": _majority_class(ds),
+                "method": method,
+                "target_epsilon": eps,
+                "seed": seed,
+                **_row(out),
+                "seconds": time.perf_counter() - t0,
+                "data": f"make_synthetic_federated(n_clients={m}, feature_cov={cov!r}, "
+                f"feature_spread={spread}, heterogeneity={tau}, random_state={seed})",
+                "command": "privmtl pmtl " + " ".join(argv) + f" --seed {seed} --json "
+                "(on the data above)",
+            }
+            append_jsonl(GRID_JSONL, row)
+            print(
+                f"{cov} spread={spread} tau={tau} {method} eps={eps}: "
+                f"{row['test_accuracy']:.4f} ({row['seconds']:.0f}s)",
+                flush=True,
+            )
 
 
 def study(args: argparse.Namespace) -> None:
-    variant = None if args.lam is None else f"lam={args.lam:g}"
+    variant = args.extra.strip() or None
     done = {
         (r["method"], r["m"], r["target_epsilon"], r["seed"])
         for r in load_jsonl(JSONL)
-        if r.get("variant") == variant
+        if r.get("variant") == variant and feature_law(r) == FEATURE_LAW
     }
     for m in args.ms:
         for seed in args.seeds:
@@ -207,11 +248,11 @@ def study(args: argparse.Namespace) -> None:
                     if key in done:
                         continue
                     argv = argv_for(method, m, eps, args.rounds, args.clients_per_round)
-                    if args.lam is not None:
-                        argv += ["--lam", f"{args.lam:g}"]
+                    argv += shlex.split(args.extra)
                     t0 = time.perf_counter()
                     out = _run(argv, seed)
                     row = {
+                        "feature_law": FEATURE_LAW,
                         "variant": variant,
                         "method": method,
                         "m": m,
@@ -223,48 +264,44 @@ def study(args: argparse.Namespace) -> None:
                     }
                     append_jsonl(JSONL, row)
                     print(
-                        f"{method:>7} m={m:>6} eps={eps} seed={seed}: "
+                        f"{method:>7} m={m:>6} eps={eps} seed={seed} {variant or ''}: "
+                        f"{row['pre_finetune_test_accuracy'] or row['test_accuracy']:.4f} -> "
                         f"{row['test_accuracy']:.4f} ({row['seconds']:.0f}s)",
                         flush=True,
                     )
 
 
 def _cell(rows: list[dict[str, Any]], key: str) -> tuple[str, float]:
-    mu, sd, n = mean_std(r[key] for r in rows)
+    mu, sd, n = mean_std(r[key] for r in rows if r.get(key) is not None)
     if n == 0:
         return "—", math.nan
     return f"{mu:.3f}" + (f" ± {sd:.3f}" if n > 1 else "") + (f" (n={n})" if n > 1 else ""), mu
 
 
-DEFAULT_SETTING = (0.5, "leaf", 0.0)  # the generator's defaults: tau, client-size law, label noise
+def _eps_label(method: str, eps: float | None) -> str:
+    if eps is None:
+        return "0 (nothing shared)" if method == "local" else "∞ (non-private)"
+    return f"{eps:g}"
 
 
-def study_rows() -> list[dict[str, Any]]:
-    """The study's rows: its own JSONL plus the grid's runs at the generator's defaults.
-
-    A grid run at the default setting is the same computation as the study's run (the same
-    data, ``make_synthetic_federated(n_clients=m, random_state=seed)``, and the same arguments),
-    so it is not repeated.
-    """
-    rows = [r for r in load_jsonl(JSONL) if r.get("variant") is None]
-    have = {(r["method"], r["m"], r["target_epsilon"], r["seed"]) for r in rows}
-    for r in load_jsonl(GRID_JSONL):
-        key = (r["method"], r["m"], r["target_epsilon"], r["seed"])
-        if (r["tau"], r["sizes"], r["label_noise"]) == DEFAULT_SETTING and key not in have:
-            rows.append({**r, "from_grid": True})
-    return rows
+#: (label, method, row key) of the study's lines: each federated run is scored at its defaults
+#: and after fine-tuning from the billboard (the same run)
+LINES = (
+    ("PMTL (CLI defaults)", "pmtl", "pre_finetune_test_accuracy"),
+    ("PMTL + fine-tuning from the billboard", "pmtl", "test_accuracy"),
+    ("private FedAvg (its global model)", "fedavg", "pre_finetune_test_accuracy"),
+    ("private FedAvg + fine-tuning", "fedavg", "test_accuracy"),
+    ("local (every client alone)", "local", "test_accuracy"),
+)
 
 
-def report(args: argparse.Namespace) -> None:
-    rows = study_rows()
-    ms = sorted({r["m"] for r in rows})
-    out = ["## Study (pooled test accuracy / mean of the clients' test accuracies)", ""]
-    out += [
+def _study_table(rows: list[dict[str, Any]], ms: list[int]) -> tuple[list[str], dict[Any, float]]:
+    out = [
         "| method | ε | " + " | ".join(f"m = {m}" for m in ms) + " |",
         "|---|---|" + "---|" * len(ms),
     ]
     table: dict[tuple[str, float | None, int], float] = {}
-    for method in METHODS:
+    for label, method, key in LINES:
         for eps in EPSILONS if method != "local" else (None,):
             cells = []
             for m in ms:
@@ -273,81 +310,139 @@ def report(args: argparse.Namespace) -> None:
                     for r in rows
                     if r["method"] == method and r["m"] == m and r["target_epsilon"] == eps
                 ]
-                pooled, mu = _cell(sel, "test_accuracy")
-                client, _ = _cell(sel, "mean_client_accuracy")
-                table[(method, eps, m)] = mu
-                cells.append(pooled if pooled == "—" else f"{pooled} / {client}")
-            e = (
-                "∞ (non-private)"
-                if eps is None and method != "local"
-                else ("0 (nothing shared)" if eps is None else f"{eps:g}")
-            )
-            lines_method = "local (every client alone)" if method == "local" else method
-            out.append(f"| {lines_method} | {e} | " + " | ".join(cells) + " |")
-    variants = [r for r in load_jsonl(JSONL) if r.get("variant") is not None]
-    for v in sorted({r["variant"] for r in variants}):
-        cells = []
-        for m in ms:
-            sel = [r for r in variants if r["variant"] == v and r["m"] == m]
-            pooled, _ = _cell(sel, "test_accuracy")
-            client, _ = _cell(sel, "mean_client_accuracy")
-            cells.append(pooled if pooled == "—" else f"{pooled} / {client}")
-        out.append(
-            f"| pmtl, {v.replace('lam', 'λ')} | ∞ (non-private) | " + " | ".join(cells) + " |"
-        )
+                text, mu = _cell(sel, key)
+                table[(label, eps, m)] = mu
+                cells.append(text)
+            if all(c == "—" for c in cells):
+                continue
+            out.append(f"| {label} | {_eps_label(method, eps)} | " + " | ".join(cells) + " |")
+    return out, table
+
+
+def report(args: argparse.Namespace) -> None:
+    allrows = load_jsonl(JSONL)
+    rows = [r for r in allrows if r.get("variant") is None and feature_law(r) == FEATURE_LAW]
+    ms = sorted({r["m"] for r in rows})
+    out = ["## Study (pooled test accuracy over every client's test examples)", ""]
+    lines, table = _study_table(rows, ms)
+    out += lines
+    variants = [r for r in allrows if r.get("variant") and feature_law(r) == FEATURE_LAW]
+    if variants:
+        out += ["", "Options beyond the defaults (ε = 1; at defaults → after fine-tuning):", ""]
+        out += ["| PMTL with | " + " | ".join(f"m = {m}" for m in ms) + " |"]
+        out += ["|---|" + "---|" * len(ms)]
+        for v in sorted({r["variant"] for r in variants}):
+            cells = []
+            for m in ms:
+                sel = [r for r in variants if r["variant"] == v and r["m"] == m]
+                a, _ = _cell(sel, "pre_finetune_test_accuracy")
+                b, _ = _cell(sel, "test_accuracy")
+                cells.append("—" if a == "—" else f"{a} → {b}")
+            out.append(f"| `{v}` | " + " | ".join(cells) + " |")
     out += ["", "Privacy statement of every row (from its JSON):", ""]
     seen = set()
     for r in rows:
         if r["summary"] not in seen:
             seen.add(r["summary"])
             out.append(f"* m = {r['m']}, {r['method']}: {r['summary']}")
-    grid_rows = load_jsonl(GRID_JSONL)
+    m_top = max(ms) if ms else None
+    if m_top is not None:
+        pm = table.get(("PMTL (CLI defaults)", 1.0, m_top), math.nan)
+        pn = table.get(("PMTL (CLI defaults)", None, m_top), math.nan)
+        pf = table.get(("PMTL + fine-tuning from the billboard", 1.0, m_top), math.nan)
+        pfn = table.get(("PMTL + fine-tuning from the billboard", None, m_top), math.nan)
+        lo = table.get(("local (every client alone)", None, m_top), math.nan)
+        out += ["", f"## Acceptance numbers at m = {m_top}", ""]
+        out += ["| | PMTL ε = 1 | non-private PMTL | local | ε=1 − non-private | ε=1 − local |"]
+        out += ["|---|---|---|---|---|---|"]
+        for name, a, b in (("at CLI defaults", pm, pn), ("+ fine-tuning", pf, pfn)):
+            out.append(
+                f"| {name} | {a:.3f} | {b:.3f} | {lo:.3f} | {100 * (a - b):+.1f} points | "
+                f"{100 * (a - lo):+.1f} points |"
+            )
+    grid_rows = [r for r in load_jsonl(GRID_JSONL) if r.get("feature_cov") is not None]
     if grid_rows:
-        out += ["", "## Grid at m = 1000 (seed 0; pooled / mean-client test accuracy)", ""]
+        out += ["", "## Grid at m = 1000 (seed 0; ε = 1; at defaults → after fine-tuning)", ""]
         out += [
-            "| τ | sizes | label noise | local | PMTL ε=1 | PMTL non-private | FedAvg ε=1 |"
-            " PMTL ε=1 − local |",
+            "| features | client-mean spread | τ | majority class | local | PMTL | FedAvg |"
+            " PMTL+ft − local |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        settings = sorted({(r["tau"], r["sizes"], r["label_noise"]) for r in grid_rows})
-        for tau, sizes, noise in settings:
-            cells, vals = [], {}
-            for method, eps in GRID_RUNS:
-                sel = [
-                    r
-                    for r in grid_rows
-                    if (r["tau"], r["sizes"], r["label_noise"]) == (tau, sizes, noise)
-                    and r["method"] == method
-                    and r["target_epsilon"] == eps
-                ]
-                pooled, mu = _cell(sel, "test_accuracy")
-                client, _ = _cell(sel, "mean_client_accuracy")
-                vals[(method, eps)] = mu
-                cells.append(pooled if pooled == "—" else f"{pooled} / {client}")
-            gap = vals[("pmtl", 1.0)] - vals[("local", None)]
-            gap_s = "—" if math.isnan(gap) else f"{gap:+.3f}"
-            out.append(f"| {tau:g} | {sizes} | {noise:g} | " + " | ".join(cells) + f" | {gap_s} |")
+        for setting in GRID_SETTINGS:
+            sel = {
+                (r["method"], r["target_epsilon"]): r for r in grid_rows if _grid_key(r) == setting
+            }
+            if not sel:
+                continue
+            loc = sel.get(("local", None))
+            cells = [f"{loc['test_accuracy']:.3f}" if loc else "—"]
+            for method in ("pmtl", "fedavg"):
+                r = sel.get((method, 1.0))
+                cells.append(
+                    f"{r['pre_finetune_test_accuracy']:.3f} → {r['test_accuracy']:.3f}"
+                    if r
+                    else "—"
+                )
+            gap = (
+                f"{100 * (sel[('pmtl', 1.0)]['test_accuracy'] - loc['test_accuracy']):+.1f}"
+                if loc and ("pmtl", 1.0) in sel
+                else "—"
+            )
+            maj = next(
+                (r.get("majority_class") for r in sel.values() if r.get("majority_class")), None
+            )
+            out.append(
+                f"| {setting[0]} | {setting[1]:g} | {setting[2]:g} | "
+                f"{'—' if maj is None else f'{maj:.2f}'} | " + " | ".join(cells) + f" | {gap} |"
+            )
+    leaf = [r for r in allrows if feature_law(r) == "leaf" and r.get("variant") is None]
+    if leaf:
+        out += [
+            "",
+            "## Earlier feature law (LEAF's covariance, client means spread 1): study at defaults",
+            "",
+            "Measured with the generator before its default feature law changed (PMTL runs with "
+            "`--personal-init billboard`, no fine-tuning); pooled test accuracy.",
+            "",
+        ]
+        lm = sorted({r["m"] for r in leaf})
+        out += ["| method | ε | " + " | ".join(f"m = {m}" for m in lm) + " |"]
+        out += ["|---|---|" + "---|" * len(lm)]
+        for method in METHODS:
+            for eps in EPSILONS if method != "local" else (None,):
+                cells = []
+                for m in lm:
+                    sel = [
+                        r
+                        for r in leaf
+                        if r["method"] == method and r["m"] == m and r["target_epsilon"] == eps
+                    ]
+                    cells.append(_cell(sel, "test_accuracy")[0])
+                out.append(f"| {method} | {_eps_label(method, eps)} | " + " | ".join(cells) + " |")
     print("\n".join(out))
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for method, eps, style, label in (
-        ("pmtl", 1.0, "o-", "PMTL ε=1"),
-        ("fedavg", 1.0, "s-", "FedAvg ε=1"),
-        ("local", None, "^-", "local (every client alone)"),
-        ("pmtl", None, "o:", "PMTL non-private (default λ = 1)"),
+    fig, ax = plt.subplots(figsize=(6.2, 4.0))
+    for label, eps, style in (
+        ("PMTL + fine-tuning from the billboard", 1.0, "o-"),
+        ("PMTL (CLI defaults)", 1.0, "o--"),
+        ("PMTL (CLI defaults)", None, "o:"),
+        ("private FedAvg + fine-tuning", 1.0, "s-"),
+        ("private FedAvg (its global model)", 1.0, "s--"),
+        ("local (every client alone)", None, "^-"),
     ):
-        ys = [table.get((method, eps, m), math.nan) for m in ms]
-        ax.plot(ms, ys, style, label=label)
+        ys = [table.get((label, eps, m), math.nan) for m in ms]
+        name = label if label.startswith("local") else f"{label}, ε={'∞' if eps is None else 1}"
+        ax.plot(ms, ys, style, label=name)
     ax.set_xscale("log")
     ax.set_xlabel("number of clients m")
     ax.set_ylabel("test accuracy (all clients, pooled)")
     ax.set_title("Synthetic federation, logreg, q=min(m,200), T=200", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(RESULTS / "pmtl_population.png", dpi=120)
 
@@ -413,13 +508,11 @@ def main() -> None:
     s.add_argument("--epsilons", type=float, nargs="*", default=[], help="subset; inf: non-private")
     s.add_argument("--rounds", type=int, default=200)
     s.add_argument("--clients-per-round", type=int, default=200)
-    s.add_argument("--lam", type=float, help="a variant with this λ (rows tagged variant)")
+    s.add_argument(
+        "--extra", default="", help="more privmtl pmtl arguments, one string (rows: variant)"
+    )
     g = sub.add_parser("grid")
     g.add_argument("--m", type=int, default=1000)
-    g.add_argument("--taus", type=float, nargs="+", default=list(GRID_TAUS))
-    g.add_argument("--sizes", nargs="+", default=list(GRID_SIZES), choices=GRID_SIZES)
-    g.add_argument("--noises", type=float, nargs="+", default=[0.0])
-    g.add_argument("--runs", nargs="*", default=[], help="subset, e.g. local:None pmtl:1.0")
     g.add_argument("--rounds", type=int, default=200)
     g.add_argument("--clients-per-round", type=int, default=200)
     sub.add_parser("report")

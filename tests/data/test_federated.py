@@ -330,3 +330,48 @@ def test_label_noise_redraws_labels_uniformly() -> None:
     assert max(np.bincount(t.numpy(), minlength=10).max() / len(t) for t in clean.train_y) > 0.3
     with pytest.raises(InvalidParameterError, match="label_noise"):
         make_synthetic_federated(label_noise=1.5)
+
+
+def _majority_fraction(ds: FederatedDataset) -> float:
+    ys = [
+        torch.cat([a, b, c]).numpy()
+        for a, b, c in zip(ds.train_y, ds.val_y, ds.test_y, strict=True)
+    ]
+    return sum(np.bincount(y).max() for y in ys) / sum(len(y) for y in ys)
+
+
+def test_synthetic_feature_law_leaf_is_the_old_generator() -> None:
+    # an independent re-implementation of LEAF's feature law (covariance diag(j^-1.2), client
+    # means N(beta_k 1, I)) with the generator's draw order: W_0, b_0, sizes, then per client
+    # A_k, a_k, beta_k, v_k, the examples, the split permutation
+    m, d, c = 6, 8, 4
+    ds = make_synthetic_federated(
+        n_clients=m, n_features=d, n_classes=c, samples_per_client=30, feature_cov="leaf",
+        feature_spread=1.0, random_state=5,
+    )  # fmt: skip
+    rng = np.random.default_rng(5)
+    w0, b0 = rng.standard_normal((c, d)), rng.standard_normal(c)
+    for k in range(m):
+        wk, bk = w0 + 0.5 * rng.standard_normal((c, d)), b0 + 0.5 * rng.standard_normal(c)
+        beta = rng.normal(0.0, 0.5)
+        v = rng.normal(beta, 1.0, size=d)
+        x = v + rng.standard_normal((30, d)) * np.arange(1, d + 1) ** -0.6
+        perm = rng.permutation(30)
+        test = perm[:6]
+        assert np.allclose(ds.test_x[k].numpy(), x[test], atol=1e-6)
+        assert ds.test_y[k].tolist() == np.argmax(x[test] @ wk.T + bk, axis=1).tolist()
+
+
+def test_synthetic_default_feature_law_needs_a_model() -> None:
+    kw = {"n_clients": 400, "random_state": 0}
+    leaf = make_synthetic_federated(feature_cov="leaf", feature_spread=1.0, **kw)
+    default = make_synthetic_federated(**kw)
+    assert "cov=isotropic" in default.name and "spread=0.5" in default.name
+    # LEAF's law: a client's majority class covers most of its examples (0.84 at m = 1 000);
+    # the default: about three times chance (0.30), so labels need the client's model
+    assert _majority_fraction(leaf) > 0.75
+    assert _majority_fraction(default) < 0.4
+    with pytest.raises(InvalidParameterError, match="feature_cov"):
+        make_synthetic_federated(feature_cov="diag")
+    with pytest.raises(InvalidParameterError, match="feature_spread"):
+        make_synthetic_federated(feature_spread=-0.1)

@@ -8,7 +8,14 @@ from typing import Any
 import click
 
 from privmtl.cli._common import atomic_output_dir, echo_json, progress, spread
-from privmtl.experiments.pmtl import FINETUNE_METHODS, FL_DATASETS, FL_METHODS, FL_MODELS, run_pmtl
+from privmtl.experiments.pmtl import (
+    FINETUNE_METHODS,
+    FINETUNE_STARTS,
+    FL_DATASETS,
+    FL_METHODS,
+    FL_MODELS,
+    run_pmtl,
+)
 from privmtl.io import check_writable_dir
 from privmtl.privacy.guarantee import RELATIONS
 
@@ -110,6 +117,30 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--finetune-lams",
     help="Comma-separated penalty weights λ for mr/skl/ewc fine-tuning (see --finetune-lrs).",
+)
+@click.option(
+    "--finetune-start",
+    type=click.Choice(list(FINETUNE_STARTS)),
+    default="auto",
+    show_default=True,
+    help="auto: fine-tune each client's personalized model (the global model for global "
+    "methods); billboard: every client starts from the released global model (vanilla only; "
+    "the same grid and selection as --method local-all, which starts from the initial model).",
+)
+@click.option(
+    "--finetune-epochs",
+    default="1",
+    show_default=True,
+    help="Local fine-tuning epochs; a comma-separated grid with --finetune-start billboard.",
+)
+@click.option(
+    "--finetune-select",
+    type=click.Choice(["client", "pooled"]),
+    default="client",
+    show_default=True,
+    help="client: each client picks its grid point on its own validation split; pooled: one "
+    "grid point for all, on the pooled validation accuracy (as --method local-all; needs "
+    "--finetune-start billboard).",
 )
 @click.option(
     "--sampling",
@@ -264,6 +295,13 @@ def pmtl(**kw: Any) -> None:
 
     if kw["shared_params"] is not None:
         kw["shared_params"] = [v.strip() for v in kw["shared_params"].split(",") if v.strip()]
+    epochs = _floats(kw["finetune_epochs"], "--finetune-epochs")
+    if not epochs or any(e < 1 or e != int(e) for e in epochs):
+        raise click.BadParameter(
+            f"must be one or more comma-separated integers >= 1; got {kw['finetune_epochs']!r}",
+            param_hint="--finetune-epochs",
+        )
+    kw["finetune_epochs"] = [int(e) for e in epochs] if len(epochs) > 1 else int(epochs[0])
     for name, positive in (("finetune_lrs", True), ("finetune_lams", False)):
         if kw[name] is None:
             continue

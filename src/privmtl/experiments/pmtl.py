@@ -21,12 +21,14 @@ import torch
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.federated.finetune_selection import SELECT_MODES
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.delta import check_delta, user_data_delta
 from privmtl.privacy.release import noise_multiplier
 
 __all__ = [
     "FINETUNE_METHODS",
+    "FINETUNE_STARTS",
     "FL_DATASETS",
     "FL_METHODS",
     "FL_MODELS",
@@ -43,6 +45,9 @@ FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
 FL_METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "local-all")
 FINETUNE_METHODS = ("none", "vanilla", "mr", "skl", "ewc")
+FINETUNE_STARTS = ("auto", "billboard")
+"""Where fine-tuning starts: the personalized models when the method has them, else the released
+global model (auto), or the released global model (billboard)."""
 
 #: Default λ: PMTL's mean-regularization weight chosen on validation accuracy in the committed
 #: FEMNIST sweep (benchmarks/results/pmtl_femnist_tradeoff.md: 0.001 at every private ε, within one
@@ -194,10 +199,12 @@ def run_pmtl(
     lr: float = 0.1,
     batch_size: int = 10,
     finetune: str = "none",
-    finetune_epochs: int = 1,
+    finetune_epochs: int | Sequence[int] = 1,
     extra_finetunes: tuple[str, ...] | list[str] = (),
     finetune_lrs: Sequence[float] | None = None,
     finetune_lams: Sequence[float] | None = None,
+    finetune_start: str = "auto",
+    finetune_select: str = "client",
     seed: int = 0,
     sequential: bool = False,
     sampling: str = "poisson",
@@ -234,6 +241,13 @@ def run_pmtl(
     of step sizes and penalty weights (default: ``[lr]`` / ``[lam]``), each client choosing on its
     own validation split (:func:`~privmtl.federated.finetune_selection.finetune_select`; the
     privacy guarantee is unchanged).
+    ``finetune_start="billboard"`` (vanilla only) starts every client from the released global
+    model instead of its personalized one (``"auto"``: personalized when the method has
+    personalized models); it runs :func:`~privmtl.federated.local.train_local` from the billboard,
+    so ``finetune_epochs`` may be a grid and ``finetune_select="pooled"`` picks one
+    ``(epochs, lr)`` for all clients exactly as ``method="local-all"`` does from the initial
+    model: the same selection for both, and the comparison of the two isolates what the billboard
+    brings.
 
     ``method="local-all"`` is the training-alone baseline of
     :func:`~privmtl.federated.local.train_local`: every client (not only sampled ones) trains on its
@@ -253,6 +267,21 @@ def run_pmtl(
     """
     check_choice("method", method, FL_METHODS)
     check_choice("finetune", finetune, FINETUNE_METHODS)
+    check_choice("finetune_start", finetune_start, FINETUNE_STARTS)
+    check_choice("finetune_select", finetune_select, SELECT_MODES)
+    ft_epochs = _epochs_grid(finetune_epochs)
+    if finetune_start != "billboard" and (len(ft_epochs) > 1 or finetune_select != "client"):
+        raise InvalidParameterError(
+            "A grid of 'finetune_epochs' and finetune_select='pooled' need "
+            f"finetune_start='billboard'; got finetune_start={finetune_start!r}, "
+            f"finetune_epochs={finetune_epochs!r}, finetune_select={finetune_select!r}."
+        )
+    if finetune_start == "billboard" and (finetune not in ("none", "vanilla") or extra_finetunes):
+        raise InvalidParameterError(
+            "finetune_start='billboard' supports finetune='vanilla' only (fine-tuning from the "
+            f"billboard, no penalty); got finetune={finetune!r}, "
+            f"extra_finetunes={list(extra_finetunes)!r}."
+        )
     for name in extra_finetunes:
         check_choice("extra_finetunes", name, FINETUNE_METHODS[1:])
     seed = check_int("seed", seed, low=0)
@@ -385,7 +414,7 @@ def run_pmtl(
         # Several fine-tuning variants of the SAME trained run (post-processing, no privacy cost):
         # cheaper and a fairer comparison than one training run per variant.
         out["finetune_results"] = {
-            name: _finetune(result, ds, net, name, finetune_epochs, lr, batch_size, lam, seed, grid)
+            name: _finetune(result, ds, net, name, ft_epochs[0], lr, batch_size, lam, seed, grid)
             for name in extra_finetunes
         }
         for res in out["finetune_results"].values():
@@ -393,8 +422,15 @@ def run_pmtl(
     tuned = None
     if finetune != "none":
         out.update(
-            _finetune(result, ds, net, finetune, finetune_epochs, lr, batch_size, lam, seed, grid)
-        )
+            _finetune_from_billboard(
+                result, ds, net, ft_epochs, grid[0] if grid else [lr], batch_size, seed,
+                finetune_select,
+            )
+            if finetune_start == "billboard"
+            else _finetune(
+                result, ds, net, finetune, ft_epochs[0], lr, batch_size, lam, seed, grid
+            )
+        )  # fmt: skip
         tuned = out.pop("_params")
         if method == "joint-dp" and out["guarantee"]["private"]:
             # Each client's fine-tuned model reads its own data: what remains is joint DP.
@@ -585,6 +621,64 @@ def _noise_notes(noise_source: str) -> tuple[str, ...]:
 def _global_accuracy(result: Any) -> float | None:
     acc = result.accuracies.get("test", {}).get("global")
     return None if not isinstance(acc, dict) else float(acc["accuracy"])
+
+
+def _epochs_grid(epochs: int | Sequence[int]) -> list[int]:
+    values = [epochs] if isinstance(epochs, int) else list(epochs)
+    if not values or any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in values):
+        raise InvalidParameterError(
+            "The 'finetune_epochs' parameter must be an int >= 1 or a non-empty sequence of "
+            f"them; got {epochs!r}."
+        )
+    return values
+
+
+def _finetune_from_billboard(
+    result: Any,
+    ds: FederatedDataset,
+    net: torch.nn.Module,
+    epochs: Sequence[int],
+    lrs: Sequence[float],
+    batch_size: int,
+    seed: int,
+    select: str,
+) -> dict[str, Any]:
+    """Every client fine-tunes from the billboard: ``train_local`` started at the global model."""
+    import copy
+
+    from privmtl.federated.local import train_local
+
+    start = copy.deepcopy(net)
+    start.load_state_dict({**start.state_dict(), **result.global_params})
+    tuned = train_local(
+        ds, start, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select, seed=seed
+    )
+    sel = tuned.extra["local_selection"]
+    test = tuned.accuracies["test"]["personalized"]
+    return {
+        "finetune_selection": {
+            "select": sel["select"],
+            "grid": sel["grid"],
+            "grid_axes": ["epochs", "lr"],
+            "choice_counts": np.bincount(sel["choice"], minlength=len(sel["grid"])).tolist(),
+            "grid_test_accuracy": sel["grid_test_accuracy"],
+            "note": "every client fine-tuned from the billboard on its own data; "
+            + (
+                "each client chose (epochs, lr) on its own validation split: no privacy cost"
+                if select == "client"
+                else "one (epochs, lr) chosen on the pooled validation accuracy (tuning, as for "
+                "local-all)"
+            ),
+        },
+        "finetune": "vanilla",
+        "finetune_start": "global",
+        "pre_finetune_test_accuracy": float(result.test_accuracy),
+        "test_accuracy": float(test["accuracy"]),
+        "mean_client_accuracy": float(test["mean_client_accuracy"]),
+        "val_accuracy": float(tuned.accuracies["val"]["personalized"]["accuracy"]),
+        "finetune_note": "local fine-tuning is post-processing of the billboard: no privacy cost",
+        "_params": tuned.personalized_params,
+    }
 
 
 def _finetune(
