@@ -143,12 +143,33 @@ def test_pmtl_finetune_grid_is_chosen_per_client(capsys):
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--finetune-lrs", "0,0.1"), ("--finetune-lams", "-1"), ("--finetune-lrs", "a")],
+    [
+        ("--finetune-lrs", "0,0.1"),
+        ("--finetune-lams", "-1"),
+        ("--finetune-lrs", "a"),
+        ("--finetune-epochs", "0,3"),
+        ("--finetune-epochs", "1.5"),
+    ],
 )
 def test_pmtl_finetune_grid_bad_input(capsys, flag, value):
     code = main(["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", flag, value])
     err = capsys.readouterr().err
     assert code == 2 and flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_pmtl_finetune_from_billboard_cli(capsys):
+    base = ["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "2", "--finetune"]
+    out = _json(
+        capsys,
+        [*base, "vanilla", "--finetune-start", "billboard", "--finetune-epochs", "1,2",
+         "--finetune-select", "pooled", "--json"],
+    )  # fmt: skip
+    assert out["finetune_start"] == "global"
+    assert out["finetune_selection"]["grid"] == [[1, 0.1], [2, 0.1]]
+    # a grid of epochs needs the billboard start: one line naming the parameter, exit 2
+    code = main([*base, "vanilla", "--finetune-epochs", "1,2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "finetune_epochs" in err and len(err.strip().splitlines()) == 1
 
 
 def test_risky_setting_is_one_warning_line_and_json_stays_clean(capsys):
