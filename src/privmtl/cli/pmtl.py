@@ -73,7 +73,8 @@ def _human(out: dict[str, Any]) -> None:
     help="--data synthetic: number of clients m of the synthetic federation (default 50). Other "
     "generator parameters at their documented defaults (make_synthetic_federated): d = 60 "
     "features, C = 10 classes, LEAF's examples per client min(5 + floor(LogNormal(3, 2)), 1000), "
-    "client models W_0 + tau A_k (tau = 0.5), feature shift 0.5, noise-free labels. "
+    "client models W_0 + tau A_k (tau = 0.5), isotropic features with client means "
+    "N(beta_k 1, 0.5^2 I), beta_k ~ N(0, 0.5^2) (feature shift), noise-free labels. "
     "--method local-all trains every client alone (epochs and lr chosen on validation).",
 )
 @click.option("--method", type=click.Choice(list(FL_METHODS)), default="pmtl", show_default=True)
