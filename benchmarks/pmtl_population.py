@@ -141,8 +141,11 @@ def _row(out: dict[str, Any]) -> dict[str, Any]:
 
 def _run(argv: list[str], seed: int, dataset: Any = None) -> dict[str, Any]:
     """Run ``privmtl pmtl argv --seed seed`` in process (same code path as the CLI)."""
+    import torch
+
     from privmtl.experiments.pmtl import run_pmtl
 
+    torch.set_num_threads(1)  # fine-tuning and scoring too: two runs share the 2 cores
     kw = _kwargs(argv)
     if dataset is not None:
         kw.pop("num_clients", None)
