@@ -331,17 +331,23 @@ def report(args: argparse.Namespace) -> None:
     out += lines
     variants = [r for r in allrows if r.get("variant") and feature_law(r) == FEATURE_LAW]
     if variants:
-        out += ["", "Options beyond the defaults (ε = 1; at defaults → after fine-tuning):", ""]
-        out += ["| PMTL with | " + " | ".join(f"m = {m}" for m in ms) + " |"]
-        out += ["|---|" + "---|" * len(ms)]
+        out += ["", "Options beyond the defaults (at defaults → after fine-tuning):", ""]
+        out += ["| PMTL with | ε | " + " | ".join(f"m = {m}" for m in ms) + " |"]
+        out += ["|---|---|" + "---|" * len(ms)]
         for v in sorted({r["variant"] for r in variants}):
-            cells = []
-            for m in ms:
-                sel = [r for r in variants if r["variant"] == v and r["m"] == m]
-                a, _ = _cell(sel, "pre_finetune_test_accuracy")
-                b, _ = _cell(sel, "test_accuracy")
-                cells.append("—" if a == "—" else f"{a} → {b}")
-            out.append(f"| `{v}` | " + " | ".join(cells) + " |")
+            for eps in EPSILONS:
+                cells = []
+                for m in ms:
+                    sel = [
+                        r
+                        for r in variants
+                        if r["variant"] == v and r["m"] == m and r["target_epsilon"] == eps
+                    ]
+                    a, _ = _cell(sel, "pre_finetune_test_accuracy")
+                    b, _ = _cell(sel, "test_accuracy")
+                    cells.append("—" if a == "—" else f"{a} → {b}")
+                if any(c != "—" for c in cells):
+                    out.append(f"| `{v}` | {_eps_label('pmtl', eps)} | " + " | ".join(cells) + " |")
     out += ["", "Privacy statement of every row (from its JSON):", ""]
     seen = set()
     for r in rows:
@@ -399,6 +405,12 @@ def report(args: argparse.Namespace) -> None:
                 f"{'—' if maj is None else f'{maj:.2f}'} | " + " | ".join(cells) + f" | {gap} |"
             )
     leaf = [r for r in allrows if feature_law(r) == "leaf" and r.get("variant") is None]
+    leaf += [  # the earlier grid's runs at that generator's default setting
+        r
+        for r in load_jsonl(GRID_JSONL)
+        if r.get("feature_cov") is None
+        and (r.get("tau"), r.get("sizes"), r.get("label_noise")) == (0.5, "leaf", 0.0)
+    ]
     if leaf:
         out += [
             "",
