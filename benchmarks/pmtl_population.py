@@ -322,8 +322,26 @@ def _study_table(rows: list[dict[str, Any]], ms: list[int]) -> tuple[list[str], 
     return out, table
 
 
+def _unique(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per run (two drivers may both have run a cell; seeded runs are identical)."""
+    seen, out = set(), []
+    for r in rows:
+        key = (
+            feature_law(r),
+            r.get("variant"),
+            r["method"],
+            r["m"],
+            r["target_epsilon"],
+            r["seed"],
+        )
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
 def report(args: argparse.Namespace) -> None:
-    allrows = load_jsonl(JSONL)
+    allrows = _unique(load_jsonl(JSONL))
     rows = [r for r in allrows if r.get("variant") is None and feature_law(r) == FEATURE_LAW]
     ms = sorted({r["m"] for r in rows})
     out = ["## Study (pooled test accuracy over every client's test examples)", ""]
