@@ -392,8 +392,8 @@ def report(args: argparse.Namespace) -> None:
         out += ["", "## Grid at m = 1000 (seed 0; ε = 1; at defaults → after fine-tuning)", ""]
         out += [
             "| features | client-mean spread | τ | majority class | local | PMTL | FedAvg |"
-            " PMTL+ft − local |",
-            "|---|---|---|---|---|---|---|---|",
+            " PMTL+ft − local | FedAvg+ft − local |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for setting in GRID_SETTINGS:
             sel = {
@@ -410,10 +410,11 @@ def report(args: argparse.Namespace) -> None:
                     if r
                     else "—"
                 )
-            gap = (
-                f"{100 * (sel[('pmtl', 1.0)]['test_accuracy'] - loc['test_accuracy']):+.1f}"
-                if loc and ("pmtl", 1.0) in sel
+            gap = " | ".join(
+                f"{100 * (sel[(meth, 1.0)]['test_accuracy'] - loc['test_accuracy']):+.1f}"
+                if loc and (meth, 1.0) in sel
                 else "—"
+                for meth in ("pmtl", "fedavg")
             )
             maj = next(
                 (r.get("majority_class") for r in sel.values() if r.get("majority_class")), None

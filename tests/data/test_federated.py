@@ -368,7 +368,7 @@ def test_synthetic_default_feature_law_needs_a_model() -> None:
     default = make_synthetic_federated(**kw)
     assert "cov=isotropic" in default.name and "spread=0.5" in default.name
     # LEAF's law: a client's majority class covers most of its examples (0.84 at m = 1 000);
-    # the default: about three times chance (0.30), so labels need the client's model
+    # the default: about three times chance (0.33 at m = 1 000), so labels need the client's model
     assert _majority_fraction(leaf) > 0.75
     assert _majority_fraction(default) < 0.4
     with pytest.raises(InvalidParameterError, match="feature_cov"):

@@ -631,7 +631,7 @@ def make_synthetic_federated(
     so a client with ten examples needs nobody and the data measure class priors, not learning.
     The default (isotropic features, client means spread by half the within-client standard
     deviation) keeps a per-client feature shift while a client's labels need its model: the
-    majority class covers 30 % of the examples. ``benchmarks/results/pmtl_population.md``
+    majority class covers 33 % of the examples. ``benchmarks/results/pmtl_population.md``
     measures collaboration against training alone under both laws and other settings.
 
     With ``heterogeneity = 0`` all clients share one labelling rule (a global model suffices); as it
