@@ -382,7 +382,20 @@ def report(args: argparse.Namespace) -> None:
         out += ["", f"## Acceptance numbers at m = {m_top}", ""]
         out += ["| | PMTL ε = 1 | non-private PMTL | local | ε=1 − non-private | ε=1 − local |"]
         out += ["|---|---|---|---|---|---|"]
-        for name, a, b in (("at CLI defaults", pm, pn), ("+ fine-tuning", pf, pfn)):
+        dv = "--server-update delta"
+        delta = {
+            eps: mean_std(
+                r["test_accuracy"]
+                for r in variants
+                if r["variant"] == dv and r["m"] == m_top and r["target_epsilon"] == eps
+            )[0]
+            for eps in (1.0, None)
+        }
+        for name, a, b in (
+            ("at CLI defaults", pm, pn),
+            ("+ fine-tuning", pf, pfn),
+            (f"`{dv}` + fine-tuning", delta[1.0], delta[None]),
+        ):
             out.append(
                 f"| {name} | {a:.3f} | {b:.3f} | {lo:.3f} | {100 * (a - b):+.1f} points | "
                 f"{100 * (a - lo):+.1f} points |"
@@ -471,6 +484,12 @@ def report(args: argparse.Namespace) -> None:
         ys = [table.get((label, eps, m), math.nan) for m in ms]
         name = label if label.startswith("local") else f"{label}, ε={'∞' if eps is None else 1}"
         ax.plot(ms, ys, style, label=name)
+    dv = [r for r in variants if r["variant"] == "--server-update delta"]
+    ys = [
+        mean_std(r["test_accuracy"] for r in dv if r["m"] == m and r["target_epsilon"] == 1.0)[0]
+        for m in ms
+    ]
+    ax.plot(ms, ys, "D-", label="PMTL --server-update delta + fine-tuning, ε=1")
     ax.set_xscale("log")
     ax.set_xlabel("number of clients m")
     ax.set_ylabel("test accuracy (all clients, pooled)")
