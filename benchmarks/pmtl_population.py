@@ -281,6 +281,24 @@ def _cell(rows: list[dict[str, Any]], key: str) -> tuple[str, float]:
     return f"{mu:.3f}" + (f" ± {sd:.3f}" if n > 1 else "") + (f" (n={n})" if n > 1 else ""), mu
 
 
+def _at(
+    rows: list[dict[str, Any]],
+    m: int,
+    eps: float | None,
+    method: str | None = None,
+    variant: str | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of one cell: population ``m``, target ``eps`` (and method, variant if given)."""
+    return [
+        r
+        for r in rows
+        if r["m"] == m
+        and r["target_epsilon"] == eps
+        and (method is None or r["method"] == method)
+        and (variant is None or r.get("variant") == variant)
+    ]
+
+
 def _eps_label(method: str, eps: float | None) -> str:
     if eps is None:
         return "0 (nothing shared)" if method == "local" else "∞ (non-private)"
@@ -308,12 +326,7 @@ def _study_table(rows: list[dict[str, Any]], ms: list[int]) -> tuple[list[str], 
         for eps in EPSILONS if method != "local" else (None,):
             cells = []
             for m in ms:
-                sel = [
-                    r
-                    for r in rows
-                    if r["method"] == method and r["m"] == m and r["target_epsilon"] == eps
-                ]
-                text, mu = _cell(sel, key)
+                text, mu = _cell(_at(rows, m, eps, method), key)
                 table[(label, eps, m)] = mu
                 cells.append(text)
             if all(c == "—" for c in cells):
@@ -356,11 +369,7 @@ def report(args: argparse.Namespace) -> None:
             for eps in EPSILONS:
                 cells = []
                 for m in ms:
-                    sel = [
-                        r
-                        for r in variants
-                        if r["variant"] == v and r["m"] == m and r["target_epsilon"] == eps
-                    ]
+                    sel = _at(variants, m, eps, variant=v)
                     a, _ = _cell(sel, "pre_finetune_test_accuracy")
                     b, _ = _cell(sel, "test_accuracy")
                     cells.append("—" if a == "—" else f"{a} → {b}")
@@ -384,11 +393,7 @@ def report(args: argparse.Namespace) -> None:
         out += ["|---|---|---|---|---|---|"]
         dv = "--server-update delta"
         delta = {
-            eps: mean_std(
-                r["test_accuracy"]
-                for r in variants
-                if r["variant"] == dv and r["m"] == m_top and r["target_epsilon"] == eps
-            )[0]
+            eps: mean_std(r["test_accuracy"] for r in _at(variants, m_top, eps, variant=dv))[0]
             for eps in (1.0, None)
         }
         for name, a, b in (
@@ -459,12 +464,7 @@ def report(args: argparse.Namespace) -> None:
             for eps in EPSILONS if method != "local" else (None,):
                 cells = []
                 for m in lm:
-                    sel = [
-                        r
-                        for r in leaf
-                        if r["method"] == method and r["m"] == m and r["target_epsilon"] == eps
-                    ]
-                    cells.append(_cell(sel, "test_accuracy")[0])
+                    cells.append(_cell(_at(leaf, m, eps, method), "test_accuracy")[0])
                 out.append(f"| {method} | {_eps_label(method, eps)} | " + " | ".join(cells) + " |")
     print("\n".join(out))
     import matplotlib
@@ -484,11 +484,8 @@ def report(args: argparse.Namespace) -> None:
         ys = [table.get((label, eps, m), math.nan) for m in ms]
         name = label if label.startswith("local") else f"{label}, ε={'∞' if eps is None else 1}"
         ax.plot(ms, ys, style, label=name)
-    dv = [r for r in variants if r["variant"] == "--server-update delta"]
-    ys = [
-        mean_std(r["test_accuracy"] for r in dv if r["m"] == m and r["target_epsilon"] == 1.0)[0]
-        for m in ms
-    ]
+    dv = "--server-update delta"
+    ys = [mean_std(r["test_accuracy"] for r in _at(variants, m, 1.0, variant=dv))[0] for m in ms]
     ax.plot(ms, ys, "D-", label="PMTL --server-update delta + fine-tuning, ε=1")
     ax.set_xscale("log")
     ax.set_xlabel("number of clients m")
