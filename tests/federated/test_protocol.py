@@ -213,3 +213,46 @@ def test_a_resumed_seeded_run_replays_within_its_budget(data, tmp_path):
     rest = again.run()
     assert not rest.stopped_on_budget and len(rest.history) == 6
     assert rest.epsilon == whole.epsilon
+
+
+def test_ditto_billboard_is_fedavgs_and_its_personal_models_are_never_sent(data):
+    """Ditto's message trains a copy of the billboard without the pull: with the same sampler,
+    minibatches and seeded noise its billboard is FedAvg's, round by round; the personalized
+    models are trained with the pull (after one round: the offset run's models) and differ from
+    anything released."""
+    kw = {"lam": 0.5, "personal_init": "model"}
+    ditto = Trainer(data, _model(data), _cfg(server_update="ditto", **kw))
+    fedavg = Trainer(data, _model(data), _cfg(method="fedavg"))
+    for a, b in zip(ditto, fedavg, strict=True):
+        assert a.sampled.tolist() == b.sampled.tolist()
+        for n in a.released:
+            torch.testing.assert_close(a.released[n], b.released[n], rtol=0, atol=1e-6)
+    assert ditto.epsilon == fedavg.epsilon
+    offset = Trainer(data, _model(data), _cfg(server_update="offset", rounds=1, **kw)).run()
+    first = Trainer(data, _model(data), _cfg(server_update="ditto", rounds=1, **kw)).run()
+    assert _equal(first.personalized_params, offset.personalized_params)
+    assert not torch.allclose(
+        first.global_params["linear.weight"], offset.global_params["linear.weight"]
+    )
+    res = ditto.result()
+    assert res.personalized_params is not None
+    gap = res.personalized_params["linear.weight"] - res.global_params["linear.weight"]
+    assert float(gap.abs().max()) > 1e-2  # personal models are not the billboard
+
+
+def test_ditto_with_partial_sharing_batched_equals_reference(data):
+    """The billboard copy takes the shared parameters from the billboard and the personal ones
+    from the client's own model; only the shared part is released (both training paths)."""
+    kw = {"server_update": "ditto", "shared_params": ("linear.bias",), "personal_init": "model"}
+    a = Trainer(data, _model(data), _cfg(**kw)).run()
+    b = Trainer(data, _model(data), _cfg(batched=False, **kw)).run()
+    assert set(a.global_params) == {"linear.bias", "linear.weight"}
+    init = _model(data).linear.weight.detach()
+    assert torch.equal(a.global_params["linear.weight"], init)  # never released, never moved
+    assert a.personalized_params is not None and b.personalized_params is not None
+    for n in a.personalized_params:
+        torch.testing.assert_close(a.personalized_params[n], b.personalized_params[n])
+    torch.testing.assert_close(a.global_params["linear.bias"], b.global_params["linear.bias"])
+    offset = Trainer(data, _model(data), _cfg(**{**kw, "server_update": "offset"})).run()
+    gap = a.global_params["linear.bias"] - offset.global_params["linear.bias"]
+    assert float(gap.abs().max()) > 1e-4

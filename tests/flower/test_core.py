@@ -288,3 +288,16 @@ def test_num_clients_sets_the_synthetic_population_of_every_node():
         check_options({**opts, "data": "femnist-leaf"}, 3)
     with pytest.raises(InvalidParameterError, match="num_clients"):
         check_options(opts, 13)  # fewer clients than SuperNodes
+
+
+def test_ditto_message_split_run_equals_in_process_engine():
+    """Ditto's second local run (a copy of the billboard) is the same on a node as in process."""
+    ds = make_synthetic_federated(random_state=0)
+    opts = _opts(**{"server-update": "ditto"})
+    run, _ = _split_run(ds, opts, n_nodes=2)
+    assert run.config.server_update == "ditto"
+    trainer = Trainer(ds, make_model("logreg", ds, 3), run.config, noise_source="seeded")
+    boards = [{n: p.clone() for n, p in rec.released.items()} for rec in trainer]
+    for t, (a, b) in enumerate(zip(run.billboards, boards, strict=True)):
+        for n in a:
+            assert torch.allclose(a[n], b[n], atol=1e-5, rtol=0), (t, n)

@@ -48,10 +48,11 @@ def flower() -> None:
 @click.option("--local-steps", type=int, help="E local SGD steps (default: 1 local epoch).")
 @click.option(
     "--server-update",
-    type=click.Choice(["delta", "offset"]),
+    type=click.Choice(["delta", "offset", "ditto"]),
     default="delta",
     show_default=True,
-    help="PMTL client message: Algorithm 1's w_new - w_old, or the authors' code's w_new - w~.",
+    help="PMTL client message: Algorithm 1's w_new - w_old, the authors' code's w_new - w~, or "
+    "Ditto's trained copy of w~ minus w~.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(

@@ -42,7 +42,7 @@ class TrainConfig:
         ``q``: the fixed number of clients per round (``"fixed"``), the expected number
         (``"poisson"``, rate ``q/m``), ignored for ``"all"`` (``q = m``). The server divides the
         sum of clipped updates by this fixed ``q``, never by the realised count.
-    server_update : {"offset", "delta"}, default "offset"
+    server_update : {"offset", "delta", "ditto"}, default "offset"
         What a sampled client sends (pmtl; the two coincide for fedavg/fedprox, which start from
         :math:`\tilde w^t`). ``"delta"``: :math:`g_k = w_k^{new} - w_k^{old}`, Algorithm 1 as printed.
         ``"offset"``: :math:`g_k = w_k^{new} - \tilde w^t`, what the authors' released code sends
@@ -52,6 +52,13 @@ class TrainConfig:
         :math:`\bar w` of the :math:`w_k` (:math:`\tilde w^t-\tilde w^0 = \frac mq(\bar w^t-\bar w^0)`),
         so with ``q < m`` it overshoots the mean it is meant to track; with "offset" and fixed-size
         sampling, :math:`\tilde w^{t+1}` is the mean of the sampled personalized models.
+        ``"ditto"`` (Li et al. 2021, "Ditto: fair and robust federated learning through
+        personalization"): the client also trains a copy :math:`v_k` of :math:`\tilde w^t` on the
+        same minibatches with plain local SGD (no pull) and sends
+        :math:`g_k = v_k^{new} - \tilde w^t`, FedAvg's update; its personalized model
+        :math:`w_k` is trained as above and never sent. The billboard then follows FedAvg's
+        (no stale personalized models in the mean, no overshoot), at twice the local work. Same
+        sensitivity and guarantee: the message is still clipped to γ.
     local_steps, local_epochs : int or None
         At most one may be set. ``local_steps = E``: every sampled client runs exactly ``E`` SGD
         steps, each on ``min(B, n_k)`` examples drawn uniformly without replacement (fresh draw per
@@ -225,7 +232,7 @@ class TrainConfig:
         check_choice("method", self.method, METHODS)
         check_int("rounds", self.rounds, low=0)
         check_int("clients_per_round", self.clients_per_round, low=1)
-        check_choice("server_update", self.server_update, ("delta", "offset"))
+        check_choice("server_update", self.server_update, ("delta", "offset", "ditto"))
         if self.local_steps is not None and self.local_epochs is not None:
             raise InvalidParameterError(
                 "Set at most one of 'local_steps' and 'local_epochs'; got "

@@ -12,8 +12,9 @@ One round ``t`` of ``method="pmtl"``:
 
    i.e. :math:`w \leftarrow w - \eta(\nabla l_k(w) + \lambda(w-\tilde w^t))`, and sends
    :math:`g_k = w_k^{new} - \tilde w^t` (``server_update="offset"``, the default) or
-   :math:`g_k = w_k^{new} - w_k^{old}` (``"delta"``, Algorithm 1 as printed); the client keeps
-   :math:`w_k^{new}`;
+   :math:`g_k = w_k^{new} - w_k^{old}` (``"delta"``, Algorithm 1 as printed), or with ``"ditto"``
+   the change :math:`v_k - \tilde w^t` of a copy of the billboard trained on the same minibatches
+   without the pull; the client keeps :math:`w_k^{new}`;
 3. the server releases
 
    .. math:: \tilde w^{t+1} = \tilde w^t + \frac1q\sum_{k\in S_t} g_k

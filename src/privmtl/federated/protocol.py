@@ -109,13 +109,13 @@ class MethodSpec:
     communicates: bool
     personalized: bool  # output: m personalized models (else the one billboard)
     billboard: str = "add"  # "add" | "replace" | "blocks"
-    message: str = "delta"  # "delta" | "offset" | "model"
+    message: str = "delta"  # "delta" | "offset" | "ditto" | "model"
 
 
 def method_spec(config: TrainConfig) -> MethodSpec:
     """The :class:`MethodSpec` of ``config.method``."""
     lam = float(config.lam)
-    msg = "offset" if config.server_update == "offset" else "delta"
+    msg = config.server_update if config.server_update in ("offset", "ditto") else "delta"
     return {
         "pmtl": MethodSpec("pmtl", "own", lam, True, True, message=msg),
         "fedavg": MethodSpec("fedavg", "global", 0.0, True, False),
@@ -326,8 +326,9 @@ def _stack(params: Params, m: int) -> Params:
     return {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in params.items()}
 
 
-def billboard_carries_signal(release: GaussianMeanRelease, released_dim: int) -> bool:
-    r"""Whether a client should start from the billboard under ``personal_init="auto"``.
+def billboard_carries_signal(noise_std: float, clip: float | None, released_dim: int) -> bool:
+    r"""Whether the billboard is worth starting from (``personal_init="auto"``,
+    ``finetune="auto"``).
 
     True when the norm of the noise added to one release, :math:`\sigma\sqrt k` over the ``k``
     released coordinates, is at most the clip γ, the largest norm the un-noised mean of clipped
@@ -335,9 +336,9 @@ def billboard_carries_signal(release: GaussianMeanRelease, released_dim: int) ->
     signal it carries, and a client is better off starting from the initial model. The rule reads
     only public parameters of the release (σ, γ, k), so it costs no privacy.
     """
-    if release.clip is None or release.noise_std == 0.0:
+    if clip is None or noise_std == 0.0:
         return True
-    return bool(release.noise_std * math.sqrt(released_dim) <= release.clip)
+    return bool(noise_std * math.sqrt(released_dim) <= clip)
 
 
 def _shared_names(init: Params, shared: tuple[str, ...] | None) -> list[str]:
@@ -516,7 +517,9 @@ class Trainer:
         board = _stack(init, m) if spec.billboard == "blocks" else shared_init
         if config.personal_init == "auto":
             dim = config.subspace_dim or sum(p.numel() for p in shared_init.values())
-            resolved = "billboard" if billboard_carries_signal(mech, dim) else "model"
+            resolved = (
+                "billboard" if billboard_carries_signal(mech.noise_std, mech.clip, dim) else "model"
+            )
             self.config = config = dataclasses.replace(config, personal_init=resolved)
         optimizer = None
         if config.server_optimizer != "none":
@@ -738,11 +741,19 @@ class Trainer:
         news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, order) for n in starts}
         return news, [losses[int(i)] for i in order]
 
+    def _billboard_starts(self, starts: Params) -> Params:
+        """The sampled clients' start states with the shared parameters set to the billboard."""
+        board = self.curator.billboard
+        return {
+            n: board[n].unsqueeze(0).expand_as(p).clone() if n in self.shared else p.clone()
+            for n, p in starts.items()
+        }
+
     def _messages(self, starts: Params, news: Params) -> Params:
         spec, board = self.spec, self.curator.billboard
         if spec.message == "model":
             return {n: news[n] for n in self.shared}
-        if spec.message == "offset" or spec.start in ("global", "split"):
+        if spec.message in ("offset", "ditto") or spec.start in ("global", "split"):
             return {n: news[n] - board[n] for n in self.shared}
         return {n: news[n] - starts[n] for n in self.shared}
 
@@ -770,6 +781,12 @@ class Trainer:
             starts, anchor = self._starts(sel)
             news, losses = self._train_clients(starts, self._rule(anchor), plan, pool)
             self._keep(sel, news)
+            if spec.message == "ditto":
+                # Ditto: the message is a copy of the billboard trained on the same minibatches
+                # without the pull (FedAvg's update); the personal model above is never sent.
+                news = self._train_clients(
+                    self._billboard_starts(starts), self._rule(None), plan, pool
+                )[0]
             messages = self._messages(starts, news)
         if self.message_hook is not None:
             messages = self.message_hook(t, sampled, messages)

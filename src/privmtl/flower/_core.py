@@ -393,7 +393,14 @@ class NodeClients:
             self.personal[cid] = {n: news[n][j].clone() for n in news}
         self.rounds_trained += 1
         self.save()
-        if spec.message == "offset":
+        if spec.message == "ditto":  # a copy of the billboard, same minibatches, no pull
+            copies = {n: billboard[n].unsqueeze(0).expand_as(starts[n]).clone() for n in self.init}
+            trained, _ = local_sgd_batched(
+                self.step_fn, copies, ProxStep(lr=config.lr), self.x_all, self.y_all, plan,
+                config.batch_size,
+            )  # fmt: skip
+            msgs = {n: trained[n] - billboard[n] for n in self.init}
+        elif spec.message == "offset":
             msgs = {n: news[n] - billboard[n] for n in self.init}
         else:
             msgs = {n: news[n] - starts[n] for n in self.init}
