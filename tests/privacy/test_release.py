@@ -115,3 +115,22 @@ def test_release_from_a_clipped_sum_is_the_release_of_the_messages(tmp_path):
     assert b.norms.size == 0 and b.clipped.size == 0
     assert b.details["signal_norm"] == pytest.approx(a.details["signal_norm"])
     assert b.details["noise_norm"] == pytest.approx(a.details["noise_norm"])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_diverged_message_counts_as_zero_and_the_release_stays_finite(bad):
+    """A client whose training diverged sends nothing: the release equals that of the others
+    over the same fixed q (its contribution is 0, within the clip), not NaN."""
+    upd = _updates(4)
+    broken = {n: t.clone() for n, t in upd.items()}
+    broken["w"][2, 0, 0] = bad
+    zeroed = {n: t.clone() for n, t in upd.items()}
+    for t in zeroed.values():
+        t[2] = 0.0
+    rel = GaussianMeanRelease(clip=1.0, noise_std=0.3, sampler=make_sampler("fixed", 10, 5))
+    out = rel.release(broken, SeededNoise(3))
+    ref = rel.release(zeroed, SeededNoise(3))
+    for n in upd:
+        assert bool(torch.isfinite(out.value[n]).all())
+        torch.testing.assert_close(out.value[n], ref.value[n])
+    assert not np.isfinite(out.norms[2]) and out.clipped[2]

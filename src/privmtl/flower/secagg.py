@@ -270,7 +270,9 @@ def quantize_clients(
             f"The messages have {flat.shape[1]} coordinates; the SecAgg+ round expects "
             f"{params.dim}."
         )
-    factors = clip_factors(update_norms({n: messages[n] for n in names}), params.client_clip)
+    norms = update_norms({n: messages[n] for n in names})
+    factors = clip_factors(norms, params.client_clip)
+    flat = torch.where(torch.isfinite(norms).unsqueeze(1), flat, torch.zeros_like(flat))
     clipped = (flat * factors.double().unsqueeze(1)).numpy()
     c = params.clipping_range
     scaled = (np.clip(clipped, -c, c) + c) * (params.quantization_range / (2.0 * c))

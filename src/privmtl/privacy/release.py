@@ -76,6 +76,7 @@ __all__ = [
     "clipped_mean",
     "combined_noise_multiplier",
     "count_noise_multiplier",
+    "drop_nonfinite",
     "mean_multiplier_for",
     "noise_multiplier",
     "noise_std_for",
@@ -127,10 +128,29 @@ def update_norms(updates: Params) -> torch.Tensor:
 
 
 def clip_factors(norms: torch.Tensor, clip: float | None) -> torch.Tensor:
-    """``min(1, γ / ‖g_k‖)`` per row (1 for a zero update, or for every row when ``clip`` is None)."""
+    """``min(1, γ / ‖g_k‖)`` per row (1 for a zero update, or for every row when ``clip`` is None).
+
+    A row whose norm is not finite (a client whose local training diverged) gets factor 0: with
+    :func:`drop_nonfinite` it contributes nothing, still a message of norm at most γ, so the
+    sensitivity is unchanged and one diverged client cannot turn the release into NaN.
+    """
+    ones = torch.ones_like(norms)
     if clip is None:
-        return torch.ones_like(norms)
-    return torch.where(norms > clip, clip / norms.clamp_min(1e-30), torch.ones_like(norms))
+        factors = ones
+    else:
+        factors = torch.where(norms > clip, clip / norms.clamp_min(1e-30), ones)
+    return torch.where(torch.isfinite(norms), factors, torch.zeros_like(norms))
+
+
+def drop_nonfinite(updates: Params, norms: torch.Tensor) -> Params:
+    """``updates`` with every row of non-finite norm set to zero (``0 * nan`` is still NaN)."""
+    finite = torch.isfinite(norms)
+    if bool(finite.all()):
+        return updates
+    return {
+        n: torch.where(finite.view(-1, *([1] * (t.ndim - 1))), t, torch.zeros_like(t))
+        for n, t in updates.items()
+    }
 
 
 def _norm(params: Params) -> float:
@@ -168,6 +188,7 @@ def clipped_mean(
         return zeros, np.zeros(0), np.zeros(0, dtype=bool)
     norms = update_norms(updates)
     factors = clip_factors(norms, clip)
+    updates = drop_nonfinite(updates, norms)
     mean = {
         n: torch.tensordot(factors.to(t.dtype), t, dims=1) / divisor for n, t in updates.items()
     }
