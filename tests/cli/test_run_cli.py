@@ -183,12 +183,12 @@ def test_risky_setting_is_one_warning_line_and_json_stays_clean(capsys):
     assert "Traceback" not in cap.err and "UserWarning" not in cap.err
 
 
-def test_pmtl_defaults_are_the_stable_client_message_without_warning(capsys):
+def test_pmtl_defaults_are_the_ditto_message_without_warning(capsys):
     code = main(["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", "--json"])
     cap = capsys.readouterr()
     assert code == 0 and "privmtl: warning" not in cap.err
     out = json.loads(cap.out)
-    assert out["server_update"] == "offset" and out["lam"] == 1.0  # non-private default λ
+    assert out["server_update"] == "ditto" and out["lam"] == 1.0  # non-private default λ
     code = main(
         [
             "pmtl",
@@ -223,3 +223,14 @@ def test_pmtl_clients_per_round_above_population_exits_2(capsys):
     err = capsys.readouterr().err
     assert code == 2 and "clients_per_round" in err and "m=50" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_pmtl_default_finetune_is_auto_and_its_grid_options_exit_2(capsys):
+    base = ["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "2"]
+    assert main([*base, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["finetune"] == "auto" and out["finetune_auto"]["signal"]  # non-private
+    assert out["finetune_auto"]["chosen"] in ("billboard-finetune", "trained")
+    code = main([*base, "--finetune-lrs", "0.1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "finetune_lrs" in err and len(err.strip().splitlines()) == 1

@@ -32,8 +32,10 @@ def test_extra_finetunes_rejects_unknown_variant():
 
 
 def test_global_accuracy_is_reported_for_the_billboard():
-    fedavg = run_pmtl(**{**KW, "epsilon": None}, method="fedavg")
+    fedavg = run_pmtl(**{**KW, "epsilon": None}, method="fedavg", finetune="none")
     assert fedavg["global_test_accuracy"] == fedavg["test_accuracy"]  # its model IS the global one
+    tuned = run_pmtl(**{**KW, "epsilon": None}, method="fedavg")  # finetune="auto"
+    assert tuned["global_test_accuracy"] == tuned["pre_finetune_test_accuracy"]
     pmtl = run_pmtl(**{**KW, "epsilon": None}, method="pmtl")
     assert 0.0 <= pmtl["global_test_accuracy"] <= 1.0
     assert run_pmtl(**KW, method="local")["global_test_accuracy"] is None
@@ -89,4 +91,80 @@ def test_finetune_from_billboard_is_local_training_started_at_the_billboard(tmp_
 )
 def test_finetune_start_bad_input(kwargs, match):
     with pytest.raises(InvalidParameterError, match=match):
+        run_pmtl(**KW, **kwargs)
+
+
+def _auto_kwargs():
+    from privmtl.experiments.pmtl import AUTO_FINETUNE_EPOCHS
+    from privmtl.federated.local import LOCAL_LRS
+
+    return {
+        "finetune": "vanilla",
+        "finetune_start": "billboard",
+        "finetune_epochs": list(AUTO_FINETUNE_EPOCHS),
+        "finetune_lrs": list(LOCAL_LRS),
+        "finetune_select": "pooled",
+    }
+
+
+def test_finetune_auto_is_billboard_finetuning_kept_when_better_on_validation():
+    """Oracle: with signal, the default equals the explicit billboard fine-tuning over the auto
+    grid, kept iff its pooled validation accuracy beats the trained models'."""
+    kw = {**KW, "epsilon": None, "clients_per_round": 10}
+    auto = run_pmtl(**kw)
+    explicit = run_pmtl(**kw, **_auto_kwargs())
+    plain = run_pmtl(**kw, finetune="none")
+    info = auto["finetune_auto"]
+    assert info["signal"] and info["noise_norm"] == 0.0
+    assert info["trained_val_accuracy"] == plain["val_accuracy"]
+    assert info["finetuned_val_accuracy"] == explicit["val_accuracy"]
+    assert explicit["val_accuracy"] > plain["val_accuracy"]  # 3 rounds: fine-tuning must win
+    assert info["chosen"] == "billboard-finetune"
+    assert auto["test_accuracy"] == explicit["test_accuracy"]
+    assert auto["pre_finetune_test_accuracy"] == plain["test_accuracy"]
+    assert auto["finetune_selection"]["grid"] == explicit["finetune_selection"]["grid"]
+    assert any("finetune=auto" in n for n in auto["guarantee"]["notes"])
+
+
+def test_finetune_auto_keeps_the_trained_models_when_they_validate_better(monkeypatch):
+    import privmtl.experiments.pmtl as runner
+
+    real = runner._finetune_from_billboard
+
+    def worse(*args, **kwargs):
+        return {**real(*args, **kwargs), "val_accuracy": -1.0}
+
+    monkeypatch.setattr(runner, "_finetune_from_billboard", worse)
+    kw = {**KW, "epsilon": None, "clients_per_round": 10}
+    auto = run_pmtl(**kw)
+    plain = run_pmtl(**kw, finetune="none")
+    assert auto["finetune_auto"]["chosen"] == "trained"
+    assert auto["test_accuracy"] == plain["test_accuracy"] == auto["pre_finetune_test_accuracy"]
+
+
+@pytest.mark.parametrize("kwargs", [{"noise_std": 1.0, "epsilon": None}, {"method": "local"}])
+def test_finetune_auto_without_signal_keeps_the_trained_models(kwargs):
+    """σ√k > γ (public parameters), or no billboard: no fine-tuning at all."""
+    out = run_pmtl(**{**KW, **kwargs})
+    info = out["finetune_auto"]
+    assert not info["signal"] and info["chosen"] == "trained"
+    assert "finetuned_val_accuracy" not in info and "finetune_selection" not in out
+    assert out["test_accuracy"] == out["pre_finetune_test_accuracy"]
+    if "noise_std" in kwargs:
+        assert info["noise_norm"] > info["clip"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"finetune_lrs": [0.1]},
+        {"finetune_lams": [1.0]},
+        {"finetune_epochs": 3},
+        {"finetune_start": "billboard"},
+        {"finetune_select": "pooled"},
+    ],
+)
+def test_finetune_auto_refuses_its_grid_options(kwargs):
+    (name,) = kwargs
+    with pytest.raises(InvalidParameterError, match=f"finetune='auto'.*'{name}'"):
         run_pmtl(**KW, **kwargs)

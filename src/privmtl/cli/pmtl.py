@@ -22,6 +22,16 @@ from privmtl.privacy.guarantee import RELATIONS
 __all__ = ["pmtl", "pmtl_sweep"]
 
 
+def _finetune_label(out: dict[str, Any]) -> str:
+    auto = out.get("finetune_auto")
+    if auto is not None:
+        if auto["chosen"] == "trained":
+            why = "scored better on validation" if auto["signal"] else "noise norm above the clip"
+            return f"  [trained models kept: {why}]"
+        return "  [after fine-tuning from the billboard (auto)]"
+    return f"  [after {out['finetune']} fine-tuning]" if out.get("finetune") else ""
+
+
 def _human(out: dict[str, Any]) -> None:
     click.echo(
         f"{out['method']} ({out['model']}) on {out['data']}: m={out['num_clients']}, "
@@ -29,8 +39,7 @@ def _human(out: dict[str, Any]) -> None:
     )
     click.echo(
         f"test accuracy (pooled) = {out['test_accuracy']:.4f}; mean client accuracy = "
-        f"{out['mean_client_accuracy']:.4f}"
-        + (f"  [after {out['finetune']} fine-tuning]" if out.get("finetune") else "")
+        f"{out['mean_client_accuracy']:.4f}" + _finetune_label(out)
     )
     click.echo(f"time: {out['seconds']:.1f}s ({out['seconds_per_round']:.3f}s/round)")
     click.echo(f"privacy: {out['summary']}")
@@ -108,7 +117,15 @@ def _human(out: dict[str, Any]) -> None:
 @click.option("--lr", type=float, default=0.1, show_default=True)
 @click.option("--batch-size", type=int, default=10, show_default=True)
 @click.option(
-    "--finetune", type=click.Choice(list(FINETUNE_METHODS)), default="none", show_default=True
+    "--finetune",
+    type=click.Choice(list(FINETUNE_METHODS)),
+    default="auto",
+    show_default=True,
+    help="Local fine-tuning after training. auto: where the billboard carries signal (noise "
+    "norm sigma*sqrt(k) <= clip), every client fine-tunes it for 1, 3 or 10 epochs at step "
+    "0.01, 0.03 or 0.1 (one setting for all, on pooled validation accuracy), and the fine-tuned "
+    "models replace the trained ones if they score better on validation; otherwise the trained "
+    "models are kept. none: no fine-tuning; vanilla/mr/skl/ewc: see --finetune-start.",
 )
 @click.option(
     "--finetune-lrs",
@@ -158,12 +175,13 @@ def _human(out: dict[str, Any]) -> None:
 @click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
 @click.option(
     "--server-update",
-    type=click.Choice(["offset", "delta"]),
-    default="offset",
+    type=click.Choice(["offset", "delta", "ditto"]),
+    default="ditto",
     show_default=True,
     help="Client message: offset = w_k^new - w~ (the authors' code; stable under partial "
-    "participation) or delta = w_k^new - w_k^old (Algorithm 1 as printed; can diverge when "
-    "q < m, and warns).",
+    "participation), delta = w_k^new - w_k^old (Algorithm 1 as printed; can diverge when "
+    "q < m, and warns) or ditto = the change of a copy of w~ trained on the same minibatches "
+    "without the pull (Ditto, Li et al. 2021: FedAvg's billboard; twice the local work).",
 )
 @click.option(
     "--server-optimizer",
@@ -341,11 +359,11 @@ def pmtl(**kw: Any) -> None:
 @click.option("--local-steps", type=int)
 @click.option(
     "--server-update",
-    type=click.Choice(["offset", "delta"]),
+    type=click.Choice(["offset", "delta", "ditto"]),
     default="offset",
     show_default=True,
-    help="PMTL client message: the authors' code's w_new - w~ (stable), or Algorithm 1's "
-    "w_new - w_old as printed.",
+    help="PMTL client message: the authors' code's w_new - w~ (stable), Algorithm 1's "
+    "w_new - w_old as printed, or Ditto's trained copy of w~ minus w~.",
 )
 @click.option(
     "--finetune", type=click.Choice(list(FINETUNE_METHODS)), default="none", show_default=True
