@@ -115,7 +115,7 @@ def test_finetune_auto_is_billboard_finetuning_kept_when_better_on_validation():
     explicit = run_pmtl(**kw, **_auto_kwargs())
     plain = run_pmtl(**kw, finetune="none")
     info = auto["finetune_auto"]
-    assert info["signal"] and info["noise_norm"] == 0.0
+    assert info["signal"] and info["noise_norm"] == 0.0 and info["signal_bound"] == 1.5
     assert info["trained_val_accuracy"] == plain["val_accuracy"]
     assert info["finetuned_val_accuracy"] == explicit["val_accuracy"]
     assert explicit["val_accuracy"] > plain["val_accuracy"]  # 3 rounds: fine-tuning must win
@@ -142,16 +142,25 @@ def test_finetune_auto_keeps_the_trained_models_when_they_validate_better(monkey
     assert auto["test_accuracy"] == plain["test_accuracy"] == auto["pre_finetune_test_accuracy"]
 
 
-@pytest.mark.parametrize("kwargs", [{"noise_std": 1.0, "epsilon": None}, {"method": "local"}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"noise_std": 1.0, "epsilon": None},
+        {"method": "local"},
+        {"epsilon": None, "shared_params": ["linear.bias"]},
+    ],
+)
 def test_finetune_auto_without_signal_keeps_the_trained_models(kwargs):
-    """σ√k > γ (public parameters), or no billboard: no fine-tuning at all."""
+    """σ√(kT) > Tγ (public parameters), no billboard, or a billboard of part of the model only:
+    no fine-tuning at all."""
     out = run_pmtl(**{**KW, **kwargs})
     info = out["finetune_auto"]
     assert not info["signal"] and info["chosen"] == "trained"
     assert "finetuned_val_accuracy" not in info and "finetune_selection" not in out
     assert out["test_accuracy"] == out["pre_finetune_test_accuracy"]
-    if "noise_std" in kwargs:
-        assert info["noise_norm"] > info["clip"]
+    if "noise_std" in kwargs:  # sigma * sqrt(k T) against T * clip, k = 610, T = 3
+        assert info["noise_norm"] == pytest.approx(1.0 * (610 * 3) ** 0.5)
+        assert info["signal_bound"] == pytest.approx(3 * 0.5)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,7 @@ def _finetune_label(out: dict[str, Any]) -> str:
     auto = out.get("finetune_auto")
     if auto is not None:
         if auto["chosen"] == "trained":
-            why = "scored better on validation" if auto["signal"] else "noise norm above the clip"
+            why = "scored better on validation" if auto["signal"] else "no signal in the billboard"
             return f"  [trained models kept: {why}]"
         return "  [after fine-tuning from the billboard (auto)]"
     return f"  [after {out['finetune']} fine-tuning]" if out.get("finetune") else ""
@@ -121,8 +121,9 @@ def _human(out: dict[str, Any]) -> None:
     type=click.Choice(list(FINETUNE_METHODS)),
     default="auto",
     show_default=True,
-    help="Local fine-tuning after training. auto: where the billboard carries signal (noise "
-    "norm sigma*sqrt(k) <= clip), every client fine-tunes it for 1, 3 or 10 epochs at step "
+    help="Local fine-tuning after training. auto: where the billboard is the whole model and "
+    "carries signal (the noise of the T releases, sigma*sqrt(k*T), at most T*clip), every "
+    "client fine-tunes it for 1, 3 or 10 epochs at step "
     "0.01, 0.03 or 0.1 (one setting for all, on pooled validation accuracy), and the fine-tuned "
     "models replace the trained ones if they score better on validation; otherwise the trained "
     "models are kept. none: no fine-tuning; vanilla/mr/skl/ewc: see --finetune-start.",

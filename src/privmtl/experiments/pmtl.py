@@ -49,8 +49,9 @@ FINETUNE_METHODS = ("auto", "none", "vanilla", "mr", "skl", "ewc")
 of :func:`~privmtl.federated.finetune.finetune`'s methods."""
 _FINETUNE_RULES = FINETUNE_METHODS[2:]
 AUTO_FINETUNE_EPOCHS = (1, 3, 10)
-"""``finetune="auto"``: where the billboard carries signal (σ√k ≤ γ, the public rule of
-:func:`~privmtl.federated.protocol.billboard_carries_signal`) every client fine-tunes the released
+"""``finetune="auto"``: where the billboard carries signal (the whole model is shared and the noise
+of the ``T`` releases is at most the most their signal can add up to, σ√(kT) ≤ Tγ: the public
+rule of :func:`~privmtl.federated.protocol.billboard_carries_signal`) every client fine-tunes the released
 model (vanilla) for each of these numbers of epochs and each step size of
 :data:`~privmtl.federated.local.LOCAL_LRS`, one setting for all chosen on the pooled validation
 accuracy (as ``method="local-all"`` chooses); the pooled validation accuracy then keeps the
@@ -735,13 +736,18 @@ def _finetune_auto(
     from privmtl.federated.protocol import billboard_carries_signal
 
     sigma, clip, dim = float(out["noise_std"] or 0.0), out["clip"], int(out["released_dim"] or 0)
+    rounds = int(out.get("rounds_run") or out["rounds"])
     info: dict[str, Any] = {
-        "rule": "every client fine-tunes the billboard when its noise norm sigma*sqrt(k) is at "
-        "most the clip (public parameters); the pooled validation accuracy then keeps the "
-        "fine-tuned or the trained models",
-        "noise_norm": sigma * math.sqrt(dim),
+        "rule": "every client fine-tunes the billboard when the noise of the T releases, "
+        "sigma*sqrt(k*T), is at most T*clip, the most their signal can add up to (public "
+        "parameters), and the whole model is shared; the pooled validation accuracy then keeps "
+        "the fine-tuned or the trained models",
+        "noise_norm": sigma * math.sqrt(dim * rounds),
+        "signal_bound": None if clip is None else rounds * clip,
         "clip": clip,
-        "signal": out["method"] in _AUTO_METHODS and billboard_carries_signal(sigma, clip, dim),
+        "signal": out["method"] in _AUTO_METHODS
+        and out["shared_params"] is None
+        and billboard_carries_signal(sigma, clip, dim, releases=rounds),
         "trained_val_accuracy": out["val_accuracy"],
     }
     keep: dict[str, Any] = {

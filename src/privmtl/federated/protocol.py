@@ -326,19 +326,22 @@ def _stack(params: Params, m: int) -> Params:
     return {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in params.items()}
 
 
-def billboard_carries_signal(noise_std: float, clip: float | None, released_dim: int) -> bool:
-    r"""Whether the billboard is worth starting from (``personal_init="auto"``,
-    ``finetune="auto"``).
+def billboard_carries_signal(
+    noise_std: float, clip: float | None, released_dim: int, releases: int = 1
+) -> bool:
+    r"""Whether the billboard is worth starting from (``personal_init="auto"``: one release;
+    ``finetune="auto"`` of :func:`~privmtl.experiments.pmtl.run_pmtl`: the ``T`` releases of a run).
 
-    True when the norm of the noise added to one release, :math:`\sigma\sqrt k` over the ``k``
-    released coordinates, is at most the clip γ, the largest norm the un-noised mean of clipped
-    messages can have; also without noise or clipping. Otherwise a round's noise can exceed any
-    signal it carries, and a client is better off starting from the initial model. The rule reads
-    only public parameters of the release (σ, γ, k), so it costs no privacy.
+    True when the norm of the noise that ``n = releases`` releases add up to,
+    :math:`\sigma\sqrt{kn}` over the ``k`` released coordinates, is at most :math:`n\gamma`, the
+    largest norm ``n`` un-noised means of messages clipped to γ can add up to; also without noise
+    or clipping. For ``n = 1``: one round's noise at most the clip. Otherwise the noise can exceed
+    any signal the billboard carries, and a client is better off without it. The rule reads only
+    public parameters of the release (σ, γ, k, n), so it costs no privacy.
     """
     if clip is None or noise_std == 0.0:
         return True
-    return bool(noise_std * math.sqrt(released_dim) <= clip)
+    return bool(noise_std * math.sqrt(released_dim * releases) <= releases * clip)
 
 
 def _shared_names(init: Params, shared: tuple[str, ...] | None) -> list[str]:
