@@ -12,16 +12,18 @@ relation, Poisson subsampling, RDP accountant; σ calibrated to ε; noise from t
 its own test split (pooled accuracy over all test examples), including clients that were sampled
 rarely or never.
 
-Every federated run also fine-tunes every client from the released billboard with the grid and
-the selection of ``--method local-all`` (post-processing: the guarantee is unchanged), so one
-training run gives both numbers: the method at its defaults (``pre_finetune_test_accuracy``) and
-after fine-tuning (``test_accuracy``). Each run is the command in the ``command`` field of its
-JSONL row, e.g.::
+Rows carry the CLI defaults they were measured at (``defaults``). At today's defaults
+(``"ditto+auto"``: Ditto's client message, ``--finetune auto``) one training run gives two numbers:
+the trained models (``pre_finetune_test_accuracy``: PMTL's personalized models, FedAvg's global
+model) and the CLI's answer (``test_accuracy``: where the billboard carries signal, every client
+fine-tunes it and the pooled validation accuracy keeps the better). Rows without the field ran at
+the earlier defaults (``"offset+none"``: the offset message, no fine-tuning) with explicit
+fine-tuning from the billboard over ``--method local-all``'s grid (:data:`FINETUNE`) added; their
+table is kept. Each run is the command in the ``command`` field of its JSONL row, e.g.::
 
     privmtl pmtl --data synthetic --num-clients 10000 --model logreg --method pmtl \
-        --clients-per-round 200 --rounds 200 --reproducible-noise --quiet \
-        --finetune vanilla --finetune-start billboard --finetune-epochs 1,3,10,30,100 \
-        --finetune-lrs 0.01,0.03,0.1 --finetune-select pooled --epsilon 1 --seed 0 --json
+        --clients-per-round 200 --rounds 200 --reproducible-noise --quiet --epsilon 1 \
+        --seed 0 --json
 
 Modes::
 
@@ -60,7 +62,17 @@ FINETUNE = [
     "--finetune-epochs", "1,3,10,30,100", "--finetune-lrs", "0.01,0.03,0.1",
     "--finetune-select", "pooled",
 ]  # fmt: skip
-"""Every client fine-tunes from the billboard with local-all's grid and selection."""
+"""Every client fine-tunes from the billboard with local-all's grid and selection (the
+explicit fine-tuning of the rows measured at the earlier defaults)."""
+DEFAULTS = "ditto+auto"
+"""The CLI defaults of new rows: ``--server-update ditto``, ``--finetune auto``."""
+EARLIER = "offset+none"
+"""The earlier CLI defaults (``--server-update offset``, no fine-tuning)."""
+
+
+def defaults_of(row: dict[str, Any]) -> str:
+    """The CLI defaults a row was measured at (rows without the field: the earlier ones)."""
+    return str(row.get("defaults", EARLIER))
 
 
 def feature_law(row: dict[str, Any]) -> str:
@@ -68,8 +80,11 @@ def feature_law(row: dict[str, Any]) -> str:
     return str(row.get("feature_law", "leaf"))
 
 
-def argv_for(method: str, m: int, eps: float | None, rounds: int, q: int) -> list[str]:
-    """The ``privmtl pmtl`` arguments of one run (without --seed and --json)."""
+def argv_for(
+    method: str, m: int, eps: float | None, rounds: int, q: int, defaults: str = DEFAULTS
+) -> list[str]:
+    """The ``privmtl pmtl`` arguments of one run (without --seed and --json); ``EARLIER``
+    spells out the earlier defaults and adds the explicit fine-tuning :data:`FINETUNE`."""
     if method == "local":  # every client trains alone, epochs and lr chosen on validation
         return [
             "--data", "synthetic", "--num-clients", str(m), "--model", "logreg",
@@ -78,8 +93,10 @@ def argv_for(method: str, m: int, eps: float | None, rounds: int, q: int) -> lis
     argv = [
         "--data", "synthetic", "--num-clients", str(m), "--model", "logreg",
         "--method", method, "--clients-per-round", str(min(q, m)), "--rounds", str(rounds),
-        "--reproducible-noise", "--quiet", *FINETUNE,
+        "--reproducible-noise", "--quiet",
     ]  # fmt: skip
+    if defaults == EARLIER:
+        argv += ["--server-update", "offset", *FINETUNE]
     if eps is not None:
         argv += ["--epsilon", f"{eps:g}"]
     return argv
@@ -122,6 +139,8 @@ def _row(out: dict[str, Any]) -> dict[str, Any]:
         "mean_client_accuracy": out["mean_client_accuracy"],
         "pre_finetune_test_accuracy": out.get("pre_finetune_test_accuracy"),
         "finetune_selection": out.get("finetune_selection"),
+        "finetune_auto": out.get("finetune_auto"),
+        "server_update": out.get("server_update"),
         "median_signal_norm": _median(out.get("signal_norm_per_round")),
         "median_noise_norm": _median(out.get("noise_norm_per_round")),
         "global_test_accuracy": out.get("global_test_accuracy"),
@@ -206,7 +225,7 @@ def grid(args: argparse.Namespace) -> None:
                 continue
             if ds is None:
                 ds = grid_dataset(m, cov, spread, tau, seed)
-            argv = argv_for(method, m, eps, args.rounds, args.clients_per_round)
+            argv = argv_for(method, m, eps, args.rounds, args.clients_per_round, EARLIER)
             t0 = time.perf_counter()
             out = _run(argv, seed, dataset=ds)
             row = {
@@ -235,10 +254,12 @@ def grid(args: argparse.Namespace) -> None:
 
 def study(args: argparse.Namespace) -> None:
     variant = args.extra.strip() or None
-    done = {
+    done = {  # local-all does not depend on the federated defaults
         (r["method"], r["m"], r["target_epsilon"], r["seed"])
         for r in load_jsonl(JSONL)
-        if r.get("variant") == variant and feature_law(r) == FEATURE_LAW
+        if r.get("variant") == variant
+        and feature_law(r) == FEATURE_LAW
+        and (defaults_of(r) == DEFAULTS or r["method"] == "local")
     }
     for m in args.ms:
         for seed in args.seeds:
@@ -256,6 +277,7 @@ def study(args: argparse.Namespace) -> None:
                     out = _run(argv, seed)
                     row = {
                         "feature_law": FEATURE_LAW,
+                        "defaults": DEFAULTS,
                         "variant": variant,
                         "method": method,
                         "m": m,
@@ -305,10 +327,19 @@ def _eps_label(method: str, eps: float | None) -> str:
     return f"{eps:g}"
 
 
-#: (label, method, row key) of the study's lines: each federated run is scored at its defaults
-#: and after fine-tuning from the billboard (the same run)
+#: (label, method, row key) of the study's lines at today's defaults: each federated run gives its
+#: trained models and the CLI's answer (fine-tuning auto) from the same training run
 LINES = (
-    ("PMTL (CLI defaults)", "pmtl", "pre_finetune_test_accuracy"),
+    ("PMTL (CLI defaults)", "pmtl", "test_accuracy"),
+    ("PMTL, trained personalized models", "pmtl", "pre_finetune_test_accuracy"),
+    ("private FedAvg (CLI defaults)", "fedavg", "test_accuracy"),
+    ("private FedAvg, its global model", "fedavg", "pre_finetune_test_accuracy"),
+    ("local (every client alone)", "local", "test_accuracy"),
+)
+#: the same for the rows measured at the earlier defaults (offset message, no fine-tuning), each
+#: with explicit fine-tuning from the billboard over local-all's grid
+EARLIER_LINES = (
+    ("PMTL (earlier CLI defaults)", "pmtl", "pre_finetune_test_accuracy"),
     ("PMTL + fine-tuning from the billboard", "pmtl", "test_accuracy"),
     ("private FedAvg (its global model)", "fedavg", "pre_finetune_test_accuracy"),
     ("private FedAvg + fine-tuning", "fedavg", "test_accuracy"),
@@ -316,13 +347,15 @@ LINES = (
 )
 
 
-def _study_table(rows: list[dict[str, Any]], ms: list[int]) -> tuple[list[str], dict[Any, float]]:
+def _study_table(
+    rows: list[dict[str, Any]], ms: list[int], lines: tuple[tuple[str, str, str], ...] = LINES
+) -> tuple[list[str], dict[Any, float]]:
     out = [
         "| method | ε | " + " | ".join(f"m = {m}" for m in ms) + " |",
         "|---|---|" + "---|" * len(ms),
     ]
     table: dict[tuple[str, float | None, int], float] = {}
-    for label, method, key in LINES:
+    for label, method, key in lines:
         for eps in EPSILONS if method != "local" else (None,):
             cells = []
             for m in ms:
@@ -341,6 +374,7 @@ def _unique(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         key = (
             feature_law(r),
+            defaults_of(r),
             r.get("variant"),
             r["method"],
             r["m"],
@@ -353,28 +387,48 @@ def _unique(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _variants_table(variants: list[dict[str, Any]], ms: list[int]) -> list[str]:
+    out = ["| PMTL with | ε | " + " | ".join(f"m = {m}" for m in ms) + " |"]
+    out += ["|---|---|" + "---|" * len(ms)]
+    for v in sorted({r["variant"] for r in variants}):
+        for eps in EPSILONS:
+            cells = []
+            for m in ms:
+                sel = _at(variants, m, eps, variant=v)
+                a, _ = _cell(sel, "pre_finetune_test_accuracy")
+                b, _ = _cell(sel, "test_accuracy")
+                cells.append("—" if a == "—" else f"{a} → {b}")
+            if any(c != "—" for c in cells):
+                out.append(f"| `{v}` | {_eps_label('pmtl', eps)} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _mean(rows: list[dict[str, Any]], key: str = "test_accuracy") -> float:
+    return mean_std(r[key] for r in rows if r.get(key) is not None)[0]
+
+
 def report(args: argparse.Namespace) -> None:
-    allrows = _unique(load_jsonl(JSONL))
-    rows = [r for r in allrows if r.get("variant") is None and feature_law(r) == FEATURE_LAW]
+    allrows = [r for r in _unique(load_jsonl(JSONL)) if feature_law(r) == FEATURE_LAW]
+    local = [r for r in allrows if r["method"] == "local" and r.get("variant") is None]
+    rows = local + [
+        r
+        for r in allrows
+        if r.get("variant") is None and r["method"] != "local" and defaults_of(r) == DEFAULTS
+    ]
+    earlier = local + [
+        r
+        for r in allrows
+        if r.get("variant") is None and r["method"] != "local" and defaults_of(r) == EARLIER
+    ]
     ms = sorted({r["m"] for r in rows})
-    out = ["## Study (pooled test accuracy over every client's test examples)", ""]
+    out = ["## Study at the CLI defaults (pooled test accuracy over every client's test examples)"]
+    out += [""]
     lines, table = _study_table(rows, ms)
     out += lines
-    variants = [r for r in allrows if r.get("variant") and feature_law(r) == FEATURE_LAW]
+    variants = [r for r in allrows if r.get("variant") and defaults_of(r) == DEFAULTS]
     if variants:
-        out += ["", "Options beyond the defaults (at defaults → after fine-tuning):", ""]
-        out += ["| PMTL with | ε | " + " | ".join(f"m = {m}" for m in ms) + " |"]
-        out += ["|---|---|" + "---|" * len(ms)]
-        for v in sorted({r["variant"] for r in variants}):
-            for eps in EPSILONS:
-                cells = []
-                for m in ms:
-                    sel = _at(variants, m, eps, variant=v)
-                    a, _ = _cell(sel, "pre_finetune_test_accuracy")
-                    b, _ = _cell(sel, "test_accuracy")
-                    cells.append("—" if a == "—" else f"{a} → {b}")
-                if any(c != "—" for c in cells):
-                    out.append(f"| `{v}` | {_eps_label('pmtl', eps)} | " + " | ".join(cells) + " |")
+        out += ["", "Options beyond the defaults (trained models → CLI answer):", ""]
+        out += _variants_table(variants, ms)
     out += ["", "Privacy statement of every row (from its JSON):", ""]
     seen = set()
     for r in rows:
@@ -383,31 +437,60 @@ def report(args: argparse.Namespace) -> None:
             out.append(f"* m = {r['m']}, {r['method']}: {r['summary']}")
     m_top = max(ms) if ms else None
     if m_top is not None:
-        pm = table.get(("PMTL (CLI defaults)", 1.0, m_top), math.nan)
-        pn = table.get(("PMTL (CLI defaults)", None, m_top), math.nan)
-        pf = table.get(("PMTL + fine-tuning from the billboard", 1.0, m_top), math.nan)
-        pfn = table.get(("PMTL + fine-tuning from the billboard", None, m_top), math.nan)
         lo = table.get(("local (every client alone)", None, m_top), math.nan)
         out += ["", f"## Acceptance numbers at m = {m_top}", ""]
-        out += ["| | PMTL ε = 1 | non-private PMTL | local | ε=1 − non-private | ε=1 − local |"]
+        out += ["| PMTL | ε = 1 | non-private | local | ε=1 − non-private | ε=1 − local |"]
         out += ["|---|---|---|---|---|---|"]
-        dv = "--server-update delta"
-        delta = {
-            eps: mean_std(r["test_accuracy"] for r in _at(variants, m_top, eps, variant=dv))[0]
-            for eps in (1.0, None)
-        }
+        old = [r for r in earlier if r["m"] == m_top]
+        dv = [r for r in allrows if r.get("variant") == "--server-update delta"]
         for name, a, b in (
-            ("at CLI defaults", pm, pn),
-            ("+ fine-tuning", pf, pfn),
-            (f"`{dv}` + fine-tuning", delta[1.0], delta[None]),
+            (
+                "CLI defaults (Ditto message, fine-tuning auto)",
+                table.get(("PMTL (CLI defaults)", 1.0, m_top), math.nan),
+                table.get(("PMTL (CLI defaults)", None, m_top), math.nan),
+            ),
+            (
+                "trained personalized models (no fine-tuning)",
+                table.get(("PMTL, trained personalized models", 1.0, m_top), math.nan),
+                table.get(("PMTL, trained personalized models", None, m_top), math.nan),
+            ),
+            (
+                "earlier CLI defaults (offset message, no fine-tuning)",
+                _mean(_at(old, m_top, 1.0, "pmtl"), "pre_finetune_test_accuracy"),
+                _mean(_at(old, m_top, None, "pmtl"), "pre_finetune_test_accuracy"),
+            ),
+            (
+                "`--server-update delta` + fine-tuning (local-all's grid)",
+                _mean(_at(dv, m_top, 1.0)),
+                _mean(_at(dv, m_top, None)),
+            ),
         ):
             out.append(
                 f"| {name} | {a:.3f} | {b:.3f} | {lo:.3f} | {100 * (a - b):+.1f} points | "
                 f"{100 * (a - lo):+.1f} points |"
             )
+    if earlier:
+        ems = sorted({r["m"] for r in earlier})
+        out += ["", "## At the earlier CLI defaults (offset message, no fine-tuning)", ""]
+        out += [
+            "Each run also fine-tuned every client from the billboard with `--method "
+            "local-all`'s grid (`--finetune vanilla --finetune-start billboard --finetune-epochs "
+            "1,3,10,30,100 --finetune-lrs 0.01,0.03,0.1 --finetune-select pooled`).",
+            "",
+        ]
+        out += _study_table(earlier, ems, EARLIER_LINES)[0]
+        old_variants = [r for r in allrows if r.get("variant") and defaults_of(r) == EARLIER]
+        if old_variants:
+            out += ["", "Options (at those defaults → after that fine-tuning):", ""]
+            out += _variants_table(old_variants, ems)
     grid_rows = [r for r in load_jsonl(GRID_JSONL) if r.get("feature_cov") is not None]
     if grid_rows:
-        out += ["", "## Grid at m = 1000 (seed 0; ε = 1; at defaults → after fine-tuning)", ""]
+        out += [
+            "",
+            "## Grid at m = 1000 (seed 0; ε = 1; earlier CLI defaults → after fine-tuning from the "
+            "billboard over local-all's grid)",
+            "",
+        ]
         out += [
             "| features | client-mean spread | τ | majority class | local | PMTL | FedAvg |"
             " PMTL+ft − local | FedAvg+ft − local |",
@@ -474,19 +557,19 @@ def report(args: argparse.Namespace) -> None:
 
     fig, ax = plt.subplots(figsize=(6.2, 4.0))
     for label, eps, style in (
-        ("PMTL + fine-tuning from the billboard", 1.0, "o-"),
-        ("PMTL (CLI defaults)", 1.0, "o--"),
+        ("PMTL (CLI defaults)", 1.0, "o-"),
         ("PMTL (CLI defaults)", None, "o:"),
-        ("private FedAvg + fine-tuning", 1.0, "s-"),
-        ("private FedAvg (its global model)", 1.0, "s--"),
+        ("PMTL, trained personalized models", 1.0, "o--"),
+        ("private FedAvg (CLI defaults)", 1.0, "s-"),
+        ("private FedAvg, its global model", 1.0, "s--"),
         ("local (every client alone)", None, "^-"),
     ):
         ys = [table.get((label, eps, m), math.nan) for m in ms]
         name = label if label.startswith("local") else f"{label}, ε={'∞' if eps is None else 1}"
-        ax.plot(ms, ys, style, label=name)
-    dv = "--server-update delta"
-    ys = [mean_std(r["test_accuracy"] for r in _at(variants, m, 1.0, variant=dv))[0] for m in ms]
-    ax.plot(ms, ys, "D-", label="PMTL --server-update delta + fine-tuning, ε=1")
+        wide = {"lw": 5, "alpha": 0.45} if (label, eps) == ("PMTL (CLI defaults)", 1.0) else {}
+        ax.plot(ms, ys, style, label=name, **wide)  # FedAvg's line runs inside PMTL's at m >= 1000
+    ys = [_mean(_at(earlier, m, 1.0, "pmtl"), "pre_finetune_test_accuracy") for m in ms]
+    ax.plot(ms, ys, "x--", color="gray", label="PMTL at the earlier defaults (offset), ε=1")
     ax.set_xscale("log")
     ax.set_xlabel("number of clients m")
     ax.set_ylabel("test accuracy (all clients, pooled)")
@@ -516,6 +599,7 @@ def speed(args: argparse.Namespace) -> None:
         noise_std=0.01,
         noise_source="seeded",
         progress=False,
+        server_update=args.server_update,
     )
     tr = Trainer(ds, net, cfg)
     recs = [r.record for r in tr]
@@ -528,6 +612,7 @@ def speed(args: argparse.Namespace) -> None:
     out = {
         "m": args.m,
         "method": args.method,
+        "server_update": args.server_update,
         "clients_per_round": args.clients_per_round,
         "rounds_timed": len(walls),
         "median_seconds_per_round": walls[len(walls) // 2],
@@ -571,6 +656,7 @@ def main() -> None:
     p.add_argument("--method", default="pmtl")
     p.add_argument("--clients-per-round", type=int, default=100)
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--server-update", default="offset", choices=["offset", "delta", "ditto"])
     p.add_argument("--json")
     args = ap.parse_args()
     {"study": study, "grid": grid, "report": report, "speed": speed}[args.mode](args)
