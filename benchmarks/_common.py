@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
+import subprocess
+import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -43,3 +47,17 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
+
+
+def run_privmtl(args: list[str], what: str) -> tuple[dict[str, Any], float]:
+    """``privmtl *args`` (which must print one JSON object) in a subprocess with one thread.
+
+    Returns the JSON and the wall seconds; a failed run raises naming ``what``.
+    """
+    cmd = [sys.executable, "-c", "import sys; from privmtl.cli import main; sys.exit(main())"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout), time.perf_counter() - t0

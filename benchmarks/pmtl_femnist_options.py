@@ -28,16 +28,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from _common import RESULTS, append_jsonl, load_jsonl, machine_info, markdown_table, mean_std
+from _common import (
+    RESULTS,
+    append_jsonl,
+    load_jsonl,
+    machine_info,
+    markdown_table,
+    mean_std,
+    run_privmtl,
+)
 
 LOG = RESULTS / "pmtl_femnist_options.jsonl"
 
@@ -155,18 +160,13 @@ CONFIGS.update(
     {
         "ditto-lam0.001": ("Ditto message", _ditto(100, 0.5, 0.001)),
         "ditto-conv1-lam1": ("Ditto message", _ditto(100, 0.5, 1.0, *C1)),
-        "ditto-conv1-lam1-T50E2": (
-            "Ditto message",
-            _ditto(50, 0.5, 1.0, *C1, "--local-epochs", "2"),
-        ),
-        "ditto-conv1-lam0.3-T50E2": (
-            "Ditto message",
-            _ditto(50, 0.5, 0.3, *C1, "--local-epochs", "2"),
-        ),
-        "ditto-conv1-lam3-T50E2": (
-            "Ditto message",
-            _ditto(50, 0.5, 3.0, *C1, "--local-epochs", "2"),
-        ),
+        **{
+            f"ditto-conv1-lam{lam:g}-T50E2": (
+                "Ditto message",
+                _ditto(50, 0.5, lam, *C1, "--local-epochs", "2"),
+            )
+            for lam in (1.0, 0.3, 3.0)
+        },
         "ditto-conv1-lam1-T30E3": (
             "Ditto message",
             _ditto(30, 0.5, 1.0, *C1, "--local-epochs", "3"),
@@ -320,16 +320,10 @@ def _key(name: str, seed: int) -> str:
 def run_one(name: str, seed: int, data_path: str | None) -> dict[str, Any]:
     """One ``privmtl pmtl`` run in a subprocess with one torch thread; its logged row."""
     technique, argv = CONFIGS[name]
-    cmd = [sys.executable, "-c", "import sys; from privmtl.cli import main; sys.exit(main())"]
-    cmd += ["pmtl", *argv, "--seed", str(seed), "--json", "--threads", "1"]
+    args = ["pmtl", *argv, "--seed", str(seed), "--json", "--threads", "1"]
     if data_path is not None:
-        cmd += ["--data-path", data_path]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} seed {seed} failed: {proc.stderr[-2000:]}")
-    out = json.loads(proc.stdout)
+        args += ["--data-path", data_path]
+    out, seconds = run_privmtl(args, f"{name} seed {seed}")
     sig = [v for v in out.get("signal_norm_per_round", []) if v is not None]
     full = out.get("full_signal_norm_per_round")
     ratio = None
@@ -342,7 +336,7 @@ def run_one(name: str, seed: int, data_path: str | None) -> dict[str, Any]:
         "technique": technique,
         "seed": seed,
         "argv": argv,
-        "wall_seconds": time.perf_counter() - t0,
+        "wall_seconds": seconds,
         "signal_norm_mean": float(np.mean(sig)) if sig else None,
         "noise_norm_mean": float(np.mean(noi)) if noi else None,
         "subspace_ratio": ratio,
