@@ -27,6 +27,7 @@ from privmtl.privacy.delta import check_delta, user_data_delta
 from privmtl.privacy.release import noise_multiplier
 
 __all__ = [
+    "AUTO_FINETUNE_EPOCHS",
     "FINETUNE_METHODS",
     "FINETUNE_STARTS",
     "FL_DATASETS",
@@ -45,14 +46,14 @@ FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
 FL_METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "local-all")
 FINETUNE_METHODS = ("auto", "none", "vanilla", "mr", "skl", "ewc")
-"""Local fine-tuning after training: ``auto`` (the default, :data:`AUTO_FINETUNE`), none, or one
-of :func:`~privmtl.federated.finetune.finetune`'s methods."""
+"""Local fine-tuning after training: ``auto`` (the default, :data:`AUTO_FINETUNE_EPOCHS`), none,
+or one of :func:`~privmtl.federated.finetune.finetune`'s methods."""
 _FINETUNE_RULES = FINETUNE_METHODS[2:]
 AUTO_FINETUNE_EPOCHS = (1, 3, 10)
 """``finetune="auto"``: where the billboard carries signal (the whole model is shared and the noise
-of the ``T`` releases is at most the most their signal can add up to, σ√(kT) ≤ Tγ: the public
-rule of :func:`~privmtl.federated.protocol.billboard_carries_signal`) every client fine-tunes the released
-model (vanilla) for each of these numbers of epochs and each step size of
+of the ``T`` releases is at most the most their signal can add up to, σ√(kT) ≤ Tγ: the public rule
+of :func:`~privmtl.federated.protocol.billboard_carries_signal`) every client fine-tunes the
+released model (vanilla) for each of these numbers of epochs and each step size of
 :data:`~privmtl.federated.local.LOCAL_LRS`, one setting for all chosen on the pooled validation
 accuracy (as ``method="local-all"`` chooses); the pooled validation accuracy then keeps the
 fine-tuned or the trained models. Elsewhere, and for methods other than pmtl/fedavg/fedprox, the

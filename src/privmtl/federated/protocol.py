@@ -27,6 +27,10 @@ pp-sgd        (w̃, its own θ)      SplitStep(α, μ)       u − w̃          
 workshop      its own model       ProxStep(λ, w̃, B)     w (the model)       release
 ============  ==================  ====================  ==================  ===============
 
+``pmtl``'s message is Δw (``server_update="delta"``), w − w̃ (``"offset"``) or, with ``"ditto"``,
+v − w̃ for a copy v of w̃ trained on the same minibatches with ProxStep(0) (FedAvg's message; the
+personalized model w is kept and never sent).
+
 Randomness (seeded mode reproduces a run bit for bit, and a resumed run equals the uninterrupted
 one): client sampling from ``numpy.random.default_rng([seed, 0])``, client ``k``'s minibatches of
 round ``t`` from ``default_rng([seed, 1, t, k])``, server noise from
