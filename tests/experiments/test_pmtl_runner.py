@@ -17,7 +17,7 @@ KW = {
 
 def test_extra_finetunes_score_the_same_run_as_finetune():
     """Each variant in extra_finetunes equals a separate --finetune run with the same seed."""
-    both = run_pmtl(**KW, extra_finetunes=["vanilla", "mr"])
+    both = run_pmtl(**KW, finetune="none", extra_finetunes=["vanilla", "mr"])
     alone = run_pmtl(**KW, finetune="mr")
     assert set(both["finetune_results"]) == {"vanilla", "mr"}
     assert both["finetune_results"]["mr"]["test_accuracy"] == alone["test_accuracy"]
