@@ -13,10 +13,11 @@ sampling). Resumable: finished (group, method, seed) rows of the current default
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
 from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, run_privmtl
+
+from privmtl.federated.protocol import billboard_noise_and_bound
 
 LOG = RESULTS / "pmtl_defaults.jsonl"
 DEFAULTS = "ditto+auto"
@@ -78,9 +79,11 @@ def report() -> str:
                 r["seed"],
                 r["server_update"] if r["method"] == "pmtl" else "–",
                 r["lam"] if r["method"] == "pmtl" else "–",
-                # the finetune-auto rule: noise of the T releases against T * clip
-                f"{(r['noise_std'] or 0.0) * math.sqrt(r['released_dim'] * r['rounds']):.3g} / "
-                f"{r['rounds'] * r['clip']:g}",
+                "{:.3g} / {:g}".format(  # the finetune-auto rule: noise of the T releases vs Tγ
+                    *billboard_noise_and_bound(
+                        r["noise_std"] or 0.0, r["clip"], r["released_dim"], r["rounds"]
+                    )
+                ),
                 auto.get("chosen", "–"),
                 f"{r['pre_finetune_test_accuracy']:.4f}",
                 f"**{r['test_accuracy']:.4f}**",

@@ -734,17 +734,18 @@ def _finetune_auto(
     """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): fine-tune from the billboard where it carries
     signal, and keep what scores better on the pooled validation accuracy."""
     from privmtl.federated.local import LOCAL_LRS
-    from privmtl.federated.protocol import billboard_carries_signal
+    from privmtl.federated.protocol import billboard_carries_signal, billboard_noise_and_bound
 
     sigma, clip, dim = float(out["noise_std"] or 0.0), out["clip"], int(out["released_dim"] or 0)
     rounds = int(out.get("rounds_run") or out["rounds"])
+    noise, bound = billboard_noise_and_bound(sigma, clip, dim, rounds)
     info: dict[str, Any] = {
         "rule": "every client fine-tunes the billboard when the noise of the T releases, "
         "sigma*sqrt(k*T), is at most T*clip, the most their signal can add up to (public "
         "parameters), and the whole model is shared; the pooled validation accuracy then keeps "
         "the fine-tuned or the trained models",
-        "noise_norm": sigma * math.sqrt(dim * rounds),
-        "signal_bound": None if clip is None else rounds * clip,
+        "noise_norm": noise,
+        "signal_bound": bound,
         "clip": clip,
         "signal": out["method"] in _AUTO_METHODS
         and out["shared_params"] is None

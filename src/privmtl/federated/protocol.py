@@ -92,6 +92,7 @@ __all__ = [
     "RoundRecord",
     "Trainer",
     "billboard_carries_signal",
+    "billboard_noise_and_bound",
     "method_spec",
 ]
 
@@ -343,9 +344,17 @@ def billboard_carries_signal(
     any signal the billboard carries, and a client is better off without it. The rule reads only
     public parameters of the release (σ, γ, k, n), so it costs no privacy.
     """
-    if clip is None or noise_std == 0.0:
-        return True
-    return bool(noise_std * math.sqrt(released_dim * releases) <= releases * clip)
+    noise, bound = billboard_noise_and_bound(noise_std, clip, released_dim, releases)
+    return bound is None or noise == 0.0 or noise <= bound
+
+
+def billboard_noise_and_bound(
+    noise_std: float, clip: float | None, released_dim: int, releases: int = 1
+) -> tuple[float, float | None]:
+    r"""The two sides of :func:`billboard_carries_signal`: the norm :math:`\sigma\sqrt{kn}` of the
+    noise ``n`` releases of ``k`` coordinates add up to, and :math:`n\gamma` (None without clip)."""
+    noise = noise_std * math.sqrt(released_dim * releases)
+    return noise, None if clip is None else releases * clip
 
 
 def _shared_names(init: Params, shared: tuple[str, ...] | None) -> list[str]:

@@ -73,7 +73,7 @@ import numpy as np
 import torch
 
 from privmtl.exceptions import InvalidParameterError, PrivmtlError
-from privmtl.privacy.release import clip_factors, update_norms
+from privmtl.privacy.release import clip_factors, drop_nonfinite, update_norms
 
 __all__ = [
     "SECAGG_DEFAULTS",
@@ -264,15 +264,14 @@ def quantize_clients(
     """
     if not names or next(iter(messages.values())).shape[0] == 0:
         return np.zeros(params.dim, dtype=np.int64)
-    flat = _flatten(messages, names)
+    norms = update_norms({n: messages[n] for n in names})
+    flat = _flatten(drop_nonfinite(messages, norms), names)
     if flat.shape[1] != params.dim:
         raise InvalidParameterError(
             f"The messages have {flat.shape[1]} coordinates; the SecAgg+ round expects "
             f"{params.dim}."
         )
-    norms = update_norms({n: messages[n] for n in names})
     factors = clip_factors(norms, params.client_clip)
-    flat = torch.where(torch.isfinite(norms).unsqueeze(1), flat, torch.zeros_like(flat))
     clipped = (flat * factors.double().unsqueeze(1)).numpy()
     c = params.clipping_range
     scaled = (np.clip(clipped, -c, c) + c) * (params.quantization_range / (2.0 * c))
