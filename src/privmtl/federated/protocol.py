@@ -887,7 +887,9 @@ class Trainer:
                 if rec is None:
                     break
                 self._train_seconds += time.perf_counter() - t0
-                bar.update(1, loss=f"{rec.record['train_loss']:.3f}", eps=f"{rec.epsilon:.3g}")
+                # only released quantities on the progress line: the training loss of the sampled
+                # clients is a curator diagnostic (``run_pmtl(diagnostics=True)``)
+                bar.update(1, eps=f"{rec.epsilon:.3g}")
                 yield rec
         finally:
             bar.close()
