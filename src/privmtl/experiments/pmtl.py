@@ -470,7 +470,7 @@ def run_pmtl(
         from privmtl.federated.engine import train
 
         result = train(ds, net, config, **run)
-    out, guarantee = _result_dict(
+    out, guarantee = _result_parts(
         result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
     )
     out["data_seconds"] = load_seconds
@@ -647,6 +647,19 @@ def evaluate_saved(
 
 
 def _result_dict(
+    result: Any, *, method: str, model: str, data: str, sigma: float, q: int, m: int
+) -> dict[str, Any]:
+    """The JSON result of a trained run (without fine-tuning), its guarantee included."""
+    out, guarantee = _result_parts(
+        result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
+    )
+    out["guarantee"] = guarantee.to_dict()
+    out["covered"] = guarantee.covered
+    out["summary"] = guarantee.describe()
+    return out
+
+
+def _result_parts(
     result: Any, *, method: str, model: str, data: str, sigma: float, q: int, m: int
 ) -> tuple[dict[str, Any], PrivacyGuarantee]:
     """The run's JSON result and its guarantee (the caller adds notes and what is not covered,

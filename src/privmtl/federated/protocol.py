@@ -400,8 +400,8 @@ class Trainer:
     sampler : ClientSampler, optional
         Default ``make_sampler(config.sampling, m, q)``.
     ledger : PrivacyLedger, optional
-        Default: a new ledger (``config.accountant``, ``config.relation``, δ = ``config.delta``
-        or ``1/m``), durable at ``checkpoint_dir/ledger.jsonl`` when a checkpoint directory is
+        Default: a new ledger (``config.accountant``, ``config.relation``, δ =
+        ``config.delta_for(m)``), durable at ``checkpoint_dir/ledger.jsonl`` when a checkpoint directory is
         given.
     checkpoint_dir : path, optional
         Where the run's state is saved atomically every ``checkpoint_every`` rounds and at the end.
