@@ -863,7 +863,7 @@ def _finetune_auto(
     )
     m = ds.n_clients
     buffers = {n: b.detach() for n, b in net.named_buffers()}
-    kw = {"batch_size": batch_size, "seed": seed, "select": "client"}
+    kw: dict[str, Any] = {"batch_size": batch_size, "seed": seed, "select": "client"}
     names: list[str] = []
     grids: dict[str, list[list[float]]] = {}
 
