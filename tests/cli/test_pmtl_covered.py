@@ -78,6 +78,8 @@ def test_local_all_models_do_not_depend_on_another_clients_labels(tmp_path, caps
     for n in a:
         assert torch.equal(a[n][others], b[n][others])
     assert any(not torch.equal(a[n][k], b[n][k]) for n in a)  # the changed client did change
+    assert main(["evaluate", "--models", str(tmp_path / "a"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["covered"] is True
 
 
 def test_pooled_local_selection_is_opt_in_and_not_covered(tmp_path, capsys):

@@ -116,11 +116,16 @@ def _val_loss(ds, k, params):
 def test_finetune_auto_is_each_clients_choice_on_its_own_validation(tmp_path, epsilon):
     """Oracle: every client keeps, of (billboard fine-tuned over the auto grid, its local-all
     model, its trained model), the one with the lowest loss on ITS validation split, ties to the
-    first; each candidate comes from the explicit run that produces it."""
+    first, the billboard less AUTO_BILLBOARD_MARGIN per validation example; each candidate comes
+    from the explicit run that produces it."""
     import torch
 
     from privmtl.data.federated import make_synthetic_federated
-    from privmtl.experiments.pmtl import AUTO_FINETUNE_EPOCHS, AUTO_FINETUNE_LRS
+    from privmtl.experiments.pmtl import (
+        AUTO_BILLBOARD_MARGIN,
+        AUTO_FINETUNE_EPOCHS,
+        AUTO_FINETUNE_LRS,
+    )
 
     ds = make_synthetic_federated(n_clients=30, random_state=4)
     kw = {**KW, "epsilon": epsilon, "clients_per_round": 10, "dataset": ds}
@@ -146,8 +151,11 @@ def test_finetune_auto_is_each_clients_choice_on_its_own_validation(tmp_path, ep
         cands[name] = _saved(tmp_path / name)
     got = _saved(tmp_path / "auto")
     counts = dict.fromkeys(info["order"], 0)
+    margin = AUTO_BILLBOARD_MARGIN if info["signal"] else 0.0
+    assert info["billboard_margin"] == margin
     for k in range(ds.n_clients):
         losses = [_val_loss(ds, k, cands[n]) for n in info["order"]]
+        losses[0] -= margin * len(ds.val_y[k])
         pick = info["order"][min(range(len(losses)), key=lambda i: (losses[i], i))]
         counts[pick] += 1
         for n in got:

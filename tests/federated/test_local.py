@@ -175,3 +175,22 @@ def test_select_per_client_keeps_each_clients_lowest_validation_loss(ds: Federat
             assert torch.equal(chosen[n][k], cands[choice[k]][n][k])
         if not ds.val_y[k].numel():  # no validation data: the first candidate (public order)
             assert choice[k] == 0
+
+
+def test_first_margin_keeps_the_first_candidate_unless_clearly_beaten(ds: FederatedDataset) -> None:
+    net = MultinomialLogReg(D, C)
+    cands = [
+        train_local(ds, net, epochs=(e,), lrs=(lr,), batch_size=B, seed=SEED).personalized_params
+        for e, lr in [(1, 0.05), (3, 0.3)]
+    ]
+    _, plain, _ = select_per_client(iter(cands), net, {}, ds.val_x, ds.val_y)
+    _, sticky, _ = select_per_client(iter(cands), net, {}, ds.val_x, ds.val_y, first_margin=1.0)
+    for k in range(ds.n_clients):
+        first, second = (_val_loss(ds, k, {n: p[k] for n, p in c.items()}) for c in cands)
+        n = len(ds.val_y[k])
+        assert plain[k] == int(second < first - 1e-6) or abs(second - first) < 1e-4
+        if abs(second - (first - n)) > 1e-4:
+            assert sticky[k] == int(second < first - n)
+    assert (sticky <= plain).all() and sticky.sum() < plain.sum()  # the margin changed a choice
+    with pytest.raises(InvalidParameterError, match="first_margin"):
+        select_per_client(iter(cands), net, {}, ds.val_x, ds.val_y, first_margin=-1.0)

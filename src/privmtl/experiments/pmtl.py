@@ -36,6 +36,7 @@ from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
 from privmtl.privacy.release import noise_multiplier
 
 __all__ = [
+    "AUTO_BILLBOARD_MARGIN",
     "AUTO_CANDIDATES",
     "AUTO_FINETUNE_EPOCHS",
     "AUTO_FINETUNE_LRS",
@@ -72,11 +73,18 @@ whole model is shared and the public rule of
 :func:`~privmtl.federated.protocol.billboard_carries_signal` holds for the ``T`` releases), its
 own local training from the initial model (:func:`~privmtl.federated.local.train_local`'s default
 grid: what ``method="local-all"`` gives), and the trained model (its personalized model, or the
-billboard for methods without one). Post-processing of the releases: the guarantee is unchanged."""
+billboard for methods without one); the fine-tuned billboard is kept unless another candidate
+validates better by :data:`AUTO_BILLBOARD_MARGIN`. Post-processing of the releases: the guarantee
+is unchanged."""
 AUTO_FINETUNE_LRS = (0.1, 0.01)
 """``finetune="auto"``: step sizes of fine-tuning the billboard (:data:`AUTO_FINETUNE_EPOCHS`)."""
 AUTO_CANDIDATES = ("billboard-finetune", "local", "trained")
 """``finetune="auto"``: the candidates of every client's choice, in the public tie-break order."""
+AUTO_BILLBOARD_MARGIN = 0.5
+"""``finetune="auto"``: a client leaves the fine-tuned billboard (which carries every client's
+signal through the releases) for another candidate only if that one's validation loss is lower by
+more than this many nats per validation example: one or two validation examples are weak
+evidence. A public constant (the same for every run), measured on the synthetic populations."""
 _AUTO_METHODS = ("pmtl", "fedavg", "fedprox")
 FINETUNE_STARTS = ("auto", "billboard")
 """Where fine-tuning starts: the personalized models when the method has them, else the released
@@ -636,6 +644,8 @@ def evaluate_saved(
         "mean_client_accuracy": acc["mean_client_accuracy"],
         "n_test": acc["n"],
         "noise_source": meta.get("run", {}).get("noise_source"),
+        # models saved before the guarantee carried "covered" say None (unknown)
+        "covered": (meta.get("guarantee") or {}).get("covered"),
         "guarantee": meta.get("guarantee"),
         "summary": meta.get("summary"),
     }
@@ -888,7 +898,10 @@ def _finetune_auto(
             yield {n: p.unsqueeze(0).expand((m, *p.shape)) for n, p in result.global_params.items()}
 
     val_x, val_y = ds.split("val")
-    chosen, choice, _ = select_per_client(candidates(), net, buffers, val_x, val_y)
+    margin = AUTO_BILLBOARD_MARGIN if signal else 0.0
+    chosen, choice, _ = select_per_client(
+        candidates(), net, buffers, val_x, val_y, first_margin=margin
+    )
     counts = np.bincount(choice, minlength=len(names))
     acc = {}
     for split in ("val", "test"):
@@ -898,9 +911,12 @@ def _finetune_auto(
         "select": "client",
         "rule": "every client keeps, among its candidates, the one with the lowest cross-entropy "
         "on its own validation split (ties, e.g. no validation data: the first in 'order'); the "
-        "billboard candidate exists where the whole model is shared and the noise of the T "
-        "releases, sigma*sqrt(k*T), is at most T*clip (public parameters)",
+        "fine-tuned billboard is left only for a loss lower by more than 'billboard_margin' "
+        "nats per validation example; the billboard candidate exists where the whole model is "
+        "shared and the noise of the T releases, sigma*sqrt(k*T), is at most T*clip (public "
+        "parameters)",
         "order": names,
+        "billboard_margin": margin,
         "clients_per_candidate": {name: int(counts[i]) for i, name in enumerate(names)},
         **grids,
         "signal": bool(signal),

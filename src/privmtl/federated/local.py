@@ -88,13 +88,18 @@ def select_per_client(
     buffers: Params,
     val_x: list[torch.Tensor],
     val_y: list[torch.Tensor],
+    *,
+    first_margin: float = 0.0,
 ) -> tuple[Params, np.ndarray, np.ndarray]:
     """Each client's best of stacked candidate models on its own validation split.
 
     ``candidates`` yields stacked models ``(m, ...)`` in the public order of the tie-break
     (:func:`client_better`); they are consumed one at a time, so only the best so far and the
     current candidate are held. Client ``k``'s choice reads nothing but its own slice of each
-    candidate and its own validation data.
+    candidate and its own validation data. ``first_margin`` (nats per validation example, >= 0)
+    is a public preference for the first candidate: a later one replaces it only if its
+    validation loss is lower by more than ``first_margin * n_k`` (``n_k`` the client's validation
+    examples); later candidates compete with each other on their plain losses.
 
     Returns
     -------
@@ -103,13 +108,18 @@ def select_per_client(
     choice : ndarray of int
         Index of the chosen candidate per client.
     loss : ndarray of float
-        Summed validation cross-entropy of the chosen model per client.
+        Summed validation cross-entropy of the chosen model per client (for the first candidate:
+        less ``first_margin * n_k``).
     """
+    first_margin = check_real("first_margin", first_margin, low=0.0)
+    n_val = np.array([int(y.shape[0]) for y in val_y], dtype=float)
     chosen: Params = {}
     choice = np.zeros(len(val_y), dtype=np.int64)
     best = np.full(len(val_y), np.inf)
     for g, params in enumerate(candidates):
         _, loss = client_scores(model, params, buffers, val_x, val_y)
+        if g == 0:
+            loss = loss - first_margin * n_val
         better = client_better(loss, best)
         if g == 0:
             chosen = {n: p.clone() for n, p in params.items()}
