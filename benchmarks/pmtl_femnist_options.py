@@ -54,7 +54,9 @@ COMMON = [
     "--finetune", "vanilla", "--finetune-lrs", "0.01,0.1", "--finetune-lams", "0.01,1.0",
     "--reproducible-noise", "--quiet",
 ]  # fmt: skip
-PMTL = ["--method", "pmtl", "--epsilon", "1", "--server-update", "offset", "--lr", "0.1"]
+PMTL = [
+    "--method", "pmtl", "--epsilon", "1", "--paper-delta", "--server-update", "offset", "--lr", "0.1",
+]  # fmt: skip
 
 
 def _pmtl(rounds: int = 100, clip: float = 0.5, lam: float = 0.001, *extra: str) -> list[str]:
@@ -84,7 +86,17 @@ ADAM = ("--server-optimizer", "adam", "--server-lr", "0.001", "--server-momentum
 CONFIGS: dict[str, tuple[str, list[str]]] = {
     "local": (
         "local",
-        [*COMMON[:4], "--method", "local", "--rounds", "100", "--lr", "0.1", *COMMON[4:]],
+        [
+            *COMMON[:4],
+            "--method",
+            "local",
+            "--paper-delta",
+            "--rounds",
+            "100",
+            "--lr",
+            "0.1",
+            *COMMON[4:],
+        ],
     ),
     "base-lam0.001": ("baseline PMTL", _pmtl(lam=0.001)),
     "base-lam0.1": ("baseline PMTL", _pmtl(lam=0.1)),
@@ -330,16 +342,18 @@ def _key(name: str, seed: int) -> str:
 def run_one(name: str, seed: int, data_path: str | None) -> dict[str, Any]:
     """One ``privmtl pmtl`` run in a subprocess with one torch thread; its logged row."""
     technique, argv = CONFIGS[name]
-    args = ["pmtl", *argv, "--seed", str(seed), "--json", "--threads", "1"]
+    # --diagnostics: the rows report the curator's signal and noise norms (not covered)
+    args = ["pmtl", *argv, "--seed", str(seed), "--json", "--threads", "1", "--diagnostics"]
     if data_path is not None:
         args += ["--data-path", data_path]
     out, seconds = run_privmtl(args, f"{name} seed {seed}")
-    sig = [v for v in out.get("signal_norm_per_round", []) if v is not None]
-    full = out.get("full_signal_norm_per_round")
+    diag = out.get("curator_diagnostics") or out  # rows logged before curator_diagnostics
+    sig = [v for v in diag.get("signal_norm_per_round", []) if v is not None]
+    full = diag.get("full_signal_norm_per_round")
     ratio = None
     if full:
         ratio = float(np.mean([a / b for a, b in zip(sig, full, strict=True) if b]))
-    noi = [v for v in out.get("noise_norm_per_round", []) if v is not None]
+    noi = [v for v in diag.get("noise_norm_per_round", []) if v is not None]
     row = {
         "run_key": _key(name, seed),
         "config": name,
@@ -351,6 +365,7 @@ def run_one(name: str, seed: int, data_path: str | None) -> dict[str, Any]:
         "noise_norm_mean": float(np.mean(noi)) if noi else None,
         "subspace_ratio": ratio,
         **{k: v for k, v in out.items() if k not in ("epsilon_per_round", "guarantee")},
+        **diag,
     }
     return row
 

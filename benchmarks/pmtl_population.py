@@ -97,8 +97,8 @@ def argv_for(
     ]  # fmt: skip
     if defaults == EARLIER:
         argv += ["--server-update", "offset", *FINETUNE]
-    if eps is not None:
-        argv += ["--epsilon", f"{eps:g}"]
+    if eps is not None:  # the committed rows ran at the PMTL paper's delta = 1/m
+        argv += ["--epsilon", f"{eps:g}", "--paper-delta"]
     return argv
 
 
@@ -111,6 +111,9 @@ def _kwargs(argv: list[str]) -> dict[str, Any]:
             continue
         if flag == "--reproducible-noise":
             kw["noise_source"] = "seeded"
+            continue
+        if flag == "--paper-delta":
+            kw["delta"] = "paper"
             continue
         value = next(it)
         key = flag[2:].replace("-", "_")
@@ -141,8 +144,9 @@ def _row(out: dict[str, Any]) -> dict[str, Any]:
         "finetune_selection": out.get("finetune_selection"),
         "finetune_auto": out.get("finetune_auto"),
         "server_update": out.get("server_update"),
-        "median_signal_norm": _median(out.get("signal_norm_per_round")),
-        "median_noise_norm": _median(out.get("noise_norm_per_round")),
+        "median_signal_norm": _median(out["curator_diagnostics"].get("signal_norm_per_round")),
+        "median_noise_norm": _median(out["curator_diagnostics"].get("noise_norm_per_round")),
+        "covered": out["covered"],
         "global_test_accuracy": out.get("global_test_accuracy"),
         "epsilon": out["epsilon"],
         "delta": out["delta"],
@@ -168,7 +172,8 @@ def _run(argv: list[str], seed: int, dataset: Any = None) -> dict[str, Any]:
     kw = _kwargs(argv)
     if dataset is not None:
         kw.pop("num_clients", None)
-    out: dict[str, Any] = run_pmtl(**kw, seed=seed, dataset=dataset)
+    # diagnostics: the rows report the curator's median signal and noise norms (not covered)
+    out: dict[str, Any] = run_pmtl(**kw, seed=seed, dataset=dataset, diagnostics=True)
     return out
 
 

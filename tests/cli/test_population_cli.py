@@ -26,7 +26,8 @@ def test_num_clients_builds_the_synthetic_population(capsys):
     assert out["num_clients"] == 37
     assert out["epsilon"] == pytest.approx(2.0, rel=1e-3)
     assert out["server_optimizer"] == "momentum" and out["shared_params"] == ["linear.weight"]
-    assert out["delta"] == pytest.approx(1 / 37)  # the default δ = 1/m of that population
+    # the default δ = min(1e-5, 1/(100 m)), below 1/m of that population
+    assert out["delta"] == pytest.approx(1e-5) and out["delta"] < 1 / 37
 
 
 def test_num_clients_is_refused_for_femnist(capsys, tmp_path):
@@ -59,11 +60,23 @@ def test_local_all_trains_every_client_alone(capsys):
     # nothing leaves a client: ε = 0 whatever --epsilon says, and no noise
     assert out["epsilon"] == 0.0 and out["noise_std"] == 0.0
     assert out["guarantee"]["sampling"] == "none"
+    assert out["noise_source"] == "none" and out["covered"] is True
+    sel = out["local_selection"]
+    assert sel["select"] == "client" and sum(sel["clients_per_choice"]) == 12
+    # --local-select pooled: one grid point for all, the best pooled validation accuracy
+    code, cap = _run(
+        capsys,
+        ["pmtl", "--data", "synthetic", "--num-clients", "12", "--model", "logreg",
+         "--method", "local-all", "--local-select", "pooled", "--json"],
+    )  # fmt: skip
+    assert code == 0, cap.err
+    out = json.loads(cap.out)
     sel = out["local_selection"]
     assert sel["select"] == "pooled" and sum(sel["clients_per_choice"]) == 12
     best = max(range(len(sel["grid"])), key=lambda g: sel["grid_val_accuracy"][g])
     assert sel["clients_per_choice"][best] == 12
     assert out["test_accuracy"] == pytest.approx(sel["grid_test_accuracy"][best])
+    assert out["covered"] is False
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "many"])

@@ -42,16 +42,19 @@ def test_ledger_reproduces_the_runs_epsilon_and_reports_pld(capsys, tmp_path):
 
 
 def test_noise_sources_in_every_output(capsys):
-    a = _run(capsys, [*BASE, "--epsilon", "2"])
-    b = _run(capsys, [*BASE, "--epsilon", "2"])
-    c = _run(capsys, [*BASE, "--epsilon", "2", "--reproducible-noise"])
-    d = _run(capsys, [*BASE, "--epsilon", "2", "--reproducible-noise"])
+    # --diagnostics: the per-round training loss shows whether two runs drew the same noise
+    a = _run(capsys, [*BASE, "--epsilon", "2", "--diagnostics"])
+    b = _run(capsys, [*BASE, "--epsilon", "2", "--diagnostics"])
+    c = _run(capsys, [*BASE, "--epsilon", "2", "--reproducible-noise", "--diagnostics"])
+    d = _run(capsys, [*BASE, "--epsilon", "2", "--reproducible-noise", "--diagnostics"])
     assert a["noise_source"] == "secure" and c["noise_source"] == "seeded"
     assert "SEEDED" in c["summary"] and "secure" in a["summary"]
-    assert c["train_loss_per_round"] == d["train_loss_per_round"]
-    assert a["train_loss_per_round"][1:] != b["train_loss_per_round"][1:]
+    loss = [r["curator_diagnostics"]["train_loss_per_round"] for r in (a, b, c, d)]
+    assert loss[2] == loss[3]
+    assert loss[0][1:] != loss[1][1:]
     local = _run(capsys, [*BASE, "--method", "local"])
-    assert "noise_source" in local and "stopped_on_budget" in local
+    assert local["noise_source"] == "none" and "stopped_on_budget" in local
+    assert local["guarantee"]["noise_source"] == "none" and "noise: none" in local["summary"]
 
 
 def test_saved_models_reload_to_the_runs_accuracy(capsys, tmp_path):

@@ -12,7 +12,7 @@ RUN = ["pmtl", "--data", "synthetic", "--num-clients", "30", "--model", "logreg"
 
 def test_subspace_and_adaptive_clip_flags_reach_the_run(capsys):
     code = main([*RUN, "--subspace-dim", "7", "--adaptive-clip-quantile", "0.5",
-                 "--adaptive-clip-noise", "3", "--local-epochs", "2"])  # fmt: skip
+                 "--adaptive-clip-noise", "3", "--local-epochs", "2", "--diagnostics"])  # fmt: skip
     cap = capsys.readouterr()
     assert code == 0, cap.err
     out = json.loads(cap.out)
@@ -20,8 +20,9 @@ def test_subspace_and_adaptive_clip_flags_reach_the_run(capsys):
     assert out["released_dim"] == 7 and out["subspace_dim"] == 7
     assert out["adaptive_clip_quantile"] == 0.5 and out["adaptive_clip_noise"] == 3.0
     assert out["clip_per_round"][0] == 0.5 and len(set(out["clip_per_round"])) == 3
-    assert len(out["signal_norm_per_round"]) == len(out["noise_norm_per_round"]) == 3
-    assert len(out["full_signal_norm_per_round"]) == 3
+    diag = out["curator_diagnostics"]
+    assert len(diag["signal_norm_per_round"]) == len(diag["noise_norm_per_round"]) == 3
+    assert len(diag["full_signal_norm_per_round"]) == 3
 
 
 def test_too_little_count_noise_exits_2_naming_the_parameter(capsys):

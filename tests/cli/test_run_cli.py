@@ -230,7 +230,14 @@ def test_pmtl_default_finetune_is_auto_and_its_grid_options_exit_2(capsys):
     assert main([*base, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["finetune"] == "auto" and out["finetune_auto"]["signal"]  # non-private
-    assert out["finetune_auto"]["chosen"] in ("billboard-finetune", "trained")
+    auto = out["finetune_auto"]
+    assert auto["select"] == "client" and auto["order"] == [
+        "billboard-finetune",
+        "local",
+        "trained",
+    ]
+    assert sum(auto["clients_per_candidate"].values()) == out["num_clients"]
+    assert out["covered"] is True
     code = main([*base, "--finetune-lrs", "0.1"])
     err = capsys.readouterr().err
     assert code == 2 and "finetune_lrs" in err and len(err.strip().splitlines()) == 1

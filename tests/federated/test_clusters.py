@@ -48,7 +48,7 @@ def _with_train(ds: FederatedDataset, tx, ty) -> FederatedDataset:
 def test_epsilon_is_the_max_over_clusters(data: FederatedDataset) -> None:
     cfg = _cfg()
     res = train_clusters(data, MultinomialLogReg(D, C), cfg, GROUPS)
-    delta = 1.0 / data.n_clients
+    delta = min(1e-5, 1.0 / (100 * data.n_clients))  # the default δ, below 1/m (all clients)
     expected = []
     for g in GROUPS:  # independent accounting: cluster of m_c clients, q_c = round(6 m_c / 12)
         m_c = len(g)
@@ -103,7 +103,7 @@ def test_one_cluster_is_plain_pmtl(data: FederatedDataset) -> None:
     cfg = _cfg(rounds=2)
     res = train_clusters(data, MultinomialLogReg(D, C), cfg, [0] * data.n_clients)
     ref = train(data, MultinomialLogReg(D, C), dataclasses.replace(
-        cfg, seed=cluster_seed(cfg.seed, 0), delta=1.0 / data.n_clients))  # fmt: skip
+        cfg, seed=cluster_seed(cfg.seed, 0), delta=cfg.delta_for(data.n_clients)))  # fmt: skip
     for n in ref.personalized_params:
         assert torch.equal(res.personalized_params[n], ref.personalized_params[n])
         assert torch.equal(res.cluster_params[n][0], ref.global_params[n])

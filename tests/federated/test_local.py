@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ from torch import nn
 
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.local import train_local
+from privmtl.federated.local import client_better, select_per_client, train_local
 from privmtl.federated.models import MultinomialLogReg
 
 D, C, SEED, B = 5, 3, 4, 4
@@ -48,10 +50,17 @@ def _val_correct(ds: FederatedDataset, k: int, p: dict[str, torch.Tensor]) -> in
     return int((pred == y).sum())
 
 
+def _val_loss(ds: FederatedDataset, k: int, p: dict[str, torch.Tensor]) -> float:
+    x, y = ds.val_x[k].double(), ds.val_y[k]
+    logits = x @ p["linear.weight"].T.double() + p["linear.bias"].double()
+    return float(F.cross_entropy(logits, y, reduction="sum"))
+
+
 def test_each_client_gets_the_model_it_would_train_by_itself(ds: FederatedDataset) -> None:
     grid = {"epochs": (1, 3), "lrs": (0.05, 0.3)}
-    res = train_local(ds, MultinomialLogReg(D, C), **grid, batch_size=B, seed=SEED, select="client")
+    res = train_local(ds, MultinomialLogReg(D, C), **grid, batch_size=B, seed=SEED)  # default
     sel = res.extra["local_selection"]
+    assert sel["select"] == "client"
     assert sel["grid"] == [[1, 0.05], [1, 0.3], [3, 0.05], [3, 0.3]]
     assert res.epsilon == 0.0 and res.guarantee.epsilon == 0.0
     pers = res.personalized_params
@@ -61,8 +70,11 @@ def test_each_client_gets_the_model_it_would_train_by_itself(ds: FederatedDatase
         g = sel["choice"][k]
         for n in oracle[g]:
             torch.testing.assert_close(pers[n][k].double(), oracle[g][n], rtol=1e-4, atol=1e-5)
-        # the client's own validation split chose it: no grid point has more correct predictions
-        assert _val_correct(ds, k, oracle[g]) == max(_val_correct(ds, k, o) for o in oracle)
+        # the client's own validation split chose it: the lowest validation loss of the grid,
+        # the earliest grid point among (near-)ties
+        losses = [_val_loss(ds, k, o) for o in oracle]
+        assert losses[g] <= min(losses) + 1e-4
+        assert all(loss > losses[g] - 1e-4 for loss in losses[:g])
         # every client was trained (zero init: an untrained client would still be all zeros)
         assert pers["linear.weight"][k].abs().sum() > 0
 
@@ -71,7 +83,7 @@ def test_pooled_selection_is_one_setting_with_the_best_pooled_validation(
     ds: FederatedDataset,
 ) -> None:
     res = train_local(ds, MultinomialLogReg(D, C), epochs=(1, 3), lrs=(0.05, 0.3), batch_size=B,
-                      seed=SEED)  # fmt: skip
+                      seed=SEED, select="pooled")  # fmt: skip
     sel = res.extra["local_selection"]
     assert len(set(sel["choice"])) == 1
     g = sel["choice"][0]
@@ -124,3 +136,61 @@ def test_closed_form_logreg_gradient_matches_autograd_and_reference(ds: Federate
 def test_bad_input_names_the_parameter(ds: FederatedDataset, kw: dict, name: str) -> None:
     with pytest.raises(InvalidParameterError, match=name):
         train_local(ds, MultinomialLogReg(D, C), **kw)
+
+
+def test_a_clients_model_does_not_depend_on_another_clients_labels(ds: FederatedDataset) -> None:
+    """select="client" (the default): replacing client 0's labels leaves every other client's
+    model bit-identical."""
+    other = copy.deepcopy(ds)
+    other.train_y[0] = (other.train_y[0] + 1) % C
+    other.val_y[0] = (other.val_y[0] + 1) % C
+    kw = {"epochs": (1, 3), "lrs": (0.05, 0.3), "batch_size": B, "seed": SEED}
+    a = train_local(ds, MultinomialLogReg(D, C), **kw).personalized_params
+    b = train_local(other, MultinomialLogReg(D, C), **kw).personalized_params
+    assert a is not None and b is not None
+    for n in a:
+        assert torch.equal(a[n][1:], b[n][1:])
+        assert not torch.equal(a[n][0], b[n][0])
+
+
+def test_client_better_is_strictly_lower_loss_and_never_nan() -> None:
+    best = np.array([1.0, 1.0, np.inf, np.nan, 0.0])
+    loss = np.array([0.5, 1.0, np.nan, 2.0, 0.0])
+    assert client_better(loss, best).tolist() == [True, False, False, True, False]
+
+
+def test_select_per_client_keeps_each_clients_lowest_validation_loss(ds: FederatedDataset) -> None:
+    net = MultinomialLogReg(D, C)
+    buffers: dict[str, torch.Tensor] = {}
+    cands = [
+        train_local(ds, net, epochs=(e,), lrs=(lr,), batch_size=B, seed=SEED).personalized_params
+        for e, lr in [(1, 0.05), (3, 0.3), (2, 0.1)]
+    ]
+    chosen, choice, loss = select_per_client(iter(cands), net, buffers, ds.val_x, ds.val_y)
+    for k in range(ds.n_clients):
+        losses = [_val_loss(ds, k, {n: p[k] for n, p in c.items()}) for c in cands]
+        assert losses[choice[k]] == pytest.approx(min(losses), abs=1e-4)
+        assert loss[k] == pytest.approx(losses[choice[k]], abs=1e-4)
+        for n in chosen:
+            assert torch.equal(chosen[n][k], cands[choice[k]][n][k])
+        if not ds.val_y[k].numel():  # no validation data: the first candidate (public order)
+            assert choice[k] == 0
+
+
+def test_first_margin_keeps_the_first_candidate_unless_clearly_beaten(ds: FederatedDataset) -> None:
+    net = MultinomialLogReg(D, C)
+    cands = [
+        train_local(ds, net, epochs=(e,), lrs=(lr,), batch_size=B, seed=SEED).personalized_params
+        for e, lr in [(1, 0.05), (3, 0.3)]
+    ]
+    _, plain, _ = select_per_client(iter(cands), net, {}, ds.val_x, ds.val_y)
+    _, sticky, _ = select_per_client(iter(cands), net, {}, ds.val_x, ds.val_y, first_margin=1.0)
+    for k in range(ds.n_clients):
+        first, second = (_val_loss(ds, k, {n: p[k] for n, p in c.items()}) for c in cands)
+        n = len(ds.val_y[k])
+        assert plain[k] == int(second < first - 1e-6) or abs(second - first) < 1e-4
+        if abs(second - (first - n)) > 1e-4:
+            assert sticky[k] == int(second < first - n)
+    assert (sticky <= plain).all() and sticky.sum() < plain.sum()  # the margin changed a choice
+    with pytest.raises(InvalidParameterError, match="first_margin"):
+        select_per_client(iter(cands), net, {}, ds.val_x, ds.val_y, first_margin=-1.0)

@@ -54,6 +54,11 @@ def flower() -> None:
     help="PMTL client message: Algorithm 1's w_new - w_old, the authors' code's w_new - w~, or "
     "Ditto's trained copy of w~ minus w~.",
 )
+@click.option(
+    "--paper-delta",
+    is_flag=True,
+    help="δ = 1/m, the PMTL paper's (reproductions). Default: min(1e-5, 1/(100·m)), below 1/m.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--reproducible-noise",
@@ -189,6 +194,7 @@ def local(**kw: Any) -> None:
         "server-update": kw["server_update"],
         "seed": kw["seed"],
         "noise-source": "seeded" if kw["reproducible_noise"] else "secure",
+        "paper-delta": bool(kw["paper_delta"]),
         "on-missing": kw["on_missing"],
         "round-timeout": kw["round_timeout"],
         "secagg": kw["secagg"],

@@ -4,6 +4,13 @@ This is what ``privmtl pmtl`` and ``privmtl pmtl-sweep`` call. Privacy is client
 released sequence (noisy mean of clipped updates, the billboard) is accounted by the ledger of the
 training engine with the sampler it actually used; personalized models and local fine-tuning are
 post-processing and keep the guarantee (billboard privacy ⇒ joint DP).
+
+Every default output is covered by the reported guarantee: a client's models and numbers depend
+on the other clients only through the recorded releases. Choices are made by each client on its
+own validation split (``finetune="auto"``, ``local_select="client"``, ``finetune_select="client"``).
+The opt-ins that break this — a choice on pooled validation data (``local_select="pooled"``,
+``finetune_select="pooled"``) and the curator's diagnostics computed from un-noised updates
+(``diagnostics=True``) — are listed in the guarantee's ``not_covered`` and make ``covered`` false.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +30,16 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.finetune_selection import SELECT_MODES
+from privmtl.federated.local import LOCAL_SELECT
 from privmtl.privacy import PrivacyGuarantee
-from privmtl.privacy.delta import check_delta, user_data_delta
+from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
 from privmtl.privacy.release import noise_multiplier
 
 __all__ = [
+    "AUTO_BILLBOARD_MARGIN",
+    "AUTO_CANDIDATES",
     "AUTO_FINETUNE_EPOCHS",
+    "AUTO_FINETUNE_LRS",
     "FINETUNE_METHODS",
     "FINETUNE_STARTS",
     "FL_DATASETS",
@@ -49,15 +61,30 @@ FINETUNE_METHODS = ("auto", "none", "vanilla", "mr", "skl", "ewc")
 """Local fine-tuning after training: ``auto`` (the default, :data:`AUTO_FINETUNE_EPOCHS`), none,
 or one of :func:`~privmtl.federated.finetune.finetune`'s methods."""
 _FINETUNE_RULES = FINETUNE_METHODS[2:]
-AUTO_FINETUNE_EPOCHS = (1, 3, 10)
-"""``finetune="auto"``: where the billboard carries signal (the whole model is shared and the noise
-of the ``T`` releases is at most the most their signal can add up to, σ√(kT) ≤ Tγ: the public rule
-of :func:`~privmtl.federated.protocol.billboard_carries_signal`) every client fine-tunes the
-released model (vanilla) for each of these numbers of epochs and each step size of
-:data:`~privmtl.federated.local.LOCAL_LRS`, one setting for all chosen on the pooled validation
-accuracy (as ``method="local-all"`` chooses); the pooled validation accuracy then keeps the
-fine-tuned or the trained models. Elsewhere, and for methods other than pmtl/fedavg/fedprox, the
-trained models are kept."""
+AUTO_FINETUNE_EPOCHS = (10, 3)
+"""``finetune="auto"``: epochs of fine-tuning the released billboard (with :data:`AUTO_FINETUNE_LRS`).
+
+Every client, sampled or never sampled, chooses on its *own* validation split (lowest summed
+cross-entropy, :func:`~privmtl.federated.local.client_better`) among the candidates of
+:data:`AUTO_CANDIDATES`, in that public order for ties (a client without validation data keeps the
+first): the billboard fine-tuned on its own data for each of these numbers of epochs and each
+step size of :data:`AUTO_FINETUNE_LRS` (vanilla; only where the billboard carries signal: the
+whole model is shared and the public rule of
+:func:`~privmtl.federated.protocol.billboard_carries_signal` holds for the ``T`` releases), its
+own local training from the initial model (:func:`~privmtl.federated.local.train_local`'s default
+grid: what ``method="local-all"`` gives), and the trained model (its personalized model, or the
+billboard for methods without one); the fine-tuned billboard is kept unless another candidate
+validates better by :data:`AUTO_BILLBOARD_MARGIN`. Post-processing of the releases: the guarantee
+is unchanged."""
+AUTO_FINETUNE_LRS = (0.1, 0.01)
+"""``finetune="auto"``: step sizes of fine-tuning the billboard (:data:`AUTO_FINETUNE_EPOCHS`)."""
+AUTO_CANDIDATES = ("billboard-finetune", "local", "trained")
+"""``finetune="auto"``: the candidates of every client's choice, in the public tie-break order."""
+AUTO_BILLBOARD_MARGIN = 0.5
+"""``finetune="auto"``: a client leaves the fine-tuned billboard (which carries every client's
+signal through the releases) for another candidate only if that one's validation loss is lower by
+more than this many nats per validation example: one or two validation examples are weak
+evidence. A public constant (the same for every run), measured on the synthetic populations."""
 _AUTO_METHODS = ("pmtl", "fedavg", "fedprox")
 FINETUNE_STARTS = ("auto", "billboard")
 """Where fine-tuning starts: the personalized models when the method has them, else the released
@@ -71,14 +98,26 @@ DEFAULT_LAM_NONPRIVATE = 1.0
 DEFAULT_FEDPROX_MU = 0.01
 
 
-#: The papers' data sets keep the papers' δ = 1/m; a user's table gets the DP-practice default.
-PAPER_DATASETS = ("femnist-leaf", "synthetic")
-
-
 def default_delta(data: str, m: int) -> float:
-    """δ when none is given: 1/m on the papers' data sets (as in the PMTL paper and the
-    benchmarks), :func:`~privmtl.privacy.delta.user_data_delta` on a user's table."""
-    return 1.0 / m if data in PAPER_DATASETS else user_data_delta(m)
+    """δ when none is given, on every data set ``data``:
+    :func:`~privmtl.privacy.delta.user_data_delta` (min(1e-5, 1/(100 m)), below 1/m). The PMTL
+    paper's 1/m is ``run_pmtl(delta="paper")`` (``privmtl pmtl --paper-delta``)."""
+    check_choice("data", data, FL_DATASETS)
+    return user_data_delta(m)
+
+
+def _resolve_delta(delta: float | str | None, data: str, m: int) -> tuple[float, tuple[str, ...]]:
+    """δ of a run and the notes it needs: None → default, "paper" → 1/m, else a checked float."""
+    if delta is None:
+        return default_delta(data, m), ()
+    if isinstance(delta, str):
+        check_choice("delta", delta, ("paper",))
+        return pmtl_paper_delta(m), (
+            f"delta = 1/m = {pmtl_paper_delta(m):.3g}: the PMTL paper's delta (--paper-delta), "
+            "for reproductions; a guarantee at delta >= 1/m allows revealing one client's data "
+            "outright",
+        )
+    return check_delta(delta, m), ()
 
 
 def default_lam(method: str, *, private: bool) -> float:
@@ -224,7 +263,7 @@ def run_pmtl(
     sampling: str = "poisson",
     accountant: str = "rdp",
     relation: str = "add-remove",
-    delta: float | None = None,
+    delta: float | str | None = None,
     server_update: str = "ditto",
     show_progress: bool = True,
     dataset: FederatedDataset | None = None,
@@ -245,13 +284,17 @@ def run_pmtl(
     adaptive_clip_quantile: float | None = None,
     adaptive_clip_lr: float = 0.2,
     adaptive_clip_noise: float | None = None,
+    local_select: str = "client",
+    diagnostics: bool = False,
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
     The defaults differ from :class:`~privmtl.federated.config.TrainConfig`'s where the
     benchmarks found better behaviour: ``server_update="ditto"`` (the billboard follows FedAvg's
     and the personalized models are pulled towards it; ``"offset"`` is the authors' code,
-    ``"delta"`` Algorithm 1 as printed) and ``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`).
+    ``"delta"`` Algorithm 1 as printed) and ``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`:
+    every client chooses on its own validation split between its trained model, the billboard
+    fine-tuned on its data and its own local training).
 
     ``finetune`` replaces the reported accuracies by those after local fine-tuning (the CLI's
     ``--finetune``); ``extra_finetunes`` additionally scores each listed variant on the same trained
@@ -263,15 +306,23 @@ def run_pmtl(
     ``finetune_start="billboard"`` (vanilla only) starts every client from the released global
     model instead of its personalized one (``"auto"``: personalized when the method has
     personalized models); it runs :func:`~privmtl.federated.local.train_local` from the billboard,
-    so ``finetune_epochs`` may be a grid and ``finetune_select="pooled"`` picks one
-    ``(epochs, lr)`` for all clients exactly as ``method="local-all"`` does from the initial
-    model: the same selection for both, and the comparison of the two isolates what the billboard
-    brings.
+    so ``finetune_epochs`` may be a grid, each client choosing on its own validation split;
+    ``finetune_select="pooled"`` (opt-in, not covered by the guarantee) picks one ``(epochs, lr)``
+    for all clients on the pooled validation accuracy.
 
     ``method="local-all"`` is the training-alone baseline of
     :func:`~privmtl.federated.local.train_local`: every client (not only sampled ones) trains on its
-    own data over a grid of epochs and step sizes chosen on validation; ``rounds``,
-    ``clients_per_round``, ``lr`` and the privacy options do not apply (ε = 0 towards the others).
+    own data over a grid of epochs and step sizes, each client choosing on its own validation split
+    (``local_select="client"``; ``"pooled"``: one setting for all on the pooled validation
+    accuracy, opt-in and not covered by the guarantee); ``rounds``, ``clients_per_round``, ``lr``
+    and the privacy options do not apply (ε = 0 towards the others).
+
+    ``delta``: None (default) is :func:`default_delta`, min(1e-5, 1/(100 m)) on every data set;
+    ``"paper"`` the PMTL paper's 1/m (reproductions); a float is checked (δ ≥ 1/m warns).
+    ``diagnostics=True`` adds ``curator_diagnostics`` (per-round training loss and the norms of
+    the un-noised mean, of the noise, and with ``subspace_dim`` of the full un-noised mean): they
+    read un-noised client updates, so the result is labelled not covered. Without it the result
+    has none of them.
 
     ``noise_source`` (``"secure"``: OS entropy, the default; ``"seeded"``: reproducible from
     ``seed``, research simulation only), ``checkpoint_dir``/``checkpoint_every``/``resume`` and
@@ -288,6 +339,11 @@ def run_pmtl(
     check_choice("finetune", finetune, FINETUNE_METHODS)
     check_choice("finetune_start", finetune_start, FINETUNE_STARTS)
     check_choice("finetune_select", finetune_select, SELECT_MODES)
+    check_choice("local_select", local_select, LOCAL_SELECT)
+    if not isinstance(diagnostics, bool):
+        raise InvalidParameterError(
+            f"The 'diagnostics' parameter must be a bool; got {diagnostics!r}."
+        )
     if finetune == "auto":
         fixed = {
             "finetune_epochs": (finetune_epochs, 1),
@@ -352,7 +408,9 @@ def run_pmtl(
         )
     if lam is None:
         lam = default_lam(method, private=epsilon is not None or bool(noise_std))
-    dlt = default_delta(data, m) if delta is None else check_delta(delta, m)
+    dlt, delta_notes = _resolve_delta(delta, data, m)
+    notes: list[str] = list(delta_notes)
+    not_covered: list[str] = []
     net = make_model(model, ds, seed)
     from privmtl.federated.config import TrainConfig
 
@@ -402,7 +460,7 @@ def run_pmtl(
     if method == "local-all":
         from privmtl.federated.local import train_local
 
-        result = train_local(ds, net, batch_size=batch_size, seed=seed)
+        result = train_local(ds, net, batch_size=batch_size, seed=seed, select=local_select)
         sigma, q = 0.0, m
     elif method == "joint-dp":
         from privmtl.federated.baselines import train_joint_dp
@@ -420,8 +478,16 @@ def run_pmtl(
         from privmtl.federated.engine import train
 
         result = train(ds, net, config, **run)
-    out = _result_dict(result, method=method, model=model, data=data, sigma=sigma, q=q, m=m)
+    out, guarantee = _result_parts(
+        result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
+    )
     out["data_seconds"] = load_seconds
+    if diagnostics:
+        out["curator_diagnostics"] = _curator_diagnostics(result)
+        not_covered.append(
+            "curator_diagnostics: per-round training loss and norms of the un-noised mean and of "
+            "the noise, computed by the curator from un-noised client updates (--diagnostics)"
+        )
     if method == "local-all":
         sel = result.extra["local_selection"]
         out["local_selection"] = {
@@ -431,10 +497,16 @@ def run_pmtl(
             "grid_val_accuracy": sel["grid_val_accuracy"],
             "grid_test_accuracy": sel["grid_test_accuracy"],
         }
-        out["guarantee"]["notes"].append(
-            "every client trained alone on its own data; one (epochs, lr) of the grid chosen on "
-            "the pooled validation accuracy (hyper-parameter tuning, as for every method)"
-        )
+        if local_select == "pooled":
+            not_covered.append(
+                "local_selection: one (epochs, lr) for every client chosen on the pooled "
+                "validation accuracy of all clients (--local-select pooled)"
+            )
+        else:
+            notes.append(
+                "every client trained alone on its own data and chose (epochs, lr) on its own "
+                "validation split: nothing depends on another client"
+            )
     if checkpoint_dir is not None:
         out["checkpoint_dir"] = str(checkpoint_dir)
     grid = None
@@ -453,15 +525,25 @@ def run_pmtl(
         for res in out["finetune_results"].values():
             res.pop("_params")
     tuned = None
-    if finetune == "auto":
+    if finetune == "auto" and method != "local-all":
         out.update(_finetune_auto(result, ds, net, out, batch_size, seed))
         tuned = out.pop("_params")
-        if out["finetune_auto"]["signal"]:
-            out["guarantee"]["notes"].append(
-                "finetune=auto: the fine-tuning setting and the choice between fine-tuned and "
-                "trained models read the pooled validation accuracy (hyper-parameter tuning, as "
-                "for every method)"
+        notes.append(
+            "finetune=auto: every client chose its model on its own validation split "
+            "(post-processing of the releases: no privacy cost)"
+        )
+        if method == "joint-dp" and guarantee.is_private:
+            guarantee = replace(guarantee, notion="JDP (billboard)")
+            notes.append(
+                "joint-model DP becomes joint DP once each client fine-tunes on its own data"
             )
+    elif finetune == "auto":
+        out["finetune"] = "auto"
+        out["finetune_auto"] = {
+            "select": "client",
+            "rule": "local-all: every client's model is already its own local training",
+            "clients_per_candidate": {"trained": m},
+        }
     elif finetune != "none":
         out.update(
             _finetune_from_billboard(
@@ -474,13 +556,23 @@ def run_pmtl(
             )
         )  # fmt: skip
         tuned = out.pop("_params")
-        if method == "joint-dp" and out["guarantee"]["private"]:
+        if finetune_start == "billboard" and finetune_select == "pooled":
+            not_covered.append(
+                "finetune_selection: one (epochs, lr) for every client chosen on the pooled "
+                "validation accuracy of all clients (--finetune-select pooled)"
+            )
+        if method == "joint-dp" and guarantee.is_private:
             # Each client's fine-tuned model reads its own data: what remains is joint DP.
-            out["guarantee"]["notion"] = "JDP (billboard)"
-            out["guarantee"]["notes"].append(
+            guarantee = replace(guarantee, notion="JDP (billboard)")
+            notes.append(
                 "joint-model DP becomes joint DP once each client fine-tunes on its own data"
             )
-            out["summary"] = out["summary"].replace("DP of the joint model", "JDP (billboard)")
+    guarantee = replace(guarantee, notes=guarantee.notes + tuple(notes)).with_not_covered(
+        *not_covered
+    )
+    out["guarantee"] = guarantee.to_dict()
+    out["covered"] = guarantee.covered
+    out["summary"] = guarantee.describe()
     if save_models is not None:
         from privmtl.federated.saved import save_models as _save
 
@@ -552,6 +644,8 @@ def evaluate_saved(
         "mean_client_accuracy": acc["mean_client_accuracy"],
         "n_test": acc["n"],
         "noise_source": meta.get("run", {}).get("noise_source"),
+        # models saved before the guarantee carried "covered" say None (unknown)
+        "covered": (meta.get("guarantee") or {}).get("covered"),
         "guarantee": meta.get("guarantee"),
         "summary": meta.get("summary"),
     }
@@ -565,10 +659,26 @@ def evaluate_saved(
 def _result_dict(
     result: Any, *, method: str, model: str, data: str, sigma: float, q: int, m: int
 ) -> dict[str, Any]:
+    """The JSON result of a trained run (without fine-tuning), its guarantee included."""
+    out, guarantee = _result_parts(
+        result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
+    )
+    out["guarantee"] = guarantee.to_dict()
+    out["covered"] = guarantee.covered
+    out["summary"] = guarantee.describe()
+    return out
+
+
+def _result_parts(
+    result: Any, *, method: str, model: str, data: str, sigma: float, q: int, m: int
+) -> tuple[dict[str, Any], PrivacyGuarantee]:
+    """The run's JSON result and its guarantee (the caller adds notes and what is not covered,
+    then writes ``guarantee``, ``covered`` and ``summary``)."""
     cfg = result.config
     eps = float(result.epsilon)
     z = noise_multiplier(sigma, q, cfg.clip) if cfg.clip else None
     private = sigma > 0 and method not in ("local", "local-all")
+    noise_source = result.noise_source if private else "none"
     if method in ("local", "local-all"):
         guarantee = PrivacyGuarantee(
             epsilon=0.0,
@@ -577,10 +687,14 @@ def _result_dict(
             sampling="none",
             accountant="none",
             notes=("local training: nothing leaves a client, epsilon = 0 towards the others",),
+            noise_source="none",
         )
     elif not private:
-        guarantee = PrivacyGuarantee.non_private(
-            notion="JDP (billboard)", relation=cfg.relation, sampling=cfg.sampling
+        guarantee = replace(
+            PrivacyGuarantee.non_private(
+                notion="JDP (billboard)", relation=cfg.relation, sampling=cfg.sampling
+            ),
+            noise_source="none",
         )
     else:
         guarantee = PrivacyGuarantee(
@@ -595,7 +709,7 @@ def _result_dict(
             notes=_noise_notes(result.noise_source),
         )
     per_round = [h.get("epsilon") for h in result.history]
-    return {
+    out = {
         "method": method,
         "data": data,
         "model": model,
@@ -631,24 +745,33 @@ def _result_dict(
         "seconds": float(result.seconds),
         "seconds_per_round": float(result.seconds_per_round),
         "epsilon_per_round": [None if e is None or not math.isfinite(e) else e for e in per_round],
-        "train_loss_per_round": [h.get("train_loss") for h in result.history],
-        # curator-side diagnostics (the signal norm reads the un-noised mean: not private)
-        "signal_norm_per_round": [h.get("signal_norm") for h in result.history],
-        "noise_norm_per_round": [h.get("noise_norm") for h in result.history],
-        **(
-            {"full_signal_norm_per_round": [h.get("full_signal_norm") for h in result.history]}
-            if cfg.subspace_dim is not None
-            else {}
-        ),
         "released_dim": next(
             (h["released_dim"] for h in result.history if "released_dim" in h), None
         ),
-        "noise_source": result.noise_source,
+        "noise_source": noise_source,
         "stopped_on_budget": bool(result.stopped_on_budget),
         "rounds_run": len(result.history),
-        "guarantee": guarantee.to_dict(),
-        "summary": guarantee.describe(),
     }
+    return out, guarantee
+
+
+#: The per-round curator quantities of ``curator_diagnostics`` (``diagnostics=True`` only):
+#: JSON key -> key of the engine's round record.
+CURATOR_DIAGNOSTICS = {
+    "train_loss_per_round": "train_loss",
+    "signal_norm_per_round": "signal_norm",
+    "noise_norm_per_round": "noise_norm",
+    "full_signal_norm_per_round": "full_signal_norm",
+}
+
+
+def _curator_diagnostics(result: Any) -> dict[str, list[Any]]:
+    """The curator's per-round diagnostics: they read un-noised client updates (the signal norm is
+    the norm of the un-noised mean; the noise norm, with the release, partly denoises it)."""
+    out = {key: [h.get(rec) for h in result.history] for key, rec in CURATOR_DIAGNOSTICS.items()}
+    if result.config.subspace_dim is None:
+        del out["full_signal_norm_per_round"]
+    return out
 
 
 def _noise_notes(noise_source: str) -> tuple[str, ...]:
@@ -708,8 +831,8 @@ def _finetune_from_billboard(
             + (
                 "each client chose (epochs, lr) on its own validation split: no privacy cost"
                 if select == "client"
-                else "one (epochs, lr) chosen on the pooled validation accuracy (tuning, as for "
-                "local-all)"
+                else "one (epochs, lr) chosen on the pooled validation accuracy of all clients "
+                "(not covered by the guarantee)"
             ),
         },
         "finetune": "vanilla",
@@ -731,45 +854,85 @@ def _finetune_auto(
     batch_size: int,
     seed: int,
 ) -> dict[str, Any]:
-    """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): fine-tune from the billboard where it carries
-    signal, and keep what scores better on the pooled validation accuracy."""
-    from privmtl.federated.local import LOCAL_LRS
+    """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
+    validation split among the billboard fine-tuned on its data (where it carries signal), its own
+    local training and its trained model."""
+    import copy
+
+    from privmtl.federated.algorithms import evaluate
+    from privmtl.federated.local import select_per_client, train_local
     from privmtl.federated.protocol import billboard_carries_signal, billboard_noise_and_bound
 
     sigma, clip, dim = float(out["noise_std"] or 0.0), out["clip"], int(out["released_dim"] or 0)
     rounds = int(out.get("rounds_run") or out["rounds"])
     noise, bound = billboard_noise_and_bound(sigma, clip, dim, rounds)
+    signal = (
+        out["method"] in _AUTO_METHODS
+        and out["shared_params"] is None
+        and billboard_carries_signal(sigma, clip, dim, releases=rounds)
+    )
+    m = ds.n_clients
+    buffers = {n: b.detach() for n, b in net.named_buffers()}
+    kw: dict[str, Any] = {"batch_size": batch_size, "seed": seed, "select": "client"}
+    names: list[str] = []
+    grids: dict[str, list[list[float]]] = {}
+
+    def candidates() -> Any:  # generated one at a time, in the public order of AUTO_CANDIDATES
+        if signal:
+            start = copy.deepcopy(net)
+            start.load_state_dict({**start.state_dict(), **result.global_params})
+            tuned = train_local(ds, start, epochs=AUTO_FINETUNE_EPOCHS, lrs=AUTO_FINETUNE_LRS, **kw)
+            names.append("billboard-finetune")
+            grids["billboard_grid"] = tuned.extra["local_selection"]["grid"]
+            yield tuned.personalized_params
+            del tuned
+        alone = train_local(ds, net, **kw)
+        names.append("local")
+        grids["local_grid"] = alone.extra["local_selection"]["grid"]
+        yield alone.personalized_params
+        del alone
+        names.append("trained")
+        if result.personalized_params is not None:
+            yield result.personalized_params
+        else:
+            yield {n: p.unsqueeze(0).expand((m, *p.shape)) for n, p in result.global_params.items()}
+
+    val_x, val_y = ds.split("val")
+    margin = AUTO_BILLBOARD_MARGIN if signal else 0.0
+    chosen, choice, _ = select_per_client(
+        candidates(), net, buffers, val_x, val_y, first_margin=margin
+    )
+    counts = np.bincount(choice, minlength=len(names))
+    acc = {}
+    for split in ("val", "test"):
+        xs, ys = ds.split(split)
+        acc[split] = evaluate(net, chosen, buffers, xs, ys, personalized=True)
     info: dict[str, Any] = {
-        "rule": "every client fine-tunes the billboard when the noise of the T releases, "
-        "sigma*sqrt(k*T), is at most T*clip, the most their signal can add up to (public "
-        "parameters), and the whole model is shared; the pooled validation accuracy then keeps "
-        "the fine-tuned or the trained models",
+        "select": "client",
+        "rule": "every client keeps, among its candidates, the one with the lowest cross-entropy "
+        "on its own validation split (ties, e.g. no validation data: the first in 'order'); the "
+        "fine-tuned billboard is left only for a loss lower by more than 'billboard_margin' "
+        "nats per validation example; the billboard candidate exists where the whole model is "
+        "shared and the noise of the T releases, sigma*sqrt(k*T), is at most T*clip (public "
+        "parameters)",
+        "order": names,
+        "billboard_margin": margin,
+        "clients_per_candidate": {name: int(counts[i]) for i, name in enumerate(names)},
+        **grids,
+        "signal": bool(signal),
         "noise_norm": noise,
         "signal_bound": bound,
         "clip": clip,
-        "signal": out["method"] in _AUTO_METHODS
-        and out["shared_params"] is None
-        and billboard_carries_signal(sigma, clip, dim, releases=rounds),
-        "trained_val_accuracy": out["val_accuracy"],
     }
-    keep: dict[str, Any] = {
+    return {
         "finetune": "auto",
+        "finetune_auto": info,
         "pre_finetune_test_accuracy": out["test_accuracy"],
-        "_params": None,
+        "test_accuracy": float(acc["test"]["accuracy"]),
+        "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
+        "val_accuracy": float(acc["val"]["accuracy"]),
+        "_params": chosen,
     }
-    if not info["signal"]:
-        info["chosen"] = "trained"
-        return {**keep, "finetune_auto": info}
-    tuned = _finetune_from_billboard(
-        result, ds, net, AUTO_FINETUNE_EPOCHS, LOCAL_LRS, batch_size, seed, "pooled"
-    )
-    info["finetuned_val_accuracy"] = tuned["val_accuracy"]
-    info["finetuned_test_accuracy"] = tuned["test_accuracy"]
-    if tuned["val_accuracy"] > out["val_accuracy"]:
-        info["chosen"] = "billboard-finetune"
-        return {**tuned, "finetune": "auto", "finetune_auto": info}
-    info["chosen"] = "trained"
-    return {**keep, "finetune_auto": info, "finetune_selection": tuned["finetune_selection"]}
 
 
 def _finetune(

@@ -103,6 +103,7 @@ def run_pmtl_sweep(
             show_progress=False,
             dataset=datasets[seed],
             noise_source=noise_source,
+            diagnostics=True,  # the rounds plot draws the curator's training loss (not covered)
         )
         row["target_epsilon"] = eps
         candidates.append(row if log is None else log.add(cfg, row))
@@ -176,8 +177,9 @@ def plot_rounds(rows: Sequence[dict[str, Any]], path: Path) -> None:
             if row["target_epsilon"]
             else row["method"]
         )
+        diag = row.get("curator_diagnostics") or row  # rows logged before curator_diagnostics
         loss = np.array(
-            [np.nan if v is None else v for v in row["train_loss_per_round"]], dtype=float
+            [np.nan if v is None else v for v in diag["train_loss_per_round"]], dtype=float
         )
         ax1.plot(np.arange(1, loss.size + 1), loss, label=label, lw=1)
         eps = [e for e in row["epsilon_per_round"] if e is not None]

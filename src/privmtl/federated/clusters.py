@@ -164,7 +164,7 @@ def train_clusters(
     config : TrainConfig or None
         The PMTL configuration of every cluster; ``clients_per_round`` is split over clusters in
         proportion to their sizes (see module doc), ``seed`` is turned into one independent seed
-        per cluster (:func:`cluster_seed`), δ = ``config.delta`` or ``1/m`` (``m`` = all clients)
+        per cluster (:func:`cluster_seed`), δ = ``config.delta_for(m)`` (``m`` = all clients)
         for every cluster.
     clusters : sequence
         The partition: one label per client, or one list of client indices per cluster.

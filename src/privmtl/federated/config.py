@@ -12,6 +12,7 @@ from torch import nn
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
+from privmtl.privacy.delta import user_data_delta
 
 __all__ = ["METHODS", "SAMPLINGS", "TrainConfig", "TrainResult"]
 
@@ -86,7 +87,9 @@ class TrainConfig:
         Seeds three independent streams: client sampling (numpy), local minibatch draws (one numpy
         stream per client and round) and server noise (``torch.Generator``).
     delta : float or None
-        Target δ of the reported ε; default ``1/m`` as in the paper.
+        Target δ of the reported ε; default min(1e-5, 1/(100 m))
+        (:func:`~privmtl.privacy.delta.user_data_delta`, below 1/m as DP practice asks; the
+        paper's 1/m must be given explicitly).
     accountant : str, default "rdp"
         Accountant of the :class:`~privmtl.privacy.accounting.PrivacyLedger`.
     relation : {"add-remove", "replace-one"}, default "add-remove"
@@ -342,8 +345,9 @@ class TrainConfig:
         return clients_per_round / 20.0
 
     def delta_for(self, num_clients: int) -> float:
-        """``delta``, or the PMTL paper's ``1/m`` for ``m = num_clients`` when it is None."""
-        return self.delta if self.delta is not None else 1.0 / num_clients
+        """``delta``, or :func:`~privmtl.privacy.delta.user_data_delta` of ``m = num_clients``
+        (min(1e-5, 1/(100 m)), DP practice) when it is None."""
+        return self.delta if self.delta is not None else user_data_delta(num_clients)
 
     @property
     def is_private(self) -> bool:

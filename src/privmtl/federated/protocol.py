@@ -400,8 +400,8 @@ class Trainer:
     sampler : ClientSampler, optional
         Default ``make_sampler(config.sampling, m, q)``.
     ledger : PrivacyLedger, optional
-        Default: a new ledger (``config.accountant``, ``config.relation``, δ = ``config.delta``
-        or ``1/m``), durable at ``checkpoint_dir/ledger.jsonl`` when a checkpoint directory is
+        Default: a new ledger (``config.accountant``, ``config.relation``, δ =
+        ``config.delta_for(m)``), durable at ``checkpoint_dir/ledger.jsonl`` when a checkpoint directory is
         given.
     checkpoint_dir : path, optional
         Where the run's state is saved atomically every ``checkpoint_every`` rounds and at the end.
@@ -887,7 +887,9 @@ class Trainer:
                 if rec is None:
                     break
                 self._train_seconds += time.perf_counter() - t0
-                bar.update(1, loss=f"{rec.record['train_loss']:.3f}", eps=f"{rec.epsilon:.3g}")
+                # only released quantities on the progress line: the training loss of the sampled
+                # clients is a curator diagnostic (``run_pmtl(diagnostics=True)``)
+                bar.update(1, eps=f"{rec.epsilon:.3g}")
                 yield rec
         finally:
             bar.close()

@@ -30,7 +30,7 @@ Privacy of the released sequence :math:`\tilde w^{1..T}` (then JDP by the billbo
   ``GaussianDpEvent(z)`` with :math:`z = \sigma m / B` (the add/remove convention of
   :mod:`privmtl.privacy.accounting`, which doubles the sensitivity itself for
   ``relation="replace-one"``), with ``config.accountant``, ``config.relation`` and δ =
-  ``config.delta`` or ``1/m``; that ε is the reported ``epsilon``.
+  ``config.delta`` or its default (``TrainConfig.delta_for``); that ε is the reported ``epsilon``.
 * **closed form** (workshop Thm 2, replace-one): :math:`\sigma = 8B\sqrt{T\log(1/\delta)}/(\varepsilon
   m)` (:func:`~privmtl.privacy.closed_form.workshop_noise_std`); we also report its inverse
   :math:`\varepsilon_{paper} = 8B\sqrt{T\log(1/\delta)}/(\sigma m)`, valid when
@@ -114,7 +114,7 @@ def train_workshop(
         Architecture and initial parameters (projected onto the ball).
     config : TrainConfig, optional
         Uses ``rounds`` (T), ``lr`` (η), ``lam`` (λ), ``local_steps``/``local_epochs``,
-        ``batch_size``, ``seed``, ``delta`` (default ``1/m``), ``accountant``, ``relation``,
+        ``batch_size``, ``seed``, ``delta`` (default ``TrainConfig.delta_for``), ``accountant``, ``relation``,
         ``batched``, ``progress``, ``threads``. Participation is always all ``m`` tasks
         (``sampling``, ``clients_per_round`` and ``clip`` are ignored: the projection bounds the
         sensitivity); ``noise_std`` is σ unless ``epsilon`` or ``noise_std`` is given here.

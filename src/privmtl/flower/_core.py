@@ -38,6 +38,7 @@ from privmtl.federated.client import ProxStep, local_sgd_batched
 from privmtl.federated.config import TrainConfig, TrainResult
 from privmtl.federated.protocol import Curator, method_spec
 from privmtl.flower.secagg import SECAGG_DEFAULTS
+from privmtl.privacy.delta import pmtl_paper_delta, user_data_delta
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import make_noise_source
 from privmtl.privacy.release import GaussianMeanRelease
@@ -79,6 +80,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "relation": "add-remove",
     "server-update": "delta",
     "noise-source": "secure",
+    "paper-delta": False,  # True: the PMTL paper's delta = 1/m (reproductions); else DP practice
     "num-supernodes": 1,
     "work-dir": "",  # "": default_work_dir() of the machine running the ServerApp
     "on-missing": "fail",  # "fail" | "proceed"
@@ -170,7 +172,7 @@ def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
         noise_std=max(std, 0.0),
         sampling="all" if q == m else str(opts["sampling"]),
         seed=int(opts["seed"]),
-        delta=1.0 / m,
+        delta=pmtl_paper_delta(m) if bool(opts["paper-delta"]) else user_data_delta(m),
         accountant=str(opts["accountant"]),
         relation=str(opts["relation"]),
         batched=True,
