@@ -68,9 +68,7 @@ def test_argmax_picks_the_clear_winner():
     rng = np.random.default_rng(3)
     votes = np.concatenate([np.full(60, 2), rng.integers(0, 4, size=40)])  # 2 gets ~70 of 100
     vote = ClientVote(n_candidates=4, noise_std=5.0)
-    winners = [
-        vote.select(votes, SeededNoise(seed), delta=1e-5).winner for seed in range(50)
-    ]
+    winners = [vote.select(votes, SeededNoise(seed), delta=1e-5).winner for seed in range(50)]
     assert winners.count(2) == 50
     # with noise that swamps the counts the winner varies: the noise is really drawn
     loud = ClientVote(n_candidates=4, noise_std=500.0)
@@ -117,7 +115,9 @@ def test_failed_record_releases_nothing():
             raise OSError("disk full")
 
     with pytest.raises(OSError):
-        ClientVote(n_candidates=2, noise_std=1.0).select([0], SeededNoise(0), ledger=Broken(delta=1e-5))
+        ClientVote(n_candidates=2, noise_std=1.0).select(
+            [0], SeededNoise(0), ledger=Broken(delta=1e-5)
+        )
 
 
 def test_selection_cost_composes_candidates_and_vote():
@@ -174,7 +174,7 @@ def test_bad_input_errors():
         vote.select([0, 2], SeededNoise(0), delta=1e-5)
     with pytest.raises(InvalidParameterError, match="integers"):
         vote.select([0.5], SeededNoise(0), delta=1e-5)
-    with pytest.raises(InvalidParameterError, match="ledger.*delta"):
+    with pytest.raises(InvalidParameterError, match=r"ledger.*delta"):
         vote.select([0], SeededNoise(0))
     mismatch = PrivacyLedger(delta=1e-5, accountant="pld", relation="replace-one")
     with pytest.raises(InvalidParameterError, match="relation"):

@@ -51,6 +51,13 @@ from privmtl.privacy.noise import (
     make_noise_source,
 )
 from privmtl.privacy.release import AdaptiveClip, GaussianMeanRelease, Release
+from privmtl.privacy.sampling import (
+    ClientSampler,
+    FixedSizeSampler,
+    FullParticipation,
+    PoissonSampler,
+    make_sampler,
+)
 from privmtl.privacy.selection import (
     SELECTION_METHODS,
     ClientVote,
@@ -58,13 +65,6 @@ from privmtl.privacy.selection import (
     client_votes,
     record_candidates,
     vote_sensitivity,
-)
-from privmtl.privacy.sampling import (
-    ClientSampler,
-    FixedSizeSampler,
-    FullParticipation,
-    PoissonSampler,
-    make_sampler,
 )
 
 __all__ = [
@@ -92,9 +92,9 @@ __all__ = [
     "allocate_budgets",
     "allocation_weights",
     "calibrate_noise_multiplier",
+    "client_votes",
     "clip_columns",
     "clip_rows",
-    "client_votes",
     "composition_bound",
     "compute_epsilon",
     "covariance_sensitivity",
