@@ -144,7 +144,7 @@ def run_pmtl_sweep(
         groups.setdefault((row["seed"], row["method"], row["target_epsilon"]), []).append(i)
     vote_logs = [0, 0]  # votes reused / logged: releases, not runs
     rows = []
-    for (seed, method, eps), idx in groups.items():
+    for (seed, _method, eps), idx in groups.items():
         group = [candidates[i] for i in idx]
         first = group[0]
         before = (0, 0) if log is None else (log.reused, log.computed)

@@ -288,12 +288,12 @@ def select_candidates(
     if select == "pooled":
         vals = np.array([np.nan if v is None else float(v) for v in pooled])
         signed = vals if higher_is_better else -vals
-        chosen = 0 if np.all(np.isnan(signed)) else int(np.nanargmax(signed))
+        best = 0 if np.all(np.isnan(signed)) else int(np.nanargmax(signed))
         return {
             **base,
             "method": "pooled",
             "covered": False,
-            "chosen": chosen,
+            "chosen": best,
             "epsilon": None,
             "candidates_epsilon": None,
             "vote": None,
@@ -315,7 +315,7 @@ def select_candidates(
     method = select if releases else "client"
     if method == "client" or k == 1:
         choices = np.where(votes < 0, 0, votes)  # no validation data: the first (public) point
-        chosen = 0 if k == 1 else None
+        chosen: int | None = 0 if k == 1 else None
         if k == 1:
             note = f"one candidate: {what} was not chosen"
         elif releases:
@@ -354,7 +354,11 @@ def select_candidates(
     logged = None if log is None else log.get(key)
     if logged is not None:  # released before: compose it again, draw nothing new
         ledger.record(vote.event(), mechanism=VOTE_MECHANISM, params=vote.params())
-        winner, noisy, vote_source = logged["winner"], logged["noisy_counts"], logged["noise_source"]
+        winner, noisy, vote_source = (
+            logged["winner"],
+            logged["noisy_counts"],
+            logged["noise_source"],
+        )
     else:
         noise = _vote_noise(noise_source, seed, run_key(key))
         res = vote.select(votes, noise, ledger=ledger, release_id="vote")
@@ -431,7 +435,9 @@ def selection_footnote(rows: Sequence[dict[str, Any]]) -> str:
     covered = all(bool(r.get("covered", True)) for r in rows)
     text = "selection: " + (", ".join(methods) or "none")
     if covered:
-        return text + "; every output covered, ε shown includes training of all candidates + selection"
+        return (
+            text + "; every output covered, ε shown includes training of all candidates + selection"
+        )
     return text + "; NOT covered: pooled selection reads every client's validation data"
 
 

@@ -1,0 +1,207 @@
+"""Covered selection in the PMTL sweep: the vote's cost is composed, pooled selection is labelled."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event as dpe
+
+from privmtl.experiments.pmtl_sweep import plot_rounds, run_pmtl_sweep, write_pmtl_sweep
+from privmtl.experiments.runlog import RunLog
+from privmtl.experiments.sweep import rows_to_csv, select_candidates
+from privmtl.privacy import compute_epsilon
+
+SMALL = {
+    "data": "synthetic",
+    "data_path": None,
+    "model": "logreg",
+    "epsilons": [1.0],
+    "seeds": [0],
+    "clips": [0.2, 1.0],
+    "rounds_grid": [3],
+    "clients_per_round": 20,
+    "noise_source": "seeded",
+}
+
+
+@pytest.fixture(scope="module")
+def voted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vote")
+    log = RunLog(out)
+    res = run_pmtl_sweep(methods=["pmtl", "local"], log=log, **SMALL)
+    return res, out, log
+
+
+def _row(res, method, eps):
+    return next(r for r in res["rows"] if r["method"] == method and r["target_epsilon"] == eps)
+
+
+def test_vote_epsilon_composes_every_candidate_and_the_vote(voted):
+    res, _, _ = voted
+    row = _row(res, "pmtl", 1.0)
+    sel = row["selection"]
+    assert row["covered"] is True and row["selection_method"] == "vote" and res["covered"]
+    assert sel["candidates"] == 2 and sel["chosen"] in (0, 1)
+    cands = [c for c in res["candidates"] if c["method"] == "pmtl" and c["target_epsilon"] == 1.0]
+    # independent composition: each candidate is T rounds of the Poisson-sampled Gaussian
+    events = [
+        dpe.SelfComposedDpEvent(
+            dpe.PoissonSampledDpEvent(
+                c["clients_per_round"] / c["num_clients"],
+                dpe.GaussianDpEvent(c["noise_multiplier"]),
+            ),
+            c["rounds_run"],
+        )
+        for c in cands
+    ]
+    vote = dpe.GaussianDpEvent(sel["vote"]["noise_multiplier"])
+    delta = row["delta"]
+    expected = compute_epsilon(dpe.ComposedDpEvent([*events, vote]), delta=delta)
+    assert row["epsilon"] == pytest.approx(expected, rel=1e-6)
+    assert row["guarantee"]["epsilon"] == row["epsilon"]
+    assert sel["candidates_epsilon"] == pytest.approx(
+        compute_epsilon(dpe.ComposedDpEvent(events), delta=delta), rel=1e-6
+    )
+    # the budget split: the vote alone spends half of the point's ε; training is the run's own
+    assert sel["vote"]["epsilon"] == pytest.approx(0.5, rel=1e-3) and sel["vote"]["share"] == 0.5
+    assert row["training_epsilon"] == pytest.approx(1.0, rel=0.03)
+    assert row["epsilon"] > sel["candidates_epsilon"] > row["training_epsilon"]
+    assert sel["vote"]["noise_source"] == "seeded" and len(sel["vote"]["noisy_counts"]) == 2
+    # the published candidates do not carry the selection inputs (per-client scores, events)
+    assert all("client_scores" not in c and "release_events" not in c for c in res["candidates"])
+
+
+def test_local_training_is_chosen_per_client_and_stays_at_epsilon_zero(voted):
+    res, out, _ = voted
+    row = _row(res, "local", None)
+    assert row["selection_method"] == "client" and row["covered"] is True
+    assert row["epsilon"] == 0.0 and row["selection"]["vote"] is None
+    # the per-client choice's test accuracy: each client scored with its own chosen candidate
+    logged = [json.loads(x)["row"] for x in (out / "runs.jsonl").read_text().splitlines()]
+    local = [r for r in logged if r.get("method") == "local"]
+    assert len(local) == 2
+    val = np.stack(
+        [np.divide(r["client_scores"]["val_correct"], np.maximum(r["client_scores"]["val_n"], 1))
+         for r in local], 1,
+    )  # fmt: skip
+    has_val = np.asarray(local[0]["client_scores"]["val_n"]) > 0
+    choice = np.where(has_val, np.argmax(val, 1), 0)
+    test_correct = np.stack([r["client_scores"]["test_correct"] for r in local], 1)
+    n_test = np.asarray(local[0]["client_scores"]["test_n"])
+    mine = test_correct[np.arange(len(choice)), choice]
+    assert row["test_accuracy"] == pytest.approx(mine.sum() / n_test.sum())
+
+
+def test_resumed_sweep_reuses_the_logged_vote(voted, tmp_path):
+    res, out, log = voted
+    again = run_pmtl_sweep(methods=["pmtl", "local"], log=RunLog(out), **SMALL)
+    assert [r["selection"] for r in again["rows"]] == [r["selection"] for r in res["rows"]]
+    logged = [json.loads(x)["key"] for x in (out / "runs.jsonl").read_text().splitlines()]
+    assert sum('"pmtl-selection"' in k for k in logged) == 2  # pmtl at ε=1 and non-private
+    # the run counters count runs, not votes
+    assert (log.computed, log.reused) == (6, 0)
+
+
+def test_secure_vote_is_logged_and_reused(tmp_path):
+    kw = {**SMALL, "noise_source": "secure", "clips": [0.5, 1.0]}
+    first = run_pmtl_sweep(methods=["fedavg"], log=RunLog(tmp_path), **kw)
+    second = run_pmtl_sweep(methods=["fedavg"], log=RunLog(tmp_path), **kw)
+    a, b = _row(first, "fedavg", 1.0), _row(second, "fedavg", 1.0)
+    assert a["selection"]["vote"]["noise_source"] == "secure"
+    assert a["selection"]["vote"]["noisy_counts"] == b["selection"]["vote"]["noisy_counts"]
+    assert a["epsilon"] == b["epsilon"]
+
+
+def test_pooled_selection_is_labelled_not_covered_everywhere(tmp_path):
+    res = run_pmtl_sweep(methods=["pmtl"], select="pooled", **SMALL)
+    row = _row(res, "pmtl", 1.0)
+    assert row["covered"] is False and res["covered"] is False
+    assert row["selection_method"] == "pooled" and row["guarantee"]["covered"] is False
+    assert any("pooled validation" in r for r in row["guarantee"]["not_covered"])
+    assert row["epsilon"] == row["training_epsilon"]  # nothing claimed for the selection
+    best = max(
+        (c for c in res["candidates"] if c["method"] == "pmtl" and c["target_epsilon"] == 1.0),
+        key=lambda c: c["val_accuracy"],
+    )
+    assert row["clip"] == best["clip"]
+    table = list(csv.DictReader(io.StringIO(rows_to_csv(res["rows"]))))
+    assert {r["covered"] for r in table} == {"False"}
+    assert {r["selection_method"] for r in table} == {"pooled"}
+    assert all(s["covered"] is False for s in res["summary"])
+    files = write_pmtl_sweep(res, tmp_path, title="t")
+    assert all(f.stat().st_size > 0 for f in files)
+
+
+def test_select_candidates_bad_input():
+    from privmtl.exceptions import InvalidParameterError
+
+    kw = {
+        "scores": np.zeros((3, 2)),
+        "pooled": [0.1, 0.2],
+        "events": [[], []],
+        "target_epsilon": 1.0,
+        "delta": 1e-5,
+        "accountant": "rdp",
+        "relation": "add-remove",
+        "noise_source": "seeded",
+        "seed": 0,
+    }
+    with pytest.raises(InvalidParameterError, match="'select'"):
+        select_candidates(select="best", **kw)
+    with pytest.raises(InvalidParameterError, match="vote_share"):
+        select_candidates(select="vote", vote_share=0.0, **kw)
+    with pytest.raises(InvalidParameterError, match="pooled"):
+        select_candidates(select="vote", **{**kw, "pooled": [0.1]})
+    with pytest.raises(InvalidParameterError, match="scores"):
+        select_candidates(select="vote", **{**kw, "scores": np.zeros((3, 3))})
+
+
+def test_vote_in_select_candidates_is_in_its_ledger_and_picks_the_clear_winner():
+    scores = np.tile([0.2, 0.9, 0.5], (200, 1))  # every client prefers candidate 1
+    z = 3.0
+    sel = select_candidates(
+        select="vote",
+        scores=scores,
+        pooled=[None, None, None],
+        events=[[{"type": "gaussian", "noise_multiplier": z}]] * 3,
+        target_epsilon=1.0,
+        delta=1e-5,
+        accountant="rdp",
+        relation="add-remove",
+        noise_source="seeded",
+        seed=0,
+    )
+    assert sel["chosen"] == 1 and sel["method"] == "vote" and sel["covered"]
+    expected = compute_epsilon(
+        dpe.ComposedDpEvent(
+            [dpe.SelfComposedDpEvent(dpe.GaussianDpEvent(z), 3),
+             dpe.GaussianDpEvent(sel["vote"]["noise_multiplier"])]
+        ),
+        delta=1e-5,
+    )  # fmt: skip
+    assert sel["epsilon"] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"curator_diagnostics": {"train_loss_per_round": [1.0, 0.5, None]}},
+        {"train_loss_per_round": [1.0, 0.5, 0.4]},
+        {},
+    ],
+)
+def test_plot_rounds_tolerates_both_loss_keys_and_none(tmp_path, extra):
+    row = {
+        "method": "pmtl",
+        "target_epsilon": 1.0,
+        "seed": 0,
+        "epsilon_per_round": [0.3, 0.6, 1.0],
+        "guarantee": {"private": True},
+        **extra,
+    }
+    plot_rounds([row], tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 0
