@@ -205,3 +205,112 @@ def test_plot_rounds_tolerates_both_loss_keys_and_none(tmp_path, extra):
     }
     plot_rounds([row], tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------ MP-MTL sweep
+def _mpmtl(tmp_path, **kw):
+    from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
+
+    args = {
+        "data": "synthetic-lowrank",
+        "data_path": None,
+        "methods": ["lowrank", "stl-l2"],
+        "epsilons": [1.0],
+        "seeds": [0],
+        "noise": "gaussian",
+        "tune_mode": "each",
+        "out_dir": tmp_path,
+        "noise_source": "seeded",
+    }
+    res = run_mpmtl_sweep(**{**args, **kw})
+    saved = json.loads((tmp_path / "mpmtl_sweep.json").read_text())
+    logged = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    return res, saved, logged
+
+
+@pytest.fixture(scope="module")
+def mpmtl_voted(tmp_path_factory):
+    return _mpmtl(tmp_path_factory.mktemp("mpmtl"))
+
+
+def test_mpmtl_vote_composes_every_candidate_and_the_vote(mpmtl_voted):
+    from privmtl.experiments.mpmtl_sweep import VOTE_GRIDS
+    from privmtl.linear.selection import expand_grid
+    from privmtl.privacy.accounting import event_from_dict
+
+    res, saved, logged = mpmtl_voted
+    row = next(r for r in saved["rows"] if r["method"] == "lowrank")
+    sel = row["selection"]
+    assert res["covered"] and saved["covered"] and row["covered"]
+    assert row["selection_method"] == "vote" and sel["candidates"] == len(
+        expand_grid(VOTE_GRIDS["lowrank"])
+    )
+    cands = [e["row"] for e in logged if e["row"].get("method") == "lowrank"]
+    assert len(cands) == sel["candidates"]
+    events = [event_from_dict(ev) for c in cands for ev in c["release_events"]]
+    assert events  # the candidates' covariance releases, from their own ledgers
+    vote = dpe.GaussianDpEvent(sel["vote"]["noise_multiplier"])
+    expected = compute_epsilon(dpe.ComposedDpEvent([*events, vote]), delta=row["delta"])
+    assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert row["training_epsilon"] == pytest.approx(1.0, rel=1e-6)
+    assert sel["vote"]["epsilon"] == pytest.approx(0.5, rel=1e-3)
+    # the chosen row reports the chosen candidate's test metric
+    assert row["nmse"] == pytest.approx(cands[sel["chosen"]]["nmse"])
+
+
+def test_mpmtl_single_task_baseline_is_chosen_per_task(mpmtl_voted):
+    from privmtl.experiments.mpmtl import load_mpmtl_data
+    from privmtl.experiments.mpmtl_sweep import _validation_split
+    from privmtl.linear.metrics import nmse
+
+    _, saved, logged = mpmtl_voted
+    row = next(r for r in saved["rows"] if r["method"] == "stl-l2")
+    assert row["selection_method"] == "client" and row["epsilon"] == 0.0 and row["covered"]
+    cands = [e["row"] for e in logged if e["row"].get("method") == "stl-l2"]
+    coefs = [np.asarray(c["coef"]) for c in cands]
+    train, test = load_mpmtl_data("synthetic-lowrank", seed=0)
+    _, val = _validation_split(train, 0.2, 0)
+    choice = []
+    for i, (Xv, yv) in enumerate(val):  # each task: lowest validation MSE with its own column
+        mse = [np.mean((Xv @ W[:, i] - yv) ** 2) for W in coefs]
+        choice.append(int(np.argmin(mse)))
+    preds = [test.X[i] @ coefs[c][:, i] for i, c in enumerate(choice)]
+    assert row["nmse"] == pytest.approx(nmse(list(test.y), preds))
+    assert len(set(choice)) > 1  # the tasks really chose differently
+
+
+def test_validation_split_of_a_task_ignores_the_other_tasks():
+    from privmtl.data.multitask import MultiTaskDataset
+    from privmtl.experiments.mpmtl_sweep import _validation_split
+
+    rng = np.random.default_rng(0)
+    a = MultiTaskDataset(
+        X=[rng.normal(size=(n, 3)) for n in (10, 7, 12)],
+        y=[np.arange(n) * 1.0 for n in (10, 7, 12)],
+    )
+    b = MultiTaskDataset(
+        X=[a.X[0], rng.normal(size=(30, 3)), a.X[2]], y=[a.y[0], np.zeros(30), a.y[2]]
+    )
+    fa, va = _validation_split(a, 0.2, 3)
+    fb, vb = _validation_split(b, 0.2, 3)
+    for i in (0, 2):
+        np.testing.assert_array_equal(va[i][1], vb[i][1])
+        np.testing.assert_array_equal(fa.y[i], fb.y[i])
+    assert va[0][1].size == 2 and fa.y[0].size == 8
+
+
+def test_mpmtl_pooled_selection_is_labelled_not_covered(tmp_path):
+    res, saved, _ = _mpmtl(tmp_path, methods=["stl-l2"], select="pooled", n_splits=3)
+    row = saved["rows"][0]
+    assert row["covered"] is False and res["covered"] is False and saved["covered"] is False
+    assert row["selection_method"] == "pooled"
+    assert any("cross-validation" in r for r in row["guarantee"]["not_covered"])
+    table = list(csv.DictReader(io.StringIO((tmp_path / "mpmtl_sweep.csv").read_text())))
+    assert table[0]["covered"] == "False" and table[0]["selection_method"] == "pooled"
+
+
+def test_mpmtl_no_tuning_is_covered_without_selection(tmp_path):
+    _, saved, _ = _mpmtl(tmp_path, methods=["lowrank"], tune_mode="none")
+    row = saved["rows"][0]
+    assert row["covered"] is True and row["selection_method"] == "none"
+    assert row["epsilon"] == row["training_epsilon"]

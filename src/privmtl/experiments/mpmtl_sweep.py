@@ -399,8 +399,8 @@ def _validation_split(
         yf.append(yi[f])
         val.append((Xi[v], yi[v]))
     fit = MultiTaskDataset(
-        X=Xf,
-        y=yf,
+        X=tuple(Xf),
+        y=tuple(yf),
         task_names=train.task_names,
         task_type=train.task_type,
         feature_names=train.feature_names,
@@ -408,14 +408,16 @@ def _validation_split(
     return fit, val
 
 
-def _candidate_run(common: dict[str, Any], epsilon: float | None, point: dict[str, Any]) -> dict:
+def _candidate_run(
+    common: dict[str, Any], epsilon: float | None, point: dict[str, Any]
+) -> dict[str, Any]:
     """One candidate: the run on the fit parts, its ledger's events and its ``W`` (``coef``)."""
     from privmtl.linear.saved import load_linear_models
 
     method = common["method"]
     with tempfile.TemporaryDirectory(prefix="privmtl-candidate-") as tmp:
         t = Path(tmp)
-        ckpt = (
+        ckpt: dict[str, Any] = (
             {"checkpoint_dir": t / "run"}
             if method in ESTIMATOR_PROTOCOL_METHODS and epsilon is not None
             else {}
