@@ -202,8 +202,13 @@ def _run_accountant(group: Sequence[dict[str, Any]]) -> str:
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:
-    """A run without the selection inputs kept in the run log (per-client scores, events)."""
-    return {k: v for k, v in row.items() if k not in ("client_scores", "release_events")}
+    """A run without the selection inputs kept in the run log (per-client scores, events).
+
+    A candidate states ``covered`` under its own guarantee (its outputs precede any selection).
+    """
+    out = {k: v for k, v in row.items() if k not in ("client_scores", "release_events")}
+    out.setdefault("covered", bool((row.get("guarantee") or {}).get("covered", True)))
+    return out
 
 
 def _client_val_accuracy(group: Sequence[dict[str, Any]]) -> np.ndarray:
