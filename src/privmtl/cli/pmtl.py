@@ -456,10 +456,9 @@ def pmtl_sweep(**kw: Any) -> None:
     for row in res["summary"]:
         e = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
         tot = "" if row["target_epsilon"] is None else f"  ε incl. selection {row['epsilon']:.3g}"
-        flag = "" if row["covered"] else "  NOT COVERED (pooled selection)"
-        click.echo(
-            f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f}{spread(row)}{tot}{flag}"
-        )
+        if not row["covered"]:
+            tot = "  NOT COVERED (pooled selection)"
+        click.echo(f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f}{spread(row)}{tot}")
     if runs["runs_reused"]:
         click.echo(f"reused {runs['runs_reused']} finished run(s) from {log.path}")
     click.echo("wrote: " + ", ".join(files))
