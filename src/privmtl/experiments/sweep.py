@@ -31,6 +31,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import textwrap
 import warnings
 import zlib
 from collections import defaultdict
@@ -551,11 +552,12 @@ def plot_tradeoff(
         metric_label + (" (lower is better)" if lower_is_better else " (higher is better)")
     )
     ax.set_title(title, fontsize=11)
-    if subtitle:
-        fig.text(0.5, 0.005, subtitle, ha="center", va="bottom", fontsize=7, color="0.3")
+    lines = textwrap.wrap(subtitle, 125) if subtitle else []
+    if lines:  # the footnote (privacy statement, selection, coverage) is never clipped
+        fig.text(0.5, 0.005, "\n".join(lines), ha="center", va="bottom", fontsize=7, color="0.3")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout(rect=(0, 0.04 if subtitle else 0, 1, 1))
+    fig.tight_layout(rect=(0, 0.03 * len(lines) + (0.01 if lines else 0), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
