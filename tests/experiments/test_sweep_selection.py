@@ -314,3 +314,23 @@ def test_mpmtl_no_tuning_is_covered_without_selection(tmp_path):
     row = saved["rows"][0]
     assert row["covered"] is True and row["selection_method"] == "none"
     assert row["epsilon"] == row["training_epsilon"]
+
+
+@pytest.mark.parametrize("select", ["vote", "client", "pooled"])
+def test_one_candidate_is_no_selection(select):
+    ev = [{"type": "gaussian", "noise_multiplier": 2.0}]
+    sel = select_candidates(
+        select=select,
+        scores=np.ones((4, 1)),
+        pooled=[0.5],
+        events=[ev],
+        target_epsilon=1.0,
+        delta=1e-5,
+        accountant="rdp",
+        relation="add-remove",
+        noise_source="seeded",
+        seed=0,
+    )
+    assert sel["method"] == "none" and sel["covered"] and sel["chosen"] == 0
+    assert sel["vote"] is None
+    assert sel["epsilon"] == pytest.approx(compute_epsilon(dpe.GaussianDpEvent(2.0), delta=1e-5))

@@ -273,6 +273,7 @@ def select_candidates(
         int array, the curator's only: not for publication), ``epsilon`` (training of every
         candidate + vote, composed; None when infinite or not covered), ``candidates_epsilon``,
         ``vote`` (σ, its multiplier, its own ε, the share, the noisy counts) and ``note``.
+        With one candidate nothing is chosen: ``method`` is ``"none"``.
     """
     from privmtl.privacy import ClientVote, PrivacyLedger, client_votes, record_candidates
     from privmtl.privacy.selection import SELECTION_METHODS, VOTE_MECHANISM
@@ -286,7 +287,7 @@ def select_candidates(
             f"{len(pooled)} pooled scores for {k} candidates."
         )
     base = {"candidates": k, "delta": delta, "accountant": accountant, "relation": relation}
-    if select == "pooled":
+    if select == "pooled" and k > 1:
         vals = np.array([np.nan if v is None else float(v) for v in pooled])
         signed = vals if higher_is_better else -vals
         best = 0 if np.all(np.isnan(signed)) else int(np.nanargmax(signed))
@@ -313,8 +314,8 @@ def select_candidates(
     releases = any(len(e) for e in events)
     eps_c = record_candidates(ledger, events) if releases else 0.0
     votes = client_votes(s, higher_is_better=higher_is_better)
-    method = select if releases else "client"
-    if method == "client" or k == 1:
+    method = "none" if k == 1 else select if releases else "client"
+    if method != "vote":
         choices = np.where(votes < 0, 0, votes)  # no validation data: the first (public) point
         chosen: int | None = 0 if k == 1 else None
         if k == 1:
