@@ -182,3 +182,11 @@ def test_bad_input_errors():
     assert mismatch.records == []
     with pytest.raises(InvalidParameterError, match="candidate_events"):
         record_candidates(PrivacyLedger(delta=1e-5), [])
+
+
+def test_secure_noise_by_default():
+    vote = ClientVote(n_candidates=3, noise_std=1.0)
+    a = vote.select([0, 1, 1], delta=1e-5)
+    b = vote.select([0, 1, 1], delta=1e-5)
+    assert a.details["noise_source"] == "secure"
+    assert a.noisy_counts != b.noisy_counts  # fresh OS entropy each time

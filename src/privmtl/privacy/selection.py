@@ -62,7 +62,7 @@ from privmtl.privacy.accounting import (
     event_from_dict,
 )
 from privmtl.privacy.guarantee import RELATIONS
-from privmtl.privacy.noise import NoiseSource
+from privmtl.privacy.noise import NoiseSource, SecureNoise
 
 __all__ = [
     "ABSTAIN",
@@ -257,7 +257,7 @@ class ClientVote:
     def select(
         self,
         votes: Iterable[int],
-        noise: NoiseSource,
+        noise: NoiseSource | None = None,
         *,
         ledger: Any = None,
         release_id: str | None = None,
@@ -267,7 +267,9 @@ class ClientVote:
     ) -> VoteResult:
         """Histogram → noise → ledger record → argmax: the winner and the noisy counts.
 
-        ``votes`` holds one entry per client: a candidate index or :data:`ABSTAIN`. With a
+        ``votes`` holds one entry per client: a candidate index or :data:`ABSTAIN`. ``noise``
+        defaults to :class:`~privmtl.privacy.noise.SecureNoise` (OS entropy); pass a
+        :class:`~privmtl.privacy.noise.SeededNoise` for a reproducible simulation only. With a
         ``ledger`` (:class:`~privmtl.privacy.PrivacyLedger`) the vote's event is recorded
         (``mechanism="client-vote"``; refused with :class:`~privmtl.exceptions.PrivacyBudgetError`
         when it would exceed the ledger's budget) before anything is returned, and ``epsilon`` is
@@ -286,12 +288,13 @@ class ClientVote:
                 f"The vote's relation {self.relation!r} must be the ledger's "
                 f"({ledger.relation!r}): the relation fixes the vote's sensitivity."
             )
+        source = SecureNoise() if noise is None else noise
         event = self.event()
         if ledger is not None and hasattr(ledger, "check"):
             ledger.check(event)  # refuse before any noise is drawn
         noisy = counts
         if self.private:
-            noisy = counts + noise.normal_numpy((self.n_candidates,), self.noise_std)
+            noisy = counts + source.normal_numpy((self.n_candidates,), self.noise_std)
         if ledger is None:
             assert delta is not None
             eps = self.epsilon(delta, accountant=accountant)
@@ -310,7 +313,7 @@ class ClientVote:
         details = {
             "noise_std": self.noise_std,
             "noise_multiplier": self.noise_multiplier,
-            "noise_source": noise.kind if self.private else "none",
+            "noise_source": source.kind if self.private else "none",
         }
         return VoteResult(winner, tuple(float(c) for c in noisy), eps, event, details)
 
