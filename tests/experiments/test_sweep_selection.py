@@ -334,3 +334,17 @@ def test_one_candidate_is_no_selection(select):
     assert sel["method"] == "none" and sel["covered"] and sel["chosen"] == 0
     assert sel["vote"] is None
     assert sel["epsilon"] == pytest.approx(compute_epsilon(dpe.GaussianDpEvent(2.0), delta=1e-5))
+
+
+def test_summary_never_claims_coverage_a_row_does_not_state():
+    from privmtl.experiments.sweep import aggregate, selection_footnote
+
+    rows = [
+        {"method": "a", "target_epsilon": 1.0, "value": 0.5, "epsilon": 1.0, "covered": True},
+        {"method": "b", "target_epsilon": 1.0, "value": 0.5, "epsilon": 1.0},
+        {"method": "c", "target_epsilon": 1.0, "value": 0.5, "epsilon": 1.0,
+         "guarantee": {"covered": False}},
+    ]  # fmt: skip
+    assert [s["covered"] for s in aggregate(rows)] == [True, None, False]
+    assert "NOT covered" in selection_footnote(rows)
+    assert "not stated" in selection_footnote(rows[:2])

@@ -317,7 +317,7 @@ def write_pmtl_sweep(result: dict[str, Any], out_dir: Path, *, title: str) -> li
     write_json_atomic(files[1], result)
     rows = result["rows"]
     g = next((r for r in rows if r["guarantee"]["private"]), rows[0])
-    covered = all(r.get("covered", True) for r in rows)
+    covered = all(r.get("covered") is True for r in rows)
     subtitle = (
         f"δ={g['delta']:.3g}, neighbours: {g['relation']} one client, sampling: {g['sampling']} "
         f"(q={g['clients_per_round']} of m={g['num_clients']}), accountant: {g['accountant']}; "

@@ -431,11 +431,26 @@ def apply_selection(row: dict[str, Any], selection: dict[str, Any]) -> dict[str,
     return out
 
 
+def _covered(row: dict[str, Any]) -> bool | None:
+    """The row's ``covered`` (or its guarantee's); None when the row does not say."""
+    value = row.get("covered", (row.get("guarantee") or {}).get("covered"))
+    return None if value is None else bool(value)
+
+
+def _all_covered(values: Sequence[bool | None]) -> bool | None:
+    """False if any is False, None (unknown) if any is unknown, else True."""
+    if any(v is False for v in values):
+        return False
+    return None if any(v is None for v in values) else True
+
+
 def selection_footnote(rows: Sequence[dict[str, Any]]) -> str:
     """One line for a table or plot: which selection the rows used and whether they are covered."""
     methods = sorted({str(r.get("selection_method")) for r in rows if r.get("selection_method")})
-    covered = all(bool(r.get("covered", True)) for r in rows)
+    covered = _all_covered([_covered(r) for r in rows])
     text = "selection: " + (", ".join(methods) or "none")
+    if covered is None:
+        return text + "; coverage not stated by every row"
     if covered:
         return (
             text + "; every output covered, ε shown includes training of all candidates + selection"
@@ -463,11 +478,11 @@ def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     groups: dict[tuple[str, float | None], list[float]] = defaultdict(list)
     eps_real: dict[tuple[str, float | None], list[float]] = defaultdict(list)
-    covered: dict[tuple[str, float | None], bool] = defaultdict(lambda: True)
+    covered: dict[tuple[str, float | None], list[bool | None]] = defaultdict(list)
     selected: dict[tuple[str, float | None], set[str]] = defaultdict(set)
     for row in rows:
         key = (row["method"], row.get("target_epsilon"))
-        covered[key] = covered[key] and bool(row.get("covered", True))
+        covered[key].append(_covered(row))
         if row.get("selection_method"):
             selected[key].add(str(row["selection_method"]))
         if row.get("value") is not None:
@@ -487,7 +502,7 @@ def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "mean": float(arr.mean()),
                 "std": float(arr.std(ddof=1)) if arr.size > 1 else 0.0,
                 "n": int(arr.size),
-                "covered": covered[(method, target)],
+                "covered": _all_covered(covered[(method, target)]),
                 "selection_method": ",".join(sorted(selected[(method, target)])) or None,
             }
         )
