@@ -33,6 +33,7 @@ from privmtl.experiments.sweep import (
     DEFAULT_VOTE_SHARE,
     aggregate,
     apply_selection,
+    candidates_accounting,
     ledger_events,
     plot_tradeoff,
     rows_to_csv,
@@ -146,7 +147,6 @@ def run_pmtl_sweep(
     rows = []
     for (seed, _method, eps), idx in groups.items():
         group = [candidates[i] for i in idx]
-        first = group[0]
         before = (0, 0) if log is None else (log.reused, log.computed)
         sel = select_candidates(
             select=select,
@@ -154,9 +154,7 @@ def run_pmtl_sweep(
             pooled=[c.get("val_accuracy") for c in group],
             events=[c["release_events"] for c in group],
             target_epsilon=eps,
-            delta=_run_delta(group),
-            accountant=_run_accountant(group),
-            relation=str(first["relation"]),
+            **candidates_accounting(group),
             noise_source=noise_source,
             seed=seed,
             vote_share=vote_share,
@@ -189,16 +187,6 @@ def run_pmtl_sweep(
         "vote_share": vote_share if select == "vote" else None,
         "covered": all(r["covered"] for r in rows),
     }
-
-
-def _run_delta(group: Sequence[dict[str, Any]]) -> float:
-    """The candidates' δ (a group without a private run composes nothing finite: any δ)."""
-    return float(next((c["delta"] for c in group if c.get("delta")), 1e-5))
-
-
-def _run_accountant(group: Sequence[dict[str, Any]]) -> str:
-    acc = next((c["accountant"] for c in group if c.get("accountant") in ("rdp", "pld")), "rdp")
-    return str(acc)
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:

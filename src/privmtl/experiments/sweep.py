@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_VOTE_SHARE",
     "aggregate",
     "apply_selection",
+    "candidates_accounting",
     "ledger_events",
     "plot_tradeoff",
     "rows_to_csv",
@@ -216,6 +217,23 @@ def _vote_noise(noise_source: str, seed: int, key: str) -> Any:
 
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def candidates_accounting(candidates: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``delta``, ``accountant`` and ``relation`` under which candidate runs are composed.
+
+    Those of the private candidates (every candidate of a sweep point shares them). A point
+    without a private candidate composes nothing finite, and any δ states that (1e-5 is used).
+    """
+    delta = next((c["delta"] for c in candidates if c.get("delta")), 1e-5)
+    accountant = next(
+        (c["accountant"] for c in candidates if c.get("accountant") in ("rdp", "pld")), "rdp"
+    )
+    return {
+        "delta": float(delta),
+        "accountant": str(accountant),
+        "relation": str(candidates[0]["relation"]),
+    }
 
 
 def select_candidates(
