@@ -216,7 +216,9 @@ def run_mpmtl_sweep(
 
     def covered_one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
         grid = candidates_of(method)
-        if not grid:  # nothing accountable to compose: the defaults, no selection
+        if not grid or (noise == "wishart" and epsilon is not None):
+            # nothing accountable to compose (the Wishart ledger records non-private events):
+            # the defaults, no selection
             return pooled_logged_none(method=method, epsilon=epsilon, seed=seed)
         fit, val = _validation_split(splits[seed][0], val_fraction, seed)
         test = splits[seed][1]
@@ -371,10 +373,8 @@ def _candidate_grid(method: str, iterations: int | None) -> list[dict[str, Any]]
             return []
         points = expand_grid(raw) if raw else []
     if iterations is not None:  # the user's explicit T is kept out of the search
-        points = [{**p, "iterations": iterations} for p in points if "iterations" in p] or [
-            p for p in points if "iterations" not in p
-        ]
-        points = [dict(t) for t in {tuple(sorted(p.items())): p for p in points}]
+        points = [{**p, "iterations": iterations} for p in points]
+        points = list({tuple(sorted(p.items())): p for p in points}.values())
     return points
 
 
