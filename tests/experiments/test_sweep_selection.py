@@ -348,3 +348,21 @@ def test_summary_never_claims_coverage_a_row_does_not_state():
     assert [s["covered"] for s in aggregate(rows)] == [True, None, False]
     assert "NOT covered" in selection_footnote(rows)
     assert "not stated" in selection_footnote(rows[:2])
+
+
+def test_mpmtl_per_task_choice_of_a_private_method_composes_the_candidates(tmp_path):
+    from privmtl.privacy.accounting import event_from_dict
+
+    _, saved, logged = _mpmtl(tmp_path, methods=["lowrank"], select="client")
+    row = saved["rows"][0]
+    assert row["selection_method"] == "client" and row["covered"] and row["params"] is None
+    assert row["selection"]["vote"] is None
+    events = [
+        event_from_dict(ev)
+        for e in logged
+        if e["row"].get("method") == "lowrank"
+        for ev in e["row"]["release_events"]
+    ]
+    expected = compute_epsilon(dpe.ComposedDpEvent(events), delta=row["delta"])
+    assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert not any('"mpmtl-selection"' in e["key"] for e in logged)  # no vote was released
