@@ -102,7 +102,7 @@ def test_pmtl_sweep_selects_on_validation_and_writes_plots(capsys, tmp_path):
         capsys,
         ["pmtl-sweep", "--data", "synthetic", "--methods", "pmtl,fedavg", "--epsilons", "2",
          "--clips", "0.5", "--rounds-grid", "3", "--lams", "0.01,1", "--server-update", "offset",
-         "--out", str(tmp_path / "s"), "--json"],
+         "--select", "pooled", "--out", str(tmp_path / "s"), "--json"],
     )  # fmt: skip
     files = {p.rsplit("/", 1)[-1] for p in out["files"]}
     assert files == {
@@ -126,6 +126,9 @@ def test_pmtl_sweep_selects_on_validation_and_writes_plots(capsys, tmp_path):
     )
     assert kept["lam"] == best["lam"] and kept["server_update"] == "offset"
     assert kept["epsilon"] == pytest.approx(2.0, rel=0.03)
+    # pooled selection is opt-in and its rows say they are not covered, with the reason
+    assert out["covered"] is False and kept["covered"] is False
+    assert kept["selection_method"] == "pooled" and "pooled" in kept["guarantee"]["not_covered"][0]
 
 
 def test_pmtl_finetune_grid_is_chosen_per_client(capsys):

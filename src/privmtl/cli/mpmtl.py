@@ -13,8 +13,10 @@ from privmtl.experiments.mpmtl import (
     METHODS,
     run_mpmtl,
 )
+from privmtl.experiments.sweep import DEFAULT_VOTE_SHARE
 from privmtl.io import check_writable_dir
 from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.selection import SELECTION_METHODS
 
 __all__ = ["mpmtl", "mpmtl_sweep"]
 
@@ -231,13 +233,30 @@ def _floats(text: str, name: str) -> list[float]:
     help="Worker processes for the (method, ε, seed) runs; results do not depend on it.",
 )
 @click.option(
+    "--select",
+    type=click.Choice(list(SELECTION_METHODS)),
+    default="vote",
+    show_default=True,
+    help="How hyper-parameters are chosen: a noisy vote of the tasks, each on its own validation "
+    "part, over a small public grid (recorded; ε composes every candidate and the vote); each "
+    "task's own choice; or k-fold CV over every task's data as in the paper (NOT covered by the "
+    "guarantee; rows say so).",
+)
+@click.option(
+    "--vote-share",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    default=DEFAULT_VOTE_SHARE,
+    show_default=True,
+    help="With --select vote: the vote alone is (share × ε, δ)-DP.",
+)
+@click.option(
     "--tune",
     "tune_mode",
     type=click.Choice(["each", "once", "none"]),
     default="each",
     show_default=True,
-    help="k-fold CV on each training split for every (method, ε, seed); once per (method, seed) "
-    "at the middle ε and reused; or none (defaults).",
+    help="With --select pooled: k-fold CV for every (method, ε, seed), or once per (method, "
+    "seed) at the middle ε and reused. 'none': no selection at all (the estimators' defaults).",
 )
 @click.option(
     "--out",
@@ -258,6 +277,8 @@ def mpmtl_sweep(
     noise: str,
     iterations: int | None,
     jobs: int,
+    select: str,
+    vote_share: float,
     tune_mode: str,
     out_dir: Path,
     final_step: str,
@@ -287,6 +308,8 @@ def mpmtl_sweep(
         seeds=seed_list,
         noise=noise,
         tune_mode=tune_mode,
+        select=select,
+        vote_share=vote_share,
         out_dir=out_dir,
         iterations=iterations,
         final_step=final_step,
@@ -299,7 +322,10 @@ def mpmtl_sweep(
         return
     for row in res["summary"]:
         eps_txt = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
-        click.echo(f"{row['method']:>14}  ε={eps_txt:>6}  {row['mean']:.4f}{spread(row)}")
+        tot = "" if row["target_epsilon"] is None else f"  ε incl. selection {row['epsilon']:.3g}"
+        if not row["covered"]:
+            tot = "  NOT COVERED (pooled selection)"
+        click.echo(f"{row['method']:>14}  ε={eps_txt:>6}  {row['mean']:.4f}{spread(row)}{tot}")
     if res["runs_reused"]:
         click.echo(
             f"reused {res['runs_reused']} finished run(s) from {out_dir / 'runs.jsonl'}; "

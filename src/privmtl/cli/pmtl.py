@@ -16,8 +16,10 @@ from privmtl.experiments.pmtl import (
     FL_MODELS,
     run_pmtl,
 )
+from privmtl.experiments.sweep import DEFAULT_VOTE_SHARE
 from privmtl.io import check_writable_dir
 from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.selection import SELECTION_METHODS
 
 __all__ = ["pmtl", "pmtl_sweep"]
 
@@ -408,12 +410,28 @@ def pmtl(**kw: Any) -> None:
     is_flag=True,
     help="Seed the server noise from each run's seed (research simulation only). Default: secure.",
 )
+@click.option(
+    "--select",
+    type=click.Choice(list(SELECTION_METHODS)),
+    default="vote",
+    show_default=True,
+    help="How (γ, T, λ) is chosen per ε: a noisy client vote on each client's own validation "
+    "split (recorded; ε composes every candidate run and the vote), each client's own choice, "
+    "or the pooled validation accuracy (NOT covered by the guarantee; rows say so).",
+)
+@click.option(
+    "--vote-share",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    default=DEFAULT_VOTE_SHARE,
+    show_default=True,
+    help="With --select vote: the vote alone is (share × ε, δ)-DP.",
+)
 @click.option("--json", "as_json", is_flag=True)
 def pmtl_sweep(**kw: Any) -> None:
-    """ε sweep: per ε pick (γ, T) on validation accuracy, report test accuracy; CSV/JSON + plots.
+    """ε sweep: per ε choose (γ, T, λ) (default: client vote), report test accuracy; CSV/JSON + plots.
 
-    Every finished run is appended to OUT/runs.jsonl; re-running the sweep into the same --out
-    reuses the runs of the same configuration (an interrupted sweep resumes).
+    Every finished run (and every vote) is appended to OUT/runs.jsonl; re-running the sweep into
+    the same --out reuses those of the same configuration (an interrupted sweep resumes).
     """
     from privmtl.cli.mpmtl import _floats
     from privmtl.experiments.pmtl_sweep import PMTL_SWEEP_FILES, run_pmtl_sweep, write_pmtl_sweep
@@ -448,6 +466,8 @@ def pmtl_sweep(**kw: Any) -> None:
         ),
         noise_source="seeded" if kw["reproducible_noise"] else "secure",
         log=log,
+        select=kw["select"],
+        vote_share=kw["vote_share"],
     )
     out_dir: Path = kw["out_dir"]
     with atomic_output_dir(out_dir) as tmp:
@@ -456,12 +476,16 @@ def pmtl_sweep(**kw: Any) -> None:
         )
     files = [str(out_dir / p.name) for p in written] + [str(log.path)]
     runs = {"runs_reused": log.reused - reused_before, "runs_computed": log.computed}
+    sel = {"select": res["select"], "vote_share": res["vote_share"], "covered": res["covered"]}
     if kw["as_json"]:
-        echo_json({"summary": res["summary"], "files": files, **runs})
+        echo_json({"summary": res["summary"], "files": files, **sel, **runs})
         return
     for row in res["summary"]:
         e = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
-        click.echo(f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f}{spread(row)}")
+        tot = "" if row["target_epsilon"] is None else f"  ε incl. selection {row['epsilon']:.3g}"
+        if not row["covered"]:
+            tot = "  NOT COVERED (pooled selection)"
+        click.echo(f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f}{spread(row)}{tot}")
     if runs["runs_reused"]:
         click.echo(f"reused {runs['runs_reused']} finished run(s) from {log.path}")
     click.echo("wrote: " + ", ".join(files))

@@ -1,23 +1,87 @@
 """MP-MTL ε sweep: every (method, ε, seed), a table, a trade-off plot; resumable (``runs.jsonl``).
 
-This is what ``privmtl mpmtl-sweep`` and ``privmtl demo`` run. Hyper-parameters are tuned by k-fold
-cross-validation on each training split (``tune_mode="each"``), once per (method, seed) at the
-middle ε and reused (``"once"``), or not at all (``"none"``); tuning is not charged to ε, as in the
-MP-MTL paper, and every row says so.
+This is what ``privmtl mpmtl-sweep`` and ``privmtl demo`` run. How each row's hyper-parameters are
+chosen (``select``; :func:`~privmtl.experiments.sweep.select_candidates`):
+
+``"vote"`` (default, covered)
+    Every task's training split is cut into a fit part and a validation part (a fraction
+    ``val_fraction`` of its own samples, drawn from a generator of the seed and the task's index
+    only). One run per point of the method's small public grid (:data:`VOTE_GRIDS`, or the
+    method's documented grid for the non-private and single-task baselines) is fitted on the fit
+    parts; every task scores each candidate's column on its own validation part and votes; the
+    noisy histogram picks the row's run. ``epsilon`` composes every candidate's ledger and the
+    vote. Single-task baselines (nothing shared) are chosen per task instead, at ε = 0.
+``"client"`` (covered)
+    Every task keeps, among the same candidates, the column best on its own validation part.
+``"pooled"`` (opt-in, NOT covered)
+    The paper's protocol: k-fold cross-validation over every task's training split
+    (``tune_mode="each"``), once per (method, seed) at the middle ε and reused (``"once"``). Rows
+    say ``"covered": false`` with the reason.
+
+``tune_mode="none"`` runs the estimators' defaults with no selection at all (covered). Methods
+whose runs keep no ledger of accountable events (the IP-MTL baselines made MP-MTL by group
+privacy, the Wishart mechanism) cannot have their candidates composed: with ``"vote"`` and
+``"client"`` they run their defaults, and the row says ``selection_method: "none"``.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from privmtl.experiments.mpmtl import PRIVATE_METHODS, load_mpmtl_data, run_mpmtl
-from privmtl.experiments.runlog import RunLog
-from privmtl.experiments.sweep import aggregate, plot_tradeoff, rows_to_csv, run_sweep
-from privmtl.io import atomic_output_dir, write_json_atomic
+import numpy as np
 
-__all__ = ["MPMTL_SWEEP_FILES", "run_mpmtl_sweep"]
+from privmtl._validation import check_choice, check_real
+from privmtl.data.multitask import MultiTaskDataset
+from privmtl.experiments.mpmtl import (
+    ESTIMATOR_PROTOCOL_METHODS,
+    PRIVATE_METHODS,
+    load_mpmtl_data,
+    run_mpmtl,
+)
+from privmtl.experiments.runlog import RunLog
+from privmtl.experiments.sweep import (
+    DEFAULT_VOTE_SHARE,
+    aggregate,
+    apply_selection,
+    candidates_accounting,
+    ledger_events,
+    plot_tradeoff,
+    rows_to_csv,
+    run_sweep,
+    select_candidates,
+    selection_footnote,
+)
+from privmtl.io import atomic_output_dir, write_json_atomic
+from privmtl.linear.selection import DEFAULT_GRIDS, ISOLATED_METHODS, RELATIVE_KEYS, expand_grid
+from privmtl.privacy.selection import SELECTION_METHODS
+
+__all__ = ["MPMTL_SWEEP_FILES", "VOTE_GRIDS", "run_mpmtl_sweep"]
+
+#: Public candidate grids of the private MP-MTL estimators for a covered selection (absolute
+#: values for unit-norm rows; every candidate is a training run whose releases are composed, so
+#: the grids are small). The local variational refit from the tasks' own ridge models (T = 1,
+#: the denoise fix) at three clips, and the projected output (T = 10) at one.
+VOTE_GRIDS: dict[str, list[dict[str, list[Any]]]] = {
+    "lowrank": [
+        {"clip": [30.0, 100.0, 300.0], "iterations": [1], "init": ["stl"], "refit_lam": [1e-3],
+         "lam": [0.0], "eigen_fix": ["denoise"]},
+        {"clip": [100.0], "lam": [1.0], "iterations": [10]},
+    ],
+    "groupsparse": [
+        {"clip": [30.0, 100.0, 300.0], "iterations": [1], "init": ["stl"], "refit_lam": [1e-3],
+         "lam": [0.0], "eigen_fix": ["denoise"]},
+        {"clip": [100.0], "lam": [1.0], "iterations": [10]},
+    ],
+    "lowrank-sparse": [
+        {"clip": [clip], "lam": [0.01 * clip], "iterations": [10]} for clip in (30.0, 100.0, 300.0)
+    ],
+}  # fmt: skip
+
+#: Seed stream of the per-task fit/validation split.
+_VAL_STREAM = 13
 
 #: The sweep's tables and plot, written into its output folder when every run has finished.
 MPMTL_SWEEP_FILES = ("mpmtl_sweep.csv", "mpmtl_sweep.json", "mpmtl_tradeoff.png")
@@ -41,17 +105,30 @@ def run_mpmtl_sweep(
     n_jobs: int = 1,
     noise_source: str = "secure",
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    select: str = "vote",
+    vote_share: float = DEFAULT_VOTE_SHARE,
+    val_fraction: float = 0.2,
 ) -> dict[str, Any]:
     """Run the sweep and write ``mpmtl_sweep.csv``, ``mpmtl_sweep.json`` and ``mpmtl_tradeoff.png``.
 
-    ``out_dir`` is checked writable before anything is computed. Each finished run is appended to
-    ``out_dir/runs.jsonl``; a re-run reuses the logged runs of the same configuration (see
-    :mod:`privmtl.experiments.runlog`) and reports ``runs_reused`` / ``runs_computed``.
+    ``select`` and ``tune_mode`` choose how hyper-parameters are selected (module docstring);
+    ``vote_share`` is the share of a point's ε the vote alone spends and ``val_fraction`` the
+    share of each task's training samples held out for its own validation (``"vote"``,
+    ``"client"``). Every row states ``covered``, ``selection_method`` and ``selection``.
+
+    ``out_dir`` is checked writable before anything is computed. Each finished run (each
+    candidate, each vote) is appended to ``out_dir/runs.jsonl``; a re-run reuses the logged ones
+    of the same configuration (see :mod:`privmtl.experiments.runlog`) and reports
+    ``runs_reused`` / ``runs_computed``.
     """
+    check_choice("select", select, SELECTION_METHODS)
+    check_choice("tune_mode", tune_mode, ("each", "once", "none"))
+    check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="neither")
     log = RunLog(out_dir, outputs=MPMTL_SWEEP_FILES)
     splits = {s: load_mpmtl_data(data, data_path=data_path, seed=s) for s in seeds}
     classification = splits[seeds[0]][0].task_type == "classification"
     metric = "auc" if classification else "nmse"
+    covered_mode = select != "pooled" and tune_mode != "none"
 
     tuned_once: dict[tuple[str, int], dict[str, Any]] = {}
     reference_eps = sorted(epsilons)[len(epsilons) // 2]
@@ -60,8 +137,8 @@ def run_mpmtl_sweep(
         "data": data,
         "data_path": None if data_path is None else str(data_path),
         "noise": noise,
-        "tune_mode": tune_mode,
-        "reference_epsilon": reference_eps if tune_mode == "once" else None,
+        "tune_mode": tune_mode if select == "pooled" or tune_mode == "none" else None,
+        "reference_epsilon": reference_eps if tune_mode == "once" and select == "pooled" else None,
         "iterations": iterations,
         "n_splits": n_splits,
         "final_step": final_step,
@@ -71,8 +148,8 @@ def run_mpmtl_sweep(
     def config(method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
         return {**fixed, "method": method, "epsilon": epsilon, "seed": seed}
 
-    def one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
-        common: dict[str, Any] = {
+    def common(method: str, seed: int) -> dict[str, Any]:
+        return {
             "data": data,
             "method": method,
             "noise": noise,
@@ -82,19 +159,28 @@ def run_mpmtl_sweep(
             "n_splits": n_splits,
             "noise_source": noise_source,
         }
+
+    def pooled_one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
         if tune_mode != "once" or epsilon is None:
             return run_mpmtl(
-                **common, epsilon=epsilon, tune=tune_mode != "none", iterations=iterations
+                **common(method, seed),
+                epsilon=epsilon,
+                tune=tune_mode != "none",
+                iterations=iterations,
             )
         key = (method, seed)
         if key not in tuned_once:
             ref = log.get(config(method, reference_eps, seed))
             if ref is None:
-                ref = run_mpmtl(**common, epsilon=reference_eps, tune=True, iterations=iterations)
+                ref = run_mpmtl(
+                    **common(method, seed), epsilon=reference_eps, tune=True, iterations=iterations
+                )
             tuned_once[key] = {k: v for k, v in ref["params"].items() if k not in _PRIVACY_KEYS}
             if epsilon == reference_eps:
                 return ref
-        out = run_mpmtl(**common, epsilon=epsilon, tune=False, extra_params=tuned_once[key])
+        out = run_mpmtl(
+            **common(method, seed), epsilon=epsilon, tune=False, extra_params=tuned_once[key]
+        )
         out["tuned"] = True
         out["tuning_note"] = (
             f"hyper-parameters tuned once by k-fold CV at epsilon={reference_eps:g} and reused; "
@@ -102,12 +188,101 @@ def run_mpmtl_sweep(
         )
         return out
 
-    def logged(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
+    def pooled_logged(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
         cfg = config(method, epsilon, seed)
         row = log.get(cfg)
-        return (
-            row if row is not None else log.add(cfg, one(method=method, epsilon=epsilon, seed=seed))
+        if row is None:
+            row = log.add(cfg, pooled_one(method=method, epsilon=epsilon, seed=seed))
+        if not row.get("tuned"):
+            sel = {"method": "none", "covered": True, "candidates": 1, "epsilon": row["epsilon"]}
+            sel["note"] = "no selection: the estimator's defaults"
+            return apply_selection(row, sel)
+        return apply_selection(
+            row,
+            {
+                "method": "pooled",
+                "covered": False,
+                "candidates": None,
+                "epsilon": None,
+                "reason": (
+                    "hyper-parameters chosen by k-fold cross-validation over every task's "
+                    "training data (--select pooled): not a recorded release"
+                ),
+            },
         )
+
+    def candidates_of(method: str) -> list[dict[str, Any]]:
+        return _candidate_grid(method, iterations)
+
+    def covered_one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
+        grid = candidates_of(method)
+        if not grid or (noise == "wishart" and epsilon is not None):
+            # nothing accountable to compose (the Wishart ledger records non-private events):
+            # the defaults, no selection
+            return pooled_logged_none(method=method, epsilon=epsilon, seed=seed)
+        fit, val = _validation_split(splits[seed][0], val_fraction, seed)
+        test = splits[seed][1]
+        cands, cfgs = [], []
+        for point in grid:
+            cfg = {
+                **config(method, epsilon, seed),
+                "select_inputs": {"val_fraction": val_fraction, "point": point},
+            }
+            row = log.get(cfg)
+            if row is None:
+                row = log.add(
+                    cfg,
+                    _candidate_run(common(method, seed) | {"split": (fit, test)}, epsilon, point),
+                )
+            cands.append(row)
+            cfgs.append(cfg)
+        if not all(_accountable(c) for c in cands):
+            return pooled_logged_none(method=method, epsilon=epsilon, seed=seed)
+        coefs = [np.asarray(c["coef"], dtype=float) for c in cands]
+        scores = _task_val_scores(coefs, val, classification)
+        sel = select_candidates(
+            select="client" if method in ISOLATED_METHODS else select,
+            scores=scores,
+            pooled=[None] * len(cands),
+            events=[c["release_events"] for c in cands],
+            target_epsilon=epsilon,
+            **candidates_accounting(cands),
+            noise_source=noise_source,
+            seed=seed,
+            vote_share=vote_share,
+            log=log,
+            log_key={"sweep": "mpmtl-selection", "candidates": cfgs},
+            higher_is_better=classification,
+            what="the hyper-parameters",
+        )  # fmt: skip
+        if sel["chosen"] is not None:
+            row = dict(cands[sel["chosen"]])
+        else:
+            row = dict(cands[0])
+            row["params"] = None
+            row[metric] = _per_task_metric(coefs, sel["choices"], test, classification)
+        row = {k: v for k, v in row.items() if k not in ("coef", "release_events")}
+        row["tuned"] = len(cands) > 1
+        row["tuning_note"] = sel["note"]
+        return apply_selection(row, sel)
+
+    def pooled_logged_none(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
+        cfg = {**config(method, epsilon, seed), "tune_mode": "none", "select_fallback": True}
+        row = log.get(cfg)
+        if row is None:
+            row = log.add(
+                cfg,
+                run_mpmtl(**common(method, seed), epsilon=epsilon, tune=False,
+                          iterations=iterations),
+            )  # fmt: skip
+        sel = {
+            "method": "none",
+            "covered": True,
+            "candidates": 1,
+            "epsilon": row["epsilon"],
+            "note": "no selection (no recorded events to compose candidates with): defaults",
+        }
+        return apply_selection(row, sel)
 
     jobs = [
         (m, e, s)
@@ -115,9 +290,23 @@ def run_mpmtl_sweep(
         for m in methods
         for e in (epsilons if m in PRIVATE_METHODS else [None])
     ]
-    reused = sum(log.has(config(m, e, s)) for m, e, s in jobs)
+    if covered_mode:
+        reused = sum(
+            log.has(
+                {
+                    **config(m, e, s),
+                    "select_inputs": {"val_fraction": val_fraction, "point": point},
+                }
+            )
+            for m, e, s in jobs
+            for point in candidates_of(m)
+        )
+        total = sum(max(len(candidates_of(m)), 1) for m, _, _ in jobs)
+    else:
+        reused = sum(log.has(config(m, e, s)) for m, e, s in jobs)
+        total = len(jobs)
     rows = run_sweep(
-        logged,
+        covered_one if covered_mode else pooled_logged,
         methods=methods,
         epsilons=epsilons,
         seeds=seeds,
@@ -125,19 +314,27 @@ def run_mpmtl_sweep(
         metric=metric,
         progress=progress,
         # "once" shares the tuned parameters between jobs: sequential only
-        n_jobs=1 if tune_mode == "once" else n_jobs,
+        n_jobs=1 if tune_mode == "once" and select == "pooled" else n_jobs,
     )
     summary = aggregate(rows)
+    covered = all(r["covered"] for r in rows)
     g = next((r for r in rows if r["method"] in PRIVATE_METHODS), rows[0])
     subtitle = (
         f"δ={g['delta']:.3g}, neighbours: {g['relation']} one task, sampling: all tasks, "
-        f"accountant: {g['accountant']}; {len(seeds)} seed(s); tuning not charged to ε"
+        f"accountant: {g['accountant']}; {len(seeds)} seed(s); {selection_footnote(rows)}"
     )
     with atomic_output_dir(out_dir) as tmp:
         (tmp / "mpmtl_sweep.csv").write_text(rows_to_csv(rows))
         write_json_atomic(
             tmp / "mpmtl_sweep.json",
-            {"rows": rows, "summary": summary, "noise_source": noise_source},
+            {
+                "rows": rows,
+                "summary": summary,
+                "noise_source": noise_source,
+                "select": select,
+                "vote_share": vote_share if select == "vote" else None,
+                "covered": covered,
+            },
         )
         plot_tradeoff(
             summary,
@@ -146,11 +343,132 @@ def run_mpmtl_sweep(
             title=f"MP-MTL privacy–accuracy trade-off on {data} ({noise} noise)",
             lower_is_better=metric == "nmse",
             subtitle=subtitle,
+            x_key="epsilon" if covered else "target_epsilon",
+            x_label=(
+                "ε of training + selection (smaller is more private)"
+                if covered
+                else "ε of the chosen run's training only (selection NOT covered)"
+            ),
         )
     return {
         "summary": summary,
         "noise_source": noise_source,
+        "select": select,
+        "covered": covered,
         "runs_reused": reused,
-        "runs_computed": len(jobs) - reused,
+        "runs_computed": total - reused,
         "files": [str(out_dir / n) for n in MPMTL_SWEEP_FILES] + [str(log.path)],
     }
+
+
+def _candidate_grid(method: str, iterations: int | None) -> list[dict[str, Any]]:
+    """The public candidates of ``method`` for a covered selection ([] when it has none)."""
+    if method in VOTE_GRIDS:
+        points = expand_grid(VOTE_GRIDS[method])
+    elif method in PRIVATE_METHODS:
+        return []  # no ledger of accountable events to compose
+    else:
+        raw = DEFAULT_GRIDS.get(method, [])
+        if any(k in g for g in raw for k in RELATIVE_KEYS):
+            return []
+        points = expand_grid(raw) if raw else []
+    if iterations is not None:  # the user's explicit T is kept out of the search
+        points = [{**p, "iterations": iterations} for p in points]
+        points = list({tuple(sorted(p.items())): p for p in points}.values())
+    return points
+
+
+def _validation_split(
+    train: MultiTaskDataset, val_fraction: float, seed: int
+) -> tuple[MultiTaskDataset, list[tuple[np.ndarray, np.ndarray]]]:
+    """Each task's own fit part and validation part.
+
+    Task ``i`` holds out ``floor(val_fraction · n_i + 0.5)`` of its samples (at most
+    ``n_i - 1``; none when ``n_i = 1``), drawn from ``default_rng([seed, 13, i])``: a task's
+    split depends on its own size only, never on another task's.
+    """
+    Xf, yf, val = [], [], []
+    for i, (Xi, yi) in enumerate(zip(train.X, train.y, strict=True)):
+        n = Xi.shape[0]
+        k = min(int(np.floor(val_fraction * n + 0.5)), n - 1)
+        perm = np.random.default_rng([int(seed), _VAL_STREAM, i]).permutation(n)
+        v, f = np.sort(perm[:k]), np.sort(perm[k:])
+        Xf.append(Xi[f])
+        yf.append(yi[f])
+        val.append((Xi[v], yi[v]))
+    fit = MultiTaskDataset(
+        X=tuple(Xf),
+        y=tuple(yf),
+        task_names=train.task_names,
+        task_type=train.task_type,
+        feature_names=train.feature_names,
+    )
+    return fit, val
+
+
+def _candidate_run(
+    common: dict[str, Any], epsilon: float | None, point: dict[str, Any]
+) -> dict[str, Any]:
+    """One candidate: the run on the fit parts, its ledger's events and its ``W`` (``coef``)."""
+    from privmtl.linear.saved import load_linear_models
+
+    method = common["method"]
+    with tempfile.TemporaryDirectory(prefix="privmtl-candidate-") as tmp:
+        t = Path(tmp)
+        ckpt: dict[str, Any] = (
+            {"checkpoint_dir": t / "run"}
+            if method in ESTIMATOR_PROTOCOL_METHODS and epsilon is not None
+            else {}
+        )
+        row = run_mpmtl(
+            **common, epsilon=epsilon, tune=False, extra_params=point, save_models=t / "m", **ckpt
+        )
+        events = ledger_events(t / "run" / "ledger.jsonl") if ckpt else []
+        _, coef = load_linear_models(t / "m")
+    for key in ("checkpoint_dir", "ledger", "models_dir", "resumed_from"):
+        row.pop(key, None)
+    if row["guarantee"]["epsilon"] is None:  # a non-private method: its releases are exact
+        events = [{"type": "non_private"}]
+    row["release_events"] = events
+    row["coef"] = coef
+    return row
+
+
+def _accountable(row: dict[str, Any]) -> bool:
+    """Whether a candidate's ε is the composition of the events it recorded."""
+    g = row["guarantee"]
+    if g["epsilon"] is None or g["epsilon"] == 0.0:
+        return True
+    return bool(row["release_events"]) and g["accountant"] in ("rdp", "pld") and g["valid"]
+
+
+def _task_val_scores(
+    coefs: list[np.ndarray], val: list[tuple[np.ndarray, np.ndarray]], classification: bool
+) -> np.ndarray:
+    """(m, K): task ``i``'s validation score of candidate ``j`` with its own column ``w_i``.
+
+    Mean squared error (regression) or AUC (classification); NaN without validation samples
+    (or with one class only).
+    """
+    from privmtl.linear.metrics import per_task_auc, per_task_mse
+
+    m, k = len(val), len(coefs)
+    out = np.full((m, k), np.nan)
+    has = [i for i, (_, yv) in enumerate(val) if yv.size]
+    if not has:
+        return out
+    for j, W in enumerate(coefs):
+        ys = [val[i][1] for i in has]
+        preds = [val[i][0] @ W[:, i] for i in has]
+        out[has, j] = per_task_auc(ys, preds) if classification else per_task_mse(ys, preds)
+    return out
+
+
+def _per_task_metric(
+    coefs: list[np.ndarray], choices: np.ndarray, test: MultiTaskDataset, classification: bool
+) -> float:
+    """The sweep metric of the per-task choice: task ``i`` predicts with ``W_{choices[i]}[:, i]``."""
+    from privmtl.linear.metrics import aauc, nmse
+
+    preds = [test.X[i] @ coefs[int(c)][:, i] for i, c in enumerate(choices)]
+    return aauc(list(test.y), preds) if classification else nmse(list(test.y), preds)

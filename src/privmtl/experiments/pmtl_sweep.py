@@ -1,23 +1,46 @@
 """PMTL ε sweep with per-ε model selection on validation accuracy, as in the PMTL paper (§5).
 
-For every target ε and method, each (γ, T) of the grid gets the σ that meets (ε, δ) exactly; the
-configuration with the best *validation* accuracy is kept and its *test* accuracy reported. Non-private
-runs (ε = ∞) and purely local training (ε = 0) are drawn as reference lines.
+For every target ε and method, each (γ, T, λ) of the grid gets the σ that meets (ε, δ) exactly, and
+one candidate is chosen per (seed, method, ε) with :func:`~privmtl.experiments.sweep.select_candidates`:
+by default a noisy **client vote** (every client votes on its own validation split; the noisy
+histogram is a recorded release), and the reported ε composes every candidate run's recorded
+releases with the vote — the ε that covers training *and* selection. ``select="client"`` lets every
+client keep its own best candidate; ``select="pooled"`` (the paper's protocol: best pooled validation
+accuracy) is opt-in and its rows say ``"covered": false``. The chosen configuration's *test*
+accuracy is reported. Non-private runs (ε = ∞) and purely local training (ε = 0; its candidates
+release nothing, so it is always chosen per client) are drawn as reference lines.
+
+Each candidate run keeps, in ``runs.jsonl``, the events of its own ledger and every client's
+correct predictions on its validation and test splits (each client scored with its own model):
+what the vote and the per-client choice read, and what a resumed sweep reuses.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from privmtl._validation import check_choice
 from privmtl.experiments.pmtl import load_federated, run_pmtl
 from privmtl.experiments.runlog import RunLog
-from privmtl.experiments.sweep import aggregate, plot_tradeoff, rows_to_csv
+from privmtl.experiments.sweep import (
+    DEFAULT_VOTE_SHARE,
+    aggregate,
+    apply_selection,
+    candidates_accounting,
+    ledger_events,
+    plot_tradeoff,
+    rows_to_csv,
+    select_candidates,
+    selection_footnote,
+)
+from privmtl.privacy.selection import SELECTION_METHODS
 
 __all__ = ["PMTL_SWEEP_FILES", "plot_rounds", "run_pmtl_sweep", "write_pmtl_sweep"]
 
@@ -44,14 +67,22 @@ def run_pmtl_sweep(
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
     noise_source: str = "secure",
     log: RunLog | None = None,
+    select: str = "vote",
+    vote_share: float = DEFAULT_VOTE_SHARE,
 ) -> dict[str, Any]:
-    """Run the sweep; returns ``{"rows": best rows, "candidates": all runs, "summary": ...}``.
+    """Run the sweep; returns ``{"rows": chosen rows, "candidates": all runs, "summary": ...}``.
 
-    Per (seed, method, ε) the run with the best validation accuracy over ``clips`` × ``rounds_grid``
-    (× ``lam`` when it is a list, for the methods that use λ: pmtl, fedprox) is selected.
-    With a ``log`` (:class:`~privmtl.experiments.runlog.RunLog`), every finished run is appended to
-    it and runs of the same configuration already logged are reused, not run again.
+    Per (seed, method, ε) one run among ``clips`` × ``rounds_grid`` (× ``lam`` when it is a list,
+    for the methods that use λ: pmtl, fedprox) is chosen by ``select`` (module docstring;
+    :func:`~privmtl.experiments.sweep.select_candidates`): ``"vote"`` (default; the vote alone
+    spends ``vote_share`` · ε), ``"client"`` or ``"pooled"`` (not covered). Every row states
+    ``covered``, ``selection_method``, ``selection`` (its cost and the budget split) and, for a
+    covered selection, ``epsilon`` = training of every candidate + selection
+    (``training_epsilon``: the chosen run's own). With a ``log``
+    (:class:`~privmtl.experiments.runlog.RunLog`), every finished run and every vote is
+    appended to it, and those of the same configuration already logged are reused.
     """
+    check_choice("select", select, SELECTION_METHODS)
     datasets = {s: load_federated(data, data_path=data_path, seed=s) for s in seeds}
     lams = [float(lam)] if isinstance(lam, int | float) else [float(v) for v in lam]
     jobs: list[tuple[int, str, float | None, float, int, float]] = []
@@ -63,6 +94,7 @@ def run_pmtl_sweep(
                 jobs.append((seed, method, eps, clip, T, lam_))
     it: Iterable[Any] = jobs if progress is None else progress(jobs, len(jobs))
     candidates = []
+    configs = []
     for seed, method, eps, clip, T, lam_ in it:
         cfg = {
             "sweep": "pmtl",
@@ -81,12 +113,16 @@ def run_pmtl_sweep(
             "server_update": server_update,
             "noise_source": noise_source,
             "seed": seed,
+            # the run keeps its ledger's events and per-client scores (what selection reads)
+            "selection_inputs": 1,
         }
+        configs.append(cfg)
         done = None if log is None else log.get(cfg)
         if done is not None:
             candidates.append(done)
             continue
-        row = run_pmtl(
+        row = _candidate_run(
+            dataset=datasets[seed],
             data=data,
             model=model,
             method=method,
@@ -100,34 +136,159 @@ def run_pmtl_sweep(
             local_steps=local_steps,
             finetune=finetune,
             seed=seed,
-            show_progress=False,
-            dataset=datasets[seed],
             noise_source=noise_source,
-            diagnostics=True,  # the rounds plot draws the curator's training loss (not covered)
         )
         row["target_epsilon"] = eps
         candidates.append(row if log is None else log.add(cfg, row))
-    best: dict[tuple[int, str, float | None], dict[str, Any]] = {}
-    for row in candidates:
-        key = (row["seed"], row["method"], row["target_epsilon"])
-        val = _val(row)
-        cur = best.get(key)
-        if cur is None or (not math.isnan(val) and not val <= _val(cur)):
-            best[key] = row
+    groups: dict[tuple[int, str, float | None], list[int]] = {}
+    for i, row in enumerate(candidates):
+        groups.setdefault((row["seed"], row["method"], row["target_epsilon"]), []).append(i)
+    vote_logs = [0, 0]  # votes reused / logged: releases, not runs
     rows = []
-    for row in best.values():
-        row = dict(row)
+    for (seed, _method, eps), idx in groups.items():
+        group = [candidates[i] for i in idx]
+        before = (0, 0) if log is None else (log.reused, log.computed)
+        sel = select_candidates(
+            select=select,
+            scores=_client_val_accuracy(group),
+            pooled=[c.get("val_accuracy") for c in group],
+            events=[c["release_events"] for c in group],
+            target_epsilon=eps,
+            **candidates_accounting(group),
+            noise_source=noise_source,
+            seed=seed,
+            vote_share=vote_share,
+            log=log,
+            log_key={"sweep": "pmtl-selection", "candidates": [configs[i] for i in idx]},
+            what="(γ, T, λ)",
+        )
+        if log is not None:
+            vote_logs[0] += log.reused - before[0]
+            vote_logs[1] += log.computed - before[1]
+        row = (
+            group[sel["chosen"]]
+            if sel["chosen"] is not None
+            else _per_client_row(group, sel["choices"])
+        )
+        row = apply_selection(_public(row), sel)
         row["metric"] = "test_accuracy"
         row["value"] = row["test_accuracy"]
         if row["target_epsilon"] is None and row["method"] != "local":
             row["method"] = f"{row['method']} (non-private)"
         rows.append(row)
-    return {"rows": rows, "candidates": candidates, "summary": aggregate(rows)}
+    if log is not None:  # the counters count runs
+        log.reused -= vote_logs[0]
+        log.computed -= vote_logs[1]
+    return {
+        "rows": rows,
+        "candidates": [_public(c) for c in candidates],
+        "summary": aggregate(rows),
+        "select": select,
+        "vote_share": vote_share if select == "vote" else None,
+        "covered": all(r["covered"] for r in rows),
+    }
 
 
-def _val(row: dict[str, Any]) -> float:
-    v = row.get("val_accuracy")
-    return math.nan if v is None else float(v)
+def _public(row: dict[str, Any]) -> dict[str, Any]:
+    """A run without the selection inputs kept in the run log (per-client scores, events).
+
+    A candidate states ``covered`` under its own guarantee (its outputs precede any selection).
+    """
+    out = {k: v for k, v in row.items() if k not in ("client_scores", "release_events")}
+    out.setdefault("covered", bool((row.get("guarantee") or {}).get("covered", True)))
+    return out
+
+
+def _client_val_accuracy(group: Sequence[dict[str, Any]]) -> np.ndarray:
+    """(n_clients, K): every client's validation accuracy with its own model in every candidate."""
+    cols = []
+    for c in group:
+        sc = c["client_scores"]
+        n = np.asarray(sc["val_n"], dtype=float)
+        correct = np.asarray(sc["val_correct"], dtype=float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols.append(np.where(n > 0, correct / np.where(n > 0, n, 1.0), np.nan))
+    return np.stack(cols, axis=1)
+
+
+def _per_client_row(group: Sequence[dict[str, Any]], choices: np.ndarray) -> dict[str, Any]:
+    """The sweep row of a per-client choice: client ``i`` evaluated with candidate ``choices[i]``."""
+    row = dict(group[0])
+    rows = np.arange(len(choices))
+    out: dict[str, Any] = {}
+    for split in ("val", "test"):
+        correct = np.stack([np.asarray(c["client_scores"][f"{split}_correct"]) for c in group], 1)
+        n = np.asarray(group[0]["client_scores"][f"{split}_n"], dtype=float)
+        mine = correct[rows, choices].astype(float)
+        has = n > 0
+        out[f"{split}_accuracy"] = float(mine.sum() / n.sum()) if n.sum() else math.nan
+        out[f"{split}_mean_client"] = float(np.mean(mine[has] / n[has])) if has.any() else math.nan
+    row.update(
+        test_accuracy=out["test_accuracy"],
+        val_accuracy=out["val_accuracy"],
+        mean_client_accuracy=out["test_mean_client"],
+        clip=None,
+        rounds=None,
+        lam=None,
+        epsilon_per_round=[],
+        global_test_accuracy=None,
+    )
+    return row
+
+
+def _candidate_run(*, dataset: Any, noise_source: str, **kw: Any) -> dict[str, Any]:
+    """One candidate run, plus what selection reads: its ledger's events and per-client scores.
+
+    The run's ledger is read back from its (temporary) checkpoint directory, and every client's
+    correct predictions on its validation and test splits are computed with its own model (its
+    personalized model, or the released global model for the global methods) from the saved
+    models; both directories are removed afterwards.
+    """
+    with tempfile.TemporaryDirectory(prefix="privmtl-candidate-") as tmp:
+        t = Path(tmp)
+        row = run_pmtl(
+            **kw,
+            show_progress=False,
+            dataset=dataset,
+            noise_source=noise_source,
+            checkpoint_dir=t / "run",
+            checkpoint_every=int(kw["rounds"]),
+            save_models=t / "models",
+        )
+        events = ledger_events(t / "run" / "ledger.jsonl")
+        row["client_scores"] = _client_scores(t / "models", dataset)
+    row.pop("checkpoint_dir", None)
+    row.pop("models_dir", None)
+    if not events and row["guarantee"]["epsilon"] is None and kw["method"] != "local":
+        events = [{"type": "non_private"}]  # releases without noise: ε = ∞
+    row["release_events"] = events
+    return row
+
+
+def _client_scores(models_dir: Path, dataset: Any) -> dict[str, list[float]]:
+    """Per client: correct predictions and examples on its validation and test splits."""
+    import torch
+
+    from privmtl.experiments.pmtl import make_model
+    from privmtl.federated.algorithms import client_scores
+    from privmtl.federated.saved import load_models
+
+    meta, glob, pers = load_models(models_dir)
+    net = make_model(meta["model"]["name"], dataset, 0)
+    buffers = {n: b.detach() for n, b in net.named_buffers()}
+    m = dataset.n_clients
+    if meta["primary"] == "personalized" and pers is not None:
+        params = pers
+    else:
+        params = {n: p.unsqueeze(0).expand(m, *p.shape) for n, p in glob.items()}
+    out: dict[str, list[float]] = {}
+    for split in ("val", "test"):
+        xs, ys = dataset.split(split)
+        with torch.no_grad():
+            correct, _ = client_scores(net, params, buffers, xs, ys)
+        out[f"{split}_correct"] = [float(c) for c in correct]
+        out[f"{split}_n"] = [float(y.shape[0]) for y in ys]
+    return out
 
 
 def write_pmtl_sweep(result: dict[str, Any], out_dir: Path, *, title: str) -> list[Path]:
@@ -144,10 +305,11 @@ def write_pmtl_sweep(result: dict[str, Any], out_dir: Path, *, title: str) -> li
     write_json_atomic(files[1], result)
     rows = result["rows"]
     g = next((r for r in rows if r["guarantee"]["private"]), rows[0])
+    covered = all(r.get("covered") is True for r in rows)
     subtitle = (
         f"δ={g['delta']:.3g}, neighbours: {g['relation']} one client, sampling: {g['sampling']} "
         f"(q={g['clients_per_round']} of m={g['num_clients']}), accountant: {g['accountant']}; "
-        "(γ, T, λ) selected per ε on validation accuracy"
+        f"(γ, T, λ) per ε; {selection_footnote(rows)}"
     )
     plot_tradeoff(
         result["summary"],
@@ -156,19 +318,39 @@ def write_pmtl_sweep(result: dict[str, Any], out_dir: Path, *, title: str) -> li
         title=title,
         lower_is_better=False,
         subtitle=subtitle,
+        x_key="epsilon" if covered else "target_epsilon",
+        x_label=(
+            "ε of training + selection (smaller is more private)"
+            if covered
+            else "ε of the chosen run's training only (selection NOT covered)"
+        ),
     )
     plot_rounds(rows, files[3])
     return files
 
 
+def _train_loss(row: dict[str, Any]) -> list[Any] | None:
+    """The per-round training loss when the run published it (a curator diagnostic)."""
+    diag = row.get("curator_diagnostics") or {}
+    loss = diag.get("train_loss_per_round", row.get("train_loss_per_round"))
+    return None if not loss else list(loss)
+
+
 def plot_rounds(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """Training loss and ε after every round (PMTL paper Fig. 2) for the selected private runs."""
+    """ε after every round (PMTL paper Fig. 2) for the chosen private runs, and their training loss
+    where the runs published it.
+
+    The training loss is a curator diagnostic computed from un-noised client losses: it is not
+    covered by the guarantee, and its panel says so. Runs without it (the default JSON of
+    ``run_pmtl``) leave the panel empty.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=120)
+    drawn_loss = False
     for row in sorted(rows, key=lambda r: (r["method"], r.get("target_epsilon") or math.inf)):
         if row["seed"] != rows[0]["seed"]:
             continue
@@ -177,22 +359,27 @@ def plot_rounds(rows: Sequence[dict[str, Any]], path: Path) -> None:
             if row["target_epsilon"]
             else row["method"]
         )
-        diag = row.get("curator_diagnostics") or row  # rows logged before curator_diagnostics
-        loss = np.array(
-            [np.nan if v is None else v for v in diag["train_loss_per_round"]], dtype=float
-        )
-        ax1.plot(np.arange(1, loss.size + 1), loss, label=label, lw=1)
-        eps = [e for e in row["epsilon_per_round"] if e is not None]
+        loss_values = _train_loss(row)
+        if loss_values is not None:
+            loss = np.array([np.nan if v is None else v for v in loss_values], dtype=float)
+            ax1.plot(np.arange(1, loss.size + 1), loss, label=label, lw=1)
+            drawn_loss = True
+        eps = [e for e in row.get("epsilon_per_round") or [] if e is not None]
         if eps and row["guarantee"]["private"]:
             ax2.plot(np.arange(1, len(eps) + 1), eps, label=label, lw=1)
     ax1.set_xlabel("round")
-    ax1.set_ylabel("training loss (sampled clients)")
-    ax1.set_yscale("log")
+    if drawn_loss:
+        ax1.set_ylabel("training loss (sampled clients)")
+        ax1.set_yscale("log")
+        ax1.set_title("curator diagnostic: NOT covered by the guarantee", fontsize=8)
+    else:
+        ax1.set_title("training loss not published (curator diagnostic)", fontsize=8)
     ax2.set_xlabel("round")
-    ax2.set_ylabel("ε spent (at the run's δ)")
+    ax2.set_ylabel("ε of the chosen run's training (at its δ)")
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -1,5 +1,26 @@
 """ε sweeps: run methods over privacy levels and seeds, tabulate, and plot the privacy–accuracy trade-off.
 
+Selection. A sweep that picks one configuration among candidate runs per (seed, method, ε) makes
+that choice with :func:`select_candidates`, one of :data:`~privmtl.privacy.SELECTION_METHODS`:
+
+``"vote"`` (the default, covered)
+    Every client votes for the candidate best on its own validation split; the curator releases
+    the noisy histogram (:class:`~privmtl.privacy.ClientVote`, its σ calibrated so that the vote
+    alone is (``vote_share`` · ε, δ)-DP) and keeps the argmax. The row's ``epsilon`` is the ledger
+    composition of *every* candidate's recorded releases and the vote
+    (:func:`~privmtl.privacy.record_candidates`): the ε that covers training and selection.
+``"client"`` (covered)
+    Every client keeps the candidate best on its own validation split (each client's outputs
+    come from one candidate; no vote is released). ``epsilon`` is the composition of every
+    candidate's releases (each client read all of them to choose).
+``"pooled"`` (opt-in, NOT covered)
+    The candidate with the best pooled validation score over all clients: a statistic of every
+    client's data that is not a recorded release. Rows say ``"covered": false`` with the reason,
+    and ``epsilon`` is the chosen run's training ε only.
+
+Every row carries ``covered``, ``selection_method`` and ``selection`` (what was released and its
+cost, the budget split between the vote and the training runs); the CSV has the same columns.
+
 The plot follows the MP-MTL paper's Figs. 6 and 9 (and the PMTL paper's Fig. 3): the metric against ε
 on a log axis for each private method (mean ± std over seeds), with the methods that do not depend on
 ε (single-task learning, non-private MTL) drawn as horizontal reference lines.
@@ -10,7 +31,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+import textwrap
 import warnings
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -18,7 +41,29 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["aggregate", "plot_tradeoff", "rows_to_csv", "run_sweep"]
+from privmtl._validation import check_choice, check_real
+from privmtl.exceptions import InvalidParameterError
+from privmtl.experiments.runlog import run_key
+
+__all__ = [
+    "DEFAULT_VOTE_SHARE",
+    "aggregate",
+    "apply_selection",
+    "candidates_accounting",
+    "ledger_events",
+    "plot_tradeoff",
+    "rows_to_csv",
+    "run_sweep",
+    "select_candidates",
+    "selection_footnote",
+]
+
+#: Default share of a sweep point's ε that the vote alone spends: the vote's σ is calibrated so
+#: that the vote by itself is (DEFAULT_VOTE_SHARE · ε, δ)-DP.
+DEFAULT_VOTE_SHARE = 0.5
+
+#: Seeded-noise stream of the votes (distinct from the runs' streams).
+_VOTE_STREAM = 11
 
 #: Columns written to the sweep CSV (the JSON carries every key of every row); each row states its
 #: own guarantee (relation, sampling, accountant, notion, validity, noise source).
@@ -33,6 +78,9 @@ CSV_COLUMNS = (
     "notion",
     "valid",
     "noise_source",
+    "covered",
+    "selection_method",
+    "training_epsilon",
     "seed",
     "metric",
     "value",
@@ -129,6 +177,305 @@ def run_sweep(
     return rows
 
 
+def ledger_events(path: str | Path) -> list[dict[str, Any]]:
+    """The events a run recorded in its ledger file (serialized; none when there is no file).
+
+    Consecutive identical events (the same release every round) are folded into one
+    self-composed event, which composes to the same ε.
+    """
+    from privmtl.privacy.ledger import read_ledger
+
+    if not Path(path).is_file():
+        return []
+    _, entries = read_ledger(path)
+    out: list[dict[str, Any]] = []
+    prev: dict[str, Any] | None = None
+    count = 0
+    for entry in entries:
+        if entry["event"] == prev:
+            count += 1
+            continue
+        if prev is not None:
+            out.append(_repeat(prev, count))
+        prev, count = entry["event"], 1
+    if prev is not None:
+        out.append(_repeat(prev, count))
+    return out
+
+
+def _repeat(event: dict[str, Any], count: int) -> dict[str, Any]:
+    return event if count == 1 else {"type": "self_composed", "count": count, "event": event}
+
+
+def _vote_noise(noise_source: str, seed: int, key: str) -> Any:
+    from privmtl.privacy.noise import SecureNoise, SeededNoise
+
+    if noise_source == "secure":
+        return SecureNoise()
+    return SeededNoise(seed, stream=(_VOTE_STREAM, zlib.crc32(key.encode()) & 0x7FFFFFFF))
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def candidates_accounting(candidates: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``delta``, ``accountant`` and ``relation`` under which candidate runs are composed.
+
+    Those of the private candidates (every candidate of a sweep point shares them). A point
+    without a private candidate composes nothing finite, and any δ states that (1e-5 is used).
+    """
+    delta = next((c["delta"] for c in candidates if c.get("delta")), 1e-5)
+    accountant = next(
+        (c["accountant"] for c in candidates if c.get("accountant") in ("rdp", "pld")), "rdp"
+    )
+    return {
+        "delta": float(delta),
+        "accountant": str(accountant),
+        "relation": str(candidates[0]["relation"]),
+    }
+
+
+def select_candidates(
+    *,
+    select: str,
+    scores: Any,
+    pooled: Sequence[float | None],
+    events: Sequence[Sequence[dict[str, Any]]],
+    target_epsilon: float | None,
+    delta: float,
+    accountant: str,
+    relation: str,
+    noise_source: str,
+    seed: int,
+    vote_share: float = DEFAULT_VOTE_SHARE,
+    log: Any = None,
+    log_key: dict[str, Any] | None = None,
+    higher_is_better: bool = True,
+    what: str = "the configuration",
+) -> dict[str, Any]:
+    """Choose among K candidate runs of one sweep point (module docstring) and state the cost.
+
+    Parameters
+    ----------
+    select : {"vote", "client", "pooled"}
+    scores : array of shape (n_clients, K)
+        Client ``i``'s validation score of candidate ``j`` on its own validation split (NaN:
+        none). Read by "vote" and "client".
+    pooled : sequence of K floats
+        The pooled validation score of every candidate (read by "pooled" only).
+    events : K sequences of serialized events
+        What each candidate recorded in its ledger (:func:`ledger_events`); an empty sequence
+        for a run that released nothing (``[{"type": "non_private"}]`` for a non-private one).
+    target_epsilon : float or None
+        The sweep point's ε (None: a non-private or local point; its vote gets no noise).
+    delta, accountant, relation
+        Those of the candidate runs; the selection's ledger composes at the same δ.
+    noise_source : {"secure", "seeded"}
+        The vote's noise (seeded: from ``seed`` and ``log_key``, simulations only).
+    vote_share : float in (0, 1]
+        The vote alone is (``vote_share`` · ``target_epsilon``, δ)-DP.
+    log, log_key
+        A :class:`~privmtl.experiments.runlog.RunLog` and the point's identity: a vote is
+        released once and logged; a resumed sweep reuses it instead of drawing new noise.
+    higher_is_better : bool
+    what : str
+        What is chosen, for the rows' notes.
+
+    Returns
+    -------
+    dict
+        ``method`` (as performed: a vote over candidates that release nothing, e.g. local
+        training, becomes the per-client choice, which keeps ε = 0), ``covered``, ``candidates``
+        (K), ``chosen`` (index; None for the per-client choice), ``choices`` (per client, an
+        int array, the curator's only: not for publication), ``epsilon`` (training of every
+        candidate + vote, composed; None when infinite or not covered), ``candidates_epsilon``,
+        ``vote`` (σ, its multiplier, its own ε, the share, the noisy counts) and ``note``.
+        With one candidate nothing is chosen: ``method`` is ``"none"``.
+    """
+    from privmtl.privacy import ClientVote, PrivacyLedger, client_votes, record_candidates
+    from privmtl.privacy.selection import SELECTION_METHODS, VOTE_MECHANISM
+
+    check_choice("select", select, SELECTION_METHODS)
+    check_real("vote_share", vote_share, low=0.0, high=1.0, closed="right")
+    k = len(events)
+    if k == 0 or len(pooled) != k:
+        raise InvalidParameterError(
+            f"select_candidates needs one entry of 'pooled' per candidate and >= 1 candidate; got "
+            f"{len(pooled)} pooled scores for {k} candidates."
+        )
+    base = {"candidates": k, "delta": delta, "accountant": accountant, "relation": relation}
+    if select == "pooled" and k > 1:
+        vals = np.array([np.nan if v is None else float(v) for v in pooled])
+        signed = vals if higher_is_better else -vals
+        best = 0 if np.all(np.isnan(signed)) else int(np.nanargmax(signed))
+        return {
+            **base,
+            "method": "pooled",
+            "covered": False,
+            "chosen": best,
+            "epsilon": None,
+            "candidates_epsilon": None,
+            "vote": None,
+            "note": f"{what} chosen on the pooled validation score of every client: NOT covered",
+            "reason": (
+                f"{what} was chosen on the pooled validation score of every client (--select "
+                "pooled): a statistic of every client's data that is not a recorded release"
+            ),
+        }
+    s = np.asarray(scores, dtype=float)
+    if s.ndim != 2 or s.shape[1] != k:
+        raise InvalidParameterError(
+            f"The 'scores' parameter must have shape (n_clients, {k}); got {s.shape}."
+        )
+    ledger = PrivacyLedger(delta=delta, accountant=accountant, relation=relation)
+    releases = any(len(e) for e in events)
+    eps_c = record_candidates(ledger, events) if releases else 0.0
+    votes = client_votes(s, higher_is_better=higher_is_better)
+    method = "none" if k == 1 else select if releases else "client"
+    if method != "vote":
+        choices = np.where(votes < 0, 0, votes)  # no validation data: the first (public) point
+        chosen: int | None = 0 if k == 1 else None
+        if k == 1:
+            note = f"one candidate: {what} was not chosen"
+        elif releases:
+            note = (
+                f"{what} chosen by every client on its own validation split (no release); ε "
+                f"composes all {k} candidate runs each client read: {eps_c:.4g}"
+            )
+        else:
+            note = (
+                f"{what} chosen by every client on its own validation split among its own {k} "
+                "candidate runs; nothing is released (ε = 0 towards the others)"
+            )
+        base["delta"] = delta if releases else None
+        return {
+            **base,
+            "method": method,
+            "covered": True,
+            "chosen": chosen,
+            "choices": choices,
+            "epsilon": _finite_or_none(eps_c),
+            "candidates_epsilon": _finite_or_none(eps_c),
+            "vote": None,
+            "note": note,
+        }
+    if target_epsilon is None:
+        vote = ClientVote(k, 0.0, relation)
+    else:
+        vote = ClientVote.for_epsilon(
+            k,
+            epsilon=vote_share * target_epsilon,
+            delta=delta,
+            accountant=accountant,
+            relation=relation,
+        )
+    key = {**(log_key or {}), "selection": "vote", "vote_share": vote_share}
+    logged = None if log is None else log.get(key)
+    if logged is not None:  # released before: compose it again, draw nothing new
+        ledger.record(vote.event(), mechanism=VOTE_MECHANISM, params=vote.params())
+        winner, noisy, vote_source = (
+            logged["winner"],
+            logged["noisy_counts"],
+            logged["noise_source"],
+        )
+    else:
+        noise = _vote_noise(noise_source, seed, run_key(key))
+        res = vote.select(votes, noise, ledger=ledger, release_id="vote")
+        winner, noisy, vote_source = res.winner, list(res.noisy_counts), res.details["noise_source"]
+        if log is not None:
+            log.add(key, {"winner": winner, "noisy_counts": noisy, "noise_source": vote_source})
+    total = ledger.epsilon()
+    vote_eps = vote.epsilon(delta, accountant=accountant)
+    return {
+        **base,
+        "method": "vote",
+        "covered": True,
+        "chosen": int(winner),
+        "choices": np.full(s.shape[0], int(winner)),
+        "epsilon": _finite_or_none(total),
+        "candidates_epsilon": _finite_or_none(eps_c),
+        "vote": {
+            "noise_std": vote.noise_std,
+            "noise_multiplier": vote.noise_multiplier,
+            "epsilon": _finite_or_none(vote_eps),
+            "share": vote_share if target_epsilon is not None else None,
+            "noisy_counts": [float(c) for c in noisy],
+            "noise_source": vote_source,
+        },
+        "note": (
+            f"{what} chosen by a noisy client vote over {k} candidate runs (vote σ="
+            f"{vote.noise_std:.4g}, ε_vote={vote_eps:.3g} alone); ε covers training of all {k} "
+            f"candidates and the vote, composed: {total:.4g}"
+        ),
+    }
+
+
+def apply_selection(row: dict[str, Any], selection: dict[str, Any]) -> dict[str, Any]:
+    """The chosen row restated under the selection's guarantee (``covered``, ``epsilon``, ...).
+
+    A covered selection replaces ``epsilon`` (and the guarantee's) by the ε of training and
+    selection; the run's own ε moves to ``training_epsilon``. A pooled selection keeps the
+    run's ε and adds its reason to the guarantee's ``not_covered``.
+    """
+    out = dict(row)
+    g = dict(out.get("guarantee") or {})
+    out["training_epsilon"] = row.get("epsilon")
+    public = {k: v for k, v in selection.items() if k not in ("choices", "reason")}
+    out["selection"] = public
+    out["selection_method"] = selection["method"]
+    notes = list(g.get("notes") or [])
+    not_covered = list(g.get("not_covered") or [])
+    if selection["covered"]:
+        out["epsilon"] = selection["epsilon"]
+        g["epsilon"] = selection["epsilon"]
+        notes.append(selection["note"])
+    else:
+        not_covered.append(selection["reason"])
+    g["notes"], g["not_covered"] = notes, not_covered
+    g["covered"] = not not_covered
+    out["guarantee"] = g
+    out["covered"] = g["covered"]
+    if isinstance(out.get("summary"), str):
+        out["summary"] += (
+            f"; with {selection['method']} selection over {selection['candidates']} candidates"
+            + (
+                f": ε (training + selection) = {selection['epsilon']:.4g}"
+                if selection["covered"] and selection["epsilon"] is not None
+                else ""
+            )
+            + ("" if g["covered"] else " — NOT COVERED: " + "; ".join(not_covered))
+        )
+    return out
+
+
+def _covered(row: dict[str, Any]) -> bool | None:
+    """The row's ``covered`` (or its guarantee's); None when the row does not say."""
+    value = row.get("covered", (row.get("guarantee") or {}).get("covered"))
+    return None if value is None else bool(value)
+
+
+def _all_covered(values: Sequence[bool | None]) -> bool | None:
+    """False if any is False, None (unknown) if any is unknown, else True."""
+    if any(v is False for v in values):
+        return False
+    return None if any(v is None for v in values) else True
+
+
+def selection_footnote(rows: Sequence[dict[str, Any]]) -> str:
+    """One line for a table or plot: which selection the rows used and whether they are covered."""
+    methods = sorted({str(r.get("selection_method")) for r in rows if r.get("selection_method")})
+    covered = _all_covered([_covered(r) for r in rows])
+    text = "selection: " + (", ".join(methods) or "none")
+    if covered is None:
+        return text + "; coverage not stated by every row"
+    if covered:
+        return (
+            text + "; every output covered, ε shown includes training of all candidates + selection"
+        )
+    return text + "; NOT covered: pooled selection reads every client's validation data"
+
+
 def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
     """CSV text of the sweep rows (one line per run)."""
     buf = io.StringIO()
@@ -142,11 +489,20 @@ def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and std of ``value`` per (method, target ε) over seeds."""
+    """Mean and std of ``value`` per (method, target ε) over seeds.
+
+    ``epsilon`` is the largest reported ε of the group (for covered selections: training and
+    selection), ``covered`` whether every row of the group is covered.
+    """
     groups: dict[tuple[str, float | None], list[float]] = defaultdict(list)
     eps_real: dict[tuple[str, float | None], list[float]] = defaultdict(list)
+    covered: dict[tuple[str, float | None], list[bool | None]] = defaultdict(list)
+    selected: dict[tuple[str, float | None], set[str]] = defaultdict(set)
     for row in rows:
         key = (row["method"], row.get("target_epsilon"))
+        covered[key].append(_covered(row))
+        if row.get("selection_method"):
+            selected[key].add(str(row["selection_method"]))
         if row.get("value") is not None:
             groups[key].append(float(row["value"]))
         e = row.get("epsilon")
@@ -164,6 +520,8 @@ def aggregate(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "mean": float(arr.mean()),
                 "std": float(arr.std(ddof=1)) if arr.size > 1 else 0.0,
                 "n": int(arr.size),
+                "covered": _all_covered(covered[(method, target)]),
+                "selection_method": ",".join(sorted(selected[(method, target)])) or None,
             }
         )
     return out
@@ -177,8 +535,14 @@ def plot_tradeoff(
     title: str,
     lower_is_better: bool = True,
     subtitle: str | None = None,
+    x_key: str = "target_epsilon",
+    x_label: str = "ε (privacy budget; smaller is more private)",
 ) -> None:
-    """Write a PNG: metric vs ε (log x) per private method, ε-free methods as horizontal lines."""
+    """Write a PNG: metric vs ε (log x) per private method, ε-free methods as horizontal lines.
+
+    ``x_key`` is the summary key on the x axis: ``"target_epsilon"`` (each run's target) or
+    ``"epsilon"`` (the reported ε, e.g. training and selection composed).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -195,7 +559,7 @@ def plot_tradeoff(
     colors = plt.get_cmap("tab10" if n_lines <= 10 else "tab20").colors  # type: ignore[attr-defined]
     for i, (method, pts) in enumerate(sorted(curves.items())):
         pts = sorted(pts, key=lambda r: r["target_epsilon"])
-        x = [p["target_epsilon"] for p in pts]
+        x = [p[x_key] for p in pts]
         y = np.array([p["mean"] for p in pts])
         e = np.array([p["std"] for p in pts])
         color = colors[i % len(colors)]
@@ -217,16 +581,17 @@ def plot_tradeoff(
     means = [float(r["mean"]) for r in summary if r.get("mean") is not None]
     if lower_is_better and means and min(means) > 0 and max(means) / min(means) > 20:
         ax.set_yscale("log")  # e.g. nMSE from 0.01 (MTL) to 7 (DP-MTRL): keep both readable
-    ax.set_xlabel("ε (privacy budget; smaller is more private)")
+    ax.set_xlabel(x_label)
     ax.set_ylabel(
         metric_label + (" (lower is better)" if lower_is_better else " (higher is better)")
     )
     ax.set_title(title, fontsize=11)
-    if subtitle:
-        fig.text(0.5, 0.005, subtitle, ha="center", va="bottom", fontsize=7, color="0.3")
+    lines = textwrap.wrap(subtitle, 125) if subtitle else []
+    if lines:  # the footnote (privacy statement, selection, coverage) is never clipped
+        fig.text(0.5, 0.005, "\n".join(lines), ha="center", va="bottom", fontsize=7, color="0.3")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout(rect=(0, 0.04 if subtitle else 0, 1, 1))
+    fig.tight_layout(rect=(0, 0.03 * len(lines) + (0.01 if lines else 0), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
