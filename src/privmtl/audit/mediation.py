@@ -1,0 +1,850 @@
+r"""The mediation audit: every client's outputs depend on the others only through recorded releases.
+
+Client-level joint DP rests on one structural fact (the billboard lemma): the outputs *for*
+client ``j`` — its model, its numbers, the files about it — are a function of client ``j``'s own
+data and of the privatized releases, nothing else. This module tests that fact on the real code,
+output path by output path:
+
+1. **Run A** on a data set ``D``, with an audit tape recording every release
+   (:func:`~privmtl.privacy.release.release_tape`).
+2. **Run B** on ``D'``, where one client's (task's) data is replaced, with the tape *replaying*
+   A's releases: each release computes everything it would, then emits A's value instead of its
+   own. Sampling, client training, fine-tuning, selection, evaluation and saving run unchanged,
+   with the same seeds.
+3. **Compare** every other client's outputs: model tensors (bit for bit), per-client numbers,
+   the rows of saved model files and the JSON keys (population summaries and timings excepted,
+   see :data:`POPULATION_KEYS`). A difference is a path from the replaced client to another
+   client's output that no release and no ledger entry accounts for.
+
+A passing check does not prove the property for every neighbour: it shows that the neighbour
+used (:func:`make_tables`: the replaced client has several times more rows than the others,
+shifted labels and rescaled features, so that it sways any pooled choice) leaves no trace. A
+failing check is a proof of a leak outside the releases.
+
+**Mutants** (:data:`MUTANTS`) re-introduce known leaks by monkeypatching the real code inside the
+audit: pooled selection (``train_local``/``finetune_select`` with ``select="pooled"``), an
+MP-MTL step size from every task's Lipschitz constant, and an un-noised diagnostic (the signal
+norm of the clipped mean) in what the clients receive. Each must make at least one check that
+passes without it fail (the mutant is *caught*).
+
+Output paths that need the command line (``privmtl pmtl`` with its ``--save-models`` files) are
+run through a ``run_command`` callable that the CLI passes in (this module sits below the CLI);
+without it those checks are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import torch
+
+from privmtl.privacy.release import ReleaseTape, release_tape
+
+__all__ = [
+    "DIAGNOSTIC_KEYS",
+    "MUTANTS",
+    "POPULATION_KEYS",
+    "CheckSpec",
+    "check_specs",
+    "make_tables",
+    "run_mediation_audit",
+]
+
+RunCommand = Callable[[list[str]], dict[str, Any]]
+
+#: JSON keys allowed to differ between the two runs: summaries over the whole population
+#: (pooled accuracies and losses, their values per grid point, the histogram of the clients' own
+#: choices: each includes the replaced client's own outputs, and no other client receives it),
+#: and wall-clock times. Everything else must be equal.
+POPULATION_KEYS = frozenset(
+    {
+        "test_accuracy",
+        "mean_client_accuracy",
+        "val_accuracy",
+        "global_test_accuracy",
+        "pre_finetune_test_accuracy",
+        "grid_val_accuracy",
+        "grid_test_accuracy",
+        "trained_val_accuracy",
+        "choice_counts",
+        "clients_per_choice",
+        "accuracy",
+        "loss",
+        "n",
+        "seconds",
+        "seconds_per_round",
+        "data_seconds",
+        "created",
+        "timestamp",
+    }
+)
+
+#: Curator diagnostics computed from un-noised messages (issue 21: not in the default JSON). The
+#: per-path checks leave them to the check ``pmtl JSON: no un-noised curator diagnostics
+#: (--finetune none)``.
+DIAGNOSTIC_KEYS = frozenset(
+    {
+        "signal_norm_per_round",
+        "full_signal_norm_per_round",
+        "noise_norm_per_round",
+        "train_loss_per_round",
+        "curator_diagnostics",
+    }
+)
+
+#: Number of clients (tasks) of the audit's data sets and the replaced one.
+NUM_CLIENTS = 6
+REPLACED = 0
+_FEATURES = 5
+_CLASSES = 3
+
+
+# ----------------------------------------------------------------------------------- data
+def make_tables(seed: int = 0) -> tuple[Any, Any]:
+    """The federated table ``D`` and its neighbour ``D'`` (pandas frames; client 0 replaced).
+
+    Every client has its own linear labelling rule and feature shift; client ``c0`` has ten
+    times the rows of the others. In ``D'`` its labels are drawn at random and its features
+    multiplied by −3: a client whose best training length and step size differ from the
+    original's, with large gradients, weighing most in any pooled validation accuracy. Every
+    class occurs in every client's data in both tables (the number of classes is read from the
+    labels).
+    """
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    base = rng.normal(size=(_FEATURES, _CLASSES))
+    frames, replaced = [], None
+    for k in range(NUM_CLIENTS):
+        n = 300 if k == REPLACED else 30
+        X = rng.normal(size=(n, _FEATURES)) + 0.5 * rng.normal()
+        W = base + 0.7 * rng.normal(size=(_FEATURES, _CLASSES))
+        y = np.argmax(X @ W, axis=1)
+        y[:_CLASSES] = np.arange(_CLASSES)  # every class present
+        frame = pd.DataFrame(X, columns=[f"x{j}" for j in range(_FEATURES)])
+        frame.insert(0, "client", f"c{k}")
+        frame["label"] = y
+        frames.append(frame)
+        if k == REPLACED:
+            other = frame.copy()
+            other[[f"x{j}" for j in range(_FEATURES)]] = -3.0 * X
+            noise = rng.integers(0, _CLASSES, size=n)
+            noise[:_CLASSES] = np.arange(_CLASSES)
+            other["label"] = noise
+            replaced = other
+    assert replaced is not None
+    D = pd.concat(frames, ignore_index=True)
+    D2 = pd.concat([replaced, *frames[1:]], ignore_index=True)
+    return D, D2
+
+
+def _federated(path: Path) -> Any:
+    from privmtl.data.federated_table import load_federated_table
+
+    return load_federated_table(path, client_column="client", label_column="label")
+
+
+def _tasks(seed: int, replaced: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Regression tasks for the MP-MTL family; task 0 replaced by a rank-one, large-target task.
+
+    Rows are scaled to norm at most 1 (the MP-MTL protocol); in ``D'`` every row of task 0 is
+    the same unit vector (its Lipschitz constant is the largest possible, 1) with targets 5.
+    """
+    rng = np.random.default_rng(seed)
+    d, m = 8, NUM_CLIENTS
+    U = rng.normal(size=(d, 2))
+    Xs, ys = [], []
+    for i in range(m):
+        n = 25
+        X = rng.normal(size=(n, d))
+        X /= np.linalg.norm(X, axis=1, keepdims=True) * np.sqrt(2.0)
+        w = U @ rng.normal(size=2)
+        y = X @ w + 0.05 * rng.normal(size=n)
+        if replaced and i == REPLACED:
+            v = np.ones(d) / np.sqrt(d)
+            X = np.tile(v, (n, 1))
+            y = np.full(n, 5.0)
+        Xs.append(X)
+        ys.append(y)
+    return Xs, ys
+
+
+# ----------------------------------------------------------------------------------- compare
+@dataclass
+class _Diff:
+    where: list[str]
+    max_abs: float
+
+    def add(self, where: str, diff: float) -> None:
+        self.where.append(where)
+        if math.isfinite(diff):
+            self.max_abs = max(self.max_abs, diff)
+        else:
+            self.max_abs = math.inf
+
+
+def _compare_rows(
+    a: dict[str, Any], b: dict[str, Any], ids: Sequence[str], skip: str, label: str, out: _Diff
+) -> None:
+    """Stacked ``(m, ...)`` tensors: every row but the replaced client's must be bit-identical."""
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            out.add(f"{label}:{name} (missing in one run)", math.inf)
+            continue
+        ta, tb = torch.as_tensor(a[name]), torch.as_tensor(b[name])
+        if ta.shape != tb.shape:
+            out.add(f"{label}:{name} shape {tuple(ta.shape)} vs {tuple(tb.shape)}", math.inf)
+            continue
+        for row, cid in enumerate(ids):
+            if cid == skip:
+                continue
+            if not torch.equal(ta[row], tb[row]):
+                diff = float((ta[row].double() - tb[row].double()).abs().max())
+                out.add(f"{label}:{name}[{cid}]", diff)
+
+
+def _compare_whole(a: dict[str, Any], b: dict[str, Any], label: str, out: _Diff) -> None:
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            out.add(f"{label}:{name} (missing in one run)", math.inf)
+            continue
+        ta, tb = torch.as_tensor(a[name]), torch.as_tensor(b[name])
+        if ta.shape != tb.shape or not torch.equal(ta, tb):
+            diff = (
+                float((ta.double() - tb.double()).abs().max()) if ta.shape == tb.shape else math.inf
+            )
+            out.add(f"{label}:{name}", diff)
+
+
+def _compare_json(
+    a: Any, b: Any, path: str, ids: Sequence[str], skip: str, ignore: frozenset[str], out: _Diff
+) -> None:
+    """Recursive JSON comparison; per-client lists (length m) and dicts keyed by client id skip
+    the replaced client; keys in ``ignore`` are not compared."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if key in ignore or key == skip:
+                continue
+            if key not in a or key not in b:
+                out.add(f"{path}.{key} (missing in one run)", math.inf)
+                continue
+            _compare_json(a[key], b[key], f"{path}.{key}", ids, skip, ignore, out)
+        return
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            out.add(f"{path} (length {len(a)} vs {len(b)})", math.inf)
+            return
+        per_client = len(a) == len(ids)
+        for j, (x, y) in enumerate(zip(a, b, strict=True)):
+            if per_client and ids[j] == skip:
+                continue
+            _compare_json(x, y, f"{path}[{ids[j] if per_client else j}]", ids, skip, ignore, out)
+        return
+    if a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b):
+        return
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        out.add(path, abs(float(a) - float(b)))
+    else:
+        out.add(path, math.inf)
+
+
+def _verdict(name: str, diff: _Diff, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    ok = not diff.where
+    detail = (
+        "every other client's outputs bit-identical"
+        if ok
+        else f"differs: {', '.join(diff.where[:4])}" + (" ..." if len(diff.where) > 4 else "")
+    )
+    clients = sorted(
+        {
+            part.split("]")[0]
+            for where in diff.where
+            for part in where.split("[")[1:]
+            if part.split("]")[0].startswith("c")
+        }
+    )
+    out: dict[str, Any] = {
+        "name": name,
+        "ok": ok,
+        "detail": detail,
+        "differences": len(diff.where),
+        "clients_differing": clients,
+        "max_abs_diff": 0.0 if ok else diff.max_abs,
+    }
+    out.update(extra or {})
+    return out
+
+
+# ----------------------------------------------------------------------------------- runners
+@contextlib.contextmanager
+def _recorded() -> Iterator[ReleaseTape]:
+    tape = ReleaseTape("record")
+    with release_tape(tape):
+        yield tape
+
+
+def _twice(run: Callable[[bool], Any]) -> tuple[Any, Any, int]:
+    """``run(replaced)`` on D with a recording tape, then on D' replaying it."""
+    with _recorded() as tape:
+        a = run(False)
+    with release_tape(tape.replay()) as replay:
+        b = run(True)
+    if replay.position != len(tape.values):
+        raise RuntimeError(
+            f"the replayed run made {replay.position} releases, the recorded one {len(tape.values)}"
+        )
+    return a, b, len(tape.values)
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One audited output path: its check name, how to run it, and who fixes it if broken.
+
+    ``kind`` is ``"cli"`` (``args`` of ``privmtl pmtl`` after the data options) or ``"api"``
+    (``runner(work, replaced)`` returns ``(client ids, stacked per-client tensors, per-client
+    numbers, whole tensors)``). ``issue`` names the item of issue 21 that makes a currently
+    failing path mediated (empty: mediated today). ``json_diagnostics`` also compares the
+    un-noised diagnostics keys.
+    """
+
+    name: str
+    kind: str
+    args: tuple[str, ...] = ()
+    runner: Callable[[Any, bool], Any] | None = None
+    issue: str = ""
+    json_diagnostics: bool = False
+
+
+class _Context:
+    """Temporary files of one audit: the two tables and the run directories."""
+
+    def __init__(self, root: Path, seed: int) -> None:
+        self.root = root
+        self.seed = seed
+        D, D2 = make_tables(seed)
+        self.table_a, self.table_b = root / "D.csv", root / "D_prime.csv"
+        D.to_csv(self.table_a, index=False)
+        D2.to_csv(self.table_b, index=False)
+        self._data: dict[bool, Any] = {}
+
+    def table(self, replaced: bool) -> Path:
+        return self.table_b if replaced else self.table_a
+
+    def dataset(self, replaced: bool) -> Any:
+        if replaced not in self._data:
+            self._data[replaced] = _federated(self.table(replaced))
+        return self._data[replaced]
+
+
+def _cli_outputs(
+    ctx: _Context, spec: CheckSpec, run_command: RunCommand, replaced: bool
+) -> dict[str, Any]:
+    # Both runs read the same path and save to the same directory (loaded into memory, then
+    # emptied before the next run), so the paths echoed in the JSON and model.json agree.
+    data, models = ctx.root / "data.csv", ctx.root / "models"
+    shutil.copyfile(ctx.table(replaced), data)
+    if models.exists():
+        shutil.rmtree(models)
+    args = [
+        "pmtl",
+        "--data",
+        "table",
+        "--data-path",
+        str(data),
+        "--client-column",
+        "client",
+        "--label-column",
+        "label",
+        "--model",
+        "logreg",
+        "--rounds",
+        "3",
+        "--clients-per-round",
+        "5",
+        *(() if "--noise-std" in spec.args else ("--epsilon", "2")),
+        "--reproducible-noise",
+        "--seed",
+        str(ctx.seed),
+        "--threads",
+        "1",
+        "--save-models",
+        str(models),
+        *spec.args,
+    ]
+    out = run_command(args)
+    files: dict[str, Any] = {}
+    for f in sorted(models.glob("*")):
+        if f.suffix == ".pt":
+            files[f.name] = torch.load(f, map_location="cpu", weights_only=True)
+        elif f.suffix == ".json":
+            files[f.name] = json.loads(f.read_text())
+    return {"json": out, "files": files}
+
+
+def _check_cli(ctx: _Context, spec: CheckSpec, run_command: RunCommand) -> dict[str, Any]:
+    a, b, releases = _twice(lambda replaced: _cli_outputs(ctx, spec, run_command, replaced))
+    ids = [str(c) for c in a["files"].get("model.json", {}).get("client_ids", [])]
+    if not ids:
+        ids = [f"c{k}" for k in range(NUM_CLIENTS)]
+    skip = f"c{REPLACED}"
+    diff = _Diff([], 0.0)
+    ignore = POPULATION_KEYS if spec.json_diagnostics else POPULATION_KEYS | DIAGNOSTIC_KEYS
+    _compare_json(a["json"], b["json"], "json", ids, skip, ignore, diff)
+    names = set(a["files"]) | set(b["files"])
+    for name in sorted(names):
+        fa, fb = a["files"].get(name), b["files"].get(name)
+        if fa is None or fb is None:
+            diff.add(f"{name} (missing in one run)", math.inf)
+        elif name == "personalized.pt":
+            _compare_rows(fa, fb, ids, skip, name, diff)
+        elif name.endswith(".pt"):
+            _compare_whole(fa, fb, name, diff)
+        else:
+            _compare_json(fa, fb, name, ids, skip, ignore, diff)
+    extra = {"releases": releases, "files": sorted(names)}
+    return _verdict(spec.name, diff, extra)
+
+
+def _check_api(ctx: _Context, spec: CheckSpec) -> dict[str, Any]:
+    runner = spec.runner
+    assert runner is not None
+    a, b, releases = _twice(lambda replaced: runner(ctx, replaced))
+    ids, rows_a, nums_a, whole_a = a
+    _, rows_b, nums_b, whole_b = b
+    skip = f"c{REPLACED}"
+    diff = _Diff([], 0.0)
+    _compare_rows(rows_a, rows_b, ids, skip, "models", diff)
+    _compare_json(nums_a, nums_b, "numbers", ids, skip, POPULATION_KEYS, diff)
+    _compare_whole(whole_a, whole_b, "shared", diff)
+    return _verdict(spec.name, diff, {"releases": releases})
+
+
+# ----------------------------------------------------------------------------------- API paths
+def _model(ds: Any, seed: int) -> torch.nn.Module:
+    from privmtl.federated.models import MultinomialLogReg
+
+    return MultinomialLogReg(ds.n_features, ds.n_classes, random_state=seed)
+
+
+def _per_client_numbers(model: torch.nn.Module, params: dict[str, Any], ds: Any) -> dict[str, Any]:
+    """Per-client correct counts and losses of stacked models on validation and test."""
+    from privmtl.federated.algorithms import client_scores
+
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    out: dict[str, Any] = {}
+    for split in ("val", "test"):
+        xs, ys = ds.split(split)
+        correct, loss = client_scores(model, params, buffers, xs, ys)
+        out[f"{split}_correct"] = [float(v) for v in correct]
+        out[f"{split}_loss"] = [float(v) for v in loss]
+    return out
+
+
+def _train_result_outputs(result: Any, model: torch.nn.Module, ds: Any) -> Any:
+    from privmtl.io import to_jsonable
+
+    params = result.personalized_params
+    if params is None:  # a global method: every client's output is the released model
+        m = len(result.client_ids)
+        params = {n: p.unsqueeze(0).expand(m, *p.shape) for n, p in result.global_params.items()}
+    numbers = _per_client_numbers(model, params, ds)
+    numbers["extra"] = to_jsonable(result.extra)
+    return list(result.client_ids), params, numbers, dict(result.global_params)
+
+
+def _config(**kw: Any) -> Any:
+    from privmtl.federated.config import TrainConfig
+
+    base: dict[str, Any] = {
+        "method": "pmtl",
+        "rounds": 3,
+        "clients_per_round": 5,
+        "batch_size": 10,
+        "lr": 0.1,
+        "lam": 0.1,
+        "clip": 0.5,
+        "noise_std": 0.2,
+        "seed": 0,
+        "progress": False,
+        "threads": 1,
+        "noise_source": "seeded",
+    }
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _run_local_client(ctx: _Context, replaced: bool) -> Any:
+    from privmtl.federated import local
+
+    ds = ctx.dataset(replaced)
+    model = _model(ds, ctx.seed)
+    res = local.train_local(
+        ds, model, epochs=(1, 3, 10, 30), lrs=(0.01, 0.1), select="client", seed=ctx.seed
+    )
+    return _train_result_outputs(res, model, ds)
+
+
+def _run_clusters(ctx: _Context, replaced: bool) -> Any:
+    from privmtl.federated.clusters import train_clusters
+
+    ds = ctx.dataset(replaced)
+    model = _model(ds, ctx.seed)
+    labels = [k % 2 for k in range(ds.n_clients)]
+    res = train_clusters(ds, model, _config(clients_per_round=4), labels)
+    ids, params, numbers, _ = _train_result_outputs(res, model, ds)
+    return ids, params, numbers, {}  # one billboard per cluster: compared through the models
+
+
+def _run_workshop(ctx: _Context, replaced: bool) -> Any:
+    from privmtl.federated.workshop import train_workshop
+
+    ds = ctx.dataset(replaced)
+    model = _model(ds, ctx.seed)
+    res = train_workshop(ds, model, _config(), bound=2.0, noise_std=0.2)
+    return _train_result_outputs(res, model, ds)
+
+
+def _run_flower_node(ctx: _Context, replaced: bool) -> Any:
+    """Two Flower nodes' client steps (NodeClients) under the server's curator, in process."""
+    from privmtl.flower._core import NodeClients, ServerRun, run_options
+
+    ds = ctx.dataset(replaced)
+    model = _model(ds, ctx.seed)
+    opts = run_options(
+        {
+            "rounds": 3,
+            "clients-per-round": 5,
+            "noise-std": 0.2,
+            "seed": ctx.seed,
+            "noise-source": "seeded",
+            "server-update": "ditto",
+        }
+    )
+    nodes = [NodeClients(ds, model, partition_id=p, num_partitions=2) for p in range(2)]
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    server = ServerRun(opts, init, ds.n_clients)
+    for t in range(server.config.rounds):
+        sampled = server.curator.sample_round()
+        messages: dict[int, dict[str, torch.Tensor]] = {}
+        losses: dict[int, float] = {}
+        for node in nodes:
+            mine = [int(k) for k in sampled if int(k) in node.pos]
+            msgs, loss = node.train(mine, server.curator.billboard, t, server.config, f"r{t}")
+            for j, k in enumerate(mine):
+                messages[k] = {n: v[j] for n, v in msgs.items()}
+                losses[k] = loss[j]
+        server.release(sampled, messages, losses, 0.0)
+    ids: list[str] = [ds.client_ids[k] for k in range(ds.n_clients)]
+    params = {
+        n: torch.stack([node.model_of(k)[n] for node in nodes for k in node.clients.tolist()])
+        for n in init
+    }
+    order = [int(k) for node in nodes for k in node.clients.tolist()]
+    params = {n: p[np.argsort(order)] for n, p in params.items()}
+    numbers: dict[str, Any] = {}
+    for node in nodes:
+        for key, values in node.evaluate(server.curator.billboard).items():
+            numbers.setdefault(key, {}).update(
+                {ds.client_ids[int(k)]: v for k, v in zip(node.clients, values, strict=True)}
+            )
+    return ids, params, numbers, dict(server.curator.billboard)
+
+
+def _mpmtl_runner(name: str, *, step_size: float | None) -> Callable[[_Context, bool], Any]:
+    def run(ctx: _Context, replaced: bool) -> Any:
+        from privmtl.linear import mpmtl
+
+        cls = {
+            "lowrank": mpmtl.MPMTLLowRank,
+            "groupsparse": mpmtl.MPMTLGroupSparse,
+            "lowrank-sparse": mpmtl.MPMTLLowRankSparse,
+        }[name]
+        Xs, ys = _tasks(ctx.seed, replaced)
+        est = cls(
+            epsilon=2.0,
+            delta=1e-5,
+            iterations=5,
+            lam=0.1,
+            step_size=step_size,
+            random_state=ctx.seed,
+            noise_source="seeded",
+        ).fit(Xs, ys)
+        ids = [f"c{i}" for i in range(len(Xs))]
+        coef = torch.from_numpy(np.ascontiguousarray(np.asarray(est.coef_).T))
+        numbers = {
+            "train_mse": [
+                float(np.mean((X @ est.coef_[:, i] - y) ** 2))
+                for i, (X, y) in enumerate(zip(Xs, ys, strict=True))
+            ]
+        }
+        return ids, {"coef": coef}, numbers, {}
+
+    return run
+
+
+# ----------------------------------------------------------------------------------- the paths
+#: The issue-21 items that other changes fix; a check marked with one fails until they land.
+FIX_FINETUNE_AUTO = "issue 21 item 3: --finetune auto per-client or private selection"
+FIX_LOCAL_ALL = "issue 21 item 3: local-all selects per client by default"
+FIX_DIAGNOSTICS = "issue 21 item 3: curator diagnostics leave the default JSON"
+FIX_MPMTL_STEP = "issue 21 item 3: MP-MTL step size per task or from public quantities"
+
+
+def check_specs() -> list[CheckSpec]:
+    """Every audited output path, in the order of the report."""
+    cli = [
+        CheckSpec("pmtl --finetune none", "cli", ("--finetune", "none")),
+        CheckSpec("pmtl --finetune vanilla", "cli", ("--finetune", "vanilla")),
+        *(
+            CheckSpec(
+                f"pmtl --finetune {mode} (per-client grid)",
+                "cli",
+                (
+                    "--finetune",
+                    mode,
+                    "--finetune-lrs",
+                    "0.03,0.1",
+                    "--finetune-lams",
+                    "0.01,1",
+                    "--finetune-select",
+                    "client",
+                ),
+            )
+            for mode in ("mr", "skl", "ewc")
+        ),
+        CheckSpec(
+            "pmtl --finetune vanilla --finetune-start billboard (client selection)",
+            "cli",
+            (
+                "--finetune",
+                "vanilla",
+                "--finetune-start",
+                "billboard",
+                "--finetune-epochs",
+                "1,3",
+                "--finetune-lrs",
+                "0.03,0.1",
+                "--finetune-select",
+                "client",
+            ),
+        ),
+        CheckSpec(
+            "pmtl default (--finetune auto, billboard with signal)",
+            "cli",
+            ("--noise-std", "0.02"),
+            issue=FIX_FINETUNE_AUTO,
+        ),
+        CheckSpec(
+            "pmtl JSON: no un-noised curator diagnostics (--finetune none)",
+            "cli",
+            ("--finetune", "none"),
+            issue=FIX_DIAGNOSTICS,
+            json_diagnostics=True,
+        ),
+        CheckSpec("pmtl --method fedavg", "cli", ("--method", "fedavg", "--finetune", "none")),
+        CheckSpec(
+            "pmtl --method fedprox",
+            "cli",
+            ("--method", "fedprox", "--lam", "0.01", "--finetune", "none"),
+        ),
+        CheckSpec("pmtl --method local", "cli", ("--method", "local", "--finetune", "none")),
+        CheckSpec("pmtl --method joint-dp", "cli", ("--method", "joint-dp", "--finetune", "none")),
+        CheckSpec("pmtl --method pp-sgd", "cli", ("--method", "pp-sgd", "--finetune", "none")),
+        CheckSpec(
+            "pmtl --method local-all --save-models: other clients' personalized.pt bit-identical",
+            "cli",
+            ("--method", "local-all"),
+            issue=FIX_LOCAL_ALL,
+        ),
+    ]
+    api = [
+        CheckSpec("train_local(select='client')", "api", runner=_run_local_client),
+        CheckSpec("train_clusters (two fixed clusters)", "api", runner=_run_clusters),
+        CheckSpec("train_workshop", "api", runner=_run_workshop),
+        CheckSpec(
+            "Flower NodeClients client step (2 nodes, in process)", "api", runner=_run_flower_node
+        ),
+        *(
+            CheckSpec(
+                f"MP-MTL {name} (public step size)",
+                "api",
+                runner=_mpmtl_runner(name, step_size=0.5),
+            )
+            for name in ("lowrank", "groupsparse", "lowrank-sparse")
+        ),
+        CheckSpec(
+            "MP-MTL lowrank (default step size)",
+            "api",
+            runner=_mpmtl_runner("lowrank", step_size=None),
+            issue=FIX_MPMTL_STEP,
+        ),
+    ]
+    return [*cli, *api]
+
+
+# ----------------------------------------------------------------------------------- mutants
+@contextlib.contextmanager
+def _mutant_pooled_selection() -> Iterator[None]:
+    """Every per-client selection becomes one pooled choice (train_local, finetune_select)."""
+    from privmtl.federated import finetune_selection, local
+
+    train_local, finetune_select = local.train_local, finetune_selection.finetune_select
+
+    def pooled_local(*args: Any, **kw: Any) -> Any:
+        kw["select"] = "pooled"
+        return train_local(*args, **kw)
+
+    def pooled_finetune(*args: Any, **kw: Any) -> Any:
+        kw["select"] = "pooled"
+        return finetune_select(*args, **kw)
+
+    with (
+        mock.patch.object(local, "train_local", pooled_local),
+        mock.patch.object(finetune_selection, "finetune_select", pooled_finetune),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _mutant_global_step() -> Iterator[None]:
+    """MP-MTL's step size from the largest Lipschitz constant over all tasks' raw features."""
+    from privmtl.linear import mpmtl
+
+    fit_batch = mpmtl._MPMTLBase._fit_batch
+
+    def global_step(self: Any, prepared: Any, p: dict[str, Any]) -> None:
+        p = dict(p)
+        p["step_size"] = 1.0 / (2.0 * float(prepared.lipschitz(p["mu"])))
+        fit_batch(self, prepared, p)
+
+    with mock.patch.object(mpmtl._MPMTLBase, "_fit_batch", global_step):
+        yield
+
+
+@contextlib.contextmanager
+def _mutant_unnoised_diagnostic() -> Iterator[None]:
+    """The clients receive the un-noised signal norm: the release is rescaled by it."""
+    from privmtl.privacy import release as rel
+
+    release = rel.GaussianMeanRelease.release
+
+    def leaky(self: Any, *args: Any, **kw: Any) -> Any:
+        out = release(self, *args, **kw)
+        scale = 1.0 + float(out.details.get("signal_norm", 0.0))
+        out.value = {n: v * scale for n, v in out.value.items()}
+        return out
+
+    with mock.patch.object(rel.GaussianMeanRelease, "release", leaky):
+        yield
+
+
+#: name -> (what it re-introduces, context manager that injects it)
+MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
+    "pooled-selection": (
+        "per-client selections (train_local, finetune_select) replaced by one pooled choice",
+        _mutant_pooled_selection,
+    ),
+    "global-step-size": (
+        "MP-MTL step size 1/(2 max_i L_i) from every task's features",
+        _mutant_global_step,
+    ),
+    "unnoised-diagnostic": (
+        "the un-noised signal norm of the clipped mean reaches the clients (billboard rescaled)",
+        _mutant_unnoised_diagnostic,
+    ),
+}
+
+
+# ----------------------------------------------------------------------------------- driver
+def _run_check(ctx: _Context, spec: CheckSpec, run_command: RunCommand | None) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    try:
+        if spec.kind == "cli":
+            if run_command is None:
+                return {"name": spec.name, "ok": None, "detail": "skipped: needs the CLI"}
+            out = _check_cli(ctx, spec, run_command)
+        else:
+            out = _check_api(ctx, spec)
+    except Exception as exc:  # a path that breaks under replay is a failed check, not a crash
+        out = {"name": spec.name, "ok": False, "detail": f"error: {type(exc).__name__}: {exc}"}
+    if spec.issue:
+        out["fixed_by"] = spec.issue
+    out["seconds"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def run_mediation_audit(
+    run_command: RunCommand | None = None,
+    *,
+    seed: int = 0,
+    mutants: bool = True,
+    only: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Run every check (module docstring), then every mutant; returns the report.
+
+    Parameters
+    ----------
+    run_command : callable, optional
+        ``run_command(argv) -> dict``: runs one ``privmtl`` command in process and returns its
+        JSON object (the CLI passes it). None skips the command-line checks.
+    seed : int, default 0
+        Seed of the data sets and of every run.
+    mutants : bool, default True
+        Also run the mutants.
+    only : sequence of str, optional
+        Run only the checks whose name contains one of these strings.
+
+    Returns
+    -------
+    dict
+        ``checks`` (``{"name", "ok", "detail", ...}`` each; ``ok`` is None for a skipped check;
+        ``fixed_by`` on checks of paths that issue 21's other items make mediated), ``mutants``
+        (number run), ``mutants_caught`` (a mutant is caught when a check that holds without it
+        fails with it), ``mutant_results``, ``skipped`` and ``ok`` (every check that ran holds and
+        every mutant is caught).
+    """
+    specs = check_specs()
+    if only:
+        specs = [s for s in specs if any(o in s.name for o in only)]
+    t0 = time.perf_counter()
+    root = Path(tempfile.mkdtemp(prefix="privmtl-mediation-"))
+    try:
+        ctx = _Context(root, seed)
+        checks = [_run_check(ctx, s, run_command) for s in specs]
+        results: list[dict[str, Any]] = []
+        if mutants:
+            passing = {c["name"] for c in checks if c["ok"]}
+            for name, (what, inject) in MUTANTS.items():
+                with inject():
+                    mutated = [_run_check(ctx, s, run_command) for s in specs if s.name in passing]
+                failed = [c["name"] for c in mutated if c["ok"] is False]
+                results.append(
+                    {"name": name, "injects": what, "caught": bool(failed), "failed_checks": failed}
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    caught = sum(bool(r["caught"]) for r in results)
+    ran = [c for c in checks if c["ok"] is not None]  # None: skipped (no run_command)
+    ok = bool(ran) and all(c["ok"] for c in ran) and caught == len(results)
+    return {
+        "checks": checks,
+        "mutants": len(results),
+        "mutants_caught": caught,
+        "mutant_results": results,
+        "ok": ok,
+        "skipped": len(checks) - len(ran),
+        "seconds": time.perf_counter() - t0,
+        "replaced_client": f"c{REPLACED}",
+        "num_clients": NUM_CLIENTS,
+    }
