@@ -74,7 +74,7 @@ def test_enough_paths_and_mutants():
     names = [s.name for s in check_specs()]
     assert len(names) >= 10 and len(set(names)) == len(names)
     assert len(MUTANTS) >= 3
-    assert any("local-all" in n and "personalized.pt" in n for n in names)
+    assert any("local-all" in n and "labels" in n and "personalized.pt" in n for n in names)
 
 
 def test_fast_paths_hold_and_every_mutant_is_caught():
@@ -99,7 +99,7 @@ def test_a_leak_is_reported_with_the_clients_that_differ():
 
 def test_command_line_checks_need_the_cli_runner():
     out = run_mediation_audit(None, only=["--method local"], mutants=False)
-    assert [c["ok"] for c in out["checks"]] == [None, None]  # local and local-all: skipped
+    assert [c["ok"] for c in out["checks"]] == [None, None]  # local, local-all: skipped
     assert not out["ok"]
 
 
