@@ -135,10 +135,15 @@ def test_mechanism_audit_still_needs_its_options(capsys):
 
 # ------------------------------------------------------------------------------- paths fixed by
 # other items of issue 21: each fails on a branch without that fix, for the reason named.
-FIXED_ELSEWHERE = [s for s in check_specs() if s.issue]
+# The k-fold tuning path takes about 15 s: slow.
+FIXED_ELSEWHERE = [
+    pytest.param(s, id=s.name, marks=[pytest.mark.slow] if "tuning" in s.name else [])
+    for s in check_specs()
+    if s.issue
+]
 
 
-@pytest.mark.parametrize("spec", FIXED_ELSEWHERE, ids=[s.name for s in FIXED_ELSEWHERE])
+@pytest.mark.parametrize("spec", FIXED_ELSEWHERE)
 def test_paths_made_mediated_by_issue_21(spec):
     out = run_mediation_audit(_run_command, only=[spec.name], mutants=False)
     (check,) = [c for c in out["checks"] if c["name"] == spec.name]

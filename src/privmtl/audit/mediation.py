@@ -82,6 +82,7 @@ POPULATION_KEYS = frozenset(
         "accuracy",
         "loss",
         "n",
+        "nmse",
         "seconds",
         "seconds_per_round",
         "data_seconds",
@@ -308,7 +309,8 @@ def _twice(run: Callable[[bool], Any]) -> tuple[Any, Any, int]:
         b = run(True)
     if replay.position != len(tape.values):
         raise RuntimeError(
-            f"the replayed run made {replay.position} releases, the recorded one {len(tape.values)}"
+            f"the replayed run made {replay.position} releases, the recorded one "
+            f"{len(tape.values)} (a choice outside the releases changed how many are made)"
         )
     return a, b, len(tape.values)
 
@@ -322,7 +324,9 @@ class CheckSpec:
     numbers, whole tensors)``). ``issue`` names the item of issue 21 that makes a currently
     failing path mediated (empty: mediated today). ``json_diagnostics`` also compares the
     un-noised diagnostics keys. ``neighbour`` is ``"data"`` (``D'``) or ``"labels"`` (``D''``,
-    :func:`make_tables`); ``files_only`` restricts the comparison to these saved files.
+    :func:`make_tables`); ``files_only`` restricts the comparison to these saved files;
+    ``command`` is ``"pmtl"`` (the classification table) or ``"mpmtl"`` (the regression tasks of
+    :func:`_tasks` as a table).
     """
 
     name: str
@@ -333,6 +337,7 @@ class CheckSpec:
     json_diagnostics: bool = False
     neighbour: str = "data"
     files_only: tuple[str, ...] = ()
+    command: str = "pmtl"
 
 
 class _Context:
@@ -347,9 +352,14 @@ class _Context:
         D.to_csv(self.table_a, index=False)
         D2.to_csv(self.table_b, index=False)
         D3.to_csv(self.table_labels, index=False)
+        self.tasks_a, self.tasks_b = root / "tasks.csv", root / "tasks_prime.csv"
+        for path, replaced in ((self.tasks_a, False), (self.tasks_b, True)):
+            _task_frame(*_tasks(seed, replaced)).to_csv(path, index=False)
         self._data: dict[bool, Any] = {}
 
-    def table(self, replaced: bool, neighbour: str = "data") -> Path:
+    def table(self, replaced: bool, neighbour: str = "data", command: str = "pmtl") -> Path:
+        if command == "mpmtl":
+            return self.tasks_b if replaced else self.tasks_a
         if not replaced:
             return self.table_a
         return self.table_labels if neighbour == "labels" else self.table_b
@@ -366,43 +376,79 @@ def _cli_outputs(
     # Both runs read the same path and save to the same directory (loaded into memory, then
     # emptied before the next run), so the paths echoed in the JSON and model.json agree.
     data, models = ctx.root / "data.csv", ctx.root / "models"
-    shutil.copyfile(ctx.table(replaced, spec.neighbour), data)
+    shutil.copyfile(ctx.table(replaced, spec.neighbour, spec.command), data)
     if models.exists():
         shutil.rmtree(models)
-    args = [
-        "pmtl",
-        "--data",
-        "table",
-        "--data-path",
-        str(data),
-        "--client-column",
-        "client",
-        "--label-column",
-        "label",
-        "--model",
-        "logreg",
-        "--rounds",
-        "3",
-        "--clients-per-round",
-        "5",
-        *(() if "--noise-std" in spec.args else ("--epsilon", "2")),
-        "--reproducible-noise",
-        "--seed",
-        str(ctx.seed),
-        "--threads",
-        "1",
-        "--save-models",
-        str(models),
-        *spec.args,
-    ]
+    args = (
+        _mpmtl_args(ctx, spec, data, models)
+        if spec.command == "mpmtl"
+        else [
+            "pmtl",
+            "--data",
+            "table",
+            "--data-path",
+            str(data),
+            "--client-column",
+            "client",
+            "--label-column",
+            "label",
+            "--model",
+            "logreg",
+            "--rounds",
+            "3",
+            "--clients-per-round",
+            "5",
+            *(() if "--noise-std" in spec.args else ("--epsilon", "2")),
+            "--reproducible-noise",
+            "--seed",
+            str(ctx.seed),
+            "--threads",
+            "1",
+            "--save-models",
+            str(models),
+            *spec.args,
+        ]
+    )
     out = run_command(args)
     files: dict[str, Any] = {}
     for f in sorted(models.glob("*")):
         if f.suffix == ".pt":
             files[f.name] = torch.load(f, map_location="cpu", weights_only=True)
+        elif f.suffix == ".npy":  # MP-MTL: column i is task i's model
+            files[f.name] = {"coef": torch.from_numpy(np.ascontiguousarray(np.load(f).T))}
         elif f.suffix == ".json":
             files[f.name] = json.loads(f.read_text())
     return {"json": out, "files": files}
+
+
+def _mpmtl_args(ctx: _Context, spec: CheckSpec, data: Path, models: Path) -> list[str]:
+    return [
+        "mpmtl",
+        "--data",
+        "table",
+        "--data-path",
+        str(data),
+        "--epsilon",
+        "2",
+        "--reproducible-noise",
+        "--seed",
+        str(ctx.seed),
+        "--save-models",
+        str(models),
+        *spec.args,
+    ]
+
+
+def _task_frame(Xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> Any:
+    import pandas as pd
+
+    frames = []
+    for i, (X, y) in enumerate(zip(Xs, ys, strict=True)):
+        frame = pd.DataFrame(X, columns=[f"x{j}" for j in range(X.shape[1])])
+        frame.insert(0, "task", f"c{i}")
+        frame["y"] = y
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
 
 
 def _check_cli(ctx: _Context, spec: CheckSpec, run_command: RunCommand) -> dict[str, Any]:
@@ -422,7 +468,7 @@ def _check_cli(ctx: _Context, spec: CheckSpec, run_command: RunCommand) -> dict[
         fa, fb = a["files"].get(name), b["files"].get(name)
         if fa is None or fb is None:
             diff.add(f"{name} (missing in one run)", math.inf)
-        elif name == "personalized.pt":
+        elif name in ("personalized.pt", "coef.npy"):
             _compare_rows(fa, fb, ids, skip, name, diff)
         elif name.endswith(".pt"):
             _compare_whole(fa, fb, name, diff)
@@ -615,6 +661,7 @@ FIX_FINETUNE_AUTO = "issue 21 item 3: --finetune auto per-client or private sele
 FIX_LOCAL_ALL = "issue 21 item 3: local-all selects per client by default"
 FIX_DIAGNOSTICS = "issue 21 item 3: curator diagnostics leave the default JSON"
 FIX_MPMTL_STEP = "issue 21 item 3: MP-MTL step size per task or from public quantities"
+FIX_LINEAR_TUNING = "issue 21 item 3: STL/MTL tuning per task or by a private selection"
 
 
 def check_specs() -> list[CheckSpec]:
@@ -685,6 +732,22 @@ def check_specs() -> list[CheckSpec]:
             issue=FIX_LOCAL_ALL,
             neighbour="labels",
             files_only=("personalized.pt",),
+        ),
+    ]
+    cli += [
+        CheckSpec(
+            "mpmtl --method lowrank --no-tune (default step size)",
+            "cli",
+            ("--method", "lowrank", "--no-tune", "--iterations", "5"),
+            issue=FIX_MPMTL_STEP,
+            command="mpmtl",
+        ),
+        CheckSpec(
+            "mpmtl --method lowrank (default: k-fold CV tuning)",
+            "cli",
+            ("--method", "lowrank"),
+            issue=FIX_LINEAR_TUNING,
+            command="mpmtl",
         ),
     ]
     api = [

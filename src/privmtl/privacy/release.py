@@ -86,6 +86,7 @@ __all__ = [
     "noise_std_for",
     "release_tape",
     "signal_noise",
+    "taped",
     "update_norms",
 ]
 
@@ -156,7 +157,8 @@ class ReleaseTape:
         if self.position >= len(self.values):
             raise InvalidParameterError(
                 f"Replay asks for release {self.position + 1}, but only {len(self.values)} "
-                "were recorded: the replayed run makes more releases than the recorded one."
+                "were recorded: the replayed run makes more releases than the recorded one "
+                "(a choice outside the releases changed how many are made)."
             )
         out = copy.deepcopy(self.values[self.position])
         self.position += 1
@@ -188,7 +190,11 @@ def release_tape(tape: ReleaseTape) -> Iterator[ReleaseTape]:
 
 
 def taped(value: Any) -> Any:
-    """``value`` itself, unless an audit tape is active (:func:`release_tape`)."""
+    """``value`` itself, unless an audit tape is active (:func:`release_tape`).
+
+    Every mechanism whose output leaves a curator passes its released value through here (after
+    its ledger record), so that the mediation audit can replay it.
+    """
     return value if _TAPE is None else _TAPE(value)
 
 
