@@ -17,9 +17,11 @@ output path by output path:
    client's output that no release and no ledger entry accounts for.
 
 A passing check does not prove the property for every neighbour: it shows that the neighbour
-used (:func:`make_tables`: the replaced client has several times more rows than the others,
-shifted labels and rescaled features, so that it sways any pooled choice) leaves no trace. A
-failing check is a proof of a leak outside the releases.
+used leaves no trace (:func:`make_tables`: the replaced client has ten times the rows of the
+others and gets random labels and rescaled features, or random labels only, so that it sways any
+pooled choice; for MP-MTL a rank-one task with the largest possible Lipschitz constant). A
+failing check is a proof of a leak outside the releases. Lists of length ``m`` in a JSON output
+are read as per-client lists (the audit's grids and round counts avoid that length).
 
 **Mutants** (:data:`MUTANTS`) re-introduce known leaks by monkeypatching the real code inside the
 audit: pooled selection (``train_local``/``finetune_select`` with ``select="pooled"``), an
@@ -27,9 +29,12 @@ MP-MTL step size from every task's Lipschitz constant, and an un-noised diagnost
 norm of the clipped mean) in what the clients receive. Each must make at least one check that
 passes without it fail (the mutant is *caught*).
 
-Output paths that need the command line (``privmtl pmtl`` with its ``--save-models`` files) are
-run through a ``run_command`` callable that the CLI passes in (this module sits below the CLI);
-without it those checks are skipped.
+Output paths that need the command line (``privmtl pmtl`` and ``privmtl mpmtl`` with their
+``--save-models`` files) are run through a ``run_command`` callable that the CLI passes in (this
+module sits below the CLI); without it those checks are skipped.
+
+Not covered: the DP-MTRL and DP-AGGR baselines (their output perturbation does not go through
+:func:`~privmtl.privacy.release.taped`, so it cannot be replayed) and the sweeps' selection.
 """
 
 from __future__ import annotations
