@@ -720,6 +720,26 @@ def check_specs() -> list[CheckSpec]:
             issue=FIX_DIAGNOSTICS,
             json_diagnostics=True,
         ),
+        *(
+            CheckSpec(f"pmtl {' '.join(opts)}", "cli", (*opts, "--finetune", "none"))
+            for opts in (
+                ("--adaptive-clip-quantile", "0.5", "--adaptive-clip-noise", "2"),
+                ("--subspace-dim", "8"),
+                ("--server-optimizer", "adam", "--server-update", "offset"),
+                (
+                    "--personal-init",
+                    "billboard",
+                    "--sampling",
+                    "fixed",
+                    "--relation",
+                    "replace-one",
+                    "--rounds",
+                    "4",  # seed 0 leaves c0 out of the first three fixed-size samples
+                    "--noise-std",
+                    "0.1",  # calibrating ε for sampling without replacement is slow
+                ),
+            )
+        ),
         CheckSpec("pmtl --method fedavg", "cli", ("--method", "fedavg", "--finetune", "none")),
         CheckSpec(
             "pmtl --method fedprox",
