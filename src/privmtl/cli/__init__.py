@@ -126,7 +126,8 @@ def cli() -> None:
       demo         the quick tour: an MP-MTL ε sweep and a short PMTL run on built-in data
       ledger       re-account a run's durable privacy ledger (ε per release, rdp and pld)
       evaluate     reload models saved with --save-models and score them
-      audit        empirical ε lower bound of a mechanism (canaries through the real code)
+      audit        empirical ε lower bound of a mechanism (canaries through the real code);
+                   audit mediation: every output depends on others only through releases
       flower       PMTL on Flower's Deployment Engine (extra: privmtl[flower])
     """
 

@@ -65,7 +65,8 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
 
 def _run(group: click.Group, argv: list[str]) -> int:
     try:
-        group.main(args=argv, prog_name="privmtl", standalone_mode=False)
+        # Without standalone mode click returns the code of a command's ``Exit(code)``.
+        code = group.main(args=argv, prog_name="privmtl", standalone_mode=False)
     except click.exceptions.Exit as exc:  # --help, --version
         return int(exc.exit_code or 0)
     except click.exceptions.Abort:
@@ -80,7 +81,7 @@ def _run(group: click.Group, argv: list[str]) -> int:
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         click.echo(f"privmtl: error: {_one_line(str(exc))}", err=True)
         return 2
-    return 0
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
 
 def _one_line(text: str) -> str:
