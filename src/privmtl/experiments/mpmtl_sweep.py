@@ -12,7 +12,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from privmtl.experiments.mpmtl import PRIVATE_METHODS, load_mpmtl_data, run_mpmtl
+from privmtl.experiments.mpmtl import (
+    PRIVATE_METHODS,
+    data_protocol,
+    load_mpmtl_data,
+    run_mpmtl,
+)
 from privmtl.experiments.runlog import RunLog
 from privmtl.experiments.sweep import aggregate, plot_tradeoff, rows_to_csv, run_sweep
 from privmtl.io import atomic_output_dir, write_json_atomic
@@ -41,15 +46,35 @@ def run_mpmtl_sweep(
     n_jobs: int = 1,
     noise_source: str = "secure",
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    task_column: str = "task",
+    target_column: str = "y",
+    feature_columns: list[str] | None = None,
+    normalize: str = "auto",
+    train_fraction: float | None = None,
 ) -> dict[str, Any]:
     """Run the sweep and write ``mpmtl_sweep.csv``, ``mpmtl_sweep.json`` and ``mpmtl_tradeoff.png``.
 
     ``out_dir`` is checked writable before anything is computed. Each finished run is appended to
     ``out_dir/runs.jsonl``; a re-run reuses the logged runs of the same configuration (see
     :mod:`privmtl.experiments.runlog`) and reports ``runs_reused`` / ``runs_computed``.
+    The data options are :func:`~privmtl.experiments.mpmtl.load_mpmtl_data`'s.
     """
     log = RunLog(out_dir, outputs=MPMTL_SWEEP_FILES)
-    splits = {s: load_mpmtl_data(data, data_path=data_path, seed=s) for s in seeds}
+    table: dict[str, Any] = {}
+    if data == "table":
+        table = {
+            "task_column": task_column,
+            "target_column": target_column,
+            "feature_columns": feature_columns,
+        }
+    if data in ("school", "table"):
+        table.update(normalize=normalize, train_fraction=train_fraction)
+    splits = {s: load_mpmtl_data(data, data_path=data_path, seed=s, **table) for s in seeds}
+    # the resolved protocol identifies logged runs (School's paper protocol adds no key)
+    scaling, fraction = data_protocol(data, normalize, train_fraction)
+    table_cfg = {k: v for k, v in table.items() if k.endswith("column")}
+    if (scaling, fraction) not in (("unit-norm", 0.3), ("none", None)):
+        table_cfg.update(scaling=scaling, train_fraction=fraction)
     classification = splits[seeds[0]][0].task_type == "classification"
     metric = "auc" if classification else "nmse"
 
@@ -59,6 +84,7 @@ def run_mpmtl_sweep(
         "sweep": "mpmtl",
         "data": data,
         "data_path": None if data_path is None else str(data_path),
+        **table_cfg,
         "noise": noise,
         "tune_mode": tune_mode,
         "reference_epsilon": reference_eps if tune_mode == "once" else None,
@@ -78,6 +104,7 @@ def run_mpmtl_sweep(
             "noise": noise,
             "seed": seed,
             "split": splits[seed],
+            **{k: v for k, v in table.items() if k in ("normalize", "train_fraction")},
             "final_step": final_step,
             "n_splits": n_splits,
             "noise_source": noise_source,

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from privmtl.experiments.pmtl import load_federated, run_pmtl
+from privmtl.experiments.pmtl import default_clients_per_round, load_federated, run_pmtl
 from privmtl.experiments.runlog import RunLog
 from privmtl.experiments.sweep import aggregate, plot_tradeoff, rows_to_csv
 
@@ -35,7 +35,7 @@ def run_pmtl_sweep(
     seeds: Sequence[int],
     clips: Sequence[float],
     rounds_grid: Sequence[int],
-    clients_per_round: int,
+    clients_per_round: int | None = None,
     lam: float | Sequence[float] = 0.1,
     lr: float = 0.1,
     local_steps: int | None = None,
@@ -44,6 +44,10 @@ def run_pmtl_sweep(
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
     noise_source: str = "secure",
     log: RunLog | None = None,
+    client_column: str | None = None,
+    label_column: str | None = None,
+    feature_columns: Sequence[str] | None = None,
+    scaling: str = "per-client",
 ) -> dict[str, Any]:
     """Run the sweep; returns ``{"rows": best rows, "candidates": all runs, "summary": ...}``.
 
@@ -51,8 +55,22 @@ def run_pmtl_sweep(
     (× ``lam`` when it is a list, for the methods that use λ: pmtl, fedprox) is selected.
     With a ``log`` (:class:`~privmtl.experiments.runlog.RunLog`), every finished run is appended to
     it and runs of the same configuration already logged are reused, not run again.
+
+    ``data="table"`` reads a user's table with ``client_column``, ``label_column``,
+    ``feature_columns`` and ``scaling`` (:func:`~privmtl.experiments.pmtl.load_federated`);
+    ``clients_per_round`` defaults to ``min(20, m)``.
     """
-    datasets = {s: load_federated(data, data_path=data_path, seed=s) for s in seeds}
+    table: dict[str, Any] = {}
+    if data == "table":
+        table = {
+            "client_column": client_column,
+            "label_column": label_column,
+            "feature_columns": None if feature_columns is None else list(feature_columns),
+            "scaling": scaling,
+        }
+    datasets = {s: load_federated(data, data_path=data_path, seed=s, **table) for s in seeds}
+    if clients_per_round is None:
+        clients_per_round = default_clients_per_round(datasets[seeds[0]].n_clients)
     lams = [float(lam)] if isinstance(lam, int | float) else [float(v) for v in lam]
     jobs: list[tuple[int, str, float | None, float, int, float]] = []
     for seed, method in itertools.product(seeds, methods):
@@ -68,6 +86,7 @@ def run_pmtl_sweep(
             "sweep": "pmtl",
             "data": data,
             "data_path": None if data_path is None else str(data_path),
+            **table,
             "model": model,
             "method": method,
             "epsilon": eps,
