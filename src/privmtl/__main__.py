@@ -4,4 +4,5 @@ import sys
 
 from privmtl.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing this module (e.g. to document it) runs nothing
+    sys.exit(main())
