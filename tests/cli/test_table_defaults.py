@@ -144,3 +144,13 @@ def test_sweeps_take_the_same_table_options(tmp_path, capsys):
     cap = capsys.readouterr()
     assert code == 0, cap.err
     assert json.loads(cap.out)["summary"][0]["method"] == "stl-l2"
+
+
+def test_mpmtl_feature_columns_select_the_features(tmp_path, capsys):
+    _tasks(tmp_path / "t.csv", offset=1.0, m=4, n=40)
+    out = _mpmtl(capsys, tmp_path / "t.csv", "--feature-columns", "x0,x3", "--no-tune")
+    assert out["n_features"] == 3  # x0, x3 and the appended intercept column
+    code = main(["mpmtl", "--data", "synthetic-lowrank", "--method", "stl-l2",
+                 "--feature-columns", "x0"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--feature-columns" in err[0]

@@ -27,12 +27,13 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_PATH_HELP = (
-    "The data: femnist-leaf, a LEAF folder with train/ and test/ (default: $PRIVMTL_FEMNIST_DIR "
-    "or ../shared/data/femnist-leaf); school, the .mat file (default: $PRIVMTL_SCHOOL_PATH or "
-    "../shared/data/school/school.mat); table, a CSV/Parquet file with one row per example. "
-    "Saved models record its absolute path."
-)
+_PATH_HELP = {
+    "pmtl": "femnist-leaf: a LEAF folder with train/ and test/ (default: $PRIVMTL_FEMNIST_DIR or "
+    "../shared/data/femnist-leaf); table: a CSV/Parquet file with one row per example.",
+    "mpmtl": "school: the .mat file (default: $PRIVMTL_SCHOOL_PATH or "
+    "../shared/data/school/school.mat); table: a CSV/Parquet file with one row per sample.",
+    "evaluate": "Where the data is now (default: the absolute path the run recorded).",
+}
 _FEATURES_HELP = (
     "table: comma-separated feature columns (default: every other column, all numeric)."
 )
@@ -53,8 +54,12 @@ _FRACTION_HELP = (
 )
 
 
-def _path_option() -> Callable[[F], F]:
-    return click.option("--data-path", type=click.Path(path_type=Path), help=_PATH_HELP)
+def _path_option(family: str) -> Callable[[F], F]:
+    return click.option(
+        "--data-path",
+        type=click.Path(path_type=Path),
+        help=_PATH_HELP[family] + ("" if family == "evaluate" else " Saved models record it."),
+    )
 
 
 def _apply(options: list[Callable[[F], F]]) -> Callable[[F], F]:
@@ -70,7 +75,7 @@ def pmtl_data_options() -> Callable[[F], F]:
     """``--data-path``, ``--client-column``, ``--label-column``, ``--feature-columns``, ``--scaling``."""
     return _apply(
         [
-            _path_option(),
+            _path_option("pmtl"),
             click.option("--client-column", help="table: the column naming each row's client."),
             click.option(
                 "--label-column", help="table: the class label column (integers 0, 1, ...)."
@@ -88,7 +93,7 @@ def mpmtl_data_options() -> Callable[[F], F]:
     ``--scaling`` (alias ``--normalize``), ``--train-fraction``."""
     return _apply(
         [
-            _path_option(),
+            _path_option("mpmtl"),
             click.option(
                 "--task-column",
                 default="task",
@@ -122,12 +127,14 @@ def evaluate_data_options() -> Callable[[F], F]:
     recorded = " Default: what the run recorded in model.json."
     return _apply(
         [
-            _path_option(),
+            _path_option("evaluate"),
             click.option("--client-column", help="PMTL table: the client column." + recorded),
             click.option("--label-column", help="PMTL table: the label column." + recorded),
             click.option("--task-column", help="MP-MTL table: the task column." + recorded),
             click.option("--target-column", help="MP-MTL table: the target column." + recorded),
-            click.option("--feature-columns", help=_FEATURES_HELP + recorded),
+            click.option(
+                "--feature-columns", help="table: comma-separated feature columns." + recorded
+            ),
             click.option(
                 "--scaling",
                 type=click.Choice(sorted({*CLIENT_SCALINGS, *TABLE_SCALINGS})),
