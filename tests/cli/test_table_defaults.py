@@ -135,15 +135,24 @@ def test_sweeps_take_the_same_table_options(tmp_path, capsys):
                  "--out", str(tmp_path / "ps"), "--json"])  # fmt: skip
     cap = capsys.readouterr()
     assert code == 0, cap.err
-    rows = [json.loads(line) for line in (tmp_path / "ps" / "runs.jsonl").read_text().splitlines()]
-    assert rows and all(r["config"]["scaling"] == "per-client" for r in rows if "config" in r)
+    keys = _logged_keys(tmp_path / "ps")
+    assert keys and all(k["scaling"] == "per-client" and k["client_column"] == "user" for k in keys)
     _tasks(tmp_path / "t.csv", offset=0.0, m=4, n=30)
     code = main(["mpmtl-sweep", "--data", "table", "--data-path", str(tmp_path / "t.csv"),
-                 "--task-column", "site", "--target-column", "outcome", "--methods", "stl-l2",
-                 "--tune", "none", "--out", str(tmp_path / "ms"), "--json"])  # fmt: skip
+                 "--task-column", "site", "--target-column", "outcome", "--methods",
+                 "stl-l2,dp-aggr", "--epsilons", "1", "--tune", "none",
+                 "--out", str(tmp_path / "ms"), "--json"])  # fmt: skip
     cap = capsys.readouterr()
     assert code == 0, cap.err
-    assert json.loads(cap.out)["summary"][0]["method"] == "stl-l2"
+    assert {r["method"] for r in json.loads(cap.out)["summary"]} == {"stl-l2", "dp-aggr"}
+    scaling = {k["method"]: k["scaling"] for k in _logged_keys(tmp_path / "ms")}
+    assert scaling == {"stl-l2": "per-task", "dp-aggr": "unit-norm"}
+
+
+def _logged_keys(out_dir):
+    """The configurations of a sweep's logged runs (runs.jsonl)."""
+    lines = (out_dir / "runs.jsonl").read_text().splitlines()
+    return [json.loads(json.loads(line)["key"]) for line in lines if line.strip()]
 
 
 def test_mpmtl_feature_columns_select_the_features(tmp_path, capsys):
@@ -154,3 +163,28 @@ def test_mpmtl_feature_columns_select_the_features(tmp_path, capsys):
                  "--feature-columns", "x0"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "--feature-columns" in err[0]
+
+
+def test_dp_aggr_keeps_unit_norm_rows_its_proof_needs(tmp_path, capsys):
+    rng = np.random.default_rng(4)
+    frames = []
+    for t in range(5):
+        x = rng.normal(size=(40, 3)) * [1e-2, 1, 1e2]
+        f = pd.DataFrame(x, columns=["p", "q", "r"])
+        f.insert(0, "site", f"s{t}")
+        f["outcome"] = (x[:, 1] + 0.3 * rng.normal(size=40) > 0).astype(int)
+        frames.append(f)
+    pd.concat(frames, ignore_index=True).to_csv(tmp_path / "c.csv", index=False)
+    base = ["mpmtl", "--data", "table", "--data-path", str(tmp_path / "c.csv"), "--task-column",
+            "site", "--target-column", "outcome", "--no-tune", "--json"]  # fmt: skip
+    aggr = _json_of(capsys, [*base, "--method", "dp-aggr", "--epsilon", "1"])
+    assert aggr["scaling"] == "unit-norm" and aggr["guarantee"]["valid"] is True
+    stl = _json_of(capsys, [*base, "--method", "stl-l2"])
+    assert stl["scaling"] == "per-task" and "auc" in stl
+
+
+def _json_of(capsys, argv):
+    code = main(argv)
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    return json.loads(cap.out)

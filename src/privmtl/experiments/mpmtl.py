@@ -57,6 +57,9 @@ TABLE_SCALINGS = ("auto", "per-task", "unit-norm", "none")
 SCHOOL_TRAIN_FRACTION = 0.3
 TABLE_TRAIN_FRACTION = 0.7
 
+#: Methods whose privacy proof assumes feature rows of norm at most 1 (``auto`` keeps unit-norm).
+_UNIT_NORM_METHODS = ("dp-aggr",)
+
 _PREPROCESSING = {
     "unit-norm": "every feature row scaled to unit l2 norm",
     "per-task": "each task's features standardized with the mean and standard deviation of its "
@@ -67,12 +70,17 @@ _PREPROCESSING = {
 
 
 def data_protocol(
-    data: str, normalize: str = "auto", train_fraction: float | None = None
+    data: str,
+    normalize: str = "auto",
+    train_fraction: float | None = None,
+    *,
+    method: str | None = None,
 ) -> tuple[str, float | None]:
     """The scaling and training fraction a run uses: ``auto`` / ``None`` resolved for ``data``.
 
     School keeps the paper's protocol (unit-norm rows, 30% training); a table gets per-task
-    standardization and a 70/30 split; the synthetic generators have their own splits
+    standardization and a 70/30 split, except for ``method="dp-aggr"``, whose sensitivity bound
+    needs rows of norm at most 1 (unit-norm rows); the synthetic generators have their own splits
     (``("none", None)``).
     """
     check_choice("data", data, DATASETS)
@@ -81,7 +89,7 @@ def data_protocol(
         return "none", None
     school = data == "school"
     if normalize == "auto":
-        normalize = "unit-norm" if school else "per-task"
+        normalize = "unit-norm" if school or method in _UNIT_NORM_METHODS else "per-task"
     if train_fraction is None:
         train_fraction = SCHOOL_TRAIN_FRACTION if school else TABLE_TRAIN_FRACTION
     frac = check_real("train_fraction", train_fraction, low=0.0, high=1.0, closed="neither")
@@ -98,6 +106,7 @@ def load_mpmtl_data(
     target_column: str = "y",
     normalize: str = "auto",
     feature_columns: list[str] | tuple[str, ...] | None = None,
+    method: str | None = None,
 ) -> tuple[MultiTaskDataset, MultiTaskDataset]:
     """(train, test) for a named dataset, preprocessed as :func:`data_protocol` says.
 
@@ -108,9 +117,10 @@ def load_mpmtl_data(
     intercept, and centred features alone could not fit a target's mean). ``normalize``
     (``"per-task"``, ``"unit-norm"``, ``"none"``) and
     ``train_fraction`` override either. A table's target with 3 to 10 distinct integer values is
-    refused: it looks like a multi-class label, which no MP-MTL method models.
+    refused: it looks like a multi-class label, which no MP-MTL method models. ``method`` lets
+    :func:`data_protocol` resolve ``"auto"`` for the method that will be fitted.
     """
-    normalize, frac = data_protocol(data, normalize, train_fraction)
+    normalize, frac = data_protocol(data, normalize, train_fraction, method=method)
     if data == "synthetic-lowrank":
         train, test = make_lowrank_tasks(random_state=seed)
         return train, test
@@ -283,9 +293,10 @@ def run_mpmtl(
             target_column=target_column,
             normalize=normalize,
             feature_columns=feature_columns,
+            method=method,
         )
     )
-    scaling, frac = data_protocol(data, normalize, train_fraction)
+    scaling, frac = data_protocol(data, normalize, train_fraction, method=method)
     dlt = (
         (user_data_delta(train.n_tasks) if data == "table" else default_delta(train.n_tasks))
         if delta is None

@@ -60,22 +60,37 @@ def run_mpmtl_sweep(
     The data options are :func:`~privmtl.experiments.mpmtl.load_mpmtl_data`'s.
     """
     log = RunLog(out_dir, outputs=MPMTL_SWEEP_FILES)
-    table: dict[str, Any] = {}
+    columns: dict[str, Any] = {}
     if data == "table":
-        table = {
+        columns = {
             "task_column": task_column,
             "target_column": target_column,
             "feature_columns": feature_columns,
         }
-    if data in ("school", "table"):
-        table.update(normalize=normalize, train_fraction=train_fraction)
-    splits = {s: load_mpmtl_data(data, data_path=data_path, seed=s, **table) for s in seeds}
-    # the resolved protocol identifies logged runs (School's paper protocol adds no key)
-    scaling, fraction = data_protocol(data, normalize, train_fraction)
-    table_cfg = {k: v for k, v in table.items() if k.endswith("column")}
-    if (scaling, fraction) not in (("unit-norm", 0.3), ("none", None)):
-        table_cfg.update(scaling=scaling, train_fraction=fraction)
-    classification = splits[seeds[0]][0].task_type == "classification"
+    # each method's resolved protocol (dp-aggr keeps unit-norm rows on a table: its proof needs them)
+    protocols = {m: data_protocol(data, normalize, train_fraction, method=m) for m in methods}
+
+    def data_kwargs(method: str) -> dict[str, Any]:
+        if data not in ("school", "table"):
+            return dict(columns)
+        scaling, fraction = protocols[method]
+        return {**columns, "normalize": scaling, "train_fraction": fraction}
+
+    def config_keys(method: str) -> dict[str, Any]:
+        # the resolved protocol identifies logged runs (School's paper protocol adds no key)
+        keys = {k: v for k, v in columns.items()}
+        if protocols[method] not in (("unit-norm", 0.3), ("none", None)):
+            keys.update(scaling=protocols[method][0], train_fraction=protocols[method][1])
+        return keys
+
+    splits: dict[tuple[int, Any], Any] = {}
+    for seed in seeds:
+        for m in methods:
+            if (seed, protocols[m]) not in splits:
+                splits[seed, protocols[m]] = load_mpmtl_data(
+                    data, data_path=data_path, seed=seed, **data_kwargs(m)
+                )
+    classification = next(iter(splits.values()))[0].task_type == "classification"
     metric = "auc" if classification else "nmse"
 
     tuned_once: dict[tuple[str, int], dict[str, Any]] = {}
@@ -84,7 +99,6 @@ def run_mpmtl_sweep(
         "sweep": "mpmtl",
         "data": data,
         "data_path": None if data_path is None else str(data_path),
-        **table_cfg,
         "noise": noise,
         "tune_mode": tune_mode,
         "reference_epsilon": reference_eps if tune_mode == "once" else None,
@@ -95,7 +109,7 @@ def run_mpmtl_sweep(
     }
 
     def config(method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
-        return {**fixed, "method": method, "epsilon": epsilon, "seed": seed}
+        return {**fixed, **config_keys(method), "method": method, "epsilon": epsilon, "seed": seed}
 
     def one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
         common: dict[str, Any] = {
@@ -103,8 +117,8 @@ def run_mpmtl_sweep(
             "method": method,
             "noise": noise,
             "seed": seed,
-            "split": splits[seed],
-            **{k: v for k, v in table.items() if k in ("normalize", "train_fraction")},
+            "split": splits[seed, protocols[method]],
+            **{k: v for k, v in data_kwargs(method).items() if not k.endswith("column")},
             "final_step": final_step,
             "n_splits": n_splits,
             "noise_source": noise_source,
