@@ -183,3 +183,27 @@ def test_mpmtl_table_with_its_own_columns_evaluates_from_anywhere(tmp_path, caps
     assert main(["evaluate", str(tmp_path / "mp"), "--client-column", "x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--client-column" in err[0]
+
+
+def test_the_forward_check_leaves_model_modes_and_random_streams_alone(tmp_path):
+    import torch
+
+    from privmtl.federated.user_model import load_factory
+
+    (tmp_path / "m.py").write_text(
+        "from torch import nn\n\n"
+        "def make(d, c):\n"
+        "    net = nn.Sequential(nn.Linear(d, 4), nn.Dropout(0.5), nn.Linear(4, c))\n"
+        "    net[1].eval()\n"
+        "    return net\n"
+    )
+    user = load_factory(f"{tmp_path / 'm.py'}:make")
+    torch.manual_seed(7)
+    direct = user.factory(3, 2)
+    after_direct = torch.get_rng_state()
+    torch.manual_seed(7)
+    built = user.build(3, 2)
+    assert torch.equal(torch.get_rng_state(), after_direct)  # the check drew nothing
+    assert [m.training for m in built.modules()] == [True, True, False, True]
+    for a, b in zip(direct.parameters(), built.parameters(), strict=True):
+        assert torch.equal(a, b)

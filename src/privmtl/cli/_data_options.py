@@ -43,8 +43,8 @@ _PMTL_SCALING_HELP = (
     "would read the other clients' data); none: features as in the file."
 )
 _MPMTL_SCALING_HELP = (
-    "auto (default): unit-norm for --data school (the MP-MTL paper's protocol), per-task for a "
-    "table; per-task: each task's features standardized with its own training split's mean and "
+    "auto (default): unit-norm for --data school (the MP-MTL paper's protocol) and for dp-aggr "
+    "(its proof needs rows of norm <= 1), per-task for a table; per-task: each task's features standardized with its own training split's mean and "
     "standard deviation; unit-norm: every row scaled to unit l2 norm; none: as in the file. "
     "(--normalize is the former name.)"
 )

@@ -128,7 +128,7 @@ class UserFactory:
                 f"{type(net).__name__}.",
             )
         x = torch.zeros(_CHECK_ROWS, n_features)  # the engine feeds flat float rows
-        was_training = net.training
+        modes = [(m, m.training) for m in net.modules()]
         try:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
                 net.eval()
@@ -140,7 +140,8 @@ class UserFactory:
                 f"{type(exc).__name__}: {exc}",
             ) from None
         finally:
-            net.train(was_training)
+            for module, mode in modes:  # as the factory left each submodule
+                module.training = mode
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         if got != (_CHECK_ROWS, n_classes):
             raise _bad(
