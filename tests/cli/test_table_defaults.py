@@ -63,8 +63,8 @@ def test_help_states_per_client_statistics(capsys):
 def test_features_times_1000_score_the_same(tmp_path, capsys):
     frame = _clients(tmp_path / "a.csv")
     frame.assign(**{c: frame[c] * 1000 for c in FEATURES}).to_csv(tmp_path / "b.csv", index=False)
-    a = _pmtl(capsys, tmp_path / "a.csv", "--rounds", "30")["test_accuracy"]
-    b = _pmtl(capsys, tmp_path / "b.csv", "--rounds", "30")["test_accuracy"]
+    a = _pmtl(capsys, tmp_path / "a.csv")["test_accuracy"]  # default flags
+    b = _pmtl(capsys, tmp_path / "b.csv")["test_accuracy"]
     assert abs(a - b) <= 0.03
 
 
@@ -72,12 +72,12 @@ def test_mixed_scales_score_like_the_users_standardized_table(tmp_path, capsys):
     frame = _clients(tmp_path / "raw.csv", scales=np.logspace(-3, 3, len(FEATURES)))
     cols = frame[FEATURES]
     frame.assign(**((cols - cols.mean()) / cols.std(ddof=0))).to_csv(tmp_path / "std.csv")
-    raw = _pmtl(capsys, tmp_path / "raw.csv", "--rounds", "30")["test_accuracy"]
-    user = _pmtl(capsys, tmp_path / "std.csv", "--rounds", "30", "--feature-columns",
-                 ",".join(FEATURES))["test_accuracy"]  # fmt: skip
+    raw = _pmtl(capsys, tmp_path / "raw.csv")["test_accuracy"]  # default flags
+    user = _pmtl(capsys, tmp_path / "std.csv", "--feature-columns", ",".join(FEATURES))
+    user = user["test_accuracy"]
     assert abs(raw - user) <= 0.03
     # without scaling these scales break training: the comparison above can fail
-    unscaled = _pmtl(capsys, tmp_path / "raw.csv", "--rounds", "30", "--scaling", "none")
+    unscaled = _pmtl(capsys, tmp_path / "raw.csv", "--scaling", "none")
     assert unscaled["scaling"] == "none" and unscaled["test_accuracy"] < raw - 0.2
 
 
