@@ -35,6 +35,7 @@ __all__ = [
     "FL_DATASETS",
     "FL_METHODS",
     "FL_MODELS",
+    "default_clients_per_round",
     "default_delta",
     "default_femnist_dir",
     "default_lam",
@@ -122,8 +123,8 @@ def load_federated(
     :func:`~privmtl.data.federated_table.load_federated_table`; ``client_column`` and
     ``label_column`` are then required, and ``scaling`` (``"per-client"``: each client
     standardizes its features with its own training split's statistics; ``"none"``) applies. The
-    papers' data sets are used as published (``scaling`` does not apply to them). ``num_clients`` (synthetic only) is the population size
-    ``m`` of :func:`~privmtl.data.federated.make_synthetic_federated` (default 50); every other
+    papers' data sets are used as published (``scaling`` does not apply to them). ``num_clients``
+    (synthetic only) is the population size ``m`` of :func:`~privmtl.data.federated.make_synthetic_federated` (default 50); every other
     generator parameter keeps its documented default.
     """
     check_choice("data", data, FL_DATASETS)
