@@ -51,7 +51,9 @@ def test_table_runs_private_and_nonprivate(tmp_path, capsys, private):
 
 def test_split_covers_every_row_once(tmp_path):
     frame = _table(tmp_path / "t.csv")
-    ds = load_federated_table(tmp_path / "t.csv", client_column="user", label_column="label")
+    ds = load_federated_table(
+        tmp_path / "t.csv", client_column="user", label_column="label", scaling="none"
+    )
     assert ds.n_clients == 20 and ds.n_classes == 3 and ds.n_features == 5
     for k in range(ds.n_clients):
         n = sum(len(getattr(ds, f"{s}_y")[k]) for s in ("train", "val", "test"))

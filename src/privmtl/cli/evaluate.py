@@ -1,4 +1,4 @@
-"""``privmtl evaluate --models DIR``: reload saved models and score them."""
+"""``privmtl evaluate DIR``: reload saved models and score them."""
 
 from __future__ import annotations
 
@@ -9,46 +9,96 @@ from typing import Any
 import click
 
 from privmtl.cli._common import echo_json
+from privmtl.cli._data_options import evaluate_data_options
 
 __all__ = ["evaluate"]
 
+_PMTL_ONLY = ("client_column", "label_column")
+_MPMTL_ONLY = ("task_column", "target_column", "train_fraction")
+
 
 @click.command()
+@click.argument(
+    "directory",
+    required=False,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+)
 @click.option(
     "--models",
-    "models_dir",
+    "models_opt",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    required=True,
-    help="A directory written by --save-models.",
+    help="The directory written by --save-models (same as the DIRECTORY argument).",
 )
 @click.option("--data", help="Data set (default: the one the run used, from model.json).")
-@click.option("--data-path", type=click.Path(path_type=Path), help="Path of the data.")
+@evaluate_data_options()
 @click.option("--seed", type=int, help="Data split seed (default: the run's).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def evaluate(
-    models_dir: Path, data: str | None, data_path: Path | None, seed: int | None, as_json: bool
+    directory: Path | None,
+    models_opt: Path | None,
+    data: str | None,
+    seed: int | None,
+    as_json: bool,
+    **opts: Any,
 ) -> None:
-    """Score saved models on the test split: test_accuracy (PMTL) or nmse/auc (MP-MTL)."""
+    """Score saved models on the test split: test_accuracy (PMTL) or nmse/auc (MP-MTL).
+
+    DIRECTORY is what --save-models wrote. Everything needed comes from its model.json: the data's
+    absolute path, columns, scaling and split seed, and a user model's factory source (checked
+    against its recorded SHA-256), so this works from any working directory without PYTHONPATH.
+    """
+    if directory is not None and models_opt is not None and directory != models_opt:
+        raise click.BadParameter(
+            f"give the models directory once; got {directory} and --models {models_opt}",
+            param_hint="DIRECTORY",
+        )
+    models_dir = directory if directory is not None else models_opt
+    if models_dir is None:
+        raise click.BadParameter("the models directory is required", param_hint="DIRECTORY")
     meta_path = models_dir / "model.json"
     if not meta_path.is_file():
-        raise click.BadParameter(f"{models_dir} has no model.json", param_hint="--models")
+        raise click.BadParameter(f"{models_dir} has no model.json", param_hint="DIRECTORY")
     try:
         family = json.loads(meta_path.read_text()).get("family")
     except json.JSONDecodeError as exc:
         raise click.BadParameter(
-            f"{meta_path} is not valid JSON: {exc}", param_hint="--models"
+            f"{meta_path} is not valid JSON: {exc}", param_hint="DIRECTORY"
         ) from None
+    columns = opts.pop("feature_columns")
+    feature_columns = None if columns is None else [c.strip() for c in columns.split(",")]
+    common: dict[str, Any] = {"data": data, "data_path": opts.pop("data_path"), "seed": seed}
+    other = _MPMTL_ONLY if family == "pmtl" else _PMTL_ONLY
+    for name in other:
+        if opts.get(name) is not None:
+            raise click.BadParameter(
+                f"does not apply to {family} models", param_hint="--" + name.replace("_", "-")
+            )
     out: dict[str, Any]
     if family == "pmtl":
         from privmtl.experiments.pmtl import evaluate_saved
 
-        out = evaluate_saved(models_dir, data=data, data_path=data_path, seed=seed)
+        out = evaluate_saved(
+            models_dir,
+            **common,
+            client_column=opts["client_column"],
+            label_column=opts["label_column"],
+            feature_columns=feature_columns,
+            scaling=opts["scaling"],
+        )
     elif family == "mpmtl":
         from privmtl.experiments import mpmtl as mp
 
-        out = mp.evaluate_saved(models_dir, data=data, data_path=data_path, seed=seed)  # type: ignore[attr-defined]
+        out = mp.evaluate_saved(
+            models_dir,
+            **common,
+            task_column=opts["task_column"],
+            target_column=opts["target_column"],
+            feature_columns=feature_columns,
+            normalize=opts["scaling"],
+            train_fraction=opts["train_fraction"],
+        )
     else:
-        raise click.BadParameter(f"unknown model family {family!r}", param_hint="--models")
+        raise click.BadParameter(f"unknown model family {family!r}", param_hint="DIRECTORY")
     if as_json:
         echo_json(out)
         return
@@ -56,3 +106,5 @@ def evaluate(
     click.echo(f"{out.get('method')} ({family}) from {models_dir}: {metric} = {out[metric]:.4f}")
     if out.get("summary"):
         click.echo(f"privacy: {out['summary']}")
+    for note in out.get("notes") or ():
+        click.echo(f"note: {note}")

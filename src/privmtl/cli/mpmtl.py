@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from privmtl.cli._common import echo_json, progress, spread
+from privmtl.cli._data_options import mpmtl_data_kwargs, mpmtl_data_options
 from privmtl.experiments.mpmtl import (
     DATASETS,
     METHODS,
@@ -22,12 +23,6 @@ __all__ = ["mpmtl", "mpmtl_sweep"]
 
 _data_opt = click.option(
     "--data", type=click.Choice(list(DATASETS)), required=True, help="Dataset (built-in or a file)."
-)
-_path_opt = click.option(
-    "--data-path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="School .mat (default: $PRIVMTL_SCHOOL_PATH or ../shared/data/school/school.mat) or a "
-    "CSV/Parquet table with a 'task' column and a 'y' target.",
 )
 _noise_opt = click.option(
     "--noise",
@@ -80,7 +75,7 @@ def _human(out: dict[str, Any]) -> None:
 
 @click.command()
 @_data_opt
-@_path_opt
+@mpmtl_data_options()
 @click.option("--method", type=click.Choice(list(METHODS)), required=True)
 @_noise_opt
 @click.option("--epsilon", type=float, help="Privacy budget ε (absent: non-private).")
@@ -127,29 +122,9 @@ def _human(out: dict[str, Any]) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Write the fitted W (coef.npy) and model.json here (see privmtl evaluate).",
 )
-@click.option(
-    "--task-column", default="task", show_default=True, help="table: the column naming the task."
-)
-@click.option("--target-column", default="y", show_default=True, help="table: the target column.")
-@click.option(
-    "--train-fraction",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
-    default=0.3,
-    show_default=True,
-    help="school/table: fraction of each task's rows used for training (the paper's 30%); "
-    "the rest is the test split.",
-)
-@click.option(
-    "--normalize",
-    type=click.Choice(["unit-norm", "none"]),
-    default="unit-norm",
-    show_default=True,
-    help="school/table: scale every row to unit l2 norm (the paper's protocol) or keep it.",
-)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def mpmtl(
     data: str,
-    data_path: Path | None,
     method: str,
     noise: str,
     epsilon: float | None,
@@ -166,19 +141,22 @@ def mpmtl(
     checkpoint_every: int,
     resume: bool,
     save_models: Path | None,
-    task_column: str,
-    target_column: str,
-    train_fraction: float,
-    normalize: str,
     as_json: bool,
+    **data_opts: Any,
 ) -> None:
-    """Model-protected linear MTL (MP-MTL) and its baselines: one method at one ε."""
+    """Model-protected linear MTL (MP-MTL) and its baselines: one method at one ε.
+
+    A user's table (--data table) gets each task's features standardized with its own training
+    split's statistics and a 70/30 split by default; --data school keeps the MP-MTL paper's
+    protocol (unit-norm rows, 30% training).
+    """
+    table = mpmtl_data_kwargs(data_opts, data)
     for name, folder in (("save_models", save_models), ("checkpoint_dir", checkpoint_dir)):
         if folder is not None:  # checked before any computation
             check_writable_dir(folder, name=name)
     out = run_mpmtl(
         data=data,
-        data_path=data_path,
+        **table,
         method=method,
         noise=noise,
         epsilon=epsilon,
@@ -195,10 +173,6 @@ def mpmtl(
         checkpoint_every=checkpoint_every,
         resume=resume,
         save_models=save_models,
-        train_fraction=train_fraction,
-        task_column=task_column,
-        target_column=target_column,
-        normalize=normalize,
     )
     echo_json(out) if as_json else _human(out)
 
@@ -214,7 +188,7 @@ def _floats(text: str, name: str) -> list[float]:
 
 @click.command("mpmtl-sweep")
 @_data_opt
-@_path_opt
+@mpmtl_data_options()
 @click.option(
     "--methods",
     default="lowrank,stl-l2,mtl-trace",
@@ -270,7 +244,6 @@ def _floats(text: str, name: str) -> list[float]:
 @click.option("--json", "as_json", is_flag=True)
 def mpmtl_sweep(
     data: str,
-    data_path: Path | None,
     methods: str,
     epsilons: str,
     seeds: str,
@@ -284,8 +257,10 @@ def mpmtl_sweep(
     final_step: str,
     reproducible_noise: bool,
     as_json: bool,
+    **data_opts: Any,
 ) -> None:
     """ε sweep of MP-MTL methods: writes a CSV/JSON table and a trade-off PNG (paper Figs. 6, 9)."""
+    table = mpmtl_data_kwargs(data_opts, data)
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     for m in method_list:
         if m not in METHODS:
@@ -302,7 +277,7 @@ def mpmtl_sweep(
 
     res = run_mpmtl_sweep(
         data=data,
-        data_path=data_path,
+        **table,
         methods=method_list,
         epsilons=eps,
         seeds=seed_list,

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from privmtl.cli._common import atomic_output_dir, echo_json, progress, spread
+from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
 from privmtl.experiments.pmtl import (
     FINETUNE_METHODS,
     FINETUNE_STARTS,
@@ -22,6 +23,25 @@ from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.selection import SELECTION_METHODS
 
 __all__ = ["pmtl", "pmtl_sweep"]
+
+
+MODEL_HELP = (
+    "cnn (FEMNIST's 1x28x28 images), logreg, or your own model: MODULE:FACTORY (a module in the "
+    "working directory, e.g. mymodels:make_mlp for ./mymodels.py, or an installed one) or "
+    "PATH.py:FACTORY (a file), called as FACTORY(n_features, n_classes) and returning a "
+    "torch.nn.Module that maps (batch, n_features) floats to (batch, n_classes) logits; checked "
+    "by one forward pass before training. --save-models records the factory's source."
+)
+
+
+def check_model_option(model: str) -> None:
+    """``--model``: a built-in name or ``MODULE:FACTORY`` / ``PATH.py:FACTORY``."""
+    if model not in FL_MODELS and ":" not in model:
+        raise click.BadParameter(
+            f"must be one of {', '.join(FL_MODELS)}, MODULE:FACTORY or PATH.py:FACTORY; "
+            f"got {model!r}",
+            param_hint="--model",
+        )
 
 
 def _finetune_label(out: dict[str, Any]) -> str:
@@ -56,25 +76,12 @@ def _human(out: dict[str, Any]) -> None:
 
 @click.command()
 @click.option("--data", type=click.Choice(list(FL_DATASETS)), required=True)
-@click.option(
-    "--data-path",
-    type=click.Path(path_type=Path),
-    help="femnist-leaf: a LEAF folder with train/ and test/ (any LEAF classification set; "
-    "default: $PRIVMTL_FEMNIST_DIR or ../shared/data/femnist-leaf); table: a CSV/Parquet file "
-    "with one row per example.",
-)
-@click.option("--client-column", help="table: the column naming each row's client.")
-@click.option("--label-column", help="table: the class label column (integers 0, 1, ...).")
-@click.option(
-    "--feature-columns",
-    help="table: comma-separated feature columns (default: every other column, all numeric).",
-)
+@pmtl_data_options()
 @click.option(
     "--model",
     required=True,
-    metavar="[cnn|logreg|MODULE:FACTORY]",
-    help="cnn (FEMNIST's 1x28x28 images), logreg, or your own model: 'package.module:factory', "
-    "called as factory(n_features, n_classes) and returning a torch.nn.Module.",
+    metavar="[cnn|logreg|MODULE:FACTORY|PATH.py:FACTORY]",
+    help=MODEL_HELP,
 )
 @click.option(
     "--num-clients",
@@ -108,7 +115,11 @@ def _human(out: dict[str, Any]) -> None:
 )
 @click.option("--clip", type=float, default=0.5, show_default=True, help="γ: client update clip.")
 @click.option("--rounds", type=int, default=100, show_default=True)
-@click.option("--clients-per-round", type=int, default=20, show_default=True)
+@click.option(
+    "--clients-per-round",
+    type=int,
+    help="Clients sampled per round (default: min(20, m); a larger explicit value is an error).",
+)
 @click.option("--local-steps", type=int, help="E local SGD steps (default: 1 local epoch).")
 @click.option(
     "--local-epochs",
@@ -306,27 +317,8 @@ def pmtl(**kw: Any) -> None:
                 "give --delta or --paper-delta, not both", param_hint="--delta"
             )
         kw["delta"] = "paper"
-    if kw["model"] not in FL_MODELS and ":" not in kw["model"]:
-        raise click.BadParameter(
-            f"must be one of {', '.join(FL_MODELS)} or 'package.module:factory'; "
-            f"got {kw['model']!r}",
-            param_hint="--model",
-        )
-    table_opts = ("client_column", "label_column", "feature_columns")
-    if kw["data"] == "table":
-        for name in ("data_path", "client_column", "label_column"):
-            if kw[name] is None:
-                raise click.BadParameter(
-                    "required with --data table", param_hint="--" + name.replace("_", "-")
-                )
-    else:
-        for name in table_opts:
-            if kw[name] is not None:
-                raise click.BadParameter(
-                    "only with --data table", param_hint="--" + name.replace("_", "-")
-                )
-    if kw["feature_columns"] is not None:
-        kw["feature_columns"] = [c.strip() for c in kw["feature_columns"].split(",") if c.strip()]
+    check_model_option(kw["model"])
+    kw.update(pmtl_data_kwargs(kw, kw["data"]))
     for name in ("save_models", "checkpoint_dir"):
         if kw[name] is not None:  # checked before any computation
             check_writable_dir(kw[name], name=name)
@@ -371,14 +363,24 @@ def pmtl(**kw: Any) -> None:
 @click.option(
     "--data", type=click.Choice(list(FL_DATASETS)), default="synthetic", show_default=True
 )
-@click.option("--data-path", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--model", type=click.Choice(list(FL_MODELS)), default="logreg", show_default=True)
+@pmtl_data_options()
+@click.option(
+    "--model",
+    default="logreg",
+    show_default=True,
+    metavar="[cnn|logreg|MODULE:FACTORY|PATH.py:FACTORY]",
+    help=MODEL_HELP,
+)
 @click.option("--methods", default="pmtl,fedavg,local", show_default=True)
 @click.option("--epsilons", default="0.5,1,2,4", show_default=True)
 @click.option("--seeds", default="0", show_default=True)
 @click.option("--clips", default="0.2,0.5,1", show_default=True, help="γ grid.")
 @click.option("--rounds-grid", default="50,100", show_default=True, help="T grid.")
-@click.option("--clients-per-round", type=int, default=20, show_default=True)
+@click.option(
+    "--clients-per-round",
+    type=int,
+    help="Clients sampled per round (default: min(20, m); a larger explicit value is an error).",
+)
 @click.option(
     "--lams",
     default="0.1",
@@ -437,6 +439,8 @@ def pmtl_sweep(**kw: Any) -> None:
     from privmtl.experiments.pmtl_sweep import PMTL_SWEEP_FILES, run_pmtl_sweep, write_pmtl_sweep
     from privmtl.experiments.runlog import RunLog
 
+    check_model_option(kw["model"])
+    table = pmtl_data_kwargs(kw, kw["data"])
     methods = [m.strip() for m in kw["methods"].split(",") if m.strip()]
     for m in methods:
         if m not in FL_METHODS:
@@ -448,7 +452,7 @@ def pmtl_sweep(**kw: Any) -> None:
     reused_before = log.reused
     res = run_pmtl_sweep(
         data=kw["data"],
-        data_path=kw["data_path"],
+        **table,
         model=kw["model"],
         methods=methods,
         epsilons=eps,

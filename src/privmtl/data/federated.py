@@ -81,6 +81,13 @@ class FederatedDataset:
     name : str
         Free-text name used in summaries.
 
+    Attributes
+    ----------
+    scaling : str
+        How the features were scaled when the data was read (reported by runs): ``"none"``, or
+        e.g. ``"per-client standardization (own training split)"`` for a user's table (set by
+        :func:`~privmtl.data.federated_table.load_federated_table`; kept by :meth:`subset`).
+
     Notes
     -----
     A client may have an empty validation or test split (e.g. writers with 4 images and
@@ -97,6 +104,7 @@ class FederatedDataset:
     n_classes: int
     feature_shape: tuple[int, ...] = ()
     name: str = "federated"
+    scaling: str = field(default="none", init=False)
     _concat_cache: dict[str, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -209,13 +217,15 @@ class FederatedDataset:
         kw = {
             f"{s}_{a}": [getattr(self, f"{s}_{a}")[i] for i in idx] for s in _SPLITS for a in "xy"
         }
-        return FederatedDataset(
+        out = FederatedDataset(
             client_ids=[self.client_ids[i] for i in idx],
             n_classes=self.n_classes,
             feature_shape=self.feature_shape,
             name=self.name,
             **kw,
         )
+        out.scaling = self.scaling
+        return out
 
     def summary(self) -> dict[str, Any]:
         """JSON-serializable description: clients, examples per split, features, classes."""

@@ -3,6 +3,12 @@
 Features are the other numeric columns (or the ones named). Every client's rows are split at random
 into train / validation / test, each client with its own stream seeded by (seed, client name), as
 :func:`~privmtl.data.federated.load_leaf` splits a writer's training data.
+
+By default every client then standardizes its features with the mean and standard deviation of its
+**own training split** (:func:`~privmtl.data.multitask.standardization`), applied to its own
+train, validation and test rows. Statistics pooled over clients would read every client's data
+outside the private releases; per-client statistics are part of each client's local computation,
+like its personalized model, and leave the guarantee unchanged.
 """
 
 from __future__ import annotations
@@ -15,15 +21,26 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from privmtl._validation import check_int, check_real
+from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
+from privmtl.data.multitask import standardization
 from privmtl.data.readers import dataset_from_frame, read_frame
 from privmtl.exceptions import DataFormatError
 
-__all__ = ["MIN_CLIENT_ROWS", "load_federated_table"]
+__all__ = ["CLIENT_SCALINGS", "MIN_CLIENT_ROWS", "SCALING_DESCRIPTIONS", "load_federated_table"]
 
 #: Rows a client needs: at least one training and one test example.
 MIN_CLIENT_ROWS = 2
+
+CLIENT_SCALINGS = ("per-client", "none")
+"""Feature scaling of a federated table: each client standardizes with the statistics of its own
+training split (the default), or the features are used as they are."""
+
+#: What each scaling did, as results and saved models report it (``"scaling"``).
+SCALING_DESCRIPTIONS = {
+    "per-client": "per-client standardization (own training split)",
+    "none": "none",
+}
 
 
 def load_federated_table(
@@ -36,6 +53,7 @@ def load_federated_table(
     test_fraction: float = 0.2,
     val_fraction: float = 0.1,
     random_state: int = 0,
+    scaling: str = "per-client",
 ) -> FederatedDataset:
     """Read a CSV/Parquet table into a :class:`~privmtl.data.federated.FederatedDataset`.
 
@@ -57,6 +75,10 @@ def load_federated_table(
         stays for training).
     random_state : int, default 0
         Seed of the splits.
+    scaling : {"per-client", "none"}, default "per-client"
+        ``"per-client"``: each client's features are centred and scaled with the mean and
+        standard deviation of its own training split (columns constant there are left as they
+        are); never with statistics pooled over clients. ``"none"``: as in the file.
 
     Raises
     ------
@@ -69,6 +91,7 @@ def load_federated_table(
     test_fraction = check_real("test_fraction", test_fraction, low=0.0, high=1.0, closed="neither")
     val_fraction = check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="left")
     seed = check_int("random_state", random_state, low=0)
+    check_choice("scaling", scaling, CLIENT_SCALINGS)
     tasks = dataset_from_frame(
         read_frame(path),
         task_column=client_column,
@@ -76,12 +99,13 @@ def load_federated_table(
         feature_columns=feature_columns,
         task_type="regression",  # numeric check only; labels are checked below
         source=src,
+        roles=("client", "client column (--client-column)", "label column (--label-column)"),
     )
     labels = np.concatenate(tasks.y)
     bad = (labels != np.round(labels)) | (labels < 0)
     if bad.any():
         raise DataFormatError(
-            f"{src}: label column {label_column!r} must hold class labels 0, 1, 2, ...; "
+            f"{src}: label column (--label-column) {label_column!r} must hold class labels 0, 1, 2, ...; "
             f"got {labels[bad][0]!r}."
         )
     top = int(labels.max())
@@ -90,7 +114,7 @@ def load_federated_table(
     n_classes = check_int("n_classes", n_classes, low=2)
     if top >= n_classes:
         raise DataFormatError(
-            f"{src}: label column {label_column!r} holds label {top}, out of range for "
+            f"{src}: label column (--label-column) {label_column!r} holds label {top}, out of range for "
             f"n_classes={n_classes} (labels must be in [0, {n_classes - 1}])."
         )
     tx: list[torch.Tensor] = []
@@ -103,18 +127,22 @@ def load_federated_table(
         n = len(y)
         if n < MIN_CLIENT_ROWS:
             raise DataFormatError(
-                f"{src}: client {name!r} (column {client_column!r}) has {n} row(s); every client "
+                f"{src}: client {name!r} (--client-column {client_column!r}) has {n} row(s); every client "
                 f"needs at least {MIN_CLIENT_ROWS} (one training and one test example)."
             )
         n_test = min(max(1, round(test_fraction * n)), n - 1)
         n_val = min(math.floor(val_fraction * (n - n_test)), n - n_test - 1)
         perm = np.random.default_rng([seed, zlib.crc32(name.encode())]).permutation(n)
-        parts = np.split(perm, [n_test, n_test + n_val])
+        parts = [np.sort(p) for p in np.split(perm, [n_test, n_test + n_val])]
+        mean, scale = (
+            standardization(x[parts[2]])  # the client's own training rows only
+            if scaling == "per-client"
+            else (np.zeros(x.shape[1]), np.ones(x.shape[1]))
+        )
         for idx, xs, ys in zip(parts, (sx, vx, tx), (sy, vy, ty), strict=True):
-            idx = np.sort(idx)
-            xs.append(torch.from_numpy(np.ascontiguousarray(x[idx], dtype=np.float32)))
+            xs.append(torch.from_numpy(np.ascontiguousarray((x[idx] - mean) / scale, np.float32)))
             ys.append(torch.from_numpy(y[idx].astype(np.int64)))
-    return FederatedDataset(
+    ds = FederatedDataset(
         client_ids=list(tasks.task_names),
         train_x=tx,
         train_y=ty,
@@ -125,3 +153,5 @@ def load_federated_table(
         n_classes=n_classes,
         name=os.path.basename(src),
     )
+    ds.scaling = SCALING_DESCRIPTIONS[scaling]
+    return ds

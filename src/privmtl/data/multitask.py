@@ -21,12 +21,44 @@ from privmtl.exceptions import DataFormatError, InvalidParameterError
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["TASK_TYPES", "MultiTaskDataset", "TaskType"]
+__all__ = ["INTERCEPT", "TASK_TYPES", "MultiTaskDataset", "TaskType", "standardization"]
+
+#: Name of the constant column :meth:`MultiTaskDataset.with_intercept` appends.
+INTERCEPT = "(intercept)"
 
 TaskType = Literal["regression", "classification"]
 TASK_TYPES: tuple[str, ...] = ("regression", "classification")
 
 FloatArray = NDArray[np.float64]
+
+
+def standardization(X_train: ArrayLike) -> tuple[FloatArray, FloatArray]:
+    """Column means and scales that standardize ``X_train`` (the statistics of one group's rows).
+
+    ``(X - mean) / scale`` has mean 0 and standard deviation 1 (``ddof=0``) on ``X_train`` in every
+    column that varies there. A column constant on ``X_train`` (a bias column of ones, an unused
+    indicator) gets ``mean = 0`` and ``scale = 1``: it is left as it is, so a constant (intercept)
+    feature stays one. Used per client (:func:`~privmtl.data.federated_table.load_federated_table`)
+    and per task (:meth:`MultiTaskDataset.standardize`), always with the statistics of that
+    client's or task's own training rows.
+
+    Parameters
+    ----------
+    X_train : array_like of shape (n, d)
+        The training rows of one client or task (``n >= 1``).
+
+    Returns
+    -------
+    mean, scale : ndarray of shape (d,)
+    """
+    X = np.asarray(X_train, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] == 0:
+        raise DataFormatError(f"standardization needs a non-empty (n, d) array; got {X.shape}.")
+    mean = X.mean(axis=0)
+    std = X.std(axis=0)
+    # relative tolerance: a column whose spread is rounding noise counts as constant
+    const = std <= 1e-12 * np.maximum(np.abs(mean), 1.0)
+    return np.where(const, 0.0, mean), np.where(const, 1.0, std)
 
 
 def _frozen(a: ArrayLike) -> FloatArray:
@@ -270,6 +302,49 @@ class MultiTaskDataset:
             norms = np.linalg.norm(Xi, axis=1, keepdims=True)
             Xs.append(Xi / np.where(norms > 0, norms, 1.0))
         return self._replace(Xs, self.y)
+
+    def standardize(self, reference: MultiTaskDataset | None = None) -> MultiTaskDataset:
+        """Standardize every task's features with that task's statistics in ``reference``.
+
+        Task ``i``'s columns are centred and scaled by :func:`standardization` of ``reference``'s
+        task ``i`` (default: this dataset). Fit on a training split and apply to its test split,
+        ``test.standardize(train)`` then ``train.standardize()``: each task's statistics come from
+        its own training rows only, nothing is pooled across tasks. Columns constant within a
+        task's reference rows are left unchanged (a bias column stays a bias column).
+
+        Raises
+        ------
+        DataFormatError
+            If ``reference`` has other tasks or another number of features.
+        """
+        ref = self if reference is None else reference
+        if ref.task_names != self.task_names or ref.n_features != self.n_features:
+            raise DataFormatError(
+                "standardize: the reference must have the same tasks and features; got "
+                f"{ref.n_tasks} tasks x {ref.n_features} features for {self.n_tasks} x "
+                f"{self.n_features}."
+            )
+        Xs = []
+        for Xi, Ri in zip(self.X, ref.X, strict=True):
+            mean, scale = standardization(Ri)
+            Xs.append((Xi - mean) / scale)
+        return self._replace(Xs, self.y)
+
+    def has_constant_feature(self) -> bool:
+        """Whether some feature is a non-zero constant within every task (it acts as an intercept)."""
+        for j in range(self.n_features):
+            if all(np.all(Xi[:, j] == Xi[0, j]) and Xi[0, j] != 0 for Xi in self.X):
+                return True
+        return False
+
+    def with_intercept(self) -> MultiTaskDataset:
+        """This dataset with a column of ones appended, named :data:`INTERCEPT`.
+
+        The linear models have no intercept of their own; after centring the features, this column
+        lets each task's model fit the mean of its targets.
+        """
+        Xs = [np.hstack([Xi, np.ones((Xi.shape[0], 1))]) for Xi in self.X]
+        return self._replace(Xs, self.y, feature_names=(*self.feature_names, INTERCEPT))
 
     def subset(self, task_indices: Sequence[int] | NDArray[np.integer]) -> MultiTaskDataset:
         """Dataset with the tasks ``task_indices`` (in that order; negative indices allowed).

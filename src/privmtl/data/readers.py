@@ -212,19 +212,23 @@ def dataset_from_frame(
     feature_columns: Sequence[str] | None = None,
     task_type: TaskType | None = None,
     source: str = "table",
+    roles: tuple[str, str, str] = ("task", "task column", "target column"),
 ) -> MultiTaskDataset:
     """Build a dataset from a long table with one row per sample.
 
     Tasks appear in the order of their first row (for a categorical task column: the category
-    order). See :func:`read_table` for the rules.
+    order). See :func:`read_table` for the rules. ``roles`` names, in error messages, what a row's
+    group is and how the task and target columns are called (``("client", "--client-column",
+    "--label-column")`` for a federated table read by the CLI).
     """
     import pandas as pd
 
+    unit, task_role, target_role = roles
     columns = [str(c) for c in frame.columns]
     frame = frame.set_axis(columns, axis=1)
-    for col, what in ((task_column, "task"), (target_column, "target")):
+    for col, what in ((task_column, task_role), (target_column, target_role)):
         if col not in columns:
-            raise DataFormatError(f"{source}: {what} column {col!r} not found; columns: {columns}.")
+            raise DataFormatError(f"{source}: {what} {col!r} not found; columns: {columns}.")
     if feature_columns is None:
         feats = [c for c in columns if c not in (task_column, target_column)]
     else:
@@ -237,7 +241,8 @@ def dataset_from_frame(
         overlap = [c for c in feats if c in (task_column, target_column)]
         if overlap:
             raise DataFormatError(
-                f"{source}: column(s) {overlap} cannot be both a feature and the task/target."
+                f"{source}: column(s) {overlap} cannot be both a feature and the "
+                f"{task_role} or {target_role}."
             )
     if not feats:
         raise DataFormatError(f"{source}: no feature columns (columns: {columns}).")
@@ -247,7 +252,7 @@ def dataset_from_frame(
     tasks = frame[task_column]
     if tasks.isna().any():
         raise DataFormatError(
-            f"{source}: missing task in {_first_bad_row(frame, task_column, tasks.isna().to_numpy())}."
+            f"{source}: missing {unit} in {_first_bad_row(frame, task_column, tasks.isna().to_numpy())}."
         )
     for col in [*feats, target_column]:
         s = frame[col]
@@ -272,7 +277,7 @@ def dataset_from_frame(
         empty = [str(c) for k, c in enumerate(order) if not np.any(codes == k)]
         if empty:
             raise DataFormatError(
-                f"{source}: task(s) {empty[:5]} have 0 rows in column {task_column!r}."
+                f"{source}: {unit}(s) {empty[:5]} have 0 rows in {task_role} {task_column!r}."
             )
     else:
         codes_, uniques = pd.factorize(tasks, sort=False)
@@ -280,7 +285,7 @@ def dataset_from_frame(
     names = [str(t) for t in order]
     if len(set(names)) != len(names):
         raise DataFormatError(
-            f"{source}: task labels in column {task_column!r} collide as strings."
+            f"{source}: {unit} labels in {task_role} {task_column!r} collide as strings."
         )
     Xs, ys = [], []
     for k in range(len(order)):

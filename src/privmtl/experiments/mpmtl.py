@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from privmtl._validation import check_choice, check_int, check_real
-from privmtl.data.multitask import MultiTaskDataset
-from privmtl.data.readers import load_school, read_table
+from privmtl.data.multitask import INTERCEPT, MultiTaskDataset
+from privmtl.data.readers import default_school_path, load_school, read_table
 from privmtl.data.synthetic import make_groupsparse_tasks, make_lowrank_tasks
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.common import default_delta
@@ -32,7 +32,9 @@ __all__ = [
     "DATASETS",
     "METHODS",
     "PRIVATE_METHODS",
+    "TABLE_SCALINGS",
     "TUNING_NOTE",
+    "data_protocol",
     "estimator_class",
     "evaluate_saved",
     "load_mpmtl_data",
@@ -47,32 +49,85 @@ TUNING_NOTE = (
 )
 
 
+#: Feature scaling of ``load_mpmtl_data``: ``auto`` is unit-norm for School (the MP-MTL paper's
+#: protocol) and per-task standardization for a user's table.
+TABLE_SCALINGS = ("auto", "per-task", "unit-norm", "none")
+
+#: Training fraction when none is given: the paper's 30% on School, the usual 70% on a user's table.
+SCHOOL_TRAIN_FRACTION = 0.3
+TABLE_TRAIN_FRACTION = 0.7
+
+#: Methods whose privacy proof assumes feature rows of norm at most 1 (``auto`` keeps unit-norm).
+_UNIT_NORM_METHODS = ("dp-aggr",)
+
+_PREPROCESSING = {
+    "unit-norm": "every feature row scaled to unit l2 norm",
+    "per-task": "each task's features standardized with the mean and standard deviation of its "
+    "own training split (columns constant there kept as they are), and a constant column "
+    f"{INTERCEPT!r} appended when no feature is constant (the linear models have no intercept)",
+    "none": "features as in the data",
+}
+
+
+def data_protocol(
+    data: str,
+    normalize: str = "auto",
+    train_fraction: float | None = None,
+    *,
+    method: str | None = None,
+) -> tuple[str, float | None]:
+    """The scaling and training fraction a run uses: ``auto`` / ``None`` resolved for ``data``.
+
+    School keeps the paper's protocol (unit-norm rows, 30% training); a table gets per-task
+    standardization and a 70/30 split, except for ``method="dp-aggr"``, whose sensitivity bound
+    needs rows of norm at most 1 (unit-norm rows); the synthetic generators have their own splits
+    (``("none", None)``).
+    """
+    check_choice("data", data, DATASETS)
+    check_choice("normalize", normalize, TABLE_SCALINGS)
+    if data not in ("school", "table"):
+        return "none", None
+    school = data == "school"
+    if normalize == "auto":
+        normalize = "unit-norm" if school or method in _UNIT_NORM_METHODS else "per-task"
+    if train_fraction is None:
+        train_fraction = SCHOOL_TRAIN_FRACTION if school else TABLE_TRAIN_FRACTION
+    frac = check_real("train_fraction", train_fraction, low=0.0, high=1.0, closed="neither")
+    return normalize, frac
+
+
 def load_mpmtl_data(
     data: str,
     *,
     data_path: str | Path | None = None,
     seed: int = 0,
-    train_fraction: float = 0.3,
+    train_fraction: float | None = None,
     task_column: str = "task",
     target_column: str = "y",
-    normalize: str = "unit-norm",
+    normalize: str = "auto",
+    feature_columns: list[str] | tuple[str, ...] | None = None,
+    method: str | None = None,
 ) -> tuple[MultiTaskDataset, MultiTaskDataset]:
-    """(train, test) for a named dataset, with the paper's preprocessing (unit-norm rows).
+    """(train, test) for a named dataset, preprocessed as :func:`data_protocol` says.
 
-    For School and a table, ``train_fraction`` of each task's rows train (the paper's 30%) and
-    ``normalize="unit-norm"`` scales every row to unit length (the paper's protocol; ``"none"``
-    keeps the features as they are). A table's target with 3 to 10 distinct integer values is
-    refused: it looks like a multi-class label, which no MP-MTL method models.
+    School: the paper's protocol by default (30% of each school's rows train, every row scaled to
+    unit length). A table (``task_column``, ``target_column``, optional ``feature_columns``): a
+    70/30 split and each task's features standardized with its own training split's statistics
+    by default, with a column of ones appended when no feature is constant (the models have no
+    intercept, and centred features alone could not fit a target's mean). ``normalize``
+    (``"per-task"``, ``"unit-norm"``, ``"none"``) and
+    ``train_fraction`` override either. A table's target with 3 to 10 distinct integer values is
+    refused: it looks like a multi-class label, which no MP-MTL method models. ``method`` lets
+    :func:`data_protocol` resolve ``"auto"`` for the method that will be fitted.
     """
-    check_choice("normalize", normalize, ("unit-norm", "none"))
-    check_choice("data", data, DATASETS)
+    normalize, frac = data_protocol(data, normalize, train_fraction, method=method)
     if data == "synthetic-lowrank":
         train, test = make_lowrank_tasks(random_state=seed)
         return train, test
     if data == "synthetic-groupsparse":
         train, test = make_groupsparse_tasks(random_state=seed)
         return train, test
-    frac = check_real("train_fraction", train_fraction, low=0.0, high=1.0, closed="neither")
+    assert frac is not None
     if data == "school":
         full = load_school(data_path)
     else:
@@ -80,7 +135,12 @@ def load_mpmtl_data(
             raise InvalidParameterError(
                 "The 'data_path' parameter is required with data='table'; got None."
             )
-        full = read_table(data_path, task_column=task_column, target_column=target_column)
+        full = read_table(
+            data_path,
+            task_column=task_column,
+            target_column=target_column,
+            feature_columns=feature_columns,
+        )
         if full.task_type == "regression":
             values = np.unique(np.concatenate(full.y))
             if 3 <= values.size <= 10 and np.all(values == np.round(values)):
@@ -92,6 +152,10 @@ def load_mpmtl_data(
     if normalize == "unit-norm":
         full = full.normalize_rows()
     train, test = full.train_test_split(frac, random_state=seed)
+    if normalize == "per-task":
+        train, test = train.standardize(), test.standardize(train)
+        if not train.has_constant_feature():
+            train, test = train.with_intercept(), test.with_intercept()
     return train, test
 
 
@@ -132,10 +196,11 @@ def run_mpmtl(
     relation: str = "add-remove",
     accountant: str = "rdp",
     split: tuple[MultiTaskDataset, MultiTaskDataset] | None = None,
-    train_fraction: float = 0.3,
+    train_fraction: float | None = None,
     task_column: str = "task",
     target_column: str = "y",
-    normalize: str = "unit-norm",
+    normalize: str = "auto",
+    feature_columns: list[str] | tuple[str, ...] | None = None,
     extra_params: dict[str, Any] | None = None,
     final_step: str = "auto",
     noise_source: str = "secure",
@@ -159,6 +224,11 @@ def run_mpmtl(
     ``final_step`` restricts the tuning of the MP-MTL low-rank / group-sparse estimators to the
     paper's projected output (``"projection"``) or the local variational refit (``"refit"``);
     ``"auto"`` lets cross-validation choose (see :func:`privmtl.linear.selection.tune_method`).
+
+    ``normalize``, ``train_fraction``, ``task_column``, ``target_column`` and
+    ``feature_columns`` are :func:`load_mpmtl_data`'s (School: the paper's protocol; a table:
+    per-task standardization and a 70/30 split by default); the result reports them under
+    ``"preprocessing"``, ``"train_fraction"`` and ``"scaling"``.
 
     Keys: ``method, data, epsilon, delta, relation, sampling, accountant, nmse | auc, seconds,
     params, tuned, tuning_note, guarantee, n_tasks, n_features, seed, noise_source,
@@ -222,8 +292,11 @@ def run_mpmtl(
             task_column=task_column,
             target_column=target_column,
             normalize=normalize,
+            feature_columns=feature_columns,
+            method=method,
         )
     )
+    scaling, frac = data_protocol(data, normalize, train_fraction, method=method)
     dlt = (
         (user_data_delta(train.n_tasks) if data == "table" else default_delta(train.n_tasks))
         if delta is None
@@ -326,6 +399,15 @@ def run_mpmtl(
         out["auc"] = aauc(list(test.y), pred)
     else:
         out["nmse"] = nmse(list(test.y), pred)
+    if frac is not None:
+        out["scaling"] = scaling
+        out["train_fraction"] = frac
+        out["preprocessing"] = _PREPROCESSING[scaling]
+        if scaling == "per-task":
+            out["guarantee"]["notes"].append(
+                "features: each task standardized with the mean and standard deviation of its "
+                "own training rows (never pooled over tasks), part of its local computation"
+            )
     out["seconds"] = time.perf_counter() - t0
     if save_models is not None:
         out["models_dir"] = str(
@@ -335,13 +417,29 @@ def run_mpmtl(
                 out,
                 data={
                     "data": data,
-                    "data_path": None if data_path is None else str(data_path),
+                    "data_path": (
+                        str(Path(data_path).resolve())
+                        if data_path is not None
+                        else str(default_school_path().resolve())
+                        if data == "school"
+                        else None
+                    ),
                     "seed": seed,
-                    "train_fraction": 0.3 if data in ("school", "table") else None,
+                    "train_fraction": frac,
+                    "scaling": scaling,
+                    **(
+                        {
+                            "task_column": task_column,
+                            "target_column": target_column,
+                            "feature_columns": [f for f in train.feature_names if f != INTERCEPT],
+                        }
+                        if data == "table"
+                        else {}
+                    ),
                     "preprocessing": (
-                        "every feature row scaled to unit l2 norm, then each task's rows split "
-                        f"{0.3:g}/{0.7:g} train/test by the seed"
-                        if data in ("school", "table")
+                        f"{_PREPROCESSING[scaling]}; each task's rows split "
+                        f"{frac:g}/{1 - frac:g} train/test by the seed"
+                        if frac is not None
                         else "built-in synthetic generator, train/test drawn from the seed"
                     ),
                     "task_type": train.task_type,
@@ -441,11 +539,18 @@ def evaluate_saved(
     data: str | None = None,
     data_path: str | Path | None = None,
     seed: int | None = None,
+    task_column: str | None = None,
+    target_column: str | None = None,
+    feature_columns: list[str] | tuple[str, ...] | None = None,
+    normalize: str | None = None,
+    train_fraction: float | None = None,
 ) -> dict[str, Any]:
     """Reload a model saved by ``run_mpmtl(save_models=...)`` and score it on the test split.
 
-    The data set, its path and the split seed default to the run's (``model.json``); the same data
-    and split give exactly the run's ``nmse`` (regression) or ``auc`` (classification).
+    The data set, its absolute path, the table's columns, the scaling, the training fraction and
+    the split seed default to the run's (``model.json``); the same data and split give exactly the
+    run's ``nmse`` (regression) or ``auc`` (classification). Models saved before the scaling was
+    recorded were made with the paper's protocol (unit-norm rows, 30% training).
     """
     import numpy as np
 
@@ -460,7 +565,23 @@ def evaluate_saved(
     name = data if data is not None else saved.get("data")
     path = data_path if data_path is not None else saved.get("data_path")
     sd = check_int("seed", seed if seed is not None else saved.get("seed", 0), low=0)
-    _, test = load_mpmtl_data(str(name), data_path=path, seed=sd)
+    legacy = "scaling" not in saved  # written before scaling was recorded: the paper's protocol
+    _, test = load_mpmtl_data(
+        str(name),
+        data_path=path,
+        seed=sd,
+        task_column=task_column or saved.get("task_column", "task"),
+        target_column=target_column or saved.get("target_column", "y"),
+        feature_columns=(
+            feature_columns if feature_columns is not None else saved.get("feature_columns")
+        ),
+        normalize=normalize or ("unit-norm" if legacy else saved.get("scaling", "auto")),
+        train_fraction=(
+            train_fraction
+            if train_fraction is not None
+            else saved.get("train_fraction") or (0.3 if legacy else None)
+        ),
+    )
     d, m = coef.shape
     if (test.n_features, test.n_tasks) != (d, m):
         raise DataFormatError(
@@ -473,12 +594,13 @@ def evaluate_saved(
         "method": meta.get("method"),
         "data": name,
         "seed": sd,
-        "models_dir": str(models_dir),
+        "models_dir": str(Path(models_dir).resolve()),
         "n_tasks": m,
         "n_features": d,
         "noise_source": meta.get("noise_source"),
         "stopped_on_budget": meta.get("stopped_on_budget"),
         "guarantee": meta.get("guarantee"),
+        "covered": (meta.get("guarantee") or {}).get("covered"),
         "summary": meta.get("summary"),
     }
     if test.task_type == "classification":

@@ -38,6 +38,7 @@ from privmtl.data.multitask import MultiTaskDataset
 from privmtl.experiments.mpmtl import (
     ESTIMATOR_PROTOCOL_METHODS,
     PRIVATE_METHODS,
+    data_protocol,
     load_mpmtl_data,
     run_mpmtl,
 )
@@ -108,6 +109,11 @@ def run_mpmtl_sweep(
     select: str = "vote",
     vote_share: float = DEFAULT_VOTE_SHARE,
     val_fraction: float = 0.2,
+    task_column: str = "task",
+    target_column: str = "y",
+    feature_columns: list[str] | None = None,
+    normalize: str = "auto",
+    train_fraction: float | None = None,
 ) -> dict[str, Any]:
     """Run the sweep and write ``mpmtl_sweep.csv``, ``mpmtl_sweep.json`` and ``mpmtl_tradeoff.png``.
 
@@ -115,6 +121,7 @@ def run_mpmtl_sweep(
     ``vote_share`` is the share of a point's ε the vote alone spends and ``val_fraction`` the
     share of each task's training samples held out for its own validation (``"vote"``,
     ``"client"``). Every row states ``covered``, ``selection_method`` and ``selection``.
+    The data options are :func:`~privmtl.experiments.mpmtl.load_mpmtl_data`'s.
 
     ``out_dir`` is checked writable before anything is computed. Each finished run (each
     candidate, each vote) is appended to ``out_dir/runs.jsonl``; a re-run reuses the logged ones
@@ -125,8 +132,37 @@ def run_mpmtl_sweep(
     check_choice("tune_mode", tune_mode, ("each", "once", "none"))
     check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="neither")
     log = RunLog(out_dir, outputs=MPMTL_SWEEP_FILES)
-    splits = {s: load_mpmtl_data(data, data_path=data_path, seed=s) for s in seeds}
-    classification = splits[seeds[0]][0].task_type == "classification"
+    columns: dict[str, Any] = {}
+    if data == "table":
+        columns = {
+            "task_column": task_column,
+            "target_column": target_column,
+            "feature_columns": feature_columns,
+        }
+    # each method's resolved protocol (dp-aggr keeps unit-norm rows on a table: its proof needs them)
+    protocols = {m: data_protocol(data, normalize, train_fraction, method=m) for m in methods}
+
+    def data_kwargs(method: str) -> dict[str, Any]:
+        if data not in ("school", "table"):
+            return dict(columns)
+        scaling, fraction = protocols[method]
+        return {**columns, "normalize": scaling, "train_fraction": fraction}
+
+    def config_keys(method: str) -> dict[str, Any]:
+        # the resolved protocol identifies logged runs (School's paper protocol adds no key)
+        keys = {k: v for k, v in columns.items()}
+        if protocols[method] not in (("unit-norm", 0.3), ("none", None)):
+            keys.update(scaling=protocols[method][0], train_fraction=protocols[method][1])
+        return keys
+
+    splits: dict[tuple[int, Any], Any] = {}
+    for seed in seeds:
+        for m in methods:
+            if (seed, protocols[m]) not in splits:
+                splits[seed, protocols[m]] = load_mpmtl_data(
+                    data, data_path=data_path, seed=seed, **data_kwargs(m)
+                )
+    classification = next(iter(splits.values()))[0].task_type == "classification"
     metric = "auc" if classification else "nmse"
     covered_mode = select != "pooled" and tune_mode != "none"
 
@@ -146,7 +182,7 @@ def run_mpmtl_sweep(
     }
 
     def config(method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
-        return {**fixed, "method": method, "epsilon": epsilon, "seed": seed}
+        return {**fixed, **config_keys(method), "method": method, "epsilon": epsilon, "seed": seed}
 
     def common(method: str, seed: int) -> dict[str, Any]:
         return {
@@ -154,7 +190,8 @@ def run_mpmtl_sweep(
             "method": method,
             "noise": noise,
             "seed": seed,
-            "split": splits[seed],
+            "split": splits[seed, protocols[method]],
+            **{k: v for k, v in data_kwargs(method).items() if not k.endswith("column")},
             "final_step": final_step,
             "n_splits": n_splits,
             "noise_source": noise_source,
@@ -220,8 +257,8 @@ def run_mpmtl_sweep(
             # nothing accountable to compose (the Wishart ledger records non-private events):
             # the defaults, no selection
             return pooled_logged_none(method=method, epsilon=epsilon, seed=seed)
-        fit, val = _validation_split(splits[seed][0], val_fraction, seed)
-        test = splits[seed][1]
+        fit, val = _validation_split(splits[seed, protocols[method]][0], val_fraction, seed)
+        test = splits[seed, protocols[method]][1]
         cands, cfgs = [], []
         for point in grid:
             cfg = {

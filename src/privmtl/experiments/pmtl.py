@@ -31,6 +31,7 @@ from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_f
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.finetune_selection import SELECT_MODES
 from privmtl.federated.local import LOCAL_SELECT
+from privmtl.federated.user_model import UserFactory
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
 from privmtl.privacy.release import noise_multiplier
@@ -40,11 +41,13 @@ __all__ = [
     "AUTO_CANDIDATES",
     "AUTO_FINETUNE_EPOCHS",
     "AUTO_FINETUNE_LRS",
+    "DEFAULT_CLIENTS_PER_ROUND",
     "FINETUNE_METHODS",
     "FINETUNE_STARTS",
     "FL_DATASETS",
     "FL_METHODS",
     "FL_MODELS",
+    "default_clients_per_round",
     "default_delta",
     "default_femnist_dir",
     "default_lam",
@@ -98,6 +101,15 @@ DEFAULT_LAM_NONPRIVATE = 1.0
 DEFAULT_FEDPROX_MU = 0.01
 
 
+#: Clients sampled per round when none is given: this many, or all m clients when there are fewer.
+DEFAULT_CLIENTS_PER_ROUND = 20
+
+
+def default_clients_per_round(m: int) -> int:
+    """``min(DEFAULT_CLIENTS_PER_ROUND, m)``: the default never exceeds the population."""
+    return min(DEFAULT_CLIENTS_PER_ROUND, int(m))
+
+
 def default_delta(data: str, m: int) -> float:
     """δ when none is given, on every data set ``data``:
     :func:`~privmtl.privacy.delta.user_data_delta` (min(1e-5, 1/(100 m)), below 1/m). The PMTL
@@ -142,13 +154,16 @@ def load_federated(
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
     num_clients: int | None = None,
+    scaling: str = "per-client",
 ) -> FederatedDataset:
     """FEMNIST writers (or any LEAF classification set), built-in synthetic, or a user's table.
 
     ``data="table"`` reads ``data_path`` (CSV/Parquet) with
     :func:`~privmtl.data.federated_table.load_federated_table`; ``client_column`` and
-    ``label_column`` are then required. ``num_clients`` (synthetic only) is the population size
-    ``m`` of :func:`~privmtl.data.federated.make_synthetic_federated` (default 50); every other
+    ``label_column`` are then required, and ``scaling`` (``"per-client"``: each client
+    standardizes its features with its own training split's statistics; ``"none"``) applies. The
+    papers' data sets are used as published (``scaling`` does not apply to them). ``num_clients``
+    (synthetic only) is the population size ``m`` of :func:`~privmtl.data.federated.make_synthetic_federated` (default 50); every other
     generator parameter keeps its documented default.
     """
     check_choice("data", data, FL_DATASETS)
@@ -179,6 +194,7 @@ def load_federated(
             label_column=label_column,
             feature_columns=feature_columns,
             random_state=seed,
+            scaling=scaling,
         )
     path = Path(data_path) if data_path is not None else default_femnist_dir()
     if not path.is_dir():
@@ -189,19 +205,24 @@ def load_federated(
     return load_leaf(path, random_state=seed)
 
 
-def make_model(name: str, dataset: FederatedDataset, seed: int = 0) -> torch.nn.Module:
+def make_model(
+    name: str, dataset: FederatedDataset, seed: int = 0, factory: UserFactory | None = None
+) -> torch.nn.Module:
     """``cnn`` (the paper's FEMNIST CNN; needs 1×28×28 inputs), ``logreg`` (multinomial), or a
-    user's model ``"package.module:factory"``.
+    user's model ``"MODULE:FACTORY"`` / ``"PATH.py:FACTORY"``
+    (:func:`~privmtl.federated.user_model.load_factory`; ``factory``: one already loaded).
 
     The factory is called as ``factory(n_features, n_classes)`` (with torch's global seed set to
     ``seed``) and must return a :class:`torch.nn.Module` mapping ``(batch, n_features)`` float
-    inputs to ``(batch, n_classes)`` logits.
+    inputs to ``(batch, n_classes)`` logits; one dummy forward pass checks it before training.
     """
     from privmtl.federated.models import FemnistCNN, MultinomialLogReg
+    from privmtl.federated.user_model import is_factory_spec, load_factory
 
     torch.manual_seed(seed)
-    if ":" in name:
-        return _user_model(name, dataset)
+    if factory is not None or is_factory_spec(name):
+        user = factory if factory is not None else load_factory(name)
+        return user.build(dataset.n_features, dataset.n_classes)
     check_choice("model", name, FL_MODELS)
     if name == "cnn":
         if tuple(dataset.feature_shape) != (1, 28, 28):
@@ -211,25 +232,6 @@ def make_model(name: str, dataset: FederatedDataset, seed: int = 0) -> torch.nn.
             )
         return FemnistCNN(n_classes=dataset.n_classes, random_state=seed)
     return MultinomialLogReg(dataset.n_features, dataset.n_classes, random_state=seed)
-
-
-def _user_model(spec: str, dataset: FederatedDataset) -> torch.nn.Module:
-    import importlib
-
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidParameterError(
-            f"The 'model' parameter must be 'cnn', 'logreg' or an importable "
-            f"'package.module:factory'; could not load {spec!r} ({exc})."
-        ) from None
-    net = factory(dataset.n_features, dataset.n_classes)
-    if not isinstance(net, torch.nn.Module):
-        raise InvalidParameterError(
-            f"The 'model' factory {spec!r} must return a torch.nn.Module; got {type(net).__name__}."
-        )
-    return net
 
 
 def run_pmtl(
@@ -245,7 +247,7 @@ def run_pmtl(
     noise_std: float | None = None,
     clip: float = 0.5,
     rounds: int = 100,
-    clients_per_round: int = 20,
+    clients_per_round: int | None = None,
     local_steps: int | None = None,
     local_epochs: int | None = None,
     lam: float | None = None,
@@ -286,6 +288,7 @@ def run_pmtl(
     adaptive_clip_noise: float | None = None,
     local_select: str = "client",
     diagnostics: bool = False,
+    scaling: str = "per-client",
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
@@ -334,6 +337,11 @@ def run_pmtl(
     :class:`~privmtl.federated.config.TrainConfig` options of the same names (post-processing,
     partial sharing and random-subspace releases leave the guarantee unchanged; adaptive clipping's
     count is accounted with the mean, so with ``epsilon`` the mean gets a little more noise).
+
+    ``clients_per_round`` defaults to :func:`default_clients_per_round` (``min(20, m)``); an
+    explicit value above ``m`` is an error. ``scaling`` applies to ``data="table"``
+    (:func:`load_federated`); the result reports what was done under ``"scaling"``. A user's
+    ``model`` factory is loaded before the data and checked by a forward pass before training.
     """
     check_choice("method", method, FL_METHODS)
     check_choice("finetune", finetune, FINETUNE_METHODS)
@@ -385,6 +393,9 @@ def run_pmtl(
         epsilon = check_real("epsilon", epsilon, low=0.0, closed="neither")
     if noise_std is not None:
         noise_std = check_real("noise_std", noise_std, low=0.0)
+    from privmtl.federated.user_model import is_factory_spec, load_factory
+
+    user_factory = load_factory(model) if is_factory_spec(model) else None
     t_load = time.perf_counter()
     table: dict[str, Any] = {
         "client_column": client_column,
@@ -394,11 +405,22 @@ def run_pmtl(
     ds = (
         dataset
         if dataset is not None
-        else load_federated(data, data_path=data_path, seed=seed, **table, num_clients=num_clients)
+        else load_federated(
+            data,
+            data_path=data_path,
+            seed=seed,
+            **table,
+            num_clients=num_clients,
+            scaling=scaling,
+        )
     )
     load_seconds = time.perf_counter() - t_load
     m = ds.n_clients
-    q = check_int("clients_per_round", clients_per_round, low=1)
+    q = (
+        default_clients_per_round(m)
+        if clients_per_round is None
+        else check_int("clients_per_round", clients_per_round, low=1)
+    )
     if method == "local-all":  # every client trains: clients_per_round does not apply
         q = m
     if q > m:
@@ -411,7 +433,7 @@ def run_pmtl(
     dlt, delta_notes = _resolve_delta(delta, data, m)
     notes: list[str] = list(delta_notes)
     not_covered: list[str] = []
-    net = make_model(model, ds, seed)
+    net = make_model(model, ds, seed, factory=user_factory)
     from privmtl.federated.config import TrainConfig
 
     config = TrainConfig(
@@ -482,6 +504,13 @@ def run_pmtl(
         result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
     )
     out["data_seconds"] = load_seconds
+    out["clients_per_round_default"] = clients_per_round is None  # then min(20, m)
+    out["scaling"] = ds.scaling
+    if ds.scaling != "none":
+        notes.append(
+            f"features: {ds.scaling}: each client's mean and standard deviation come from its "
+            "own training rows (never pooled over clients), part of its local computation"
+        )
     if diagnostics:
         out["curator_diagnostics"] = _curator_diagnostics(result)
         not_covered.append(
@@ -585,14 +614,23 @@ def run_pmtl(
                 dataset=ds,
                 data={
                     "data": data,
-                    "data_path": None if data_path is None else str(data_path),
+                    "data_path": _absolute_data_path(data, data_path),
                     **(table if data == "table" else {}),
+                    **({"scaling": scaling} if data == "table" else {}),
                     "num_clients": num_clients,
                 },
                 personalized=tuned,
+                factory=None if user_factory is None else user_factory.record(),
             )
         )
     return out
+
+
+def _absolute_data_path(data: str, data_path: str | Path | None) -> str | None:
+    """The data's absolute path, so that saved models can be evaluated from anywhere."""
+    if data_path is None:
+        return str(default_femnist_dir().resolve()) if data == "femnist-leaf" else None
+    return str(Path(data_path).resolve())
 
 
 def evaluate_saved(
@@ -601,23 +639,36 @@ def evaluate_saved(
     data: str | None = None,
     data_path: str | Path | None = None,
     seed: int | None = None,
+    client_column: str | None = None,
+    label_column: str | None = None,
+    feature_columns: Sequence[str] | None = None,
+    scaling: str | None = None,
 ) -> dict[str, Any]:
     """Reload models saved by ``run_pmtl(save_models=...)`` and score them on the test split.
 
-    The data set defaults to the one the run used (its name, path and seed, recorded in
-    ``model.json``); the same data and split give exactly the run's ``test_accuracy``.
+    The data set defaults to the one the run used (its name, absolute path, columns, scaling and
+    seed, recorded in ``model.json``); the same data and split give exactly the run's
+    ``test_accuracy``. A user's model is rebuilt from the factory source recorded in
+    ``model.json`` (:func:`~privmtl.federated.saved.build_model`), so neither the working
+    directory nor ``PYTHONPATH`` matters.
     """
     from privmtl.federated.algorithms import evaluate
-    from privmtl.federated.saved import load_models
+    from privmtl.federated.saved import build_model, load_models
 
     meta, glob, pers = load_models(models_dir)
     saved = meta.get("data", {})
     name = data if data is not None else saved.get("data")
     path = data_path if data_path is not None else saved.get("data_path")
     sd = int(seed if seed is not None else saved.get("seed") or 0)
-    table: dict[str, Any] = {
-        k: saved.get(k) for k in ("client_column", "label_column", "feature_columns")
+    given = {
+        "client_column": client_column,
+        "label_column": label_column,
+        "feature_columns": None if feature_columns is None else list(feature_columns),
     }
+    table: dict[str, Any] = {k: v if v is not None else saved.get(k) for k, v in given.items()}
+    scale = scaling if scaling is not None else saved.get("scaling", "none")
+    if name == "table":
+        table["scaling"] = scale
     ds = load_federated(
         str(name), data_path=path, seed=sd, **table, num_clients=saved.get("num_clients")
     )
@@ -626,28 +677,36 @@ def evaluate_saved(
             f"The data has other clients than the saved models ({ds.n_clients} vs "
             f"{len(meta['client_ids'])}); pass the --data the run used."
         )
-    net = make_model(meta["model"]["name"], ds, sd)
+    if (ds.n_features, ds.n_classes) != (meta["model"]["n_features"], meta["model"]["n_classes"]):
+        raise DataFormatError(
+            f"The data has {ds.n_features} features and {ds.n_classes} classes; the saved models "
+            f"{meta['model']['n_features']} and {meta['model']['n_classes']}."
+        )
+    net, notes = build_model(meta, seed=sd, where=str(Path(models_dir) / "model.json"))
     buffers = {n: b.detach() for n, b in net.named_buffers()}
     xs, ys = ds.split("test")
     personalized = meta["primary"] == "personalized" and pers is not None
     params = pers if personalized else glob
     assert params is not None
     acc = evaluate(net, params, buffers, xs, ys, personalized=personalized)
+    guarantee = meta.get("guarantee")
     out = {
         "family": "pmtl",
         "method": meta.get("method"),
         "data": name,
+        "data_path": None if path is None else str(path),
+        "scaling": ds.scaling,
         "model": meta["model"]["name"],
-        "models_dir": str(models_dir),
+        "models_dir": str(Path(models_dir).resolve()),
         "primary": meta["primary"],
         "test_accuracy": acc["accuracy"],
         "mean_client_accuracy": acc["mean_client_accuracy"],
         "n_test": acc["n"],
         "noise_source": meta.get("run", {}).get("noise_source"),
-        # models saved before the guarantee carried "covered" say None (unknown)
-        "covered": (meta.get("guarantee") or {}).get("covered"),
-        "guarantee": meta.get("guarantee"),
+        "guarantee": guarantee,
+        "covered": None if not isinstance(guarantee, dict) else guarantee.get("covered"),
         "summary": meta.get("summary"),
+        "notes": notes,
     }
     if pers is not None:
         out["global_test_accuracy"] = evaluate(net, glob, buffers, xs, ys, personalized=False)[

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from privmtl._validation import check_choice
-from privmtl.experiments.pmtl import load_federated, run_pmtl
+from privmtl.experiments.pmtl import default_clients_per_round, load_federated, run_pmtl
 from privmtl.experiments.runlog import RunLog
 from privmtl.experiments.sweep import (
     DEFAULT_VOTE_SHARE,
@@ -58,7 +58,7 @@ def run_pmtl_sweep(
     seeds: Sequence[int],
     clips: Sequence[float],
     rounds_grid: Sequence[int],
-    clients_per_round: int,
+    clients_per_round: int | None = None,
     lam: float | Sequence[float] = 0.1,
     lr: float = 0.1,
     local_steps: int | None = None,
@@ -69,6 +69,10 @@ def run_pmtl_sweep(
     log: RunLog | None = None,
     select: str = "vote",
     vote_share: float = DEFAULT_VOTE_SHARE,
+    client_column: str | None = None,
+    label_column: str | None = None,
+    feature_columns: Sequence[str] | None = None,
+    scaling: str = "per-client",
 ) -> dict[str, Any]:
     """Run the sweep; returns ``{"rows": chosen rows, "candidates": all runs, "summary": ...}``.
 
@@ -81,9 +85,23 @@ def run_pmtl_sweep(
     (``training_epsilon``: the chosen run's own). With a ``log``
     (:class:`~privmtl.experiments.runlog.RunLog`), every finished run and every vote is
     appended to it, and those of the same configuration already logged are reused.
+
+    ``data="table"`` reads a user's table with ``client_column``, ``label_column``,
+    ``feature_columns`` and ``scaling`` (:func:`~privmtl.experiments.pmtl.load_federated`);
+    ``clients_per_round`` defaults to ``min(20, m)``.
     """
     check_choice("select", select, SELECTION_METHODS)
-    datasets = {s: load_federated(data, data_path=data_path, seed=s) for s in seeds}
+    table: dict[str, Any] = {}
+    if data == "table":
+        table = {
+            "client_column": client_column,
+            "label_column": label_column,
+            "feature_columns": None if feature_columns is None else list(feature_columns),
+            "scaling": scaling,
+        }
+    datasets = {s: load_federated(data, data_path=data_path, seed=s, **table) for s in seeds}
+    if clients_per_round is None:
+        clients_per_round = default_clients_per_round(datasets[seeds[0]].n_clients)
     lams = [float(lam)] if isinstance(lam, int | float) else [float(v) for v in lam]
     jobs: list[tuple[int, str, float | None, float, int, float]] = []
     for seed, method in itertools.product(seeds, methods):
@@ -100,6 +118,7 @@ def run_pmtl_sweep(
             "sweep": "pmtl",
             "data": data,
             "data_path": None if data_path is None else str(data_path),
+            **table,
             "model": model,
             "method": method,
             "epsilon": eps,

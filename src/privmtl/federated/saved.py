@@ -12,8 +12,10 @@ A models directory written by :func:`save_models` (``privmtl pmtl --save-models 
     ``client_ids`` in ``model.json``.
 ``model.json``
     ``format`` (``"privmtl-models"``), ``version``, ``family`` (``"pmtl"``), ``method``, the model
-    architecture (``model``: name, features, classes, input shape), ``client_ids``, the data the
-    run used, its configuration, its full privacy guarantee (ε, δ, relation, sampling, accountant,
+    architecture (``model``: name, features, classes, input shape; for a user's
+    ``MODULE:FACTORY`` / ``PATH.py:FACTORY`` also ``model.factory``: the text of the factory's file
+    and its SHA-256, see :func:`build_model`), ``client_ids``, the data the run used (name,
+    absolute path, table columns and scaling, split seed), its configuration, its full privacy guarantee (ε, δ, relation, sampling, accountant,
     noise source), the model the method is evaluated with (``primary``), whether the personalized
     models were fine-tuned, and the run's accuracies.
 
@@ -34,7 +36,7 @@ import torch
 from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import DataFormatError
 
-__all__ = ["MODELS_FORMAT", "MODELS_VERSION", "load_models", "save_models"]
+__all__ = ["MODELS_FORMAT", "MODELS_VERSION", "build_model", "load_models", "save_models"]
 
 MODELS_FORMAT = "privmtl-models"
 MODELS_VERSION = 1
@@ -57,12 +59,14 @@ def save_models(
     dataset: Any,
     data: dict[str, Any],
     personalized: Params | None = None,
+    factory: dict[str, Any] | None = None,
 ) -> Path:
     """Write a run's models and metadata to ``directory`` (module docstring); returns it.
 
     ``result`` is the :class:`~privmtl.federated.config.TrainResult`, ``summary`` the run's JSON
     result (its guarantee, accuracies and settings are copied into ``model.json``);
-    ``personalized`` replaces the result's personalized models (the fine-tuned ones).
+    ``personalized`` replaces the result's personalized models (the fine-tuned ones);
+    ``factory`` is a user model's :meth:`~privmtl.federated.user_model.UserFactory.record`.
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -88,6 +92,7 @@ def save_models(
             "n_features": int(dataset.n_features),
             "n_classes": int(dataset.n_classes),
             "feature_shape": list(dataset.feature_shape),
+            **({"factory": factory} if factory is not None else {}),
         },
         "client_ids": list(result.client_ids),
         "data": {**data, "seed": summary.get("seed")},
@@ -127,3 +132,53 @@ def load_models(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], Para
     if "personalized" in meta["files"]:
         pers = torch.load(d / meta["files"]["personalized"], weights_only=True)
     return meta, glob, pers
+
+
+def build_model(
+    meta: dict[str, Any], *, seed: int = 0, where: str = "model.json"
+) -> tuple[torch.nn.Module, list[str]]:
+    """The architecture of saved models, ready for ``load_state_dict``; and notes on how.
+
+    ``cnn`` and ``logreg`` are privmtl's models; a user's factory is rebuilt from the source
+    recorded in ``meta["model"]["factory"]``
+    (:func:`~privmtl.federated.user_model.factory_from_record`: refused if that source's SHA-256
+    does not match), so it works from any working directory without ``PYTHONPATH``. The notes
+    say when the factory's file on disk has changed since the run (the recorded source is used).
+
+    Raises
+    ------
+    DataFormatError
+        The recorded source was changed, or no source was recorded and the factory cannot be
+        loaded.
+    """
+    from privmtl.federated.models import FemnistCNN, MultinomialLogReg
+    from privmtl.federated.user_model import factory_from_record, is_factory_spec, load_factory
+
+    spec = meta["model"]
+    name, d, c = str(spec["name"]), int(spec["n_features"]), int(spec["n_classes"])
+    notes: list[str] = []
+    torch.manual_seed(seed)
+    record = spec.get("factory")
+    if isinstance(record, dict):
+        user = factory_from_record(record, where=where)
+        path = record.get("path")
+        if record.get("source") is not None and path:
+            p = Path(path)
+            try:
+                now = p.read_text(encoding="utf-8") if p.is_file() else None
+            except (OSError, UnicodeDecodeError):
+                now = None
+            if now is not None and now != record["source"]:
+                notes.append(
+                    f"{path} changed since the run; the model was rebuilt from the source "
+                    "recorded in model.json"
+                )
+        return user.build(d, c), notes
+    if name == "cnn":
+        return FemnistCNN(n_classes=c, random_state=seed), notes
+    if name == "logreg":
+        return MultinomialLogReg(d, c, random_state=seed), notes
+    if is_factory_spec(name):  # saved before sources were recorded: load it as it is now
+        notes.append(f"no factory source recorded: {name!r} was loaded as it is now")
+        return load_factory(name).build(d, c), notes
+    raise DataFormatError(f"{where}: unknown model {name!r}.")
