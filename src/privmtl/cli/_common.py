@@ -14,6 +14,7 @@ from privmtl.io import atomic_output_dir, to_jsonable, write_json_atomic
 __all__ = [
     "atomic_output_dir",
     "echo_json",
+    "on_abort",
     "progress",
     "run_cli",
     "spread",
@@ -23,6 +24,14 @@ __all__ = [
 
 _default_showwarning = warnings.showwarning
 
+_abort_hint: list[str] = []
+"""What the running command told :func:`on_abort` to say after Ctrl-C (last one wins)."""
+
+
+def on_abort(hint: str) -> None:
+    """Tell the user ``hint`` (how to continue) if the running command is interrupted (Ctrl-C)."""
+    _abort_hint[:] = [hint]
+
 
 def run_cli(group: click.Group, argv: list[str]) -> int:
     """Run ``group`` and turn user errors into one line on stderr with exit code 2.
@@ -30,6 +39,10 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
     Numerical warnings (``RuntimeWarning``: NumPy overflow, a diverging fit) are collected and
     summed up in one line at the end; ``--verbose`` prints each distinct one instead.
     """
+    from privmtl._progress import get_verbosity, set_verbosity
+
+    level = get_verbosity()  # --quiet/--verbose hold for this run only
+    _abort_hint.clear()
     numerical: list[tuple[str, str]] = []
     seen: set[tuple[str, str, int]] = set()
 
@@ -61,6 +74,7 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
             line = summarize_warnings(numerical)
             if line is not None:
                 click.echo(f"privmtl: warning: {line}", err=True)
+            set_verbosity(level)
 
 
 def _run(group: click.Group, argv: list[str]) -> int:
@@ -68,8 +82,12 @@ def _run(group: click.Group, argv: list[str]) -> int:
         group.main(args=argv, prog_name="privmtl", standalone_mode=False)
     except click.exceptions.Exit as exc:  # --help, --version
         return int(exc.exit_code or 0)
-    except click.exceptions.Abort:
-        click.echo("privmtl: aborted", err=True)
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `privmtl` (or `privmtl flower`)
+        click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+        return 0
+    except click.exceptions.Abort:  # Ctrl-C
+        hint = f"; {_abort_hint[0]}" if _abort_hint else ""
+        click.echo(f"privmtl: aborted{hint}", err=True)
         return 130
     except click.ClickException as exc:  # usage errors: bad option values, missing options
         click.echo(f"privmtl: error: {_one_line(exc.format_message())}", err=True)

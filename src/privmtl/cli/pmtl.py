@@ -32,17 +32,27 @@ def _finetune_label(out: dict[str, Any]) -> str:
     return f"  [after {out['finetune']} fine-tuning]" if out.get("finetune") else ""
 
 
+def _fmt(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec``; "—" for a quantity the method does not have (None)."""
+    return "—" if value is None else format(value, spec)
+
+
 def _human(out: dict[str, Any]) -> None:
     click.echo(
         f"{out['method']} ({out['model']}) on {out['data']}: m={out['num_clients']}, "
-        f"q={out['clients_per_round']}, T={out['rounds']}, γ={out['clip']:g}, σ={out['noise_std']:.4g}"
+        f"q={out['clients_per_round']}, T={out['rounds']}, γ={_fmt(out['clip'], 'g')}, "
+        f"σ={_fmt(out['noise_std'], '.4g')}"
     )
     click.echo(
-        f"test accuracy (pooled) = {out['test_accuracy']:.4f}; mean client accuracy = "
-        f"{out['mean_client_accuracy']:.4f}" + _finetune_label(out)
+        f"test accuracy (pooled) = {_fmt(out['test_accuracy'], '.4f')}; mean client accuracy = "
+        f"{_fmt(out['mean_client_accuracy'], '.4f')}" + _finetune_label(out)
     )
-    click.echo(f"time: {out['seconds']:.1f}s ({out['seconds_per_round']:.3f}s/round)")
+    click.echo(
+        f"time: {_fmt(out['seconds'], '.1f')}s ({_fmt(out['seconds_per_round'], '.3f')}s/round)"
+    )
     click.echo(f"privacy: {out['summary']}")
+    noisy = bool(out.get("noise_std"))
+    click.echo(f"noise source: {out['noise_source'] if noisy else 'none (no noise added)'}")
     if out.get("stopped_on_budget"):
         click.echo(
             f"stopped on budget after {out['rounds_run']} of {out['rounds']} rounds "
