@@ -13,6 +13,7 @@ from privmtl.io import atomic_output_dir, to_jsonable, write_json_atomic
 
 __all__ = [
     "atomic_output_dir",
+    "check_save_dir",
     "echo_json",
     "on_abort",
     "progress",
@@ -99,6 +100,39 @@ def _run(group: click.Group, argv: list[str]) -> int:
         click.echo(f"privmtl: error: {_one_line(str(exc))}", err=True)
         return 2
     return 0
+
+
+def check_save_dir(path: Any, *, overwrite: bool, flag: str = "--save-models") -> None:
+    """Refuse (usage error, before any computation) a non-empty ``path`` unless ``overwrite``.
+
+    A folder of saved models is what ``privmtl evaluate`` and the model's guarantee refer to:
+    writing a second run into it silently would mix or replace the first run's files.
+    """
+    from pathlib import Path
+
+    if path is None or overwrite:
+        return
+    folder = Path(path)
+    if folder.is_dir():
+        entries = sorted(p.name for p in folder.iterdir())
+        if entries:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise click.BadParameter(
+                f"{str(folder)!r} is not empty ({shown}); choose a new or empty folder, or pass "
+                "--overwrite to replace the models in it",
+                param_hint=flag,
+            )
+
+
+def abort_hint_for_checkpoint(checkpoint_dir: Any, *, option: str = "--checkpoint-dir") -> None:
+    """Register what Ctrl-C should say: resume from ``checkpoint_dir``, or how to make it resumable."""
+    if checkpoint_dir is not None:
+        on_abort(
+            f"the run is checkpointed in {checkpoint_dir}: run the same command with --resume "
+            "to continue it"
+        )
+    else:
+        on_abort(f"no checkpoint was kept; {option} DIR makes a run resumable (--resume)")
 
 
 def _one_line(text: str) -> str:

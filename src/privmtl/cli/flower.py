@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import echo_json
+from privmtl.cli._common import echo_json, on_abort
 from privmtl.exceptions import InvalidParameterError
 from privmtl.io import check_writable_dir
 
@@ -208,6 +208,7 @@ def local(**kw: Any) -> None:
     work = kw["work_dir"] if kw["work_dir"] is not None else default_work_dir()
     check_work_dir(work, resume=kw["resume"])
     click.echo(f"privmtl: work directory {work} (ledger: server/ledger.jsonl)", err=True)
+    on_abort(f"continue the run with the same command and --work-dir {work} --resume")
     out = run_local(
         num_supernodes=kw["num_supernodes"],
         run_config=run_config,

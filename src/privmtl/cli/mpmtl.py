@@ -7,7 +7,14 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import echo_json, progress, spread
+from privmtl.cli._common import (
+    abort_hint_for_checkpoint,
+    check_save_dir,
+    echo_json,
+    on_abort,
+    progress,
+    spread,
+)
 from privmtl.experiments.mpmtl import (
     DATASETS,
     METHODS,
@@ -123,7 +130,11 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--save-models",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Write the fitted W (coef.npy) and model.json here (see privmtl evaluate).",
+    help="Write the fitted W (coef.npy) and model.json here (see privmtl evaluate; a new or "
+    "empty folder, see --overwrite).",
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Let --save-models write into a folder that is not empty."
 )
 @click.option(
     "--task-column", default="task", show_default=True, help="table: the column naming the task."
@@ -164,6 +175,7 @@ def mpmtl(
     checkpoint_every: int,
     resume: bool,
     save_models: Path | None,
+    overwrite: bool,
     task_column: str,
     target_column: str,
     train_fraction: float,
@@ -171,9 +183,11 @@ def mpmtl(
     as_json: bool,
 ) -> None:
     """Model-protected linear MTL (MP-MTL) and its baselines: one method at one ε."""
+    check_save_dir(save_models, overwrite=overwrite)
     for name, folder in (("save_models", save_models), ("checkpoint_dir", checkpoint_dir)):
         if folder is not None:  # checked before any computation
             check_writable_dir(folder, name=name)
+    abort_hint_for_checkpoint(checkpoint_dir)
     out = run_mpmtl(
         data=data,
         data_path=data_path,
@@ -278,6 +292,8 @@ def mpmtl_sweep(
         )
     seed_list = [int(s) for s in _floats(seeds, "--seeds")]
     from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
+
+    on_abort(f"finished runs are kept in {out_dir / 'runs.jsonl'}: the same command continues")
 
     res = run_mpmtl_sweep(
         data=data,

@@ -7,7 +7,15 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import atomic_output_dir, echo_json, progress, spread
+from privmtl.cli._common import (
+    abort_hint_for_checkpoint,
+    atomic_output_dir,
+    check_save_dir,
+    echo_json,
+    on_abort,
+    progress,
+    spread,
+)
 from privmtl.experiments.pmtl import (
     FINETUNE_METHODS,
     FINETUNE_STARTS,
@@ -268,7 +276,11 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--save-models",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Write the trained models (PyTorch state dicts) and model.json with the guarantee here.",
+    help="Write the trained models (PyTorch state dicts) and model.json with the guarantee here "
+    "(a new or empty folder; see --overwrite).",
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Let --save-models write into a folder that is not empty."
 )
 @click.option(
     "--sequential", is_flag=True, help="Per-client reference loop instead of batched training."
@@ -308,6 +320,7 @@ def pmtl(**kw: Any) -> None:
                 )
     if kw["feature_columns"] is not None:
         kw["feature_columns"] = [c.strip() for c in kw["feature_columns"].split(",") if c.strip()]
+    check_save_dir(kw["save_models"], overwrite=kw.pop("overwrite"))
     for name in ("save_models", "checkpoint_dir"):
         if kw[name] is not None:  # checked before any computation
             check_writable_dir(kw[name], name=name)
@@ -344,6 +357,7 @@ def pmtl(**kw: Any) -> None:
                 param_hint=flag,
             )
         kw[name] = values
+    abort_hint_for_checkpoint(kw["checkpoint_dir"])
     out = run_pmtl(**kw, show_progress=not quiet and not as_json)
     echo_json(out) if as_json else _human(out)
 
@@ -411,6 +425,7 @@ def pmtl_sweep(**kw: Any) -> None:
         raise click.BadParameter("every epsilon must be > 0", param_hint="--epsilons")
     log = RunLog(kw["out_dir"], outputs=PMTL_SWEEP_FILES)
     reused_before = log.reused
+    on_abort(f"finished runs are kept in {log.path}: the same command continues the sweep")
     res = run_pmtl_sweep(
         data=kw["data"],
         data_path=kw["data_path"],
