@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import subprocess
 import sys
 import warnings
@@ -177,3 +178,27 @@ def test_sweep_workers_hand_their_warnings_to_the_parent():
         )
     assert [r["seed"] for r in rows] == [0, 1, 2]
     assert sorted(str(w.message) for w in caught) == [f"diverged at seed {s}" for s in (0, 1, 2)]
+
+
+@pytest.mark.parametrize("noise_std", [0.05, 0.0], ids=["private", "non-private"])
+def test_flower_progress_line_carries_the_full_guarantee(noise_std):
+    pytest.importorskip("flwr")
+    from privmtl.data.federated import make_synthetic_federated
+    from privmtl.experiments.pmtl import make_model
+    from privmtl.flower._core import NodeClients, ServerRun, run_options
+    from privmtl.flower.apps import progress_line
+
+    ds = make_synthetic_federated(random_state=0)
+    opts = run_options({"rounds": 2, "clients-per-round": 6, "noise-std": noise_std,
+                        "seed": 3, "noise-source": "seeded"})  # fmt: skip
+    node = NodeClients(ds, make_model("logreg", ds, 3), partition_id=0, num_partitions=1)
+    run = ServerRun(opts, node.init, ds.n_clients)
+    run.history += [{"n_sampled": 6, "answered": [1, 2], "train_loss": 0.5, "seconds": 0.1,
+                     "epsilon": 0.25 if noise_std else math.inf}] * 2  # fmt: skip
+    line = progress_line(run)
+    assert line.startswith("privmtl-flower round 2/2: sampled 6, answered 2, loss 0.5000, ")
+    if noise_std:
+        assert f"epsilon 0.25 (delta {run.delta:.2g}, add-remove, sampling " in line
+        assert f"sampling {run.config.sampling}, rdp, noise seeded) (0.1 s)" in line
+    else:
+        assert "non-private (no noise)" in line and "epsilon" not in line

@@ -88,3 +88,34 @@ def test_largest_accepted_epsilon_calibrates():
         calibrate_noise_multiplier(
             lambda z: dpe.GaussianDpEvent(z), target_epsilon=100.5, delta=1e-5
         )
+
+
+def _table_checks(out: str, csv_text: str) -> None:
+    import csv
+    import io
+
+    lines = [ln for ln in out.splitlines() if not ln.startswith("wrote:")]
+    private = [ln for ln in lines if "non-private" not in ln and "ε=0" not in ln]
+    assert private, out
+    for ln in private:  # ε with δ, relation, sampling, accountant and noise source
+        assert "[ε=" in ln and ", δ=" in ln and "add-remove" in ln and "sampling " in ln
+        assert ", rdp, noise seeded]" in ln
+    assert any(ln.endswith("[non-private (no noise)]") for ln in lines)
+    for row in csv.DictReader(io.StringIO(csv_text)):
+        if row["epsilon"] == "":  # a non-private row
+            assert row["notion"] == "non-private" and row["noise_source"] == "none"
+        elif float(row["epsilon"]) == 0:
+            assert row["noise_source"] == "none"
+        else:
+            assert row["noise_source"] == "seeded" and row["delta"] and row["accountant"] == "rdp"
+
+
+def test_sweep_tables_and_csv_carry_the_full_guarantee(capsys, tmp_path):
+    argv = ["mpmtl-sweep", "--data", "synthetic-lowrank", "--methods", "lowrank,stl-l2,mtl-trace"]
+    argv += ["--epsilons", "1", "--tune", "none", "--iterations", "2", "--reproducible-noise"]
+    assert main([*argv, "--out", str(tmp_path / "m"), "--quiet"]) == 0
+    _table_checks(capsys.readouterr().out, (tmp_path / "m" / "mpmtl_sweep.csv").read_text())
+    argv = ["pmtl-sweep", "--methods", "pmtl,fedavg,local", "--epsilons", "2", "--clips", "0.5"]
+    argv += ["--rounds-grid", "2", "--clients-per-round", "4", "--reproducible-noise"]
+    assert main([*argv, "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    _table_checks(capsys.readouterr().out, (tmp_path / "p" / "pmtl_sweep.csv").read_text())

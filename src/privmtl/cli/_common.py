@@ -16,7 +16,9 @@ __all__ = [
     "check_save_dir",
     "echo_json",
     "on_abort",
+    "privacy_label",
     "progress",
+    "row_for",
     "run_cli",
     "spread",
     "to_jsonable",
@@ -155,3 +157,33 @@ def spread(row: dict[str, Any]) -> str:
     """' ± std (n seeds)' of a summary row, or ' (1 seed)': one run has no spread to show."""
     n = int(row.get("n", 1))
     return f" ± {row['std']:.4f} ({n} seeds)" if n > 1 else " (1 seed)"
+
+
+def privacy_label(row: dict[str, Any]) -> str:
+    """The full guarantee of one result row, for a printed table.
+
+    Private rows: ε, δ, neighbouring relation, sampling, accountant and noise source; rows that add
+    no noise say so ("non-private", or ε = 0 when nothing leaves a task or client).
+    """
+    g = row.get("guarantee") or {}
+
+    def get(key: str) -> Any:
+        return row[key] if row.get(key) is not None else g.get(key)
+
+    eps = get("epsilon")
+    if g.get("private") is False or eps is None or eps == float("inf"):
+        return "non-private (no noise)"
+    if eps == 0:
+        return "ε=0: nothing shared (no noise)"
+    return (
+        f"ε={eps:.3g}, δ={get('delta'):.2g}, {get('relation')}, sampling {get('sampling')}, "
+        f"{get('accountant')}, noise {get('noise_source')}"
+    )
+
+
+def row_for(rows: list[dict[str, Any]], summary_row: dict[str, Any]) -> dict[str, Any]:
+    """The first result row of a summary row's (method, target ε) group (its guarantee)."""
+    key = (summary_row["method"], summary_row.get("target_epsilon"))
+    return next(
+        (r for r in rows if (r["method"], r.get("target_epsilon")) == key), dict(summary_row)
+    )

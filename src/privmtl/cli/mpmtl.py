@@ -12,7 +12,9 @@ from privmtl.cli._common import (
     check_save_dir,
     echo_json,
     on_abort,
+    privacy_label,
     progress,
+    row_for,
     spread,
 )
 from privmtl.experiments.mpmtl import (
@@ -313,9 +315,13 @@ def mpmtl_sweep(
     if as_json:
         echo_json(res)
         return
+    import json
+
+    rows = json.loads((out_dir / "mpmtl_sweep.json").read_text())["rows"]
+    metric = "nMSE" if rows[0]["metric"] == "nmse" else "aAUC"
     for row in res["summary"]:
-        eps_txt = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
-        click.echo(f"{row['method']:>14}  ε={eps_txt:>6}  {row['mean']:.4f}{spread(row)}")
+        guarantee = privacy_label(row_for(rows, row))
+        click.echo(f"{row['method']:>14}  {metric} {row['mean']:.4f}{spread(row)}  [{guarantee}]")
     if res["runs_reused"]:
         click.echo(
             f"reused {res['runs_reused']} finished run(s) from {out_dir / 'runs.jsonl'}; "

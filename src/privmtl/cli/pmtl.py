@@ -13,7 +13,9 @@ from privmtl.cli._common import (
     check_save_dir,
     echo_json,
     on_abort,
+    privacy_label,
     progress,
+    row_for,
     spread,
 )
 from privmtl.experiments.pmtl import (
@@ -458,8 +460,8 @@ def pmtl_sweep(**kw: Any) -> None:
         echo_json({"summary": res["summary"], "files": files, **runs})
         return
     for row in res["summary"]:
-        e = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
-        click.echo(f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f}{spread(row)}")
+        guarantee = privacy_label(row_for(res["rows"], row))
+        click.echo(f"{row['method']:>22}  test acc {row['mean']:.4f}{spread(row)}  [{guarantee}]")
     if runs["runs_reused"]:
         click.echo(f"reused {runs['runs_reused']} finished run(s) from {log.path}")
     click.echo("wrote: " + ", ".join(files))

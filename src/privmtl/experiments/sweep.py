@@ -137,6 +137,10 @@ def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
     for row in rows:
         g = row.get("guarantee") or {}  # the row's own guarantee fills what the row lacks
         cells = {k: row[k] if k in row else g.get(k) for k in CSV_COLUMNS}
+        if g.get("private") is False:  # no noise, no ε: the row says so
+            cells["notion"], cells["noise_source"] = "non-private", "none"
+        elif g and g.get("epsilon") == 0:  # nothing leaves a task or client: nothing to noise
+            cells["noise_source"] = "none"
         writer.writerow({k: ("" if v is None else v) for k, v in cells.items()})
     return buf.getvalue()
 
