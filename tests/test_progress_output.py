@@ -202,3 +202,43 @@ def test_flower_progress_line_carries_the_full_guarantee(noise_std):
         assert f"sampling {run.config.sampling}, rdp, noise seeded) (0.1 s)" in line
     else:
         assert "non-private (no noise)" in line and "epsilon" not in line
+
+
+def test_sweep_plot_caption_fits_and_round_curves_never_share_a_colour(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from privmtl.experiments.pmtl_sweep import plot_rounds
+    from privmtl.experiments.sweep import plot_tradeoff
+
+    figs: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda self, *a, **k: figs.append(self)
+    )
+    summary = [{"method": "pmtl", "target_epsilon": e, "epsilon": e, "mean": 0.5, "std": 0.0}
+               for e in (1.0, 2.0)]  # fmt: skip
+    caption = (
+        "δ=0.02, neighbours: add-remove one client, sampling: poisson (q=20 of m=50), accountant: "
+        "rdp, noise: secure; (γ, T, λ) selected per ε on validation accuracy; every number of "
+        "this figure is the mean over seeds with ± one standard deviation shaded"
+    )
+    plot_tradeoff(summary, tmp_path / "p.png", metric_label="acc", title="t", subtitle=caption)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figs.pop()
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    box = fig.texts[0].get_window_extent(renderer)
+    assert fig.texts[0].get_text().replace("\n", " ") == caption
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.x1 and box.y0 >= 0  # nothing clipped
+    ax_box = fig.axes[0].get_tightbbox(renderer)
+    assert ax_box.y0 >= box.y1 - 1  # the axes' labels sit above the caption
+    rows = [
+        {"method": f"m{i}", "target_epsilon": 1.0, "seed": 0, "guarantee": {"private": True},
+         "train_loss_per_round": [1.0, 0.5], "epsilon_per_round": [0.5, 1.0]}
+        for i in range(11)
+    ]  # fmt: skip
+    plot_rounds(rows, tmp_path / "r.png")
+    lines = figs.pop().axes[0].get_lines()
+    assert len(lines) == 11
+    assert len({tuple(np.atleast_1d(ln.get_color())) for ln in lines}) == 11

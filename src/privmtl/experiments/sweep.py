@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import textwrap
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -225,12 +226,15 @@ def plot_tradeoff(
     ax.set_ylabel(
         metric_label + (" (lower is better)" if lower_is_better else " (higher is better)")
     )
-    ax.set_title(title, fontsize=11)
-    if subtitle:
-        fig.text(0.5, 0.005, subtitle, ha="center", va="bottom", fontsize=7, color="0.3")
+    ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=11)
+    bottom = 0.0
+    if subtitle:  # wrapped to the figure's width, with room kept for every line
+        lines = textwrap.wrap(subtitle, 120)
+        fig.text(0.5, 0.01, "\n".join(lines), ha="center", va="bottom", fontsize=7, color="0.3")
+        bottom = 0.02 + 0.03 * len(lines)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout(rect=(0, 0.04 if subtitle else 0, 1, 1))
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
