@@ -168,6 +168,7 @@ def local(**kw: Any) -> None:
         raise click.BadParameter(f"must be > 0; got {kw['timeout']}", param_hint="--timeout")
     if kw["work_dir"] is not None:
         check_writable_dir(kw["work_dir"], name="work_dir")
+    from privmtl._progress import QUIET, get_verbosity
     from privmtl.flower._core import default_work_dir
     from privmtl.flower.launcher import check_work_dir, run_local
 
@@ -214,7 +215,7 @@ def local(**kw: Any) -> None:
         run_config=run_config,
         work_dir=work,
         timeout=kw["timeout"],
-        progress=lambda line: click.echo(line, err=True),
+        progress=None if get_verbosity() == QUIET else (lambda line: click.echo(line, err=True)),
     )
     if as_json:
         echo_json(out)

@@ -226,10 +226,10 @@ def plot_tradeoff(
     ax.set_ylabel(
         metric_label + (" (lower is better)" if lower_is_better else " (higher is better)")
     )
-    ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=11)
+    ax.set_title("\n".join(textwrap.wrap(title, 90, break_on_hyphens=False)), fontsize=11)
     bottom = 0.0
     if subtitle:  # wrapped to the figure's width, with room kept for every line
-        lines = textwrap.wrap(subtitle, 120)
+        lines = textwrap.wrap(subtitle, 115, break_on_hyphens=False)
         fig.text(0.5, 0.01, "\n".join(lines), ha="center", va="bottom", fontsize=7, color="0.3")
         bottom = 0.02 + 0.03 * len(lines)
     ax.grid(True, which="both", alpha=0.3)
