@@ -80,13 +80,18 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
             set_verbosity(level)
 
 
+# click >= 8.2 raises this for a group called without arguments (click 8.1 prints the help itself)
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def _run(group: click.Group, argv: list[str]) -> int:
     try:
         group.main(args=argv, prog_name="privmtl", standalone_mode=False)
     except click.exceptions.Exit as exc:  # --help, --version
         return int(exc.exit_code or 0)
-    except click.exceptions.NoArgsIsHelpError as exc:  # bare `privmtl` (or `privmtl flower`)
-        click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+    except _NO_ARGS_IS_HELP as exc:  # bare `privmtl` (or `privmtl flower`): usage, exit 0
+        ctx = getattr(exc, "ctx", None)
+        click.echo(ctx.get_help() if ctx is not None else exc.format_message())
         return 0
     except click.exceptions.Abort:  # Ctrl-C
         hint = f"; {_abort_hint[0]}" if _abort_hint else ""
