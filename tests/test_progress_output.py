@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import subprocess
 import sys
 import warnings
@@ -177,3 +178,67 @@ def test_sweep_workers_hand_their_warnings_to_the_parent():
         )
     assert [r["seed"] for r in rows] == [0, 1, 2]
     assert sorted(str(w.message) for w in caught) == [f"diverged at seed {s}" for s in (0, 1, 2)]
+
+
+@pytest.mark.parametrize("noise_std", [0.05, 0.0], ids=["private", "non-private"])
+def test_flower_progress_line_carries_the_full_guarantee(noise_std):
+    pytest.importorskip("flwr")
+    from privmtl.data.federated import make_synthetic_federated
+    from privmtl.experiments.pmtl import make_model
+    from privmtl.flower._core import NodeClients, ServerRun, run_options
+    from privmtl.flower.apps import progress_line
+
+    ds = make_synthetic_federated(random_state=0)
+    opts = run_options({"rounds": 2, "clients-per-round": 6, "noise-std": noise_std,
+                        "seed": 3, "noise-source": "seeded"})  # fmt: skip
+    node = NodeClients(ds, make_model("logreg", ds, 3), partition_id=0, num_partitions=1)
+    run = ServerRun(opts, node.init, ds.n_clients)
+    run.history += [{"n_sampled": 6, "answered": [1, 2], "train_loss": 0.5, "seconds": 0.1,
+                     "epsilon": 0.25 if noise_std else math.inf}] * 2  # fmt: skip
+    line = progress_line(run)
+    assert line.startswith("privmtl-flower round 2/2: sampled 6, answered 2, loss 0.5000, ")
+    if noise_std:
+        assert f"epsilon 0.25 (delta {run.delta:.2g}, add-remove, sampling " in line
+        assert f"sampling {run.config.sampling}, rdp, noise seeded) (0.1 s)" in line
+    else:
+        assert "non-private (no noise)" in line and "epsilon" not in line
+
+
+def test_sweep_plot_caption_fits_and_round_curves_never_share_a_colour(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from privmtl.experiments.pmtl_sweep import plot_rounds
+    from privmtl.experiments.sweep import plot_tradeoff
+
+    figs: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda self, *a, **k: figs.append(self)
+    )
+    summary = [{"method": "pmtl", "target_epsilon": e, "epsilon": e, "mean": 0.5, "std": 0.0}
+               for e in (1.0, 2.0)]  # fmt: skip
+    caption = (  # pmtl-sweep's caption
+        "δ=0.02, neighbours: add-remove one client, sampling: poisson (q=20 of m=50), accountant: "
+        "rdp, noise: secure; (γ, T, λ) selected per ε on validation accuracy"
+    )
+    plot_tradeoff(summary, tmp_path / "p.png", metric_label="acc", title="t", subtitle=caption)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figs.pop()
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    box = fig.texts[0].get_window_extent(renderer)
+    assert fig.texts[0].get_text().replace("\n", " ") == caption
+    margin = 0.02 * fig.bbox.width  # nothing clipped, not even by a hair
+    assert box.x0 >= margin and box.x1 <= fig.bbox.x1 - margin and box.y0 >= 0
+    ax_box = fig.axes[0].get_tightbbox(renderer)
+    assert ax_box.y0 >= box.y1 - 1  # the axes' labels sit above the caption
+    rows = [
+        {"method": f"m{i}", "target_epsilon": 1.0, "seed": 0, "guarantee": {"private": True},
+         "train_loss_per_round": [1.0, 0.5], "epsilon_per_round": [0.5, 1.0]}
+        for i in range(11)
+    ]  # fmt: skip
+    plot_rounds(rows, tmp_path / "r.png")
+    lines = figs.pop().axes[0].get_lines()
+    assert len(lines) == 11
+    assert len({tuple(np.atleast_1d(ln.get_color())) for ln in lines}) == 11

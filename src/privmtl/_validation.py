@@ -42,6 +42,14 @@ __all__ = [
 ]
 
 
+def _shown(value: Any) -> str:
+    """``repr`` of a value as a user wrote it: NumPy scalars as plain numbers (4.23, not
+    ``np.float64(4.23)``)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return repr(value)
+
+
 def _interval(low: float | None, high: float | None, closed: str) -> str:
     lo = "-inf" if low is None else f"{low:g}"
     hi = "inf" if high is None else f"{high:g}"
@@ -67,17 +75,19 @@ def check_real(
     interval = _interval(low, high, closed)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidParameterError(
-            f"The '{name}' parameter must be a real number in {interval}; got {value!r}."
+            f"The '{name}' parameter must be a real number in {interval}; got {_shown(value)}."
         )
     v = float(value)
     if math.isnan(v) or (math.isinf(v) and not allow_inf):
         raise InvalidParameterError(
-            f"The '{name}' parameter must be a finite real number in {interval}; got {v!r}."
+            f"The '{name}' parameter must be a finite real number in {interval}; got {_shown(v)}."
         )
     bad_low = low is not None and (v < low or (v == low and closed in ("right", "neither")))
     bad_high = high is not None and (v > high or (v == high and closed in ("left", "neither")))
     if bad_low or bad_high:
-        raise InvalidParameterError(f"The '{name}' parameter must be in {interval}; got {v!r}.")
+        raise InvalidParameterError(
+            f"The '{name}' parameter must be in {interval}; got {_shown(v)}."
+        )
     return v
 
 
@@ -86,11 +96,13 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
     interval = _interval(low, high, "both")
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InvalidParameterError(
-            f"The '{name}' parameter must be an integer in {interval}; got {value!r}."
+            f"The '{name}' parameter must be an integer in {interval}; got {_shown(value)}."
         )
     v = int(value)
     if (low is not None and v < low) or (high is not None and v > high):
-        raise InvalidParameterError(f"The '{name}' parameter must be in {interval}; got {v!r}.")
+        raise InvalidParameterError(
+            f"The '{name}' parameter must be in {interval}; got {_shown(v)}."
+        )
     return v
 
 
@@ -98,9 +110,9 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """Return ``value`` if it is one of ``choices``, or raise :class:`InvalidParameterError`."""
     options = list(choices)
     if value not in options:
-        shown = ", ".join(repr(c) for c in options)
+        shown = ", ".join(_shown(c) for c in options)
         raise InvalidParameterError(
-            f"The '{name}' parameter must be one of {{{shown}}}; got {value!r}."
+            f"The '{name}' parameter must be one of {{{shown}}}; got {_shown(value)}."
         )
     return value
 
@@ -115,14 +127,14 @@ def check_rng(seed: Any, name: str = "random_state") -> np.random.Generator:
         if seed is not None and int(seed) < 0:
             raise InvalidParameterError(
                 f"The '{name}' parameter must be a non-negative int, a numpy Generator or None; "
-                f"got {seed!r}."
+                f"got {_shown(seed)}."
             )
         return np.random.default_rng(None if seed is None else int(seed))
     if isinstance(seed, np.random.Generator):
         return seed
     raise InvalidParameterError(
         f"The '{name}' parameter must be a non-negative int, a numpy Generator or None; "
-        f"got {seed!r}."
+        f"got {_shown(seed)}."
     )
 
 
@@ -165,7 +177,7 @@ class Options:
 
     def describe(self) -> str:
         """Human-readable form used when several constraints are allowed."""
-        return "one of {" + ", ".join(repr(v) for v in self.values) + "}"
+        return "one of {" + ", ".join(_shown(v) for v in self.values) + "}"
 
 
 @dataclass(frozen=True)
@@ -175,7 +187,9 @@ class Boolean:
     def check(self, name: str, value: Any) -> bool:
         """Return the value as a bool or raise InvalidParameterError."""
         if not isinstance(value, bool | np.bool_):
-            raise InvalidParameterError(f"The '{name}' parameter must be a bool; got {value!r}.")
+            raise InvalidParameterError(
+                f"The '{name}' parameter must be a bool; got {_shown(value)}."
+            )
         return bool(value)
 
     def describe(self) -> str:
@@ -203,7 +217,9 @@ Constraint = Interval | Options | Boolean | RandomState | None
 def _check_one(name: str, value: Any, constraint: Constraint) -> Any:
     if constraint is None:
         if value is not None:
-            raise InvalidParameterError(f"The '{name}' parameter must be None; got {value!r}.")
+            raise InvalidParameterError(
+                f"The '{name}' parameter must be None; got {_shown(value)}."
+            )
         return None
     return constraint.check(name, value)
 
@@ -255,5 +271,7 @@ def validate_params(
             shown = " or ".join(
                 [c.describe() for c in real] + (["None"] if None in constraint else [])
             )
-            raise InvalidParameterError(f"The '{name}' parameter must be {shown}; got {value!r}.")
+            raise InvalidParameterError(
+                f"The '{name}' parameter must be {shown}; got {_shown(value)}."
+            )
     return out

@@ -14,6 +14,7 @@ from privmtl.linear.metrics import (
     per_task_auc,
     per_task_mse,
     per_task_nmse,
+    r2,
 )
 
 # Task 0: y = [1, 3], pred = [2, 3] -> SSE 1, MSE 0.5, Var 1.
@@ -79,3 +80,12 @@ def test_aauc_matches_sklearn_and_skips_single_class_tasks() -> None:
         aauc([np.zeros(3)], [np.zeros(3)])
     with pytest.raises(DataFormatError, match="0/1 labels"):
         aauc([np.array([-1.0, 1.0])], [np.zeros(2)])
+
+
+def test_r2_is_sklearns_pooled_r2_score() -> None:
+    from sklearn.metrics import r2_score
+
+    assert r2(Y, P) == pytest.approx(1 - 10 / 146, rel=1e-14)
+    assert r2(Y, P) == pytest.approx(r2_score(np.concatenate(Y), np.concatenate(P)), rel=1e-12)
+    ys = [np.array([1.0, 2.0, 3.0]), np.array([5.0, 7.0])]
+    assert r2(ys, ys) == 1.0

@@ -43,7 +43,7 @@ class _LazyGroup(click.Group):
         self._lazy = dict(lazy)
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        _add_verbosity_options(cmd)
+        _add_output_options(cmd)
         super().add_command(cmd, name)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -61,21 +61,67 @@ class _LazyGroup(click.Group):
         return None
 
 
-def _set_verbosity(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+_JSON_KEY = "privmtl.json"
+"""``ctx.meta`` key: ``--json`` was given before the sub-command (``ctx.meta`` is shared)."""
+
+
+def _set_verbosity(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     if value:
         from privmtl._progress import QUIET, VERBOSE, set_verbosity
 
-        set_verbosity(QUIET if param.name == "_quiet" else VERBOSE)
+        set_verbosity(QUIET if param.name in ("_quiet", "quiet") else VERBOSE)
+    return value
 
 
-def _add_verbosity_options(command: click.Command) -> None:
-    """Give ``command`` ``--quiet``/``--verbose`` unless it declares its own."""
-    names = {opt for p in command.params for opt in getattr(p, "opts", ())}
+def _set_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[_JSON_KEY] = True
+    return value
+
+
+def _own_flag(callback: Any, kind: str) -> Any:
+    """Wrap the callback of a command's own ``--quiet``/``--json`` so the group's flag counts too."""
+
+    def merged(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if callback is not None:
+            value = callback(ctx, param, value)
+        if kind == "json":
+            return bool(value) or bool(ctx.meta.get(_JSON_KEY))
+        from privmtl._progress import QUIET, get_verbosity, set_verbosity
+
+        if value:
+            set_verbosity(QUIET)
+        return bool(value) or get_verbosity() == QUIET
+
+    return merged
+
+
+def _add_output_options(command: click.Command) -> None:
+    """Give ``command`` (and, for a group, each of its commands) the output options.
+
+    ``--quiet`` and ``--verbose`` set the process-wide verbosity; ``--json`` is added where the
+    command lacks it only if it is a group (sub-commands print their own JSON). A command's own
+    ``--quiet``/``--json`` also turn on when the flag was given before the sub-command.
+    """
+    if isinstance(command, click.Group):
+        original = command.add_command
+
+        def add_command(cmd: click.Command, name: str | None = None) -> None:
+            _add_output_options(cmd)
+            original(cmd, name)
+
+        command.add_command = add_command  # type: ignore[method-assign]
+        for sub in command.commands.values():
+            _add_output_options(sub)
+    if getattr(command, "_privmtl_output_options", False):
+        return
+    command._privmtl_output_options = True  # type: ignore[attr-defined]
+    by_flag = {opt: p for p in command.params for opt in getattr(p, "opts", ())}
     for flag, name, text in (
         ("--quiet", "_quiet", "No progress output."),
         ("--verbose", "_verbose", "A progress line per step in logs; warnings in full."),
     ):
-        if flag not in names:
+        if flag not in by_flag:
             command.params.append(
                 click.Option(
                     [flag, name],
@@ -86,6 +132,22 @@ def _add_verbosity_options(command: click.Command) -> None:
                     help=text,
                 )
             )
+    own_quiet = by_flag.get("--quiet")
+    if own_quiet is not None and own_quiet.expose_value:
+        own_quiet.callback = _own_flag(own_quiet.callback, "quiet")
+    own_json = by_flag.get("--json")
+    if own_json is not None:
+        own_json.callback = _own_flag(own_json.callback, "json")
+    elif isinstance(command, click.Group):
+        command.params.append(
+            click.Option(
+                ["--json", "_json"],
+                is_flag=True,
+                expose_value=False,
+                callback=_set_json,
+                help="Print one JSON object (also accepted after the command).",
+            )
+        )
 
 
 @click.group(
@@ -111,6 +173,14 @@ def _add_verbosity_options(command: click.Command) -> None:
     expose_value=False,
     callback=_set_verbosity,
     help="A progress line per step in logs; warnings in full (also after the command).",
+)
+@click.option(
+    "--json",
+    "_json",
+    is_flag=True,
+    expose_value=False,
+    callback=_set_json,
+    help="Print one JSON object on stdout (also accepted after the command).",
 )
 def cli() -> None:
     """Private multi-task learning with computed, recorded and checked privacy guarantees.

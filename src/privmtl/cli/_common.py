@@ -13,8 +13,12 @@ from privmtl.io import atomic_output_dir, to_jsonable, write_json_atomic
 
 __all__ = [
     "atomic_output_dir",
+    "check_save_dir",
     "echo_json",
+    "on_abort",
+    "privacy_label",
     "progress",
+    "row_for",
     "run_cli",
     "spread",
     "to_jsonable",
@@ -23,6 +27,14 @@ __all__ = [
 
 _default_showwarning = warnings.showwarning
 
+_abort_hint: list[str] = []
+"""What the running command told :func:`on_abort` to say after Ctrl-C (last one wins)."""
+
+
+def on_abort(hint: str) -> None:
+    """Tell the user ``hint`` (how to continue) if the running command is interrupted (Ctrl-C)."""
+    _abort_hint[:] = [hint]
+
 
 def run_cli(group: click.Group, argv: list[str]) -> int:
     """Run ``group`` and turn user errors into one line on stderr with exit code 2.
@@ -30,6 +42,10 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
     Numerical warnings (``RuntimeWarning``: NumPy overflow, a diverging fit) are collected and
     summed up in one line at the end; ``--verbose`` prints each distinct one instead.
     """
+    from privmtl._progress import get_verbosity, set_verbosity
+
+    level = get_verbosity()  # --quiet/--verbose hold for this run only
+    _abort_hint.clear()
     numerical: list[tuple[str, str]] = []
     seen: set[tuple[str, str, int]] = set()
 
@@ -61,6 +77,11 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
             line = summarize_warnings(numerical)
             if line is not None:
                 click.echo(f"privmtl: warning: {line}", err=True)
+            set_verbosity(level)
+
+
+# click >= 8.2 raises this for a group called without arguments (click 8.1 prints the help itself)
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def _run(group: click.Group, argv: list[str]) -> int:
@@ -69,8 +90,13 @@ def _run(group: click.Group, argv: list[str]) -> int:
         code = group.main(args=argv, prog_name="privmtl", standalone_mode=False)
     except click.exceptions.Exit as exc:  # --help, --version
         return int(exc.exit_code or 0)
-    except click.exceptions.Abort:
-        click.echo("privmtl: aborted", err=True)
+    except _NO_ARGS_IS_HELP as exc:  # bare `privmtl` (or `privmtl flower`): usage, exit 0
+        ctx = getattr(exc, "ctx", None)
+        click.echo(ctx.get_help() if ctx is not None else exc.format_message())
+        return 0
+    except click.exceptions.Abort:  # Ctrl-C
+        hint = f"; {_abort_hint[0]}" if _abort_hint else ""
+        click.echo(f"privmtl: aborted{hint}", err=True)
         return 130
     except click.ClickException as exc:  # usage errors: bad option values, missing options
         click.echo(f"privmtl: error: {_one_line(exc.format_message())}", err=True)
@@ -82,6 +108,39 @@ def _run(group: click.Group, argv: list[str]) -> int:
         click.echo(f"privmtl: error: {_one_line(str(exc))}", err=True)
         return 2
     return code if isinstance(code, int) and not isinstance(code, bool) else 0
+
+
+def check_save_dir(path: Any, *, overwrite: bool, flag: str = "--save-models") -> None:
+    """Refuse (usage error, before any computation) a non-empty ``path`` unless ``overwrite``.
+
+    A folder of saved models is what ``privmtl evaluate`` and the model's guarantee refer to:
+    writing a second run into it silently would mix or replace the first run's files.
+    """
+    from pathlib import Path
+
+    if path is None or overwrite:
+        return
+    folder = Path(path)
+    if folder.is_dir():
+        entries = sorted(p.name for p in folder.iterdir())
+        if entries:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise click.BadParameter(
+                f"{str(folder)!r} is not empty ({shown}); choose a new or empty folder, or pass "
+                "--overwrite to replace the models in it",
+                param_hint=flag,
+            )
+
+
+def abort_hint_for_checkpoint(checkpoint_dir: Any, *, option: str = "--checkpoint-dir") -> None:
+    """Register what Ctrl-C should say: resume from ``checkpoint_dir``, or how to make it resumable."""
+    if checkpoint_dir is not None:
+        on_abort(
+            f"the run is checkpointed in {checkpoint_dir}: run the same command with --resume "
+            "to continue it"
+        )
+    else:
+        on_abort(f"no checkpoint was kept; {option} DIR makes a run resumable (--resume)")
 
 
 def _one_line(text: str) -> str:
@@ -104,3 +163,33 @@ def spread(row: dict[str, Any]) -> str:
     """' ± std (n seeds)' of a summary row, or ' (1 seed)': one run has no spread to show."""
     n = int(row.get("n", 1))
     return f" ± {row['std']:.4f} ({n} seeds)" if n > 1 else " (1 seed)"
+
+
+def privacy_label(row: dict[str, Any]) -> str:
+    """The full guarantee of one result row, for a printed table.
+
+    Private rows: ε, δ, neighbouring relation, sampling, accountant and noise source; rows that add
+    no noise say so ("non-private", or ε = 0 when nothing leaves a task or client).
+    """
+    g = row.get("guarantee") or {}
+
+    def get(key: str) -> Any:
+        return row[key] if row.get(key) is not None else g.get(key)
+
+    eps = get("epsilon")
+    if g.get("private") is False or eps is None or eps == float("inf"):
+        return "non-private (no noise)"
+    if eps == 0:
+        return "ε=0: nothing shared (no noise)"
+    return (
+        f"ε={eps:.3g}, δ={get('delta'):.2g}, {get('relation')}, sampling {get('sampling')}, "
+        f"{get('accountant')}, noise {get('noise_source')}"
+    )
+
+
+def row_for(rows: list[dict[str, Any]], summary_row: dict[str, Any]) -> dict[str, Any]:
+    """The first result row of a summary row's (method, target ε) group (its guarantee)."""
+    key = (summary_row["method"], summary_row.get("target_epsilon"))
+    return next(
+        (r for r in rows if (r["method"], r.get("target_epsilon")) == key), dict(summary_row)
+    )

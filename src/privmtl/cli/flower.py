@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import echo_json
+from privmtl.cli._common import echo_json, on_abort
 from privmtl.exceptions import InvalidParameterError
 from privmtl.io import check_writable_dir
 
@@ -173,6 +173,7 @@ def local(**kw: Any) -> None:
         raise click.BadParameter(f"must be > 0; got {kw['timeout']}", param_hint="--timeout")
     if kw["work_dir"] is not None:
         check_writable_dir(kw["work_dir"], name="work_dir")
+    from privmtl._progress import QUIET, get_verbosity
     from privmtl.flower._core import default_work_dir
     from privmtl.flower.launcher import check_work_dir, run_local
 
@@ -214,12 +215,13 @@ def local(**kw: Any) -> None:
     work = kw["work_dir"] if kw["work_dir"] is not None else default_work_dir()
     check_work_dir(work, resume=kw["resume"])
     click.echo(f"privmtl: work directory {work} (ledger: server/ledger.jsonl)", err=True)
+    on_abort(f"continue the run with the same command and --work-dir {work} --resume")
     out = run_local(
         num_supernodes=kw["num_supernodes"],
         run_config=run_config,
         work_dir=work,
         timeout=kw["timeout"],
-        progress=lambda line: click.echo(line, err=True),
+        progress=None if get_verbosity() == QUIET else (lambda line: click.echo(line, err=True)),
     )
     if as_json:
         echo_json(out)

@@ -7,7 +7,11 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import echo_json, progress, spread
+    overwrite: bool,
+    task_column: str,
+    target_column: str,
+    train_fraction: float,
+    normalize: str,
 from privmtl.cli._data_options import mpmtl_data_kwargs, mpmtl_data_options
 from privmtl.experiments.mpmtl import (
     DATASETS,
@@ -120,7 +124,11 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--save-models",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Write the fitted W (coef.npy) and model.json here (see privmtl evaluate).",
+    help="Write the fitted W (coef.npy) and model.json here (see privmtl evaluate; a new or "
+    "empty folder, see --overwrite).",
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Let --save-models write into a folder that is not empty."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def mpmtl(
@@ -141,6 +149,7 @@ def mpmtl(
     checkpoint_every: int,
     resume: bool,
     save_models: Path | None,
+    overwrite: bool,
     as_json: bool,
     **data_opts: Any,
 ) -> None:
@@ -150,10 +159,12 @@ def mpmtl(
     split's statistics and a 70/30 split by default; --data school keeps the MP-MTL paper's
     protocol (unit-norm rows, 30% training).
     """
+    check_save_dir(save_models, overwrite=overwrite)
     table = mpmtl_data_kwargs(data_opts, data)
     for name, folder in (("save_models", save_models), ("checkpoint_dir", checkpoint_dir)):
         if folder is not None:  # checked before any computation
             check_writable_dir(folder, name=name)
+    abort_hint_for_checkpoint(checkpoint_dir)
     out = run_mpmtl(
         data=data,
         **table,
@@ -275,6 +286,8 @@ def mpmtl_sweep(
     seed_list = [int(s) for s in _floats(seeds, "--seeds")]
     from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
 
+    on_abort(f"finished runs are kept in {out_dir / 'runs.jsonl'}: the same command continues")
+
     res = run_mpmtl_sweep(
         data=data,
         **table,
@@ -295,12 +308,20 @@ def mpmtl_sweep(
     if as_json:
         echo_json(res)
         return
+    import json
+
+    rows = json.loads((out_dir / "mpmtl_sweep.json").read_text())["rows"]
+    metric = "nMSE" if rows[0]["metric"] == "nmse" else "aAUC"
     for row in res["summary"]:
         eps_txt = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
-        tot = "" if row["target_epsilon"] is None else f"  ε incl. selection {row['epsilon']:.3g}"
-        if not row["covered"]:
-            tot = "  NOT COVERED (pooled selection)"
-        click.echo(f"{row['method']:>14}  ε={eps_txt:>6}  {row['mean']:.4f}{spread(row)}{tot}")
+        guarantee = privacy_label(row_for(rows, row))
+        if row["target_epsilon"] is not None and row["covered"]:
+            guarantee += "; ε incl. selection"
+        tot = "" if row["covered"] else "  NOT COVERED (pooled selection)"
+        click.echo(
+            f"{row['method']:>14}  ε={eps_txt:>6}  {metric} {row['mean']:.4f}{spread(row)}  "
+            f"[{guarantee}]{tot}"
+        )
     if res["runs_reused"]:
         click.echo(
             f"reused {res['runs_reused']} finished run(s) from {out_dir / 'runs.jsonl'}; "

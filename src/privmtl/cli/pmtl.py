@@ -7,7 +7,17 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import atomic_output_dir, echo_json, progress, spread
+from privmtl.cli._common import (
+    abort_hint_for_checkpoint,
+    atomic_output_dir,
+    check_save_dir,
+    echo_json,
+    on_abort,
+    privacy_label,
+    progress,
+    row_for,
+    spread,
+)
 from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
 from privmtl.experiments.pmtl import (
     FINETUNE_METHODS,
@@ -52,17 +62,27 @@ def _finetune_label(out: dict[str, Any]) -> str:
     return f"  [after {out['finetune']} fine-tuning]" if out.get("finetune") else ""
 
 
+def _fmt(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec``; "—" for a quantity the method does not have (None)."""
+    return "—" if value is None else format(value, spec)
+
+
 def _human(out: dict[str, Any]) -> None:
     click.echo(
         f"{out['method']} ({out['model']}) on {out['data']}: m={out['num_clients']}, "
-        f"q={out['clients_per_round']}, T={out['rounds']}, γ={out['clip']:g}, σ={out['noise_std']:.4g}"
+        f"q={out['clients_per_round']}, T={out['rounds']}, γ={_fmt(out['clip'], 'g')}, "
+        f"σ={_fmt(out['noise_std'], '.4g')}"
     )
     click.echo(
-        f"test accuracy (pooled) = {out['test_accuracy']:.4f}; mean client accuracy = "
-        f"{out['mean_client_accuracy']:.4f}" + _finetune_label(out)
+        f"test accuracy (pooled) = {_fmt(out['test_accuracy'], '.4f')}; mean client accuracy = "
+        f"{_fmt(out['mean_client_accuracy'], '.4f')}" + _finetune_label(out)
     )
-    click.echo(f"time: {out['seconds']:.1f}s ({out['seconds_per_round']:.3f}s/round)")
+    click.echo(
+        f"time: {_fmt(out['seconds'], '.1f')}s ({_fmt(out['seconds_per_round'], '.3f')}s/round)"
+    )
     click.echo(f"privacy: {out['summary']}")
+    noisy = bool(out.get("noise_std"))
+    click.echo(f"noise source: {out['noise_source'] if noisy else 'none (no noise added)'}")
     if out.get("stopped_on_budget"):
         click.echo(
             f"stopped on budget after {out['rounds_run']} of {out['rounds']} rounds "
@@ -292,7 +312,11 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--save-models",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Write the trained models (PyTorch state dicts) and model.json with the guarantee here.",
+    help="Write the trained models (PyTorch state dicts) and model.json with the guarantee here "
+    "(a new or empty folder; see --overwrite).",
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Let --save-models write into a folder that is not empty."
 )
 @click.option(
     "--sequential", is_flag=True, help="Per-client reference loop instead of batched training."
@@ -319,6 +343,7 @@ def pmtl(**kw: Any) -> None:
         kw["delta"] = "paper"
     check_model_option(kw["model"])
     kw.update(pmtl_data_kwargs(kw, kw["data"]))
+    check_save_dir(kw["save_models"], overwrite=kw.pop("overwrite"))
     for name in ("save_models", "checkpoint_dir"):
         if kw[name] is not None:  # checked before any computation
             check_writable_dir(kw[name], name=name)
@@ -355,6 +380,7 @@ def pmtl(**kw: Any) -> None:
                 param_hint=flag,
             )
         kw[name] = values
+    abort_hint_for_checkpoint(kw["checkpoint_dir"])
     out = run_pmtl(**kw, show_progress=not quiet and not as_json)
     echo_json(out) if as_json else _human(out)
 
@@ -450,6 +476,7 @@ def pmtl_sweep(**kw: Any) -> None:
         raise click.BadParameter("every epsilon must be > 0", param_hint="--epsilons")
     log = RunLog(kw["out_dir"], outputs=PMTL_SWEEP_FILES)
     reused_before = log.reused
+    on_abort(f"finished runs are kept in {log.path}: the same command continues the sweep")
     res = run_pmtl_sweep(
         data=kw["data"],
         **table,
@@ -486,10 +513,14 @@ def pmtl_sweep(**kw: Any) -> None:
         return
     for row in res["summary"]:
         e = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
-        tot = "" if row["target_epsilon"] is None else f"  ε incl. selection {row['epsilon']:.3g}"
-        if not row["covered"]:
-            tot = "  NOT COVERED (pooled selection)"
-        click.echo(f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f}{spread(row)}{tot}")
+        guarantee = privacy_label(row_for(res["rows"], row))
+        if row["target_epsilon"] is not None and row["covered"]:
+            guarantee += "; ε incl. selection"
+        tot = "" if row["covered"] else "  NOT COVERED (pooled selection)"
+        click.echo(
+            f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f}{spread(row)}  "
+            f"[{guarantee}]{tot}"
+        )
     if runs["runs_reused"]:
         click.echo(f"reused {runs['runs_reused']} finished run(s) from {log.path}")
     click.echo("wrote: " + ", ".join(files))

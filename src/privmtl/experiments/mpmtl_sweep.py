@@ -358,7 +358,8 @@ def run_mpmtl_sweep(
     g = next((r for r in rows if r["method"] in PRIVATE_METHODS), rows[0])
     subtitle = (
         f"δ={g['delta']:.3g}, neighbours: {g['relation']} one task, sampling: all tasks, "
-        f"accountant: {g['accountant']}; {len(seeds)} seed(s); {selection_footnote(rows)}"
+        f"accountant: {g['accountant']}, noise: {noise_source}; {len(seeds)} seed(s); "
+        f"{selection_footnote(rows)}"
     )
     with atomic_output_dir(out_dir) as tmp:
         (tmp / "mpmtl_sweep.csv").write_text(rows_to_csv(rows))

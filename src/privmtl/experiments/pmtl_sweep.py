@@ -327,8 +327,8 @@ def write_pmtl_sweep(result: dict[str, Any], out_dir: Path, *, title: str) -> li
     covered = all(r.get("covered") is True for r in rows)
     subtitle = (
         f"δ={g['delta']:.3g}, neighbours: {g['relation']} one client, sampling: {g['sampling']} "
-        f"(q={g['clients_per_round']} of m={g['num_clients']}), accountant: {g['accountant']}; "
-        f"(γ, T, λ) per ε; {selection_footnote(rows)}"
+        f"(q={g['clients_per_round']} of m={g['num_clients']}), accountant: {g['accountant']}, "
+        f"noise: {g['noise_source']}; (γ, T, λ) per ε; {selection_footnote(rows)}"
     )
     plot_tradeoff(
         result["summary"],
@@ -370,9 +370,15 @@ def plot_rounds(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=120)
     drawn_loss = False
-    for row in sorted(rows, key=lambda r: (r["method"], r.get("target_epsilon") or math.inf)):
-        if row["seed"] != rows[0]["seed"]:
-            continue
+    shown = [
+        row
+        for row in sorted(rows, key=lambda r: (r["method"], r.get("target_epsilon") or math.inf))
+        if row["seed"] == rows[0]["seed"]
+    ]
+    # one colour per run: tab10 up to 10 runs, tab20 beyond (runs never share a colour up to 20)
+    colors = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20").colors  # type: ignore[attr-defined]
+    for i, row in enumerate(shown):
+        color = colors[i % len(colors)]
         label = (
             f"{row['method']} ε={row['target_epsilon']:g}"
             if row["target_epsilon"]
@@ -381,11 +387,11 @@ def plot_rounds(rows: Sequence[dict[str, Any]], path: Path) -> None:
         loss_values = _train_loss(row)
         if loss_values is not None:
             loss = np.array([np.nan if v is None else v for v in loss_values], dtype=float)
-            ax1.plot(np.arange(1, loss.size + 1), loss, label=label, lw=1)
+            ax1.plot(np.arange(1, loss.size + 1), loss, label=label, lw=1, color=color)
             drawn_loss = True
         eps = [e for e in row.get("epsilon_per_round") or [] if e is not None]
         if eps and row["guarantee"]["private"]:
-            ax2.plot(np.arange(1, len(eps) + 1), eps, label=label, lw=1)
+            ax2.plot(np.arange(1, len(eps) + 1), eps, label=label, lw=1, color=color)
     ax1.set_xlabel("round")
     if drawn_loss:
         ax1.set_ylabel("training loss (sampled clients)")

@@ -484,6 +484,10 @@ def rows_to_csv(rows: Sequence[dict[str, Any]]) -> str:
     for row in rows:
         g = row.get("guarantee") or {}  # the row's own guarantee fills what the row lacks
         cells = {k: row[k] if k in row else g.get(k) for k in CSV_COLUMNS}
+        if g.get("private") is False:  # no noise, no ε: the row says so
+            cells["notion"], cells["noise_source"] = "non-private", "none"
+        elif g and g.get("epsilon") == 0:  # nothing leaves a task or client: nothing to noise
+            cells["noise_source"] = "none"
         writer.writerow({k: ("" if v is None else v) for k, v in cells.items()})
     return buf.getvalue()
 
@@ -585,13 +589,15 @@ def plot_tradeoff(
     ax.set_ylabel(
         metric_label + (" (lower is better)" if lower_is_better else " (higher is better)")
     )
-    ax.set_title(title, fontsize=11)
-    lines = textwrap.wrap(subtitle, 125) if subtitle else []
-    if lines:  # the footnote (privacy statement, selection, coverage) is never clipped
-        fig.text(0.5, 0.005, "\n".join(lines), ha="center", va="bottom", fontsize=7, color="0.3")
+    ax.set_title("\n".join(textwrap.wrap(title, 90, break_on_hyphens=False)), fontsize=11)
+    bottom = 0.0
+    if subtitle:  # wrapped to the figure's width, with room kept for every line
+        lines = textwrap.wrap(subtitle, 115, break_on_hyphens=False)
+        fig.text(0.5, 0.01, "\n".join(lines), ha="center", va="bottom", fontsize=7, color="0.3")
+        bottom = 0.02 + 0.03 * len(lines)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout(rect=(0, 0.03 * len(lines) + (0.01 if lines else 0), 1, 1))
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)

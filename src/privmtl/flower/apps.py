@@ -331,14 +331,26 @@ def main(grid: Grid, context: Context) -> None:
         raise
 
 
-def _progress(run: ServerRun) -> None:
+def progress_line(run: ServerRun) -> str:
+    """The last round's progress line; ε comes with its full guarantee, or "non-private"."""
     h = run.history[-1]
-    print(
-        f"privmtl-flower round {len(run.history)}/{run.config.rounds}: sampled "
+    cfg = run.config
+    if run.ledger is None:
+        privacy = "non-private (no noise)"
+    else:
+        privacy = (
+            f"epsilon {h['epsilon']:.4g} (delta {run.delta:.2g}, {cfg.relation}, sampling "
+            f"{cfg.sampling}, {cfg.accountant}, noise {run.noise_source})"
+        )
+    return (
+        f"privmtl-flower round {len(run.history)}/{cfg.rounds}: sampled "
         f"{h['n_sampled']}, answered {len(h['answered'])}, loss {h['train_loss']:.4f}, "
-        f"epsilon {h['epsilon']:.4g} ({h['seconds']:.1f} s)",
-        flush=True,
+        f"{privacy} ({h['seconds']:.1f} s)"
     )
+
+
+def _progress(run: ServerRun) -> None:
+    print(progress_line(run), flush=True)
 
 
 def _secagg_setup(opts: dict[str, Any], run: ServerRun) -> Any:

@@ -5,7 +5,8 @@ Private (model-protected, MP-MTL of Liang et al.): :class:`MPMTLLowRank` (Alg. 2
 protection (Alg. 5) as ``instance_epsilon=``. IP-MTL baselines made MP-MTL by group privacy:
 :class:`DPMTRL`, :class:`DPAGGR`. Non-private baselines: :class:`STLRidge`, :class:`STLLasso`,
 :class:`TraceNormMTL`, :class:`L21MTL`, :class:`MTRL`, :class:`ModelAveraging`. Tuning:
-:func:`select_hyperparameters` with :data:`DEFAULT_GRIDS`.
+:func:`select_hyperparameters` with :data:`DEFAULT_GRIDS`; scikit-learn's ``GridSearchCV`` on
+stacked rows: :class:`StackedTasks`.
 """
 
 from privmtl.linear.dp_baselines import DPAGGR, DPMTRL
@@ -19,6 +20,7 @@ from privmtl.linear.selection import (
     make_estimator,
     select_hyperparameters,
 )
+from privmtl.linear.stacked import StackedTasks, stack_tasks
 from privmtl.linear.stl import ModelAveraging, STLRidge
 
 __all__ = [
@@ -35,7 +37,9 @@ __all__ = [
     "ModelAveraging",
     "STLLasso",
     "STLRidge",
+    "StackedTasks",
     "TraceNormMTL",
     "make_estimator",
     "select_hyperparameters",
+    "stack_tasks",
 ]

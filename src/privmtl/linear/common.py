@@ -209,21 +209,42 @@ class _LinearMTLMixin:
         return self.loss == "logistic"
 
     def score(self, Xs: Any, ys: Sequence[ArrayLike] | None = None) -> float:
-        """nMSE (regression, lower is better) or aAUC (classification, higher is better).
+        """Higher-is-better score (scikit-learn's convention): pooled R² or aAUC.
 
-        ``Xs`` may be a :class:`~privmtl.data.MultiTaskDataset` (then ``ys`` defaults to its
-        targets). See :func:`privmtl.linear.metrics.nmse` (global pooling) and
-        :func:`privmtl.linear.metrics.aauc` for the exact pooling over tasks.
+        Regression: the coefficient of determination of all tasks' samples pooled,
+        ``1 - nMSE`` (:func:`privmtl.linear.metrics.r2`; 1 is perfect, 0 is the grand mean), so
+        that ``GridSearchCV`` and other scikit-learn tools maximize it. Classification: the
+        average per-task ROC AUC (:func:`privmtl.linear.metrics.aauc`). The MP-MTL paper's nMSE
+        (lower is better) is :meth:`paper_score`. ``Xs`` may be a
+        :class:`~privmtl.data.MultiTaskDataset` (then ``ys`` defaults to its targets).
+        """
+        from privmtl.linear.metrics import aauc, r2
+
+        yl, scores = self._targets_and_scores(Xs, ys)
+        if self._is_classifier():
+            return float(aauc(yl, scores))
+        return float(r2(yl, scores))
+
+    def paper_score(self, Xs: Any, ys: Sequence[ArrayLike] | None = None) -> float:
+        """The MP-MTL paper's metric: nMSE (regression, lower is better) or aAUC (higher).
+
+        See :func:`privmtl.linear.metrics.nmse` (global pooling) and
+        :func:`privmtl.linear.metrics.aauc`; :meth:`score` is the higher-is-better form.
         """
         from privmtl.linear.metrics import aauc, nmse
 
-        Xl = self._check_predict_input(Xs)
-        _, yl = check_tasks(Xs, ys, need_y=True)
-        assert yl is not None
-        scores = _scores(Xl, self.coef_)
+        yl, scores = self._targets_and_scores(Xs, ys)
         if self._is_classifier():
             return float(aauc(yl, scores))
         return float(nmse(yl, scores))
+
+    def _targets_and_scores(
+        self, Xs: Any, ys: Sequence[ArrayLike] | None
+    ) -> tuple[list[FloatArray], list[FloatArray]]:
+        Xl = self._check_predict_input(Xs)
+        _, yl = check_tasks(Xs, ys, need_y=True)
+        assert yl is not None
+        return yl, _scores(Xl, self.coef_)
 
 
 class _LinearMTLBase(_LinearMTLMixin, BaseEstimator):  # type: ignore[misc]

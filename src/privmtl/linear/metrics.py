@@ -35,7 +35,16 @@ from numpy.typing import ArrayLike, NDArray
 from privmtl._validation import check_choice
 from privmtl.exceptions import DataFormatError
 
-__all__ = ["NMSE_POOLINGS", "aauc", "mse", "nmse", "per_task_auc", "per_task_mse", "per_task_nmse"]
+__all__ = [
+    "NMSE_POOLINGS",
+    "aauc",
+    "mse",
+    "nmse",
+    "per_task_auc",
+    "per_task_mse",
+    "per_task_nmse",
+    "r2",
+]
 
 NMSE_POOLINGS: tuple[str, ...] = ("global", "task-weighted", "task-mean")
 FloatArray = NDArray[np.float64]
@@ -132,6 +141,21 @@ def nmse(
         return float(np.mean(per))
     n = np.array([np.asarray(t).size for t in y_true_list], dtype=np.float64)
     return float(np.sum(per * n) / np.sum(n))
+
+
+def r2(y_true_list: Sequence[ArrayLike], y_pred_list: Sequence[ArrayLike]) -> float:
+    """Coefficient of determination of all tasks' samples pooled: ``1 - nmse`` (global pooling).
+
+    Higher is better (1 is perfect, 0 is predicting the grand mean). It equals scikit-learn's
+    ``r2_score`` of the concatenated targets and predictions, and it is what the estimators'
+    ``score`` returns for regression.
+
+    Examples
+    --------
+    >>> r2([[0.0, 2.0], [4.0]], [[1.0, 2.0], [4.0]])  # 1 - 0.125
+    0.875
+    """
+    return 1.0 - nmse(y_true_list, y_pred_list)
 
 
 def per_task_auc(y_true_list: Sequence[ArrayLike], score_list: Sequence[ArrayLike]) -> FloatArray:

@@ -414,7 +414,8 @@ def select_hyperparameters(
     estimator_factory : callable
         ``estimator_factory(**params)`` returns an unfitted estimator with ``fit(Xs, ys)`` and
         ``score(Xs, ys)`` (an estimator class, or e.g. ``functools.partial(MPMTLLowRank,
-        epsilon=1.0)``).
+        epsilon=1.0)``). privmtl's estimators are scored with ``paper_score`` (nMSE or aAUC),
+        other estimators with ``score``.
     grid : dict of lists or list of dicts
         The search space (every combination of every dict, see :func:`expand_grid`).
     Xs, ys : sequences of per-task arrays
@@ -495,7 +496,9 @@ def select_hyperparameters(
                         prepared[pkey] = est.prepare_tasks(Xtr, ytr)
                     train = prepared[pkey]
                 est.fit(train, ytr)
-                scores.append(float(est.score(Xva, yva)))
+                # privmtl's estimators: the paper's nMSE / aAUC (score() is R² for regression)
+                scorer = getattr(est, "paper_score", est.score)
+                scores.append(float(scorer(Xva, yva)))
             except (DataFormatError, FloatingPointError, np.linalg.LinAlgError) as exc:
                 # e.g. a diverging fit whose predictions are not finite: score it as failed
                 # (like scikit-learn's error_score=nan) instead of aborting the search.

@@ -33,6 +33,7 @@ from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
 from privmtl.privacy.guarantee import RELATIONS
 
 __all__ = [
+    "MAX_TARGET_EPSILON",
     "TIGHT_ACCOUNTANTS",
     "adapt_event",
     "calibrate_noise_multiplier",
@@ -46,6 +47,15 @@ __all__ = [
 TIGHT_ACCOUNTANTS = ("rdp", "pld")
 
 _REL = dp_accounting.NeighboringRelation
+
+MAX_TARGET_EPSILON = 100.0
+"""Largest target ε that noise calibration accepts.
+
+ε bounds by ``e^ε`` how much more likely any output becomes when one client's (task's) data is
+added or removed; ``e^100 ≈ 2.7e43`` rules out nothing an attacker could observe, while the noise
+calibrated for such a target would still make a run look protected. Larger targets are refused
+with this explanation; a run without a target ε (no noise) is the honest non-private baseline.
+"""
 
 #: Smallest noise multiplier calibration searches; looser targets get this much noise.
 _MIN_NOISE_MULTIPLIER = 1e-3
@@ -177,6 +187,12 @@ def calibrate_noise_multiplier(
     the returned z always satisfies the target (it is nudged up if the search ended a hair below).
     """
     target = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
+    if target > MAX_TARGET_EPSILON:
+        raise InvalidParameterError(
+            f"The target epsilon must be at most {MAX_TARGET_EPSILON:g}; got {target:g}. "
+            f"e^epsilon bounds how much one client's data may change the odds of any output, and "
+            f"e^{MAX_TARGET_EPSILON:g} protects nothing; for a non-private run give no epsilon."
+        )
     check_real("delta", delta, low=0.0, high=1.0, closed="neither")
     _check(accountant, relation)
 
