@@ -7,11 +7,16 @@ from typing import Any
 
 import click
 
-    overwrite: bool,
-    task_column: str,
-    target_column: str,
-    train_fraction: float,
-    normalize: str,
+from privmtl.cli._common import (
+    abort_hint_for_checkpoint,
+    check_save_dir,
+    echo_json,
+    on_abort,
+    privacy_label,
+    progress,
+    row_for,
+    spread,
+)
 from privmtl.cli._data_options import mpmtl_data_kwargs, mpmtl_data_options
 from privmtl.experiments.mpmtl import (
     DATASETS,
