@@ -111,9 +111,10 @@ def demo(
         rows = json.loads((tmp / "mpmtl_sweep.json").read_text())["rows"]
         for row in res["summary"]:
             guarantee = privacy_label(row_for(rows, row))
+            sel = ""
             if row["target_epsilon"] is not None and row.get("covered"):
-                guarantee += f"; target ε={row['target_epsilon']:g} per run, ε incl. selection"
-            say(f"    {row['method']:>10}  nMSE {row['mean']:.4f}{spread(row)}  [{guarantee}]")
+                sel = f"  (target ε={row['target_epsilon']:g} per run; ε incl. selection)"
+            say(f"    {row['method']:>10}  nMSE {row['mean']:.4f}{spread(row)}  [{guarantee}]{sel}")
         say(
             "    neighbours: one task added or removed; sampling: all tasks every iteration; "
             f"{selection_footnote(rows)}"

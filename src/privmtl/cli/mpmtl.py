@@ -320,9 +320,9 @@ def mpmtl_sweep(
     for row in res["summary"]:
         eps_txt = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
         guarantee = privacy_label(row_for(rows, row))
+        tot = "  NOT COVERED (pooled selection)" if not row["covered"] else ""
         if row["target_epsilon"] is not None and row["covered"]:
-            guarantee += "; ε incl. selection"
-        tot = "" if row["covered"] else "  NOT COVERED (pooled selection)"
+            tot = "  (ε incl. selection)"
         click.echo(
             f"{row['method']:>14}  ε={eps_txt:>6}  {metric} {row['mean']:.4f}{spread(row)}  "
             f"[{guarantee}]{tot}"

@@ -514,9 +514,9 @@ def pmtl_sweep(**kw: Any) -> None:
     for row in res["summary"]:
         e = "—" if row["target_epsilon"] is None else f"{row['target_epsilon']:g}"
         guarantee = privacy_label(row_for(res["rows"], row))
+        tot = "  NOT COVERED (pooled selection)" if not row["covered"] else ""
         if row["target_epsilon"] is not None and row["covered"]:
-            guarantee += "; ε incl. selection"
-        tot = "" if row["covered"] else "  NOT COVERED (pooled selection)"
+            tot = "  (ε incl. selection)"
         click.echo(
             f"{row['method']:>22}  ε={e:>5}  test acc {row['mean']:.4f}{spread(row)}  "
             f"[{guarantee}]{tot}"
