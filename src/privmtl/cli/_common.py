@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from privmtl.exceptions import PrivmtlError, PrivmtlWarning
+from privmtl.experiments.sweep import DEFAULT_VOTE_SHARE
 from privmtl.io import atomic_output_dir, to_jsonable, write_json_atomic
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "run_cli",
     "spread",
     "to_jsonable",
+    "vote_share_option",
     "write_json_atomic",
 ]
 
@@ -193,3 +195,13 @@ def row_for(rows: list[dict[str, Any]], summary_row: dict[str, Any]) -> dict[str
     return next(
         (r for r in rows if (r["method"], r.get("target_epsilon")) == key), dict(summary_row)
     )
+
+
+#: ``--vote-share`` of both sweeps: the share of a point's ε that the client (task) vote spends.
+vote_share_option = click.option(
+    "--vote-share",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    default=DEFAULT_VOTE_SHARE,
+    show_default=True,
+    help="With --select vote: the vote alone is (share × ε, δ)-DP.",
+)

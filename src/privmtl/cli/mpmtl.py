@@ -16,6 +16,7 @@ from privmtl.cli._common import (
     progress,
     row_for,
     spread,
+    vote_share_option,
 )
 from privmtl.cli._data_options import mpmtl_data_kwargs, mpmtl_data_options
 from privmtl.experiments.mpmtl import (
@@ -23,7 +24,6 @@ from privmtl.experiments.mpmtl import (
     METHODS,
     run_mpmtl,
 )
-from privmtl.experiments.sweep import DEFAULT_VOTE_SHARE
 from privmtl.io import check_writable_dir
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.selection import SELECTION_METHODS
@@ -232,13 +232,7 @@ def _floats(text: str, name: str) -> list[float]:
     "task's own choice; or k-fold CV over every task's data as in the paper (NOT covered by the "
     "guarantee; rows say so).",
 )
-@click.option(
-    "--vote-share",
-    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
-    default=DEFAULT_VOTE_SHARE,
-    show_default=True,
-    help="With --select vote: the vote alone is (share × ε, δ)-DP.",
-)
+@vote_share_option
 @click.option(
     "--tune",
     "tune_mode",

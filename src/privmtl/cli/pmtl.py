@@ -17,6 +17,7 @@ from privmtl.cli._common import (
     progress,
     row_for,
     spread,
+    vote_share_option,
 )
 from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
 from privmtl.experiments.pmtl import (
@@ -27,7 +28,6 @@ from privmtl.experiments.pmtl import (
     FL_MODELS,
     run_pmtl,
 )
-from privmtl.experiments.sweep import DEFAULT_VOTE_SHARE
 from privmtl.io import check_writable_dir
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.selection import SELECTION_METHODS
@@ -447,13 +447,7 @@ def pmtl(**kw: Any) -> None:
     "split (recorded; ε composes every candidate run and the vote), each client's own choice, "
     "or the pooled validation accuracy (NOT covered by the guarantee; rows say so).",
 )
-@click.option(
-    "--vote-share",
-    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
-    default=DEFAULT_VOTE_SHARE,
-    show_default=True,
-    help="With --select vote: the vote alone is (share × ε, δ)-DP.",
-)
+@vote_share_option
 @click.option("--json", "as_json", is_flag=True)
 def pmtl_sweep(**kw: Any) -> None:
     """ε sweep: per ε choose (γ, T, λ) (default: client vote), report test accuracy; CSV/JSON + plots.
