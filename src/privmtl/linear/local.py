@@ -141,7 +141,23 @@ def refit_with_metric(batch: TaskBatch, loss: str, rho: float, A: FloatArray) ->
 
 
 # ----------------------------------------------- projections of Alg. 2/3 given a release
-def _group_shrink(diag: FloatArray, thr: float) -> FloatArray:
+def _shrink_table(root: FloatArray, thr: FloatArray) -> FloatArray:
+    """``S[k, i] = max(0, 1 - thr_i / root_k)`` (0 where ``root_k = 0``; 1 where ``thr_i = 0``).
+
+    Column ``i`` depends only on ``root`` (from the release) and task i's own threshold.
+    """
+    with np.errstate(divide="ignore"):
+        inv = np.where(root > 0, 1.0 / np.where(root > 0, root, 1.0), 0.0)
+        s = np.where(root[:, None] > 0, 1.0 - inv[:, None] * thr[None, :], 0.0)
+    s = np.where(thr[None, :] == 0, 1.0, s)
+    return np.asarray(np.maximum(s, 0.0), dtype=np.float64)
+
+
+def _group_shrink(diag: FloatArray, thr: float | FloatArray) -> FloatArray:
+    """Row-wise shrinkage ``max(0, 1 - thr / sqrt(diag))``: a vector for a scalar ``thr``, a
+    ``(d, m)`` table (one column per task) for per-task thresholds."""
+    if np.ndim(thr) > 0:
+        return _shrink_table(np.sqrt(np.maximum(diag, 0.0)), np.asarray(thr, dtype=np.float64))
     with np.errstate(divide="ignore"):
         root = np.sqrt(diag)
         s = np.where(root > 0, 1.0 - thr / np.where(root > 0, root, 1.0), 0.0)
@@ -170,11 +186,28 @@ def _spectral_factors(
     return U, np.asarray(np.maximum(s, 0.0), dtype=np.float64)
 
 
+def _spectral_table(
+    Sigma: FloatArray, thr: FloatArray, shift: float | None = None
+) -> tuple[FloatArray, FloatArray]:
+    """Eigenvectors U and the per-task shrinkage table ``S[k, i]`` (threshold ``thr[i]``)."""
+    lam_, U = scipy.linalg.eigh(Sigma, check_finite=False, driver="evd")
+    if shift is not None:
+        lam_ = lam_ + shift
+    return U, _shrink_table(np.sqrt(np.maximum(lam_, 0.0)), np.asarray(thr, dtype=np.float64))
+
+
 def _apply_lowrank_left(
-    Sigma: FloatArray, thr: float, Wc: FloatArray, shift: float | None = None
+    Sigma: FloatArray, thr: float | FloatArray, Wc: FloatArray, shift: float | None = None
 ) -> FloatArray:
-    """``U S U^T Wc`` using the cheaper of the kept (S > 0) or shrunk (S < 1) eigenvectors."""
-    U, s = _spectral_factors(Sigma, thr, shift)
+    """``U S U^T Wc`` using the cheaper of the kept (S > 0) or shrunk (S < 1) eigenvectors.
+
+    With per-task thresholds (``thr`` of shape ``(m,)``) column ``i`` is ``U S_i U^T Wc[:, i]``
+    with its own shrinkage ``S_i``, computed without any branch that depends on other tasks.
+    """
+    if np.ndim(thr) > 0:
+        U, S = _spectral_table(Sigma, np.asarray(thr, dtype=np.float64), shift)
+        return np.asarray(U @ (S * (U.T @ Wc)), dtype=np.float64)
+    U, s = _spectral_factors(Sigma, float(thr), shift)
     keep = s > 0
     shrunk = s < 1
     if int(keep.sum()) <= int(shrunk.sum()):
@@ -186,7 +219,7 @@ def _apply_lowrank_left(
 
 def _apply_lowrank_right(
     Sigma: FloatArray,
-    thr: float,
+    thr: float | FloatArray,
     shared: FloatArray,
     own: FloatArray,
     shift: float | None = None,
@@ -194,10 +227,15 @@ def _apply_lowrank_right(
     """``W^ = shared M`` with ``M = V S V^T`` (m x m), each task keeping its own clean column.
 
     ``shared`` are the models the curator sees (noisy under Alg. 5, else equal to ``own``); task i's
-    output uses its own clean model for the diagonal term ``M_ii``.
+    output uses its own clean model for the diagonal term ``M_ii``. With per-task thresholds,
+    column ``i`` of ``M`` is ``V S_i V^T e_i``.
     """
-    V, s = _spectral_factors(Sigma, thr, shift)
-    M = (V * s) @ V.T
+    if np.ndim(thr) > 0:
+        V, S = _spectral_table(Sigma, np.asarray(thr, dtype=np.float64), shift)
+        M = V @ (S * V.T)
+    else:
+        V, s = _spectral_factors(Sigma, float(thr), shift)
+        M = (V * s) @ V.T
     out = shared @ M
     if shared is not own:
         out += (own - shared) * np.diag(M)[None, :]

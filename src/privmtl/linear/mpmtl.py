@@ -15,15 +15,16 @@ Every iteration ``t = 0..T-1`` does exactly (Alg. 2/3 of the paper, 0-based here
     W~    = clip_columns(W, K)                         # each task, locally
     S~    = W~ W~^T                                    # curator (d x d)
     S     = schedule.release(t, S~, rng)               # the only privatized message
-    M     = U diag(max(0, 1 - eta*lam/sqrt(Lambda))) U^T   with U Lambda U^T = S   (low rank;
+    M_i   = U diag(max(0, 1 - eta_i*lam/sqrt(Lambda))) U^T  with U Lambda U^T = S  (low rank;
                                                        directions with Lambda <= 0 get 0)
-          = diag(max(0, 1 - eta*lam/sqrt(|S_jj|)))                              (group sparse)
-    w^_i  = M w~_i                                     # each task, locally
+          = diag(max(0, 1 - eta_i*lam/sqrt(|S_jj|)))                            (group sparse)
+    w^_i  = M_i w~_i                                   # each task, locally
     z_i   = w^_i + beta_t (w^_i - w^_i_prev)
-    w_i   = z_i - eta * grad L_i(z_i)
+    w_i   = z_i - eta_i * grad L_i(z_i)
 
 and returns ``coef_ = W^^(T)``, the last projected models ``w^_i`` (the paper's output; the
-final local gradient step is skipped since it would not reach the output). Only ``S``
+final local gradient step is skipped since it would not reach the output). ``eta_i = 1/L_i`` is
+task i's own step (:func:`~privmtl.linear.common.task_steps`). Only ``S``
 depends on other tasks, so each task's output is post-processing of the covariance releases: the
 guarantee is the one of the :class:`~privmtl.privacy.covariance.CovarianceSchedule` (MP-MTL, the
 whole task — data and model sequence — is the unit of privacy). The schedule is planned by
@@ -63,10 +64,13 @@ from sklearn.base import BaseEstimator
 from privmtl._validation import check_choice, check_int, check_real, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.common import (
+    PAPER_DELTA,
     PreparedTasks,
     _clip_columns,
     _LinearMTLMixin,
     default_delta,
+    resolve_delta,
+    task_steps,
 )
 from privmtl.linear.local import (
     _apply_lowrank_left,
@@ -76,7 +80,7 @@ from privmtl.linear.local import (
     refit_with_metric,
     variational_factor,
 )
-from privmtl.linear.losses import LOSSES, TaskBatch
+from privmtl.linear.losses import LOSSES, TaskBatch, public_lipschitz_bound
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.mechanisms import sample_l2_laplace
@@ -96,6 +100,7 @@ __all__ = [
     "default_delta",
     "local_ridge",
     "sample_l2_laplace",
+    "task_steps",
 ]
 
 FloatArray = NDArray[np.float64]
@@ -115,8 +120,10 @@ _COMMON_PARAMS_DOC = """
     epsilon : float or None, default=None
         Total MP-MTL budget ε over the T covariance releases. ``None`` ⇒ non-private (the covariance
         is used without noise; the solver is then exactly the non-private proximal-gradient method).
-    delta : float or None, default=None
-        δ of the guarantee; ``None`` ⇒ ``1/(m log m)`` at fit time (the paper's choice).
+    delta : float, "paper" or None, default=None
+        δ of the guarantee; ``None`` ⇒ ``min(1e-5, 1/(100 m))`` at fit time
+        (:func:`~privmtl.linear.common.default_delta`, below ``1/m`` as DP practice asks);
+        ``"paper"`` ⇒ the MP-MTL paper's ``1/(m log m)``, for reproductions.
     noise : {"gaussian", "wishart"}, default="gaussian"
         Covariance mechanism. ``"gaussian"`` is the Analyze-Gauss mechanism with RDP/PLD accounting
         (a valid guarantee); ``"wishart"`` is the published Wishart step, kept for reproduction: its
@@ -126,11 +133,15 @@ _COMMON_PARAMS_DOC = """
     iterations : int, default=50
         Number of iterations T (= number of covariance releases).
     step_size : float or None, default=None
-        η; ``None`` ⇒ ``1/L`` with ``L = max_i`` Lipschitz constant of ``grad L_i`` (``1/(2L)`` for
-        the low-rank + sparse estimator, whose gradient in (P, Q) is ``2L``-Lipschitz).
+        η, the same for every task; ``None`` ⇒ every task its own step ``η_i = 1/L_i`` with
+        ``L_i`` the Lipschitz constant of its own ``grad L_i`` (``1/(2 L_i)`` for the low-rank +
+        sparse estimator, whose gradient in (P, Q) is ``2 L_i``-Lipschitz), computed from task
+        i's rows only (:func:`~privmtl.linear.common.task_steps`): no task's trajectory depends on
+        another task's data except through the releases. Task i's projection threshold is
+        ``η_i lam``; when all ``L_i`` are equal this is exactly the paper's iteration.
     accelerate : bool, default=True
-        Momentum β_t = (t-1)/(t+2) (t = 1..T, convex case, μ = 0) or
-        β = (1-√(μ/L))/(1+√(μ/L)) (μ > 0); β_t = 0 when False.
+        Momentum β_t = (t-1)/(t+2) (t = 1..T, convex case, μ = 0) or, per task,
+        β_i = (1-√(μ/L_i))/(1+√(μ/L_i)) (μ > 0); β_t = 0 when False.
     mu : float, default=0.0
         Strong-convexity weight: ``(mu/2)||w_i||^2`` is added to every L_i (the paper uses 1e-3).
     allocation : {"power", "geometric"}, default="power"
@@ -139,7 +150,10 @@ _COMMON_PARAMS_DOC = """
         α of the power allocation; ``None`` ⇒ the paper's optimum, 0 without and 2/5 with acceleration.
     Q : float or None, default=None
         Q of the geometric allocation; ``None`` ⇒ the paper's optimum, ``(1-μ/L)^{2/5}`` without and
-        ``(1-√(μ/L))^{1/5}`` with acceleration (1, i.e. uniform, when μ = 0).
+        ``(1-√(μ/L))^{1/5}`` with acceleration (1, i.e. uniform, when μ = 0), evaluated at the
+        public bound ``L = c + μ`` of unit-norm rows
+        (:func:`~privmtl.linear.losses.public_lipschitz_bound`): the allocation is part of the
+        privacy schedule, so it reads no task's data.
     covariance : {"WWt", "WtW"}, default="WWt"
         ``"WWt"``: the d x d feature covariance of Alg. 2/3. ``"WtW"``: the m x m task covariance
         (Alg. 1 alternative); the low-rank projection is then applied from the right,
@@ -232,13 +246,15 @@ _FITTED_DOC = """
         IP-MTL guarantee of the Alg.-5 perturbation (None when ``instance_epsilon`` is None).
     noise_to_signal_ : ndarray of shape (T,)
         ``||E||_F / ||S~||_F`` per iteration, E = the raw noise of the release before the eigenvalue
-        fix (paper Fig. 5); 0 when non-private, inf when ``S~ = 0``.
+        fix (paper Fig. 5); 0 when non-private, inf when ``S~ = 0``. A curator diagnostic computed
+        from the *un-noised* covariance of all tasks: not covered by ``privacy_`` (for analysis
+        only; do not publish it alongside the models).
     epsilons_ : ndarray of shape (T,) or None
         Per-release budgets / noise parameters reported by the schedule (``per_release``).
-    step_size_ : float
-        η used.
-    lipschitz_ : float
-        L = max_i Lipschitz constant of ``grad L_i`` (including μ).
+    step_size_ : ndarray of shape (m,)
+        η_i used by every task.
+    lipschitz_ : ndarray of shape (m,)
+        L_i, the Lipschitz constant of every task's ``grad L_i`` (including μ), from its own data.
     delta_ : float
         δ used.
     n_iter_ : int
@@ -446,7 +462,7 @@ class _Strategy:
     decomposed = False
     refit_penalty: str | None = None
 
-    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: FloatArray) -> FloatArray:
         raise NotImplementedError
 
 
@@ -456,7 +472,7 @@ class _LowRank(_Strategy):
     name = "lowrank"
     refit_penalty = "lowrank"
 
-    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: FloatArray) -> FloatArray:
         return _apply_lowrank_left(release.Sigma, thr, own, release.shift)
 
 
@@ -465,7 +481,7 @@ class _LowRankTaskCovariance(_Strategy):
 
     name = "lowrank-WtW"
 
-    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: FloatArray) -> FloatArray:
         return _apply_lowrank_right(release.Sigma, thr, release.shared, own, release.shift)
 
 
@@ -475,14 +491,15 @@ class _GroupSparse(_Strategy):
     name = "groupsparse"
     refit_penalty = "groupsparse"
 
-    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: FloatArray) -> FloatArray:
         Sigma, shift = release.Sigma, release.shift
         if shift is None:
             diag = np.abs(np.diag(Sigma))
         else:
             vals, U = scipy.linalg.eigh(Sigma, check_finite=False, driver="evd")
             diag = (U * U) @ np.maximum(vals + shift, 0.0)
-        return _group_shrink(diag, thr)[:, None] * own
+        shrink = _group_shrink(diag, thr)
+        return (shrink if shrink.ndim == 2 else shrink[:, None]) * own
 
 
 class _LowRankSparse(_Strategy):
@@ -495,7 +512,7 @@ class _LowRankSparse(_Strategy):
     def __init__(self, lowrank: _Strategy) -> None:
         self.lowrank = lowrank
 
-    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: FloatArray) -> FloatArray:
         return self.lowrank.project(release, own, thr)
 
 
@@ -524,11 +541,11 @@ class TaskStep:
         *,
         loss: str,
         clip: float,
-        eta: float,
+        eta: FloatArray,
         lam: float,
         mu: float,
         lam_sparse: float,
-        beta: Callable[[int], float],
+        beta: Callable[[int], float | FloatArray],
         iterations: int,
         instance_epsilons: FloatArray | None,
         noise: NoiseSource,
@@ -568,7 +585,8 @@ class TaskStep:
             Wc = _clip_columns(state.W, self.clip)
         W_hat = self.strategy.project(release, Wc, eta * self.lam)
         bt = self.beta(t + 1)
-        Z = W_hat + bt * (W_hat - state.W_hat_prev) if bt else W_hat
+        momentum = bool(np.any(bt))
+        Z = W_hat + bt * (W_hat - state.W_hat_prev) if momentum else W_hat
         Q_hat = None
         if self.strategy.decomposed:
             assert state.Q is not None
@@ -576,7 +594,7 @@ class TaskStep:
         if t < self.iterations - 1:  # the last gradient step would not reach the output W^(T)
             if self.strategy.decomposed:
                 assert Q_hat is not None and state.Q_hat_prev is not None
-                Zq = Q_hat + bt * (Q_hat - state.Q_hat_prev) if bt else Q_hat
+                Zq = Q_hat + bt * (Q_hat - state.Q_hat_prev) if momentum else Q_hat
                 G = self.batch.gradients(self.loss, Z + Zq, mu=self.mu)
                 state.W = Z - eta * G
                 state.Q = Zq - eta * G
@@ -833,11 +851,10 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             if self.epsilon is None
             else check_real("epsilon", self.epsilon, low=0.0, closed="neither")
         )
-        p["delta"] = (
-            None
-            if self.delta is None
-            else check_real("delta", self.delta, low=0.0, high=1.0, closed="neither")
-        )
+        if self.delta is None or (isinstance(self.delta, str) and self.delta == PAPER_DELTA):
+            p["delta"] = self.delta
+        else:
+            p["delta"] = check_real("delta", self.delta, low=0.0, high=1.0, closed="neither")
         p["noise"] = check_choice("noise", self.noise, NOISES)
         p["clip"] = check_real("clip", self.clip, low=0.0, closed="neither")
         p["iterations"] = check_int("iterations", self.iterations, low=1)
@@ -938,30 +955,26 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         batch = prepared.batch
         m, d = batch.n_tasks, batch.n_features
         T, K, lam, mu = p["iterations"], p["clip"], p["lam"], p["mu"]
-        lips = prepared.lipschitz(mu)
-        if not np.isfinite(lips) or lips <= 0:
-            raise DataFormatError(
-                "the loss has a zero Lipschitz constant (all features are zero?); cannot set a step."
-            )
         strategy = _strategy(self._penalty, p["covariance"])
-        eta = (
-            p["step_size"]
-            if p["step_size"] is not None
-            else 1.0 / (2.0 * lips if strategy.decomposed else lips)
-        )
-        delta = p["delta"] if p["delta"] is not None else default_delta(m)
+        # Every task's step comes from its own data (task_steps), never from the other tasks'.
+        lips, eta = task_steps(prepared, mu, decomposed=strategy.decomposed)
+        if p["step_size"] is not None:
+            eta = np.full(m, float(p["step_size"]))
+        delta = resolve_delta(p["delta"], m)
 
-        # momentum and allocation defaults (paper §4.5)
-        ratio = min(mu / lips, 1.0)
+        # momentum and allocation defaults (paper §4.5); the allocation is part of the privacy
+        # schedule, so its default uses the public Lipschitz bound, not the tasks' data
         if p["alpha"] is None:
             alpha = 0.4 if p["accelerate"] else 0.0
         else:
             alpha = p["alpha"]
         if p["Q"] is None:
-            Q = (1.0 - math.sqrt(ratio)) ** 0.2 if p["accelerate"] else (1.0 - ratio) ** 0.4
+            ratio_pub = min(mu / public_lipschitz_bound(p["loss"], mu), 1.0)
+            Q = (1.0 - math.sqrt(ratio_pub)) ** 0.2 if p["accelerate"] else (1.0 - ratio_pub) ** 0.4
             Q = Q if Q > 0 else 1.0
         else:
             Q = p["Q"]
+        ratio = np.minimum(mu / lips, 1.0)  # per task: each task's own momentum
 
         dim = m if p["covariance"] == "WtW" else d
         schedule = self._plan(p, delta=delta, dim=dim, alpha=alpha, Q=Q, n_tasks=m)
@@ -978,12 +991,12 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             w = allocation_weights(T, strategy=p["allocation"], alpha=alpha, Q=Q)
             inst_eps = np.asarray(p["instance_epsilon"] * w / float(w.sum()), dtype=np.float64)
 
-        def beta(t1: int) -> float:  # t1 is the 1-based iteration index
+        def beta(t1: int) -> float | FloatArray:  # t1 is the 1-based iteration index
             if not p["accelerate"]:
                 return 0.0
             if mu > 0:
-                r = math.sqrt(ratio)
-                return (1.0 - r) / (1.0 + r)
+                r = np.sqrt(ratio)
+                return np.asarray((1.0 - r) / (1.0 + r), dtype=np.float64)
             return (t1 - 1.0) / (t1 + 2.0)
 
         noise: NoiseSource = (
@@ -1074,8 +1087,8 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             self.coef_ = state.W_hat_prev
         self.state_ = state
         self.noise_to_signal_ = state.noise_to_signal
-        self.step_size_ = float(eta)
-        self.lipschitz_ = lips
+        self.step_size_ = np.asarray(eta, dtype=np.float64)
+        self.lipschitz_ = np.asarray(lips, dtype=np.float64)
         self.delta_ = float(delta)
         self.n_iter_ = state.iteration
         self.stopped_on_budget_ = bool(state.stopped_on_budget)
