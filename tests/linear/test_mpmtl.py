@@ -9,17 +9,35 @@ import pytest
 from scipy import stats
 
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.linear import mpmtl as _mpmtl
 from privmtl.linear.losses import task_gradients
 from privmtl.linear.metrics import nmse
 from privmtl.linear.mpmtl import (
-    MPMTLGroupSparse,
-    MPMTLLowRank,
     MPMTLLowRankSparse,
     default_delta,
     local_ridge,
     sample_l2_laplace,
 )
 from privmtl.linear.prox import prox_l1, prox_l21, prox_trace_norm
+
+# The paper's Algorithms 2/3 (zero start, T = 50 releases, projected output, shift fix): what the
+# tests of this module check. The estimators' own defaults (STL start, one release, local refit
+# with per-task weights) are tested in tests/linear/test_mpmtl_defaults.py.
+PAPER_ALG = {
+    "iterations": 50,
+    "eigen_fix": "shift",
+    "init": "zeros",
+    "init_alpha": 1e-3,
+    "refit_lam": None,
+}
+
+
+def MPMTLLowRank(**kw):
+    return _mpmtl.MPMTLLowRank(**{**PAPER_ALG, **kw})
+
+
+def MPMTLGroupSparse(**kw):
+    return _mpmtl.MPMTLGroupSparse(**{**PAPER_ALG, **kw})
 
 
 # ------------------------------------------------------------------------------------ fixtures
@@ -428,7 +446,7 @@ def test_folded_eigen_fix_equals_planner_fix():
         raw = plan_covariance_releases(dim=6, eigen_fix="none", **kw)
         A = fixed.release(1, cov, np.random.default_rng(5))
         B = raw.release(1, cov, np.random.default_rng(5))
-        shift = MPMTLLowRank._eigen_shift(raw, 1, fix, 6)
+        shift = _mpmtl.MPMTLLowRank._eigen_shift(raw, 1, fix, 6)
         for thr in (0.05, 0.5):
             np.testing.assert_allclose(
                 _apply_lowrank_left(A, thr, Wc), _apply_lowrank_left(B, thr, Wc, shift), atol=1e-10
@@ -486,7 +504,8 @@ def _replayed_fit(est, Xs, ys, releases, monkeypatch):
         lambda: MPMTLLowRank(lam=0.05, clip=5.0, iterations=6, epsilon=3.0, mu=0.05),
         lambda: MPMTLGroupSparse(lam=0.3, clip=5.0, iterations=6, epsilon=3.0),
         lambda: MPMTLLowRankSparse(lam=0.05, lam_sparse=0.01, clip=5.0, iterations=6, epsilon=3.0),
-        lambda: MPMTLLowRank(epsilon=3.0),  # the defaults (STL start, local refit)
+        lambda: _mpmtl.MPMTLLowRank(epsilon=3.0),  # the defaults (STL start, local refit)
+        lambda: _mpmtl.MPMTLGroupSparse(epsilon=3.0),
     ],
 )
 def test_other_tasks_depend_on_a_task_only_through_the_releases(make, monkeypatch):

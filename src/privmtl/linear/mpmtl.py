@@ -78,6 +78,7 @@ from privmtl.linear.local import (
     _group_shrink,
     local_ridge,
     refit_with_metric,
+    select_ridge_per_task,
     variational_factor,
 )
 from privmtl.linear.losses import LOSSES, TaskBatch, public_lipschitz_bound
@@ -109,6 +110,9 @@ NOISES = ("gaussian", "wishart")
 COVARIANCES = ("WWt", "WtW")
 ALLOCATIONS = ("power", "geometric")
 EIGEN_FIXES = ("shift", "denoise", "clip", "none")
+#: ``init_alpha="cv"`` / ``refit_lam="cv"``: every task chooses its own ridge weight by k-fold
+#: cross-validation on its own samples (:func:`~privmtl.linear.local.select_ridge_per_task`).
+CV = "cv"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -129,9 +133,13 @@ _COMMON_PARAMS_DOC = """
         (a valid guarantee); ``"wishart"`` is the published Wishart step, kept for reproduction: its
         claimed ε-DP does not hold (SPEC §4) and ``privacy_`` then carries ``valid=False`` and the real δ.
     clip : float, default=1.0
-        Clipping norm K: every task model is rescaled to ``||w_i|| <= K`` before sharing.
-    iterations : int, default=50
-        Number of iterations T (= number of covariance releases).
+        Clipping norm K: every task model is rescaled to ``||w_i|| <= K`` before sharing. With the
+        local refit, a K below the models' norms shares their directions (each clipped model has
+        norm K), which is what the refit's metric needs; the noise grows with K².
+    iterations : int, default=1
+        Number of iterations T (= number of covariance releases). The default spends the whole
+        budget on one release of the tasks' own ridge models' covariance, which the local refit
+        then uses (the paper's Algorithm 2 uses many, e.g. 50, with ``refit_lam=None``).
     step_size : float or None, default=None
         η, the same for every task; ``None`` ⇒ every task its own step ``η_i = 1/L_i`` with
         ``L_i`` the Lipschitz constant of its own ``grad L_i`` (``1/(2 L_i)`` for the low-rank +
@@ -167,13 +175,15 @@ _COMMON_PARAMS_DOC = """
         Neighbouring relation of the guarantee (one whole task added/removed or replaced).
     accountant : str or None, default=None
         Passed to the covariance planner (e.g. ``"rdp"``, ``"pld"``); None ⇒ the planner's default.
-    eigen_fix : {"shift", "clip", "none"}, default="shift"
+    eigen_fix : {"denoise", "shift", "clip", "none"}, default="denoise"
         Post-processing of a released Gaussian covariance (the planner's PSD fix, applied here to
-        the eigenvalues of the one eigendecomposition per iteration): ``"shift"`` adds
-        ``c_t = shift_scale * sigma_t * sqrt(dim)`` to every eigenvalue and clips at 0, so that under
-        high noise M -> I (single-task learning, Prop. 1); ``"clip"`` only clips negative
-        eigenvalues (less shrinkage bias at moderate noise, but no STL limit); ``"none"``: raw.
-        Ignored for Wishart noise (positive definite already).
+        the eigenvalues of the one eigendecomposition per iteration): ``"denoise"`` drops the
+        eigenvalues the noise alone can produce (below the noise edge; under pure noise nothing is
+        kept, the refit metric is then the identity and the output single-task ridge);
+        ``"shift"`` adds ``c_t = shift_scale * sigma_t * sqrt(dim)`` to every eigenvalue and clips
+        at 0, so that under high noise M -> I (single-task learning, Prop. 1); ``"clip"`` only
+        clips negative eigenvalues (less shrinkage bias at moderate noise, but no STL limit);
+        ``"none"``: raw. Ignored for Wishart noise (positive definite already).
     instance_epsilon : float or None, default=None
         Alg. 5 (appendix B): each task additionally perturbs its clipped model before the covariance
         step, ``w-_i = clip(w~_i + b_i, K)`` with density ``p(b_i) ∝ exp(-ε_dp,t ||b_i|| / (2K))``
@@ -184,9 +194,12 @@ _COMMON_PARAMS_DOC = """
         norm is not bounded by K, so without re-clipping the covariance release would have
         unbounded sensitivity. Only the shared (curator-side) copy is perturbed; each task projects
         its own clean clipped model (its own state is never released unperturbed). None ⇒ off.
-    refit_lam : float or None, default=None
+    refit_lam : float, "cv" or None, default="cv"
         ``None``: the output is the paper's, ``W^(T)`` (projected clipped models). A float ``rho > 0``
-        replaces it by a *local variational refit* against the last release ``S``: every task
+        or ``"cv"`` replaces it by a *local variational refit* against the last release ``S``
+        (``"cv"``: every task chooses its own ``rho`` by cross-validation on its own samples given
+        ``S``, :func:`~privmtl.linear.local.select_ridge_per_task`; ``refit_lam_`` holds the
+        choices): every task
         solves ``argmin_w L_i(w) + (rho/2) w^T D^-1 w`` on its own data (μ not included), with
         ``D = (max(Lambda + c_T, 0)^(1/2) + tau)`` in the eigenbasis of ``S`` (diagonal of ``S``
         for the group-sparse estimator), normalised to mean eigenvalue 1 — one W-step of the
@@ -195,15 +208,16 @@ _COMMON_PARAMS_DOC = """
         the private release, so the MP-MTL guarantee is unchanged; unlike the projection it uses
         unclipped data, so clipping biases nothing, and it keeps the STL limit (pure noise ⇒
         ``D = I`` ⇒ ridge with weight ``rho``). Not available for the low-rank + sparse estimator
-        or ``covariance="WtW"``.
+        or ``covariance="WtW"`` (pass ``refit_lam=None`` there).
     refit_floor : float, default=1e-3
         ``tau = refit_floor * K * sqrt(m)`` (``K sqrt(m)`` bounds ``sqrt(Lambda)``), so that ``D > 0``.
-    init : {"zeros", "stl"} or array of shape (d, m), default="zeros"
+    init : {"zeros", "stl"} or array of shape (d, m), default="stl"
         Initial task models W^(0). ``"stl"``: every task's own ridge solution
         ``argmin L_i(w) + ((init_alpha + mu)/2)||w||^2`` (local, no privacy cost; the paper allows
         "initial task models acquired via arbitrary STL methods", and its analysis assumes them).
-    init_alpha : float, default=1e-3
-        Ridge weight of the ``"stl"`` initialization.
+    init_alpha : float or "cv", default="cv"
+        Ridge weight of the ``"stl"`` initialization; ``"cv"``: every task chooses its own by
+        cross-validation on its own samples (``init_alpha_`` holds the choices).
     random_state : None, int or numpy.random.Generator, default=None
         Source of all noise when ``noise_source="seeded"`` (same seed ⇒ same result); unused by
         secure noise.
@@ -251,6 +265,10 @@ _FITTED_DOC = """
         only; do not publish it alongside the models).
     epsilons_ : ndarray of shape (T,) or None
         Per-release budgets / noise parameters reported by the schedule (``per_release``).
+    init_alpha_ : ndarray of shape (m,) or None
+        Every task's ridge weight of the ``"stl"`` start (None for other starts).
+    refit_lam_ : ndarray of shape (m,) or None
+        Every task's refit weight (None without the refit).
     step_size_ : ndarray of shape (m,)
         η_i used by every task.
     lipschitz_ : ndarray of shape (m,)
@@ -784,10 +802,10 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         *,
         lam: float = 1.0,
         epsilon: float | None = None,
-        delta: float | None = None,
+        delta: float | str | None = None,
         noise: str = "gaussian",
         clip: float = 1.0,
-        iterations: int = 50,
+        iterations: int = 1,
         step_size: float | None = None,
         accelerate: bool = True,
         mu: float = 0.0,
@@ -798,11 +816,11 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         loss: str = "squared",
         relation: str = "add-remove",
         accountant: str | None = None,
-        eigen_fix: str = "shift",
+        eigen_fix: str = "denoise",
         instance_epsilon: float | None = None,
-        init: Any = "zeros",
-        init_alpha: float = 1e-3,
-        refit_lam: float | None = None,
+        init: Any = "stl",
+        init_alpha: float | str = CV,
+        refit_lam: float | str | None = CV,
         refit_floor: float = 1e-3,
         random_state: Any = None,
         noise_source: str = "secure",
@@ -890,12 +908,15 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             p["init"] = check_choice("init", self.init, ("zeros", "stl"))
         else:
             p["init"] = self.init
-        p["init_alpha"] = check_real("init_alpha", self.init_alpha, low=0.0, closed="neither")
-        p["refit_lam"] = (
-            None
-            if self.refit_lam is None
-            else check_real("refit_lam", self.refit_lam, low=0.0, closed="neither")
+        p["init_alpha"] = (
+            CV
+            if isinstance(self.init_alpha, str) and self.init_alpha == CV
+            else check_real("init_alpha", self.init_alpha, low=0.0, closed="neither")
         )
+        if self.refit_lam is None or (isinstance(self.refit_lam, str) and self.refit_lam == CV):
+            p["refit_lam"] = self.refit_lam
+        else:
+            p["refit_lam"] = check_real("refit_lam", self.refit_lam, low=0.0, closed="neither")
         p["refit_floor"] = check_real("refit_floor", self.refit_floor, low=0.0)
         p["noise_source"] = check_choice("noise_source", self.noise_source, NOISE_SOURCES)
         p["budget_epsilon"] = (
@@ -951,6 +972,8 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         return PreparedTasks(Xs, ys, loss=check_choice("loss", self.loss, LOSSES))
 
     def _fit_batch(self, prepared: PreparedTasks, p: dict[str, Any]) -> None:
+        self.init_alpha_: FloatArray | None = None
+        self.refit_lam_: FloatArray | None = None
         rng = check_rng(self.random_state)
         batch = prepared.batch
         m, d = batch.n_tasks, batch.n_features
@@ -1082,7 +1105,11 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                     shift=state.last_shift,
                     floor=p["refit_floor"] * K * math.sqrt(m),
                 )
-            self.coef_ = refit_with_metric(batch, p["loss"], p["refit_lam"], A)
+            rho = p["refit_lam"]
+            if rho == CV:  # every task its own weight, by CV on its own samples given A
+                rho = select_ridge_per_task(batch, p["loss"], A=A, seed=self._cv_seed())
+            self.refit_lam_ = np.broadcast_to(np.asarray(rho, dtype=np.float64), (m,)).copy()
+            self.coef_ = refit_with_metric(batch, p["loss"], rho, A)
         else:
             self.coef_ = state.W_hat_prev
         self.state_ = state
@@ -1100,12 +1127,23 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.instance_privacy_ = self._instance_guarantee(p, inst_eps)
         self.n_features_in_ = d
 
+    def _cv_seed(self) -> int:
+        """Seed of the tasks' own folds: ``random_state`` when it is an int, else 0."""
+        rs = self.random_state
+        return int(rs) if isinstance(rs, int | np.integer) and not isinstance(rs, bool) else 0
+
     def _initial_models(self, prepared: PreparedTasks, p: dict[str, Any]) -> FloatArray:
         d, m = prepared.batch.n_features, prepared.batch.n_tasks
         if isinstance(p["init"], str) and p["init"] == "zeros":
             return np.zeros((d, m))
         if isinstance(p["init"], str):
-            return prepared.ridge(p["init_alpha"] + p["mu"])
+            alpha = p["init_alpha"]
+            if alpha == CV:  # every task its own ridge weight, by CV on its own samples
+                alpha = select_ridge_per_task(prepared.batch, p["loss"], seed=self._cv_seed())
+                self.init_alpha_ = np.asarray(alpha, dtype=np.float64)
+                return local_ridge(prepared.batch, p["loss"], alpha + p["mu"])
+            self.init_alpha_ = np.full(m, float(alpha))
+            return prepared.ridge(alpha + p["mu"])
         W0 = np.asarray(p["init"], dtype=np.float64)
         if W0.shape != (d, m):
             raise DataFormatError(
@@ -1305,6 +1343,10 @@ class MPMTLLowRankSparse(_MPMTLBase):
     ``2L``-Lipschitz. ``P^(0) = W^(0)`` (see ``init``) and ``Q^(0) = 0`` (the paper starts both
     at ``W^(0)``, which double-counts a non-zero start).
 
+    Its defaults are the paper's Algorithm 4 (no local refit exists for it): ``iterations=50``,
+    ``eigen_fix="shift"``, ``init="zeros"``, ``init_alpha=1e-3``; the other parameters below
+    have the defaults stated.
+
     Parameters
     ----------
     lam_sparse : float, default=1.0
@@ -1326,7 +1368,7 @@ class MPMTLLowRankSparse(_MPMTLBase):
         lam: float = 1.0,
         lam_sparse: float = 1.0,
         epsilon: float | None = None,
-        delta: float | None = None,
+        delta: float | str | None = None,
         noise: str = "gaussian",
         clip: float = 1.0,
         iterations: int = 50,
@@ -1373,6 +1415,7 @@ class MPMTLLowRankSparse(_MPMTLBase):
             instance_epsilon=instance_epsilon,
             init=init,
             init_alpha=init_alpha,
+            refit_lam=None,
             random_state=random_state,
             noise_source=noise_source,
             budget_epsilon=budget_epsilon,
