@@ -397,7 +397,13 @@ def test_resumed_run_reuses_the_checkpointed_tuning(tmp_path, monkeypatch):
         return {"lam": 0.2, "clip": 2.0}, None
 
     monkeypatch.setattr(selection, "tune_method", fake_tune)
-    kw = {"data": "synthetic-lowrank", "method": "lowrank", "epsilon": 1.0, "iterations": 4}
+    kw = {
+        "data": "synthetic-lowrank",
+        "method": "lowrank",
+        "epsilon": 1.0,
+        "iterations": 4,
+        "tune": "pooled",  # the default uses public hyper-parameters: nothing to tune
+    }
     first = run_mpmtl(**kw, checkpoint_dir=tmp_path / "ck")
     assert calls == ["secure"]  # the tuning's fits use the run's noise source
     assert json.loads((tmp_path / "ck" / "tuning.json").read_text())["best"] == {

@@ -279,8 +279,8 @@ _FITTED_DOC = """
         Number of iterations run (T, or fewer when stopped on budget).
     stopped_on_budget_ : bool
         True when the run stopped before a release that would have exceeded ``budget_epsilon``.
-    noise_source_ : {"secure", "seeded"}
-        The noise source used.
+    noise_source_ : {"secure", "seeded", "none"}
+        The noise source used; ``"none"`` when the fit added no noise (``epsilon=None``).
     ledger_ : PrivacyLedger
         Every covariance release of the run (durable in ``checkpoint_dir``); ``privacy_.epsilon``
         is its ε for Gaussian releases.
@@ -1119,7 +1119,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.delta_ = float(delta)
         self.n_iter_ = state.iteration
         self.stopped_on_budget_ = bool(state.stopped_on_budget)
-        self.noise_source_ = noise.kind
+        self.noise_source_ = "none" if schedule.noise == "none" else noise.kind
         self.ledger_ = ledger
         per = getattr(schedule, "per_release", None)
         self.epsilons_ = None if per is None else np.asarray(per, dtype=np.float64)
@@ -1243,7 +1243,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                 "Alg. 5: models are perturbed (and re-clipped to K) before the covariance step; "
                 "the instance-level guarantee is in instance_privacy_."
             )
-        noise_source = p["noise_source"] if schedule.noise != "none" else None
+        noise_source = p["noise_source"] if schedule.noise != "none" else "none"
         if noise_source == "seeded":
             notes.append(SEEDED_NOISE_NOTE)
         return replace(g, notes=tuple(notes), details=details, noise_source=noise_source)
