@@ -51,6 +51,7 @@ def test_budget_checkpoint_ledger_and_evaluate(capsys, tmp_path):
     # the saved model is scored again exactly
     ev = _json(capsys, ["evaluate", "--models", str(models), "--json"])
     assert ev["nmse"] == out["nmse"] and ev["stopped_on_budget"] is True
+    assert ev["covered"] is out["covered"] is True  # --no-tune: nothing chosen on pooled data
     # resuming the finished run (same budget) reproduces it
     again = _json(capsys, [*args[:-2], "--resume"])
     assert again["nmse"] == out["nmse"] and again["epsilon"] == out["epsilon"]

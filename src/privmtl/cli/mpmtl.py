@@ -43,8 +43,9 @@ _final_opt = click.option(
     type=click.Choice(["auto", "projection", "refit"]),
     default="auto",
     show_default=True,
-    help="MP-MTL low-rank/group-sparse output rule searched by tuning: the paper's projected "
-    "models, the local variational refit against the last release, or both (CV chooses).",
+    help="MP-MTL low-rank/group-sparse output rule: the paper's projected models, the local "
+    "variational refit against the last release (auto: the refit; with --tune pooled, CV "
+    "chooses between both).",
 )
 
 
@@ -95,7 +96,12 @@ def _human(out: dict[str, Any]) -> None:
     is_flag=True,
     help="Use the MP-MTL paper's δ = 1/(m·log m) (paper reproductions; above 1/(100·m)).",
 )
-@click.option("--iterations", type=int, help="T: proximal-gradient iterations (default: tuned).")
+@click.option(
+    "--iterations",
+    type=int,
+    help="T: covariance releases / proximal-gradient iterations (default: the estimator's, one "
+    "release for lowrank and groupsparse; searched with --tune pooled).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--tune",

@@ -584,6 +584,7 @@ def evaluate_saved(
         "noise_source": meta.get("noise_source"),
         "stopped_on_budget": meta.get("stopped_on_budget"),
         "guarantee": meta.get("guarantee"),
+        "covered": (meta.get("guarantee") or {}).get("covered"),
         "summary": meta.get("summary"),
     }
     if test.task_type == "classification":
