@@ -317,10 +317,7 @@ def run_mpmtl(
             from privmtl.linear.selection import PerTaskSelected
 
             est = PerTaskSelected(
-                method=method,
-                loss=fixed.get("loss") or "squared",
-                n_splits=n_splits,
-                random_state=seed,
+                method=method, loss=fixed.get("loss") or "squared", random_state=seed
             )
     elif tune_mode == "covered" and method in PRIVATE_METHODS:
         note = _NOTE_PUBLIC
