@@ -40,6 +40,8 @@ def project(W0: np.ndarray, *, epsilon: float, noise: str, seed: int) -> np.ndar
         step_size=1.0,
         accelerate=False,
         init=W0,
+        refit_lam=None,  # the paper's projected output (the estimator's default is the refit)
+        eigen_fix="shift",
         random_state=seed,
         noise_source="seeded",  # a reproducible simulation
     ).fit(Xs, ys)

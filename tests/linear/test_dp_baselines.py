@@ -54,7 +54,9 @@ def test_dpmtrl_group_privacy_conversion_with_composition():
     m = len(Xs)
     n_max = max(x.shape[0] for x in Xs)
     eps, T = 3.0, 4
-    est = DPMTRL(lam1=0.1, lam2=0.1, epsilon=eps, iterations=T, random_state=0).fit(Xs, ys)
+    est = DPMTRL(lam1=0.1, lam2=0.1, epsilon=eps, iterations=T, delta="paper", random_state=0).fit(
+        Xs, ys
+    )
     delta = 1 / (m * math.log(m))
     eps_ip, delta_ip = mp_budget_for_ip(eps, delta, n_max)
     ip, mp = est.ip_privacy_, est.privacy_
@@ -66,6 +68,11 @@ def test_dpmtrl_group_privacy_conversion_with_composition():
     assert mp.epsilon <= eps * (1 + 1e-9) and mp.delta <= delta * (1 + 1e-9)
     assert (mp.epsilon, mp.delta) == pytest.approx(ip_to_mp(ip.epsilon, ip.delta, n_max))
     assert not mp.valid and any("Lipschitz" in n for n in mp.notes)
+    # the noise scale reads every task's size (n_max): labelled, not covered
+    assert not mp.covered and any("max_i n_i" in r for r in mp.not_covered)
+    # the default delta is below 1/m (DP practice), whatever the data set
+    default = DPMTRL(lam1=0.1, lam2=0.1, epsilon=eps, iterations=T, random_state=0).fit(Xs, ys)
+    assert default.privacy_.delta <= min(1e-5, 1 / (100 * m)) * (1 + 1e-9) < 1 / m
 
 
 def test_dpaggr_logistic_unit_rows_is_valid_and_scored_by_auc():
@@ -186,4 +193,6 @@ def test_bad_data():
     with pytest.raises(DataFormatError, match="labels"):
         DPMTRL(loss="logistic").fit(Xs, ys)
     with pytest.raises(InvalidParameterError, match="delta"):
-        DPAGGR(epsilon=1.0).fit(Xs[:1], ys[:1])
+        DPAGGR(epsilon=1.0, delta="paper").fit(Xs[:1], ys[:1])
+    with pytest.raises(InvalidParameterError, match="delta"):
+        DPAGGR(epsilon=1.0, delta="papers").fit(Xs, ys)

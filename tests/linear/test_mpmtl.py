@@ -9,17 +9,35 @@ import pytest
 from scipy import stats
 
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.linear import mpmtl as _mpmtl
 from privmtl.linear.losses import task_gradients
 from privmtl.linear.metrics import nmse
 from privmtl.linear.mpmtl import (
-    MPMTLGroupSparse,
-    MPMTLLowRank,
     MPMTLLowRankSparse,
     default_delta,
     local_ridge,
     sample_l2_laplace,
 )
 from privmtl.linear.prox import prox_l1, prox_l21, prox_trace_norm
+
+# The paper's Algorithms 2/3 (zero start, T = 50 releases, projected output, shift fix): what the
+# tests of this module check. The estimators' own defaults (STL start, one release, local refit
+# with per-task weights) are tested in tests/linear/test_mpmtl_defaults.py.
+PAPER_ALG = {
+    "iterations": 50,
+    "eigen_fix": "shift",
+    "init": "zeros",
+    "init_alpha": 1e-3,
+    "refit_lam": None,
+}
+
+
+def MPMTLLowRank(**kw):
+    return _mpmtl.MPMTLLowRank(**{**PAPER_ALG, **kw})
+
+
+def MPMTLGroupSparse(**kw):
+    return _mpmtl.MPMTLGroupSparse(**{**PAPER_ALG, **kw})
 
 
 # ------------------------------------------------------------------------------------ fixtures
@@ -56,15 +74,16 @@ def oracle(Xs, ys, *, prox, K, T, eta, accelerate, mu=0.0, loss="squared", W0=No
     d, m = Xs[0].shape[1], len(Xs)
     W = np.zeros((d, m)) if W0 is None else W0.copy()
     prev = _clip(W, K)
-    L = max(np.linalg.norm(x, 2) ** 2 / x.shape[0] for x in Xs) * (1 if loss == "squared" else 0.25)
-    L += mu
+    # every task's own Lipschitz constant (its momentum under strong convexity uses it)
+    c = 1 if loss == "squared" else 0.25
+    L = np.array([c * np.linalg.norm(x, 2) ** 2 / x.shape[0] + mu for x in Xs])
     hat = prev
     for t in range(1, T + 1):
         hat = prox(_clip(W, K))
         if not accelerate:
             beta = 0.0
         elif mu > 0:
-            beta = (1 - math.sqrt(mu / L)) / (1 + math.sqrt(mu / L))
+            beta = (1 - np.sqrt(mu / L)) / (1 + np.sqrt(mu / L))
         else:
             beta = (t - 1) / (t + 2)
         Z = hat + beta * (hat - prev)
@@ -127,9 +146,10 @@ def test_lowrank_sparse_without_noise_matches_formula():
     np.testing.assert_allclose(est.lowrank_, P_hat, atol=1e-9)
     np.testing.assert_allclose(est.sparse_, Q_hat, atol=1e-9)
     np.testing.assert_allclose(est.coef_, P_hat + Q_hat, atol=1e-9)
-    # default step of Alg. 4 is 1/(2L)
-    assert MPMTLLowRankSparse(iterations=2).fit(Xs, ys).step_size_ == pytest.approx(
-        0.5 / MPMTLLowRank(iterations=2).fit(Xs, ys).lipschitz_
+    # default step of Alg. 4 is 1/(2 L_i), every task its own
+    np.testing.assert_allclose(
+        MPMTLLowRankSparse(iterations=2).fit(Xs, ys).step_size_,
+        0.5 / MPMTLLowRank(iterations=2).fit(Xs, ys).lipschitz_,
     )
 
 
@@ -210,8 +230,13 @@ def test_moderate_noise_is_between_and_reported():
     g = est.privacy_
     assert g.is_private and g.valid
     assert g.epsilon <= 1.0 + 1e-6
-    assert g.delta == pytest.approx(default_delta(30))
-    assert est.delta_ == pytest.approx(1 / (30 * math.log(30)))
+    # the default delta is DP practice's min(1e-5, 1/(100 m)), below 1/m; the paper's on request
+    assert g.delta == pytest.approx(default_delta(30)) == pytest.approx(1e-5)
+    assert est.delta_ == pytest.approx(1e-5) and est.delta_ < 1 / 30
+    paper = MPMTLLowRank(
+        lam=0.05, clip=5.0, iterations=2, epsilon=1.0, delta="paper", noise_source="seeded"
+    ).fit(Xs, ys)
+    assert paper.delta_ == pytest.approx(1 / (30 * math.log(30)))
     assert est.noise_to_signal_.shape == (8,) and np.all(est.noise_to_signal_ > 0)
     assert est.n_iter_ == 8 and len(est.epsilons_) == 8
 
@@ -386,7 +411,9 @@ def test_bad_data():
     with pytest.raises(DataFormatError, match="init"):
         MPMTLLowRank(init=np.zeros((2, 2))).fit(Xs, ys)
     with pytest.raises(InvalidParameterError, match="delta"):
-        MPMTLLowRank(epsilon=1.0).fit(Xs[:1], ys[:1])
+        MPMTLLowRank(epsilon=1.0, delta="paper").fit(Xs[:1], ys[:1])
+    with pytest.raises(InvalidParameterError, match="delta"):
+        MPMTLLowRank(epsilon=1.0, delta="papers").fit(Xs, ys)
     est = MPMTLLowRank(iterations=2).fit(Xs, ys)
     with pytest.raises(DataFormatError, match="tasks"):
         est.predict(Xs[:2])
@@ -419,7 +446,7 @@ def test_folded_eigen_fix_equals_planner_fix():
         raw = plan_covariance_releases(dim=6, eigen_fix="none", **kw)
         A = fixed.release(1, cov, np.random.default_rng(5))
         B = raw.release(1, cov, np.random.default_rng(5))
-        shift = MPMTLLowRank._eigen_shift(raw, 1, fix, 6)
+        shift = _mpmtl.MPMTLLowRank._eigen_shift(raw, 1, fix, 6)
         for thr in (0.05, 0.5):
             np.testing.assert_allclose(
                 _apply_lowrank_left(A, thr, Wc), _apply_lowrank_left(B, thr, Wc, shift), atol=1e-10
@@ -444,3 +471,92 @@ def test_prepared_tasks_reuse_gives_identical_fits():
     np.testing.assert_array_equal(est.fit(prepared).coef_, a)  # the cache is not mutated
     with pytest.raises(InvalidParameterError, match="loss"):
         MPMTLLowRank(loss="logistic").fit(prepared)
+
+
+# ------------------------------------------------- mediation: other tasks only through releases
+def _replayed_fit(est, Xs, ys, releases, monkeypatch):
+    """Fit ``est``; record every release in ``releases`` (first run) or, when it holds them,
+    replay their matrices (the curator still clips this run's own models for ``shared``)."""
+    from privmtl.linear import mpmtl as mod
+
+    original = mod.CovarianceCurator.release
+    replay = bool(releases)
+
+    def release(self, t, messages):
+        out = original(self, t, messages)
+        if not replay:
+            releases.append(out)
+            return out
+        rec = releases[t]
+        return mod.CovarianceRelease(t, rec.Sigma, rec.shift, out.shared, rec.noise_to_signal)
+
+    monkeypatch.setattr(mod.CovarianceCurator, "release", release)
+    try:
+        return est.fit(Xs, ys)
+    finally:
+        monkeypatch.setattr(mod.CovarianceCurator, "release", original)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: MPMTLLowRank(lam=0.05, clip=5.0, iterations=6, epsilon=3.0),
+        lambda: MPMTLLowRank(lam=0.05, clip=5.0, iterations=6, epsilon=3.0, mu=0.05),
+        lambda: MPMTLGroupSparse(lam=0.3, clip=5.0, iterations=6, epsilon=3.0),
+        lambda: MPMTLLowRankSparse(lam=0.05, lam_sparse=0.01, clip=5.0, iterations=6, epsilon=3.0),
+        lambda: _mpmtl.MPMTLLowRank(epsilon=3.0),  # the defaults (STL start, local refit)
+        lambda: _mpmtl.MPMTLGroupSparse(epsilon=3.0),
+    ],
+)
+def test_other_tasks_depend_on_a_task_only_through_the_releases(make, monkeypatch):
+    """Oracle of the billboard structure: rescale task 0's features (its Lipschitz constant
+    becomes 9x the others', so a step shared by all tasks would change) and replay the first
+    run's releases: every other task's column is bit-identical."""
+    Xs, ys, _ = make_lowrank(m=10)
+    Xs2 = [x.copy() for x in Xs]
+    Xs2[0] = 3.0 * Xs2[0]
+    releases: list = []
+    kw = {"noise_source": "seeded", "random_state": 0}
+    a = _replayed_fit(make().set_params(**kw), Xs, ys, releases, monkeypatch)
+    b = _replayed_fit(make().set_params(**kw), Xs2, ys, releases, monkeypatch)
+    assert b.lipschitz_[0] > 5 * a.lipschitz_[0]
+    np.testing.assert_array_equal(a.coef_[:, 1:], b.coef_[:, 1:])
+    np.testing.assert_array_equal(a.step_size_[1:], b.step_size_[1:])
+    assert not np.array_equal(a.coef_[:, 0], b.coef_[:, 0])
+
+
+def test_replay_oracle_detects_a_coupling(monkeypatch):
+    """The same replay catches a path that mixes other tasks' models outside the release
+    (covariance='WtW': W^ = W~ M uses the others' clipped models) and a step shared by all tasks."""
+    Xs, ys, _ = make_lowrank(m=10)
+    Xs2 = [x.copy() for x in Xs]
+    Xs2[0] = 3.0 * Xs2[0]
+    kw = {"lam": 0.05, "clip": 5.0, "iterations": 6, "noise_source": "seeded", "random_state": 0}
+    releases: list = []
+    a = _replayed_fit(MPMTLLowRank(covariance="WtW", **kw), Xs, ys, releases, monkeypatch)
+    b = _replayed_fit(MPMTLLowRank(covariance="WtW", **kw), Xs2, ys, releases, monkeypatch)
+    assert not np.array_equal(a.coef_[:, 1:], b.coef_[:, 1:])
+    # a shared step from all tasks (the mutant: max_i L_i for every task) changes the others
+    shared = {"step_size": 1.0 / max(np.linalg.norm(x, 2) ** 2 / x.shape[0] for x in Xs)}
+    shared2 = {"step_size": 1.0 / max(np.linalg.norm(x, 2) ** 2 / x.shape[0] for x in Xs2)}
+    releases = []
+    a = _replayed_fit(MPMTLLowRank(**kw, **shared), Xs, ys, releases, monkeypatch)
+    b = _replayed_fit(MPMTLLowRank(**kw, **shared2), Xs2, ys, releases, monkeypatch)
+    assert not np.array_equal(a.coef_[:, 1:], b.coef_[:, 1:])
+
+
+def test_task_steps_read_only_the_own_task():
+    from privmtl.linear.common import PreparedTasks, task_steps
+
+    Xs, ys, _ = make_lowrank(m=6)
+    lips, eta = task_steps(PreparedTasks(Xs, ys, loss="squared"), 0.1)
+    for i, x in enumerate(Xs):  # independent computation: largest eigenvalue of X^T X / n + mu
+        top = np.linalg.eigvalsh(x.T @ x / x.shape[0])[-1] + 0.1
+        assert lips[i] == pytest.approx(top, rel=1e-12) and eta[i] == pytest.approx(1 / top)
+    Xs2 = [x.copy() for x in Xs]
+    Xs2[2] = 10.0 * Xs2[2]
+    Xs2.append(np.ones((50, Xs[0].shape[1])))  # another, longer task changes the padding
+    lips2, _ = task_steps(PreparedTasks(Xs2, [*ys, np.ones(50)], loss="squared"), 0.1)
+    np.testing.assert_array_equal(np.delete(lips2[:6], 2), np.delete(lips, 2))
+    _, half = task_steps(PreparedTasks(Xs, ys, loss="squared"), 0.1, decomposed=True)
+    np.testing.assert_allclose(half, eta / 2)

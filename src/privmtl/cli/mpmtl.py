@@ -22,6 +22,7 @@ from privmtl.cli._data_options import mpmtl_data_kwargs, mpmtl_data_options
 from privmtl.experiments.mpmtl import (
     DATASETS,
     METHODS,
+    TUNE_MODES,
     run_mpmtl,
 )
 from privmtl.io import check_writable_dir
@@ -48,8 +49,9 @@ _final_opt = click.option(
     type=click.Choice(["auto", "projection", "refit"]),
     default="auto",
     show_default=True,
-    help="MP-MTL low-rank/group-sparse output rule searched by tuning: the paper's projected "
-    "models, the local variational refit against the last release, or both (CV chooses).",
+    help="MP-MTL low-rank/group-sparse output rule: the paper's projected models, the local "
+    "variational refit against the last release (auto: the refit; with --tune pooled, CV "
+    "chooses between both).",
 )
 
 
@@ -70,7 +72,8 @@ def _human(out: dict[str, Any]) -> None:
     click.echo(f"privacy: {out['summary']}")
     for note in out["guarantee"]["notes"]:
         click.echo(f"note: {note}")
-    click.echo(f"tuning: {out['tuning_note']}")
+    click.echo(f"tuning ({out['tune']}): {out['tuning_note']}")
+    click.echo(f"covered by the guarantee: {'yes' if out['covered'] else 'NO'}")
     click.echo(f"noise source: {out['noise_source']}")
     if out.get("stopped_on_budget"):
         click.echo(
@@ -91,12 +94,38 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--delta",
     type=float,
-    help="δ. Default: 1/(m·log m) on the papers' data (school, synthetic-*), as in the MP-MTL "
-    "paper; min(1e-5, 1/(100·m)) on a user's table. δ >= 1/m warns; δ >= 1 is refused.",
+    help="δ. Default: min(1e-5, 1/(100·m)) on every data set (below 1/m, DP practice). "
+    "δ >= 1/m warns; δ >= 1 is refused.",
 )
-@click.option("--iterations", type=int, help="T: proximal-gradient iterations (default: tuned).")
+@click.option(
+    "--paper-delta",
+    is_flag=True,
+    help="Use the MP-MTL paper's δ = 1/(m·log m) (paper reproductions; above 1/(100·m)).",
+)
+@click.option(
+    "--iterations",
+    type=int,
+    help="T: covariance releases / proximal-gradient iterations (default: the estimator's, one "
+    "release for lowrank and groupsparse; searched with --tune pooled).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--tune/--no-tune", default=True, show_default=True, help="k-fold CV on train split.")
+@click.option(
+    "--tune",
+    "tune",
+    type=click.Choice(list(TUNE_MODES)),
+    default="covered",
+    show_default=True,
+    help="Hyper-parameters. covered: single-task baselines choose per task on their own samples, "
+    "private methods use public defaults, non-private ones (ε = ∞) k-fold CV over all tasks; "
+    "pooled: the paper's k-fold CV over every task's data for every method (private results then "
+    "say covered: false); none: the estimators' defaults.",
+)
+@click.option(
+    "--no-tune",
+    "no_tune",
+    is_flag=True,
+    help="Same as --tune none.",
+)
 @click.option(
     "--relation",
     type=click.Choice(list(RELATIONS)),
@@ -142,9 +171,11 @@ def mpmtl(
     noise: str,
     epsilon: float | None,
     delta: float | None,
+    paper_delta: bool,
     iterations: int | None,
     seed: int,
-    tune: bool,
+    tune: str,
+    no_tune: bool,
     relation: str,
     accountant: str,
     final_step: str,
@@ -164,6 +195,10 @@ def mpmtl(
     split's statistics and a 70/30 split by default; --data school keeps the MP-MTL paper's
     protocol (unit-norm rows, 30% training).
     """
+    if paper_delta and delta is not None:
+        raise click.BadParameter(
+            "--paper-delta and --delta are exclusive; got both.", param_hint="--paper-delta"
+        )
     check_save_dir(save_models, overwrite=overwrite)
     table = mpmtl_data_kwargs(data_opts, data)
     for name, folder in (("save_models", save_models), ("checkpoint_dir", checkpoint_dir)):
@@ -176,10 +211,10 @@ def mpmtl(
         method=method,
         noise=noise,
         epsilon=epsilon,
-        delta=delta,
+        delta="paper" if paper_delta else delta,
         iterations=iterations,
         seed=seed,
-        tune=tune,
+        tune="none" if no_tune else tune,
         relation=relation,
         accountant=accountant,
         final_step=final_step,

@@ -202,7 +202,7 @@ def run_mpmtl_sweep(
             return run_mpmtl(
                 **common(method, seed),
                 epsilon=epsilon,
-                tune=tune_mode != "none",
+                tune="pooled" if tune_mode != "none" else "none",
                 iterations=iterations,
             )
         key = (method, seed)
@@ -210,7 +210,10 @@ def run_mpmtl_sweep(
             ref = log.get(config(method, reference_eps, seed))
             if ref is None:
                 ref = run_mpmtl(
-                    **common(method, seed), epsilon=reference_eps, tune=True, iterations=iterations
+                    **common(method, seed),
+                    epsilon=reference_eps,
+                    tune="pooled",
+                    iterations=iterations,
                 )
             tuned_once[key] = {k: v for k, v in ref["params"].items() if k not in _PRIVACY_KEYS}
             if epsilon == reference_eps:

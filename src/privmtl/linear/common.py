@@ -18,19 +18,59 @@ from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.local import local_ridge
 from privmtl.linear.losses import LOSSES, TaskBatch, task_lipschitz
 
-__all__ = ["PreparedTasks", "check_tasks", "default_delta"]
+__all__ = [
+    "PAPER_DELTA",
+    "PreparedTasks",
+    "check_tasks",
+    "default_delta",
+    "paper_delta",
+    "resolve_delta",
+    "task_steps",
+]
 
 FloatArray = NDArray[np.float64]
 
 
+#: ``delta="paper"`` selects the MP-MTL paper's δ (:func:`paper_delta`) for reproductions.
+PAPER_DELTA = "paper"
+
+
 def default_delta(m: int) -> float:
-    """The paper's ``delta = 1 / (m log m)`` (natural log); needs at least 2 tasks."""
+    """The default δ of every linear method with ``m`` tasks: DP practice, well below ``1/m``.
+
+    :func:`privmtl.privacy.delta.user_data_delta`, ``min(1e-5, 1/(100 m))``, on every data set.
+    """
+    from privmtl.privacy.delta import user_data_delta
+
+    return user_data_delta(m)
+
+
+def paper_delta(m: int) -> float:
+    """The MP-MTL paper's ``delta = 1 / (m log m)`` (natural log); needs at least 2 tasks.
+
+    Kept for reproducing the paper (``delta="paper"``, ``--paper-delta``); it is above
+    ``1/(100 m)``, which DP practice asks for.
+    """
     if m < 2:
         raise InvalidParameterError(
-            "The 'delta' parameter must be given explicitly with fewer than 2 tasks "
-            f"(the default 1/(m log m) is undefined); got m={m}."
+            "The 'delta' parameter 'paper' needs at least 2 tasks (1/(m log m) is undefined); "
+            f"got m={m}."
         )
     return 1.0 / (m * math.log(m))
+
+
+def resolve_delta(delta: float | str | None, m: int) -> float:
+    """δ of a fit with ``m`` tasks: ``None`` ⇒ :func:`default_delta`, ``"paper"`` ⇒
+    :func:`paper_delta`, a number ⇒ itself."""
+    if delta is None:
+        return default_delta(m)
+    if isinstance(delta, str):
+        if delta != PAPER_DELTA:
+            raise InvalidParameterError(
+                f"The 'delta' parameter must be a float in (0, 1), 'paper' or None; got {delta!r}."
+            )
+        return paper_delta(m)
+    return float(delta)
 
 
 def check_tasks(
@@ -162,6 +202,34 @@ class PreparedTasks:
         if alpha not in self._ridge:
             self._ridge[alpha] = local_ridge(self.batch, self.loss, alpha)
         return self._ridge[alpha].copy()
+
+
+def task_steps(
+    prepared: PreparedTasks, mu: float, *, decomposed: bool = False
+) -> tuple[FloatArray, FloatArray]:
+    """Per-task Lipschitz constants ``L_i`` and proximal-gradient steps ``1/L_i`` (``1/(2 L_i)``
+    for a decomposed ``W = P + Q``), each computed from task i's own rows only.
+
+    ``L_i = c ||X_i||_2^2 / n_i + mu`` (:func:`~privmtl.linear.losses.lipschitz`) is evaluated on
+    the task's own unpadded array, so task i's step does not depend on any other task's data
+    (not even on the padding length of a batch).
+
+    Raises
+    ------
+    DataFormatError
+        If a task's constant is zero (all its features are zero) or not finite.
+    """
+    from privmtl.linear.losses import lipschitz
+
+    kind: Any = prepared.loss
+    lips = np.array([lipschitz(kind, X, mu=mu) for X in prepared.Xl], dtype=np.float64)
+    bad = np.flatnonzero(~(np.isfinite(lips) & (lips > 0)))
+    if bad.size:
+        raise DataFormatError(
+            f"task {int(bad[0])}: the loss has a zero Lipschitz constant (all its features are "
+            "zero?); cannot set its step."
+        )
+    return lips, 1.0 / ((2.0 if decomposed else 1.0) * lips)
 
 
 class _LinearMTLMixin:

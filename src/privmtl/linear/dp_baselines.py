@@ -73,12 +73,18 @@ from sklearn.base import BaseEstimator
 
 from privmtl._validation import Interval, Options, RandomState, check_rng, validate_params
 from privmtl.exceptions import InvalidParameterError
-from privmtl.linear.common import _LinearMTLMixin, check_tasks, default_delta
+from privmtl.linear.common import PAPER_DELTA, _LinearMTLMixin, check_tasks, resolve_delta
 from privmtl.linear.local import local_ridge
 from privmtl.linear.losses import LOSSES, TaskBatch
 from privmtl.privacy.mechanisms import sample_l2_laplace
 
-__all__ = ["DPAGGR", "DPMTRL", "GROUP_PRIVACY_NOTION"]
+__all__ = [
+    "DPAGGR",
+    "DPMTRL",
+    "GROUP_PRIVACY_NOTION",
+    "NOT_COVERED_AGGR_SCALE",
+    "NOT_COVERED_GROUP_FACTOR",
+]
 
 FloatArray = NDArray[np.float64]
 
@@ -86,13 +92,24 @@ FloatArray = NDArray[np.float64]
 GROUP_PRIVACY_NOTION = "MP-MTL via group privacy (Prop. 3)"
 
 
+#: Outputs of the two IP-MTL baselines that read every task's data outside the release.
+NOT_COVERED_GROUP_FACTOR = (
+    "every task's noise scale uses n = max_i n_i, the largest task's sample count (the group-"
+    "privacy factor of Prop. 3): one task's size changes the noise of every other task"
+)
+NOT_COVERED_AGGR_SCALE = (
+    "the noise scale of the released average is max_i 2 L_i/(m n_i lam), from every task's "
+    "sample count and Lipschitz estimate (and the row-norm check of the logistic bound)"
+)
+
+
 def _budgets(
-    epsilon: float, delta: float | None, m: int, n_max: int
+    epsilon: float, delta: float | str | None, m: int, n_max: int
 ) -> tuple[float, float, float, float]:
     """MP target (ε, δ) and the IP budget (ε/n, δ/(n e^ε)) of Prop. 3."""
     from privmtl.privacy.composition import mp_budget_for_ip
 
-    dlt = delta if delta is not None else default_delta(m)
+    dlt = resolve_delta(delta, m)
     eps_ip, delta_ip = mp_budget_for_ip(epsilon, dlt, n_max)
     return epsilon, dlt, eps_ip, delta_ip
 
@@ -105,6 +122,7 @@ def _guarantees(
     valid: bool,
     notes: tuple[str, ...],
     details: dict[str, Any],
+    not_covered: tuple[str, ...] = (NOT_COVERED_GROUP_FACTOR,),
 ) -> tuple[Any, Any]:
     """(MP-MTL guarantee via group privacy, IP-MTL guarantee) of T pure-ε releases."""
     from privmtl.privacy.composition import composition_bound, ip_to_mp
@@ -135,7 +153,7 @@ def _guarantees(
         ),
         **common,
     )
-    return mp, ip
+    return mp.with_not_covered(*not_covered), ip.with_not_covered(*not_covered)
 
 
 def _estimated_lipschitz(X: FloatArray, y: FloatArray, w: FloatArray) -> float:
@@ -147,7 +165,7 @@ def _estimated_lipschitz(X: FloatArray, y: FloatArray, w: FloatArray) -> float:
 #: Constraints shared by the two IP-MTL baselines.
 _COMMON_CONSTRAINTS: dict[str, Any] = {
     "epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
-    "delta": [None, Interval(Real, 0.0, 1.0, closed="neither")],
+    "delta": [None, Interval(Real, 0.0, 1.0, closed="neither"), Options((PAPER_DELTA,))],
     "loss": Options(LOSSES),
     "random_state": RandomState(),
 }
@@ -180,8 +198,10 @@ class DPMTRL(_IPBase):
     epsilon : float or None, default=None
         Target MP-MTL ε; the method runs at the IP budget ε/n. ``None`` ⇒ no noise (plain
         alternating MTRL with the same block solver).
-    delta : float or None, default=None
-        Target MP-MTL δ; ``None`` ⇒ ``1/(m log m)``. The IP budget is δ/(n e^ε).
+    delta : float, "paper" or None, default=None
+        Target MP-MTL δ; ``None`` ⇒ ``min(1e-5, 1/(100 m))``
+        (:func:`~privmtl.linear.common.default_delta`), ``"paper"`` ⇒ the paper's
+        ``1/(m log m)``. The IP budget is δ/(n e^ε).
     iterations : int, default=1
         Outer iterations T (the paper's cross-validation chose T = 1 on its synthetic data).
     omega_eps : float, default=1e-3
@@ -289,8 +309,11 @@ class DPMTRL(_IPBase):
                     if eps_t is not None:
                         lips[i] = _estimated_lipschitz(Xl[i], yl[i], w)
                         sens = 2.0 * lips[i] / (n[i] * c)
+                        # draw even when sens = 0, so that the noise stream of the next tasks
+                        # does not depend on this task's data
+                        b = sample_l2_laplace(rng, d, sens / eps_t[t] if sens > 0 else 1.0, 1)
                         if sens > 0:
-                            w = w + sample_l2_laplace(rng, d, sens / eps_t[t], 1)[:, 0]
+                            w = w + b[:, 0]
                     released[:, i] = w
                 wn = float(np.linalg.norm(local))
                 en = float(np.linalg.norm(released - local))
@@ -362,8 +385,9 @@ class DPAGGR(_IPBase):
         Local ridge weight ``> 0`` (the sensitivity is ``∝ 1/lam``).
     epsilon : float or None, default=None
         Target MP-MTL ε (run at ε/n). ``None`` ⇒ plain model averaging.
-    delta : float or None, default=None
-        Target MP-MTL δ; ``None`` ⇒ ``1/(m log m)``. The mechanism is pure ε, so the reported δ is 0.
+    delta : float, "paper" or None, default=None
+        Target MP-MTL δ; ``None`` ⇒ ``min(1e-5, 1/(100 m))``, ``"paper"`` ⇒ ``1/(m log m)``. The
+        mechanism is pure ε, so the reported δ is 0.
     loss : {"squared", "logistic"}, default="squared"
     random_state : None, int or Generator, default=None
 
@@ -453,6 +477,7 @@ class DPAGGR(_IPBase):
                     "sensitivity of the average of m local ridge models: max_i 2 L_i/(m n_i lam)",
                 ),
                 details={"sensitivity": sens},
+                not_covered=(NOT_COVERED_GROUP_FACTOR, NOT_COVERED_AGGR_SCALE),
             )
         else:
             from privmtl.privacy.guarantee import PrivacyGuarantee

@@ -49,6 +49,7 @@ __all__ = [
     "loss_grad",
     "loss_value",
     "per_sample_loss",
+    "public_lipschitz_bound",
     "task_gradients",
     "task_lipschitz",
     "task_losses",
@@ -165,6 +166,20 @@ def loss_grad(
     return np.asarray(g + m * wa if m else g, dtype=np.float64)
 
 
+def curvature(kind: LossKind) -> float:
+    """``c`` with ``|l''| <= c``: 1 for the squared loss, 1/4 for the logistic loss."""
+    return 1.0 if _kind(kind) == "squared" else 0.25
+
+
+def public_lipschitz_bound(kind: LossKind, mu: float = 0.0, *, row_norm: float = 1.0) -> float:
+    """``c row_norm^2 + mu``: a bound on every task's Lipschitz constant that reads no data.
+
+    Valid whenever every row has ``||x|| <= row_norm`` (``||X||_2^2 / n <= max_j ||x_j||^2``);
+    ``row_norm = 1`` is the MP-MTL paper's normalization (unit-length rows).
+    """
+    return curvature(kind) * float(row_norm) ** 2 + _mu(mu)
+
+
 def lipschitz(kind: LossKind, X: ArrayLike, *, mu: float = 0.0) -> float:
     """Lipschitz constant of :func:`loss_grad`: ``c ||X||_2^2 / n + mu``.
 
@@ -172,9 +187,8 @@ def lipschitz(kind: LossKind, X: ArrayLike, *, mu: float = 0.0) -> float:
     norm.
     The bound is tight for the squared loss (it is the largest Hessian eigenvalue).
     """
-    k = _kind(kind)
     Xa = np.asarray(X, dtype=np.float64)
-    c = 1.0 if k == "squared" else 0.25
+    c = curvature(kind)
     if Xa.size == 0:
         return _mu(mu)
     spec = float(np.linalg.norm(Xa, 2))
@@ -267,8 +281,7 @@ class TaskBatch:
 
     def lipschitz(self, kind: LossKind, *, mu: float = 0.0) -> FloatArray:
         """Per-task Lipschitz constants of the gradients, shape ``(m,)``."""
-        k = _kind(kind)
-        c = 1.0 if k == "squared" else 0.25
+        c = curvature(kind)
         n_max, d = self.X.shape[1], self.X.shape[2]
         # The spectral norm from the smaller Gram matrix (padding rows are zero, so harmless).
         if n_max <= d:

@@ -15,15 +15,16 @@ Every iteration ``t = 0..T-1`` does exactly (Alg. 2/3 of the paper, 0-based here
     W~    = clip_columns(W, K)                         # each task, locally
     S~    = W~ W~^T                                    # curator (d x d)
     S     = schedule.release(t, S~, rng)               # the only privatized message
-    M     = U diag(max(0, 1 - eta*lam/sqrt(Lambda))) U^T   with U Lambda U^T = S   (low rank;
+    M_i   = U diag(max(0, 1 - eta_i*lam/sqrt(Lambda))) U^T  with U Lambda U^T = S  (low rank;
                                                        directions with Lambda <= 0 get 0)
-          = diag(max(0, 1 - eta*lam/sqrt(|S_jj|)))                              (group sparse)
-    w^_i  = M w~_i                                     # each task, locally
+          = diag(max(0, 1 - eta_i*lam/sqrt(|S_jj|)))                            (group sparse)
+    w^_i  = M_i w~_i                                   # each task, locally
     z_i   = w^_i + beta_t (w^_i - w^_i_prev)
-    w_i   = z_i - eta * grad L_i(z_i)
+    w_i   = z_i - eta_i * grad L_i(z_i)
 
 and returns ``coef_ = W^^(T)``, the last projected models ``w^_i`` (the paper's output; the
-final local gradient step is skipped since it would not reach the output). Only ``S``
+final local gradient step is skipped since it would not reach the output). ``eta_i = 1/L_i`` is
+task i's own step (:func:`~privmtl.linear.common.task_steps`). Only ``S``
 depends on other tasks, so each task's output is post-processing of the covariance releases: the
 guarantee is the one of the :class:`~privmtl.privacy.covariance.CovarianceSchedule` (MP-MTL, the
 whole task — data and model sequence — is the unit of privacy). The schedule is planned by
@@ -63,10 +64,13 @@ from sklearn.base import BaseEstimator
 from privmtl._validation import check_choice, check_int, check_real, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.common import (
+    PAPER_DELTA,
     PreparedTasks,
     _clip_columns,
     _LinearMTLMixin,
     default_delta,
+    resolve_delta,
+    task_steps,
 )
 from privmtl.linear.local import (
     _apply_lowrank_left,
@@ -74,9 +78,10 @@ from privmtl.linear.local import (
     _group_shrink,
     local_ridge,
     refit_with_metric,
+    select_ridge_per_task,
     variational_factor,
 )
-from privmtl.linear.losses import LOSSES, TaskBatch
+from privmtl.linear.losses import LOSSES, TaskBatch, public_lipschitz_bound
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.mechanisms import sample_l2_laplace
@@ -96,6 +101,7 @@ __all__ = [
     "default_delta",
     "local_ridge",
     "sample_l2_laplace",
+    "task_steps",
 ]
 
 FloatArray = NDArray[np.float64]
@@ -104,6 +110,9 @@ NOISES = ("gaussian", "wishart")
 COVARIANCES = ("WWt", "WtW")
 ALLOCATIONS = ("power", "geometric")
 EIGEN_FIXES = ("shift", "denoise", "clip", "none")
+#: ``init_alpha="cv"`` / ``refit_lam="cv"``: every task chooses its own ridge weight by k-fold
+#: cross-validation on its own samples (:func:`~privmtl.linear.local.select_ridge_per_task`).
+CV = "cv"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -115,22 +124,32 @@ _COMMON_PARAMS_DOC = """
     epsilon : float or None, default=None
         Total MP-MTL budget ε over the T covariance releases. ``None`` ⇒ non-private (the covariance
         is used without noise; the solver is then exactly the non-private proximal-gradient method).
-    delta : float or None, default=None
-        δ of the guarantee; ``None`` ⇒ ``1/(m log m)`` at fit time (the paper's choice).
+    delta : float, "paper" or None, default=None
+        δ of the guarantee; ``None`` ⇒ ``min(1e-5, 1/(100 m))`` at fit time
+        (:func:`~privmtl.linear.common.default_delta`, below ``1/m`` as DP practice asks);
+        ``"paper"`` ⇒ the MP-MTL paper's ``1/(m log m)``, for reproductions.
     noise : {"gaussian", "wishart"}, default="gaussian"
         Covariance mechanism. ``"gaussian"`` is the Analyze-Gauss mechanism with RDP/PLD accounting
         (a valid guarantee); ``"wishart"`` is the published Wishart step, kept for reproduction: its
         claimed ε-DP does not hold (SPEC §4) and ``privacy_`` then carries ``valid=False`` and the real δ.
     clip : float, default=1.0
-        Clipping norm K: every task model is rescaled to ``||w_i|| <= K`` before sharing.
-    iterations : int, default=50
-        Number of iterations T (= number of covariance releases).
+        Clipping norm K: every task model is rescaled to ``||w_i|| <= K`` before sharing. With the
+        local refit, a K below the models' norms shares their directions (each clipped model has
+        norm K), which is what the refit's metric needs; the noise grows with K².
+    iterations : int, default=1
+        Number of iterations T (= number of covariance releases). The default spends the whole
+        budget on one release of the tasks' own ridge models' covariance, which the local refit
+        then uses (the paper's Algorithm 2 uses many, e.g. 50, with ``refit_lam=None``).
     step_size : float or None, default=None
-        η; ``None`` ⇒ ``1/L`` with ``L = max_i`` Lipschitz constant of ``grad L_i`` (``1/(2L)`` for
-        the low-rank + sparse estimator, whose gradient in (P, Q) is ``2L``-Lipschitz).
+        η, the same for every task; ``None`` ⇒ every task its own step ``η_i = 1/L_i`` with
+        ``L_i`` the Lipschitz constant of its own ``grad L_i`` (``1/(2 L_i)`` for the low-rank +
+        sparse estimator, whose gradient in (P, Q) is ``2 L_i``-Lipschitz), computed from task
+        i's rows only (:func:`~privmtl.linear.common.task_steps`): no task's trajectory depends on
+        another task's data except through the releases. Task i's projection threshold is
+        ``η_i lam``; when all ``L_i`` are equal this is exactly the paper's iteration.
     accelerate : bool, default=True
-        Momentum β_t = (t-1)/(t+2) (t = 1..T, convex case, μ = 0) or
-        β = (1-√(μ/L))/(1+√(μ/L)) (μ > 0); β_t = 0 when False.
+        Momentum β_t = (t-1)/(t+2) (t = 1..T, convex case, μ = 0) or, per task,
+        β_i = (1-√(μ/L_i))/(1+√(μ/L_i)) (μ > 0); β_t = 0 when False.
     mu : float, default=0.0
         Strong-convexity weight: ``(mu/2)||w_i||^2`` is added to every L_i (the paper uses 1e-3).
     allocation : {"power", "geometric"}, default="power"
@@ -139,7 +158,10 @@ _COMMON_PARAMS_DOC = """
         α of the power allocation; ``None`` ⇒ the paper's optimum, 0 without and 2/5 with acceleration.
     Q : float or None, default=None
         Q of the geometric allocation; ``None`` ⇒ the paper's optimum, ``(1-μ/L)^{2/5}`` without and
-        ``(1-√(μ/L))^{1/5}`` with acceleration (1, i.e. uniform, when μ = 0).
+        ``(1-√(μ/L))^{1/5}`` with acceleration (1, i.e. uniform, when μ = 0), evaluated at the
+        public bound ``L = c + μ`` of unit-norm rows
+        (:func:`~privmtl.linear.losses.public_lipschitz_bound`): the allocation is part of the
+        privacy schedule, so it reads no task's data.
     covariance : {"WWt", "WtW"}, default="WWt"
         ``"WWt"``: the d x d feature covariance of Alg. 2/3. ``"WtW"``: the m x m task covariance
         (Alg. 1 alternative); the low-rank projection is then applied from the right,
@@ -153,13 +175,15 @@ _COMMON_PARAMS_DOC = """
         Neighbouring relation of the guarantee (one whole task added/removed or replaced).
     accountant : str or None, default=None
         Passed to the covariance planner (e.g. ``"rdp"``, ``"pld"``); None ⇒ the planner's default.
-    eigen_fix : {"shift", "clip", "none"}, default="shift"
+    eigen_fix : {"denoise", "shift", "clip", "none"}, default="denoise"
         Post-processing of a released Gaussian covariance (the planner's PSD fix, applied here to
-        the eigenvalues of the one eigendecomposition per iteration): ``"shift"`` adds
-        ``c_t = shift_scale * sigma_t * sqrt(dim)`` to every eigenvalue and clips at 0, so that under
-        high noise M -> I (single-task learning, Prop. 1); ``"clip"`` only clips negative
-        eigenvalues (less shrinkage bias at moderate noise, but no STL limit); ``"none"``: raw.
-        Ignored for Wishart noise (positive definite already).
+        the eigenvalues of the one eigendecomposition per iteration): ``"denoise"`` drops the
+        eigenvalues the noise alone can produce (below the noise edge; under pure noise nothing is
+        kept, the refit metric is then the identity and the output single-task ridge);
+        ``"shift"`` adds ``c_t = shift_scale * sigma_t * sqrt(dim)`` to every eigenvalue and clips
+        at 0, so that under high noise M -> I (single-task learning, Prop. 1); ``"clip"`` only
+        clips negative eigenvalues (less shrinkage bias at moderate noise, but no STL limit);
+        ``"none"``: raw. Ignored for Wishart noise (positive definite already).
     instance_epsilon : float or None, default=None
         Alg. 5 (appendix B): each task additionally perturbs its clipped model before the covariance
         step, ``w-_i = clip(w~_i + b_i, K)`` with density ``p(b_i) ∝ exp(-ε_dp,t ||b_i|| / (2K))``
@@ -170,9 +194,12 @@ _COMMON_PARAMS_DOC = """
         norm is not bounded by K, so without re-clipping the covariance release would have
         unbounded sensitivity. Only the shared (curator-side) copy is perturbed; each task projects
         its own clean clipped model (its own state is never released unperturbed). None ⇒ off.
-    refit_lam : float or None, default=None
+    refit_lam : float, "cv" or None, default="cv"
         ``None``: the output is the paper's, ``W^(T)`` (projected clipped models). A float ``rho > 0``
-        replaces it by a *local variational refit* against the last release ``S``: every task
+        or ``"cv"`` replaces it by a *local variational refit* against the last release ``S``
+        (``"cv"``: every task chooses its own ``rho`` by cross-validation on its own samples given
+        ``S``, :func:`~privmtl.linear.local.select_ridge_per_task`; ``refit_lam_`` holds the
+        choices): every task
         solves ``argmin_w L_i(w) + (rho/2) w^T D^-1 w`` on its own data (μ not included), with
         ``D = (max(Lambda + c_T, 0)^(1/2) + tau)`` in the eigenbasis of ``S`` (diagonal of ``S``
         for the group-sparse estimator), normalised to mean eigenvalue 1 — one W-step of the
@@ -181,15 +208,16 @@ _COMMON_PARAMS_DOC = """
         the private release, so the MP-MTL guarantee is unchanged; unlike the projection it uses
         unclipped data, so clipping biases nothing, and it keeps the STL limit (pure noise ⇒
         ``D = I`` ⇒ ridge with weight ``rho``). Not available for the low-rank + sparse estimator
-        or ``covariance="WtW"``.
+        or ``covariance="WtW"`` (pass ``refit_lam=None`` there).
     refit_floor : float, default=1e-3
         ``tau = refit_floor * K * sqrt(m)`` (``K sqrt(m)`` bounds ``sqrt(Lambda)``), so that ``D > 0``.
-    init : {"zeros", "stl"} or array of shape (d, m), default="zeros"
+    init : {"zeros", "stl"} or array of shape (d, m), default="stl"
         Initial task models W^(0). ``"stl"``: every task's own ridge solution
         ``argmin L_i(w) + ((init_alpha + mu)/2)||w||^2`` (local, no privacy cost; the paper allows
         "initial task models acquired via arbitrary STL methods", and its analysis assumes them).
-    init_alpha : float, default=1e-3
-        Ridge weight of the ``"stl"`` initialization.
+    init_alpha : float or "cv", default="cv"
+        Ridge weight of the ``"stl"`` initialization; ``"cv"``: every task chooses its own by
+        cross-validation on its own samples (``init_alpha_`` holds the choices).
     random_state : None, int or numpy.random.Generator, default=None
         Source of all noise when ``noise_source="seeded"`` (same seed ⇒ same result); unused by
         secure noise.
@@ -232,21 +260,27 @@ _FITTED_DOC = """
         IP-MTL guarantee of the Alg.-5 perturbation (None when ``instance_epsilon`` is None).
     noise_to_signal_ : ndarray of shape (T,)
         ``||E||_F / ||S~||_F`` per iteration, E = the raw noise of the release before the eigenvalue
-        fix (paper Fig. 5); 0 when non-private, inf when ``S~ = 0``.
+        fix (paper Fig. 5); 0 when non-private, inf when ``S~ = 0``. A curator diagnostic computed
+        from the *un-noised* covariance of all tasks: not covered by ``privacy_`` (for analysis
+        only; do not publish it alongside the models).
     epsilons_ : ndarray of shape (T,) or None
         Per-release budgets / noise parameters reported by the schedule (``per_release``).
-    step_size_ : float
-        η used.
-    lipschitz_ : float
-        L = max_i Lipschitz constant of ``grad L_i`` (including μ).
+    init_alpha_ : ndarray of shape (m,) or None
+        Every task's ridge weight of the ``"stl"`` start (None for other starts).
+    refit_lam_ : ndarray of shape (m,) or None
+        Every task's refit weight (None without the refit).
+    step_size_ : ndarray of shape (m,)
+        η_i used by every task.
+    lipschitz_ : ndarray of shape (m,)
+        L_i, the Lipschitz constant of every task's ``grad L_i`` (including μ), from its own data.
     delta_ : float
         δ used.
     n_iter_ : int
         Number of iterations run (T, or fewer when stopped on budget).
     stopped_on_budget_ : bool
         True when the run stopped before a release that would have exceeded ``budget_epsilon``.
-    noise_source_ : {"secure", "seeded"}
-        The noise source used.
+    noise_source_ : {"secure", "seeded", "none"}
+        The noise source used; ``"none"`` when the fit added no noise (``epsilon=None``).
     ledger_ : PrivacyLedger
         Every covariance release of the run (durable in ``checkpoint_dir``); ``privacy_.epsilon``
         is its ε for Gaussian releases.
@@ -446,7 +480,7 @@ class _Strategy:
     decomposed = False
     refit_penalty: str | None = None
 
-    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: FloatArray) -> FloatArray:
         raise NotImplementedError
 
 
@@ -456,7 +490,7 @@ class _LowRank(_Strategy):
     name = "lowrank"
     refit_penalty = "lowrank"
 
-    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: FloatArray) -> FloatArray:
         return _apply_lowrank_left(release.Sigma, thr, own, release.shift)
 
 
@@ -465,7 +499,7 @@ class _LowRankTaskCovariance(_Strategy):
 
     name = "lowrank-WtW"
 
-    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: FloatArray) -> FloatArray:
         return _apply_lowrank_right(release.Sigma, thr, release.shared, own, release.shift)
 
 
@@ -475,14 +509,15 @@ class _GroupSparse(_Strategy):
     name = "groupsparse"
     refit_penalty = "groupsparse"
 
-    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: FloatArray) -> FloatArray:
         Sigma, shift = release.Sigma, release.shift
         if shift is None:
             diag = np.abs(np.diag(Sigma))
         else:
             vals, U = scipy.linalg.eigh(Sigma, check_finite=False, driver="evd")
             diag = (U * U) @ np.maximum(vals + shift, 0.0)
-        return _group_shrink(diag, thr)[:, None] * own
+        shrink = _group_shrink(diag, thr)
+        return (shrink if shrink.ndim == 2 else shrink[:, None]) * own
 
 
 class _LowRankSparse(_Strategy):
@@ -495,7 +530,7 @@ class _LowRankSparse(_Strategy):
     def __init__(self, lowrank: _Strategy) -> None:
         self.lowrank = lowrank
 
-    def project(self, release: CovarianceRelease, own: FloatArray, thr: float) -> FloatArray:
+    def project(self, release: CovarianceRelease, own: FloatArray, thr: FloatArray) -> FloatArray:
         return self.lowrank.project(release, own, thr)
 
 
@@ -524,11 +559,11 @@ class TaskStep:
         *,
         loss: str,
         clip: float,
-        eta: float,
+        eta: FloatArray,
         lam: float,
         mu: float,
         lam_sparse: float,
-        beta: Callable[[int], float],
+        beta: Callable[[int], float | FloatArray],
         iterations: int,
         instance_epsilons: FloatArray | None,
         noise: NoiseSource,
@@ -568,7 +603,8 @@ class TaskStep:
             Wc = _clip_columns(state.W, self.clip)
         W_hat = self.strategy.project(release, Wc, eta * self.lam)
         bt = self.beta(t + 1)
-        Z = W_hat + bt * (W_hat - state.W_hat_prev) if bt else W_hat
+        momentum = bool(np.any(bt))
+        Z = W_hat + bt * (W_hat - state.W_hat_prev) if momentum else W_hat
         Q_hat = None
         if self.strategy.decomposed:
             assert state.Q is not None
@@ -576,7 +612,7 @@ class TaskStep:
         if t < self.iterations - 1:  # the last gradient step would not reach the output W^(T)
             if self.strategy.decomposed:
                 assert Q_hat is not None and state.Q_hat_prev is not None
-                Zq = Q_hat + bt * (Q_hat - state.Q_hat_prev) if bt else Q_hat
+                Zq = Q_hat + bt * (Q_hat - state.Q_hat_prev) if momentum else Q_hat
                 G = self.batch.gradients(self.loss, Z + Zq, mu=self.mu)
                 state.W = Z - eta * G
                 state.Q = Zq - eta * G
@@ -766,10 +802,10 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         *,
         lam: float = 1.0,
         epsilon: float | None = None,
-        delta: float | None = None,
+        delta: float | str | None = None,
         noise: str = "gaussian",
         clip: float = 1.0,
-        iterations: int = 50,
+        iterations: int = 1,
         step_size: float | None = None,
         accelerate: bool = True,
         mu: float = 0.0,
@@ -780,11 +816,11 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         loss: str = "squared",
         relation: str = "add-remove",
         accountant: str | None = None,
-        eigen_fix: str = "shift",
+        eigen_fix: str = "denoise",
         instance_epsilon: float | None = None,
-        init: Any = "zeros",
-        init_alpha: float = 1e-3,
-        refit_lam: float | None = None,
+        init: Any = "stl",
+        init_alpha: float | str = CV,
+        refit_lam: float | str | None = CV,
         refit_floor: float = 1e-3,
         random_state: Any = None,
         noise_source: str = "secure",
@@ -833,11 +869,10 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             if self.epsilon is None
             else check_real("epsilon", self.epsilon, low=0.0, closed="neither")
         )
-        p["delta"] = (
-            None
-            if self.delta is None
-            else check_real("delta", self.delta, low=0.0, high=1.0, closed="neither")
-        )
+        if self.delta is None or (isinstance(self.delta, str) and self.delta == PAPER_DELTA):
+            p["delta"] = self.delta
+        else:
+            p["delta"] = check_real("delta", self.delta, low=0.0, high=1.0, closed="neither")
         p["noise"] = check_choice("noise", self.noise, NOISES)
         p["clip"] = check_real("clip", self.clip, low=0.0, closed="neither")
         p["iterations"] = check_int("iterations", self.iterations, low=1)
@@ -873,12 +908,15 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             p["init"] = check_choice("init", self.init, ("zeros", "stl"))
         else:
             p["init"] = self.init
-        p["init_alpha"] = check_real("init_alpha", self.init_alpha, low=0.0, closed="neither")
-        p["refit_lam"] = (
-            None
-            if self.refit_lam is None
-            else check_real("refit_lam", self.refit_lam, low=0.0, closed="neither")
+        p["init_alpha"] = (
+            CV
+            if isinstance(self.init_alpha, str) and self.init_alpha == CV
+            else check_real("init_alpha", self.init_alpha, low=0.0, closed="neither")
         )
+        if self.refit_lam is None or (isinstance(self.refit_lam, str) and self.refit_lam == CV):
+            p["refit_lam"] = self.refit_lam
+        else:
+            p["refit_lam"] = check_real("refit_lam", self.refit_lam, low=0.0, closed="neither")
         p["refit_floor"] = check_real("refit_floor", self.refit_floor, low=0.0)
         p["noise_source"] = check_choice("noise_source", self.noise_source, NOISE_SOURCES)
         p["budget_epsilon"] = (
@@ -934,34 +972,32 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         return PreparedTasks(Xs, ys, loss=check_choice("loss", self.loss, LOSSES))
 
     def _fit_batch(self, prepared: PreparedTasks, p: dict[str, Any]) -> None:
+        self.init_alpha_: FloatArray | None = None
+        self.refit_lam_: FloatArray | None = None
         rng = check_rng(self.random_state)
         batch = prepared.batch
         m, d = batch.n_tasks, batch.n_features
         T, K, lam, mu = p["iterations"], p["clip"], p["lam"], p["mu"]
-        lips = prepared.lipschitz(mu)
-        if not np.isfinite(lips) or lips <= 0:
-            raise DataFormatError(
-                "the loss has a zero Lipschitz constant (all features are zero?); cannot set a step."
-            )
         strategy = _strategy(self._penalty, p["covariance"])
-        eta = (
-            p["step_size"]
-            if p["step_size"] is not None
-            else 1.0 / (2.0 * lips if strategy.decomposed else lips)
-        )
-        delta = p["delta"] if p["delta"] is not None else default_delta(m)
+        # Every task's step comes from its own data (task_steps), never from the other tasks'.
+        lips, eta = task_steps(prepared, mu, decomposed=strategy.decomposed)
+        if p["step_size"] is not None:
+            eta = np.full(m, float(p["step_size"]))
+        delta = resolve_delta(p["delta"], m)
 
-        # momentum and allocation defaults (paper §4.5)
-        ratio = min(mu / lips, 1.0)
+        # momentum and allocation defaults (paper §4.5); the allocation is part of the privacy
+        # schedule, so its default uses the public Lipschitz bound, not the tasks' data
         if p["alpha"] is None:
             alpha = 0.4 if p["accelerate"] else 0.0
         else:
             alpha = p["alpha"]
         if p["Q"] is None:
-            Q = (1.0 - math.sqrt(ratio)) ** 0.2 if p["accelerate"] else (1.0 - ratio) ** 0.4
+            ratio_pub = min(mu / public_lipschitz_bound(p["loss"], mu), 1.0)
+            Q = (1.0 - math.sqrt(ratio_pub)) ** 0.2 if p["accelerate"] else (1.0 - ratio_pub) ** 0.4
             Q = Q if Q > 0 else 1.0
         else:
             Q = p["Q"]
+        ratio = np.minimum(mu / lips, 1.0)  # per task: each task's own momentum
 
         dim = m if p["covariance"] == "WtW" else d
         schedule = self._plan(p, delta=delta, dim=dim, alpha=alpha, Q=Q, n_tasks=m)
@@ -978,12 +1014,12 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             w = allocation_weights(T, strategy=p["allocation"], alpha=alpha, Q=Q)
             inst_eps = np.asarray(p["instance_epsilon"] * w / float(w.sum()), dtype=np.float64)
 
-        def beta(t1: int) -> float:  # t1 is the 1-based iteration index
+        def beta(t1: int) -> float | FloatArray:  # t1 is the 1-based iteration index
             if not p["accelerate"]:
                 return 0.0
             if mu > 0:
-                r = math.sqrt(ratio)
-                return (1.0 - r) / (1.0 + r)
+                r = np.sqrt(ratio)
+                return np.asarray((1.0 - r) / (1.0 + r), dtype=np.float64)
             return (t1 - 1.0) / (t1 + 2.0)
 
         noise: NoiseSource = (
@@ -1069,17 +1105,21 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                     shift=state.last_shift,
                     floor=p["refit_floor"] * K * math.sqrt(m),
                 )
-            self.coef_ = refit_with_metric(batch, p["loss"], p["refit_lam"], A)
+            rho = p["refit_lam"]
+            if rho == CV:  # every task its own weight, by CV on its own samples given A
+                rho = select_ridge_per_task(batch, p["loss"], A=A, seed=self._cv_seed())
+            self.refit_lam_ = np.broadcast_to(np.asarray(rho, dtype=np.float64), (m,)).copy()
+            self.coef_ = refit_with_metric(batch, p["loss"], rho, A)
         else:
             self.coef_ = state.W_hat_prev
         self.state_ = state
         self.noise_to_signal_ = state.noise_to_signal
-        self.step_size_ = float(eta)
-        self.lipschitz_ = lips
+        self.step_size_ = np.asarray(eta, dtype=np.float64)
+        self.lipschitz_ = np.asarray(lips, dtype=np.float64)
         self.delta_ = float(delta)
         self.n_iter_ = state.iteration
         self.stopped_on_budget_ = bool(state.stopped_on_budget)
-        self.noise_source_ = noise.kind
+        self.noise_source_ = "none" if schedule.noise == "none" else noise.kind
         self.ledger_ = ledger
         per = getattr(schedule, "per_release", None)
         self.epsilons_ = None if per is None else np.asarray(per, dtype=np.float64)
@@ -1087,12 +1127,23 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.instance_privacy_ = self._instance_guarantee(p, inst_eps)
         self.n_features_in_ = d
 
+    def _cv_seed(self) -> int:
+        """Seed of the tasks' own folds: ``random_state`` when it is an int, else 0."""
+        rs = self.random_state
+        return int(rs) if isinstance(rs, int | np.integer) and not isinstance(rs, bool) else 0
+
     def _initial_models(self, prepared: PreparedTasks, p: dict[str, Any]) -> FloatArray:
         d, m = prepared.batch.n_features, prepared.batch.n_tasks
         if isinstance(p["init"], str) and p["init"] == "zeros":
             return np.zeros((d, m))
         if isinstance(p["init"], str):
-            return prepared.ridge(p["init_alpha"] + p["mu"])
+            alpha = p["init_alpha"]
+            if alpha == CV:  # every task its own ridge weight, by CV on its own samples
+                alpha = select_ridge_per_task(prepared.batch, p["loss"], seed=self._cv_seed())
+                self.init_alpha_ = np.asarray(alpha, dtype=np.float64)
+                return local_ridge(prepared.batch, p["loss"], alpha + p["mu"])
+            self.init_alpha_ = np.full(m, float(alpha))
+            return prepared.ridge(alpha + p["mu"])
         W0 = np.asarray(p["init"], dtype=np.float64)
         if W0.shape != (d, m):
             raise DataFormatError(
@@ -1192,7 +1243,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                 "Alg. 5: models are perturbed (and re-clipped to K) before the covariance step; "
                 "the instance-level guarantee is in instance_privacy_."
             )
-        noise_source = p["noise_source"] if schedule.noise != "none" else None
+        noise_source = p["noise_source"] if schedule.noise != "none" else "none"
         if noise_source == "seeded":
             notes.append(SEEDED_NOISE_NOTE)
         return replace(g, notes=tuple(notes), details=details, noise_source=noise_source)
@@ -1292,6 +1343,10 @@ class MPMTLLowRankSparse(_MPMTLBase):
     ``2L``-Lipschitz. ``P^(0) = W^(0)`` (see ``init``) and ``Q^(0) = 0`` (the paper starts both
     at ``W^(0)``, which double-counts a non-zero start).
 
+    Its defaults are the paper's Algorithm 4 (no local refit exists for it): ``iterations=50``,
+    ``eigen_fix="shift"``, ``init="zeros"``, ``init_alpha=1e-3``; the other parameters below
+    have the defaults stated.
+
     Parameters
     ----------
     lam_sparse : float, default=1.0
@@ -1313,7 +1368,7 @@ class MPMTLLowRankSparse(_MPMTLBase):
         lam: float = 1.0,
         lam_sparse: float = 1.0,
         epsilon: float | None = None,
-        delta: float | None = None,
+        delta: float | str | None = None,
         noise: str = "gaussian",
         clip: float = 1.0,
         iterations: int = 50,
@@ -1360,6 +1415,7 @@ class MPMTLLowRankSparse(_MPMTLBase):
             instance_epsilon=instance_epsilon,
             init=init,
             init_alpha=init_alpha,
+            refit_lam=None,
             random_state=random_state,
             noise_source=noise_source,
             budget_epsilon=budget_epsilon,

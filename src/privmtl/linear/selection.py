@@ -37,10 +37,12 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
+from sklearn.base import BaseEstimator
 
 from privmtl._validation import check_choice, check_int, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.linear.common import check_tasks
+from privmtl.linear.common import _LinearMTLMixin, check_tasks
+from privmtl.linear.local import RIDGE_GRID
 
 __all__ = [
     "DEFAULT_GRIDS",
@@ -52,6 +54,7 @@ __all__ = [
     "PRIVATE_METHODS",
     "RELATIVE_KEYS",
     "TUNING_NOT_CHARGED",
+    "PerTaskSelected",
     "estimator_class",
     "expand_grid",
     "make_estimator",
@@ -199,8 +202,9 @@ DEFAULT_GRIDS: dict[str, list[dict[str, list[Any]]]] = {
     # acceleration + mu = 1e-3 with geometric allocation T = 10, 20). 288 points.
     # Plus the local variational refit (_REFIT_POINT: 32 points); `final_step` in tune_method
     # restricts the search to one of the two output rules.
-    "lowrank": [*_mpmtl_template(), _REFIT_POINT],
-    "groupsparse": [*_mpmtl_template(), _REFIT_POINT],
+    # (the projection points pin refit_lam=None: the estimators' default is the refit)
+    "lowrank": [*_mpmtl_template(extra={"refit_lam": [None]}), _REFIT_POINT],
+    "groupsparse": [*_mpmtl_template(extra={"refit_lam": [None]}), _REFIT_POINT],
     # Alg. 4 also searches the l1 weight of the outlier part Q (accelerated schedules and the
     # shift fix only: 160 points).
     "lowrank-sparse": _mpmtl_template(
@@ -209,7 +213,7 @@ DEFAULT_GRIDS: dict[str, list[dict[str, list[Any]]]] = {
         eigen_fixes=("shift",),
     ),
     # Non-private baselines (solver tolerances left at their defaults: never weakened).
-    "stl-l2": [{"lam": _decades(-6, 1, per_decade=2)}],  # closed form: cheap, so finer
+    "stl-l2": [{"lam": list(RIDGE_GRID)}],  # closed form: cheap, so half-decades 1e-6..10
     "stl-l1": [{"lam": _decades(-5, -2)}],
     "mtl-trace": [{"lam": [0.03, 0.1, 0.3, 1.0, 3.0]}],
     "mtl-l21": [{"lam": [0.03, 0.1, 0.3, 1.0, 3.0]}],
@@ -255,6 +259,11 @@ def resolve_grid(
                 point["refit_lam"] = [float(c) * float(init_alpha) for c in g["refit_lam_per_stl"]]
             out.append(point)
     return out
+
+
+def _is_refit_point(g: Mapping[str, Sequence[Any]]) -> bool:
+    """True for grid points of the local refit (a refit weight other than None)."""
+    return "refit_lam_per_stl" in g or any(v is not None for v in g.get("refit_lam", [None]))
 
 
 def tune_method(
@@ -322,7 +331,7 @@ def tune_method(
     check_choice("final_step", final_step, FINAL_STEPS)
     if final_step != "auto":
         want = final_step == "refit"
-        template = [g for g in template if ("refit_lam_per_stl" in g or "refit_lam" in g) == want]
+        template = [g for g in template if _is_refit_point(g) == want]
         if not template:
             raise InvalidParameterError(
                 f"The 'final_step' parameter {final_step!r} leaves no grid point for "
@@ -530,3 +539,104 @@ def select_hyperparameters(
     table["rank"] = ranks
     best = dict(points[int(order[0])])
     return best, table
+
+
+class PerTaskSelected(_LinearMTLMixin, BaseEstimator):  # type: ignore[misc]
+    """A single-task method whose every task chooses its own hyper-parameters on its own samples.
+
+    Every task's samples are cut into ``n_splits`` folds by a generator spawned for that task alone
+    (:func:`~privmtl.linear.local.task_fold_ids`). For every fold and grid point the single-task
+    method is fitted on the training parts and **every task scores itself** on its own validation
+    part (squared error, or log-loss for the logistic loss); task i keeps the grid point with its
+    least summed error, and its model is column i of the method fitted with that point. No task's
+    choice reads another task's validation data (single-task learning: ε = 0 towards the others).
+    The fits are batched over tasks; each task's column is its own problem's solution (for a solver
+    with a joint stopping rule, up to that solver's tolerance).
+
+    Parameters
+    ----------
+    method : {"stl-l2", "stl-l1"}, default="stl-l1"
+        The single-task method (:data:`ISOLATED_METHODS`).
+    grid : list of dicts or None, default=None
+        Search space; None ⇒ ``DEFAULT_GRIDS[method]``.
+    n_splits : int, default=10
+        Folds per task (a task with fewer samples puts each in its own fold, so its choice still
+        depends on its own size only). More folds than pooled CV's 5: a task's training parts
+        then stay near its own size, which matters when it has about as many samples as
+        features.
+    loss : {"squared", "logistic"}, default="squared"
+    random_state : int, default=0
+        Seed of the tasks' folds.
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (d, m)
+    best_params_ : list of dict
+        Every task's selected parameters.
+    """
+
+    def __init__(
+        self,
+        *,
+        method: str = "stl-l1",
+        grid: Any = None,
+        n_splits: int = 10,
+        loss: str = "squared",
+        random_state: int = 0,
+    ) -> None:
+        self.method = method
+        self.grid = grid
+        self.n_splits = n_splits
+        self.loss = loss
+        self.random_state = random_state
+
+    def fit(self, Xs: Any, ys: Sequence[ArrayLike] | None = None) -> PerTaskSelected:
+        """Select every task's point on its own folds, then fit."""
+        from privmtl.linear.local import task_fold_ids
+        from privmtl.linear.losses import TaskBatch
+
+        check_choice("method", self.method, ISOLATED_METHODS)
+        k = check_int("n_splits", self.n_splits, low=2)
+        seed = check_int("random_state", self.random_state, low=0)
+        Xl, yl = check_tasks(Xs, ys, loss=self.loss, need_y=True)
+        assert yl is not None
+        for i, x in enumerate(Xl):
+            if x.shape[0] < 2:
+                raise DataFormatError(
+                    f"task {i} has {x.shape[0]} training sample; per-task selection needs at "
+                    "least 2 (one to train, one to validate)."
+                )
+        points = expand_grid(DEFAULT_GRIDS[self.method] if self.grid is None else self.grid)
+        folds = task_fold_ids(TaskBatch.from_tasks(Xl, yl), k, seed)
+        errors = np.zeros((len(points), len(Xl)))
+        for s in range(k):
+            tr = [np.flatnonzero(folds[i, : x.shape[0]] != s) for i, x in enumerate(Xl)]
+            va = [np.flatnonzero(folds[i, : x.shape[0]] == s) for i, x in enumerate(Xl)]
+            Xtr = [x[t] for x, t in zip(Xl, tr, strict=True)]
+            ytr = [y[t] for y, t in zip(yl, tr, strict=True)]
+            for g, params in enumerate(points):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    coef = make_estimator(self.method, loss=self.loss, **params).fit(Xtr, ytr).coef_
+                for i, (x, y, v) in enumerate(zip(Xl, yl, va, strict=True)):
+                    errors[g, i] += _own_error(x[v] @ coef[:, i], y[v], self.loss)
+        errors = np.where(np.isfinite(errors), errors, np.inf)
+        best = np.argmin(errors, axis=0)
+        coef = np.zeros((Xl[0].shape[1], len(Xl)))
+        for g in np.unique(best):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fitted = make_estimator(self.method, loss=self.loss, **points[g]).fit(Xl, yl)
+            cols = np.flatnonzero(best == g)
+            coef[:, cols] = fitted.coef_[:, cols]
+        self.coef_ = coef
+        self.best_params_ = [dict(points[int(g)]) for g in best]
+        self.n_features_in_, self.n_tasks_ = coef.shape
+        return self
+
+
+def _own_error(score: np.ndarray, y: np.ndarray, loss: str) -> float:
+    """A task's summed validation loss: squared error, or log-loss of 0/1 labels."""
+    if loss == "squared":
+        return float(np.sum((score - y) ** 2))
+    return float(np.sum(np.logaddexp(0.0, -(2.0 * y - 1.0) * score)))

@@ -27,16 +27,16 @@ FloatArray = NDArray[np.float64]
 
 
 def _ridge_stl(
-    tasks: PreparedTasks, loss: str, lam: float, *, tol: float, max_iter: int
+    tasks: PreparedTasks, loss: str, lams: FloatArray, *, tol: float, max_iter: int
 ) -> tuple[FloatArray, int, bool]:
-    """Per-task ``argmin L_i(w) + (lam/2)||w||^2``; returns (W, max iterations, all converged)."""
+    """Per-task ``argmin L_i(w) + (lam_i/2)||w||^2``; returns (W, max iterations, converged)."""
     from scipy.optimize import minimize
 
     d, m = tasks.d, tasks.m
     W = np.zeros((d, m))
     if loss == "squared":
         for i, (X, y) in enumerate(zip(tasks.Xl, tasks.yl, strict=True)):
-            n = X.shape[0]
+            n, lam = X.shape[0], float(lams[i])
             if lam == 0:
                 W[:, i] = np.linalg.lstsq(X, y, rcond=None)[0]
             elif n < d:  # dual form: w = X^T (X X^T + n lam I)^-1 y
@@ -48,8 +48,11 @@ def _ridge_stl(
 
     n_iter, ok = 0, True
     for i, (X, y) in enumerate(zip(tasks.Xl, tasks.yl, strict=True)):
+        lam = float(lams[i])
 
-        def fun(w: FloatArray, X: FloatArray = X, y: FloatArray = y) -> tuple[float, FloatArray]:
+        def fun(
+            w: FloatArray, X: FloatArray = X, y: FloatArray = y, lam: float = lam
+        ) -> tuple[float, FloatArray]:
             return loss_value("logistic", X, y, w, mu=lam), loss_grad("logistic", X, y, w, mu=lam)
 
         res = minimize(
@@ -73,9 +76,12 @@ class STLRidge(_LinearMTLBase):
 
     Parameters
     ----------
-    lam : float, default=1.0
+    lam : float or "cv", default=1.0
         Penalty weight ``>= 0``. With ``lam = 0`` the squared loss gives the minimum-norm least
-        squares solution; the logistic loss may then diverge on separable data.
+        squares solution; the logistic loss may then diverge on separable data. ``"cv"``: every
+        task chooses its own weight by cross-validation on its own samples only
+        (:func:`~privmtl.linear.local.select_ridge_per_task`: exact leave-one-out for the squared
+        loss), so a task's model depends on no other task's data; ``lam_`` holds the choices.
     loss : {"squared", "logistic"}, default="squared"
         Squared loss: closed form (normal equations, or their ``n_i x n_i`` dual when
         ``n_i < d``). Logistic loss: L-BFGS per task.
@@ -87,6 +93,8 @@ class STLRidge(_LinearMTLBase):
     Attributes
     ----------
     coef_ : ndarray of shape (d, m)
+    lam_ : ndarray of shape (m,)
+        Every task's penalty weight.
     dual_gap_ : float
         Duality gap at ``coef_`` (:func:`~privmtl.linear.solvers.duality_gap` with ``mu = lam``),
         a bound on the suboptimality; ``nan`` when ``lam = 0`` (no dual certificate).
@@ -97,7 +105,7 @@ class STLRidge(_LinearMTLBase):
     """
 
     _parameter_constraints: ClassVar[dict[str, Any]] = {
-        "lam": Interval(Real, 0.0, None),
+        "lam": [Interval(Real, 0.0, None), Options(("cv",))],
         "loss": Options(LOSSES),
         "tol": Interval(Real, 0.0, None, closed="neither"),
         "max_iter": Interval(Integral, 1, None),
@@ -106,7 +114,7 @@ class STLRidge(_LinearMTLBase):
     def __init__(
         self,
         *,
-        lam: float = 1.0,
+        lam: float | str = 1.0,
         loss: str = "squared",
         tol: float = 1e-6,
         max_iter: int = 1000,
@@ -119,14 +127,34 @@ class STLRidge(_LinearMTLBase):
     def fit(self, Xs: Any, ys: Sequence[ArrayLike] | None = None) -> STLRidge:
         """Fit one ridge model per task; ``Xs`` may be a MultiTaskDataset (then omit ``ys``)."""
         p = validate_params(self)
-        lam = p["lam"]
         tasks = self._prepare_fit(Xs, ys)
-        W, n_iter, ok = _ridge_stl(tasks, self.loss, lam, tol=p["tol"], max_iter=p["max_iter"])
+        if p["lam"] == "cv":
+            from privmtl.linear.local import select_ridge_per_task
+
+            lams = select_ridge_per_task(tasks.batch, self.loss)
+        else:
+            lams = np.full(tasks.m, float(p["lam"]))
+        W, n_iter, ok = _ridge_stl(tasks, self.loss, lams, tol=p["tol"], max_iter=p["max_iter"])
         if not ok:
             self._warn_not_converged("L-BFGS")
-        primal, gap = duality_gap(
-            tasks.batch, self.loss, W, lam=0.0, mu=lam, penalty=PENALTIES["l1"]
-        )
+        if np.all(lams == lams[0]):
+            primal, gap = duality_gap(
+                tasks.batch, self.loss, W, lam=0.0, mu=float(lams[0]), penalty=PENALTIES["l1"]
+            )
+        else:  # the objective is separable: sum the tasks' own certificates
+            primal, gap = 0.0, 0.0
+            for i in range(tasks.m):
+                one = PreparedTasks([tasks.Xl[i]], [tasks.yl[i]], loss=self.loss)
+                pi, gi = duality_gap(
+                    one.batch,
+                    self.loss,
+                    W[:, i : i + 1],
+                    lam=0.0,
+                    mu=float(lams[i]),
+                    penalty=PENALTIES["l1"],
+                )
+                primal, gap = primal + pi, gap + gi
+        self.lam_ = lams
         self.dual_gap_ = float(gap)
         self._set_fitted(W, n_iter, [primal])
         return self
