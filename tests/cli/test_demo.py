@@ -21,7 +21,10 @@ def test_demo_is_reproducible_and_labelled(capsys, tmp_path):
     assert "(2 seeds)" in first and "noise seeded]" in first
     assert "test accuracy" in first and "SEEDED" in first  # the PMTL guarantee summary
     rows = json.loads((tmp_path / "a" / "mpmtl_sweep.json").read_text())["rows"]
-    assert {r["noise_source"] for r in rows} == {"seeded"}
+    # the noised rows' noise is seeded; single-task learning (ε = 0) adds none
+    noised = [r["method"] == "lowrank" for r in rows]
+    assert {r["noise_source"] for r, n in zip(rows, noised, strict=True) if n} == {"seeded"}
+    assert {r["noise_source"] for r, n in zip(rows, noised, strict=True) if not n} <= {"none"}
     assert sorted({r["seed"] for r in rows}) == [0, 1]
     pmtl = json.loads((tmp_path / "a" / "pmtl_demo.json").read_text())
     assert {r["noise_source"] for r in pmtl.values()} == {"seeded"}

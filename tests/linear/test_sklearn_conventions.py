@@ -39,8 +39,18 @@ def _cv_nmse(make, X, y, folds):
         (STLRidge(), "lam", [30.0, 1e-3, 1.0]),
         (TraceNormMTL(), "lam", [30.0, 1e-3, 1.0]),
         (
-            # clip: these features are not normalized (rows of norm ~ sqrt(d))
-            MPMTLLowRank(epsilon=10.0, clip=100.0, noise_source="seeded", random_state=0),
+            # the paper's Algorithm 2 (where lam matters); clip: these features are not
+            # normalized (rows of norm ~ sqrt(d))
+            MPMTLLowRank(
+                epsilon=10.0,
+                clip=100.0,
+                init="zeros",
+                iterations=30,
+                refit_lam=None,
+                eigen_fix="shift",
+                noise_source="seeded",
+                random_state=0,
+            ),
             "lam",
             [30.0, 3.0, 1e-3],
         ),

@@ -327,6 +327,11 @@ def _mpmtl_runner(name: str, *, step_size: float | None) -> Callable[[Workspace,
             delta=1e-5,
             iterations=5,
             lam=0.1,
+            # the paper's iteration (zero start, projected output), where the step size acts;
+            # the default one-release refit takes no gradient step
+            init="zeros",
+            refit_lam=None,
+            eigen_fix="shift",
             step_size=step_size,
             random_state=ctx.seed,
             noise_source="seeded",
