@@ -131,7 +131,7 @@ def test_resolution_of_the_data_dependent_defaults():
     )
     assert resolve_defaults(SPEC, 50, noise_std=0.051, released_dim=100).personal_init == "model"
     assert resolve_defaults(SPEC, 50).personal_init == "auto"
-    with pytest.raises(InvalidParameterError, match="'clients_per_round'.*m=5.*got 6"):
+    with pytest.raises(InvalidParameterError, match=r"'clients_per_round'.*m=5.*got 6"):
         resolve_defaults(SPEC.replace(clients_per_round=6), 5)
 
 
