@@ -270,8 +270,13 @@ def run_pmtl(
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
-    The defaults differ from :class:`~privmtl.federated.config.TrainConfig`'s where the
-    benchmarks found better behaviour: ``server_update="ditto"`` (the billboard follows FedAvg's
+    The algorithm and privacy defaults are the run spec's (:data:`~privmtl.federated.spec.SPEC`,
+    shared with ``privmtl pmtl``, the sweep and Flower); the settings are checked once by
+    :class:`~privmtl.federated.spec.RunSpec`, the data-dependent defaults filled in by
+    :func:`~privmtl.federated.spec.resolve_defaults`, and the result reports the resolved spec
+    under ``config`` (``personal_init`` as the trainer resolved it): passed back to ``run_pmtl``,
+    it runs the same settings. They differ from
+    :class:`~privmtl.federated.config.TrainConfig`'s where the benchmarks found better behaviour: ``server_update="ditto"`` (the billboard follows FedAvg's
     and the personalized models are pulled towards it; ``"offset"`` is the authors' code,
     ``"delta"`` Algorithm 1 as printed) and ``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`:
     every client chooses on its own validation split between its trained model, the billboard
