@@ -279,3 +279,40 @@ def test_seeded_runs_are_bit_for_bit_those_before_the_spec(case):
         **options,
     )
     assert {k: out[k] for k in expected} == expected
+
+
+def test_privmtl_pmtl_json_prints_the_resolved_spec_as_config(capsys):
+    import json
+
+    argv = ["pmtl", "--data", "synthetic", "--model", "logreg", "--num-clients", "8", "--rounds",
+            "2", "--epsilon", "2", "--finetune", "none", "--reproducible-noise", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out["config"]) == FIELDS
+    assert out["config"]["clients_per_round"] == 8 and out["config"]["sampling"] == "all"
+    assert out["config"]["lam"] == 0.001 and out["config"]["delta"] == min(1e-5, 1 / 800)
+    assert out["config"]["server_update"] == SPEC.server_update
+
+
+def test_flower_config_with_the_earlier_defaults_given_is_the_earlier_one():
+    """Flower's engine config is what the code before the spec built (then its seeded runs are
+    too): the earlier defaults (delta message, λ 0.1, 6 clients, 3 rounds) given explicitly."""
+    from privmtl.federated.baselines import config_for_epsilon
+    from privmtl.federated.config import TrainConfig
+    from privmtl.flower._core import make_config
+
+    earlier = {"rounds": 3, "clients-per-round": 6, "lam": 0.1, "server-update": "delta",
+               "seed": 3, "noise-source": "seeded", "local-steps": 3}  # fmt: skip
+    for m, extra in ((50, {"noise-std": 0.05}), (40, {"epsilon": 2.0}), (5, {})):
+        cfg, sigma = make_config(run_options({**earlier, **extra}), m)
+        q = min(6, m)
+        old = TrainConfig(
+            method="pmtl", rounds=3, clients_per_round=q, local_steps=3, batch_size=10, lr=0.1,
+            lam=0.1, clip=0.5, noise_std=float(extra.get("noise-std", 0.0)),
+            sampling="all" if q == m else "poisson", seed=3, delta=min(1e-5, 1 / (100 * m)),
+            accountant="rdp", relation="add-remove", batched=True, progress=False,
+            server_update="delta", threads=1, noise_source="seeded",
+        )  # fmt: skip
+        if "epsilon" in extra:
+            old = config_for_epsilon(old, m, 2.0)
+        assert cfg == old and sigma == old.noise_std
