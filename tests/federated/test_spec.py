@@ -316,3 +316,21 @@ def test_flower_config_with_the_earlier_defaults_given_is_the_earlier_one():
         if "epsilon" in extra:
             old = config_for_epsilon(old, m, 2.0)
         assert cfg == old and sigma == old.noise_std
+
+
+def test_saved_models_record_the_resolved_spec(tmp_path):
+    import json
+
+    ds = make_synthetic_federated(n_clients=6, random_state=0)
+    out = run_pmtl(
+        data="synthetic", dataset=ds, model="logreg", rounds=1, noise_std=0.1, finetune="none",
+        noise_source="seeded", show_progress=False, save_models=tmp_path / "m",
+    )  # fmt: skip
+    meta = json.loads((tmp_path / "m" / "model.json").read_text())
+    assert meta["run"]["config"] == out["config"]
+    assert RunSpec(**meta["run"]["config"]) == resolve_defaults(
+        RunSpec(rounds=1, noise_std=0.1, finetune="none", noise_source="seeded"),
+        6,
+        noise_std=0.1,
+        released_dim=(ds.n_features + 1) * ds.n_classes,
+    )
