@@ -436,8 +436,8 @@ def pmtl(**kw: Any) -> None:
     type=click.Choice(list(SERVER_UPDATES)),
     default=SPEC.server_update,
     show_default=True,
-    help="PMTL client message: the authors' code's w_new - w~ (stable), Algorithm 1's "
-    "w_new - w_old as printed, or Ditto's trained copy of w~ minus w~.",
+    help="PMTL client message, as privmtl pmtl's: Ditto's trained copy of w~ minus w~, the "
+    "authors' code's w_new - w~ (stable), or Algorithm 1's w_new - w_old as printed.",
 )
 @click.option(
     "--finetune",
