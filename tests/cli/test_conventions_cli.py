@@ -117,5 +117,6 @@ def test_sweep_tables_and_csv_carry_the_full_guarantee(capsys, tmp_path):
     _table_checks(capsys.readouterr().out, (tmp_path / "m" / "mpmtl_sweep.csv").read_text())
     argv = ["pmtl-sweep", "--methods", "pmtl,fedavg,local", "--epsilons", "2", "--clips", "0.5"]
     argv += ["--rounds-grid", "2", "--clients-per-round", "4", "--reproducible-noise"]
+    argv += ["--finetune", "none"]
     assert main([*argv, "--out", str(tmp_path / "p"), "--quiet"]) == 0
     _table_checks(capsys.readouterr().out, (tmp_path / "p" / "pmtl_sweep.csv").read_text())

@@ -104,7 +104,7 @@ def test_pmtl_sweep_selects_on_validation_and_writes_plots(capsys, tmp_path):
         capsys,
         ["pmtl-sweep", "--data", "synthetic", "--methods", "pmtl,fedavg", "--epsilons", "2",
          "--clips", "0.5", "--rounds-grid", "3", "--lams", "0.01,1", "--server-update", "offset",
-         "--select", "pooled", "--out", str(tmp_path / "s"), "--json"],
+         "--select", "pooled", "--finetune", "none", "--out", str(tmp_path / "s"), "--json"],
     )  # fmt: skip
     files = {p.rsplit("/", 1)[-1] for p in out["files"]}
     assert files == {

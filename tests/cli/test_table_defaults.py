@@ -131,7 +131,7 @@ def test_sweeps_take_the_same_table_options(tmp_path, capsys):
     _clients(tmp_path / "c.csv", n_clients=5, rows=30)
     code = main(["pmtl-sweep", "--data", "table", "--data-path", str(tmp_path / "c.csv"),
                  "--client-column", "user", "--label-column", "label", "--methods", "pmtl",
-                 "--epsilons", "4", "--clips", "0.5", "--rounds-grid", "2",
+                 "--epsilons", "4", "--clips", "0.5", "--rounds-grid", "2", "--finetune", "none",
                  "--out", str(tmp_path / "ps"), "--json"])  # fmt: skip
     cap = capsys.readouterr()
     assert code == 0, cap.err

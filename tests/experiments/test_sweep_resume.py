@@ -48,6 +48,8 @@ MPMTL = [
 ]
 PMTL = [
     "pmtl-sweep",
+    "--finetune",
+    "none",
     "--data",
     "synthetic",
     "--methods",

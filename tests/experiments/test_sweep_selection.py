@@ -25,6 +25,7 @@ SMALL = {
     "rounds_grid": [3],
     "clients_per_round": 20,
     "noise_source": "seeded",
+    "finetune": "none",  # selection, not fine-tuning, is under test: keep the candidates cheap
 }
 
 

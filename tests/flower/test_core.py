@@ -301,3 +301,23 @@ def test_ditto_message_split_run_equals_in_process_engine():
     for t, (a, b) in enumerate(zip(run.billboards, boards, strict=True)):
         for n in a:
             assert torch.allclose(a[n], b[n], atol=1e-5, rtol=0), (t, n)
+
+
+def test_result_config_is_the_resolved_spec_with_run_pmtl_keys_and_values():
+    from privmtl.experiments.pmtl import run_pmtl
+    from privmtl.flower._core import run_spec
+
+    ds = make_synthetic_federated(random_state=0)
+    flags = {"rounds": 2, "clients-per-round": 6, "epsilon": 2.0, "noise-source": "seeded"}
+    opts = run_options(flags)
+    run, nodes = _split_run(ds, opts, n_nodes=2)
+    res = run.result_dict([n.evaluate(run.curator.billboard) for n in nodes], 0.0)
+    assert res["config"] == run_spec(opts, ds.n_clients).to_dict()
+    ref = run_pmtl(
+        data="synthetic", dataset=ds, model="logreg", rounds=2, clients_per_round=6, epsilon=2.0,
+        noise_source="seeded", finetune="none", show_progress=False,
+    )  # fmt: skip
+    assert list(res["config"]) == list(ref["config"])
+    assert {k: v for k, v in res["config"].items() if ref["config"][k] != v} == {}
+    assert res["config"]["server_update"] == "ditto" and res["config"]["lam"] == 0.001
+    assert res["epsilon"] == pytest.approx(ref["epsilon"], rel=1e-9)

@@ -14,6 +14,7 @@ import click
 
 from privmtl.cli._common import echo_json, on_abort
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.spec import SERVER_UPDATES, SPEC
 from privmtl.io import check_writable_dir
 
 __all__ = ["flower"]
@@ -32,8 +33,12 @@ def flower() -> None:
 @click.option("--data-path", type=click.Path(file_okay=False), help="LEAF FEMNIST directory.")
 @click.option("--num-clients", type=int, help="--data synthetic: number of clients m (default 50).")
 @click.option("--model", type=click.Choice(["logreg", "cnn"]), required=True)
-@click.option("--rounds", type=int, default=3, show_default=True)
-@click.option("--clients-per-round", type=int, default=6, show_default=True)
+@click.option("--rounds", type=int, default=SPEC.rounds, show_default=True)
+@click.option(
+    "--clients-per-round",
+    type=click.IntRange(min=1),
+    help="Clients sampled per round (default: min(20, m), as privmtl pmtl's).",
+)
 @click.option(
     "--epsilon",
     type=float,
@@ -41,25 +46,32 @@ def flower() -> None:
     "reported also composes the earlier runs' releases).",
 )
 @click.option("--noise-std", type=float, help="σ on the mean update (instead of --epsilon).")
-@click.option("--clip", type=float, default=0.5, show_default=True, help="γ: client update clip.")
-@click.option("--lam", type=float, default=0.1, show_default=True)
-@click.option("--lr", type=float, default=0.1, show_default=True)
-@click.option("--batch-size", type=int, default=10, show_default=True)
+@click.option(
+    "--clip", type=float, default=SPEC.clip, show_default=True, help="γ: client update clip."
+)
+@click.option(
+    "--lam",
+    type=click.FloatRange(min=0.0),
+    help="λ (mean regularization). Default: as privmtl pmtl's, 0.001 for private runs, 1 "
+    "without noise.",
+)
+@click.option("--lr", type=float, default=SPEC.lr, show_default=True)
+@click.option("--batch-size", type=int, default=SPEC.batch_size, show_default=True)
 @click.option("--local-steps", type=int, help="E local SGD steps (default: 1 local epoch).")
 @click.option(
     "--server-update",
-    type=click.Choice(["delta", "offset", "ditto"]),
-    default="delta",
+    type=click.Choice(list(SERVER_UPDATES)),
+    default=SPEC.server_update,
     show_default=True,
-    help="PMTL client message: Algorithm 1's w_new - w_old, the authors' code's w_new - w~, or "
-    "Ditto's trained copy of w~ minus w~.",
+    help="PMTL client message: Ditto's trained copy of w~ minus w~ (as privmtl pmtl's), the "
+    "authors' code's w_new - w~, or Algorithm 1's w_new - w_old (can diverge when q < m).",
 )
 @click.option(
     "--paper-delta",
     is_flag=True,
     help="δ = 1/m, the PMTL paper's (reproductions). Default: min(1e-5, 1/(100·m)), below 1/m.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=SPEC.seed, show_default=True)
 @click.option(
     "--reproducible-noise",
     is_flag=True,
@@ -184,11 +196,11 @@ def local(**kw: Any) -> None:
         "num-clients": kw["num_clients"] or 0,
         "model": kw["model"],
         "rounds": kw["rounds"],
-        "clients-per-round": kw["clients_per_round"],
+        "clients-per-round": kw["clients_per_round"] or 0,  # 0: the spec's default
         "epsilon": -1.0 if kw["epsilon"] is None else float(kw["epsilon"]),
         "noise-std": -1.0 if kw["noise_std"] is None else float(kw["noise_std"]),
         "clip": kw["clip"],
-        "lam": kw["lam"],
+        "lam": -1.0 if kw["lam"] is None else float(kw["lam"]),
         "lr": kw["lr"],
         "batch-size": kw["batch_size"],
         "local-steps": kw["local_steps"] or 0,

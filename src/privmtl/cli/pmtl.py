@@ -28,6 +28,7 @@ from privmtl.experiments.pmtl import (
     FL_MODELS,
     run_pmtl,
 )
+from privmtl.federated.spec import PERSONAL_INITS, SERVER_UPDATES, SPEC
 from privmtl.io import check_writable_dir
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.selection import SELECTION_METHODS
@@ -114,7 +115,9 @@ def _human(out: dict[str, Any]) -> None:
     "--method local-all trains every client alone (each client chooses epochs and lr on its "
     "own validation split).",
 )
-@click.option("--method", type=click.Choice(list(FL_METHODS)), default="pmtl", show_default=True)
+@click.option(
+    "--method", type=click.Choice(list(FL_METHODS)), default=SPEC.method, show_default=True
+)
 @click.option(
     "--epsilon",
     type=float,
@@ -133,8 +136,10 @@ def _human(out: dict[str, Any]) -> None:
     help="δ = 1/m, the PMTL paper's, for reproductions of its experiments (instead of --delta; "
     "a guarantee at δ >= 1/m allows revealing one client's data outright).",
 )
-@click.option("--clip", type=float, default=0.5, show_default=True, help="γ: client update clip.")
-@click.option("--rounds", type=int, default=100, show_default=True)
+@click.option(
+    "--clip", type=float, default=SPEC.clip, show_default=True, help="γ: client update clip."
+)
+@click.option("--rounds", type=int, default=SPEC.rounds, show_default=True)
 @click.option(
     "--clients-per-round",
     type=int,
@@ -152,12 +157,12 @@ def _human(out: dict[str, Any]) -> None:
     help="λ (mean-regularization / FedProx μ). Default: chosen on FEMNIST validation accuracy, "
     "0.001 for private PMTL runs, 1 without noise, 0.01 for FedProx.",
 )
-@click.option("--lr", type=float, default=0.1, show_default=True)
-@click.option("--batch-size", type=int, default=10, show_default=True)
+@click.option("--lr", type=float, default=SPEC.lr, show_default=True)
+@click.option("--batch-size", type=int, default=SPEC.batch_size, show_default=True)
 @click.option(
     "--finetune",
     type=click.Choice(list(FINETUNE_METHODS)),
-    default="auto",
+    default=SPEC.finetune,
     show_default=True,
     help="Local fine-tuning after training. auto: every client (sampled or not) keeps, of its "
     "trained model, the billboard fine-tuned on its own data (3 or 10 epochs at step 0.01 or "
@@ -218,20 +223,22 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--sampling",
     type=click.Choice(["poisson", "fixed"]),
-    default="poisson",
+    default=SPEC.sampling,
     show_default=True,
 )
 @click.option(
     "--relation",
     type=click.Choice(list(RELATIONS)),
-    default="add-remove",
+    default=SPEC.relation,
     show_default=True,
 )
-@click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
+@click.option(
+    "--accountant", type=click.Choice(["rdp", "pld"]), default=SPEC.accountant, show_default=True
+)
 @click.option(
     "--server-update",
-    type=click.Choice(["offset", "delta", "ditto"]),
-    default="ditto",
+    type=click.Choice(list(SERVER_UPDATES)),
+    default=SPEC.server_update,
     show_default=True,
     help="Client message: offset = w_k^new - w~ (the authors' code; stable under partial "
     "participation), delta = w_k^new - w_k^old (Algorithm 1 as printed; can diverge when "
@@ -241,14 +248,20 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--server-optimizer",
     type=click.Choice(["none", "momentum", "adam"]),
-    default="none",
+    default=SPEC.server_optimizer,
     show_default=True,
     help="Apply momentum (DP-FedAvgM) or Adam (DP-FedAdam) to each released noisy mean "
     "(post-processing: no privacy cost).",
 )
-@click.option("--server-lr", type=float, default=1.0, show_default=True, help="Server step size.")
 @click.option(
-    "--server-momentum", type=float, default=0.9, show_default=True, help="Server β (Adam: β1)."
+    "--server-lr", type=float, default=SPEC.server_lr, show_default=True, help="Server step size."
+)
+@click.option(
+    "--server-momentum",
+    type=float,
+    default=SPEC.server_momentum,
+    show_default=True,
+    help="Server β (Adam: β1).",
 )
 @click.option(
     "--shared-params",
@@ -269,7 +282,11 @@ def _human(out: dict[str, Any]) -> None:
     "with --epsilon the mean gets slightly more noise).",
 )
 @click.option(
-    "--adaptive-clip-lr", type=float, default=0.2, show_default=True, help="Clip step size η_C."
+    "--adaptive-clip-lr",
+    type=float,
+    default=SPEC.adaptive_clip_lr,
+    show_default=True,
+    help="Clip step size η_C.",
 )
 @click.option(
     "--adaptive-clip-noise",
@@ -278,8 +295,8 @@ def _human(out: dict[str, Any]) -> None:
 )
 @click.option(
     "--personal-init",
-    type=click.Choice(["auto", "model", "billboard"]),
-    default="auto",
+    type=click.Choice(list(PERSONAL_INITS)),
+    default=SPEC.personal_init,
     show_default=True,
     help="pmtl: a client's model starts from the billboard at its first participation, and "
     "clients never sampled are scored with the billboard (what they would download; "
@@ -287,7 +304,7 @@ def _human(out: dict[str, Any]) -> None:
     "noise norm of one release (sigma * sqrt(released dim)) is at most the clip, else the "
     "initial model; the JSON key personal_init reports the choice.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=SPEC.seed, show_default=True)
 @click.option(
     "--reproducible-noise",
     is_flag=True,
@@ -409,22 +426,25 @@ def pmtl(**kw: Any) -> None:
 )
 @click.option(
     "--lams",
-    default="0.1",
-    show_default=True,
-    help="λ grid (pmtl's mean regularizer, fedprox's μ).",
+    help="λ grid (pmtl's mean regularizer, fedprox's μ). Default: the λ of privmtl pmtl, "
+    "0.001 for private runs, 1 without noise, 0.01 for FedProx.",
 )
-@click.option("--lr", type=float, default=0.1, show_default=True)
+@click.option("--lr", type=float, default=SPEC.lr, show_default=True)
 @click.option("--local-steps", type=int)
 @click.option(
     "--server-update",
-    type=click.Choice(["offset", "delta", "ditto"]),
-    default="offset",
+    type=click.Choice(list(SERVER_UPDATES)),
+    default=SPEC.server_update,
     show_default=True,
-    help="PMTL client message: the authors' code's w_new - w~ (stable), Algorithm 1's "
-    "w_new - w_old as printed, or Ditto's trained copy of w~ minus w~.",
+    help="PMTL client message, as privmtl pmtl's: Ditto's trained copy of w~ minus w~, the "
+    "authors' code's w_new - w~ (stable), or Algorithm 1's w_new - w_old as printed.",
 )
 @click.option(
-    "--finetune", type=click.Choice(list(FINETUNE_METHODS)), default="none", show_default=True
+    "--finetune",
+    type=click.Choice(list(FINETUNE_METHODS)),
+    default=SPEC.finetune,
+    show_default=True,
+    help="Local fine-tuning of every candidate run, as privmtl pmtl's --finetune.",
 )
 @click.option(
     "--out",
@@ -481,7 +501,7 @@ def pmtl_sweep(**kw: Any) -> None:
         clips=_floats(kw["clips"], "--clips"),
         rounds_grid=[int(t) for t in _floats(kw["rounds_grid"], "--rounds-grid")],
         clients_per_round=kw["clients_per_round"],
-        lam=_floats(kw["lams"], "--lams"),
+        lam=None if kw["lams"] is None else _floats(kw["lams"], "--lams"),
         lr=kw["lr"],
         local_steps=kw["local_steps"],
         finetune=kw["finetune"],

@@ -26,14 +26,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmtl._validation import check_choice, check_int, check_real
+from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.finetune_selection import SELECT_MODES
 from privmtl.federated.local import LOCAL_SELECT
+from privmtl.federated.spec import (
+    DEFAULT_CLIENTS_PER_ROUND,
+    DEFAULT_FEDPROX_MU,
+    DEFAULT_LAM_NONPRIVATE,
+    DEFAULT_LAM_PRIVATE,
+    FINETUNE_METHODS,
+    RUN_METHODS,
+    SPEC,
+    RunSpec,
+    default_clients_per_round,
+    default_lam,
+    resolve_defaults,
+    resolve_delta,
+    train_config,
+)
 from privmtl.federated.user_model import UserFactory
 from privmtl.privacy import PrivacyGuarantee
-from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
 from privmtl.privacy.release import noise_multiplier
 
 __all__ = [
@@ -42,6 +56,9 @@ __all__ = [
     "AUTO_FINETUNE_EPOCHS",
     "AUTO_FINETUNE_LRS",
     "DEFAULT_CLIENTS_PER_ROUND",
+    "DEFAULT_FEDPROX_MU",
+    "DEFAULT_LAM_NONPRIVATE",
+    "DEFAULT_LAM_PRIVATE",
     "FINETUNE_METHODS",
     "FINETUNE_STARTS",
     "FL_DATASETS",
@@ -59,10 +76,7 @@ __all__ = [
 
 FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
-FL_METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "local-all")
-FINETUNE_METHODS = ("auto", "none", "vanilla", "mr", "skl", "ewc")
-"""Local fine-tuning after training: ``auto`` (the default, :data:`AUTO_FINETUNE_EPOCHS`), none,
-or one of :func:`~privmtl.federated.finetune.finetune`'s methods."""
+FL_METHODS = RUN_METHODS
 _FINETUNE_RULES = FINETUNE_METHODS[2:]
 AUTO_FINETUNE_EPOCHS = (10, 3)
 """``finetune="auto"``: epochs of fine-tuning the released billboard (with :data:`AUTO_FINETUNE_LRS`).
@@ -93,50 +107,14 @@ FINETUNE_STARTS = ("auto", "billboard")
 """Where fine-tuning starts: the personalized models when the method has them, else the released
 global model (auto), or the released global model (billboard)."""
 
-#: Default λ: PMTL's mean-regularization weight chosen on validation accuracy in the committed
-#: FEMNIST sweep (benchmarks/results/pmtl_femnist_tradeoff.md: 0.001 at every private ε, within one
-#: seed's noise of the best at ε = 4; 1.0 without noise); FedProx's μ as in that sweep.
-DEFAULT_LAM_PRIVATE = 0.001
-DEFAULT_LAM_NONPRIVATE = 1.0
-DEFAULT_FEDPROX_MU = 0.01
-
-
-#: Clients sampled per round when none is given: this many, or all m clients when there are fewer.
-DEFAULT_CLIENTS_PER_ROUND = 20
-
-
-def default_clients_per_round(m: int) -> int:
-    """``min(DEFAULT_CLIENTS_PER_ROUND, m)``: the default never exceeds the population."""
-    return min(DEFAULT_CLIENTS_PER_ROUND, int(m))
-
 
 def default_delta(data: str, m: int) -> float:
     """δ when none is given, on every data set ``data``:
-    :func:`~privmtl.privacy.delta.user_data_delta` (min(1e-5, 1/(100 m)), below 1/m). The PMTL
-    paper's 1/m is ``run_pmtl(delta="paper")`` (``privmtl pmtl --paper-delta``)."""
+    :func:`~privmtl.privacy.delta.user_data_delta` (min(1e-5, 1/(100 m)), below 1/m;
+    :func:`~privmtl.federated.spec.resolve_delta`). The PMTL paper's 1/m is
+    ``run_pmtl(delta="paper")`` (``privmtl pmtl --paper-delta``)."""
     check_choice("data", data, FL_DATASETS)
-    return user_data_delta(m)
-
-
-def _resolve_delta(delta: float | str | None, data: str, m: int) -> tuple[float, tuple[str, ...]]:
-    """δ of a run and the notes it needs: None → default, "paper" → 1/m, else a checked float."""
-    if delta is None:
-        return default_delta(data, m), ()
-    if isinstance(delta, str):
-        check_choice("delta", delta, ("paper",))
-        return pmtl_paper_delta(m), (
-            f"delta = 1/m = {pmtl_paper_delta(m):.3g}: the PMTL paper's delta (--paper-delta), "
-            "for reproductions; a guarantee at delta >= 1/m allows revealing one client's data "
-            "outright",
-        )
-    return check_delta(delta, m), ()
-
-
-def default_lam(method: str, *, private: bool) -> float:
-    """The λ used when none is given: see :data:`DEFAULT_LAM_PRIVATE` and the README."""
-    if method == "fedprox":
-        return DEFAULT_FEDPROX_MU
-    return DEFAULT_LAM_PRIVATE if private else DEFAULT_LAM_NONPRIVATE
+    return resolve_delta(None, m)[0]
 
 
 def default_femnist_dir() -> Path:
@@ -242,49 +220,49 @@ def run_pmtl(
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
     model: str = "logreg",
-    method: str = "pmtl",
+    method: str = SPEC.method,
     epsilon: float | None = None,
     noise_std: float | None = None,
-    clip: float = 0.5,
-    rounds: int = 100,
+    clip: float = SPEC.clip,
+    rounds: int = SPEC.rounds,
     clients_per_round: int | None = None,
     local_steps: int | None = None,
     local_epochs: int | None = None,
     lam: float | None = None,
-    lr: float = 0.1,
-    batch_size: int = 10,
-    finetune: str = "auto",
+    lr: float = SPEC.lr,
+    batch_size: int = SPEC.batch_size,
+    finetune: str = SPEC.finetune,
     finetune_epochs: int | Sequence[int] = 1,
     extra_finetunes: tuple[str, ...] | list[str] = (),
     finetune_lrs: Sequence[float] | None = None,
     finetune_lams: Sequence[float] | None = None,
     finetune_start: str = "auto",
     finetune_select: str = "client",
-    seed: int = 0,
+    seed: int = SPEC.seed,
     sequential: bool = False,
-    sampling: str = "poisson",
-    accountant: str = "rdp",
-    relation: str = "add-remove",
-    delta: float | str | None = None,
-    server_update: str = "ditto",
+    sampling: str = SPEC.sampling,
+    accountant: str = SPEC.accountant,
+    relation: str = SPEC.relation,
+    delta: float | str | None = SPEC.delta,
+    server_update: str = SPEC.server_update,
     show_progress: bool = True,
     dataset: FederatedDataset | None = None,
     threads: int = 2,
-    noise_source: str = "secure",
+    noise_source: str = SPEC.noise_source,
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int = 1,
     resume: bool = False,
     budget_epsilon: float | None = None,
     save_models: str | Path | None = None,
     num_clients: int | None = None,
-    server_optimizer: str = "none",
-    server_lr: float = 1.0,
-    server_momentum: float = 0.9,
+    server_optimizer: str = SPEC.server_optimizer,
+    server_lr: float = SPEC.server_lr,
+    server_momentum: float = SPEC.server_momentum,
     shared_params: Sequence[str] | None = None,
-    personal_init: str = "auto",
+    personal_init: str = SPEC.personal_init,
     subspace_dim: int | None = None,
     adaptive_clip_quantile: float | None = None,
-    adaptive_clip_lr: float = 0.2,
+    adaptive_clip_lr: float = SPEC.adaptive_clip_lr,
     adaptive_clip_noise: float | None = None,
     local_select: str = "client",
     diagnostics: bool = False,
@@ -292,8 +270,13 @@ def run_pmtl(
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
-    The defaults differ from :class:`~privmtl.federated.config.TrainConfig`'s where the
-    benchmarks found better behaviour: ``server_update="ditto"`` (the billboard follows FedAvg's
+    The algorithm and privacy defaults are the run spec's (:data:`~privmtl.federated.spec.SPEC`,
+    shared with ``privmtl pmtl``, the sweep and Flower); the settings are checked once by
+    :class:`~privmtl.federated.spec.RunSpec`, the data-dependent defaults filled in by
+    :func:`~privmtl.federated.spec.resolve_defaults`, and the result reports the resolved spec
+    under ``config`` (``personal_init`` as the trainer resolved it): passed back to ``run_pmtl``,
+    it runs the same settings. They differ from
+    :class:`~privmtl.federated.config.TrainConfig`'s where the benchmarks found better behaviour: ``server_update="ditto"`` (the billboard follows FedAvg's
     and the personalized models are pulled towards it; ``"offset"`` is the authors' code,
     ``"delta"`` Algorithm 1 as printed) and ``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`:
     every client chooses on its own validation split between its trained model, the billboard
@@ -343,8 +326,36 @@ def run_pmtl(
     (:func:`load_federated`); the result reports what was done under ``"scaling"``. A user's
     ``model`` factory is loaded before the data and checked by a forward pass before training.
     """
-    check_choice("method", method, FL_METHODS)
-    check_choice("finetune", finetune, FINETUNE_METHODS)
+    spec = RunSpec(
+        method=method,
+        server_update=server_update,
+        clip=clip,
+        clients_per_round=clients_per_round,
+        lam=lam,
+        personal_init=personal_init,
+        lr=lr,
+        batch_size=batch_size,
+        rounds=rounds,
+        local_steps=local_steps,
+        local_epochs=local_epochs,
+        epsilon=epsilon,
+        noise_std=noise_std,
+        delta=delta,
+        sampling=sampling,
+        accountant=accountant,
+        relation=relation,
+        finetune=finetune,
+        noise_source=noise_source,
+        seed=seed,
+        server_optimizer=server_optimizer,
+        server_lr=server_lr,
+        server_momentum=server_momentum,
+        shared_params=None if shared_params is None else tuple(shared_params),
+        subspace_dim=subspace_dim,
+        adaptive_clip_quantile=adaptive_clip_quantile,
+        adaptive_clip_lr=adaptive_clip_lr,
+        adaptive_clip_noise=adaptive_clip_noise,
+    )
     check_choice("finetune_start", finetune_start, FINETUNE_STARTS)
     check_choice("finetune_select", finetune_select, SELECT_MODES)
     check_choice("local_select", local_select, LOCAL_SELECT)
@@ -381,18 +392,7 @@ def run_pmtl(
         )
     for name in extra_finetunes:
         check_choice("extra_finetunes", name, _FINETUNE_RULES)
-    seed = check_int("seed", seed, low=0)
-    rounds = check_int("rounds", rounds, low=1)
-    clip = check_real("clip", clip, low=0.0, closed="neither")
-    if epsilon is not None and noise_std is not None:
-        raise InvalidParameterError(
-            "Give at most one of 'epsilon' and 'noise_std'; got "
-            f"epsilon={epsilon!r}, noise_std={noise_std!r}."
-        )
-    if epsilon is not None:
-        epsilon = check_real("epsilon", epsilon, low=0.0, closed="neither")
-    if noise_std is not None:
-        noise_std = check_real("noise_std", noise_std, low=0.0)
+    seed, epsilon, noise_std, lr = spec.seed, spec.epsilon, spec.noise_std, spec.lr
     from privmtl.federated.user_model import is_factory_spec, load_factory
 
     user_factory = load_factory(model) if is_factory_spec(model) else None
@@ -416,57 +416,12 @@ def run_pmtl(
     )
     load_seconds = time.perf_counter() - t_load
     m = ds.n_clients
-    q = (
-        default_clients_per_round(m)
-        if clients_per_round is None
-        else check_int("clients_per_round", clients_per_round, low=1)
-    )
-    if method == "local-all":  # every client trains: clients_per_round does not apply
-        q = m
-    if q > m:
-        raise InvalidParameterError(
-            f"The 'clients_per_round' parameter must be at most the number of clients m={m} "
-            f"of the data; got {q}."
-        )
-    if lam is None:
-        lam = default_lam(method, private=epsilon is not None or bool(noise_std))
-    dlt, delta_notes = _resolve_delta(delta, data, m)
-    notes: list[str] = list(delta_notes)
+    resolved = resolve_defaults(spec, m)
+    q, lam = int(resolved.clients_per_round or m), float(resolved.lam or 0.0)
+    notes: list[str] = list(resolve_delta(spec.delta, m)[1])
     not_covered: list[str] = []
     net = make_model(model, ds, seed, factory=user_factory)
-    from privmtl.federated.config import TrainConfig
-
-    config = TrainConfig(
-        method=method if method in ("pmtl", "fedavg", "fedprox", "local") else "pmtl",
-        rounds=rounds,
-        clients_per_round=q,
-        local_steps=local_steps,
-        local_epochs=local_epochs,
-        batch_size=batch_size,
-        lr=lr,
-        lam=lam,
-        clip=clip,
-        noise_std=noise_std or 0.0,
-        sampling="all" if q == m else sampling,
-        seed=seed,
-        delta=dlt,
-        accountant=accountant,
-        relation=relation,
-        batched=not sequential,
-        progress=show_progress,
-        server_update=server_update,
-        threads=threads,
-        noise_source=noise_source,
-        server_optimizer=server_optimizer,
-        server_lr=server_lr,
-        server_momentum=server_momentum,
-        shared_params=None if shared_params is None else tuple(shared_params),
-        personal_init=personal_init,
-        subspace_dim=subspace_dim,
-        adaptive_clip_quantile=adaptive_clip_quantile,
-        adaptive_clip_lr=adaptive_clip_lr,
-        adaptive_clip_noise=adaptive_clip_noise,
-    )
+    config = train_config(resolved, batched=not sequential, progress=show_progress, threads=threads)
     if epsilon is not None and method not in ("local", "local-all"):
         from privmtl.federated.baselines import config_for_epsilon
 
@@ -504,6 +459,8 @@ def run_pmtl(
         result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
     )
     out["data_seconds"] = load_seconds
+    # the resolved settings (personal_init as the trainer resolved it), re-runnable as they are
+    out["config"] = resolved.replace(personal_init=result.config.personal_init).to_dict()
     out["clients_per_round_default"] = clients_per_round is None  # then min(20, m)
     out["scaling"] = ds.scaling
     if ds.scaling != "none":

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from privmtl._validation import check_choice
-from privmtl.experiments.pmtl import default_clients_per_round, load_federated, run_pmtl
+from privmtl.experiments.pmtl import load_federated, run_pmtl
 from privmtl.experiments.runlog import RunLog
 from privmtl.experiments.sweep import (
     DEFAULT_VOTE_SHARE,
@@ -40,6 +40,7 @@ from privmtl.experiments.sweep import (
     select_candidates,
     selection_footnote,
 )
+from privmtl.federated.spec import SPEC, default_clients_per_round, default_lam
 from privmtl.privacy.selection import SELECTION_METHODS
 
 __all__ = ["PMTL_SWEEP_FILES", "plot_rounds", "run_pmtl_sweep", "write_pmtl_sweep"]
@@ -59,13 +60,13 @@ def run_pmtl_sweep(
     clips: Sequence[float],
     rounds_grid: Sequence[int],
     clients_per_round: int | None = None,
-    lam: float | Sequence[float] = 0.1,
-    lr: float = 0.1,
+    lam: float | Sequence[float] | None = None,
+    lr: float = SPEC.lr,
     local_steps: int | None = None,
-    finetune: str = "none",
-    server_update: str = "offset",
+    finetune: str = SPEC.finetune,
+    server_update: str = SPEC.server_update,
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
-    noise_source: str = "secure",
+    noise_source: str = SPEC.noise_source,
     log: RunLog | None = None,
     select: str = "vote",
     vote_share: float = DEFAULT_VOTE_SHARE,
@@ -88,7 +89,9 @@ def run_pmtl_sweep(
 
     ``data="table"`` reads a user's table with ``client_column``, ``label_column``,
     ``feature_columns`` and ``scaling`` (:func:`~privmtl.experiments.pmtl.load_federated`);
-    ``clients_per_round`` defaults to ``min(20, m)``.
+    ``clients_per_round``, ``lam`` (None: :func:`~privmtl.federated.spec.default_lam` of each
+    method and ε), ``lr``, ``finetune``, ``server_update`` and ``noise_source`` default to the run
+    spec's (:mod:`privmtl.federated.spec`), as ``run_pmtl``'s do.
     """
     check_choice("select", select, SELECTION_METHODS)
     table: dict[str, Any] = {}
@@ -102,13 +105,21 @@ def run_pmtl_sweep(
     datasets = {s: load_federated(data, data_path=data_path, seed=s, **table) for s in seeds}
     if clients_per_round is None:
         clients_per_round = default_clients_per_round(datasets[seeds[0]].n_clients)
-    lams = [float(lam)] if isinstance(lam, int | float) else [float(v) for v in lam]
+    lams: list[float | None] = (
+        [None]
+        if lam is None
+        else [float(lam)]
+        if isinstance(lam, int | float)
+        else [float(v) for v in lam]
+    )
     jobs: list[tuple[int, str, float | None, float, int, float]] = []
     for seed, method in itertools.product(seeds, methods):
         eps_list: list[float | None] = [None] if method == "local" else [*epsilons, None]
         method_lams = lams if method in ("pmtl", "fedprox") else lams[:1]
         for eps in eps_list:
             for clip, T, lam_ in itertools.product(clips, rounds_grid, method_lams):
+                # None: the spec's λ of this method, private (an ε target) or not, as run_pmtl's
+                lam_ = default_lam(method, private=eps is not None) if lam_ is None else lam_
                 jobs.append((seed, method, eps, clip, T, lam_))
     it: Iterable[Any] = jobs if progress is None else progress(jobs, len(jobs))
     candidates = []

@@ -532,10 +532,10 @@ class Trainer:
         shared_init = {n: init[n] for n in self.shared}
         board = _stack(init, m) if spec.billboard == "blocks" else shared_init
         if config.personal_init == "auto":
+            from privmtl.federated.spec import resolve_personal_init
+
             dim = config.subspace_dim or sum(p.numel() for p in shared_init.values())
-            resolved = (
-                "billboard" if billboard_carries_signal(mech.noise_std, mech.clip, dim) else "model"
-            )
+            resolved = resolve_personal_init("auto", mech.noise_std, mech.clip, dim)
             self.config = config = dataclasses.replace(config, personal_init=resolved)
         optimizer = None
         if config.server_optimizer != "none":

@@ -81,6 +81,7 @@ def save_models(
         "noise_std", "noise_multiplier", "clip", "clients_per_round", "num_clients", "rounds",
         "rounds_run", "lam", "lr", "seed", "server_update", "stopped_on_budget", "test_accuracy",
         "mean_client_accuracy", "val_accuracy", "global_test_accuracy", "finetune",
+        "config",  # the resolved run spec (privmtl.federated.spec): what re-runs the same settings
     )  # fmt: skip
     meta = {
         "format": MODELS_FORMAT,

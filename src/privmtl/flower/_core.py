@@ -37,14 +37,15 @@ from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
 from privmtl.federated.client import ProxStep, local_sgd_batched
 from privmtl.federated.config import TrainConfig, TrainResult
 from privmtl.federated.protocol import Curator, method_spec
+from privmtl.federated.spec import SPEC, RunSpec, resolve_defaults, train_config
 from privmtl.flower.secagg import SECAGG_DEFAULTS
-from privmtl.privacy.delta import pmtl_paper_delta, user_data_delta
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import make_noise_source
 from privmtl.privacy.release import GaussianMeanRelease
 from privmtl.privacy.sampling import make_sampler
 
 __all__ = [
+    "FLOWER_FIXED",
     "RUN_DEFAULTS",
     "SERVER_DIR",
     "NodeClients",
@@ -56,30 +57,32 @@ __all__ = [
     "make_config",
     "partition",
     "run_options",
+    "run_spec",
     "to_bytes",
 ]
 
-# run-config keys (pyproject [tool.flwr.app.config]) -> run_pmtl/TrainConfig meaning
+# run-config keys (pyproject [tool.flwr.app.config]) -> run_pmtl/RunSpec meaning; the algorithm
+# and privacy defaults are the run spec's (privmtl.federated.spec.SPEC), as run_pmtl's
 RUN_DEFAULTS: dict[str, Any] = {
     "data": "synthetic",
     "data-path": "",
     "num-clients": 0,  # synthetic only; 0: the generator's default m
     "model": "logreg",
-    "rounds": 3,
-    "clients-per-round": 6,
+    "rounds": SPEC.rounds,
+    "clients-per-round": 0,  # 0: the spec's default, min(20, m)
     "epsilon": -1.0,  # < 0: not given
     "noise-std": -1.0,  # < 0: not given
-    "clip": 0.5,
-    "lam": 0.1,
-    "lr": 0.1,
-    "batch-size": 10,
-    "local-steps": 0,  # 0: TrainConfig default
-    "seed": 0,
-    "sampling": "poisson",
-    "accountant": "rdp",
-    "relation": "add-remove",
-    "server-update": "delta",
-    "noise-source": "secure",
+    "clip": SPEC.clip,
+    "lam": -1.0,  # < 0: the spec's default (default_lam: 0.001 when private, else 1)
+    "lr": SPEC.lr,
+    "batch-size": SPEC.batch_size,
+    "local-steps": 0,  # 0: one local epoch
+    "seed": SPEC.seed,
+    "sampling": SPEC.sampling,
+    "accountant": SPEC.accountant,
+    "relation": SPEC.relation,
+    "server-update": SPEC.server_update,
+    "noise-source": SPEC.noise_source,
     "paper-delta": False,  # True: the PMTL paper's delta = 1/m (reproductions); else DP practice
     "num-supernodes": 1,
     "work-dir": "",  # "": default_work_dir() of the machine running the ServerApp
@@ -122,7 +125,8 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
 
     check_int("num_supernodes", num_supernodes, low=1)
     check_int("rounds", run_config["rounds"], low=1)
-    check_int("clients_per_round", run_config["clients-per-round"], low=1)
+    if run_config["clients-per-round"] != 0:  # 0: the spec's default
+        check_int("clients_per_round", run_config["clients-per-round"], low=1)
     check_int("seed", run_config["seed"], low=0)
     num = int(run_config.get("num-clients", 0))
     if num:
@@ -146,45 +150,58 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
     check_choice("on_missing", run_config["on-missing"], ("fail", "proceed"))
 
 
+FLOWER_FIXED: dict[str, Any] = {"method": "pmtl", "personal_init": "model", "finetune": "none"}
+"""Settings of the run spec that a Flower run does not take as options: it runs PMTL, its clients
+start from the initial model, and it does not fine-tune (what its ``config`` reports)."""
+
+
+def run_spec(opts: dict[str, Any], m: int) -> RunSpec:
+    """The resolved :class:`~privmtl.federated.spec.RunSpec` of a run with ``m`` clients.
+
+    The run configuration's "not given" values (``-1``; 0 clients per round) are the spec's
+    defaults, resolved by :func:`~privmtl.federated.spec.resolve_defaults` as ``run_pmtl``
+    resolves them; an explicit ``clients-per-round`` above ``m`` is read as ``m``.
+    """
+    eps, std, lam = float(opts["epsilon"]), float(opts["noise-std"]), float(opts["lam"])
+    if eps >= 0 and std >= 0:
+        raise InvalidParameterError(
+            f"Give at most one of 'epsilon' and 'noise_std'; got epsilon={eps}, noise_std={std}."
+        )
+    q, steps = int(opts["clients-per-round"]), int(opts["local-steps"])
+    spec = RunSpec(
+        **FLOWER_FIXED,
+        rounds=int(opts["rounds"]),
+        clients_per_round=min(q, m) if q > 0 else None,
+        local_steps=steps if steps > 0 else None,
+        batch_size=int(opts["batch-size"]),
+        lr=float(opts["lr"]),
+        lam=lam if lam >= 0 else None,
+        clip=float(opts["clip"]),
+        epsilon=eps if eps >= 0 else None,
+        noise_std=std if std >= 0 else None,
+        delta="paper" if bool(opts["paper-delta"]) else None,
+        sampling=str(opts["sampling"]),
+        seed=int(opts["seed"]),
+        accountant=str(opts["accountant"]),
+        relation=str(opts["relation"]),
+        server_update=str(opts["server-update"]),
+        noise_source=str(opts["noise-source"]),
+    )
+    return resolve_defaults(spec, m)
+
+
 def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
     """The :class:`TrainConfig` of a run with ``m`` clients, as ``run_pmtl`` builds it.
 
     Returns the config (``noise_std`` calibrated to ``epsilon`` when one is given) and the
     noise standard deviation of the released mean.
     """
-    q = min(int(opts["clients-per-round"]), m)
-    eps = float(opts["epsilon"])
-    std = float(opts["noise-std"])
-    if eps >= 0 and std >= 0:
-        raise InvalidParameterError(
-            f"Give at most one of 'epsilon' and 'noise_std'; got epsilon={eps}, noise_std={std}."
-        )
-    steps = int(opts["local-steps"])
-    config = TrainConfig(
-        method="pmtl",
-        rounds=int(opts["rounds"]),
-        clients_per_round=q,
-        local_steps=steps if steps > 0 else None,
-        batch_size=int(opts["batch-size"]),
-        lr=float(opts["lr"]),
-        lam=float(opts["lam"]),
-        clip=float(opts["clip"]),
-        noise_std=max(std, 0.0),
-        sampling="all" if q == m else str(opts["sampling"]),
-        seed=int(opts["seed"]),
-        delta=pmtl_paper_delta(m) if bool(opts["paper-delta"]) else user_data_delta(m),
-        accountant=str(opts["accountant"]),
-        relation=str(opts["relation"]),
-        batched=True,
-        progress=False,
-        server_update=str(opts["server-update"]),
-        threads=1,
-        noise_source=str(opts["noise-source"]),
-    )
-    if eps > 0:
+    resolved = run_spec(opts, m)
+    config = train_config(resolved, batched=True, progress=False, threads=1)
+    if resolved.epsilon is not None:
         from privmtl.federated.baselines import config_for_epsilon
 
-        config = config_for_epsilon(config, m, eps)
+        config = config_for_epsilon(config, m, resolved.epsilon)
     return config, float(config.noise_std)
 
 
@@ -744,6 +761,7 @@ class ServerRun:
             q=self.q,
             m=self.m,
         )
+        out["config"] = run_spec(self.opts, self.m).to_dict()
         out["engine"] = "flower-deployment"
         out["on_missing"] = str(self.opts["on-missing"])
         out["clients_answered_per_round"] = [len(h["answered"]) for h in self.history]

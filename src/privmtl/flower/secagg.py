@@ -224,7 +224,10 @@ def check_secagg_options(opts: dict[str, Any], num_supernodes: int) -> None:
         quantization_range=int(opts.get("secagg-quantization-range", 2**22)),
         modulus_range=int(opts.get("secagg-modulus-range", 2**32)),
     )
-    q = int(opts.get("clients-per-round", 1))
+    from privmtl.federated.spec import DEFAULT_CLIENTS_PER_ROUND
+
+    # 0: the spec's default, min(20, m), at most DEFAULT_CLIENTS_PER_ROUND
+    q = int(opts.get("clients-per-round", 1)) or DEFAULT_CLIENTS_PER_ROUND
     if q > params.max_clients:
         raise InvalidParameterError(
             "With secure aggregation 'clients_per_round' must be at most "

@@ -1,0 +1,391 @@
+r"""The settings of a federated run and their product defaults, defined once.
+
+:class:`RunSpec` holds the algorithm and privacy options of one run of the PMTL family — the
+method, the client message, the clip, the clients per round, λ, the personal start, the step size,
+the batch size, the rounds, the sampler, the accountant, the neighbouring relation, the local
+fine-tuning, where the noise comes from and δ — with the defaults every entry point uses:
+:func:`~privmtl.experiments.pmtl.run_pmtl`, ``privmtl pmtl``, ``privmtl pmtl-sweep`` and
+``privmtl flower local`` (and the Flower apps' run configuration) read them from here. Its
+constraints are declared once, in :attr:`RunSpec._parameter_constraints`, and checked when the
+object is built.
+
+Some defaults depend on the data or on the calibrated noise; :func:`resolve_defaults` is the one
+function that fills them in:
+
+* ``clients_per_round``: :func:`default_clients_per_round`, ``min(20, m)`` (an explicit value above
+  ``m`` is an error; ``method="local-all"`` trains every client);
+* ``lam``: :func:`default_lam` (λ chosen on FEMNIST validation accuracy: 0.001 for private runs, 1
+  without noise, FedProx's μ = 0.01);
+* ``delta``: :func:`resolve_delta`, min(1e-5, 1/(100 m)) (below 1/m, as DP practice asks), or the
+  PMTL paper's 1/m with ``delta="paper"``;
+* ``sampling``: ``"all"`` when every client takes part in every round (``q = m``);
+* ``personal_init``: ``"auto"`` becomes ``"billboard"`` or ``"model"`` by
+  :func:`resolve_personal_init` once the noise of one release is known.
+
+The resolved spec is what a run reports under ``config`` in its JSON result
+(:meth:`RunSpec.to_dict`). The engine's low-level :class:`~privmtl.federated.config.TrainConfig`
+keeps its own neutral defaults; a run builds it from a resolved spec with
+:func:`train_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any, ClassVar
+
+from privmtl._validation import Interval, Options, validate_params
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.finetune import FINETUNE_METHODS as _FINETUNE_RULES
+from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
+from privmtl.privacy.guarantee import RELATIONS
+
+__all__ = [
+    "DEFAULT_CLIENTS_PER_ROUND",
+    "DEFAULT_FEDPROX_MU",
+    "DEFAULT_LAM_NONPRIVATE",
+    "DEFAULT_LAM_PRIVATE",
+    "FINETUNE_METHODS",
+    "PERSONAL_INITS",
+    "RUN_METHODS",
+    "SERVER_UPDATES",
+    "SPEC",
+    "RunSpec",
+    "default_clients_per_round",
+    "default_lam",
+    "resolve_defaults",
+    "resolve_delta",
+    "resolve_personal_init",
+    "train_config",
+]
+
+RUN_METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "local-all")
+"""Methods of a run: the engine's (:data:`~privmtl.federated.config.METHODS` but ``workshop``)
+and ``local-all``, every client training alone (:func:`~privmtl.federated.local.train_local`)."""
+SERVER_UPDATES = ("ditto", "offset", "delta")
+"""The client messages (:class:`~privmtl.federated.config.TrainConfig`'s ``server_update``)."""
+PERSONAL_INITS = ("auto", "model", "billboard")
+"""Where a client's persistent model starts (``personal_init``)."""
+FINETUNE_METHODS = ("auto", "none", *_FINETUNE_RULES)
+"""Local fine-tuning after training: ``auto`` (each client's choice on its own validation split,
+:data:`~privmtl.experiments.pmtl.AUTO_FINETUNE_EPOCHS`), none, or one of
+:func:`~privmtl.federated.finetune.finetune`'s methods."""
+_SAMPLINGS = ("poisson", "fixed", "all")
+_ACCOUNTANTS = ("rdp", "pld")
+_NOISE_SOURCES = ("secure", "seeded")
+_SERVER_OPTIMIZERS = ("none", "momentum", "adam")
+
+#: Default λ: PMTL's mean-regularization weight chosen on validation accuracy in the committed
+#: FEMNIST sweep (benchmarks/results/pmtl_femnist_tradeoff.md: 0.001 at every private ε, within one
+#: seed's noise of the best at ε = 4; 1.0 without noise); FedProx's μ as in that sweep.
+DEFAULT_LAM_PRIVATE = 0.001
+DEFAULT_LAM_NONPRIVATE = 1.0
+DEFAULT_FEDPROX_MU = 0.01
+
+#: Clients sampled per round when none is given: this many, or all m clients when there are fewer.
+DEFAULT_CLIENTS_PER_ROUND = 20
+
+
+def default_clients_per_round(m: int) -> int:
+    """``min(DEFAULT_CLIENTS_PER_ROUND, m)``: the default never exceeds the population."""
+    return min(DEFAULT_CLIENTS_PER_ROUND, int(m))
+
+
+def default_lam(method: str, *, private: bool) -> float:
+    """The λ used when none is given: :data:`DEFAULT_LAM_PRIVATE` for a private run,
+    :data:`DEFAULT_LAM_NONPRIVATE` without noise, :data:`DEFAULT_FEDPROX_MU` for FedProx."""
+    if method == "fedprox":
+        return DEFAULT_FEDPROX_MU
+    return DEFAULT_LAM_PRIVATE if private else DEFAULT_LAM_NONPRIVATE
+
+
+def resolve_delta(delta: float | str | None, m: int) -> tuple[float, tuple[str, ...]]:
+    """δ of a run with ``m`` clients and the notes it needs.
+
+    None: :func:`~privmtl.privacy.delta.user_data_delta`, min(1e-5, 1/(100 m)); ``"paper"``: the
+    PMTL paper's 1/m (with a note: a guarantee at δ ≥ 1/m allows revealing one client's data);
+    a float: checked (:func:`~privmtl.privacy.delta.check_delta`, δ ≥ 1/m warns).
+    """
+    if delta is None:
+        return user_data_delta(m), ()
+    if isinstance(delta, str):
+        Options(("paper",)).check("delta", delta)
+        return pmtl_paper_delta(m), (
+            f"delta = 1/m = {pmtl_paper_delta(m):.3g}: the PMTL paper's delta (--paper-delta), "
+            "for reproductions; a guarantee at delta >= 1/m allows revealing one client's data "
+            "outright",
+        )
+    return check_delta(delta, m), ()
+
+
+def resolve_personal_init(
+    personal_init: str, noise_std: float, clip: float | None, released_dim: int
+) -> str:
+    """``"auto"`` → ``"billboard"`` when the noise norm of one release is at most the clip
+    (:func:`~privmtl.federated.protocol.billboard_carries_signal`), else ``"model"``; any other
+    value is returned as given."""
+    if personal_init != "auto":
+        return personal_init
+    from privmtl.federated.protocol import billboard_carries_signal
+
+    return "billboard" if billboard_carries_signal(noise_std, clip, released_dim) else "model"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The algorithm and privacy settings of one federated run, with the product's defaults.
+
+    Built once per run and checked against :attr:`_parameter_constraints` (an
+    :class:`~privmtl.exceptions.InvalidParameterError` names the parameter, the constraint and
+    the value). ``None`` marks a data-dependent default that :func:`resolve_defaults` fills in.
+
+    Parameters
+    ----------
+    method : str, default "pmtl"
+        One of :data:`RUN_METHODS`.
+    server_update : {"ditto", "offset", "delta"}, default "ditto"
+        The client message: Ditto's (the billboard follows FedAvg's and the personalized models are
+        pulled towards it), the authors' code's ``w_k^new - w~``, or Algorithm 1's
+        ``w_k^new - w_k^old`` as printed (can diverge when ``q < m``).
+    clip : float, default 0.5
+        γ, the clip of every client message.
+    clients_per_round : int or None, default None
+        ``q``; None: :func:`default_clients_per_round` (``min(20, m)``).
+    lam : float or None, default None
+        λ (FedProx's μ); None: :func:`default_lam` (depends on whether the run is private).
+    personal_init : {"auto", "model", "billboard"}, default "auto"
+        Where a client's persistent model starts (:func:`resolve_personal_init`).
+    lr : float, default 0.1
+        Local SGD step size.
+    batch_size : int, default 10
+        Local minibatch size.
+    rounds : int, default 100
+        Communication rounds ``T``.
+    local_steps, local_epochs : int or None
+        Local work per round (at most one; neither: one local epoch).
+    epsilon : float or None
+        Target ε (σ is calibrated to it); at most one of ``epsilon`` and ``noise_std``; neither:
+        no noise (not private).
+    noise_std : float or None
+        σ of the noise on the released mean.
+    delta : float, "paper" or None, default None
+        δ; None: min(1e-5, 1/(100 m)); ``"paper"``: 1/m (:func:`resolve_delta`).
+    sampling : {"poisson", "fixed", "all"}, default "poisson"
+        Client sampling (``"all"`` when ``q = m``).
+    accountant : {"rdp", "pld"}, default "rdp"
+    relation : {"add-remove", "replace-one"}, default "add-remove"
+    finetune : str, default "auto"
+        One of :data:`FINETUNE_METHODS`.
+    noise_source : {"secure", "seeded"}, default "secure"
+        OS entropy, or a generator seeded from ``seed`` (research simulation only).
+    seed : int, default 0
+    server_optimizer : {"none", "momentum", "adam"}, default "none"
+    server_lr : float, default 1.0
+    server_momentum : float, default 0.9
+    shared_params : tuple of str or None
+        Partial sharing (pmtl); None: every parameter is shared.
+    subspace_dim : int or None
+        Random-subspace releases of this many coordinates; None: all coordinates.
+    adaptive_clip_quantile : float or None
+        Adaptive clipping's target quantile; None: fixed clip.
+    adaptive_clip_lr : float, default 0.2
+    adaptive_clip_noise : float or None
+        σ_b of adaptive clipping's count (None: ``q/20``).
+    """
+
+    method: str = "pmtl"
+    server_update: str = "ditto"
+    clip: float = 0.5
+    clients_per_round: int | None = None
+    lam: float | None = None
+    personal_init: str = "auto"
+    lr: float = 0.1
+    batch_size: int = 10
+    rounds: int = 100
+    local_steps: int | None = None
+    local_epochs: int | None = None
+    epsilon: float | None = None
+    noise_std: float | None = None
+    delta: float | str | None = None
+    sampling: str = "poisson"
+    accountant: str = "rdp"
+    relation: str = "add-remove"
+    finetune: str = "auto"
+    noise_source: str = "secure"
+    seed: int = 0
+    server_optimizer: str = "none"
+    server_lr: float = 1.0
+    server_momentum: float = 0.9
+    shared_params: tuple[str, ...] | None = None
+    subspace_dim: int | None = None
+    adaptive_clip_quantile: float | None = None
+    adaptive_clip_lr: float = 0.2
+    adaptive_clip_noise: float | None = None
+
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        "method": Options(RUN_METHODS),
+        "server_update": Options(SERVER_UPDATES),
+        "clip": Interval(Real, 0.0, None, closed="neither"),
+        "clients_per_round": [None, Interval(Integral, 1, None)],
+        "lam": [None, Interval(Real, 0.0, None)],
+        "personal_init": Options(PERSONAL_INITS),
+        "lr": Interval(Real, 0.0, None, closed="neither"),
+        "batch_size": Interval(Integral, 1, None),
+        "rounds": Interval(Integral, 1, None),
+        "local_steps": [None, Interval(Integral, 1, None)],
+        "local_epochs": [None, Interval(Integral, 1, None)],
+        "epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
+        "noise_std": [None, Interval(Real, 0.0, None)],
+        "delta": [None, Options(("paper",)), Interval(Real, 0.0, 1.0, closed="neither")],
+        "sampling": Options(_SAMPLINGS),
+        "accountant": Options(_ACCOUNTANTS),
+        "relation": Options(RELATIONS),
+        "finetune": Options(FINETUNE_METHODS),
+        "noise_source": Options(_NOISE_SOURCES),
+        "seed": Interval(Integral, 0, None),
+        "server_optimizer": Options(_SERVER_OPTIMIZERS),
+        "server_lr": Interval(Real, 0.0, None, closed="neither"),
+        "server_momentum": Interval(Real, 0.0, 1.0, closed="left"),
+        "subspace_dim": [None, Interval(Integral, 1, None)],
+        "adaptive_clip_quantile": [None, Interval(Real, 0.0, 1.0, closed="neither")],
+        "adaptive_clip_lr": Interval(Real, 0.0, None, closed="neither"),
+        "adaptive_clip_noise": [None, Interval(Real, 0.0, None, closed="neither")],
+    }
+    """The declared constraint of every checked setting (a list: any of these; None admits
+    None); ``shared_params`` is checked separately (a tuple of names)."""
+
+    def __post_init__(self) -> None:
+        if self.epsilon is not None and self.noise_std is not None:
+            raise InvalidParameterError(
+                "Give at most one of 'epsilon' and 'noise_std'; got "
+                f"epsilon={self.epsilon!r}, noise_std={self.noise_std!r}."
+            )
+        if self.local_steps is not None and self.local_epochs is not None:
+            raise InvalidParameterError(
+                "Set at most one of 'local_steps' and 'local_epochs'; got "
+                f"local_steps={self.local_steps!r}, local_epochs={self.local_epochs!r}."
+            )
+        for name, value in validate_params(self).items():
+            object.__setattr__(self, name, value)
+        if self.shared_params is not None:
+            if isinstance(self.shared_params, str) or not all(
+                isinstance(n, str) and n for n in self.shared_params
+            ):
+                raise InvalidParameterError(
+                    "The 'shared_params' parameter must be a sequence of parameter names; got "
+                    f"{self.shared_params!r}."
+                )
+            object.__setattr__(self, "shared_params", tuple(self.shared_params))
+
+    @property
+    def private(self) -> bool:
+        """True when the run asks for noise: an ε target, or σ > 0 (what :func:`default_lam`
+        reads)."""
+        return self.epsilon is not None or bool(self.noise_std)
+
+    def replace(self, **changes: Any) -> RunSpec:
+        """A copy with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings by name (JSON-ready: ``shared_params`` as a list)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if out["shared_params"] is not None:
+            out["shared_params"] = list(out["shared_params"])
+        return out
+
+
+SPEC = RunSpec()
+"""The product defaults (every setting at its default, before resolution)."""
+
+
+def resolve_defaults(
+    spec: RunSpec,
+    num_clients: int,
+    *,
+    noise_std: float | None = None,
+    released_dim: int | None = None,
+) -> RunSpec:
+    """``spec`` with every data-dependent default of a run on ``num_clients`` clients filled in.
+
+    ``clients_per_round`` (:func:`default_clients_per_round`; ``m`` for ``local-all``; an explicit
+    value above ``m`` is an error), ``lam`` (:func:`default_lam`), ``delta``
+    (:func:`resolve_delta`) and ``sampling`` (``"all"`` when ``q = m``). With the calibrated
+    ``noise_std`` of the release and its ``released_dim``, ``personal_init="auto"`` is resolved
+    too (:func:`resolve_personal_init`); without them it stays ``"auto"``.
+    """
+    m = int(num_clients)
+    if spec.method == "local-all":  # every client trains: clients_per_round does not apply
+        q = m
+    elif spec.clients_per_round is None:
+        q = default_clients_per_round(m)
+    else:
+        q = int(spec.clients_per_round)
+        if q > m:
+            raise InvalidParameterError(
+                f"The 'clients_per_round' parameter must be at most the number of clients m={m} "
+                f"of the data; got {q}."
+            )
+    lam = default_lam(spec.method, private=spec.private) if spec.lam is None else spec.lam
+    delta, _ = resolve_delta(spec.delta, m)
+    personal_init = spec.personal_init
+    if noise_std is not None and released_dim is not None:
+        personal_init = resolve_personal_init(personal_init, noise_std, spec.clip, released_dim)
+    return spec.replace(
+        clients_per_round=q,
+        lam=lam,
+        delta=delta,
+        sampling="all" if q == m else spec.sampling,
+        personal_init=personal_init,
+    )
+
+
+def train_config(resolved: RunSpec, **execution: Any) -> Any:
+    """The engine's :class:`~privmtl.federated.config.TrainConfig` of a resolved spec.
+
+    ``execution`` sets the options that change how a run executes, not its result (``batched``,
+    ``progress``, ``threads``, ...). Methods the engine does not have itself (``joint-dp``,
+    ``pp-sgd``, ``local-all``) are configured as ``pmtl``; their trainers read the same fields.
+    ``noise_std`` is 0 until an ε target is calibrated
+    (:func:`~privmtl.federated.baselines.config_for_epsilon`).
+    """
+    from privmtl.federated.config import TrainConfig
+
+    delta = resolved.delta
+    if resolved.clients_per_round is None or resolved.lam is None or not isinstance(delta, float):
+        raise InvalidParameterError(
+            "train_config needs a resolved spec (resolve_defaults); got "
+            f"clients_per_round={resolved.clients_per_round!r}, lam={resolved.lam!r}, "
+            f"delta={resolved.delta!r}."
+        )
+    method = resolved.method
+    return TrainConfig(
+        method=method if method in ("pmtl", "fedavg", "fedprox", "local") else "pmtl",
+        rounds=resolved.rounds,
+        clients_per_round=resolved.clients_per_round,
+        local_steps=resolved.local_steps,
+        local_epochs=resolved.local_epochs,
+        batch_size=resolved.batch_size,
+        lr=resolved.lr,
+        lam=resolved.lam,
+        clip=resolved.clip,
+        noise_std=resolved.noise_std or 0.0,
+        sampling=resolved.sampling,
+        seed=resolved.seed,
+        delta=delta,
+        accountant=resolved.accountant,
+        relation=resolved.relation,
+        server_update=resolved.server_update,
+        noise_source=resolved.noise_source,
+        server_optimizer=resolved.server_optimizer,
+        server_lr=resolved.server_lr,
+        server_momentum=resolved.server_momentum,
+        shared_params=resolved.shared_params,
+        personal_init=resolved.personal_init,
+        subspace_dim=resolved.subspace_dim,
+        adaptive_clip_quantile=resolved.adaptive_clip_quantile,
+        adaptive_clip_lr=resolved.adaptive_clip_lr,
+        adaptive_clip_noise=resolved.adaptive_clip_noise,
+        **execution,
+    )
