@@ -51,7 +51,6 @@ from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.release import noise_multiplier
 
 __all__ = [
-    "AUTO_BILLBOARD_MARGIN",
     "AUTO_CANDIDATES",
     "AUTO_FINETUNE_EPOCHS",
     "AUTO_FINETUNE_LRS",
@@ -78,30 +77,27 @@ FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
 FL_METHODS = RUN_METHODS
 _FINETUNE_RULES = FINETUNE_METHODS[2:]
-AUTO_FINETUNE_EPOCHS = (10, 3)
+AUTO_FINETUNE_EPOCHS = (3, 10)
 """``finetune="auto"``: epochs of fine-tuning the released billboard (with :data:`AUTO_FINETUNE_LRS`).
 
-Every client, sampled or never sampled, chooses on its *own* validation split (lowest summed
-cross-entropy, :func:`~privmtl.federated.local.client_better`) among the candidates of
-:data:`AUTO_CANDIDATES`, in that public order for ties (a client without validation data keeps the
-first): the billboard fine-tuned on its own data for each of these numbers of epochs and each
-step size of :data:`AUTO_FINETUNE_LRS` (vanilla; only where the billboard carries signal: the
-whole model is shared and the public rule of
-:func:`~privmtl.federated.protocol.billboard_carries_signal` holds for the ``T`` releases), its
-own local training from the initial model (:func:`~privmtl.federated.local.train_local`'s default
-grid: what ``method="local-all"`` gives), and the trained model (its personalized model, or the
-billboard for methods without one); the fine-tuned billboard is kept unless another candidate
-validates better by :data:`AUTO_BILLBOARD_MARGIN`. Post-processing of the releases: the guarantee
-is unchanged."""
-AUTO_FINETUNE_LRS = (0.1, 0.01)
+Every client, sampled or never sampled, chooses on its *own* validation split (most correct
+predictions, :func:`~privmtl.federated.local.client_better`) among the candidates of
+:data:`AUTO_CANDIDATES`, ties going to the later one of that public order (a client without
+validation data keeps the last): its trained model (its personalized model, or the billboard for
+methods without one), its own local training from the initial model
+(:func:`~privmtl.federated.local.train_local`'s default grid: what ``method="local-all"`` gives),
+and the billboard fine-tuned on its own data for each of these numbers of epochs and each step
+size of :data:`AUTO_FINETUNE_LRS` (vanilla; only where the billboard carries signal: the whole
+model is shared and the public rule of
+:func:`~privmtl.federated.protocol.billboard_carries_signal` holds for the ``T`` releases). The
+fine-tuned billboard, which carries every client's signal through the releases, is thus kept
+unless another candidate predicts strictly more of the client's validation examples correctly.
+Post-processing of the releases: the guarantee is unchanged."""
+AUTO_FINETUNE_LRS = (0.01, 0.1)
 """``finetune="auto"``: step sizes of fine-tuning the billboard (:data:`AUTO_FINETUNE_EPOCHS`)."""
-AUTO_CANDIDATES = ("billboard-finetune", "local", "trained")
-"""``finetune="auto"``: the candidates of every client's choice, in the public tie-break order."""
-AUTO_BILLBOARD_MARGIN = 0.5
-"""``finetune="auto"``: a client leaves the fine-tuned billboard (which carries every client's
-signal through the releases) for another candidate only if that one's validation loss is lower by
-more than this many nats per validation example: one or two validation examples are weak
-evidence. A public constant (the same for every run), measured on the synthetic populations."""
+AUTO_CANDIDATES = ("trained", "local", "billboard-finetune")
+"""``finetune="auto"``: the candidates of every client's choice, in the public tie-break order
+(ties go to the later one)."""
 _AUTO_METHODS = ("pmtl", "fedavg", "fedprox")
 FINETUNE_STARTS = ("auto", "billboard")
 """Where fine-tuning starts: the personalized models when the method has them, else the released
@@ -894,6 +890,16 @@ def _finetune_auto(
     grids: dict[str, list[list[float]]] = {}
 
     def candidates() -> Any:  # generated one at a time, in the public order of AUTO_CANDIDATES
+        names.append("trained")
+        if result.personalized_params is not None:
+            yield result.personalized_params
+        else:
+            yield {n: p.unsqueeze(0).expand((m, *p.shape)) for n, p in result.global_params.items()}
+        alone = train_local(ds, net, **kw)
+        names.append("local")
+        grids["local_grid"] = alone.extra["local_selection"]["grid"]
+        yield alone.personalized_params
+        del alone
         if signal:
             start = copy.deepcopy(net)
             start.load_state_dict({**start.state_dict(), **result.global_params})
@@ -902,22 +908,9 @@ def _finetune_auto(
             grids["billboard_grid"] = tuned.extra["local_selection"]["grid"]
             yield tuned.personalized_params
             del tuned
-        alone = train_local(ds, net, **kw)
-        names.append("local")
-        grids["local_grid"] = alone.extra["local_selection"]["grid"]
-        yield alone.personalized_params
-        del alone
-        names.append("trained")
-        if result.personalized_params is not None:
-            yield result.personalized_params
-        else:
-            yield {n: p.unsqueeze(0).expand((m, *p.shape)) for n, p in result.global_params.items()}
 
     val_x, val_y = ds.split("val")
-    margin = AUTO_BILLBOARD_MARGIN if signal else 0.0
-    chosen, choice, _ = select_per_client(
-        candidates(), net, buffers, val_x, val_y, first_margin=margin
-    )
+    chosen, choice, _ = select_per_client(candidates(), net, buffers, val_x, val_y)
     counts = np.bincount(choice, minlength=len(names))
     acc = {}
     for split in ("val", "test"):
@@ -925,14 +918,11 @@ def _finetune_auto(
         acc[split] = evaluate(net, chosen, buffers, xs, ys, personalized=True)
     info: dict[str, Any] = {
         "select": "client",
-        "rule": "every client keeps, among its candidates, the one with the lowest cross-entropy "
-        "on its own validation split (ties, e.g. no validation data: the first in 'order'); the "
-        "fine-tuned billboard is left only for a loss lower by more than 'billboard_margin' "
-        "nats per validation example; the billboard candidate exists where the whole model is "
-        "shared and the noise of the T releases, sigma*sqrt(k*T), is at most T*clip (public "
-        "parameters)",
+        "rule": "every client keeps, among its candidates, the one with the most correct "
+        "predictions on its own validation split (ties, e.g. no validation data: the later in "
+        "'order'); the billboard candidate exists where the whole model is shared and the noise "
+        "of the T releases, sigma*sqrt(k*T), is at most T*clip (public parameters)",
         "order": names,
-        "billboard_margin": margin,
         "clients_per_candidate": {name: int(counts[i]) for i, name in enumerate(names)},
         **grids,
         "signal": bool(signal),

@@ -8,10 +8,10 @@ initial model as the federated methods, with plain minibatch SGD on its own trai
 (:math:`\frac{1}{|b|}\sum_{i\in b}\mathrm{CE}(h_w(x_i), y_i)`, no penalty), for every
 ``(epochs, lr)`` of a small grid, and keeps one setting per client:
 
-* ``select="client"`` (default): each client keeps the setting with the lowest cross-entropy on its
-  own validation split (:func:`client_better`: ties, e.g. a client without validation data, keep
-  the earlier setting of the grid). Nothing leaves any client: every client's model depends on
-  its own data only.
+* ``select="client"`` (default): each client keeps the setting with the most correct predictions
+  on its own validation split; ties — e.g. a client without validation data, or none correct —
+  go to the later setting of the grid, whose public order (:func:`client_better`) puts the most
+  training last. Nothing leaves any client: every client's model depends on its own data only.
 * ``select="pooled"``: one setting for all clients, the most correct predictions on the pooled
   validation data (ties: lower pooled loss). The choice reads every client's validation data, so
   each client's model depends on the others' data outside any release: a tuning step that the
@@ -20,9 +20,12 @@ initial model as the federated methods, with plain minibatch SGD on its own trai
 
 The default grid, :data:`LOCAL_EPOCHS` × :data:`LOCAL_LRS`, is small on purpose: validation splits
 of federated clients are tiny (a median of one or two examples on LEAF-like data), and a
-per-client choice among many settings mostly fits the noise of those few examples. The
-validation loss, a continuous score, separates candidates that the count of correct predictions
-leaves tied.
+per-client choice among many settings mostly fits the noise of those few examples. For the same
+reason the choice counts correct predictions and never compares losses: with a few validation
+examples of classes a client has hardly seen, the lowest cross-entropy belongs to the least
+trained, least confident model (on FEMNIST writers with 20 images, a per-client lowest-loss choice
+kept 10-epoch models for most clients and scored 0.15, where 100 epochs for everybody score 0.37),
+so ties go to the most trained candidate instead.
 
 Minibatches are those of :func:`~privmtl.federated.finetune.finetune` (``start="global"`` from the
 initial model, ``method="vanilla"``): ``epochs`` fresh permutations of the client's ``n_k``
@@ -71,15 +74,19 @@ LOCAL_LRS = (0.03, 0.1)
 LOCAL_SELECT = ("client", "pooled")
 
 
-def client_better(loss: np.ndarray, best_loss: np.ndarray) -> np.ndarray:
-    """Per client: does a candidate with validation loss ``loss`` replace the best so far?
+def client_better(
+    correct: np.ndarray, loss: np.ndarray, best_correct: np.ndarray, best_loss: np.ndarray
+) -> np.ndarray:
+    """Per client: does a candidate replace the best so far (earlier in the public order)?
 
-    The per-client rule of privmtl: strictly lower summed cross-entropy on the client's own
-    validation split; a NaN loss (a diverged model) never wins; ties keep the earlier candidate
-    (so the candidates' order is the public tie-break, e.g. for clients without validation data).
+    The per-client rule of privmtl: at least as many correct predictions on the client's own
+    validation split — so ties, e.g. a client without validation data, go to the later candidate:
+    the public order of the candidates is the tie-break, and callers put the preferred candidate
+    last. A candidate whose validation loss is not finite (a diverged model) never replaces a
+    finite one; ``loss`` and ``best_loss`` are used for nothing else.
     """
-    cand = np.where(np.isnan(loss), np.inf, loss)
-    return cand < np.where(np.isnan(best_loss), np.inf, best_loss)
+    finite, best_finite = np.isfinite(loss), np.isfinite(best_loss)
+    return finite & ((correct >= best_correct) | ~best_finite)
 
 
 def select_per_client(
@@ -88,18 +95,13 @@ def select_per_client(
     buffers: Params,
     val_x: list[torch.Tensor],
     val_y: list[torch.Tensor],
-    *,
-    first_margin: float = 0.0,
 ) -> tuple[Params, np.ndarray, np.ndarray]:
     """Each client's best of stacked candidate models on its own validation split.
 
     ``candidates`` yields stacked models ``(m, ...)`` in the public order of the tie-break
-    (:func:`client_better`); they are consumed one at a time, so only the best so far and the
-    current candidate are held. Client ``k``'s choice reads nothing but its own slice of each
-    candidate and its own validation data. ``first_margin`` (nats per validation example, >= 0)
-    is a public preference for the first candidate: a later one replaces it only if its
-    validation loss is lower by more than ``first_margin * n_k`` (``n_k`` the client's validation
-    examples); later candidates compete with each other on their plain losses.
+    (:func:`client_better`: most correct predictions, ties to the later candidate); they are
+    consumed one at a time, so only the best so far and the current candidate are held. Client
+    ``k``'s choice reads nothing but its own slice of each candidate and its own validation data.
 
     Returns
     -------
@@ -107,20 +109,16 @@ def select_per_client(
         Each client's chosen model, stacked ``(m, ...)``.
     choice : ndarray of int
         Index of the chosen candidate per client.
-    loss : ndarray of float
-        Summed validation cross-entropy of the chosen model per client (for the first candidate:
-        less ``first_margin * n_k``).
+    correct : ndarray of float
+        Correct validation predictions of the chosen model per client.
     """
-    first_margin = check_real("first_margin", first_margin, low=0.0)
-    n_val = np.array([int(y.shape[0]) for y in val_y], dtype=float)
     chosen: Params = {}
     choice = np.zeros(len(val_y), dtype=np.int64)
-    best = np.full(len(val_y), np.inf)
+    best_correct = np.full(len(val_y), -1.0)
+    best_loss = np.full(len(val_y), np.nan)
     for g, params in enumerate(candidates):
-        _, loss = client_scores(model, params, buffers, val_x, val_y)
-        if g == 0:
-            loss = loss - first_margin * n_val
-        better = client_better(loss, best)
+        correct, loss = client_scores(model, params, buffers, val_x, val_y)
+        better = client_better(correct, loss, best_correct, best_loss)
         if g == 0:
             chosen = {n: p.clone() for n, p in params.items()}
             better[:] = True
@@ -129,10 +127,11 @@ def select_per_client(
             for n, p in chosen.items():
                 p[mask] = params[n][mask].to(p.dtype)
         choice[better] = g
-        best = np.where(better, loss, best)
+        best_correct = np.where(better, correct, best_correct)
+        best_loss = np.where(better, loss, best_loss)
     if not chosen:
         raise InvalidParameterError("select_per_client needs at least one candidate.")
-    return chosen, choice, best
+    return chosen, choice, best_correct
 
 
 def _grid(epochs: Sequence[int], lrs: Sequence[float]) -> list[tuple[int, float]]:
@@ -329,7 +328,7 @@ def train_local(
                 m, g == 0 or (-correct.sum(), loss.sum()) < (-best_correct.sum(), best_loss.sum())
             )
         else:
-            better = client_better(loss, best_loss)
+            better = client_better(correct, loss, best_correct, best_loss)
         if g == 0:
             chosen = {n: p.clone() for n, p in params.items()}
             better[:] = True
