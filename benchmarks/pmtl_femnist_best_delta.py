@@ -1,0 +1,87 @@
+"""FEMNIST-105 best configuration at δ = 1e-5 beside the paper's δ = 1/105 (``results/pmtl_femnist_best_delta.md``).
+
+Runs the argument lists of ``results/pmtl_femnist_best.json`` (the committed best private PMTL
+configuration at ε = 1 and its local baseline) with the δ of the published anchors, 1e-5, in place
+of ``--paper-delta`` (1/105), on the seeds given. The local baseline shares nothing (ε = 0
+towards the others), so δ does not change it: its committed numbers stand. Both argument lists
+select nothing on pooled data (per-client fine-tuning choice only); the configuration itself was
+chosen by the developers on seed-0 pooled validation accuracy among the options of
+``pmtl_femnist_options.md``, a search that no ε here charges. Resumable.
+
+    python benchmarks/pmtl_femnist_best_delta.py --data-path ../shared/data/femnist-leaf --seeds 0,1,2
+    python benchmarks/pmtl_femnist_best_delta.py --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, mean_std, run_privmtl
+
+LOG = RESULTS / "pmtl_femnist_best_delta.jsonl"
+BEST = RESULTS / "pmtl_femnist_best.json"
+DELTA = 1e-5
+
+
+def _argv() -> list[str]:
+    argv = list(json.loads(BEST.read_text())["pmtl"])
+    return [a for a in argv if a != "--paper-delta"] + ["--delta", f"{DELTA:g}"]
+
+
+def run(args: argparse.Namespace) -> None:
+    done = {r["seed"] for r in load_jsonl(LOG)}
+    argv = _argv()
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        if seed in done:
+            continue
+        out, seconds = run_privmtl(
+            ["pmtl", *argv, "--seed", str(seed), "--json", "--threads", "1",
+             "--data-path", args.data_path],
+            f"best PMTL at delta={DELTA:g} seed {seed}",
+        )  # fmt: skip
+        row = {
+            "seed": seed,
+            "wall_seconds": seconds,
+            "command": "privmtl pmtl " + " ".join(argv) + f" --seed {seed} --json --data-path DIR",
+            **{k: v for k, v in out.items() if k != "epsilon_per_round"},
+        }
+        append_jsonl(LOG, row)
+        print(f"seed {seed}: {out['test_accuracy']:.4f} (delta {out['delta']:g})", flush=True)
+
+
+def report() -> str:
+    rows = sorted(load_jsonl(LOG), key=lambda r: r["seed"])
+    mean, std, n = mean_std(r["test_accuracy"] for r in rows)
+    pre, pre_sd, _ = mean_std(r["pre_finetune_test_accuracy"] for r in rows)
+    g = rows[0]["guarantee"] if rows else {}
+    table = markdown_table(
+        ["run", "δ", "test accuracy (after fine-tuning)", "before fine-tuning", "per seed",
+         "σ", "every output covered"],
+        [[
+            "PMTL, shared conv1, Ditto message (ε = 1)", f"{g.get('delta', DELTA):g}",
+            f"{mean:.3f} ± {std:.3f} (n={n})", f"{pre:.3f} ± {pre_sd:.3f}",
+            " / ".join(f"{r['test_accuracy']:.3f}" for r in rows),
+            f"{rows[0]['noise_std']:.4g}" if rows else "–",
+            "yes" if rows and all(r.get("covered") for r in rows) else "no",
+        ]],
+    )  # fmt: skip
+    return table
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data-path")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--report", action="store_true")
+    args = p.parse_args()
+    if args.report:
+        print(report())
+        return
+    if not args.data_path:
+        p.error("--data-path is required to run")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
