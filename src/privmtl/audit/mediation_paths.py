@@ -322,16 +322,17 @@ def _mpmtl_runner(name: str, *, step_size: float | None) -> Callable[[Workspace,
             "lowrank-sparse": mpmtl.MPMTLLowRankSparse,
         }[name]
         Xs, ys = make_tasks(ctx.seed, replaced)
+        # the paper's iteration (zero start, projected output), where the step size acts; the
+        # default one-release refit of lowrank/groupsparse takes no gradient step
+        paper = {} if name == "lowrank-sparse" else {
+            "init": "zeros", "refit_lam": None, "eigen_fix": "shift",
+        }  # fmt: skip
         est = cls(
             epsilon=2.0,
             delta=1e-5,
             iterations=5,
             lam=0.1,
-            # the paper's iteration (zero start, projected output), where the step size acts;
-            # the default one-release refit takes no gradient step
-            init="zeros",
-            refit_lam=None,
-            eigen_fix="shift",
+            **paper,
             step_size=step_size,
             random_state=ctx.seed,
             noise_source="seeded",
