@@ -196,7 +196,8 @@ def test_flower_progress_line_carries_the_full_guarantee(noise_std):
     run.history += [{"n_sampled": 6, "answered": [1, 2], "train_loss": 0.5, "seconds": 0.1,
                      "epsilon": 0.25 if noise_std else math.inf}] * 2  # fmt: skip
     line = progress_line(run)
-    assert line.startswith("privmtl-flower round 2/2: sampled 6, answered 2, loss 0.5000, ")
+    assert line.startswith("privmtl-flower round 2/2: sampled 6, answered 2, ")
+    assert "loss" not in line  # a curator diagnostic of un-noised messages: never printed
     if noise_std:
         assert f"epsilon 0.25 (delta {run.delta:.2g}, add-remove, sampling " in line
         assert f"sampling {run.config.sampling}, rdp, noise seeded) (0.1 s)" in line

@@ -332,7 +332,10 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def progress_line(run: ServerRun) -> str:
-    """The last round's progress line; ε comes with its full guarantee, or "non-private"."""
+    """The last round's progress line; ε comes with its full guarantee, or "non-private".
+
+    It states nothing computed from un-noised client messages (the sampled clients' training loss
+    is a curator diagnostic, not a release), so it is covered by the run's guarantee."""
     h = run.history[-1]
     cfg = run.config
     if run.ledger is None:
@@ -344,7 +347,7 @@ def progress_line(run: ServerRun) -> str:
         )
     return (
         f"privmtl-flower round {len(run.history)}/{cfg.rounds}: sampled "
-        f"{h['n_sampled']}, answered {len(h['answered'])}, loss {h['train_loss']:.4f}, "
+        f"{h['n_sampled']}, answered {len(h['answered'])}, "
         f"{privacy} ({h['seconds']:.1f} s)"
     )
 
