@@ -236,11 +236,8 @@ def test_pmtl_default_finetune_is_auto_and_its_grid_options_exit_2(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["finetune"] == "auto" and out["finetune_auto"]["signal"]  # non-private
     auto = out["finetune_auto"]
-    assert auto["select"] == "client" and auto["order"] == [
-        "billboard-finetune",
-        "local",
-        "trained",
-    ]
+    assert auto["select"] == "client" and auto["clear_signal"]  # no noise: a clear signal
+    assert auto["order"] == ["trained", "local", "billboard-finetune"]  # ties: the billboard
     assert sum(auto["clients_per_candidate"].values()) == out["num_clients"]
     assert out["covered"] is True
     code = main([*base, "--finetune-lrs", "0.1"])

@@ -214,3 +214,26 @@ def test_finetune_auto_refuses_its_grid_options(kwargs):
     (name,) = kwargs
     with pytest.raises(InvalidParameterError, match=f"finetune='auto'.*'{name}'"):
         run_pmtl(**KW, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("noise_std", "clear", "order"),
+    [
+        (0.01, True, ["trained", "local", "billboard-finetune"]),  # 0.43 <= 0.75
+        (0.025, False, ["trained", "billboard-finetune", "local"]),  # 0.75 < 1.07 <= 1.5
+    ],
+)
+def test_finetune_auto_prefers_the_billboard_on_ties_only_with_a_clear_signal(
+    noise_std, clear, order
+):
+    """The public tie order: the fine-tuned billboard last (preferred) where the noise of the T
+    releases is at most half of T*clip, local training last where the billboard carries a weak
+    signal (sigma*sqrt(kT) = noise_std * sqrt(610 * 3) against T * clip = 1.5)."""
+    from privmtl.experiments.pmtl import AUTO_CLEAR_SIGNAL
+
+    out = run_pmtl(**{**KW, "epsilon": None, "noise_std": noise_std})
+    info = out["finetune_auto"]
+    assert info["signal"] and info["clear_signal"] is clear and info["order"] == order
+    assert (info["noise_norm"] <= AUTO_CLEAR_SIGNAL * info["signal_bound"]) is clear
+    assert info["noise_norm"] == pytest.approx(noise_std * (610 * 3) ** 0.5)
+    assert out["covered"] is True

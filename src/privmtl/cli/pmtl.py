@@ -169,7 +169,8 @@ def _human(out: dict[str, Any]) -> None:
     "0.1; only where the whole model is shared and the noise of the T releases, "
     "sigma*sqrt(k*T), is at most T*clip) and its own local training (--method local-all's "
     "grid), the one with the most correct predictions on its own validation split (ties: "
-    "the fine-tuned billboard, then local training): no pooled data, no privacy cost. none: no fine-tuning; vanilla/mr/skl/ewc: see --finetune-start.",
+    "the fine-tuned billboard where sigma*sqrt(k*T) <= T*clip/2, else local training): no "
+    "pooled data, no privacy cost. none: no fine-tuning; vanilla/mr/skl/ewc: see --finetune-start.",
 )
 @click.option(
     "--finetune-lrs",

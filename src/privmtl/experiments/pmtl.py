@@ -52,8 +52,10 @@ from privmtl.privacy.release import noise_multiplier
 
 __all__ = [
     "AUTO_CANDIDATES",
+    "AUTO_CLEAR_SIGNAL",
     "AUTO_FINETUNE_EPOCHS",
     "AUTO_FINETUNE_LRS",
+    "AUTO_ORDERS",
     "DEFAULT_CLIENTS_PER_ROUND",
     "DEFAULT_FEDPROX_MU",
     "DEFAULT_LAM_NONPRIVATE",
@@ -77,27 +79,38 @@ FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
 FL_METHODS = RUN_METHODS
 _FINETUNE_RULES = FINETUNE_METHODS[2:]
-AUTO_FINETUNE_EPOCHS = (3, 10)
+AUTO_FINETUNE_EPOCHS = (10, 3)
 """``finetune="auto"``: epochs of fine-tuning the released billboard (with :data:`AUTO_FINETUNE_LRS`).
 
 Every client, sampled or never sampled, chooses on its *own* validation split (most correct
-predictions, :func:`~privmtl.federated.local.client_better`) among the candidates of
-:data:`AUTO_CANDIDATES`, ties going to the later one of that public order (a client without
-validation data keeps the last): its trained model (its personalized model, or the billboard for
-methods without one), its own local training from the initial model
-(:func:`~privmtl.federated.local.train_local`'s default grid: what ``method="local-all"`` gives),
-and the billboard fine-tuned on its own data for each of these numbers of epochs and each step
-size of :data:`AUTO_FINETUNE_LRS` (vanilla; only where the billboard carries signal: the whole
-model is shared and the public rule of
-:func:`~privmtl.federated.protocol.billboard_carries_signal` holds for the ``T`` releases). The
-fine-tuned billboard, which carries every client's signal through the releases, is thus kept
-unless another candidate predicts strictly more of the client's validation examples correctly.
-Post-processing of the releases: the guarantee is unchanged."""
-AUTO_FINETUNE_LRS = (0.01, 0.1)
+predictions, :func:`~privmtl.federated.local.client_better`, ties going to the later candidate of
+a public order; a client without validation data keeps the last) among its trained model (its
+personalized model, or the billboard for methods without one), its own local training from the
+initial model (:func:`~privmtl.federated.local.train_local`'s default grid, whose ties go to the
+most training: what ``method="local-all"`` gives), and — only where the billboard carries signal:
+the whole model is shared and the public rule of
+:func:`~privmtl.federated.protocol.billboard_carries_signal` holds for the ``T`` releases — the
+billboard fine-tuned on its own data for each of these numbers of epochs and each step size of
+:data:`AUTO_FINETUNE_LRS` (vanilla; ties go to the least fine-tuning, the closest to the billboard).
+The order is public (:data:`AUTO_ORDERS`): the trained model first; then local training and the
+fine-tuned billboard, the one preferred on ties last — the fine-tuned billboard where the noise of
+the ``T`` releases is at most :data:`AUTO_CLEAR_SIGNAL` of the most their signal can add up to
+(σ√(kT) ≤ 0.5·Tγ), else local training. Post-processing of the releases: the guarantee is
+unchanged."""
+AUTO_FINETUNE_LRS = (0.1, 0.01)
 """``finetune="auto"``: step sizes of fine-tuning the billboard (:data:`AUTO_FINETUNE_EPOCHS`)."""
 AUTO_CANDIDATES = ("trained", "local", "billboard-finetune")
-"""``finetune="auto"``: the candidates of every client's choice, in the public tie-break order
-(ties go to the later one)."""
+"""``finetune="auto"``: the candidates of every client's choice."""
+AUTO_ORDERS = {
+    "clear signal": ("trained", "local", "billboard-finetune"),
+    "weak signal": ("trained", "billboard-finetune", "local"),
+}
+"""``finetune="auto"``: the public tie-break orders of :data:`AUTO_CANDIDATES` (ties go to the
+later): with a clear signal in the billboard (:data:`AUTO_CLEAR_SIGNAL`) its fine-tuned copy is
+preferred, with a weak one local training."""
+AUTO_CLEAR_SIGNAL = 0.5
+"""``finetune="auto"``: the billboard's signal is clear when the noise of its ``T`` releases,
+σ√(kT), is at most this share of the most their clipped means can add up to, Tγ."""
 _AUTO_METHODS = ("pmtl", "fedavg", "fedprox")
 FINETUNE_STARTS = ("auto", "billboard")
 """Where fine-tuning starts: the personalized models when the method has them, else the released
@@ -889,25 +902,32 @@ def _finetune_auto(
     names: list[str] = []
     grids: dict[str, list[list[float]]] = {}
 
-    def candidates() -> Any:  # generated one at a time, in the public order of AUTO_CANDIDATES
-        names.append("trained")
-        if result.personalized_params is not None:
-            yield result.personalized_params
-        else:
-            yield {n: p.unsqueeze(0).expand((m, *p.shape)) for n, p in result.global_params.items()}
-        alone = train_local(ds, net, **kw)
-        names.append("local")
-        grids["local_grid"] = alone.extra["local_selection"]["grid"]
-        yield alone.personalized_params
-        del alone
-        if signal:
-            start = copy.deepcopy(net)
-            start.load_state_dict({**start.state_dict(), **result.global_params})
-            tuned = train_local(ds, start, epochs=AUTO_FINETUNE_EPOCHS, lrs=AUTO_FINETUNE_LRS, **kw)
-            names.append("billboard-finetune")
-            grids["billboard_grid"] = tuned.extra["local_selection"]["grid"]
-            yield tuned.personalized_params
-            del tuned
+    clear = signal and noise <= AUTO_CLEAR_SIGNAL * bound
+    order = AUTO_ORDERS["clear signal" if clear else "weak signal"]
+
+    def candidate(name: str) -> Any:
+        if name == "trained":
+            if result.personalized_params is not None:
+                return result.personalized_params
+            return {
+                n: p.unsqueeze(0).expand((m, *p.shape)) for n, p in result.global_params.items()
+            }
+        if name == "local":
+            alone = train_local(ds, net, **kw)
+            grids["local_grid"] = alone.extra["local_selection"]["grid"]
+            return alone.personalized_params
+        start = copy.deepcopy(net)
+        start.load_state_dict({**start.state_dict(), **result.global_params})
+        tuned = train_local(ds, start, epochs=AUTO_FINETUNE_EPOCHS, lrs=AUTO_FINETUNE_LRS, **kw)
+        grids["billboard_grid"] = tuned.extra["local_selection"]["grid"]
+        return tuned.personalized_params
+
+    def candidates() -> Any:  # generated one at a time, in the public order
+        for name in order:
+            if name == "billboard-finetune" and not signal:
+                continue
+            names.append(name)
+            yield candidate(name)
 
     val_x, val_y = ds.split("val")
     chosen, choice, _ = select_per_client(candidates(), net, buffers, val_x, val_y)
@@ -921,8 +941,10 @@ def _finetune_auto(
         "rule": "every client keeps, among its candidates, the one with the most correct "
         "predictions on its own validation split (ties, e.g. no validation data: the later in "
         "'order'); the billboard candidate exists where the whole model is shared and the noise "
-        "of the T releases, sigma*sqrt(k*T), is at most T*clip (public parameters)",
+        "of the T releases, sigma*sqrt(k*T), is at most T*clip, and it is preferred on ties "
+        "(last) where that noise is at most half of T*clip (public parameters)",
         "order": names,
+        "clear_signal": bool(clear),
         "clients_per_candidate": {name: int(counts[i]) for i, name in enumerate(names)},
         **grids,
         "signal": bool(signal),
