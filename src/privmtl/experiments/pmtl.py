@@ -902,7 +902,7 @@ def _finetune_auto(
     names: list[str] = []
     grids: dict[str, list[list[float]]] = {}
 
-    clear = signal and noise <= AUTO_CLEAR_SIGNAL * bound
+    clear = signal and bound is not None and noise <= AUTO_CLEAR_SIGNAL * bound
     order = AUTO_ORDERS["clear signal" if clear else "weak signal"]
 
     def candidate(name: str) -> Any:
