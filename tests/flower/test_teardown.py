@@ -62,7 +62,8 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path, a
     _, rest = proc.communicate(timeout=120)
     err = "".join(seen) + rest
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "privmtl: aborted"
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("privmtl: aborted") and "--work-dir" in last and "--resume" in last
     assert not alive_with_home(work / "flwr-home")
     lines = (work / "server" / "ledger.jsonl").read_text().splitlines()
     done = [json.loads(x)["release_id"] for x in lines[1:]]  # every line parses

@@ -762,6 +762,8 @@ class ServerRun:
             m=self.m,
         )
         out["config"] = run_spec(self.opts, self.m).to_dict()
+        out["clients_per_round_default"] = int(self.opts["clients-per-round"]) <= 0
+        out["scaling"] = "none"  # the built-in data sets of a Flower run are not rescaled
         out["engine"] = "flower-deployment"
         out["on_missing"] = str(self.opts["on-missing"])
         out["clients_answered_per_round"] = [len(h["answered"]) for h in self.history]
