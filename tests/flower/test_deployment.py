@@ -28,6 +28,9 @@ CONFIG = {
     "seed": 3,
     "noise-source": "seeded",
     "local-steps": 3,
+    # the message that carries a returning client's personalized model (the continuation check
+    # below needs one; Ditto's message, the default, is the billboard copy's change)
+    "server-update": "delta",
 }
 
 
