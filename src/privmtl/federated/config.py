@@ -14,10 +14,20 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.delta import user_data_delta
 
-__all__ = ["METHODS", "SAMPLINGS", "TrainConfig", "TrainResult"]
+__all__ = ["METHODS", "SAMPLINGS", "TrainConfig", "TrainResult", "check_param_names"]
 
 METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "workshop")
 SAMPLINGS = ("poisson", "fixed", "all")
+
+
+def check_param_names(shared_params: Any) -> tuple[str, ...]:
+    """``shared_params`` as a tuple, after refusing anything but a sequence of non-empty names."""
+    if isinstance(shared_params, str) or not all(isinstance(n, str) and n for n in shared_params):
+        raise InvalidParameterError(
+            "The 'shared_params' parameter must be a sequence of parameter names; got "
+            f"{shared_params!r}."
+        )
+    return tuple(shared_params)
 
 
 @dataclass(frozen=True)
@@ -280,14 +290,7 @@ class TrainConfig:
                 f"releases (pmtl, fedavg, fedprox, pp-sgd); got method={self.method!r}."
             )
         if self.shared_params is not None:
-            if isinstance(self.shared_params, str) or not all(
-                isinstance(n, str) and n for n in self.shared_params
-            ):
-                raise InvalidParameterError(
-                    "The 'shared_params' parameter must be a tuple of parameter names; got "
-                    f"{self.shared_params!r}."
-                )
-            object.__setattr__(self, "shared_params", tuple(self.shared_params))
+            object.__setattr__(self, "shared_params", check_param_names(self.shared_params))
             if self.method != "pmtl":
                 raise InvalidParameterError(
                     "The 'shared_params' parameter (partial sharing) needs method='pmtl' (clients "

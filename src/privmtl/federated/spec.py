@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 from privmtl._validation import Interval, Options, validate_params
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.config import check_param_names
 from privmtl.federated.finetune import FINETUNE_METHODS as _FINETUNE_RULES
 from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
 from privmtl.privacy.guarantee import RELATIONS
@@ -269,14 +270,7 @@ class RunSpec:
         for name, value in validate_params(self).items():
             object.__setattr__(self, name, value)
         if self.shared_params is not None:
-            if isinstance(self.shared_params, str) or not all(
-                isinstance(n, str) and n for n in self.shared_params
-            ):
-                raise InvalidParameterError(
-                    "The 'shared_params' parameter must be a sequence of parameter names; got "
-                    f"{self.shared_params!r}."
-                )
-            object.__setattr__(self, "shared_params", tuple(self.shared_params))
+            object.__setattr__(self, "shared_params", check_param_names(self.shared_params))
 
     @property
     def private(self) -> bool:
