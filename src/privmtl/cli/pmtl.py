@@ -28,6 +28,7 @@ from privmtl.experiments.pmtl import (
     FL_MODELS,
     run_pmtl,
 )
+from privmtl.federated.local import LOCAL_SELECT
 from privmtl.federated.spec import PERSONAL_INITS, SERVER_UPDATES, SPEC
 from privmtl.io import check_writable_dir
 from privmtl.privacy.guarantee import RELATIONS
@@ -198,8 +199,8 @@ def _human(out: dict[str, Any]) -> None:
 )
 @click.option(
     "--finetune-select",
-    type=click.Choice(["client", "pooled"]),
-    default="client",
+    type=click.Choice(list(LOCAL_SELECT)),
+    default=LOCAL_SELECT[0],
     show_default=True,
     help="client: each client picks its grid point on its own validation split; pooled: one "
     "grid point for all, on the pooled validation accuracy of every client (needs "
@@ -207,8 +208,8 @@ def _human(out: dict[str, Any]) -> None:
 )
 @click.option(
     "--local-select",
-    type=click.Choice(["client", "pooled"]),
-    default="client",
+    type=click.Choice(list(LOCAL_SELECT)),
+    default=LOCAL_SELECT[0],
     show_default=True,
     help="--method local-all: client = each client picks (epochs, lr) on its own validation "
     "split; pooled = one setting for all on the pooled validation accuracy of every client "
