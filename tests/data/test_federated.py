@@ -224,6 +224,25 @@ def test_dataset_validation_and_helpers() -> None:
         FederatedDataset(["p", "q"], x, y, e, ey, x, y, n_classes=3, feature_shape=(3,))
 
 
+def test_concat_follows_replaced_and_written_tensors_also_on_a_copy() -> None:
+    """The stacked view is rebuilt when a client's tensor is replaced or written in place, on
+    the dataset and on a deep copy that carries the original's stacked view."""
+    import copy
+
+    x = [torch.zeros(3, 2), torch.ones(2, 2)]
+    y = [torch.tensor([0, 1, 1]), torch.tensor([2, 0])]
+    e = [torch.zeros(0, 2), torch.zeros(0, 2)]
+    ey = [torch.zeros(0, dtype=torch.int64)] * 2
+    ds = FederatedDataset(["p", "q"], x, y, e, ey, x, y, n_classes=3)
+    assert ds.concat("train")[1].tolist() == [0, 1, 1, 2, 0]
+    other = copy.deepcopy(ds)
+    other.train_y[0] = torch.tensor([2, 2, 2])
+    assert other.concat("train")[1].tolist() == [2, 2, 2, 2, 0]
+    assert ds.concat("train")[1].tolist() == [0, 1, 1, 2, 0]
+    ds.train_y[1][0] = 1  # in place
+    assert ds.concat("train")[1].tolist() == [0, 1, 1, 1, 0]
+
+
 def test_synthetic_generator_shapes_and_seed() -> None:
     ds = make_synthetic_federated(
         n_clients=12, n_features=6, n_classes=4, samples_per_client=(10, 80), random_state=0

@@ -105,7 +105,7 @@ class FederatedDataset:
     feature_shape: tuple[int, ...] = ()
     name: str = "federated"
     scaling: str = field(default="none", init=False)
-    _concat_cache: dict[str, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = field(
+    _concat_cache: dict[str, tuple[Any, tuple[torch.Tensor, torch.Tensor, np.ndarray]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -198,13 +198,18 @@ class FederatedDataset:
     def concat(self, split: str = "train") -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """All clients' ``split`` data stacked: ``(X (N, d), y (N,), offsets (m + 1,))``.
 
-        Client ``k`` owns rows ``offsets[k]:offsets[k + 1]``. The result is cached.
+        Client ``k`` owns rows ``offsets[k]:offsets[k + 1]``. The result is cached, keyed by the
+        identity and version counter of every per-client tensor, so replacing a client's tensor
+        or writing into it in place (also on a deep copy) rebuilds it.
         """
-        if split not in self._concat_cache:
-            xs, ys = self.split(split)
+        xs, ys = self.split(split)
+        key = tuple((id(t), t._version) for t in (*xs, *ys))
+        cached = self._concat_cache.get(split)
+        if cached is None or cached[0] != key:
             offsets = np.concatenate([[0], np.cumsum([y.shape[0] for y in ys])]).astype(np.int64)
-            self._concat_cache[split] = (torch.cat(xs), torch.cat(ys), offsets)
-        return self._concat_cache[split]
+            cached = (key, (torch.cat(xs), torch.cat(ys), offsets))
+            self._concat_cache[split] = cached
+        return cached[1]
 
     def subset(self, clients: Sequence[int]) -> FederatedDataset:
         """A new dataset with the clients at positions ``clients`` (in that order)."""
