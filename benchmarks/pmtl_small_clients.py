@@ -37,7 +37,13 @@ RUNS: dict[str, list[str]] = {
     "local (every client alone), defaults": ["--method", "local-all"],
     "PMTL, ε = 1, defaults": ["--method", "pmtl", "--epsilon", "1"],
     "private FedAvg, ε = 1, defaults": ["--method", "fedavg", "--epsilon", "1"],
-}
+    "PMTL, ε = 1, defaults, δ = 1/m (the papers')": [
+        "--method", "pmtl", "--epsilon", "1", "--paper-delta",
+    ],
+    "private FedAvg, ε = 1, defaults, δ = 1/m (the papers')": [
+        "--method", "fedavg", "--epsilon", "1", "--paper-delta",
+    ],
+}  # fmt: skip
 
 
 def _read_shards(folder: Path) -> dict[str, Any]:
