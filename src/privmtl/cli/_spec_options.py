@@ -1,7 +1,7 @@
 """The options of a federated run, declared once from the run spec.
 
 ``privmtl pmtl`` and ``privmtl flower local`` take one option per field of
-:class:`~privmtl.federated.spec.RunSpec`, built here by :func:`run_spec_options` from the spec
+:class:`~privmtl.federated.spec.RunSpec`, built here by :func:`spec_options` from the spec
 itself: the flag is the field's name (``--clients-per-round``), the choices and the checked range
 come from the spec's constraint table (:attr:`RunSpec._parameter_constraints`), the default shown is
 the spec's (:data:`~privmtl.federated.spec.SPEC`) and the help text is written once, in
@@ -38,8 +38,8 @@ __all__ = [
     "config_option",
     "given_settings",
     "pop_run_spec",
-    "run_spec_options",
     "spec_option",
+    "spec_options",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -187,7 +187,7 @@ def spec_option(name: str, *, help: str | None = None, default: bool = True) -> 
     return click.option(_flag(name), name, type=kind, help=text, **extra)
 
 
-def run_spec_options(*, help: dict[str, str] | None = None) -> Callable[[F], F]:
+def spec_options(*, help: dict[str, str] | None = None) -> Callable[[F], F]:
     """Every setting of :class:`~privmtl.federated.spec.RunSpec` as an option, in the spec's
     order, plus ``--paper-delta`` after ``--delta``; ``help`` adds a command's own sentence to a
     setting's text."""

@@ -17,7 +17,7 @@ from privmtl.cli._spec_options import (
     config_option,
     given_settings,
     pop_run_spec,
-    run_spec_options,
+    spec_options,
 )
 from privmtl.federated.spec import SPEC
 from privmtl.io import check_writable_dir
@@ -72,7 +72,7 @@ def flower() -> None:
 @click.option("--data-path", type=click.Path(file_okay=False), help="LEAF FEMNIST directory.")
 @click.option("--num-clients", type=int, help="--data synthetic: number of clients m (default 50).")
 @click.option("--model", type=click.Choice(["logreg", "cnn"]), required=True)
-@run_spec_options(
+@spec_options(
     help={
         "epsilon": "In a continued --work-dir the ε reported also composes the earlier runs' "
         "releases."

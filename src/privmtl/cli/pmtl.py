@@ -20,7 +20,7 @@ from privmtl.cli._common import (
     vote_share_option,
 )
 from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
-from privmtl.cli._spec_options import config_option, pop_run_spec, run_spec_options, spec_option
+from privmtl.cli._spec_options import config_option, pop_run_spec, spec_option, spec_options
 from privmtl.experiments.pmtl import (
     FINETUNE_STARTS,
     FL_DATASETS,
@@ -115,7 +115,7 @@ def _human(out: dict[str, Any]) -> None:
     "--method local-all trains every client alone (each client chooses epochs and lr on its "
     "own validation split).",
 )
-@run_spec_options()
+@spec_options()
 @click.option(
     "--finetune-lrs",
     help="Comma-separated fine-tuning step sizes: every client picks one (and one of "
@@ -282,7 +282,11 @@ def pmtl(**kw: Any) -> None:
     default=Path("privmtl-results"),
     show_default=True,
 )
-@spec_option("noise_source")
+@spec_option(
+    "noise_source",
+    help="Seed the server noise from each run's seed (research simulation only), or draw it "
+    "securely from OS entropy.",
+)
 @click.option(
     "--select",
     type=click.Choice(list(SELECTION_METHODS)),
