@@ -49,9 +49,9 @@ def spec_run_config(settings: dict[str, Any], given: set[str]) -> dict[str, Any]
         if key not in known:
             runs = fixed.get(name, getattr(SPEC, name))
             if value != runs:
+                has = "the spec's default" if runs is None else f"{name}={runs!r}"
                 raise click.BadParameter(
-                    f"privmtl flower local does not take {name}={value!r}; a Flower run has "
-                    f"{name}={runs!r}",
+                    f"privmtl flower local does not take {name}={value!r}; a Flower run has {has}",
                     param_hint="--" + key,
                 )
         out[key] = ",".join(value) if isinstance(value, tuple) else value
