@@ -157,6 +157,19 @@ def test_flower_local_passes_the_file_and_the_flags_under_the_spec_names(
     assert set(expected) <= set(RUN_DEFAULTS)  # keys the Flower apps read
     # settings left at their defaults are not passed: the Flower run's default is the spec's
     assert "finetune" not in cfg and "personal-init" not in cfg and "method" not in cfg
+    assert "paper-delta" not in cfg and "delta" not in cfg
+    rc, cfg, err = _flower_run_config(
+        monkeypatch, capsys, tmp_path, "--config", str(spec_file), "--data", "synthetic",
+        "--model", "logreg", "--paper-delta", "--noise-std", "0.1", "--secure-noise",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert cfg["paper-delta"] is True and cfg["noise-std"] == 0.1 and "epsilon" not in cfg
+    assert cfg["noise-source"] == "secure"
+    # the Flower-only checks see the Flower run's defaults of what was not given (clip, q)
+    rc, cfg, err = _flower_run_config(
+        monkeypatch, capsys, tmp_path, "--data", "synthetic", "--model", "logreg", "--secagg"
+    )
+    assert rc == 0 and cfg["secagg"] is True and "clip" not in cfg, err
 
 
 def test_flower_local_takes_every_setting_or_refuses_it_in_one_line(monkeypatch, capsys, tmp_path):

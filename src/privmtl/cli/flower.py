@@ -29,10 +29,11 @@ def spec_run_config(settings: dict[str, Any], given: set[str]) -> dict[str, Any]
     """The run configuration of the run spec's ``settings`` that were ``given``.
 
     A setting is passed under its name with hyphens (``clients_per_round`` →
-    ``clients-per-round``), ``shared_params`` as comma-separated names; a setting left at its
-    default is not passed (the Flower run's default is the spec's). A setting the Flower apps do
-    not read (no key in :data:`~privmtl.flower._core.RUN_DEFAULTS`) is refused unless it is what
-    they run anyway, so that no option is silently ignored.
+    ``clients-per-round``), ``shared_params`` as comma-separated names, ``delta="paper"`` as
+    ``paper-delta = true``; a setting left at its default is not passed (the Flower run's default
+    is the spec's). A setting the Flower apps do not read (no key in
+    :data:`~privmtl.flower._core.RUN_DEFAULTS`) is refused unless it is what they run anyway, so
+    that no option is silently ignored.
     """
     from privmtl.flower import _core
 
@@ -43,8 +44,8 @@ def spec_run_config(settings: dict[str, Any], given: set[str]) -> dict[str, Any]
         key = name.replace("_", "-")
         if name not in given or value is None:
             continue
-        if name == "delta" and value == "paper" and key not in known and "paper-delta" in known:
-            out["paper-delta"] = True
+        if name == "delta" and value == "paper" and "paper-delta" in known:
+            out["paper-delta"] = True  # the run configuration's flag for the paper's δ
             continue
         if key not in known:
             runs = fixed.get(name, getattr(SPEC, name))
@@ -202,8 +203,9 @@ def local(**kw: Any) -> None:
     from privmtl.flower._core import check_options, run_options
     from privmtl.flower.secagg import check_secagg_options
 
-    check_options(run_options(run_config), kw["num_supernodes"])
-    check_secagg_options(run_config, kw["num_supernodes"])
+    full = run_options(run_config)  # with the Flower run's defaults of what was not given
+    check_options(full, kw["num_supernodes"])
+    check_secagg_options(full, kw["num_supernodes"])
     work = kw["work_dir"] if kw["work_dir"] is not None else default_work_dir()
     check_work_dir(work, resume=kw["resume"])
     click.echo(f"privmtl: work directory {work} (ledger: server/ledger.jsonl)", err=True)
