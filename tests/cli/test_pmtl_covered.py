@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from privmtl.cli import main
-from privmtl.experiments.pmtl import FL_DATASETS, default_delta
+from privmtl.federated.spec import resolve_delta
 
 DIAGNOSTIC_KEYS = (
     "signal_norm_per_round",
@@ -118,11 +118,11 @@ def test_human_summary_says_not_covered(capsys):
     assert len(privacy) == 1 and "NOT COVERED: curator_diagnostics" in privacy[0]
 
 
-@pytest.mark.parametrize("data", FL_DATASETS)
 @pytest.mark.parametrize("m", [1, 10, 105, 1000, 10**6])
-def test_default_delta_is_below_one_over_m_on_every_data_set(data, m):
-    assert default_delta(data, m) < 1.0 / m
-    assert default_delta(data, m) == min(1e-5, 1.0 / (100 * m))
+def test_default_delta_is_below_one_over_m(m):
+    delta, notes = resolve_delta(None, m)  # the default of every data set (one rule)
+    assert delta < 1.0 / m and notes == ()
+    assert delta == min(1e-5, 1.0 / (100 * m))
 
 
 def test_default_delta_end_to_end_on_a_table_and_synthetic(tmp_path, capsys):

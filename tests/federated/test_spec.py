@@ -87,6 +87,49 @@ def test_flower_local_click_defaults_are_the_spec():
     assert defaults["reproducible_noise"] is False and defaults["paper_delta"] is False
 
 
+def _spec_defaults_of(command: click.Command) -> dict[str, object]:
+    """Every setting of the spec as the command's options default it (by the spec's names)."""
+    defaults = _click_defaults(command)
+    out = _shared_defaults(defaults)
+    if "reproducible_noise" in defaults:
+        out["noise_source"] = "seeded" if defaults["reproducible_noise"] else "secure"
+    if defaults.get("paper_delta"):
+        out["delta"] = "paper"
+    return out
+
+
+@pytest.mark.parametrize("command", [pmtl_command, flower_local], ids=["pmtl", "flower-local"])
+def test_every_setting_of_the_spec_is_an_option_of_both_clis_at_the_spec_default(command):
+    defaults = _spec_defaults_of(command)
+    assert set(defaults) == set(FIELDS)  # the list comes from RunSpec: a new field is covered
+    assert {n: (v, getattr(SPEC, n)) for n, v in defaults.items() if v != getattr(SPEC, n)} == {}
+
+
+def test_the_spec_options_are_declared_once_from_the_spec():
+    from privmtl._validation import Options
+    from privmtl.cli._spec_options import SPEC_HELP
+
+    assert set(SPEC_HELP) == set(FIELDS)
+    by_cmd = [{p.name: p for p in c.params} for c in (pmtl_command, flower_local)]
+    flags = {"noise_source": "reproducible_noise"}
+    for name in [*FIELDS, "paper_delta"]:
+        pmtl_opt, flower_opt = (params[flags.get(name, name)] for params in by_cmd)
+        assert isinstance(pmtl_opt, click.Option) and isinstance(flower_opt, click.Option)
+        assert pmtl_opt.opts == flower_opt.opts, name
+        assert pmtl_opt.secondary_opts == flower_opt.secondary_opts, name
+        assert type(pmtl_opt.type) is type(flower_opt.type), name
+        assert pmtl_opt.default == flower_opt.default, name
+        if name in SPEC_HELP:  # one text; a command may add a sentence of its own
+            assert pmtl_opt.help == SPEC_HELP[name], name
+            assert str(flower_opt.help).startswith(SPEC_HELP[name]), name
+        # the choices are the spec's constraint table's
+        constraint = RunSpec._parameter_constraints.get(name)
+        if isinstance(constraint, Options) and name != "noise_source":  # a pair of flags
+            assert isinstance(pmtl_opt.type, click.Choice), name
+            assert list(pmtl_opt.type.choices) == list(constraint.values), name
+            assert list(flower_opt.type.choices) == list(constraint.values), name
+
+
 def test_flower_run_defaults_are_the_spec():
     by_name = {k.replace("-", "_"): v for k, v in RUN_DEFAULTS.items()}
     given = _shared_defaults(by_name)

@@ -14,11 +14,11 @@ from privmtl.linear.losses import task_gradients
 from privmtl.linear.metrics import nmse
 from privmtl.linear.mpmtl import (
     MPMTLLowRankSparse,
-    default_delta,
     local_ridge,
     sample_l2_laplace,
 )
 from privmtl.linear.prox import prox_l1, prox_l21, prox_trace_norm
+from privmtl.privacy.delta import user_data_delta
 
 # The paper's Algorithms 2/3 (zero start, T = 50 releases, projected output, shift fix): what the
 # tests of this module check. The estimators' own defaults (STL start, one release, local refit
@@ -231,7 +231,7 @@ def test_moderate_noise_is_between_and_reported():
     assert g.is_private and g.valid
     assert g.epsilon <= 1.0 + 1e-6
     # the default delta is DP practice's min(1e-5, 1/(100 m)), below 1/m; the paper's on request
-    assert g.delta == pytest.approx(default_delta(30)) == pytest.approx(1e-5)
+    assert g.delta == pytest.approx(user_data_delta(30)) == pytest.approx(1e-5)
     assert est.delta_ == pytest.approx(1e-5) and est.delta_ < 1 / 30
     paper = MPMTLLowRank(
         lam=0.05, clip=5.0, iterations=2, epsilon=1.0, delta="paper", noise_source="seeded"

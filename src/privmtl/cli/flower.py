@@ -13,11 +13,50 @@ from typing import Any
 import click
 
 from privmtl.cli._common import echo_json, on_abort
-from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.spec import SERVER_UPDATES, SPEC
+from privmtl.cli._spec_options import (
+    config_option,
+    given_settings,
+    pop_run_spec,
+    spec_options,
+)
+from privmtl.federated.spec import SPEC
 from privmtl.io import check_writable_dir
 
 __all__ = ["flower"]
+
+
+def spec_run_config(settings: dict[str, Any], given: set[str]) -> dict[str, Any]:
+    """The run configuration of the run spec's ``settings`` that were ``given``.
+
+    A setting is passed under its name with hyphens (``clients_per_round`` →
+    ``clients-per-round``), ``shared_params`` as comma-separated names, ``delta="paper"`` as
+    ``paper-delta = true``; a setting left at its default is not passed (the Flower run's default
+    is the spec's). A setting the Flower apps do not read (no key in
+    :data:`~privmtl.flower._core.RUN_DEFAULTS`) is refused unless it is what they run anyway, so
+    that no option is silently ignored.
+    """
+    from privmtl.flower import _core
+
+    known: dict[str, Any] = _core.RUN_DEFAULTS
+    fixed: dict[str, Any] = getattr(_core, "FLOWER_FIXED", {})
+    out: dict[str, Any] = {}
+    for name, value in settings.items():
+        key = name.replace("_", "-")
+        if name not in given or value is None:
+            continue
+        if name == "delta" and value == "paper" and "paper-delta" in known:
+            out["paper-delta"] = True  # the run configuration's flag for the paper's δ
+            continue
+        if key not in known:
+            runs = fixed.get(name, getattr(SPEC, name))
+            if value != runs:
+                has = "the spec's default" if runs is None else f"{name}={runs!r}"
+                raise click.BadParameter(
+                    f"privmtl flower local does not take {name}={value!r}; a Flower run has {has}",
+                    param_hint="--" + key,
+                )
+        out[key] = ",".join(value) if isinstance(value, tuple) else value
+    return out
 
 
 @click.group()
@@ -26,6 +65,7 @@ def flower() -> None:
 
 
 @flower.command("local")
+@config_option()
 @click.option(
     "--num-supernodes", type=int, default=3, show_default=True, help="SuperNodes to start."
 )
@@ -33,50 +73,11 @@ def flower() -> None:
 @click.option("--data-path", type=click.Path(file_okay=False), help="LEAF FEMNIST directory.")
 @click.option("--num-clients", type=int, help="--data synthetic: number of clients m (default 50).")
 @click.option("--model", type=click.Choice(["logreg", "cnn"]), required=True)
-@click.option("--rounds", type=int, default=SPEC.rounds, show_default=True)
-@click.option(
-    "--clients-per-round",
-    type=click.IntRange(min=1),
-    help="Clients sampled per round (default: min(20, m), as privmtl pmtl's).",
-)
-@click.option(
-    "--epsilon",
-    type=float,
-    help="Target ε of the whole run (σ calibrated to it; in a continued --work-dir the ε "
-    "reported also composes the earlier runs' releases).",
-)
-@click.option("--noise-std", type=float, help="σ on the mean update (instead of --epsilon).")
-@click.option(
-    "--clip", type=float, default=SPEC.clip, show_default=True, help="γ: client update clip."
-)
-@click.option(
-    "--lam",
-    type=click.FloatRange(min=0.0),
-    help="λ (mean regularization). Default: as privmtl pmtl's, 0.001 for private runs, 1 "
-    "without noise.",
-)
-@click.option("--lr", type=float, default=SPEC.lr, show_default=True)
-@click.option("--batch-size", type=int, default=SPEC.batch_size, show_default=True)
-@click.option("--local-steps", type=int, help="E local SGD steps (default: 1 local epoch).")
-@click.option(
-    "--server-update",
-    type=click.Choice(list(SERVER_UPDATES)),
-    default=SPEC.server_update,
-    show_default=True,
-    help="PMTL client message: Ditto's trained copy of w~ minus w~ (as privmtl pmtl's), the "
-    "authors' code's w_new - w~, or Algorithm 1's w_new - w_old (can diverge when q < m).",
-)
-@click.option(
-    "--paper-delta",
-    is_flag=True,
-    help="δ = 1/m, the PMTL paper's (reproductions). Default: min(1e-5, 1/(100·m)), below 1/m.",
-)
-@click.option("--seed", type=int, default=SPEC.seed, show_default=True)
-@click.option(
-    "--reproducible-noise",
-    is_flag=True,
-    help="Draw the server noise from a generator seeded by --seed (research simulation only: "
-    "anyone who knows the seed can subtract it). Default: secure noise from OS entropy.",
+@spec_options(
+    help={
+        "epsilon": "In a continued --work-dir the ε reported also composes the earlier runs' "
+        "releases."
+    }
 )
 @click.option(
     "--work-dir",
@@ -167,18 +168,10 @@ def local(**kw: Any) -> None:
     """
     if importlib.util.find_spec("flwr") is None:
         raise click.ClickException("privmtl flower needs Flower: pip install 'privmtl[flower]'")
-    if kw["epsilon"] is not None and kw["noise_std"] is not None:
-        raise InvalidParameterError(
-            "Give at most one of --epsilon and --noise-std; got "
-            f"epsilon={kw['epsilon']}, noise_std={kw['noise_std']}."
-        )
-    # checked here: the run config encodes "not given" as -1
-    for name, low in (("epsilon", "> 0"), ("budget_epsilon", "> 0"), ("noise_std", ">= 0")):
-        v = kw[name]
-        if v is not None and not (v > 0 if low == "> 0" else v >= 0):
-            raise click.BadParameter(
-                f"must be {low}; got {v}", param_hint="--" + name.replace("_", "-")
-            )
+    settings = pop_run_spec(click.get_current_context(), kw)
+    budget = kw["budget_epsilon"]
+    if budget is not None and not budget > 0:  # the run config encodes "not given" as -1
+        raise click.BadParameter(f"must be > 0; got {budget}", param_hint="--budget-epsilon")
     if kw["resume"] and kw["work_dir"] is None:
         raise click.BadParameter("needs --work-dir", param_hint="--resume")
     if kw["timeout"] <= 0:
@@ -195,19 +188,7 @@ def local(**kw: Any) -> None:
         "data-path": kw["data_path"] or "",
         "num-clients": kw["num_clients"] or 0,
         "model": kw["model"],
-        "rounds": kw["rounds"],
-        "clients-per-round": kw["clients_per_round"] or 0,  # 0: the spec's default
-        "epsilon": -1.0 if kw["epsilon"] is None else float(kw["epsilon"]),
-        "noise-std": -1.0 if kw["noise_std"] is None else float(kw["noise_std"]),
-        "clip": kw["clip"],
-        "lam": -1.0 if kw["lam"] is None else float(kw["lam"]),
-        "lr": kw["lr"],
-        "batch-size": kw["batch_size"],
-        "local-steps": kw["local_steps"] or 0,
-        "server-update": kw["server_update"],
-        "seed": kw["seed"],
-        "noise-source": "seeded" if kw["reproducible_noise"] else "secure",
-        "paper-delta": bool(kw["paper_delta"]),
+        **spec_run_config(settings, given_settings(click.get_current_context())),
         "on-missing": kw["on_missing"],
         "round-timeout": kw["round_timeout"],
         "secagg": kw["secagg"],
@@ -215,15 +196,16 @@ def local(**kw: Any) -> None:
         "secagg-threshold": kw["secagg_threshold"],
         "secagg-quantization-range": kw["secagg_quantization_range"],
         "secagg-modulus-range": kw["secagg_modulus_range"],
-        "budget-epsilon": -1.0 if kw["budget_epsilon"] is None else float(kw["budget_epsilon"]),
+        "budget-epsilon": -1.0 if budget is None else float(budget),
         "checkpoint-every": kw["checkpoint_every"],
         "resume": bool(kw["resume"]),
     }
-    from privmtl.flower._core import check_options
+    from privmtl.flower._core import check_options, run_options
     from privmtl.flower.secagg import check_secagg_options
 
-    check_options(run_config, kw["num_supernodes"])
-    check_secagg_options(run_config, kw["num_supernodes"])
+    full = run_options(run_config)  # with the Flower run's defaults of what was not given
+    check_options(full, kw["num_supernodes"])
+    check_secagg_options(full, kw["num_supernodes"])
     work = kw["work_dir"] if kw["work_dir"] is not None else default_work_dir()
     check_work_dir(work, resume=kw["resume"])
     click.echo(f"privmtl: work directory {work} (ledger: server/ledger.jsonl)", err=True)

@@ -20,8 +20,8 @@ from privmtl.cli._common import (
     vote_share_option,
 )
 from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
+from privmtl.cli._spec_options import config_option, pop_run_spec, spec_option, spec_options
 from privmtl.experiments.pmtl import (
-    FINETUNE_METHODS,
     FINETUNE_STARTS,
     FL_DATASETS,
     FL_METHODS,
@@ -29,9 +29,7 @@ from privmtl.experiments.pmtl import (
     run_pmtl,
 )
 from privmtl.federated.local import LOCAL_SELECT
-from privmtl.federated.spec import PERSONAL_INITS, SERVER_UPDATES, SPEC
 from privmtl.io import check_writable_dir
-from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.selection import SELECTION_METHODS
 
 __all__ = ["pmtl", "pmtl_sweep"]
@@ -97,6 +95,7 @@ def _human(out: dict[str, Any]) -> None:
 
 
 @click.command()
+@config_option()
 @click.option("--data", type=click.Choice(list(FL_DATASETS)), required=True)
 @pmtl_data_options()
 @click.option(
@@ -116,63 +115,7 @@ def _human(out: dict[str, Any]) -> None:
     "--method local-all trains every client alone (each client chooses epochs and lr on its "
     "own validation split).",
 )
-@click.option(
-    "--method", type=click.Choice(list(FL_METHODS)), default=SPEC.method, show_default=True
-)
-@click.option(
-    "--epsilon",
-    type=float,
-    help="Target ε: σ is calibrated (absent with --noise-std absent: non-private).",
-)
-@click.option("--noise-std", type=float, help="σ on the mean update (instead of --epsilon).")
-@click.option(
-    "--delta",
-    type=float,
-    help="δ. Default: min(1e-5, 1/(100·m)) on every data set (below 1/m, as DP practice asks). "
-    "δ >= 1/m warns; δ >= 1 is refused.",
-)
-@click.option(
-    "--paper-delta",
-    is_flag=True,
-    help="δ = 1/m, the PMTL paper's, for reproductions of its experiments (instead of --delta; "
-    "a guarantee at δ >= 1/m allows revealing one client's data outright).",
-)
-@click.option(
-    "--clip", type=float, default=SPEC.clip, show_default=True, help="γ: client update clip."
-)
-@click.option("--rounds", type=int, default=SPEC.rounds, show_default=True)
-@click.option(
-    "--clients-per-round",
-    type=int,
-    help="Clients sampled per round (default: min(20, m); a larger explicit value is an error).",
-)
-@click.option("--local-steps", type=int, help="E local SGD steps (default: 1 local epoch).")
-@click.option(
-    "--local-epochs",
-    type=click.IntRange(min=1),
-    help="Local epochs per round (instead of --local-steps; default 1).",
-)
-@click.option(
-    "--lam",
-    type=float,
-    help="λ (mean-regularization / FedProx μ). Default: chosen on FEMNIST validation accuracy, "
-    "0.001 for private PMTL runs, 1 without noise, 0.01 for FedProx.",
-)
-@click.option("--lr", type=float, default=SPEC.lr, show_default=True)
-@click.option("--batch-size", type=int, default=SPEC.batch_size, show_default=True)
-@click.option(
-    "--finetune",
-    type=click.Choice(list(FINETUNE_METHODS)),
-    default=SPEC.finetune,
-    show_default=True,
-    help="Local fine-tuning after training. auto: every client (sampled or not) keeps, of its "
-    "trained model, the billboard fine-tuned on its own data (3 or 10 epochs at step 0.01 or "
-    "0.1; only where the whole model is shared and the noise of the T releases, "
-    "sigma*sqrt(k*T), is at most T*clip) and its own local training (--method local-all's "
-    "grid), the one with the most correct predictions on its own validation split (ties: "
-    "the fine-tuned billboard where sigma*sqrt(k*T) <= T*clip/2, else local training): no "
-    "pooled data, no privacy cost. none: no fine-tuning; vanilla/mr/skl/ewc: see --finetune-start.",
-)
+@spec_options()
 @click.option(
     "--finetune-lrs",
     help="Comma-separated fine-tuning step sizes: every client picks one (and one of "
@@ -223,97 +166,6 @@ def _human(out: dict[str, Any]) -> None:
     "labelled NOT covered by the guarantee.",
 )
 @click.option(
-    "--sampling",
-    type=click.Choice(["poisson", "fixed"]),
-    default=SPEC.sampling,
-    show_default=True,
-)
-@click.option(
-    "--relation",
-    type=click.Choice(list(RELATIONS)),
-    default=SPEC.relation,
-    show_default=True,
-)
-@click.option(
-    "--accountant", type=click.Choice(["rdp", "pld"]), default=SPEC.accountant, show_default=True
-)
-@click.option(
-    "--server-update",
-    type=click.Choice(list(SERVER_UPDATES)),
-    default=SPEC.server_update,
-    show_default=True,
-    help="Client message: offset = w_k^new - w~ (the authors' code; stable under partial "
-    "participation), delta = w_k^new - w_k^old (Algorithm 1 as printed; can diverge when "
-    "q < m, and warns) or ditto = the change of a copy of w~ trained on the same minibatches "
-    "without the pull (Ditto, Li et al. 2021: FedAvg's billboard; twice the local work).",
-)
-@click.option(
-    "--server-optimizer",
-    type=click.Choice(["none", "momentum", "adam"]),
-    default=SPEC.server_optimizer,
-    show_default=True,
-    help="Apply momentum (DP-FedAvgM) or Adam (DP-FedAdam) to each released noisy mean "
-    "(post-processing: no privacy cost).",
-)
-@click.option(
-    "--server-lr", type=float, default=SPEC.server_lr, show_default=True, help="Server step size."
-)
-@click.option(
-    "--server-momentum",
-    type=float,
-    default=SPEC.server_momentum,
-    show_default=True,
-    help="Server β (Adam: β1).",
-)
-@click.option(
-    "--shared-params",
-    help="Comma-separated parameter names or module prefixes shared through the billboard (pmtl); "
-    "the rest stays personal. Default: all.",
-)
-@click.option(
-    "--subspace-dim",
-    type=click.IntRange(min=1),
-    help="Release the clipped mean in a public random subspace of this many coordinates, fresh "
-    "every round (noise only there; same sensitivity and ε). Default: all coordinates.",
-)
-@click.option(
-    "--adaptive-clip-quantile",
-    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
-    help="Adaptive clipping (Andrew et al. 2021): move the clip (starting at --clip) towards this "
-    "quantile of the update norms with a noisy count released with the mean (accounted jointly: "
-    "with --epsilon the mean gets slightly more noise).",
-)
-@click.option(
-    "--adaptive-clip-lr",
-    type=float,
-    default=SPEC.adaptive_clip_lr,
-    show_default=True,
-    help="Clip step size η_C.",
-)
-@click.option(
-    "--adaptive-clip-noise",
-    type=float,
-    help="σ_b: noise std of the count of unclipped updates (default clients-per-round / 20).",
-)
-@click.option(
-    "--personal-init",
-    type=click.Choice(list(PERSONAL_INITS)),
-    default=SPEC.personal_init,
-    show_default=True,
-    help="pmtl: a client's model starts from the billboard at its first participation, and "
-    "clients never sampled are scored with the billboard (what they would download; "
-    "post-processing, same guarantee), or from the initial model. auto: the billboard when the "
-    "noise norm of one release (sigma * sqrt(released dim)) is at most the clip, else the "
-    "initial model; the JSON key personal_init reports the choice.",
-)
-@click.option("--seed", type=int, default=SPEC.seed, show_default=True)
-@click.option(
-    "--reproducible-noise",
-    is_flag=True,
-    help="Draw the server noise from a generator seeded by --seed (research simulation only: "
-    "anyone who knows the seed can subtract it). Default: secure noise from OS entropy.",
-)
-@click.option(
     "--checkpoint-dir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Save the run's state here atomically (and its write-ahead privacy ledger, "
@@ -353,13 +205,7 @@ def pmtl(**kw: Any) -> None:
     """Private personalized federated learning (PMTL) and its baselines: one run."""
     as_json = kw.pop("as_json")
     quiet = kw.pop("quiet")
-    kw["noise_source"] = "seeded" if kw.pop("reproducible_noise") else "secure"
-    if kw.pop("paper_delta"):
-        if kw["delta"] is not None:
-            raise click.BadParameter(
-                "give --delta or --paper-delta, not both", param_hint="--delta"
-            )
-        kw["delta"] = "paper"
+    kw.update(pop_run_spec(click.get_current_context(), kw))
     check_model_option(kw["model"])
     kw.update(pmtl_data_kwargs(kw, kw["data"]))
     check_save_dir(kw["save_models"], overwrite=kw.pop("overwrite"))
@@ -378,8 +224,6 @@ def pmtl(**kw: Any) -> None:
         )
     from privmtl.cli.mpmtl import _floats
 
-    if kw["shared_params"] is not None:
-        kw["shared_params"] = [v.strip() for v in kw["shared_params"].split(",") if v.strip()]
     epochs = _floats(kw["finetune_epochs"], "--finetune-epochs")
     if not epochs or any(e < 1 or e != int(e) for e in epochs):
         raise click.BadParameter(
@@ -421,33 +265,16 @@ def pmtl(**kw: Any) -> None:
 @click.option("--seeds", default="0", show_default=True)
 @click.option("--clips", default="0.2,0.5,1", show_default=True, help="γ grid.")
 @click.option("--rounds-grid", default="50,100", show_default=True, help="T grid.")
-@click.option(
-    "--clients-per-round",
-    type=int,
-    help="Clients sampled per round (default: min(20, m); a larger explicit value is an error).",
-)
+@spec_option("clients_per_round")
 @click.option(
     "--lams",
     help="λ grid (pmtl's mean regularizer, fedprox's μ). Default: the λ of privmtl pmtl, "
     "0.001 for private runs, 1 without noise, 0.01 for FedProx.",
 )
-@click.option("--lr", type=float, default=SPEC.lr, show_default=True)
-@click.option("--local-steps", type=int)
-@click.option(
-    "--server-update",
-    type=click.Choice(list(SERVER_UPDATES)),
-    default=SPEC.server_update,
-    show_default=True,
-    help="PMTL client message, as privmtl pmtl's: Ditto's trained copy of w~ minus w~, the "
-    "authors' code's w_new - w~ (stable), or Algorithm 1's w_new - w_old as printed.",
-)
-@click.option(
-    "--finetune",
-    type=click.Choice(list(FINETUNE_METHODS)),
-    default=SPEC.finetune,
-    show_default=True,
-    help="Local fine-tuning of every candidate run, as privmtl pmtl's --finetune.",
-)
+@spec_option("lr")
+@spec_option("local_steps")
+@spec_option("server_update")
+@spec_option("finetune", help="Local fine-tuning of every candidate run, as privmtl pmtl's.")
 @click.option(
     "--out",
     "out_dir",
@@ -455,10 +282,10 @@ def pmtl(**kw: Any) -> None:
     default=Path("privmtl-results"),
     show_default=True,
 )
-@click.option(
-    "--reproducible-noise",
-    is_flag=True,
-    help="Seed the server noise from each run's seed (research simulation only). Default: secure.",
+@spec_option(
+    "noise_source",
+    help="Seed the server noise from each run's seed (research simulation only), or draw it "
+    "securely from OS entropy.",
 )
 @click.option(
     "--select",

@@ -29,6 +29,7 @@ import torch
 from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.federated.finetune_selection import SELECT_MODES
 from privmtl.federated.local import LOCAL_SELECT
 from privmtl.federated.spec import (
@@ -36,7 +37,6 @@ from privmtl.federated.spec import (
     DEFAULT_FEDPROX_MU,
     DEFAULT_LAM_NONPRIVATE,
     DEFAULT_LAM_PRIVATE,
-    FINETUNE_METHODS,
     RUN_METHODS,
     SPEC,
     RunSpec,
@@ -60,13 +60,11 @@ __all__ = [
     "DEFAULT_FEDPROX_MU",
     "DEFAULT_LAM_NONPRIVATE",
     "DEFAULT_LAM_PRIVATE",
-    "FINETUNE_METHODS",
     "FINETUNE_STARTS",
     "FL_DATASETS",
     "FL_METHODS",
     "FL_MODELS",
     "default_clients_per_round",
-    "default_delta",
     "default_femnist_dir",
     "default_lam",
     "evaluate_saved",
@@ -78,7 +76,6 @@ __all__ = [
 FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
 FL_METHODS = RUN_METHODS
-_FINETUNE_RULES = FINETUNE_METHODS[2:]
 AUTO_FINETUNE_EPOCHS = (10, 3)
 """``finetune="auto"``: epochs of fine-tuning the released billboard (with :data:`AUTO_FINETUNE_LRS`).
 
@@ -115,15 +112,6 @@ _AUTO_METHODS = ("pmtl", "fedavg", "fedprox")
 FINETUNE_STARTS = ("auto", "billboard")
 """Where fine-tuning starts: the personalized models when the method has them, else the released
 global model (auto), or the released global model (billboard)."""
-
-
-def default_delta(data: str, m: int) -> float:
-    """δ when none is given, on every data set ``data``:
-    :func:`~privmtl.privacy.delta.user_data_delta` (min(1e-5, 1/(100 m)), below 1/m;
-    :func:`~privmtl.federated.spec.resolve_delta`). The PMTL paper's 1/m is
-    ``run_pmtl(delta="paper")`` (``privmtl pmtl --paper-delta``)."""
-    check_choice("data", data, FL_DATASETS)
-    return resolve_delta(None, m)[0]
 
 
 def default_femnist_dir() -> Path:
@@ -312,7 +300,8 @@ def run_pmtl(
     accuracy, opt-in and not covered by the guarantee); ``rounds``, ``clients_per_round``, ``lr``
     and the privacy options do not apply (ε = 0 towards the others).
 
-    ``delta``: None (default) is :func:`default_delta`, min(1e-5, 1/(100 m)) on every data set;
+    ``delta``: None (default) is :func:`~privmtl.privacy.delta.user_data_delta`,
+    min(1e-5, 1/(100 m)) on every data set (:func:`~privmtl.federated.spec.resolve_delta`);
     ``"paper"`` the PMTL paper's 1/m (reproductions); a float is checked (δ ≥ 1/m warns).
     ``diagnostics=True`` adds ``curator_diagnostics`` (per-round training loss and the norms of
     the un-noised mean, of the noise, and with ``subspace_dim`` of the full un-noised mean): they
@@ -400,7 +389,7 @@ def run_pmtl(
             f"extra_finetunes={list(extra_finetunes)!r}."
         )
     for name in extra_finetunes:
-        check_choice("extra_finetunes", name, _FINETUNE_RULES)
+        check_choice("extra_finetunes", name, FINETUNE_METHODS)
     seed, epsilon, noise_std, lr = spec.seed, spec.epsilon, spec.noise_std, spec.lr
     from privmtl.federated.user_model import is_factory_spec, load_factory
 

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 from privmtl._validation import Interval, Options, validate_params
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.config import check_param_names
-from privmtl.federated.finetune import FINETUNE_METHODS as _FINETUNE_RULES
+from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
 from privmtl.privacy.guarantee import RELATIONS
 
@@ -47,7 +47,7 @@ __all__ = [
     "DEFAULT_FEDPROX_MU",
     "DEFAULT_LAM_NONPRIVATE",
     "DEFAULT_LAM_PRIVATE",
-    "FINETUNE_METHODS",
+    "FINETUNE_CHOICES",
     "PERSONAL_INITS",
     "RUN_METHODS",
     "SERVER_UPDATES",
@@ -68,10 +68,11 @@ SERVER_UPDATES = ("ditto", "offset", "delta")
 """The client messages (:class:`~privmtl.federated.config.TrainConfig`'s ``server_update``)."""
 PERSONAL_INITS = ("auto", "model", "billboard")
 """Where a client's persistent model starts (``personal_init``)."""
-FINETUNE_METHODS = ("auto", "none", *_FINETUNE_RULES)
-"""Local fine-tuning after training: ``auto`` (each client's choice on its own validation split,
-:data:`~privmtl.experiments.pmtl.AUTO_FINETUNE_EPOCHS`), none, or one of
-:func:`~privmtl.federated.finetune.finetune`'s methods."""
+FINETUNE_CHOICES = ("auto", "none", *FINETUNE_METHODS)
+"""The values of the ``finetune`` setting (local fine-tuning after training): ``auto`` (each
+client's choice on its own validation split, :data:`~privmtl.experiments.pmtl.AUTO_FINETUNE_EPOCHS`),
+``none``, or one of :func:`~privmtl.federated.finetune.finetune`'s methods
+(:data:`~privmtl.federated.finetune.FINETUNE_METHODS`)."""
 _SAMPLINGS = ("poisson", "fixed", "all")
 _ACCOUNTANTS = ("rdp", "pld")
 _NOISE_SOURCES = ("secure", "seeded")
@@ -177,7 +178,7 @@ class RunSpec:
     accountant : {"rdp", "pld"}, default "rdp"
     relation : {"add-remove", "replace-one"}, default "add-remove"
     finetune : str, default "auto"
-        One of :data:`FINETUNE_METHODS`.
+        One of :data:`FINETUNE_CHOICES`.
     noise_source : {"secure", "seeded"}, default "secure"
         OS entropy, or a generator seeded from ``seed`` (research simulation only).
     seed : int, default 0
@@ -242,7 +243,7 @@ class RunSpec:
         "sampling": Options(_SAMPLINGS),
         "accountant": Options(_ACCOUNTANTS),
         "relation": Options(RELATIONS),
-        "finetune": Options(FINETUNE_METHODS),
+        "finetune": Options(FINETUNE_CHOICES),
         "noise_source": Options(_NOISE_SOURCES),
         "seed": Interval(Integral, 0, None),
         "server_optimizer": Options(_SERVER_OPTIMIZERS),

@@ -1,4 +1,4 @@
-"""Pieces shared by every linear multi-task estimator: task validation, the paper's default δ, the
+"""Pieces shared by every linear multi-task estimator: task validation, the paper's δ, the
 prepared (validated, padded, cached) task batch, the predict / decision_function / score mixin and
 the fitting helpers of the non-private estimators."""
 
@@ -17,12 +17,12 @@ from privmtl._validation import check_choice
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.local import local_ridge
 from privmtl.linear.losses import LOSSES, TaskBatch, task_lipschitz
+from privmtl.privacy.delta import user_data_delta
 
 __all__ = [
     "PAPER_DELTA",
     "PreparedTasks",
     "check_tasks",
-    "default_delta",
     "paper_delta",
     "resolve_delta",
     "task_steps",
@@ -33,16 +33,6 @@ FloatArray = NDArray[np.float64]
 
 #: ``delta="paper"`` selects the MP-MTL paper's δ (:func:`paper_delta`) for reproductions.
 PAPER_DELTA = "paper"
-
-
-def default_delta(m: int) -> float:
-    """The default δ of every linear method with ``m`` tasks: DP practice, well below ``1/m``.
-
-    :func:`privmtl.privacy.delta.user_data_delta`, ``min(1e-5, 1/(100 m))``, on every data set.
-    """
-    from privmtl.privacy.delta import user_data_delta
-
-    return user_data_delta(m)
 
 
 def paper_delta(m: int) -> float:
@@ -60,10 +50,11 @@ def paper_delta(m: int) -> float:
 
 
 def resolve_delta(delta: float | str | None, m: int) -> float:
-    """δ of a fit with ``m`` tasks: ``None`` ⇒ :func:`default_delta`, ``"paper"`` ⇒
+    """δ of a fit with ``m`` tasks: ``None`` ⇒ :func:`~privmtl.privacy.delta.user_data_delta`
+    (``min(1e-5, 1/(100 m))``, well below ``1/m`` as DP practice asks), ``"paper"`` ⇒
     :func:`paper_delta`, a number ⇒ itself."""
     if delta is None:
-        return default_delta(m)
+        return user_data_delta(m)
     if isinstance(delta, str):
         if delta != PAPER_DELTA:
             raise InvalidParameterError(

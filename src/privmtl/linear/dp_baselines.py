@@ -200,7 +200,7 @@ class DPMTRL(_IPBase):
         alternating MTRL with the same block solver).
     delta : float, "paper" or None, default=None
         Target MP-MTL δ; ``None`` ⇒ ``min(1e-5, 1/(100 m))``
-        (:func:`~privmtl.linear.common.default_delta`), ``"paper"`` ⇒ the paper's
+        (:func:`~privmtl.privacy.delta.user_data_delta`), ``"paper"`` ⇒ the paper's
         ``1/(m log m)``. The IP budget is δ/(n e^ε).
     iterations : int, default=1
         Outer iterations T (the paper's cross-validation chose T = 1 on its synthetic data).

@@ -68,7 +68,6 @@ from privmtl.linear.common import (
     PreparedTasks,
     _clip_columns,
     _LinearMTLMixin,
-    default_delta,
     resolve_delta,
     task_steps,
 )
@@ -98,7 +97,6 @@ __all__ = [
     "MPMTLState",
     "PreparedTasks",
     "TaskStep",
-    "default_delta",
     "local_ridge",
     "sample_l2_laplace",
     "task_steps",
@@ -126,7 +124,7 @@ _COMMON_PARAMS_DOC = """
         is used without noise; the solver is then exactly the non-private proximal-gradient method).
     delta : float, "paper" or None, default=None
         δ of the guarantee; ``None`` ⇒ ``min(1e-5, 1/(100 m))`` at fit time
-        (:func:`~privmtl.linear.common.default_delta`, below ``1/m`` as DP practice asks);
+        (:func:`~privmtl.privacy.delta.user_data_delta`, below ``1/m`` as DP practice asks);
         ``"paper"`` ⇒ the MP-MTL paper's ``1/(m log m)``, for reproductions.
     noise : {"gaussian", "wishart"}, default="gaussian"
         Covariance mechanism. ``"gaussian"`` is the Analyze-Gauss mechanism with RDP/PLD accounting
