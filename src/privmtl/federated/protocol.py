@@ -80,10 +80,20 @@ from privmtl.federated.client import (
     split_names,
 )
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.federated.gradients import make_step_fn
+from privmtl.federated.projection import project_to_ball
 from privmtl.federated.server_optim import ServerOptimizer
+from privmtl.federated.spec import resolve_personal_init
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import NoiseSource, make_noise_source
-from privmtl.privacy.release import AdaptiveClip, GaussianMeanRelease, Release, noise_std_for
+from privmtl.privacy.release import (
+    AdaptiveClip,
+    GaussianMeanRelease,
+    Release,
+    billboard_carries_signal,
+    billboard_noise_and_bound,
+    noise_std_for,
+)
 from privmtl.privacy.sampling import ClientSampler, make_sampler
 
 __all__ = [
@@ -331,32 +341,6 @@ def _stack(params: Params, m: int) -> Params:
     return {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in params.items()}
 
 
-def billboard_carries_signal(
-    noise_std: float, clip: float | None, released_dim: int, releases: int = 1
-) -> bool:
-    r"""Whether the billboard is worth starting from (``personal_init="auto"``: one release;
-    ``finetune="auto"`` of :func:`~privmtl.experiments.pmtl.run_pmtl`: the ``T`` releases of a run).
-
-    True when the norm of the noise that ``n = releases`` releases add up to,
-    :math:`\sigma\sqrt{kn}` over the ``k`` released coordinates, is at most :math:`n\gamma`, the
-    largest norm ``n`` un-noised means of messages clipped to γ can add up to; also without noise
-    or clipping. For ``n = 1``: one round's noise at most the clip. Otherwise the noise can exceed
-    any signal the billboard carries, and a client is better off without it. The rule reads only
-    public parameters of the release (σ, γ, k, n), so it costs no privacy.
-    """
-    noise, bound = billboard_noise_and_bound(noise_std, clip, released_dim, releases)
-    return bound is None or noise == 0.0 or noise <= bound
-
-
-def billboard_noise_and_bound(
-    noise_std: float, clip: float | None, released_dim: int, releases: int = 1
-) -> tuple[float, float | None]:
-    r"""The two sides of :func:`billboard_carries_signal`: the norm :math:`\sigma\sqrt{kn}` of the
-    noise ``n`` releases of ``k`` coordinates add up to, and :math:`n\gamma` (None without clip)."""
-    noise = noise_std * math.sqrt(released_dim * releases)
-    return noise, None if clip is None else releases * clip
-
-
 def _shared_names(init: Params, shared: tuple[str, ...] | None) -> list[str]:
     """The parameters that go through the billboard (all when ``shared`` is None)."""
     if shared is None:
@@ -523,8 +507,6 @@ class Trainer:
 
         # ---- curator and client states
         if spec.name == "workshop":
-            from privmtl.federated.workshop import project_to_ball
-
             assert config.ball is not None
             init = project_to_ball(init, config.ball, stacked=False)
         self.shared = _shared_names(init, config.shared_params)
@@ -532,8 +514,6 @@ class Trainer:
         shared_init = {n: init[n] for n in self.shared}
         board = _stack(init, m) if spec.billboard == "blocks" else shared_init
         if config.personal_init == "auto":
-            from privmtl.federated.spec import resolve_personal_init
-
             dim = config.subspace_dim or sum(p.numel() for p in shared_init.values())
             resolved = resolve_personal_init("auto", mech.noise_std, mech.clip, dim)
             self.config = config = dataclasses.replace(config, personal_init=resolved)
@@ -679,8 +659,6 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- one round
     def _thread_step_fn(self) -> Any:
-        from privmtl.federated.engine import make_step_fn
-
         fn = getattr(self._local, "step_fn", None)
         if fn is None:  # functional_call swaps a module's parameters: one module per thread
             model = (

@@ -312,12 +312,3 @@ def event_from_dict(data: dict[str, Any]) -> dpe.DpEvent:
     if kind == "composed":
         return dpe.ComposedDpEvent([event_from_dict(e) for e in data["events"]])
     raise InvalidParameterError(f"Unknown privacy event type in ledger: {kind!r}.")
-
-
-def __getattr__(name: str) -> Any:
-    # PrivacyLedger lives in privmtl.privacy.ledger (it imports this module)
-    if name == "PrivacyLedger":
-        from privmtl.privacy.ledger import PrivacyLedger
-
-        return PrivacyLedger
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

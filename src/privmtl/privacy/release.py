@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,8 @@ __all__ = [
     "GaussianMeanRelease",
     "Release",
     "ReleaseTape",
+    "billboard_carries_signal",
+    "billboard_noise_and_bound",
     "clip_factors",
     "clipped_mean",
     "combined_noise_multiplier",
@@ -270,6 +273,32 @@ def clipped_mean(
         n: torch.tensordot(factors.to(t.dtype), t, dims=1) / divisor for n, t in updates.items()
     }
     return mean, norms.numpy(), (factors < 1).numpy()
+
+
+def billboard_carries_signal(
+    noise_std: float, clip: float | None, released_dim: int, releases: int = 1
+) -> bool:
+    r"""Whether the billboard is worth starting from (``personal_init="auto"``: one release;
+    ``finetune="auto"`` of :func:`~privmtl.experiments.pmtl.run_pmtl`: the ``T`` releases of a run).
+
+    True when the norm of the noise that ``n = releases`` releases add up to,
+    :math:`\sigma\sqrt{kn}` over the ``k`` released coordinates, is at most :math:`n\gamma`, the
+    largest norm ``n`` un-noised means of messages clipped to γ can add up to; also without noise
+    or clipping. For ``n = 1``: one round's noise at most the clip. Otherwise the noise can exceed
+    any signal the billboard carries, and a client is better off without it. The rule reads only
+    public parameters of the release (σ, γ, k, n), so it costs no privacy.
+    """
+    noise, bound = billboard_noise_and_bound(noise_std, clip, released_dim, releases)
+    return bound is None or noise == 0.0 or noise <= bound
+
+
+def billboard_noise_and_bound(
+    noise_std: float, clip: float | None, released_dim: int, releases: int = 1
+) -> tuple[float, float | None]:
+    r"""The two sides of :func:`billboard_carries_signal`: the norm :math:`\sigma\sqrt{kn}` of the
+    noise ``n`` releases of ``k`` coordinates add up to, and :math:`n\gamma` (None without clip)."""
+    noise = noise_std * math.sqrt(released_dim * releases)
+    return noise, None if clip is None else releases * clip
 
 
 @dataclass
