@@ -48,7 +48,7 @@ from privmtl.federated.spec import (
 )
 from privmtl.federated.user_model import UserFactory
 from privmtl.privacy import PrivacyGuarantee
-from privmtl.privacy.release import noise_multiplier
+from privmtl.privacy.calibration import noise_multiplier
 
 __all__ = [
     "AUTO_CANDIDATES",

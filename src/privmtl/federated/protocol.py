@@ -84,6 +84,7 @@ from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.projection import project_to_ball
 from privmtl.federated.server_optim import ServerOptimizer
 from privmtl.federated.spec import resolve_personal_init
+from privmtl.privacy.calibration import noise_std_for
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import NoiseSource, make_noise_source
 from privmtl.privacy.release import (
@@ -92,7 +93,6 @@ from privmtl.privacy.release import (
     Release,
     billboard_carries_signal,
     billboard_noise_and_bound,
-    noise_std_for,
 )
 from privmtl.privacy.sampling import ClientSampler, make_sampler
 

@@ -69,6 +69,13 @@ from dp_accounting import dp_event as dpe
 
 from privmtl._validation import check_int, check_real
 from privmtl.exceptions import InvalidParameterError
+from privmtl.privacy.calibration import (
+    combined_noise_multiplier,
+    count_noise_multiplier,
+    mean_multiplier_for,
+    noise_multiplier,
+    noise_std_for,
+)
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.sampling import ClientSampler
 
@@ -92,39 +99,6 @@ __all__ = [
     "taped",
     "update_norms",
 ]
-
-
-def noise_multiplier(noise_std: float, divisor: float, clip: float) -> float:
-    """:math:`z = \\sigma q/\\gamma`: the noise std over the add/remove sensitivity γ/q of the mean."""
-    return noise_std * divisor / clip
-
-
-def noise_std_for(multiplier: float, divisor: float, clip: float) -> float:
-    """:math:`\\sigma = z\\gamma/q`, the inverse of :func:`noise_multiplier`."""
-    return multiplier * clip / divisor
-
-
-def combined_noise_multiplier(z: float, z_count: float) -> float:
-    """:math:`(z^{-2} + z_b^{-2})^{-1/2}`: one Gaussian mechanism releasing mean and count."""
-    return float((z**-2 + z_count**-2) ** -0.5)
-
-
-def count_noise_multiplier(count_noise_std: float) -> float:
-    r""":math:`z_b = 2\sigma_b`: the centred bit count has add/remove sensitivity 1/2."""
-    return 2.0 * count_noise_std
-
-
-def mean_multiplier_for(combined: float, count_noise_std: float) -> float:
-    r"""The mean's multiplier :math:`z = (z_\Delta^{-2} - (2\sigma_b)^{-2})^{-1/2}` that gives the
-    combined multiplier ``combined`` (Andrew et al. 2021); needs :math:`2\sigma_b > z_\Delta`."""
-    zb = count_noise_multiplier(count_noise_std)
-    if not zb > combined:
-        raise InvalidParameterError(
-            "The 'adaptive_clip_noise' parameter σ_b must satisfy 2σ_b > z_Δ (the combined noise "
-            f"multiplier {combined:.4g} that the budget allows); got σ_b={count_noise_std!r}. "
-            "Use more noise on the count, a larger budget or fewer rounds."
-        )
-    return float((combined**-2 - zb**-2) ** -0.5)
 
 
 Params = dict[str, torch.Tensor]
