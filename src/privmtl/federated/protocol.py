@@ -85,6 +85,7 @@ from privmtl.federated.projection import project_to_ball
 from privmtl.federated.server_optim import ServerOptimizer
 from privmtl.federated.spec import resolve_personal_init
 from privmtl.privacy.calibration import noise_std_for
+from privmtl.privacy.curator import ReleaseCurator
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import NoiseSource, make_noise_source
 from privmtl.privacy.release import (
@@ -145,8 +146,11 @@ def method_spec(config: TrainConfig) -> MethodSpec:
 
 
 # ---------------------------------------------------------------------------------- curator
-class Curator:
+class Curator(ReleaseCurator):
     """The server: billboard, round index, sampler and its randomness, the release, the ledger.
+
+    Its releases pass the gate of :class:`~privmtl.privacy.curator.ReleaseCurator` (release ids
+    ``"{name}round:{t}"``, replays of seeded runs, budget check, write-ahead record).
 
     Parameters
     ----------
@@ -191,12 +195,11 @@ class Curator:
                 "An adaptive clip needs a release with a finite clip and a noisy count "
                 "('count_noise_std')."
             )
+        super().__init__(ledger=ledger, noise=noise, name=name)
         self.adaptive_clip = adaptive_clip
         self._z = release.noise_multiplier
         self.release_mechanism = release
         self.billboard = {n: p.clone() for n, p in billboard.items()}
-        self.noise = noise
-        self.ledger = ledger
         self.update = check_choice("update", update, ("add", "replace", "blocks"))
         if optimizer is not None and self.update != "add":
             raise InvalidParameterError(
@@ -204,9 +207,7 @@ class Curator:
             )
         self.optimizer = optimizer
         self.round = 0
-        self.name = name
-        self._seeded = noise.kind == "seeded"
-        self._rng = sampling_rng(seed) if self._seeded else None
+        self._rng = sampling_rng(seed) if noise.kind == "seeded" else None
 
     @property
     def sampler(self) -> ClientSampler:
@@ -216,9 +217,11 @@ class Curator:
         """The privacy event of the next release (None when not private)."""
         return self.release_mechanism.event()
 
+    release_kind = "round"
+
     def release_id(self) -> str:
         """The ledger id of the next release."""
-        return f"{self.name}round:{self.round}"
+        return self.release_id_at(self.round)
 
     def would_exceed_budget(self) -> bool:
         """True when the ledger has a budget that the next release would exceed.
@@ -226,12 +229,7 @@ class Curator:
         A seeded replay of a release the ledger holds already (a resumed run) was charged when it
         was first made, so it never exceeds the budget.
         """
-        event = self.event()
-        if event is None or self.ledger is None:
-            return False
-        if self._seeded and self.ledger.has_release(self.release_id()):
-            return False
-        return bool(self.ledger.would_exceed(event))
+        return self.would_exceed(self.event(), self.release_id())
 
     def sample_round(self) -> np.ndarray:
         """The sorted indices of this round's clients."""
@@ -240,12 +238,11 @@ class Curator:
 
     def release(self, messages: Params, rows: np.ndarray | None = None) -> Release:
         """Clip → mean → noise → record → billboard update; returns what was released."""
-        rid = self.release_id()
+        # this curator is the mechanism's ledger gate: it records with its ids and replay policy
         common: dict[str, Any] = {
-            "ledger": self.ledger,
+            "ledger": self,
             "round": self.round,
-            "release_id": rid,
-            "replay_ok": self._seeded,
+            "release_id": self.release_id(),
         }
         mech = self.release_mechanism
         if self.update == "blocks":
@@ -271,10 +268,9 @@ class Curator:
         out = self.release_mechanism.release_sum(
             total,
             self.noise,
-            ledger=self.ledger,
+            ledger=self,
             round=self.round,
             release_id=self.release_id(),
-            replay_ok=self._seeded,
         )
         self._apply(out)
         return out

@@ -76,6 +76,7 @@ from privmtl.privacy.calibration import (
     noise_multiplier,
     noise_std_for,
 )
+from privmtl.privacy.curator import ReleaseCurator
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.sampling import ClientSampler
 
@@ -416,6 +417,12 @@ class GaussianMeanRelease:
         event = self.event()
         if event is None or ledger is None:
             return (float("inf") if event is None else float("nan")), event
+        if isinstance(ledger, ReleaseCurator):  # the curator's gate: its ids and replay policy
+            assert release_id is not None
+            eps = ledger.record(
+                event, release_id=release_id, round=round, mechanism=kind, params=self.params()
+            )
+            return eps, event
         from privmtl.privacy.ledger import PrivacyLedger
 
         if not isinstance(ledger, PrivacyLedger):  # a stand-in with record(event, round=...)
@@ -449,6 +456,9 @@ class GaussianMeanRelease:
         ``updates`` order. The ledger (when given and the release is private) records the
         sampler's event before this method returns; ``replay_ok`` is passed on to
         :meth:`~privmtl.privacy.ledger.PrivacyLedger.record` (seeded replays after resume).
+        ``ledger`` may also be a :class:`~privmtl.privacy.curator.ReleaseCurator`: the event is
+        then recorded through its gate (:meth:`~privmtl.privacy.curator.ReleaseCurator.record`,
+        its replay policy instead of ``replay_ok``).
         """
         mean, norms, clipped = self.aggregate(updates, template)
         value, details = self._noised(mean, noise, round)
