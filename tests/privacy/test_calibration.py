@@ -100,3 +100,25 @@ def test_covariance_noise_is_the_multiplier_times_the_sensitivity(relation):
         alpha=1.0,
     )
     assert plan.guarantee.details["sensitivity"] == covariance_sensitivity(1.3, relation)
+
+
+def test_calibrated_noise_is_bit_for_bit_what_it_was_before_the_one_module():
+    """Values computed by the separate calibrations this module replaced (same dp-accounting)."""
+    cfg = TrainConfig(rounds=7, clip=0.7, clients_per_round=5)
+    assert config_for_epsilon(cfg, 40, 1.5).noise_std == 0.22437362003111322
+    adaptive = TrainConfig(
+        rounds=7, clip=0.7, clients_per_round=5, adaptive_clip_quantile=0.5, adaptive_clip_noise=3.0
+    )
+    assert config_for_epsilon(adaptive, 40, 1.5).noise_std == 0.23283347455824335
+    out = account_rounds(
+        clip=1.0, num_clients=100, clients_per_round=10, rounds=20, delta=1e-5, target_epsilon=2.0
+    )
+    assert (out["noise_std"], out["epsilon"]) == (0.1485728274719399, 2.0)
+    for relation, stds in (
+        ("add-remove", (22.96510887190275, 16.238784214009776, 13.258911789162118)),
+        ("replace-one", (32.477568425917376, 22.965108870416277, 18.750932873327887)),
+    ):
+        plan = plan_covariance_releases(
+            epsilon=1.0, delta=1e-4, iterations=5, clip=1.3, dim=4, relation=relation, alpha=0.5
+        )
+        assert plan.per_release[:3] == stds
