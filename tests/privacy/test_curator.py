@@ -90,3 +90,16 @@ def test_the_federated_curator_records_through_its_gate():
     assert rec["release_id"] == "x:round:0" and rec["mechanism"] == "gaussian-mean"
     assert rec["params"]["noise_std"] == 0.5
     assert out.epsilon == ledger.epsilon() and out.event == mech.event()
+
+
+def test_a_stand_in_ledger_gets_the_event_and_round_only():
+    seen = []
+
+    class StandIn:
+        def record(self, event, round=None):
+            seen.append((event, round))
+            return 0.25
+
+    gate = _Gate(ledger=StandIn(), noise=SeededNoise(0))  # type: ignore[arg-type]
+    assert gate.record(EVENT, release_id="step:4", round=4, mechanism="m") == 0.25
+    assert seen == [(EVENT, 4)]

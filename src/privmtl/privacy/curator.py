@@ -28,14 +28,12 @@ computing a release and before the release leaves.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from dp_accounting import dp_event as dpe
 
+from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import NoiseSource
-
-if TYPE_CHECKING:
-    from privmtl.privacy.ledger import PrivacyLedger
 
 __all__ = ["ReleaseCurator"]
 
@@ -46,7 +44,8 @@ class ReleaseCurator:
     Parameters
     ----------
     ledger : PrivacyLedger or None
-        Receives every private release before it leaves (None: nothing is recorded).
+        Receives every private release before it leaves (None: nothing is recorded). A stand-in
+        object with ``record(event, round=...)`` is called with the event and round only.
     noise : NoiseSource
         The curator's noise; its kind fixes the replay policy (module docstring).
     name : str, default ""
@@ -109,6 +108,8 @@ class ReleaseCurator:
             return math.inf
         if self.ledger is None:
             return math.nan
+        if not isinstance(self.ledger, PrivacyLedger):  # a stand-in with record(event, round=...)
+            return float(self.ledger.record(event, round=round))
         return float(
             self.ledger.record(
                 event,
