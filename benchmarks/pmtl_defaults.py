@@ -17,7 +17,7 @@ from typing import Any
 
 from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, run_privmtl
 
-from privmtl.federated.protocol import billboard_noise_and_bound
+from privmtl.privacy.release import billboard_noise_and_bound
 
 LOG = RESULTS / "pmtl_defaults.jsonl"
 DEFAULTS = "ditto+auto"

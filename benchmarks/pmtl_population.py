@@ -156,7 +156,7 @@ def _norms(out: dict[str, Any]) -> dict[str, Any]:
             "median_signal_norm": _median(diag.get("signal_norm_per_round")),
             "median_noise_norm": _median(diag.get("noise_norm_per_round")),
         }
-    from privmtl.federated.protocol import billboard_noise_and_bound
+    from privmtl.privacy.release import billboard_noise_and_bound
 
     sigma, dim = out.get("noise_std"), out.get("released_dim")
     if not sigma or not dim:

@@ -47,7 +47,7 @@ from _common import machine_info
 
 from privmtl.data.federated import load_leaf
 from privmtl.federated import FemnistCNN, TrainConfig, train
-from privmtl.privacy.accounting import PrivacyLedger
+from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.sampling import make_sampler
 
 

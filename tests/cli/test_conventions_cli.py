@@ -78,7 +78,7 @@ def test_absurd_epsilon_is_refused_with_its_bound(capsys, argv):
 def test_largest_accepted_epsilon_calibrates():
     import dp_accounting.dp_event as dpe
 
-    from privmtl.privacy.accounting import MAX_TARGET_EPSILON, calibrate_noise_multiplier
+    from privmtl.privacy.calibration import MAX_TARGET_EPSILON, calibrate_noise_multiplier
 
     z = calibrate_noise_multiplier(
         lambda z: dpe.GaussianDpEvent(z), target_epsilon=MAX_TARGET_EPSILON, delta=1e-5

@@ -90,3 +90,94 @@ def test_reaccount_reproduces_the_recorded_epsilon_and_gives_pld(tmp_path):
     )
     assert pld["epsilon"] == pytest.approx(oracle, rel=1e-6)
     assert pld["epsilon"] <= out["epsilon"]
+
+
+# ------------------------------------------------------------------ loading checks, it does not trust
+def _state(n: int = 3, **kw):
+    ledger = PrivacyLedger(delta=DELTA, **kw)
+    for t in range(n):
+        ledger.record(EVENT, round=t, mechanism="gaussian-mean", release_id=f"round:{t}")
+    return ledger, json.loads(json.dumps(ledger.to_dict()))
+
+
+def test_a_state_round_trips_and_reports_the_recomputed_epsilon():
+    ledger, state = _state()
+    assert state["format"] == "privmtl-ledger" and state["version"] == 1
+    back = PrivacyLedger.from_dict(state)
+    oracle = compute_epsilon(dp_accounting.SelfComposedDpEvent(EVENT, 3), delta=DELTA)
+    assert back.epsilon() == pytest.approx(oracle, rel=1e-9)
+    assert back.history == ledger.history and back.records == ledger.records
+    # a state written before the tag existed still loads
+    legacy = {k: v for k, v in state.items() if k not in ("format", "version")}
+    assert PrivacyLedger.from_dict(legacy).epsilon() == back.epsilon()
+    # load_state_dict: same checks, in place
+    fresh = PrivacyLedger(delta=DELTA, budget=100.0)
+    fresh.load_state_dict(state)
+    assert fresh.epsilon() == back.epsilon() and fresh.budget == 100.0
+    assert fresh.has_release("round:2")
+    assert fresh.record(EVENT, release_id="round:2", replay_ok=True) == back.epsilon()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s.update(format="opacus-rdp"), r"format tag 'opacus-rdp'.*'privmtl-ledger'"),
+        (lambda s: s.update(version=2), r"format version 2"),
+        (
+            lambda s: s["records"][1].update(epsilon=s["records"][1]["epsilon"] / 2),
+            r"record 1 \(release 'round:1'\) states epsilon=.*compose to epsilon=",
+        ),
+        (
+            lambda s: s["history"].__setitem__(2, 0.01),
+            r"history\[2\]=0\.01, but the recorded events compose",
+        ),
+        (lambda s: s["history"].pop(), r"'history' of 2 entries for 3 records"),
+        (
+            lambda s: s["records"][0]["event"]["event"].update(noise_multiplier=50.0),
+            r"record 0 \(release 'round:0'\) states epsilon=",
+        ),
+        (
+            lambda s: s["records"][2].update(accountant="pld"),
+            r"record 2 .* accountant='pld'; the ledger has accountant='rdp'",
+        ),
+        (lambda s: s["records"][0].update(delta=0.5), r"record 0 .* delta=0\.5"),
+        (lambda s: s["records"][1].update(sampling="fixed"), r"sampling='fixed'.*'poisson'"),
+        (lambda s: s["records"].pop(0), r"record 0 \(release 'round:1'\) states index=1"),
+        (lambda s: s["records"][0].pop("event"), r"record 0 has no 'event'"),
+        (
+            lambda s: s["records"][0].update(event={"type": "laplace"}),
+            r"record 0 .* unreadable event.*'laplace'",
+        ),
+        (lambda s: s.pop("relation"), r"no 'relation'"),
+    ],
+)
+def test_a_tampered_state_is_refused_naming_what_disagrees(edit, message):
+    _, state = _state()
+    edit(state)
+    with pytest.raises(InvalidParameterError, match=message):
+        PrivacyLedger.from_dict(state)
+    with pytest.raises(InvalidParameterError, match=message):
+        PrivacyLedger(delta=DELTA).load_state_dict(state)
+
+
+def test_load_state_dict_refuses_other_settings_and_durable_ledgers(tmp_path):
+    _, state = _state()
+    with pytest.raises(InvalidParameterError, match=r"delta=0\.001; this ledger has delta=0\.01"):
+        PrivacyLedger(delta=0.01).load_state_dict(state)
+    durable = PrivacyLedger(delta=DELTA, path=tmp_path / "l.jsonl")
+    with pytest.raises(InvalidParameterError, match="durable"):
+        durable.load_state_dict(state)
+
+
+def test_open_refuses_a_file_whose_stated_epsilon_was_edited(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger(delta=DELTA, path=path)
+    for t in range(3):
+        ledger.record(EVENT, round=t, release_id=f"round:{t}")
+    lines = path.read_text().splitlines()
+    entry = json.loads(lines[2])
+    entry["epsilon"] = 0.001
+    lines[2] = json.dumps(entry, sort_keys=True)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InvalidParameterError, match=r"record 1 \(release 'round:1'\) states"):
+        PrivacyLedger.open(path, delta=DELTA)

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
-import dp_accounting
 import numpy as np
 import torch
 
@@ -56,10 +55,10 @@ from privmtl.audit.stats import one_run_epsilon, threshold_audit
 from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy import mechanisms as _mechanisms
 from privmtl.privacy import release as _release
-from privmtl.privacy.accounting import calibrate_noise_multiplier
+from privmtl.privacy.calibration import calibrate_mean_noise_std
 from privmtl.privacy.covariance import plan_covariance_releases
 from privmtl.privacy.noise import NoiseSource, SecureNoise, SeededNoise
-from privmtl.privacy.release import GaussianMeanRelease, noise_std_for
+from privmtl.privacy.release import GaussianMeanRelease
 from privmtl.privacy.sampling import FullParticipation
 
 __all__ = [
@@ -240,15 +239,16 @@ _PMTL_CLIP = 1.0
 
 
 def _calibrated_std(epsilon: float, delta: float, rounds: int, q: int, clip: float) -> float:
-    sampler = FullParticipation(q, q)
-
-    def event(z: float) -> dp_accounting.DpEvent:
-        return dp_accounting.SelfComposedDpEvent(sampler.event(z), rounds)
-
-    z = calibrate_noise_multiplier(
-        event, target_epsilon=epsilon, delta=delta, accountant=ACCOUNTANT, relation=RELATION
+    return calibrate_mean_noise_std(
+        FullParticipation(q, q),
+        rounds=rounds,
+        clip=clip,
+        divisor=q,
+        target_epsilon=epsilon,
+        delta=delta,
+        accountant=ACCOUNTANT,
+        relation=RELATION,
     )
-    return noise_std_for(z, q, clip)
 
 
 def _pmtl_gaussian(s: _Setting) -> dict[str, Any]:

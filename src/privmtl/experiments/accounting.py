@@ -9,20 +9,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import dp_accounting
-
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy import (
     PrivacyGuarantee,
-    calibrate_noise_multiplier,
-    compute_epsilon,
     make_sampler,
     pmtl_theorem1_epsilon,
     pmtl_theorem1_noise_std,
     pmtl_theorem1_valid,
 )
-from privmtl.privacy.release import noise_multiplier, noise_std_for
+from privmtl.privacy.calibration import (
+    calibrate_rounds_multiplier,
+    noise_multiplier,
+    noise_std_for,
+    rounds_epsilon,
+)
 
 __all__ = ["account_rounds"]
 
@@ -30,10 +31,6 @@ PAPER_CODE_NOTE = (
     "accountant 'paper' with q < m reproduces the PMTL reference code: RDP of the Poisson-sampled "
     "Gaussian under add/remove (tensorflow_privacy compute_dp_sgd_privacy), whatever sampling is run"
 )
-
-
-def _rounds_event(sampler: Any, z: float, rounds: int) -> dp_accounting.DpEvent:
-    return dp_accounting.SelfComposedDpEvent(sampler.event(z), rounds)
 
 
 def account_rounds(
@@ -136,9 +133,7 @@ def account_rounds(
     if per_round and accountant != "paper":
         sampler = make_sampler(sampled_kind, m, q)
         out["epsilon_per_round"] = [
-            compute_epsilon(
-                _rounds_event(sampler, z, t), delta=dlt, accountant=accountant, relation=relation
-            )
+            rounds_epsilon(sampler, z, t, delta=dlt, accountant=accountant, relation=relation)
             for t in range(1, T + 1)
         ]
     return out
@@ -160,19 +155,17 @@ def _tight(
         if sigma == 0:
             return 0.0, math.inf
         z = noise_multiplier(sigma, q, clip)
-        eps = compute_epsilon(
-            _rounds_event(sampler, z, T), delta=delta, accountant=accountant, relation=relation
+        return sigma, rounds_epsilon(
+            sampler, z, T, delta=delta, accountant=accountant, relation=relation
         )
-        return sigma, eps
     target = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
-    z = calibrate_noise_multiplier(
-        lambda zz: _rounds_event(sampler, zz, T),
+    z = calibrate_rounds_multiplier(
+        sampler,
+        rounds=T,
         target_epsilon=target,
         delta=delta,
         accountant=accountant,
         relation=relation,
     )
-    eps = compute_epsilon(
-        _rounds_event(sampler, z, T), delta=delta, accountant=accountant, relation=relation
-    )
+    eps = rounds_epsilon(sampler, z, T, delta=delta, accountant=accountant, relation=relation)
     return noise_std_for(z, q, clip), eps

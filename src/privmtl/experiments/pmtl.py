@@ -48,7 +48,7 @@ from privmtl.federated.spec import (
 )
 from privmtl.federated.user_model import UserFactory
 from privmtl.privacy import PrivacyGuarantee
-from privmtl.privacy.release import noise_multiplier
+from privmtl.privacy.calibration import noise_multiplier
 
 __all__ = [
     "AUTO_CANDIDATES",
@@ -86,7 +86,7 @@ personalized model, or the billboard for methods without one), its own local tra
 initial model (:func:`~privmtl.federated.local.train_local`'s default grid, whose ties go to the
 most training: what ``method="local-all"`` gives), and — only where the billboard carries signal:
 the whole model is shared and the public rule of
-:func:`~privmtl.federated.protocol.billboard_carries_signal` holds for the ``T`` releases — the
+:func:`~privmtl.privacy.release.billboard_carries_signal` holds for the ``T`` releases — the
 billboard fine-tuned on its own data for each of these numbers of epochs and each step size of
 :data:`AUTO_FINETUNE_LRS` (vanilla; ties go to the least fine-tuning, the closest to the billboard).
 The order is public (:data:`AUTO_ORDERS`): the trained model first; then local training and the
@@ -875,7 +875,7 @@ def _finetune_auto(
 
     from privmtl.federated.algorithms import evaluate
     from privmtl.federated.local import select_per_client, train_local
-    from privmtl.federated.protocol import billboard_carries_signal, billboard_noise_and_bound
+    from privmtl.privacy.release import billboard_carries_signal, billboard_noise_and_bound
 
     sigma, clip, dim = float(out["noise_std"] or 0.0), out["clip"], int(out["released_dim"] or 0)
     rounds = int(out.get("rounds_run") or out["rounds"])

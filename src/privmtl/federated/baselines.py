@@ -20,7 +20,6 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import dp_accounting
 import numpy as np
 import torch
 from torch import nn
@@ -32,7 +31,7 @@ from privmtl.federated.algorithms import Params
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.protocol import Trainer
-from privmtl.privacy.release import mean_multiplier_for, noise_std_for
+from privmtl.privacy.calibration import calibrate_mean_noise_std
 
 __all__ = ["config_for_epsilon", "train_joint_dp", "train_pp_sgd"]
 
@@ -60,34 +59,29 @@ def config_for_epsilon(
 ) -> TrainConfig:
     r"""``config`` with ``noise_std`` set so that ``config.rounds`` rounds meet ``target_epsilon``.
 
-    The noise multiplier ``z`` is calibrated (:func:`~privmtl.privacy.calibrate_noise_multiplier`)
-    on ``SelfComposedDpEvent(sampler.event(z), rounds)`` with ``config.accountant``,
-    ``config.relation`` and δ = ``config.delta`` or ``1/num_clients``; then
-    :math:`\sigma = z\gamma/q` (the PMTL convention: σ is the std of the noise on the mean update).
-    :func:`train_joint_dp`, :func:`train_pp_sgd` and the PMTL engine all spend the same ε with it.
-    With adaptive clipping the calibrated multiplier is the joint :math:`z_\Delta` of mean and
-    count, and the mean's :math:`z` is :math:`(z_\Delta^{-2} - (2\sigma_b)^{-2})^{-1/2}`
-    (:func:`~privmtl.privacy.release.mean_multiplier_for`).
+    σ is :func:`~privmtl.privacy.calibration.calibrate_mean_noise_std` for the sampler's event
+    composed ``config.rounds`` times, with ``config.accountant``, ``config.relation``, δ =
+    ``config.delta_for(num_clients)``, γ = ``config.clip`` and q the clients per round (the PMTL
+    convention: σ is the std of the noise on the mean update), and with adaptive clipping the
+    count's σ_b (``config.count_noise_std_for(q)``). :func:`train_joint_dp`,
+    :func:`train_pp_sgd` and the PMTL engine all spend the same ε with it.
     """
-    from privmtl.privacy.accounting import calibrate_noise_multiplier
-
     if config.clip is None:
         raise InvalidParameterError("config_for_epsilon needs a finite 'clip'; got clip=None.")
     m = int(num_clients)
     q = _clients_per_round(config, m)
-    smp = _sampler(config, m, q, sampler)
-    delta = config.delta_for(m)
-    z = calibrate_noise_multiplier(
-        lambda zz: dp_accounting.SelfComposedDpEvent(smp.event(zz), config.rounds),
+    sigma = calibrate_mean_noise_std(
+        _sampler(config, m, q, sampler),
+        rounds=config.rounds,
+        clip=config.clip,
+        divisor=q,
         target_epsilon=target_epsilon,
-        delta=delta,
+        delta=config.delta_for(m),
         accountant=config.accountant,
         relation=config.relation,
+        count_noise_std=config.count_noise_std_for(q),
     )
-    count_std = config.count_noise_std_for(q)
-    if count_std is not None:  # the event's multiplier is the joint one of mean and count
-        z = mean_multiplier_for(z, count_std)
-    return dataclasses.replace(config, noise_std=noise_std_for(z, q, config.clip))
+    return dataclasses.replace(config, noise_std=sigma)
 
 
 # ---------------------------------------------------------------------------- joint-model DP

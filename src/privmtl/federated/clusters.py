@@ -49,7 +49,7 @@ from privmtl.federated.algorithms import Params, evaluate
 from privmtl.federated.baselines import config_for_epsilon
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.engine import train
-from privmtl.privacy.release import noise_multiplier
+from privmtl.privacy.calibration import noise_multiplier
 
 __all__ = ["ClusteredTrainResult", "cluster_seed", "parse_clusters", "train_clusters"]
 

@@ -101,7 +101,7 @@ class TrainConfig:
         (:func:`~privmtl.privacy.delta.user_data_delta`, below 1/m as DP practice asks; the
         paper's 1/m must be given explicitly).
     accountant : str, default "rdp"
-        Accountant of the :class:`~privmtl.privacy.accounting.PrivacyLedger`.
+        Accountant of the :class:`~privmtl.privacy.ledger.PrivacyLedger`.
     relation : {"add-remove", "replace-one"}, default "add-remove"
         Neighbouring relation of the guarantee.
     budget : float or None
@@ -165,7 +165,7 @@ class TrainConfig:
         participation, and clients that never took part are scored with the final billboard
         (what they would download; post-processing of public releases, no privacy cost).
         ``"auto"``: ``"billboard"`` when the noise norm of one release is at most the clip
-        (:func:`~privmtl.federated.protocol.billboard_carries_signal`), else ``"model"``; the
+        (:func:`~privmtl.privacy.release.billboard_carries_signal`), else ``"model"``; the
         run's result reports the choice made.
     subspace_dim : int or None
         ``k``: release the clipped mean in a public random subspace of ``k`` coordinates (of the

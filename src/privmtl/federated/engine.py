@@ -34,63 +34,20 @@ parameters ``(K, ...)`` (or the model's ``forward_batched``) and per-client mini
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
 
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.algorithms import Params
 from privmtl.federated.client import ProxStep, local_sgd_batched
 from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.gradients import StepFn, make_step_fn
 from privmtl.privacy.release import clipped_mean
 
 __all__ = ["aggregate_batched", "local_train_batched", "make_step_fn", "train"]
-
-StepFn = Callable[..., tuple[Params, torch.Tensor]]
-
-
-def make_step_fn(model: nn.Module, buffers: Params, vectorize: str = "auto") -> StepFn:
-    """Per-client ``(grads, losses)`` of the weighted cross-entropy over stacked client params.
-
-    The returned function maps ``params (K, ...)``, ``x (K, B, ...)``, ``y (K, B)`` and row weights
-    ``w (K, B)`` to per-client gradients and losses of :math:`\\sum_i w_i\\,\\mathrm{CE}_i`.
-    ``vectorize="vmap"`` uses ``vmap(grad_and_value(...))`` over
-    :func:`~torch.func.functional_call` (works for any module; ``functional_call`` swaps the
-    module's parameters while it runs, so a module must not be shared between threads);
-    ``"model"`` uses the model's ``forward_batched`` and differentiates the sum of the
-    per-client losses (client ``k``'s gradient is the gradient of that sum with respect to its
-    slice); ``"auto"`` picks ``"model"`` when the model has ``forward_batched``.
-    """
-    if vectorize == "auto":
-        vectorize = "model" if callable(getattr(model, "forward_batched", None)) else "vmap"
-    if vectorize == "model":
-        forward_batched: Callable[[Params, torch.Tensor], torch.Tensor] = cast(
-            Any, model
-        ).forward_batched
-
-        def step(
-            params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
-        ) -> tuple[Params, torch.Tensor]:
-            leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
-            with torch.enable_grad():
-                logits = forward_batched(leaves, x)
-                ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-                losses = (ce.view_as(w) * w).sum(1)
-                grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-            return dict(zip(leaves, grads, strict=True)), losses.detach()
-
-        return step
-
-    def loss_fn(params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        logits = functional_call(model, (params, buffers), (x,))
-        return (F.cross_entropy(logits, y, reduction="none") * w).sum()
-
-    return vmap(grad_and_value(loss_fn), in_dims=(0, 0, 0, 0), randomness="different")  # type: ignore[no-any-return]
 
 
 def local_train_batched(

@@ -80,10 +80,21 @@ from privmtl.federated.client import (
     split_names,
 )
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.federated.gradients import make_step_fn
+from privmtl.federated.projection import project_to_ball
 from privmtl.federated.server_optim import ServerOptimizer
+from privmtl.federated.spec import resolve_personal_init
+from privmtl.privacy.calibration import noise_std_for
+from privmtl.privacy.curator import ReleaseCurator
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import NoiseSource, make_noise_source
-from privmtl.privacy.release import AdaptiveClip, GaussianMeanRelease, Release, noise_std_for
+from privmtl.privacy.release import (
+    AdaptiveClip,
+    GaussianMeanRelease,
+    Release,
+    billboard_carries_signal,
+    billboard_noise_and_bound,
+)
 from privmtl.privacy.sampling import ClientSampler, make_sampler
 
 __all__ = [
@@ -135,8 +146,11 @@ def method_spec(config: TrainConfig) -> MethodSpec:
 
 
 # ---------------------------------------------------------------------------------- curator
-class Curator:
+class Curator(ReleaseCurator):
     """The server: billboard, round index, sampler and its randomness, the release, the ledger.
+
+    Its releases pass the gate of :class:`~privmtl.privacy.curator.ReleaseCurator` (release ids
+    ``"{name}round:{t}"``, replays of seeded runs, budget check, write-ahead record).
 
     Parameters
     ----------
@@ -181,12 +195,11 @@ class Curator:
                 "An adaptive clip needs a release with a finite clip and a noisy count "
                 "('count_noise_std')."
             )
+        super().__init__(ledger=ledger, noise=noise, name=name)
         self.adaptive_clip = adaptive_clip
         self._z = release.noise_multiplier
         self.release_mechanism = release
         self.billboard = {n: p.clone() for n, p in billboard.items()}
-        self.noise = noise
-        self.ledger = ledger
         self.update = check_choice("update", update, ("add", "replace", "blocks"))
         if optimizer is not None and self.update != "add":
             raise InvalidParameterError(
@@ -194,9 +207,7 @@ class Curator:
             )
         self.optimizer = optimizer
         self.round = 0
-        self.name = name
-        self._seeded = noise.kind == "seeded"
-        self._rng = sampling_rng(seed) if self._seeded else None
+        self._rng = sampling_rng(seed) if noise.kind == "seeded" else None
 
     @property
     def sampler(self) -> ClientSampler:
@@ -206,9 +217,11 @@ class Curator:
         """The privacy event of the next release (None when not private)."""
         return self.release_mechanism.event()
 
+    release_kind = "round"
+
     def release_id(self) -> str:
         """The ledger id of the next release."""
-        return f"{self.name}round:{self.round}"
+        return self.release_id_at(self.round)
 
     def would_exceed_budget(self) -> bool:
         """True when the ledger has a budget that the next release would exceed.
@@ -216,12 +229,7 @@ class Curator:
         A seeded replay of a release the ledger holds already (a resumed run) was charged when it
         was first made, so it never exceeds the budget.
         """
-        event = self.event()
-        if event is None or self.ledger is None:
-            return False
-        if self._seeded and self.ledger.has_release(self.release_id()):
-            return False
-        return bool(self.ledger.would_exceed(event))
+        return self.would_exceed(self.event(), self.release_id())
 
     def sample_round(self) -> np.ndarray:
         """The sorted indices of this round's clients."""
@@ -230,12 +238,11 @@ class Curator:
 
     def release(self, messages: Params, rows: np.ndarray | None = None) -> Release:
         """Clip → mean → noise → record → billboard update; returns what was released."""
-        rid = self.release_id()
+        # this curator is the mechanism's ledger gate: it records with its ids and replay policy
         common: dict[str, Any] = {
-            "ledger": self.ledger,
+            "ledger": self,
             "round": self.round,
-            "release_id": rid,
-            "replay_ok": self._seeded,
+            "release_id": self.release_id(),
         }
         mech = self.release_mechanism
         if self.update == "blocks":
@@ -261,10 +268,9 @@ class Curator:
         out = self.release_mechanism.release_sum(
             total,
             self.noise,
-            ledger=self.ledger,
+            ledger=self,
             round=self.round,
             release_id=self.release_id(),
-            replay_ok=self._seeded,
         )
         self._apply(out)
         return out
@@ -329,32 +335,6 @@ class RoundRecord:
 
 def _stack(params: Params, m: int) -> Params:
     return {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in params.items()}
-
-
-def billboard_carries_signal(
-    noise_std: float, clip: float | None, released_dim: int, releases: int = 1
-) -> bool:
-    r"""Whether the billboard is worth starting from (``personal_init="auto"``: one release;
-    ``finetune="auto"`` of :func:`~privmtl.experiments.pmtl.run_pmtl`: the ``T`` releases of a run).
-
-    True when the norm of the noise that ``n = releases`` releases add up to,
-    :math:`\sigma\sqrt{kn}` over the ``k`` released coordinates, is at most :math:`n\gamma`, the
-    largest norm ``n`` un-noised means of messages clipped to γ can add up to; also without noise
-    or clipping. For ``n = 1``: one round's noise at most the clip. Otherwise the noise can exceed
-    any signal the billboard carries, and a client is better off without it. The rule reads only
-    public parameters of the release (σ, γ, k, n), so it costs no privacy.
-    """
-    noise, bound = billboard_noise_and_bound(noise_std, clip, released_dim, releases)
-    return bound is None or noise == 0.0 or noise <= bound
-
-
-def billboard_noise_and_bound(
-    noise_std: float, clip: float | None, released_dim: int, releases: int = 1
-) -> tuple[float, float | None]:
-    r"""The two sides of :func:`billboard_carries_signal`: the norm :math:`\sigma\sqrt{kn}` of the
-    noise ``n`` releases of ``k`` coordinates add up to, and :math:`n\gamma` (None without clip)."""
-    noise = noise_std * math.sqrt(released_dim * releases)
-    return noise, None if clip is None else releases * clip
 
 
 def _shared_names(init: Params, shared: tuple[str, ...] | None) -> list[str]:
@@ -523,8 +503,6 @@ class Trainer:
 
         # ---- curator and client states
         if spec.name == "workshop":
-            from privmtl.federated.workshop import project_to_ball
-
             assert config.ball is not None
             init = project_to_ball(init, config.ball, stacked=False)
         self.shared = _shared_names(init, config.shared_params)
@@ -532,8 +510,6 @@ class Trainer:
         shared_init = {n: init[n] for n in self.shared}
         board = _stack(init, m) if spec.billboard == "blocks" else shared_init
         if config.personal_init == "auto":
-            from privmtl.federated.spec import resolve_personal_init
-
             dim = config.subspace_dim or sum(p.numel() for p in shared_init.values())
             resolved = resolve_personal_init("auto", mech.noise_std, mech.clip, dim)
             self.config = config = dataclasses.replace(config, personal_init=resolved)
@@ -679,8 +655,6 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- one round
     def _thread_step_fn(self) -> Any:
-        from privmtl.federated.engine import make_step_fn
-
         fn = getattr(self._local, "step_fn", None)
         if fn is None:  # functional_call swaps a module's parameters: one module per thread
             model = (

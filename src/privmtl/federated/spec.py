@@ -41,6 +41,7 @@ from privmtl.federated.config import check_param_names
 from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
 from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.release import billboard_carries_signal
 
 __all__ = [
     "DEFAULT_CLIENTS_PER_ROUND",
@@ -125,12 +126,10 @@ def resolve_personal_init(
     personal_init: str, noise_std: float, clip: float | None, released_dim: int
 ) -> str:
     """``"auto"`` → ``"billboard"`` when the noise norm of one release is at most the clip
-    (:func:`~privmtl.federated.protocol.billboard_carries_signal`), else ``"model"``; any other
+    (:func:`~privmtl.privacy.release.billboard_carries_signal`), else ``"model"``; any other
     value is returned as given."""
     if personal_init != "auto":
         return personal_init
-    from privmtl.federated.protocol import billboard_carries_signal
-
     return "billboard" if billboard_carries_signal(noise_std, clip, released_dim) else "model"
 
 

@@ -46,18 +46,17 @@ import dataclasses
 import math
 from typing import Any
 
-import torch
 from torch import nn
 
 from privmtl._validation import check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import (
-    Params,
     evaluate,
 )
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.finetune import finetune
+from privmtl.federated.projection import project_to_ball
 from privmtl.federated.protocol import Trainer
 from privmtl.privacy.closed_form import pmtl_theorem1_valid, workshop_noise_std
 
@@ -74,21 +73,6 @@ def workshop_epsilon_closed_form(
     t = check_int("rounds", rounds, low=1)
     d = check_real("delta", delta, low=0.0, high=1.0, closed="neither")
     return 8.0 * b * math.sqrt(t * math.log(1.0 / d)) / (s * m)
-
-
-def project_to_ball(params: Params, bound: float, *, stacked: bool) -> Params:
-    r""":math:`\Pi_B(w) = w\min(1, B/\lVert w\rVert_2)`, the norm over all parameters jointly.
-
-    With ``stacked=True`` every leading index ``k`` is one model, projected on its own.
-    """
-    if stacked:
-        sq = sum(p.double().flatten(1).pow(2).sum(1) for p in params.values())
-        norms = torch.as_tensor(sq).sqrt()
-        fac = torch.where(norms > bound, bound / norms.clamp_min(1e-30), torch.ones_like(norms))
-        return {n: p * fac.to(p.dtype).view((-1,) + (1,) * (p.ndim - 1)) for n, p in params.items()}
-    norm = math.sqrt(sum(float(p.double().pow(2).sum()) for p in params.values()))
-    f = bound / norm if norm > bound else 1.0
-    return {n: p * f for n, p in params.items()}
 
 
 def train_workshop(

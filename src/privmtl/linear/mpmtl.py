@@ -81,6 +81,7 @@ from privmtl.linear.local import (
     variational_factor,
 )
 from privmtl.linear.losses import LOSSES, TaskBatch, public_lipschitz_bound
+from privmtl.privacy.curator import ReleaseCurator
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.mechanisms import sample_l2_laplace
@@ -392,14 +393,15 @@ class CovarianceRelease:
     noise_to_signal: float
 
 
-class CovarianceCurator:
+class CovarianceCurator(ReleaseCurator):
     """The MP-MTL curator: clip → ``W~W~^T`` → budget check → ledger record → noisy release.
 
     The ledger entry (mechanism ``schedule.mechanism``, the schedule's event and parameters of
     release ``t``, ``release_id="covariance:t"``) is recorded — on disk, when the ledger is durable —
-    *before* the noise is drawn and the release leaves (write-ahead). A seeded run resumed from a
-    checkpoint repeats bit-identical releases; their ids are in the ledger already, so they are
-    not charged again. A secure run's repeat is a new release (fresh noise) and is charged.
+    *before* the noise is drawn and the release leaves (write-ahead), through the gate of
+    :class:`~privmtl.privacy.curator.ReleaseCurator`: a seeded run resumed from a checkpoint
+    repeats bit-identical releases, whose ids are in the ledger already, so they are not charged
+    again; a secure run's repeat is a new release (fresh noise) and is charged.
 
     Parameters
     ----------
@@ -427,35 +429,33 @@ class CovarianceCurator:
         eigen_fix: str,
         notify: Callable[[str, int], None] | None = None,
     ) -> None:
+        super().__init__(ledger=ledger, noise=noise)
         self.schedule = schedule
         self.covariance = covariance
         self.clip = clip
-        self.noise = noise
-        self.ledger = ledger
         self.eigen_fix = eigen_fix
         self.notify = notify
 
-    @staticmethod
-    def release_id(t: int) -> str:
-        return f"covariance:{t}"
+    release_kind = "covariance"
+
+    def release_id(self, t: int) -> str:
+        """The ledger id of release ``t``."""
+        return self.release_id_at(t)
 
     def would_exceed_budget(self, t: int) -> bool:
         """True when release ``t`` is new and would take the ledger above its budget."""
-        if self.noise.kind == "seeded" and self.ledger.has_release(self.release_id(t)):
-            return False  # a seeded replay: charged when it was first made
-        return self.ledger.would_exceed(self.schedule.event(t))
+        return self.would_exceed(self.schedule.event(t), self.release_id(t))
 
     def release(self, t: int, messages: FloatArray) -> CovarianceRelease:
         """Release ``t`` of the covariance of the tasks' ``messages`` (their models, d x m)."""
         shared = _clip_columns(messages, self.clip)
         cov = shared.T @ shared if self.covariance == "WtW" else shared @ shared.T
-        self.ledger.record(
+        self.record(
             self.schedule.event(t),
+            release_id=self.release_id(t),
             round=t,
             mechanism=self.schedule.mechanism,
             params=self.schedule.params(t),
-            release_id=self.release_id(t),
-            replay_ok=self.noise.kind == "seeded",
         )
         if self.notify is not None:
             self.notify("recorded", t)

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from privmtl.privacy.accounting import (
     adapt_event,
-    calibrate_noise_multiplier,
     compute_epsilon,
     event_from_dict,
     event_to_dict,
     make_accountant,
+)
+from privmtl.privacy.calibration import (
+    calibrate_mean_noise_std,
+    calibrate_noise_multiplier,
+    covariance_sensitivity,
 )
 from privmtl.privacy.closed_form import (
     pmtl_theorem1_epsilon,
@@ -30,7 +34,6 @@ from privmtl.privacy.composition import (
 )
 from privmtl.privacy.covariance import (
     CovarianceSchedule,
-    covariance_sensitivity,
     plan_covariance_releases,
     wishart_real_delta,
 )
@@ -91,6 +94,7 @@ __all__ = [
     "adapt_event",
     "allocate_budgets",
     "allocation_weights",
+    "calibrate_mean_noise_std",
     "calibrate_noise_multiplier",
     "client_votes",
     "clip_columns",

@@ -22,21 +22,18 @@ supported alternative — never a silent, wrong ε.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import dp_accounting
 from dp_accounting import dp_event as dpe
 
 from privmtl._validation import check_choice, check_real
-from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
+from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.guarantee import RELATIONS
 
 __all__ = [
-    "MAX_TARGET_EPSILON",
     "TIGHT_ACCOUNTANTS",
     "adapt_event",
-    "calibrate_noise_multiplier",
     "compute_epsilon",
     "event_from_dict",
     "event_to_dict",
@@ -47,18 +44,6 @@ __all__ = [
 TIGHT_ACCOUNTANTS = ("rdp", "pld")
 
 _REL = dp_accounting.NeighboringRelation
-
-MAX_TARGET_EPSILON = 100.0
-"""Largest target ε that noise calibration accepts.
-
-ε bounds by ``e^ε`` how much more likely any output becomes when one client's (task's) data is
-added or removed; ``e^100 ≈ 2.7e43`` rules out nothing an attacker could observe, while the noise
-calibrated for such a target would still make a run look protected. Larger targets are refused
-with this explanation; a run without a target ε (no noise) is the honest non-private baseline.
-"""
-
-#: Smallest noise multiplier calibration searches; looser targets get this much noise.
-_MIN_NOISE_MULTIPLIER = 1e-3
 
 
 def _check(accountant: str, relation: str) -> None:
@@ -172,86 +157,6 @@ def compute_epsilon(
     return eps if math.isfinite(eps) else math.inf
 
 
-def calibrate_noise_multiplier(
-    event_fn: Callable[[float], dpe.DpEvent],
-    *,
-    target_epsilon: float,
-    delta: float,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
-    rtol: float = 1e-4,
-) -> float:
-    """Smallest noise multiplier z (within ``rtol``) with ε(event_fn(z)) ≤ ``target_epsilon``.
-
-    Uses :func:`dp_accounting.calibrate_dp_mechanism` (Brent's method) and then checks the result:
-    the returned z always satisfies the target (it is nudged up if the search ended a hair below).
-    """
-    target = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
-    if target > MAX_TARGET_EPSILON:
-        raise InvalidParameterError(
-            f"The target epsilon must be at most {MAX_TARGET_EPSILON:g}; got {target:g}. "
-            f"e^epsilon bounds how much one client's data may change the odds of any output, and "
-            f"e^{MAX_TARGET_EPSILON:g} protects nothing; for a non-private run give no epsilon."
-        )
-    check_real("delta", delta, low=0.0, high=1.0, closed="neither")
-    _check(accountant, relation)
-
-    def make_event(z: float) -> dpe.DpEvent:
-        return adapt_event(event_fn(z), accountant=accountant, relation=relation)
-
-    def eps_of(z: float) -> float:
-        return compute_epsilon(event_fn(z), delta=delta, accountant=accountant, relation=relation)
-
-    if accountant == "rdp":
-        bracket: Any = dp_accounting.LowerEndpointAndGuess(_MIN_NOISE_MULTIPLIER, 1.0)
-        tol = 1e-9
-    else:
-        # PLD is expensive at tiny noise (huge privacy-loss grids): bracket it with RDP, which is
-        # cheap and never tighter than PLD.
-        try:
-            z_hi = calibrate_noise_multiplier(
-                event_fn, target_epsilon=target, delta=delta, accountant="rdp", relation=relation
-            )
-        except InvalidParameterError:
-            z_hi = 2.5 * calibrate_noise_multiplier(
-                event_fn,
-                target_epsilon=target,
-                delta=delta,
-                accountant="rdp",
-                relation="add-remove",
-            )
-        while eps_of(z_hi) > target:
-            z_hi *= 1.5
-        bracket = dp_accounting.ExplicitBracketInterval(z_hi / 8.0, z_hi)
-        tol = rtol * z_hi / 10.0
-    if accountant == "rdp" and eps_of(_MIN_NOISE_MULTIPLIER) <= target:
-        # The target is so loose that (almost) no noise meets it: return the floor of the search.
-        return _MIN_NOISE_MULTIPLIER
-    try:
-        z = float(
-            dp_accounting.calibrate_dp_mechanism(
-                lambda: make_accountant(accountant, relation),
-                make_event,
-                target,
-                delta,
-                bracket_interval=bracket,
-                tol=tol,
-            )
-        )
-    except dp_accounting.mechanism_calibration.NoBracketIntervalFoundError:
-        raise PrivacyBudgetError(
-            f"No noise multiplier up to 2**30 meets epsilon={target:g} at delta={delta:g} "
-            f"({accountant}, {relation}); increase epsilon or delta."
-        ) from None
-    for _ in range(60):
-        if eps_of(z) <= target:
-            return z
-        z *= 1.0 + rtol
-    raise PrivacyBudgetError(  # pragma: no cover - defensive
-        f"Could not calibrate a noise multiplier for epsilon={target} at delta={delta}."
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # Serialization of the events privmtl emits (for ledgers that survive checkpoint/resume).
 
@@ -312,12 +217,3 @@ def event_from_dict(data: dict[str, Any]) -> dpe.DpEvent:
     if kind == "composed":
         return dpe.ComposedDpEvent([event_from_dict(e) for e in data["events"]])
     raise InvalidParameterError(f"Unknown privacy event type in ledger: {kind!r}.")
-
-
-def __getattr__(name: str) -> Any:
-    # PrivacyLedger lives in privmtl.privacy.ledger (it imports this module)
-    if name == "PrivacyLedger":
-        from privmtl.privacy.ledger import PrivacyLedger
-
-        return PrivacyLedger
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,11 +32,8 @@ import numpy as np
 import scipy.linalg
 
 from privmtl._validation import check_choice, check_int, check_real
-from privmtl.privacy.accounting import (
-    TIGHT_ACCOUNTANTS,
-    calibrate_noise_multiplier,
-    compute_epsilon,
-)
+from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
+from privmtl.privacy.calibration import calibrate_covariance_noise
 from privmtl.privacy.composition import allocate_budgets, allocation_weights, composition_bound
 from privmtl.privacy.guarantee import RELATIONS, PrivacyGuarantee
 from privmtl.privacy.mechanisms import symmetric_gaussian_noise, wishart_noise
@@ -47,7 +44,6 @@ __all__ = [
     "COVARIANCE_NOISES",
     "EIGEN_FIXES",
     "CovarianceSchedule",
-    "covariance_sensitivity",
     "eigen_shift",
     "plan_covariance_releases",
     "wishart_real_delta",
@@ -56,13 +52,6 @@ __all__ = [
 COVARIANCE_NOISES = ("gaussian", "wishart", "none")
 EIGEN_FIXES = ("shift", "denoise", "clip", "none")
 MPMTL_NOTION = "MP-MTL (model-protected; JDP over model sequences)"
-
-
-def covariance_sensitivity(clip: float, relation: str) -> float:
-    """ℓ2 sensitivity of the upper triangle of W̃W̃ᵀ: K² (add-remove) or √2·K² (replace-one)."""
-    k = check_real("clip", clip, low=0.0, closed="neither")
-    check_choice("relation", relation, RELATIONS)
-    return k * k * (math.sqrt(2.0) if relation == "replace-one" else 1.0)
 
 
 def wishart_real_delta(epsilons: np.ndarray) -> float:
@@ -307,22 +296,17 @@ def plan_covariance_releases(
         )
     check_choice("accountant", accountant, TIGHT_ACCOUNTANTS)
     weights = allocation_weights(T, strategy=allocation, alpha=alpha, Q=Q)
-    inv = 1.0 / weights  # noise multiplier of release t is z0 / w_t
-
-    def event(z0: float) -> dp_accounting.DpEvent:
-        return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(z0 * r) for r in inv])
-
-    z0 = calibrate_noise_multiplier(
-        event, target_epsilon=eps, delta=dlt, accountant=accountant, relation=relation
+    cal = calibrate_covariance_noise(
+        1.0 / weights,  # noise multiplier of release t is z0 / w_t
+        clip=K,
+        target_epsilon=eps,
+        delta=dlt,
+        accountant=accountant,
+        relation=relation,
     )
-    # Event convention: z relative to the add/remove sensitivity; replace-one doubles it during
-    # accounting, so express the √2·K² replace-one sensitivity as K²/√2 here.
-    sens = covariance_sensitivity(K, relation)
-    event_sens = sens if relation == "add-remove" else sens / 2.0
-    stds = tuple(float(z0 * r * event_sens) for r in inv)
-    achieved = compute_epsilon(event(z0), delta=dlt, accountant=accountant, relation=relation)
+    sens = cal.sensitivity
     g = PrivacyGuarantee(
-        epsilon=achieved,
+        epsilon=cal.epsilon,
         delta=dlt,
         relation=relation,
         sampling="all",
@@ -332,9 +316,9 @@ def plan_covariance_releases(
             f"Gaussian covariance mechanism, ℓ2 sensitivity {sens:.4g} (K={K:g}), {T} releases",
         ),
         details={
-            "noise_multipliers": [float(z0 * r) for r in inv],
+            "noise_multipliers": list(cal.multipliers),
             "iterations": T,
             "sensitivity": sens,
         },
     )
-    return CovarianceSchedule("gaussian", stds, K, d, g, eigen_fix, shift_scale)
+    return CovarianceSchedule("gaussian", cal.stds, K, d, g, eigen_fix, shift_scale)

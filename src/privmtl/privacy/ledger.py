@@ -20,6 +20,14 @@ release::
 ``epsilon`` is the ledger's ε after that release (its own accountant and δ); :func:`reaccount`
 recomposes the events of a file with any accountant and δ (``privmtl ledger PATH``).
 
+Loading checks, it does not trust. :meth:`PrivacyLedger.open` (a file) and
+:meth:`PrivacyLedger.from_dict` / :meth:`~PrivacyLedger.load_state_dict` (a state dict) compose
+every recorded event again with the ledger's own accountant and recompute what the entries state
+— the ε after each release, the sampling of its event, its index — and refuse, naming the record
+and the value, any entry that disagrees with its events or with the ledger's accountant, relation
+and δ, and a state dict whose ``format`` tag or ``version`` is not this ledger's. The ε a loaded
+ledger reports is the recomputed one.
+
 Replays. A run resumed from a checkpoint repeats the releases made after that checkpoint. With
 seeded noise the repeated release is bit-identical to the first one (a deterministic function of
 the checkpointed state), so recording it again with ``replay_ok=True`` returns the recorded ε
@@ -69,6 +77,21 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+#: Relative tolerance between a stated ε and the one its events compose to (a few dp-accounting
+#: releases may differ in the last digits; any edit of a stated ε is far above it).
+_EPSILON_RTOL = 1e-6
+
+
+def _same_epsilon(stated: Any, computed: float) -> bool:
+    if stated is None:  # written as null: the ε was infinite
+        return not math.isfinite(computed)
+    if isinstance(stated, bool) or not isinstance(stated, int | float):
+        return False
+    if not math.isfinite(computed):
+        return False
+    return math.isclose(float(stated), computed, rel_tol=_EPSILON_RTOL, abs_tol=1e-12)
+
+
 class PrivacyLedger:
     """Records every privatized release and keeps the running ε at a fixed δ.
 
@@ -87,7 +110,9 @@ class PrivacyLedger:
 
     Notes
     -----
-    ``to_dict``/``from_dict`` round-trip through JSON as well.
+    ``to_dict``/``from_dict`` (and ``state_dict``/``load_state_dict``) round-trip through JSON as
+    well; loading recomputes every ε from the recorded events and refuses a state that disagrees
+    (module docstring).
     """
 
     def __init__(
@@ -170,14 +195,60 @@ class PrivacyLedger:
                     f"{key}={value!r}. Resume with the same settings or use a new directory."
                 )
         ledger = cls(delta=delta, accountant=accountant, relation=relation, budget=budget)
-        for entry in entries:
-            event = event_from_dict(entry["event"])
-            ledger._acc.compose(adapt_event(event, accountant=accountant, relation=relation))
-            ledger.records.append(entry)
-            ledger._ids.add(entry.get("release_id"))
-            ledger.history.append(ledger._composed_epsilon(ledger._acc))
+        ledger._compose_records(entries, source=f"The ledger {p}")
         ledger.path = p
         return ledger
+
+    def _compose_records(self, records: Any, *, source: str) -> None:
+        """Compose the events of ``records`` (checking every entry against them); append both.
+
+        Every entry must hold a readable ``event``; what it states besides that can be recomputed
+        (``index``, ``sampling``, ``epsilon``) or must be this ledger's (``accountant``,
+        ``relation``, ``delta``) is compared, and the first disagreement raises
+        :class:`InvalidParameterError` naming ``source``, the entry and both values.
+        """
+        if not isinstance(records, list):
+            raise InvalidParameterError(
+                f"{source}: 'records' must be a list of entries; got {type(records).__name__}."
+            )
+        for rec in records:
+            i = len(self.records)
+            if not isinstance(rec, dict) or "event" not in rec:
+                raise InvalidParameterError(f"{source}: record {i} has no 'event'.")
+            rid = rec.get("release_id")
+            where = f"{source}: record {i}" + ("" if rid is None else f" (release {rid!r})")
+            try:
+                event = event_from_dict(rec["event"])
+            except (InvalidParameterError, KeyError, TypeError, ValueError, AttributeError) as e:
+                raise InvalidParameterError(f"{where} has an unreadable event: {e}") from None
+            for key in ("accountant", "relation", "delta"):
+                if key in rec and rec[key] != getattr(self, key):
+                    raise InvalidParameterError(
+                        f"{where} was recorded with {key}={rec[key]!r}; the ledger has "
+                        f"{key}={getattr(self, key)!r}."
+                    )
+            if "index" in rec and rec["index"] != i:
+                raise InvalidParameterError(
+                    f"{where} states index={rec['index']!r}; it is entry {i} of the ledger."
+                )
+            if "sampling" in rec and rec["sampling"] != _sampling_of(event):
+                raise InvalidParameterError(
+                    f"{where} states sampling={rec['sampling']!r}, but its event is "
+                    f"{_sampling_of(event)!r}."
+                )
+            self._acc.compose(
+                adapt_event(event, accountant=self.accountant, relation=self.relation)
+            )
+            eps = self._composed_epsilon(self._acc)
+            if "epsilon" in rec and not _same_epsilon(rec["epsilon"], eps):
+                raise InvalidParameterError(
+                    f"{where} states epsilon={rec['epsilon']!r}, but the recorded events compose "
+                    f"to epsilon={_finite(eps)!r} ({self.accountant}, {self.relation}, "
+                    f"delta={self.delta:g}): the ledger was altered; refusing to load it."
+                )
+            self.records.append(dict(rec))
+            self._ids.add(rid)
+            self.history.append(eps)
 
     # ------------------------------------------------------------------------------- accounting
     def _composed_epsilon(self, acc: Any) -> float:
@@ -273,8 +344,10 @@ class PrivacyLedger:
         return self.history[-1]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready state."""
+        """JSON-ready state, tagged with the ledger format and version."""
         return {
+            "format": LEDGER_FORMAT,
+            "version": LEDGER_VERSION,
             "delta": self.delta,
             "accountant": self.accountant,
             "relation": self.relation,
@@ -283,24 +356,84 @@ class PrivacyLedger:
             "history": [_finite(e) for e in self.history],
         }
 
+    def state_dict(self) -> dict[str, Any]:
+        """The same as :meth:`to_dict` (the name checkpointing code expects)."""
+        return self.to_dict()
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PrivacyLedger:
-        """Rebuild a ledger (re-composing every recorded event) from :meth:`to_dict` output."""
+        """Rebuild a ledger from :meth:`to_dict` output, recomputing what it states.
+
+        The ``format`` tag and ``version`` must be this ledger's (a dict without both, written
+        before they existed, is read as version 1); every recorded event is composed again and
+        each entry's ε, sampling and index, and the ``history``, must agree with the recomputed
+        ones (module docstring). The ledger's ε is the recomputed one. Anything else raises
+        :class:`InvalidParameterError` naming what disagrees.
+        """
+        if not isinstance(data, dict):
+            raise InvalidParameterError(
+                f"A ledger state must be a dict (PrivacyLedger.to_dict()); got {type(data).__name__}."
+            )
+        src = "The ledger state"
+        if "format" in data or "version" in data:
+            if data.get("format") != LEDGER_FORMAT:
+                raise InvalidParameterError(
+                    f"{src} has format tag {data.get('format')!r}; a privmtl ledger has "
+                    f"{LEDGER_FORMAT!r}."
+                )
+            if data.get("version") != LEDGER_VERSION:
+                raise InvalidParameterError(
+                    f"{src} has format version {data.get('version')!r}; this privmtl reads "
+                    f"version {LEDGER_VERSION}."
+                )
+        missing = [k for k in ("delta", "accountant", "relation", "records") if k not in data]
+        if missing:
+            raise InvalidParameterError(f"{src} has no {', '.join(map(repr, missing))}.")
         ledger = cls(
             delta=data["delta"],
             accountant=data["accountant"],
             relation=data["relation"],
             budget=data.get("budget"),
         )
-        for rec in data["records"]:
-            event = event_from_dict(rec["event"])
-            ledger._acc.compose(
-                adapt_event(event, accountant=ledger.accountant, relation=ledger.relation)
-            )
-            ledger.records.append(dict(rec))
-            ledger._ids.add(rec.get("release_id"))
-        ledger.history = [math.inf if e is None else float(e) for e in data.get("history", [])]
+        ledger._compose_records(data["records"], source=src)
+        if "history" in data:
+            history = data["history"]
+            if not isinstance(history, list) or len(history) != len(ledger.history):
+                n = len(history) if isinstance(history, list) else type(history).__name__
+                raise InvalidParameterError(
+                    f"{src} has a 'history' of {n} entries for {len(ledger.history)} records."
+                )
+            for i, (stated, eps) in enumerate(zip(history, ledger.history, strict=True)):
+                if not _same_epsilon(stated, eps):
+                    raise InvalidParameterError(
+                        f"{src} states history[{i}]={stated!r}, but the recorded events compose "
+                        f"to epsilon={_finite(eps)!r} after record {i} ({ledger.accountant}, "
+                        f"{ledger.relation}, delta={ledger.delta:g}): the ledger was altered; "
+                        "refusing to load it."
+                    )
         return ledger
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace this ledger's releases by those of ``state`` (checked as by :meth:`from_dict`).
+
+        ``state`` must have been written with this ledger's δ, accountant and relation; this
+        ledger keeps its budget. A durable ledger continues from its file
+        (:meth:`open`) and refuses a state dict.
+        """
+        if self.path is not None:
+            raise InvalidParameterError(
+                f"The ledger is durable ({self.path}): continue it with PrivacyLedger.open(...), "
+                "not from a state dict."
+            )
+        other = type(self).from_dict(state)
+        for key in ("delta", "accountant", "relation"):
+            if getattr(other, key) != getattr(self, key):
+                raise InvalidParameterError(
+                    f"The ledger state was written with {key}={getattr(other, key)!r}; this "
+                    f"ledger has {key}={getattr(self, key)!r}."
+                )
+        self._acc, self.records, self.history = other._acc, other.records, other.history
+        self._ids = other._ids
 
 
 def read_ledger(

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,14 @@ from dp_accounting import dp_event as dpe
 
 from privmtl._validation import check_int, check_real
 from privmtl.exceptions import InvalidParameterError
+from privmtl.privacy.calibration import (
+    combined_noise_multiplier,
+    count_noise_multiplier,
+    mean_multiplier_for,
+    noise_multiplier,
+    noise_std_for,
+)
+from privmtl.privacy.curator import ReleaseCurator
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.sampling import ClientSampler
 
@@ -76,6 +85,8 @@ __all__ = [
     "GaussianMeanRelease",
     "Release",
     "ReleaseTape",
+    "billboard_carries_signal",
+    "billboard_noise_and_bound",
     "clip_factors",
     "clipped_mean",
     "combined_noise_multiplier",
@@ -89,39 +100,6 @@ __all__ = [
     "taped",
     "update_norms",
 ]
-
-
-def noise_multiplier(noise_std: float, divisor: float, clip: float) -> float:
-    """:math:`z = \\sigma q/\\gamma`: the noise std over the add/remove sensitivity γ/q of the mean."""
-    return noise_std * divisor / clip
-
-
-def noise_std_for(multiplier: float, divisor: float, clip: float) -> float:
-    """:math:`\\sigma = z\\gamma/q`, the inverse of :func:`noise_multiplier`."""
-    return multiplier * clip / divisor
-
-
-def combined_noise_multiplier(z: float, z_count: float) -> float:
-    """:math:`(z^{-2} + z_b^{-2})^{-1/2}`: one Gaussian mechanism releasing mean and count."""
-    return float((z**-2 + z_count**-2) ** -0.5)
-
-
-def count_noise_multiplier(count_noise_std: float) -> float:
-    r""":math:`z_b = 2\sigma_b`: the centred bit count has add/remove sensitivity 1/2."""
-    return 2.0 * count_noise_std
-
-
-def mean_multiplier_for(combined: float, count_noise_std: float) -> float:
-    r"""The mean's multiplier :math:`z = (z_\Delta^{-2} - (2\sigma_b)^{-2})^{-1/2}` that gives the
-    combined multiplier ``combined`` (Andrew et al. 2021); needs :math:`2\sigma_b > z_\Delta`."""
-    zb = count_noise_multiplier(count_noise_std)
-    if not zb > combined:
-        raise InvalidParameterError(
-            "The 'adaptive_clip_noise' parameter σ_b must satisfy 2σ_b > z_Δ (the combined noise "
-            f"multiplier {combined:.4g} that the budget allows); got σ_b={count_noise_std!r}. "
-            "Use more noise on the count, a larger budget or fewer rounds."
-        )
-    return float((combined**-2 - zb**-2) ** -0.5)
 
 
 Params = dict[str, torch.Tensor]
@@ -272,6 +250,32 @@ def clipped_mean(
     return mean, norms.numpy(), (factors < 1).numpy()
 
 
+def billboard_carries_signal(
+    noise_std: float, clip: float | None, released_dim: int, releases: int = 1
+) -> bool:
+    r"""Whether the billboard is worth starting from (``personal_init="auto"``: one release;
+    ``finetune="auto"`` of :func:`~privmtl.experiments.pmtl.run_pmtl`: the ``T`` releases of a run).
+
+    True when the norm of the noise that ``n = releases`` releases add up to,
+    :math:`\sigma\sqrt{kn}` over the ``k`` released coordinates, is at most :math:`n\gamma`, the
+    largest norm ``n`` un-noised means of messages clipped to γ can add up to; also without noise
+    or clipping. For ``n = 1``: one round's noise at most the clip. Otherwise the noise can exceed
+    any signal the billboard carries, and a client is better off without it. The rule reads only
+    public parameters of the release (σ, γ, k, n), so it costs no privacy.
+    """
+    noise, bound = billboard_noise_and_bound(noise_std, clip, released_dim, releases)
+    return bound is None or noise == 0.0 or noise <= bound
+
+
+def billboard_noise_and_bound(
+    noise_std: float, clip: float | None, released_dim: int, releases: int = 1
+) -> tuple[float, float | None]:
+    r"""The two sides of :func:`billboard_carries_signal`: the norm :math:`\sigma\sqrt{kn}` of the
+    noise ``n`` releases of ``k`` coordinates add up to, and :math:`n\gamma` (None without clip)."""
+    noise = noise_std * math.sqrt(released_dim * releases)
+    return noise, None if clip is None else releases * clip
+
+
 @dataclass
 class Release:
     """What one release produced: the released ``value`` and what the curator may log about it.
@@ -413,6 +417,12 @@ class GaussianMeanRelease:
         event = self.event()
         if event is None or ledger is None:
             return (float("inf") if event is None else float("nan")), event
+        if isinstance(ledger, ReleaseCurator):  # the curator's gate: its ids and replay policy
+            assert release_id is not None
+            eps = ledger.record(
+                event, release_id=release_id, round=round, mechanism=kind, params=self.params()
+            )
+            return eps, event
         from privmtl.privacy.ledger import PrivacyLedger
 
         if not isinstance(ledger, PrivacyLedger):  # a stand-in with record(event, round=...)
@@ -446,6 +456,9 @@ class GaussianMeanRelease:
         ``updates`` order. The ledger (when given and the release is private) records the
         sampler's event before this method returns; ``replay_ok`` is passed on to
         :meth:`~privmtl.privacy.ledger.PrivacyLedger.record` (seeded replays after resume).
+        ``ledger`` may also be a :class:`~privmtl.privacy.curator.ReleaseCurator`: the event is
+        then recorded through its gate (:meth:`~privmtl.privacy.curator.ReleaseCurator.record`,
+        its replay policy instead of ``replay_ok``).
         """
         mean, norms, clipped = self.aggregate(updates, template)
         value, details = self._noised(mean, noise, round)

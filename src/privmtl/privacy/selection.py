@@ -56,11 +56,8 @@ from dp_accounting import dp_event as dpe
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
-from privmtl.privacy.accounting import (
-    calibrate_noise_multiplier,
-    compute_epsilon,
-    event_from_dict,
-)
+from privmtl.privacy.accounting import compute_epsilon, event_from_dict
+from privmtl.privacy.calibration import calibrate_noise_multiplier
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.noise import NoiseSource, SecureNoise
 

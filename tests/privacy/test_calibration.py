@@ -1,0 +1,124 @@
+"""ε → σ calibration lives in privmtl.privacy.calibration; every entry point gets its σ there."""
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+
+from privmtl.experiments.accounting import account_rounds
+from privmtl.federated.baselines import config_for_epsilon
+from privmtl.federated.config import TrainConfig
+from privmtl.privacy.accounting import compute_epsilon
+from privmtl.privacy.calibration import (
+    calibrate_covariance_noise,
+    calibrate_mean_noise_std,
+    calibrate_rounds_multiplier,
+    covariance_sensitivity,
+    rounds_epsilon,
+    rounds_event,
+)
+from privmtl.privacy.covariance import plan_covariance_releases
+from privmtl.privacy.sampling import make_sampler
+
+DELTA = 1e-5
+
+
+def test_mean_noise_std_meets_the_target_by_an_independent_accounting():
+    sampler = make_sampler("poisson", 100, 10)
+    sigma = calibrate_mean_noise_std(
+        sampler, rounds=20, clip=0.5, divisor=10, target_epsilon=2.0, delta=DELTA
+    )
+    z = sigma * 10 / 0.5  # the mean of 10 messages clipped to 0.5 has sensitivity 0.05
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(z)), 20
+    )
+    eps = compute_epsilon(event, delta=DELTA)
+    assert eps <= 2.0
+    assert eps == pytest.approx(2.0, rel=1e-3)  # the smallest σ that meets it, not any σ
+    assert rounds_epsilon(sampler, z, 20, delta=DELTA) == pytest.approx(eps, rel=1e-12)
+    assert rounds_event(sampler, z, 20) == event
+
+
+def test_every_entry_point_takes_its_sigma_from_the_one_calibration():
+    m, q, rounds, clip = 40, 5, 7, 0.7
+    sampler = make_sampler("poisson", m, q)
+    expected = calibrate_mean_noise_std(
+        sampler, rounds=rounds, clip=clip, divisor=q, target_epsilon=1.5, delta=DELTA
+    )
+    cfg = TrainConfig(rounds=rounds, clip=clip, clients_per_round=q, delta=DELTA)
+    assert config_for_epsilon(cfg, m, 1.5).noise_std == expected
+    out = account_rounds(
+        clip=clip,
+        num_clients=m,
+        clients_per_round=q,
+        rounds=rounds,
+        delta=DELTA,
+        target_epsilon=1.5,
+    )
+    assert out["noise_std"] == expected
+
+
+def test_adaptive_clipping_spends_the_target_on_mean_and_count_jointly():
+    sampler = make_sampler("poisson", 40, 5)
+    sigma_b = 3.0
+    z = calibrate_rounds_multiplier(
+        sampler, rounds=7, target_epsilon=1.5, delta=DELTA, count_noise_std=sigma_b
+    )
+    joint = (z**-2 + (2 * sigma_b) ** -2) ** -0.5
+    assert rounds_epsilon(sampler, joint, 7, delta=DELTA) == pytest.approx(1.5, rel=1e-3)
+    alone = calibrate_rounds_multiplier(sampler, rounds=7, target_epsilon=1.5, delta=DELTA)
+    assert z > alone  # the count takes part of the budget: the mean needs more noise
+
+
+@pytest.mark.parametrize("relation", ["add-remove", "replace-one"])
+def test_covariance_noise_is_the_multiplier_times_the_sensitivity(relation):
+    inv = np.array([1.0, 0.5, 0.25])
+    cal = calibrate_covariance_noise(
+        inv, clip=1.3, target_epsilon=1.0, delta=1e-4, relation=relation
+    )
+    k2 = 1.3**2
+    assert cal.sensitivity == pytest.approx(k2 * (math.sqrt(2) if relation == "replace-one" else 1))
+    # event multipliers are relative to the add/remove sensitivity; the accountant doubles it
+    # under replace-one, so the √2·K² replace-one sensitivity enters the event as √2·K²/2
+    event_sensitivity = k2 if relation == "add-remove" else math.sqrt(2) * k2 / 2
+    np.testing.assert_allclose(cal.stds, np.array(cal.multipliers) * event_sensitivity, rtol=1e-12)
+    np.testing.assert_allclose(np.array(cal.multipliers) / cal.multipliers[0], inv / inv[0])
+    event = dp_accounting.ComposedDpEvent(
+        [dp_accounting.GaussianDpEvent(z) for z in cal.multipliers]
+    )
+    eps = compute_epsilon(event, delta=1e-4, relation=relation)
+    assert eps <= 1.0 and eps == pytest.approx(1.0, rel=1e-3)
+    assert cal.epsilon == pytest.approx(eps, rel=1e-12)
+    plan = plan_covariance_releases(
+        epsilon=1.0,
+        delta=1e-4,
+        iterations=3,
+        clip=1.3,
+        dim=4,
+        relation=relation,
+        alpha=1.0,
+    )
+    assert plan.guarantee.details["sensitivity"] == covariance_sensitivity(1.3, relation)
+
+
+def test_calibrated_noise_is_bit_for_bit_what_it_was_before_the_one_module():
+    """Values computed by the separate calibrations this module replaced (same dp-accounting)."""
+    cfg = TrainConfig(rounds=7, clip=0.7, clients_per_round=5)
+    assert config_for_epsilon(cfg, 40, 1.5).noise_std == 0.22437362003111322
+    adaptive = TrainConfig(
+        rounds=7, clip=0.7, clients_per_round=5, adaptive_clip_quantile=0.5, adaptive_clip_noise=3.0
+    )
+    assert config_for_epsilon(adaptive, 40, 1.5).noise_std == 0.23283347455824335
+    out = account_rounds(
+        clip=1.0, num_clients=100, clients_per_round=10, rounds=20, delta=1e-5, target_epsilon=2.0
+    )
+    assert (out["noise_std"], out["epsilon"]) == (0.1485728274719399, 2.0)
+    for relation, stds in (
+        ("add-remove", (22.96510887190275, 16.238784214009776, 13.258911789162118)),
+        ("replace-one", (32.477568425917376, 22.965108870416277, 18.750932873327887)),
+    ):
+        plan = plan_covariance_releases(
+            epsilon=1.0, delta=1e-4, iterations=5, clip=1.3, dim=4, relation=relation, alpha=0.5
+        )
+        assert plan.per_release[:3] == stds
