@@ -70,7 +70,7 @@ PERSONAL_INITS = ("auto", "model", "billboard")
 """Where a client's persistent model starts (``personal_init``)."""
 FINETUNE_METHODS = ("auto", "none", *_FINETUNE_RULES)
 """Local fine-tuning after training: ``auto`` (each client's choice on its own validation split,
-:data:`~privmtl.experiments.pmtl.AUTO_FINETUNE_EPOCHS`), none, or one of
+:data:`~privmtl.federated.finish.AUTO_FINETUNE_EPOCHS`), none, or one of
 :func:`~privmtl.federated.finetune.finetune`'s methods."""
 _SAMPLINGS = ("poisson", "fixed", "all")
 _ACCOUNTANTS = ("rdp", "pld")
