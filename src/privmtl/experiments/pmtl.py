@@ -35,6 +35,7 @@ from privmtl.federated.finish import (
     AUTO_CLEAR_SIGNAL,
     AUTO_FINETUNE_EPOCHS,
     AUTO_FINETUNE_LRS,
+    AUTO_NOTE,
     AUTO_ORDERS,
     auto_info,
     auto_plan,
@@ -501,10 +502,7 @@ def run_pmtl(
     if finetune == "auto" and method != "local-all":
         out.update(_finetune_auto(result, ds, net, out, batch_size, seed))
         tuned = out.pop("_params")
-        notes.append(
-            "finetune=auto: every client chose its model on its own validation split "
-            "(post-processing of the releases: no privacy cost)"
-        )
+        notes.append(AUTO_NOTE)
         if method == "joint-dp" and guarantee.is_private:
             guarantee = replace(guarantee, notion="JDP (billboard)")
             notes.append(
@@ -660,12 +658,21 @@ def evaluate_saved(
 
 
 def _result_dict(
-    result: Any, *, method: str, model: str, data: str, sigma: float, q: int, m: int
+    result: Any,
+    *,
+    method: str,
+    model: str,
+    data: str,
+    sigma: float,
+    q: int,
+    m: int,
+    notes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The JSON result of a trained run (without fine-tuning), its guarantee included."""
+    """The JSON result of a trained run, its guarantee included (with ``notes`` added)."""
     out, guarantee = _result_parts(
         result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
     )
+    guarantee = replace(guarantee, notes=guarantee.notes + tuple(notes))
     out["guarantee"] = guarantee.to_dict()
     out["covered"] = guarantee.covered
     out["summary"] = guarantee.describe()

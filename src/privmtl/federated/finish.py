@@ -43,7 +43,9 @@ __all__ = [
     "AUTO_FINETUNE_EPOCHS",
     "AUTO_FINETUNE_LRS",
     "AUTO_METHODS",
+    "AUTO_NOTE",
     "AUTO_ORDERS",
+    "FINETUNE_NOTE",
     "AutoPlan",
     "ClientFinish",
     "auto_info",
@@ -86,6 +88,14 @@ AUTO_CLEAR_SIGNAL = 0.5
 σ√(kT), is at most this share of the most their clipped means can add up to, Tγ."""
 AUTO_METHODS = ("pmtl", "fedavg", "fedprox")
 """Methods whose billboard is a model worth fine-tuning (``finetune="auto"``)."""
+
+AUTO_NOTE = (
+    "finetune=auto: every client chose its model on its own validation split "
+    "(post-processing of the releases: no privacy cost)"
+)
+"""The note a result's guarantee carries after ``finetune="auto"``."""
+FINETUNE_NOTE = "local fine-tuning is post-processing of the billboard: no privacy cost"
+"""The ``finetune_note`` of a result after an explicit fine-tuning method."""
 
 _AUTO_RULE = (
     "every client keeps, among its candidates, the one with the most correct "
