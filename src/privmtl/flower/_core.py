@@ -1,16 +1,27 @@
 """The PMTL protocol split into a server side and a node side, independent of the transport.
 
+Both sides are thin: the protocol itself is :mod:`privmtl.federated.protocol`'s, written once for
+the in-process :class:`~privmtl.federated.protocol.Trainer` and for Flower.
+
 :class:`NodeClients` is what one SuperNode runs: it holds the data of its clients (a partition
-of the population chosen by ``partition-id``/``num-partitions``), their persistent personalized
-models, and runs the one client step of :mod:`privmtl.federated.client` (PMTL's mean-regularized
-local SGD from the client's own model, with the minibatch plan of
-:func:`~privmtl.federated.algorithms.draw_round_plan`).
+of the population chosen by ``partition-id``/``num-partitions``) and their persistent
+personalized models, and runs the client step of the in-process engine
+(:func:`~privmtl.federated.protocol.client_starts` and
+:func:`~privmtl.federated.protocol.client_step`: starts, update rule, Ditto's copy, message, what
+is kept) with the minibatch plan of :func:`~privmtl.federated.algorithms.draw_round_plan`. At the
+end of the run it runs its clients' end of the run on their own data
+(:func:`~privmtl.federated.finish.finish_clients`, as ``run_pmtl`` does for all clients).
 
 :class:`ServerRun` is what the ServerApp runs: PMTL's :class:`~privmtl.federated.protocol.Curator`
-(sampling, clip → mean over the fixed ``q`` → noise → write-ahead ledger → billboard) built exactly
-as the in-process :class:`~privmtl.federated.protocol.Trainer` builds it, so a seeded run releases
-the same billboards. The server never sees a personalized model: it receives the clients' messages
-(``w - w̃``) and per-client evaluation counts.
+(sampling, clip → mean over the fixed ``q`` → noise → write-ahead ledger → billboard) set up by
+:func:`~privmtl.federated.protocol.setup_run` and
+:func:`~privmtl.federated.protocol.make_curator` as the Trainer sets it up, with the Trainer's
+ledger, checkpoint fingerprint, budget stop and round record, so a seeded run releases the same
+billboards. The server never sees a personalized model: it receives the clients' messages and
+per-client evaluation counts (and, with ``finetune="auto"``, each client's choice).
+
+The settings of a run are :class:`~privmtl.federated.spec.RunSpec`'s, every one a key of the run
+configuration (:data:`RUN_DEFAULTS`, :func:`run_options`, :func:`run_spec`).
 
 The Flower apps (:mod:`privmtl.flower.apps`) only move these objects' inputs and outputs as
 ``ArrayRecord``/``ConfigRecord`` messages.
