@@ -363,3 +363,17 @@ def test_flower_run_equals_run_pmtl_at_the_product_defaults(flags):
         else:
             assert res[key] == ref[key], key
     assert res["guarantee"]["notes"] == ref["guarantee"]["notes"]
+
+
+def test_flower_refuses_what_it_does_not_run_with_one_line_naming_the_parameter():
+    from privmtl.flower._core import check_options
+
+    with pytest.raises(InvalidParameterError, match="'method'.*fedavg"):
+        check_options({"method": "fedavg"}, 3)
+    with pytest.raises(InvalidParameterError, match="'adaptive_clip_quantile'"):
+        check_options({"adaptive-clip-quantile": 0.5, "secagg": True}, 3)
+    with pytest.raises(InvalidParameterError, match="'finetune'"):
+        check_options({"finetune": "sideways"}, 3)
+    with pytest.raises(InvalidParameterError, match="'delta' and 'paper_delta'"):
+        check_options({"delta": 1e-6, "paper-delta": True}, 3)
+    check_options({"shared_params": ["linear.weight"], "personal_init": None}, 3)  # accepted

@@ -489,6 +489,44 @@ def _refuse_running_buffers(model: nn.Module) -> None:
             )
 
 
+def run_result(
+    config: TrainConfig,
+    history: list[dict[str, Any]],
+    accuracies: dict[str, dict[str, dict[str, float]]],
+    *,
+    personalized: Params | None,
+    global_params: Params,
+    primary: str,
+    epsilon: float,
+    delta: float,
+    ledger: PrivacyLedger | None,
+    noise_source: str,
+    stopped_on_budget: bool,
+    client_ids: list[str],
+    extra: dict[str, Any] | None = None,
+) -> TrainResult:
+    """The :class:`TrainResult` of a run, as every transport assembles it (the training time is
+    the sum of the rounds' ``seconds``)."""
+    seconds = sum(r["seconds"] for r in history)
+    return TrainResult(
+        config=config,
+        client_ids=client_ids,
+        personalized_params=personalized,
+        global_params=global_params,
+        history=history,
+        accuracies=accuracies,
+        primary=primary,
+        epsilon=epsilon,
+        delta=delta,
+        ledger=ledger,
+        seconds=seconds,
+        seconds_per_round=seconds / max(len(history), 1),
+        noise_source=noise_source,
+        stopped_on_budget=stopped_on_budget,
+        extra={} if extra is None else extra,
+    )
+
+
 @dataclass
 class RunSetup:
     """What every transport builds from a configuration before its first round (:func:`setup_run`).
@@ -1098,20 +1136,17 @@ class Trainer:
         """The :class:`TrainResult` of the rounds run so far (evaluates on val and test)."""
         personal, glob = self._outputs()
         accuracies = {split: self._evaluate_split(split) for split in ("val", "test")}
-        train_seconds = sum(r["seconds"] for r in self.history)
-        return TrainResult(
-            config=self.config,
-            client_ids=list(self.dataset.client_ids),
-            personalized_params=personal if self.spec.personalized else None,
+        return run_result(
+            self.config,
+            self.history,
+            accuracies,
+            personalized=personal if self.spec.personalized else None,
             global_params=glob,
-            history=self.history,
-            accuracies=accuracies,
             primary="personalized" if self.spec.personalized else "global",
             epsilon=self.epsilon,
             delta=self.delta,
             ledger=self.ledger,
-            seconds=train_seconds,
-            seconds_per_round=train_seconds / max(len(self.history), 1),
             noise_source=self.noise_source,
             stopped_on_budget=self.stopped_on_budget,
+            client_ids=list(self.dataset.client_ids),
         )

@@ -57,6 +57,7 @@ from privmtl.federated.protocol import (
     method_spec,
     new_ledger,
     round_record,
+    run_result,
     setup_run,
 )
 from privmtl.federated.spec import SPEC, RunSpec, resolve_defaults, train_config
@@ -159,8 +160,8 @@ def run_options(run_config: dict[str, Any]) -> dict[str, Any]:
     """The run configuration with every key present (defaults filled in), ready for TOML.
 
     Keys are :data:`RUN_DEFAULTS`'s; a :class:`~privmtl.federated.spec.RunSpec` field is also
-    accepted by its own name (``personal_init`` for ``personal-init``). A RunSpec field given as
-    None is "not given" (the spec's default); ``delta="paper"`` is ``paper-delta``;
+    accepted by its own name (``personal_init`` for ``personal-init``). A value None is "not
+    given" (the default); ``delta="paper"`` is ``paper-delta``;
     ``shared_params`` may be a sequence of names. Keys that are not options are ignored.
     """
     out = dict(RUN_DEFAULTS)
@@ -169,8 +170,8 @@ def run_options(run_config: dict[str, Any]) -> dict[str, Any]:
         if key not in RUN_DEFAULTS:
             continue
         field = key.replace("-", "_")
-        if value is None and field in NOT_GIVEN:
-            value = NOT_GIVEN[field]
+        if value is None:  # not given: the default
+            value = NOT_GIVEN.get(field, RUN_DEFAULTS[key])
         elif field == "delta" and value == "paper":
             out["paper-delta"], value = True, NOT_GIVEN["delta"]
         elif field == "shared_params" and not isinstance(value, str):
@@ -859,22 +860,19 @@ class ServerRun:
                 )
                 for kind, key in (("personalized", "personal"), ("global", "global"))
             }
-        secs = float(sum(h["seconds"] for h in self.history))
-        return TrainResult(
-            config=self.config,
-            client_ids=[],
-            personalized_params=None,
+        return run_result(
+            self.config,
+            self.history,
+            acc,
+            personalized=None,
             global_params=self.global_model(),
-            history=self.history,
-            accuracies=acc,
             primary="personalized",
             epsilon=self.epsilon,
             delta=self.delta,
             ledger=self.ledger,
-            seconds=secs,
-            seconds_per_round=secs / max(len(self.history), 1),
             noise_source=self.noise_source,
             stopped_on_budget=self.stopped_on_budget,
+            client_ids=[],
             extra={"wall_seconds": time.perf_counter() - started},
         )
 
