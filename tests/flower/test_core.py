@@ -368,7 +368,7 @@ def test_flower_run_equals_run_pmtl_at_the_product_defaults(flags):
 def test_flower_refuses_what_it_does_not_run_with_one_line_naming_the_parameter():
     from privmtl.flower._core import check_options
 
-    with pytest.raises(InvalidParameterError, match="'method'.*fedavg"):
+    with pytest.raises(InvalidParameterError, match=r"'method'.*fedavg"):
         check_options({"method": "fedavg"}, 3)
     with pytest.raises(InvalidParameterError, match="'adaptive_clip_quantile'"):
         check_options({"adaptive-clip-quantile": 0.5, "secagg": True}, 3)
