@@ -127,6 +127,9 @@ RUN_DEFAULTS: dict[str, Any] = {
     "work-dir": "",  # "": default_work_dir() of the machine running the ServerApp
     "on-missing": "fail",  # "fail" | "proceed"
     "round-timeout": 120.0,
+    # seconds to wait for the nodes' end of the run (fine-tuning, finetune="auto"'s choice) and
+    # evaluation, which trains all of a node's clients; 0: round-timeout
+    "finish-timeout": 0.0,
     **SECAGG_DEFAULTS,
     "budget-epsilon": -1.0,  # <= 0: no budget
     "checkpoint-every": 1,
@@ -226,6 +229,7 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
     if std != -1.0:
         check_real("noise_std", std, low=0.0)
     check_real("round_timeout", run_config["round-timeout"], low=0.0, closed="neither")
+    check_real("finish_timeout", run_config["finish-timeout"], low=0.0)
     check_int("checkpoint_every", run_config["checkpoint-every"], low=1)
     budget = float(run_config["budget-epsilon"])
     if budget != -1.0:
