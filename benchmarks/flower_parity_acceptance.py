@@ -74,7 +74,7 @@ def report(rows: list[dict[str, Any]]) -> bool:
             r["time_utc"],
             r["shared_config_keys"],
             len(r["differing"]),
-            f"{r['pmtl']['epsilon']:.9g} / {r['flower']['epsilon']:.9g}",
+            f"{r['pmtl']['epsilon']:.12g} / {r['flower']['epsilon']:.12g}",
             f"{r['pmtl']['test_accuracy']:.4f} / {r['flower']['test_accuracy']:.4f}",
             f"{r['pmtl']['pre_finetune_test_accuracy']:.4f} / "
             f"{r['flower']['pre_finetune_test_accuracy']:.4f}",
