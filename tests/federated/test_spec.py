@@ -112,7 +112,7 @@ def test_flower_run_defaults_are_the_spec():
              "delta": "paper", "subspace_dim": 5, "lam": None, "server_optimizer": "adam"}  # fmt: skip
     assert run_spec(run_options(given), 50) == resolve_defaults(SPEC.replace(**given), 50)
     with pytest.raises(InvalidParameterError, match="'method'"):
-        run_spec(run_options({"method": "fedavg"}), 50)
+        run_spec(run_options({"method": "pp-sgd"}), 50)
     with pytest.raises(InvalidParameterError, match="'personal_init'"):
         run_spec(run_options({"personal-init": "nowhere"}), 50)
 

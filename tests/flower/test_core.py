@@ -343,6 +343,10 @@ _SAME = ("epsilon", "delta", "noise_std", "clients_per_round", "lam", "personal_
          "server_optimizer": "momentum", "finetune": "vanilla"},
         {"rounds": 2, "clients_per_round": 6, "epsilon": 4.0, "adaptive_clip_quantile": 0.5,
          "adaptive_clip_noise": 1.0, "subspace_dim": 20, "local_epochs": 2, "finetune": "none"},
+        # the global-model methods: auto's choice from the billboard, FedProx fine-tuned
+        {"rounds": 3, "clients_per_round": 6, "noise_std": 0.001, "method": "fedavg"},
+        {"rounds": 2, "clients_per_round": 6, "epsilon": 4.0, "method": "fedprox",
+         "finetune": "vanilla"},
     ],
 )  # fmt: skip
 def test_flower_run_equals_run_pmtl_at_the_product_defaults(flags):
@@ -368,8 +372,8 @@ def test_flower_run_equals_run_pmtl_at_the_product_defaults(flags):
 def test_flower_refuses_what_it_does_not_run_with_one_line_naming_the_parameter():
     from privmtl.flower._core import check_options
 
-    with pytest.raises(InvalidParameterError, match=r"'method'.*fedavg"):
-        check_options({"method": "fedavg"}, 3)
+    with pytest.raises(InvalidParameterError, match=r"'method'.*joint-dp"):
+        check_options({"method": "joint-dp"}, 3)
     with pytest.raises(InvalidParameterError, match="'adaptive_clip_quantile'"):
         check_options({"adaptive-clip-quantile": 0.5, "secagg": True}, 3)
     with pytest.raises(InvalidParameterError, match="'finetune'"):

@@ -241,8 +241,9 @@ FLOWER_FIXED: dict[str, Any] = {}
 """Settings of the run spec that a Flower run does not take as options: none (every RunSpec field
 is a run-configuration key; :data:`FLOWER_METHODS` are the methods a Flower run has)."""
 
-FLOWER_METHODS = ("pmtl",)
-"""The methods of a Flower run (the others are refused by :func:`run_spec`)."""
+FLOWER_METHODS = ("pmtl", "fedavg", "fedprox")
+"""The methods of a Flower run: those whose clients start from their own model or the billboard
+and whose billboard adds the release (the others are refused by :func:`run_spec`)."""
 
 
 def _given(opts: dict[str, Any], field: str) -> Any:
@@ -527,9 +528,10 @@ class NodeClients:
             )
 
         done = client_step(spec, config, billboard, list(billboard), starts, anchor, train)
-        for j, cid in enumerate(cids):
-            self.before[cid] = self.personal.get(cid)
-            self.personal[cid] = {n: done.kept[n][j].clone() for n in done.kept}
+        if spec.start == "own":  # the clients keep their personalized models
+            for j, cid in enumerate(cids):
+                self.before[cid] = self.personal.get(cid)
+                self.personal[cid] = {n: done.kept[n][j].clone() for n in done.kept}
         self.rounds_trained += 1
         self.save()
         return done.messages, [float(v) for v in done.losses]
@@ -579,7 +581,14 @@ class NodeClients:
         """
         finish = finish or {}
         glob_model = self.global_model(billboard)
-        personal = self.trained(billboard, str(finish.get("personal_init", "model")))
+        method = str(finish.get("method", "pmtl"))
+        if method_spec(TrainConfig(method=method)).personalized:
+            personal = self.trained(billboard, str(finish.get("personal_init", "model")))
+        else:  # a global-model method: every client's trained model is the billboard
+            personal = {
+                n: p.unsqueeze(0).expand((len(self.clients), *p.shape))
+                for n, p in glob_model.items()
+            }
         final = None
         out: dict[str, Any] = {}
         finetune = str(finish.get("finetune", "none"))
@@ -590,14 +599,14 @@ class NodeClients:
             plan = None
             if finetune == "auto":
                 plan = auto_plan(
-                    "pmtl", finish["shared_params"], float(finish["noise_std"]),
+                    method, finish["shared_params"], float(finish["noise_std"]),
                     finish["clip"], int(finish["released_dim"]), int(finish["rounds"]),
                 )  # fmt: skip
             done = finish_clients(
                 finetune, self.local, self.model, personal, glob_model,
                 batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
                 lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
-                client_index=self.clients.tolist(),
+                start=str(finish.get("start", "personalized")), client_index=self.clients.tolist(),
             )  # fmt: skip
             final = done.params  # (finish_clients trains the model as run_pmtl does: train mode)
             if done.choice is not None:
@@ -855,6 +864,8 @@ class ServerRun:
 
     def result(self, evaluations: list[dict[str, list[float]]], started: float) -> TrainResult:
         """A :class:`TrainResult` (no personalized models: they stay on the nodes)."""
+        personalized = self.setup.spec.personalized
+        kinds = (("personalized", "personal"),) if personalized else ()
         acc: dict[str, dict[str, dict[str, float]]] = {}
         for split in ("val", "test"):
             n = np.concatenate([np.asarray(e[f"{split}_n"]) for e in evaluations])
@@ -862,7 +873,7 @@ class ServerRun:
                 kind: _accuracy(
                     np.concatenate([np.asarray(e[f"{split}_{key}"]) for e in evaluations]), n
                 )
-                for kind, key in (("personalized", "personal"), ("global", "global"))
+                for kind, key in (*kinds, ("global", "global"))
             }
         return run_result(
             self.config,
@@ -870,7 +881,7 @@ class ServerRun:
             acc,
             personalized=None,
             global_params=self.global_model(),
-            primary="personalized",
+            primary="personalized" if personalized else "global",
             epsilon=self.epsilon,
             delta=self.delta,
             ledger=self.ledger,
@@ -892,8 +903,11 @@ class ServerRun:
         :func:`~privmtl.federated.finish.finish_clients` for the same run."""
         cfg = self.config
         dim = next((h["released_dim"] for h in self.history if "released_dim" in h), None)
+        personalized = self.setup.spec.personalized
         return {
+            "method": cfg.method,
             "finetune": run_spec(self.opts, self.m).finetune,
+            "start": "personalized" if personalized else "global",
             "personal_init": cfg.personal_init,
             "shared_params": None if cfg.shared_params is None else list(cfg.shared_params),
             "noise_std": float(self.sigma or 0.0),
@@ -924,7 +938,7 @@ class ServerRun:
         notes: list[str] = []
         if fin["finetune"] == "auto":
             plan = auto_plan(
-                "pmtl", fin["shared_params"], fin["noise_std"], fin["clip"],
+                fin["method"], fin["shared_params"], fin["noise_std"], fin["clip"],
                 fin["released_dim"], fin["rounds"],
             )  # fmt: skip
             choice = np.concatenate([np.asarray(e["choice"], dtype=np.int64) for e in evaluations])
@@ -933,7 +947,7 @@ class ServerRun:
             part["finetune_auto"] = auto_info(plan, counts, grids)
             notes.append(AUTO_NOTE)
         else:
-            part["finetune_start"] = "personalized"
+            part["finetune_start"] = fin["start"]
         part.update(
             {
                 "pre_finetune_test_accuracy": pre_test_accuracy,
@@ -954,7 +968,7 @@ class ServerRun:
         part, notes = self._finish_part(evaluations, float(res.test_accuracy))
         out = _result_dict(
             res,
-            method="pmtl",
+            method=self.config.method,
             model=str(self.opts["model"]),
             data=str(self.opts["data"]),
             sigma=self.sigma,
