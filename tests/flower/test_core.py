@@ -94,7 +94,14 @@ def test_seeded_split_run_equals_in_process_engine_every_round():
     ds = make_synthetic_federated(random_state=0)
     opts = _opts()
     run, _ = _split_run(ds, opts, n_nodes=3)
-    trainer = Trainer(ds, make_model("logreg", ds, 3), run.config, noise_source="seeded")
+    # the reference is configured from the run spec (the product's path), not from Flower's config
+    from privmtl.federated.spec import RunSpec, resolve_defaults, train_config
+
+    spec = RunSpec(rounds=3, clients_per_round=6, noise_std=0.05, seed=3, local_steps=3,
+                   noise_source="seeded")  # fmt: skip
+    config = train_config(resolve_defaults(spec, ds.n_clients), threads=1)
+    trainer = Trainer(ds, make_model("logreg", ds, 3), config)
+    assert trainer.config.personal_init == run.config.personal_init
     boards = [{n: p.clone() for n, p in rec.released.items()} for rec in trainer]
     assert len(boards) == len(run.billboards) == 3
     for t, (a, b) in enumerate(zip(run.billboards, boards, strict=True)):
