@@ -12,6 +12,14 @@ The backbone of the PMTL family, written once:
 4. the **driver** (:class:`Trainer`) records the round and, every ``checkpoint_every`` rounds,
    saves the curator's and the clients' state atomically.
 
+The protocol is written once for two transports: the in-process :class:`Trainer` and Flower's
+ServerApp and ClientApp (:mod:`privmtl.flower`) both call :func:`setup_run` and
+:func:`make_curator` (the release, the billboard, the curator), :func:`new_ledger`,
+:func:`client_starts` and :func:`client_step` (the client step: starts, update rule, Ditto's copy,
+message, what is kept), :func:`budget_stops`, :func:`round_record`, :func:`fingerprint_base` and
+:func:`run_result`; they differ only in how the clients' data and states are held and how the
+messages travel.
+
 The methods differ only in what a client starts from, its update rule, what it sends and how the
 billboard absorbs a release (:class:`MethodSpec`):
 
@@ -87,13 +95,26 @@ from privmtl.privacy.release import AdaptiveClip, GaussianMeanRelease, Release, 
 from privmtl.privacy.sampling import ClientSampler, make_sampler
 
 __all__ = [
+    "ClientStep",
     "Curator",
     "MethodSpec",
     "RoundRecord",
+    "RunSetup",
     "Trainer",
     "billboard_carries_signal",
     "billboard_noise_and_bound",
+    "budget_stops",
+    "client_messages",
+    "client_rule",
+    "client_starts",
+    "client_step",
+    "fingerprint_base",
+    "make_curator",
     "method_spec",
+    "new_ledger",
+    "round_record",
+    "run_result",
+    "setup_run",
 ]
 
 MessageHook = Callable[[int, np.ndarray, Params], Params]
