@@ -66,6 +66,7 @@ from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import make_noise_source
 
 __all__ = [
+    "FINISH_TIMEOUT",
     "FLOWER_FIXED",
     "FLOWER_METHODS",
     "NOT_GIVEN",
@@ -75,6 +76,7 @@ __all__ = [
     "ServerRun",
     "check_options",
     "default_work_dir",
+    "finish_timeout",
     "from_bytes",
     "given_spec",
     "load_node",
@@ -128,13 +130,24 @@ RUN_DEFAULTS: dict[str, Any] = {
     "on-missing": "fail",  # "fail" | "proceed"
     "round-timeout": 120.0,
     # seconds to wait for the nodes' end of the run (fine-tuning, finetune="auto"'s choice) and
-    # evaluation, which trains all of a node's clients; 0: round-timeout
+    # evaluation, which trains all of a node's clients; 0: FINISH_TIMEOUT or round-timeout if longer
     "finish-timeout": 0.0,
     **SECAGG_DEFAULTS,
     "budget-epsilon": -1.0,  # <= 0: no budget
     "checkpoint-every": 1,
     "resume": False,
 }
+
+FINISH_TIMEOUT = 600.0
+"""Seconds the ServerApp waits at least for the nodes' end of the run when ``finish-timeout`` is 0
+(a node fine-tunes every one of its clients: far more work than one round's client step)."""
+
+
+def finish_timeout(opts: dict[str, Any]) -> float:
+    """The seconds to wait for the nodes' end of the run and evaluation."""
+    given = float(opts["finish-timeout"])
+    return given if given > 0 else max(FINISH_TIMEOUT, float(opts["round-timeout"]))
+
 
 NOT_GIVEN: dict[str, Any] = {
     "clients_per_round": 0,

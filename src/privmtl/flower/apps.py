@@ -49,6 +49,7 @@ from privmtl.flower._core import (
     NodeClients,
     ServerRun,
     default_work_dir,
+    finish_timeout,
     load_node,
     run_options,
 )
@@ -323,7 +324,7 @@ def main(grid: Grid, context: Context) -> None:
                 flush=True,
             )
         torch.save(run.billboards, out_dir / "billboards.pt")
-        scores = _evaluate(grid, run, fed, opts, float(opts["finish-timeout"]) or timeout)
+        scores = _evaluate(grid, run, fed, opts, finish_timeout(opts))
         result = run.result_dict(scores, started)
         result["nodes_evaluated"] = len(scores)
         bounds = [h["secagg_error_bound"] for h in run.history if "secagg_error_bound" in h]
