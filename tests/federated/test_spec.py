@@ -24,7 +24,7 @@ from privmtl.federated.spec import (
     default_lam,
     resolve_defaults,
 )
-from privmtl.flower._core import FLOWER_FIXED, RUN_DEFAULTS, run_options, run_spec
+from privmtl.flower._core import FLOWER_FIXED, NOT_GIVEN, RUN_DEFAULTS, run_options, run_spec
 
 FIELDS = [f.name for f in dataclasses.fields(RunSpec)]
 
@@ -137,19 +137,27 @@ def test_flower_run_defaults_are_the_spec():
     assert by_name["clients_per_round"] == 0 and by_name["lam"] < 0
     assert by_name["epsilon"] < 0 and by_name["noise_std"] < 0 and by_name["paper_delta"] is False
     assert by_name["local_steps"] == 0 and SPEC.local_steps is None  # 0: one local epoch
-    unset = ("clients_per_round", "lam", "epsilon", "noise_std", "local_steps")
-    plain = {n: v for n, v in given.items() if n not in unset}
+    # every setting of the spec is a run-configuration key; a None default is encoded
+    assert set(FIELDS) <= set(by_name)
+    assert {n: by_name[n] for n in NOT_GIVEN} == NOT_GIVEN
+    assert all(getattr(SPEC, n) is None for n in NOT_GIVEN)
+    plain = {n: v for n, v in given.items() if n not in NOT_GIVEN}
     assert {n: v for n, v in plain.items() if v != getattr(SPEC, n)} == {}
     assert len(plain) >= 10
-    # what the Flower run resolves equals the spec's resolution, up to the settings a Flower run
-    # does not take (it runs pmtl from the initial model without fine-tuning) — and only those
-    assert set(FLOWER_FIXED) <= {"method", "personal_init", "finetune"}
+    # what the Flower run resolves equals the spec's resolution: it takes every setting
+    assert FLOWER_FIXED == {}
     for m, private in ((3, False), (50, True), (200, True)):
         opts = run_options({"epsilon": 2.0} if private else {})
-        expected = resolve_defaults(
-            SPEC.replace(**FLOWER_FIXED, epsilon=2.0 if private else None), m
-        )
+        expected = resolve_defaults(SPEC.replace(epsilon=2.0 if private else None), m)
         assert run_spec(opts, m) == expected
+    # every setting by its RunSpec name, None as "not given"; a method Flower lacks is refused
+    given = {"personal_init": "billboard", "finetune": "mr", "shared_params": ["linear.weight"],
+             "delta": "paper", "subspace_dim": 5, "lam": None, "server_optimizer": "adam"}  # fmt: skip
+    assert run_spec(run_options(given), 50) == resolve_defaults(SPEC.replace(**given), 50)
+    with pytest.raises(InvalidParameterError, match="'method'"):
+        run_spec(run_options({"method": "pp-sgd"}), 50)
+    with pytest.raises(InvalidParameterError, match="'personal_init'"):
+        run_spec(run_options({"personal-init": "nowhere"}), 50)
 
 
 def test_resolution_of_the_data_dependent_defaults():
@@ -342,13 +350,15 @@ def test_privmtl_pmtl_json_prints_the_resolved_spec_as_config(capsys):
 
 def test_flower_config_with_the_earlier_defaults_given_is_the_earlier_one():
     """Flower's engine config is what the code before the spec built (then its seeded runs are
-    too): the earlier defaults (delta message, λ 0.1, 6 clients, 3 rounds) given explicitly."""
+    too): the earlier defaults (delta message, λ 0.1, 6 clients, 3 rounds, clients starting from
+    the initial model, no fine-tuning) given explicitly."""
     from privmtl.federated.baselines import config_for_epsilon
     from privmtl.federated.config import TrainConfig
     from privmtl.flower._core import make_config
 
     earlier = {"rounds": 3, "clients-per-round": 6, "lam": 0.1, "server-update": "delta",
-               "seed": 3, "noise-source": "seeded", "local-steps": 3}  # fmt: skip
+               "seed": 3, "noise-source": "seeded", "local-steps": 3,
+               "personal-init": "model", "finetune": "none"}  # fmt: skip
     for m, extra in ((50, {"noise-std": 0.05}), (40, {"epsilon": 2.0}), (5, {})):
         cfg, sigma = make_config(run_options({**earlier, **extra}), m)
         q = min(6, m)

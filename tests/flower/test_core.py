@@ -94,7 +94,14 @@ def test_seeded_split_run_equals_in_process_engine_every_round():
     ds = make_synthetic_federated(random_state=0)
     opts = _opts()
     run, _ = _split_run(ds, opts, n_nodes=3)
-    trainer = Trainer(ds, make_model("logreg", ds, 3), run.config, noise_source="seeded")
+    # the reference is configured from the run spec (the product's path), not from Flower's config
+    from privmtl.federated.spec import RunSpec, resolve_defaults, train_config
+
+    spec = RunSpec(rounds=3, clients_per_round=6, noise_std=0.05, seed=3, local_steps=3,
+                   noise_source="seeded")  # fmt: skip
+    config = train_config(resolve_defaults(spec, ds.n_clients), threads=1)
+    trainer = Trainer(ds, make_model("logreg", ds, 3), config)
+    assert trainer.config.personal_init == run.config.personal_init
     boards = [{n: p.clone() for n, p in rec.released.items()} for rec in trainer]
     assert len(boards) == len(run.billboards) == 3
     for t, (a, b) in enumerate(zip(run.billboards, boards, strict=True)):
@@ -200,7 +207,9 @@ def test_budget_stop_before_the_exceeding_release_as_the_trainer(tmp_path):
     assert run.epsilon == pytest.approx(per_round[1], rel=1e-12) and run.epsilon <= budget
     _, entries = read_ledger(tmp_path / "s" / "ledger.jsonl")
     assert len(entries) == 2
-    res = run.result_dict([n.evaluate(run.curator.billboard) for n in nodes], 0.0)
+    res = run.result_dict(
+        [n.evaluate(run.curator.billboard, run.finish_settings()) for n in nodes], 0.0
+    )
     assert res["stopped_on_budget"] is True and res["rounds_run"] == 2
     assert res["budget_epsilon"] == budget
     # the in-process Trainer stops at the same round
@@ -303,21 +312,79 @@ def test_ditto_message_split_run_equals_in_process_engine():
             assert torch.allclose(a[n], b[n], atol=1e-5, rtol=0), (t, n)
 
 
-def test_result_config_is_the_resolved_spec_with_run_pmtl_keys_and_values():
+def _run_pmtl_reference(ds, **flags):
+    """The in-process product run (run_pmtl, its own defaults) the Flower run must equal."""
     from privmtl.experiments.pmtl import run_pmtl
-    from privmtl.flower._core import run_spec
 
-    ds = make_synthetic_federated(random_state=0)
-    flags = {"rounds": 2, "clients-per-round": 6, "epsilon": 2.0, "noise-source": "seeded"}
-    opts = run_options(flags)
-    run, nodes = _split_run(ds, opts, n_nodes=2)
-    res = run.result_dict([n.evaluate(run.curator.billboard) for n in nodes], 0.0)
-    assert res["config"] == run_spec(opts, ds.n_clients).to_dict()
-    ref = run_pmtl(
-        data="synthetic", dataset=ds, model="logreg", rounds=2, clients_per_round=6, epsilon=2.0,
-        noise_source="seeded", finetune="none", show_progress=False,
+    return run_pmtl(
+        data="synthetic", dataset=ds, model="logreg", noise_source="seeded",
+        show_progress=False, threads=1, **flags,
     )  # fmt: skip
+
+
+def _flower_result(ds, flags, n_nodes=3):
+    opts = run_options({k.replace("_", "-"): v for k, v in flags.items()})
+    run, nodes = _split_run(ds, {**opts, "noise-source": "seeded"}, n_nodes=n_nodes)
+    return run.result_dict(
+        [n.evaluate(run.curator.billboard, run.finish_settings()) for n in nodes], 0.0
+    )
+
+
+# keys of the JSON result both transports report for the same run (besides config)
+_SAME = ("epsilon", "delta", "noise_std", "clients_per_round", "lam", "personal_init",
+         "global_test_accuracy", "test_accuracy", "mean_client_accuracy", "val_accuracy",
+         "pre_finetune_test_accuracy", "finetune", "finetune_auto", "released_dim",
+         "rounds_run", "covered")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        # the acceptance flags of issue 23, fewer rounds; everything else at the product defaults
+        {"rounds": 3, "clients_per_round": 6, "epsilon": 2.0},
+        # the other personal start, an explicit fine-tuning method, the authors' message
+        {"rounds": 2, "clients_per_round": 5, "noise_std": 0.01, "personal_init": "billboard",
+         "finetune": "mr", "server_update": "offset"},
+        # partial sharing with a server optimizer; adaptive clipping of subspace releases
+        {"rounds": 2, "clients_per_round": 6, "epsilon": 4.0, "shared_params": ["linear.weight"],
+         "server_optimizer": "momentum", "finetune": "vanilla"},
+        {"rounds": 2, "clients_per_round": 6, "epsilon": 4.0, "adaptive_clip_quantile": 0.5,
+         "adaptive_clip_noise": 1.0, "subspace_dim": 20, "local_epochs": 2, "finetune": "none"},
+        # the global-model methods: auto's choice from the billboard, FedProx fine-tuned
+        {"rounds": 3, "clients_per_round": 6, "noise_std": 0.001, "method": "fedavg"},
+        {"rounds": 2, "clients_per_round": 6, "epsilon": 4.0, "method": "fedprox",
+         "finetune": "vanilla"},
+    ],
+)  # fmt: skip
+def test_flower_run_equals_run_pmtl_at_the_product_defaults(flags):
+    """The reference is run_pmtl with its own defaults (not a Trainer built from Flower's
+    config): the Flower run resolves the same config, releases with the same ε and every client
+    ends with the same model (after the same per-client finish)."""
+    ds = make_synthetic_federated(random_state=0)
+    ref = _run_pmtl_reference(ds, **flags)
+    res = _flower_result(ds, flags)
     assert list(res["config"]) == list(ref["config"])
-    assert {k: v for k, v in res["config"].items() if ref["config"][k] != v} == {}
-    assert res["config"]["server_update"] == "ditto" and res["config"]["lam"] == 0.001
-    assert res["epsilon"] == pytest.approx(ref["epsilon"], rel=1e-9)
+    differing = {k: v for k, v in res["config"].items() if ref["config"][k] != v}
+    assert differing == {}
+    assert [k for k in _SAME if k in res] == [k for k in _SAME if k in ref]
+    assert ("pre_finetune_test_accuracy" in ref) == (flags.get("finetune") != "none")
+    for key in (k for k in _SAME if k in ref):
+        if isinstance(ref[key], float):
+            assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+        else:
+            assert res[key] == ref[key], key
+    assert res["guarantee"]["notes"] == ref["guarantee"]["notes"]
+
+
+def test_flower_refuses_what_it_does_not_run_with_one_line_naming_the_parameter():
+    from privmtl.flower._core import check_options
+
+    with pytest.raises(InvalidParameterError, match=r"'method'.*joint-dp"):
+        check_options({"method": "joint-dp"}, 3)
+    with pytest.raises(InvalidParameterError, match="'adaptive_clip_quantile'"):
+        check_options({"adaptive-clip-quantile": 0.5, "secagg": True}, 3)
+    with pytest.raises(InvalidParameterError, match="'finetune'"):
+        check_options({"finetune": "sideways"}, 3)
+    with pytest.raises(InvalidParameterError, match="'delta' and 'paper_delta'"):
+        check_options({"delta": 1e-6, "paper-delta": True}, 3)
+    check_options({"shared_params": ["linear.weight"], "personal_init": None}, 3)  # accepted

@@ -31,6 +31,9 @@ CONFIG = {
     # the message that carries a returning client's personalized model (the continuation check
     # below needs one; Ditto's message, the default, is the billboard copy's change)
     "server-update": "delta",
+    # the comparison below is with the raw Trainer: no end-of-run fine-tuning (finetune="auto"
+    # on Flower against run_pmtl is tests/flower/test_core.py's)
+    "finetune": "none",
 }
 
 

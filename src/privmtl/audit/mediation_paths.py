@@ -304,8 +304,11 @@ def _run_flower_node(ctx: Workspace, replaced: bool) -> Any:
     order = [int(k) for node in nodes for k in node.clients.tolist()]
     params = {n: p[np.argsort(order)] for n, p in params.items()}
     numbers: dict[str, Any] = {}
-    for node in nodes:
-        for key, values in node.evaluate(server.curator.billboard).items():
+    for node in nodes:  # with each node's end of the run (finetune="auto" by default)
+        scores = node.evaluate(server.curator.billboard, server.finish_settings())
+        for key, values in scores.items():
+            if not isinstance(values, list):  # public grids, not per client
+                continue
             numbers.setdefault(key, {}).update(
                 {ds.client_ids[int(k)]: v for k, v in zip(node.clients, values, strict=True)}
             )
@@ -470,7 +473,9 @@ def check_specs() -> list[CheckSpec]:
         CheckSpec("train_clusters (two fixed clusters)", "api", runner=_run_clusters),
         CheckSpec("train_workshop", "api", runner=_run_workshop),
         CheckSpec(
-            "Flower NodeClients client step (2 nodes, in process)", "api", runner=_run_flower_node
+            "Flower NodeClients client step and end of run (2 nodes, in process)",
+            "api",
+            runner=_run_flower_node,
         ),
         *(
             CheckSpec(

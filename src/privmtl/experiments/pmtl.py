@@ -31,6 +31,18 @@ from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_f
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.federated.finetune_selection import SELECT_MODES
+from privmtl.federated.finish import (
+    AUTO_CANDIDATES,
+    AUTO_CLEAR_SIGNAL,
+    AUTO_FINETUNE_EPOCHS,
+    AUTO_FINETUNE_LRS,
+    AUTO_NOTE,
+    AUTO_ORDERS,
+    auto_info,
+    auto_plan,
+    finish_clients,
+    stack_trained,
+)
 from privmtl.federated.local import LOCAL_SELECT
 from privmtl.federated.spec import (
     DEFAULT_CLIENTS_PER_ROUND,
@@ -76,39 +88,6 @@ __all__ = [
 FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
 FL_METHODS = RUN_METHODS
-AUTO_FINETUNE_EPOCHS = (10, 3)
-"""``finetune="auto"``: epochs of fine-tuning the released billboard (with :data:`AUTO_FINETUNE_LRS`).
-
-Every client, sampled or never sampled, chooses on its *own* validation split (most correct
-predictions, :func:`~privmtl.federated.local.client_better`, ties going to the later candidate of
-a public order; a client without validation data keeps the last) among its trained model (its
-personalized model, or the billboard for methods without one), its own local training from the
-initial model (:func:`~privmtl.federated.local.train_local`'s default grid, whose ties go to the
-most training: what ``method="local-all"`` gives), and — only where the billboard carries signal:
-the whole model is shared and the public rule of
-:func:`~privmtl.privacy.release.billboard_carries_signal` holds for the ``T`` releases — the
-billboard fine-tuned on its own data for each of these numbers of epochs and each step size of
-:data:`AUTO_FINETUNE_LRS` (vanilla; ties go to the least fine-tuning, the closest to the billboard).
-The order is public (:data:`AUTO_ORDERS`): the trained model first; then local training and the
-fine-tuned billboard, the one preferred on ties last — the fine-tuned billboard where the noise of
-the ``T`` releases is at most :data:`AUTO_CLEAR_SIGNAL` of the most their signal can add up to
-(σ√(kT) ≤ 0.5·Tγ), else local training. Post-processing of the releases: the guarantee is
-unchanged."""
-AUTO_FINETUNE_LRS = (0.1, 0.01)
-"""``finetune="auto"``: step sizes of fine-tuning the billboard (:data:`AUTO_FINETUNE_EPOCHS`)."""
-AUTO_CANDIDATES = ("trained", "local", "billboard-finetune")
-"""``finetune="auto"``: the candidates of every client's choice."""
-AUTO_ORDERS = {
-    "clear signal": ("trained", "local", "billboard-finetune"),
-    "weak signal": ("trained", "billboard-finetune", "local"),
-}
-"""``finetune="auto"``: the public tie-break orders of :data:`AUTO_CANDIDATES` (ties go to the
-later): with a clear signal in the billboard (:data:`AUTO_CLEAR_SIGNAL`) its fine-tuned copy is
-preferred, with a weak one local training."""
-AUTO_CLEAR_SIGNAL = 0.5
-"""``finetune="auto"``: the billboard's signal is clear when the noise of its ``T`` releases,
-σ√(kT), is at most this share of the most their clipped means can add up to, Tγ."""
-_AUTO_METHODS = ("pmtl", "fedavg", "fedprox")
 FINETUNE_STARTS = ("auto", "billboard")
 """Where fine-tuning starts: the personalized models when the method has them, else the released
 global model (auto), or the released global model (billboard)."""
@@ -512,10 +491,7 @@ def run_pmtl(
     if finetune == "auto" and method != "local-all":
         out.update(_finetune_auto(result, ds, net, out, batch_size, seed))
         tuned = out.pop("_params")
-        notes.append(
-            "finetune=auto: every client chose its model on its own validation split "
-            "(post-processing of the releases: no privacy cost)"
-        )
+        notes.append(AUTO_NOTE)
         if method == "joint-dp" and guarantee.is_private:
             guarantee = replace(guarantee, notion="JDP (billboard)")
             notes.append(
@@ -671,12 +647,21 @@ def evaluate_saved(
 
 
 def _result_dict(
-    result: Any, *, method: str, model: str, data: str, sigma: float, q: int, m: int
+    result: Any,
+    *,
+    method: str,
+    model: str,
+    data: str,
+    sigma: float,
+    q: int,
+    m: int,
+    notes: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The JSON result of a trained run (without fine-tuning), its guarantee included."""
+    """The JSON result of a trained run, its guarantee included (with ``notes`` added)."""
     out, guarantee = _result_parts(
         result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
     )
+    guarantee = replace(guarantee, notes=guarantee.notes + tuple(notes))
     out["guarantee"] = guarantee.to_dict()
     out["covered"] = guarantee.covered
     out["summary"] = guarantee.describe()
@@ -870,85 +855,32 @@ def _finetune_auto(
 ) -> dict[str, Any]:
     """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
     validation split among the billboard fine-tuned on its data (where it carries signal), its own
-    local training and its trained model."""
-    import copy
-
+    local training and its trained model (:func:`~privmtl.federated.finish.finish_clients`)."""
     from privmtl.federated.algorithms import evaluate
-    from privmtl.federated.local import select_per_client, train_local
-    from privmtl.privacy.release import billboard_carries_signal, billboard_noise_and_bound
 
     sigma, clip, dim = float(out["noise_std"] or 0.0), out["clip"], int(out["released_dim"] or 0)
     rounds = int(out.get("rounds_run") or out["rounds"])
-    noise, bound = billboard_noise_and_bound(sigma, clip, dim, rounds)
-    signal = (
-        out["method"] in _AUTO_METHODS
-        and out["shared_params"] is None
-        and billboard_carries_signal(sigma, clip, dim, releases=rounds)
-    )
-    m = ds.n_clients
+    plan = auto_plan(out["method"], out["shared_params"], sigma, clip, dim, rounds)
+    trained = stack_trained(result.personalized_params, result.global_params, ds.n_clients)
+    fin = finish_clients(
+        "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
+        lr=float(out["lr"]), lam=float(out["lam"] or 0.0), plan=plan,
+    )  # fmt: skip
+    assert fin.choice is not None
     buffers = {n: b.detach() for n, b in net.named_buffers()}
-    kw: dict[str, Any] = {"batch_size": batch_size, "seed": seed, "select": "client"}
-    names: list[str] = []
-    grids: dict[str, list[list[float]]] = {}
-
-    clear = signal and bound is not None and noise <= AUTO_CLEAR_SIGNAL * bound
-    order = AUTO_ORDERS["clear signal" if clear else "weak signal"]
-
-    def candidate(name: str) -> Any:
-        if name == "trained":
-            if result.personalized_params is not None:
-                return result.personalized_params
-            return {
-                n: p.unsqueeze(0).expand((m, *p.shape)) for n, p in result.global_params.items()
-            }
-        if name == "local":
-            alone = train_local(ds, net, **kw)
-            grids["local_grid"] = alone.extra["local_selection"]["grid"]
-            return alone.personalized_params
-        start = copy.deepcopy(net)
-        start.load_state_dict({**start.state_dict(), **result.global_params})
-        tuned = train_local(ds, start, epochs=AUTO_FINETUNE_EPOCHS, lrs=AUTO_FINETUNE_LRS, **kw)
-        grids["billboard_grid"] = tuned.extra["local_selection"]["grid"]
-        return tuned.personalized_params
-
-    def candidates() -> Any:  # generated one at a time, in the public order
-        for name in order:
-            if name == "billboard-finetune" and not signal:
-                continue
-            names.append(name)
-            yield candidate(name)
-
-    val_x, val_y = ds.split("val")
-    chosen, choice, _ = select_per_client(candidates(), net, buffers, val_x, val_y)
-    counts = np.bincount(choice, minlength=len(names))
     acc = {}
     for split in ("val", "test"):
         xs, ys = ds.split(split)
-        acc[split] = evaluate(net, chosen, buffers, xs, ys, personalized=True)
-    info: dict[str, Any] = {
-        "select": "client",
-        "rule": "every client keeps, among its candidates, the one with the most correct "
-        "predictions on its own validation split (ties, e.g. no validation data: the later in "
-        "'order'); the billboard candidate exists where the whole model is shared and the noise "
-        "of the T releases, sigma*sqrt(k*T), is at most T*clip, and it is preferred on ties "
-        "(last) where that noise is at most half of T*clip (public parameters)",
-        "order": names,
-        "clear_signal": bool(clear),
-        "clients_per_candidate": {name: int(counts[i]) for i, name in enumerate(names)},
-        **grids,
-        "signal": bool(signal),
-        "noise_norm": noise,
-        "signal_bound": bound,
-        "clip": clip,
-    }
+        acc[split] = evaluate(net, fin.params, buffers, xs, ys, personalized=True)
+    counts = np.bincount(fin.choice, minlength=len(plan.names))
     return {
         "finetune": "auto",
-        "finetune_auto": info,
+        "finetune_auto": auto_info(plan, counts.tolist(), fin.grids),
         "pre_finetune_test_accuracy": out["test_accuracy"],
         "test_accuracy": float(acc["test"]["accuracy"]),
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
         "val_accuracy": float(acc["val"]["accuracy"]),
-        "_params": chosen,
+        "_params": fin.params,
     }
 
 
@@ -964,7 +896,6 @@ def _finetune(
     seed: int,
     grid: tuple[list[float], list[float]] | None = None,
 ) -> dict[str, Any]:
-    from privmtl.federated.finetune import finetune
     from privmtl.federated.finetune_selection import finetune_select
 
     start = "personalized" if result.personalized_params is not None else "global"
@@ -989,18 +920,20 @@ def _finetune(
             "note": "each client chose (lr, lam) on its own validation split: no privacy cost",
         }
     else:
-        params, acc = finetune(
-            result,
-            ds,
-            net,
-            method=method,
-            start=start,
+        from privmtl.federated.algorithms import evaluate
+
+        fin = finish_clients(
+            method, ds, net,
+            stack_trained(result.personalized_params, result.global_params, ds.n_clients),
+            result.global_params, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start,
             epochs=epochs,
-            lr=lr,
-            batch_size=batch_size,
-            lam=lam,
-            seed=seed,
-        )
+        )  # fmt: skip
+        params = fin.params
+        buffers = {n: b.detach() for n, b in net.named_buffers()}
+        acc = {
+            split: evaluate(net, params, buffers, *ds.split(split), personalized=True)
+            for split in ("val", "test")
+        }
     return {
         **extra,
         "finetune": method,

@@ -44,7 +44,7 @@ another client's rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,7 @@ from privmtl.federated.config import TrainResult, check_inputs
 __all__ = [
     "FINETUNE_METHODS",
     "FINETUNE_STARTS",
+    "check_client_index",
     "empirical_fisher",
     "finetune",
     "finetune_objective",
@@ -200,20 +201,41 @@ def empirical_fisher(
 
 
 # ---------------------------------------------------------------------------- plan
+def check_client_index(client_index: Sequence[int] | None, m: int) -> np.ndarray:
+    """The population indices of a data set's ``m`` clients (default ``0 .. m-1``), checked."""
+    if client_index is None:
+        return np.arange(m)
+    index = np.asarray(client_index, dtype=np.int64).reshape(-1)
+    if len(index) != m or (len(index) and int(index.min()) < 0):
+        raise InvalidParameterError(
+            f"The 'client_index' parameter must hold one index >= 0 per client ({m}); got "
+            f"{list(client_index)!r}."
+        )
+    return index
+
+
 def finetune_plan(
-    dataset: FederatedDataset, *, epochs: int, batch_size: int, seed: int
+    dataset: FederatedDataset,
+    *,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    client_index: Sequence[int] | None = None,
 ) -> list[list[np.ndarray]]:
     """Minibatches of every client as rows of ``dataset.concat("train")``.
 
     ``plan[k][s]`` holds the rows of step ``s`` of client ``k``: ``epochs`` fresh permutations of
     the client's ``n_k`` examples cut into ``ceil(n_k / batch_size)`` minibatches, drawn from
-    ``numpy.random.default_rng([seed, 3, k])``.
+    ``numpy.random.default_rng([seed, 3, i])`` with ``i = client_index[k]`` (default ``k``): the
+    index of the client in the whole population, so that a part of the population (one Flower
+    node's clients) draws what the same clients draw in the whole.
     """
     _, _, offsets = dataset.concat("train")
+    index = check_client_index(client_index, dataset.n_clients)
     plan = []
     for k in range(dataset.n_clients):
         n = int(offsets[k + 1] - offsets[k])
-        rng = np.random.default_rng([seed, 3, k])
+        rng = np.random.default_rng([seed, 3, int(index[k])])
         steps: list[np.ndarray] = []
         for _ in range(epochs):
             perm = rng.permutation(n)
@@ -387,6 +409,7 @@ def finetune(
     global_params: Mapping[str, torch.Tensor] | None = None,
     client_chunk: int | None = None,
     fisher_chunk: int = 256,
+    client_index: Sequence[int] | None = None,
 ) -> tuple[Params, dict[str, dict[str, float]]]:
     r"""Fine-tune every client locally after private training (post-processing, no privacy cost).
 
@@ -423,6 +446,9 @@ def finetune(
         their number of steps; the models do not depend on the grouping).
     fisher_chunk : int, default 256
         Rows per ``vmap`` chunk of the per-example gradients of the EWC Fisher.
+    client_index : sequence of int, optional
+        The population index of every client of ``dataset``, which seeds its minibatches
+        (:func:`finetune_plan`; default: its position in ``dataset``).
 
     Returns
     -------
@@ -485,7 +511,9 @@ def finetune(
             else None
         )
         x_all, y_all, offsets = dataset.concat("train")
-        plan = finetune_plan(dataset, epochs=epochs, batch_size=batch_size, seed=seed)
+        plan = finetune_plan(
+            dataset, epochs=epochs, batch_size=batch_size, seed=seed, client_index=client_index
+        )
         if epochs == 0:
             out = starts
         elif batched:

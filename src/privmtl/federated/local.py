@@ -169,6 +169,7 @@ def _train_grid(
     seed: int,
     client_chunk: int | None,
     batched: bool,
+    client_index: Sequence[int] | None = None,
 ) -> list[Params]:
     """The models of every grid point, stacked ``(m, ...)``, in grid order.
 
@@ -187,12 +188,14 @@ def _train_grid(
         for e, lr in grid:
             params, _ = finetune(
                 init, dataset, model, method="vanilla", start="global", epochs=e, lr=lr,
-                batch_size=batch_size, seed=seed, batched=False,
+                batch_size=batch_size, seed=seed, batched=False, client_index=client_index,
             )  # fmt: skip
             out.append(params)
         return out
     x_all, y_all, offsets = dataset.concat("train")
-    plan = finetune_plan(dataset, epochs=e_max, batch_size=batch_size, seed=seed)
+    plan = finetune_plan(
+        dataset, epochs=e_max, batch_size=batch_size, seed=seed, client_index=client_index
+    )
     per_epoch = np.array([len(p) // e_max for p in plan], dtype=np.int64)
     snaps = {
         (e, lr): {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in init.items()}
@@ -260,6 +263,7 @@ def train_local(
     seed: int = 0,
     client_chunk: int | None = 64,
     batched: bool = True,
+    client_index: Sequence[int] | None = None,
 ) -> TrainResult:
     r"""Train every client alone on its own data, over a grid of epochs and step sizes.
 
@@ -285,6 +289,9 @@ def train_local(
         Clients trained together per vectorised call (None: all); the models do not depend on it.
     batched : bool, default True
         ``False`` runs :func:`~privmtl.federated.finetune.finetune`'s per-client reference loop.
+    client_index : sequence of int, optional
+        The population index of every client of ``dataset``, which seeds its minibatches
+        (:func:`~privmtl.federated.finetune.finetune_plan`; default: its position).
 
     Returns
     -------
@@ -314,7 +321,7 @@ def train_local(
     grid_val: list[float] = []
     grid_test: list[float] = []
     models = _train_grid(
-        model, buffers, init, dataset, grid, batch_size, seed, client_chunk, batched
+        model, buffers, init, dataset, grid, batch_size, seed, client_chunk, batched, client_index
     )
     for g, params in enumerate(models):
         correct, loss = client_scores(model, params, buffers, val_x, val_y)

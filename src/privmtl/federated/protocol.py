@@ -12,6 +12,14 @@ The backbone of the PMTL family, written once:
 4. the **driver** (:class:`Trainer`) records the round and, every ``checkpoint_every`` rounds,
    saves the curator's and the clients' state atomically.
 
+The protocol is written once for two transports: the in-process :class:`Trainer` and Flower's
+ServerApp and ClientApp (:mod:`privmtl.flower`) both call :func:`setup_run` and
+:func:`make_curator` (the release, the billboard, the curator), :func:`new_ledger`,
+:func:`client_starts` and :func:`client_step` (the client step: starts, update rule, Ditto's copy,
+message, what is kept), :func:`budget_stops`, :func:`round_record`, :func:`fingerprint_base` and
+:func:`run_result`; they differ only in how the clients' data and states are held and how the
+messages travel.
+
 The methods differ only in what a client starts from, its update rule, what it sends and how the
 billboard absorbs a release (:class:`MethodSpec`):
 
@@ -50,7 +58,7 @@ import secrets
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,13 +106,26 @@ from privmtl.privacy.release import (
 from privmtl.privacy.sampling import ClientSampler, make_sampler
 
 __all__ = [
+    "ClientStep",
     "Curator",
     "MethodSpec",
     "RoundRecord",
+    "RunSetup",
     "Trainer",
     "billboard_carries_signal",
     "billboard_noise_and_bound",
+    "budget_stops",
+    "client_messages",
+    "client_rule",
+    "client_starts",
+    "client_step",
+    "fingerprint_base",
+    "make_curator",
     "method_spec",
+    "new_ledger",
+    "round_record",
+    "run_result",
+    "setup_run",
 ]
 
 MessageHook = Callable[[int, np.ndarray, Params], Params]
@@ -143,6 +164,111 @@ def method_spec(config: TrainConfig) -> MethodSpec:
             "workshop", "own", lam, True, True, billboard="replace", message="model"
         ),
     }[config.method]
+
+
+# ---------------------------------------------------------------------------------- client
+@dataclass
+class ClientStep:
+    """One round of the sampled clients: what they keep, what they send, their training loss.
+
+    ``kept`` is the clients' new state (stacked ``(K, ...)``: personalized models, PP-SGD's
+    ``θ`` under ``split_names``), ``messages`` their messages (the shared parameters only).
+    """
+
+    kept: Params
+    messages: Params
+    losses: list[float]
+
+
+TrainFn = Callable[[Params, UpdateRule], tuple[Params, list[float]]]
+"""``train(starts, rule) -> (news, losses)``: local SGD of the round's clients, as a transport
+runs it (in process: the whole round's plan, threads; on a Flower node: its own clients)."""
+
+
+def client_rule(spec: MethodSpec, config: TrainConfig, anchor: Params | None) -> UpdateRule:
+    """The local update rule of ``spec`` (:mod:`privmtl.federated.client`)."""
+    if spec.start == "split":
+        mu = config.lam if config.pp_theta_reg is None else config.pp_theta_reg
+        return SplitStep(lr=config.lr, alpha=config.pp_alpha, mu=mu)
+    ball = config.ball if spec.name == "workshop" else None
+    return ProxStep(lr=config.lr, anchor=anchor, weight=spec.prox_weight, ball=ball)
+
+
+def client_starts(
+    spec: MethodSpec,
+    billboard: Params,
+    sel: torch.Tensor,
+    *,
+    personal: Params | None = None,
+    joined: torch.Tensor | None = None,
+    theta: Params | None = None,
+) -> tuple[Params, Params | None]:
+    """Start states of the clients ``sel`` and the anchor of the local rule.
+
+    ``personal``, ``joined`` and ``theta`` are the clients' stored states stacked over the index
+    space of ``sel`` (their personalized models, whether each took part before — a client that
+    did not starts from the billboard, ``personal_init="billboard"`` — and PP-SGD's ``θ``); for
+    ``"block"`` starts the billboard's blocks are indexed by ``sel``.
+    """
+    k = len(sel)
+    if spec.start == "global":
+        starts = {n: p.unsqueeze(0).expand((k, *p.shape)).clone() for n, p in billboard.items()}
+        return starts, billboard if spec.prox_weight else None
+    if spec.start == "block":
+        centre = {n: p.mean(0) for n, p in billboard.items()} if spec.prox_weight else None
+        return {n: p.index_select(0, sel) for n, p in billboard.items()}, centre
+    if spec.start == "split":
+        assert theta is not None
+        starts = {n: p.unsqueeze(0).expand((k, *p.shape)).clone() for n, p in billboard.items()}
+        starts.update({split_names(n): p.index_select(0, sel) for n, p in theta.items()})
+        return starts, None
+    assert personal is not None
+    starts = {n: p.index_select(0, sel) for n, p in personal.items()}
+    if joined is not None:  # first participation: start from the billboard
+        new = ~joined.index_select(0, sel)
+        if bool(new.any()):
+            for n, b in billboard.items():
+                starts[n][new] = b
+    return starts, billboard if spec.prox_weight else None
+
+
+def client_messages(
+    spec: MethodSpec, billboard: Params, shared: Sequence[str], starts: Params, news: Params
+) -> Params:
+    """The clients' messages (shared parameters only) from their starts and new states."""
+    if spec.message == "model":
+        return {n: news[n] for n in shared}
+    if spec.message in ("offset", "ditto") or spec.start in ("global", "split"):
+        return {n: news[n] - billboard[n] for n in shared}
+    return {n: news[n] - starts[n] for n in shared}
+
+
+def client_step(
+    spec: MethodSpec,
+    config: TrainConfig,
+    billboard: Params,
+    shared: Sequence[str],
+    starts: Params,
+    anchor: Params | None,
+    train: TrainFn,
+) -> ClientStep:
+    """The client step of every method, written once for every transport.
+
+    Local training from ``starts`` with the method's rule (:func:`client_rule`); the clients keep
+    the result; with Ditto's message a copy of the billboard (the clients' own values for the
+    parameters that are not shared) is trained on the same minibatches without the pull, and the
+    message is computed from it (the personalized model is never sent); else the message is
+    computed from the trained state (:func:`client_messages`).
+    """
+    news, losses = train(starts, client_rule(spec, config, anchor))
+    kept = news
+    if spec.message == "ditto":
+        copies = {
+            n: billboard[n].unsqueeze(0).expand_as(p).clone() if n in shared else p.clone()
+            for n, p in starts.items()
+        }
+        news = train(copies, client_rule(spec, config, None))[0]
+    return ClientStep(kept, client_messages(spec, billboard, shared, starts, news), losses)
 
 
 # ---------------------------------------------------------------------------------- curator
@@ -364,6 +490,212 @@ def _refuse_running_buffers(model: nn.Module) -> None:
             )
 
 
+def run_result(
+    config: TrainConfig,
+    history: list[dict[str, Any]],
+    accuracies: dict[str, dict[str, dict[str, float]]],
+    *,
+    personalized: Params | None,
+    global_params: Params,
+    primary: str,
+    epsilon: float,
+    delta: float,
+    ledger: PrivacyLedger | None,
+    noise_source: str,
+    stopped_on_budget: bool,
+    client_ids: list[str],
+    extra: dict[str, Any] | None = None,
+) -> TrainResult:
+    """The :class:`TrainResult` of a run, as every transport assembles it (the training time is
+    the sum of the rounds' ``seconds``)."""
+    seconds = sum(r["seconds"] for r in history)
+    return TrainResult(
+        config=config,
+        client_ids=client_ids,
+        personalized_params=personalized,
+        global_params=global_params,
+        history=history,
+        accuracies=accuracies,
+        primary=primary,
+        epsilon=epsilon,
+        delta=delta,
+        ledger=ledger,
+        seconds=seconds,
+        seconds_per_round=seconds / max(len(history), 1),
+        noise_source=noise_source,
+        stopped_on_budget=stopped_on_budget,
+        extra={} if extra is None else extra,
+    )
+
+
+@dataclass
+class RunSetup:
+    """What every transport builds from a configuration before its first round (:func:`setup_run`).
+
+    ``config`` has ``personal_init="auto"`` resolved; ``release`` is the mechanism of every round
+    (clip, noise, sampler, divisor, subspace, adaptive clipping's count); ``billboard`` the initial
+    billboard (the shared parameters, or ``m`` stacked blocks); ``shared`` the parameters that go
+    through it; ``personal_init`` the initial values of the others; ``init`` the initial model
+    (projected to the ball for the workshop variant).
+    """
+
+    config: TrainConfig
+    spec: MethodSpec
+    m: int
+    q: int
+    release: GaussianMeanRelease
+    init: Params
+    shared: list[str]
+    personal_init: Params
+    billboard: Params
+
+
+def setup_run(
+    config: TrainConfig, m: int, init: Params, *, sampler: ClientSampler | None = None
+) -> RunSetup:
+    """The release, the billboard and the resolved configuration of a run on ``m`` clients.
+
+    Written once for the in-process :class:`Trainer` and the Flower ServerApp: ``q`` (``m`` with
+    ``sampling="all"``; above ``m`` is an error), the warning of Algorithm 1's message with partial
+    participation, the :class:`~privmtl.privacy.release.GaussianMeanRelease` of the method, the
+    split into shared and personal parameters and ``personal_init="auto"``'s resolution
+    (:func:`~privmtl.federated.spec.resolve_personal_init`).
+    """
+    spec = method_spec(config)
+    full = config.sampling == "all" or spec.name == "workshop"
+    q = m if full else config.clients_per_round
+    if q > m:
+        raise InvalidParameterError(
+            f"The 'clients_per_round' parameter must be <= the number of clients ({m}); got {q}."
+        )
+    if spec.name == "pmtl" and spec.message == "delta" and q < m:
+        warnings.warn(
+            f"server_update='delta' (Algorithm 1 as printed) with partial participation (q={q} "
+            f"of m={m} clients per round) moves the billboard m/q = {m / q:.3g} times faster "
+            "than the mean of the personalized models and can diverge; server_update='offset' "
+            "(the authors' code) has the same privacy guarantee.",
+            PrivmtlWarning,
+            stacklevel=3,
+        )
+    sampler = (
+        sampler if sampler is not None else make_sampler("all" if full else config.sampling, m, q)
+    )
+    clip, sigma, divisor = config.clip, config.noise_std, float(q)
+    if spec.name == "workshop":
+        clip = config.ball  # models are projected to the ball: the clip is its radius
+    if spec.billboard == "blocks":  # block std zγ with z = σq/γ (PMTL's multiplier)
+        sigma, divisor = config.noise_std * q, 1.0
+    if spec.name == "local":
+        sigma = 0.0
+    mech = GaussianMeanRelease(
+        clip=clip,
+        noise_std=sigma,
+        sampler=sampler,
+        divisor=divisor,
+        subspace_dim=config.subspace_dim,
+        subspace_seed=config.seed,
+        count_noise_std=config.count_noise_std_for(q) if spec.communicates else None,
+    )
+    if spec.name == "workshop":
+        assert config.ball is not None
+        init = project_to_ball(init, config.ball, stacked=False)
+    shared = _shared_names(init, config.shared_params)
+    shared_init = {n: init[n] for n in shared}
+    board = _stack(init, m) if spec.billboard == "blocks" else shared_init
+    if config.personal_init == "auto":
+        dim = config.subspace_dim or sum(p.numel() for p in shared_init.values())
+        resolved = resolve_personal_init("auto", mech.noise_std, mech.clip, dim)
+        config = dataclasses.replace(config, personal_init=resolved)
+    personal = {n: p for n, p in init.items() if n not in shared}
+    return RunSetup(config, spec, m, q, mech, init, shared, personal, board)
+
+
+def make_curator(
+    setup: RunSetup, *, noise: NoiseSource, ledger: PrivacyLedger | None, name: str = ""
+) -> Curator:
+    """The :class:`Curator` of a run (its server optimizer and adaptive clip from the config)."""
+    config = setup.config
+    optimizer = None
+    if config.server_optimizer != "none":
+        optimizer = ServerOptimizer(
+            config.server_optimizer,
+            lr=config.server_lr,
+            momentum=config.server_momentum,
+            beta2=config.server_beta2,
+            eps=config.server_adam_eps,
+        )
+    return Curator(
+        setup.release,
+        setup.billboard,
+        noise=noise,
+        ledger=ledger,
+        update=setup.spec.billboard,
+        seed=config.seed,
+        name=name,
+        optimizer=optimizer,
+        adaptive_clip=None
+        if config.adaptive_clip_quantile is None
+        else AdaptiveClip(config.adaptive_clip_quantile, config.adaptive_clip_lr),
+    )
+
+
+def new_ledger(
+    config: TrainConfig, delta: float, budget: float | None, path: Path | None = None
+) -> PrivacyLedger:
+    """A run's ledger (its accountant, relation, δ and budget), durable at ``path`` if given."""
+    kw: dict[str, Any] = {
+        "delta": delta,
+        "accountant": config.accountant,
+        "relation": config.relation,
+        "budget": budget,
+    }
+    return PrivacyLedger(**kw) if path is None else PrivacyLedger.open(path, **kw)
+
+
+def fingerprint_base(config: TrainConfig, noise_source: str, m: int) -> dict[str, Any]:
+    """The part of a checkpoint's fingerprint every transport shares: the results-relevant
+    configuration (no execution-only field, no budget: a resumed run may be given another), the
+    noise source and the number of clients."""
+    cfg = {k: v for k, v in config.to_dict().items() if k not in _EXECUTION_ONLY}
+    cfg.pop("budget", None)
+    return {**cfg, "noise_source": noise_source, "num_clients": m}
+
+
+def budget_stops(curator: Curator, budget: float | None) -> bool:
+    """True when the run has a budget that the curator's next release would exceed."""
+    return budget is not None and curator.would_exceed_budget()
+
+
+def round_record(
+    t: int,
+    sampled: Sequence[int] | np.ndarray,
+    losses: Sequence[float],
+    out: Release | None,
+    noise_multiplier: float | None,
+    epsilon: float,
+    seconds: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The history entry of one round, as every transport records it (``out``: the release, or
+    None for a round without one; ``extra`` is added last, e.g. the clients that answered)."""
+    norms = np.zeros(0) if out is None else out.norms
+    clipped = np.zeros(0, dtype=bool) if out is None else out.clipped
+    finite = any(not math.isnan(v) for v in losses)
+    return {
+        "round": t,
+        "sampled": [int(k) for k in sampled],
+        "n_sampled": len(sampled),
+        "train_loss": float(np.nanmean(losses)) if finite else math.nan,
+        "update_norms": [float(v) for v in norms],
+        "clipped_fraction": float(clipped.mean()) if len(clipped) else 0.0,
+        "noise_multiplier": noise_multiplier,
+        **({} if out is None else out.details),
+        "epsilon": epsilon,
+        "seconds": seconds,
+        **extra,
+    }
+
+
 class Trainer:
     r"""The in-process driver of every federated method: steppable, checkpointable, resumable.
 
@@ -433,22 +765,6 @@ class Trainer:
         self.spec = spec = method_spec(config)
         m = dataset.n_clients
         self.m = m
-        full = config.sampling == "all" or spec.name == "workshop"
-        q = m if full else config.clients_per_round
-        if q > m:
-            raise InvalidParameterError(
-                f"The 'clients_per_round' parameter must be <= the number of clients ({m}); got {q}."
-            )
-        self.q = q
-        if spec.name == "pmtl" and spec.message == "delta" and q < m:
-            warnings.warn(
-                f"server_update='delta' (Algorithm 1 as printed) with partial participation (q={q} "
-                f"of m={m} clients per round) moves the billboard m/q = {m / q:.3g} times faster "
-                "than the mean of the personalized models and can diverge; server_update='offset' "
-                "(the authors' code) has the same privacy guarantee.",
-                PrivmtlWarning,
-                stacklevel=2,
-            )
         self.noise_source = check_choice(
             "noise_source", noise_source or config.noise_source, ("secure", "seeded")
         )
@@ -470,28 +786,13 @@ class Trainer:
         self.x_all = x_all.to(next(iter(init.values())).dtype)
         self.y_all, self.offsets = y_all, offsets
 
-        # ---- the release of this method
-        sampler = (
-            sampler
-            if sampler is not None
-            else make_sampler("all" if full else config.sampling, m, q)
-        )
-        clip, sigma, divisor = config.clip, config.noise_std, float(q)
-        if spec.name == "workshop":
-            clip = config.ball  # models are projected to the ball: the clip is its radius
-        if spec.billboard == "blocks":  # block std zγ with z = σq/γ (PMTL's multiplier)
-            sigma, divisor = config.noise_std * q, 1.0
-        if spec.name == "local":
-            sigma = 0.0
-        mech = GaussianMeanRelease(
-            clip=clip,
-            noise_std=sigma,
-            sampler=sampler,
-            divisor=divisor,
-            subspace_dim=config.subspace_dim,
-            subspace_seed=config.seed,
-            count_noise_std=config.count_noise_std_for(q) if spec.communicates else None,
-        )
+        # ---- the release of this method, the billboard and the curator
+        setup = setup_run(config, m, init, sampler=sampler)
+        config, q = setup.config, setup.q
+        self.config, self.q, self.shared = config, q, setup.shared
+        self._personal_init = setup.personal_init
+        init = setup.init
+        mech = setup.release
         if spec.communicates and mech.private:
             if ledger is None:
                 ledger = self._make_ledger()
@@ -500,40 +801,7 @@ class Trainer:
             ledger.budget = budget
         self.ledger = ledger if spec.communicates and mech.private else None
         noise = make_noise_source(self.noise_source, config.seed)
-
-        # ---- curator and client states
-        if spec.name == "workshop":
-            assert config.ball is not None
-            init = project_to_ball(init, config.ball, stacked=False)
-        self.shared = _shared_names(init, config.shared_params)
-        self._personal_init = {n: p for n, p in init.items() if n not in self.shared}
-        shared_init = {n: init[n] for n in self.shared}
-        board = _stack(init, m) if spec.billboard == "blocks" else shared_init
-        if config.personal_init == "auto":
-            dim = config.subspace_dim or sum(p.numel() for p in shared_init.values())
-            resolved = resolve_personal_init("auto", mech.noise_std, mech.clip, dim)
-            self.config = config = dataclasses.replace(config, personal_init=resolved)
-        optimizer = None
-        if config.server_optimizer != "none":
-            optimizer = ServerOptimizer(
-                config.server_optimizer,
-                lr=config.server_lr,
-                momentum=config.server_momentum,
-                beta2=config.server_beta2,
-                eps=config.server_adam_eps,
-            )
-        self.curator = Curator(
-            mech,
-            board,
-            noise=noise,
-            ledger=self.ledger,
-            update=spec.billboard,
-            seed=config.seed,
-            optimizer=optimizer,
-            adaptive_clip=None
-            if config.adaptive_clip_quantile is None
-            else AdaptiveClip(config.adaptive_clip_quantile, config.adaptive_clip_lr),
-        )
+        self.curator = make_curator(setup, noise=noise, ledger=self.ledger)
         self.clients: dict[str, Params] = {}
         if spec.start == "own":
             self.clients["personal"] = _stack(init, m)
@@ -558,26 +826,14 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- setup
     def _make_ledger(self, path: Path | None = None) -> PrivacyLedger:
-        kw: dict[str, Any] = {
-            "delta": self.delta,
-            "accountant": self.config.accountant,
-            "relation": self.config.relation,
-            "budget": self.budget,
-        }
-        if path is None:
-            return PrivacyLedger(**kw)
-        return PrivacyLedger.open(path, **kw)
+        return new_ledger(self.config, self.delta, self.budget, path)
 
     def fingerprint_config(self) -> dict[str, Any]:
         """What a checkpoint must match: results-relevant config, data, model and noise source."""
-        cfg = {k: v for k, v in self.config.to_dict().items() if k not in _EXECUTION_ONLY}
-        cfg.pop("budget", None)  # a resumed run may be given another budget
         sizes = self.dataset.sizes("train").tolist()
         ids = hashlib.sha256("\n".join(self.dataset.client_ids).encode()).hexdigest()
         return {
-            **cfg,
-            "noise_source": self.noise_source,
-            "num_clients": self.m,
+            **fingerprint_base(self.config, self.noise_source, self.m),
             "client_ids_sha256": ids,
             "train_sizes_sha256": hashlib.sha256(str(sizes).encode()).hexdigest(),
             "model": {n: list(p.shape) for n, p in self.model.named_parameters()},
@@ -666,36 +922,17 @@ class Trainer:
             self._local.step_fn = fn
         return fn
 
-    def _rule(self, anchor: Params | None) -> UpdateRule:
-        cfg, spec = self.config, self.spec
-        if spec.start == "split":
-            mu = cfg.lam if cfg.pp_theta_reg is None else cfg.pp_theta_reg
-            return SplitStep(lr=cfg.lr, alpha=cfg.pp_alpha, mu=mu)
-        ball = cfg.ball if spec.name == "workshop" else None
-        return ProxStep(lr=cfg.lr, anchor=anchor, weight=spec.prox_weight, ball=ball)
-
     def _starts(self, sel: torch.Tensor) -> tuple[Params, Params | None]:
         """Start states of the sampled clients and the anchor of the local rule."""
-        spec, board, k = self.spec, self.curator.billboard, len(sel)
-        if spec.start == "global":
-            starts = {n: p.unsqueeze(0).expand((k, *p.shape)).clone() for n, p in board.items()}
-            return starts, board if spec.prox_weight else None
-        if spec.start == "block":
-            centre = {n: p.mean(0) for n, p in board.items()} if spec.prox_weight else None
-            return {n: p.index_select(0, sel) for n, p in board.items()}, centre
-        if spec.start == "split":
-            starts = {n: p.unsqueeze(0).expand((k, *p.shape)).clone() for n, p in board.items()}
-            theta = self.clients["theta"]
-            starts.update({split_names(n): p.index_select(0, sel) for n, p in theta.items()})
-            return starts, None
-        personal = self.clients["personal"]
-        starts = {n: p.index_select(0, sel) for n, p in personal.items()}
-        if "joined" in self.clients:  # first participation: start from the billboard
-            new = ~self.clients["joined"]["mask"].index_select(0, sel)
-            if bool(new.any()):
-                for n, b in board.items():
-                    starts[n][new] = b
-        return starts, board if spec.prox_weight else None
+        joined = self.clients.get("joined")
+        return client_starts(
+            self.spec,
+            self.curator.billboard,
+            sel,
+            personal=self.clients.get("personal"),
+            joined=None if joined is None else joined["mask"],
+            theta=self.clients.get("theta"),
+        )
 
     def _train_clients(
         self, starts: Params, rule: UpdateRule, plan: list[list[np.ndarray]], pool: Any
@@ -731,27 +968,11 @@ class Trainer:
         news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, order) for n in starts}
         return news, [losses[int(i)] for i in order]
 
-    def _billboard_starts(self, starts: Params) -> Params:
-        """The sampled clients' start states with the shared parameters set to the billboard."""
-        board = self.curator.billboard
-        return {
-            n: board[n].unsqueeze(0).expand_as(p).clone() if n in self.shared else p.clone()
-            for n, p in starts.items()
-        }
-
-    def _messages(self, starts: Params, news: Params) -> Params:
-        spec, board = self.spec, self.curator.billboard
-        if spec.message == "model":
-            return {n: news[n] for n in self.shared}
-        if spec.message in ("offset", "ditto") or spec.start in ("global", "split"):
-            return {n: news[n] - board[n] for n in self.shared}
-        return {n: news[n] - starts[n] for n in self.shared}
-
     def step(self, pool: Any = None) -> RoundRecord | None:
         """Run one round; None when the run is finished or stops on its budget."""
         if self.finished:
             return None
-        if self.budget is not None and self.curator.would_exceed_budget():
+        if budget_stops(self.curator, self.budget):
             if self.on_budget == "raise":
                 assert self.ledger is not None
                 self.ledger.check(self.curator.event())
@@ -763,45 +984,41 @@ class Trainer:
         assert sampled is not None
         plan = draw_round_plan(sampled, self.offsets, t, self.config)
         losses: list[float] = []
-        norms, clipped = np.zeros(0), np.zeros(0, dtype=bool)
-        diagnostics: dict[str, Any] = {}
+        out = None
         messages = {n: p.new_zeros((0, *p.shape)) for n, p in self._template().items()}
         if len(sampled):
             sel = torch.from_numpy(sampled)
             starts, anchor = self._starts(sel)
-            news, losses = self._train_clients(starts, self._rule(anchor), plan, pool)
-            self._keep(sel, news)
-            if spec.message == "ditto":
-                # Ditto: the message is a copy of the billboard trained on the same minibatches
-                # without the pull (FedAvg's update); the personal model above is never sent.
-                news = self._train_clients(
-                    self._billboard_starts(starts), self._rule(None), plan, pool
-                )[0]
-            messages = self._messages(starts, news)
+            done = client_step(
+                spec,
+                self.config,
+                self.curator.billboard,
+                self.shared,
+                starts,
+                anchor,
+                lambda st, rule: self._train_clients(st, rule, plan, pool),
+            )
+            self._keep(sel, done.kept)
+            messages, losses = done.messages, done.losses
         if self.message_hook is not None:
             messages = self.message_hook(t, sampled, messages)
         if spec.communicates:
             out = self.curator.release(messages, rows=sampled)
-            norms, clipped = out.norms, out.clipped
-            diagnostics = out.details
             if self.ledger is not None:
                 self.epsilon = out.epsilon
         else:
             self.curator.round += 1  # local training: a round without a release
         z = self.curator.release_mechanism.noise_multiplier if spec.communicates else None
-        rec: dict[str, Any] = {
-            "round": t,
-            "sampled": sampled.tolist(),
-            "n_sampled": len(sampled),
-            "train_loss": float(np.nanmean(losses)) if len(losses) else math.nan,
-            "update_norms": [float(v) for v in norms],
-            "clipped_fraction": float(clipped.mean()) if len(clipped) else 0.0,
-            "noise_multiplier": z,
-            **diagnostics,
-            "epsilon": self.epsilon,
-            "seconds": time.perf_counter() - t0,
-            "cpu_seconds": time.process_time() - c0,
-        }
+        rec = round_record(
+            t,
+            sampled,
+            losses,
+            out,
+            z,
+            self.epsilon,
+            time.perf_counter() - t0,
+            cpu_seconds=time.process_time() - c0,
+        )
         if self.config.eval_every and (t + 1) % self.config.eval_every == 0:
             ev = self._evaluate_split("val")
             main = ev["personalized" if self.spec.personalized else "global"]
@@ -914,20 +1131,17 @@ class Trainer:
         """The :class:`TrainResult` of the rounds run so far (evaluates on val and test)."""
         personal, glob = self._outputs()
         accuracies = {split: self._evaluate_split(split) for split in ("val", "test")}
-        train_seconds = sum(r["seconds"] for r in self.history)
-        return TrainResult(
-            config=self.config,
-            client_ids=list(self.dataset.client_ids),
-            personalized_params=personal if self.spec.personalized else None,
+        return run_result(
+            self.config,
+            self.history,
+            accuracies,
+            personalized=personal if self.spec.personalized else None,
             global_params=glob,
-            history=self.history,
-            accuracies=accuracies,
             primary="personalized" if self.spec.personalized else "global",
             epsilon=self.epsilon,
             delta=self.delta,
             ledger=self.ledger,
-            seconds=train_seconds,
-            seconds_per_round=train_seconds / max(len(self.history), 1),
             noise_source=self.noise_source,
             stopped_on_budget=self.stopped_on_budget,
+            client_ids=list(self.dataset.client_ids),
         )

@@ -71,7 +71,7 @@ PERSONAL_INITS = ("auto", "model", "billboard")
 """Where a client's persistent model starts (``personal_init``)."""
 FINETUNE_CHOICES = ("auto", "none", *FINETUNE_METHODS)
 """The values of the ``finetune`` setting (local fine-tuning after training): ``auto`` (each
-client's choice on its own validation split, :data:`~privmtl.experiments.pmtl.AUTO_FINETUNE_EPOCHS`),
+client's choice on its own validation split, :data:`~privmtl.federated.finish.AUTO_FINETUNE_EPOCHS`),
 ``none``, or one of :func:`~privmtl.federated.finetune.finetune`'s methods
 (:data:`~privmtl.federated.finetune.FINETUNE_METHODS`)."""
 _SAMPLINGS = ("poisson", "fixed", "all")

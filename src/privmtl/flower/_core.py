@@ -1,16 +1,27 @@
 """The PMTL protocol split into a server side and a node side, independent of the transport.
 
+Both sides are thin: the protocol itself is :mod:`privmtl.federated.protocol`'s, written once for
+the in-process :class:`~privmtl.federated.protocol.Trainer` and for Flower.
+
 :class:`NodeClients` is what one SuperNode runs: it holds the data of its clients (a partition
-of the population chosen by ``partition-id``/``num-partitions``), their persistent personalized
-models, and runs the one client step of :mod:`privmtl.federated.client` (PMTL's mean-regularized
-local SGD from the client's own model, with the minibatch plan of
-:func:`~privmtl.federated.algorithms.draw_round_plan`).
+of the population chosen by ``partition-id``/``num-partitions``) and their persistent
+personalized models, and runs the client step of the in-process engine
+(:func:`~privmtl.federated.protocol.client_starts` and
+:func:`~privmtl.federated.protocol.client_step`: starts, update rule, Ditto's copy, message, what
+is kept) with the minibatch plan of :func:`~privmtl.federated.algorithms.draw_round_plan`. At the
+end of the run it runs its clients' end of the run on their own data
+(:func:`~privmtl.federated.finish.finish_clients`, as ``run_pmtl`` does for all clients).
 
 :class:`ServerRun` is what the ServerApp runs: PMTL's :class:`~privmtl.federated.protocol.Curator`
-(sampling, clip → mean over the fixed ``q`` → noise → write-ahead ledger → billboard) built exactly
-as the in-process :class:`~privmtl.federated.protocol.Trainer` builds it, so a seeded run releases
-the same billboards. The server never sees a personalized model: it receives the clients' messages
-(``w - w̃``) and per-client evaluation counts.
+(sampling, clip → mean over the fixed ``q`` → noise → write-ahead ledger → billboard) set up by
+:func:`~privmtl.federated.protocol.setup_run` and
+:func:`~privmtl.federated.protocol.make_curator` as the Trainer sets it up, with the Trainer's
+ledger, checkpoint fingerprint, budget stop and round record, so a seeded run releases the same
+billboards. The server never sees a personalized model: it receives the clients' messages and
+per-client evaluation counts (and, with ``finetune="auto"``, each client's choice).
+
+The settings of a run are :class:`~privmtl.federated.spec.RunSpec`'s, every one a key of the run
+configuration (:data:`RUN_DEFAULTS`, :func:`run_options`, :func:`run_spec`).
 
 The Flower apps (:mod:`privmtl.flower.apps`) only move these objects' inputs and outputs as
 ``ArrayRecord``/``ConfigRecord`` messages.
@@ -18,6 +29,7 @@ The Flower apps (:mod:`privmtl.flower.apps`) only move these objects' inputs and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import json
@@ -34,25 +46,39 @@ from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint,
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
-from privmtl.federated.client import ProxStep, local_sgd_batched
+from privmtl.federated.client import UpdateRule, local_sgd_batched
 from privmtl.federated.config import TrainConfig, TrainResult
-from privmtl.federated.protocol import Curator, method_spec
+from privmtl.federated.protocol import (
+    budget_stops,
+    client_starts,
+    client_step,
+    fingerprint_base,
+    make_curator,
+    method_spec,
+    new_ledger,
+    round_record,
+    run_result,
+    setup_run,
+)
 from privmtl.federated.spec import SPEC, RunSpec, resolve_defaults, train_config
 from privmtl.flower.secagg import SECAGG_DEFAULTS
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import make_noise_source
-from privmtl.privacy.release import GaussianMeanRelease
-from privmtl.privacy.sampling import make_sampler
 
 __all__ = [
+    "FINISH_TIMEOUT",
     "FLOWER_FIXED",
+    "FLOWER_METHODS",
+    "NOT_GIVEN",
     "RUN_DEFAULTS",
     "SERVER_DIR",
     "NodeClients",
     "ServerRun",
     "check_options",
     "default_work_dir",
+    "finish_timeout",
     "from_bytes",
+    "given_spec",
     "load_node",
     "make_config",
     "partition",
@@ -62,46 +88,111 @@ __all__ = [
 ]
 
 # run-config keys (pyproject [tool.flwr.app.config]) -> run_pmtl/RunSpec meaning; the algorithm
-# and privacy defaults are the run spec's (privmtl.federated.spec.SPEC), as run_pmtl's
+# and privacy defaults are the run spec's (privmtl.federated.spec.SPEC), as run_pmtl's. Every
+# RunSpec field has a key (its name with "-" for "_"); a TOML value cannot be None, so a
+# data-dependent or absent default is encoded as "not given" (see NOT_GIVEN).
 RUN_DEFAULTS: dict[str, Any] = {
     "data": "synthetic",
     "data-path": "",
     "num-clients": 0,  # synthetic only; 0: the generator's default m
     "model": "logreg",
+    "method": SPEC.method,
     "rounds": SPEC.rounds,
     "clients-per-round": 0,  # 0: the spec's default, min(20, m)
     "epsilon": -1.0,  # < 0: not given
     "noise-std": -1.0,  # < 0: not given
     "clip": SPEC.clip,
     "lam": -1.0,  # < 0: the spec's default (default_lam: 0.001 when private, else 1)
+    "personal-init": SPEC.personal_init,
     "lr": SPEC.lr,
     "batch-size": SPEC.batch_size,
-    "local-steps": 0,  # 0: one local epoch
+    "local-steps": 0,  # 0: not given (one local epoch)
+    "local-epochs": 0,  # 0: not given
     "seed": SPEC.seed,
     "sampling": SPEC.sampling,
     "accountant": SPEC.accountant,
     "relation": SPEC.relation,
     "server-update": SPEC.server_update,
+    "finetune": SPEC.finetune,
     "noise-source": SPEC.noise_source,
+    "delta": -1.0,  # < 0: the spec's default (or the paper's with paper-delta)
     "paper-delta": False,  # True: the PMTL paper's delta = 1/m (reproductions); else DP practice
+    "server-optimizer": SPEC.server_optimizer,
+    "server-lr": SPEC.server_lr,
+    "server-momentum": SPEC.server_momentum,
+    "shared-params": "",  # "": every parameter is shared; else names separated by commas
+    "subspace-dim": 0,  # 0: every coordinate
+    "adaptive-clip-quantile": -1.0,  # < 0: a fixed clip
+    "adaptive-clip-lr": SPEC.adaptive_clip_lr,
+    "adaptive-clip-noise": -1.0,  # < 0: the spec's default (q/20)
     "num-supernodes": 1,
     "work-dir": "",  # "": default_work_dir() of the machine running the ServerApp
     "on-missing": "fail",  # "fail" | "proceed"
     "round-timeout": 120.0,
+    # seconds to wait for the nodes' end of the run (fine-tuning, finetune="auto"'s choice) and
+    # evaluation, which trains all of a node's clients; 0: FINISH_TIMEOUT or round-timeout if longer
+    "finish-timeout": 0.0,
     **SECAGG_DEFAULTS,
     "budget-epsilon": -1.0,  # <= 0: no budget
     "checkpoint-every": 1,
     "resume": False,
 }
 
+FINISH_TIMEOUT = 600.0
+"""Seconds the ServerApp waits at least for the nodes' end of the run when ``finish-timeout`` is 0
+(a node fine-tunes every one of its clients: far more work than one round's client step)."""
+
+
+def finish_timeout(opts: dict[str, Any]) -> float:
+    """The seconds to wait for the nodes' end of the run and evaluation."""
+    given = float(opts["finish-timeout"])
+    return given if given > 0 else max(FINISH_TIMEOUT, float(opts["round-timeout"]))
+
+
+NOT_GIVEN: dict[str, Any] = {
+    "clients_per_round": 0,
+    "epsilon": -1.0,
+    "noise_std": -1.0,
+    "lam": -1.0,
+    "local_steps": 0,
+    "local_epochs": 0,
+    "delta": -1.0,
+    "shared_params": "",
+    "subspace_dim": 0,
+    "adaptive_clip_quantile": -1.0,
+    "adaptive_clip_noise": -1.0,
+}
+"""The run configuration's encoding of a RunSpec field's None (a TOML value cannot be None)."""
+
 SERVER_DIR = "server"
 """The ServerApp's storage inside the work directory (ledger, checkpoint, billboards, result)."""
 
 
+def _key(name: str) -> str:
+    return name.replace("_", "-")
+
+
 def run_options(run_config: dict[str, Any]) -> dict[str, Any]:
-    """The run configuration with every key present (defaults filled in)."""
+    """The run configuration with every key present (defaults filled in), ready for TOML.
+
+    Keys are :data:`RUN_DEFAULTS`'s; a :class:`~privmtl.federated.spec.RunSpec` field is also
+    accepted by its own name (``personal_init`` for ``personal-init``). A value None is "not
+    given" (the default); ``delta="paper"`` is ``paper-delta``;
+    ``shared_params`` may be a sequence of names. Keys that are not options are ignored.
+    """
     out = dict(RUN_DEFAULTS)
-    out.update({k: v for k, v in run_config.items() if k in RUN_DEFAULTS})
+    for name, value in run_config.items():
+        key = name if name in RUN_DEFAULTS else _key(name)
+        if key not in RUN_DEFAULTS:
+            continue
+        field = key.replace("-", "_")
+        if value is None:  # not given: the default
+            value = NOT_GIVEN.get(field, RUN_DEFAULTS[key])
+        elif field == "delta" and value == "paper":
+            out["paper-delta"], value = True, NOT_GIVEN["delta"]
+        elif field == "shared_params" and not isinstance(value, str):
+            value = ",".join(str(v) for v in value)
+        out[key] = value
     return out
 
 
@@ -123,11 +214,19 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
     """Refuse invalid run options before any process starts (InvalidParameterError)."""
     from privmtl._validation import check_choice, check_int, check_real
 
+    run_config = run_options(run_config)
     check_int("num_supernodes", num_supernodes, low=1)
     check_int("rounds", run_config["rounds"], low=1)
     if run_config["clients-per-round"] != 0:  # 0: the spec's default
         check_int("clients_per_round", run_config["clients-per-round"], low=1)
     check_int("seed", run_config["seed"], low=0)
+    spec = given_spec(run_config)  # every RunSpec setting, checked; other methods refused
+    if bool(run_config.get("secagg")) and spec.adaptive_clip_quantile is not None:
+        raise InvalidParameterError(
+            "The 'adaptive_clip_quantile' parameter needs every message's norm, which secure "
+            "aggregation hides from the curator; give it without secagg, got "
+            f"adaptive_clip_quantile={spec.adaptive_clip_quantile!r} with secagg=True."
+        )
     num = int(run_config.get("num-clients", 0))
     if num:
         check_int("num_clients", num, low=num_supernodes)
@@ -143,6 +242,7 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
     if std != -1.0:
         check_real("noise_std", std, low=0.0)
     check_real("round_timeout", run_config["round-timeout"], low=0.0, closed="neither")
+    check_real("finish_timeout", run_config["finish-timeout"], low=0.0)
     check_int("checkpoint_every", run_config["checkpoint-every"], low=1)
     budget = float(run_config["budget-epsilon"])
     if budget != -1.0:
@@ -150,44 +250,68 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
     check_choice("on_missing", run_config["on-missing"], ("fail", "proceed"))
 
 
-FLOWER_FIXED: dict[str, Any] = {"method": "pmtl", "personal_init": "model", "finetune": "none"}
-"""Settings of the run spec that a Flower run does not take as options: it runs PMTL, its clients
-start from the initial model, and it does not fine-tune (what its ``config`` reports)."""
+FLOWER_FIXED: dict[str, Any] = {}
+"""Settings of the run spec that a Flower run does not take as options: none (every RunSpec field
+is a run-configuration key; :data:`FLOWER_METHODS` are the methods a Flower run has)."""
+
+FLOWER_METHODS = ("pmtl", "fedavg", "fedprox")
+"""The methods of a Flower run: those whose clients start from their own model or the billboard
+and whose billboard adds the release (the others are refused by :func:`run_spec`)."""
+
+
+def _given(opts: dict[str, Any], field: str) -> Any:
+    """The value of RunSpec ``field`` in the run configuration, None when "not given"."""
+    value = opts[_key(field)]
+    if field in NOT_GIVEN:
+        if isinstance(value, str):
+            return value or None
+        if isinstance(value, bool):  # a flag is no number: let RunSpec refuse it
+            return value
+        if float(value) == float(NOT_GIVEN[field]):
+            return None
+    return value
 
 
 def run_spec(opts: dict[str, Any], m: int) -> RunSpec:
     """The resolved :class:`~privmtl.federated.spec.RunSpec` of a run with ``m`` clients.
 
-    The run configuration's "not given" values (``-1``; 0 clients per round) are the spec's
-    defaults, resolved by :func:`~privmtl.federated.spec.resolve_defaults` as ``run_pmtl``
-    resolves them; an explicit ``clients-per-round`` above ``m`` is read as ``m``.
+    Every field is read from the run configuration by its name (:func:`run_options`); "not given"
+    values are the spec's defaults, resolved by :func:`~privmtl.federated.spec.resolve_defaults`
+    as ``run_pmtl`` resolves them (``personal_init="auto"`` is resolved by the ServerApp once the
+    noise is calibrated). An explicit ``clients-per-round`` above ``m`` is read as ``m``. A setting
+    a Flower run does not have (a method other than :data:`FLOWER_METHODS`) is refused with an
+    :class:`~privmtl.exceptions.InvalidParameterError` naming it.
     """
-    eps, std, lam = float(opts["epsilon"]), float(opts["noise-std"]), float(opts["lam"])
-    if eps >= 0 and std >= 0:
-        raise InvalidParameterError(
-            f"Give at most one of 'epsilon' and 'noise_std'; got epsilon={eps}, noise_std={std}."
-        )
-    q, steps = int(opts["clients-per-round"]), int(opts["local-steps"])
-    spec = RunSpec(
-        **FLOWER_FIXED,
-        rounds=int(opts["rounds"]),
-        clients_per_round=min(q, m) if q > 0 else None,
-        local_steps=steps if steps > 0 else None,
-        batch_size=int(opts["batch-size"]),
-        lr=float(opts["lr"]),
-        lam=lam if lam >= 0 else None,
-        clip=float(opts["clip"]),
-        epsilon=eps if eps >= 0 else None,
-        noise_std=std if std >= 0 else None,
-        delta="paper" if bool(opts["paper-delta"]) else None,
-        sampling=str(opts["sampling"]),
-        seed=int(opts["seed"]),
-        accountant=str(opts["accountant"]),
-        relation=str(opts["relation"]),
-        server_update=str(opts["server-update"]),
-        noise_source=str(opts["noise-source"]),
-    )
+    spec = given_spec(opts)
+    q = spec.clients_per_round
+    if q is not None and q > m:
+        spec = spec.replace(clients_per_round=m)
     return resolve_defaults(spec, m)
+
+
+def given_spec(opts: dict[str, Any]) -> RunSpec:
+    """The :class:`~privmtl.federated.spec.RunSpec` the run configuration gives (checked, before
+    the data-dependent defaults are resolved); a method a Flower run does not have is refused."""
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(RunSpec):
+        fields[f.name] = _given(opts, f.name)
+    if bool(opts["paper-delta"]):
+        if fields["delta"] is not None:
+            raise InvalidParameterError(
+                "Give at most one of 'delta' and 'paper_delta'; got "
+                f"delta={fields['delta']!r}, paper_delta=True."
+            )
+        fields["delta"] = "paper"
+    shared = fields["shared_params"]
+    if shared is not None:
+        fields["shared_params"] = tuple(n.strip() for n in str(shared).split(",") if n.strip())
+    spec = RunSpec(**fields)
+    if spec.method not in FLOWER_METHODS:
+        raise InvalidParameterError(
+            f"The 'method' parameter must be one of {list(FLOWER_METHODS)} on Flower; got "
+            f"{spec.method!r} (run it in process: privmtl pmtl --method {spec.method})."
+        )
+    return spec
 
 
 def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
@@ -401,29 +525,29 @@ class NodeClients:
             (steps,) = draw_round_plan([k], self.full_offsets, round_index, config)
             shift = int(self.offsets[self.pos[k]]) - int(self.full_offsets[k])
             plan.append([s + shift for s in steps])
-        starts = {n: torch.stack([self.model_of(k)[n] for k in clients]) for n in self.init}
-        rule = ProxStep(lr=config.lr, anchor=billboard, weight=spec.prox_weight)
-        news, losses = local_sgd_batched(
-            self.step_fn, starts, rule, self.x_all, self.y_all, plan, config.batch_size
-        )
-        for j, k in enumerate(clients):
-            cid = self.client_ids[self.pos[k]]
-            self.before[cid] = self.personal.get(cid)
-            self.personal[cid] = {n: news[n][j].clone() for n in news}
+        cids = [self.client_ids[self.pos[k]] for k in clients]
+        own = {
+            n: torch.stack([self.personal.get(c, self.init)[n] for c in cids]) for n in self.init
+        }
+        joined = None
+        if config.personal_init == "billboard":  # a client's first round starts from the billboard
+            joined = torch.tensor([c in self.personal for c in cids], dtype=torch.bool)
+        sel = torch.arange(len(clients))
+        starts, anchor = client_starts(spec, billboard, sel, personal=own, joined=joined)
+
+        def train(st: Params, rule: UpdateRule) -> tuple[Params, list[float]]:
+            return local_sgd_batched(
+                self.step_fn, st, rule, self.x_all, self.y_all, plan, config.batch_size
+            )
+
+        done = client_step(spec, config, billboard, list(billboard), starts, anchor, train)
+        if spec.start == "own":  # the clients keep their personalized models
+            for j, cid in enumerate(cids):
+                self.before[cid] = self.personal.get(cid)
+                self.personal[cid] = {n: done.kept[n][j].clone() for n in done.kept}
         self.rounds_trained += 1
         self.save()
-        if spec.message == "ditto":  # a copy of the billboard, same minibatches, no pull
-            copies = {n: billboard[n].unsqueeze(0).expand_as(starts[n]).clone() for n in self.init}
-            trained, _ = local_sgd_batched(
-                self.step_fn, copies, ProxStep(lr=config.lr), self.x_all, self.y_all, plan,
-                config.batch_size,
-            )  # fmt: skip
-            msgs = {n: trained[n] - billboard[n] for n in self.init}
-        elif spec.message == "offset":
-            msgs = {n: news[n] - billboard[n] for n in self.init}
-        else:
-            msgs = {n: news[n] - starts[n] for n in self.init}
-        return msgs, [float(v) for v in losses]
+        return done.messages, [float(v) for v in done.losses]
 
     def save(self) -> None:
         """Write the personalized models to the node's storage (atomic replace)."""
@@ -439,23 +563,81 @@ class NodeClients:
         }
         write_atomic(self.state_dir / "personal.pt", to_bytes(data))
 
-    def evaluate(self, billboard: Params) -> dict[str, list[float]]:
-        """Per-client correct counts and sizes of the personalized and the global model."""
-        personal = {
-            n: torch.stack([self.model_of(int(k))[n] for k in self.clients]) for n in self.init
+    def global_model(self, billboard: Params) -> Params:
+        """The released global model: the billboard, and the initial values of the parameters
+        that are not shared (partial sharing), as the in-process engine reports it."""
+        return {n: billboard[n] if n in billboard else p for n, p in self.init.items()}
+
+    def trained(self, billboard: Params, personal_init: str = "model") -> Params:
+        """The trained models of this node's clients, stacked in the order of ``clients``.
+
+        A client never sampled holds what it would start from: the billboard (the global model)
+        with ``personal_init="billboard"``, else the initial model.
+        """
+        never = self.global_model(billboard) if personal_init == "billboard" else self.init
+        return {
+            n: torch.stack([self.personal.get(cid, never)[n] for cid in self.client_ids])
+            for n in self.init
         }
-        out: dict[str, list[float]] = {}
+
+    def evaluate(
+        self, billboard: Params, finish: dict[str, Any] | None = None
+    ) -> dict[str, list[float]]:
+        """Per-client correct counts and sizes of the personalized and the global model.
+
+        ``finish`` (the run's public end-of-run settings: ``finetune``, ``personal_init`` and
+        what :func:`~privmtl.federated.finish.finish_clients` and
+        :func:`~privmtl.federated.finish.auto_plan` read) makes every client of the node run its
+        end of the run on its own data; then ``{split}_final`` holds the counts of the models
+        the clients keep, ``choice`` the candidate each chose (``finetune="auto"``) and
+        ``grids`` the candidates' public grids.
+        """
+        finish = finish or {}
+        glob_model = self.global_model(billboard)
+        method = str(finish.get("method", "pmtl"))
+        if method_spec(TrainConfig(method=method)).personalized:
+            personal = self.trained(billboard, str(finish.get("personal_init", "model")))
+        else:  # a global-model method: every client's trained model is the billboard
+            personal = {
+                n: p.unsqueeze(0).expand((len(self.clients), *p.shape))
+                for n, p in glob_model.items()
+            }
+        final = None
+        out: dict[str, Any] = {}
+        finetune = str(finish.get("finetune", "none"))
+        if finetune != "none":
+            from privmtl.federated.finish import auto_plan, finish_clients
+
+            self.model.train()
+            plan = None
+            if finetune == "auto":
+                plan = auto_plan(
+                    method, finish["shared_params"], float(finish["noise_std"]),
+                    finish["clip"], int(finish["released_dim"]), int(finish["rounds"]),
+                )  # fmt: skip
+            done = finish_clients(
+                finetune, self.local, self.model, personal, glob_model,
+                batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
+                lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
+                start=str(finish.get("start", "personalized")), client_index=self.clients.tolist(),
+            )  # fmt: skip
+            final = done.params  # (finish_clients trains the model as run_pmtl does: train mode)
+            if done.choice is not None:
+                out["choice"] = [int(v) for v in done.choice]
+            out["grids"] = done.grids
         for split in ("val", "test"):
             xs, ys = self.local.split(split)
             xs = [x.to(self.x_all.dtype) for x in xs]
             counts = [float(y.shape[0]) for y in ys]
-            self.model.eval()
             pc, _ = client_scores(self.model, personal, self.buffers, xs, ys)
-            glob = {n: p.unsqueeze(0).expand(len(ys), *p.shape) for n, p in billboard.items()}
+            glob = {n: p.unsqueeze(0).expand(len(ys), *p.shape) for n, p in glob_model.items()}
             gc, _ = client_scores(self.model, glob, self.buffers, xs, ys)
             out[f"{split}_n"] = counts
             out[f"{split}_personal"] = [float(v) for v in pc]
             out[f"{split}_global"] = [float(v) for v in gc]
+            if final is not None:
+                fc, _ = client_scores(self.model, final, self.buffers, xs, ys)
+                out[f"{split}_final"] = [float(v) for v in fc]
         return out
 
 
@@ -510,9 +692,11 @@ class ServerRun:
     ) -> None:
         m = num_clients
         self.opts, self.m = opts, m
-        self.config, self.sigma = make_config(opts, m)
-        cfg = self.config
-        self.q = q = cfg.clients_per_round
+        config, self.sigma = make_config(opts, m)
+        # the release, billboard, shared parameters and personal_init as the Trainer sets them up
+        self.setup = setup = setup_run(config, m, init)
+        self.config = cfg = setup.config
+        self.q = setup.q
         budget = float(opts["budget-epsilon"])
         self.budget = budget if budget > 0 else None
         self.checkpoint_every = int(opts["checkpoint-every"])
@@ -520,31 +704,17 @@ class ServerRun:
         if self.server_dir is not None:
             self.server_dir.mkdir(parents=True, exist_ok=True)
             ledger_path = self.server_dir / "ledger.jsonl"
-        sampler = make_sampler(cfg.sampling, m, q)
-        mech = GaussianMeanRelease(clip=cfg.clip, noise_std=cfg.noise_std, sampler=sampler)
+        mech = setup.release
         self.delta = cfg.delta_for(m)
         self.ledger: PrivacyLedger | None = None
         if mech.private:
-            kw: dict[str, Any] = {
-                "delta": self.delta,
-                "accountant": cfg.accountant,
-                "relation": cfg.relation,
-                "budget": self.budget,
-            }
-            self.ledger = (
-                PrivacyLedger(**kw)
-                if ledger_path is None
-                else PrivacyLedger.open(Path(ledger_path), **kw)
+            self.ledger = new_ledger(
+                cfg, self.delta, self.budget, None if ledger_path is None else Path(ledger_path)
             )
             self.ledger.epsilon_if(mech.event())
         self.noise_source = cfg.noise_source
-        self.curator = Curator(
-            mech,
-            init,
-            noise=make_noise_source(cfg.noise_source, cfg.seed),
-            ledger=self.ledger,
-            update="add",
-            seed=cfg.seed,
+        self.curator = make_curator(
+            setup, noise=make_noise_source(cfg.noise_source, cfg.seed), ledger=self.ledger
         )
         self.shapes = {n: [int(v) for v in p.shape] for n, p in init.items()}
         self.run_index = 0
@@ -571,14 +741,8 @@ class ServerRun:
 
     def fingerprint_config(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed (as the Trainer's, plus data and run)."""
-        from privmtl.federated.protocol import _EXECUTION_ONLY
-
-        cfg = {k: v for k, v in self.config.to_dict().items() if k not in _EXECUTION_ONLY}
-        cfg.pop("budget", None)  # a resumed run may be given another budget
         return {
-            **cfg,
-            "noise_source": self.noise_source,
-            "num_clients": self.m,
+            **fingerprint_base(self.config, self.noise_source, self.m),
             "data": str(self.opts["data"]),
             "data_path": str(self.opts["data-path"]),
             "model": str(self.opts["model"]),
@@ -648,7 +812,7 @@ class ServerRun:
 
     def stop_on_budget(self) -> bool:
         """True (and ``stopped_on_budget`` set) when the next release would exceed the budget."""
-        if self.budget is not None and self.curator.would_exceed_budget():
+        if budget_stops(self.curator, self.budget):
             self.stopped_on_budget = True
         return self.stopped_on_budget
 
@@ -692,26 +856,20 @@ class ServerRun:
                 for n in names
             }
             out = self.curator.release(stacked, rows=np.asarray(answered, dtype=np.int64))
-        ls = [losses[k] for k in answered if k in losses and not math.isnan(losses[k])]
-        self.history.append(
-            {
-                "round": t,
-                "sampled": [int(k) for k in sampled],
-                "answered": answered,
-                "n_sampled": len(sampled),
-                "train_loss": float(np.mean(ls)) if ls else math.nan,
-                "update_norms": [float(v) for v in out.norms],
-                "clipped_fraction": (
-                    float(np.mean(out.clipped))
-                    if len(out.clipped)
-                    else (math.nan if secure is not None else 0.0)
-                ),
-                "noise_multiplier": self.curator.release_mechanism.noise_multiplier,
-                "epsilon": float(out.epsilon) if self.ledger is not None else math.inf,
-                "seconds": seconds,
-                **(extra or {}),
-            }
+        rec = round_record(
+            t,
+            sampled,
+            [losses[k] for k in answered if k in losses],
+            out,
+            self.curator.release_mechanism.noise_multiplier,
+            float(out.epsilon) if self.ledger is not None else math.inf,
+            seconds,
+            answered=answered,
+            **(extra or {}),
         )
+        if secure is not None and not len(out.clipped):
+            rec["clipped_fraction"] = math.nan  # the curator never sees a message (secagg)
+        self.history.append(rec)
         self.billboards.append({n: p.clone() for n, p in self.curator.billboard.items()})
         r = self.curator.round
         if r % self.checkpoint_every == 0 or r == self.config.rounds:
@@ -719,6 +877,8 @@ class ServerRun:
 
     def result(self, evaluations: list[dict[str, list[float]]], started: float) -> TrainResult:
         """A :class:`TrainResult` (no personalized models: they stay on the nodes)."""
+        personalized = self.setup.spec.personalized
+        kinds = (("personalized", "personal"),) if personalized else ()
         acc: dict[str, dict[str, dict[str, float]]] = {}
         for split in ("val", "test"):
             n = np.concatenate([np.asarray(e[f"{split}_n"]) for e in evaluations])
@@ -726,42 +886,113 @@ class ServerRun:
                 kind: _accuracy(
                     np.concatenate([np.asarray(e[f"{split}_{key}"]) for e in evaluations]), n
                 )
-                for kind, key in (("personalized", "personal"), ("global", "global"))
+                for kind, key in (*kinds, ("global", "global"))
             }
-        secs = float(sum(h["seconds"] for h in self.history))
-        return TrainResult(
-            config=self.config,
-            client_ids=[],
-            personalized_params=None,
-            global_params=self.curator.billboard,
-            history=self.history,
-            accuracies=acc,
-            primary="personalized",
+        return run_result(
+            self.config,
+            self.history,
+            acc,
+            personalized=None,
+            global_params=self.global_model(),
+            primary="personalized" if personalized else "global",
             epsilon=self.epsilon,
             delta=self.delta,
             ledger=self.ledger,
-            seconds=secs,
-            seconds_per_round=secs / max(len(self.history), 1),
             noise_source=self.noise_source,
             stopped_on_budget=self.stopped_on_budget,
+            client_ids=[],
             extra={"wall_seconds": time.perf_counter() - started},
         )
 
-    def result_dict(self, evaluations: list[dict[str, list[float]]], started: float) -> dict:
+    def global_model(self) -> Params:
+        """The released global model: the billboard and, with partial sharing, the initial
+        values of the parameters that are not shared (as the in-process engine reports it)."""
+        board = self.curator.billboard
+        return {n: board.get(n, p) for n, p in {**self.setup.init, **board}.items()}
+
+    def finish_settings(self) -> dict[str, Any]:
+        """The public settings of every client's end of the run, sent to the nodes with the
+        final billboard (:meth:`NodeClients.evaluate`): what ``run_pmtl`` passes to
+        :func:`~privmtl.federated.finish.finish_clients` for the same run."""
+        cfg = self.config
+        dim = next((h["released_dim"] for h in self.history if "released_dim" in h), None)
+        personalized = self.setup.spec.personalized
+        return {
+            "method": cfg.method,
+            "finetune": run_spec(self.opts, self.m).finetune,
+            "start": "personalized" if personalized else "global",
+            "personal_init": cfg.personal_init,
+            "shared_params": None if cfg.shared_params is None else list(cfg.shared_params),
+            "noise_std": float(self.sigma or 0.0),
+            "clip": cfg.clip,
+            "released_dim": int(dim or 0),
+            "rounds": len(self.history) or cfg.rounds,
+            "batch_size": cfg.batch_size,
+            "seed": cfg.seed,
+            "lr": cfg.lr,
+            "lam": float(cfg.lam),
+        }
+
+    def _finish_part(
+        self, evaluations: list[dict[str, Any]], pre_test_accuracy: float
+    ) -> tuple[dict[str, Any], list[str]]:
+        """The result keys of the clients' end of the run (as ``run_pmtl``'s) and its notes."""
+        from privmtl.federated.finish import AUTO_NOTE, FINETUNE_NOTE, auto_info, auto_plan
+
+        fin = self.finish_settings()
+        if fin["finetune"] == "none":
+            return {}, []
+        acc = {}
+        for split in ("val", "test"):
+            n = np.concatenate([np.asarray(e[f"{split}_n"]) for e in evaluations])
+            final = np.concatenate([np.asarray(e[f"{split}_final"]) for e in evaluations])
+            acc[split] = _accuracy(final, n)
+        part: dict[str, Any] = {"finetune": fin["finetune"]}
+        notes: list[str] = []
+        if fin["finetune"] == "auto":
+            plan = auto_plan(
+                fin["method"], fin["shared_params"], fin["noise_std"], fin["clip"],
+                fin["released_dim"], fin["rounds"],
+            )  # fmt: skip
+            choice = np.concatenate([np.asarray(e["choice"], dtype=np.int64) for e in evaluations])
+            counts = np.bincount(choice, minlength=len(plan.names)).tolist()
+            grids: dict[str, Any] = next((e["grids"] for e in evaluations if e.get("grids")), {})
+            part["finetune_auto"] = auto_info(plan, counts, grids)
+            notes.append(AUTO_NOTE)
+        else:
+            part["finetune_start"] = fin["start"]
+        part.update(
+            {
+                "pre_finetune_test_accuracy": pre_test_accuracy,
+                "test_accuracy": acc["test"]["accuracy"],
+                "mean_client_accuracy": acc["test"]["mean_client_accuracy"],
+                "val_accuracy": acc["val"]["accuracy"],
+            }
+        )
+        if fin["finetune"] != "auto":
+            part["finetune_note"] = FINETUNE_NOTE
+        return part, notes
+
+    def result_dict(self, evaluations: list[dict[str, Any]], started: float) -> dict:
         """The JSON of ``privmtl pmtl`` for this run, plus ``engine``."""
         from privmtl.experiments.pmtl import _result_dict
 
         res = self.result(evaluations, started)
+        part, notes = self._finish_part(evaluations, float(res.test_accuracy))
         out = _result_dict(
             res,
-            method="pmtl",
+            method=self.config.method,
             model=str(self.opts["model"]),
             data=str(self.opts["data"]),
             sigma=self.sigma,
             q=self.q,
             m=self.m,
+            notes=notes,
         )
-        out["config"] = run_spec(self.opts, self.m).to_dict()
+        out.update(part)
+        # the resolved settings (personal_init as the ServerApp resolved it), as run_pmtl's
+        resolved = run_spec(self.opts, self.m)
+        out["config"] = resolved.replace(personal_init=self.config.personal_init).to_dict()
         out["clients_per_round_default"] = int(self.opts["clients-per-round"]) <= 0
         out["scaling"] = "none"  # the built-in data sets of a Flower run are not rescaled
         out["engine"] = "flower-deployment"

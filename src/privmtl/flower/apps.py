@@ -15,8 +15,11 @@ Messages (all ``RecordDict`` contents):
     stage also carries the ``train`` records and runs the client step, and the node answers with
     its masked, quantized sum of clipped client messages instead of the messages.
 ``evaluate`` (server → every node)
-    ``ArrayRecord "billboard"``; reply: ``ConfigRecord "scores"`` (per-client correct counts and
-    sizes of the personalized and the global model on val and test).
+    ``ArrayRecord "billboard"`` and ``ConfigRecord "finish"`` (the public settings of the
+    clients' end of the run, :meth:`~privmtl.flower._core.ServerRun.finish_settings`: each node
+    fine-tunes or lets its clients choose, on their own data, as ``run_pmtl`` does); reply:
+    ``ConfigRecord "scores"`` (per-client correct counts and sizes of the trained, the final and
+    the global model on val and test, and each client's choice).
 
 Node configuration: ``partition-id``, ``num-partitions`` and ``state-dir`` (the node's own storage
 for the personalized models). Run configuration: :data:`privmtl.flower._core.RUN_DEFAULTS`; the
@@ -46,6 +49,7 @@ from privmtl.flower._core import (
     NodeClients,
     ServerRun,
     default_work_dir,
+    finish_timeout,
     load_node,
     run_options,
 )
@@ -153,7 +157,9 @@ def train_secagg(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     node = _node(context)
     _restore(node, context)
-    scores = node.evaluate(_params(msg.content.array_records["billboard"]))
+    records = msg.content.config_records
+    finish = json.loads(str(records["finish"]["json"])) if "finish" in records else None
+    scores = node.evaluate(_params(msg.content.array_records["billboard"]), finish)
     content = RecordDict({"scores": ConfigRecord({"json": json.dumps(scores)})})
     return Message(content, reply_to=msg)
 
@@ -269,13 +275,14 @@ def _train_round(
 def _evaluate(
     grid: Grid, run: ServerRun, fed: _Federation, opts: dict[str, Any], timeout: float
 ) -> list[dict[str, list[float]]]:
-    """Every node scores its clients' personalized models and the final billboard."""
+    """Every node runs its clients' end of the run (fine-tuning, their choice) and scores their
+    models and the final billboard."""
     board = _arrays(run.curator.billboard)
+    finish = ConfigRecord({"json": json.dumps(run.finish_settings())})
     online = set(grid.get_node_ids())
     asked = [nid for nid in fed.nodes if nid in online]
-    evals = _ask(
-        grid, "evaluate", {nid: RecordDict({"billboard": board}) for nid in asked}, timeout
-    )
+    contents = {nid: RecordDict({"billboard": board, "finish": finish}) for nid in asked}
+    evals = _ask(grid, "evaluate", contents, timeout)
     if len(evals) < len(fed.nodes) and (opts["on-missing"] == "fail" or not evals):
         raise RuntimeError(f"only {len(evals)} of {len(fed.nodes)} nodes answered the evaluation")
     return [
@@ -317,7 +324,7 @@ def main(grid: Grid, context: Context) -> None:
                 flush=True,
             )
         torch.save(run.billboards, out_dir / "billboards.pt")
-        scores = _evaluate(grid, run, fed, opts, timeout)
+        scores = _evaluate(grid, run, fed, opts, finish_timeout(opts))
         result = run.result_dict(scores, started)
         result["nodes_evaluated"] = len(scores)
         bounds = [h["secagg_error_bound"] for h in run.history if "secagg_error_bound" in h]

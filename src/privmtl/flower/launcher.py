@@ -61,10 +61,9 @@ def _toml_value(v: Any) -> str:
 
 def write_app(directory: Path, run_config: dict[str, Any]) -> Path:
     """Write the Flower app directory (a ``pyproject.toml`` naming privmtl's apps)."""
-    from privmtl.flower._core import RUN_DEFAULTS
+    from privmtl.flower._core import run_options
 
-    cfg = dict(RUN_DEFAULTS)
-    cfg.update(run_config)
+    cfg = run_options(run_config)  # every key, RunSpec names accepted, None as "not given"
     lines = [
         "[build-system]",
         'requires = ["hatchling"]',

@@ -1,0 +1,277 @@
+r"""Each client's end of a run: the per-client post-processing of the recorded releases.
+
+After the last round every client holds its trained model (its personalized model, or the
+billboard for methods without one) and the released billboard. :func:`finish_clients` computes
+what each client keeps, from these, its own data and public parameters of the releases only:
+
+``finetune="none"``
+    the trained model;
+``finetune="vanilla" | "mr" | "skl" | "ewc"``
+    the trained model fine-tuned on the client's own data
+    (:func:`~privmtl.federated.finetune.finetune`, one epoch at the training step size);
+``finetune="auto"``
+    the client's own choice on its own validation split (:func:`auto_plan`,
+    :data:`AUTO_FINETUNE_EPOCHS`) among its trained model, its own local training from the initial
+    model and, where the billboard carries signal, the billboard fine-tuned on its data.
+
+It takes any subset of the population (``client_index``: the clients' indices in the whole), and
+a client's outcome depends on nothing but its own data, its own trained model, the billboard and
+the public parameters: computed for the whole population at once (``privmtl pmtl``,
+:func:`~privmtl.experiments.pmtl.run_pmtl`) or by each Flower node for its own clients, every
+client ends with the same model. Post-processing of the releases: the guarantee is unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from privmtl._validation import check_choice
+from privmtl.data.federated import FederatedDataset
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.algorithms import Params
+from privmtl.federated.finetune import FINETUNE_METHODS as _FINETUNE_RULES
+from privmtl.privacy.release import billboard_carries_signal, billboard_noise_and_bound
+
+__all__ = [
+    "AUTO_CANDIDATES",
+    "AUTO_CLEAR_SIGNAL",
+    "AUTO_FINETUNE_EPOCHS",
+    "AUTO_FINETUNE_LRS",
+    "AUTO_METHODS",
+    "AUTO_NOTE",
+    "AUTO_ORDERS",
+    "FINETUNE_NOTE",
+    "AutoPlan",
+    "ClientFinish",
+    "auto_info",
+    "auto_plan",
+    "finish_clients",
+    "stack_trained",
+]
+
+AUTO_FINETUNE_EPOCHS = (10, 3)
+"""``finetune="auto"``: epochs of fine-tuning the released billboard (with :data:`AUTO_FINETUNE_LRS`).
+
+Every client, sampled or never sampled, chooses on its *own* validation split (most correct
+predictions, :func:`~privmtl.federated.local.client_better`, ties going to the later candidate of
+a public order; a client without validation data keeps the last) among its trained model (its
+personalized model, or the billboard for methods without one), its own local training from the
+initial model (:func:`~privmtl.federated.local.train_local`'s default grid, whose ties go to the
+most training: what ``method="local-all"`` gives), and — only where the billboard carries signal:
+the whole model is shared and the public rule of
+:func:`~privmtl.privacy.release.billboard_carries_signal` holds for the ``T`` releases — the
+billboard fine-tuned on its own data for each of these numbers of epochs and each step size of
+:data:`AUTO_FINETUNE_LRS` (vanilla; ties go to the least fine-tuning, the closest to the billboard).
+The order is public (:data:`AUTO_ORDERS`): the trained model first; then local training and the
+fine-tuned billboard, the one preferred on ties last — the fine-tuned billboard where the noise of
+the ``T`` releases is at most :data:`AUTO_CLEAR_SIGNAL` of the most their signal can add up to
+(σ√(kT) ≤ 0.5·Tγ), else local training. Post-processing of the releases: the guarantee is
+unchanged."""
+AUTO_FINETUNE_LRS = (0.1, 0.01)
+"""``finetune="auto"``: step sizes of fine-tuning the billboard (:data:`AUTO_FINETUNE_EPOCHS`)."""
+AUTO_CANDIDATES = ("trained", "local", "billboard-finetune")
+"""``finetune="auto"``: the candidates of every client's choice."""
+AUTO_ORDERS = {
+    "clear signal": ("trained", "local", "billboard-finetune"),
+    "weak signal": ("trained", "billboard-finetune", "local"),
+}
+"""``finetune="auto"``: the public tie-break orders of :data:`AUTO_CANDIDATES` (ties go to the
+later): with a clear signal in the billboard (:data:`AUTO_CLEAR_SIGNAL`) its fine-tuned copy is
+preferred, with a weak one local training."""
+AUTO_CLEAR_SIGNAL = 0.5
+"""``finetune="auto"``: the billboard's signal is clear when the noise of its ``T`` releases,
+σ√(kT), is at most this share of the most their clipped means can add up to, Tγ."""
+AUTO_METHODS = ("pmtl", "fedavg", "fedprox")
+"""Methods whose billboard is a model worth fine-tuning (``finetune="auto"``)."""
+
+AUTO_NOTE = (
+    "finetune=auto: every client chose its model on its own validation split "
+    "(post-processing of the releases: no privacy cost)"
+)
+"""The note a result's guarantee carries after ``finetune="auto"``."""
+FINETUNE_NOTE = "local fine-tuning is post-processing of the billboard: no privacy cost"
+"""The ``finetune_note`` of a result after an explicit fine-tuning method."""
+
+_AUTO_RULE = (
+    "every client keeps, among its candidates, the one with the most correct "
+    "predictions on its own validation split (ties, e.g. no validation data: the later in "
+    "'order'); the billboard candidate exists where the whole model is shared and the noise "
+    "of the T releases, sigma*sqrt(k*T), is at most T*clip, and it is preferred on ties "
+    "(last) where that noise is at most half of T*clip (public parameters)"
+)
+
+
+@dataclass(frozen=True)
+class AutoPlan:
+    """The candidates of ``finetune="auto"``, decided from public parameters of the releases."""
+
+    names: tuple[str, ...]
+    signal: bool
+    clear: bool
+    noise_norm: float
+    signal_bound: float | None
+    clip: float | None
+
+
+def auto_plan(
+    method: str,
+    shared_params: Sequence[str] | None,
+    noise_std: float,
+    clip: float | None,
+    released_dim: int,
+    rounds: int,
+) -> AutoPlan:
+    """Which candidates every client compares, in which public order (:data:`AUTO_ORDERS`).
+
+    ``rounds`` is the number of releases made (the rounds run), ``released_dim`` the coordinates
+    of one release, ``noise_std`` σ of the released mean and ``clip`` γ: public parameters only.
+    """
+    noise, bound = billboard_noise_and_bound(noise_std, clip, released_dim, rounds)
+    signal = (
+        method in AUTO_METHODS
+        and shared_params is None
+        and billboard_carries_signal(noise_std, clip, released_dim, releases=rounds)
+    )
+    clear = signal and bound is not None and noise <= AUTO_CLEAR_SIGNAL * bound
+    order = AUTO_ORDERS["clear signal" if clear else "weak signal"]
+    names = tuple(n for n in order if n != "billboard-finetune" or signal)
+    return AutoPlan(names, bool(signal), bool(clear), noise, bound, clip)
+
+
+@dataclass
+class ClientFinish:
+    """What :func:`finish_clients` gives: every client's final model and how it was chosen.
+
+    ``params`` are stacked ``(k, ...)`` in the order of the clients; ``choice`` is the index in
+    ``plan.names`` of every client's choice (``finetune="auto"``; else None); ``grids`` the
+    public grids of the candidates (``local_grid``, ``billboard_grid``).
+    """
+
+    params: Params
+    choice: np.ndarray | None = None
+    plan: AutoPlan | None = None
+    grids: dict[str, list[list[float]]] = field(default_factory=dict)
+
+
+def finish_clients(
+    finetune: str,
+    dataset: FederatedDataset,
+    model: nn.Module,
+    trained: Params,
+    billboard: Params,
+    *,
+    batch_size: int,
+    seed: int,
+    lr: float,
+    lam: float,
+    start: str = "personalized",
+    epochs: int = 1,
+    plan: AutoPlan | None = None,
+    client_index: Sequence[int] | None = None,
+) -> ClientFinish:
+    """Every client's final model (module docstring), for the clients of ``dataset``.
+
+    Parameters
+    ----------
+    finetune : {"none", "auto", "vanilla", "mr", "skl", "ewc"}
+    dataset : FederatedDataset
+        The clients' own data (all of the population, or a part of it).
+    model : nn.Module
+        Architecture and initial parameters (the start of ``"auto"``'s local training).
+    trained : dict of str to Tensor
+        The clients' trained models, stacked ``(k, ...)`` (for a method without personalized
+        models: the billboard, stacked).
+    billboard : dict of str to Tensor
+        The released global model (the whole model: with partial sharing its personal layers
+        are the initial ones).
+    batch_size, seed, lr, lam
+        Minibatch size, seed, step size and penalty weight of fine-tuning (``"auto"``'s grids
+        are :data:`AUTO_FINETUNE_EPOCHS` and :data:`AUTO_FINETUNE_LRS`).
+    start : {"personalized", "global"}
+        Where an explicit fine-tuning method starts: the trained models or the billboard.
+    epochs : int, default 1
+        Epochs of an explicit fine-tuning method.
+    plan : AutoPlan
+        ``"auto"`` only: its candidates (:func:`auto_plan`).
+    client_index : sequence of int, optional
+        The clients' indices in the whole population (they seed the minibatches; default: their
+        positions in ``dataset``).
+    """
+    from privmtl.federated.finetune import finetune as finetune_models
+    from privmtl.federated.local import select_per_client, train_local
+
+    check_choice("finetune", finetune, ("none", "auto", *_FINETUNE_RULES))
+    if finetune == "none":
+        return ClientFinish({n: p.clone() for n, p in trained.items()})
+    if finetune != "auto":
+        params, _ = finetune_models(
+            trained, dataset, model, method=finetune, start=start, epochs=epochs, lr=lr,
+            batch_size=batch_size, lam=lam, seed=seed, global_params=billboard,
+            client_index=client_index,
+        )  # fmt: skip
+        return ClientFinish(params)
+    if plan is None:
+        raise InvalidParameterError("finish_clients(finetune='auto') needs its 'plan' (auto_plan).")
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    kw: dict[str, Any] = {
+        "batch_size": batch_size,
+        "seed": seed,
+        "select": "client",
+        "client_index": client_index,
+    }
+    grids: dict[str, list[list[float]]] = {}
+
+    def candidate(name: str) -> Params:
+        if name == "trained":
+            return trained
+        if name == "local":
+            alone = train_local(dataset, model, **kw)
+            grids["local_grid"] = alone.extra["local_selection"]["grid"]
+            assert alone.personalized_params is not None
+            return alone.personalized_params
+        begin = copy.deepcopy(model)
+        begin.load_state_dict({**begin.state_dict(), **billboard})
+        tuned = train_local(
+            dataset, begin, epochs=AUTO_FINETUNE_EPOCHS, lrs=AUTO_FINETUNE_LRS, **kw
+        )
+        grids["billboard_grid"] = tuned.extra["local_selection"]["grid"]
+        assert tuned.personalized_params is not None
+        return tuned.personalized_params
+
+    def candidates() -> Iterator[Params]:  # generated one at a time, in the public order
+        for name in plan.names:
+            yield candidate(name)
+
+    val_x, val_y = dataset.split("val")
+    chosen, choice, _ = select_per_client(candidates(), model, buffers, val_x, val_y)
+    return ClientFinish(chosen, choice, plan, grids)
+
+
+def auto_info(plan: AutoPlan, counts: Sequence[int], grids: dict[str, Any]) -> dict[str, Any]:
+    """The public description of a ``finetune="auto"`` finish (``finetune_auto`` of a result):
+    the rule, the order, how many clients chose each candidate, the grids and the signal test."""
+    return {
+        "select": "client",
+        "rule": _AUTO_RULE,
+        "order": list(plan.names),
+        "clear_signal": plan.clear,
+        "clients_per_candidate": {name: int(counts[i]) for i, name in enumerate(plan.names)},
+        **grids,
+        "signal": plan.signal,
+        "noise_norm": plan.noise_norm,
+        "signal_bound": plan.signal_bound,
+        "clip": plan.clip,
+    }
+
+
+def stack_trained(trained: Params | None, billboard: Params, m: int) -> Params:
+    """The trained models of ``m`` clients: the personalized ones, or the billboard stacked."""
+    if trained is not None:
+        return trained
+    return {n: p.unsqueeze(0).expand((m, *p.shape)) for n, p in billboard.items()}

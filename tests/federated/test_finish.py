@@ -1,0 +1,70 @@
+"""Each client's end of a run (federated.finish): computed for any part of the population, every
+client ends with the model it ends with when the whole population is finished at once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from privmtl.data.federated import make_synthetic_federated
+from privmtl.experiments.pmtl import make_model
+from privmtl.federated.finish import auto_plan, finish_clients
+
+
+def _inputs(m=9):
+    ds = make_synthetic_federated(n_clients=m, random_state=1)
+    net = make_model("logreg", ds, 0)
+    gen = torch.Generator().manual_seed(0)
+    init = dict(net.named_parameters())
+    trained = {
+        n: p.detach().unsqueeze(0).repeat(m, *[1] * p.ndim) + 0.1 * torch.randn(m, *p.shape, generator=gen)
+        for n, p in init.items()
+    }  # fmt: skip
+    board = {n: p.mean(0) for n, p in trained.items()}
+    return ds, net, trained, board
+
+
+@pytest.mark.parametrize("finetune", ["auto", "mr", "vanilla"])
+def test_finish_of_parts_equals_finish_of_the_whole(finetune):
+    ds, net, trained, board = _inputs()
+    dim = sum(p.numel() for p in board.values())
+    plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3) if finetune == "auto" else None
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan}
+    whole = finish_clients(finetune, ds, net, trained, board, **kw)
+    parts = [np.arange(0, 4), np.arange(4, 9)]
+    pieces = [
+        finish_clients(
+            finetune, ds.subset(idx.tolist()), net, {n: p[idx] for n, p in trained.items()},
+            board, client_index=idx.tolist(), **kw,
+        )
+        for idx in parts
+    ]  # fmt: skip
+    for n, p in whole.params.items():
+        got = torch.cat([piece.params[n] for piece in pieces])
+        assert torch.allclose(got, p, atol=1e-6, rtol=0), n
+    if finetune == "auto":
+        assert plan is not None and "billboard-finetune" in plan.names  # every candidate exists
+        assert np.concatenate([piece.choice for piece in pieces]).tolist() == whole.choice.tolist()
+        assert len(set(whole.choice.tolist())) > 1  # the clients do not all choose alike
+    # without the population indices, the second part's clients draw other minibatches
+    alone = finish_clients(
+        finetune, ds.subset(parts[1].tolist()), net,
+        {n: p[parts[1]] for n, p in trained.items()}, board, **kw,
+    )  # fmt: skip
+    assert not all(
+        torch.allclose(alone.params[n], whole.params[n][parts[1]], atol=1e-6) for n in board
+    )
+
+
+def test_finish_none_keeps_the_trained_models_and_auto_needs_its_plan():
+    from privmtl.exceptions import InvalidParameterError
+
+    ds, net, trained, board = _inputs(4)
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1}
+    done = finish_clients("none", ds, net, trained, board, **kw)
+    assert all(torch.equal(done.params[n], trained[n]) for n in trained) and done.choice is None
+    with pytest.raises(InvalidParameterError, match="'plan'"):
+        finish_clients("auto", ds, net, trained, board, **kw)
+    with pytest.raises(InvalidParameterError, match="'finetune'"):
+        finish_clients("sideways", ds, net, trained, board, **kw)
