@@ -107,6 +107,9 @@ def test_runtime_address_follows_the_supernode_flags():
     assert node._runtime_address(["--insecure"]) == "127.0.0.1:9094"
     argv = ["--superlink", "127.0.0.1:1", "--port", "4567", "--host", "0.0.0.0"]
     assert node._runtime_address(argv) == "0.0.0.0:4567"
+    assert node._runtime_tls(argv) == ["--insecure"]  # the Runtime API serves plain HTTP
+    tls = [*argv, "--ssl-certfile", "s.pem", "--ssl-keyfile", "s.key", "--ssl-ca-certfile", "ca"]
+    assert node._runtime_tls(tls) == ["--root-certificates", "ca"]
 
 
 def test_installed_flower_is_supported_and_the_launcher_uses_the_long_lived_node():

@@ -20,8 +20,10 @@ stay in memory between messages.
 
 The ServerApp's side of the same waits is :func:`send_and_receive`.
 
-``supernode`` and ``clientapp`` use Flower's internal runtime modules (checked by :func:`supported`); the launcher falls back
-to Flower's subprocess isolation when they are missing.
+``supernode`` and ``clientapp`` use Flower's internal runtime modules (checked by
+:func:`supported`); the launcher falls back to Flower's subprocess isolation without them. Across
+machines, start each SuperNode as ``python -m privmtl.flower.node supernode`` followed by
+``flower-supernode``'s own arguments (TLS and authentication included).
 """
 
 from __future__ import annotations
@@ -125,14 +127,26 @@ def shorten_object_waits(first: float = POLL_SECONDS, cap: float = 1.0) -> None:
             kw["initial_backoff"], kw["backoff_cap"] = first, cap
 
 
+def _flag(argv: list[str], name: str, default: str | None = None) -> str | None:
+    """The value of ``name VALUE`` in ``argv`` (the last one), else ``default``."""
+    value = default
+    for i, a in enumerate(argv[:-1]):
+        if a == name:
+            value = argv[i + 1]
+    return value
+
+
 def _runtime_address(argv: list[str]) -> str:
-    host, port = "127.0.0.1", "9094"  # flower-supernode's defaults
-    for flag, i in ((a, j) for j, a in enumerate(argv) if a in ("--host", "--port")):
-        if flag == "--host":
-            host = argv[i + 1]
-        else:
-            port = argv[i + 1]
-    return f"{host}:{port}"
+    """The SuperNode's Runtime API address (flower-supernode's defaults 127.0.0.1:9094)."""
+    return f"{_flag(argv, '--host', '127.0.0.1')}:{_flag(argv, '--port', '9094')}"
+
+
+def _runtime_tls(argv: list[str]) -> list[str]:
+    """How the executor connects to the Runtime API: TLS only when the SuperNode serves it."""
+    if "--ssl-certfile" not in argv:
+        return ["--insecure"]
+    ca = _flag(argv, "--ssl-ca-certfile")
+    return [] if ca is None else ["--root-certificates", ca]
 
 
 def run_supernode(argv: list[str], poll: float = POLL_SECONDS) -> None:
@@ -144,21 +158,20 @@ def run_supernode(argv: list[str], poll: float = POLL_SECONDS) -> None:
     shorten_object_waits(poll)
     child = [sys.executable, "-m", "privmtl.flower.node", "clientapp", "--runtime-api-address"]
     child += [_runtime_address(argv), "--parent-pid", str(os.getpid()), "--poll", str(poll)]
-    if "--insecure" in argv:
-        child.append("--insecure")
+    child += _runtime_tls(argv)
     subprocess.Popen(child, stdin=subprocess.DEVNULL)
     sys.argv = ["flower-supernode", *argv, "--isolation", "process"]
     flower_supernode()
 
 
-def _runtime_client(address: str, insecure: bool, interceptors: list[Any]) -> Any:
+def _runtime_client(address: str, tls: tuple[bool, str | None], interceptors: list[Any]) -> Any:
     from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
 
     return RuntimeHttpClient.from_server_address(
         server_address=address,
-        insecure=insecure,
-        root_certificates=None,
+        insecure=tls[0],
+        root_certificates=tls[1],
         interceptors=interceptors,
         retry_invoker=make_simple_http_retry_invoker(),
     )
@@ -168,10 +181,15 @@ def run_clientapp(
     runtime_api_address: str,
     *,
     insecure: bool,
+    root_certificates: str | None = None,
     parent_pid: int | None = None,
     poll: float = POLL_SECONDS,
 ) -> None:
-    """Take the SuperNode's ClientApp tasks one after the other, each in this process."""
+    """Take the SuperNode's ClientApp tasks one after the other, each in this process.
+
+    ``insecure``: plain HTTP to the Runtime API; else HTTPS verified with ``root_certificates``
+    (a PEM file; default: the system's CAs).
+    """
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.app_utils import start_parent_process_monitor
     from flwr.supercore.constant import TaskType
@@ -180,10 +198,11 @@ def run_clientapp(
     import privmtl.flower.apps  # noqa: F401 - imported once, before the first message
 
     shorten_object_waits(poll)
+    tls = (insecure, None if insecure else root_certificates)
     if parent_pid is not None:
         start_parent_process_monitor(parent_pid)
     executor = _runtime_client(
-        runtime_api_address, insecure, [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+        runtime_api_address, tls, [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
     )
     request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
     installed: set[str] = set()
@@ -191,7 +210,7 @@ def run_clientapp(
         while True:
             res = executor.AcquireTask(request)
             if res.HasField("task") and res.token:
-                _run_task(runtime_api_address, insecure, res.token, installed)
+                _run_task(runtime_api_address, tls, res.token, installed)
             else:
                 time.sleep(poll)
     except KeyboardInterrupt:  # the SuperNode exited, or SIGINT
@@ -200,7 +219,7 @@ def run_clientapp(
         executor.close()
 
 
-def _run_task(address: str, insecure: bool, token: str, installed: set[str]) -> None:
+def _run_task(address: str, tls: tuple[bool, str | None], token: str, installed: set[str]) -> None:
     """One ClientApp task (one message), as ``flwr-clientapp --token`` runs it, in this process."""
     from flwr.app import Message
     from flwr.app.error import Error
@@ -222,7 +241,7 @@ def _run_task(address: str, insecure: bool, token: str, installed: set[str]) -> 
 
     client = _runtime_client(
         address,
-        insecure,
+        tls,
         [
             RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
             RuntimeTokenHttpInterceptor(token),
@@ -276,13 +295,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m privmtl.flower.node clientapp")
     parser.add_argument("--runtime-api-address", required=True)
     parser.add_argument("--insecure", action="store_true")
+    parser.add_argument("--root-certificates", default=None)
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--poll", type=float, default=POLL_SECONDS)
     if args[:1] != ["clientapp"]:
         parser.error("the first argument must be 'supernode' or 'clientapp'")
     ns = parser.parse_args(args[1:])
     run_clientapp(
-        ns.runtime_api_address, insecure=ns.insecure, parent_pid=ns.parent_pid, poll=ns.poll
+        ns.runtime_api_address,
+        insecure=ns.insecure,
+        root_certificates=ns.root_certificates,
+        parent_pid=ns.parent_pid,
+        poll=ns.poll,
     )
 
 
