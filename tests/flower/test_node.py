@@ -123,3 +123,18 @@ def test_main_refuses_an_unknown_command():
     with pytest.raises(SystemExit) as info:
         node.main(["serve"])
     assert info.value.code == 2
+
+
+def test_supernode_without_the_flower_internals_is_plain_flower_supernode(monkeypatch):
+    calls = []
+
+    def execvp(*args):
+        calls.append(args)
+        raise SystemExit(0)  # stands in for the process image execvp replaces
+
+    monkeypatch.setattr(node, "supported", lambda: False)
+    monkeypatch.setattr(node.os, "execvp", execvp)
+    monkeypatch.setattr(node.subprocess, "Popen", lambda *a, **k: pytest.fail("no executor"))
+    with pytest.raises(SystemExit):
+        node.run_supernode(["--insecure", "--port", "1"])
+    assert calls == [("flower-supernode", ["flower-supernode", "--insecure", "--port", "1"])]

@@ -1,7 +1,7 @@
 """Start a SuperLink and N SuperNodes on loopback, submit the PMTL app with ``flwr run``, clean up.
 
-Every process is started in its own process group (SuperNodes start SuperExec and ClientApp
-children) and the whole group is terminated, then killed after a bounded wait, on success, on
+Every process is started in its own process group (each SuperNode runs its ClientApp process
+as a child, see :mod:`privmtl.flower.node`) and the whole group is terminated, then killed after a bounded wait, on success, on
 failure and on Ctrl-C. All traffic stays on ``127.0.0.1`` with insecure (plain HTTP) transport:
 for a real deployment across machines use TLS and node authentication (README).
 """

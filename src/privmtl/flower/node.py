@@ -150,7 +150,12 @@ def _runtime_tls(argv: list[str]) -> list[str]:
 
 
 def run_supernode(argv: list[str], poll: float = POLL_SECONDS) -> None:
-    """``flower-supernode --isolation process ARGV`` with this module's executor as its child."""
+    """``flower-supernode --isolation process ARGV`` with this module's executor as its child.
+
+    Without the Flower internals this needs (:func:`supported`), ``flower-supernode ARGV``.
+    """
+    if not supported():
+        os.execvp("flower-supernode", ["flower-supernode", *argv])
     from flwr.supernode import start_client_internal
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
