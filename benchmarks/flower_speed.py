@@ -183,37 +183,49 @@ def cmd_marginal(args: argparse.Namespace) -> None:
     for rep in range(args.pairs):
         order = arms if rep % 2 == 0 else arms[::-1]
         lengths = MARGINAL_ROUNDS if rep % 2 == 0 else MARGINAL_ROUNDS[::-1]
-        for rounds in lengths:
-            for arm in order:
-                if (arm, rep, rounds) in done:
-                    continue
-                src = before if arm == "flower-before" else SRC
-                out, wall, info = _timed(marginal_command(arm, rounds), args.timeout, src)
-                loads = json.loads(info[: info.index("}") + 1])
-                rec: dict[str, Any] = {"experiment": "marginal", "config": "synthetic-logreg"}
-                rec.update(arm=arm, rep=rep, rounds=rounds, wall_seconds=wall, **loads)
-                rec.update(ok=out is not None, time=time.time(), src=str(src))
-                rec["command"] = " ".join(["privmtl", *marginal_command(arm, rounds)[1:]])
-                rec["commit"] = _commit(src.parent if src is not None else None)
-                if out is None:
-                    rec["error"] = info[info.index("}") + 1 :]
-                else:
-                    rec["seconds_per_round"] = out.get("seconds_per_round")
-                    rec["result"] = out
-                append_jsonl(LOG, rec)
-                print(f"marginal {arm} rep {rep} rounds {rounds}: wall {wall:.1f} s, load "
-                      f"{rec['load_before']:.1f}, ok {rec['ok']}", flush=True)  # fmt: skip
+        # an arm's two run lengths back to back, so that the machine's drift between them is
+        # small ("arm-outer"); "lengths-outer" ran every arm's short run, then every long run
+        plan = (
+            [(arm, rounds) for arm in order for rounds in lengths]
+            if args.order == "arm-outer"
+            else [(arm, rounds) for rounds in lengths for arm in order]
+        )
+        for arm, rounds in plan:
+            if (arm, rep, rounds) in done:
+                continue
+            src = before if arm == "flower-before" else SRC
+            out, wall, info = _timed(marginal_command(arm, rounds), args.timeout, src)
+            loads = json.loads(info[: info.index("}") + 1])
+            rec: dict[str, Any] = {"experiment": "marginal", "config": "synthetic-logreg"}
+            rec.update(arm=arm, rep=rep, rounds=rounds, wall_seconds=wall, **loads)
+            rec.update(ok=out is not None, time=time.time(), src=str(src), order=args.order)
+            rec["command"] = " ".join(["privmtl", *marginal_command(arm, rounds)[1:]])
+            rec["commit"] = _commit(src.parent if src is not None else None)
+            if out is None:
+                rec["error"] = info[info.index("}") + 1 :]
+            else:
+                rec["seconds_per_round"] = out.get("seconds_per_round")
+                rec["result"] = out
+            append_jsonl(LOG, rec)
+            print(f"marginal {arm} rep {rep} rounds {rounds}: wall {wall:.1f} s, load "
+                  f"{rec['load_before']:.1f}, ok {rec['ok']}", flush=True)  # fmt: skip
 
 
 def _is_marginal(rec: dict[str, Any]) -> bool:
     return rec.get("experiment") == "marginal"
 
 
-def marginal_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per arm: the marginal seconds per round of each repetition, and the paired comparisons."""
+def _order(rec: dict[str, Any]) -> str:
+    return str(rec.get("order", "lengths-outer"))  # the first runs were logged without it
+
+
+def marginal_summary(runs: list[dict[str, Any]], order: str = "arm-outer") -> dict[str, Any]:
+    """Per arm: the marginal seconds per round of each repetition, and the paired comparisons
+    (the runs made in ``order``)."""
+    runs = [r for r in runs if _is_marginal(r) and _order(r) == order]
     walls: dict[tuple[str, int], dict[int, float]] = {}
     for r in runs:
-        if _is_marginal(r) and r.get("ok"):
+        if r.get("ok"):
             walls.setdefault((r["arm"], r["rep"]), {})[r["rounds"]] = r["wall_seconds"]
     short, long_ = MARGINAL_ROUNDS
     per: dict[str, dict[int, float]] = {}
@@ -241,10 +253,7 @@ def marginal_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _marginal_report(runs: list[dict[str, Any]]) -> list[str]:
-    m = marginal_summary(runs)
-    if not m["arms"]:
-        return []
+def _marginal_table(m: dict[str, Any]) -> str:
     short, long_ = MARGINAL_ROUNDS
     names = {
         "flower": "`privmtl flower local --num-supernodes 3` (long-lived ClientApps)",
@@ -274,26 +283,63 @@ def _marginal_report(runs: list[dict[str, Any]]) -> list[str]:
         "load average (1 min) at start",
         "commit",
     ]
-    loads = [r[k] for r in runs if _is_marginal(r) for k in ("load_before", "load_after")]
+    lines = [markdown_table(header, rows), ""]
+    for key, st in m["paired"].items():
+        lines.append(f"- Paired by repetition, marginal s/round of {key}: {_fmt(st)}")
+    return "\n".join(lines)
+
+
+def _marginal_report(runs: list[dict[str, Any]]) -> list[str]:
+    adjacent, spread = marginal_summary(runs, "arm-outer"), marginal_summary(runs, "lengths-outer")
+    if not adjacent["arms"] and not spread["arms"]:
+        return []
+    short, long_ = MARGINAL_ROUNDS
+
+    def load_range(order: str) -> str:
+        v = [
+            r[k]
+            for r in runs
+            if _is_marginal(r) and _order(r) == order
+            for k in ("load_before", "load_after")
+        ]
+        return f"{min(v):.1f} to {max(v):.1f}" if v else "–"
+
     cmd = " ".join(["privmtl flower local --num-supernodes 3", *MARGINAL_FLAGS, "--rounds R"])
     lines = [
         "## Marginal seconds per round (issue 23 item 4)",
         "",
-        f"Produced by `python benchmarks/flower_speed.py marginal --before-src <main>/src "
-        f"--pairs 3`. Command: `{cmd}` for R = {short} and R = {long_}, and `privmtl pmtl` with "
+        "Produced by `python benchmarks/flower_speed.py marginal --before-src <main>/src "
+        f"--pairs N`. Command: `{cmd}` for R = {short} and R = {long_}, and `privmtl pmtl` with "
         "the same flags; wall time of the whole process, start to exit. The marginal time of a "
         f"round is (wall of R = {long_} − wall of R = {short}) / {long_ - short}: start-up, data, "
         "evaluation and teardown cancel. The arms of a repetition run back to back (A B C, then "
-        "C B A, the run lengths alternating too); *before* is the same command run from the "
-        "source tree before the change (every process it starts imports that tree). 1-minute "
-        f"load average during these runs: {min(loads):.1f} to {max(loads):.1f} on 2 CPUs.",
-        "",
-        markdown_table(header, rows),
+        "C B A), and so do an arm's two run lengths (their order alternating too); *before* is "
+        "the same command run from the source tree before the change (every process it starts "
+        "imports that tree). The engine's own s/round (sampling to release, from the 8-round "
+        "runs' JSON) is beside it: it does not drift with start-up.",
         "",
     ]
-    for key, st in m["paired"].items():
-        lines.append(f"- Paired by repetition, marginal s/round of {key}: {_fmt(st)}")
-    return [*lines, ""]
+    if adjacent["arms"]:
+        lines += [
+            f"1-minute load average during these runs: {load_range('arm-outer')} on 2 CPUs.",
+            "",
+            _marginal_table(adjacent),
+            "",
+        ]
+    if spread["arms"]:
+        lines += [
+            "### First attempt: every arm's short run, then every long run",
+            "",
+            "The same runs in another order: an arm's two run lengths were several minutes "
+            "apart (the slow *before* runs between them), and the machine's load drifted by more "
+            "than the rounds cost, so some 8-round runs took less wall time than the 3-round "
+            "runs (negative marginal times). Kept for the record; read the table above. "
+            f"1-minute load average: {load_range('lengths-outer')}.",
+            "",
+            _marginal_table(spread),
+            "",
+        ]
+    return lines
 
 
 def _commit(repo: Path | None = None) -> str:
@@ -708,6 +754,7 @@ def main() -> None:
     marg.add_argument("--before-src", help="privmtl source tree of the 'before' arm (its src/)")
     marg.add_argument("--pairs", type=int, default=3)
     marg.add_argument("--timeout", type=float, default=1800.0)
+    marg.add_argument("--order", choices=["arm-outer", "lengths-outer"], default="arm-outer")
     sub.add_parser("summarize")
     args = ap.parse_args()
     {"run": cmd_run, "marginal": cmd_marginal, "summarize": cmd_summarize}[args.cmd](args)
