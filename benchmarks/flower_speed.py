@@ -316,7 +316,10 @@ def _marginal_report(runs: list[dict[str, Any]]) -> list[str]:
         "C B A), and so do an arm's two run lengths (their order alternating too); *before* is "
         "the same command run from the source tree before the change (every process it starts "
         "imports that tree). The engine's own s/round (sampling to release, from the 8-round "
-        "runs' JSON) is beside it: it does not drift with start-up.",
+        "runs' JSON) is beside it: it does not drift with start-up. *before* ran the main "
+        "branch's tree as it was at the time of each run, and the main branch moved during the "
+        "measurements (the commits in the table); its Flower transport (`flower-supernode`, a "
+        "`flwr-clientapp` process per message, Flower's 3 s polls) is the same in all of them.",
         "",
     ]
     if adjacent["arms"]:
@@ -326,6 +329,20 @@ def _marginal_report(runs: list[dict[str, Any]]) -> list[str]:
             _marginal_table(adjacent),
             "",
         ]
+        fl, pm = adjacent["arms"].get("flower"), adjacent["arms"].get("pmtl")
+        before = adjacent["arms"].get("flower-before")
+        if fl and pm and before:
+            f_med = fl["marginal_seconds_per_round"]["median"]
+            lines += [
+                f"Reading: a round of `privmtl flower local` costs {f_med:.2f} s of wall time "
+                f"(median; {pm['marginal_seconds_per_round']['median']:.2f} s in process), "
+                f"against {before['marginal_seconds_per_round']['median']:.1f} s before the "
+                "change. What is left is Flower's message path on loopback: the SuperLink's "
+                "HTTP APIs and object store, each message and its objects pushed and pulled "
+                "by the ServerApp, the SuperNode and its ClientApp process, each hop waiting at "
+                "most one 0.05 s poll (`privmtl.flower.node`).",
+                "",
+            ]
     if spread["arms"]:
         lines += [
             "### First attempt: every arm's short run, then every long run",
