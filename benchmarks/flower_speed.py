@@ -5,9 +5,9 @@ holds) with its full JSON result, the machine's load average before and after, a
 
 ``deployment``
     ``privmtl flower local --num-supernodes 3`` (a SuperLink and 3 SuperNodes on 127.0.0.1, each
-    message of a round handled by a fresh ClientApp process) against the in-process engine
-    (``run_pmtl``, what ``privmtl pmtl`` runs, with one torch thread like every SuperNode) on the same
-    configuration, for synthetic logreg and FEMNIST CNN; for synthetic also ``--secagg``. The runs of
+    message of a round handled by a fresh ClientApp process at the commits it was measured)
+    against the in-process engine (``run_pmtl``, what ``privmtl pmtl`` runs, with one torch thread
+    like every SuperNode) on the same configuration, for synthetic logreg and FEMNIST CNN; for synthetic also ``--secagg``. The runs of
     one repetition are made back to back, in an order that alternates between repetitions, and the
     summary reports the paired ratio (Flower / in-process seconds per round of the same
     repetition): median, min and max, which cancels most of the drift of a shared machine.
