@@ -5,9 +5,9 @@ holds) with its full JSON result, the machine's load average before and after, a
 
 ``deployment``
     ``privmtl flower local --num-supernodes 3`` (a SuperLink and 3 SuperNodes on 127.0.0.1, each
-    message of a round handled by a fresh ClientApp process) against the in-process engine
-    (``run_pmtl``, what ``privmtl pmtl`` runs, with one torch thread like every SuperNode) on the same
-    configuration, for synthetic logreg and FEMNIST CNN; for synthetic also ``--secagg``. The runs of
+    message of a round handled by a fresh ClientApp process at the commits it was measured)
+    against the in-process engine (``run_pmtl``, what ``privmtl pmtl`` runs, with one torch thread
+    like every SuperNode) on the same configuration, for synthetic logreg and FEMNIST CNN; for synthetic also ``--secagg``. The runs of
     one repetition are made back to back, in an order that alternates between repetitions, and the
     summary reports the paired ratio (Flower / in-process seconds per round of the same
     repetition): median, min and max, which cancels most of the drift of a shared machine.
@@ -20,6 +20,15 @@ holds) with its full JSON result, the machine's load average before and after, a
     Wall seconds of the issue's command ``privmtl flower local --num-supernodes 3 --data synthetic
     --model logreg --rounds 3 --clients-per-round 6 --epsilon 2 --json`` (process start to exit).
 
+``marginal`` (subcommand)
+    The marginal wall seconds of a round, (wall of an 8-round run − wall of a 3-round run) / 5,
+    whole process start to exit, of ``privmtl flower local --num-supernodes 3`` and of
+    ``privmtl pmtl`` with the same flags (synthetic logreg, 6 clients per round, ε = 2, seed 0,
+    reproducible noise), and of ``privmtl flower local`` run from another source tree
+    (``--before-src``, e.g. the main branch's, to show a change's gain). The runs alternate
+    (A B C, then C B A) and so do the run lengths; start-up, data loading, evaluation and teardown
+    cancel in the difference. ``summarize`` reports it in its own section.
+
 "Seconds per round" is the engine's own ``seconds_per_round`` (sampling to release, evaluation
 and start-up excluded; on Flower it includes the messages, the ClientApp processes and the
 nodes' training).
@@ -27,6 +36,7 @@ nodes' training).
 Example::
 
     python benchmarks/flower_speed.py run --femnist ../shared/data/femnist-leaf --pairs 3
+    python benchmarks/flower_speed.py marginal --before-src ../main/src --pairs 3
     python benchmarks/flower_speed.py summarize    # flower_speed.md and flower_speed.json
 """
 
@@ -96,7 +106,9 @@ def _flower_args(cfg: dict[str, Any], seed: int) -> list[str]:
     return [*args, "--server-update", cfg["server_update"], "--seed", str(seed), "--json"]
 
 
-def _timed(args: list[str], timeout: float) -> tuple[dict[str, Any] | None, float, str]:
+def _timed(
+    args: list[str], timeout: float, src: Path | None = None
+) -> tuple[dict[str, Any] | None, float, str]:
     import shutil
     import tempfile
 
@@ -105,6 +117,8 @@ def _timed(args: list[str], timeout: float) -> tuple[dict[str, Any] | None, floa
     scratch = tempfile.mkdtemp(prefix="privmtl-flower-bench-")
     env = _env()
     env["XDG_STATE_HOME"] = scratch
+    if src is not None:  # the privmtl source tree the command (and every process it starts) runs
+        env["PYTHONPATH"] = str(src)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     try:
@@ -145,8 +159,208 @@ def run_arm(arm: str, cfg: dict[str, Any], seed: int, timeout: float) -> dict[st
     return rec
 
 
-def _commit() -> str:
-    here = Path(__file__).resolve().parent
+SRC = Path(__file__).resolve().parents[1] / "src"
+RAY_MEASURED = "2.55.1"  # Ray of the simulation runs in the log (when Ray is not installed now)
+MARGINAL_FLAGS = (
+    "--data synthetic --model logreg --clients-per-round 6 --epsilon 2 --seed 0 "
+    "--reproducible-noise --json"
+).split()
+MARGINAL_ROUNDS = (3, 8)
+MARGINAL_ARMS = ("flower", "pmtl", "flower-before")
+
+
+def marginal_command(arm: str, rounds: int) -> list[str]:
+    """The command of one arm of the ``marginal`` experiment."""
+    engine = ["pmtl"] if arm == "pmtl" else ["flower", "local", "--num-supernodes", "3"]
+    return [str(BIN / "privmtl"), *engine, *MARGINAL_FLAGS, "--rounds", str(rounds)]
+
+
+def cmd_marginal(args: argparse.Namespace) -> None:
+    """Run the ``marginal`` experiment (resumable: a rerun skips the runs the log holds)."""
+    before = Path(args.before_src).resolve() if args.before_src else None
+    arms = [a for a in MARGINAL_ARMS if a != "flower-before" or before is not None]
+    done = {(r["arm"], r["rep"], r["rounds"]) for r in load_jsonl(LOG) if _is_marginal(r)}
+    for rep in range(args.pairs):
+        order = arms if rep % 2 == 0 else arms[::-1]
+        lengths = MARGINAL_ROUNDS if rep % 2 == 0 else MARGINAL_ROUNDS[::-1]
+        # an arm's two run lengths back to back, so that the machine's drift between them is
+        # small ("arm-outer"); "lengths-outer" ran every arm's short run, then every long run
+        plan = (
+            [(arm, rounds) for arm in order for rounds in lengths]
+            if args.order == "arm-outer"
+            else [(arm, rounds) for rounds in lengths for arm in order]
+        )
+        for arm, rounds in plan:
+            if (arm, rep, rounds) in done:
+                continue
+            src = before if arm == "flower-before" else SRC
+            out, wall, info = _timed(marginal_command(arm, rounds), args.timeout, src)
+            loads = json.loads(info[: info.index("}") + 1])
+            rec: dict[str, Any] = {"experiment": "marginal", "config": "synthetic-logreg"}
+            rec.update(arm=arm, rep=rep, rounds=rounds, wall_seconds=wall, **loads)
+            rec.update(ok=out is not None, time=time.time(), src=str(src), order=args.order)
+            rec["command"] = " ".join(["privmtl", *marginal_command(arm, rounds)[1:]])
+            rec["commit"] = _commit(src.parent if src is not None else None)
+            if out is None:
+                rec["error"] = info[info.index("}") + 1 :]
+            else:
+                rec["seconds_per_round"] = out.get("seconds_per_round")
+                rec["result"] = out
+            append_jsonl(LOG, rec)
+            print(f"marginal {arm} rep {rep} rounds {rounds}: wall {wall:.1f} s, load "
+                  f"{rec['load_before']:.1f}, ok {rec['ok']}", flush=True)  # fmt: skip
+
+
+def _is_marginal(rec: dict[str, Any]) -> bool:
+    return rec.get("experiment") == "marginal"
+
+
+def _order(rec: dict[str, Any]) -> str:
+    return str(rec.get("order", "lengths-outer"))  # the first runs were logged without it
+
+
+def marginal_summary(runs: list[dict[str, Any]], order: str = "arm-outer") -> dict[str, Any]:
+    """Per arm: the marginal seconds per round of each repetition, and the paired comparisons
+    (the runs made in ``order``)."""
+    runs = [r for r in runs if _is_marginal(r) and _order(r) == order]
+    walls: dict[tuple[str, int], dict[int, float]] = {}
+    for r in runs:
+        if r.get("ok"):
+            walls.setdefault((r["arm"], r["rep"]), {})[r["rounds"]] = r["wall_seconds"]
+    short, long_ = MARGINAL_ROUNDS
+    per: dict[str, dict[int, float]] = {}
+    for (arm, rep), w in walls.items():
+        if short in w and long_ in w:
+            per.setdefault(arm, {})[rep] = (w[long_] - w[short]) / (long_ - short)
+    out: dict[str, Any] = {"arms": {}, "paired": {}}
+    for arm, reps in per.items():
+        rows = [r for r in runs if _is_marginal(r) and r.get("ok") and r["arm"] == arm]
+        out["arms"][arm] = {
+            "marginal_seconds_per_round": _stats(list(reps.values())),
+            "by_rep": reps,
+            "wall_short": _stats([r["wall_seconds"] for r in rows if r["rounds"] == short]),
+            "wall_long": _stats([r["wall_seconds"] for r in rows if r["rounds"] == long_]),
+            "engine_seconds_per_round": _stats(
+                [r["seconds_per_round"] for r in rows if r["rounds"] == long_]
+            ),
+            "load_average": _stats([r["load_before"] for r in rows]),
+            "commits": sorted({str(r.get("commit")) for r in rows}),
+        }
+    for a, b in (("flower", "pmtl"), ("flower-before", "flower"), ("flower-before", "pmtl")):
+        common = sorted(set(per.get(a, {})) & set(per.get(b, {})))
+        if common:
+            out["paired"][f"{a} - {b}"] = _stats([per[a][k] - per[b][k] for k in common])
+    return out
+
+
+def _marginal_table(m: dict[str, Any]) -> str:
+    short, long_ = MARGINAL_ROUNDS
+    names = {
+        "flower": "`privmtl flower local --num-supernodes 3` (long-lived ClientApps)",
+        "pmtl": "`privmtl pmtl` (in process)",
+        "flower-before": "`privmtl flower local --num-supernodes 3` before (a ClientApp process "
+        "per message)",
+    }
+    rows = []
+    for arm in MARGINAL_ARMS:
+        a = m["arms"].get(arm)
+        if a is None:
+            continue
+        rows.append([
+            names[arm], a["marginal_seconds_per_round"]["n"],
+            _fmt(a["marginal_seconds_per_round"]), _fmt(a["wall_short"], 1),
+            _fmt(a["wall_long"], 1), _fmt(a["engine_seconds_per_round"]),
+            _fmt(a["load_average"], 1), ", ".join(a["commits"]),
+        ])  # fmt: skip
+    header = [
+        "engine",
+        "pairs",
+        f"marginal s/round = (wall {long_} rounds − wall {short}) / {long_ - short}: median "
+        "[min, max]",
+        f"wall s, {short} rounds",
+        f"wall s, {long_} rounds",
+        f"engine's own s/round ({long_} rounds)",
+        "load average (1 min) at start",
+        "commit",
+    ]
+    lines = [markdown_table(header, rows), ""]
+    for key, st in m["paired"].items():
+        lines.append(f"- Paired by repetition, marginal s/round of {key}: {_fmt(st)}")
+    return "\n".join(lines)
+
+
+def _marginal_report(runs: list[dict[str, Any]]) -> list[str]:
+    adjacent, spread = marginal_summary(runs, "arm-outer"), marginal_summary(runs, "lengths-outer")
+    if not adjacent["arms"] and not spread["arms"]:
+        return []
+    short, long_ = MARGINAL_ROUNDS
+
+    def load_range(order: str) -> str:
+        v = [
+            r[k]
+            for r in runs
+            if _is_marginal(r) and _order(r) == order
+            for k in ("load_before", "load_after")
+        ]
+        return f"{min(v):.1f} to {max(v):.1f}" if v else "–"
+
+    cmd = " ".join(["privmtl flower local --num-supernodes 3", *MARGINAL_FLAGS, "--rounds R"])
+    lines = [
+        "## Marginal seconds per round (issue 23 item 4)",
+        "",
+        "Produced by `python benchmarks/flower_speed.py marginal --before-src <main>/src "
+        f"--pairs N`. Command: `{cmd}` for R = {short} and R = {long_}, and `privmtl pmtl` with "
+        "the same flags; wall time of the whole process, start to exit. The marginal time of a "
+        f"round is (wall of R = {long_} − wall of R = {short}) / {long_ - short}: start-up, data, "
+        "evaluation and teardown cancel. The arms of a repetition run back to back (A B C, then "
+        "C B A), and so do an arm's two run lengths (their order alternating too); *before* is "
+        "the same command run from the source tree before the change (every process it starts "
+        "imports that tree). The engine's own s/round (sampling to release, from the 8-round "
+        "runs' JSON) is beside it: it does not drift with start-up. *before* ran the main "
+        "branch's tree as it was at the time of each run, and the main branch moved during the "
+        "measurements (the commits in the table); its Flower transport (`flower-supernode`, a "
+        "`flwr-clientapp` process per message, Flower's 3 s polls) is the same in all of them.",
+        "",
+    ]
+    if adjacent["arms"]:
+        lines += [
+            f"1-minute load average during these runs: {load_range('arm-outer')} on 2 CPUs.",
+            "",
+            _marginal_table(adjacent),
+            "",
+        ]
+        fl, pm = adjacent["arms"].get("flower"), adjacent["arms"].get("pmtl")
+        before = adjacent["arms"].get("flower-before")
+        if fl and pm and before:
+            f_med = fl["marginal_seconds_per_round"]["median"]
+            lines += [
+                f"Reading: a round of `privmtl flower local` costs {f_med:.2f} s of wall time "
+                f"(median; {pm['marginal_seconds_per_round']['median']:.2f} s in process), "
+                f"against {before['marginal_seconds_per_round']['median']:.1f} s before the "
+                "change. What is left is Flower's message path on loopback: the SuperLink's "
+                "HTTP APIs and object store, each message and its objects pushed and pulled "
+                "by the ServerApp, the SuperNode and its ClientApp process, each hop waiting at "
+                "most one 0.05 s poll (`privmtl.flower.node`).",
+                "",
+            ]
+    if spread["arms"]:
+        lines += [
+            "### First attempt: every arm's short run, then every long run",
+            "",
+            "The same runs in another order: an arm's two run lengths were several minutes "
+            "apart (the slow *before* runs between them), and the machine's load drifted by more "
+            "than the rounds cost, so some 8-round runs took less wall time than the 3-round "
+            "runs (negative marginal times). Kept for the record; read the table above. "
+            f"1-minute load average: {load_range('lengths-outer')}.",
+            "",
+            _marginal_table(spread),
+            "",
+        ]
+    return lines
+
+
+def _commit(repo: Path | None = None) -> str:
+    here = repo if repo is not None else Path(__file__).resolve().parent
     out = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True
     )
@@ -330,7 +544,9 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def summarize() -> dict[str, Any]:
-    recs = [r for r in load_jsonl(LOG) if r.get("ok") and r["experiment"] != "crypto"]
+    recs = [
+        r for r in load_jsonl(LOG) if r.get("ok") and r["experiment"] not in ("crypto", "marginal")
+    ]
     failed = [r for r in load_jsonl(LOG) if not r.get("ok")]
     summary: dict[str, Any] = {"machine": machine_info(), "groups": [], "failed_runs": []}
     keys = sorted({(r["experiment"], r["config"]) for r in recs})
@@ -422,6 +638,8 @@ def _group(summary: dict[str, Any], experiment: str, config: str, arm: str) -> d
 
 def _report(summary: dict[str, Any], table: str, runs: list[dict[str, Any]]) -> str:
     m = summary["machine"]
+    marginal = _marginal_report(runs)
+    runs = [r for r in runs if not _is_marginal(r)]
     ok = [r for r in runs if r.get("ok")]
     loads = [r["load_before"] for r in runs] + [r["load_after"] for r in runs]
     acc = [r["wall_seconds"] for r in ok if r["arm"] == "acceptance"]
@@ -430,8 +648,8 @@ def _report(summary: dict[str, Any], table: str, runs: list[dict[str, Any]]) -> 
         import ray
 
         ray_version = ray.__version__
-    except ImportError:
-        ray_version = "not installed"
+    except ImportError:  # the version the logged simulation runs used
+        ray_version = RAY_MEASURED
     lines = [
         "# PMTL on Flower: seconds per round, Deployment and Simulation Engines vs in process",
         "",
@@ -465,11 +683,12 @@ def _report(summary: dict[str, Any], table: str, runs: list[dict[str, Any]]) -> 
     fem = _group(summary, "deployment", "femnist-cnn", "flower")
     if dep and fem:
         lines.append(
-            "- **Deployment Engine on loopback.** A round costs about "
+            "- **Deployment Engine on loopback**, as measured at the commits below, before the "
+            "ClientApps were kept alive (see the marginal section for after). A round cost about "
             f"{dep['seconds_per_round']['median']:.0f} s for synthetic logreg and "
             f"{fem['seconds_per_round']['median']:.0f} s for the FEMNIST CNN, whatever the "
-            "model: the time is Flower's per-message cost, not training. Every message a "
-            "SuperNode receives is handled by a fresh `flwr-clientapp` process (Flower's "
+            "model: the time was Flower's per-message cost, not training. Every message a "
+            "SuperNode received was handled by a fresh `flwr-clientapp` process (Flower's "
             "subprocess isolation: one task per message), which starts Python and imports "
             "torch, Flower and privmtl before the client step (the node's data comes from its "
             "cached shard), and an idle SuperNode polls the SuperLink every 3 s. The in-process "
@@ -521,6 +740,8 @@ def _report(summary: dict[str, Any], table: str, runs: list[dict[str, Any]]) -> 
         )
     commits = sorted({str(r.get("commit", "?")) for r in ok})
     lines += ["", f"Measured at commit(s) {', '.join(commits)} of the privmtl repository."]
+    if marginal:
+        lines += ["", *marginal]
     failed = summary["failed_runs"]
     if failed:
         lines += ["", "Failed runs (kept in the log):", ""]
@@ -546,9 +767,14 @@ def main() -> None:
         default=["deployment", "simulation", "acceptance", "crypto"],
         choices=["deployment", "simulation", "acceptance", "crypto"],
     )
+    marg = sub.add_parser("marginal")
+    marg.add_argument("--before-src", help="privmtl source tree of the 'before' arm (its src/)")
+    marg.add_argument("--pairs", type=int, default=3)
+    marg.add_argument("--timeout", type=float, default=1800.0)
+    marg.add_argument("--order", choices=["arm-outer", "lengths-outer"], default="arm-outer")
     sub.add_parser("summarize")
     args = ap.parse_args()
-    {"run": cmd_run, "summarize": cmd_summarize}[args.cmd](args)
+    {"run": cmd_run, "marginal": cmd_marginal, "summarize": cmd_summarize}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ from privmtl.flower._core import (
     load_node,
     run_options,
 )
+from privmtl.flower.node import send_and_receive, shorten_object_waits
 
 __all__ = ["client_app", "server_app"]
 
@@ -174,7 +175,7 @@ def _ask(grid: Grid, kind: str, contents: dict[int, RecordDict], timeout: float)
         Message(content, dst_node_id=nid, message_type=kind) for nid, content in contents.items()
     ]
     out = {}
-    for reply in grid.send_and_receive(msgs, timeout=timeout):
+    for reply in send_and_receive(grid, msgs, timeout):
         if not reply.has_error():
             out[reply.metadata.src_node_id] = reply.content
     return out
@@ -295,6 +296,7 @@ def _evaluate(
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     opts = run_options(dict(context.run_config))
+    shorten_object_waits()
     work = Path(str(opts["work-dir"])) if opts["work-dir"] else default_work_dir()
     out_dir = work / SERVER_DIR
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Start a SuperLink and N SuperNodes on loopback, submit the PMTL app with ``flwr run``, clean up.
 
-Every process is started in its own process group (SuperNodes start SuperExec and ClientApp
-children) and the whole group is terminated, then killed after a bounded wait, on success, on
+Every process is started in its own process group (each SuperNode runs its ClientApp process
+as a child, see :mod:`privmtl.flower.node`) and the whole group is terminated, then killed after a bounded wait, on success, on
 failure and on Ctrl-C. All traffic stays on ``127.0.0.1`` with insecure (plain HTTP) transport:
 for a real deployment across machines use TLS and node authentication (README).
 """
@@ -312,6 +312,8 @@ def run_local(
     # the SuperLink and SuperNodes start flower-superexec by name: from the same installation
     bindir = str(Path(_bin("flower-superlink")).parent)
     env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
+    # the SuperLink's SuperExec starts the ServerApp: ask for it more often than every second
+    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")
     port = _free_port()
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
@@ -373,19 +375,8 @@ def _run(
         node_dir = states / f"node-{i}"
         node_dir.mkdir(parents=True, exist_ok=True)
         node_cfg = f'partition-id={i} num-partitions={n} state-dir="{node_dir}"'
-        p = procs.start(
-            f"supernode-{i}",
-            [
-                _bin("flower-supernode"),
-                "--insecure",
-                "--superlink",
-                f"{LOOPBACK}:{port}",
-                "--port",
-                str(_free_port()),
-                "--node-config",
-                node_cfg,
-            ],
-        )
+        args = ["--insecure", "--superlink", f"{LOOPBACK}:{port}", "--port", str(_free_port())]
+        p = procs.start(f"supernode-{i}", [*_supernode(), *args, "--node-config", node_cfg])
         pids.append(p.pid)
     if on_started is not None:
         on_started(pids)
@@ -393,14 +384,23 @@ def _run(
     run_log = logs / "flwr-run.log"
     seen = 0
     result_file, error_file = out_dir / "result.json", out_dir / "error.txt"
-    while True:
+
+    def report() -> None:
+        nonlocal seen
         if progress is not None:
             lines = _tail(run_log, 10_000).splitlines()
             for line in lines[seen:]:
                 if "privmtl-flower" in line:
                     progress(line[line.index("privmtl-flower") :])
             seen = len(lines)
+
+    while True:
+        report()
         if result_file.exists():
+            # the ServerApp's last lines reach flwr run's log stream a moment after the result
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.wait(timeout=min(3.0, max(0.0, deadline - time.monotonic())))
+            report()
             return dict(json.loads(result_file.read_text()))
         if error_file.exists():
             why = " ".join(error_file.read_text().split())
@@ -418,6 +418,20 @@ def _run(
         if time.monotonic() > deadline:
             raise FlowerRunError(f"the run did not finish in {timeout:.0f} s:\n{_tail(run_log)}")
         time.sleep(0.3)
+
+
+def _supernode() -> list[str]:
+    """The SuperNode command: with a long-lived ClientApp process when Flower allows it.
+
+    :mod:`privmtl.flower.node` runs ``flower-supernode --isolation process`` with one ClientApp
+    process per node, kept between messages; without the Flower internals it needs, Flower's
+    own ``flower-supernode`` (a new ClientApp process per message).
+    """
+    from privmtl.flower import node
+
+    if node.supported():
+        return [sys.executable, "-m", "privmtl.flower.node", "supernode"]
+    return [_bin("flower-supernode")]
 
 
 def _wait_port(port: int, procs: _Procs, deadline: float) -> None:

@@ -670,6 +670,8 @@ def grid_exchange(grid: Any, collect: dict[int, dict[str, Any]], timeout: float)
     (billboard and round), sent along with the collect stage."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
+    from privmtl.flower.node import send_and_receive
+
     def exchange(stage: str, payloads: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         msgs = []
         for nid, payload in payloads.items():
@@ -677,7 +679,7 @@ def grid_exchange(grid: Any, collect: dict[int, dict[str, Any]], timeout: float)
             parts["secagg"] = ConfigRecord({"json": dumps(payload)})
             msgs.append(Message(RecordDict(parts), dst_node_id=nid, message_type=MESSAGE_TYPE))
         out = {}
-        for reply in grid.send_and_receive(msgs, timeout=timeout):
+        for reply in send_and_receive(grid, msgs, timeout):
             if not reply.has_error():
                 text = str(reply.content.config_records["secagg"]["json"])
                 out[int(reply.metadata.src_node_id)] = loads(text)

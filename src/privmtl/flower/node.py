@@ -1,0 +1,319 @@
+"""A SuperNode whose ClientApp process lives as long as the node (``python -m privmtl.flower.node``).
+
+Flower's default (``--isolation subprocess``) starts one ``flwr-clientapp`` process per message,
+which imports torch, Flower and privmtl before it runs the client step. With ``--isolation
+process`` the SuperNode leaves the ClientApps to an executor started beside it; this module is
+that executor for privmtl: one process per SuperNode that takes the node's tasks one after the
+other from the SuperNode's Runtime API and runs each in-process (the task protocol of Flower's own
+``flwr-clientapp``: pull the message and the context, run the app, push the reply and the
+context). Imports, the loaded app and the node's clients (:func:`privmtl.flower.apps._node`)
+stay in memory between messages.
+
+``supernode``
+    ``flower-supernode --isolation process`` with the same arguments, plus the node's executor
+    (``clientapp``) as its child, so that the node is still one process group. The SuperNode's
+    fixed idle waits (it asks the SuperLink for a message every 3 s, and for its ClientApp's reply
+    every 0.5 s) are shortened to :data:`POLL_SECONDS`.
+``clientapp``
+    The executor: asks the Runtime API for a task every :data:`POLL_SECONDS` while idle and exits
+    with its SuperNode (``--parent-pid``).
+
+The ServerApp's side of the same waits is :func:`send_and_receive`.
+
+``supernode`` and ``clientapp`` use Flower's internal runtime modules (checked by
+:func:`supported`); the launcher falls back to Flower's subprocess isolation without them. Across
+machines, start each SuperNode as ``python -m privmtl.flower.node supernode`` followed by
+``flower-supernode``'s own arguments (TLS and authentication included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from types import ModuleType
+from typing import Any
+
+__all__ = ["POLL_SECONDS", "send_and_receive", "shorten_object_waits", "supported"]
+
+POLL_SECONDS = 0.05
+"""Idle polling interval (seconds) of the SuperNode and of its ClientApp executor."""
+
+
+def send_and_receive(grid: Any, messages: list[Any], timeout: float) -> list[Any]:
+    """Flower's ``Grid.send_and_receive``, asking for the replies every :data:`POLL_SECONDS`.
+
+    (The Grid's own method asks every 3 s.) Returns the replies that arrived within ``timeout``
+    seconds, as soon as every message has its reply.
+    """
+    waiting = set(grid.push_messages(messages))
+    end = time.monotonic() + timeout
+    out: list[Any] = []
+    while waiting:
+        replies = list(grid.pull_messages(waiting))
+        out.extend(replies)
+        waiting -= {m.metadata.reply_to_message_id for m in replies}
+        if not waiting or time.monotonic() >= end:
+            break
+        time.sleep(POLL_SECONDS)
+    return out
+
+
+# The Flower internals the executor and the SuperNode wrapper use: (module, attribute).
+_NEEDS = (
+    ("flwr.cli.install", "install_from_fab"),
+    ("flwr.clientapp.utils", "get_load_client_app_fn"),
+    ("flwr.proto.runtime_pb2", "AcquireTaskRequest"),
+    ("flwr.supercore.constant", "TaskType"),
+    ("flwr.supercore.heartbeat", "HeartbeatSender"),
+    ("flwr.supercore.interceptors", "RuntimeTokenHttpInterceptor"),
+    ("flwr.supercore.runtime", "RuntimeHttpClient"),
+    ("flwr.supernode.cli.flower_supernode", "flower_supernode"),
+    ("flwr.supernode.runtime.run_clientapp", "pull_task_input"),
+    ("flwr.supernode.runtime.run_clientapp", "push_message"),
+    ("flwr.supernode.runtime.run_clientapp", "push_task_output"),
+    ("flwr.supernode.start_client_internal", "time"),
+)
+
+
+def supported() -> bool:
+    """Whether the installed Flower has what this module uses (Runtime API task protocol)."""
+    import importlib
+
+    try:
+        for module, attribute in _NEEDS:
+            getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+class _ShortSleeps:
+    """Stands in for the ``time`` module of a Flower module: sleeps at most ``cap`` seconds."""
+
+    def __init__(self, cap: float) -> None:
+        self.cap = cap
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(min(float(seconds), self.cap))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def _shorten_supernode_polling(module: ModuleType, cap: float) -> None:
+    """The SuperNode loop's waits (``time.sleep(3)`` idle, ``time.sleep(0.5)`` for a reply)."""
+    if isinstance(getattr(module, "time", None), ModuleType):
+        module.time = _ShortSleeps(cap)  # type: ignore[attr-defined]
+
+
+def shorten_object_waits(first: float = POLL_SECONDS, cap: float = 1.0) -> None:
+    """Retry a message's objects after ``first`` seconds (doubling up to ``cap``), not 1 s.
+
+    A message reaches its receiver (SuperNode, ClientApp, ServerApp) a moment before the objects
+    that hold its content; Flower's object pull then waits 1 s, 2 s, ... (up to 10 s) before
+    asking again. This sets the defaults of Flower's pull functions for this process; without
+    them (another Flower version) it does nothing.
+    """
+    try:
+        from flwr.supercore.inflatable import inflatable_utils
+    except ImportError:
+        return
+    for name in ("pull_objects", "pull_and_inflate_object_from_tree"):
+        kw = getattr(getattr(inflatable_utils, name, None), "__kwdefaults__", None)
+        if kw and "initial_backoff" in kw and "backoff_cap" in kw:
+            kw["initial_backoff"], kw["backoff_cap"] = first, cap
+
+
+def _flag(argv: list[str], name: str, default: str | None = None) -> str | None:
+    """The value of ``name VALUE`` in ``argv`` (the last one), else ``default``."""
+    value = default
+    for i, a in enumerate(argv[:-1]):
+        if a == name:
+            value = argv[i + 1]
+    return value
+
+
+def _runtime_address(argv: list[str]) -> str:
+    """The SuperNode's Runtime API address (flower-supernode's defaults 127.0.0.1:9094)."""
+    return f"{_flag(argv, '--host', '127.0.0.1')}:{_flag(argv, '--port', '9094')}"
+
+
+def _runtime_tls(argv: list[str]) -> list[str]:
+    """How the executor connects to the Runtime API: TLS only when the SuperNode serves it."""
+    if "--ssl-certfile" not in argv:
+        return ["--insecure"]
+    ca = _flag(argv, "--ssl-ca-certfile")
+    return [] if ca is None else ["--root-certificates", ca]
+
+
+def run_supernode(argv: list[str], poll: float = POLL_SECONDS) -> None:
+    """``flower-supernode --isolation process ARGV`` with this module's executor as its child.
+
+    Without the Flower internals this needs (:func:`supported`), ``flower-supernode ARGV``.
+    """
+    if not supported():
+        os.execvp("flower-supernode", ["flower-supernode", *argv])
+    from flwr.supernode import start_client_internal
+    from flwr.supernode.cli.flower_supernode import flower_supernode
+
+    _shorten_supernode_polling(start_client_internal, poll)
+    shorten_object_waits(poll)
+    child = [sys.executable, "-m", "privmtl.flower.node", "clientapp", "--runtime-api-address"]
+    child += [_runtime_address(argv), "--parent-pid", str(os.getpid()), "--poll", str(poll)]
+    child += _runtime_tls(argv)
+    subprocess.Popen(child, stdin=subprocess.DEVNULL)
+    sys.argv = ["flower-supernode", *argv, "--isolation", "process"]
+    flower_supernode()
+
+
+def _runtime_client(address: str, tls: tuple[bool, str | None], interceptors: list[Any]) -> Any:
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    return RuntimeHttpClient.from_server_address(
+        server_address=address,
+        insecure=tls[0],
+        root_certificates=tls[1],
+        interceptors=interceptors,
+        retry_invoker=make_simple_http_retry_invoker(),
+    )
+
+
+def run_clientapp(
+    runtime_api_address: str,
+    *,
+    insecure: bool,
+    root_certificates: str | None = None,
+    parent_pid: int | None = None,
+    poll: float = POLL_SECONDS,
+) -> None:
+    """Take the SuperNode's ClientApp tasks one after the other, each in this process.
+
+    ``insecure``: plain HTTP to the Runtime API; else HTTPS verified with ``root_certificates``
+    (a PEM file; default: the system's CAs).
+    """
+    from flwr.proto.runtime_pb2 import AcquireTaskRequest
+    from flwr.supercore.app_utils import start_parent_process_monitor
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+
+    import privmtl.flower.apps  # noqa: F401 - imported once, before the first message
+
+    shorten_object_waits(poll)
+    tls = (insecure, None if insecure else root_certificates)
+    if parent_pid is not None:
+        start_parent_process_monitor(parent_pid)
+    executor = _runtime_client(
+        runtime_api_address, tls, [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+    )
+    request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+    installed: set[str] = set()
+    try:
+        while True:
+            res = executor.AcquireTask(request)
+            if res.HasField("task") and res.token:
+                _run_task(runtime_api_address, tls, res.token, installed)
+            else:
+                time.sleep(poll)
+    except KeyboardInterrupt:  # the SuperNode exited, or SIGINT
+        pass
+    finally:
+        executor.close()
+
+
+def _run_task(address: str, tls: tuple[bool, str | None], token: str, installed: set[str]) -> None:
+    """One ClientApp task (one message), as ``flwr-clientapp --token`` runs it, in this process."""
+    from flwr.app import Message
+    from flwr.app.error import Error
+    from flwr.cli.install import install_from_fab
+    from flwr.clientapp.client_app import LoadClientAppError
+    from flwr.clientapp.utils import get_load_client_app_fn
+    from flwr.common.constant import ErrorCode, SubStatus
+    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
+    from flwr.supercore.heartbeat import HeartbeatSender
+    from flwr.supercore.interceptors import (
+        RuntimeTokenHttpInterceptor,
+        RuntimeVersionHttpInterceptor,
+    )
+    from flwr.supernode.runtime.run_clientapp import (
+        pull_task_input,
+        push_message,
+        push_task_output,
+    )
+
+    client = _runtime_client(
+        address,
+        tls,
+        [
+            RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+            RuntimeTokenHttpInterceptor(token),
+        ],
+    )
+
+    def beat() -> bool:  # unlike Flower's, a refused heartbeat does not SIGINT this process
+        try:
+            client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
+        except Exception:  # the sender retries
+            return False
+        return True
+
+    heartbeat = HeartbeatSender(beat)
+    heartbeat.start()
+    message = context = reply = None
+    status, details = SubStatus.FAILED, "ClientApp task failed"
+    try:
+        message, context, run, fab = pull_task_input(client)
+        if fab.hash_str not in installed:
+            install_from_fab(fab.content, skip_prompt=True)
+            installed.add(fab.hash_str)
+        load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
+        app = load(run.fab_id, run.fab_version, fab.hash_str)
+        reply = app(message=message, context=context)
+        status, details = SubStatus.COMPLETED, ""
+    except Exception as ex:  # reported to the ServerApp as an error reply, as Flower does
+        if isinstance(ex, LoadClientAppError):
+            code, details = ErrorCode.LOAD_CLIENT_APP_EXCEPTION, "The ClientApp did not load"
+        else:
+            code, details = ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(ex)}:<'{ex}'>"
+        print(f"privmtl-flower ClientApp raised {type(ex).__name__}: {ex}", flush=True)
+        if message is not None:
+            reply = Message(Error(code=code, reason=details), reply_to=message)
+    finally:
+        try:
+            if reply is not None and context is not None:
+                push_message(client, reply, context)
+        finally:
+            heartbeat.stop()
+            push_task_output(client=client, context=context, sub_status=status, details=details)
+            client.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``supernode ARGS...`` or ``clientapp --runtime-api-address A [--insecure] ...``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["supernode"]:
+        run_supernode(args[1:])
+        return
+    parser = argparse.ArgumentParser(prog="python -m privmtl.flower.node clientapp")
+    parser.add_argument("--runtime-api-address", required=True)
+    parser.add_argument("--insecure", action="store_true")
+    parser.add_argument("--root-certificates", default=None)
+    parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--poll", type=float, default=POLL_SECONDS)
+    if args[:1] != ["clientapp"]:
+        parser.error("the first argument must be 'supernode' or 'clientapp'")
+    ns = parser.parse_args(args[1:])
+    run_clientapp(
+        ns.runtime_api_address,
+        insecure=ns.insecure,
+        root_certificates=ns.root_certificates,
+        parent_pid=ns.parent_pid,
+        poll=ns.poll,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""The pieces of the long-lived ClientApp SuperNode (privmtl.flower.node) that run without Flower's
+processes: the reply loop, the shortened waits and the command-line parsing.
+
+The whole path (SuperNode, executor, messages) is exercised by the slow deployment tests.
+"""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType, SimpleNamespace
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
+
+from privmtl.flower import node
+
+
+class _Grid:
+    """A Grid whose replies to message i arrive at pull number ``arrive[i]`` (never if None)."""
+
+    def __init__(self, arrive: list[int | None]) -> None:
+        self.arrive = arrive
+        self.pulls = 0
+        self.pushed: list[str] = []
+
+    def push_messages(self, messages):
+        self.pushed = [f"m{i}" for i, _ in enumerate(messages)]
+        return list(self.pushed)
+
+    def pull_messages(self, ids):
+        self.pulls += 1
+        ids = set(ids)
+        out = []
+        for i, at in enumerate(self.arrive):
+            if at == self.pulls and f"m{i}" in ids:
+                meta = SimpleNamespace(reply_to_message_id=f"m{i}")
+                out.append(SimpleNamespace(metadata=meta, index=i))
+        return out
+
+
+def test_send_and_receive_returns_every_reply_once_as_soon_as_all_arrived():
+    grid = _Grid([1, 3, 2])
+    out = node.send_and_receive(grid, ["a", "b", "c"], timeout=60)
+    assert sorted(r.index for r in out) == [0, 1, 2]
+    assert grid.pulls == 3  # stopped at the last reply, no extra pull
+
+
+class _Clock:
+    """A fake clock: ``sleep`` advances ``monotonic`` and records the waits."""
+
+    def __init__(self) -> None:
+        self.now, self.waits = 0.0, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+
+def test_send_and_receive_gives_up_after_the_timeout_with_the_replies_so_far(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(node, "time", clock)
+    grid = _Grid([1, None])
+    out = node.send_and_receive(grid, ["a", "b"], timeout=1.0)
+    assert [r.index for r in out] == [0]
+    assert set(clock.waits) == {node.POLL_SECONDS}
+    # asks until the deadline passed, then once more at most
+    assert clock.now >= 1.0 and grid.pulls == len(clock.waits) + 1
+    assert clock.now - node.POLL_SECONDS < 1.0 + 1e-9
+
+
+def test_short_sleeps_caps_sleep_and_keeps_the_rest_of_time(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(node, "time", clock)
+    shim = node._ShortSleeps(0.01)
+    shim.sleep(3)
+    shim.sleep(0.001)
+    assert clock.waits == [0.01, 0.001]
+    assert shim.monotonic() == clock.now
+
+
+def test_supernode_polling_is_shortened_only_where_the_module_uses_time():
+    mod = ModuleType("fake")
+    mod.time = time  # type: ignore[attr-defined]
+    node._shorten_supernode_polling(mod, 0.02)
+    assert isinstance(mod.time, node._ShortSleeps) and mod.time.cap == 0.02  # type: ignore[attr-defined]
+    other = ModuleType("other")  # no time module: left alone
+    node._shorten_supernode_polling(other, 0.02)
+    assert not hasattr(other, "time")
+
+
+def test_object_pull_backoff_is_shortened(monkeypatch):
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    for fn in (iu.pull_objects, iu.pull_and_inflate_object_from_tree):
+        monkeypatch.setattr(fn, "__kwdefaults__", dict(fn.__kwdefaults__))
+    node.shorten_object_waits(0.05, 0.5)
+    for fn in (iu.pull_objects, iu.pull_and_inflate_object_from_tree):
+        assert fn.__kwdefaults__["initial_backoff"] == 0.05
+        assert fn.__kwdefaults__["backoff_cap"] == 0.5
+
+
+def test_runtime_address_follows_the_supernode_flags():
+    assert node._runtime_address(["--insecure"]) == "127.0.0.1:9094"
+    argv = ["--superlink", "127.0.0.1:1", "--port", "4567", "--host", "0.0.0.0"]
+    assert node._runtime_address(argv) == "0.0.0.0:4567"
+    assert node._runtime_tls(argv) == ["--insecure"]  # the Runtime API serves plain HTTP
+    tls = [*argv, "--ssl-certfile", "s.pem", "--ssl-keyfile", "s.key", "--ssl-ca-certfile", "ca"]
+    assert node._runtime_tls(tls) == ["--root-certificates", "ca"]
+
+
+def test_installed_flower_is_supported_and_the_launcher_uses_the_long_lived_node():
+    from privmtl.flower.launcher import _supernode
+
+    assert node.supported()
+    assert _supernode()[-3:] == ["-m", "privmtl.flower.node", "supernode"]
+
+
+def test_main_refuses_an_unknown_command():
+    with pytest.raises(SystemExit) as info:
+        node.main(["serve"])
+    assert info.value.code == 2
+
+
+def test_supernode_without_the_flower_internals_is_plain_flower_supernode(monkeypatch):
+    calls = []
+
+    def execvp(*args):
+        calls.append(args)
+        raise SystemExit(0)  # stands in for the process image execvp replaces
+
+    monkeypatch.setattr(node, "supported", lambda: False)
+    monkeypatch.setattr(node.os, "execvp", execvp)
+    monkeypatch.setattr(node.subprocess, "Popen", lambda *a, **k: pytest.fail("no executor"))
+    with pytest.raises(SystemExit):
+        node.run_supernode(["--insecure", "--port", "1"])
+    assert calls == [("flower-supernode", ["flower-supernode", "--insecure", "--port", "1"])]
