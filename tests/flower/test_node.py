@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
 
-from privmtl.flower import node
+from privmtl.flower import _waits, node
 
 
 class _Grid:
@@ -62,7 +62,7 @@ class _Clock:
 
 def test_send_and_receive_gives_up_after_the_timeout_with_the_replies_so_far(monkeypatch):
     clock = _Clock()
-    monkeypatch.setattr(node, "time", clock)
+    monkeypatch.setattr(_waits, "time", clock)
     grid = _Grid([1, None])
     out = node.send_and_receive(grid, ["a", "b"], timeout=1.0)
     assert [r.index for r in out] == [0]

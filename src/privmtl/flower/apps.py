@@ -53,7 +53,7 @@ from privmtl.flower._core import (
     load_node,
     run_options,
 )
-from privmtl.flower.node import send_and_receive, shorten_object_waits
+from privmtl.flower._waits import send_and_receive, shorten_object_waits
 
 __all__ = ["client_app", "server_app"]
 

@@ -36,30 +36,9 @@ import time
 from types import ModuleType
 from typing import Any
 
+from privmtl.flower._waits import POLL_SECONDS, send_and_receive, shorten_object_waits
+
 __all__ = ["POLL_SECONDS", "send_and_receive", "shorten_object_waits", "supported"]
-
-POLL_SECONDS = 0.05
-"""Idle polling interval (seconds) of the SuperNode and of its ClientApp executor."""
-
-
-def send_and_receive(grid: Any, messages: list[Any], timeout: float) -> list[Any]:
-    """Flower's ``Grid.send_and_receive``, asking for the replies every :data:`POLL_SECONDS`.
-
-    (The Grid's own method asks every 3 s.) Returns the replies that arrived within ``timeout``
-    seconds, as soon as every message has its reply.
-    """
-    waiting = set(grid.push_messages(messages))
-    end = time.monotonic() + timeout
-    out: list[Any] = []
-    while waiting:
-        replies = list(grid.pull_messages(waiting))
-        out.extend(replies)
-        waiting -= {m.metadata.reply_to_message_id for m in replies}
-        if not waiting or time.monotonic() >= end:
-            break
-        time.sleep(POLL_SECONDS)
-    return out
-
 
 # The Flower internals the executor and the SuperNode wrapper use: (module, attribute).
 _NEEDS = (
@@ -107,24 +86,6 @@ def _shorten_supernode_polling(module: ModuleType, cap: float) -> None:
     """The SuperNode loop's waits (``time.sleep(3)`` idle, ``time.sleep(0.5)`` for a reply)."""
     if isinstance(getattr(module, "time", None), ModuleType):
         module.time = _ShortSleeps(cap)  # type: ignore[attr-defined]
-
-
-def shorten_object_waits(first: float = POLL_SECONDS, cap: float = 1.0) -> None:
-    """Retry a message's objects after ``first`` seconds (doubling up to ``cap``), not 1 s.
-
-    A message reaches its receiver (SuperNode, ClientApp, ServerApp) a moment before the objects
-    that hold its content; Flower's object pull then waits 1 s, 2 s, ... (up to 10 s) before
-    asking again. This sets the defaults of Flower's pull functions for this process; without
-    them (another Flower version) it does nothing.
-    """
-    try:
-        from flwr.supercore.inflatable import inflatable_utils
-    except ImportError:
-        return
-    for name in ("pull_objects", "pull_and_inflate_object_from_tree"):
-        kw = getattr(getattr(inflatable_utils, name, None), "__kwdefaults__", None)
-        if kw and "initial_backoff" in kw and "backoff_cap" in kw:
-            kw["initial_backoff"], kw["backoff_cap"] = first, cap
 
 
 def _flag(argv: list[str], name: str, default: str | None = None) -> str | None:

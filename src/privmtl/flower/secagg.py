@@ -670,7 +670,7 @@ def grid_exchange(grid: Any, collect: dict[int, dict[str, Any]], timeout: float)
     (billboard and round), sent along with the collect stage."""
     from flwr.app import ConfigRecord, Message, RecordDict
 
-    from privmtl.flower.node import send_and_receive
+    from privmtl.flower._waits import send_and_receive
 
     def exchange(stage: str, payloads: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         msgs = []
