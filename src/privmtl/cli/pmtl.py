@@ -267,8 +267,17 @@ def _human(out: dict[str, Any]) -> None:
 )
 @click.option(
     "--shared-params",
-    help="Comma-separated parameter names or module prefixes shared through the billboard (pmtl); "
-    "the rest stays personal. Default: all.",
+    help="Comma-separated parameter names or module prefixes shared through the billboard (pmtl; "
+    "fedrep: the representation); the rest stays personal. Default: all (fedrep: every "
+    "parameter but the last layer's).",
+)
+@click.option(
+    "--head-epochs",
+    type=click.IntRange(min=1),
+    default=SPEC.head_epochs,
+    show_default=True,
+    help="fedrep: local epochs of a client's head training per round (representation frozen) "
+    "and at the end on the last released representation.",
 )
 @click.option(
     "--subspace-dim",

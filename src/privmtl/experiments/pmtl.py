@@ -88,7 +88,8 @@ a public order; a client without validation data keeps the last) among its train
 personalized model, or the billboard for methods without one), its own local training from the
 initial model (:func:`~privmtl.federated.local.train_local`'s default grid, whose ties go to the
 most training: what ``method="local-all"`` gives), and — only where the billboard carries signal:
-the whole model is shared and the public rule of
+the whole model is shared (``fedrep``: its representation, with the initial head) and the
+public rule of
 :func:`~privmtl.federated.protocol.billboard_carries_signal` holds for the ``T`` releases — the
 billboard fine-tuned on its own data for each of these numbers of epochs and each step size of
 :data:`AUTO_FINETUNE_LRS` (vanilla; ties go to the least fine-tuning, the closest to the billboard).
@@ -111,7 +112,8 @@ preferred, with a weak one local training."""
 AUTO_CLEAR_SIGNAL = 0.5
 """``finetune="auto"``: the billboard's signal is clear when the noise of its ``T`` releases,
 σ√(kT), is at most this share of the most their clipped means can add up to, Tγ."""
-_AUTO_METHODS = ("pmtl", "fedavg", "fedprox")
+_AUTO_METHODS = ("pmtl", "fedavg", "fedprox", "fedrep")
+_AUTO_PARTIAL = ("fedrep",)  # methods whose billboard is a part of the model by design
 FINETUNE_STARTS = ("auto", "billboard")
 """Where fine-tuning starts: the personalized models when the method has them, else the released
 global model (auto), or the released global model (billboard)."""
@@ -268,6 +270,7 @@ def run_pmtl(
     server_lr: float = SPEC.server_lr,
     server_momentum: float = SPEC.server_momentum,
     shared_params: Sequence[str] | None = None,
+    head_epochs: int = SPEC.head_epochs,
     personal_init: str = SPEC.personal_init,
     subspace_dim: int | None = None,
     adaptive_clip_quantile: float | None = None,
@@ -304,6 +307,13 @@ def run_pmtl(
     so ``finetune_epochs`` may be a grid, each client choosing on its own validation split;
     ``finetune_select="pooled"`` (opt-in, not covered by the guarantee) picks one ``(epochs, lr)``
     for all clients on the pooled validation accuracy.
+
+    ``method="fedrep"`` (:mod:`~privmtl.federated.fedrep`, DP-FedRep) shares a representation
+    only (``shared_params``; default every parameter but the last layer's): each sampled client
+    trains its own head for ``head_epochs`` epochs on the released representation, then the
+    representation, and sends the representation's change; at the end every client trains its
+    head on the last release. The result reports ``representation``, ``head`` and
+    ``head_epochs``; ``released_dim`` is the representation's size.
 
     ``method="local-all"`` is the training-alone baseline of
     :func:`~privmtl.federated.local.train_local`: every client (not only sampled ones) trains on its
@@ -360,6 +370,7 @@ def run_pmtl(
         server_lr=server_lr,
         server_momentum=server_momentum,
         shared_params=None if shared_params is None else tuple(shared_params),
+        head_epochs=head_epochs,
         subspace_dim=subspace_dim,
         adaptive_clip_quantile=adaptive_clip_quantile,
         adaptive_clip_lr=adaptive_clip_lr,
@@ -468,6 +479,8 @@ def run_pmtl(
         result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
     )
     out["data_seconds"] = load_seconds
+    if method == "fedrep":
+        out.update({k: result.extra[k] for k in ("representation", "head", "head_epochs")})
     # the resolved settings (personal_init as the trainer resolved it), re-runnable as they are
     out["config"] = resolved.replace(personal_init=result.config.personal_init).to_dict()
     out["clients_per_round_default"] = clients_per_round is None  # then min(20, m)
@@ -893,7 +906,7 @@ def _finetune_auto(
     noise, bound = billboard_noise_and_bound(sigma, clip, dim, rounds)
     signal = (
         out["method"] in _AUTO_METHODS
-        and out["shared_params"] is None
+        and (out["shared_params"] is None or out["method"] in _AUTO_PARTIAL)
         and billboard_carries_signal(sigma, clip, dim, releases=rounds)
     )
     m = ds.n_clients
@@ -940,7 +953,8 @@ def _finetune_auto(
         "select": "client",
         "rule": "every client keeps, among its candidates, the one with the most correct "
         "predictions on its own validation split (ties, e.g. no validation data: the later in "
-        "'order'); the billboard candidate exists where the whole model is shared and the noise "
+        "'order'); the billboard candidate exists where the whole model (fedrep: the "
+        "representation, with the initial head) is shared and the noise "
         "of the T releases, sigma*sqrt(k*T), is at most T*clip, and it is preferred on ties "
         "(last) where that noise is at most half of T*clip (public parameters)",
         "order": names,

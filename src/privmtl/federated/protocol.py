@@ -25,11 +25,14 @@ local         its own model       ProxStep(0)           (none)              (non
 joint-dp      its released block  ProxStep(λ, mean)     w − block           blocks + release
 pp-sgd        (w̃, its own θ)      SplitStep(α, μ)       u − w̃               w̃ + release
 workshop      its own model       ProxStep(λ, w̃, B)     w (the model)       release
+fedrep        (w̃, its own head)   head, then w̃'s part   φ − w̃ (φ = rep.)    w̃ + release
 ============  ==================  ====================  ==================  ===============
 
 ``pmtl``'s message is Δw (``server_update="delta"``), w − w̃ (``"offset"``) or, with ``"ditto"``,
 v − w̃ for a copy v of w̃ trained on the same minibatches with ProxStep(0) (FedAvg's message; the
-personalized model w is kept and never sent).
+personalized model w is kept and never sent). ``fedrep`` (:mod:`privmtl.federated.fedrep`) shares
+the representation only (the billboard holds it); a client trains its own head with the
+representation frozen, then the representation with the head fixed, and keeps its head.
 
 Randomness (seeded mode reproduces a run bit for bit, and a resumed run equals the uninterrupted
 one): client sampling from ``numpy.random.default_rng([seed, 0])``, client ``k``'s minibatches of
@@ -131,6 +134,7 @@ def method_spec(config: TrainConfig) -> MethodSpec:
         "workshop": MethodSpec(
             "workshop", "own", lam, True, True, billboard="replace", message="model"
         ),
+        "fedrep": MethodSpec("fedrep", "own", 0.0, True, True, message="offset"),
     }[config.method]
 
 
@@ -527,7 +531,18 @@ class Trainer:
 
             assert config.ball is not None
             init = project_to_ball(init, config.ball, stacked=False)
-        self.shared = _shared_names(init, config.shared_params)
+        shared_params = config.shared_params
+        if spec.name == "fedrep":
+            from privmtl.federated.fedrep import representation_names
+
+            if shared_params is None:
+                shared_params = representation_names(list(init))
+        self.shared = _shared_names(init, shared_params)
+        if spec.name == "fedrep" and len(self.shared) == len(init):
+            raise InvalidParameterError(
+                "method='fedrep' needs a head that stays with the client: the 'shared_params' "
+                f"parameter must leave some parameters of the model out; got {list(shared_params or ())}."
+            )
         self._personal_init = {n: p for n, p in init.items() if n not in self.shared}
         shared_init = {n: init[n] for n in self.shared}
         board = _stack(init, m) if spec.billboard == "blocks" else shared_init
@@ -561,7 +576,7 @@ class Trainer:
         self.clients: dict[str, Params] = {}
         if spec.start == "own":
             self.clients["personal"] = _stack(init, m)
-            if config.personal_init == "billboard" and spec.communicates:
+            if config.personal_init == "billboard" and spec.communicates and spec.name != "fedrep":
                 self.clients["joined"] = {"mask": torch.zeros(m, dtype=torch.bool)}
         if spec.start == "split":
             theta = (initial_state or {}).get("theta")
@@ -576,6 +591,7 @@ class Trainer:
         self.stopped_on_budget = False
         self._train_seconds = 0.0
         self._step_fn: Any = None
+        self._final: tuple[int, Params] | None = None  # fedrep: (round, models after final heads)
         self._local = threading.local()
         if self.checkpoint_dir is not None:
             self._open_checkpoint(resume)
@@ -795,7 +811,12 @@ class Trainer:
         if len(sampled):
             sel = torch.from_numpy(sampled)
             starts, anchor = self._starts(sel)
-            news, losses = self._train_clients(starts, self._rule(anchor), plan, pool)
+            if spec.name == "fedrep":
+                from privmtl.federated.fedrep import local_update
+
+                news, losses = local_update(self, sampled, starts, plan, pool)
+            else:
+                news, losses = self._train_clients(starts, self._rule(anchor), plan, pool)
             self._keep(sel, news)
             if spec.message == "ditto":
                 # Ditto: the message is a copy of the billboard trained on the same minibatches
@@ -915,6 +936,12 @@ class Trainer:
             return {n: board[n].unsqueeze(0) + theta[n] for n in board}, board
         if self._personal_init:  # partial sharing: the global model keeps the initial personal part
             board = {n: board[n] if n in board else self._personal_init[n] for n in self.names}
+        if self.spec.name == "fedrep":  # every client's final head on the last representation
+            if self._final is None or self._final[0] != self.round:
+                from privmtl.federated.fedrep import final_heads
+
+                self._final = (self.round, final_heads(self))
+            return self._final[1], board
         personal = self.clients.get("personal")
         if personal is not None and "joined" in self.clients:
             # clients that never took part hold the billboard they would download
@@ -956,4 +983,14 @@ class Trainer:
             seconds_per_round=train_seconds / max(len(self.history), 1),
             noise_source=self.noise_source,
             stopped_on_budget=self.stopped_on_budget,
+            extra=self._extra(),
         )
+
+    def _extra(self) -> dict[str, Any]:
+        if self.spec.name != "fedrep":
+            return {}
+        return {
+            "representation": list(self.shared),
+            "head": [n for n in self.names if n not in self.shared],
+            "head_epochs": self.config.head_epochs,
+        }

@@ -1,0 +1,147 @@
+"""FEMNIST-105 at ε = 1: ``--method fedrep`` (DP-FedRep) against the committed best PMTL and local.
+
+``results/pmtl_femnist_fedrep.{jsonl,md}``. Every attempt is an exact ``privmtl pmtl`` argument
+list (key ``argv`` of the log) run on the seeds given: the FEMNIST CNN, ε = 1, δ = 1/105
+(``--paper-delta``, the PMTL paper's, as in ``pmtl_femnist_best.json``), 20 clients per round
+with Poisson sampling, add/remove one client, RDP accountant, seeded noise (a reproducible
+simulation). What is shared (``--shared-params``: the representation; the rest is each client's
+head), the head's local epochs and the rounds vary. Every row uses the post-processing of the
+committed comparison (one epoch of vanilla fine-tuning, each client choosing lr ∈ {0.01, 0.1} on
+its own validation split), so that it reads against ``pmtl_femnist_best.md``'s numbers; rows
+marked ``auto`` use the product default ``--finetune auto`` instead (each client's own choice
+between its model, the fine-tuned billboard and its own local training). Nothing is selected on
+pooled data: every row is covered by its guarantee. Resumable (one run at a time).
+
+    python benchmarks/pmtl_femnist_fedrep.py --data-path ../shared/data/femnist-leaf --configs conv1-h2 --seeds 0
+    python benchmarks/pmtl_femnist_fedrep.py --report > benchmarks/results/pmtl_femnist_fedrep.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, mean_std, run_privmtl
+
+LOG = RESULTS / "pmtl_femnist_fedrep.jsonl"
+
+COMMON = [
+    "--data", "femnist-leaf", "--model", "cnn", "--method", "fedrep", "--epsilon", "1",
+    "--paper-delta", "--lr", "0.1", "--clients-per-round", "20", "--batch-size", "10",
+    "--sampling", "poisson", "--reproducible-noise", "--quiet",
+]  # fmt: skip
+FINETUNE = ["--finetune", "vanilla", "--finetune-lrs", "0.01,0.1", "--finetune-lams", "0.01,1.0"]
+
+#: name -> (what it tries, the arguments after COMMON)
+CONFIGS: dict[str, tuple[str, list[str]]] = {
+    "conv1-h2": (
+        "representation conv1 (832 params), head conv2+classifier, 2 head epochs, T=50, γ=0.3",
+        ["--shared-params", "conv1", "--head-epochs", "2", "--rounds", "50", "--clip", "0.3",
+         *FINETUNE],
+    ),
+    "conv-h2": (
+        "representation conv1+conv2 (52 096 params, the default), head classifier, 2 head "
+        "epochs, T=50, γ=0.3",
+        ["--head-epochs", "2", "--rounds", "50", "--clip", "0.3", *FINETUNE],
+    ),
+}  # fmt: skip
+
+
+OPTIONS = RESULTS / "pmtl_femnist_options.jsonl"
+#: the committed comparison (``pmtl_femnist_best.json``): its rows in ``pmtl_femnist_options.jsonl``
+LOCAL, BEST_PMTL = "local", "ditto-conv1-lam0.3-T50E2-clip0.3"
+
+
+def _committed(config: str) -> dict[int, dict]:
+    """Test and validation accuracy per seed of a committed configuration."""
+    return {r["seed"]: r for r in load_jsonl(OPTIONS) if r.get("config") == config}
+
+
+def run(args: argparse.Namespace) -> None:
+    done = {(r["name"], r["seed"]) for r in load_jsonl(LOG)}
+    for name in args.configs.split(","):
+        what, extra = CONFIGS[name]
+        argv = [*COMMON, *extra]
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            if (name, seed) in done:
+                continue
+            out, seconds = run_privmtl(
+                ["pmtl", *argv, "--seed", str(seed), "--json", "--threads", "1",
+                 "--data-path", args.data_path],
+                f"fedrep {name} seed {seed}",
+            )  # fmt: skip
+            row = {
+                "name": name,
+                "what": what,
+                "seed": seed,
+                "argv": argv,
+                "wall_seconds": seconds,
+                **{
+                    k: v for k, v in out.items() if k not in ("epsilon_per_round", "clip_per_round")
+                },
+            }
+            append_jsonl(LOG, row)
+            print(f"{name} seed {seed}: {out['test_accuracy']:.4f} ({seconds:.0f} s)", flush=True)
+
+
+def _fmt(values: list[float]) -> str:
+    mean, std, n = mean_std(values)
+    if n == 0 or math.isnan(mean):
+        return "–"
+    return f"{mean:.3f} ± {std:.3f} (n={n})" if n > 1 else f"{mean:.3f} (n=1)"
+
+
+def report() -> str:
+    rows = load_jsonl(LOG)
+    local = {s: r["test_accuracy"] for s, r in _committed(LOCAL).items()}
+    body = []
+    for label, config in (("committed local", LOCAL), ("committed best PMTL", BEST_PMTL)):
+        rs = [r for _, r in sorted(_committed(config).items())]
+        deltas = [100 * (r["test_accuracy"] - local[r["seed"]]) for r in rs]
+        body.append([
+            label, f"`{config}` (pmtl_femnist_options.jsonl)", str(rs[0].get("released_dim") or "–"),
+            _fmt([r["val_accuracy"] for r in rs]), _fmt([r["test_accuracy"] for r in rs]),
+            " / ".join(f"{r['test_accuracy']:.3f}" for r in rs),
+            _fmt([r["pre_finetune_test_accuracy"] for r in rs]),
+            f"{sum(deltas) / len(deltas):+.1f} (n={len(deltas)})", "–", "–", "yes",
+        ])  # fmt: skip
+    for name, (what, _) in CONFIGS.items():
+        rs = sorted((r for r in rows if r["name"] == name), key=lambda r: r["seed"])
+        if not rs:
+            continue
+        deltas = [100 * (r["test_accuracy"] - local[r["seed"]]) for r in rs if r["seed"] in local]
+        g = rs[0]["guarantee"]
+        body.append([
+            f"`{name}`", what, str(rs[0]["released_dim"]),
+            _fmt([r["val_accuracy"] for r in rs]),
+            _fmt([r["test_accuracy"] for r in rs]),
+            " / ".join(f"{r['test_accuracy']:.3f}" for r in rs),
+            _fmt([r["pre_finetune_test_accuracy"] for r in rs]),
+            f"{sum(deltas) / len(deltas):+.1f} (n={len(deltas)})" if deltas else "–",
+            f"{rs[0]['noise_std']:.4g}",
+            f"ε={g['epsilon']:.3g}, δ={g['delta']:.3g}",
+            "yes" if all(r.get("covered") for r in rs) else "no",
+        ])  # fmt: skip
+    head = ["config", "what", "released dim", "val acc", "test acc (after fine-tuning)",
+            "per seed", "before fine-tuning", "Δ test vs local (points, same seeds)", "σ",
+            "guarantee", "covered"]  # fmt: skip
+    return markdown_table(head, body)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data-path")
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--report", action="store_true")
+    args = p.parse_args()
+    if args.report:
+        print(report())
+        return
+    if not args.data_path:
+        p.error("--data-path is required to run")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
