@@ -103,7 +103,7 @@ def report() -> str:
             _fmt([r["val_accuracy"] for r in rs]), _fmt([r["test_accuracy"] for r in rs]),
             " / ".join(f"{r['test_accuracy']:.3f}" for r in rs),
             _fmt([r["pre_finetune_test_accuracy"] for r in rs]),
-            f"{sum(deltas) / len(deltas):+.1f} (n={len(deltas)})", "–", "–", "yes",
+            f"{sum(deltas) / len(deltas):+.1f} (n={len(deltas)})", "–", "–", "–", "yes",
         ])  # fmt: skip
     for name, (what, _) in CONFIGS.items():
         rs = sorted((r for r in rows if r["name"] == name), key=lambda r: r["seed"])
@@ -119,13 +119,39 @@ def report() -> str:
             _fmt([r["pre_finetune_test_accuracy"] for r in rs]),
             f"{sum(deltas) / len(deltas):+.1f} (n={len(deltas)})" if deltas else "–",
             f"{rs[0]['noise_std']:.4g}",
+            _noise_vs_clip(rs[0]),
             f"ε={g['epsilon']:.3g}, δ={g['delta']:.3g}",
             "yes" if all(r.get("covered") for r in rs) else "no",
         ])  # fmt: skip
     head = ["config", "what", "released dim", "val acc", "test acc (after fine-tuning)",
             "per seed", "before fine-tuning", "Δ test vs local (points, same seeds)", "σ",
-            "guarantee", "covered"]  # fmt: skip
-    return markdown_table(head, body)
+            "noise σ√(dT) vs Tγ", "guarantee", "covered"]  # fmt: skip
+    return "\n".join([TITLE, "", INTRO, "", markdown_table(head, body), "", READING, ""])
+
+
+def _noise_vs_clip(row: dict) -> str:
+    """The public signal rule of ``--finetune auto``: noise norm of the T releases against the
+    most their clipped means can add up to (σ, d, T, γ are public)."""
+    sigma, d, t, clip = row["noise_std"], row["released_dim"], row["rounds_run"], row["clip"]
+    return f"{sigma * math.sqrt(d * t):.3g} vs {t * clip:.3g}"
+
+
+TITLE = "# FEMNIST-105 at ε = 1: `--method fedrep` (DP-FedRep) vs the committed best PMTL and local"
+INTRO = """`benchmarks/pmtl_femnist_fedrep.py`; every row's exact argument list is in
+`pmtl_femnist_fedrep.jsonl` (key `argv`). Common: the FEMNIST CNN on the 105 writers, ε = 1,
+δ = 1/105 (`--paper-delta`, as `pmtl_femnist_best.json`), 20 clients per round, lr 0.1, batch 10,
+then the committed comparison's post-processing (one epoch of vanilla fine-tuning, each client
+choosing lr ∈ {0.01, 0.1} on its own validation split). Pooled test accuracy over the 1 685 test
+images. The committed rows are read from `pmtl_femnist_options.jsonl` (same seeds, same
+post-processing).
+
+Privacy of every fedrep row: (ε = 1, δ = 1/105) joint DP (billboard privacy: the released
+representations), add/remove one client, Poisson sampling (rate 20/105), RDP accountant, seeded
+noise (`--reproducible-noise`: a reproducible simulation, protects nobody). Every row selects
+nothing on pooled data (`covered`); choosing among the rows is a search no ε charges."""
+READING = """## Reading it
+
+(filled in when the runs are in)"""
 
 
 def main() -> None:

@@ -160,6 +160,14 @@ def test_released_vectors_have_the_representations_dimension_only(
 ) -> None:
     released, tr = _released(tabular, None)
     assert sorted(tr.curator.billboard) == sorted(REP)
+    sent: list[list[str]] = []
+
+    def hook(t: int, sampled: np.ndarray, msgs: dict[str, torch.Tensor]) -> Any:
+        sent.append(sorted(msgs))
+        return msgs
+
+    Trainer(tabular, _mlp(tabular), TrainConfig(**BASE), message_hook=hook).run()
+    assert sent == [sorted(REP)] * BASE["rounds"]  # what the clients send: the representation
     assert all(sorted(r) == sorted(REP) for r in released)
     dim = sum(p.numel() for p in _mlp(tabular).body.parameters())
     assert [h["released_dim"] for h in tr.history] == [dim] * BASE["rounds"]
