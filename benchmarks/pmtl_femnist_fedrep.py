@@ -55,7 +55,21 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
         ["--shared-params", "conv1", "--head-epochs", "5", "--rounds", "20", "--clip", "0.3",
          *FINETUNE],
     ),
+    "conv-h2-nonprivate": (
+        "conv-h2 without noise (no --epsilon; not private): the ceiling of this representation",
+        ["--head-epochs", "2", "--rounds", "50", "--clip", "0.3", *FINETUNE],
+    ),
+    "conv-h5-T20": (
+        "representation conv1+conv2, head classifier, 5 head epochs, T=20 (q=20, Poisson), γ=0.3",
+        ["--head-epochs", "5", "--rounds", "20", "--clip", "0.3", *FINETUNE],
+    ),
+    "conv-h2-delta1e-5": (
+        "conv-h2 at the anchors' δ = 1e-5 (instead of 1/105)",
+        ["--delta", "1e-5", "--head-epochs", "2", "--rounds", "50", "--clip", "0.3", *FINETUNE],
+    ),
 }  # fmt: skip
+#: options of COMMON a row leaves out
+DROP = {"conv-h2-nonprivate": ("--epsilon",), "conv-h2-delta1e-5": ("--paper-delta",)}
 
 
 OPTIONS = RESULTS / "pmtl_femnist_options.jsonl"
@@ -68,9 +82,10 @@ def _committed(config: str) -> dict[int, dict]:
     return {r["seed"]: r for r in load_jsonl(OPTIONS) if r.get("config") == config}
 
 
-def _argv(extra: list[str]) -> list[str]:
-    """COMMON then ``extra``; an option given in ``extra`` replaces COMMON's."""
-    given = {a for a in extra if a.startswith("--")}
+def _argv(extra: list[str], drop: tuple[str, ...] = ()) -> list[str]:
+    """COMMON then ``extra``; an option given in ``extra`` replaces COMMON's, those in ``drop``
+    are left out."""
+    given = {a for a in extra if a.startswith("--")} | set(drop)
     common: list[str] = []
     i = 0
     while i < len(COMMON):
@@ -86,7 +101,7 @@ def run(args: argparse.Namespace) -> None:
     done = {(r["name"], r["seed"]) for r in load_jsonl(LOG)}
     for name in args.configs.split(","):
         what, extra = CONFIGS[name]
-        argv = _argv(extra)
+        argv = _argv(extra, DROP.get(name, ()))
         for seed in [int(s) for s in args.seeds.split(",")]:
             if (name, seed) in done:
                 continue
@@ -145,13 +160,19 @@ def report() -> str:
             f"{sum(deltas) / len(deltas):+.1f} (n={len(deltas)})" if deltas else "–",
             f"{rs[0]['noise_std']:.4g}",
             _noise_vs_clip(rs[0]),
-            f"ε={g['epsilon']:.3g}, δ={g['delta']:.3g}",
+            _guarantee(g),
             "yes" if all(r.get("covered") for r in rs) else "no",
         ])  # fmt: skip
     head = ["config", "what", "released dim", "val acc", "test acc (after fine-tuning)",
             "per seed", "before fine-tuning", "Δ test vs local (points, same seeds)", "σ",
             "noise σ√(dT) vs Tγ", "guarantee", "covered"]  # fmt: skip
     return "\n".join([TITLE, "", INTRO, "", markdown_table(head, body), "", READING, ""])
+
+
+def _guarantee(g: dict) -> str:
+    if not isinstance(g.get("epsilon"), int | float) or not math.isfinite(g["epsilon"]):
+        return "not private (ε = ∞)"
+    return f"ε={g['epsilon']:.3g}, δ={g['delta']:.3g}"
 
 
 def _noise_vs_clip(row: dict) -> str:
