@@ -67,9 +67,21 @@ CONFIGS: dict[str, tuple[str, list[str]]] = {
         "conv-h2 at the anchors' δ = 1e-5 (instead of 1/105)",
         ["--delta", "1e-5", "--head-epochs", "2", "--rounds", "50", "--clip", "0.3", *FINETUNE],
     ),
+    "conv-h5-T10": (
+        "representation conv1+conv2, head classifier, 5 head epochs, T=10 (q=20, Poisson), γ=0.3",
+        ["--head-epochs", "5", "--rounds", "10", "--clip", "0.3", *FINETUNE],
+    ),
+    "conv-h5-T20-delta1e-5": (
+        "conv-h5-T20 at the anchors' δ = 1e-5 (instead of 1/105)",
+        ["--delta", "1e-5", "--head-epochs", "5", "--rounds", "20", "--clip", "0.3", *FINETUNE],
+    ),
 }  # fmt: skip
 #: options of COMMON a row leaves out
-DROP = {"conv-h2-nonprivate": ("--epsilon",), "conv-h2-delta1e-5": ("--paper-delta",)}
+DROP = {
+    "conv-h2-nonprivate": ("--epsilon",),
+    "conv-h2-delta1e-5": ("--paper-delta",),
+    "conv-h5-T20-delta1e-5": ("--paper-delta",),
+}
 
 
 OPTIONS = RESULTS / "pmtl_femnist_options.jsonl"
