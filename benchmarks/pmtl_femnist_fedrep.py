@@ -205,7 +205,9 @@ post-processing).
 
 Privacy of every fedrep row: (ε = 1, δ = 1/105) joint DP (billboard privacy: the released
 representations), add/remove one client, Poisson sampling (rate 20/105), RDP accountant, seeded
-noise (`--reproducible-noise`: a reproducible simulation, protects nobody). Every row selects
+noise (`--reproducible-noise`: a reproducible simulation, protects nobody); except: rows named
+`-delta1e-5` at δ = 1e-5, `conv1-h5-T10-all` with every client in every round (sampling "all"),
+and `conv-h2-nonprivate`, which adds no noise (not private, noise source "none"). Every row selects
 nothing on pooled data (`covered`); choosing among the rows is a search no ε charges."""
 READING = """## Reading it
 
