@@ -15,7 +15,9 @@ TINY += ["--model", "logreg", "--reproducible-noise", "--finetune", "none"]
 
 def _args(method: str) -> list[str]:
     private = method not in ("local", "local-all")
-    return ["pmtl", *TINY, "--method", method, *(["--epsilon", "5"] if private else [])]
+    # fedrep needs a representation: a one-layer logreg shares its weight, the bias is the head
+    rep = ["--shared-params", "linear.weight"] if method == "fedrep" else []
+    return ["pmtl", *TINY, "--method", method, *rep, *(["--epsilon", "5"] if private else [])]
 
 
 @pytest.mark.parametrize("method", FL_METHODS)

@@ -210,6 +210,7 @@ BAD = {
     "server_optimizer": "sgd",
     "server_lr": -1.0,
     "server_momentum": 1.0,
+    "head_epochs": 0,
     "subspace_dim": 0,
     "adaptive_clip_quantile": 1.0,
     "adaptive_clip_lr": 0.0,

@@ -442,6 +442,11 @@ def check_specs() -> list[CheckSpec]:
         CheckSpec("pmtl --method local", "cli", ("--method", "local", "--finetune", "none")),
         CheckSpec("pmtl --method joint-dp", "cli", ("--method", "joint-dp", "--finetune", "none")),
         CheckSpec("pmtl --method pp-sgd", "cli", ("--method", "pp-sgd", "--finetune", "none")),
+        CheckSpec(
+            "pmtl --method fedrep (finetune auto)",
+            "cli",
+            ("--method", "fedrep", "--shared-params", "linear.weight", "--head-epochs", "1"),
+        ),
         CheckSpec("pmtl --method local-all", "cli", ("--method", "local-all"), issue=FIX_LOCAL_ALL),
         CheckSpec(
             "local-all --save-models, c0's labels replaced: others' personalized.pt bit-identical",

@@ -94,7 +94,10 @@ SPEC_HELP: dict[str, str] = {
     "server_lr": "Server step size.",
     "server_momentum": "Server β (Adam: β1).",
     "shared_params": "Comma-separated parameter names or module prefixes shared through the "
-    "billboard (pmtl); the rest stays personal. Default: all.",
+    "billboard (pmtl; fedrep: the representation); the rest stays personal. Default: all "
+    "(fedrep: every parameter but the last layer's).",
+    "head_epochs": "fedrep: local epochs of a client's head training per round (representation "
+    "frozen) and at the end on the last released representation.",
     "subspace_dim": "Release the clipped mean in a public random subspace of this many "
     "coordinates, fresh every round (noise only there; same sensitivity and ε). Default: all "
     "coordinates.",

@@ -235,6 +235,7 @@ def run_pmtl(
     server_lr: float = SPEC.server_lr,
     server_momentum: float = SPEC.server_momentum,
     shared_params: Sequence[str] | None = None,
+    head_epochs: int = SPEC.head_epochs,
     personal_init: str = SPEC.personal_init,
     subspace_dim: int | None = None,
     adaptive_clip_quantile: float | None = None,
@@ -271,6 +272,13 @@ def run_pmtl(
     so ``finetune_epochs`` may be a grid, each client choosing on its own validation split;
     ``finetune_select="pooled"`` (opt-in, not covered by the guarantee) picks one ``(epochs, lr)``
     for all clients on the pooled validation accuracy.
+
+    ``method="fedrep"`` (:mod:`~privmtl.federated.fedrep`, DP-FedRep) shares a representation
+    only (``shared_params``; default every parameter but the last layer's): each sampled client
+    trains its own head for ``head_epochs`` epochs on the released representation, then the
+    representation, and sends the representation's change; at the end every client trains its
+    head on the last release. The result reports ``representation``, ``head`` and
+    ``head_epochs``; ``released_dim`` is the representation's size.
 
     ``method="local-all"`` is the training-alone baseline of
     :func:`~privmtl.federated.local.train_local`: every client (not only sampled ones) trains on its
@@ -328,6 +336,7 @@ def run_pmtl(
         server_lr=server_lr,
         server_momentum=server_momentum,
         shared_params=None if shared_params is None else tuple(shared_params),
+        head_epochs=head_epochs,
         subspace_dim=subspace_dim,
         adaptive_clip_quantile=adaptive_clip_quantile,
         adaptive_clip_lr=adaptive_clip_lr,
@@ -436,6 +445,8 @@ def run_pmtl(
         result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
     )
     out["data_seconds"] = load_seconds
+    if method == "fedrep":
+        out.update({k: result.extra[k] for k in ("representation", "head", "head_epochs")})
     # the resolved settings (personal_init as the trainer resolved it), re-runnable as they are
     out["config"] = resolved.replace(personal_init=result.config.personal_init).to_dict()
     out["clients_per_round_default"] = clients_per_round is None  # then min(20, m)

@@ -66,18 +66,26 @@ def _client_batches(n: int, rng: np.random.Generator, config: TrainConfig) -> li
 
 
 def draw_round_plan(
-    sampled: Sequence[int] | np.ndarray, offsets: np.ndarray, round_index: int, config: TrainConfig
+    sampled: Sequence[int] | np.ndarray,
+    offsets: np.ndarray,
+    round_index: int,
+    config: TrainConfig,
+    *,
+    stream: int = 1,
 ) -> list[list[np.ndarray]]:
     """Minibatches of every sampled client for one round, as rows of the stacked train data.
 
     ``plan[j][s]`` holds the rows (into ``dataset.concat("train")``) of step ``s`` of the ``j``-th
     sampled client; see :class:`~privmtl.federated.config.TrainConfig` for how steps are defined.
+    Client ``k``'s draws come from ``default_rng([seed, stream, round_index, k])``: ``stream`` 1
+    is the local training of every method; other streams are independent draws (``fedrep``'s
+    head training uses 3 in its rounds and 4 at the end).
     """
     plan = []
     for k in sampled:
         k = int(k)
         n = int(offsets[k + 1] - offsets[k])
-        rng = np.random.default_rng([config.seed, 1, round_index, k])
+        rng = np.random.default_rng([config.seed, stream, round_index, k])
         plan.append([offsets[k] + idx for idx in _client_batches(n, rng, config)])
     return plan
 

@@ -14,9 +14,18 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.delta import user_data_delta
 
-__all__ = ["METHODS", "SAMPLINGS", "TrainConfig", "TrainResult", "check_param_names"]
+__all__ = [
+    "DEFAULT_HEAD_EPOCHS",
+    "METHODS",
+    "SAMPLINGS",
+    "TrainConfig",
+    "TrainResult",
+    "check_param_names",
+]
 
-METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "workshop")
+METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "workshop", "fedrep")
+#: ``fedrep``: local epochs of head training per round (the representation frozen) and at the end.
+DEFAULT_HEAD_EPOCHS = 5
 SAMPLINGS = ("poisson", "fixed", "all")
 
 
@@ -47,6 +56,11 @@ class TrainConfig:
           global model.
         * ``"local"``: no communication: sampled clients run local SGD on :math:`l_k` from their
           own model; no server step, no noise, ε = 0 towards the other clients.
+        * ``"fedrep"`` (:mod:`privmtl.federated.fedrep`): a shared representation (the
+          ``shared_params``; default every parameter but the last layer's) and a head per client;
+          each sampled client trains its head for ``head_epochs`` epochs on the released
+          representation, then the representation with its head fixed, and sends the
+          representation's change only.
     rounds : int, default 100
         Communication rounds ``T``.
     clients_per_round : int, default 10
@@ -153,8 +167,12 @@ class TrainConfig:
     server_lr, server_momentum, server_beta2, server_adam_eps : float
         The server optimizer's step size (default 1.0), β or β₁ (0.9), Adam's β₂ (0.99) and τ
         (1e-3).
+    head_epochs : int, default :data:`DEFAULT_HEAD_EPOCHS`
+        ``fedrep``: local epochs of head training per round, before the representation's local
+        work, and of every client's final head training on the last released representation.
     shared_params : tuple of str or None
-        Partial sharing (FedPer/FedRep-style; pmtl only): only the parameters whose name
+        Partial sharing (FedPer/FedRep-style; pmtl, and fedrep whose representation it names):
+        only the parameters whose name
         equals an entry or starts with ``entry + "."`` go through the billboard (messages, clip,
         noise, prox anchor); the others stay personal and take plain local SGD steps. The norm
         clipped is that of the shared part; the accounting (z = σq/γ) does not depend on the
@@ -229,6 +247,7 @@ class TrainConfig:
     pp_alpha: float = 1.0
     pp_theta_reg: float | None = None
     ball: float | None = None
+    head_epochs: int = DEFAULT_HEAD_EPOCHS
     server_optimizer: str = "none"
     server_lr: float = 1.0
     server_momentum: float = 0.9
@@ -291,11 +310,12 @@ class TrainConfig:
             )
         if self.shared_params is not None:
             object.__setattr__(self, "shared_params", check_param_names(self.shared_params))
-            if self.method != "pmtl":
+            if self.method not in ("pmtl", "fedrep"):
                 raise InvalidParameterError(
-                    "The 'shared_params' parameter (partial sharing) needs method='pmtl' (clients "
-                    f"keep their personal layers); got method={self.method!r}."
+                    "The 'shared_params' parameter (partial sharing) needs method='pmtl' or "
+                    f"'fedrep' (clients keep their personal layers); got method={self.method!r}."
                 )
+        check_int("head_epochs", self.head_epochs, low=1)
         check_choice("personal_init", self.personal_init, ("model", "billboard", "auto"))
         if self.method == "workshop" and self.ball is None:
             raise InvalidParameterError("method='workshop' needs the ball radius 'ball'; got None.")

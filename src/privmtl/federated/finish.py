@@ -46,6 +46,7 @@ __all__ = [
     "AUTO_METHODS",
     "AUTO_NOTE",
     "AUTO_ORDERS",
+    "AUTO_PARTIAL",
     "FINETUNE_NOTE",
     "AutoPlan",
     "ClientFinish",
@@ -64,8 +65,8 @@ a public order; a client without validation data keeps the last) among its train
 personalized model, or the billboard for methods without one), its own local training from the
 initial model (:func:`~privmtl.federated.local.train_local`'s default grid, whose ties go to the
 most training: what ``method="local-all"`` gives), and — only where the billboard carries signal:
-the whole model is shared and the public rule of
-:func:`~privmtl.privacy.release.billboard_carries_signal` holds for the ``T`` releases — the
+the whole model is shared (``fedrep``: its representation, with the initial head) and the public
+rule of :func:`~privmtl.privacy.release.billboard_carries_signal` holds for the ``T`` releases — the
 billboard fine-tuned on its own data for each of these numbers of epochs and each step size of
 :data:`AUTO_FINETUNE_LRS` (vanilla; ties go to the least fine-tuning, the closest to the billboard).
 The order is public (:data:`AUTO_ORDERS`): the trained model first; then local training and the
@@ -87,7 +88,10 @@ preferred, with a weak one local training."""
 AUTO_CLEAR_SIGNAL = 0.5
 """``finetune="auto"``: the billboard's signal is clear when the noise of its ``T`` releases,
 σ√(kT), is at most this share of the most their clipped means can add up to, Tγ."""
-AUTO_METHODS = ("pmtl", "fedavg", "fedprox")
+AUTO_METHODS = ("pmtl", "fedavg", "fedprox", "fedrep")
+AUTO_PARTIAL = ("fedrep",)
+"""Methods whose billboard is a part of the model by design (fedrep: the representation); its
+fine-tuned candidate starts from the billboard with the initial head."""
 """Methods whose billboard is a model worth fine-tuning (``finetune="auto"``)."""
 
 AUTO_NOTE = (
@@ -101,7 +105,8 @@ FINETUNE_NOTE = "local fine-tuning is post-processing of the billboard: no priva
 _AUTO_RULE = (
     "every client keeps, among its candidates, the one with the most correct "
     "predictions on its own validation split (ties, e.g. no validation data: the later in "
-    "'order'); the billboard candidate exists where the whole model is shared and the noise "
+    "'order'); the billboard candidate exists where the whole model (fedrep: the "
+    "representation, with the initial head) is shared and the noise "
     "of the T releases, sigma*sqrt(k*T), is at most T*clip, and it is preferred on ties "
     "(last) where that noise is at most half of T*clip (public parameters)"
 )
@@ -135,7 +140,7 @@ def auto_plan(
     noise, bound = billboard_noise_and_bound(noise_std, clip, released_dim, rounds)
     signal = (
         method in AUTO_METHODS
-        and shared_params is None
+        and (shared_params is None or method in AUTO_PARTIAL)
         and billboard_carries_signal(noise_std, clip, released_dim, releases=rounds)
     )
     clear = signal and bound is not None and noise <= AUTO_CLEAR_SIGNAL * bound

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from privmtl._validation import Interval, Options, validate_params
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.config import check_param_names
+from privmtl.federated.config import DEFAULT_HEAD_EPOCHS, check_param_names
 from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
 from privmtl.privacy.guarantee import RELATIONS
@@ -62,7 +62,16 @@ __all__ = [
     "train_config",
 ]
 
-RUN_METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "local-all")
+RUN_METHODS = (
+    "pmtl",
+    "fedavg",
+    "fedprox",
+    "local",
+    "joint-dp",
+    "pp-sgd",
+    "local-all",
+    "fedrep",
+)
 """Methods of a run: the engine's (:data:`~privmtl.federated.config.METHODS` but ``workshop``)
 and ``local-all``, every client training alone (:func:`~privmtl.federated.local.train_local`)."""
 SERVER_UPDATES = ("ditto", "offset", "delta")
@@ -184,8 +193,11 @@ class RunSpec:
     server_optimizer : {"none", "momentum", "adam"}, default "none"
     server_lr : float, default 1.0
     server_momentum : float, default 0.9
+    head_epochs : int, default :data:`~privmtl.federated.config.DEFAULT_HEAD_EPOCHS`
+        fedrep: local epochs of head training per round and at the end.
     shared_params : tuple of str or None
-        Partial sharing (pmtl); None: every parameter is shared.
+        Partial sharing (pmtl) or fedrep's representation; None: every parameter is shared
+        (fedrep: every parameter but the last layer's).
     subspace_dim : int or None
         Random-subspace releases of this many coordinates; None: all coordinates.
     adaptive_clip_quantile : float or None
@@ -218,6 +230,7 @@ class RunSpec:
     server_optimizer: str = "none"
     server_lr: float = 1.0
     server_momentum: float = 0.9
+    head_epochs: int = DEFAULT_HEAD_EPOCHS
     shared_params: tuple[str, ...] | None = None
     subspace_dim: int | None = None
     adaptive_clip_quantile: float | None = None
@@ -248,6 +261,7 @@ class RunSpec:
         "server_optimizer": Options(_SERVER_OPTIMIZERS),
         "server_lr": Interval(Real, 0.0, None, closed="neither"),
         "server_momentum": Interval(Real, 0.0, 1.0, closed="left"),
+        "head_epochs": Interval(Integral, 1, None),
         "subspace_dim": [None, Interval(Integral, 1, None)],
         "adaptive_clip_quantile": [None, Interval(Real, 0.0, 1.0, closed="neither")],
         "adaptive_clip_lr": Interval(Real, 0.0, None, closed="neither"),
@@ -355,7 +369,7 @@ def train_config(resolved: RunSpec, **execution: Any) -> Any:
         )
     method = resolved.method
     return TrainConfig(
-        method=method if method in ("pmtl", "fedavg", "fedprox", "local") else "pmtl",
+        method=method if method in ("pmtl", "fedavg", "fedprox", "local", "fedrep") else "pmtl",
         rounds=resolved.rounds,
         clients_per_round=resolved.clients_per_round,
         local_steps=resolved.local_steps,
@@ -376,6 +390,7 @@ def train_config(resolved: RunSpec, **execution: Any) -> Any:
         server_lr=resolved.server_lr,
         server_momentum=resolved.server_momentum,
         shared_params=resolved.shared_params,
+        head_epochs=resolved.head_epochs,
         personal_init=resolved.personal_init,
         subspace_dim=resolved.subspace_dim,
         adaptive_clip_quantile=resolved.adaptive_clip_quantile,

@@ -121,6 +121,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "server-lr": SPEC.server_lr,
     "server-momentum": SPEC.server_momentum,
     "shared-params": "",  # "": every parameter is shared; else names separated by commas
+    "head-epochs": SPEC.head_epochs,  # fedrep only, which Flower refuses
     "subspace-dim": 0,  # 0: every coordinate
     "adaptive-clip-quantile": -1.0,  # < 0: a fixed clip
     "adaptive-clip-lr": SPEC.adaptive_clip_lr,
