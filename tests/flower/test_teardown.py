@@ -38,6 +38,11 @@ def test_a_failing_run_leaves_no_process(tmp_path, alive_with_home):
     assert (work / "server" / "error.txt").is_file()
 
 
+ROUNDS = 12
+"""Rounds of the interrupted run: a round lasts under a second, so SIGINT on round 1's line must
+leave rounds to interrupt (with 4 the run could end first)."""
+
+
 def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path, alive_with_home):
     """SIGINT to privmtl flower local after round 1: exit 130, no process left, the ledger holds
     the releases made; --resume finishes the run, and (seeded) every billboard equals the
@@ -46,7 +51,7 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path, a
     args = [
         str(Path(sys.executable).parent / "privmtl"),
         "flower", "local", "--num-supernodes", "2", "--data", "synthetic", "--model", "logreg",
-        "--rounds", "4", "--clients-per-round", "6", "--noise-std", "0.05", "--local-steps", "3",
+        "--rounds", str(ROUNDS), "--clients-per-round", "6", "--noise-std", "0.05", "--local-steps", "3",
         "--seed", "3", "--reproducible-noise", "--round-timeout", "240", "--work-dir", str(work),
     ]  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -55,7 +60,7 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path, a
     deadline = time.monotonic() + 600
     for line in proc.stderr:
         seen.append(line)
-        if "round 1/4" in line:
+        if f"round 1/{ROUNDS}" in line:
             proc.send_signal(signal.SIGINT)
             break
         assert time.monotonic() < deadline, seen
@@ -74,12 +79,12 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path, a
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert not alive_with_home(work / "flwr-home")
-    assert res["rounds_run"] == 4 and res["run_index"] == 0
+    assert res["rounds_run"] == ROUNDS and res["run_index"] == 0
     lines = (work / "server" / "ledger.jsonl").read_text().splitlines()
-    assert [json.loads(x)["release_id"] for x in lines[1:]] == [f"round:{t}" for t in range(4)]
+    assert [json.loads(x)["release_id"] for x in lines[1:]] == [f"round:{t}" for t in range(ROUNDS)]
 
     opts = run_options({
-        "rounds": 4, "clients-per-round": 6, "noise-std": 0.05, "local-steps": 3, "seed": 3,
+        "rounds": ROUNDS, "clients-per-round": 6, "noise-std": 0.05, "local-steps": 3, "seed": 3,
         "noise-source": "seeded",
     })  # fmt: skip
     ds = make_synthetic_federated(random_state=3)
@@ -89,7 +94,7 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path, a
     import torch
 
     boards = torch.load(work / "server" / "billboards.pt", weights_only=True)
-    assert len(boards) == 4
+    assert len(boards) == ROUNDS
     for a, b in zip(boards, ref, strict=True):
         for n in a:
             assert torch.allclose(a[n], b[n], atol=1e-5, rtol=0)
