@@ -31,6 +31,10 @@ ATTEMPTS: dict[str, tuple[str, dict[str, str | None]]] = {
         "PLD accountant: the same (ε, δ) with less noise than RDP's calibration",
         {"--accountant": "pld"},
     ),
+    "rounds-100": (
+        "twice the rounds (100 of 2 local epochs): more personal training per client, more noise",
+        {"--rounds": "100"},
+    ),
     "pld-delta-1e-5": (
         "PLD accountant at δ = 1e-5",
         {"--accountant": "pld", "--paper-delta": None, "--delta": "1e-5"},
