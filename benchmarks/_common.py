@@ -61,3 +61,51 @@ def run_privmtl(args: list[str], what: str) -> tuple[dict[str, Any], float]:
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout), time.perf_counter() - t0
+
+
+def run_pmtl_seed(
+    argv: list[str], seed: int, data_path: str | Path, what: str
+) -> tuple[dict[str, Any], float]:
+    """``privmtl pmtl *argv --seed seed --json --quiet --threads 1 --data-path data_path``
+    (:func:`run_privmtl`): one seeded run of a benchmark's argument list."""
+    return run_privmtl(
+        ["pmtl", *argv, "--seed", str(seed), "--json", "--quiet", "--threads", "1",
+         "--data-path", str(data_path)],
+        what,
+    )  # fmt: skip
+
+
+def drop_options(argv: list[str], names: Iterable[str]) -> list[str]:
+    """``argv`` without the options ``names`` (each with its value, when it takes one)."""
+    names = set(names)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if argv[i] not in names:
+            out += argv[i : i + 1 + takes_value]
+        i += 1 + takes_value
+    return out
+
+
+def seeds_parser(description: str, seeds: str = "0,1,2") -> Any:
+    """The command line of a resumable benchmark: ``--data-path``, ``--seeds``, ``--report``."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--data-path")
+    p.add_argument("--seeds", default=seeds)
+    p.add_argument("--report", action="store_true")
+    return p
+
+
+def seeds_main(parser: Any, run: Any, report: Any) -> None:
+    """Parse ``parser``'s arguments, then print ``report()`` (``--report``) or ``run(args)``
+    (which needs ``--data-path``)."""
+    args = parser.parse_args()
+    if args.report:
+        print(report())
+        return
+    if not args.data_path:
+        parser.error("--data-path is required to run")
+    run(args)

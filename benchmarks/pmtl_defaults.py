@@ -15,7 +15,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, run_privmtl
+from _common import (
+    RESULTS,
+    append_jsonl,
+    load_jsonl,
+    markdown_table,
+    run_pmtl_seed,
+    seeds_main,
+    seeds_parser,
+)
 
 from privmtl.privacy.release import billboard_noise_and_bound
 
@@ -51,11 +59,9 @@ def run(args: argparse.Namespace) -> None:
                 if (group, method, seed) in done:
                     continue
                 argv = _argv(method, extra)
-                out, seconds = run_privmtl(
-                    ["pmtl", *argv, "--seed", str(seed), "--json", "--quiet", "--threads", "1",
-                     "--data-path", args.data_path],
-                    f"{group} {method} seed {seed}",
-                )  # fmt: skip
+                out, seconds = run_pmtl_seed(
+                    argv, seed, args.data_path, f"{group} {method} seed {seed}"
+                )
                 row = {
                     "defaults": DEFAULTS,
                     "group": group,
@@ -100,17 +106,7 @@ def report() -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-path")
-    p.add_argument("--seeds", default="0")
-    p.add_argument("--report", action="store_true")
-    args = p.parse_args()
-    if args.report:
-        print(report())
-        return
-    if not args.data_path:
-        p.error("--data-path is required to run")
-    run(args)
+    seeds_main(seeds_parser(__doc__.split("\n")[0], seeds="0"), run, report)
 
 
 if __name__ == "__main__":

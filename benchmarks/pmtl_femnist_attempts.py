@@ -18,7 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, mean_std, run_privmtl
+from _common import (
+    RESULTS,
+    append_jsonl,
+    drop_options,
+    load_jsonl,
+    markdown_table,
+    mean_std,
+    run_pmtl_seed,
+)
 
 LOG = RESULTS / "pmtl_femnist_attempts.jsonl"
 BEST_JSON = RESULTS / "pmtl_femnist_best.json"
@@ -46,18 +54,7 @@ def argv_of(name: str) -> list[str]:
     """The best configuration's argument list with attempt ``name``'s changes."""
     argv = list(json.loads(BEST_JSON.read_text())["pmtl"])
     changes = ATTEMPTS[name][1]
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        if a in changes:
-            i += 2 if takes_value else 1
-            continue
-        out.append(a)
-        if takes_value:
-            out.append(argv[i + 1])
-        i += 2 if takes_value else 1
+    out = drop_options(argv, changes)
     for opt, value in changes.items():
         if value is not None:
             out += [opt, value]
@@ -72,11 +69,7 @@ def run(args: argparse.Namespace) -> None:
         for seed in [int(s) for s in args.seeds.split(",")]:
             if (name, seed) in done:
                 continue
-            out, seconds = run_privmtl(
-                ["pmtl", *argv, "--seed", str(seed), "--json", "--threads", "1",
-                 "--data-path", args.data_path],
-                f"{name} seed {seed}",
-            )  # fmt: skip
+            out, seconds = run_pmtl_seed(argv, seed, args.data_path, f"{name} seed {seed}")
             row = {
                 "attempt": name,
                 "seed": seed,

@@ -17,7 +17,16 @@ from __future__ import annotations
 import argparse
 import json
 
-from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, mean_std, run_privmtl
+from _common import (
+    RESULTS,
+    append_jsonl,
+    load_jsonl,
+    markdown_table,
+    mean_std,
+    run_pmtl_seed,
+    seeds_main,
+    seeds_parser,
+)
 
 LOG = RESULTS / "pmtl_femnist_best_delta.jsonl"
 BEST = RESULTS / "pmtl_femnist_best.json"
@@ -35,11 +44,9 @@ def run(args: argparse.Namespace) -> None:
     for seed in [int(s) for s in args.seeds.split(",")]:
         if seed in done:
             continue
-        out, seconds = run_privmtl(
-            ["pmtl", *argv, "--seed", str(seed), "--json", "--threads", "1",
-             "--data-path", args.data_path],
-            f"best PMTL at delta={DELTA:g} seed {seed}",
-        )  # fmt: skip
+        out, seconds = run_pmtl_seed(
+            argv, seed, args.data_path, f"best PMTL at delta={DELTA:g} seed {seed}"
+        )
         row = {
             "seed": seed,
             "wall_seconds": seconds,
@@ -70,17 +77,7 @@ def report() -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-path")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--report", action="store_true")
-    args = p.parse_args()
-    if args.report:
-        print(report())
-        return
-    if not args.data_path:
-        p.error("--data-path is required to run")
-    run(args)
+    seeds_main(seeds_parser(__doc__.split("\n")[0]), run, report)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,17 @@ from __future__ import annotations
 import argparse
 import math
 
-from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, mean_std, run_privmtl
+from _common import (
+    RESULTS,
+    append_jsonl,
+    drop_options,
+    load_jsonl,
+    markdown_table,
+    mean_std,
+    run_pmtl_seed,
+    seeds_main,
+    seeds_parser,
+)
 
 LOG = RESULTS / "pmtl_femnist_fedrep.jsonl"
 
@@ -98,15 +108,7 @@ def _argv(extra: list[str], drop: tuple[str, ...] = ()) -> list[str]:
     """COMMON then ``extra``; an option given in ``extra`` replaces COMMON's, those in ``drop``
     are left out."""
     given = {a for a in extra if a.startswith("--")} | set(drop)
-    common: list[str] = []
-    i = 0
-    while i < len(COMMON):
-        flag = COMMON[i]
-        takes_value = i + 1 < len(COMMON) and not COMMON[i + 1].startswith("--")
-        if flag not in given:
-            common += COMMON[i : i + 1 + takes_value]
-        i += 1 + takes_value
-    return [*common, *extra]
+    return [*drop_options(COMMON, given), *extra]
 
 
 def run(args: argparse.Namespace) -> None:
@@ -117,11 +119,7 @@ def run(args: argparse.Namespace) -> None:
         for seed in [int(s) for s in args.seeds.split(",")]:
             if (name, seed) in done:
                 continue
-            out, seconds = run_privmtl(
-                ["pmtl", *argv, "--seed", str(seed), "--json", "--threads", "1",
-                 "--data-path", args.data_path],
-                f"fedrep {name} seed {seed}",
-            )  # fmt: skip
+            out, seconds = run_pmtl_seed(argv, seed, args.data_path, f"fedrep {name} seed {seed}")
             row = {
                 "name": name,
                 "what": what,
@@ -254,18 +252,9 @@ training, whose grid costs about six training runs here)."""
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-path")
+    p = seeds_parser(__doc__.split("\n")[0])
     p.add_argument("--configs", default=",".join(CONFIGS))
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--report", action="store_true")
-    args = p.parse_args()
-    if args.report:
-        print(report())
-        return
-    if not args.data_path:
-        p.error("--data-path is required to run")
-    run(args)
+    seeds_main(p, run, report)
 
 
 if __name__ == "__main__":

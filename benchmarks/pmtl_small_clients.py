@@ -28,7 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, mean_std, run_privmtl
+from _common import (
+    RESULTS,
+    append_jsonl,
+    load_jsonl,
+    markdown_table,
+    mean_std,
+    run_pmtl_seed,
+    seeds_main,
+    seeds_parser,
+)
 
 LOG = RESULTS / "pmtl_small_clients.jsonl"
 BASE = ["--data", "femnist-leaf", "--model", "cnn"]
@@ -98,11 +107,7 @@ def run(args: argparse.Namespace) -> None:
             if (args.tag, label, seed) in done:
                 continue
             argv = [*BASE, *RUNS[label]]
-            out, seconds = run_privmtl(
-                ["pmtl", *argv, "--seed", str(seed), "--json", "--quiet", "--threads", "1",
-                 "--data-path", str(dst)],
-                f"{label} seed {seed}",
-            )  # fmt: skip
+            out, seconds = run_pmtl_seed(argv, seed, dst, f"{label} seed {seed}")
             row = {
                 "tag": args.tag,
                 "label": label,
@@ -162,22 +167,13 @@ def report() -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-path", help="the LEAF FEMNIST folder (train/ and test/)")
+    p = seeds_parser(__doc__.split("\n")[0], seeds="0")
     p.add_argument("--out", help="where to write the subsampled copy (outside the repository)")
     p.add_argument("--per-writer", type=int, default=20)
     p.add_argument("--population-seed", type=int, default=0)
-    p.add_argument("--seeds", default="0")
     p.add_argument("--only", help="run only the labels containing this text")
     p.add_argument("--tag", default="", help="names the version whose defaults ran (rows keep it)")
-    p.add_argument("--report", action="store_true")
-    args = p.parse_args()
-    if args.report:
-        print(report())
-        return
-    if not args.data_path:
-        p.error("--data-path is required to run")
-    run(args)
+    seeds_main(p, run, report)
 
 
 if __name__ == "__main__":
