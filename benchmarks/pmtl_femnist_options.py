@@ -195,15 +195,16 @@ CONFIGS.update(
 )
 
 
-#: The strongest local baseline (every client trains alone over local-all's grid of epochs and step
-#: sizes and chooses on its own validation split), and the best Ditto row ending with that same
-#: local training started from the released first layer instead of one epoch of fine-tuning.
 def _replace(argv: list[str], flag: str, n: int, new: list[str]) -> list[str]:
-    """``argv`` with the ``n`` items from ``flag`` on replaced by ``new``."""
+    """``argv`` with the ``n`` items from ``flag`` on replaced by ``new``, in place (unlike
+    :func:`_common.drop_options`, which the logged argument lists must not be reordered by)."""
     i = argv.index(flag)
     return [*argv[:i], *new, *argv[i + n :]]
 
 
+#: The strongest local baseline (every client trains alone over local-all's grid of epochs and step
+#: sizes and chooses on its own validation split), and the best Ditto row ending with that same
+#: local training started from the released first layer instead of one epoch of fine-tuning.
 BEST_DITTO = CONFIGS["ditto-conv1-lam0.3-T50E2-clip0.3"][1]
 LOCAL_GRID = ("--finetune-epochs", "10,30,100", "--finetune-lrs", "0.03,0.1")
 CONFIGS.update(
