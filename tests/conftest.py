@@ -1,4 +1,5 @@
-"""Shared fixtures: locating ../shared/data (skipped with a clear reason when absent)."""
+"""Shared fixtures: locating ../shared/data (skipped with a clear reason when absent), and a
+private privmtl configuration folder (the signing key) for every test."""
 
 from __future__ import annotations
 
@@ -37,3 +38,16 @@ def femnist_dir(shared_data_dir: Path) -> Path:
     if not (path / "train").is_dir():
         pytest.skip(f"LEAF FEMNIST data not found at {path}")
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def privmtl_config_dir(tmp_path_factory):
+    """A private PRIVMTL_CONFIG_DIR (signing key) for the whole session: no test touches ~/.config.
+
+    Session-scoped so that module- and session-scoped fixtures that save models use it too; a test
+    that needs another user's key sets the variable itself (``monkeypatch.setenv``).
+    """
+    folder = tmp_path_factory.mktemp("privmtl-config")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PRIVMTL_CONFIG_DIR", str(folder))
+        yield folder

@@ -35,11 +35,13 @@ from privmtl.federated.spec import SPEC, RunSpec
 __all__ = [
     "SPEC_FIELDS",
     "SPEC_HELP",
+    "check_config_code",
     "config_option",
     "given_settings",
     "pop_run_spec",
     "spec_option",
     "spec_options",
+    "trust_code_option",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -305,6 +307,9 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None)
             f"{value}: not a JSON file ({exc})", param_hint="--config"
         ) from None
     spec, context = _document_spec(doc, Path(value))
+    from privmtl.trust import is_signed
+
+    ctx.meta[_CONFIG_KEY] = (Path(value), is_signed(doc))
     unknown = sorted(set(spec) - set(SPEC_FIELDS))
     if unknown:
         raise click.BadParameter(
@@ -332,6 +337,39 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None)
     defaults.update({k: v for k, v in context.items() if k in names})
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
+
+
+_CONFIG_KEY = "privmtl.config"
+"""``ctx.meta`` key: ``(path, signed by this user)`` of the ``--config`` file read."""
+
+
+def check_config_code(ctx: click.Context, model: str, *, trust_code: bool) -> None:
+    """Refuse a model factory that only a ``--config`` file this user did not sign names.
+
+    A factory is code: it runs when given by ``--model`` on the command line, named by a file
+    this user's privmtl signed (a result or ``model.json``, :mod:`privmtl.trust`), or with
+    ``--trust-code``; otherwise exit 2 in one line, before anything is imported.
+    """
+    from privmtl.federated.user_model import is_factory_spec
+    from privmtl.trust import untrusted_code
+
+    seen = ctx.meta.get(_CONFIG_KEY)
+    if seen is None or trust_code or not is_factory_spec(model):
+        return
+    path, signed = seen
+    if ctx.get_parameter_source("model") == ParameterSource.DEFAULT_MAP and not signed:
+        raise click.BadParameter(str(untrusted_code(str(path), model)), param_hint="--config")
+
+
+def trust_code_option() -> Callable[[F], F]:
+    """``--trust-code``: run a model factory named by a ``--config`` file nobody signed."""
+    return click.option(
+        "--trust-code",
+        is_flag=True,
+        help="Load the model factory named by --config FILE although this user's privmtl did not "
+        "sign the file (results and model.json it writes are signed): only for files from "
+        "someone you trust. --model on the command line needs no trust.",
+    )
 
 
 def config_option() -> Callable[[F], F]:

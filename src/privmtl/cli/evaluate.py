@@ -32,20 +32,39 @@ _MPMTL_ONLY = ("task_column", "target_column", "train_fraction")
 @click.option("--data", help="Data set (default: the one the run used, from model.json).")
 @evaluate_data_options()
 @click.option("--seed", type=int, help="Data split seed (default: the run's).")
+@click.option(
+    "--model",
+    "model",
+    metavar="MODULE:FACTORY|PATH.py:FACTORY",
+    help="Rebuild a user's model with this factory (your own file or module), refused if its "
+    "source's SHA-256 differs from the one model.json records. Needed for models someone else "
+    "saved, unless --trust-code.",
+)
+@click.option(
+    "--trust-code",
+    is_flag=True,
+    help="Run the factory source recorded in model.json (SHA-256 still checked) although this "
+    "user did not sign the folder: only for folders from someone you trust.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def evaluate(
     directory: Path | None,
     models_opt: Path | None,
     data: str | None,
     seed: int | None,
+    model: str | None,
+    trust_code: bool,
     as_json: bool,
     **opts: Any,
 ) -> None:
     """Score saved models on the test split: test_accuracy (PMTL) or nmse/auc (MP-MTL).
 
-    DIRECTORY is what --save-models wrote. Everything needed comes from its model.json: the data's
-    absolute path, columns, scaling and split seed, and a user model's factory source (checked
-    against its recorded SHA-256), so this works from any working directory without PYTHONPATH.
+    DIRECTORY is what --save-models wrote. For models this user saved (model.json signed with the
+    key in the user's config folder) everything comes from model.json: the data's absolute path,
+    columns, scaling and split seed, and a user model's factory source (checked against its
+    recorded SHA-256), so this works from any working directory without PYTHONPATH. A folder
+    someone else wrote runs no code unless --model or --trust-code is given, and its recorded data
+    path is not followed (pass --data-path).
     """
     if directory is not None and models_opt is not None and directory != models_opt:
         raise click.BadParameter(
@@ -59,11 +78,19 @@ def evaluate(
     if not meta_path.is_file():
         raise click.BadParameter(f"{models_dir} has no model.json", param_hint="DIRECTORY")
     try:
-        family = json.loads(meta_path.read_text()).get("family")
-    except json.JSONDecodeError as exc:
+        doc = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise click.BadParameter(
             f"{meta_path} is not valid JSON: {exc}", param_hint="DIRECTORY"
         ) from None
+    if not isinstance(doc, dict):
+        raise click.BadParameter(
+            f"{meta_path} must hold a JSON object; got {type(doc).__name__}",
+            param_hint="DIRECTORY",
+        )
+    family = doc.get("family")
+    if model is not None and family != "pmtl":
+        raise click.BadParameter(f"does not apply to {family} models", param_hint="--model")
     columns = opts.pop("feature_columns")
     feature_columns = None if columns is None else [c.strip() for c in columns.split(",")]
     common: dict[str, Any] = {"data": data, "data_path": opts.pop("data_path"), "seed": seed}
@@ -84,6 +111,8 @@ def evaluate(
             label_column=opts["label_column"],
             feature_columns=feature_columns,
             scaling=opts["scaling"],
+            model=model,
+            trust_code=trust_code,
         )
     elif family == "mpmtl":
         from privmtl.experiments import mpmtl as mp

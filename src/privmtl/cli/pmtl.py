@@ -17,10 +17,18 @@ from privmtl.cli._common import (
     progress,
     row_for,
     spread,
+    to_jsonable,
     vote_share_option,
 )
 from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
-from privmtl.cli._spec_options import config_option, pop_run_spec, spec_option, spec_options
+from privmtl.cli._spec_options import (
+    check_config_code,
+    config_option,
+    pop_run_spec,
+    spec_option,
+    spec_options,
+    trust_code_option,
+)
 from privmtl.experiments.pmtl import (
     FINETUNE_STARTS,
     FL_DATASETS,
@@ -29,8 +37,10 @@ from privmtl.experiments.pmtl import (
     run_pmtl,
 )
 from privmtl.federated.local import LOCAL_SELECT
+from privmtl.federated.user_model import is_factory_spec
 from privmtl.io import check_writable_dir
 from privmtl.privacy.selection import SELECTION_METHODS
+from privmtl.trust import sign
 
 __all__ = ["pmtl", "pmtl_sweep"]
 
@@ -96,6 +106,7 @@ def _human(out: dict[str, Any]) -> None:
 
 @click.command()
 @config_option()
+@trust_code_option()
 @click.option("--data", type=click.Choice(list(FL_DATASETS)), required=True)
 @pmtl_data_options()
 @click.option(
@@ -205,8 +216,10 @@ def pmtl(**kw: Any) -> None:
     """Private personalized federated learning (PMTL) and its baselines: one run."""
     as_json = kw.pop("as_json")
     quiet = kw.pop("quiet")
-    kw.update(pop_run_spec(click.get_current_context(), kw))
+    ctx = click.get_current_context()
+    kw.update(pop_run_spec(ctx, kw))
     check_model_option(kw["model"])
+    check_config_code(ctx, kw["model"], trust_code=kw.pop("trust_code"))
     kw.update(pmtl_data_kwargs(kw, kw["data"]))
     check_save_dir(kw["save_models"], overwrite=kw.pop("overwrite"))
     for name in ("save_models", "checkpoint_dir"):
@@ -245,7 +258,12 @@ def pmtl(**kw: Any) -> None:
         kw[name] = values
     abort_hint_for_checkpoint(kw["checkpoint_dir"])
     out = run_pmtl(**kw, show_progress=not quiet and not as_json)
-    echo_json(out) if as_json else _human(out)
+    if not as_json:
+        _human(out)
+    elif is_factory_spec(str(out.get("model"))):  # names code: signed for --config (trust)
+        echo_json(sign(to_jsonable(out)))
+    else:
+        echo_json(out)
 
 
 @click.command("pmtl-sweep")

@@ -657,6 +657,7 @@ def evaluate_saved(
     import numpy as np
 
     from privmtl.linear.saved import load_linear_models
+    from privmtl.trust import followed_data_path, is_signed
 
     meta, coef = load_linear_models(models_dir)
     if meta.get("family") != "mpmtl":
@@ -665,7 +666,13 @@ def evaluate_saved(
         )
     saved = meta.get("data", {})
     name = data if data is not None else saved.get("data")
-    path = data_path if data_path is not None else saved.get("data_path")
+    path = followed_data_path(
+        saved.get("data_path"),
+        data_path,
+        folder=Path(models_dir),
+        signed=is_signed(meta),
+        where=str(Path(models_dir) / "model.json"),
+    )
     sd = check_int("seed", seed if seed is not None else saved.get("seed", 0), low=0)
     legacy = "scaling" not in saved  # written before scaling was recorded: the paper's protocol
     _, test = load_mpmtl_data(

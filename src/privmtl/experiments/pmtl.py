@@ -585,23 +585,42 @@ def evaluate_saved(
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
     scaling: str | None = None,
+    model: str | None = None,
+    trust_code: bool = False,
 ) -> dict[str, Any]:
     """Reload models saved by ``run_pmtl(save_models=...)`` and score them on the test split.
 
     The data set defaults to the one the run used (its name, absolute path, columns, scaling and
     seed, recorded in ``model.json``); the same data and split give exactly the run's
-    ``test_accuracy``. A user's model is rebuilt from the factory source recorded in
-    ``model.json`` (:func:`~privmtl.federated.saved.build_model`), so neither the working
-    directory nor ``PYTHONPATH`` matters.
+    ``test_accuracy``. A folder this user's privmtl saved (signed, :mod:`privmtl.trust`) is
+    followed as it is: its recorded data path, and a user's model rebuilt from the factory source
+    recorded in ``model.json`` (:func:`~privmtl.federated.saved.build_model`), so neither the
+    working directory nor ``PYTHONPATH`` matters. For a folder someone else wrote, a user's model
+    needs ``model`` (the factory named again, checked against the recorded SHA-256) or
+    ``trust_code``, and a recorded data path outside the folder needs ``data_path``.
     """
     from privmtl.federated.algorithms import evaluate
-    from privmtl.federated.saved import build_model, load_models
+    from privmtl.federated.saved import build_model, check_params, load_models
+    from privmtl.trust import followed_data_path, is_signed
 
     meta, glob, pers = load_models(models_dir)
+    where = str(Path(models_dir) / "model.json")
     saved = meta.get("data", {})
-    name = data if data is not None else saved.get("data")
-    path = data_path if data_path is not None else saved.get("data_path")
     sd = int(seed if seed is not None else saved.get("seed") or 0)
+    # the model first: code this user did not allow is refused before any data is read
+    net, notes = build_model(meta, seed=sd, where=where, trust_code=trust_code, factory=model)
+    check_params(glob, net, where=where, key="files.global")
+    if pers is not None:
+        n_saved = len(meta["client_ids"])
+        check_params(pers, net, where=where, key="files.personalized", clients=n_saved)
+    name = data if data is not None else saved.get("data")
+    path = followed_data_path(
+        saved.get("data_path"),
+        data_path,
+        folder=Path(models_dir),
+        signed=is_signed(meta),
+        where=where,
+    )
     given = {
         "client_column": client_column,
         "label_column": label_column,
@@ -624,7 +643,6 @@ def evaluate_saved(
             f"The data has {ds.n_features} features and {ds.n_classes} classes; the saved models "
             f"{meta['model']['n_features']} and {meta['model']['n_classes']}."
         )
-    net, notes = build_model(meta, seed=sd, where=str(Path(models_dir) / "model.json"))
     buffers = {n: b.detach() for n, b in net.named_buffers()}
     xs, ys = ds.split("test")
     personalized = meta["primary"] == "personalized" and pers is not None

@@ -25,8 +25,11 @@ one line naming ``--model`` before any training.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import importlib
+import importlib.machinery
 import importlib.util
+import inspect
 import sys
 import types
 from collections.abc import Callable
@@ -37,6 +40,7 @@ from typing import Any
 import torch
 
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.trust import untrusted_code
 
 __all__ = ["UserFactory", "factory_from_record", "is_factory_spec", "load_factory"]
 
@@ -269,8 +273,6 @@ def _load_module(spec: str, module_name: str, attr: str, cwd: Path) -> UserFacto
     factory = _getattr_path(module, attr, spec)
     path = None
     try:
-        import inspect
-
         found = inspect.getsourcefile(factory) or getattr(module, "__file__", None)
         path = None if found is None else str(Path(found).resolve())
     except TypeError:  # a built-in or C callable has no source file
@@ -307,27 +309,100 @@ def load_factory(spec: str, *, cwd: str | Path | None = None) -> UserFactory:
     return _load_module(spec, target, attr, here)
 
 
+def _is_local(entry: str, cwd: Path) -> bool:
+    """Whether the import path ``entry`` is the working directory (``""``, ``"."`` or its path)."""
+    if entry in ("", "."):
+        return True
+    try:
+        return Path(entry).resolve() == cwd
+    except (OSError, ValueError):
+        return False
+
+
+def _spec_installed(found: importlib.machinery.ModuleSpec | None) -> bool:
+    """Whether a module spec locates its module inside the Python installation."""
+    if found is None:
+        return False
+    if found.origin in ("built-in", "frozen"):
+        return True
+    places = (
+        [found.origin]
+        if found.origin and found.has_location
+        else list(found.submodule_search_locations or ())
+    )
+    return bool(places) and all(_installed(Path(p).resolve()) for p in places)
+
+
+def _import_installed(spec: str, module_name: str, attr: str, where: str) -> UserFactory:
+    """Import an installed package's factory: never from the working directory.
+
+    The working directory is taken off the import path while the module is located and imported,
+    and the module (already imported or not) must lie inside the Python installation; otherwise
+    the refusal of :func:`~privmtl.trust.untrusted_code`. A built-in function is not a factory.
+    """
+    cwd = Path.cwd().resolve()
+    saved = list(sys.path)
+    sys.path[:] = [p for p in saved if not _is_local(p, cwd)]
+    try:
+        importlib.invalidate_caches()
+        parts = module_name.split(".")
+        for i in range(1, len(parts) + 1):  # each package level, before its code runs
+            name = ".".join(parts[:i])
+            loaded = sys.modules.get(name)
+            try:
+                found = (
+                    getattr(loaded, "__spec__", None)
+                    if loaded is not None
+                    else importlib.util.find_spec(name)
+                )
+            except (ImportError, ValueError):
+                found = None
+            if not _spec_installed(found):
+                raise untrusted_code(where, spec)
+            if i < len(parts) or loaded is None:
+                try:
+                    importlib.import_module(name)
+                except Exception as exc:
+                    raise DataFormatError(
+                        f"{where}: importing the installed module {name!r} of model {spec!r} "
+                        f"failed ({type(exc).__name__}: {exc})."
+                    ) from None
+    finally:
+        sys.path[:] = saved
+    module = sys.modules[module_name]
+    factory = _getattr_path(module, attr, spec)
+    if inspect.isbuiltin(factory):
+        raise untrusted_code(where, spec)
+    return UserFactory(spec, factory, attr, module_name, getattr(module, "__file__", None), None)
+
+
 def factory_from_record(record: dict[str, Any], *, where: str = "model.json") -> UserFactory:
     """Rebuild a factory from :meth:`UserFactory.record` (the recorded source, not the file).
+
+    This runs the recorded source: call it only for a record the user trusts (see
+    :func:`~privmtl.federated.saved.build_model`). A record of an installed package's factory
+    (``module`` without source) is imported from the installation, never from the working
+    directory.
 
     Raises
     ------
     DataFormatError
         The record has no source, or the source's SHA-256 differs from the recorded one (it was
-        changed after the run): one line, nothing is rebuilt.
+        changed after the run), or an installed module lies outside the Python installation: one
+        line, nothing is rebuilt.
     """
     spec = str(record.get("spec"))
     source, digest = record.get("source"), record.get("sha256")
     attr = str(record.get("factory"))
     if source is None and record.get("module"):  # an installed package's factory
-        return _load_module(spec, str(record["module"]), attr, Path.cwd())
+        return _import_installed(spec, str(record["module"]), attr, where)
     if not isinstance(source, str) or not isinstance(digest, str):
         raise DataFormatError(
             f"{where}: the model {spec!r} was saved without its factory's source; it cannot be "
             "rebuilt."
         )
     now = _sha256(source)
-    if now != digest:
+    if not hmac.compare_digest(now, digest):
         raise DataFormatError(
             f"{where}: the recorded source of model {spec!r} changed after the run (sha256 "
             f"{now[:12]}... differs from the recorded {digest[:12]}...); refusing to rebuild it."

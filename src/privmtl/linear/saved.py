@@ -32,6 +32,7 @@ import numpy as np
 
 from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import DataFormatError
+from privmtl.trust import folder_file, sign
 
 __all__ = ["MODELS_FORMAT", "MODELS_VERSION", "load_linear_models", "save_linear_models"]
 
@@ -62,7 +63,8 @@ def save_linear_models(
             "layout": "column i is task i's weight vector; score = x @ coef[:, i] (no intercept)",
         },
     }
-    text = json.dumps(full, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    # signed: this user's folder is followed as it is (its recorded data path), see privmtl.trust
+    text = json.dumps(sign(full), indent=2, sort_keys=True, allow_nan=False) + "\n"
     write_atomic(d / "model.json", text.encode())
     return d
 
@@ -70,17 +72,23 @@ def save_linear_models(
 def load_linear_models(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], np.ndarray]:
     """``(meta, coef)`` of a directory written by :func:`save_linear_models` (checked)."""
     d = Path(directory)
+    where = str(d / "model.json")
     try:
-        meta = json.loads((d / "model.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        meta = json.loads((d / "model.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataFormatError(f"{d} holds no readable model.json: {exc}.") from None
+    if not isinstance(meta, dict):
+        raise DataFormatError(f"{where} must hold a JSON object; got {type(meta).__name__}.")
     if meta.get("format") != MODELS_FORMAT or meta.get("version") != MODELS_VERSION:
         raise DataFormatError(
             f"{d / 'model.json'} is not a privmtl models file of version {MODELS_VERSION} "
             f"(format {meta.get('format')!r}, version {meta.get('version')!r})."
         )
+    for key in ("data", "coef"):
+        if not isinstance(meta.get(key, {}), dict):
+            raise DataFormatError(f"{where}: {key} must be an object; got {meta.get(key)!r}.")
     try:
-        coef = np.load(d / "coef.npy", allow_pickle=False)
+        coef = np.load(folder_file(d, "coef.npy", where=where, key="coef.file"), allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise DataFormatError(f"{d / 'coef.npy'} cannot be loaded: {exc}.") from None
     if list(coef.shape) != list(meta.get("coef", {}).get("shape", [])):

@@ -1,0 +1,216 @@
+"""What privmtl believes of a file it reads back: its own signature, and paths kept in their folder.
+
+A folder of saved models (``model.json``) or a result file can name code to run: a user's model
+factory. privmtl runs such code only if the user says so (names the factory again, or passes
+``--trust-code``) or if the file carries this user's signature: an HMAC-SHA256 of the file's
+canonical content (:func:`canonical`, every field but ``signature``) under a secret key kept in the
+user's configuration folder (:func:`config_dir`). privmtl signs what it writes and later reloads
+code or paths from (:func:`sign`); :func:`is_signed` checks a document read back. A file written by
+someone else, or edited after privmtl wrote it, is not signed by this user.
+
+The key is ``signing.key`` in :func:`config_dir`: 32 random bytes (hex), created on first use
+with mode 0600 by an atomic link, so two processes starting together end with one key.
+
+:func:`folder_file` resolves a file name recorded in a folder's ``model.json``: a name relative
+to the folder that stays inside it (no absolute path, no ``..``, no symbolic link out of it).
+:func:`followed_data_path` is the rule for a recorded data path: followed for a signed folder;
+for an unsigned one only inside the folder, otherwise the user passes ``--data-path``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from privmtl.exceptions import DataFormatError, InvalidParameterError
+
+__all__ = [
+    "CONFIG_DIR_ENV",
+    "SIGNATURE_FIELD",
+    "TRUST_ADVICE",
+    "canonical",
+    "config_dir",
+    "folder_file",
+    "followed_data_path",
+    "is_signed",
+    "sign",
+    "untrusted_code",
+    "user_key",
+]
+
+CONFIG_DIR_ENV = "PRIVMTL_CONFIG_DIR"
+"""Environment variable naming the user's privmtl configuration folder (holds the signing key)."""
+
+SIGNATURE_FIELD = "signature"
+"""The top-level field of a signed JSON document: ``"hmac-sha256:<hex>"``."""
+
+TRUST_ADVICE = "pass --model SPEC naming your factory, or --trust-code if you trust who wrote it"
+"""The ways out of a refusal to run code that this user did not sign."""
+
+_ALGORITHM = "hmac-sha256"
+_KEY_FILE = "signing.key"
+_KEY_BYTES = 32
+
+
+def config_dir() -> Path:
+    """The user's privmtl configuration folder.
+
+    ``$PRIVMTL_CONFIG_DIR``, else ``$XDG_CONFIG_HOME/privmtl``, else ``~/.config/privmtl``.
+    """
+    env = os.environ.get(CONFIG_DIR_ENV)
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    return Path(xdg if xdg else Path.home() / ".config") / "privmtl"
+
+
+def _read_key(path: Path) -> bytes | None:
+    try:
+        text = path.read_text(encoding="ascii").strip()
+        key = bytes.fromhex(text)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return key if len(key) >= _KEY_BYTES else None
+
+
+def user_key(*, create: bool = True) -> bytes | None:
+    """This user's signing key; created (mode 0600, atomically) when missing and ``create``.
+
+    Returns None when there is no usable key and ``create`` is false.
+
+    Raises
+    ------
+    InvalidParameterError
+        The key cannot be created or read (naming the folder and ``PRIVMTL_CONFIG_DIR``).
+    """
+    folder = config_dir()
+    path = folder / _KEY_FILE
+    key = _read_key(path)
+    if key is not None or not create:
+        return key
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{_KEY_FILE}.", suffix=".tmp")  # 0600
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as fh:
+                fh.write(secrets.token_bytes(_KEY_BYTES).hex() + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)  # fails if another process made the key first: keep theirs
+            except FileExistsError:
+                pass
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    except OSError as exc:
+        raise InvalidParameterError(
+            f"cannot create the signing key in {folder} ({exc}); set {CONFIG_DIR_ENV} to a "
+            "writable folder."
+        ) from None
+    key = _read_key(path)
+    if key is None:
+        raise InvalidParameterError(
+            f"the signing key {path} is not readable or not {_KEY_BYTES} hex bytes; remove it "
+            f"(privmtl makes a new one) or set {CONFIG_DIR_ENV}."
+        )
+    return key
+
+
+def canonical(doc: dict[str, Any]) -> bytes:
+    """The bytes a signature covers: ``doc`` without its signature, sorted keys, compact JSON."""
+    body = {k: v for k, v in doc.items() if k != SIGNATURE_FIELD}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _mac(key: bytes, doc: dict[str, Any]) -> str:
+    return hmac.new(key, canonical(doc), hashlib.sha256).hexdigest()
+
+
+def sign(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` as its JSON text reads back, with this user's signature (creates the key if needed).
+
+    The signature is computed over the document as ``json.loads(json.dumps(doc, default=str))``
+    returns it (tuples as lists, other objects as strings), which is what a reader verifies.
+    """
+    plain = json.loads(json.dumps(doc, default=str))
+    plain.pop(SIGNATURE_FIELD, None)
+    key = user_key(create=True)
+    assert key is not None
+    return {**plain, SIGNATURE_FIELD: f"{_ALGORITHM}:{_mac(key, plain)}"}
+
+
+def is_signed(doc: Any) -> bool:
+    """Whether ``doc`` (a parsed JSON document) carries a valid signature of this user's key."""
+    if not isinstance(doc, dict):
+        return False
+    value = doc.get(SIGNATURE_FIELD)
+    if not isinstance(value, str) or not value.startswith(_ALGORITHM + ":"):
+        return False
+    key = user_key(create=False)
+    if key is None:
+        return False
+    given = value[len(_ALGORITHM) + 1 :]
+    return hmac.compare_digest(given.encode("ascii", "replace"), _mac(key, doc).encode("ascii"))
+
+
+def untrusted_code(where: str, model: str) -> DataFormatError:
+    """The one-line refusal to run code for ``model`` that ``where`` holds, unsigned."""
+    return DataFormatError(
+        f"{where} holds code for model {model!r} that this user did not sign; {TRUST_ADVICE}."
+    )
+
+
+def folder_file(folder: Path, name: Any, *, where: str, key: str) -> Path:
+    """The file ``name`` recorded under ``key`` in ``where``, checked to stay inside ``folder``.
+
+    Raises
+    ------
+    DataFormatError
+        ``name`` is not a string, is absolute, has a ``..`` part, or resolves (symbolic links
+        followed) outside ``folder``.
+    """
+    bad = (
+        not isinstance(name, str)
+        or not name
+        or Path(name).is_absolute()
+        or ".." in Path(name).parts
+        or "\\" in name
+    )
+    if not bad:
+        path = folder / name
+        bad = not path.resolve().is_relative_to(folder.resolve())
+    if bad:
+        raise DataFormatError(
+            f"{where}: {key} = {name!r} must name a file inside {folder} (a relative name, no "
+            "'..', no link out of the folder)."
+        )
+    return path
+
+
+def followed_data_path(recorded: Any, given: Any, *, folder: Path, signed: bool, where: str) -> Any:
+    """The data path an evaluation reads: ``given``, else the recorded one where that is allowed.
+
+    A recorded path is followed for a signed folder (this user wrote it) or when it lies inside
+    ``folder``; otherwise the user passes ``--data-path``.
+
+    Raises
+    ------
+    DataFormatError
+        Unsigned folder, no ``given`` path, recorded path outside the folder (one line).
+    """
+    if given is not None or recorded is None:
+        return given
+    if signed:
+        return recorded
+    if isinstance(recorded, str) and (folder / recorded).resolve().is_relative_to(folder.resolve()):
+        return str(folder / recorded)
+    raise DataFormatError(
+        f"{where} is not signed by this user: its recorded data path {recorded!r} is not "
+        "followed; pass --data-path naming the data."
+    )
