@@ -109,7 +109,12 @@ def test_a_changed_recorded_source_is_refused_in_one_line(workdir, capsys):
     meta = json.loads(path.read_text())
     meta["model"]["factory"]["source"] += "\nHIDDEN = 1\n"
     path.write_text(json.dumps(meta))
+    # the edit breaks the folder's signature: no code runs without the user's consent
     assert main(["evaluate", str(workdir / "out1"), "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "did not sign" in err[0]
+    # with --trust-code, the recorded SHA-256 still refuses the changed source
+    assert main(["evaluate", str(workdir / "out1"), "--trust-code", "--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "sha256" in err[0] and "changed" in err[0]
 
