@@ -12,6 +12,8 @@ the spec's (:data:`~privmtl.federated.spec.SPEC`) and the help text is written o
 run spec (``RunSpec.to_dict()``), a result of ``privmtl pmtl --json`` / ``privmtl flower local
 --json`` (its ``config``) or a ``model.json`` of ``--save-models`` (its ``run.config``). The file's
 settings become the options' values, so an option given on the command line wins over the file.
+A model factory (code) named only by the file is loaded if this user's privmtl signed the file, or
+with ``--trust-code`` (:func:`check_config_code`).
 
 :func:`pop_run_spec` turns the parsed options back into the spec's settings by name.
 """

@@ -652,7 +652,9 @@ def evaluate_saved(
     The data set, its absolute path, the table's columns, the scaling, the training fraction and
     the split seed default to the run's (``model.json``); the same data and split give exactly the
     run's ``nmse`` (regression) or ``auc`` (classification). Models saved before the scaling was
-    recorded were made with the paper's protocol (unit-norm rows, 30% training).
+    recorded were made with the paper's protocol (unit-norm rows, 30% training). The recorded data
+    path is followed only for a folder this user signed (:mod:`privmtl.trust`); otherwise pass
+    ``data_path``.
     """
     import numpy as np
 

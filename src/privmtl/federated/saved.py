@@ -17,7 +17,9 @@ A models directory written by :func:`save_models` (``privmtl pmtl --save-models 
     and its SHA-256, see :func:`build_model`), ``client_ids``, the data the run used (name,
     absolute path, table columns and scaling, split seed), its configuration, its full privacy guarantee (ε, δ, relation, sampling, accountant,
     noise source), the model the method is evaluated with (``primary``), whether the personalized
-    models were fine-tuned, and the run's accuracies.
+    models were fine-tuned, and the run's accuracies; ``signature``: this user's HMAC of the rest
+    (:func:`privmtl.trust.sign`), which lets the folder's code and data path be followed as
+    recorded (:func:`build_model`).
 
 Files are written to temporary names and renamed (``model.json`` last), so a directory with a
 ``model.json`` is complete.

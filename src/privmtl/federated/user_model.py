@@ -13,7 +13,10 @@
 :func:`load_factory` captures the text of the file that defines the factory and its SHA-256 when it
 is loaded; :meth:`UserFactory.record` is what a run writes into ``model.json`` and
 :func:`factory_from_record` rebuilds the factory from that record alone, from any working
-directory, after checking the hash (a record whose source was edited is refused). Only the
+directory, after checking the hash (a record whose source was edited is refused). Running a
+record's source is the caller's decision: :func:`~privmtl.federated.saved.build_model` does it only
+for a folder this user signed or with ``--trust-code``. A recorded installed module is imported
+from the Python installation only, never from the working directory. Only the
 factory's own file is recorded: a factory that imports other local modules needs them importable
 when the models are rebuilt.
 
