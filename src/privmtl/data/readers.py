@@ -209,14 +209,15 @@ _SHOWN_COLUMNS = 10
 
 
 def _column_hint(wanted: str, columns: Sequence[str]) -> str:
-    """The table's columns for a "not found" error: the first few, and the ones close to ``wanted``."""
+    """The table's columns for a "not found" error (the end of its sentence): the first few, and
+    the ones close to ``wanted``."""
     import difflib
 
     shown = repr(list(columns[:_SHOWN_COLUMNS]))
     if len(columns) > _SHOWN_COLUMNS:
         shown = f"{shown[:-1]}, … and {len(columns) - _SHOWN_COLUMNS} more]"
     close = difflib.get_close_matches(wanted, list(columns), n=3)
-    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "."
     return f"columns ({len(columns)}): {shown}{hint}"
 
 
@@ -260,7 +261,7 @@ def dataset_from_frame(
     for col, what in ((task_column, task_role), (target_column, target_role)):
         if col not in columns:
             raise DataFormatError(
-                f"{source}: {what} {col!r} not found; {_column_hint(col, columns)}."
+                f"{source}: {what} {col!r} not found; {_column_hint(col, columns)}"
             )
     if feature_columns is None:
         feats = [c for c in columns if c not in (task_column, target_column)]
@@ -270,7 +271,7 @@ def dataset_from_frame(
         if missing:
             raise DataFormatError(
                 f"{source}: feature column(s) {missing} not found; "
-                f"{_column_hint(missing[0], columns)}."
+                f"{_column_hint(missing[0], columns)}"
             )
         overlap = [c for c in feats if c in (task_column, target_column)]
         if overlap:
