@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from privmtl import __version__
-from privmtl.cli._common import run_cli
+from privmtl.cli._common import name_options_in_errors, run_cli
 
 __all__ = ["cli", "main"]
 
@@ -116,6 +116,7 @@ def _add_output_options(command: click.Command) -> None:
     if getattr(command, "_privmtl_output_options", False):
         return
     command._privmtl_output_options = True  # type: ignore[attr-defined]
+    name_options_in_errors(command)
     by_flag = {opt: p for p in command.params for opt in getattr(p, "opts", ())}
     for flag, name, text in (
         ("--quiet", "_quiet", "No progress output."),

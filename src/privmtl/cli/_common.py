@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from typing import Any
 
@@ -16,6 +17,8 @@ __all__ = [
     "atomic_output_dir",
     "check_save_dir",
     "echo_json",
+    "name_options_in_errors",
+    "number_list",
     "on_abort",
     "privacy_label",
     "progress",
@@ -110,6 +113,82 @@ def _run(group: click.Group, argv: list[str]) -> int:
         click.echo(f"privmtl: error: {_one_line(str(exc))}", err=True)
         return 2
     return code if isinstance(code, int) and not isinstance(code, bool) else 0
+
+
+_PARAMETER_ERROR = re.compile(r"The '(\w+)' parameter ")
+"""How :mod:`privmtl._validation` messages name the parameter they refuse."""
+
+_GIVEN_SOURCES = (
+    click.core.ParameterSource.COMMANDLINE,
+    click.core.ParameterSource.ENVIRONMENT,
+    click.core.ParameterSource.DEFAULT_MAP,
+)
+
+
+def name_options_in_errors(command: click.Command) -> None:
+    """Make ``command`` name the option behind a refused parameter, as click's own errors do.
+
+    The library checks its parameters by their Python names (``The 'epsilon' parameter must
+    be ...``). When such an error names a parameter the user gave as one of ``command``'s options,
+    it is re-raised as that option's usage error (``Invalid value for '--epsilon': The 'epsilon'
+    parameter must be ...``), so the user sees which flag to change. Errors about parameters the
+    command line did not give (derived values, other options' names) pass unchanged.
+    """
+    original = command.invoke
+
+    def invoke(ctx: click.Context) -> Any:
+        try:
+            return original(ctx)
+        except PrivmtlError as exc:
+            match = _PARAMETER_ERROR.match(str(exc))
+            option = next(
+                (
+                    p
+                    for p in ctx.command.params
+                    if match is not None
+                    and isinstance(p, click.Option)
+                    and p.name == match.group(1)
+                    and ctx.get_parameter_source(p.name) in _GIVEN_SOURCES
+                ),
+                None,
+            )
+            if option is None:
+                raise
+            flag = next((o for o in option.opts if o.startswith("--")), option.opts[0])
+            raise click.BadParameter(str(exc), ctx=ctx, param_hint=f"'{flag}'") from exc
+
+    command.invoke = invoke  # type: ignore[method-assign]
+
+
+def number_list(
+    text: str, flag: str, *, integer: bool = False, low: float | None = None, open_low: bool = False
+) -> list[Any]:
+    """The comma-separated numbers of option ``flag`` (a grid of a sweep, a list of seeds).
+
+    At least one number; each finite, at least ``low`` (above it with ``open_low``) and, with
+    ``integer``, a whole number (returned as ``int``: ``2.5`` is refused, never rounded).
+    Anything else is a usage error naming ``flag``, the rule and the text given.
+    """
+    import math
+
+    rule = "integers" if integer else "numbers"
+    if low is not None:
+        rule += f" {'>' if open_low else '>='} {low:g}"
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    ok = bool(values) and all(
+        math.isfinite(v)
+        and (not integer or v == int(v))
+        and (low is None or (v > low if open_low else v >= low))
+        for v in values
+    )
+    if not ok:
+        raise click.BadParameter(
+            f"must be one or more comma-separated finite {rule}; got {text!r}", param_hint=flag
+        )
+    return [int(v) for v in values] if integer else values
 
 
 def check_save_dir(path: Any, *, overwrite: bool, flag: str = "--save-models") -> None:

@@ -11,6 +11,7 @@ from privmtl.cli._common import (
     abort_hint_for_checkpoint,
     check_save_dir,
     echo_json,
+    number_list,
     on_abort,
     privacy_label,
     progress,
@@ -228,15 +229,6 @@ def mpmtl(
     echo_json(out) if as_json else _human(out)
 
 
-def _floats(text: str, name: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise click.BadParameter(
-            f"must be comma-separated numbers; got {text!r}", param_hint=name
-        ) from None
-
-
 @click.command("mpmtl-sweep")
 @_data_opt
 @mpmtl_data_options()
@@ -307,17 +299,17 @@ def mpmtl_sweep(
     """ε sweep of MP-MTL methods: writes a CSV/JSON table and a trade-off PNG (paper Figs. 6, 9)."""
     table = mpmtl_data_kwargs(data_opts, data)
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    if not method_list:
+        raise click.BadParameter(
+            f"must name at least one method; got {methods!r}", param_hint="--methods"
+        )
     for m in method_list:
         if m not in METHODS:
             raise click.BadParameter(
                 f"unknown method {m!r}; choose from {', '.join(METHODS)}", param_hint="--methods"
             )
-    eps = _floats(epsilons, "--epsilons")
-    if any(e <= 0 for e in eps):
-        raise click.BadParameter(
-            f"every epsilon must be > 0; got {epsilons!r}", param_hint="--epsilons"
-        )
-    seed_list = [int(s) for s in _floats(seeds, "--seeds")]
+    eps = number_list(epsilons, "--epsilons", low=0, open_low=True)
+    seed_list = number_list(seeds, "--seeds", integer=True, low=0)
     from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
 
     on_abort(f"finished runs are kept in {out_dir / 'runs.jsonl'}: the same command continues")

@@ -12,6 +12,7 @@ from privmtl.cli._common import (
     atomic_output_dir,
     check_save_dir,
     echo_json,
+    number_list,
     on_abort,
     privacy_label,
     progress,
@@ -235,27 +236,12 @@ def pmtl(**kw: Any) -> None:
         raise click.BadParameter(
             f"must be > 0; got {kw['budget_epsilon']}", param_hint="--budget-epsilon"
         )
-    from privmtl.cli.mpmtl import _floats
-
-    epochs = _floats(kw["finetune_epochs"], "--finetune-epochs")
-    if not epochs or any(e < 1 or e != int(e) for e in epochs):
-        raise click.BadParameter(
-            f"must be one or more comma-separated integers >= 1; got {kw['finetune_epochs']!r}",
-            param_hint="--finetune-epochs",
-        )
-    kw["finetune_epochs"] = [int(e) for e in epochs] if len(epochs) > 1 else int(epochs[0])
+    epochs = number_list(kw["finetune_epochs"], "--finetune-epochs", integer=True, low=1)
+    kw["finetune_epochs"] = epochs if len(epochs) > 1 else epochs[0]
     for name, positive in (("finetune_lrs", True), ("finetune_lams", False)):
-        if kw[name] is None:
-            continue
-        flag = "--" + name.replace("_", "-")
-        values = _floats(kw[name], flag)
-        if not values or any(v <= 0 if positive else v < 0 for v in values):
-            raise click.BadParameter(
-                f"must be one or more comma-separated numbers {'> 0' if positive else '>= 0'}; "
-                f"got {kw[name]!r}",
-                param_hint=flag,
-            )
-        kw[name] = values
+        if kw[name] is not None:
+            flag = "--" + name.replace("_", "-")
+            kw[name] = number_list(kw[name], flag, low=0, open_low=positive)
     abort_hint_for_checkpoint(kw["checkpoint_dir"])
     out = run_pmtl(**kw, show_progress=not quiet and not as_json)
     if not as_json:
@@ -322,19 +308,24 @@ def pmtl_sweep(**kw: Any) -> None:
     Every finished run (and every vote) is appended to OUT/runs.jsonl; re-running the sweep into
     the same --out reuses those of the same configuration (an interrupted sweep resumes).
     """
-    from privmtl.cli.mpmtl import _floats
     from privmtl.experiments.pmtl_sweep import PMTL_SWEEP_FILES, run_pmtl_sweep, write_pmtl_sweep
     from privmtl.experiments.runlog import RunLog
 
     check_model_option(kw["model"])
     table = pmtl_data_kwargs(kw, kw["data"])
     methods = [m.strip() for m in kw["methods"].split(",") if m.strip()]
+    if not methods:
+        raise click.BadParameter(
+            f"must name at least one method; got {kw['methods']!r}", param_hint="--methods"
+        )
     for m in methods:
         if m not in FL_METHODS:
             raise click.BadParameter(f"unknown method {m!r}", param_hint="--methods")
-    eps = _floats(kw["epsilons"], "--epsilons")
-    if any(e <= 0 for e in eps):
-        raise click.BadParameter("every epsilon must be > 0", param_hint="--epsilons")
+    eps = number_list(kw["epsilons"], "--epsilons", low=0, open_low=True)
+    seeds = number_list(kw["seeds"], "--seeds", integer=True, low=0)
+    clips = number_list(kw["clips"], "--clips", low=0, open_low=True)
+    rounds_grid = number_list(kw["rounds_grid"], "--rounds-grid", integer=True, low=1)
+    lams = None if kw["lams"] is None else number_list(kw["lams"], "--lams", low=0)
     log = RunLog(kw["out_dir"], outputs=PMTL_SWEEP_FILES)
     reused_before = log.reused
     on_abort(f"finished runs are kept in {log.path}: the same command continues the sweep")
@@ -344,11 +335,11 @@ def pmtl_sweep(**kw: Any) -> None:
         model=kw["model"],
         methods=methods,
         epsilons=eps,
-        seeds=[int(s) for s in _floats(kw["seeds"], "--seeds")],
-        clips=_floats(kw["clips"], "--clips"),
-        rounds_grid=[int(t) for t in _floats(kw["rounds_grid"], "--rounds-grid")],
+        seeds=seeds,
+        clips=clips,
+        rounds_grid=rounds_grid,
         clients_per_round=kw["clients_per_round"],
-        lam=None if kw["lams"] is None else _floats(kw["lams"], "--lams"),
+        lam=lams,
         lr=kw["lr"],
         local_steps=kw["local_steps"],
         finetune=kw["finetune"],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 import zlib
 from collections.abc import Sequence
 
@@ -25,7 +26,7 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.data.multitask import standardization
 from privmtl.data.readers import dataset_from_frame, read_frame
-from privmtl.exceptions import DataFormatError
+from privmtl.exceptions import DataFormatError, PrivmtlWarning
 
 __all__ = ["CLIENT_SCALINGS", "MIN_CLIENT_ROWS", "SCALING_DESCRIPTIONS", "load_federated_table"]
 
@@ -41,6 +42,50 @@ SCALING_DESCRIPTIONS = {
     "per-client": "per-client standardization (own training split)",
     "none": "none",
 }
+
+
+def _label_space(labels: np.ndarray, n_classes: int | None, src: str, column: str) -> int:
+    """The number of classes ``K`` of a table's labels (see :func:`load_federated_table`)."""
+    where = f"{src}: label column (--label-column) {column!r}"
+    bad = (labels != np.round(labels)) | (labels < 0)
+    if bad.any():
+        raise DataFormatError(
+            f"{where} must hold class labels 0, 1, 2, ...; got {labels[bad][0].item():g}."
+        )
+    values = np.unique(labels).astype(np.int64)
+    shown = ", ".join(str(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
+    if len(values) < 2:
+        raise DataFormatError(
+            f"{where} holds one class only (every label is {values[0]}); a classifier needs "
+            "examples of at least two classes."
+        )
+    top = int(values[-1])
+    if n_classes is None:
+        if top + 1 > len(labels):
+            raise DataFormatError(
+                f"{where} holds label {top}: labels must be 0..K-1, so the model would have "
+                f"{top + 1} classes, more than the table's {len(labels)} rows; the column has "
+                f"{len(values)} distinct labels ({shown}). Relabel it to 0..{len(values) - 1} "
+                "(e.g. each value's rank among the distinct values)."
+            )
+        n_classes = top + 1
+        absent = np.setdiff1d(np.arange(n_classes), values)
+        if len(absent):
+            gaps = ", ".join(str(v) for v in absent[:6]) + (", ..." if len(absent) > 6 else "")
+            warnings.warn(
+                f"{where} has no row with label(s) {gaps} of 0..{top}: the model gets {n_classes} "
+                f"classes, {len(absent)} of them never seen. If these classes do not exist, "
+                f"relabel the column to 0..{len(values) - 1}.",
+                PrivmtlWarning,
+                stacklevel=3,
+            )
+    n_classes = check_int("n_classes", n_classes, low=2)
+    if top >= n_classes:
+        raise DataFormatError(
+            f"{where} holds label {top}, out of range for n_classes={n_classes} (labels must be "
+            f"in [0, {n_classes - 1}])."
+        )
+    return n_classes
 
 
 def load_federated_table(
@@ -64,11 +109,17 @@ def load_federated_table(
     client_column : str
         Column naming each row's client (any values; names become ``str``).
     label_column : str
-        Class labels: integers in ``[0, n_classes)``.
+        Class labels: integers ``0..K-1`` with ``K`` the number of classes (the model has one
+        output per class). At least two distinct labels. Labels are never remapped: with
+        ``n_classes`` not given, ``K`` is the largest label + 1; a label space larger than the
+        table (``K`` above the number of rows: a label such as 999999 among a few classes, most
+        of them without any example) is refused, and labels that leave classes of ``0..K-1``
+        without any row (e.g. only 3 and 7) are taken with a :class:`PrivmtlWarning` naming
+        the missing ones. Relabel the column to ``0..K-1`` if those classes do not exist.
     feature_columns : sequence of str, optional
         Feature columns in this order; default: every other column (all must be numeric).
     n_classes : int, optional
-        Number of classes; default: the largest label + 1.
+        Number of classes ``K``; default: the largest label + 1 (checked as above).
     test_fraction, val_fraction : float in [0, 1)
         Each client's test split is ``max(1, round(test_fraction * n_k))`` of its rows; its
         validation split ``floor(val_fraction * rest)`` of the remaining rows (at least one row
@@ -83,9 +134,10 @@ def load_federated_table(
     Raises
     ------
     DataFormatError
-        Unreadable file, missing column, non-numeric or NaN/infinite value (column and row named),
-        a label that is not an integer in ``[0, n_classes)``, or a client with fewer than
-        :data:`MIN_CLIENT_ROWS` rows.
+        Unreadable file, missing or repeated column, non-numeric or NaN/infinite value (column
+        and row named), a label that is not an integer in ``[0, n_classes)``, a single class, a
+        label space larger than the table, or a client with fewer than :data:`MIN_CLIENT_ROWS`
+        rows.
     """
     src = str(path)
     test_fraction = check_real("test_fraction", test_fraction, low=0.0, high=1.0, closed="neither")
@@ -101,22 +153,7 @@ def load_federated_table(
         source=src,
         roles=("client", "client column (--client-column)", "label column (--label-column)"),
     )
-    labels = np.concatenate(tasks.y)
-    bad = (labels != np.round(labels)) | (labels < 0)
-    if bad.any():
-        raise DataFormatError(
-            f"{src}: label column (--label-column) {label_column!r} must hold class labels 0, 1, 2, ...; "
-            f"got {labels[bad][0]!r}."
-        )
-    top = int(labels.max())
-    if n_classes is None:
-        n_classes = top + 1
-    n_classes = check_int("n_classes", n_classes, low=2)
-    if top >= n_classes:
-        raise DataFormatError(
-            f"{src}: label column (--label-column) {label_column!r} holds label {top}, out of range for "
-            f"n_classes={n_classes} (labels must be in [0, {n_classes - 1}])."
-        )
+    n_classes = _label_space(np.concatenate(tasks.y), n_classes, src, label_column)
     tx: list[torch.Tensor] = []
     ty: list[torch.Tensor] = []
     vx: list[torch.Tensor] = []

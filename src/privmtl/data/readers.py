@@ -204,6 +204,37 @@ def _first_bad_row(frame: pd.DataFrame, column: str, mask: NDArray[np.bool_]) ->
     return f"column {column!r} row {pos} (index label {frame.index[pos]!r})"
 
 
+#: Columns a "not found" error lists before "… and N more".
+_SHOWN_COLUMNS = 10
+
+
+def _column_hint(wanted: str, columns: Sequence[str]) -> str:
+    """The table's columns for a "not found" error (the end of its sentence): the first few, and
+    the ones close to ``wanted``."""
+    import difflib
+
+    shown = repr(list(columns[:_SHOWN_COLUMNS]))
+    if len(columns) > _SHOWN_COLUMNS:
+        shown = f"{shown[:-1]}, … and {len(columns) - _SHOWN_COLUMNS} more]"
+    close = difflib.get_close_matches(wanted, list(columns), n=3)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "."
+    return f"columns ({len(columns)}): {shown}{hint}"
+
+
+def _check_unique_columns(columns: Sequence[str], source: str) -> None:
+    """Refuse a table in which two columns have the same name (which one would be meant?)."""
+    seen: dict[str, int] = {}
+    for position, name in enumerate(columns, start=1):
+        if name == "":  # unnamed columns (a written index) get distinct names from pandas
+            continue
+        if name in seen:
+            raise DataFormatError(
+                f"{source}: column {name!r} appears more than once (columns {seen[name]} and "
+                f"{position}); rename one of them."
+            )
+        seen[name] = position
+
+
 def dataset_from_frame(
     frame: pd.DataFrame,
     *,
@@ -225,10 +256,13 @@ def dataset_from_frame(
 
     unit, task_role, target_role = roles
     columns = [str(c) for c in frame.columns]
+    _check_unique_columns(frame.attrs.get("privmtl_header", columns), source)
     frame = frame.set_axis(columns, axis=1)
     for col, what in ((task_column, task_role), (target_column, target_role)):
         if col not in columns:
-            raise DataFormatError(f"{source}: {what} {col!r} not found; columns: {columns}.")
+            raise DataFormatError(
+                f"{source}: {what} {col!r} not found; {_column_hint(col, columns)}"
+            )
     if feature_columns is None:
         feats = [c for c in columns if c not in (task_column, target_column)]
     else:
@@ -236,7 +270,8 @@ def dataset_from_frame(
         missing = [c for c in feats if c not in columns]
         if missing:
             raise DataFormatError(
-                f"{source}: feature column(s) {missing} not found; columns: {columns}."
+                f"{source}: feature column(s) {missing} not found; "
+                f"{_column_hint(missing[0], columns)}"
             )
         overlap = [c for c in feats if c in (task_column, target_column)]
         if overlap:
@@ -334,7 +369,8 @@ def read_table(
     Raises
     ------
     DataFormatError
-        Missing file, unknown suffix, unreadable file, missing column, non-numeric feature or
+        Missing file, unknown suffix, unreadable file, a column name used twice, missing column
+        (the error lists the first columns and the close matches), non-numeric feature or
         target, NaN/infinite value or missing task label (the column and row are named), a task
         (category) with 0 rows, or classification targets that are not binary.
     """
@@ -353,7 +389,8 @@ def read_frame(path: str | os.PathLike[str]) -> pd.DataFrame:
     """Read a CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``) file into a frame.
 
     Raises :class:`~privmtl.exceptions.DataFormatError` for a missing file, an unknown suffix or
-    an unreadable file.
+    an unreadable file. A CSV file's header, as written, is kept in ``frame.attrs["privmtl_header"]``
+    (pandas renames a repeated column name, which :func:`dataset_from_frame` then refuses).
     """
     import pandas as pd
 
@@ -376,4 +413,7 @@ def read_frame(path: str | os.PathLike[str]) -> pd.DataFrame:
         raise DataFormatError(f"{p}: could not be read as a table ({exc}).") from exc
     if reader is pd.read_csv:
         frame.attrs["privmtl_first_line"] = 2  # line 1 is the header
+        # pandas renames a repeated name ("a", "a" -> "a", "a.1"): keep the header as written
+        header = pd.read_csv(p, header=None, nrows=1, dtype=str, keep_default_na=False)
+        frame.attrs["privmtl_header"] = [str(c) for c in header.iloc[0]] if len(header) else []
     return frame

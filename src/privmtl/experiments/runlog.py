@@ -3,8 +3,9 @@
 A run is keyed by its full configuration (every argument that can change its result). Re-running a
 sweep into the same folder reuses the logged runs whose key matches and computes only the others;
 runs of other configurations stay in the log and are simply not used. The sweep's tables and plots
-are written only when every run is finished; a sweep that starts removes the previous tables first,
-so an interrupted sweep leaves the log (plainly partial) and no table that looks complete.
+are written only when every run is finished; a sweep removes the previous tables when it logs its
+first run, so an interrupted sweep leaves the log (plainly partial) and no table that looks
+complete. A sweep refused before its first run (bad input) creates and removes nothing.
 """
 
 from __future__ import annotations
@@ -28,28 +29,28 @@ def run_key(config: dict[str, Any]) -> str:
 
 
 class RunLog:
-    """The finished runs of a sweep writing to ``out_dir`` (created and checked writable).
+    """The finished runs of a sweep writing to ``out_dir`` (checked writable now, created when
+    the first run is logged).
 
     Parameters
     ----------
     out_dir : path
         The sweep's output folder; ``out_dir/runs.jsonl`` is the log.
     outputs : sequence of str
-        File names of the sweep's final tables and plots in ``out_dir``: removed now, written
-        again (atomically) when the sweep finishes.
+        File names of the sweep's final tables and plots in ``out_dir``: removed when the first
+        run is logged, written again (atomically) when the sweep finishes.
     param : str, default "out"
         The parameter named in errors about ``out_dir``.
     """
 
     def __init__(self, out_dir: Path, *, outputs: Sequence[str] = (), param: str = "out") -> None:
-        self.out_dir = check_writable_dir(Path(out_dir), name=param, create=True)
+        self.out_dir = check_writable_dir(Path(out_dir), name=param)
         self.path = self.out_dir / RUN_LOG
         self._rows: dict[str, dict[str, Any]] = {}
         for rec in load_jsonl(self.path):
             if isinstance(rec, dict) and "key" in rec and "row" in rec:
                 self._rows[rec["key"]] = rec["row"]
-        for name in outputs:
-            (self.out_dir / name).unlink(missing_ok=True)
+        self._stale = list(outputs)
         self.reused = 0
         self.computed = 0
 
@@ -72,6 +73,9 @@ class RunLog:
         """
         key = run_key(config)
         logged = to_jsonable(row)
+        for name in self._stale:  # the previous sweep's tables no longer describe the folder
+            (self.out_dir / name).unlink(missing_ok=True)
+        self._stale = []
         append_jsonl(self.path, {"key": key, "row": logged})
         self._rows[key] = logged
         self.computed += 1

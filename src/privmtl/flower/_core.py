@@ -236,6 +236,12 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
                 "The 'num_clients' parameter applies to --data synthetic only; got data="
                 f"{run_config.get('data')!r}."
             )
+        q = int(run_config["clients-per-round"])
+        if q > num:  # known here: no process starts for a run that every node would refuse
+            raise InvalidParameterError(
+                "The 'clients_per_round' parameter must be at most the number of clients "
+                f"m={num} of the data; got {q}."
+            )
     check_real("clip", run_config["clip"], low=0.0, closed="neither")
     eps, std = float(run_config["epsilon"]), float(run_config["noise-std"])
     if eps != -1.0:
