@@ -194,6 +194,12 @@ CASES: list[Case] = [
     C("pmtl-rounds-huge", _replace(PMTL, "--rounds", "1e9"), "--rounds", "1e9"),
     C("pmtl-q-above-m", _replace(PMTL, "--clients-per-round", "9"), "clients_per_round", "9"),
     C("pmtl-q-zero", _replace(PMTL, "--clients-per-round", "0"), "clients_per_round", "0"),
+    C(
+        "pmtl-sampling-all-q-not-m",
+        [*PMTL, "--sampling", "all"],
+        "clients_per_round",
+        "sampling='all'",
+    ),
     C("pmtl-m-zero", _replace(PMTL, "--num-clients", "0"), "--num-clients", "0"),
     C("pmtl-lr-zero", [*PMTL, "--lr", "0"], "lr", "0"),
     C("pmtl-lr-nan", [*PMTL, "--lr", "nan"], "lr", "nan"),

@@ -160,6 +160,14 @@ def test_flower_run_defaults_are_the_spec():
         run_spec(run_options({"personal-init": "nowhere"}), 50)
 
 
+def test_sampling_all_reports_the_clients_it_samples():
+    # every client takes part: the q reported (and accounted) is m, never a smaller default
+    assert resolve_defaults(SPEC.replace(sampling="all"), 50).clients_per_round == 50
+    assert resolve_defaults(SPEC.replace(sampling="all", clients_per_round=50), 50).sampling == "all"
+    with pytest.raises(InvalidParameterError, match=r"'clients_per_round'.*m=8.*'all'.*got 4"):
+        resolve_defaults(SPEC.replace(sampling="all", clients_per_round=4), 8)
+
+
 def test_resolution_of_the_data_dependent_defaults():
     for m in (1, 5, 20, 21, 500):
         r = resolve_defaults(SPEC, m)

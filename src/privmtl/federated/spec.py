@@ -317,14 +317,23 @@ def resolve_defaults(
 ) -> RunSpec:
     """``spec`` with every data-dependent default of a run on ``num_clients`` clients filled in.
 
-    ``clients_per_round`` (:func:`default_clients_per_round`; ``m`` for ``local-all``; an explicit
-    value above ``m`` is an error), ``lam`` (:func:`default_lam`), ``delta``
+    ``clients_per_round`` (:func:`default_clients_per_round`; ``m`` for ``local-all`` and for
+    ``sampling="all"``, where an explicit other value is an error; an explicit value above ``m`` is
+    an error), ``lam`` (:func:`default_lam`), ``delta``
     (:func:`resolve_delta`) and ``sampling`` (``"all"`` when ``q = m``). With the calibrated
     ``noise_std`` of the release and its ``released_dim``, ``personal_init="auto"`` is resolved
     too (:func:`resolve_personal_init`); without them it stays ``"auto"``.
     """
     m = int(num_clients)
     if spec.method == "local-all":  # every client trains: clients_per_round does not apply
+        q = m
+    elif spec.sampling == "all":  # every client in every round: the q accounted is m
+        if spec.clients_per_round is not None and int(spec.clients_per_round) != m:
+            raise InvalidParameterError(
+                "The 'clients_per_round' parameter must equal the number of clients "
+                f"m={m} with sampling='all' (every client takes part in every round); got "
+                f"{spec.clients_per_round}."
+            )
         q = m
     elif spec.clients_per_round is None:
         q = default_clients_per_round(m)
