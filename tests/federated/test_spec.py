@@ -163,7 +163,9 @@ def test_flower_run_defaults_are_the_spec():
 def test_sampling_all_reports_the_clients_it_samples():
     # every client takes part: the q reported (and accounted) is m, never a smaller default
     assert resolve_defaults(SPEC.replace(sampling="all"), 50).clients_per_round == 50
-    assert resolve_defaults(SPEC.replace(sampling="all", clients_per_round=50), 50).sampling == "all"
+    assert (
+        resolve_defaults(SPEC.replace(sampling="all", clients_per_round=50), 50).sampling == "all"
+    )
     with pytest.raises(InvalidParameterError, match=r"'clients_per_round'.*m=8.*'all'.*got 4"):
         resolve_defaults(SPEC.replace(sampling="all", clients_per_round=4), 8)
 
