@@ -264,7 +264,11 @@ def run_local(
     num_supernodes : int
         SuperNodes to start; node ``i`` serves partition ``i`` of the clients.
     run_config : dict
-        Run configuration (keys of :data:`privmtl.flower._core.RUN_DEFAULTS`).
+        Run configuration (keys of :data:`privmtl.flower._core.RUN_DEFAULTS`). A user's model
+        factory (``model`` ``MODULE:FACTORY`` / ``PATH.py:FACTORY``) is loaded here first and
+        resolves against ``model-dir`` (default: the working directory), which the apps are given
+        with the SHA-256 of its file (:func:`privmtl.flower.factory.announce`): every SuperNode
+        and the ServerApp load their own copy and refuse another version.
     state_dir : path, optional
         Root of the nodes' own storage (``node-<i>/personal.pt``); default ``work_dir/nodes``.
     work_dir : path, optional
@@ -293,7 +297,9 @@ def run_local(
             f"The 'num_supernodes' parameter must be >= 1; got {num_supernodes!r}."
         )
     from privmtl.flower._core import default_work_dir
+    from privmtl.flower.factory import announce
 
+    run_config = announce(run_config)  # a factory that does not load: refused before any process
     work = (default_work_dir() if work_dir is None else Path(work_dir)).absolute()
     check_work_dir(work, resume=bool(run_config.get("resume", False)))
     work.mkdir(parents=True, exist_ok=True)
