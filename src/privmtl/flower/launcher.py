@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +256,7 @@ def run_local(
     timeout: float = 900.0,
     progress: Callable[[str], None] | None = None,
     on_started: Callable[[list[int]], None] | None = None,
+    node_configs: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run PMTL on a SuperLink and ``num_supernodes`` SuperNodes started on loopback.
 
@@ -285,6 +286,9 @@ def run_local(
         Receives each progress line of the ServerApp.
     on_started : callable, optional
         Receives the SuperNodes' process ids once they run (tests kill one through it).
+    node_configs : sequence of dict, optional
+        More node configuration of SuperNode ``i`` (``node_configs[i]``), e.g. ``model-dir``:
+        where that node's copy of a user's model factory is.
 
     Returns
     -------
@@ -343,6 +347,7 @@ def run_local(
                 timeout,
                 progress,
                 on_started,
+                list(node_configs or []),
             )
     finally:
         procs.stop_all()
@@ -361,6 +366,7 @@ def _run(
     timeout: float,
     progress: Callable[[str], None] | None,
     on_started: Callable[[list[int]], None] | None,
+    node_configs: list[dict[str, Any]],
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     procs.start(
@@ -381,6 +387,8 @@ def _run(
         node_dir = states / f"node-{i}"
         node_dir.mkdir(parents=True, exist_ok=True)
         node_cfg = f'partition-id={i} num-partitions={n} state-dir="{node_dir}"'
+        extra = node_configs[i] if i < len(node_configs) else {}
+        node_cfg += "".join(f" {k}={_toml_value(v)}" for k, v in extra.items())
         args = ["--insecure", "--superlink", f"{LOOPBACK}:{port}", "--port", str(_free_port())]
         p = procs.start(f"supernode-{i}", [*_supernode(), *args, "--node-config", node_cfg])
         pids.append(p.pid)
