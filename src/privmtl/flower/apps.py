@@ -4,11 +4,11 @@ Messages (all ``RecordDict`` contents):
 
 ``query`` (server → every node)
     reply: ``ConfigRecord "node"`` with ``describe`` (a JSON string: the node's clients by global
-    index and id, the population size, the data's shape) and ``ArrayRecord "init"`` (the model's initial parameters,
-    the same on every node since every node builds the model from the run's seed); or, from a
-    node that cannot serve the run (its copy of a user's model factory is not the announced code,
-    its partition is invalid), ``ConfigRecord "node"`` with ``error``: one line the ServerApp
-    fails the run with.
+    index and id, the population size, the data's shape) and ``ArrayRecord "init"`` (the model's
+    initial parameters, the same on every node since every node builds the model from the run's
+    seed); or, from a node that cannot serve the run (its copy of a user's model factory is not
+    the announced code, its partition is invalid, its data does not load), ``ConfigRecord
+    "node"`` with ``error``: one line the ServerApp fails the run with.
 ``train`` (server → nodes serving this round's sampled clients)
     ``ArrayRecord "billboard"`` and ``ConfigRecord "round"`` (round index, round key, the node's
     sampled clients, the TrainConfig as JSON); reply: ``ArrayRecord "messages"`` (stacked
@@ -25,10 +25,11 @@ Messages (all ``RecordDict`` contents):
     the global model on val and test, and each client's choice).
 
 Node configuration: ``partition-id``, ``num-partitions``, ``state-dir`` (the node's own storage
-for the personalized models) and, optionally, ``model-dir`` (where this machine keeps the file of a
-user's ``--model`` factory, :mod:`privmtl.flower.factory`). Run configuration: :data:`privmtl.flower._core.RUN_DEFAULTS`; the
-ServerApp keeps its ledger, checkpoint and result in ``<work-dir>/server`` (``work-dir`` empty: a
-new :func:`~privmtl.flower._core.default_work_dir` on the machine running it).
+for the personalized models) and, optionally, ``model-dir`` (where this machine keeps the file of
+a user's ``--model`` factory, :mod:`privmtl.flower.factory`). Run configuration:
+:data:`privmtl.flower._core.RUN_DEFAULTS`; the ServerApp keeps its ledger, checkpoint and result in
+``<work-dir>/server`` (``work-dir`` empty: a new :func:`~privmtl.flower._core.default_work_dir` on
+the machine running it).
 
 The ServerApp's loop is ``_discover`` (which node serves which clients), then
 ``_train_round`` until the run is finished or its budget stops it, then ``_evaluate``.
@@ -48,7 +49,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from privmtl.checkpoint import write_atomic
-from privmtl.exceptions import InvalidParameterError
+from privmtl.exceptions import InvalidParameterError, PrivmtlError
 from privmtl.flower._core import (
     SERVER_DIR,
     NodeClients,
@@ -114,7 +115,7 @@ def describe_node(context: Context) -> RecordDict:
     """The reply to ``query``: the node's clients and initial model, or why it cannot serve."""
     try:
         node = _node(context)
-    except InvalidParameterError as exc:  # one line the ServerApp fails the run with
+    except PrivmtlError as exc:  # a user's error: one line the ServerApp fails the run with
         return RecordDict({"node": ConfigRecord({"error": str(exc)})})
     return RecordDict(
         {
