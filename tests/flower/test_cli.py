@@ -78,3 +78,40 @@ def test_unfinished_work_dir_is_refused_before_any_process_starts(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--resume" in err[0]
     assert not (tmp_path / "logs").exists()  # nothing was started
+
+
+@needs_flwr
+def test_a_user_factory_reaches_the_apps_as_its_directory_and_hash(tmp_path, monkeypatch, capsys):
+    """--model takes privmtl pmtl's forms; the launcher gets the directory the command ran in and
+    the file's SHA-256 (no source), and a factory that does not load exits 2 before any process."""
+    import hashlib
+    import json
+
+    import privmtl.flower.launcher as launcher
+
+    (tmp_path / "mymodels.py").write_text(
+        "from torch import nn\n\ndef make_mlp(d, c):\n    return nn.Linear(d, c)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    sha = hashlib.sha256((tmp_path / "mymodels.py").read_bytes()).hexdigest()
+    seen: list[dict] = []
+    monkeypatch.setattr(
+        launcher, "run_local", lambda *, run_config, **kw: seen.append(run_config) or {}
+    )
+    for spec in ("mymodels:make_mlp", "./mymodels.py:make_mlp"):
+        argv = ["flower", "local", "--data", "synthetic", "--model", spec, "--json",
+                "--work-dir", str(tmp_path / "w")]  # fmt: skip
+        assert main(argv) == 0, capsys.readouterr().err
+        cfg = seen.pop()
+        assert (cfg["model"], cfg["model-dir"], cfg["model-sha256"]) == (spec, str(tmp_path), sha)
+        assert "source" not in json.dumps(cfg) and "nn.Linear" not in json.dumps(cfg)
+    capsys.readouterr()
+    sys.modules.pop("mymodels", None)  # loaded from tmp_path: no other test sees it
+    for spec, word in (("nothere:make", "nothere"), ("./mymodels.py:nope", "nope"),
+                       ("mlp", "MODULE:FACTORY")):  # fmt: skip
+        rc = main(["flower", "local", "--data", "synthetic", "--model", spec,
+                   "--work-dir", str(tmp_path / "w2")])  # fmt: skip
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and word in err[0] and "--model" in err[0], (spec, err)
+    assert seen == [] and not (tmp_path / "w2").exists()  # nothing was started

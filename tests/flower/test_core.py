@@ -388,3 +388,125 @@ def test_flower_refuses_what_it_does_not_run_with_one_line_naming_the_parameter(
     with pytest.raises(InvalidParameterError, match="'delta' and 'paper_delta'"):
         check_options({"delta": 1e-6, "paper-delta": True}, 3)
     check_options({"shared_params": ["linear.weight"], "personal_init": None}, 3)  # accepted
+
+
+MODELS = """
+from torch import nn
+
+
+def make_mlp(n_features, n_classes):
+    return nn.Sequential(nn.Linear(n_features, 8), nn.ReLU(), nn.Linear(8, n_classes))
+"""
+
+
+@pytest.fixture
+def models_dir(tmp_path, monkeypatch):
+    """A directory holding mymodels.py (the user's factory), as the working directory."""
+    import sys
+
+    (tmp_path / "mymodels.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    yield tmp_path
+    sys.path[:] = before
+    for name in [n for n in sys.modules if n == "mymodels"]:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("spec", ["mymodels:make_mlp", "./mymodels.py:make_mlp"])
+def test_a_user_factory_on_flower_nodes_equals_run_pmtl(models_dir, spec, monkeypatch, tmp_path):
+    """Each node loads the factory itself (from model-dir, not its working directory) and checks
+    the announced SHA-256; the run then equals run_pmtl with the same --model (ε, accuracy).
+    Without the end-of-run fine-tuning, which trains every client and is the same code for any
+    model (the product defaults with a factory: tests/flower/test_deployment.py, slow)."""
+    import hashlib
+
+    from privmtl.experiments.pmtl import run_pmtl
+    from privmtl.flower._core import load_node
+    from privmtl.flower.factory import announce
+
+    flags = {"rounds": 3, "clients_per_round": 6, "epsilon": 2.0, "finetune": "none"}
+    ref = run_pmtl(data="synthetic", model=spec, noise_source="seeded", show_progress=False,
+                   threads=1, **flags)  # fmt: skip
+    cfg = announce({"model": spec, **{k.replace("_", "-"): v for k, v in flags.items()}})
+    sha = hashlib.sha256((models_dir / "mymodels.py").read_bytes()).hexdigest()
+    assert cfg["model-dir"] == str(models_dir) and cfg["model-sha256"] == sha
+    opts = run_options({**cfg, "noise-source": "seeded"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the nodes resolve the spec against model-dir
+    nodes = [load_node(opts, i, 3, None) for i in range(3)]
+    assert [n for n, _ in nodes[0].model.named_parameters()] == ["0.weight", "0.bias", "2.weight",
+                                                                  "2.bias"]  # fmt: skip
+    run = _drive(ServerRun(opts, nodes[0].init, nodes[0].m), nodes)
+    res = run.result_dict(
+        [n.evaluate(run.curator.billboard, run.finish_settings()) for n in nodes], 0.0
+    )
+    assert res["model"] == ref["model"] == spec and res["model_sha256"] == sha
+    assert res["epsilon"] == pytest.approx(ref["epsilon"], rel=1e-12)
+    for key in ("test_accuracy", "mean_client_accuracy", "global_test_accuracy"):
+        assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+    assert run.fingerprint_config()["model_sha256"] == sha  # a resume must load the same code
+
+
+def test_a_node_whose_factory_file_differs_is_refused_naming_both_hashes(models_dir, tmp_path):
+    from privmtl.flower._core import load_node
+    from privmtl.flower.factory import announce
+
+    opts = run_options(announce({"model": "mymodels:make_mlp", "seed": 0}))
+    other = tmp_path / "node1"
+    other.mkdir()
+    (other / "mymodels.py").write_text(MODELS.replace("8", "16"))
+    mine = opts["model-sha256"]
+    import hashlib
+
+    theirs = hashlib.sha256((other / "mymodels.py").read_bytes()).hexdigest()
+    with pytest.raises(InvalidParameterError) as err:
+        load_node(opts, 1, 3, None, model_dir=str(other))
+    msg = str(err.value)
+    assert "\n" not in msg and mine in msg and theirs in msg
+    assert "SuperNode partition 1" in msg and "refusing" in msg
+    # a run configuration that announces no hash is refused too (same code or refused)
+    with pytest.raises(InvalidParameterError, match="'model-sha256'"):
+        load_node({**opts, "model-sha256": ""}, 0, 3, None)
+
+
+def test_the_serverapp_checks_the_nodes_build_its_shapes(models_dir):
+    from privmtl.federated.user_model import load_factory
+    from privmtl.flower.factory import check_shapes
+
+    user = load_factory("mymodels:make_mlp")
+    net = user.build(60, 10)
+    init = {n: p.detach() for n, p in net.named_parameters()}
+    state = torch.random.get_rng_state()
+    check_shapes(user, 60, 10, init)  # the same model: accepted
+    assert torch.equal(state, torch.random.get_rng_state())
+    with pytest.raises(InvalidParameterError, match="every machine must build the same model"):
+        check_shapes(user, 60, 12, init)
+
+
+def test_a_refusing_node_fails_the_run_with_its_one_line(models_dir, tmp_path):
+    """The ClientApp answers ``query`` with the refusal; the ServerApp fails with that line."""
+    pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
+    from flwr.app import Context, RecordDict
+
+    from privmtl.flower.apps import check_refusals, describe_node
+    from privmtl.flower.factory import announce
+
+    cfg = run_options(announce({"model": "mymodels:make_mlp", "num-clients": 9}))
+    other = tmp_path / "node1"
+    other.mkdir()
+    (other / "mymodels.py").write_text(MODELS + "\n# another version\n")
+
+    def ctx(pid, **node):
+        nc = {"partition-id": pid, "num-partitions": 3, **node}
+        return Context(run_id=1, node_id=pid + 1, node_config=nc, state=RecordDict(),
+                       run_config=cfg)  # fmt: skip
+
+    good = describe_node(ctx(0))
+    assert "error" not in good.config_records["node"] and "init" in good.array_records
+    bad = describe_node(ctx(1, **{"model-dir": str(other)}))
+    check_refusals({1: good}, 2)  # nothing refused
+    with pytest.raises(InvalidParameterError) as err:
+        check_refusals({1: good, 2: bad}, 2)
+    assert "\n" not in str(err.value) and cfg["model-sha256"] in str(err.value)

@@ -115,3 +115,71 @@ def test_three_supernodes_match_in_process_engine_and_continue(tmp_path, alive_w
     assert acc["releases"] == res2["ledger_releases"] == 4
     assert res2["epsilon"] == pytest.approx(acc["epsilon"], rel=1e-9)
     assert res2["epsilon"] > res["epsilon"]
+
+
+MODELS = """
+from torch import nn
+
+
+def make_mlp(n_features, n_classes):
+    return nn.Sequential(nn.Linear(n_features, 8), nn.ReLU(), nn.Linear(8, n_classes))
+"""
+
+# the acceptance flags of issue 33: a user's factory, everything else at the product defaults
+FACTORY_FLAGS = ["--data", "synthetic", "--rounds", "3", "--clients-per-round", "6",
+                 "--epsilon", "2", "--reproducible-noise", "--json"]  # fmt: skip
+
+
+@pytest.fixture
+def models_dir(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "mymodels.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield tmp_path
+    sys.modules.pop("mymodels", None)
+
+
+@pytest.mark.parametrize("spec", ["mymodels:make_mlp", "./mymodels.py:make_mlp"])
+def test_a_user_factory_on_three_supernodes_equals_privmtl_pmtl(models_dir, spec, capsys):
+    """privmtl flower local --model <factory> equals privmtl pmtl with the same flags: the
+    SuperNodes (other processes, other working directories) load the same file themselves."""
+    from privmtl.cli import main
+
+    assert main(["pmtl", "--model", spec, *FACTORY_FLAGS]) == 0
+    ref = json.loads(capsys.readouterr().out)
+    argv = ["flower", "local", "--num-supernodes", "3", "--model", spec, *FACTORY_FLAGS,
+            "--work-dir", str(models_dir / "w")]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert res["engine"] == "flower-deployment" and res["model"] == spec
+    assert res["config"] == ref["config"]
+    for key in ("epsilon", "test_accuracy", "mean_client_accuracy", "pre_finetune_test_accuracy",
+                "global_test_accuracy"):  # fmt: skip
+        assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+
+
+def test_a_supernode_with_another_factory_file_is_refused_in_one_line(models_dir, alive_with_home):
+    from privmtl.flower.launcher import FlowerRunError
+
+    other = models_dir / "node1"
+    other.mkdir()
+    (other / "mymodels.py").write_text(MODELS.replace("8", "16"))
+    import hashlib
+
+    digests = [hashlib.sha256(p.read_bytes()).hexdigest() for p in
+               (models_dir / "mymodels.py", other / "mymodels.py")]  # fmt: skip
+    work = models_dir / "w"
+    with pytest.raises(FlowerRunError) as err:
+        run_local(
+            num_supernodes=3,
+            run_config={**CONFIG, "model": "mymodels:make_mlp"},
+            work_dir=work,
+            timeout=300,
+            node_configs=[{}, {"model-dir": str(other)}, {}],
+        )
+    msg = str(err.value)
+    assert "\n" not in msg and all(d in msg for d in digests) and "SuperNode partition 1" in msg
+    assert not alive_with_home(work / "flwr-home")
+    assert not (work / "server" / "ledger.jsonl").exists()  # nothing was released

@@ -72,7 +72,15 @@ def flower() -> None:
 @click.option("--data", type=click.Choice(["synthetic", "femnist-leaf"]), required=True)
 @click.option("--data-path", type=click.Path(file_okay=False), help="LEAF FEMNIST directory.")
 @click.option("--num-clients", type=int, help="--data synthetic: number of clients m (default 50).")
-@click.option("--model", type=click.Choice(["logreg", "cnn"]), required=True)
+@click.option(
+    "--model",
+    required=True,
+    metavar="[cnn|logreg|MODULE:FACTORY|PATH.py:FACTORY]",
+    help="As for privmtl pmtl: cnn, logreg, or your own factory (MODULE:FACTORY, a module in the "
+    "working directory or an installed one; PATH.py:FACTORY, a file), resolved against the "
+    "directory this command runs in. No code is sent: the ServerApp and every SuperNode load "
+    "their own copy and refuse to run one whose SHA-256 differs from this one's.",
+)
 @spec_options(
     help={
         "epsilon": "In a continued --work-dir the ε reported also composes the earlier runs' "
@@ -168,6 +176,9 @@ def local(**kw: Any) -> None:
     """
     if importlib.util.find_spec("flwr") is None:
         raise click.ClickException("privmtl flower needs Flower: pip install 'privmtl[flower]'")
+    from privmtl.cli.pmtl import check_model_option
+
+    check_model_option(kw["model"])
     settings = pop_run_spec(click.get_current_context(), kw)
     budget = kw["budget_epsilon"]
     if budget is not None and not budget > 0:  # the run config encodes "not given" as -1
@@ -201,8 +212,12 @@ def local(**kw: Any) -> None:
         "resume": bool(kw["resume"]),
     }
     from privmtl.flower._core import check_options, run_options
+    from privmtl.flower.factory import announce
     from privmtl.flower.secagg import check_secagg_options
 
+    # a user's factory: loaded here (refused in one line before any process starts); the apps get
+    # this directory and its file's SHA-256, and load their own copy
+    run_config = announce(run_config, cwd=Path.cwd())
     full = run_options(run_config)  # with the Flower run's defaults of what was not given
     check_options(full, kw["num_supernodes"])
     check_secagg_options(full, kw["num_supernodes"])

@@ -95,7 +95,9 @@ RUN_DEFAULTS: dict[str, Any] = {
     "data": "synthetic",
     "data-path": "",
     "num-clients": 0,  # synthetic only; 0: the generator's default m
-    "model": "logreg",
+    "model": "logreg",  # or a user's MODULE:FACTORY / PATH.py:FACTORY (privmtl.flower.factory)
+    "model-dir": "",  # where a factory resolves; "": the process's working directory
+    "model-sha256": "",  # the SHA-256 of the factory's file every machine must load
     "method": SPEC.method,
     "rounds": SPEC.rounds,
     "clients-per-round": 0,  # 0: the spec's default, min(20, m)
@@ -487,6 +489,8 @@ class NodeClients:
             "clients": [int(k) for k in self.clients],
             "client_ids": self.client_ids,
             "num_clients": self.m,
+            "n_features": int(self.local.n_features),
+            "n_classes": int(self.local.n_classes),
             "continued": sum(cid in self.personal for cid in self.client_ids),
         }
 
@@ -753,6 +757,8 @@ class ServerRun:
             "data": str(self.opts["data"]),
             "data_path": str(self.opts["data-path"]),
             "model": str(self.opts["model"]),
+            # a user's factory: a resumed run must load the same code
+            **({"model_sha256": sha} if (sha := str(self.opts.get("model-sha256") or "")) else {}),
             "shapes": self.shapes,
             "run": self.run_index,
             "token": self.token,
@@ -1003,6 +1009,8 @@ class ServerRun:
         out["clients_per_round_default"] = int(self.opts["clients-per-round"]) <= 0
         out["scaling"] = "none"  # the built-in data sets of a Flower run are not rescaled
         out["engine"] = "flower-deployment"
+        if self.opts.get("model-sha256"):  # the factory code every machine checked it ran
+            out["model_sha256"] = str(self.opts["model-sha256"])
         out["on_missing"] = str(self.opts["on-missing"])
         out["clients_answered_per_round"] = [len(h["answered"]) for h in self.history]
         out["budget_epsilon"] = self.budget
@@ -1021,15 +1029,27 @@ def _population(data: str, data_path: str, seed: int, num_clients: int | None) -
     return load_federated(data, data_path=data_path or None, seed=seed, num_clients=num_clients)
 
 
-def load_node(opts: dict[str, Any], pid: int, parts: int, state_dir: str | None) -> NodeClients:
+def load_node(
+    opts: dict[str, Any],
+    pid: int,
+    parts: int,
+    state_dir: str | None,
+    model_dir: str | None = None,
+) -> NodeClients:
     """Build the node's clients; their data is cached as tensors in the node's storage.
 
     Each message runs in a fresh ClientApp process: reading the node's own shard back is much
-    cheaper than loading (or generating) the population again.
+    cheaper than loading (or generating) the population again. A user's model factory is loaded
+    from this machine's ``model_dir`` (default: the run configuration's ``model-dir``) and
+    refused unless its file is the code the run announces
+    (:func:`privmtl.flower.factory.load_checked`).
     """
     import hashlib
 
     from privmtl.experiments.pmtl import make_model
+    from privmtl.flower.factory import load_checked
+
+    user = load_checked(opts, f"SuperNode partition {pid}", model_dir)
 
     seed = int(opts["seed"])
     num = int(opts.get("num-clients", 0)) or None
@@ -1047,7 +1067,7 @@ def load_node(opts: dict[str, Any], pid: int, parts: int, state_dir: str | None)
             name=str(d["name"]),
             **{f"{s}_{a}": list(d[f"{s}_{a}"]) for s in ("train", "val", "test") for a in "xy"},
         )
-        net = make_model(str(opts["model"]), local, seed)
+        net = make_model(str(opts["model"]), local, seed, factory=user)
         return NodeClients.from_parts(
             local,
             net,
@@ -1058,7 +1078,7 @@ def load_node(opts: dict[str, Any], pid: int, parts: int, state_dir: str | None)
             state_dir=state_dir,
         )
     ds = _population(str(opts["data"]), str(opts["data-path"]), seed, num)
-    net = make_model(str(opts["model"]), ds, seed)
+    net = make_model(str(opts["model"]), ds, seed, factory=user)
     node = NodeClients(ds, net, partition_id=pid, num_partitions=parts, state_dir=state_dir)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,11 @@ Messages (all ``RecordDict`` contents):
 
 ``query`` (server → every node)
     reply: ``ConfigRecord "node"`` with ``describe`` (a JSON string: the node's clients by global
-    index and id, the population size) and ``ArrayRecord "init"`` (the model's initial parameters,
-    the same on every node since every node builds the model from the run's seed).
+    index and id, the population size, the data's shape) and ``ArrayRecord "init"`` (the model's
+    initial parameters, the same on every node since every node builds the model from the run's
+    seed); or, from a node that cannot serve the run (its copy of a user's model factory is not
+    the announced code, its partition is invalid, its data does not load), ``ConfigRecord
+    "node"`` with ``error``: one line the ServerApp fails the run with.
 ``train`` (server → nodes serving this round's sampled clients)
     ``ArrayRecord "billboard"`` and ``ConfigRecord "round"`` (round index, round key, the node's
     sampled clients, the TrainConfig as JSON); reply: ``ArrayRecord "messages"`` (stacked
@@ -21,10 +24,12 @@ Messages (all ``RecordDict`` contents):
     ``ConfigRecord "scores"`` (per-client correct counts and sizes of the trained, the final and
     the global model on val and test, and each client's choice).
 
-Node configuration: ``partition-id``, ``num-partitions`` and ``state-dir`` (the node's own storage
-for the personalized models). Run configuration: :data:`privmtl.flower._core.RUN_DEFAULTS`; the
-ServerApp keeps its ledger, checkpoint and result in ``<work-dir>/server`` (``work-dir`` empty: a
-new :func:`~privmtl.flower._core.default_work_dir` on the machine running it).
+Node configuration: ``partition-id``, ``num-partitions``, ``state-dir`` (the node's own storage
+for the personalized models) and, optionally, ``model-dir`` (where this machine keeps the file of
+a user's ``--model`` factory, :mod:`privmtl.flower.factory`). Run configuration:
+:data:`privmtl.flower._core.RUN_DEFAULTS`; the ServerApp keeps its ledger, checkpoint and result in
+``<work-dir>/server`` (``work-dir`` empty: a new :func:`~privmtl.flower._core.default_work_dir` on
+the machine running it).
 
 The ServerApp's loop is ``_discover`` (which node serves which clients), then
 ``_train_round`` until the run is finished or its budget stops it, then ``_evaluate``.
@@ -44,6 +49,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from privmtl.checkpoint import write_atomic
+from privmtl.exceptions import InvalidParameterError, PrivmtlError
 from privmtl.flower._core import (
     SERVER_DIR,
     NodeClients,
@@ -54,8 +60,9 @@ from privmtl.flower._core import (
     run_options,
 )
 from privmtl.flower._waits import send_and_receive, shorten_object_waits
+from privmtl.flower.factory import check_shapes, load_checked
 
-__all__ = ["client_app", "server_app"]
+__all__ = ["check_refusals", "client_app", "describe_node", "server_app"]
 
 server_app = ServerApp()
 client_app = ClientApp()
@@ -92,24 +99,35 @@ def _node(context: Context) -> NodeClients:
     nc = context.node_config
     pid, parts = int(nc.get("partition-id", 0)), int(nc.get("num-partitions", 1))
     state_dir = str(nc.get("state-dir", "")) or None
-    key = (opts["data"], opts["data-path"], opts["model"], opts["seed"], pid, parts, state_dir)
+    model_dir = str(nc.get("model-dir", "")) or None  # this machine's copy of a user's factory
+    key = (
+        opts["data"], opts["data-path"], opts["model"], opts["model-dir"], opts["model-sha256"],
+        opts["seed"], pid, parts, state_dir, model_dir,
+    )  # fmt: skip
     node = _NODES.get(key)
     if node is None:
-        node = load_node(opts, pid, parts, state_dir)
+        node = load_node(opts, pid, parts, state_dir, model_dir)
         _NODES[key] = node
     return node
 
 
-@client_app.query()
-def query(msg: Message, context: Context) -> Message:
-    node = _node(context)
-    content = RecordDict(
+def describe_node(context: Context) -> RecordDict:
+    """The reply to ``query``: the node's clients and initial model, or why it cannot serve."""
+    try:
+        node = _node(context)
+    except PrivmtlError as exc:  # a user's error: one line the ServerApp fails the run with
+        return RecordDict({"node": ConfigRecord({"error": str(exc)})})
+    return RecordDict(
         {
             "node": ConfigRecord({"describe": json.dumps(node.describe())}),
             "init": _arrays(node.init),
         }
     )
-    return Message(content, reply_to=msg)
+
+
+@client_app.query()
+def query(msg: Message, context: Context) -> Message:
+    return Message(describe_node(context), reply_to=msg)
 
 
 def _train(msg: Message, context: Context) -> tuple[NodeClients, dict, dict, list[float]]:
@@ -200,20 +218,24 @@ class _Federation:
     owner: dict[int, int]  # client (global index) -> node id
     num_clients: int
     init: dict[str, torch.Tensor]
+    data_shape: tuple[int, int]  # (n_features, n_classes) of the nodes' data
 
 
 def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
     """Wait for the SuperNodes and ask each which clients it serves (and the initial model)."""
     nodes = _wait_nodes(grid, int(opts["num-supernodes"]), timeout)
     described = _ask(grid, "query", {nid: RecordDict() for nid in nodes}, timeout)
+    check_refusals(described, len(nodes))
     if len(described) < len(nodes):
         raise RuntimeError(f"only {len(described)} of {len(nodes)} nodes described themselves")
     owner: dict[int, int] = {}
     m = None
     init = None
+    shape = (0, 0)
     for nid, content in described.items():
         info = json.loads(str(content.config_records["node"]["describe"]))
         m = int(info["num_clients"])
+        shape = (int(info["n_features"]), int(info["n_classes"]))
         for k in info["clients"]:
             owner[int(k)] = nid
         init = _params(content.array_records["init"])
@@ -223,7 +245,25 @@ def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
             f"the nodes serve {len(owner)} distinct clients of {m}: check each node's "
             "partition-id and num-partitions"
         )
-    return _Federation(nodes, owner, m, init)
+    return _Federation(nodes, owner, m, init, shape)
+
+
+def check_refusals(described: dict[int, RecordDict], num_nodes: int) -> None:
+    """Fail the run with the first refusal of a node's ``query`` reply (:func:`describe_node`).
+
+    Raises
+    ------
+    InvalidParameterError
+        A node refused: its line, and how many of the nodes refused.
+    """
+    refused = [
+        str(c.config_records["node"]["error"])
+        for _, c in sorted(described.items())
+        if "error" in c.config_records["node"]
+    ]
+    if refused:
+        more = f" ({len(refused)} of {num_nodes} SuperNodes refused)" if len(refused) > 1 else ""
+        raise InvalidParameterError(refused[0] + more)
 
 
 def _train_round(
@@ -303,7 +343,12 @@ def main(grid: Grid, context: Context) -> None:
     timeout = float(opts["round-timeout"])
     started = time.perf_counter()
     try:
+        # this machine's copy of a user's factory is the announced code, or the run stops here
+        user = load_checked(opts, "the ServerApp")
         fed = _discover(grid, opts, timeout)
+        if user is not None:  # the ServerApp builds the model the nodes report
+            info = fed.data_shape
+            check_shapes(user, info[0], info[1], fed.init)
         print(
             f"privmtl-flower {len(fed.nodes)} SuperNodes serve {fed.num_clients} clients "
             f"({time.perf_counter() - started:.1f} s)",

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +256,7 @@ def run_local(
     timeout: float = 900.0,
     progress: Callable[[str], None] | None = None,
     on_started: Callable[[list[int]], None] | None = None,
+    node_configs: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run PMTL on a SuperLink and ``num_supernodes`` SuperNodes started on loopback.
 
@@ -264,7 +265,11 @@ def run_local(
     num_supernodes : int
         SuperNodes to start; node ``i`` serves partition ``i`` of the clients.
     run_config : dict
-        Run configuration (keys of :data:`privmtl.flower._core.RUN_DEFAULTS`).
+        Run configuration (keys of :data:`privmtl.flower._core.RUN_DEFAULTS`). A user's model
+        factory (``model`` ``MODULE:FACTORY`` / ``PATH.py:FACTORY``) is loaded here first and
+        resolves against ``model-dir`` (default: the working directory), which the apps are given
+        with the SHA-256 of its file (:func:`privmtl.flower.factory.announce`): every SuperNode
+        and the ServerApp load their own copy and refuse another version.
     state_dir : path, optional
         Root of the nodes' own storage (``node-<i>/personal.pt``); default ``work_dir/nodes``.
     work_dir : path, optional
@@ -281,6 +286,9 @@ def run_local(
         Receives each progress line of the ServerApp.
     on_started : callable, optional
         Receives the SuperNodes' process ids once they run (tests kill one through it).
+    node_configs : sequence of dict, optional
+        More node configuration of SuperNode ``i`` (``node_configs[i]``), e.g. ``model-dir``:
+        where that node's copy of a user's model factory is.
 
     Returns
     -------
@@ -293,7 +301,9 @@ def run_local(
             f"The 'num_supernodes' parameter must be >= 1; got {num_supernodes!r}."
         )
     from privmtl.flower._core import default_work_dir
+    from privmtl.flower.factory import announce
 
+    run_config = announce(run_config)  # a factory that does not load: refused before any process
     work = (default_work_dir() if work_dir is None else Path(work_dir)).absolute()
     check_work_dir(work, resume=bool(run_config.get("resume", False)))
     work.mkdir(parents=True, exist_ok=True)
@@ -337,6 +347,7 @@ def run_local(
                 timeout,
                 progress,
                 on_started,
+                list(node_configs or []),
             )
     finally:
         procs.stop_all()
@@ -355,6 +366,7 @@ def _run(
     timeout: float,
     progress: Callable[[str], None] | None,
     on_started: Callable[[list[int]], None] | None,
+    node_configs: list[dict[str, Any]],
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     procs.start(
@@ -375,6 +387,8 @@ def _run(
         node_dir = states / f"node-{i}"
         node_dir.mkdir(parents=True, exist_ok=True)
         node_cfg = f'partition-id={i} num-partitions={n} state-dir="{node_dir}"'
+        extra = node_configs[i] if i < len(node_configs) else {}
+        node_cfg += "".join(f" {k}={_toml_value(v)}" for k, v in extra.items())
         args = ["--insecure", "--superlink", f"{LOOPBACK}:{port}", "--port", str(_free_port())]
         p = procs.start(f"supernode-{i}", [*_supernode(), *args, "--node-config", node_cfg])
         pids.append(p.pid)
