@@ -343,3 +343,18 @@ def test_an_unsigned_mpmtl_folder_needs_data_path(tmp_path, capsys, monkeypatch)
     assert "--data-path" in line
     ev = _ok(capsys, ["evaluate", "mp", "--data-path", "tasks.csv", "--json"])
     assert ev["nmse"] == out["nmse"]
+
+
+def test_flower_local_config_naming_code_needs_a_signature_model_or_trust_code(
+    elsewhere, capsys, monkeypatch
+):
+    pytest.importorskip("flwr")
+    monkeypatch.chdir(elsewhere)
+    marker = elsewhere / "pwned"
+    (elsewhere / "evil.py").write_text(_plant(marker) + MODELS)
+    result = {"config": {"method": "pmtl"}, "data": "synthetic", "model": "./evil.py:make_mlp"}
+    (elsewhere / "spec.json").write_text(json.dumps(result))  # a result JSON, unsigned
+    argv = ["flower", "local", "--config", "spec.json", "--json"]
+    line = _refused(capsys, argv, marker)
+    assert "--config" in line and "did not sign" in line and "evil.py" in line
+    assert not (elsewhere / "privmtl-results").exists()

@@ -12,12 +12,14 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import echo_json, on_abort
+from privmtl.cli._common import echo_json, on_abort, to_jsonable
 from privmtl.cli._spec_options import (
+    check_config_code,
     config_option,
     given_settings,
     pop_run_spec,
     spec_options,
+    trust_code_option,
 )
 from privmtl.federated.spec import SPEC
 from privmtl.io import check_writable_dir
@@ -66,6 +68,7 @@ def flower() -> None:
 
 @flower.command("local")
 @config_option()
+@trust_code_option()
 @click.option(
     "--num-supernodes", type=int, default=3, show_default=True, help="SuperNodes to start."
 )
@@ -178,6 +181,7 @@ def local(**kw: Any) -> None:
         raise click.ClickException("privmtl flower needs Flower: pip install 'privmtl[flower]'")
     from privmtl.cli.pmtl import check_model_option
 
+    check_config_code(click.get_current_context(), kw["model"], trust_code=kw.pop("trust_code"))
     check_model_option(kw["model"])
     settings = pop_run_spec(click.get_current_context(), kw)
     budget = kw["budget_epsilon"]
@@ -233,7 +237,11 @@ def local(**kw: Any) -> None:
         progress=None if get_verbosity() == QUIET else (lambda line: click.echo(line, err=True)),
     )
     if as_json:
-        echo_json(out)
+        from privmtl.federated.user_model import is_factory_spec
+        from privmtl.trust import sign
+
+        # names code: signed, so that this user's --config FILE can load it again
+        echo_json(sign(to_jsonable(out)) if is_factory_spec(str(out.get("model"))) else out)
         return
     click.echo(
         f"pmtl ({out['model']}) on {out['data']} via {out['engine']}: m={out['num_clients']}, "
