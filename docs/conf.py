@@ -20,7 +20,7 @@ extensions = [
     "myst_parser",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build", "_generated/results/*.md"]
+exclude_patterns = ["_build", "_generated/results/*.md", "_generated/research/*.md"]
 myst_heading_anchors = 3
 suppress_warnings = ["myst.header", "myst.xref_missing"]
 
@@ -44,34 +44,22 @@ html_theme = "alabaster"
 html_title = "privmtl"
 
 
-def _copy_results(app: object) -> None:
-    """Copy benchmarks/results (*.md tables, *.png plots) next to the pages that include them."""
-    src = ROOT / "benchmarks" / "results"
-    dst = HERE / "_generated" / "results"
+def _results_page(src: Path, generated: str, page: str, intro: list[str]) -> None:
+    """Write ``page`` including every table of ``src`` (*.md) and its plots (*.png), copied to
+    ``_generated/<generated>``."""
+    dst = HERE / "_generated" / generated
     dst.mkdir(parents=True, exist_ok=True)
-    names = sorted(p.name for p in src.glob("*.md"))
+    names = sorted(p.name for p in src.glob("*.md") if p.name != "README.md")
     for pattern in ("*.md", "*.png"):
         for path in src.glob(pattern):
             shutil.copy2(path, dst / path.name)
-    # pages that include README sections see its images at their README paths
-    readme_images = HERE / "benchmarks" / "results"
-    readme_images.mkdir(parents=True, exist_ok=True)
-    for path in src.glob("*.png"):
-        shutil.copy2(path, readme_images / path.name)
-    lines = [
-        "# Benchmark results",
-        "",
-        "The committed results of the scripts in `benchmarks/`, included as they are written "
-        "(tables in Markdown, plots in PNG). Every table states its ε, δ, neighbouring relation, "
-        "sampling, accountant and noise source; re-run a script to regenerate its file.",
-        "",
-    ]
+    lines = [*intro, ""]
     shown: set[str] = set()
     for name in names:
         stem = name[: -len(".md")]
         text = (src / name).read_text()
         lines += [
-            f"```{{include}} _generated/results/{name}",
+            f"```{{include}} _generated/{generated}/{name}",
             ":heading-offset: 1",
             ":relative-images:",
             "```",
@@ -80,15 +68,53 @@ def _copy_results(app: object) -> None:
         shown |= {p.name for p in src.glob("*.png") if p.name in text}
         png = src / f"{stem}.png"
         if png.exists() and png.name not in shown:
-            lines += [f"![{stem}](_generated/results/{png.name})", ""]
+            lines += [f"![{stem}](_generated/{generated}/{png.name})", ""]
             shown.add(png.name)
     for png in sorted(src.glob("*.png")):
         if png.name not in shown:
-            lines += [f"## {png.stem}", "", f"![{png.stem}](_generated/results/{png.name})", ""]
-    page = "\n".join(lines)
-    out = HERE / "benchmarks.md"
-    if not out.exists() or out.read_text() != page:
-        out.write_text(page)
+            lines += [f"## {png.stem}", "", f"![{png.stem}](_generated/{generated}/{png.name})", ""]
+    text = "\n".join(lines)
+    out = HERE / page
+    if not out.exists() or out.read_text() != text:
+        out.write_text(text)
+
+
+def _copy_results(app: object) -> None:
+    """The benchmark results page (benchmarks/results) and the research results page
+    (research/results), with their tables and plots copied next to the pages."""
+    src = ROOT / "benchmarks" / "results"
+    # pages that include README sections see its images at their README paths
+    readme_images = HERE / "benchmarks" / "results"
+    readme_images.mkdir(parents=True, exist_ok=True)
+    for path in src.glob("*.png"):
+        shutil.copy2(path, readme_images / path.name)
+    _results_page(
+        src,
+        "results",
+        "benchmarks.md",
+        [
+            "# Benchmark results",
+            "",
+            "The committed results of the maintained scripts in `benchmarks/` "
+            "(`benchmarks/README.md` lists them), included as they are written "
+            "(tables in Markdown, plots in PNG). Every table states its ε, δ, neighbouring "
+            "relation, sampling, accountant and noise source; re-run a script to regenerate its "
+            "file. One-off studies are on the {doc}`research page <research>`.",
+        ],
+    )
+    _results_page(
+        ROOT / "research" / "results",
+        "research",
+        "research.md",
+        [
+            "# Research results",
+            "",
+            "The kept results of the one-off studies in `research/` (`research/README.md`): "
+            "measured once with the code of their time, not maintained and no part of the "
+            "product. A rerun with today's defaults may differ; the "
+            "{doc}`benchmark results <benchmarks>` are the maintained numbers.",
+        ],
+    )
 
 
 def _skip_member(

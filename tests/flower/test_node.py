@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
 
-from privmtl.flower import _waits, node
+from privmtl.flower import _flwr_compat, _waits, node
 
 
 class _Grid:
@@ -74,8 +74,8 @@ def test_send_and_receive_gives_up_after_the_timeout_with_the_replies_so_far(mon
 
 def test_short_sleeps_caps_sleep_and_keeps_the_rest_of_time(monkeypatch):
     clock = _Clock()
-    monkeypatch.setattr(node, "time", clock)
-    shim = node._ShortSleeps(0.01)
+    monkeypatch.setattr(_flwr_compat, "time", clock)
+    shim = _flwr_compat._ShortSleeps(0.01)
     shim.sleep(3)
     shim.sleep(0.001)
     assert clock.waits == [0.01, 0.001]
@@ -85,10 +85,10 @@ def test_short_sleeps_caps_sleep_and_keeps_the_rest_of_time(monkeypatch):
 def test_supernode_polling_is_shortened_only_where_the_module_uses_time():
     mod = ModuleType("fake")
     mod.time = time  # type: ignore[attr-defined]
-    node._shorten_supernode_polling(mod, 0.02)
-    assert isinstance(mod.time, node._ShortSleeps) and mod.time.cap == 0.02  # type: ignore[attr-defined]
+    _flwr_compat._shorten_module_sleeps(mod, 0.02)
+    assert isinstance(mod.time, _flwr_compat._ShortSleeps) and mod.time.cap == 0.02  # type: ignore[attr-defined]
     other = ModuleType("other")  # no time module: left alone
-    node._shorten_supernode_polling(other, 0.02)
+    _flwr_compat._shorten_module_sleeps(other, 0.02)
     assert not hasattr(other, "time")
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from privmtl.flower import _flwr_compat
+
 __all__ = ["POLL_SECONDS", "send_and_receive", "shorten_object_waits"]
 
 POLL_SECONDS = 0.05
@@ -41,14 +43,8 @@ def shorten_object_waits(first: float = POLL_SECONDS, cap: float = 1.0) -> None:
 
     A message reaches its receiver (SuperNode, ClientApp, ServerApp) a moment before the objects
     that hold its content; Flower's object pull then waits 1 s, 2 s, ... (up to 10 s) before
-    asking again. This sets the defaults of Flower's pull functions for this process; without
-    them (another Flower version) it does nothing.
+    asking again. This sets the defaults of Flower's pull functions for this process
+    (:func:`privmtl.flower._flwr_compat.shorten_object_waits`); outside the Flower versions that
+    module supports it does nothing.
     """
-    try:
-        from flwr.supercore.inflatable import inflatable_utils
-    except ImportError:
-        return
-    for name in ("pull_objects", "pull_and_inflate_object_from_tree"):
-        kw = getattr(getattr(inflatable_utils, name, None), "__kwdefaults__", None)
-        if kw and "initial_backoff" in kw and "backoff_cap" in kw:
-            kw["initial_backoff"], kw["backoff_cap"] = first, cap
+    _flwr_compat.shorten_object_waits(first, cap)

@@ -20,8 +20,9 @@ stay in memory between messages.
 
 The ServerApp's side of the same waits is :func:`send_and_receive`.
 
-``supernode`` and ``clientapp`` use Flower's internal runtime modules (checked by
-:func:`supported`); the launcher falls back to Flower's subprocess isolation without them. Across
+``supernode`` and ``clientapp`` use Flower's internal runtime modules, all reached through
+:mod:`privmtl.flower._flwr_compat` (checked by :func:`supported`); the launcher falls back to
+Flower's subprocess isolation without them. Across
 machines, start each SuperNode as ``python -m privmtl.flower.node supernode`` followed by
 ``flower-supernode``'s own arguments (TLS and authentication included).
 """
@@ -33,59 +34,18 @@ import os
 import subprocess
 import sys
 import time
-from types import ModuleType
 from typing import Any
 
+from privmtl.flower import _flwr_compat
 from privmtl.flower._waits import POLL_SECONDS, send_and_receive, shorten_object_waits
 
 __all__ = ["POLL_SECONDS", "send_and_receive", "shorten_object_waits", "supported"]
 
-# The Flower internals the executor and the SuperNode wrapper use: (module, attribute).
-_NEEDS = (
-    ("flwr.cli.install", "install_from_fab"),
-    ("flwr.clientapp.utils", "get_load_client_app_fn"),
-    ("flwr.proto.runtime_pb2", "AcquireTaskRequest"),
-    ("flwr.supercore.constant", "TaskType"),
-    ("flwr.supercore.heartbeat", "HeartbeatSender"),
-    ("flwr.supercore.interceptors", "RuntimeTokenHttpInterceptor"),
-    ("flwr.supercore.runtime", "RuntimeHttpClient"),
-    ("flwr.supernode.cli.flower_supernode", "flower_supernode"),
-    ("flwr.supernode.runtime.run_clientapp", "pull_task_input"),
-    ("flwr.supernode.runtime.run_clientapp", "push_message"),
-    ("flwr.supernode.runtime.run_clientapp", "push_task_output"),
-    ("flwr.supernode.start_client_internal", "time"),
-)
-
 
 def supported() -> bool:
-    """Whether the installed Flower has what this module uses (Runtime API task protocol)."""
-    import importlib
-
-    try:
-        for module, attribute in _NEEDS:
-            getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError):
-        return False
-    return True
-
-
-class _ShortSleeps:
-    """Stands in for the ``time`` module of a Flower module: sleeps at most ``cap`` seconds."""
-
-    def __init__(self, cap: float) -> None:
-        self.cap = cap
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(min(float(seconds), self.cap))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-
-def _shorten_supernode_polling(module: ModuleType, cap: float) -> None:
-    """The SuperNode loop's waits (``time.sleep(3)`` idle, ``time.sleep(0.5)`` for a reply)."""
-    if isinstance(getattr(module, "time", None), ModuleType):
-        module.time = _ShortSleeps(cap)  # type: ignore[attr-defined]
+    """Whether the installed Flower has what this module uses (Runtime API task protocol, in the
+    version range of :mod:`privmtl.flower._flwr_compat`)."""
+    return _flwr_compat.runtime() is not None
 
 
 def _flag(argv: list[str], name: str, default: str | None = None) -> str | None:
@@ -117,29 +77,25 @@ def run_supernode(argv: list[str], poll: float = POLL_SECONDS) -> None:
     """
     if not supported():
         os.execvp("flower-supernode", ["flower-supernode", *argv])
-    from flwr.supernode import start_client_internal
-    from flwr.supernode.cli.flower_supernode import flower_supernode
-
-    _shorten_supernode_polling(start_client_internal, poll)
+    fl = _flwr_compat.runtime()
+    _flwr_compat.shorten_supernode_polling(poll)
     shorten_object_waits(poll)
     child = [sys.executable, "-m", "privmtl.flower.node", "clientapp", "--runtime-api-address"]
     child += [_runtime_address(argv), "--parent-pid", str(os.getpid()), "--poll", str(poll)]
     child += _runtime_tls(argv)
     subprocess.Popen(child, stdin=subprocess.DEVNULL)
     sys.argv = ["flower-supernode", *argv, "--isolation", "process"]
-    flower_supernode()
+    fl.flower_supernode()
 
 
 def _runtime_client(address: str, tls: tuple[bool, str | None], interceptors: list[Any]) -> Any:
-    from flwr.supercore.retry import make_simple_http_retry_invoker
-    from flwr.supercore.runtime import RuntimeHttpClient
-
-    return RuntimeHttpClient.from_server_address(
+    fl = _flwr_compat.runtime()
+    return fl.RuntimeHttpClient.from_server_address(
         server_address=address,
         insecure=tls[0],
         root_certificates=tls[1],
         interceptors=interceptors,
-        retry_invoker=make_simple_http_retry_invoker(),
+        retry_invoker=fl.make_simple_http_retry_invoker(),
     )
 
 
@@ -156,21 +112,22 @@ def run_clientapp(
     ``insecure``: plain HTTP to the Runtime API; else HTTPS verified with ``root_certificates``
     (a PEM file; default: the system's CAs).
     """
-    from flwr.proto.runtime_pb2 import AcquireTaskRequest
-    from flwr.supercore.app_utils import start_parent_process_monitor
-    from flwr.supercore.constant import TaskType
-    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-
+    fl = _flwr_compat.runtime()
+    if fl is None:
+        raise RuntimeError(
+            f"the ClientApp executor needs Flower's runtime internals (flwr {_flwr_compat.FLWR_RANGE[0]}"
+            f" <= version < {_flwr_compat.FLWR_RANGE[1]}); installed: {_flwr_compat.flwr_version()}"
+        )
     import privmtl.flower.apps  # noqa: F401 - imported once, before the first message
 
     shorten_object_waits(poll)
     tls = (insecure, None if insecure else root_certificates)
     if parent_pid is not None:
-        start_parent_process_monitor(parent_pid)
+        fl.start_parent_process_monitor(parent_pid)
     executor = _runtime_client(
-        runtime_api_address, tls, [RuntimeVersionHttpInterceptor(component_name="SuperExec")]
+        runtime_api_address, tls, [fl.RuntimeVersionHttpInterceptor(component_name="SuperExec")]
     )
-    request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+    request = fl.AcquireTaskRequest(supported_task_types=[fl.TaskType.CLIENT_APP])
     installed: set[str] = set()
     try:
         while True:
@@ -187,55 +144,42 @@ def run_clientapp(
 
 def _run_task(address: str, tls: tuple[bool, str | None], token: str, installed: set[str]) -> None:
     """One ClientApp task (one message), as ``flwr-clientapp --token`` runs it, in this process."""
-    from flwr.app import Message
-    from flwr.app.error import Error
-    from flwr.cli.install import install_from_fab
-    from flwr.clientapp.client_app import LoadClientAppError
-    from flwr.clientapp.utils import get_load_client_app_fn
-    from flwr.common.constant import ErrorCode, SubStatus
-    from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
-    from flwr.supercore.heartbeat import HeartbeatSender
-    from flwr.supercore.interceptors import (
-        RuntimeTokenHttpInterceptor,
-        RuntimeVersionHttpInterceptor,
-    )
-    from flwr.supernode.runtime.run_clientapp import (
-        pull_task_input,
-        push_message,
-        push_task_output,
-    )
+    from flwr.app import Error, Message
+
+    fl = _flwr_compat.runtime()
+    ErrorCode, SubStatus = fl.ErrorCode, fl.SubStatus
 
     client = _runtime_client(
         address,
         tls,
         [
-            RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
-            RuntimeTokenHttpInterceptor(token),
+            fl.RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"),
+            fl.RuntimeTokenHttpInterceptor(token),
         ],
     )
 
     def beat() -> bool:  # unlike Flower's, a refused heartbeat does not SIGINT this process
         try:
-            client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
+            client.SendTaskHeartbeat(fl.SendTaskHeartbeatRequest())
         except Exception:  # the sender retries
             return False
         return True
 
-    heartbeat = HeartbeatSender(beat)
+    heartbeat = fl.HeartbeatSender(beat)
     heartbeat.start()
     message = context = reply = None
     status, details = SubStatus.FAILED, "ClientApp task failed"
     try:
-        message, context, run, fab = pull_task_input(client)
+        message, context, run, fab = fl.pull_task_input(client)
         if fab.hash_str not in installed:
-            install_from_fab(fab.content, skip_prompt=True)
+            fl.install_from_fab(fab.content, skip_prompt=True)
             installed.add(fab.hash_str)
-        load = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
+        load = fl.get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
         app = load(run.fab_id, run.fab_version, fab.hash_str)
         reply = app(message=message, context=context)
         status, details = SubStatus.COMPLETED, ""
     except Exception as ex:  # reported to the ServerApp as an error reply, as Flower does
-        if isinstance(ex, LoadClientAppError):
+        if isinstance(ex, fl.LoadClientAppError):
             code, details = ErrorCode.LOAD_CLIENT_APP_EXCEPTION, "The ClientApp did not load"
         else:
             code, details = ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{type(ex)}:<'{ex}'>"
@@ -245,10 +189,10 @@ def _run_task(address: str, tls: tuple[bool, str | None], token: str, installed:
     finally:
         try:
             if reply is not None and context is not None:
-                push_message(client, reply, context)
+                fl.push_message(client, reply, context)
         finally:
             heartbeat.stop()
-            push_task_output(client=client, context=context, sub_status=status, details=details)
+            fl.push_task_output(client=client, context=context, sub_status=status, details=details)
             client.close()
 
 

@@ -13,7 +13,9 @@ Implementation
     ``flwr.compat``. This module runs the same four stages (setup, share keys, collect masked
     vectors, unmask) with the same key agreement and secret sharing, built on Flower's primitives
     (``flwr.common.secure_aggregation``: Shamir shares, ECDH + HKDF shared keys, Fernet
-    encryption; ``flwr.supercore.primitives.asymmetric``: SECP384R1 key pairs), over PMTL's own
+    encryption; ``flwr.supercore.primitives.asymmetric``: SECP384R1 key pairs; reached through
+    :func:`privmtl.flower._flwr_compat.secagg_primitives`, which outside the Flower versions it
+    supports runs the same primitives on ``cryptography``), over PMTL's own
     Message-API messages (``train.secagg``). Two deliberate differences from Flower's code: the
     masks are the AES-256-CTR key stream of the 32-byte seeds (Flower's ``pseudo_rand_gen`` folds
     a seed to 32 bits for numpy's ``RandomState``, which a curious server could search), and
@@ -73,6 +75,7 @@ import numpy as np
 import torch
 
 from privmtl.exceptions import InvalidParameterError, PrivmtlError
+from privmtl.flower import _flwr_compat
 from privmtl.privacy.release import clip_factors, drop_nonfinite, update_norms
 
 __all__ = [
@@ -343,21 +346,11 @@ def loads(text: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- node side
 def _shared_key(private_pem: bytes, public_pem: bytes) -> bytes:
-    from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
-    from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
-
-    return generate_shared_key(bytes_to_private_key(private_pem), bytes_to_public_key(public_pem))
+    return bytes(_flwr_compat.secagg_primitives().shared_key(private_pem, public_pem))
 
 
 def _key_pair() -> tuple[bytes, bytes]:
-    from flwr.supercore.primitives.asymmetric import (
-        generate_key_pairs,
-        private_key_to_bytes,
-        public_key_to_bytes,
-    )
-
-    sk, pk = generate_key_pairs()
-    return private_key_to_bytes(sk), public_key_to_bytes(pk)
+    return tuple(_flwr_compat.secagg_primitives().key_pair())  # type: ignore[return-value]
 
 
 def _plaintext(src: int, dst: int, seed_share: bytes, sk_share: bytes) -> bytes:
@@ -395,9 +388,8 @@ def node_stage(
     at the collect stage only: it trains the node's sampled clients and returns their
     :func:`quantize_clients` vector.
     """
-    from flwr.common.secure_aggregation.crypto.shamir import create_shares
-    from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt
-
+    crypto = _flwr_compat.secagg_primitives()
+    create_shares, encrypt, decrypt = crypto.create_shares, crypto.encrypt, crypto.decrypt
     stage = payload["stage"]
     expected = {SETUP: None, SHARE_KEYS: SETUP, COLLECT: SHARE_KEYS, UNMASK: COLLECT}
     if stage not in expected:
@@ -523,8 +515,7 @@ class SecAggServer:
     def run(self, nodes: list[int], exchange: Exchange, round_index: int = 0) -> SecureSum:
         """One round among ``nodes``; ``exchange(stage, {node: payload})`` returns the replies
         of the nodes that answered (``{node: reply}``)."""
-        from flwr.common.secure_aggregation.crypto.shamir import combine_shares
-
+        combine_shares = _flwr_compat.secagg_primitives().combine_shares
         mod = self.params.modulus_range
         n = len(nodes)
         shares, thr = round_shares(n, self.num_shares, self.threshold)

@@ -19,7 +19,7 @@ Resumable: every finished (configuration, seed) appends one row to
 
 Example::
 
-    python benchmarks/pmtl_femnist_options.py --data-path ../shared/data/femnist-leaf \\
+    python research/pmtl_femnist_options.py --data-path ../shared/data/femnist-leaf \\
         --configs local,base --seeds 0,1,2 --jobs 2
 """
 
@@ -569,7 +569,7 @@ def report(rows: list[dict[str, Any]]) -> str:
     lines = [
         "# FEMNIST-105 at ε = 1: the options of issue 11 alone and combined vs local training",
         "",
-        "`benchmarks/pmtl_femnist_options.py`. Every row is an exact `privmtl pmtl` argument list "
+        "`research/pmtl_femnist_options.py`. Every row is an exact `privmtl pmtl` argument list "
         "(in `pmtl_femnist_options.jsonl`, key `argv`); common to all: CNN, 20 clients per round "
         "with Poisson sampling, lr 0.1, batch 10, then the same per-client fine-tuning selection "
         "(one epoch of vanilla fine-tuning, each client choosing lr ∈ {0.01, 0.1} on its own "

@@ -80,7 +80,7 @@ def main() -> None:
         "guarantee at ε = 0.1 has δ ≥ 1 − e^{−0.1} ≈ 0.095, see SPEC §4); the Gaussian rows use the",
         "correct mechanism (δ = 1e-6, add/remove one task, RDP).",
         "",
-        "Reproduce: `python benchmarks/mpmtl_anomaly.py`",
+        "Reproduce: `python research/mpmtl_anomaly.py`",
     ]
     (RESULTS / "mpmtl_anomaly.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))

@@ -8,8 +8,8 @@ select nothing on pooled data (per-client fine-tuning choice only); the configur
 chosen by the developers on seed-0 pooled validation accuracy among the options of
 ``pmtl_femnist_options.md``, a search that no ε here charges. Resumable.
 
-    python benchmarks/pmtl_femnist_best_delta.py --data-path ../shared/data/femnist-leaf --seeds 0,1,2
-    python benchmarks/pmtl_femnist_best_delta.py --report
+    python research/pmtl_femnist_best_delta.py --data-path ../shared/data/femnist-leaf --seeds 0,1,2
+    python research/pmtl_femnist_best_delta.py --report
 """
 
 from __future__ import annotations

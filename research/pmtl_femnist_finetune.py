@@ -20,7 +20,7 @@ in the repository. ``--report`` rebuilds ``results/pmtl_femnist_finetune.md``.
 
 Example::
 
-    python benchmarks/pmtl_femnist_finetune.py --data-path ../shared/data/femnist-leaf --seeds 0,1,2
+    python research/pmtl_femnist_finetune.py --data-path ../shared/data/femnist-leaf --seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         "",
         f"Machine: {machine_info()}.",
         "",
-        "Reproduce: `python benchmarks/pmtl_femnist_finetune.py --data-path "
+        "Reproduce: `python research/pmtl_femnist_finetune.py --data-path "
         "../shared/data/femnist-leaf --seeds 0,1,2`",
     ]
     return "\n".join(lines) + "\n"

@@ -4,7 +4,7 @@ Compares the two client messages: Algorithm 1 as printed (``delta``: w_k^new −
 authors' code (``offset``: w_k^new − w̃). Appends to ``results/pmtl_femnist_nonprivate.jsonl`` and
 writes ``results/pmtl_femnist_nonprivate.md``. One torch thread (the machine is shared).
 
-Run: ``python benchmarks/pmtl_femnist_nonprivate.py [--report]``
+Run: ``python research/pmtl_femnist_nonprivate.py [--report]``
 """
 
 import sys
@@ -63,7 +63,7 @@ def report() -> None:
         "on FEMNIST's 105 writers a stronger pull towards the mean helps, and one local epoch of",
         "fine-tuning does not add accuracy.",
         "",
-        "Reproduce: `python benchmarks/pmtl_femnist_nonprivate.py`",
+        "Reproduce: `python research/pmtl_femnist_nonprivate.py`",
     ]
     (RESULTS / "pmtl_femnist_nonprivate.md").write_text("\n".join(text) + "\n")
     print("\n".join(text))

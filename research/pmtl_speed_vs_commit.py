@@ -9,8 +9,8 @@ of a shared machine cancels; CPU seconds also resist other processes competing f
 Example (issue "One round at a time": the new engine within 5% of the old at 20 clients)::
 
     git clone -q . /tmp/old && git -C /tmp/old checkout -q 673708d
-    python benchmarks/pmtl_speed_vs_commit.py --a /tmp/old --b . --pairs 7 \\
-        --data ../shared/data/femnist-leaf --json benchmarks/results/pmtl_speed_vs_commit.json
+    python research/pmtl_speed_vs_commit.py --a /tmp/old --b . --pairs 7 \\
+        --data ../shared/data/femnist-leaf --json research/results/pmtl_speed_vs_commit.json
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ crc32(writer id))``; the test split is kept whole. The subsampled copy is writte
 to a folder outside the repository (``--out``, default ``$PRIVMTL_CACHE_DIR/femnist-small-<n>``) and
 every run is the plain CLI on it, so anyone can rerun a row:
 
-    python benchmarks/pmtl_small_clients.py --data-path ../shared/data/femnist-leaf --seeds 0,1,2
+    python research/pmtl_small_clients.py --data-path ../shared/data/femnist-leaf --seeds 0,1,2
     privmtl pmtl --data femnist-leaf --data-path ~/.cache/privmtl/femnist-small-20 --model cnn \\
         --epsilon 1 --json                # one row: PMTL at every other default
-    python benchmarks/pmtl_small_clients.py --report
+    python research/pmtl_small_clients.py --report
 
 Each row records the version's defaults it ran at (``command``, the JSON's own fields), its
 guarantee and whether every output is covered by it. Resumable: finished (label, seed) rows are

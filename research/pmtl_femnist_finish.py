@@ -24,8 +24,8 @@ predictions, ties to the later candidate: :func:`privmtl.federated.local.select_
 The candidates' arrays are cached (``--cache``, outside the repository; about 50 MB each); a
 re-run computes only the missing ones. ``--report`` scores the cache and writes the table.
 
-    python benchmarks/pmtl_femnist_finish.py --data-path ../shared/data/femnist-leaf --seeds 0,1
-    python benchmarks/pmtl_femnist_finish.py --data-path ../shared/data/femnist-leaf --report
+    python research/pmtl_femnist_finish.py --data-path ../shared/data/femnist-leaf --seeds 0,1
+    python research/pmtl_femnist_finish.py --data-path ../shared/data/femnist-leaf --report
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         [
             "# FEMNIST-105 at ε = 1: each client's end of the best PMTL run",
             "",
-            "Produced by `benchmarks/pmtl_femnist_finish.py` (the module docstring names every "
+            "Produced by `research/pmtl_femnist_finish.py` (the module docstring names every "
             f"candidate); seeds {', '.join(map(str, seeds))}. One private run of "
             "`pmtl_femnist_best.json`'s configuration per seed (ε = 1, δ = 1/105, JDP, "
             "add/remove one client, Poisson sampling 20/105, RDP accountant, seeded noise: a "

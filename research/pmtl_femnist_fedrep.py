@@ -12,8 +12,8 @@ marked ``auto`` use the product default ``--finetune auto`` instead (each client
 between its model, the fine-tuned billboard and its own local training). Nothing is selected on
 pooled data: every row is covered by its guarantee. Resumable (one run at a time).
 
-    python benchmarks/pmtl_femnist_fedrep.py --data-path ../shared/data/femnist-leaf --configs conv1-h2 --seeds 0
-    python benchmarks/pmtl_femnist_fedrep.py --report > benchmarks/results/pmtl_femnist_fedrep.md
+    python research/pmtl_femnist_fedrep.py --data-path ../shared/data/femnist-leaf --configs conv1-h2 --seeds 0
+    python research/pmtl_femnist_fedrep.py --report > research/results/pmtl_femnist_fedrep.md
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def _noise_vs_clip(row: dict) -> str:
 
 
 TITLE = "# FEMNIST-105 at ε = 1: `--method fedrep` (DP-FedRep) vs the committed best PMTL and local"
-INTRO = """`benchmarks/pmtl_femnist_fedrep.py`; every row's exact argument list is in
+INTRO = """`research/pmtl_femnist_fedrep.py`; every row's exact argument list is in
 `pmtl_femnist_fedrep.jsonl` (key `argv`). Common: the FEMNIST CNN on the 105 writers, ε = 1,
 δ = 1/105 (`--paper-delta`, as `pmtl_femnist_best.json`), 20 clients per round, lr 0.1, batch 10,
 then the committed comparison's post-processing (one epoch of vanilla fine-tuning, each client

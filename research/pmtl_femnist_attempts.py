@@ -8,9 +8,9 @@ data; choosing *among* the attempts on pooled validation accuracy is a developer
 no ε charges, and the report says so. Resumable: a (attempt, seed) pair already in the log is
 skipped.
 
-    python benchmarks/pmtl_femnist_attempts.py --data-path ../shared/data/femnist-leaf --seeds 0,1,2
-    python benchmarks/pmtl_femnist_attempts.py --only pld --seeds 0
-    python benchmarks/pmtl_femnist_attempts.py --report
+    python research/pmtl_femnist_attempts.py --data-path ../shared/data/femnist-leaf --seeds 0,1,2
+    python research/pmtl_femnist_attempts.py --only pld --seeds 0
+    python research/pmtl_femnist_attempts.py --report
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def report() -> str:
         [
             "# FEMNIST-105 at ε = 1: attempts on the shared-conv1 Ditto configuration",
             "",
-            "Produced by `benchmarks/pmtl_femnist_attempts.py`; each row is the configuration",
+            "Produced by `research/pmtl_femnist_attempts.py`; each row is the configuration",
             f"`{BASE}` of `pmtl_femnist_options.md` with the listed changes, seeds 0-2. Local",
             f"training (`local`, shares nothing, ε = 0 towards the others): {LOCAL['mean']:.3f} ±"
             f" {LOCAL['std']:.3f}. Δ is in points of test accuracy against it. The configuration"
