@@ -20,14 +20,15 @@ no-op and :func:`locking_supported` is False; importing this module never fails.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from privmtl.exceptions import PrivmtlError
 
@@ -41,10 +42,13 @@ __all__ = [
     "DirectoryLock",
     "DirectoryLockedError",
     "hold_directory",
+    "holding_directories",
     "is_stale_temporary",
     "locking_supported",
     "remove_stale_temporaries",
 ]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 LOCK_NAME = ".lock"
 """The lock file inside a locked directory (never deleted: deleting a lock file is racy)."""
@@ -151,6 +155,26 @@ def hold_directory(
         yield lock
     finally:
         lock.release()
+
+
+def holding_directories(*params: str) -> Callable[[_F], _F]:
+    """Decorate a keyword-only run function: hold the directory given as each of ``params``.
+
+    The locks are taken, in order, before the function runs and released when it returns or
+    raises; a parameter that is None or absent locks nothing.
+    """
+
+    def wrap(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with ExitStack() as stack:
+                for name in params:
+                    stack.enter_context(hold_directory(kwargs.get(name), name=name))
+                return fn(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return wrap
 
 
 def _describe_self() -> str:

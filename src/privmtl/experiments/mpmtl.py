@@ -33,6 +33,7 @@ from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.common import resolve_delta
 from privmtl.linear.metrics import aauc, nmse
 from privmtl.linear.selection import ISOLATED_METHODS, METHODS, PRIVATE_METHODS, estimator_class
+from privmtl.locking import holding_directories
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.delta import check_delta
 
@@ -227,6 +228,7 @@ def _tune_mode(tune: bool | str) -> str:
     return check_choice("tune", tune, TUNE_MODES)
 
 
+@holding_directories("checkpoint_dir", "save_models")
 def run_mpmtl(
     *,
     data: str,

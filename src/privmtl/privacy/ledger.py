@@ -148,6 +148,7 @@ class PrivacyLedger:
         # each record (what a checkpoint compares its ledger against, :meth:`seen`)
         self._sha = hashlib.sha256()
         self._digests: list[str] = []
+        self._file: Path | None = None if path is None else Path(path)  # the file it was read from
         if path is not None:
             self.path = Path(path)
             if self.path.exists() and self.path.stat().st_size > 0:
@@ -197,22 +198,22 @@ class PrivacyLedger:
         :class:`InvalidParameterError` (more releases than the checkpoint saw are fine: those made
         after it, which the resumed run replays or charges again).
         """
-        if self.path is None:
+        if not self._digests:  # not read from or written to a file: nothing to compare
             return
         if not isinstance(seen, dict) or not isinstance(seen.get("releases"), int):
             raise InvalidParameterError(
-                f"{where} records no ledger digest; it cannot be checked against {self.path}."
+                f"{where} records no ledger digest; it cannot be checked against {self._file}."
             )
         n = seen["releases"]
         if len(self.records) < n:
             raise InvalidParameterError(
-                f"The ledger {self.path} holds {len(self.records)} releases but {where} saw {n}: "
+                f"The ledger {self._file} holds {len(self.records)} releases but {where} saw {n}: "
                 "the ledger was deleted, emptied or cut short; refusing to resume (the epsilon "
                 "reported would leave out releases that were made)."
             )
         if n and self._digests[n] != seen.get("sha256"):
             raise InvalidParameterError(
-                f"The ledger {self.path} differs from the one {where} saw in its first {n} "
+                f"The ledger {self._file} differs from the one {where} saw in its first {n} "
                 "releases (SHA-256 mismatch): the ledger was altered; refusing to resume."
             )
 
@@ -248,7 +249,7 @@ class PrivacyLedger:
                     "that were made)."
                 )
             return cls(delta=delta, accountant=accountant, relation=relation, budget=budget, path=p)
-        header, entries, ends = _scan_ledger(p, repair=True)
+        header, entries, digests = _scan_ledger(p, repair=True)
         wanted = {"accountant": accountant, "relation": relation, "delta": float(delta)}
         for key, value in wanted.items():
             if header.get(key) != value:
@@ -258,13 +259,9 @@ class PrivacyLedger:
                 )
         ledger = cls(delta=delta, accountant=accountant, relation=relation, budget=budget)
         ledger._compose_records(entries, source=f"The ledger {p}")
-        ledger.path = p
-        raw = p.read_bytes()
-        start = 0
-        for end in ends:
-            ledger._sha.update(raw[start:end])
-            ledger._digests.append(ledger._sha.hexdigest())
-            start = end
+        ledger.path = ledger._file = p
+        ledger._digests = digests
+        ledger._sha = hashlib.sha256(p.read_bytes())  # the file as repaired: appends continue it
         if seen is not None:
             ledger.check_seen(seen, where=seen_by)
         return ledger
@@ -522,8 +519,9 @@ def read_ledger(
 
 def _scan_ledger(
     path: str | os.PathLike[str], *, repair: bool
-) -> tuple[dict[str, Any], list[dict[str, Any]], list[int]]:
-    """:func:`read_ledger`, plus the byte offset where each parsed line (header first) ends."""
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """:func:`read_ledger`, plus the SHA-256 of the file's bytes up to the end of each parsed line
+    (the header's first): what :meth:`PrivacyLedger.check_seen` compares."""
     p = Path(path)
     if p.is_dir():
         p = p / "ledger.jsonl"
@@ -539,10 +537,10 @@ def _scan_ledger(
                 fh.flush()
                 os.fsync(fh.fileno())
     parsed: list[dict[str, Any]] = []
-    ends: list[int] = []
-    offset = 0
+    digests: list[str] = []
+    sha = hashlib.sha256()
     for i, line in enumerate(complete):
-        offset += len(line) + 1
+        sha.update(line + b"\n")
         if not line.strip():
             continue
         try:
@@ -556,7 +554,7 @@ def _scan_ledger(
                 f"The ledger {p} is corrupt at line {i + 1} (not a JSON object)."
             )
         parsed.append(row)
-        ends.append(offset)
+        digests.append(sha.hexdigest())
     if not parsed or parsed[0].get("format") != LEDGER_FORMAT:
         raise InvalidParameterError(f"{p} is not a privmtl ledger (no '{LEDGER_FORMAT}' header).")
     header = parsed[0]
@@ -570,19 +568,26 @@ def _scan_ledger(
         raise InvalidParameterError(
             f"The ledger {p} has a header without {', '.join(map(repr, missing))}."
         )
-    return header, parsed[1:], ends
+    return header, parsed[1:], digests
 
 
-def check_recorded(path: str | os.PathLike[str]) -> PrivacyLedger:
+def check_recorded(
+    path: str | os.PathLike[str],
+    *,
+    seen: dict[str, Any] | None = None,
+    seen_by: str = "the checkpoint",
+) -> PrivacyLedger:
     """The ledger in file ``path``, every entry checked against its events (read-only).
 
     Composes the recorded events again with the file's own accountant, relation and δ, as
     :meth:`PrivacyLedger.open` does, without repairing the file: an entry without an event, an
     unreadable event, or a stated ε, index, sampling, accountant, relation or δ that the events
     do not reproduce raises :class:`InvalidParameterError` naming the file, the entry and both
-    values. Returns an in-memory ledger whose ε is the recomputed one.
+    values. With ``seen`` (a checkpoint's record of the ledger, :meth:`PrivacyLedger.seen`) the
+    file must also continue what the checkpoint saw (:meth:`PrivacyLedger.check_seen`). Returns
+    an in-memory ledger whose ε is the recomputed one.
     """
-    header, entries = read_ledger(path)
+    header, entries, digests = _scan_ledger(path, repair=False)
     try:
         ledger = PrivacyLedger(
             delta=header["delta"], accountant=header["accountant"], relation=header["relation"]
@@ -590,21 +595,30 @@ def check_recorded(path: str | os.PathLike[str]) -> PrivacyLedger:
     except InvalidParameterError as exc:
         raise InvalidParameterError(f"The ledger {path} has an invalid header: {exc}") from None
     ledger._compose_records(entries, source=f"The ledger {path}")
+    ledger._digests, ledger._file = digests, Path(path)
+    if seen is not None:
+        ledger.check_seen(seen, where=seen_by)
     return ledger
 
 
 def reaccount(
-    path: str | os.PathLike[str], *, accountant: str | None = None, delta: float | None = None
+    path: str | os.PathLike[str],
+    *,
+    accountant: str | None = None,
+    delta: float | None = None,
+    seen: dict[str, Any] | None = None,
+    seen_by: str = "the checkpoint",
 ) -> dict[str, Any]:
     """Compose the events of a ledger file again with ``accountant`` at ``delta``.
 
     The file is first checked (:func:`check_recorded`): a ledger whose entries state what their
-    events do not compose to is refused, never re-accounted. Defaults are the file's own.
+    events do not compose to is refused, never re-accounted, and so is, with ``seen``, a file that
+    does not continue what a checkpoint saw of it. Defaults are the file's own.
     Returns ``epsilon``, ``delta``, ``accountant``, ``relation``, ``releases`` (count),
     ``per_release`` (ε after each release), ``recorded_epsilon`` (what the run itself reported
     after its last release) and the ``mechanisms`` seen.
     """
-    recorded = check_recorded(path)
+    recorded = check_recorded(path, seen=seen, seen_by=seen_by)
     entries = recorded.records
     acc_name = recorded.accountant if accountant is None else accountant
     if acc_name not in TIGHT_ACCOUNTANTS:
