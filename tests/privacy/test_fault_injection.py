@@ -238,15 +238,24 @@ def test_killed_run_resumes_without_lowering_epsilon(capsys, tmp_path, point, no
     assert (made != ROUNDS) == any("releases for" in n for n in out["guarantee"]["notes"])
     led = _ok(capsys, ["ledger", str(d), "--json"])
     assert led["releases"] == made and led["epsilon"] == pytest.approx(out["epsilon"], rel=1e-9)
+    if point == "checkpointed":  # privmtl evaluate checks the ledger the saved models name
+        assert _ok(capsys, ["evaluate", str(tmp_path / "m"), "--json"])["ledger_checked"]
+        lines = _ledger_lines(d)
+        (d / "ledger.jsonl").write_bytes(_scale_noise_and_epsilon(lines))
+        _refused(capsys, ["evaluate", str(tmp_path / "m"), "--json"], "SHA-256")
+        (d / "ledger.jsonl").unlink()  # no ledger at hand: nothing to check, and it says so
+        assert not _ok(capsys, ["evaluate", str(tmp_path / "m"), "--json"])["ledger_checked"]
 
 
 def test_mpmtl_resume_refuses_a_cut_or_emptied_ledger(capsys, tmp_path):
     d = tmp_path / "ckpt"
     args = [*MPMTL, "--reproducible-noise", "--checkpoint-dir", str(d)]
-    full = _ok(capsys, args)
+    full = _ok(capsys, [*args, "--save-models", str(tmp_path / "m")])
     assert full["guarantee"]["details"]["releases"] == 4
+    assert _ok(capsys, ["evaluate", str(tmp_path / "m"), "--json"])["ledger_checked"]
     lines = _ledger_lines(d)
     (d / "ledger.jsonl").write_bytes(b"".join(lines[:-1]))
+    _refused(capsys, ["evaluate", str(tmp_path / "m")], "holds 3 releases", "saw 4")
     _refused(capsys, [*args, "--resume"], "holds 3 releases", "saw 4")
     (d / "ledger.jsonl").write_bytes(b"")
     _refused(capsys, [*args, "--resume"], "missing or empty")

@@ -634,6 +634,9 @@ def _save_models(
         "iterations_run": out.get("iterations_run"),
         "metrics": {metric: out[metric]},
     }
+    ledger = getattr(est, "ledger_", None)
+    if ledger is not None and ledger.path is not None:  # privmtl evaluate checks it
+        meta["ledger"] = {"path": str(Path(ledger.path).resolve()), **ledger.seen()}
     return save_linear_models(directory, est.coef_, meta)
 
 
@@ -661,6 +664,11 @@ def evaluate_saved(
     from privmtl.linear.saved import load_linear_models
 
     meta, coef = load_linear_models(models_dir)
+    from privmtl.privacy.ledger import check_saved_ledger
+
+    checked = check_saved_ledger(
+        meta.get("ledger"), meta.get("guarantee"), where=f"the saved model in {models_dir}"
+    )
     if meta.get("family") != "mpmtl":
         raise DataFormatError(
             f"{models_dir} holds {meta.get('family')!r} models, not MP-MTL (linear) models."
@@ -705,6 +713,7 @@ def evaluate_saved(
         "stopped_on_budget": meta.get("stopped_on_budget"),
         "guarantee": meta.get("guarantee"),
         "covered": (meta.get("guarantee") or {}).get("covered"),
+        "ledger_checked": checked,
         "summary": meta.get("summary"),
     }
     if test.task_type == "classification":

@@ -634,6 +634,11 @@ def evaluate_saved(
     assert params is not None
     acc = evaluate(net, params, buffers, xs, ys, personalized=personalized)
     guarantee = meta.get("guarantee")
+    from privmtl.privacy.ledger import check_saved_ledger
+
+    checked = check_saved_ledger(
+        meta.get("ledger"), guarantee, where=f"the saved models in {models_dir}"
+    )
     out = {
         "family": "pmtl",
         "method": meta.get("method"),
@@ -651,6 +656,7 @@ def evaluate_saved(
         "covered": None if not isinstance(guarantee, dict) else guarantee.get("covered"),
         "summary": meta.get("summary"),
         "notes": notes,
+        "ledger_checked": checked,
     }
     if pers is not None:
         out["global_test_accuracy"] = evaluate(net, glob, buffers, xs, ys, personalized=False)[

@@ -937,6 +937,8 @@ class Trainer:
         }
         self.history = json.loads(state["history"])
         self.epsilon = float(state["epsilon"])
+        if self.ledger is not None and self.history and self.noise_source == "secure":
+            self.epsilon = self.ledger.epsilon()  # every release is charged, repeats included
 
     def save(self) -> None:
         """Save a checkpoint now (atomic; the ledger file is already up to date)."""

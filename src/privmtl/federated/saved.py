@@ -109,6 +109,9 @@ def save_models(
         "guarantee": summary.get("guarantee"),
         "summary": summary.get("summary"),
     }
+    ledger = getattr(result, "ledger", None)
+    if ledger is not None and ledger.path is not None:  # privmtl evaluate checks it
+        meta["ledger"] = {"path": str(Path(ledger.path).resolve()), **ledger.seen()}
     write_atomic(d / "model.json", (json.dumps(meta, indent=2, default=str) + "\n").encode())
     return d
 

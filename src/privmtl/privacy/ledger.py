@@ -26,7 +26,13 @@ every recorded event again with the ledger's own accountant and recompute what t
 — the ε after each release, the sampling of its event, its index — and refuse, naming the record
 and the value, any entry that disagrees with its events or with the ledger's accountant, relation
 and δ, and a state dict whose ``format`` tag or ``version`` is not this ledger's. The ε a loaded
-ledger reports is the recomputed one.
+ledger reports is the recomputed one. :func:`check_recorded` (behind :func:`reaccount` and
+``privmtl ledger``) checks a file the same way without writing to it.
+
+A file alone cannot tell that its last releases were cut off. A durable ledger therefore keeps the
+SHA-256 of its bytes after every line, and :meth:`PrivacyLedger.seen` gives the number of releases
+and that digest for a checkpoint to record; :meth:`PrivacyLedger.check_seen` (and ``open(...,
+seen=...)``) refuses a file shorter than, or differing in its prefix from, what a checkpoint saw.
 
 Replays. A run resumed from a checkpoint repeats the releases made after that checkpoint. With
 seeded noise the repeated release is bit-identical to the first one (a deterministic function of
@@ -63,6 +69,7 @@ __all__ = [
     "LEDGER_VERSION",
     "PrivacyLedger",
     "check_recorded",
+    "check_saved_ledger",
     "reaccount",
     "read_ledger",
 ]
@@ -599,6 +606,34 @@ def check_recorded(
     if seen is not None:
         ledger.check_seen(seen, where=seen_by)
     return ledger
+
+
+def check_saved_ledger(record: Any, guarantee: Any, *, where: str) -> bool:
+    """Check the ledger that saved models name against what their run saw and reported.
+
+    ``record`` is the ``ledger`` entry of a saved ``model.json`` (the ledger file's ``path`` and
+    :meth:`PrivacyLedger.seen` when the models were saved), ``guarantee`` the saved guarantee
+    dict. When the file is at hand it must pass :func:`check_recorded` with ``seen=record``, and
+    the ε of its first ``releases`` releases must be the guarantee's (when the guarantee was
+    computed by the ledger's accountant); a mismatch raises :class:`InvalidParameterError` naming
+    ``where``. Returns False when there is no ledger to check (none recorded, or the file is
+    gone), True when it was checked.
+    """
+    if not isinstance(record, dict) or not record.get("path"):
+        return False
+    path = Path(str(record["path"]))
+    if not path.is_file():
+        return False
+    ledger = check_recorded(path, seen=record, seen_by=where)
+    n = int(record.get("releases") or 0)
+    eps = ledger.history[n - 1] if n else 0.0
+    g = guarantee if isinstance(guarantee, dict) else {}
+    if g.get("accountant") == ledger.accountant and not _same_epsilon(g.get("epsilon"), eps):
+        raise InvalidParameterError(
+            f"{where} state epsilon={g.get('epsilon')!r}, but the {n} releases of the ledger "
+            f"{path} compose to epsilon={_finite(eps)!r}: the guarantee or the ledger was altered."
+        )
+    return True
 
 
 def reaccount(
