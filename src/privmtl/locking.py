@@ -15,7 +15,8 @@ Under the lock, :func:`hold_directory` removes the temporary files a killed atom
 behind (``.NAME.*.tmp`` of :func:`privmtl.io.write_atomic`): no other process can be writing them.
 
 Where ``fcntl`` does not exist (Windows, which privmtl does not target) the lock degrades to a
-no-op and :func:`locking_supported` is False; importing this module never fails.
+no-op that warns (:class:`~privmtl.exceptions.PrivmtlWarning`) and :func:`locking_supported` is
+False; importing this module never fails.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from privmtl.exceptions import PrivmtlError
+from privmtl.exceptions import PrivmtlError, PrivmtlWarning
 
 try:  # POSIX only
     import fcntl
@@ -109,6 +111,12 @@ class DirectoryLock:
                 cls._held[key] = (fd, holds + 1)
                 return cls(key)
             if fcntl is None:  # pragma: no cover - Windows
+                warnings.warn(
+                    f"No OS file locking on this platform (no fcntl): the '{name}' directory "
+                    f"{str(d)!r} is not protected against a second process writing to it.",
+                    PrivmtlWarning,
+                    stacklevel=2,
+                )
                 cls._held[key] = (-1, 1)
                 return cls(key)
             path = key / LOCK_NAME
