@@ -179,8 +179,9 @@ def load_checkpoint(
 def ledger_seen(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """What the checkpoint in ``directory`` saw of its ledger (``manifest["ledger"]``).
 
-    None without a checkpoint. A manifest that is unreadable or of another format or version
-    raises :class:`CheckpointError`: the ledger could not be checked against it.
+    None without a checkpoint; ``{}`` when the checkpoint recorded no ledger (a run without one:
+    a ledger checked against ``{}`` is refused). A manifest that is unreadable or of another
+    format or version raises :class:`CheckpointError`: the ledger could not be checked against it.
     """
     mpath = Path(directory) / _MANIFEST
     if not mpath.is_file():
@@ -197,4 +198,4 @@ def ledger_seen(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
             f"{manifest.get('version')!r}; this privmtl reads version {FORMAT_VERSION}."
         )
     seen = manifest.get("ledger")
-    return seen if isinstance(seen, dict) else None
+    return seen if isinstance(seen, dict) else {}  # {}: a checkpoint that recorded no digest

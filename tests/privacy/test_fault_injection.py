@@ -200,6 +200,21 @@ def test_privmtl_ledger_recomputes_a_lone_file(capsys, tmp_path, finished):
     assert out["releases"] == ROUNDS
 
 
+def test_a_manifest_without_its_ledger_digest_is_refused(capsys, tmp_path, finished):
+    d = _copy(finished, tmp_path)
+    manifest = json.loads((d / "manifest.json").read_text())
+    for edit in (None, {"releases": 0, "sha256": None}):  # dropped, or set to 'saw nothing'
+        manifest["ledger"] = edit
+        (d / "manifest.json").write_text(json.dumps(manifest))
+        args = [*PMTL, "--reproducible-noise", "--checkpoint-dir", str(d), "--resume"]
+        if edit is None:
+            _refused(capsys, args, "records no ledger digest")
+            _refused(capsys, ["ledger", str(d)], "records no ledger digest")
+        else:  # the ledger holds more than the checkpoint saw: its ε is still all of them
+            out = _ok(capsys, args)
+            assert out["epsilon"] >= _expected(out, ROUNDS) * (1 - 1e-9)
+
+
 def test_undamaged_ledger_resumes_to_the_oracle(capsys, tmp_path, finished):
     d = _copy(finished, tmp_path)
     out = _ok(capsys, [*PMTL, "--reproducible-noise", "--checkpoint-dir", str(d), "--resume"])

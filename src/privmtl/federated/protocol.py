@@ -906,18 +906,16 @@ class Trainer:
                 self.delta,
                 self.ledger.budget,
                 d / "ledger.jsonl",
-                seen=None if manifest is None else manifest.get("ledger"),
+                seen=None if manifest is None else (manifest.get("ledger") or {}),
                 seen_by=f"the checkpoint of round {manifest['step']} in {d}" if manifest else "",
             )
             self.ledger = self.curator.ledger = durable
         if state is not None:
             self.load_state_dict(state)
-            if self.ledger is not None and manifest is not None:
-                # the ε reached is the ledger's: that of the releases the checkpoint saw (seeded:
-                # the rounds after it replay recorded releases) or of every release (secure)
-                n = int(manifest["ledger"]["releases"])
-                seen_eps = self.ledger.history[n - 1] if n else 0.0
-                self.epsilon = self.ledger.epsilon() if self.noise_source == "secure" else seen_eps
+            if self.ledger is not None:
+                # the ε reached is the ledger's, of every release it holds (a release recorded
+                # after the checkpoint may have left); a seeded replay of it reports the same ε
+                self.epsilon = self.ledger.epsilon()
 
     # ---------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

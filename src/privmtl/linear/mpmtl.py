@@ -775,7 +775,7 @@ class _Checkpointer:
             noise.load_state_dict(json.loads(saved["noise"]))
             state = MPMTLState.from_dict(saved["state"])
             state.stopped_on_budget = False  # re-checked against this run's budget
-            seen = manifest.get("ledger")
+            seen = manifest.get("ledger") or {}
         self.directory.mkdir(parents=True, exist_ok=True)
         # the ledger must continue the one the checkpoint saw (deleted, cut or edited: refused)
         self.ledger = PrivacyLedger.open(

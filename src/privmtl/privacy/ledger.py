@@ -248,8 +248,15 @@ class PrivacyLedger:
         saw (:meth:`check_seen`).
         """
         p = Path(path)
+        if seen is not None and (
+            not isinstance(seen, dict) or not isinstance(seen.get("releases"), int)
+        ):
+            raise InvalidParameterError(
+                f"{seen_by[:1].upper()}{seen_by[1:]} records no ledger digest; it cannot be "
+                f"checked against {p}: refusing to resume."
+            )
         if not p.exists() or p.stat().st_size == 0:
-            if isinstance(seen, dict) and seen.get("releases"):
+            if seen is not None and seen["releases"]:
                 raise InvalidParameterError(
                     f"The ledger {p} is missing or empty, but {seen_by} saw {seen['releases']} "
                     "releases: refusing to resume (the epsilon reported would leave out releases "
