@@ -44,7 +44,7 @@ def test_refuses_a_corrupt_state_and_another_version(tmp_path):
     save_checkpoint(
         tmp_path, kind="pmtl", config=CONFIG, state=_state(), step=1, noise_source="seeded"
     )
-    manifest = (tmp_path / "manifest.json").read_text().replace('"version": 1', '"version": 99')
+    manifest = (tmp_path / "manifest.json").read_text().replace('"version": 2', '"version": 99')
     (tmp_path / "manifest.json").write_text(manifest)
     with pytest.raises(CheckpointError, match="format version 99"):
         load_checkpoint(tmp_path, kind="pmtl", config=CONFIG)

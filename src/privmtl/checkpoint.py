@@ -5,16 +5,25 @@ A checkpoint directory holds
 * ``state-<step>.pt`` — ``torch.save`` of the run's state: nested dicts/lists of tensors and JSON
   scalars (curator and client states, generator states in seeded mode);
 * ``manifest.json`` — format name and version, the kind of run, its configuration and the
-  configuration's fingerprint, the step (round or iteration) reached, the noise source, the name
-  of the state file and its SHA-256;
+  configuration's fingerprint (for the data: a SHA-256 of its contents), the step (round or
+  iteration) reached, the noise source, the name of the state file and its SHA-256, and what the
+  checkpoint saw of the ledger (``ledger``: the number of releases and the SHA-256 of the ledger
+  file up to the last of them, :meth:`~privmtl.privacy.ledger.PrivacyLedger.seen`);
 * ``ledger.jsonl`` — the run's durable privacy ledger (:mod:`privmtl.privacy.ledger`), appended to
-  by the curator before every release and never rewritten by a checkpoint.
+  by the curator before every release and never rewritten by a checkpoint;
+* ``.lock`` — the lock of the run writing the directory (:mod:`privmtl.locking`).
 
 :func:`save_checkpoint` writes the state to a new file (temporary name, ``fsync``, rename), then
 replaces the manifest the same way (the manifest names the new state file and its hash), syncs the
 directory, and only then deletes the previous state file. A process killed at any instant leaves
 a manifest naming a complete state file: the previous checkpoint or the new one. A state file
 that does not match its manifest is reported as corrupt, never loaded.
+
+The ledger is the truth about what was released: a run resumed from a checkpoint opens its ledger
+with what the manifest saw (:meth:`PrivacyLedger.open(..., seen=manifest["ledger"])
+<privmtl.privacy.ledger.PrivacyLedger.open>`), which refuses a ledger shorter than the one the
+checkpoint saw or whose prefix differs from it (deleted, emptied, truncated, edited), so that no
+resumed run reports an ε below that of the releases that were made.
 """
 
 from __future__ import annotations
@@ -38,13 +47,14 @@ __all__ = [
     "CheckpointError",
     "config_fingerprint",
     "has_checkpoint",
+    "ledger_seen",
     "load_checkpoint",
     "save_checkpoint",
     "write_atomic",
 ]
 
 FORMAT = "privmtl-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _MANIFEST = "manifest.json"
 
 
@@ -74,8 +84,13 @@ def save_checkpoint(
     state: dict[str, Any],
     step: int,
     noise_source: str,
+    ledger: dict[str, Any] | None = None,
 ) -> None:
-    """Write ``state`` atomically as the checkpoint of a ``kind`` run at ``step`` (module doc)."""
+    """Write ``state`` atomically as the checkpoint of a ``kind`` run at ``step`` (module doc).
+
+    ``ledger`` is what the run's durable ledger holds now
+    (:meth:`~privmtl.privacy.ledger.PrivacyLedger.seen`; None: the run has no ledger).
+    """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
@@ -93,6 +108,7 @@ def save_checkpoint(
         "config_fingerprint": config_fingerprint(config),
         "state_file": state_file,
         "state_sha256": hashlib.sha256(data).hexdigest(),
+        "ledger": ledger,
     }
     write_atomic(d / _MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
     _fsync_dir(d)
@@ -158,3 +174,28 @@ def load_checkpoint(
     except Exception as exc:
         raise CheckpointError(f"The checkpoint state {spath} cannot be loaded: {exc}.") from None
     return state, manifest
+
+
+def ledger_seen(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What the checkpoint in ``directory`` saw of its ledger (``manifest["ledger"]``).
+
+    None without a checkpoint; ``{}`` when the checkpoint recorded no ledger (a run without one:
+    a ledger checked against ``{}`` is refused). A manifest that is unreadable or of another
+    format or version raises :class:`CheckpointError`: the ledger could not be checked against it.
+    """
+    mpath = Path(directory) / _MANIFEST
+    if not mpath.is_file():
+        return None
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"The checkpoint manifest {mpath} is unreadable: {exc}.") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{mpath} is not a privmtl checkpoint.")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"The checkpoint in {Path(directory)} has format version "
+            f"{manifest.get('version')!r}; this privmtl reads version {FORMAT_VERSION}."
+        )
+    seen = manifest.get("ledger")
+    return seen if isinstance(seen, dict) else {}  # {}: a checkpoint that recorded no digest

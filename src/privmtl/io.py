@@ -7,11 +7,12 @@ per finished run, and a torn last line (the process killed mid-write) is dropped
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from privmtl.exceptions import DataFormatError, InvalidParameterError
 
 __all__ = [
     "append_jsonl",
+    "arrays_sha256",
     "atomic_output_dir",
     "check_writable_dir",
     "fsync_dir",
@@ -47,6 +49,21 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return obj
+
+
+def arrays_sha256(arrays: Iterable[Any]) -> str:
+    """SHA-256 of the contents of a sequence of arrays, streamed one array at a time.
+
+    Each array (NumPy, or anything :func:`numpy.asarray` reads without copying it off a device,
+    e.g. a CPU tensor) adds its dtype, its shape and its bytes in C order: two sequences hash
+    equal only when every array has the same type, shape and values, in the same order.
+    """
+    h = hashlib.sha256()
+    for arr in arrays:
+        a = np.ascontiguousarray(np.asarray(arr))
+        h.update(f"{a.dtype.str}{a.shape};".encode())
+        h.update(a.data if a.size else b"")
+    return h.hexdigest()
 
 
 def fsync_dir(directory: Path) -> None:

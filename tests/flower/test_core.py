@@ -266,6 +266,24 @@ def test_resume_of_another_configuration_is_refused(tmp_path):
         ServerRun(other, nodes[0].init, ds.n_clients, server_dir=tmp_path)
 
 
+def test_the_server_refuses_a_ledger_cut_short_or_deleted(tmp_path):
+    """The ServerApp's ledger must hold what its checkpoint saw (resume or a later run)."""
+    ds = make_synthetic_federated(random_state=0)
+    opts = _opts(rounds=3)
+    nodes = _nodes(ds, opts, 1)
+    _drive(ServerRun(opts, nodes[0].init, ds.n_clients, server_dir=tmp_path), nodes, max_rounds=2)
+    led = tmp_path / "ledger.jsonl"
+    lines = led.read_bytes().splitlines(keepends=True)
+    led.write_bytes(b"".join(lines[:-1]))
+    resume = {**opts, "resume": True}
+    with pytest.raises(InvalidParameterError, match="holds 1 releases but the checkpoint"):
+        ServerRun(resume, nodes[0].init, ds.n_clients, server_dir=tmp_path)
+    led.unlink()
+    with pytest.raises(InvalidParameterError, match="missing or empty"):
+        ServerRun(resume, nodes[0].init, ds.n_clients, server_dir=tmp_path)
+    assert not led.exists()
+
+
 def test_a_second_run_in_the_same_directory_continues_the_ledger(tmp_path):
     """The clients continue their models, so the second run's ε composes both runs' releases."""
     ds = make_synthetic_federated(random_state=0)

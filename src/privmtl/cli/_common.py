@@ -195,15 +195,25 @@ def check_save_dir(path: Any, *, overwrite: bool, flag: str = "--save-models") -
     """Refuse (usage error, before any computation) a non-empty ``path`` unless ``overwrite``.
 
     A folder of saved models is what ``privmtl evaluate`` and the model's guarantee refer to:
-    writing a second run into it silently would mix or replace the first run's files.
+    writing a second run into it silently would mix or replace the first run's files. The lock
+    file ``.lock`` and temporary files left by a killed write (:mod:`privmtl.locking`) do not
+    count.
     """
     from pathlib import Path
+
+    from privmtl.locking import LOCK_NAME, is_stale_temporary
 
     if path is None or overwrite:
         return
     folder = Path(path)
     if folder.is_dir():
-        entries = sorted(p.name for p in folder.iterdir())
+        # the lock file and the temporaries of a killed write are not models (the run that
+        # takes the folder's lock removes the latter)
+        entries = sorted(
+            p.name
+            for p in folder.iterdir()
+            if p.name != LOCK_NAME and not is_stale_temporary(p.name)
+        )
         if entries:
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
             raise click.BadParameter(

@@ -25,16 +25,25 @@ def ledger(path: Path, accountant: str | None, delta: float | None, as_json: boo
     """Re-account the releases recorded in PATH (a checkpoint directory or a ledger.jsonl file).
 
     Prints ε after every release. Without --accountant the JSON also gives the other tight
-    accountant's ε (rdp and pld side by side).
+    accountant's ε (rdp and pld side by side). The file is checked first: every entry's stated
+    ε, index and sampling must be what its events compose to, and beside a checkpoint
+    (manifest.json) the file must hold, byte for byte, the releases the checkpoint saw. A ledger
+    that fails either check is refused (exit 2, naming what differs), never re-accounted.
     """
+    from privmtl.checkpoint import ledger_seen
     from privmtl.privacy.ledger import reaccount
 
     if delta is not None and not 0 < delta < 1:
         raise click.BadParameter(f"must be in (0, 1); got {delta}", param_hint="--delta")
-    out: dict[str, Any] = reaccount(path, accountant=accountant, delta=delta)
+    run_dir = path if path.is_dir() else path.parent
+    check: dict[str, Any] = {
+        "seen": ledger_seen(run_dir),
+        "seen_by": f"the checkpoint in {run_dir}",
+    }
+    out: dict[str, Any] = reaccount(path, accountant=accountant, delta=delta, **check)
     if accountant is None:
         other = "pld" if out["accountant"] == "rdp" else "rdp"
-        out[f"epsilon_{other}"] = reaccount(path, accountant=other, delta=delta)["epsilon"]
+        out[f"epsilon_{other}"] = reaccount(path, accountant=other, delta=delta, **check)["epsilon"]
     if as_json:
         echo_json(out)
         return

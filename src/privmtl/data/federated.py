@@ -35,6 +35,7 @@ import torch
 
 from privmtl._validation import check_choice, check_int, check_real, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.io import arrays_sha256
 
 __all__ = [
     "FEATURE_COVS",
@@ -175,6 +176,23 @@ class FederatedDataset:
     def sizes(self, split: str = "train") -> np.ndarray:
         """Per-client number of examples of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
         return np.array([int(y.shape[0]) for y in self._ys(split)], dtype=np.int64)
+
+    def content_sha256(self) -> str:
+        """SHA-256 of the data's contents: every client's id and its train, val and test
+        features and labels, streamed array by array (:func:`privmtl.io.arrays_sha256`).
+
+        Equal only for the same clients, in the same order, with the same split and values.
+        """
+        ids = np.frombuffer("\n".join(self.client_ids).encode(), dtype=np.uint8)
+
+        def arrays() -> Any:
+            yield ids
+            for split in _SPLITS:
+                for x, y in zip(self._xs(split), self._ys(split), strict=True):
+                    yield x.detach().cpu()
+                    yield y.detach().cpu()
+
+        return arrays_sha256(arrays())
 
     def n_samples(self, split: str = "train") -> int:
         """Total number of examples of ``split`` over all clients."""

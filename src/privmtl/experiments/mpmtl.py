@@ -33,6 +33,7 @@ from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.common import resolve_delta
 from privmtl.linear.metrics import aauc, nmse
 from privmtl.linear.selection import ISOLATED_METHODS, METHODS, PRIVATE_METHODS, estimator_class
+from privmtl.locking import holding_directories
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.delta import check_delta
 
@@ -227,6 +228,7 @@ def _tune_mode(tune: bool | str) -> str:
     return check_choice("tune", tune, TUNE_MODES)
 
 
+@holding_directories("checkpoint_dir", "save_models")
 def run_mpmtl(
     *,
     data: str,
@@ -632,6 +634,9 @@ def _save_models(
         "iterations_run": out.get("iterations_run"),
         "metrics": {metric: out[metric]},
     }
+    ledger = getattr(est, "ledger_", None)
+    if ledger is not None and ledger.path is not None:  # privmtl evaluate checks it
+        meta["ledger"] = {"path": str(Path(ledger.path).resolve()), **ledger.seen()}
     return save_linear_models(directory, est.coef_, meta)
 
 
@@ -662,6 +667,13 @@ def evaluate_saved(
     from privmtl.trust import followed_data_path, is_signed
 
     meta, coef = load_linear_models(models_dir)
+    from privmtl.privacy.ledger import check_saved_ledger
+
+    checked = check_saved_ledger(
+        meta.get("ledger") if is_signed(meta) else None,  # outside paths: signed folders only
+        meta.get("guarantee"),
+        where=f"the saved model in {models_dir}",
+    )
     if meta.get("family") != "mpmtl":
         raise DataFormatError(
             f"{models_dir} holds {meta.get('family')!r} models, not MP-MTL (linear) models."
@@ -712,6 +724,7 @@ def evaluate_saved(
         "stopped_on_budget": meta.get("stopped_on_budget"),
         "guarantee": meta.get("guarantee"),
         "covered": (meta.get("guarantee") or {}).get("covered"),
+        "ledger_checked": checked,
         "summary": meta.get("summary"),
     }
     if test.task_type == "classification":

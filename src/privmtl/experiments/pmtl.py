@@ -59,6 +59,7 @@ from privmtl.federated.spec import (
     train_config,
 )
 from privmtl.federated.user_model import UserFactory
+from privmtl.locking import holding_directories
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.calibration import noise_multiplier
 
@@ -188,6 +189,7 @@ def make_model(
     return MultinomialLogReg(dataset.n_features, dataset.n_classes, random_state=seed)
 
 
+@holding_directories("checkpoint_dir", "save_models")
 def run_pmtl(
     *,
     data: str = "synthetic",
@@ -650,6 +652,11 @@ def evaluate_saved(
     assert params is not None
     acc = evaluate(net, params, buffers, xs, ys, personalized=personalized)
     guarantee = meta.get("guarantee")
+    from privmtl.privacy.ledger import check_saved_ledger
+
+    # a recorded path outside the folder is followed only for a folder this user signed (trust)
+    record = meta.get("ledger") if is_signed(meta) else None
+    checked = check_saved_ledger(record, guarantee, where=f"the saved models in {models_dir}")
     out = {
         "family": "pmtl",
         "method": meta.get("method"),
@@ -667,6 +674,7 @@ def evaluate_saved(
         "covered": None if not isinstance(guarantee, dict) else guarantee.get("covered"),
         "summary": meta.get("summary"),
         "notes": notes,
+        "ledger_checked": checked,
     }
     if pers is not None:
         out["global_test_accuracy"] = evaluate(net, glob, buffers, xs, ys, personalized=False)[
@@ -725,6 +733,19 @@ def _result_parts(
             noise_source="none",
         )
     else:
+        details: dict[str, Any] = {"noise_multiplier": z, "rounds": cfg.rounds, "rate": q / m}
+        notes = _noise_notes(result.noise_source)
+        if result.ledger is not None:
+            # ε composes every release the ledger holds, which is not always one per round run
+            releases = len(result.ledger.records)
+            details.update(releases=releases, rounds_run=len(result.history))
+            if releases != len(result.history):
+                notes += (
+                    f"the ledger holds {releases} releases for {len(result.history)} rounds run, "
+                    "and epsilon composes all of them (a run resumed with secure noise repeats "
+                    "the releases made after its checkpoint with fresh noise, each charged; a "
+                    "continued Flower work directory also holds its earlier runs' releases)",
+                )
         guarantee = PrivacyGuarantee(
             epsilon=eps,
             delta=float(result.delta),
@@ -732,9 +753,9 @@ def _result_parts(
             sampling=cfg.sampling,
             accountant=cfg.accountant,
             notion="JDP (billboard)" if method != "joint-dp" else "DP of the joint model",
-            details={"noise_multiplier": z, "rounds": cfg.rounds, "rate": q / m},
+            details=details,
             noise_source=result.noise_source,
-            notes=_noise_notes(result.noise_source),
+            notes=notes,
         )
     per_round = [h.get("epsilon") for h in result.history]
     out = {

@@ -61,6 +61,7 @@ import secrets
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,7 @@ from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.projection import project_to_ball
 from privmtl.federated.server_optim import ServerOptimizer
 from privmtl.federated.spec import resolve_personal_init
+from privmtl.locking import DirectoryLock
 from privmtl.privacy.calibration import noise_std_for
 from privmtl.privacy.curator import ReleaseCurator
 from privmtl.privacy.ledger import PrivacyLedger
@@ -653,16 +655,28 @@ def make_curator(
 
 
 def new_ledger(
-    config: TrainConfig, delta: float, budget: float | None, path: Path | None = None
+    config: TrainConfig,
+    delta: float,
+    budget: float | None,
+    path: Path | None = None,
+    *,
+    seen: dict[str, Any] | None = None,
+    seen_by: str = "the checkpoint",
 ) -> PrivacyLedger:
-    """A run's ledger (its accountant, relation, δ and budget), durable at ``path`` if given."""
+    """A run's ledger (its accountant, relation, δ and budget), durable at ``path`` if given.
+
+    ``seen``: what the checkpoint being resumed saw of the ledger (``manifest["ledger"]``); the
+    file must continue it (:meth:`~privmtl.privacy.ledger.PrivacyLedger.open`).
+    """
     kw: dict[str, Any] = {
         "delta": delta,
         "accountant": config.accountant,
         "relation": config.relation,
         "budget": budget,
     }
-    return PrivacyLedger(**kw) if path is None else PrivacyLedger.open(path, **kw)
+    if path is None:
+        return PrivacyLedger(**kw)
+    return PrivacyLedger.open(path, **kw, seen=seen, seen_by=seen_by)
 
 
 def fingerprint_base(config: TrainConfig, noise_source: str, m: int) -> dict[str, Any]:
@@ -832,6 +846,7 @@ class Trainer:
         self.epsilon = 0.0 if spec.name == "local" else (math.inf if self.ledger is None else 0.0)
         self.stopped_on_budget = False
         self._train_seconds = 0.0
+        self._data_sha256: str | None = None
         self._step_fn: Any = None
         self._final: tuple[int, Params] | None = None  # fedrep: (round, models after final heads)
         self._local = threading.local()
@@ -846,21 +861,33 @@ class Trainer:
         """What a checkpoint must match: results-relevant config, data, model and noise source."""
         sizes = self.dataset.sizes("train").tolist()
         ids = hashlib.sha256("\n".join(self.dataset.client_ids).encode()).hexdigest()
+        if self._data_sha256 is None:  # the data never changes during a run: hashed once
+            self._data_sha256 = self.dataset.content_sha256()
         return {
             **fingerprint_base(self.config, self.noise_source, self.m),
             "client_ids_sha256": ids,
             "train_sizes_sha256": hashlib.sha256(str(sizes).encode()).hexdigest(),
+            "data_sha256": self._data_sha256,
             "model": {n: list(p.shape) for n, p in self.model.named_parameters()},
         }
 
     def _open_checkpoint(self, resume: bool) -> None:
         assert self.checkpoint_dir is not None
         d = self.checkpoint_dir
+        # one writer per directory, for as long as this trainer lives (released with it, or by
+        # the OS when the process ends)
+        lock = DirectoryLock.acquire(d, name="checkpoint_dir")
+        weakref.finalize(self, lock.release)
         exists = has_checkpoint(d)
         if exists and not resume:
             raise InvalidParameterError(
                 f"The checkpoint directory {d} already holds a run; pass resume=True (--resume) "
                 "to continue it, or choose an empty directory."
+            )
+        state, manifest = None, None
+        if exists:
+            state, manifest = load_checkpoint(
+                d, kind="pmtl-family", config=self.fingerprint_config()
             )
         if self.ledger is not None:
             if not exists and not resume and (d / "ledger.jsonl").exists():
@@ -869,17 +896,26 @@ class Trainer:
                     f"{d} holds the privacy ledger of a run killed before its first checkpoint; "
                     "pass resume=True (--resume) to restart it from round 0 with that ledger."
                 )
-            budget, self.ledger.budget = self.ledger.budget, None
-            durable = self._make_ledger(d / "ledger.jsonl")
-            durable.budget = budget
             if self.ledger.records:
                 raise InvalidParameterError(
                     "Give either a ledger or a checkpoint directory, not a ledger with releases."
                 )
+            # the ledger must continue the one the checkpoint saw (deleted, cut or edited: refused)
+            durable = new_ledger(
+                self.config,
+                self.delta,
+                self.ledger.budget,
+                d / "ledger.jsonl",
+                seen=None if manifest is None else (manifest.get("ledger") or {}),
+                seen_by=f"the checkpoint of round {manifest['step']} in {d}" if manifest else "",
+            )
             self.ledger = self.curator.ledger = durable
-        if exists:
-            state, _ = load_checkpoint(d, kind="pmtl-family", config=self.fingerprint_config())
+        if state is not None:
             self.load_state_dict(state)
+            if self.ledger is not None:
+                # the ε reached is the ledger's, of every release it holds (a release recorded
+                # after the checkpoint may have left); a seeded replay of it reports the same ε
+                self.epsilon = self.ledger.epsilon()
 
     # ---------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -900,7 +936,7 @@ class Trainer:
         self.history = json.loads(state["history"])
         self.epsilon = float(state["epsilon"])
         if self.ledger is not None and self.history and self.noise_source == "secure":
-            self.epsilon = self.ledger.epsilon()
+            self.epsilon = self.ledger.epsilon()  # every release is charged, repeats included
 
     def save(self) -> None:
         """Save a checkpoint now (atomic; the ledger file is already up to date)."""
@@ -913,6 +949,7 @@ class Trainer:
             state=self.state_dict(),
             step=self.round,
             noise_source=self.noise_source,
+            ledger=None if self.ledger is None else self.ledger.seen(),
         )
 
     @property

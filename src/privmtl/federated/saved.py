@@ -120,6 +120,9 @@ def save_models(
         "guarantee": summary.get("guarantee"),
         "summary": summary.get("summary"),
     }
+    ledger = getattr(result, "ledger", None)
+    if ledger is not None and ledger.path is not None:  # privmtl evaluate checks it
+        meta["ledger"] = {"path": str(Path(ledger.path).resolve()), **ledger.seen()}
     text = json.dumps(sign(meta), indent=2) + "\n"  # signed: this user's models reload anywhere
     write_atomic(d / "model.json", text.encode())
     return d

@@ -36,13 +36,20 @@ import json
 import math
 import secrets
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint, write_atomic
+from privmtl.checkpoint import (
+    has_checkpoint,
+    ledger_seen,
+    load_checkpoint,
+    save_checkpoint,
+    write_atomic,
+)
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
@@ -62,6 +69,7 @@ from privmtl.federated.protocol import (
 )
 from privmtl.federated.spec import SPEC, RunSpec, resolve_defaults, train_config
 from privmtl.flower.secagg import SECAGG_DEFAULTS
+from privmtl.locking import DirectoryLock
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import make_noise_source
 
@@ -712,15 +720,24 @@ class ServerRun:
         self.budget = budget if budget > 0 else None
         self.checkpoint_every = int(opts["checkpoint-every"])
         self.server_dir = None if server_dir is None else Path(server_dir)
+        seen = None
         if self.server_dir is not None:
-            self.server_dir.mkdir(parents=True, exist_ok=True)
+            # one writer per directory, for as long as this server lives (or its process)
+            lock = DirectoryLock.acquire(self.server_dir, name="work_dir")
+            weakref.finalize(self, lock.release)
             ledger_path = self.server_dir / "ledger.jsonl"
+            seen = ledger_seen(self.server_dir)  # the ledger must continue what it saw
         mech = setup.release
         self.delta = cfg.delta_for(m)
         self.ledger: PrivacyLedger | None = None
         if mech.private:
             self.ledger = new_ledger(
-                cfg, self.delta, self.budget, None if ledger_path is None else Path(ledger_path)
+                cfg,
+                self.delta,
+                self.budget,
+                None if ledger_path is None else Path(ledger_path),
+                seen=seen,
+                seen_by=f"the checkpoint in {self.server_dir}",
             )
             self.ledger.epsilon_if(mech.event())
         self.noise_source = cfg.noise_source
@@ -821,6 +838,7 @@ class ServerRun:
             state=self.state_dict(),
             step=self.curator.round,
             noise_source=self.noise_source,
+            ledger=None if self.ledger is None else self.ledger.seen(),
         )
 
     def stop_on_budget(self) -> bool:

@@ -23,6 +23,7 @@ from typing import Any
 
 from privmtl.exceptions import InvalidParameterError, PrivmtlError
 from privmtl.flower._core import SERVER_DIR
+from privmtl.locking import hold_directory
 
 __all__ = ["FlowerRunError", "check_work_dir", "run_local", "write_app"]
 
@@ -305,8 +306,24 @@ def run_local(
 
     run_config = announce(run_config)  # a factory that does not load: refused before any process
     work = (default_work_dir() if work_dir is None else Path(work_dir)).absolute()
-    check_work_dir(work, resume=bool(run_config.get("resume", False)))
-    work.mkdir(parents=True, exist_ok=True)
+    # one launcher per work directory for the whole run (the ServerApp locks work/server)
+    with hold_directory(work, name="work_dir"):
+        check_work_dir(work, resume=bool(run_config.get("resume", False)))
+        return _run_local(
+            work, num_supernodes, run_config, state_dir, timeout, progress, on_started, node_configs
+        )
+
+
+def _run_local(
+    work: Path,
+    num_supernodes: int,
+    run_config: dict[str, Any],
+    state_dir: str | Path | None,
+    timeout: float,
+    progress: Callable[[str], None] | None,
+    on_started: Callable[[list[int]], None] | None,
+    node_configs: Sequence[dict[str, Any]] | None,
+) -> dict[str, Any]:
     states = Path(state_dir).absolute() if state_dir is not None else work / "nodes"
     out_dir = work / SERVER_DIR
     out_dir.mkdir(exist_ok=True)

@@ -51,6 +51,7 @@ import functools
 import hashlib
 import json
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,7 @@ from sklearn.base import BaseEstimator
 
 from privmtl._validation import check_choice, check_int, check_real, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.io import arrays_sha256
 from privmtl.linear.common import (
     PAPER_DELTA,
     PreparedTasks,
@@ -81,6 +83,7 @@ from privmtl.linear.local import (
     variational_factor,
 )
 from privmtl.linear.losses import LOSSES, TaskBatch, public_lipschitz_bound
+from privmtl.locking import DirectoryLock
 from privmtl.privacy.curator import ReleaseCurator
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.ledger import PrivacyLedger
@@ -658,12 +661,10 @@ def _jsonable_param(value: Any) -> Any:
 
 
 def _data_fingerprint(batch: TaskBatch) -> str:
-    h = hashlib.sha256()
-    for arr in (batch.X, batch.y, batch.mask, batch.n):
-        a = np.ascontiguousarray(arr, dtype=np.float64)
-        h.update(str(a.shape).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+    """SHA-256 of the tasks' training data (features, targets, row mask, rows per task)."""
+    return arrays_sha256(
+        np.asarray(arr, dtype=np.float64) for arr in (batch.X, batch.y, batch.mask, batch.n)
+    )
 
 
 class _Checkpointer:
@@ -741,12 +742,20 @@ class _Checkpointer:
             **{f"schedule.{k}": v for k, v in ident.items()},
         }
         ledger_path = directory / "ledger.jsonl"
-        if not p["resume"] and (has_checkpoint(directory) or ledger_path.exists()):
-            raise InvalidParameterError(
-                f"The 'checkpoint_dir' {directory} holds a run already; pass resume=True "
-                "(--resume) to continue it, or choose a new directory."
-            )
-        return cls(directory, config=config, ledger_kw=ledger_kw, **common)
+        # one writer per directory, for as long as the fit holds this checkpointer (or the process)
+        lock = DirectoryLock.acquire(directory, name="checkpoint_dir")
+        try:
+            if not p["resume"] and (has_checkpoint(directory) or ledger_path.exists()):
+                raise InvalidParameterError(
+                    f"The 'checkpoint_dir' {directory} holds a run already; pass resume=True "
+                    "(--resume) to continue it, or choose a new directory."
+                )
+        except BaseException:
+            lock.release()
+            raise
+        out = cls(directory, config=config, ledger_kw=ledger_kw, **common)
+        weakref.finalize(out, lock.release)
+        return out
 
     def restore(self, noise: NoiseSource) -> MPMTLState | None:
         """The checkpointed state (noise state restored in seeded mode), or None to start anew.
@@ -758,13 +767,24 @@ class _Checkpointer:
         from privmtl.checkpoint import has_checkpoint, load_checkpoint
 
         state: MPMTLState | None = None
+        seen = None
         if self.resume and has_checkpoint(self.directory):
-            saved, _ = load_checkpoint(self.directory, kind=CHECKPOINT_KIND, config=self.config)
+            saved, manifest = load_checkpoint(
+                self.directory, kind=CHECKPOINT_KIND, config=self.config
+            )
             noise.load_state_dict(json.loads(saved["noise"]))
             state = MPMTLState.from_dict(saved["state"])
             state.stopped_on_budget = False  # re-checked against this run's budget
+            seen = manifest.get("ledger") or {}
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.ledger = PrivacyLedger.open(self.directory / "ledger.jsonl", **self.ledger_kw)
+        # the ledger must continue the one the checkpoint saw (deleted, cut or edited: refused)
+        self.ledger = PrivacyLedger.open(
+            self.directory / "ledger.jsonl",
+            **self.ledger_kw,
+            seen=seen,
+            seen_by=f"the checkpoint of iteration {state.iteration if state else 0} in "
+            f"{self.directory}",
+        )
         if state is not None:
             self._saved_at = state.iteration
         return state
@@ -782,6 +802,7 @@ class _Checkpointer:
             state={"state": state.to_dict(), "noise": json.dumps(noise.state_dict())},
             step=state.iteration,
             noise_source=self.noise_source,
+            ledger=self.ledger.seen(),
         )
         self._saved_at = state.iteration
         if self.notify is not None:

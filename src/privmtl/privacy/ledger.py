@@ -26,7 +26,13 @@ every recorded event again with the ledger's own accountant and recompute what t
 — the ε after each release, the sampling of its event, its index — and refuse, naming the record
 and the value, any entry that disagrees with its events or with the ledger's accountant, relation
 and δ, and a state dict whose ``format`` tag or ``version`` is not this ledger's. The ε a loaded
-ledger reports is the recomputed one.
+ledger reports is the recomputed one. :func:`check_recorded` (behind :func:`reaccount` and
+``privmtl ledger``) checks a file the same way without writing to it.
+
+A file alone cannot tell that its last releases were cut off. A durable ledger therefore keeps the
+SHA-256 of its bytes after every line, and :meth:`PrivacyLedger.seen` gives the number of releases
+and that digest for a checkpoint to record; :meth:`PrivacyLedger.check_seen` (and ``open(...,
+seen=...)``) refuses a file shorter than, or differing in its prefix from, what a checkpoint saw.
 
 Replays. A run resumed from a checkpoint repeats the releases made after that checkpoint. With
 seeded noise the repeated release is bit-identical to the first one (a deterministic function of
@@ -38,6 +44,7 @@ charged again.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -57,7 +64,15 @@ from privmtl.privacy.accounting import (
     make_accountant,
 )
 
-__all__ = ["LEDGER_FORMAT", "LEDGER_VERSION", "PrivacyLedger", "reaccount", "read_ledger"]
+__all__ = [
+    "LEDGER_FORMAT",
+    "LEDGER_VERSION",
+    "PrivacyLedger",
+    "check_recorded",
+    "check_saved_ledger",
+    "reaccount",
+    "read_ledger",
+]
 
 LEDGER_FORMAT = "privmtl-ledger"
 LEDGER_VERSION = 1
@@ -136,6 +151,11 @@ class PrivacyLedger:
         self.history: list[float] = []
         self._ids: set[str | None] = set()
         self.path: Path | None = None
+        # SHA-256 of the file's bytes: running hash, and its digest after the header and after
+        # each record (what a checkpoint compares its ledger against, :meth:`seen`)
+        self._sha = hashlib.sha256()
+        self._digests: list[str] = []
+        self._file: Path | None = None if path is None else Path(path)  # the file it was read from
         if path is not None:
             self.path = Path(path)
             if self.path.exists() and self.path.stat().st_size > 0:
@@ -159,13 +179,50 @@ class PrivacyLedger:
 
     def _append(self, entry: dict[str, Any]) -> None:
         assert self.path is not None
-        line = json.dumps(entry, sort_keys=True) + "\n"
+        line = (json.dumps(entry, sort_keys=True) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line.encode())
+            os.write(fd, line)
             os.fsync(fd)
         finally:
             os.close(fd)
+        self._sha.update(line)
+        self._digests.append(self._sha.hexdigest())
+
+    def seen(self) -> dict[str, Any]:
+        """What a checkpoint records of its durable ledger: the number of releases and the
+        SHA-256 of the file's bytes up to the end of the last one (header included)."""
+        if self.path is None:
+            return {"releases": len(self.records), "sha256": None}
+        return {"releases": len(self.records), "sha256": self._digests[len(self.records)]}
+
+    def check_seen(self, seen: Any, *, where: str) -> None:
+        """Refuse a durable ledger that does not continue the one a checkpoint saw.
+
+        ``seen`` is :meth:`seen` as the checkpoint ``where`` recorded it. The file must hold at
+        least that many releases and its bytes up to the last of them must hash to the recorded
+        digest: a ledger deleted, emptied, cut short or edited in its prefix raises
+        :class:`InvalidParameterError` (more releases than the checkpoint saw are fine: those made
+        after it, which the resumed run replays or charges again).
+        """
+        if not self._digests:  # not read from or written to a file: nothing to compare
+            return
+        if not isinstance(seen, dict) or not isinstance(seen.get("releases"), int):
+            raise InvalidParameterError(
+                f"{where} records no ledger digest; it cannot be checked against {self._file}."
+            )
+        n = seen["releases"]
+        if len(self.records) < n:
+            raise InvalidParameterError(
+                f"The ledger {self._file} holds {len(self.records)} releases but {where} saw {n}: "
+                "the ledger was deleted, emptied or cut short; refusing to resume (the epsilon "
+                "reported would leave out releases that were made)."
+            )
+        if n and self._digests[n] != seen.get("sha256"):
+            raise InvalidParameterError(
+                f"The ledger {self._file} differs from the one {where} saw in its first {n} "
+                "releases (SHA-256 mismatch): the ledger was altered; refusing to resume."
+            )
 
     @classmethod
     def open(
@@ -176,17 +233,37 @@ class PrivacyLedger:
         accountant: str = "rdp",
         relation: str = "add-remove",
         budget: float | None = None,
+        seen: dict[str, Any] | None = None,
+        seen_by: str = "the checkpoint",
     ) -> PrivacyLedger:
         """Create the durable ledger at ``path``, or continue the one there.
 
         An existing file must have been written with the same accountant, relation and δ;
         otherwise :class:`InvalidParameterError` names what differs. Its releases are composed
         again, so the ledger resumes with every release it ever recorded.
+
+        ``seen`` (what a checkpoint recorded with :meth:`seen`; ``seen_by`` names it in errors)
+        makes the ledger the checkpoint's: a missing or empty file when the checkpoint saw
+        releases is refused before anything is written, and the file must continue the one it
+        saw (:meth:`check_seen`).
         """
         p = Path(path)
+        if seen is not None and (
+            not isinstance(seen, dict) or not isinstance(seen.get("releases"), int)
+        ):
+            raise InvalidParameterError(
+                f"{seen_by[:1].upper()}{seen_by[1:]} records no ledger digest; it cannot be "
+                f"checked against {p}: refusing to resume."
+            )
         if not p.exists() or p.stat().st_size == 0:
+            if seen is not None and seen["releases"]:
+                raise InvalidParameterError(
+                    f"The ledger {p} is missing or empty, but {seen_by} saw {seen['releases']} "
+                    "releases: refusing to resume (the epsilon reported would leave out releases "
+                    "that were made)."
+                )
             return cls(delta=delta, accountant=accountant, relation=relation, budget=budget, path=p)
-        header, entries = read_ledger(p, repair=True)
+        header, entries, digests = _scan_ledger(p, repair=True)
         wanted = {"accountant": accountant, "relation": relation, "delta": float(delta)}
         for key, value in wanted.items():
             if header.get(key) != value:
@@ -196,7 +273,11 @@ class PrivacyLedger:
                 )
         ledger = cls(delta=delta, accountant=accountant, relation=relation, budget=budget)
         ledger._compose_records(entries, source=f"The ledger {p}")
-        ledger.path = p
+        ledger.path = ledger._file = p
+        ledger._digests = digests
+        ledger._sha = hashlib.sha256(p.read_bytes())  # the file as repaired: appends continue it
+        if seen is not None:
+            ledger.check_seen(seen, where=seen_by)
         return ledger
 
     def _compose_records(self, records: Any, *, source: str) -> None:
@@ -443,8 +524,18 @@ def read_ledger(
 
     A torn last line (a process killed inside :meth:`PrivacyLedger.record`, before the release
     could leave) is skipped, and with ``repair=True`` cut from the file so that appends continue
-    on a clean line. Anything else malformed raises :class:`InvalidParameterError`.
+    on a clean line. Anything else malformed — a line that is not a JSON object, a missing or
+    foreign header — raises :class:`InvalidParameterError` naming the file and the line.
     """
+    header, entries, _ = _scan_ledger(path, repair=repair)
+    return header, entries
+
+
+def _scan_ledger(
+    path: str | os.PathLike[str], *, repair: bool
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """:func:`read_ledger`, plus the SHA-256 of the file's bytes up to the end of each parsed line
+    (the header's first): what :meth:`PrivacyLedger.check_seen` compares."""
     p = Path(path)
     if p.is_dir():
         p = p / "ledger.jsonl"
@@ -459,14 +550,25 @@ def read_ledger(
                 fh.truncate(len(raw) - len(tail))
                 fh.flush()
                 os.fsync(fh.fileno())
-    parsed = []
+    parsed: list[dict[str, Any]] = []
+    digests: list[str] = []
+    sha = hashlib.sha256()
     for i, line in enumerate(complete):
+        sha.update(line + b"\n")
         if not line.strip():
             continue
         try:
-            parsed.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise InvalidParameterError(f"The ledger {p} is corrupt at line {i + 1}.") from None
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise InvalidParameterError(
+                f"The ledger {p} is corrupt at line {i + 1} (not JSON)."
+            ) from None
+        if not isinstance(row, dict):
+            raise InvalidParameterError(
+                f"The ledger {p} is corrupt at line {i + 1} (not a JSON object)."
+            )
+        parsed.append(row)
+        digests.append(sha.hexdigest())
     if not parsed or parsed[0].get("format") != LEDGER_FORMAT:
         raise InvalidParameterError(f"{p} is not a privmtl ledger (no '{LEDGER_FORMAT}' header).")
     header = parsed[0]
@@ -475,26 +577,98 @@ def read_ledger(
             f"The ledger {p} has format version {header.get('version')!r}; this privmtl reads "
             f"version {LEDGER_VERSION}."
         )
-    return header, parsed[1:]
+    missing = [k for k in ("delta", "accountant", "relation") if k not in header]
+    if missing:
+        raise InvalidParameterError(
+            f"The ledger {p} has a header without {', '.join(map(repr, missing))}."
+        )
+    return header, parsed[1:], digests
+
+
+def check_recorded(
+    path: str | os.PathLike[str],
+    *,
+    seen: dict[str, Any] | None = None,
+    seen_by: str = "the checkpoint",
+) -> PrivacyLedger:
+    """The ledger in file ``path``, every entry checked against its events (read-only).
+
+    Composes the recorded events again with the file's own accountant, relation and δ, as
+    :meth:`PrivacyLedger.open` does, without repairing the file: an entry without an event, an
+    unreadable event, or a stated ε, index, sampling, accountant, relation or δ that the events
+    do not reproduce raises :class:`InvalidParameterError` naming the file, the entry and both
+    values. With ``seen`` (a checkpoint's record of the ledger, :meth:`PrivacyLedger.seen`) the
+    file must also continue what the checkpoint saw (:meth:`PrivacyLedger.check_seen`). Returns
+    an in-memory ledger whose ε is the recomputed one.
+    """
+    header, entries, digests = _scan_ledger(path, repair=False)
+    try:
+        ledger = PrivacyLedger(
+            delta=header["delta"], accountant=header["accountant"], relation=header["relation"]
+        )
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(f"The ledger {path} has an invalid header: {exc}") from None
+    ledger._compose_records(entries, source=f"The ledger {path}")
+    ledger._digests, ledger._file = digests, Path(path)
+    if seen is not None:
+        ledger.check_seen(seen, where=seen_by)
+    return ledger
+
+
+def check_saved_ledger(record: Any, guarantee: Any, *, where: str) -> bool:
+    """Check the ledger that saved models name against what their run saw and reported.
+
+    ``record`` is the ``ledger`` entry of a saved ``model.json`` (the ledger file's ``path`` and
+    :meth:`PrivacyLedger.seen` when the models were saved), ``guarantee`` the saved guarantee
+    dict. When the file is at hand it must pass :func:`check_recorded` with ``seen=record``, and
+    the ε of its first ``releases`` releases must be the guarantee's (when the guarantee was
+    computed by the ledger's accountant); a mismatch raises :class:`InvalidParameterError` naming
+    ``where``. Returns False when there is no ledger to check (none recorded, or the file is
+    gone), True when it was checked.
+    """
+    if not isinstance(record, dict) or not record.get("path"):
+        return False
+    path = Path(str(record["path"]))
+    if not path.is_file():
+        return False
+    ledger = check_recorded(path, seen=record, seen_by=where)
+    n = int(record.get("releases") or 0)
+    eps = ledger.history[n - 1] if n else 0.0
+    g = guarantee if isinstance(guarantee, dict) else {}
+    if g.get("accountant") == ledger.accountant and not _same_epsilon(g.get("epsilon"), eps):
+        raise InvalidParameterError(
+            f"{where} state epsilon={g.get('epsilon')!r}, but the {n} releases of the ledger "
+            f"{path} compose to epsilon={_finite(eps)!r}: the guarantee or the ledger was altered."
+        )
+    return True
 
 
 def reaccount(
-    path: str | os.PathLike[str], *, accountant: str | None = None, delta: float | None = None
+    path: str | os.PathLike[str],
+    *,
+    accountant: str | None = None,
+    delta: float | None = None,
+    seen: dict[str, Any] | None = None,
+    seen_by: str = "the checkpoint",
 ) -> dict[str, Any]:
     """Compose the events of a ledger file again with ``accountant`` at ``delta``.
 
-    Defaults are the file's own. Returns ``epsilon``, ``delta``, ``accountant``, ``relation``,
-    ``releases`` (count), ``per_release`` (ε after each release), ``recorded_epsilon`` (what the
-    run itself reported after its last release) and the ``mechanisms`` seen.
+    The file is first checked (:func:`check_recorded`): a ledger whose entries state what their
+    events do not compose to is refused, never re-accounted, and so is, with ``seen``, a file that
+    does not continue what a checkpoint saw of it. Defaults are the file's own.
+    Returns ``epsilon``, ``delta``, ``accountant``, ``relation``, ``releases`` (count),
+    ``per_release`` (ε after each release), ``recorded_epsilon`` (what the run itself reported
+    after its last release) and the ``mechanisms`` seen.
     """
-    header, entries = read_ledger(path)
-    acc_name = header["accountant"] if accountant is None else accountant
+    recorded = check_recorded(path, seen=seen, seen_by=seen_by)
+    entries = recorded.records
+    acc_name = recorded.accountant if accountant is None else accountant
     if acc_name not in TIGHT_ACCOUNTANTS:
         raise InvalidParameterError(
             f"The 'accountant' parameter must be one of {TIGHT_ACCOUNTANTS}; got {acc_name!r}."
         )
-    dlt = header["delta"] if delta is None else check_real("delta", delta, low=0.0, high=1.0)
-    relation = header["relation"]
+    dlt = recorded.delta if delta is None else check_real("delta", delta, low=0.0, high=1.0)
+    relation = recorded.relation
     ledger = PrivacyLedger(delta=dlt, accountant=acc_name, relation=relation)
     per_release = []
     for entry in entries:
@@ -508,6 +682,6 @@ def reaccount(
         "releases": len(entries),
         "per_release": [_finite(e) for e in per_release],
         "recorded_epsilon": entries[-1].get("epsilon") if entries else 0.0,
-        "recorded_accountant": header["accountant"],
+        "recorded_accountant": recorded.accountant,
         "mechanisms": sorted({str(e.get("mechanism")) for e in entries}),
     }
