@@ -115,3 +115,25 @@ def test_a_user_factory_reaches_the_apps_as_its_directory_and_hash(tmp_path, mon
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and word in err[0] and "--model" in err[0], (spec, err)
     assert seen == [] and not (tmp_path / "w2").exists()  # nothing was started
+
+
+@needs_flwr
+def test_save_models_refuses_a_folder_that_is_not_empty_before_any_process_starts(
+    tmp_path, monkeypatch, capsys
+):
+    """--save-models/--overwrite mean what they mean for privmtl pmtl; the folder reaches
+    run_local, which writes it once the run finished."""
+    import privmtl.flower.launcher as launcher
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "model.json").write_text("{}")
+    rc = main(_local("--save-models", str(models), "--work-dir", str(tmp_path / "w")))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--save-models" in err[0] and "--overwrite" in err[0]
+    assert not (tmp_path / "w").exists()  # nothing was started
+    seen: list[dict] = []
+    monkeypatch.setattr(launcher, "run_local", lambda **kw: seen.append(kw) or {})
+    argv = _local("--save-models", str(models), "--overwrite", "--work-dir", str(tmp_path / "w"))
+    assert main([*argv, "--json"]) == 0, capsys.readouterr().err
+    assert seen[0]["save_models"] == models

@@ -528,3 +528,82 @@ def test_a_refusing_node_fails_the_run_with_its_one_line(models_dir, tmp_path):
     with pytest.raises(InvalidParameterError) as err:
         check_refusals({1: good, 2: bad}, 2)
     assert "\n" not in str(err.value) and cfg["model-sha256"] in str(err.value)
+
+
+def _saved_run(opts, root, n_nodes=3):
+    """A run with save-models as the apps drive it: the ServerApp keeps the released global model
+    in server/, each node its clients' final models in its own storage; returns the result."""
+    from privmtl.checkpoint import write_atomic
+    from privmtl.flower._core import MODELS_FILE, SERVER_DIR, load_node, to_bytes
+
+    dirs = [root / "nodes" / f"node-{i}" for i in range(n_nodes)]
+    nodes = [load_node(opts, i, n_nodes, str(d)) for i, d in enumerate(dirs)]
+    (root / SERVER_DIR).mkdir(parents=True)
+    run = _drive(ServerRun(opts, nodes[0].init, nodes[0].m), nodes)
+    scores = [n.evaluate(run.curator.billboard, run.finish_settings()) for n in nodes]
+    for node in nodes:
+        assert node.save_models(run.token) == node.state_dir / MODELS_FILE
+    write_atomic(root / SERVER_DIR / MODELS_FILE, to_bytes(run.models_state()))
+    return run.result_dict(scores, 0.0), dirs
+
+
+@pytest.mark.parametrize(
+    ("spec", "flags", "primary"),
+    [
+        ("logreg", {"finetune": "none"}, "personalized"),
+        ("logreg", {"finetune": "vanilla", "method": "fedavg"}, "personalized"),
+        ("logreg", {"finetune": "none", "method": "fedavg"}, "global"),
+        ("mymodels:make_mlp", {"finetune": "none"}, "personalized"),
+    ],
+)
+def test_saved_flower_models_reload_with_the_accuracy_the_run_reported(
+    models_dir, tmp_path, monkeypatch, spec, flags, primary
+):
+    """The folder assembled from the ServerApp's global model and the nodes' own files is the
+    folder of privmtl pmtl --save-models: signed, and privmtl evaluate's accuracy is the run's
+    (a user's factory rebuilt from the source model.json records, from another directory)."""
+    from privmtl.experiments.pmtl import evaluate_saved
+    from privmtl.flower.factory import announce
+    from privmtl.flower.saved import collect_models
+    from privmtl.trust import is_signed
+
+    cfg = announce({"model": spec, "rounds": 2, "clients-per-round": 6, "epsilon": 2.0,
+                    "num-clients": 12, **flags})  # fmt: skip
+    opts = run_options({**cfg, "noise-source": "seeded"})
+    res, dirs = _saved_run(opts, tmp_path / "work")
+    out = collect_models(
+        tmp_path / "models", work_dir=tmp_path / "work", result=res, run_config=cfg, node_dirs=dirs
+    )
+    meta = json.loads((out / "model.json").read_text())
+    assert is_signed(meta) and meta["primary"] == primary
+    assert meta["finetuned"] == (flags["finetune"] != "none")
+    assert ("personalized" in meta["files"]) == (primary == "personalized")
+    assert ("factory" in meta["model"]) == (spec != "logreg")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    ev = evaluate_saved(out)
+    assert ev["test_accuracy"] == pytest.approx(res["test_accuracy"], rel=1e-9, abs=1e-12)
+    assert ev["mean_client_accuracy"] == pytest.approx(res["mean_client_accuracy"], rel=1e-9)
+    assert ev["guarantee"]["epsilon"] == pytest.approx(res["epsilon"], rel=1e-12)
+
+
+def test_saving_refuses_a_node_file_of_another_run_and_writes_nothing(tmp_path):
+    from privmtl.exceptions import DataFormatError
+    from privmtl.flower._core import MODELS_FILE, from_bytes, to_bytes
+    from privmtl.flower.saved import collect_models
+
+    cfg = {"rounds": 1, "clients-per-round": 4, "noise-std": 0.0, "num-clients": 9,
+           "finetune": "none"}  # fmt: skip
+    res, dirs = _saved_run(run_options(cfg), tmp_path / "work")
+    stale = from_bytes((dirs[1] / MODELS_FILE).read_bytes())
+    (dirs[1] / MODELS_FILE).write_bytes(to_bytes({**stale, "token": "an-earlier-run"}))
+    kw = {"work_dir": tmp_path / "work", "result": res, "run_config": cfg}
+    with pytest.raises(DataFormatError, match="another run") as err:
+        collect_models(tmp_path / "models", node_dirs=dirs, **kw)
+    assert "\n" not in str(err.value) and "SuperNode 1" in str(err.value)
+    (dirs[1] / MODELS_FILE).write_bytes(to_bytes(stale))
+    (dirs[2] / MODELS_FILE).unlink()  # a node that did not answer the end of the run
+    with pytest.raises(DataFormatError, match="No models of SuperNode 2"):
+        collect_models(tmp_path / "models", node_dirs=dirs, **kw)
+    assert not (tmp_path / "models").exists()

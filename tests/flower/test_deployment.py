@@ -160,6 +160,35 @@ def test_a_user_factory_on_three_supernodes_equals_privmtl_pmtl(models_dir, spec
         assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
 
 
+def test_saved_models_of_a_flower_run_reload_with_privmtl_evaluate(models_dir, capsys):
+    """--save-models on flower local: the folder assembled from the ServerApp's global model and
+    the SuperNodes' own files is signed, and privmtl evaluate (from another directory, no
+    PYTHONPATH) rebuilds the user's factory and reports the accuracy of the run."""
+    import os
+
+    from privmtl.cli import main
+    from privmtl.trust import is_signed
+
+    out = models_dir / "models"
+    argv = ["flower", "local", "--num-supernodes", "2", "--model", "mymodels:make_mlp", "--data",
+            "synthetic", "--num-clients", "10", "--rounds", "2", "--clients-per-round", "4",
+            "--epsilon", "2", "--finetune", "none", "--json", "--work-dir", str(models_dir / "w"),
+            "--save-models", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert res["models_dir"] == str(out)
+    meta = json.loads((out / "model.json").read_text())
+    assert is_signed(meta) and meta["primary"] == "personalized"
+    assert sorted(os.listdir(out)) == ["global.pt", "model.json", "personalized.pt"]
+    elsewhere = models_dir / "elsewhere"
+    elsewhere.mkdir()
+    os.chdir(elsewhere)  # models_dir's monkeypatch.chdir restores the directory
+    assert main(["evaluate", str(out), "--json"]) == 0, capsys.readouterr().err
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["test_accuracy"] == pytest.approx(res["test_accuracy"], rel=1e-9, abs=1e-12)
+    assert ev["guarantee"]["epsilon"] == pytest.approx(res["epsilon"], rel=1e-12)
+
+
 def test_a_supernode_with_another_factory_file_is_refused_in_one_line(models_dir, alive_with_home):
     from privmtl.flower.launcher import FlowerRunError
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import echo_json, on_abort, to_jsonable
+from privmtl.cli._common import check_save_dir, echo_json, on_abort, to_jsonable
 from privmtl.cli._spec_options import (
     check_config_code,
     config_option,
@@ -169,6 +169,17 @@ def flower() -> None:
     show_default=True,
     help="SecAgg+ modulus (a power of two <= 2**32).",
 )
+@click.option(
+    "--save-models",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the trained models (PyTorch state dicts) and model.json with the guarantee here, "
+    "as privmtl pmtl --save-models (a new or empty folder; see --overwrite); privmtl evaluate "
+    "reloads it. The ServerApp keeps the released global model, each SuperNode its own clients' "
+    "final models; this command assembles them once the run finished (all on this machine).",
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Let --save-models write into a folder that is not empty."
+)
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Whole run, seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def local(**kw: Any) -> None:
@@ -191,8 +202,10 @@ def local(**kw: Any) -> None:
         raise click.BadParameter("needs --work-dir", param_hint="--resume")
     if kw["timeout"] <= 0:
         raise click.BadParameter(f"must be > 0; got {kw['timeout']}", param_hint="--timeout")
-    if kw["work_dir"] is not None:
-        check_writable_dir(kw["work_dir"], name="work_dir")
+    check_save_dir(kw["save_models"], overwrite=kw.pop("overwrite"))
+    for name in ("save_models", "work_dir"):
+        if kw[name] is not None:  # checked before any process starts
+            check_writable_dir(kw[name], name=name)
     from privmtl._progress import QUIET, get_verbosity
     from privmtl.flower._core import default_work_dir
     from privmtl.flower.launcher import check_work_dir, run_local
@@ -235,6 +248,7 @@ def local(**kw: Any) -> None:
         work_dir=work,
         timeout=kw["timeout"],
         progress=None if get_verbosity() == QUIET else (lambda line: click.echo(line, err=True)),
+        save_models=kw["save_models"],
     )
     if as_json:
         from privmtl.federated.user_model import is_factory_spec
@@ -263,4 +277,6 @@ def local(**kw: Any) -> None:
             f"stopped on budget after {out['rounds_run']} of {out['rounds']} rounds "
             f"(ε spent {out['epsilon']:.4g})"
         )
+    if out.get("models_dir"):
+        click.echo(f"models: {out['models_dir']}")
     click.echo(f"work directory: {out['work_dir']}")

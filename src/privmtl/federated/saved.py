@@ -1,6 +1,7 @@
 """Trained federated models as files a user can load without privmtl.
 
-A models directory written by :func:`save_models` (``privmtl pmtl --save-models DIR``) holds
+A models directory written by :func:`save_models` (``privmtl pmtl --save-models DIR``; ``privmtl
+flower local --save-models DIR`` through :func:`privmtl.flower.saved.collect_models`) holds
 
 ``global.pt``
     ``torch.save`` of a plain dict ``{parameter name: tensor}``: the released billboard

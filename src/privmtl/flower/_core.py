@@ -77,6 +77,7 @@ __all__ = [
     "FINISH_TIMEOUT",
     "FLOWER_FIXED",
     "FLOWER_METHODS",
+    "MODELS_FILE",
     "NOT_GIVEN",
     "RUN_DEFAULTS",
     "SERVER_DIR",
@@ -147,6 +148,9 @@ RUN_DEFAULTS: dict[str, Any] = {
     "budget-epsilon": -1.0,  # <= 0: no budget
     "checkpoint-every": 1,
     "resume": False,
+    # True: the ServerApp writes its released global model and every node its clients' final
+    # models, each in its own storage (MODELS_FILE), for privmtl.flower.saved to assemble
+    "save-models": False,
 }
 
 FINISH_TIMEOUT = 600.0
@@ -177,6 +181,12 @@ NOT_GIVEN: dict[str, Any] = {
 
 SERVER_DIR = "server"
 """The ServerApp's storage inside the work directory (ledger, checkpoint, billboards, result)."""
+
+
+MODELS_FILE = "final-models.pt"
+"""The end-of-run models a run with ``save-models`` leaves: the ServerApp's released global model
+in ``<work-dir>/server``, each SuperNode's own clients' final models in its ``state-dir``
+(:meth:`ServerRun.models_state`, :meth:`NodeClients.save_models`)."""
 
 
 def _key(name: str) -> str:
@@ -468,6 +478,9 @@ class NodeClients:
         # from a checkpoint may ask for that round again, which then starts from the same models
         self.last_key: str | None = None
         self.before: dict[str, Params | None] = {}
+        # the models this node's clients keep at the end of the run (set by evaluate)
+        self.final: Params | None = None
+        self.finetuned = False
         if self.state_dir is not None and (self.state_dir / "personal.pt").exists():
             saved = from_bytes((self.state_dir / "personal.pt").read_bytes())
             self.personal = {cid: saved["models"][cid] for cid in saved["models"]}
@@ -624,6 +637,7 @@ class NodeClients:
         final = None
         out: dict[str, Any] = {}
         finetune = str(finish.get("finetune", "none"))
+        self.finetuned = finetune != "none"
         if finetune != "none":
             from privmtl.federated.finish import auto_plan, finish_clients
 
@@ -657,7 +671,31 @@ class NodeClients:
             if final is not None:
                 fc, _ = client_scores(self.model, final, self.buffers, xs, ys)
                 out[f"{split}_final"] = [float(v) for v in fc]
+        self.final = personal if final is None else final
         return out
+
+    def save_models(self, token: str) -> Path | None:
+        """Write the final models of this node's clients (as :meth:`evaluate` scored them) to
+        ``state_dir/MODELS_FILE``, tagged with the run's ``token``; None without storage.
+
+        They are per-client outputs: they stay in the node's own storage (on its own machine in a
+        real deployment) and are never sent to the ServerApp.
+        """
+        if self.state_dir is None or self.final is None:
+            return None
+        data = {
+            "token": token,
+            "clients": torch.from_numpy(self.clients),
+            "client_ids": list(self.client_ids),
+            "finetuned": self.finetuned,
+            "n_classes": int(self.local.n_classes),
+            "feature_shape": [int(v) for v in self.local.feature_shape],
+            "models": {n: p.detach().contiguous().clone() for n, p in self.final.items()},
+        }
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        path = self.state_dir / MODELS_FILE
+        write_atomic(path, to_bytes(data))
+        return path
 
 
 def _accuracy(correct: np.ndarray, counts: np.ndarray) -> dict[str, float]:
@@ -940,6 +978,18 @@ class ServerRun:
         values of the parameters that are not shared (as the in-process engine reports it)."""
         board = self.curator.billboard
         return {n: board.get(n, p) for n, p in {**self.setup.init, **board}.items()}
+
+    def models_state(self) -> dict[str, Any]:
+        """What the ServerApp keeps for a models folder (``save-models``): the released global
+        model (:meth:`global_model`), the run's token, the resolved :class:`TrainConfig` (JSON)
+        and the model the method is evaluated with; never a personalized model."""
+        personalized = self.setup.spec.personalized
+        return {
+            "token": self.token,
+            "global": {n: p.detach().contiguous().clone() for n, p in self.global_model().items()},
+            "config": json.dumps(self.config.to_dict(), default=float),
+            "primary": "personalized" if personalized else "global",
+        }
 
     def finish_settings(self) -> dict[str, Any]:
         """The public settings of every client's end of the run, sent to the nodes with the

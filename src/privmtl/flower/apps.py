@@ -22,7 +22,9 @@ Messages (all ``RecordDict`` contents):
     clients' end of the run, :meth:`~privmtl.flower._core.ServerRun.finish_settings`: each node
     fine-tunes or lets its clients choose, on their own data, as ``run_pmtl`` does); reply:
     ``ConfigRecord "scores"`` (per-client correct counts and sizes of the trained, the final and
-    the global model on val and test, and each client's choice).
+    the global model on val and test, and each client's choice). With ``save-models`` also
+    ``ConfigRecord "save"`` (the run's token): the node writes its clients' final models to its
+    own storage (:meth:`~privmtl.flower._core.NodeClients.save_models`); they are not sent.
 
 Node configuration: ``partition-id``, ``num-partitions``, ``state-dir`` (the node's own storage
 for the personalized models) and, optionally, ``model-dir`` (where this machine keeps the file of
@@ -51,6 +53,7 @@ from flwr.serverapp import Grid, ServerApp
 from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import InvalidParameterError, PrivmtlError
 from privmtl.flower._core import (
+    MODELS_FILE,
     SERVER_DIR,
     NodeClients,
     ServerRun,
@@ -58,6 +61,7 @@ from privmtl.flower._core import (
     finish_timeout,
     load_node,
     run_options,
+    to_bytes,
 )
 from privmtl.flower._waits import send_and_receive, shorten_object_waits
 from privmtl.flower.factory import check_shapes, load_checked
@@ -179,6 +183,8 @@ def evaluate(msg: Message, context: Context) -> Message:
     records = msg.content.config_records
     finish = json.loads(str(records["finish"]["json"])) if "finish" in records else None
     scores = node.evaluate(_params(msg.content.array_records["billboard"]), finish)
+    if "save" in records:  # the clients' final models stay in the node's own storage
+        node.save_models(str(records["save"]["token"]))
     content = RecordDict({"scores": ConfigRecord({"json": json.dumps(scores)})})
     return Message(content, reply_to=msg)
 
@@ -322,7 +328,10 @@ def _evaluate(
     finish = ConfigRecord({"json": json.dumps(run.finish_settings())})
     online = set(grid.get_node_ids())
     asked = [nid for nid in fed.nodes if nid in online]
-    contents = {nid: RecordDict({"billboard": board, "finish": finish}) for nid in asked}
+    records: dict[str, Any] = {"billboard": board, "finish": finish}
+    if opts["save-models"]:
+        records["save"] = ConfigRecord({"token": run.token})
+    contents = {nid: RecordDict(records) for nid in asked}
     evals = _ask(grid, "evaluate", contents, timeout)
     if len(evals) < len(fed.nodes) and (opts["on-missing"] == "fail" or not evals):
         raise RuntimeError(f"only {len(evals)} of {len(fed.nodes)} nodes answered the evaluation")
@@ -378,6 +387,8 @@ def main(grid: Grid, context: Context) -> None:
         result["secure_aggregation"] = (
             None if secure is None else _secagg_describe(secure, len(fed.nodes), bounds)
         )
+        if opts["save-models"]:  # the released global model (no personalized model)
+            write_atomic(out_dir / MODELS_FILE, to_bytes(run.models_state()))
         run.finish()  # before the result: the launcher stops every process once it sees it
         _write(out_dir / "result.json", json.dumps(result))
     except Exception as exc:  # the launcher reports it

@@ -258,6 +258,7 @@ def run_local(
     progress: Callable[[str], None] | None = None,
     on_started: Callable[[list[int]], None] | None = None,
     node_configs: Sequence[dict[str, Any]] | None = None,
+    save_models: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run PMTL on a SuperLink and ``num_supernodes`` SuperNodes started on loopback.
 
@@ -290,12 +291,17 @@ def run_local(
     node_configs : sequence of dict, optional
         More node configuration of SuperNode ``i`` (``node_configs[i]``), e.g. ``model-dir``:
         where that node's copy of a user's model factory is.
+    save_models : path, optional
+        Write the run's models folder here, as ``privmtl pmtl --save-models`` does
+        (:func:`privmtl.flower.saved.collect_models`): the ServerApp keeps the released global
+        model and each SuperNode its own clients' final models in its own storage, and this
+        process assembles them once the run finished (every node's storage is on this machine).
 
     Returns
     -------
     dict
         The JSON result of ``privmtl pmtl`` plus ``engine: "flower-deployment"`` and
-        ``work_dir``.
+        ``work_dir`` (and ``models_dir`` with ``save_models``).
     """
     if int(num_supernodes) < 1:
         raise InvalidParameterError(
@@ -349,6 +355,7 @@ def _run_local(
     cfg = dict(run_config)
     cfg["num-supernodes"] = int(num_supernodes)
     cfg["work-dir"] = str(work)
+    cfg["save-models"] = save_models is not None
     app = write_app(work / "app", cfg)
     procs = _Procs(logs, env)
     try:
@@ -369,6 +376,15 @@ def _run_local(
     finally:
         procs.stop_all()
     out["work_dir"] = str(work)
+    if save_models is not None:
+        from privmtl.flower.saved import collect_models
+
+        nodes = [states / f"node-{i}" for i in range(int(num_supernodes))]
+        out["models_dir"] = str(
+            collect_models(
+                save_models, work_dir=work, result=out, run_config=run_config, node_dirs=nodes
+            )
+        )
     return out
 
 
