@@ -313,10 +313,19 @@ def run_local(
     run_config = announce(run_config)  # a factory that does not load: refused before any process
     work = (default_work_dir() if work_dir is None else Path(work_dir)).absolute()
     # one launcher per work directory for the whole run (the ServerApp locks work/server)
-    with hold_directory(work, name="work_dir"):
+    # and one writer of the models folder, from the run's start to its assembly
+    with hold_directory(work, name="work_dir"), hold_directory(save_models, name="save_models"):
         check_work_dir(work, resume=bool(run_config.get("resume", False)))
         return _run_local(
-            work, num_supernodes, run_config, state_dir, timeout, progress, on_started, node_configs
+            work,
+            num_supernodes,
+            run_config,
+            state_dir,
+            timeout,
+            progress,
+            on_started,
+            node_configs,
+            save_models,
         )
 
 
@@ -329,6 +338,7 @@ def _run_local(
     progress: Callable[[str], None] | None,
     on_started: Callable[[list[int]], None] | None,
     node_configs: Sequence[dict[str, Any]] | None,
+    save_models: str | Path | None,
 ) -> dict[str, Any]:
     states = Path(state_dir).absolute() if state_dir is not None else work / "nodes"
     out_dir = work / SERVER_DIR
