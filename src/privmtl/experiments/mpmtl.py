@@ -100,7 +100,8 @@ _PREPROCESSING = {
     "unit-norm": "every feature row scaled to unit l2 norm",
     "per-task": "each task's features standardized with the mean and standard deviation of its "
     "own training split (columns constant there kept as they are), and a constant column "
-    f"{INTERCEPT!r} appended when no feature is constant (the linear models have no intercept)",
+    f"{INTERCEPT!r} appended when no feature is constant; a regression task's targets centred by "
+    "its own training mean (its unpenalized intercept, added back to its predictions)",
     "none": "features as in the data",
 }
 
