@@ -74,3 +74,24 @@ def test_school_and_synthetic_keep_models_without_intercepts():
 
     assert not target_offsets(train, "none").any()
     assert not target_offsets(train, "unit-norm").any()  # School's protocol
+
+
+def test_sweep_selection_scores_candidates_with_their_intercepts(tmp_path, capsys):
+    import json
+
+    from privmtl.cli import main
+
+    def sweep(path, out):
+        code = main(["mpmtl-sweep", "--data", "table", "--data-path", str(path),
+                     "--task-column", "task", "--target-column", "y", "--methods", "stl-l2",
+                     "--epsilons", "1", "--out", str(out), "--json"])  # fmt: skip
+        cap = capsys.readouterr()
+        assert code == 0, cap.err
+        return {r["method"]: r for r in json.loads(cap.out)["summary"]}
+
+    a = sweep(_diabetes_tasks(tmp_path / "a.csv"), tmp_path / "sa")
+    b = sweep(_diabetes_tasks(tmp_path / "b.csv", shift=152.0), tmp_path / "sb")
+    # per-task selection on validation rows: predictions without the intercepts would miss every
+    # task's mean (nMSE above 5 here)
+    assert a["stl-l2"]["selection_method"] == "client" and a["stl-l2"]["mean"] < 0.9
+    assert abs(a["stl-l2"]["mean"] - b["stl-l2"]["mean"]) <= 1e-9
