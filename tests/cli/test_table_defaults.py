@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from privmtl.cli import main
+from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING, SCALING_DESCRIPTIONS
 
 FEATURES = [f"f{j}" for j in range(6)]
 
@@ -43,7 +44,7 @@ def test_twelve_clients_at_default_flags(tmp_path, capsys):
     out = _pmtl(capsys, tmp_path / "t.csv")
     assert out["num_clients"] == 12 and out["clients_per_round"] == 12
     assert out["clients_per_round_default"] is True
-    assert out["scaling"] == "per-client standardization (own training split)"
+    assert out["scaling"] == SCALING_DESCRIPTIONS[DEFAULT_CLIENT_SCALING]
     assert any("own training rows" in n for n in out["guarantee"]["notes"])
     assert out["test_accuracy"] > 0.9
     # an explicit value that cannot work is still an error, in one line
@@ -136,7 +137,9 @@ def test_sweeps_take_the_same_table_options(tmp_path, capsys):
     cap = capsys.readouterr()
     assert code == 0, cap.err
     keys = _logged_keys(tmp_path / "ps")
-    assert keys and all(k["scaling"] == "per-client" and k["client_column"] == "user" for k in keys)
+    assert keys and all(
+        k["scaling"] == DEFAULT_CLIENT_SCALING and k["client_column"] == "user" for k in keys
+    )
     _tasks(tmp_path / "t.csv", offset=0.0, m=4, n=30)
     code = main(["mpmtl-sweep", "--data", "table", "--data-path", str(tmp_path / "t.csv"),
                  "--task-column", "site", "--target-column", "outcome", "--methods",

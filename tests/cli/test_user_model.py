@@ -90,7 +90,7 @@ def test_factory_from_the_working_directory_saves_and_evaluates_anywhere(
     assert (data["client_column"], data["label_column"], data["scaling"]) == (
         "user",
         "label",
-        "per-client",
+        "per-client-clipped",
     )
     # from another directory, the factory's module gone from sys.modules: same accuracy
     monkeypatch.chdir("/")

@@ -6,7 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from privmtl.data.federated_table import SCALING_DESCRIPTIONS, load_federated_table
+from privmtl.data.federated_table import (
+    DEFAULT_CLIENT_SCALING,
+    SCALING_CLIP,
+    SCALING_DESCRIPTIONS,
+    client_scaling,
+    load_federated_table,
+)
 from privmtl.data.multitask import INTERCEPT, MultiTaskDataset, standardization
 from privmtl.exceptions import DataFormatError
 from privmtl.experiments.mpmtl import data_protocol, load_mpmtl_data
@@ -81,6 +87,41 @@ def test_bad_scaling_and_pmtl_errors_name_the_cli_flags(tmp_path):
     with pytest.raises(DataFormatError, match="--label-column") as err:
         load_federated_table(tmp_path / "bad.csv", client_column="user", label_column="label")
     assert "task" not in str(err.value) and "target" not in str(err.value)
+
+
+def test_default_clips_standardized_values_of_each_client(tmp_path):
+    frame = _fed_table(tmp_path / "t.csv")
+    # client u0: column a is almost constant on its training rows and ordinary on its test rows
+    # (a pixel that is rarely lit in one client's training images); the split ignores values
+    rows = np.flatnonzero(frame["user"] == "u0")
+    test_b = _load(tmp_path / "t.csv", "none").test_x[0][:, 1].double().numpy()
+    in_test = np.isclose(frame.loc[rows, "b"].to_numpy()[:, None], test_b[None, :], atol=1e-5)
+    frame.loc[rows, "a"] = 0.0
+    frame.loc[rows[~in_test.any(1)][:2], "a"] = 1e-3
+    frame.loc[rows[in_test.any(1)], "a"] = 1.0
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    assert DEFAULT_CLIENT_SCALING == "per-client-clipped"
+    plain = _load(tmp_path / "t.csv", "per-client")
+    ds = load_federated_table(tmp_path / "t.csv", client_column="user", label_column="label")
+    assert ds.scaling == SCALING_DESCRIPTIONS["per-client-clipped"]
+    worst = max(float(x.abs().max()) for x in (*plain.train_x, *plain.val_x, *plain.test_x))
+    assert worst > 10 * SCALING_CLIP  # without the clip this column blows up
+    for split in ("train", "val", "test"):
+        for got, want in zip(getattr(ds, f"{split}_x"), getattr(plain, f"{split}_x"), strict=True):
+            assert float(got.abs().max()) <= SCALING_CLIP
+            assert np.allclose(got, np.clip(want, -SCALING_CLIP, SCALING_CLIP))
+
+
+def test_client_scaling_fits_on_the_rows_it_is_given():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(30, 2)) * [1e-3, 1e3]
+    z = client_scaling(x, "per-client")(x)
+    assert np.allclose(z.mean(0), 0) and np.allclose(z.std(0), 1)
+    far = client_scaling(x, "per-client-clipped")(100 * x)  # rows far outside the fitted ones
+    assert np.abs(far).max() == SCALING_CLIP
+    assert np.array_equal(client_scaling(x, "none")(x), x)
+    with pytest.raises(Exception, match="scaling"):
+        client_scaling(x, "pooled")
 
 
 def test_multitask_standardize_uses_each_tasks_training_rows():

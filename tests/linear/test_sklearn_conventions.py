@@ -93,3 +93,45 @@ def test_stacked_tasks_refuses_a_fold_without_some_task():
     keep = X[:, 0] != 4
     with pytest.raises(Exception, match="no training row"):
         StackedTasks(STLRidge(), n_tasks=12).fit(X[keep], y[keep])
+
+
+def test_cross_val_score_with_default_folds_on_stacked_rows():
+    from sklearn.model_selection import KFold, cross_val_score
+
+    X, y, _ = _data()
+    # stack_tasks interleaves the tasks: every block of consecutive rows holds every task
+    for tr, va in KFold(3).split(X):
+        assert set(X[tr, 0]) == set(X[va, 0]) == set(range(12))
+    scores = cross_val_score(StackedTasks(STLRidge(lam=1.0)), X, y, cv=3, error_score="raise")
+    assert np.all(np.isfinite(scores)) and scores.shape == (3,)
+    folds = list(KFold(3).split(X))
+    assert np.mean(scores) == pytest.approx(
+        1.0 - _cv_nmse(lambda: STLRidge(lam=1.0), X, y, folds), rel=1e-9
+    )
+    search = GridSearchCV(StackedTasks(STLRidge()), {"estimator__lam": [1e-3, 1.0, 30.0]}, cv=3)
+    search.fit(X, y)
+    assert np.all(np.isfinite(search.cv_results_["mean_test_score"]))
+    oracle = [_cv_nmse(lambda v=v: STLRidge(lam=v), X, y, folds) for v in (1e-3, 1.0, 30.0)]
+    assert search.best_params_["estimator__lam"] == (1e-3, 1.0, 30.0)[int(np.argmin(oracle))]
+
+
+def test_stack_tasks_keeps_each_tasks_rows_and_order():
+    train, _ = make_lowrank_tasks(n_tasks=5, n_samples=7, n_features=3, rank=2, random_state=0)
+    X, y = stack_tasks(train)
+    for i in range(5):
+        rows = X[:, 0] == i
+        assert np.array_equal(X[rows, 1:], train.X[i]) and np.array_equal(y[rows], train.y[i])
+
+
+def test_search_on_per_task_lists_says_what_to_use():
+    train, _ = make_lowrank_tasks(n_tasks=12, n_samples=30, n_features=6, rank=2, random_state=3)
+    est = MPMTLLowRank(epsilon=10.0, clip=100.0, iterations=5, noise_source="seeded")
+    search = GridSearchCV(est, {"lam": [1e-3, 1.0]}, cv=3, error_score="raise")
+    with pytest.raises(Exception, match="StackedTasks") as err:
+        search.fit(list(train.X), list(train.y))
+    assert "\n" not in str(err.value)
+    # rows stacked one task after another: a default fold leaves out whole tasks, and says so
+    Xs = np.vstack([np.column_stack([np.full(len(x), i), x]) for i, x in enumerate(train.X)])
+    with pytest.raises(Exception, match="stratified on the task column"):
+        GridSearchCV(StackedTasks(STLRidge()), {"estimator__lam": [1.0]}, cv=3,
+                     error_score="raise").fit(Xs, np.concatenate(train.y))  # fmt: skip

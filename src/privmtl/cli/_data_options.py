@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from privmtl.data.federated_table import CLIENT_SCALINGS
+from privmtl.data.federated_table import CLIENT_SCALINGS, DEFAULT_CLIENT_SCALING, SCALING_CLIP
 from privmtl.experiments.mpmtl import TABLE_SCALINGS
 
 __all__ = [
@@ -38,9 +38,11 @@ _FEATURES_HELP = (
     "table: comma-separated feature columns (default: every other column, all numeric)."
 )
 _PMTL_SCALING_HELP = (
-    "table: per-client (default): each client standardizes its features with the mean and "
-    "standard deviation of its OWN training split (never statistics pooled over clients, which "
-    "would read the other clients' data); none: features as in the file."
+    "table: per-client-clipped (default): each client standardizes its features with the mean "
+    "and standard deviation of its OWN training split (never statistics pooled over clients, "
+    f"which would read the other clients' data), then clips every value to +-{SCALING_CLIP:g} "
+    "(a feature that barely varies on a client's training rows cannot blow up on its other "
+    "rows); per-client: the same without the clip; none: features as in the file."
 )
 _MPMTL_SCALING_HELP = (
     "auto (default): unit-norm for --data school (the MP-MTL paper's protocol) and for dp-aggr "
@@ -168,7 +170,8 @@ def pmtl_data_kwargs(kw: dict[str, Any], data: str) -> dict[str, Any]:
     """Pop the PMTL data options from ``kw``, check them against ``data``, return run keywords.
 
     A table needs ``--data-path``, ``--client-column`` and ``--label-column``; the column and
-    scaling options apply to a table only. The scaling defaults to ``per-client``.
+    scaling options apply to a table only. The scaling defaults to
+    :data:`~privmtl.data.federated_table.DEFAULT_CLIENT_SCALING`.
     """
     names = ("data_path", "client_column", "label_column", "feature_columns", "scaling")
     opts = {n: kw.pop(n) for n in names}
@@ -177,12 +180,12 @@ def pmtl_data_kwargs(kw: dict[str, Any], data: str) -> dict[str, Any]:
             if opts[name] is None:
                 raise click.BadParameter("required with --data table", param_hint=_flag(name))
         if opts["scaling"] is None:
-            opts["scaling"] = CLIENT_SCALINGS[0]
+            opts["scaling"] = DEFAULT_CLIENT_SCALING
     else:
         for name in names[1:]:
             if opts[name] is not None:
                 raise click.BadParameter("only with --data table", param_hint=_flag(name))
-        opts["scaling"] = CLIENT_SCALINGS[0]  # ignored by the papers' data sets
+        opts["scaling"] = DEFAULT_CLIENT_SCALING  # ignored by the papers' data sets
     opts["feature_columns"] = _columns(opts["feature_columns"])
     return opts
 

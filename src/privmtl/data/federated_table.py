@@ -6,7 +6,7 @@ into train / validation / test, each client with its own stream seeded by (seed,
 
 By default every client then standardizes its features with the mean and standard deviation of its
 **own training split** (:func:`~privmtl.data.multitask.standardization`), applied to its own
-train, validation and test rows. Statistics pooled over clients would read every client's data
+train, validation and test rows, and clips every standardized value to ``±SCALING_CLIP``. Statistics pooled over clients would read every client's data
 outside the private releases; per-client statistics are part of each client's local computation,
 like its personalized model, and leave the guarantee unchanged.
 """
@@ -17,7 +17,7 @@ import math
 import os
 import warnings
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -28,17 +28,38 @@ from privmtl.data.multitask import standardization
 from privmtl.data.readers import dataset_from_frame, read_frame
 from privmtl.exceptions import DataFormatError, PrivmtlWarning
 
-__all__ = ["CLIENT_SCALINGS", "MIN_CLIENT_ROWS", "SCALING_DESCRIPTIONS", "load_federated_table"]
+__all__ = [
+    "CLIENT_SCALINGS",
+    "DEFAULT_CLIENT_SCALING",
+    "MIN_CLIENT_ROWS",
+    "SCALING_CLIP",
+    "SCALING_DESCRIPTIONS",
+    "client_scaling",
+    "load_federated_table",
+]
 
 #: Rows a client needs: at least one training and one test example.
 MIN_CLIENT_ROWS = 2
 
-CLIENT_SCALINGS = ("per-client", "none")
-"""Feature scaling of a federated table: each client standardizes with the statistics of its own
-training split (the default), or the features are used as they are."""
+CLIENT_SCALINGS = ("per-client-clipped", "per-client", "none")
+"""Feature scaling of a federated table, always with the statistics of each client's own training
+split: ``per-client-clipped`` (the default) standardizes and then clips every standardized value
+to ``[-SCALING_CLIP, SCALING_CLIP]``; ``per-client`` standardizes without the clip; ``none`` uses
+the features as they are."""
+
+DEFAULT_CLIENT_SCALING = CLIENT_SCALINGS[0]
+
+SCALING_CLIP = 3.0
+"""Bound on a standardized feature value under ``per-client-clipped``. A column that barely varies
+on a client's training rows (a pixel that is almost always blank) has a tiny standard deviation, so
+an ordinary value of it on a validation or test row would become tens of standard deviations; the
+clip keeps every feature within a few standard deviations, whatever the column's unit. Chosen by
+measurement (``benchmarks/results/digits_scaling.md``)."""
 
 #: What each scaling did, as results and saved models report it (``"scaling"``).
 SCALING_DESCRIPTIONS = {
+    "per-client-clipped": "per-client standardization (own training split), "
+    f"clipped to +-{SCALING_CLIP:g} standard deviations",
     "per-client": "per-client standardization (own training split)",
     "none": "none",
 }
@@ -88,6 +109,33 @@ def _label_space(labels: np.ndarray, n_classes: int | None, src: str, column: st
     return n_classes
 
 
+def client_scaling(X_train: np.ndarray, scaling: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The feature transform one client fits on its own training rows ``X_train``.
+
+    Parameters
+    ----------
+    X_train : ndarray of shape (n, d)
+        The client's training rows (never another client's).
+    scaling : {"per-client-clipped", "per-client", "none"}
+        See :data:`CLIENT_SCALINGS`. Standardization is
+        :func:`~privmtl.data.multitask.standardization` (columns constant on ``X_train`` keep
+        their values before the clip).
+
+    Returns
+    -------
+    callable
+        Maps the client's rows (any split) to float64 features.
+    """
+    check_choice("scaling", scaling, CLIENT_SCALINGS)
+    if scaling == "none":
+        return lambda X: np.asarray(X, dtype=np.float64)
+    mean, scale = standardization(X_train)
+    if scaling == "per-client":
+        return lambda X: (np.asarray(X, dtype=np.float64) - mean) / scale
+    bound = SCALING_CLIP
+    return lambda X: np.clip((np.asarray(X, dtype=np.float64) - mean) / scale, -bound, bound)
+
+
 def load_federated_table(
     path: str | os.PathLike[str],
     *,
@@ -98,7 +146,7 @@ def load_federated_table(
     test_fraction: float = 0.2,
     val_fraction: float = 0.1,
     random_state: int = 0,
-    scaling: str = "per-client",
+    scaling: str = DEFAULT_CLIENT_SCALING,
 ) -> FederatedDataset:
     """Read a CSV/Parquet table into a :class:`~privmtl.data.federated.FederatedDataset`.
 
@@ -126,10 +174,13 @@ def load_federated_table(
         stays for training).
     random_state : int, default 0
         Seed of the splits.
-    scaling : {"per-client", "none"}, default "per-client"
+    scaling : {"per-client-clipped", "per-client", "none"}, default "per-client-clipped"
         ``"per-client"``: each client's features are centred and scaled with the mean and
         standard deviation of its own training split (columns constant there are left as they
-        are); never with statistics pooled over clients. ``"none"``: as in the file.
+        are); never with statistics pooled over clients. ``"per-client-clipped"``: the same, then
+        every value clipped to ``[-SCALING_CLIP, SCALING_CLIP]`` (:data:`SCALING_CLIP`), so a
+        column that barely varies on a client's training rows cannot blow up on its other rows.
+        ``"none"``: as in the file.
 
     Raises
     ------
@@ -171,13 +222,9 @@ def load_federated_table(
         n_val = min(math.floor(val_fraction * (n - n_test)), n - n_test - 1)
         perm = np.random.default_rng([seed, zlib.crc32(name.encode())]).permutation(n)
         parts = [np.sort(p) for p in np.split(perm, [n_test, n_test + n_val])]
-        mean, scale = (
-            standardization(x[parts[2]])  # the client's own training rows only
-            if scaling == "per-client"
-            else (np.zeros(x.shape[1]), np.ones(x.shape[1]))
-        )
+        transform = client_scaling(x[parts[2]], scaling)  # the client's own training rows only
         for idx, xs, ys in zip(parts, (sx, vx, tx), (sy, vy, ty), strict=True):
-            xs.append(torch.from_numpy(np.ascontiguousarray((x[idx] - mean) / scale, np.float32)))
+            xs.append(torch.from_numpy(np.ascontiguousarray(transform(x[idx]), np.float32)))
             ys.append(torch.from_numpy(y[idx].astype(np.int64)))
     ds = FederatedDataset(
         client_ids=list(tasks.task_names),

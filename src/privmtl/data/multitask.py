@@ -330,6 +330,16 @@ class MultiTaskDataset:
             Xs.append((Xi - mean) / scale)
         return self._replace(Xs, self.y)
 
+    def target_means(self) -> FloatArray:
+        """Every task's mean target on this dataset's rows, shape ``(n_tasks,)``.
+
+        Fit on a training split, these are per-task intercepts: subtracting task ``i``'s mean from
+        its own training targets and adding it back to its own predictions fits that task's
+        intercept without penalty (as scikit-learn's ``fit_intercept`` does with centred
+        features), and uses no other task's rows.
+        """
+        return np.array([float(np.mean(yi)) for yi in self.y], dtype=np.float64)
+
     def has_constant_feature(self) -> bool:
         """Whether some feature is a non-zero constant within every task (it acts as an intercept)."""
         for j in range(self.n_features):

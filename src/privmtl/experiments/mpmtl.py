@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.multitask import INTERCEPT, MultiTaskDataset
@@ -50,6 +51,7 @@ __all__ = [
     "evaluate_saved",
     "load_mpmtl_data",
     "run_mpmtl",
+    "target_offsets",
 ]
 
 DATASETS = ("school", "synthetic-lowrank", "synthetic-groupsparse", "table")
@@ -99,7 +101,8 @@ _PREPROCESSING = {
     "unit-norm": "every feature row scaled to unit l2 norm",
     "per-task": "each task's features standardized with the mean and standard deviation of its "
     "own training split (columns constant there kept as they are), and a constant column "
-    f"{INTERCEPT!r} appended when no feature is constant (the linear models have no intercept)",
+    f"{INTERCEPT!r} appended when no feature is constant; a regression task's targets centred by "
+    "its own training mean (its unpenalized intercept, added back to its predictions)",
     "none": "features as in the data",
 }
 
@@ -192,6 +195,21 @@ def load_mpmtl_data(
         if not train.has_constant_feature():
             train, test = train.with_intercept(), test.with_intercept()
     return train, test
+
+
+def target_offsets(train: MultiTaskDataset, scaling: str | None) -> NDArray[np.float64]:
+    """Per-task intercepts of a fit: each task's mean training target, or zeros.
+
+    A user's regression table standardized per task (``scaling="per-task"``, its default) has
+    centred features, so fitting every model to targets centred by these means, and adding them
+    back to the predictions, is the unpenalized per-task intercept scikit-learn fits: shifting a
+    task's targets shifts its predictions and nothing else. Each task's mean comes from its own
+    training rows and serves its own predictions only. Every other protocol (School's unit-norm
+    rows, the synthetic tasks, classification) keeps the models without intercepts (zeros).
+    """
+    if scaling == "per-task" and train.task_type == "regression":
+        return train.target_means()
+    return np.zeros(train.n_tasks)
 
 
 def _supported(cls: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -379,7 +397,8 @@ def run_mpmtl(
         fixed["refit_lam"] = None  # the paper's projected output (the default is the refit)
     fixed.update(extra_params or {})
     fixed = _supported(cls, fixed)
-    Xs, ys = list(train.X), list(train.y)
+    offsets = target_offsets(train, scaling)
+    Xs, ys = list(train.X), [y - o for y, o in zip(train.y, offsets, strict=True)]
     best: dict[str, Any] = {}
     tuned = False
     note = "no tuning (the estimator's defaults)"
@@ -437,7 +456,7 @@ def run_mpmtl(
     pred = (
         est.decision_function(list(test.X))
         if train.task_type == "classification" and hasattr(est, "decision_function")
-        else est.predict(list(test.X))
+        else [p + o for p, o in zip(est.predict(list(test.X)), offsets, strict=True)]
     )
     guarantee = _guarantee_of(method, est)
     if tune_mode == "pooled" and tuned and math.isfinite(guarantee.epsilon):
@@ -497,6 +516,12 @@ def run_mpmtl(
                 "features: each task standardized with the mean and standard deviation of its "
                 "own training rows (never pooled over tasks), part of its local computation"
             )
+        if np.any(offsets != 0):
+            out["target_offsets"] = offsets.tolist()
+            out["guarantee"]["notes"].append(
+                "targets: each task's intercept is the mean target of its own training rows, "
+                "added to its own predictions only (never released to other tasks)"
+            )
     out["seconds"] = time.perf_counter() - t0
     if save_models is not None:
         out["models_dir"] = str(
@@ -532,6 +557,7 @@ def run_mpmtl(
                         else "built-in synthetic generator, train/test drawn from the seed"
                     ),
                     "task_type": train.task_type,
+                    "target_offsets": offsets.tolist(),
                     "task_names": list(train.task_names),
                     "n_tasks": train.n_tasks,
                     "n_features": train.n_features,
@@ -711,7 +737,10 @@ def evaluate_saved(
             f"The saved model has d={d} features and m={m} tasks; the data {name!r} has "
             f"d={test.n_features}, m={test.n_tasks}. Pass the --data the run used."
         )
-    scores = [np.asarray(x @ coef[:, i], dtype=np.float64) for i, x in enumerate(test.X)]
+    offsets = saved.get("target_offsets") or [0.0] * m  # absent: saved without intercepts
+    scores = [
+        np.asarray(x @ coef[:, i] + offsets[i], dtype=np.float64) for i, x in enumerate(test.X)
+    ]
     out: dict[str, Any] = {
         "family": "mpmtl",
         "method": meta.get("method"),

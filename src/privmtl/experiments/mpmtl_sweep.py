@@ -279,7 +279,9 @@ def run_mpmtl_sweep(
         if not all(_accountable(c) for c in cands):
             return pooled_logged_none(method=method, epsilon=epsilon, seed=seed)
         coefs = [np.asarray(c["coef"], dtype=float) for c in cands]
-        scores = _task_val_scores(coefs, val, classification)
+        # each candidate's per-task intercepts (its fit part's own target means; none: zeros)
+        offsets = [np.asarray(c.get("target_offsets") or np.zeros(len(val))) for c in cands]
+        scores = _task_val_scores(coefs, val, classification, offsets)
         sel = select_candidates(
             select="client" if method in ISOLATED_METHODS else select,
             scores=scores,
@@ -300,7 +302,7 @@ def run_mpmtl_sweep(
         else:
             row = dict(cands[0])
             row["params"] = None
-            row[metric] = _per_task_metric(coefs, sel["choices"], test, classification)
+            row[metric] = _per_task_metric(coefs, sel["choices"], test, classification, offsets)
         row = {k: v for k, v in row.items() if k not in ("coef", "release_events")}
         row["tuned"] = len(cands) > 1
         row["tuning_note"] = sel["note"]
@@ -484,9 +486,13 @@ def _accountable(row: dict[str, Any]) -> bool:
 
 
 def _task_val_scores(
-    coefs: list[np.ndarray], val: list[tuple[np.ndarray, np.ndarray]], classification: bool
+    coefs: list[np.ndarray],
+    val: list[tuple[np.ndarray, np.ndarray]],
+    classification: bool,
+    offsets: list[np.ndarray],
 ) -> np.ndarray:
-    """(m, K): task ``i``'s validation score of candidate ``j`` with its own column ``w_i``.
+    """(m, K): task ``i``'s validation score of candidate ``j`` with its own column ``w_i``
+    and its own intercept ``offsets[j][i]``.
 
     Mean squared error (regression) or AUC (classification); NaN without validation samples
     (or with one class only).
@@ -500,16 +506,21 @@ def _task_val_scores(
         return out
     for j, W in enumerate(coefs):
         ys = [val[i][1] for i in has]
-        preds = [val[i][0] @ W[:, i] for i in has]
+        preds = [val[i][0] @ W[:, i] + offsets[j][i] for i in has]
         out[has, j] = per_task_auc(ys, preds) if classification else per_task_mse(ys, preds)
     return out
 
 
 def _per_task_metric(
-    coefs: list[np.ndarray], choices: np.ndarray, test: MultiTaskDataset, classification: bool
+    coefs: list[np.ndarray],
+    choices: np.ndarray,
+    test: MultiTaskDataset,
+    classification: bool,
+    offsets: list[np.ndarray],
 ) -> float:
-    """The sweep metric of the per-task choice: task ``i`` predicts with ``W_{choices[i]}[:, i]``."""
+    """The sweep metric of the per-task choice: task ``i`` predicts with ``W_{choices[i]}[:, i]``
+    plus that candidate's intercept of task ``i``."""
     from privmtl.linear.metrics import aauc, nmse
 
-    preds = [test.X[i] @ coefs[int(c)][:, i] for i, c in enumerate(choices)]
+    preds = [test.X[i] @ coefs[int(c)][:, i] + offsets[int(c)][i] for i, c in enumerate(choices)]
     return aauc(list(test.y), preds) if classification else nmse(list(test.y), preds)

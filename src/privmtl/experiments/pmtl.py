@@ -28,6 +28,7 @@ import torch
 
 from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
+from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.federated.finetune_selection import SELECT_MODES
@@ -109,14 +110,15 @@ def load_federated(
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
     num_clients: int | None = None,
-    scaling: str = "per-client",
+    scaling: str = DEFAULT_CLIENT_SCALING,
 ) -> FederatedDataset:
     """FEMNIST writers (or any LEAF classification set), built-in synthetic, or a user's table.
 
     ``data="table"`` reads ``data_path`` (CSV/Parquet) with
     :func:`~privmtl.data.federated_table.load_federated_table`; ``client_column`` and
-    ``label_column`` are then required, and ``scaling`` (``"per-client"``: each client
-    standardizes its features with its own training split's statistics; ``"none"``) applies. The
+    ``label_column`` are then required, and ``scaling`` (``"per-client-clipped"``, the default:
+    each client standardizes its features with its own training split's statistics and clips them
+    to a few standard deviations; ``"per-client"``: without the clip; ``"none"``) applies. The
     papers' data sets are used as published (``scaling`` does not apply to them). ``num_clients``
     (synthetic only) is the population size ``m`` of :func:`~privmtl.data.federated.make_synthetic_federated` (default 50); every other
     generator parameter keeps its documented default.
@@ -245,7 +247,7 @@ def run_pmtl(
     adaptive_clip_noise: float | None = None,
     local_select: str = "client",
     diagnostics: bool = False,
-    scaling: str = "per-client",
+    scaling: str = DEFAULT_CLIENT_SCALING,
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from privmtl._validation import check_choice
+from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
 from privmtl.experiments.pmtl import load_federated, run_pmtl
 from privmtl.experiments.runlog import RunLog
 from privmtl.experiments.sweep import (
@@ -73,7 +74,7 @@ def run_pmtl_sweep(
     client_column: str | None = None,
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
-    scaling: str = "per-client",
+    scaling: str = DEFAULT_CLIENT_SCALING,
 ) -> dict[str, Any]:
     """Run the sweep; returns ``{"rows": chosen rows, "candidates": all runs, "summary": ...}``.
 

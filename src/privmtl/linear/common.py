@@ -240,7 +240,12 @@ class _LinearMTLMixin:
         Xl, _ = check_tasks(Xs, None)
         d, m = self.coef_.shape
         if len(Xl) != m:
-            raise DataFormatError(f"the model was fitted on {m} tasks; got {len(Xl)} tasks.")
+            raise DataFormatError(
+                f"the model was fitted on {m} tasks; got {len(Xl)} tasks. scikit-learn's model "
+                "selection (GridSearchCV, cross_val_score) splits a list of tasks into tasks, not "
+                "rows: wrap the estimator in privmtl.linear.StackedTasks and pass "
+                "privmtl.linear.stack_tasks(Xs, ys)."
+            )
         if Xl[0].shape[1] != d:
             raise DataFormatError(f"the model was fitted with {d} features; got {Xl[0].shape[1]}.")
         return Xl

@@ -6,9 +6,10 @@ holds
 ``coef.npy``
     The fitted ``W`` as a float64 NumPy array of shape ``(d, m)`` (``numpy.load("coef.npy")``):
     column ``i`` is task ``i``'s weight vector ``w_i``, in the order of the tasks of the data set
-    (``data.task_ids`` in ``model.json`` when the data has task names). There is no intercept: task
-    ``i`` scores a feature row ``x`` (preprocessed as the run did, see ``data.preprocessing``) as
-    ``s = x @ w_i``; regression predicts ``s``, logistic classification ``P(y = 1) = 1/(1+e^-s)``.
+    (``data.task_ids`` in ``model.json`` when the data has task names). Task ``i`` scores a
+    feature row ``x`` (preprocessed as the run did, see ``data.preprocessing``) as
+    ``s = x @ w_i + b_i``, ``b_i = data.target_offsets[i]`` in ``model.json`` (the task's mean
+    training target on a user's regression table; zero or absent otherwise); regression predicts ``s``, logistic classification ``P(y = 1) = 1/(1+e^-s)``.
 ``model.json``
     ``format`` (``"privmtl-models"``), ``version``, ``family`` (``"mpmtl"``), ``method``, the
     estimator and its parameters, ``loss``, the data the run used (name, path, split seed, train
@@ -60,7 +61,8 @@ def save_linear_models(
             "file": "coef.npy",
             "shape": list(W.shape),
             "dtype": "float64",
-            "layout": "column i is task i's weight vector; score = x @ coef[:, i] (no intercept)",
+            "layout": "column i is task i's weight vector; score = x @ coef[:, i] + "
+            "data.target_offsets[i] (0 when absent)",
         },
     }
     # signed: this user's folder is followed as it is (its recorded data path), see privmtl.trust

@@ -5,13 +5,19 @@ one ``(n_samples, n_features)`` array by rows, so :class:`StackedTasks` wraps an
 the tasks stacked: the first column of ``X`` is the task index ``0 .. m-1``, the other columns
 are the features, and ``y`` holds every row's target.
 
-Use folds that keep every task in every training split, e.g. scikit-learn's ``StratifiedKFold``
-on the task column: ``cv=list(StratifiedKFold(3, shuffle=True, random_state=0).split(X,
-X[:, 0]))``.
+Every training fold must hold rows of every task. :func:`stack_tasks` interleaves the tasks' rows
+(each task spread evenly from the first row to the last), so scikit-learn's default folds
+(``cv=3``: consecutive blocks of rows) already keep every task with at least ``cv`` rows in every
+fold: ``cross_val_score(StackedTasks(STLRidge()), X, y, cv=3)`` and ``GridSearchCV(...,
+cv=3)`` work on its output. Rows stacked some other way (one task after another) need folds
+stratified on the task column: ``cv=list(StratifiedKFold(3, shuffle=True,
+random_state=0).split(X, X[:, 0]))``; a fold that leaves out a whole task fails with a message
+saying so.
 
-A search over a private estimator fits it once per candidate and fold on the same data; as in
-:func:`~privmtl.linear.select_hyperparameters`, that tuning is not charged to the privacy budget
-of the selected model (:data:`~privmtl.linear.TUNING_NOT_CHARGED`).
+Such a search reads every task's rows, validation rows included, and fits a private estimator
+once per candidate and fold on the same data: as with
+:func:`~privmtl.linear.select_hyperparameters`, it is not covered by the ε of the selected model
+and not charged to it (:data:`~privmtl.linear.TUNING_NOT_CHARGED`).
 """
 
 from __future__ import annotations
@@ -33,13 +39,18 @@ def stack_tasks(Xs: Any, ys: Any = None) -> tuple[FloatArray, FloatArray | None]
     """Per-task arrays to stacked rows: ``X`` with the task index first, and ``y`` (or None).
 
     ``Xs`` may be a :class:`~privmtl.data.MultiTaskDataset` (its targets are used when ``ys`` is
-    None).
+    None). The tasks' rows are interleaved: row ``j`` of a task with ``n`` rows sits at relative
+    position ``(j + 1/2) / n`` (ties in task order), each task keeping its own row order. So any
+    block of consecutive rows, such as one of scikit-learn's default ``KFold`` folds, holds about
+    the same share of every task.
     """
     from privmtl.linear.common import check_tasks
 
     Xl, yl = check_tasks(Xs, ys)
     X = np.vstack([np.column_stack([np.full(x.shape[0], float(i)), x]) for i, x in enumerate(Xl)])
-    return X, None if yl is None else np.concatenate(yl)
+    where = np.concatenate([(np.arange(x.shape[0]) + 0.5) / x.shape[0] for x in Xl])
+    order = np.argsort(where, kind="stable")
+    return X[order], None if yl is None else np.concatenate(yl)[order]
 
 
 class StackedTasks(BaseEstimator):  # type: ignore[misc]
@@ -82,7 +93,11 @@ class StackedTasks(BaseEstimator):  # type: ignore[misc]
             raise DataFormatError("the first column of X must hold task indices 0, 1, ...")
         t = tasks.astype(np.int64)
         if m is not None and t.max() >= m:
-            raise DataFormatError(f"task index {int(t.max())} out of range for {m} tasks.")
+            raise DataFormatError(
+                f"task index {int(t.max())} out of range for the {m} tasks fitted (a fold whose "
+                "training rows miss a task?): use stack_tasks' row order with cv=k, or folds "
+                "stratified on the task column (StratifiedKFold(...).split(X, X[:, 0]))."
+            )
         return t, Xa[:, 1:]
 
     def fit(self, X: ArrayLike, y: ArrayLike) -> StackedTasks:
@@ -95,8 +110,9 @@ class StackedTasks(BaseEstimator):  # type: ignore[misc]
         missing = sorted(set(range(m)) - set(np.unique(t).tolist()))
         if missing:
             raise DataFormatError(
-                f"task(s) {missing[:5]} have no training row: use folds stratified on the task "
-                "column (e.g. StratifiedKFold(...).split(X, X[:, 0]))."
+                f"task(s) {missing[:5]} have no training row: use stack_tasks' row order with "
+                "cv=k, or folds stratified on the task column "
+                "(StratifiedKFold(...).split(X, X[:, 0]))."
             )
         self.estimator_ = clone(self.estimator).fit(
             [F[t == i] for i in range(m)], [ya[t == i] for i in range(m)]
