@@ -243,3 +243,29 @@ def test_pmtl_default_finetune_is_auto_and_its_grid_options_exit_2(capsys):
     code = main([*base, "--finetune-lrs", "0.1"])
     err = capsys.readouterr().err
     assert code == 2 and "finetune_lrs" in err and len(err.strip().splitlines()) == 1
+
+
+def test_pmtl_and_evaluate_say_which_model_the_clients_kept_and_what_the_shared_one_scores(
+    capsys, tmp_path
+):
+    """Human output of ``privmtl pmtl`` and ``privmtl evaluate``: the clients' end of the run in
+    words and the released global model's own scores, the same numbers as the JSON keys."""
+    args = ["pmtl", "--data", "synthetic", "--num-clients", "12", "--model", "logreg",
+            "--method", "fedavg", "--rounds", "2", "--epsilon", "2", "--reproducible-noise",
+            "--quiet"]  # fmt: skip
+    out = _json(capsys, [*args, "--json"])
+    assert main([*args, "--save-models", str(tmp_path / "m")]) == 0
+    human = capsys.readouterr().out.splitlines()
+    shared = (
+        "shared model alone (the released global model, scored on each client's own test data): "
+        f"test accuracy (pooled) = {out['global_test_accuracy']:.4f}; "
+        f"mean client accuracy = {out['global_mean_client_accuracy']:.4f}"
+    )
+    assert f"end of run: {out['end_of_run']}" in human and shared in human
+    assert out["end_of_run"].startswith(f"{out['clients_per_final_model']['trained']} of 12 ")
+    assert main(["evaluate", str(tmp_path / "m")]) == 0
+    human = capsys.readouterr().out.splitlines()
+    assert f"end of run (recorded at training): {out['end_of_run']}" in human and shared in human
+    ev = _json(capsys, ["evaluate", str(tmp_path / "m"), "--json"])
+    assert ev["clients_per_final_model"] == out["clients_per_final_model"]
+    assert ev["global_mean_client_accuracy"] == pytest.approx(out["global_mean_client_accuracy"])
