@@ -51,7 +51,7 @@ def _kill(femnist: Any, ckpt: Path, cfg: dict[str, Any], point: str, at: int) ->
     proc = subprocess.run(
         [sys.executable, str(KILL_SCRIPT), str(data_dir), str(cache), str(ckpt),
          json.dumps(cfg), point, str(at)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == -9, proc.stderr[-2000:]
 

@@ -245,7 +245,6 @@ def _kill(tmp_path: Path, ckpt: Path, stage: str, at: int, source: str, name: st
         [sys.executable, "-c", script, str(ckpt), stage, str(at), source, name],
         capture_output=True,
         text=True,
-        timeout=120,
         cwd=tmp_path,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
