@@ -93,10 +93,10 @@ AUTO_CLEAR_SIGNAL = 0.5
 """``finetune="auto"``: the billboard's signal is clear when the noise of its ``T`` releases,
 σ√(kT), is at most this share of the most their clipped means can add up to, Tγ."""
 AUTO_METHODS = ("pmtl", "fedavg", "fedprox", "fedrep")
+"""Methods whose billboard is a model worth fine-tuning (``finetune="auto"``)."""
 AUTO_PARTIAL = ("fedrep",)
 """Methods whose billboard is a part of the model by design (fedrep: the representation); its
 fine-tuned candidate starts from the billboard with the initial head."""
-"""Methods whose billboard is a model worth fine-tuning (``finetune="auto"``)."""
 
 AUTO_NOTE = (
     "finetune=auto: every client chose its model on its own validation split "
