@@ -69,13 +69,15 @@ def test_every_command_takes_quiet_and_verbose():
 
 
 def test_piped_run_has_no_carriage_return_spam():
+    # 30 rounds (the progress is thinned to every 3rd round) of a small population; the clients'
+    # end of the run (--finetune auto's local training grid) is not what is tested
     code = (
         "from privmtl.cli import main\n"
-        "raise SystemExit(main(['pmtl', '--data', 'synthetic', '--model', 'logreg', "
-        "'--rounds', '30', '--epsilon', '2', '--reproducible-noise', '--server-update', "
-        "'offset']))\n"
+        "raise SystemExit(main(['pmtl', '--data', 'synthetic', '--num-clients', '10', "
+        "'--model', 'logreg', '--rounds', '30', '--epsilon', '2', '--reproducible-noise', "
+        "'--server-update', 'offset', '--finetune', 'none']))\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "\r" not in res.stderr
     progress_lines = [line for line in res.stderr.splitlines() if line.startswith("pmtl: ")]
@@ -243,3 +245,28 @@ def test_sweep_plot_caption_fits_and_round_curves_never_share_a_colour(tmp_path,
     lines = figs.pop().axes[0].get_lines()
     assert len(lines) == 11
     assert len({tuple(np.atleast_1d(ln.get_color())) for ln in lines}) == 11
+
+
+def test_rounds_plot_has_no_empty_panel_and_equal_eps_curves_stay_distinct(tmp_path, monkeypatch):
+    """Without published training losses the figure is the ε panel alone; PMTL and FedAvg at the
+    same σ, q and T have the same ε curve, drawn with different line styles and markers."""
+    import matplotlib.figure
+
+    from privmtl.experiments.pmtl_sweep import plot_rounds
+
+    figs: list[matplotlib.figure.Figure] = []
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda self, *a, **k: figs.append(self)
+    )
+    eps = [0.2 * (t + 1) ** 0.5 for t in range(30)]
+    rows = [{"method": m, "target_epsilon": 1.0, "seed": 0, "guarantee": {"private": True},
+             "epsilon_per_round": eps} for m in ("pmtl", "fedavg")]  # fmt: skip
+    plot_rounds(rows, tmp_path / "r.png")
+    fig = figs.pop()
+    assert len(fig.axes) == 1
+    lines = fig.axes[0].get_lines()
+    assert [ln.get_label() for ln in lines] == ["fedavg ε=1", "pmtl ε=1"]
+    assert np.array_equal(lines[0].get_ydata(), lines[1].get_ydata())
+    assert lines[0].get_linestyle() != lines[1].get_linestyle()
+    assert lines[0].get_marker() != lines[1].get_marker()
+    assert "not published" in fig.texts[0].get_text()

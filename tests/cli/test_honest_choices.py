@@ -14,7 +14,7 @@ from privmtl.cli import main
 def test_delta_at_or_above_one_over_m_warns(capsys):
     # synthetic federation: m = 50 clients, so 1/m = 0.02
     code = main(["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1",
-                 "--epsilon", "2", "--delta", "0.05", "--json"])  # fmt: skip
+                 "--epsilon", "2", "--delta", "0.05", "--finetune", "none", "--json"])  # fmt: skip
     cap = capsys.readouterr()
     assert code == 0 and json.loads(cap.out)["delta"] == 0.05
     warn = [ln for ln in cap.err.splitlines() if ln.startswith("privmtl: warning:")]

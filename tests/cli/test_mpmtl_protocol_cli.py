@@ -106,7 +106,6 @@ def test_cli_run_killed_mid_iteration_resumes_to_the_same_result(capsys, tmp_pat
         [sys.executable, "-c", _KILLED_CLI.format(src=src, at=3), *args, "--checkpoint-dir", ck],
         capture_output=True,
         text=True,
-        timeout=120,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     out = _json(capsys, [*args, "--checkpoint-dir", ck, "--resume"])

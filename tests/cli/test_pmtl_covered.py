@@ -48,6 +48,8 @@ TABLE = ["--data", "table", "--client-column", "user", "--label-column", "label"
 SYN = ["--data", "synthetic", "--num-clients", "20"]
 FAST = ["--model", "logreg", "--rounds", "3", "--clients-per-round", "5", "--json", "--quiet",
         "--reproducible-noise", "--threads", "1"]  # fmt: skip
+# where the clients' end of the run (--finetune auto's local training grid) is not what is tested
+NO_FINISH = ["--finetune", "none"]
 
 
 def _run(capsys, *args) -> dict:
@@ -97,7 +99,8 @@ def test_default_json_has_no_curator_diagnostics(capsys):
 
 
 def test_diagnostics_flag_brings_them_back_labelled_not_covered(capsys):
-    out = _run(capsys, *SYN, *FAST, "--epsilon", "2", "--subspace-dim", "50", "--diagnostics")
+    out = _run(capsys, *SYN, *FAST, *NO_FINISH, "--epsilon", "2", "--subspace-dim", "50",
+               "--diagnostics")  # fmt: skip
     diag = out["curator_diagnostics"]
     assert set(diag) == {
         "train_loss_per_round",
@@ -113,7 +116,8 @@ def test_diagnostics_flag_brings_them_back_labelled_not_covered(capsys):
 
 
 def test_human_summary_says_not_covered(capsys):
-    assert main(["pmtl", *SYN, *[a for a in FAST if a != "--json"], "--diagnostics"]) == 0
+    args = [*SYN, *[a for a in FAST if a != "--json"], *NO_FINISH, "--diagnostics"]
+    assert main(["pmtl", *args]) == 0
     privacy = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("privacy:")]
     assert len(privacy) == 1 and "NOT COVERED: curator_diagnostics" in privacy[0]
 
@@ -127,8 +131,9 @@ def test_default_delta_is_below_one_over_m(m):
 
 def test_default_delta_end_to_end_on_a_table_and_synthetic(tmp_path, capsys):
     _table(tmp_path / "t.csv")
-    table = _run(capsys, *TABLE, "--data-path", str(tmp_path / "t.csv"), *FAST, "--epsilon", "2")
-    syn = _run(capsys, *SYN, *FAST, "--epsilon", "2")
+    table = _run(capsys, *TABLE, "--data-path", str(tmp_path / "t.csv"), *FAST, *NO_FINISH,
+                 "--epsilon", "2")  # fmt: skip
+    syn = _run(capsys, *SYN, *FAST, *NO_FINISH, "--epsilon", "2")
     for out in (table, syn):
         m = out["num_clients"]
         assert out["delta"] < 1.0 / m and out["guarantee"]["delta"] == out["delta"]
@@ -136,7 +141,7 @@ def test_default_delta_end_to_end_on_a_table_and_synthetic(tmp_path, capsys):
 
 
 def test_paper_delta_is_explicit(capsys):
-    out = _run(capsys, *SYN, *FAST, "--epsilon", "2", "--paper-delta")
+    out = _run(capsys, *SYN, *FAST, *NO_FINISH, "--epsilon", "2", "--paper-delta")
     assert out["delta"] == pytest.approx(1 / 20)
     assert any("paper" in n for n in out["guarantee"]["notes"])
     assert main(["pmtl", *SYN, *FAST, "--paper-delta", "--delta", "1e-6"]) == 2

@@ -19,7 +19,8 @@ def test_num_clients_builds_the_synthetic_population(capsys):
         ["pmtl", "--data", "synthetic", "--num-clients", "37", "--model", "logreg",
          "--rounds", "2", "--clients-per-round", "5", "--epsilon", "2", "--server-update",
          "offset", "--server-optimizer", "momentum", "--server-lr", "0.5",
-         "--shared-params", "linear.weight", "--reproducible-noise", "--json"],
+         "--shared-params", "linear.weight", "--reproducible-noise", "--finetune", "none",
+         "--json"],
     )  # fmt: skip
     assert code == 0, cap.err
     out = json.loads(cap.out)

@@ -7,7 +7,8 @@ import pytest
 from privmtl.cli import main
 
 RUN = ["pmtl", "--data", "synthetic", "--num-clients", "30", "--model", "logreg", "--rounds", "3",
-       "--clients-per-round", "6", "--epsilon", "2", "--reproducible-noise", "--json"]  # fmt: skip
+       "--clients-per-round", "6", "--epsilon", "2", "--reproducible-noise", "--finetune", "none",
+       "--json"]  # fmt: skip
 
 
 def test_subspace_and_adaptive_clip_flags_reach_the_run(capsys):

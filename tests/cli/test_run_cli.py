@@ -59,7 +59,8 @@ def test_mpmtl_table_with_nan_is_refused(capsys, tmp_path):
 
 def test_pmtl_json_contract_and_sequential_path(capsys):
     args = ["pmtl", "--data", "synthetic", "--model", "logreg", "--method", "pmtl", "--epsilon", "2",
-            "--rounds", "3", "--clients-per-round", "5", "--reproducible-noise", "--json"]  # fmt: skip
+            "--rounds", "3", "--clients-per-round", "5", "--reproducible-noise", "--finetune",
+            "none", "--json"]  # fmt: skip
     batched = _json(capsys, args)
     for key in PMTL_KEYS:
         assert key in batched
@@ -74,7 +75,7 @@ def test_pmtl_local_reports_zero_epsilon(capsys):
     out = _json(
         capsys,
         ["pmtl", "--data", "synthetic", "--model", "logreg", "--method", "local", "--rounds", "2",
-         "--json"],
+         "--finetune", "none", "--json"],
     )  # fmt: skip
     assert out["epsilon"] == 0.0
 
@@ -178,7 +179,8 @@ def test_pmtl_finetune_from_billboard_cli(capsys):
 
 
 def test_risky_setting_is_one_warning_line_and_json_stays_clean(capsys):
-    argv = ["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", "--json"]
+    argv = ["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", "--finetune",
+            "none", "--json"]  # fmt: skip
     code = main([*argv, "--server-update", "delta"])
     cap = capsys.readouterr()
     assert code == 0
@@ -189,7 +191,8 @@ def test_risky_setting_is_one_warning_line_and_json_stays_clean(capsys):
 
 
 def test_pmtl_defaults_are_the_ditto_message_without_warning(capsys):
-    code = main(["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1", "--json"])
+    code = main(["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1",
+                 "--finetune", "none", "--json"])  # fmt: skip
     cap = capsys.readouterr()
     assert code == 0 and "privmtl: warning" not in cap.err
     out = json.loads(cap.out)
@@ -205,6 +208,8 @@ def test_pmtl_defaults_are_the_ditto_message_without_warning(capsys):
             "1",
             "--epsilon",
             "2",
+            "--finetune",
+            "none",
             "--json",
         ]
     )
@@ -231,7 +236,17 @@ def test_pmtl_clients_per_round_above_population_exits_2(capsys):
 
 
 def test_pmtl_default_finetune_is_auto_and_its_grid_options_exit_2(capsys):
-    base = ["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "2"]
+    base = [
+        "pmtl",
+        "--data",
+        "synthetic",
+        "--num-clients",
+        "12",
+        "--model",
+        "logreg",
+        "--rounds",
+        "2",
+    ]
     assert main([*base, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["finetune"] == "auto" and out["finetune_auto"]["signal"]  # non-private
@@ -243,3 +258,29 @@ def test_pmtl_default_finetune_is_auto_and_its_grid_options_exit_2(capsys):
     code = main([*base, "--finetune-lrs", "0.1"])
     err = capsys.readouterr().err
     assert code == 2 and "finetune_lrs" in err and len(err.strip().splitlines()) == 1
+
+
+def test_pmtl_and_evaluate_say_which_model_the_clients_kept_and_what_the_shared_one_scores(
+    capsys, tmp_path
+):
+    """Human output of ``privmtl pmtl`` and ``privmtl evaluate``: the clients' end of the run in
+    words and the released global model's own scores, the same numbers as the JSON keys."""
+    args = ["pmtl", "--data", "synthetic", "--num-clients", "12", "--model", "logreg",
+            "--method", "fedavg", "--rounds", "2", "--epsilon", "2", "--reproducible-noise",
+            "--quiet"]  # fmt: skip
+    out = _json(capsys, [*args, "--json"])
+    assert main([*args, "--save-models", str(tmp_path / "m")]) == 0
+    human = capsys.readouterr().out.splitlines()
+    shared = (
+        "shared model alone (the released global model, scored on each client's own test data): "
+        f"test accuracy (pooled) = {out['global_test_accuracy']:.4f}; "
+        f"mean client accuracy = {out['global_mean_client_accuracy']:.4f}"
+    )
+    assert f"end of run: {out['end_of_run']}" in human and shared in human
+    assert out["end_of_run"].startswith(f"{out['clients_per_final_model']['trained']} of 12 ")
+    assert main(["evaluate", str(tmp_path / "m")]) == 0
+    human = capsys.readouterr().out.splitlines()
+    assert f"end of run (recorded at training): {out['end_of_run']}" in human and shared in human
+    ev = _json(capsys, ["evaluate", str(tmp_path / "m"), "--json"])
+    assert ev["clients_per_final_model"] == out["clients_per_final_model"]
+    assert ev["global_mean_client_accuracy"] == pytest.approx(out["global_mean_client_accuracy"])

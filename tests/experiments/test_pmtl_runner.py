@@ -41,6 +41,40 @@ def test_global_accuracy_is_reported_for_the_billboard():
     assert run_pmtl(**KW, method="local")["global_test_accuracy"] is None
 
 
+def test_result_says_which_model_every_client_ended_with_and_what_the_global_one_scores(
+    tmp_path,
+):
+    """clients_per_final_model / end_of_run repeat the clients' own choices; the global model's
+    mean client accuracy is the released model scored on each client's own test data, averaged
+    (oracle: the saved global model, evaluated here without privmtl)."""
+    import torch
+
+    from privmtl.data.federated import make_synthetic_federated
+
+    ds = make_synthetic_federated(n_clients=12, random_state=2)
+    kw = {**KW, "dataset": ds, "method": "fedavg", "clients_per_round": 6}
+    auto = run_pmtl(**kw, save_models=tmp_path / "auto")
+    counts = auto["finetune_auto"]["clients_per_candidate"]
+    assert auto["clients_per_final_model"] == counts and sum(counts.values()) == 12
+    words = [f"{counts['trained']} of 12 clients kept the trained global model"]
+    words.append(f"{counts['local']} trained locally from scratch")
+    assert auto["end_of_run"].startswith(", ".join(words))
+    glob = torch.load(tmp_path / "auto" / "global.pt", weights_only=True)
+    per_client = []
+    for x, y in zip(ds.test_x, ds.test_y, strict=True):
+        if len(y):
+            logits = x.double() @ glob["linear.weight"].double().T + glob["linear.bias"].double()
+            per_client.append(float((logits.argmax(1) == y).double().mean()))
+    assert auto["global_mean_client_accuracy"] == pytest.approx(sum(per_client) / len(per_client))
+    assert auto["covered"] is True  # scoring the released model is post-processing
+    none = run_pmtl(**kw, finetune="none")
+    assert none["clients_per_final_model"] == {"trained": 12}
+    assert none["end_of_run"] == "12 of 12 clients kept the trained global model"
+    assert none["global_mean_client_accuracy"] == none["mean_client_accuracy"]
+    local = run_pmtl(**{**kw, "method": "local"}, finetune="none")
+    assert local["global_mean_client_accuracy"] is None  # nothing released, no shared model
+
+
 def test_finetune_from_billboard_is_local_training_started_at_the_billboard(tmp_path):
     """Oracle: --finetune-start billboard equals train_local run from the saved global model."""
     import torch

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from privmtl.data.federated import make_synthetic_federated
+from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import make_model
 from privmtl.federated.finish import auto_plan, finish_clients
 
@@ -68,3 +69,26 @@ def test_finish_none_keeps_the_trained_models_and_auto_needs_its_plan():
         finish_clients("auto", ds, net, trained, board, **kw)
     with pytest.raises(InvalidParameterError, match="'finetune'"):
         finish_clients("sideways", ds, net, trained, board, **kw)
+
+
+def test_final_model_counts_and_their_words():
+    from privmtl.federated.finish import describe_final_models, final_model_counts
+
+    auto = final_model_counts("auto", 20, auto_counts={"trained": 0, "local": 20})
+    assert auto == {"trained": 0, "local": 20}
+    assert describe_final_models(auto, personalized=True) == (
+        "0 of 20 clients kept the trained personalized model, 20 trained locally from scratch"
+    )
+    three = {"trained": 2, "local": 15, "billboard-finetune": 3}
+    assert describe_final_models(three, personalized=False) == (
+        "2 of 20 clients kept the trained global model, 15 trained locally from scratch, "
+        "3 fine-tuned the released global model on their own data"
+    )
+    assert final_model_counts("none", 7) == {"trained": 7}
+    assert final_model_counts("mr", 7) == {"finetuned": 7}
+    assert final_model_counts("vanilla", 7, from_billboard=True) == {"billboard-finetune": 7}
+    assert describe_final_models({"finetuned": 7}, personalized=True) == (
+        "7 of 7 clients fine-tuned the trained personalized model on their own data"
+    )
+    with pytest.raises(InvalidParameterError, match="auto_counts"):
+        final_model_counts("auto", 7)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
-from privmtl.exceptions import InvalidParameterError
+from privmtl.exceptions import InvalidParameterError, PrivmtlWarning
 from privmtl.federated import FemnistCNN, MultinomialLogReg, TrainConfig
 from privmtl.federated.protocol import Trainer
 from privmtl.privacy.accounting import compute_epsilon
@@ -51,7 +51,7 @@ def _kill(femnist: Any, ckpt: Path, cfg: dict[str, Any], point: str, at: int) ->
     proc = subprocess.run(
         [sys.executable, str(KILL_SCRIPT), str(data_dir), str(cache), str(ckpt),
          json.dumps(cfg), point, str(at)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == -9, proc.stderr[-2000:]
 
@@ -152,7 +152,10 @@ def test_budget_stops_before_the_release_that_would_exceed_it(data, tmp_path):
     cfg = _cfg(rounds=40, noise_std=0.2)
     full = Trainer(data, _model(data), cfg).run()
     budget = full.epsilon / 2
-    stopped = Trainer(data, _model(data), cfg, budget_epsilon=budget).run()
+    with pytest.warns(PrivmtlWarning, match="stopped on the privacy budget") as caught:
+        stopped = Trainer(data, _model(data), cfg, budget_epsilon=budget).run()
+    assert len(caught) == 1  # said once, not once per remaining round
+    assert f"{len(stopped.history)} of 40 rounds ran" in str(caught[0].message)
     assert stopped.stopped_on_budget and not full.stopped_on_budget
     assert stopped.epsilon <= budget < full.epsilon
     assert 0 < len(stopped.history) < 40

@@ -352,7 +352,8 @@ def _flower_result(ds, flags, n_nodes=3):
 _SAME = ("epsilon", "delta", "noise_std", "clients_per_round", "lam", "personal_init",
          "global_test_accuracy", "test_accuracy", "mean_client_accuracy", "val_accuracy",
          "pre_finetune_test_accuracy", "finetune", "finetune_auto", "released_dim",
-         "rounds_run", "covered")  # fmt: skip
+         "rounds_run", "covered", "global_mean_client_accuracy", "clients_per_final_model",
+         "end_of_run")  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from privmtl.io import atomic_output_dir, to_jsonable, write_json_atomic
 __all__ = [
     "atomic_output_dir",
     "check_save_dir",
+    "echo_final_models",
     "echo_json",
     "name_options_in_errors",
     "number_list",
@@ -294,3 +295,28 @@ vote_share_option = click.option(
     show_default=True,
     help="With --select vote: the vote alone is (share × ε, δ)-DP.",
 )
+
+
+def echo_final_models(out: dict[str, Any], *, recorded: bool = False) -> None:
+    """Print which model the clients ended the run with and what the shared model alone scores.
+
+    ``out`` is a run's result (or :func:`~privmtl.experiments.pmtl.evaluate_saved`'s): its
+    ``end_of_run`` (``recorded``: read back from the saved run) and the released global model's
+    ``global_test_accuracy`` / ``global_mean_client_accuracy``, printed where it has a global
+    model (methods that release nothing have none).
+    """
+    if out.get("end_of_run"):
+        when = "end of run (recorded at training)" if recorded else "end of run"
+        click.echo(f"{when}: {out['end_of_run']}")
+    pooled, mean = out.get("global_test_accuracy"), out.get("global_mean_client_accuracy")
+    if pooled is None or mean is None:
+        return
+    partial = (
+        " (its shared layers; the others at their initial values)"
+        if out.get("shared_params")
+        else ""
+    )
+    click.echo(
+        f"shared model alone (the released global model{partial}, scored on each client's own "
+        f"test data): test accuracy (pooled) = {pooled:.4f}; mean client accuracy = {mean:.4f}"
+    )

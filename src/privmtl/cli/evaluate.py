@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import echo_json
+from privmtl.cli._common import echo_final_models, echo_json
 from privmtl.cli._data_options import evaluate_data_options
 
 __all__ = ["evaluate"]
@@ -133,6 +133,8 @@ def evaluate(
         return
     metric = next(k for k in ("test_accuracy", "nmse", "auc") if k in out)
     click.echo(f"{out.get('method')} ({family}) from {models_dir}: {metric} = {out[metric]:.4f}")
+    if family == "pmtl":
+        echo_final_models(out, recorded=True)
     if out.get("summary"):
         click.echo(f"privacy: {out['summary']}")
     for note in out.get("notes") or ():

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import check_save_dir, echo_json, on_abort, to_jsonable
+from privmtl.cli._common import check_save_dir, echo_final_models, echo_json, on_abort, to_jsonable
 from privmtl.cli._spec_options import (
     check_config_code,
     config_option,
@@ -258,13 +258,15 @@ def local(**kw: Any) -> None:
         echo_json(sign(to_jsonable(out)) if is_factory_spec(str(out.get("model"))) else out)
         return
     click.echo(
-        f"pmtl ({out['model']}) on {out['data']} via {out['engine']}: m={out['num_clients']}, "
+        f"{out['method']} ({out['model']}) on {out['data']} via {out['engine']}: "
+        f"m={out['num_clients']}, "
         f"q={out['clients_per_round']}, T={out['rounds']}, σ={out['noise_std']:.4g}"
     )
     click.echo(
         f"test accuracy (pooled) = {out['test_accuracy']:.4f}; mean client accuracy = "
         f"{out['mean_client_accuracy']:.4f}"
     )
+    echo_final_models(out)
     click.echo(f"privacy: {out['summary']}")
     if out.get("secure_aggregation"):
         sa = out["secure_aggregation"]

@@ -11,6 +11,7 @@ from privmtl.cli._common import (
     abort_hint_for_checkpoint,
     atomic_output_dir,
     check_save_dir,
+    echo_final_models,
     echo_json,
     number_list,
     on_abort,
@@ -88,6 +89,7 @@ def _human(out: dict[str, Any]) -> None:
         f"test accuracy (pooled) = {_fmt(out['test_accuracy'], '.4f')}; mean client accuracy = "
         f"{_fmt(out['mean_client_accuracy'], '.4f')}" + _finetune_label(out)
     )
+    echo_final_models(out)
     click.echo(
         f"time: {_fmt(out['seconds'], '.1f')}s ({_fmt(out['seconds_per_round'], '.3f')}s/round)"
     )

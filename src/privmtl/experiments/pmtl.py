@@ -41,6 +41,7 @@ from privmtl.federated.finish import (
     AUTO_ORDERS,
     auto_info,
     auto_plan,
+    final_models_keys,
     finish_clients,
     stack_trained,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "FL_DATASETS",
     "FL_METHODS",
     "FL_MODELS",
+    "NO_RELEASE_METHODS",
     "default_clients_per_round",
     "default_femnist_dir",
     "default_lam",
@@ -90,6 +92,8 @@ __all__ = [
 FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
 FL_METHODS = RUN_METHODS
+NO_RELEASE_METHODS = ("local", "local-all")
+"""The methods that train every client alone: nothing is released, there is no shared model."""
 FINETUNE_STARTS = ("auto", "billboard")
 """Where fine-tuning starts: the personalized models when the method has them, else the released
 global model (auto), or the released global model (billboard)."""
@@ -412,7 +416,7 @@ def run_pmtl(
     not_covered: list[str] = []
     net = make_model(model, ds, seed, factory=user_factory)
     config = train_config(resolved, batched=not sequential, progress=show_progress, threads=threads)
-    if epsilon is not None and method not in ("local", "local-all"):
+    if epsilon is not None and method not in NO_RELEASE_METHODS:
         from privmtl.federated.baselines import config_for_epsilon
 
         config = config_for_epsilon(config, m, epsilon)
@@ -542,6 +546,15 @@ def run_pmtl(
             notes.append(
                 "joint-model DP becomes joint DP once each client fine-tunes on its own data"
             )
+    out.update(
+        final_models_keys(
+            str(out.get("finetune") or "none"),
+            m,
+            auto=out.get("finetune_auto"),
+            from_billboard=finetune_start == "billboard",
+            personalized=result.primary == "personalized",
+        )
+    )
     guarantee = replace(guarantee, notes=guarantee.notes + tuple(notes)).with_not_covered(
         *not_covered
     )
@@ -678,10 +691,18 @@ def evaluate_saved(
         "notes": notes,
         "ledger_checked": checked,
     }
-    if pers is not None:
-        out["global_test_accuracy"] = evaluate(net, glob, buffers, xs, ys, personalized=False)[
-            "accuracy"
-        ]
+    released = meta.get("method") not in NO_RELEASE_METHODS
+    if pers is not None or released:
+        shared = evaluate(net, glob, buffers, xs, ys, personalized=False)
+        out["global_test_accuracy"] = shared["accuracy"]
+        if released:
+            # the released global model on every client's own test data, averaged over clients
+            out["global_mean_client_accuracy"] = shared["mean_client_accuracy"]
+            out["shared_params"] = meta.get("config", {}).get("shared_params")
+    run = meta.get("run", {})
+    for key in ("clients_per_final_model", "end_of_run"):  # recorded at training
+        if key in run:
+            out[key] = run[key]
     return out
 
 
@@ -715,9 +736,9 @@ def _result_parts(
     cfg = result.config
     eps = float(result.epsilon)
     z = noise_multiplier(sigma, q, cfg.clip) if cfg.clip else None
-    private = sigma > 0 and method not in ("local", "local-all")
+    private = sigma > 0 and method not in NO_RELEASE_METHODS
     noise_source = result.noise_source if private else "none"
-    if method in ("local", "local-all"):
+    if method in NO_RELEASE_METHODS:
         guarantee = PrivacyGuarantee(
             epsilon=0.0,
             delta=0.0,
@@ -793,6 +814,13 @@ def _result_parts(
         "val_accuracy": float(result.val_accuracy),
         # the released global model (the billboard) evaluated on every client, where there is one
         "global_test_accuracy": _global_accuracy(result),
+        # the same model scored on every client's own test data, averaged over the clients
+        # (None where nothing is released: the methods that train every client alone)
+        "global_mean_client_accuracy": (
+            None
+            if method in NO_RELEASE_METHODS
+            else _global_accuracy(result, "mean_client_accuracy")
+        ),
         "seconds": float(result.seconds),
         "seconds_per_round": float(result.seconds_per_round),
         "epsilon_per_round": [None if e is None or not math.isfinite(e) else e for e in per_round],
@@ -834,9 +862,9 @@ def _noise_notes(noise_source: str) -> tuple[str, ...]:
     return ()
 
 
-def _global_accuracy(result: Any) -> float | None:
+def _global_accuracy(result: Any, key: str = "accuracy") -> float | None:
     acc = result.accuracies.get("test", {}).get("global")
-    return None if not isinstance(acc, dict) else float(acc["accuracy"])
+    return None if not isinstance(acc, dict) else float(acc[key])
 
 
 def _epochs_grid(epochs: int | Sequence[int]) -> list[int]:

@@ -372,51 +372,69 @@ def plot_rounds(rows: Sequence[dict[str, Any]], path: Path) -> None:
     where the runs published it.
 
     The training loss is a curator diagnostic computed from un-noised client losses: it is not
-    covered by the guarantee, and its panel says so. Runs without it (the default JSON of
-    ``run_pmtl``) leave the panel empty.
+    covered by the guarantee, and its panel says so. Without it (the default JSON of
+    ``run_pmtl``) the figure has the ε panel only, and a line saying why. Runs with the same σ, q
+    and T have the same ε curve: each method has its own line style and markers, so that no curve
+    hides another.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=120)
-    drawn_loss = False
     shown = [
         row
         for row in sorted(rows, key=lambda r: (r["method"], r.get("target_epsilon") or math.inf))
         if row["seed"] == rows[0]["seed"]
     ]
+    with_loss = any(_train_loss(row) is not None for row in shown)
+    if with_loss:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=120)
+    else:
+        fig, ax2 = plt.subplots(1, 1, figsize=(6.4, 3.8), dpi=120)
+    methods = list(dict.fromkeys(row["method"] for row in shown))
+    styles = ("-", "--", ":", "-.")
+    markers = ("o", "s", "^", "D", "v", "x")
     # one colour per run: tab10 up to 10 runs, tab20 beyond (runs never share a colour up to 20)
     colors = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20").colors  # type: ignore[attr-defined]
     for i, row in enumerate(shown):
         color = colors[i % len(colors)]
+        j = methods.index(row["method"])
+        style = {"color": color, "linestyle": styles[j % len(styles)]}
         label = (
             f"{row['method']} ε={row['target_epsilon']:g}"
             if row["target_epsilon"]
             else row["method"]
         )
         loss_values = _train_loss(row)
-        if loss_values is not None:
+        if with_loss and loss_values is not None:
             loss = np.array([np.nan if v is None else v for v in loss_values], dtype=float)
-            ax1.plot(np.arange(1, loss.size + 1), loss, label=label, lw=1, color=color)
-            drawn_loss = True
+            ax1.plot(np.arange(1, loss.size + 1), loss, label=label, lw=1, **style)
         eps = [e for e in row.get("epsilon_per_round") or [] if e is not None]
         if eps and row["guarantee"]["private"]:
-            ax2.plot(np.arange(1, len(eps) + 1), eps, label=label, lw=1, color=color)
-    ax1.set_xlabel("round")
-    if drawn_loss:
+            every = max(1, len(eps) // 6)  # markers staggered by method: equal curves stay apart
+            ax2.plot(
+                np.arange(1, len(eps) + 1), eps, label=label, lw=1.2, marker=markers[j % 6],
+                markersize=4, markevery=(j % every, every), **style,
+            )  # fmt: skip
+    axes = [ax2]
+    if with_loss:
+        axes.insert(0, ax1)
+        ax1.set_xlabel("round")
         ax1.set_ylabel("training loss (sampled clients)")
         ax1.set_yscale("log")
         ax1.set_title("curator diagnostic: NOT covered by the guarantee", fontsize=8)
     else:
-        ax1.set_title("training loss not published (curator diagnostic)", fontsize=8)
+        fig.text(
+            0.5, 0.01, "training loss not published (a curator diagnostic; pmtl --diagnostics)",
+            ha="center", va="bottom", fontsize=7,
+        )  # fmt: skip
     ax2.set_xlabel("round")
     ax2.set_ylabel("ε of the chosen run's training (at its δ)")
-    for ax in (ax1, ax2):
+    for ax in axes:
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.0 if with_loss else 0.04, 1, 1))
     fig.savefig(path)
     plt.close(fig)

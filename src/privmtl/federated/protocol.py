@@ -100,7 +100,7 @@ from privmtl.federated.spec import resolve_personal_init
 from privmtl.locking import DirectoryLock
 from privmtl.privacy.calibration import noise_std_for
 from privmtl.privacy.curator import ReleaseCurator
-from privmtl.privacy.ledger import PrivacyLedger
+from privmtl.privacy.ledger import PrivacyLedger, warn_budget_stop
 from privmtl.privacy.noise import NoiseSource, make_noise_source
 from privmtl.privacy.release import (
     AdaptiveClip,
@@ -1027,6 +1027,11 @@ class Trainer:
             if self.on_budget == "raise":
                 assert self.ledger is not None
                 self.ledger.check(self.curator.event())
+            if not self.stopped_on_budget:
+                warn_budget_stop(
+                    self.round, self.config.rounds, "rounds", float(self.epsilon),
+                    float(self.budget or 0.0), "result().stopped_on_budget",
+                )  # fmt: skip
             self.stopped_on_budget = True
             return None
         t0, c0 = time.perf_counter(), time.process_time()

@@ -92,7 +92,8 @@ def save_models(
         "method", "epsilon", "delta", "accountant", "sampling", "relation", "noise_source",
         "noise_std", "noise_multiplier", "clip", "clients_per_round", "num_clients", "rounds",
         "rounds_run", "lam", "lr", "seed", "server_update", "stopped_on_budget", "test_accuracy",
-        "mean_client_accuracy", "val_accuracy", "global_test_accuracy", "finetune",
+        "mean_client_accuracy", "val_accuracy", "global_test_accuracy",
+        "global_mean_client_accuracy", "finetune", "clients_per_final_model", "end_of_run",
         "config",  # the resolved run spec (privmtl.federated.spec): what re-runs the same settings
     )  # fmt: skip
     meta = {

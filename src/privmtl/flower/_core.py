@@ -1057,6 +1057,7 @@ class ServerRun:
     def result_dict(self, evaluations: list[dict[str, Any]], started: float) -> dict:
         """The JSON of ``privmtl pmtl`` for this run, plus ``engine``."""
         from privmtl.experiments.pmtl import _result_dict
+        from privmtl.federated.finish import final_models_keys
 
         res = self.result(evaluations, started)
         part, notes = self._finish_part(evaluations, float(res.test_accuracy))
@@ -1071,6 +1072,15 @@ class ServerRun:
             notes=notes,
         )
         out.update(part)
+        out.update(
+            final_models_keys(
+                str(run_spec(self.opts, self.m).finetune),
+                self.m,
+                auto=part.get("finetune_auto"),
+                from_billboard=False,
+                personalized=self.setup.spec.personalized,
+            )
+        )
         # the resolved settings (personal_init as the ServerApp resolved it), as run_pmtl's
         resolved = run_spec(self.opts, self.m)
         out["config"] = resolved.replace(personal_init=self.config.personal_init).to_dict()

@@ -86,7 +86,7 @@ from privmtl.linear.losses import LOSSES, TaskBatch, public_lipschitz_bound
 from privmtl.locking import DirectoryLock
 from privmtl.privacy.curator import ReleaseCurator
 from privmtl.privacy.guarantee import RELATIONS
-from privmtl.privacy.ledger import PrivacyLedger
+from privmtl.privacy.ledger import PrivacyLedger, warn_budget_stop
 from privmtl.privacy.mechanisms import sample_l2_laplace
 from privmtl.privacy.noise import NOISE_SOURCES, NoiseSource, NumpySeededNoise, SecureNoise
 
@@ -1098,6 +1098,11 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             messages = tasks.messages(state)
             if curator.would_exceed_budget(t):
                 state.stopped_on_budget = True
+                assert ledger is not None
+                warn_budget_stop(
+                    t, T, "iterations", ledger.epsilon(), float(p["budget_epsilon"]),
+                    "stopped_on_budget_",
+                )  # fmt: skip
                 break
             release = curator.release(t, messages)
             tasks.update(state, release)

@@ -54,7 +54,7 @@ from typing import Any
 from dp_accounting import dp_event as dpe
 
 from privmtl._validation import check_real
-from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
+from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError, PrivmtlWarning
 from privmtl.privacy.accounting import (
     TIGHT_ACCOUNTANTS,
     _check,
@@ -72,10 +72,28 @@ __all__ = [
     "check_saved_ledger",
     "reaccount",
     "read_ledger",
+    "warn_budget_stop",
 ]
 
 LEDGER_FORMAT = "privmtl-ledger"
 LEDGER_VERSION = 1
+
+
+def warn_budget_stop(
+    done: int, total: int, unit: str, epsilon: float, budget: float, flag: str
+) -> None:
+    """Say that a run stopped before the release that would exceed its budget (a
+    :class:`~privmtl.exceptions.PrivmtlWarning`): a library run that stops early is never silent.
+    ``done`` of ``total`` ``unit`` ran; ``flag`` names where the result records the stop."""
+    import warnings
+
+    warnings.warn(
+        f"stopped on the privacy budget: the next release would take ε above "
+        f"budget_epsilon={budget:g}; {done} of {total} {unit} ran, ε spent {epsilon:.4g} "
+        f"({flag} is True)",
+        PrivmtlWarning,
+        stacklevel=3,
+    )
 
 
 def _sampling_of(event: dpe.DpEvent) -> str:
