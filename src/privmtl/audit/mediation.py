@@ -79,7 +79,9 @@ RunCommand = Callable[[list[str]], dict[str, Any]]
 #: JSON keys allowed to differ between the two runs: summaries over the whole population
 #: (pooled accuracies and losses, their values per grid point, the histogram of the clients' own
 #: choices: each includes the replaced client's own outputs, and no other client receives it),
-#: and wall-clock times. Everything else must be equal.
+#: wall-clock times, and the file's signature (:mod:`privmtl.trust`: a MAC under this user's key of
+#: the file's other fields, so it differs exactly when one of the keys above does). Everything
+#: else must be equal.
 POPULATION_KEYS = frozenset(
     {
         "test_accuracy",
@@ -104,6 +106,7 @@ POPULATION_KEYS = frozenset(
         "data_seconds",
         "created",
         "timestamp",
+        "signature",
     }
 )
 
