@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from privmtl.locking import LOCK_NAME
+
 pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
 
 from privmtl.data.federated import make_synthetic_federated
@@ -179,7 +181,10 @@ def test_saved_models_of_a_flower_run_reload_with_privmtl_evaluate(models_dir, c
     assert res["models_dir"] == str(out)
     meta = json.loads((out / "model.json").read_text())
     assert is_signed(meta) and meta["primary"] == "personalized"
-    assert sorted(os.listdir(out)) == ["global.pt", "model.json", "personalized.pt"]
+    # and the folder's lock file (privmtl.locking), kept so that a later writer locks the same file
+    assert sorted(os.listdir(out)) == sorted(
+        ["global.pt", "model.json", "personalized.pt", LOCK_NAME]
+    )
     elsewhere = models_dir / "elsewhere"
     elsewhere.mkdir()
     os.chdir(elsewhere)  # models_dir's monkeypatch.chdir restores the directory
