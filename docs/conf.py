@@ -82,14 +82,8 @@ def _results_page(src: Path, generated: str, page: str, intro: list[str]) -> Non
 def _copy_results(app: object) -> None:
     """The benchmark results page (benchmarks/results) and the research results page
     (research/results), with their tables and plots copied next to the pages."""
-    src = ROOT / "benchmarks" / "results"
-    # pages that include README sections see its images at their README paths
-    readme_images = HERE / "benchmarks" / "results"
-    readme_images.mkdir(parents=True, exist_ok=True)
-    for path in src.glob("*.png"):
-        shutil.copy2(path, readme_images / path.name)
     _results_page(
-        src,
+        ROOT / "benchmarks" / "results",
         "results",
         "benchmarks.md",
         [
@@ -117,6 +111,18 @@ def _copy_results(app: object) -> None:
     )
 
 
+def _cli_page(app: object) -> None:
+    """The CLI reference (``cli.md``), generated from every command's ``--help``."""
+    import sys
+
+    sys.path.insert(0, str(HERE))
+    try:
+        from _gen_cli import write_cli_page
+    finally:
+        sys.path.remove(str(HERE))
+    write_cli_page(HERE / "cli.md")
+
+
 def _skip_member(
     app: object, what: str, name: str, obj: object, skip: bool, options: object
 ) -> bool:
@@ -134,4 +140,5 @@ def _clean_stubs(app: object) -> None:
 def setup(app: object) -> None:
     app.connect("builder-inited", _clean_stubs, priority=100)  # type: ignore[attr-defined]
     app.connect("builder-inited", _copy_results)  # type: ignore[attr-defined]
+    app.connect("builder-inited", _cli_page)  # type: ignore[attr-defined]
     app.connect("autodoc-skip-member", _skip_member)  # type: ignore[attr-defined]
