@@ -110,7 +110,7 @@ POPULATION_KEYS = frozenset(
     }
 )
 
-#: Curator diagnostics computed from un-noised messages (issue 21: not in the default JSON). The
+#: Curator diagnostics computed from un-noised messages (opt-in, not in the default JSON). The
 #: per-path checks leave them to the check ``pmtl JSON: no un-noised curator diagnostics
 #: (--finetune none)``.
 DIAGNOSTIC_KEYS = frozenset(
@@ -406,7 +406,7 @@ def run_mediation_audit(
     -------
     dict
         ``checks`` (``{"name", "ok", "detail", ...}`` each; ``ok`` is None for a skipped check;
-        ``fixed_by`` on checks of paths that issue 21's other items make mediated), ``mutants``
+        ``fixed_by`` on checks of paths that a default choice makes mediated), ``mutants``
         (number run), ``mutants_caught`` (a mutant is caught when a check that holds without it
         fails with it), ``mutant_results``, ``skipped`` and ``ok`` (every check that ran holds and
         every mutant is caught).

@@ -132,8 +132,8 @@ class CheckSpec:
 
     ``kind`` is ``"cli"`` (``args`` of ``privmtl pmtl`` after the data options) or ``"api"``
     (``runner(work, replaced)`` returns ``(client ids, stacked per-client tensors, per-client
-    numbers, whole tensors)``). ``issue`` names the item of issue 21 that makes a currently
-    failing path mediated (empty: mediated today). ``json_diagnostics`` also compares the
+    numbers, whole tensors)``). ``issue`` names the default choice that makes the path mediated
+    (empty: mediated by construction). ``json_diagnostics`` also compares the
     un-noised diagnostics keys. ``neighbour`` is ``"data"`` (``D'``) or ``"labels"`` (``D''``,
     :func:`make_tables`); ``files_only`` restricts the comparison to these saved files;
     ``command`` is ``"pmtl"`` (the classification table) or ``"mpmtl"`` (the regression tasks of

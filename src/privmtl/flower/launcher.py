@@ -3,7 +3,7 @@
 Every process is started in its own process group (each SuperNode runs its ClientApp process
 as a child, see :mod:`privmtl.flower.node`) and the whole group is terminated, then killed after a bounded wait, on success, on
 failure and on Ctrl-C. All traffic stays on ``127.0.0.1`` with insecure (plain HTTP) transport:
-for a real deployment across machines use TLS and node authentication (README).
+for a real deployment across machines use TLS and node authentication (docs/flower.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Published closed-form noise calibrations of the PMTL papers, kept for comparison.
 
 They are valid but loose: a tight accountant (RDP or PLD, :mod:`privmtl.privacy.accounting`) allows a
-noise level several times smaller at the same (ε, δ) (README, 'The privacy model').
+noise level several times smaller at the same (ε, δ) (docs/privacy-model.md).
 """
 
 from __future__ import annotations

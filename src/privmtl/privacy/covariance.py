@@ -17,7 +17,7 @@ models (‖w̃_i‖ ≤ K). Two noise distributions are offered:
 ``noise="wishart"`` (published, for reproduction)
     E ~ Wishart_d(d+1, K²/(2ε_t)·I) with ε_t from :func:`~privmtl.privacy.composition.allocate_budgets`.
     The paper claims each release is ε_t-DP. It is not: for neighbours w_i = 0 and ‖w_i'‖ = K the
-    release is impossible under the neighbour with probability exactly 1 − e^{−ε_t} (README, 'The privacy model'). The
+    release is impossible under the neighbour with probability exactly 1 − e^{−ε_t} (docs/privacy-model.md). The
     schedule therefore reports ``valid=False`` and the real δ: at least 1 − e^{−Σ_t ε_t} over T
     releases (for any ε), alongside the claimed CB ε.
 """

@@ -74,7 +74,7 @@ def wishart_support_mismatch(E: np.ndarray, w: np.ndarray) -> bool:
     """True when E − w wᵀ is not positive definite.
 
     For neighbouring inputs with w_i = 0 and w_i' = w, a Wishart release Σ̃ + E is then *impossible*
-    under the neighbour: the event that breaks the published ε-DP claim (README, 'The privacy model').
+    under the neighbour: the event that breaks the published ε-DP claim (docs/privacy-model.md).
     """
     M = E - np.outer(w, w)
     try:

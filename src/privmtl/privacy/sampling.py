@@ -2,7 +2,7 @@
 
 A sampler both *draws* the clients of a round and *names the privacy event* of one round of the
 Gaussian mechanism run on them, so code and accounting cannot drift apart (the PMTL reference code
-samples exactly q clients but accounts Poisson sampling; README, 'The privacy model').
+samples exactly q clients but accounts Poisson sampling; docs/privacy-model.md).
 
 Normalization convention (all schemes): the server divides the sum of clipped updates by the fixed
 ``clients_per_round`` q — not by the realised number of Poisson-sampled clients — so the add/remove
