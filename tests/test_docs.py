@@ -1,0 +1,95 @@
+"""The README is a short tour, the documentation pages do not narrate their own history, and the
+CLI reference is generated from the commands."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+
+#: Most lines the README may have: a tour, with everything else on the documentation pages.
+README_MAX_LINES = 150
+
+#: A reference to the project's issue tracker ("issue 21", "Issue #10", "issues 3").
+ISSUE_REFERENCE = re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)
+
+
+def _generated_pages() -> set[str]:
+    """Pages the build writes (listed in docs/.gitignore): not committed, not checked here."""
+    ignore = DOCS / ".gitignore"
+    return {line.strip().rstrip("/") for line in ignore.read_text().splitlines() if line.strip()}
+
+
+def _written_pages() -> list[Path]:
+    generated = _generated_pages()
+    pages = sorted(DOCS.glob("*.md")) + sorted(DOCS.glob("*.rst"))
+    return [README, *(p for p in pages if p.name not in generated)]
+
+
+def test_readme_is_a_short_tour():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; keep it at most {README_MAX_LINES} and move "
+        "reference material to a page under docs/"
+    )
+
+
+def test_readme_keeps_the_install_and_test_commands():
+    # .ci/run installs and tests as the README says; these are the commands users copy.
+    text = README.read_text()
+    assert "pip install -c constraints-cpu.txt -e . && privmtl demo" in text
+    assert 'pip install -c constraints-cpu.txt -e ".[test]" && pytest' in text
+
+
+def test_readme_links_point_at_existing_files():
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text())
+    local = [link for link in links if "://" not in link]
+    assert local, "the README links to no documentation page"
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_written_pages_are_found():
+    names = {p.name for p in _written_pages()}
+    assert {"README.md", "index.md", "privacy-model.md", "results.md", "flower.md"} <= names
+    assert "cli.md" not in names  # generated at build time
+
+
+@pytest.mark.parametrize("page", _written_pages(), ids=lambda p: p.name)
+def test_no_page_mentions_an_issue_number(page):
+    hits = [
+        f"{page.name}:{number}: {line.strip()}"
+        for number, line in enumerate(page.read_text().splitlines(), start=1)
+        if ISSUE_REFERENCE.search(line)
+    ]
+    assert not hits, "pages describe the software, not how it was built:\n" + "\n".join(hits)
+
+
+def test_issue_pattern_catches_what_it_should():
+    assert ISSUE_REFERENCE.search("the paths issue 21's other items make mediated")
+    assert ISSUE_REFERENCE.search("(Issue #10)")
+    assert not ISSUE_REFERENCE.search("an issue with 3 clients")
+
+
+def test_cli_reference_is_generated_from_every_command():
+    spec = importlib.util.spec_from_file_location("_gen_cli", DOCS / "_gen_cli.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    page = gen.render()
+    from privmtl.cli import _LAZY_COMMANDS
+
+    for name in _LAZY_COMMANDS:
+        assert f"## `privmtl {name}`" in page, name
+    assert "## `privmtl flower local`" in page
+    assert "## `privmtl audit mediation`" in page
+    # the sections are the commands' own --help, options included
+    pmtl = page.split("## `privmtl pmtl`", 1)[1].split("\n## ", 1)[0]
+    assert "Usage: privmtl pmtl [OPTIONS]" in pmtl
+    assert "--epsilon" in pmtl and "--reproducible-noise" in pmtl
