@@ -26,7 +26,17 @@ from privmtl.experiments.mpmtl import (
     TUNE_MODES,
     run_mpmtl,
 )
+from privmtl.experiments.mpmtl_sweep import (
+    DEFAULT_SELECT,
+    DEFAULT_SWEEP_EPSILONS,
+    DEFAULT_SWEEP_METHODS,
+    DEFAULT_SWEEP_TUNE,
+    SWEEP_TUNE_MODES,
+)
 from privmtl.io import check_writable_dir
+from privmtl.linear.selection import FINAL_STEPS
+from privmtl.linear.spec import DEFAULT_ITERATIONS, NOISES, SPEC
+from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.selection import SELECTION_METHODS
 
@@ -37,8 +47,8 @@ _data_opt = click.option(
 )
 _noise_opt = click.option(
     "--noise",
-    type=click.Choice(["gaussian", "wishart"]),
-    default="gaussian",
+    type=click.Choice(list(NOISES)),
+    default=SPEC.noise,
     show_default=True,
     help="Covariance mechanism: gaussian (correct, default) or wishart (published; reported with "
     "its real delta).",
@@ -47,8 +57,8 @@ _noise_opt = click.option(
 
 _final_opt = click.option(
     "--final-step",
-    type=click.Choice(["auto", "projection", "refit"]),
-    default="auto",
+    type=click.Choice(list(FINAL_STEPS)),
+    default=SPEC.final_step,
     show_default=True,
     help="MP-MTL low-rank/group-sparse output rule: the paper's projected models, the local "
     "variational refit against the last release (auto: the refit; with --tune pooled, CV "
@@ -106,15 +116,16 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--iterations",
     type=int,
-    help="T: covariance releases / proximal-gradient iterations (default: the estimator's, one "
-    "release for lowrank and groupsparse; searched with --tune pooled).",
+    help="T: covariance releases / proximal-gradient iterations (default: the method's, "
+    + ", ".join(f"{t} for {m}" for m, t in DEFAULT_ITERATIONS.items())
+    + "; searched with --tune pooled).",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=SPEC.seed, show_default=True)
 @click.option(
     "--tune",
     "tune",
     type=click.Choice(list(TUNE_MODES)),
-    default="covered",
+    default=SPEC.tune,
     show_default=True,
     help="Hyper-parameters. covered: single-task baselines choose per task on their own samples, "
     "private methods use public defaults, non-private ones (ε = ∞) k-fold CV over all tasks; "
@@ -130,10 +141,15 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--relation",
     type=click.Choice(list(RELATIONS)),
-    default="add-remove",
+    default=SPEC.relation,
     show_default=True,
 )
-@click.option("--accountant", type=click.Choice(["rdp", "pld"]), default="rdp", show_default=True)
+@click.option(
+    "--accountant",
+    type=click.Choice(list(TIGHT_ACCOUNTANTS)),
+    default=SPEC.accountant,
+    show_default=True,
+)
 @_final_opt
 @_reproducible_opt
 @click.option(
@@ -151,7 +167,7 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--checkpoint-every",
     type=click.IntRange(min=1),
-    default=1,
+    default=SPEC.checkpoint_every,
     show_default=True,
     help="Iterations between checkpoints.",
 )
@@ -219,7 +235,7 @@ def mpmtl(
         relation=relation,
         accountant=accountant,
         final_step=final_step,
-        noise_source="seeded" if reproducible_noise else "secure",
+        noise_source="seeded" if reproducible_noise else SPEC.noise_source,
         budget_epsilon=budget_epsilon,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
@@ -234,11 +250,13 @@ def mpmtl(
 @mpmtl_data_options()
 @click.option(
     "--methods",
-    default="lowrank,stl-l2,mtl-trace",
+    default=",".join(DEFAULT_SWEEP_METHODS),
     show_default=True,
     help="Comma-separated methods; private ones are swept over ε, others drawn as reference lines.",
 )
-@click.option("--epsilons", default="0.1,0.3,1,3,10", show_default=True)
+@click.option(
+    "--epsilons", default=",".join(f"{e:g}" for e in DEFAULT_SWEEP_EPSILONS), show_default=True
+)
 @click.option("--seeds", default="0", show_default=True, help="Comma-separated seeds.")
 @_noise_opt
 @click.option("--iterations", type=int, help="T for every method (default: tuned).")
@@ -252,7 +270,7 @@ def mpmtl(
 @click.option(
     "--select",
     type=click.Choice(list(SELECTION_METHODS)),
-    default="vote",
+    default=DEFAULT_SELECT,
     show_default=True,
     help="How hyper-parameters are chosen: a noisy vote of the tasks, each on its own validation "
     "part, over a small public grid (recorded; ε composes every candidate and the vote); each "
@@ -263,8 +281,8 @@ def mpmtl(
 @click.option(
     "--tune",
     "tune_mode",
-    type=click.Choice(["each", "once", "none"]),
-    default="each",
+    type=click.Choice(list(SWEEP_TUNE_MODES)),
+    default=DEFAULT_SWEEP_TUNE,
     show_default=True,
     help="With --select pooled: k-fold CV for every (method, ε, seed), or once per (method, "
     "seed) at the middle ε and reused. 'none': no selection at all (the estimators' defaults).",
@@ -328,7 +346,7 @@ def mpmtl_sweep(
         iterations=iterations,
         final_step=final_step,
         n_jobs=jobs,
-        noise_source="seeded" if reproducible_noise else "secure",
+        noise_source="seeded" if reproducible_noise else SPEC.noise_source,
         progress=lambda jobs, n: progress(jobs, desc="mpmtl sweep", enabled=not as_json, total=n),
     )
     if as_json:

@@ -31,12 +31,11 @@ from privmtl.data.multitask import INTERCEPT, MultiTaskDataset
 from privmtl.data.readers import default_school_path, load_school, read_table
 from privmtl.data.synthetic import make_groupsparse_tasks, make_lowrank_tasks
 from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.linear.common import resolve_delta
 from privmtl.linear.metrics import aauc, nmse
 from privmtl.linear.selection import ISOLATED_METHODS, METHODS, PRIVATE_METHODS, estimator_class
+from privmtl.linear.spec import SPEC, TUNE_MODES, MPMTLSpec, resolve_defaults
 from privmtl.locking import holding_directories
 from privmtl.privacy import PrivacyGuarantee
-from privmtl.privacy.delta import check_delta
 
 __all__ = [
     "DATASETS",
@@ -60,11 +59,6 @@ TUNING_NOTE = (
     "hyper-parameters tuned by k-fold cross-validation over every task's pooled training data; as "
     "in the MP-MTL paper, tuning is not charged to the privacy budget"
 )
-
-#: How hyper-parameters are chosen: ``"covered"`` (the default: per task, or public, or — for
-#: non-private methods only — pooled), ``"pooled"`` (k-fold CV over all tasks for every method,
-#: not covered for private ones), ``"none"`` (the estimators' defaults).
-TUNE_MODES = ("covered", "pooled", "none")
 
 #: The not-covered reason of a private result whose hyper-parameters were chosen on pooled data.
 NOT_COVERED_POOLED = (
@@ -252,15 +246,15 @@ def run_mpmtl(
     data: str,
     method: str,
     data_path: str | Path | None = None,
-    epsilon: float | None = None,
-    delta: float | str | None = None,
-    noise: str = "gaussian",
-    iterations: int | None = None,
-    seed: int = 0,
-    tune: bool | str = "covered",
-    n_splits: int = 5,
-    relation: str = "add-remove",
-    accountant: str = "rdp",
+    epsilon: float | None = SPEC.epsilon,
+    delta: float | str | None = SPEC.delta,
+    noise: str = SPEC.noise,
+    iterations: int | None = SPEC.iterations,
+    seed: int = SPEC.seed,
+    tune: bool | str = SPEC.tune,
+    n_splits: int = SPEC.n_splits,
+    relation: str = SPEC.relation,
+    accountant: str = SPEC.accountant,
     split: tuple[MultiTaskDataset, MultiTaskDataset] | None = None,
     train_fraction: float | None = None,
     task_column: str = "task",
@@ -268,11 +262,11 @@ def run_mpmtl(
     normalize: str = "auto",
     feature_columns: list[str] | tuple[str, ...] | None = None,
     extra_params: dict[str, Any] | None = None,
-    final_step: str = "auto",
-    noise_source: str = "secure",
-    budget_epsilon: float | None = None,
+    final_step: str = SPEC.final_step,
+    noise_source: str = SPEC.noise_source,
+    budget_epsilon: float | None = SPEC.budget_epsilon,
     checkpoint_dir: str | Path | None = None,
-    checkpoint_every: int = 1,
+    checkpoint_every: int = SPEC.checkpoint_every,
     resume: bool = False,
     save_models: str | Path | None = None,
 ) -> dict[str, Any]:
@@ -310,32 +304,30 @@ def run_mpmtl(
     recorded; ``covered`` is ``guarantee["covered"]``; ``noise_source`` is ``"none"`` when the run
     added no noise.
     """
-    tune_mode = _tune_mode(tune)
-    check_choice("method", method, tuple(METHODS))
-    check_choice("noise", noise, ("gaussian", "wishart"))
-    seed = check_int("seed", seed, low=0)
-    check_choice("final_step", final_step, ("auto", "projection", "refit"))
-    if epsilon is not None:
-        epsilon = check_real("epsilon", epsilon, low=0.0, closed="neither")
-        if method not in PRIVATE_METHODS:
-            raise InvalidParameterError(
-                f"The 'epsilon' parameter applies to the private methods {PRIVATE_METHODS}; "
-                f"method={method!r} is a non-private or single-task baseline (omit --epsilon)."
-            )
-    if iterations is not None:
-        iterations = check_int("iterations", iterations, low=1)
-    from privmtl.privacy.noise import NOISE_SOURCES
-
-    check_choice("noise_source", noise_source, NOISE_SOURCES)
+    spec = MPMTLSpec(
+        tune=_tune_mode(tune),
+        method=method,
+        noise=noise,
+        epsilon=epsilon,
+        delta=delta,
+        iterations=iterations,
+        seed=seed,
+        n_splits=n_splits,
+        relation=relation,
+        accountant=accountant,
+        final_step=final_step,
+        noise_source=noise_source,
+        budget_epsilon=budget_epsilon,
+        checkpoint_every=checkpoint_every,
+    )
+    tune_mode, epsilon, iterations, seed = spec.tune, spec.epsilon, spec.iterations, spec.seed
     runtime: dict[str, Any] = {}
-    if budget_epsilon is not None:
-        runtime["budget_epsilon"] = check_real(
-            "budget_epsilon", budget_epsilon, low=0.0, closed="neither"
-        )
+    if spec.budget_epsilon is not None:
+        runtime["budget_epsilon"] = spec.budget_epsilon
     if checkpoint_dir is not None:
         runtime.update(
             checkpoint_dir=str(checkpoint_dir),
-            checkpoint_every=check_int("checkpoint_every", checkpoint_every, low=1),
+            checkpoint_every=spec.checkpoint_every,
             resume=bool(resume),
         )
     elif resume:
@@ -373,21 +365,17 @@ def run_mpmtl(
         )
     )
     scaling, frac = data_protocol(data, normalize, train_fraction, method=method)
-    dlt = (
-        resolve_delta(delta, train.n_tasks)
-        if delta is None or isinstance(delta, str)
-        else check_delta(delta, train.n_tasks, unit="task")
-    )
+    resolved = resolve_defaults(spec, train)
     cls = estimator_class(method)
     fixed: dict[str, Any] = {
         "epsilon": epsilon,
-        "delta": dlt,
-        "noise": noise,
+        "delta": resolved.delta,
+        "noise": spec.noise,
         "iterations": iterations,
-        "relation": relation,
-        "accountant": accountant,
+        "relation": spec.relation,
+        "accountant": spec.accountant,
         "random_state": seed,
-        "noise_source": noise_source,
+        "noise_source": spec.noise_source,
         "loss": "logistic" if train.task_type == "classification" and method != "dp-mtrl" else None,
     }
     search = tune_mode == "pooled" or (

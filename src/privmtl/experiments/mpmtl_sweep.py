@@ -57,9 +57,30 @@ from privmtl.experiments.sweep import (
 )
 from privmtl.io import atomic_output_dir, write_json_atomic
 from privmtl.linear.selection import DEFAULT_GRIDS, ISOLATED_METHODS, RELATIVE_KEYS, expand_grid
+from privmtl.linear.spec import SPEC
 from privmtl.privacy.selection import SELECTION_METHODS
 
-__all__ = ["MPMTL_SWEEP_FILES", "VOTE_GRIDS", "run_mpmtl_sweep"]
+__all__ = [
+    "DEFAULT_SELECT",
+    "DEFAULT_SWEEP_EPSILONS",
+    "DEFAULT_SWEEP_METHODS",
+    "DEFAULT_SWEEP_TUNE",
+    "MPMTL_SWEEP_FILES",
+    "SWEEP_TUNE_MODES",
+    "VOTE_GRIDS",
+    "run_mpmtl_sweep",
+]
+
+#: The settings of a sweep beyond those of one run (whose defaults are
+#: :class:`~privmtl.linear.spec.MPMTLSpec`'s): the methods compared (private ones swept over ε,
+#: the others drawn as reference lines), the ε grid, how hyper-parameters are selected
+#: (:data:`~privmtl.privacy.selection.SELECTION_METHODS`) and, with ``select="pooled"``, how often
+#: the search runs (:data:`SWEEP_TUNE_MODES`).
+DEFAULT_SWEEP_METHODS: tuple[str, ...] = ("lowrank", "stl-l2", "mtl-trace")
+DEFAULT_SWEEP_EPSILONS: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0)
+DEFAULT_SELECT = "vote"
+SWEEP_TUNE_MODES = ("each", "once", "none")
+DEFAULT_SWEEP_TUNE = "each"
 
 #: Public candidate grids of the private MP-MTL estimators for a covered selection (absolute
 #: values for unit-norm rows; every candidate is a training run whose releases are composed, so
@@ -101,12 +122,12 @@ def run_mpmtl_sweep(
     tune_mode: str,
     out_dir: Path,
     iterations: int | None = None,
-    n_splits: int = 5,
-    final_step: str = "auto",
+    n_splits: int = SPEC.n_splits,
+    final_step: str = SPEC.final_step,
     n_jobs: int = 1,
-    noise_source: str = "secure",
+    noise_source: str = SPEC.noise_source,
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
-    select: str = "vote",
+    select: str = DEFAULT_SELECT,
     vote_share: float = DEFAULT_VOTE_SHARE,
     val_fraction: float = 0.2,
     task_column: str = "task",
@@ -129,7 +150,7 @@ def run_mpmtl_sweep(
     ``runs_reused`` / ``runs_computed``.
     """
     check_choice("select", select, SELECTION_METHODS)
-    check_choice("tune_mode", tune_mode, ("each", "once", "none"))
+    check_choice("tune_mode", tune_mode, SWEEP_TUNE_MODES)
     check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="neither")
     log = RunLog(out_dir, outputs=MPMTL_SWEEP_FILES)
     columns: dict[str, Any] = {}

@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from numbers import Integral, Real
+from numbers import Real
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,9 +73,10 @@ from sklearn.base import BaseEstimator
 
 from privmtl._validation import Interval, Options, RandomState, check_rng, validate_params
 from privmtl.exceptions import InvalidParameterError
-from privmtl.linear.common import PAPER_DELTA, _LinearMTLMixin, check_tasks, resolve_delta
+from privmtl.linear.common import _LinearMTLMixin, check_tasks, resolve_delta
 from privmtl.linear.local import local_ridge
 from privmtl.linear.losses import LOSSES, TaskBatch
+from privmtl.linear.spec import DEFAULT_ITERATIONS, spec_constraints
 from privmtl.privacy.mechanisms import sample_l2_laplace
 
 __all__ = [
@@ -164,8 +165,7 @@ def _estimated_lipschitz(X: FloatArray, y: FloatArray, w: FloatArray) -> float:
 
 #: Constraints shared by the two IP-MTL baselines.
 _COMMON_CONSTRAINTS: dict[str, Any] = {
-    "epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
-    "delta": [None, Interval(Real, 0.0, 1.0, closed="neither"), Options((PAPER_DELTA,))],
+    **spec_constraints("epsilon", "delta"),
     "loss": Options(LOSSES),
     "random_state": RandomState(),
 }
@@ -231,7 +231,7 @@ class DPMTRL(_IPBase):
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         "lam1": Interval(Real, 0.0, None),
         "lam2": Interval(Real, 0.0, None),
-        "iterations": Interval(Integral, 1, None),
+        **spec_constraints("iterations", required=("iterations",)),
         "omega_eps": Interval(Real, 0.0, None, closed="neither"),
         "output": Options(("perturbed", "local")),
         **_COMMON_CONSTRAINTS,
@@ -244,7 +244,7 @@ class DPMTRL(_IPBase):
         lam2: float = 0.1,
         epsilon: float | None = None,
         delta: float | None = None,
-        iterations: int = 1,
+        iterations: int = DEFAULT_ITERATIONS["dp-mtrl"],
         omega_eps: float = 1e-3,
         output: str = "perturbed",
         loss: str = "squared",

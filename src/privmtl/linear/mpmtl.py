@@ -54,19 +54,26 @@ import math
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.linalg
 from numpy.typing import ArrayLike, NDArray
 from sklearn.base import BaseEstimator
 
-from privmtl._validation import check_choice, check_int, check_real, check_rng
+from privmtl._validation import (
+    Boolean,
+    Interval,
+    Options,
+    check_choice,
+    check_rng,
+    validate_params,
+)
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.io import arrays_sha256
 from privmtl.linear.common import (
-    PAPER_DELTA,
     PreparedTasks,
     _clip_columns,
     _LinearMTLMixin,
@@ -83,12 +90,12 @@ from privmtl.linear.local import (
     variational_factor,
 )
 from privmtl.linear.losses import LOSSES, TaskBatch, public_lipschitz_bound
+from privmtl.linear.spec import DEFAULT_ITERATIONS, SPEC, MPMTLSpec, spec_constraints
 from privmtl.locking import DirectoryLock
 from privmtl.privacy.curator import ReleaseCurator
-from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.ledger import PrivacyLedger, warn_budget_stop
 from privmtl.privacy.mechanisms import sample_l2_laplace
-from privmtl.privacy.noise import NOISE_SOURCES, NoiseSource, NumpySeededNoise, SecureNoise
+from privmtl.privacy.noise import NoiseSource, NumpySeededNoise, SecureNoise
 
 __all__ = [
     "CALLBACK_STAGES",
@@ -108,7 +115,6 @@ __all__ = [
 
 FloatArray = NDArray[np.float64]
 
-NOISES = ("gaussian", "wishart")
 COVARIANCES = ("WWt", "WtW")
 ALLOCATIONS = ("power", "geometric")
 EIGEN_FIXES = ("shift", "denoise", "clip", "none")
@@ -820,11 +826,11 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self,
         *,
         lam: float = 1.0,
-        epsilon: float | None = None,
-        delta: float | str | None = None,
-        noise: str = "gaussian",
+        epsilon: float | None = SPEC.epsilon,
+        delta: float | str | None = SPEC.delta,
+        noise: str = SPEC.noise,
         clip: float = 1.0,
-        iterations: int = 1,
+        iterations: int = DEFAULT_ITERATIONS["lowrank"],
         step_size: float | None = None,
         accelerate: bool = True,
         mu: float = 0.0,
@@ -833,7 +839,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         Q: float | None = None,
         covariance: str = "WWt",
         loss: str = "squared",
-        relation: str = "add-remove",
+        relation: str = SPEC.relation,
         accountant: str | None = None,
         eigen_fix: str = "denoise",
         instance_epsilon: float | None = None,
@@ -842,10 +848,10 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         refit_lam: float | str | None = CV,
         refit_floor: float = 1e-3,
         random_state: Any = None,
-        noise_source: str = "secure",
-        budget_epsilon: float | None = None,
+        noise_source: str = SPEC.noise_source,
+        budget_epsilon: float | None = SPEC.budget_epsilon,
         checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = 1,
+        checkpoint_every: int = SPEC.checkpoint_every,
         resume: bool = False,
         callback: Callable[[str, int], None] | None = None,
     ) -> None:
@@ -880,75 +886,45 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.callback = callback
 
     # ---------------------------------------------------------------------------------- checks
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        "lam": Interval(Real, 0.0, None),
+        **spec_constraints("epsilon", "delta", "noise"),
+        "clip": Interval(Real, 0.0, None, closed="neither"),
+        **spec_constraints("iterations", required=("iterations",)),
+        "step_size": [None, Interval(Real, 0.0, None, closed="neither")],
+        "accelerate": Boolean(),
+        "mu": Interval(Real, 0.0, None),
+        "allocation": Options(ALLOCATIONS),
+        "alpha": [None, Interval(Real, None, None)],
+        "Q": [None, Interval(Real, 0.0, None, closed="neither")],
+        "covariance": Options(COVARIANCES),
+        "loss": Options(LOSSES),
+        "eigen_fix": Options(EIGEN_FIXES),
+        **spec_constraints("relation"),
+        # None: the spec's accountant (SPEC.accountant)
+        "accountant": [None, MPMTLSpec._parameter_constraints["accountant"]],
+        "instance_epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
+        "init_alpha": [Options((CV,)), Interval(Real, 0.0, None, closed="neither")],
+        "refit_lam": [None, Options((CV,)), Interval(Real, 0.0, None, closed="neither")],
+        "refit_floor": Interval(Real, 0.0, None),
+        **spec_constraints("noise_source", "budget_epsilon", "checkpoint_every"),
+        "resume": Boolean(),
+    }
+    """The declared constraint of every checked parameter (the settings an MP-MTL run shares
+    with :class:`~privmtl.linear.spec.MPMTLSpec` are the spec's); ``init``, ``checkpoint_dir``,
+    ``callback``, ``random_state`` and the combinations are checked in :meth:`_validate`."""
+
     def _validate(self) -> dict[str, Any]:
-        p: dict[str, Any] = {}
-        p["lam"] = check_real("lam", self.lam, low=0.0)
-        p["epsilon"] = (
-            None
-            if self.epsilon is None
-            else check_real("epsilon", self.epsilon, low=0.0, closed="neither")
-        )
-        if self.delta is None or (isinstance(self.delta, str) and self.delta == PAPER_DELTA):
-            p["delta"] = self.delta
-        else:
-            p["delta"] = check_real("delta", self.delta, low=0.0, high=1.0, closed="neither")
-        p["noise"] = check_choice("noise", self.noise, NOISES)
-        p["clip"] = check_real("clip", self.clip, low=0.0, closed="neither")
-        p["iterations"] = check_int("iterations", self.iterations, low=1)
-        p["step_size"] = (
-            None
-            if self.step_size is None
-            else check_real("step_size", self.step_size, low=0.0, closed="neither")
-        )
-        if not isinstance(self.accelerate, bool | np.bool_):
-            raise InvalidParameterError(
-                f"The 'accelerate' parameter must be a bool; got {self.accelerate!r}."
-            )
-        p["accelerate"] = bool(self.accelerate)
-        p["mu"] = check_real("mu", self.mu, low=0.0)
-        p["allocation"] = check_choice("allocation", self.allocation, ALLOCATIONS)
-        p["alpha"] = None if self.alpha is None else check_real("alpha", self.alpha)
-        p["Q"] = None if self.Q is None else check_real("Q", self.Q, low=0.0, closed="neither")
-        p["covariance"] = check_choice("covariance", self.covariance, COVARIANCES)
+        p: dict[str, Any] = validate_params(self)
         if p["covariance"] == "WtW" and self._penalty == "groupsparse":
             raise InvalidParameterError(
                 "The 'covariance' parameter must be 'WWt' for the group-sparse estimator (the l2,1 "
                 "prox needs the feature norms, the diagonal of W W^T); got 'WtW'."
             )
-        p["loss"] = check_choice("loss", self.loss, LOSSES)
-        p["eigen_fix"] = check_choice("eigen_fix", self.eigen_fix, EIGEN_FIXES)
-        p["relation"] = check_choice("relation", self.relation, RELATIONS)
-        p["instance_epsilon"] = (
-            None
-            if self.instance_epsilon is None
-            else check_real("instance_epsilon", self.instance_epsilon, low=0.0, closed="neither")
-        )
         if isinstance(self.init, str):
             p["init"] = check_choice("init", self.init, ("zeros", "stl"))
         else:
             p["init"] = self.init
-        p["init_alpha"] = (
-            CV
-            if isinstance(self.init_alpha, str) and self.init_alpha == CV
-            else check_real("init_alpha", self.init_alpha, low=0.0, closed="neither")
-        )
-        if self.refit_lam is None or (isinstance(self.refit_lam, str) and self.refit_lam == CV):
-            p["refit_lam"] = self.refit_lam
-        else:
-            p["refit_lam"] = check_real("refit_lam", self.refit_lam, low=0.0, closed="neither")
-        p["refit_floor"] = check_real("refit_floor", self.refit_floor, low=0.0)
-        p["noise_source"] = check_choice("noise_source", self.noise_source, NOISE_SOURCES)
-        p["budget_epsilon"] = (
-            None
-            if self.budget_epsilon is None
-            else check_real("budget_epsilon", self.budget_epsilon, low=0.0, closed="neither")
-        )
-        p["checkpoint_every"] = check_int("checkpoint_every", self.checkpoint_every, low=1)
-        if not isinstance(self.resume, bool | np.bool_):
-            raise InvalidParameterError(
-                f"The 'resume' parameter must be a bool; got {self.resume!r}."
-            )
-        p["resume"] = bool(self.resume)
         if p["resume"] and self.checkpoint_dir is None:
             raise InvalidParameterError(
                 "The 'resume' parameter needs a checkpoint_dir to resume from; got "
@@ -1044,7 +1020,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         noise: NoiseSource = (
             NumpySeededNoise(rng) if p["noise_source"] == "seeded" else SecureNoise()
         )
-        accountant = self.accountant if self.accountant is not None else "rdp"
+        accountant = self.accountant if self.accountant is not None else SPEC.accountant
         ckpt = _Checkpointer.create(
             self,
             p,
@@ -1207,8 +1183,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                 kwargs["clip"] = K * float(n_tasks) ** 0.25
             else:
                 kwargs["clip"] = K * ((4.0 * n_tasks - 3.0) / 2.0) ** 0.25
-        if self.accountant is not None:
-            kwargs["accountant"] = self.accountant
+        kwargs["accountant"] = self.accountant if self.accountant is not None else SPEC.accountant
         return _cached_plan(tuple(sorted(kwargs.items())))
 
     @staticmethod
@@ -1391,11 +1366,11 @@ class MPMTLLowRankSparse(_MPMTLBase):
         *,
         lam: float = 1.0,
         lam_sparse: float = 1.0,
-        epsilon: float | None = None,
-        delta: float | str | None = None,
-        noise: str = "gaussian",
+        epsilon: float | None = SPEC.epsilon,
+        delta: float | str | None = SPEC.delta,
+        noise: str = SPEC.noise,
         clip: float = 1.0,
-        iterations: int = 50,
+        iterations: int = DEFAULT_ITERATIONS["lowrank-sparse"],
         step_size: float | None = None,
         accelerate: bool = True,
         mu: float = 0.0,
@@ -1404,17 +1379,17 @@ class MPMTLLowRankSparse(_MPMTLBase):
         Q: float | None = None,
         covariance: str = "WWt",
         loss: str = "squared",
-        relation: str = "add-remove",
+        relation: str = SPEC.relation,
         accountant: str | None = None,
         eigen_fix: str = "shift",
         instance_epsilon: float | None = None,
         init: Any = "zeros",
         init_alpha: float = 1e-3,
         random_state: Any = None,
-        noise_source: str = "secure",
-        budget_epsilon: float | None = None,
+        noise_source: str = SPEC.noise_source,
+        budget_epsilon: float | None = SPEC.budget_epsilon,
         checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = 1,
+        checkpoint_every: int = SPEC.checkpoint_every,
         resume: bool = False,
         callback: Callable[[str, int], None] | None = None,
     ) -> None:
@@ -1450,7 +1425,7 @@ class MPMTLLowRankSparse(_MPMTLBase):
         )
         self.lam_sparse = lam_sparse
 
-    def _validate(self) -> dict[str, Any]:
-        p = super()._validate()
-        p["lam_sparse"] = check_real("lam_sparse", self.lam_sparse, low=0.0)
-        return p
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        "lam_sparse": Interval(Real, 0.0, None),
+        **_MPMTLBase._parameter_constraints,
+    }

@@ -1,0 +1,219 @@
+r"""The settings of an MP-MTL run and their product defaults, defined once.
+
+:class:`MPMTLSpec` holds the method and privacy settings of one run of the MP-MTL family (the
+linear methods of :mod:`privmtl.linear`): the method, the covariance mechanism, ε and δ, the
+iterations, the seed, how hyper-parameters are chosen, the neighbouring relation, the accountant,
+the output rule, where the noise comes from, the budget stop and the checkpoint interval. Every
+entry point reads its defaults from here: the estimators' ``__init__``
+(:class:`~privmtl.linear.mpmtl.MPMTLLowRank` and the other MP-MTL estimators,
+:class:`~privmtl.linear.dp_baselines.DPMTRL`), :func:`~privmtl.experiments.mpmtl.run_mpmtl`,
+:func:`~privmtl.experiments.mpmtl_sweep.run_mpmtl_sweep`, ``privmtl mpmtl`` and
+``privmtl mpmtl-sweep``. Their constraints are declared once, in
+:attr:`MPMTLSpec._parameter_constraints`; the estimators check the settings they share with the
+spec against the same entries (:func:`spec_constraints`).
+
+Two defaults are not a single value:
+
+* ``delta`` depends on the number of tasks ``m``; :func:`resolve_defaults` is the one function that
+  fills it in: None ⇒ min(1e-5, 1/(100 m)) (below 1/m, as DP practice asks), ``"paper"`` ⇒ the
+  MP-MTL paper's 1/(m log m), a number ⇒ itself (warned when ≥ 1/m);
+* ``iterations`` depends on the method (:func:`default_iterations`, :data:`DEFAULT_ITERATIONS`):
+  one covariance release for the low-rank and group-sparse estimators (their local refit uses it),
+  the paper's 50 for the low-rank + sparse one. None keeps it open: the method's default, or the
+  searched value when hyper-parameters are tuned on pooled data (``tune="pooled"``).
+
+The data options (data set, path, columns, scaling, training fraction) are not run settings of
+the family; :func:`~privmtl.experiments.mpmtl.data_protocol` resolves them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any, ClassVar
+
+from privmtl._validation import Interval, Options, validate_params
+from privmtl.exceptions import InvalidParameterError
+from privmtl.linear.common import PAPER_DELTA
+from privmtl.linear.selection import FINAL_STEPS, METHODS, PRIVATE_METHODS
+from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
+from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.noise import NOISE_SOURCES
+
+__all__ = [
+    "DEFAULT_ITERATIONS",
+    "NOISES",
+    "SPEC",
+    "TUNE_MODES",
+    "MPMTLSpec",
+    "default_iterations",
+    "resolve_defaults",
+    "spec_constraints",
+]
+
+NOISES = ("gaussian", "wishart")
+"""Covariance mechanisms: the Analyze-Gauss mechanism (a valid guarantee) or the published
+Wishart step (kept for reproduction; reported with its real δ)."""
+
+TUNE_MODES = ("covered", "pooled", "none")
+"""How a run chooses hyper-parameters: ``"covered"`` (per task, or public, or — for non-private
+methods only — pooled), ``"pooled"`` (k-fold CV over all tasks for every method, not covered for
+private ones), ``"none"`` (the estimators' defaults)."""
+
+DEFAULT_ITERATIONS: dict[str, int] = {
+    "lowrank": 1,
+    "groupsparse": 1,
+    "lowrank-sparse": 50,
+    "dp-mtrl": 1,
+}
+"""T of every method that iterates over releases: the whole budget on one release of the tasks'
+own ridge models' covariance, which the local refit then uses (low-rank, group-sparse); the
+paper's Algorithm 4 (low-rank + sparse, no refit exists for it); one round of DP-MTRL."""
+
+
+def default_iterations(method: str) -> int | None:
+    """T of ``method`` when none is given (:data:`DEFAULT_ITERATIONS`); None for the methods
+    that have no iterations setting."""
+    return DEFAULT_ITERATIONS.get(method)
+
+
+@dataclass(frozen=True)
+class MPMTLSpec:
+    """The method and privacy settings of one MP-MTL run, with the product's defaults.
+
+    Built once per run and checked against :attr:`_parameter_constraints` (an
+    :class:`~privmtl.exceptions.InvalidParameterError` names the parameter, the constraint and
+    the value). ``None`` marks a default that :func:`resolve_defaults` or the method fills in.
+
+    Parameters
+    ----------
+    method : str, default "lowrank"
+        One of :data:`~privmtl.linear.selection.METHODS` (the CLI asks for it explicitly).
+    noise : {"gaussian", "wishart"}, default "gaussian"
+        Covariance mechanism (:data:`NOISES`).
+    epsilon : float or None, default None
+        Total budget ε; None: non-private. Only the private methods
+        (:data:`~privmtl.linear.selection.PRIVATE_METHODS`) take it.
+    delta : float, "paper" or None, default None
+        δ; None: min(1e-5, 1/(100 m)); ``"paper"``: 1/(m log m) (:func:`resolve_defaults`).
+    iterations : int or None, default None
+        T, covariance releases / proximal-gradient iterations; None: the method's
+        (:func:`default_iterations`), searched with ``tune="pooled"``.
+    seed : int, default 0
+        Seed of the split, the folds and (with ``noise_source="seeded"``) the noise.
+    tune : {"covered", "pooled", "none"}, default "covered"
+        How hyper-parameters are chosen (:data:`TUNE_MODES`).
+    n_splits : int, default 5
+        Folds of the k-fold cross-validation.
+    relation : {"add-remove", "replace-one"}, default "add-remove"
+        Neighbouring relation of the guarantee (one whole task added/removed or replaced).
+    accountant : {"rdp", "pld"}, default "rdp"
+        Accountant of the Gaussian releases.
+    final_step : {"auto", "projection", "refit"}, default "auto"
+        Output rule of the low-rank / group-sparse estimators: the paper's projected models, the
+        local variational refit, or ``"auto"`` (the refit, unless a pooled search chooses).
+    noise_source : {"secure", "seeded"}, default "secure"
+        OS entropy, or a generator seeded from ``seed`` (research simulation only).
+    budget_epsilon : float or None, default None
+        Stop before the release that would take ε above this budget (MP-MTL estimators).
+    checkpoint_every : int, default 1
+        Iterations between checkpoints (when the run checkpoints).
+    """
+
+    method: str = "lowrank"
+    noise: str = "gaussian"
+    epsilon: float | None = None
+    delta: float | str | None = None
+    iterations: int | None = None
+    seed: int = 0
+    tune: str = "covered"
+    n_splits: int = 5
+    relation: str = "add-remove"
+    accountant: str = "rdp"
+    final_step: str = "auto"
+    noise_source: str = "secure"
+    budget_epsilon: float | None = None
+    checkpoint_every: int = 1
+
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        "tune": Options(TUNE_MODES),
+        "method": Options(METHODS),
+        "noise": Options(NOISES),
+        "seed": Interval(Integral, 0, None),
+        "final_step": Options(FINAL_STEPS),
+        "epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
+        "delta": [None, Options((PAPER_DELTA,)), Interval(Real, 0.0, 1.0, closed="neither")],
+        "iterations": [None, Interval(Integral, 1, None)],
+        "n_splits": Interval(Integral, 2, None),
+        "relation": Options(RELATIONS),
+        "accountant": Options(TIGHT_ACCOUNTANTS),
+        "noise_source": Options(NOISE_SOURCES),
+        "budget_epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
+        "checkpoint_every": Interval(Integral, 1, None),
+    }
+    """The declared constraint of every setting (a list: any of these; None admits None)."""
+
+    def __post_init__(self) -> None:
+        for name, value in validate_params(self).items():
+            object.__setattr__(self, name, value)
+        if self.epsilon is not None and self.method not in PRIVATE_METHODS:
+            raise InvalidParameterError(
+                f"The 'epsilon' parameter applies to the private methods {PRIVATE_METHODS}; "
+                f"method={self.method!r} is a non-private or single-task baseline (omit --epsilon)."
+            )
+
+    @property
+    def private(self) -> bool:
+        """True when the run asks for noise (an ε target)."""
+        return self.epsilon is not None
+
+    def replace(self, **changes: Any) -> MPMTLSpec:
+        """A copy with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings by name (JSON-ready)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+SPEC = MPMTLSpec()
+"""The product defaults (every setting at its default, before resolution)."""
+
+
+def spec_constraints(*names: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The spec's declared constraints of ``names``, for an estimator's own table.
+
+    ``required`` names settings the estimator needs a value for: their ``None`` alternative is
+    dropped (e.g. ``iterations``, which the estimator always has).
+    """
+    table = MPMTLSpec._parameter_constraints
+    out: dict[str, Any] = {}
+    for name in names:
+        constraint = table[name]
+        if name in required and isinstance(constraint, list):
+            kept = [c for c in constraint if c is not None]
+            constraint = kept[0] if len(kept) == 1 else kept
+        out[name] = constraint
+    return out
+
+
+def resolve_defaults(spec: MPMTLSpec, data: Any) -> MPMTLSpec:
+    """``spec`` with its data-dependent default filled in for ``data`` (a
+    :class:`~privmtl.data.multitask.MultiTaskDataset` or the number of tasks ``m``).
+
+    ``delta``: None ⇒ :func:`~privmtl.privacy.delta.user_data_delta` (min(1e-5, 1/(100 m)));
+    ``"paper"`` ⇒ :func:`~privmtl.linear.common.paper_delta` (1/(m log m), needs m ≥ 2); a number
+    ⇒ itself, checked by :func:`~privmtl.privacy.delta.check_delta` (a warning when ≥ 1/m).
+    ``iterations`` stays as given (None: the method's, see :func:`default_iterations`).
+    """
+    from privmtl.linear.common import resolve_delta
+    from privmtl.privacy.delta import check_delta
+
+    m = int(data if isinstance(data, Integral) else data.n_tasks)
+    delta = spec.delta
+    if delta is None or isinstance(delta, str):
+        resolved = resolve_delta(delta, m)
+    else:
+        resolved = check_delta(delta, m, unit="task")
+    return spec.replace(delta=resolved)
