@@ -166,6 +166,8 @@ class Method:
     notion: ClassVar[str] = "JDP (billboard)"
     #: Keys of :meth:`extra` that a run's JSON reports.
     result_keys: ClassVar[tuple[str, ...]] = ()
+    #: Run options :meth:`fit` reads besides the backend's (e.g. ``local_select``).
+    fit_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config

@@ -40,6 +40,7 @@ class LocalAll(Local):
     engine_method: ClassVar[str | None] = "pmtl"
     every_client: ClassVar[bool] = True
     result_keys: ClassVar[tuple[str, ...]] = ("local_selection",)
+    fit_options: ClassVar[tuple[str, ...]] = ("local_select",)
 
     def fit(self, dataset: FederatedDataset, model: Any, **run: Any) -> TrainResult:
         """:func:`~privmtl.federated.local.train_local` (``run``'s ``local_select``; no rounds,
