@@ -148,10 +148,13 @@ def get_method(method: str | type[Method] | Method, config: TrainConfig) -> Meth
 
 class MethodName:
     """Constraint of a method name (:func:`~privmtl._validation.validate_params`): privmtl's run
-    methods and the registered own methods."""
+    methods, the registered own methods, and ``PATH.py:NAME`` / ``MODULE:NAME`` (loaded by the
+    run, :func:`~privmtl.federated.methods.loading.load_method`)."""
 
     def check(self, name: str, value: Any) -> Any:
         """Return the value or raise InvalidParameterError."""
+        if isinstance(value, str) and ":" in value:
+            return value
         return check_choice(name, value, RUN_METHODS + tuple(_OWN))
 
     def describe(self) -> str:
