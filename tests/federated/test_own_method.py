@@ -93,13 +93,13 @@ def test_example_method_from_its_file_records_the_source(tmp_path):
 def test_cli_runs_the_example_method_and_refuses_a_missing_file(capsys, tmp_path):
     from privmtl.cli import main
 
-    args = ["pmtl", "--method", f"{EXAMPLE}:OwnMethod", "--data", "synthetic", "--epsilon", "1",
+    args = ["pmtl", "--method", f"{EXAMPLE}:OwnMethod", "--data", "synthetic", "--model", "logreg", "--epsilon", "1",
             "--num-clients", "12", "--rounds", "2", "--finetune", "none", "--json"]  # fmt: skip
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["method"] == "own-mixture" and out["epsilon"] <= 1.0 + 1e-9
     missing = str(tmp_path / "nope.py") + ":Nope"
-    code = main(["pmtl", "--method", missing, "--data", "synthetic", "--rounds", "1", "--json"])
+    code = main(["pmtl", "--method", missing, "--data", "synthetic", "--model", "logreg", "--json"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "--method" in err and "file not found" in err
     assert len(err.splitlines()) == 1
