@@ -15,32 +15,12 @@ The backbone of the PMTL family, written once:
 The protocol is written once for two transports: the in-process :class:`Trainer` and Flower's
 ServerApp and ClientApp (:mod:`privmtl.flower`) both call :func:`setup_run` and
 :func:`make_curator` (the release, the billboard, the curator), :func:`new_ledger`,
-:func:`client_starts` and :func:`client_step` (the client step: starts, update rule, Ditto's copy,
-message, what is kept), :func:`budget_stops`, :func:`round_record`, :func:`fingerprint_base` and
-:func:`run_result`; they differ only in how the clients' data and states are held and how the
-messages travel.
-
-The methods differ only in what a client starts from, its update rule, what it sends and how the
-billboard absorbs a release (:class:`MethodSpec`):
-
-============  ==================  ====================  ==================  ===============
-method        client starts from  local rule            message             billboard
-============  ==================  ====================  ==================  ===============
-pmtl          its own model       ProxStep(λ, w̃)        Δw or w − w̃         w̃ + release
-fedavg        w̃                   ProxStep(0)           w − w̃               w̃ + release
-fedprox       w̃                   ProxStep(μ, w̃)        w − w̃               w̃ + release
-local         its own model       ProxStep(0)           (none)              (none)
-joint-dp      its released block  ProxStep(λ, mean)     w − block           blocks + release
-pp-sgd        (w̃, its own θ)      SplitStep(α, μ)       u − w̃               w̃ + release
-workshop      its own model       ProxStep(λ, w̃, B)     w (the model)       release
-fedrep        (w̃, its own head)   head, then w̃'s part   φ − w̃ (φ = rep.)    w̃ + release
-============  ==================  ====================  ==================  ===============
-
-``pmtl``'s message is Δw (``server_update="delta"``), w − w̃ (``"offset"``) or, with ``"ditto"``,
-v − w̃ for a copy v of w̃ trained on the same minibatches with ProxStep(0) (FedAvg's message; the
-personalized model w is kept and never sent). ``fedrep`` (:mod:`privmtl.federated.fedrep`) shares
-the representation only (the billboard holds it); a client trains its own head with the
-representation frozen, then the representation with the head fixed, and keeps its head.
+:func:`budget_stops`, :func:`round_record`, :func:`fingerprint_base` and :func:`run_result`, and
+drive the method object's client half (:class:`~privmtl.federated.methods.base.Method`: starts,
+local update, message, what is kept); they differ only in how the clients' data and states are
+held and how the messages travel. Neither names a method: what a client starts from, its update
+rule, what it sends and how the billboard absorbs a release are the method's
+(:mod:`privmtl.federated.methods`, whose documentation holds the table of the methods).
 
 Randomness (seeded mode reproduces a run bit for bit, and a resumed run equals the uninterrupted
 one): client sampling from ``numpy.random.default_rng([seed, 0])``, client ``k``'s minibatches of
