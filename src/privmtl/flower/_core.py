@@ -567,11 +567,15 @@ class NodeClients:
         starts, anchor = method.starts(billboard, sel, state)
 
         def train(
-            st: Params, rule: UpdateRule, *, stream: int | None = None, epochs: int | None = None
+            starts: Params,
+            rule: UpdateRule,
+            *,
+            stream: int | None = None,
+            epochs: int | None = None,
         ) -> tuple[Params, list[float]]:
             return local_sgd_batched(
                 self.step_fn,
-                st,
+                starts,
                 rule,
                 self.x_all,
                 self.y_all,

@@ -38,7 +38,7 @@ def load_method(spec: str) -> tuple[type[Method] | Method, dict[str, Any]]:
             .replace("The 'model' parameter (--model)", "The 'method' parameter (--method)")
             .replace("FACTORY", "NAME")
         ) from None
-    found = user.factory
+    found: Any = user.factory
     is_class = isinstance(found, type) and issubclass(found, Method)
     if not is_class and not isinstance(found, Method):
         raise InvalidParameterError(
