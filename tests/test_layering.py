@@ -56,3 +56,77 @@ def test_relations_declared_once():
         and any(isinstance(t, ast.Name) and t.id == "RELATIONS" for t in node.targets)
     ]
     assert homes == ["privacy/guarantee.py"]
+
+
+def _compared_strings(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return set().union(*(_compared_strings(e) for e in node.elts))
+    return set()
+
+
+def test_method_names_are_compared_in_few_places_outside_the_methods_package():
+    """A Compare counts when one side is a method name or a ``server_update`` value (a string
+    constant or a tuple of them) and the other side's source mentions ``method``,
+    ``server_update``, ``spec.name`` or ``message``; the methods package is where they belong."""
+    from privmtl.federated.methods import BUILTIN_METHODS
+    from privmtl.federated.spec import SERVER_UPDATES
+
+    names = set(BUILTIN_METHODS) | set(SERVER_UPDATES)
+    hits = []
+    for rel, tree in _modules():
+        if rel.parts[:2] == ("federated", "methods"):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            for i, side in enumerate(sides):
+                if not _compared_strings(side) & names:
+                    continue
+                others = " ".join(ast.unparse(s) for j, s in enumerate(sides) if j != i)
+                if any(w in others for w in ("method", "server_update", "spec.name", "message")):
+                    hits.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+                    break
+    assert len(hits) <= 8, hits
+
+
+def _module_name(rel):
+    parts = list(rel.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["privmtl", *parts])
+
+
+def test_no_import_cycle_in_the_package():
+    """Module-level imports between privmtl's modules form no cycle (imports inside functions and
+    under ``TYPE_CHECKING`` are not module-level)."""
+    modules = {_module_name(rel): tree for rel, tree in _modules()}
+    graph: dict[str, set[str]] = {}
+    for name, tree in modules.items():
+        deps: set[str] = set()
+        for node in tree.body:
+            found = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            deps.update(m for m in found if m in modules and m != name)
+        graph[name] = deps
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node, path):
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep) :], dep] if dep in path else [node, dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []

@@ -213,7 +213,7 @@ def test_billboard_personal_init(tabular: FederatedDataset) -> None:
     assert any(p.abs().sum() > 0 for p in board.values())
     # a new client starts from the billboard, a returning one from its own model
     old = int(torch.nonzero(joined)[0])
-    starts, _ = tr._starts(torch.tensor([never, old]))
+    starts, _ = tr.method.starts(board, torch.tensor([never, old]), tr.clients)
     res = tr.result()
     assert res.personalized_params is not None
     for n, b in board.items():

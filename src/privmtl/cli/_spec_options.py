@@ -32,7 +32,9 @@ from click.core import ParameterSource
 
 from privmtl._validation import Interval, Options, validate_params
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.methods import RUN_METHODS
 from privmtl.federated.spec import SPEC, RunSpec
+from privmtl.federated.user_model import is_factory_spec
 
 __all__ = [
     "SPEC_FIELDS",
@@ -54,7 +56,9 @@ SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(RunSpec))
 SPEC_HELP: dict[str, str] = {
     "method": "pmtl, or a baseline: fedavg, fedprox, local (each client trains alone in the "
     "rounds), joint-dp, pp-sgd, or local-all (every client trains alone and chooses its epochs "
-    "and lr on its own validation split).",
+    "and lr on its own validation split), fedrep; or your own method: PATH.py:NAME or "
+    "MODULE:NAME naming a privmtl.federated.methods.Method subclass (examples/own_method.py; "
+    "the result records the file's SHA-256 under method_source).",
     "server_update": "Client message: ditto = the change of a copy of w~ trained on the same "
     "minibatches without the pull (Ditto, Li et al. 2021: FedAvg's billboard; twice the local "
     "work), offset = w_k^new - w~ (the authors' code; stable under partial participation), or "
@@ -167,6 +171,24 @@ def _constraint(name: str) -> Interval | Options | None:
     return choices[0] if choices else None
 
 
+class _MethodType(click.ParamType):
+    """``--method``: one of the run methods, or ``PATH.py:NAME`` / ``MODULE:NAME``."""
+
+    name = "method"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "[" + "|".join(RUN_METHODS) + "|PATH.py:NAME|MODULE:NAME]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value in RUN_METHODS or (isinstance(value, str) and is_factory_spec(value)):
+            return value
+        self.fail(
+            f"{value!r} is not one of {', '.join(RUN_METHODS)}, nor PATH.py:NAME or MODULE:NAME.",
+            param,
+            ctx,
+        )
+
+
 def spec_option(name: str, *, help: str | None = None, default: bool = True) -> Callable[[F], F]:
     """The option of setting ``name`` of :class:`~privmtl.federated.spec.RunSpec`.
 
@@ -184,7 +206,9 @@ def spec_option(name: str, *, help: str | None = None, default: bool = True) -> 
         )
     constraint = _constraint(name)
     kind: Any = None
-    if isinstance(constraint, Options):
+    if name == "method":
+        kind = _MethodType()
+    elif isinstance(constraint, Options):
         kind = click.Choice([str(v) for v in constraint.values])
     elif isinstance(constraint, Interval):
         kind = _Checked(name, constraint)

@@ -46,6 +46,8 @@ from privmtl.federated.finish import (
     stack_trained,
 )
 from privmtl.federated.local import LOCAL_SELECT
+from privmtl.federated.methods import Method, get_method, method_class
+from privmtl.federated.methods.loading import resolve_method
 from privmtl.federated.spec import (
     DEFAULT_CLIENTS_PER_ROUND,
     DEFAULT_FEDPROX_MU,
@@ -92,7 +94,7 @@ __all__ = [
 FL_DATASETS = ("femnist-leaf", "synthetic", "table")
 FL_MODELS = ("cnn", "logreg")
 FL_METHODS = RUN_METHODS
-NO_RELEASE_METHODS = ("local", "local-all")
+NO_RELEASE_METHODS = tuple(n for n in RUN_METHODS if not method_class(n).communicates)
 """The methods that train every client alone: nothing is released, there is no shared model."""
 FINETUNE_STARTS = ("auto", "billboard")
 """Where fine-tuning starts: the personalized models when the method has them, else the released
@@ -204,7 +206,7 @@ def run_pmtl(
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
     model: str = "logreg",
-    method: str = SPEC.method,
+    method: str | type[Method] | Method = SPEC.method,
     epsilon: float | None = None,
     noise_std: float | None = None,
     clip: float = SPEC.clip,
@@ -318,7 +320,15 @@ def run_pmtl(
     explicit value above ``m`` is an error. ``scaling`` applies to ``data="table"``
     (:func:`load_federated`); the result reports what was done under ``"scaling"``. A user's
     ``model`` factory is loaded before the data and checked by a forward pass before training.
+
+    ``method`` is a method name, or your own method: a
+    :class:`~privmtl.federated.methods.base.Method` subclass or instance, or ``"PATH.py:NAME"`` /
+    ``"MODULE:NAME"`` naming one (loaded as a ``model`` factory is; the result's
+    ``method_source`` records the file and its SHA-256). It runs with the same release,
+    accounting, ledger and checkpointing as privmtl's methods.
     """
+    own_method, method_source = resolve_method(method)
+    method = own_method if isinstance(own_method, str) else own_method.name
     spec = RunSpec(
         method=method,
         server_update=server_update,
@@ -416,7 +426,7 @@ def run_pmtl(
     not_covered: list[str] = []
     net = make_model(model, ds, seed, factory=user_factory)
     config = train_config(resolved, batched=not sequential, progress=show_progress, threads=threads)
-    if epsilon is not None and method not in NO_RELEASE_METHODS:
+    if epsilon is not None and method_class(method).communicates:
         from privmtl.federated.baselines import config_for_epsilon
 
         config = config_for_epsilon(config, m, epsilon)
@@ -428,33 +438,23 @@ def run_pmtl(
         "budget_epsilon": budget_epsilon,
         "on_budget": "stop",
     }
-    if method == "local-all":
-        from privmtl.federated.local import train_local
-
-        result = train_local(ds, net, batch_size=batch_size, seed=seed, select=local_select)
+    runner = get_method(own_method, config)  # bound to the calibrated noise
+    if runner.models is not None and model not in runner.models:
+        raise InvalidParameterError(
+            f"The 'method' parameter {method!r} supports --model {', '.join(runner.models)} "
+            f"only; got model={model!r}."
+        )
+    options = {"local_select": local_select}
+    result = runner.fit(ds, net, **{k: options[k] for k in runner.fit_options}, **run)
+    if runner.every_client:  # nothing released: no noise, every client trains
         sigma, q = 0.0, m
-    elif method == "joint-dp":
-        from privmtl.federated.baselines import train_joint_dp
-
-        result = train_joint_dp(ds, net, config, **run)
-    elif method == "pp-sgd":
-        if model != "logreg":
-            raise InvalidParameterError(
-                f"The 'method' parameter 'pp-sgd' supports --model logreg only; got model={model!r}."
-            )
-        from privmtl.federated.baselines import train_pp_sgd
-
-        result = train_pp_sgd(ds, config, **run)
-    else:
-        from privmtl.federated.engine import train
-
-        result = train(ds, net, config, **run)
     out, guarantee = _result_parts(
         result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
     )
     out["data_seconds"] = load_seconds
-    if method == "fedrep":
-        out.update({k: result.extra[k] for k in ("representation", "head", "head_epochs")})
+    out.update({k: result.extra[k] for k in runner.result_keys if k != "local_selection"})
+    if method_source is not None:
+        out["method_source"] = method_source
     # the resolved settings (personal_init as the trainer resolved it), re-runnable as they are
     out["config"] = resolved.replace(personal_init=result.config.personal_init).to_dict()
     out["clients_per_round_default"] = clients_per_round is None  # then min(20, m)
@@ -470,7 +470,7 @@ def run_pmtl(
             "curator_diagnostics: per-round training loss and norms of the un-noised mean and of "
             "the noise, computed by the curator from un-noised client updates (--diagnostics)"
         )
-    if method == "local-all":
+    if "local_selection" in runner.result_keys:
         sel = result.extra["local_selection"]
         out["local_selection"] = {
             "grid": sel["grid"],
@@ -507,11 +507,11 @@ def run_pmtl(
         for res in out["finetune_results"].values():
             res.pop("_params")
     tuned = None
-    if finetune == "auto" and method != "local-all":
+    if finetune == "auto" and not runner.every_client:
         out.update(_finetune_auto(result, ds, net, out, batch_size, seed))
         tuned = out.pop("_params")
         notes.append(AUTO_NOTE)
-        if method == "joint-dp" and guarantee.is_private:
+        if runner.notion != "JDP (billboard)" and guarantee.is_private:
             guarantee = replace(guarantee, notion="JDP (billboard)")
             notes.append(
                 "joint-model DP becomes joint DP once each client fine-tunes on its own data"
@@ -540,7 +540,7 @@ def run_pmtl(
                 "finetune_selection: one (epochs, lr) for every client chosen on the pooled "
                 "validation accuracy of all clients (--finetune-select pooled)"
             )
-        if method == "joint-dp" and guarantee.is_private:
+        if runner.notion != "JDP (billboard)" and guarantee.is_private:
             # Each client's fine-tuned model reads its own data: what remains is joint DP.
             guarantee = replace(guarantee, notion="JDP (billboard)")
             notes.append(
@@ -734,11 +734,13 @@ def _result_parts(
     """The run's JSON result and its guarantee (the caller adds notes and what is not covered,
     then writes ``guarantee``, ``covered`` and ``summary``)."""
     cfg = result.config
+    declared = method_class(method)
+    released = declared.communicates
     eps = float(result.epsilon)
     z = noise_multiplier(sigma, q, cfg.clip) if cfg.clip else None
-    private = sigma > 0 and method not in NO_RELEASE_METHODS
+    private = sigma > 0 and released
     noise_source = result.noise_source if private else "none"
-    if method in NO_RELEASE_METHODS:
+    if not released:
         guarantee = PrivacyGuarantee(
             epsilon=0.0,
             delta=0.0,
@@ -775,7 +777,7 @@ def _result_parts(
             relation=cfg.relation,
             sampling=cfg.sampling,
             accountant=cfg.accountant,
-            notion="JDP (billboard)" if method != "joint-dp" else "DP of the joint model",
+            notion=declared.notion,
             details=details,
             noise_source=result.noise_source,
             notes=notes,
@@ -817,9 +819,7 @@ def _result_parts(
         # the same model scored on every client's own test data, averaged over the clients
         # (None where nothing is released: the methods that train every client alone)
         "global_mean_client_accuracy": (
-            None
-            if method in NO_RELEASE_METHODS
-            else _global_accuracy(result, "mean_client_accuracy")
+            _global_accuracy(result, "mean_client_accuracy") if released else None
         ),
         "seconds": float(result.seconds),
         "seconds_per_round": float(result.seconds_per_round),

@@ -41,6 +41,7 @@ from privmtl.experiments.sweep import (
     select_candidates,
     selection_footnote,
 )
+from privmtl.federated.methods import method_class
 from privmtl.federated.spec import SPEC, default_clients_per_round, default_lam
 from privmtl.privacy.selection import SELECTION_METHODS
 
@@ -115,8 +116,9 @@ def run_pmtl_sweep(
     )
     jobs: list[tuple[int, str, float | None, float, int, float]] = []
     for seed, method in itertools.product(seeds, methods):
-        eps_list: list[float | None] = [None] if method == "local" else [*epsilons, None]
-        method_lams = lams if method in ("pmtl", "fedprox") else lams[:1]
+        declared = method_class(method)
+        eps_list: list[float | None] = [*epsilons, None] if declared.communicates else [None]
+        method_lams = lams if declared.tunes_lam else lams[:1]
         for eps in eps_list:
             for clip, T, lam_ in itertools.product(clips, rounds_grid, method_lams):
                 # None: the spec's λ of this method, private (an ε target) or not, as run_pmtl's

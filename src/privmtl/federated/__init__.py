@@ -2,15 +2,19 @@
 
 ``train(dataset, model, config)`` runs Algorithm 1 of Hu, Wu & Smith (``method="pmtl"``) or the
 baselines ``"fedavg"``, ``"fedprox"`` and ``"local"`` with all sampled clients trained together
-(``torch.func``); see :mod:`privmtl.federated.engine`.
+(``torch.func``); see :mod:`privmtl.federated.engine`. Every method is an object
+(:mod:`privmtl.federated.methods`); bring your own by subclassing
+:class:`~privmtl.federated.methods.base.Method`.
 """
 
 from privmtl.federated.baselines import config_for_epsilon, train_joint_dp, train_pp_sgd
 from privmtl.federated.clusters import ClusteredTrainResult, train_clusters
-from privmtl.federated.config import METHODS, TrainConfig, TrainResult
+from privmtl.federated.config import TrainConfig, TrainResult
 from privmtl.federated.engine import train
 from privmtl.federated.finetune import FINETUNE_METHODS, finetune
 from privmtl.federated.finetune_selection import finetune_select
+from privmtl.federated.methods import ENGINE_METHODS as METHODS
+from privmtl.federated.methods import Method, get_method
 from privmtl.federated.models import FemnistCNN, MultinomialLogReg, count_parameters
 from privmtl.federated.workshop import train_workshop
 
@@ -19,6 +23,7 @@ __all__ = [
     "METHODS",
     "ClusteredTrainResult",
     "FemnistCNN",
+    "Method",
     "MultinomialLogReg",
     "TrainConfig",
     "TrainResult",
@@ -26,6 +31,7 @@ __all__ = [
     "count_parameters",
     "finetune",
     "finetune_select",
+    "get_method",
     "train",
     "train_clusters",
     "train_joint_dp",

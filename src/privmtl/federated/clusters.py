@@ -49,6 +49,7 @@ from privmtl.federated.algorithms import Params, evaluate
 from privmtl.federated.baselines import config_for_epsilon
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.engine import train
+from privmtl.federated.methods import method_class
 from privmtl.privacy.calibration import noise_multiplier
 
 __all__ = ["ClusteredTrainResult", "cluster_seed", "parse_clusters", "train_clusters"]
@@ -195,7 +196,7 @@ def train_clusters(
         cfg = dataclasses.replace(
             config, clients_per_round=q_c, seed=cluster_seed(config.seed, c), delta=delta
         )
-        if target_epsilon is not None and config.method != "local":
+        if target_epsilon is not None and method_class(config.method).communicates:
             cfg = config_for_epsilon(cfg, len(idx), target_epsilon)
         res = train(dataset.subset(idx.tolist()), model, cfg)
         results.append(res)

@@ -16,17 +16,31 @@ from privmtl.privacy.delta import user_data_delta
 
 __all__ = [
     "DEFAULT_HEAD_EPOCHS",
-    "METHODS",
     "SAMPLINGS",
     "TrainConfig",
     "TrainResult",
     "check_param_names",
 ]
 
-METHODS = ("pmtl", "fedavg", "fedprox", "local", "joint-dp", "pp-sgd", "workshop", "fedrep")
 #: ``fedrep``: local epochs of head training per round (the representation frozen) and at the end.
 DEFAULT_HEAD_EPOCHS = 5
 SAMPLINGS = ("poisson", "fixed", "all")
+
+
+def __getattr__(name: str) -> Any:
+    # ``METHODS``: the engine's methods, from the one registry of method names (imported when
+    # asked for: the methods package imports this module)
+    if name == "METHODS":
+        from privmtl.federated.methods import ENGINE_METHODS
+
+        return ENGINE_METHODS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _method_class(name: str) -> Any:
+    from privmtl.federated.methods import method_class
+
+    return method_class(name)
 
 
 def check_param_names(shared_params: Any) -> tuple[str, ...]:
@@ -261,7 +275,9 @@ class TrainConfig:
     adaptive_clip_noise: float | None = None
 
     def __post_init__(self) -> None:
-        check_choice("method", self.method, METHODS)
+        from privmtl.federated.methods import engine_method_names
+
+        check_choice("method", self.method, engine_method_names())
         check_int("rounds", self.rounds, low=0)
         check_int("clients_per_round", self.clients_per_round, low=1)
         check_choice("server_update", self.server_update, ("delta", "offset", "ditto"))
@@ -303,22 +319,10 @@ class TrainConfig:
         check_real("server_momentum", self.server_momentum, low=0.0, high=1.0, closed="left")
         check_real("server_beta2", self.server_beta2, low=0.0, high=1.0, closed="left")
         check_real("server_adam_eps", self.server_adam_eps, low=0.0, closed="neither")
-        if self.server_optimizer != "none" and self.method in ("local", "joint-dp", "workshop"):
-            raise InvalidParameterError(
-                "The 'server_optimizer' parameter needs a method whose billboard adds the "
-                f"releases (pmtl, fedavg, fedprox, pp-sgd); got method={self.method!r}."
-            )
         if self.shared_params is not None:
             object.__setattr__(self, "shared_params", check_param_names(self.shared_params))
-            if self.method not in ("pmtl", "fedrep"):
-                raise InvalidParameterError(
-                    "The 'shared_params' parameter (partial sharing) needs method='pmtl' or "
-                    f"'fedrep' (clients keep their personal layers); got method={self.method!r}."
-                )
         check_int("head_epochs", self.head_epochs, low=1)
         check_choice("personal_init", self.personal_init, ("model", "billboard", "auto"))
-        if self.method == "workshop" and self.ball is None:
-            raise InvalidParameterError("method='workshop' needs the ball radius 'ball'; got None.")
         if self.subspace_dim is not None:
             check_int("subspace_dim", self.subspace_dim, low=1)
         if self.adaptive_clip_quantile is not None:
@@ -337,12 +341,8 @@ class TrainConfig:
         check_real("adaptive_clip_lr", self.adaptive_clip_lr, low=0.0, closed="neither")
         if self.adaptive_clip_noise is not None:
             check_real("adaptive_clip_noise", self.adaptive_clip_noise, low=0.0, closed="neither")
-        for name in ("subspace_dim", "adaptive_clip_quantile"):
-            if getattr(self, name) is not None and self.method in ("local", "joint-dp", "workshop"):
-                raise InvalidParameterError(
-                    f"The '{name}' parameter needs a method whose billboard adds the releases "
-                    f"(pmtl, fedavg, fedprox, pp-sgd); got method={self.method!r}."
-                )
+        # the options the method takes are its declarations (Method.check_config)
+        _method_class(self.method).check_config(self)
 
     @property
     def epochs_mode(self) -> bool:
@@ -375,9 +375,7 @@ class TrainConfig:
     @property
     def is_private(self) -> bool:
         """True when the server release is a Gaussian mechanism (noise > 0 and finite clip)."""
-        if self.method == "workshop":
-            return self.noise_std > 0
-        return self.method != "local" and self.noise_std > 0 and self.clip is not None
+        return bool(_method_class(self.method).is_private(self))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -452,18 +450,19 @@ class TrainResult:
         """
         from privmtl.privacy.guarantee import PrivacyGuarantee
 
-        if self.config.method == "local":
+        method = _method_class(self.config.method)
+        if not method.communicates:
             return PrivacyGuarantee(
                 epsilon=0.0, delta=0.0, relation=self.config.relation, sampling="none",
                 accountant="none", notion="JDP (billboard)",
                 notes=("local training: nothing leaves a client",),
             )  # fmt: skip
-        sampling = "all" if self.config.method == "workshop" else self.config.sampling
+        sampling = method.guarantee_sampling(self.config)
         if not math.isfinite(self.epsilon):
             return PrivacyGuarantee.non_private(
                 notion="JDP (billboard)", relation=self.config.relation, sampling=sampling
             )
-        notion = "DP of the joint model" if self.config.method == "joint-dp" else "JDP (billboard)"
+        notion = method.notion
         return PrivacyGuarantee(
             epsilon=self.epsilon,
             delta=self.delta,

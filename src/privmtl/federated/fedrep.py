@@ -28,20 +28,18 @@ representation's from the usual stream 1.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import Params, draw_round_plan
+from privmtl.federated.algorithms import Params
 from privmtl.federated.client import UpdateRule
 
 if TYPE_CHECKING:
-    from privmtl.federated.protocol import Trainer
+    from privmtl.federated.methods.base import TrainFn
 
 __all__ = [
     "FINAL_HEAD_STREAM",
@@ -102,56 +100,55 @@ class PartStep(UpdateRule):
             )
 
 
-def _head_config(trainer: Trainer) -> Any:
-    cfg = trainer.config
-    return dataclasses.replace(cfg, local_epochs=cfg.head_epochs, local_steps=None)
-
-
 def local_update(
-    trainer: Trainer,
-    sampled: np.ndarray,
+    billboard: Params,
+    representation: Sequence[str],
     starts: Params,
-    plan: list[list[np.ndarray]],
-    pool: Any = None,
+    lr: float,
+    head_epochs: int,
+    train: TrainFn,
 ) -> tuple[Params, list[float]]:
     """One round's local work of the sampled clients: the head, then the representation.
 
     ``starts`` are the clients' stored states (their heads); the representation starts from the
-    billboard. Returns the new states (new head, new representation) and each client's mean
-    minibatch loss during the representation's steps.
+    billboard. ``train`` is the backend's local training of the round's clients
+    (:class:`~privmtl.federated.methods.base.TrainFn`): the head's minibatches come from
+    :data:`HEAD_STREAM` with ``head_epochs`` epochs, the representation's from the round's plan.
+    Returns the new states (new head, new representation) and each client's mean minibatch loss
+    during the representation's steps.
     """
-    cfg = trainer.config
-    rep = frozenset(trainer.shared)
-    head = frozenset(n for n in trainer.names if n not in rep)
-    board = trainer.curator.billboard
+    rep = frozenset(representation)
+    head = frozenset(n for n in starts if n not in rep)
     state = {  # the representation from the billboard, the client's own head
-        n: board[n].unsqueeze(0).expand_as(p).clone() if n in rep else p.clone()
+        n: billboard[n].unsqueeze(0).expand_as(p).clone() if n in rep else p.clone()
         for n, p in starts.items()
     }
-    head_plan = draw_round_plan(
-        sampled, trainer.offsets, trainer.round, _head_config(trainer), stream=HEAD_STREAM
-    )
-    state, _ = trainer._train_clients(state, PartStep(cfg.lr, head), head_plan, pool)
-    return trainer._train_clients(state, PartStep(cfg.lr, rep), plan, pool)
+    state, _ = train(state, PartStep(lr, head), stream=HEAD_STREAM, epochs=head_epochs)
+    return train(state, PartStep(lr, rep))
 
 
-def final_heads(trainer: Trainer) -> Params:
+def final_heads(
+    billboard: Params,
+    personal: Params,
+    representation: Sequence[str],
+    lr: float,
+    head_epochs: int,
+    train_all: TrainFn,
+) -> Params:
     """Every client's model after its final head training on the last released representation.
 
     All ``m`` clients start from the billboard's representation and their own head (the initial
     head for a client never sampled) and train the head for ``head_epochs`` epochs on their own
-    training data: a function of the releases and of the client's own data only.
+    training data (``train_all``, minibatches from :data:`FINAL_HEAD_STREAM`): a function of the
+    releases and of the client's own data only.
     """
-    cfg, m = trainer.config, trainer.m
-    board = trainer.curator.billboard
-    personal = trainer.clients["personal"]
+    m = next(iter(personal.values())).shape[0]
     starts = {
-        n: board[n].unsqueeze(0).expand((m, *board[n].shape)).clone() if n in board else p.clone()
+        n: billboard[n].unsqueeze(0).expand((m, *billboard[n].shape)).clone()
+        if n in billboard
+        else p.clone()
         for n, p in personal.items()
     }
-    head = frozenset(n for n in trainer.names if n not in trainer.shared)
-    plan = draw_round_plan(
-        np.arange(m), trainer.offsets, 0, _head_config(trainer), stream=FINAL_HEAD_STREAM
-    )
-    state, _ = trainer._train_clients(starts, PartStep(cfg.lr, head), plan, None)
+    head = frozenset(n for n in personal if n not in set(representation))
+    state, _ = train_all(starts, PartStep(lr, head), stream=FINAL_HEAD_STREAM, epochs=head_epochs)
     return state

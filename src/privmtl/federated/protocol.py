@@ -15,32 +15,12 @@ The backbone of the PMTL family, written once:
 The protocol is written once for two transports: the in-process :class:`Trainer` and Flower's
 ServerApp and ClientApp (:mod:`privmtl.flower`) both call :func:`setup_run` and
 :func:`make_curator` (the release, the billboard, the curator), :func:`new_ledger`,
-:func:`client_starts` and :func:`client_step` (the client step: starts, update rule, Ditto's copy,
-message, what is kept), :func:`budget_stops`, :func:`round_record`, :func:`fingerprint_base` and
-:func:`run_result`; they differ only in how the clients' data and states are held and how the
-messages travel.
-
-The methods differ only in what a client starts from, its update rule, what it sends and how the
-billboard absorbs a release (:class:`MethodSpec`):
-
-============  ==================  ====================  ==================  ===============
-method        client starts from  local rule            message             billboard
-============  ==================  ====================  ==================  ===============
-pmtl          its own model       ProxStep(λ, w̃)        Δw or w − w̃         w̃ + release
-fedavg        w̃                   ProxStep(0)           w − w̃               w̃ + release
-fedprox       w̃                   ProxStep(μ, w̃)        w − w̃               w̃ + release
-local         its own model       ProxStep(0)           (none)              (none)
-joint-dp      its released block  ProxStep(λ, mean)     w − block           blocks + release
-pp-sgd        (w̃, its own θ)      SplitStep(α, μ)       u − w̃               w̃ + release
-workshop      its own model       ProxStep(λ, w̃, B)     w (the model)       release
-fedrep        (w̃, its own head)   head, then w̃'s part   φ − w̃ (φ = rep.)    w̃ + release
-============  ==================  ====================  ==================  ===============
-
-``pmtl``'s message is Δw (``server_update="delta"``), w − w̃ (``"offset"``) or, with ``"ditto"``,
-v − w̃ for a copy v of w̃ trained on the same minibatches with ProxStep(0) (FedAvg's message; the
-personalized model w is kept and never sent). ``fedrep`` (:mod:`privmtl.federated.fedrep`) shares
-the representation only (the billboard holds it); a client trains its own head with the
-representation frozen, then the representation with the head fixed, and keeps its head.
+:func:`budget_stops`, :func:`round_record`, :func:`fingerprint_base` and :func:`run_result`, and
+drive the method object's client half (:class:`~privmtl.federated.methods.base.Method`: starts,
+local update, message, what is kept); they differ only in how the clients' data and states are
+held and how the messages travel. Neither names a method: what a client starts from, its update
+rule, what it sends and how the billboard absorbs a release are the method's
+(:mod:`privmtl.federated.methods`, whose documentation holds the table of the methods).
 
 Randomness (seeded mode reproduces a run bit for bit, and a resumed run equals the uninterrupted
 one): client sampling from ``numpy.random.default_rng([seed, 0])``, client ``k``'s minibatches of
@@ -60,7 +40,6 @@ import math
 import secrets
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -75,7 +54,7 @@ from privmtl._progress import Progress
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from privmtl.data.federated import FederatedDataset
-from privmtl.exceptions import InvalidParameterError, PrivmtlWarning
+from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import (
     Params,
     draw_round_plan,
@@ -83,18 +62,10 @@ from privmtl.federated.algorithms import (
     partition_plan,
     sampling_rng,
 )
-from privmtl.federated.client import (
-    ProxStep,
-    SplitStep,
-    UpdateRule,
-    local_sgd_batched,
-    local_sgd_reference,
-    split_names,
-)
+from privmtl.federated.client import UpdateRule, local_sgd_batched, local_sgd_reference
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
-from privmtl.federated.fedrep import final_heads, local_update, representation_names
 from privmtl.federated.gradients import make_step_fn
-from privmtl.federated.projection import project_to_ball
+from privmtl.federated.methods import ClientStep, Method, TrainFn, get_method
 from privmtl.federated.server_optim import ServerOptimizer
 from privmtl.federated.spec import resolve_personal_init
 from privmtl.locking import DirectoryLock
@@ -142,67 +113,22 @@ _EXECUTION_ONLY = ("progress", "threads", "parallel_chunks", "client_chunk", "ev
 
 
 # ---------------------------------------------------------------------------------- methods
-@dataclass(frozen=True)
-class MethodSpec:
-    """How a method uses the protocol (module docstring table)."""
-
-    name: str
-    start: str  # "own" | "global" | "block" | "split"
-    prox_weight: float  # ρ of the local rule
-    communicates: bool
-    personalized: bool  # output: m personalized models (else the one billboard)
-    billboard: str = "add"  # "add" | "replace" | "blocks"
-    message: str = "delta"  # "delta" | "offset" | "ditto" | "model"
+MethodSpec = Method
+"""A method's declarations: :class:`~privmtl.federated.methods.base.Method`."""
 
 
-def method_spec(config: TrainConfig) -> MethodSpec:
-    """The :class:`MethodSpec` of ``config.method``."""
-    lam = float(config.lam)
-    msg = config.server_update if config.server_update in ("offset", "ditto") else "delta"
-    return {
-        "pmtl": MethodSpec("pmtl", "own", lam, True, True, message=msg),
-        "fedavg": MethodSpec("fedavg", "global", 0.0, True, False),
-        "fedprox": MethodSpec("fedprox", "global", lam, True, False),
-        "local": MethodSpec("local", "own", 0.0, False, True),
-        "joint-dp": MethodSpec("joint-dp", "block", lam, True, True, billboard="blocks"),
-        "pp-sgd": MethodSpec("pp-sgd", "split", 0.0, True, True),
-        "workshop": MethodSpec(
-            "workshop", "own", lam, True, True, billboard="replace", message="model"
-        ),
-        "fedrep": MethodSpec("fedrep", "own", 0.0, True, True, message="offset"),
-    }[config.method]
+def method_spec(config: TrainConfig) -> Method:
+    """The method object of ``config.method`` (:func:`~privmtl.federated.methods.get_method`)."""
+    return get_method(config.method, config)
 
 
-# ---------------------------------------------------------------------------------- client
-@dataclass
-class ClientStep:
-    """One round of the sampled clients: what they keep, what they send, their training loss.
-
-    ``kept`` is the clients' new state (stacked ``(K, ...)``: personalized models, PP-SGD's
-    ``θ`` under ``split_names``), ``messages`` their messages (the shared parameters only).
-    """
-
-    kept: Params
-    messages: Params
-    losses: list[float]
-
-
-TrainFn = Callable[[Params, UpdateRule], tuple[Params, list[float]]]
-"""``train(starts, rule) -> (news, losses)``: local SGD of the round's clients, as a transport
-runs it (in process: the whole round's plan, threads; on a Flower node: its own clients)."""
-
-
-def client_rule(spec: MethodSpec, config: TrainConfig, anchor: Params | None) -> UpdateRule:
-    """The local update rule of ``spec`` (:mod:`privmtl.federated.client`)."""
-    if spec.start == "split":
-        mu = config.lam if config.pp_theta_reg is None else config.pp_theta_reg
-        return SplitStep(lr=config.lr, alpha=config.pp_alpha, mu=mu)
-    ball = config.ball if spec.name == "workshop" else None
-    return ProxStep(lr=config.lr, anchor=anchor, weight=spec.prox_weight, ball=ball)
+def client_rule(spec: Method, config: TrainConfig, anchor: Params | None) -> UpdateRule:
+    """The local update rule of method ``spec`` (:meth:`Method.rule`)."""
+    return spec.with_config(config).rule(anchor)
 
 
 def client_starts(
-    spec: MethodSpec,
+    spec: Method,
     billboard: Params,
     sel: torch.Tensor,
     *,
@@ -210,48 +136,27 @@ def client_starts(
     joined: torch.Tensor | None = None,
     theta: Params | None = None,
 ) -> tuple[Params, Params | None]:
-    """Start states of the clients ``sel`` and the anchor of the local rule.
-
-    ``personal``, ``joined`` and ``theta`` are the clients' stored states stacked over the index
-    space of ``sel`` (their personalized models, whether each took part before — a client that
-    did not starts from the billboard, ``personal_init="billboard"`` — and PP-SGD's ``θ``); for
-    ``"block"`` starts the billboard's blocks are indexed by ``sel``.
-    """
-    k = len(sel)
-    if spec.start == "global":
-        starts = {n: p.unsqueeze(0).expand((k, *p.shape)).clone() for n, p in billboard.items()}
-        return starts, billboard if spec.prox_weight else None
-    if spec.start == "block":
-        centre = {n: p.mean(0) for n, p in billboard.items()} if spec.prox_weight else None
-        return {n: p.index_select(0, sel) for n, p in billboard.items()}, centre
-    if spec.start == "split":
-        assert theta is not None
-        starts = {n: p.unsqueeze(0).expand((k, *p.shape)).clone() for n, p in billboard.items()}
-        starts.update({split_names(n): p.index_select(0, sel) for n, p in theta.items()})
-        return starts, None
-    assert personal is not None
-    starts = {n: p.index_select(0, sel) for n, p in personal.items()}
-    if joined is not None:  # first participation: start from the billboard
-        new = ~joined.index_select(0, sel)
-        if bool(new.any()):
-            for n, b in billboard.items():
-                starts[n][new] = b
-    return starts, billboard if spec.prox_weight else None
+    """Start states of the clients ``sel`` and the anchor of the local rule (:meth:`Method.starts`
+    of the clients' stored states, stacked over the index space of ``sel``)."""
+    state: dict[str, Params] = {}
+    if personal is not None:
+        state["personal"] = personal
+    if joined is not None:
+        state["joined"] = {"mask": joined}
+    if theta is not None:
+        state["theta"] = theta
+    return spec.starts(billboard, sel, state)
 
 
 def client_messages(
-    spec: MethodSpec, billboard: Params, shared: Sequence[str], starts: Params, news: Params
+    spec: Method, billboard: Params, shared: Sequence[str], starts: Params, news: Params
 ) -> Params:
     """The clients' messages (shared parameters only) from their starts and new states."""
-    if spec.message == "model":
-        return {n: news[n] for n in shared}
-    if spec.message in ("offset", "ditto") or spec.start in ("global", "split"):
-        return {n: news[n] - billboard[n] for n in shared}
-    return {n: news[n] - starts[n] for n in shared}
+    return spec.messages(billboard, shared, starts, news)
 
 
 def client_step(
-    spec: MethodSpec,
+    spec: Method,
     config: TrainConfig,
     billboard: Params,
     shared: Sequence[str],
@@ -259,23 +164,9 @@ def client_step(
     anchor: Params | None,
     train: TrainFn,
 ) -> ClientStep:
-    """The client step of every method, written once for every transport.
-
-    Local training from ``starts`` with the method's rule (:func:`client_rule`); the clients keep
-    the result; with Ditto's message a copy of the billboard (the clients' own values for the
-    parameters that are not shared) is trained on the same minibatches without the pull, and the
-    message is computed from it (the personalized model is never sent); else the message is
-    computed from the trained state (:func:`client_messages`).
-    """
-    news, losses = train(starts, client_rule(spec, config, anchor))
-    kept = news
-    if spec.message == "ditto":
-        copies = {
-            n: billboard[n].unsqueeze(0).expand_as(p).clone() if n in shared else p.clone()
-            for n, p in starts.items()
-        }
-        news = train(copies, client_rule(spec, config, None))[0]
-    return ClientStep(kept, client_messages(spec, billboard, shared, starts, news), losses)
+    """The client step of method ``spec``, written once for every transport
+    (:meth:`Method.client_update`)."""
+    return spec.with_config(config).client_update(billboard, shared, starts, anchor, train)
 
 
 # ---------------------------------------------------------------------------------- curator
@@ -466,24 +357,6 @@ class RoundRecord:
     record: dict[str, Any] = field(default_factory=dict)
 
 
-def _stack(params: Params, m: int) -> Params:
-    return {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in params.items()}
-
-
-def _shared_names(init: Params, shared: tuple[str, ...] | None) -> list[str]:
-    """The parameters that go through the billboard (all when ``shared`` is None)."""
-    if shared is None:
-        return list(init)
-    names = [n for n in init if any(n == s or n.startswith(s + ".") for s in shared)]
-    unknown = [s for s in shared if not any(n == s or n.startswith(s + ".") for n in init)]
-    if unknown or not names:
-        raise InvalidParameterError(
-            f"The 'shared_params' parameter must name parameters (or module prefixes) of the "
-            f"model {list(init)}; got {list(shared)} (unmatched: {unknown})."
-        )
-    return names
-
-
 def _refuse_running_buffers(model: nn.Module) -> None:
     for name, mod in model.named_modules():
         batch_norm = isinstance(mod, nn.modules.batchnorm._BatchNorm)
@@ -547,7 +420,7 @@ class RunSetup:
     """
 
     config: TrainConfig
-    spec: MethodSpec
+    spec: Method
     m: int
     q: int
     release: GaussianMeanRelease
@@ -558,7 +431,12 @@ class RunSetup:
 
 
 def setup_run(
-    config: TrainConfig, m: int, init: Params, *, sampler: ClientSampler | None = None
+    config: TrainConfig,
+    m: int,
+    init: Params,
+    *,
+    sampler: ClientSampler | None = None,
+    method: Method | type[Method] | str | None = None,
 ) -> RunSetup:
     """The release, the billboard and the resolved configuration of a run on ``m`` clients.
 
@@ -566,34 +444,21 @@ def setup_run(
     ``sampling="all"``; above ``m`` is an error), the warning of Algorithm 1's message with partial
     participation, the :class:`~privmtl.privacy.release.GaussianMeanRelease` of the method, the
     split into shared and personal parameters and ``personal_init="auto"``'s resolution
-    (:func:`~privmtl.federated.spec.resolve_personal_init`).
+    (:func:`~privmtl.federated.spec.resolve_personal_init`), all through the method object's
+    server half (``method``: default ``config.method``).
     """
-    spec = method_spec(config)
-    full = config.sampling == "all" or spec.name == "workshop"
+    spec = get_method(config.method if method is None else method, config)
+    full = config.sampling == "all" or spec.full_participation
     q = m if full else config.clients_per_round
     if q > m:
         raise InvalidParameterError(
             f"The 'clients_per_round' parameter must be <= the number of clients ({m}); got {q}."
         )
-    if spec.name == "pmtl" and spec.message == "delta" and q < m:
-        warnings.warn(
-            f"server_update='delta' (Algorithm 1 as printed) with partial participation (q={q} "
-            f"of m={m} clients per round) moves the billboard m/q = {m / q:.3g} times faster "
-            "than the mean of the personalized models and can diverge; server_update='offset' "
-            "(the authors' code) has the same privacy guarantee.",
-            PrivmtlWarning,
-            stacklevel=3,
-        )
+    spec.setup_warnings(q, m)
     sampler = (
         sampler if sampler is not None else make_sampler("all" if full else config.sampling, m, q)
     )
-    clip, sigma, divisor = config.clip, config.noise_std, float(q)
-    if spec.name == "workshop":
-        clip = config.ball  # models are projected to the ball: the clip is its radius
-    if spec.billboard == "blocks":  # block std zγ with z = σq/γ (PMTL's multiplier)
-        sigma, divisor = config.noise_std * q, 1.0
-    if spec.name == "local":
-        sigma = 0.0
+    clip, sigma, divisor = spec.release_settings(config.clip, config.noise_std, q)
     mech = GaussianMeanRelease(
         clip=clip,
         noise_std=sigma,
@@ -603,24 +468,15 @@ def setup_run(
         subspace_seed=config.seed,
         count_noise_std=config.count_noise_std_for(q) if spec.communicates else None,
     )
-    if spec.name == "workshop":
-        assert config.ball is not None
-        init = project_to_ball(init, config.ball, stacked=False)
-    shared_params = config.shared_params
-    if spec.name == "fedrep" and shared_params is None:
-        shared_params = representation_names(list(init))
-    shared = _shared_names(init, shared_params)
-    if spec.name == "fedrep" and len(shared) == len(init):
-        raise InvalidParameterError(
-            "method='fedrep' needs a head that stays with the client: the 'shared_params' "
-            f"parameter must leave some parameters of the model out; got {list(shared_params or ())}."
-        )
+    init = spec.prepare_init(init)
+    shared = spec.shared_names(init)
     shared_init = {n: init[n] for n in shared}
-    board = _stack(init, m) if spec.billboard == "blocks" else shared_init
+    board = spec.initial_billboard(init, shared, m)
     if config.personal_init == "auto":
         dim = config.subspace_dim or sum(p.numel() for p in shared_init.values())
         resolved = resolve_personal_init("auto", mech.noise_std, mech.clip, dim)
         config = dataclasses.replace(config, personal_init=resolved)
+        spec = spec.with_config(config)
     personal = {n: p for n, p in init.items() if n not in shared}
     return RunSetup(config, spec, m, q, mech, init, shared, personal, board)
 
@@ -644,7 +500,7 @@ def make_curator(
         setup.billboard,
         noise=noise,
         ledger=ledger,
-        update=setup.spec.billboard,
+        update=setup.spec.billboard_update,
         seed=config.seed,
         name=name,
         optimizer=optimizer,
@@ -783,13 +639,13 @@ class Trainer:
         on_budget: str = "stop",
         message_hook: MessageHook | None = None,
         initial_state: dict[str, Any] | None = None,
+        method: Method | type[Method] | str | None = None,
     ) -> None:
         config = TrainConfig() if config is None else config
         check_inputs(dataset, model)
         _refuse_running_buffers(model)
         self.dataset, self.config = dataset, config
         self.model = copy.deepcopy(model)
-        self.spec = spec = method_spec(config)
         m = dataset.n_clients
         self.m = m
         self.noise_source = check_choice(
@@ -814,7 +670,8 @@ class Trainer:
         self.y_all, self.offsets = y_all, offsets
 
         # ---- the release of this method, the billboard and the curator
-        setup = setup_run(config, m, init, sampler=sampler)
+        setup = setup_run(config, m, init, sampler=sampler, method=method)
+        self.spec = self.method = spec = setup.spec
         config, q = setup.config, setup.q
         self.config, self.q, self.shared = config, q, setup.shared
         self._personal_init = setup.personal_init
@@ -829,26 +686,14 @@ class Trainer:
         self.ledger = ledger if spec.communicates and mech.private else None
         noise = make_noise_source(self.noise_source, config.seed)
         self.curator = make_curator(setup, noise=noise, ledger=self.ledger)
-        self.clients: dict[str, Params] = {}
-        if spec.start == "own":
-            self.clients["personal"] = _stack(init, m)
-            if config.personal_init == "billboard" and spec.communicates and spec.name != "fedrep":
-                self.clients["joined"] = {"mask": torch.zeros(m, dtype=torch.bool)}
-        if spec.start == "split":
-            theta = (initial_state or {}).get("theta")
-            self.clients["theta"] = (
-                {n: torch.zeros((m, *p.shape), dtype=p.dtype) for n, p in init.items()}
-                if theta is None
-                else {n: torch.as_tensor(theta[n], dtype=p.dtype).clone() for n, p in init.items()}
-            )
+        self.clients: dict[str, Params] = spec.initial_state(init, m, initial_state)
         self.names = list(init)
         self.history: list[dict[str, Any]] = []
-        self.epsilon = 0.0 if spec.name == "local" else (math.inf if self.ledger is None else 0.0)
+        self.epsilon = 0.0 if not spec.communicates else (math.inf if self.ledger is None else 0.0)
         self.stopped_on_budget = False
         self._train_seconds = 0.0
         self._data_sha256: str | None = None
         self._step_fn: Any = None
-        self._final: tuple[int, Params] | None = None  # fedrep: (round, models after final heads)
         self._local = threading.local()
         if self.checkpoint_dir is not None:
             self._open_checkpoint(resume)
@@ -973,18 +818,6 @@ class Trainer:
             self._local.step_fn = fn
         return fn
 
-    def _starts(self, sel: torch.Tensor) -> tuple[Params, Params | None]:
-        """Start states of the sampled clients and the anchor of the local rule."""
-        joined = self.clients.get("joined")
-        return client_starts(
-            self.spec,
-            self.curator.billboard,
-            sel,
-            personal=self.clients.get("personal"),
-            joined=None if joined is None else joined["mask"],
-            theta=self.clients.get("theta"),
-        )
-
     def _train_clients(
         self, starts: Params, rule: UpdateRule, plan: list[list[np.ndarray]], pool: Any
     ) -> tuple[Params, list[float]]:
@@ -1019,6 +852,38 @@ class Trainer:
         news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, order) for n in starts}
         return news, [losses[int(i)] for i in order]
 
+    def _train_fn(
+        self,
+        sampled: np.ndarray,
+        round_index: int,
+        plan: list[list[np.ndarray]] | None,
+        pool: Any,
+    ) -> TrainFn:
+        """The backend's local training of the clients ``sampled`` in round ``round_index``
+        (:class:`~privmtl.federated.methods.base.TrainFn`): the round's ``plan``, or the
+        minibatches of another stream / number of epochs."""
+        cfg = self.config
+
+        def train(
+            starts: Params,
+            rule: UpdateRule,
+            *,
+            stream: int | None = None,
+            epochs: int | None = None,
+        ) -> tuple[Params, list[float]]:
+            if plan is not None and stream is None and epochs is None:
+                return self._train_clients(starts, rule, plan, pool)
+            c = (
+                cfg
+                if epochs is None
+                else dataclasses.replace(cfg, local_epochs=epochs, local_steps=None)
+            )
+            kw = {} if stream is None else {"stream": stream}
+            own = draw_round_plan(sampled, self.offsets, round_index, c, **kw)
+            return self._train_clients(starts, rule, own, pool)
+
+        return train
+
     def step(self, pool: Any = None) -> RoundRecord | None:
         """Run one round; None when the run is finished or stops on its budget."""
         if self.finished:
@@ -1036,31 +901,24 @@ class Trainer:
             return None
         t0, c0 = time.perf_counter(), time.process_time()
         t, spec = self.round, self.spec
-        sampled = self.curator.sample_round() if spec.communicates or spec.name == "local" else None
-        assert sampled is not None
+        sampled = self.curator.sample_round()
         plan = draw_round_plan(sampled, self.offsets, t, self.config)
         losses: list[float] = []
         out = None
-        messages = {n: p.new_zeros((0, *p.shape)) for n, p in self._template().items()}
+        template = spec.message_template(self.curator.billboard)
+        messages = {n: p.new_zeros((0, *p.shape)) for n, p in template.items()}
         if len(sampled):
             sel = torch.from_numpy(sampled)
-            starts, anchor = self._starts(sel)
-            if spec.name == "fedrep":  # the head, then the representation; the head stays home
-                news, losses = local_update(self, sampled, starts, plan, pool)
-                self._keep(sel, news)
-                messages = client_messages(spec, self.curator.billboard, self.shared, starts, news)
-            else:
-                done = client_step(
-                    spec,
-                    self.config,
-                    self.curator.billboard,
-                    self.shared,
-                    starts,
-                    anchor,
-                    lambda st, rule: self._train_clients(st, rule, plan, pool),
-                )
-                self._keep(sel, done.kept)
-                messages, losses = done.messages, done.losses
+            starts, anchor = spec.starts(self.curator.billboard, sel, self.clients)
+            done = spec.client_update(
+                self.curator.billboard,
+                self.shared,
+                starts,
+                anchor,
+                self._train_fn(sampled, t, plan, pool),
+            )
+            spec.keep(self.clients, sel, done.kept)
+            messages, losses = done.messages, done.losses
         if self.message_hook is not None:
             messages = self.message_hook(t, sampled, messages)
         if spec.communicates:
@@ -1091,23 +949,6 @@ class Trainer:
         ):
             self.save()
         return RoundRecord(t, sampled, self.curator.billboard, self.epsilon, rec)
-
-    def _template(self) -> Params:
-        board = self.curator.billboard
-        if self.spec.billboard == "blocks":
-            return {n: p[0] for n, p in board.items()}
-        return board
-
-    def _keep(self, sel: torch.Tensor, news: Params) -> None:
-        """The sampled clients keep their new state (personalized models, PP-SGD's θ)."""
-        if "personal" in self.clients:
-            for n, p in self.clients["personal"].items():
-                p[sel] = news[n]
-        if "joined" in self.clients:
-            self.clients["joined"]["mask"][sel] = True
-        if "theta" in self.clients:
-            for n, p in self.clients["theta"].items():
-                p[sel] = news[split_names(n)]
 
     # ---------------------------------------------------------------------------- loop
     def __iter__(self) -> Iterator[RoundRecord]:
@@ -1159,26 +1000,15 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- output
     def _outputs(self) -> tuple[Params | None, Params]:
-        board = self.curator.billboard
-        if self.spec.billboard == "blocks":
-            return board, {n: p.mean(0) for n, p in board.items()}
-        if "theta" in self.clients:
-            theta = self.clients["theta"]
-            return {n: board[n].unsqueeze(0) + theta[n] for n in board}, board
-        if self._personal_init:  # partial sharing: the global model keeps the initial personal part
-            board = {n: board[n] if n in board else self._personal_init[n] for n in self.names}
-        if self.spec.name == "fedrep":  # every client's final head on the last representation
-            if self._final is None or self._final[0] != self.round:
-                self._final = (self.round, final_heads(self))
-            return self._final[1], board
-        personal = self.clients.get("personal")
-        if personal is not None and "joined" in self.clients:
-            # clients that never took part hold the billboard they would download
-            never = ~self.clients["joined"]["mask"]
-            personal = {n: p.clone() for n, p in personal.items()}
-            for n, p in personal.items():
-                p[never] = board[n]
-        return personal, board
+        all_clients = np.arange(self.m)
+        return self.spec.outputs(
+            self.curator.billboard,
+            self.clients,
+            personal_init=self._personal_init,
+            names=self.names,
+            round=self.round,
+            train_all=self._train_fn(all_clients, 0, None, None),
+        )
 
     def _evaluate_split(self, split: str) -> dict[str, dict[str, float]]:
         personal, glob = self._outputs()
@@ -1213,10 +1043,4 @@ class Trainer:
         )
 
     def _extra(self) -> dict[str, Any]:
-        if self.spec.name != "fedrep":
-            return {}
-        return {
-            "representation": list(self.shared),
-            "head": [n for n in self.names if n not in self.shared],
-            "head_epochs": self.config.head_epochs,
-        }
+        return self.spec.extra(self.shared, self.names)

@@ -39,6 +39,9 @@ from privmtl._validation import Interval, Options, validate_params
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.config import DEFAULT_HEAD_EPOCHS, check_param_names
 from privmtl.federated.finetune import FINETUNE_METHODS
+from privmtl.federated.methods import RUN_METHODS, MethodName, method_class
+from privmtl.federated.methods.base import DEFAULT_LAM_NONPRIVATE, DEFAULT_LAM_PRIVATE
+from privmtl.federated.methods.fedavg import DEFAULT_FEDPROX_MU
 from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.release import billboard_carries_signal
@@ -62,18 +65,6 @@ __all__ = [
     "train_config",
 ]
 
-RUN_METHODS = (
-    "pmtl",
-    "fedavg",
-    "fedprox",
-    "local",
-    "joint-dp",
-    "pp-sgd",
-    "local-all",
-    "fedrep",
-)
-"""Methods of a run: the engine's (:data:`~privmtl.federated.config.METHODS` but ``workshop``)
-and ``local-all``, every client training alone (:func:`~privmtl.federated.local.train_local`)."""
 SERVER_UPDATES = ("ditto", "offset", "delta")
 """The client messages (:class:`~privmtl.federated.config.TrainConfig`'s ``server_update``)."""
 PERSONAL_INITS = ("auto", "model", "billboard")
@@ -88,12 +79,6 @@ _ACCOUNTANTS = ("rdp", "pld")
 _NOISE_SOURCES = ("secure", "seeded")
 _SERVER_OPTIMIZERS = ("none", "momentum", "adam")
 
-#: Default λ: PMTL's mean-regularization weight chosen on validation accuracy in the committed
-#: FEMNIST sweep (benchmarks/results/pmtl_femnist_tradeoff.md: 0.001 at every private ε, within one
-#: seed's noise of the best at ε = 4; 1.0 without noise); FedProx's μ as in that sweep.
-DEFAULT_LAM_PRIVATE = 0.001
-DEFAULT_LAM_NONPRIVATE = 1.0
-DEFAULT_FEDPROX_MU = 0.01
 
 #: Clients sampled per round when none is given: this many, or all m clients when there are fewer.
 DEFAULT_CLIENTS_PER_ROUND = 20
@@ -105,11 +90,11 @@ def default_clients_per_round(m: int) -> int:
 
 
 def default_lam(method: str, *, private: bool) -> float:
-    """The λ used when none is given: :data:`DEFAULT_LAM_PRIVATE` for a private run,
-    :data:`DEFAULT_LAM_NONPRIVATE` without noise, :data:`DEFAULT_FEDPROX_MU` for FedProx."""
-    if method == "fedprox":
-        return DEFAULT_FEDPROX_MU
-    return DEFAULT_LAM_PRIVATE if private else DEFAULT_LAM_NONPRIVATE
+    """The λ used when none is given: the method's
+    (:meth:`~privmtl.federated.methods.base.Method.default_lam`: :data:`DEFAULT_LAM_PRIVATE` for
+    a private run, :data:`DEFAULT_LAM_NONPRIVATE` without noise, :data:`DEFAULT_FEDPROX_MU` for
+    FedProx)."""
+    return float(method_class(method).default_lam(private=private))
 
 
 def resolve_delta(delta: float | str | None, m: int) -> tuple[float, tuple[str, ...]]:
@@ -238,7 +223,7 @@ class RunSpec:
     adaptive_clip_noise: float | None = None
 
     _parameter_constraints: ClassVar[dict[str, Any]] = {
-        "method": Options(RUN_METHODS),
+        "method": MethodName(),
         "server_update": Options(SERVER_UPDATES),
         "clip": Interval(Real, 0.0, None, closed="neither"),
         "clients_per_round": [None, Interval(Integral, 1, None)],
@@ -325,7 +310,7 @@ def resolve_defaults(
     too (:func:`resolve_personal_init`); without them it stays ``"auto"``.
     """
     m = int(num_clients)
-    if spec.method == "local-all":  # every client trains: clients_per_round does not apply
+    if method_class(spec.method).every_client:  # clients_per_round does not apply
         q = m
     elif spec.sampling == "all":  # every client in every round: the q accounted is m
         if spec.clients_per_round is not None and int(spec.clients_per_round) != m:
@@ -376,9 +361,9 @@ def train_config(resolved: RunSpec, **execution: Any) -> Any:
             f"clients_per_round={resolved.clients_per_round!r}, lam={resolved.lam!r}, "
             f"delta={resolved.delta!r}."
         )
-    method = resolved.method
+    method = method_class(resolved.method)
     return TrainConfig(
-        method=method if method in ("pmtl", "fedavg", "fedprox", "local", "fedrep") else "pmtl",
+        method=method.engine_method or method.name,
         rounds=resolved.rounds,
         clients_per_round=resolved.clients_per_round,
         local_steps=resolved.local_steps,

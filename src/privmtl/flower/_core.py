@@ -5,10 +5,9 @@ the in-process :class:`~privmtl.federated.protocol.Trainer` and for Flower.
 
 :class:`NodeClients` is what one SuperNode runs: it holds the data of its clients (a partition
 of the population chosen by ``partition-id``/``num-partitions``) and their persistent
-personalized models, and runs the client step of the in-process engine
-(:func:`~privmtl.federated.protocol.client_starts` and
-:func:`~privmtl.federated.protocol.client_step`: starts, update rule, Ditto's copy, message, what
-is kept) with the minibatch plan of :func:`~privmtl.federated.algorithms.draw_round_plan`. At the
+personalized models, and drives the method object's client half as the in-process engine does
+(:meth:`~privmtl.federated.methods.base.Method.starts`, ``client_update`` and ``keep``: starts,
+update rule, Ditto's copy, message, what is kept) with the minibatch plan of :func:`~privmtl.federated.algorithms.draw_round_plan`. At the
 end of the run it runs its clients' end of the run on their own data
 (:func:`~privmtl.federated.finish.finish_clients`, as ``run_pmtl`` does for all clients).
 
@@ -55,13 +54,12 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
 from privmtl.federated.client import UpdateRule, local_sgd_batched
 from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
+from privmtl.federated.methods import get_method, method_class
 from privmtl.federated.protocol import (
     budget_stops,
-    client_starts,
-    client_step,
     fingerprint_base,
     make_curator,
-    method_spec,
     new_ledger,
     round_record,
     run_result,
@@ -281,9 +279,10 @@ FLOWER_FIXED: dict[str, Any] = {}
 """Settings of the run spec that a Flower run does not take as options: none (every RunSpec field
 is a run-configuration key; :data:`FLOWER_METHODS` are the methods a Flower run has)."""
 
-FLOWER_METHODS = ("pmtl", "fedavg", "fedprox")
-"""The methods of a Flower run: those whose clients start from their own model or the billboard
-and whose billboard adds the release (the others are refused by :func:`run_spec`)."""
+FLOWER_METHODS = _FLOWER_METHODS
+"""The methods of a Flower run: those that declare the ``"flower"`` backend
+(:attr:`~privmtl.federated.methods.base.Method.backends`; the others are refused by
+:func:`run_spec`)."""
 
 
 def _given(opts: dict[str, Any], field: str) -> Any:
@@ -333,7 +332,7 @@ def given_spec(opts: dict[str, Any]) -> RunSpec:
     if shared is not None:
         fields["shared_params"] = tuple(n.strip() for n in str(shared).split(",") if n.strip())
     spec = RunSpec(**fields)
-    if spec.method not in FLOWER_METHODS:
+    if "flower" not in method_class(spec.method).backends:
         raise InvalidParameterError(
             f"The 'method' parameter must be one of {list(FLOWER_METHODS)} on Flower; got "
             f"{spec.method!r} (run it in process: privmtl pmtl --method {spec.method})."
@@ -547,39 +546,73 @@ class NodeClients:
         if not clients:
             self.save()
             return {n: p.new_zeros((0, *p.shape)) for n, p in billboard.items()}, []
-        spec = method_spec(config)
-        plan = []
+        method = get_method(config.method, config)
         for k in clients:
             if k not in self.pos:
                 raise InvalidParameterError(
                     f"Client {k} is not served by node partition {self.partition_id}."
                 )
-            (steps,) = draw_round_plan([k], self.full_offsets, round_index, config)
-            shift = int(self.offsets[self.pos[k]]) - int(self.full_offsets[k])
-            plan.append([s + shift for s in steps])
         cids = [self.client_ids[self.pos[k]] for k in clients]
-        own = {
-            n: torch.stack([self.personal.get(c, self.init)[n] for c in cids]) for n in self.init
-        }
-        joined = None
-        if config.personal_init == "billboard":  # a client's first round starts from the billboard
-            joined = torch.tensor([c in self.personal for c in cids], dtype=torch.bool)
+        state: dict[str, Params] = {}
+        if method.keeps_model:
+            state["personal"] = {
+                n: torch.stack([self.personal.get(c, self.init)[n] for c in cids])
+                for n in self.init
+            }
+            if config.personal_init == "billboard" and method.joins_from_billboard:
+                # a client's first round starts from the billboard
+                joined = torch.tensor([c in self.personal for c in cids], dtype=torch.bool)
+                state["joined"] = {"mask": joined}
         sel = torch.arange(len(clients))
-        starts, anchor = client_starts(spec, billboard, sel, personal=own, joined=joined)
+        starts, anchor = method.starts(billboard, sel, state)
 
-        def train(st: Params, rule: UpdateRule) -> tuple[Params, list[float]]:
+        def train(
+            starts: Params,
+            rule: UpdateRule,
+            *,
+            stream: int | None = None,
+            epochs: int | None = None,
+        ) -> tuple[Params, list[float]]:
             return local_sgd_batched(
-                self.step_fn, st, rule, self.x_all, self.y_all, plan, config.batch_size
+                self.step_fn,
+                starts,
+                rule,
+                self.x_all,
+                self.y_all,
+                self._plan(clients, round_index, config, stream=stream, epochs=epochs),
+                config.batch_size,
             )
 
-        done = client_step(spec, config, billboard, list(billboard), starts, anchor, train)
-        if spec.start == "own":  # the clients keep their personalized models
+        done = method.client_update(billboard, list(billboard), starts, anchor, train)
+        method.keep(state, sel, done.kept)
+        if "personal" in state:  # the clients keep their models
             for j, cid in enumerate(cids):
                 self.before[cid] = self.personal.get(cid)
-                self.personal[cid] = {n: done.kept[n][j].clone() for n in done.kept}
+                self.personal[cid] = {n: p[j].clone() for n, p in state["personal"].items()}
         self.rounds_trained += 1
         self.save()
         return done.messages, [float(v) for v in done.losses]
+
+    def _plan(
+        self,
+        clients: list[int],
+        round_index: int,
+        config: TrainConfig,
+        *,
+        stream: int | None = None,
+        epochs: int | None = None,
+    ) -> list[list[np.ndarray]]:
+        """The minibatches of ``clients`` in round ``round_index`` as rows of this node's data:
+        each client's draws are those of the in-process engine (the population's offsets)."""
+        if epochs is not None:
+            config = dataclasses.replace(config, local_epochs=epochs, local_steps=None)
+        kw = {} if stream is None else {"stream": stream}
+        plan = []
+        for k in clients:
+            (steps,) = draw_round_plan([k], self.full_offsets, round_index, config, **kw)
+            shift = int(self.offsets[self.pos[k]]) - int(self.full_offsets[k])
+            plan.append([s + shift for s in steps])
+        return plan
 
     def save(self) -> None:
         """Write the personalized models to the node's storage (atomic replace)."""
@@ -627,7 +660,7 @@ class NodeClients:
         finish = finish or {}
         glob_model = self.global_model(billboard)
         method = str(finish.get("method", "pmtl"))
-        if method_spec(TrainConfig(method=method)).personalized:
+        if method_class(method).personalized:
             personal = self.trained(billboard, str(finish.get("personal_init", "model")))
         else:  # a global-model method: every client's trained model is the billboard
             personal = {
