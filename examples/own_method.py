@@ -9,6 +9,8 @@ method, so the guarantee is the one the ledger reports.
 
 Run: ``privmtl pmtl --method examples/own_method.py:OwnMethod --data synthetic --epsilon 1``,
 or ``python examples/own_method.py`` (``PRIVMTL_EXAMPLE_SMALL=1`` for a few seconds' version).
+On Flower: ``privmtl flower local --method examples/own_method.py:OwnMethod --data synthetic
+--model logreg --epsilon 1`` (every machine needs this file; each checks its SHA-256).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class OwnMethod(Method):
     name: ClassVar[str] = "own-mixture"
     start: ClassVar[str] = "own"  # the client starts from its own (mixed) model
     message: ClassVar[str] = "offset"  # the trained copy minus the billboard
+    # its hooks only train, keep and send the clients' models: Flower's nodes run it too
+    backends: ClassVar[tuple[str, ...]] = ("in-process", "flower")
     alpha: float = 0.5  # weight of the client's own model in the mixture it keeps
 
     def client_update(

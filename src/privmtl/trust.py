@@ -159,10 +159,11 @@ def is_signed(doc: Any) -> bool:
     return hmac.compare_digest(given.encode("ascii", "replace"), _mac(key, doc).encode("ascii"))
 
 
-def untrusted_code(where: str, model: str) -> DataFormatError:
-    """The one-line refusal to run code for ``model`` that ``where`` holds, unsigned."""
+def untrusted_code(where: str, model: str, kind: str = "model") -> DataFormatError:
+    """The one-line refusal to run code for ``model`` (a ``kind``: model or method) that
+    ``where`` holds, unsigned."""
     return DataFormatError(
-        f"{where} holds code for model {model!r} that this user did not sign; {TRUST_ADVICE}."
+        f"{where} holds code for {kind} {model!r} that this user did not sign; {TRUST_ADVICE}."
     )
 
 

@@ -369,8 +369,11 @@ _CONFIG_KEY = "privmtl.config"
 """``ctx.meta`` key: ``(path, signed by this user)`` of the ``--config`` file read."""
 
 
-def check_config_code(ctx: click.Context, model: str, *, trust_code: bool) -> None:
-    """Refuse a model factory that only a ``--config`` file this user did not sign names.
+def check_config_code(
+    ctx: click.Context, model: str, *, trust_code: bool, param: str = "model"
+) -> None:
+    """Refuse a model factory (or, with ``param="method"``, a user's method) that only a
+    ``--config`` file this user did not sign names.
 
     A factory is code: it runs when given by ``--model`` on the command line, named by a file
     this user's privmtl signed (a result or ``model.json``, :mod:`privmtl.trust`), or with
@@ -383,8 +386,9 @@ def check_config_code(ctx: click.Context, model: str, *, trust_code: bool) -> No
     if seen is None or trust_code or not is_factory_spec(model):
         return
     path, signed = seen
-    if ctx.get_parameter_source("model") == ParameterSource.DEFAULT_MAP and not signed:
-        raise click.BadParameter(str(untrusted_code(str(path), model)), param_hint="--config")
+    if ctx.get_parameter_source(param) == ParameterSource.DEFAULT_MAP and not signed:
+        refusal = untrusted_code(str(path), model, kind=param)
+        raise click.BadParameter(str(refusal), param_hint="--config")
 
 
 def trust_code_option() -> Callable[[F], F]:

@@ -192,7 +192,11 @@ def local(**kw: Any) -> None:
         raise click.ClickException("privmtl flower needs Flower: pip install 'privmtl[flower]'")
     from privmtl.cli.pmtl import check_model_option
 
-    check_config_code(click.get_current_context(), kw["model"], trust_code=kw.pop("trust_code"))
+    ctx = click.get_current_context()
+    trust = kw.pop("trust_code")
+    check_config_code(ctx, kw["model"], trust_code=trust)
+    if kw.get("method") is not None:  # a user's method is code too: the same trust rules
+        check_config_code(ctx, str(kw["method"]), trust_code=trust, param="method")
     check_model_option(kw["model"])
     settings = pop_run_spec(click.get_current_context(), kw)
     budget = kw["budget_epsilon"]
@@ -232,8 +236,8 @@ def local(**kw: Any) -> None:
     from privmtl.flower.factory import announce
     from privmtl.flower.secagg import check_secagg_options
 
-    # a user's factory: loaded here (refused in one line before any process starts); the apps get
-    # this directory and its file's SHA-256, and load their own copy
+    # a user's factory or method: loaded here (refused in one line before any process starts);
+    # the apps get this directory and its file's SHA-256, and load their own copy
     run_config = announce(run_config, cwd=Path.cwd())
     full = run_options(run_config)  # with the Flower run's defaults of what was not given
     check_options(full, kw["num_supernodes"])
@@ -255,7 +259,8 @@ def local(**kw: Any) -> None:
         from privmtl.trust import sign
 
         # names code: signed, so that this user's --config FILE can load it again
-        echo_json(sign(to_jsonable(out)) if is_factory_spec(str(out.get("model"))) else out)
+        code = is_factory_spec(str(out.get("model"))) or "method_source" in out
+        echo_json(sign(to_jsonable(out)) if code else out)
         return
     click.echo(
         f"{out['method']} ({out['model']}) on {out['data']} via {out['engine']}: "

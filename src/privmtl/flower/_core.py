@@ -54,8 +54,8 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
 from privmtl.federated.client import UpdateRule, local_sgd_batched
 from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.methods import BUILTIN_METHODS, TrainFn, get_method, method_class
 from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
-from privmtl.federated.methods import get_method, method_class
 from privmtl.federated.protocol import (
     budget_stops,
     fingerprint_base,
@@ -105,7 +105,9 @@ RUN_DEFAULTS: dict[str, Any] = {
     "model": "logreg",  # or a user's MODULE:FACTORY / PATH.py:FACTORY (privmtl.flower.factory)
     "model-dir": "",  # where a factory resolves; "": the process's working directory
     "model-sha256": "",  # the SHA-256 of the factory's file every machine must load
-    "method": SPEC.method,
+    "method": SPEC.method,  # or a user's PATH.py:NAME / MODULE:NAME (privmtl.flower.factory)
+    "method-dir": "",  # where a user's method resolves; "": the process's working directory
+    "method-sha256": "",  # the SHA-256 of the method's file every machine must load
     "rounds": SPEC.rounds,
     "clients-per-round": 0,  # 0: the spec's default, min(20, m)
     "epsilon": -1.0,  # < 0: not given
@@ -130,7 +132,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "server-lr": SPEC.server_lr,
     "server-momentum": SPEC.server_momentum,
     "shared-params": "",  # "": every parameter is shared; else names separated by commas
-    "head-epochs": SPEC.head_epochs,  # fedrep only, which Flower refuses
+    "head-epochs": SPEC.head_epochs,  # fedrep only
     "subspace-dim": 0,  # 0: every coordinate
     "adaptive-clip-quantile": -1.0,  # < 0: a fixed clip
     "adaptive-clip-lr": SPEC.adaptive_clip_lr,
@@ -318,9 +320,12 @@ def run_spec(opts: dict[str, Any], m: int) -> RunSpec:
 def given_spec(opts: dict[str, Any]) -> RunSpec:
     """The :class:`~privmtl.federated.spec.RunSpec` the run configuration gives (checked, before
     the data-dependent defaults are resolved); a method a Flower run does not have is refused."""
+    from privmtl.flower.factory import checked_method
+
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(RunSpec):
         fields[f.name] = _given(opts, f.name)
+    fields["method"], _ = checked_method(opts)  # a user's method file: loaded, by its name
     if bool(opts["paper-delta"]):
         if fields["delta"] is not None:
             raise InvalidParameterError(
@@ -332,7 +337,15 @@ def given_spec(opts: dict[str, Any]) -> RunSpec:
     if shared is not None:
         fields["shared_params"] = tuple(n.strip() for n in str(shared).split(",") if n.strip())
     spec = RunSpec(**fields)
-    if "flower" not in method_class(spec.method).backends:
+    cls = method_class(spec.method)
+    if "flower" not in cls.backends:
+        if spec.method not in BUILTIN_METHODS:  # a user's method declares where it runs
+            raise InvalidParameterError(
+                f"The 'method' parameter on Flower needs a method whose backends include "
+                f"'flower'; got {spec.method!r} ({cls.__qualname__}) with backends "
+                f"{tuple(cls.backends)!r} (declare backends = ('in-process', 'flower') when its "
+                "hooks only train, keep and send the clients' models)."
+            )
         raise InvalidParameterError(
             f"The 'method' parameter must be one of {list(FLOWER_METHODS)} on Flower; got "
             f"{spec.method!r} (run it in process: privmtl pmtl --method {spec.method})."
@@ -565,6 +578,21 @@ class NodeClients:
                 state["joined"] = {"mask": joined}
         sel = torch.arange(len(clients))
         starts, anchor = method.starts(billboard, sel, state)
+        train = self._train_fn(clients, round_index, config)
+        done = method.client_update(billboard, list(billboard), starts, anchor, train)
+        method.keep(state, sel, done.kept)
+        if "personal" in state:  # the clients keep their models
+            for j, cid in enumerate(cids):
+                self.before[cid] = self.personal.get(cid)
+                self.personal[cid] = {n: p[j].clone() for n, p in state["personal"].items()}
+        self.rounds_trained += 1
+        self.save()
+        return done.messages, [float(v) for v in done.losses]
+
+    def _train_fn(self, clients: list[int], round_index: int, config: TrainConfig) -> TrainFn:
+        """Local SGD of this node's ``clients`` in round ``round_index``
+        (:class:`~privmtl.federated.methods.base.TrainFn`): the minibatches the in-process engine
+        draws for them (the round's plan, or another ``stream`` / number of ``epochs``)."""
 
         def train(
             starts: Params,
@@ -583,15 +611,7 @@ class NodeClients:
                 config.batch_size,
             )
 
-        done = method.client_update(billboard, list(billboard), starts, anchor, train)
-        method.keep(state, sel, done.kept)
-        if "personal" in state:  # the clients keep their models
-            for j, cid in enumerate(cids):
-                self.before[cid] = self.personal.get(cid)
-                self.personal[cid] = {n: p[j].clone() for n, p in state["personal"].items()}
-        self.rounds_trained += 1
-        self.save()
-        return done.messages, [float(v) for v in done.losses]
+        return train
 
     def _plan(
         self,
@@ -633,35 +653,76 @@ class NodeClients:
         that are not shared (partial sharing), as the in-process engine reports it."""
         return {n: billboard[n] if n in billboard else p for n, p in self.init.items()}
 
-    def trained(self, billboard: Params, personal_init: str = "model") -> Params:
+    def trained(
+        self, billboard: Params, personal_init: str = "model", config: TrainConfig | None = None
+    ) -> Params:
         """The trained models of this node's clients, stacked in the order of ``clients``.
 
-        A client never sampled holds what it would start from: the billboard (the global model)
-        with ``personal_init="billboard"``, else the initial model.
+        With the run's ``config`` they are the method's end of run
+        (:meth:`~privmtl.federated.methods.base.Method.outputs`, :meth:`outputs`: FedRep's final
+        heads). Without it, or for a method whose clients keep no model, a client never sampled
+        holds what it would start from: the billboard (the global model) with
+        ``personal_init="billboard"``, else the initial model.
         """
+        if config is not None:
+            personal, _ = self.outputs(billboard, config)
+            if personal is not None:
+                return personal
         never = self.global_model(billboard) if personal_init == "billboard" else self.init
         return {
             n: torch.stack([self.personal.get(cid, never)[n] for cid in self.client_ids])
             for n in self.init
         }
 
+    def outputs(
+        self, billboard: Params, config: TrainConfig, round: int = 0
+    ) -> tuple[Params | None, Params]:
+        """The method's end of run for this node's clients: ``(their models or None, the global
+        model)``, from :meth:`~privmtl.federated.methods.base.Method.outputs` as the in-process
+        engine calls it, with this node's clients' stored models and a local training function
+        over all of them (round 0; the method picks the stream and the epochs: FedRep's final
+        heads come from the minibatches the in-process engine draws for the same clients).
+        """
+        method = get_method(config.method, config)
+        state: dict[str, Params] = {}
+        if method.keeps_model:
+            state["personal"] = {
+                n: torch.stack([self.personal.get(cid, self.init)[n] for cid in self.client_ids])
+                for n in self.init
+            }
+            joins = method.joins_from_billboard and method.communicates
+            if config.personal_init == "billboard" and joins:
+                joined = [cid in self.personal for cid in self.client_ids]
+                state["joined"] = {"mask": torch.tensor(joined, dtype=torch.bool)}
+        return method.outputs(
+            billboard,
+            state,
+            personal_init={n: p for n, p in self.init.items() if n not in billboard},
+            names=list(self.init),
+            round=round,
+            train_all=self._train_fn(self.clients.tolist(), 0, config),
+        )
+
     def evaluate(
         self, billboard: Params, finish: dict[str, Any] | None = None
     ) -> dict[str, list[float]]:
         """Per-client correct counts and sizes of the personalized and the global model.
 
-        ``finish`` (the run's public end-of-run settings: ``finetune``, ``personal_init`` and
-        what :func:`~privmtl.federated.finish.finish_clients` and
-        :func:`~privmtl.federated.finish.auto_plan` read) makes every client of the node run its
-        end of the run on its own data; then ``{split}_final`` holds the counts of the models
+        ``finish`` (the run's public end-of-run settings: ``finetune``, ``personal_init``, the
+        run's ``config`` and what :func:`~privmtl.federated.finish.finish_clients` and
+        :func:`~privmtl.federated.finish.auto_plan` read) makes every client of the node run the
+        method's end of the run (:meth:`outputs`) and its fine-tuning on its own data; then ``{split}_final`` holds the counts of the models
         the clients keep, ``choice`` the candidate each chose (``finetune="auto"``) and
         ``grids`` the candidates' public grids.
         """
         finish = finish or {}
         glob_model = self.global_model(billboard)
         method = str(finish.get("method", "pmtl"))
+        config = TrainConfig(**finish["config"]) if "config" in finish else None
         if method_class(method).personalized:
-            personal = self.trained(billboard, str(finish.get("personal_init", "model")))
+            personal = self.trained(
+                billboard, str(finish.get("personal_init", "model")), config=config
+            )
         else:  # a global-model method: every client's trained model is the billboard
             personal = {
                 n: p.unsqueeze(0).expand((len(self.clients), *p.shape))
@@ -845,8 +906,9 @@ class ServerRun:
             "data": str(self.opts["data"]),
             "data_path": str(self.opts["data-path"]),
             "model": str(self.opts["model"]),
-            # a user's factory: a resumed run must load the same code
+            # a user's factory or method: a resumed run must load the same code
             **({"model_sha256": sha} if (sha := str(self.opts.get("model-sha256") or "")) else {}),
+            **({"method_sha256": h} if (h := str(self.opts.get("method-sha256") or "")) else {}),
             "shapes": self.shapes,
             "run": self.run_index,
             "token": self.token,
@@ -1003,7 +1065,11 @@ class ServerRun:
             noise_source=self.noise_source,
             stopped_on_budget=self.stopped_on_budget,
             client_ids=[],
-            extra={"wall_seconds": time.perf_counter() - started},
+            extra={
+                "wall_seconds": time.perf_counter() - started,
+                # what the method reports beyond the common keys (FedRep's split), as the Trainer
+                **self.setup.spec.extra(self.setup.shared, list(self.setup.init)),
+            },
         )
 
     def global_model(self) -> Params:
@@ -1045,6 +1111,8 @@ class ServerRun:
             "seed": cfg.seed,
             "lr": cfg.lr,
             "lam": float(cfg.lam),
+            # the resolved TrainConfig: the method's end of run on the nodes (NodeClients.outputs)
+            "config": cfg.to_dict(),
         }
 
     def _finish_part(
@@ -1105,6 +1173,7 @@ class ServerRun:
             notes=notes,
         )
         out.update(part)
+        out.update({k: res.extra[k] for k in self.setup.spec.result_keys if k in res.extra})
         out.update(
             final_models_keys(
                 str(run_spec(self.opts, self.m).finetune),
@@ -1122,6 +1191,11 @@ class ServerRun:
         out["engine"] = "flower-deployment"
         if self.opts.get("model-sha256"):  # the factory code every machine checked it ran
             out["model_sha256"] = str(self.opts["model-sha256"])
+        from privmtl.flower.factory import checked_method
+
+        _, source = checked_method(self.opts)
+        if source is not None:  # a user's method: its file, as run_pmtl records it
+            out["method_source"] = dict(source)
         out["on_missing"] = str(self.opts["on-missing"])
         out["clients_answered_per_round"] = [len(h["answered"]) for h in self.history]
         out["budget_epsilon"] = self.budget
@@ -1146,6 +1220,7 @@ def load_node(
     parts: int,
     state_dir: str | None,
     model_dir: str | None = None,
+    method_dir: str | None = None,
 ) -> NodeClients:
     """Build the node's clients; their data is cached as tensors in the node's storage.
 
@@ -1153,14 +1228,17 @@ def load_node(
     cheaper than loading (or generating) the population again. A user's model factory is loaded
     from this machine's ``model_dir`` (default: the run configuration's ``model-dir``) and
     refused unless its file is the code the run announces
-    (:func:`privmtl.flower.factory.load_checked`).
+    (:func:`privmtl.flower.factory.load_checked`); a user's method likewise from ``method_dir``
+    (:func:`privmtl.flower.factory.load_checked_method`).
     """
     import hashlib
 
     from privmtl.experiments.pmtl import make_model
-    from privmtl.flower.factory import load_checked
+    from privmtl.flower.factory import load_checked, load_checked_method
 
-    user = load_checked(opts, f"SuperNode partition {pid}", model_dir)
+    who = f"SuperNode partition {pid}"
+    user = load_checked(opts, who, model_dir)
+    load_checked_method(opts, who, method_dir)  # a user's method: this machine's copy, checked
 
     seed = int(opts["seed"])
     num = int(opts.get("num-clients", 0)) or None

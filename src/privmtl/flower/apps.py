@@ -27,8 +27,8 @@ Messages (all ``RecordDict`` contents):
     own storage (:meth:`~privmtl.flower._core.NodeClients.save_models`); they are not sent.
 
 Node configuration: ``partition-id``, ``num-partitions``, ``state-dir`` (the node's own storage
-for the personalized models) and, optionally, ``model-dir`` (where this machine keeps the file of
-a user's ``--model`` factory, :mod:`privmtl.flower.factory`). Run configuration:
+for the personalized models) and, optionally, ``model-dir`` and ``method-dir`` (where this machine
+keeps the file of a user's ``--model`` factory and ``--method``, :mod:`privmtl.flower.factory`). Run configuration:
 :data:`privmtl.flower._core.RUN_DEFAULTS`; the ServerApp keeps its ledger, checkpoint and result in
 ``<work-dir>/server`` (``work-dir`` empty: a new :func:`~privmtl.flower._core.default_work_dir` on
 the machine running it).
@@ -64,7 +64,7 @@ from privmtl.flower._core import (
     to_bytes,
 )
 from privmtl.flower._waits import send_and_receive, shorten_object_waits
-from privmtl.flower.factory import check_shapes, load_checked
+from privmtl.flower.factory import check_shapes, load_checked, load_checked_method
 
 __all__ = ["check_refusals", "client_app", "describe_node", "server_app"]
 
@@ -104,13 +104,15 @@ def _node(context: Context) -> NodeClients:
     pid, parts = int(nc.get("partition-id", 0)), int(nc.get("num-partitions", 1))
     state_dir = str(nc.get("state-dir", "")) or None
     model_dir = str(nc.get("model-dir", "")) or None  # this machine's copy of a user's factory
+    method_dir = str(nc.get("method-dir", "")) or None  # and of a user's method
     key = (
         opts["data"], opts["data-path"], opts["model"], opts["model-dir"], opts["model-sha256"],
-        opts["seed"], pid, parts, state_dir, model_dir,
+        opts["method"], opts["method-dir"], opts["method-sha256"],
+        opts["seed"], pid, parts, state_dir, model_dir, method_dir,
     )  # fmt: skip
     node = _NODES.get(key)
     if node is None:
-        node = load_node(opts, pid, parts, state_dir, model_dir)
+        node = load_node(opts, pid, parts, state_dir, model_dir, method_dir)
         _NODES[key] = node
     return node
 
@@ -354,6 +356,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         # this machine's copy of a user's factory is the announced code, or the run stops here
         user = load_checked(opts, "the ServerApp")
+        load_checked_method(opts, "the ServerApp")  # and of a user's method
         fed = _discover(grid, opts, timeout)
         if user is not None:  # the ServerApp builds the model the nodes report
             info = fed.data_shape

@@ -22,6 +22,7 @@ class FedRep(Method):
     partial_sharing: ClassVar[bool] = True
     joins_from_billboard: ClassVar[bool] = False
     result_keys: ClassVar[tuple[str, ...]] = ("representation", "head", "head_epochs")
+    backends: ClassVar[tuple[str, ...]] = ("in-process", "flower")
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)

@@ -8,6 +8,7 @@ the file's SHA-256 (``method_source``), as it does for a user's model.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from privmtl.exceptions import InvalidParameterError
@@ -18,8 +19,14 @@ from privmtl.federated.user_model import is_factory_spec, load_factory
 __all__ = ["load_method", "resolve_method"]
 
 
-def load_method(spec: str) -> tuple[type[Method] | Method, dict[str, Any]]:
+def load_method(
+    spec: str, *, cwd: str | Path | None = None, register: bool = True
+) -> tuple[type[Method] | Method, dict[str, Any]]:
     """Load and register the method ``spec`` names (``PATH.py:NAME`` or ``MODULE:NAME``).
+
+    ``cwd`` is the directory searched first and relative paths resolve against (default: the
+    working directory; a Flower machine's ``method-dir``, :mod:`privmtl.flower.factory`).
+    ``register=False`` only loads it (the caller registers it once it checked the file).
 
     Returns the method (a :class:`~privmtl.federated.methods.base.Method` subclass or
     instance) and its source record (``spec``, ``name``, ``module``, ``path``, ``sha256``).
@@ -31,7 +38,7 @@ def load_method(spec: str) -> tuple[type[Method] | Method, dict[str, Any]]:
         naming ``--method``).
     """
     try:
-        user = load_factory(spec)
+        user = load_factory(spec, cwd=cwd)
     except InvalidParameterError as exc:
         raise InvalidParameterError(
             str(exc)
@@ -46,7 +53,7 @@ def load_method(spec: str) -> tuple[type[Method] | Method, dict[str, Any]]:
             f"privmtl.federated.methods.Method or an instance of one; got {found!r}."
         )
     method: type[Method] | Method = found
-    cls = register_method(method)
+    cls: type[Method] = register_method(method) if register else found if is_class else type(found)
     record = {
         "spec": spec,
         "name": cls.name,
