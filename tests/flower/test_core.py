@@ -555,6 +555,8 @@ def _saved_run(opts, root, n_nodes=3):
         ("logreg", {"finetune": "vanilla", "method": "fedavg"}, "personalized"),
         ("logreg", {"finetune": "none", "method": "fedavg"}, "global"),
         ("mymodels:make_mlp", {"finetune": "none"}, "personalized"),
+        # FedRep: the nodes save their clients' final heads on the released representation
+        ("mymodels:make_mlp", {"finetune": "none", "method": "fedrep"}, "personalized"),
     ],
 )
 def test_saved_flower_models_reload_with_the_accuracy_the_run_reported(
