@@ -217,3 +217,39 @@ def test_a_supernode_with_another_factory_file_is_refused_in_one_line(models_dir
     assert "\n" not in msg and all(d in msg for d in digests) and "SuperNode partition 1" in msg
     assert not alive_with_home(work / "flwr-home")
     assert not (work / "server" / "ledger.jsonl").exists()  # nothing was released
+
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[2]
+SMALL = ["--data", "synthetic", "--model", "logreg", "--num-clients", "12", "--rounds", "3",
+         "--reproducible-noise", "--json"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        ["--method", "examples/own_method.py:OwnMethod", "--epsilon", "1", "--finetune", "none"],
+        ["--method", "fedrep", "--shared-params", "linear.weight", "--epsilon", "2",
+         "--clients-per-round", "5"],
+    ],
+)  # fmt: skip
+def test_own_method_and_fedrep_on_supernodes_equal_privmtl_pmtl(
+    tmp_path, monkeypatch, capsys, method
+):
+    """privmtl flower local --method <file>:<class> (each SuperNode loads and checks the file
+    itself) and --method fedrep report privmtl pmtl's ε (≤ the target, from the ledger) and
+    accuracy."""
+    from privmtl.cli import main
+
+    monkeypatch.chdir(EXAMPLE_DIR)
+    assert main(["pmtl", *method, *SMALL]) == 0
+    ref = json.loads(capsys.readouterr().out)
+    argv = ["flower", "local", "--num-supernodes", "2", *method, *SMALL,
+            "--work-dir", str(tmp_path / "w")]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert res["method"] == ref["method"] and res["config"] == ref["config"]
+    assert 0.0 < res["epsilon"] <= float(method[method.index("--epsilon") + 1]) + 1e-9
+    assert res["ledger_releases"] == 3
+    assert res.get("method_source", {}).get("sha256") == ref.get("method_source", {}).get("sha256")
+    for key in ("epsilon", "test_accuracy", "mean_client_accuracy"):
+        assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
