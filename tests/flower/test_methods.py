@@ -232,3 +232,21 @@ def test_a_node_whose_method_file_differs_is_refused_naming_both_hashes(tmp_path
     assert "SuperNode partition 1" in msg and "'method'" in msg
     with pytest.raises(InvalidParameterError, match="'method-sha256'"):
         load_node({**opts, "method-sha256": ""}, 0, 3, None)
+
+
+def test_a_method_named_only_by_an_unsigned_config_file_is_refused(tmp_path, monkeypatch, capsys):
+    """A method file is code: named by a --config file this user did not sign, privmtl flower
+    local exits 2 in one line before loading it (as for a model factory)."""
+    pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
+    from privmtl.cli import main
+
+    monkeypatch.setenv("PRIVMTL_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "evil.py").write_text("raise SystemExit('must not run')\n")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"method": "evil.py:Evil", "rounds": 1}))
+    argv = ["flower", "local", "--config", str(spec), "--data", "synthetic", "--model", "logreg"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "code for method 'evil.py:Evil'" in err[0], err
+    assert "did not sign" in err[0]
