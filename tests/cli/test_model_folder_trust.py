@@ -358,3 +358,24 @@ def test_flower_local_config_naming_code_needs_a_signature_model_or_trust_code(
     line = _refused(capsys, argv, marker)
     assert "--config" in line and "did not sign" in line and "evil.py" in line
     assert not (elsewhere / "privmtl-results").exists()
+
+
+def test_a_method_named_only_by_an_unsigned_config_file_is_refused_by_pmtl(
+    tmp_path, monkeypatch, capsys
+):
+    """A method file is code: named by a --config file this user did not sign, privmtl pmtl
+    exits 2 in one line before loading it (as privmtl flower local does, and as for a model)."""
+    from privmtl.cli import main
+
+    monkeypatch.setenv("PRIVMTL_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "ran"
+    (tmp_path / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"method": "evil.py:Evil", "rounds": 1}))
+    argv = ["pmtl", "--config", str(spec), "--data", "synthetic", "--model", "logreg"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "code for method 'evil.py:Evil'" in err[0], err
+    assert "did not sign" in err[0]
+    assert not marker.exists()

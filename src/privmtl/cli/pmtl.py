@@ -222,7 +222,10 @@ def pmtl(**kw: Any) -> None:
     ctx = click.get_current_context()
     kw.update(pop_run_spec(ctx, kw))
     check_model_option(kw["model"])
-    check_config_code(ctx, kw["model"], trust_code=kw.pop("trust_code"))
+    trust = kw.pop("trust_code")
+    check_config_code(ctx, kw["model"], trust_code=trust)
+    if kw.get("method") is not None:  # a user's method is code too: the same trust rules
+        check_config_code(ctx, str(kw["method"]), trust_code=trust, param="method")
     kw.update(pmtl_data_kwargs(kw, kw["data"]))
     check_save_dir(kw["save_models"], overwrite=kw.pop("overwrite"))
     for name in ("save_models", "checkpoint_dir"):
