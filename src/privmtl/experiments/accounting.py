@@ -1,7 +1,10 @@
 """Client-level accounting for PMTL-style training: one function behind ``privmtl account``.
 
 The released statistic is the server's mean of q clipped client updates plus N(0, σ²I); its add/remove
-sensitivity is γ/q, so the noise multiplier is z = σ·q/γ. T rounds are composed.
+sensitivity is γ/q, so the noise multiplier is z = σ·q/γ
+(:func:`~privmtl.privacy.calibration.noise_multiplier`). T rounds are composed. A target ε is
+calibrated by :func:`~privmtl.privacy.calibration.calibrate_release`, the function every training
+run calibrates with.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from privmtl.privacy import (
     pmtl_theorem1_valid,
 )
 from privmtl.privacy.calibration import (
-    calibrate_rounds_multiplier,
+    PrivacyTarget,
+    calibrate_release,
     noise_multiplier,
-    noise_std_for,
     rounds_epsilon,
 )
 
@@ -159,13 +162,14 @@ def _tight(
             sampler, z, T, delta=delta, accountant=accountant, relation=relation
         )
     target = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
-    z = calibrate_rounds_multiplier(
+    # the calibration every training run uses (run_pmtl, the sweep, Flower's ServerApp)
+    cal = calibrate_release(
+        PrivacyTarget(target, delta),
         sampler,
         rounds=T,
-        target_epsilon=target,
-        delta=delta,
+        clip=clip,
+        divisor=q,
         accountant=accountant,
         relation=relation,
     )
-    eps = rounds_epsilon(sampler, z, T, delta=delta, accountant=accountant, relation=relation)
-    return noise_std_for(z, q, clip), eps
+    return cal.noise_std, cal.epsilon

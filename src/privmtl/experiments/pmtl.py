@@ -30,6 +30,7 @@ from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.federated.config import resolve_config
 from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.federated.finetune_selection import SELECT_MODES
 from privmtl.federated.finish import (
@@ -416,10 +417,8 @@ def run_pmtl(
     not_covered: list[str] = []
     net = make_model(model, ds, seed, factory=user_factory)
     config = train_config(resolved, batched=not sequential, progress=show_progress, threads=threads)
-    if epsilon is not None and method not in NO_RELEASE_METHODS:
-        from privmtl.federated.baselines import config_for_epsilon
-
-        config = config_for_epsilon(config, m, epsilon)
+    if method not in NO_RELEASE_METHODS:  # the target ε becomes the release's σ here, once
+        config = resolve_config(config, m)[0]
     sigma = config.noise_std
     run: dict[str, Any] = {
         "checkpoint_dir": checkpoint_dir,

@@ -47,7 +47,7 @@ from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, evaluate
 from privmtl.federated.baselines import config_for_epsilon
-from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.engine import train
 from privmtl.privacy.calibration import noise_multiplier
 
@@ -141,7 +141,7 @@ def _cluster_sizes(
             check_int(f"clients_per_cluster[{c}]", q, low=1, high=s)
             for c, (q, s) in enumerate(zip(qs, sizes, strict=True))
         ]
-    q = config.clients_per_round
+    q = int(config.clients_per_round or m)
     return [min(s, max(1, round(q * s / m))) for s in sizes]
 
 
@@ -164,7 +164,8 @@ def train_clusters(
     config : TrainConfig or None
         The PMTL configuration of every cluster; ``clients_per_round`` is split over clusters in
         proportion to their sizes (see module doc), ``seed`` is turned into one independent seed
-        per cluster (:func:`cluster_seed`), δ = ``config.delta_for(m)`` (``m`` = all clients)
+        per cluster (:func:`cluster_seed`), δ resolved for ``m`` = all clients
+        (:func:`~privmtl.federated.config.resolve_config`)
         for every cluster.
     clusters : sequence
         The partition: one label per client, or one list of client indices per cluster.
@@ -185,9 +186,10 @@ def train_clusters(
     config = TrainConfig() if config is None else config
     check_inputs(dataset)
     m = dataset.n_clients
+    config = resolve_config(config, m)[0]  # q, λ and δ of all m clients, as in one run
     groups = parse_clusters(clusters, m)
     qs = _cluster_sizes(config, groups, m, clients_per_cluster)
-    delta = config.delta_for(m)
+    delta = float(config.delta or 0.0)
 
     results: list[TrainResult] = []
     info: list[dict[str, Any]] = []

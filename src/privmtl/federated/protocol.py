@@ -91,7 +91,7 @@ from privmtl.federated.client import (
     local_sgd_reference,
     split_names,
 )
-from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.fedrep import final_heads, local_update, representation_names
 from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.projection import project_to_ball
@@ -157,7 +157,7 @@ class MethodSpec:
 
 def method_spec(config: TrainConfig) -> MethodSpec:
     """The :class:`MethodSpec` of ``config.method``."""
-    lam = float(config.lam)
+    lam = 0.0 if config.lam is None else float(config.lam)  # None: not resolved, structure only
     msg = config.server_update if config.server_update in ("offset", "ditto") else "delta"
     return {
         "pmtl": MethodSpec("pmtl", "own", lam, True, True, message=msg),
@@ -195,7 +195,7 @@ runs it (in process: the whole round's plan, threads; on a Flower node: its own 
 def client_rule(spec: MethodSpec, config: TrainConfig, anchor: Params | None) -> UpdateRule:
     """The local update rule of ``spec`` (:mod:`privmtl.federated.client`)."""
     if spec.start == "split":
-        mu = config.lam if config.pp_theta_reg is None else config.pp_theta_reg
+        mu = float(config.lam or 0.0) if config.pp_theta_reg is None else config.pp_theta_reg
         return SplitStep(lr=config.lr, alpha=config.pp_alpha, mu=mu)
     ball = config.ball if spec.name == "workshop" else None
     return ProxStep(lr=config.lr, anchor=anchor, weight=spec.prox_weight, ball=ball)
@@ -562,19 +562,17 @@ def setup_run(
 ) -> RunSetup:
     """The release, the billboard and the resolved configuration of a run on ``m`` clients.
 
-    Written once for the in-process :class:`Trainer` and the Flower ServerApp: ``q`` (``m`` with
-    ``sampling="all"``; above ``m`` is an error), the warning of Algorithm 1's message with partial
+    Written once for the in-process :class:`Trainer` and the Flower ServerApp: the resolved
+    config (:func:`~privmtl.federated.config.resolve_config`: ``q``, λ, δ, and σ calibrated to a
+    target ``epsilon``), the warning of Algorithm 1's message with partial
     participation, the :class:`~privmtl.privacy.release.GaussianMeanRelease` of the method, the
     split into shared and personal parameters and ``personal_init="auto"``'s resolution
     (:func:`~privmtl.federated.spec.resolve_personal_init`).
     """
+    config = resolve_config(config, m, sampler=sampler)[0]
+    q = int(config.clients_per_round or m)
     spec = method_spec(config)
     full = config.sampling == "all" or spec.name == "workshop"
-    q = m if full else config.clients_per_round
-    if q > m:
-        raise InvalidParameterError(
-            f"The 'clients_per_round' parameter must be <= the number of clients ({m}); got {q}."
-        )
     if spec.name == "pmtl" and spec.message == "delta" and q < m:
         warnings.warn(
             f"server_update='delta' (Algorithm 1 as printed) with partial participation (q={q} "
@@ -663,7 +661,8 @@ def new_ledger(
     seen: dict[str, Any] | None = None,
     seen_by: str = "the checkpoint",
 ) -> PrivacyLedger:
-    """A run's ledger (its accountant, relation, δ and budget), durable at ``path`` if given.
+    """A run's ledger (its accountant, relation, δ, budget and target ε), durable at ``path`` if
+    given.
 
     ``seen``: what the checkpoint being resumed saw of the ledger (``manifest["ledger"]``); the
     file must continue it (:meth:`~privmtl.privacy.ledger.PrivacyLedger.open`).
@@ -673,6 +672,7 @@ def new_ledger(
         "accountant": config.accountant,
         "relation": config.relation,
         "budget": budget,
+        "target_epsilon": config.epsilon,
     }
     if path is None:
         return PrivacyLedger(**kw)
@@ -685,6 +685,7 @@ def fingerprint_base(config: TrainConfig, noise_source: str, m: int) -> dict[str
     noise source and the number of clients."""
     cfg = {k: v for k, v in config.to_dict().items() if k not in _EXECUTION_ONLY}
     cfg.pop("budget", None)
+    cfg.pop("epsilon", None)  # the target: the σ calibrated to it is in the fingerprint
     return {**cfg, "noise_source": noise_source, "num_clients": m}
 
 
@@ -739,8 +740,8 @@ class Trainer:
     sampler : ClientSampler, optional
         Default ``make_sampler(config.sampling, m, q)``.
     ledger : PrivacyLedger, optional
-        Default: a new ledger (``config.accountant``, ``config.relation``, δ =
-        ``config.delta_for(m)``), durable at ``checkpoint_dir/ledger.jsonl`` when a checkpoint directory is
+        Default: a new ledger (``config.accountant``, ``config.relation``, the resolved δ and
+        the target ``config.epsilon``), durable at ``checkpoint_dir/ledger.jsonl`` when a checkpoint directory is
         given.
     checkpoint_dir : path, optional
         Where the run's state is saved atomically every ``checkpoint_every`` rounds and at the end.
@@ -787,6 +788,8 @@ class Trainer:
         config = TrainConfig() if config is None else config
         check_inputs(dataset, model)
         _refuse_running_buffers(model)
+        # q, λ, δ and σ of a target ε, once (setup_run's own resolution then changes nothing)
+        config = resolve_config(config, dataset.n_clients, sampler=sampler)[0]
         self.dataset, self.config = dataset, config
         self.model = copy.deepcopy(model)
         self.spec = spec = method_spec(config)
@@ -795,7 +798,6 @@ class Trainer:
         self.noise_source = check_choice(
             "noise_source", noise_source or config.noise_source, ("secure", "seeded")
         )
-        self.delta = config.delta_for(m)
         self.checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.on_budget = check_choice("on_budget", on_budget, ("stop", "raise"))
@@ -816,6 +818,7 @@ class Trainer:
         # ---- the release of this method, the billboard and the curator
         setup = setup_run(config, m, init, sampler=sampler)
         config, q = setup.config, setup.q
+        self.delta = float(config.delta or 0.0)  # resolved by setup_run
         self.config, self.q, self.shared = config, q, setup.shared
         self._personal_init = setup.personal_init
         init = setup.init
