@@ -14,6 +14,7 @@ from typing import Any
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.spec import SPEC
 from privmtl.privacy import (
     PrivacyGuarantee,
     make_sampler,
@@ -45,9 +46,9 @@ def account_rounds(
     delta: float,
     noise_std: float | None = None,
     target_epsilon: float | None = None,
-    accountant: str = "rdp",
-    sampling: str = "poisson",
-    relation: str = "add-remove",
+    accountant: str = SPEC.accountant,
+    sampling: str = SPEC.sampling,
+    relation: str = SPEC.relation,
     per_round: bool = False,
 ) -> dict[str, Any]:
     """ε for a given σ, or the σ for a target ε, of T rounds of the PMTL server mechanism.

@@ -110,7 +110,7 @@ def load_federated(
     data: str,
     *,
     data_path: str | Path | None = None,
-    seed: int = 0,
+    seed: int = SPEC.seed,
     client_column: str | None = None,
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
@@ -168,7 +168,10 @@ def load_federated(
 
 
 def make_model(
-    name: str, dataset: FederatedDataset, seed: int = 0, factory: UserFactory | None = None
+    name: str,
+    dataset: FederatedDataset,
+    seed: int = SPEC.seed,
+    factory: UserFactory | None = None,
 ) -> torch.nn.Module:
     """``cnn`` (the paper's FEMNIST CNN; needs 1×28×28 inputs), ``logreg`` (multinomial), or a
     user's model ``"MODULE:FACTORY"`` / ``"PATH.py:FACTORY"``
