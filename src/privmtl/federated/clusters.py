@@ -49,6 +49,7 @@ from privmtl.federated.algorithms import Params, evaluate
 from privmtl.federated.baselines import config_for_epsilon
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.engine import train
+from privmtl.federated.spec import default_lam
 from privmtl.privacy.calibration import noise_multiplier
 
 __all__ = ["ClusteredTrainResult", "cluster_seed", "parse_clusters", "train_clusters"]
@@ -186,7 +187,11 @@ def train_clusters(
     config = TrainConfig() if config is None else config
     check_inputs(dataset)
     m = dataset.n_clients
-    config = resolve_config(config, m)[0]  # q, λ and δ of all m clients, as in one run
+    # q, λ and δ of all m clients, as in one run; each cluster's σ is calibrated below
+    target = config.epsilon if target_epsilon is None else target_epsilon
+    private = target is not None or config.noise_std > 0
+    lam = default_lam(config.method, private=private) if config.lam is None else config.lam
+    config = resolve_config(dataclasses.replace(config, epsilon=None, lam=lam), m)[0]
     groups = parse_clusters(clusters, m)
     qs = _cluster_sizes(config, groups, m, clients_per_cluster)
     delta = float(config.delta or 0.0)
@@ -197,8 +202,8 @@ def train_clusters(
         cfg = dataclasses.replace(
             config, clients_per_round=q_c, seed=cluster_seed(config.seed, c), delta=delta
         )
-        if target_epsilon is not None and config.method != "local":
-            cfg = config_for_epsilon(cfg, len(idx), target_epsilon)
+        if target is not None and config.method != "local":
+            cfg = config_for_epsilon(cfg, len(idx), target)
         res = train(dataset.subset(idx.tolist()), model, cfg)
         results.append(res)
         z_c = (

@@ -437,6 +437,12 @@ def resolve_config(
     config = dataclasses.replace(config, clients_per_round=q, lam=lam, delta=delta)
     calibration = None
     if config.epsilon is not None and config.noise_std == 0 and config.method != "local":
+        if config.method == "workshop":  # its release is of models in the ball, not clipped
+            raise InvalidParameterError(
+                "method='workshop' calibrates its noise to the ball (train_workshop's 'epsilon'); "
+                f"give its σ as 'noise_std' with a target 'epsilon'; got epsilon={config.epsilon!r}, "
+                "noise_std=0."
+            )
         if config.clip is None:
             raise InvalidParameterError("A target 'epsilon' needs a finite 'clip'; got clip=None.")
         full = config.sampling == "all"

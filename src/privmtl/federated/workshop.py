@@ -58,6 +58,7 @@ from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, res
 from privmtl.federated.finetune import finetune
 from privmtl.federated.projection import project_to_ball
 from privmtl.federated.protocol import Trainer
+from privmtl.federated.spec import default_lam
 from privmtl.privacy.closed_form import pmtl_theorem1_valid, workshop_noise_std
 
 __all__ = ["project_to_ball", "train_workshop", "workshop_epsilon_closed_form"]
@@ -138,8 +139,11 @@ def train_workshop(
     m = dataset.n_clients
     T = config.rounds
     # λ and δ; the ball's releases cover every client (q = m) and ε is calibrated below
+    private = epsilon is not None or bool(noise_std) or config.noise_std > 0
+    lam = default_lam(config.method, private=private) if config.lam is None else config.lam
     config = resolve_config(
-        dataclasses.replace(config, epsilon=None, clients_per_round=None, sampling="all"), m
+        dataclasses.replace(config, epsilon=None, clients_per_round=None, sampling="all", lam=lam),
+        m,
     )[0]
     delta = float(config.delta or 0.0)
     if epsilon is not None:
