@@ -865,6 +865,8 @@ def speed(args: argparse.Namespace) -> None:
         noise_source="seeded",
         progress=False,
         server_update=args.server_update,
+        lam=0.1,
+        personal_init="model",
     )
     tr = Trainer(ds, net, cfg)
     recs = [r.record for r in tr]

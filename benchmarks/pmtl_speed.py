@@ -99,6 +99,8 @@ def _config(
         noise_std=0.05,
         sampling="fixed",
         relation="replace-one",
+        server_update="offset",
+        personal_init="model",
         batched=batched,
         vectorize=args.vectorize,
         seed=args.seed,

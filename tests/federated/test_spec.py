@@ -370,12 +370,17 @@ def test_flower_config_with_the_earlier_defaults_given_is_the_earlier_one():
     earlier = {"rounds": 3, "clients-per-round": 6, "lam": 0.1, "server-update": "delta",
                "seed": 3, "noise-source": "seeded", "local-steps": 3,
                "personal-init": "model", "finetune": "none"}  # fmt: skip
-    for m, extra in ((50, {"noise-std": 0.05}), (40, {"epsilon": 2.0}), (5, {})):
+    # q = m = 5 given as such: clients per round above m is an error on Flower as everywhere
+    for m, extra in (
+        (50, {"noise-std": 0.05}),
+        (40, {"epsilon": 2.0}),
+        (5, {"clients-per-round": 5}),
+    ):
         cfg, sigma = make_config(run_options({**earlier, **extra}), m)
         q = min(6, m)
         old = TrainConfig(
             method="pmtl", rounds=3, clients_per_round=q, local_steps=3, batch_size=10, lr=0.1,
-            lam=0.1, clip=0.5, noise_std=float(extra.get("noise-std", 0.0)),
+            lam=0.1, clip=0.5, noise_std=float(extra.get("noise-std", 0.0)), personal_init="model",
             sampling="all" if q == m else "poisson", seed=3, delta=min(1e-5, 1 / (100 * m)),
             accountant="rdp", relation="add-remove", batched=True, progress=False,
             server_update="delta", threads=1, noise_source="seeded",
@@ -383,6 +388,8 @@ def test_flower_config_with_the_earlier_defaults_given_is_the_earlier_one():
         if "epsilon" in extra:
             old = config_for_epsilon(old, m, 2.0)
         assert cfg == old and sigma == old.noise_std
+    with pytest.raises(InvalidParameterError, match=r"'clients_per_round'.*m=5"):
+        make_config(run_options(earlier), 5)
 
 
 def test_saved_models_record_the_resolved_spec(tmp_path):

@@ -1,6 +1,7 @@
 """ε → σ calibration lives in privmtl.privacy.calibration; every entry point gets its σ there."""
 
 import math
+from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -20,6 +21,26 @@ from privmtl.privacy.calibration import (
 )
 from privmtl.privacy.covariance import plan_covariance_releases
 from privmtl.privacy.sampling import make_sampler
+
+#: The engine defaults these seeded tests were written with, given explicitly so that their
+#: numbers stay (TrainConfig's own defaults are the run spec's, privmtl.federated.spec.SPEC).
+ENGINE_DEFAULTS = {
+    "clip": 1.0,
+    "clients_per_round": 10,
+    "lam": 0.1,
+    "server_update": "offset",
+    "personal_init": "model",
+}
+
+
+def old_config(**kw: Any) -> TrainConfig:
+    """A TrainConfig with :data:`ENGINE_DEFAULTS` for what ``kw`` leaves out (every client per
+    round with ``sampling="all"`` and the workshop, as before)."""
+    base = dict(ENGINE_DEFAULTS)
+    if kw.get("sampling") == "all" or kw.get("method") == "workshop":
+        base.pop("clients_per_round")
+    return TrainConfig(**{**base, **kw})
+
 
 DELTA = 1e-5
 
@@ -46,7 +67,7 @@ def test_every_entry_point_takes_its_sigma_from_the_one_calibration():
     expected = calibrate_mean_noise_std(
         sampler, rounds=rounds, clip=clip, divisor=q, target_epsilon=1.5, delta=DELTA
     )
-    cfg = TrainConfig(rounds=rounds, clip=clip, clients_per_round=q, delta=DELTA)
+    cfg = old_config(rounds=rounds, clip=clip, clients_per_round=q, delta=DELTA)
     assert config_for_epsilon(cfg, m, 1.5).noise_std == expected
     out = account_rounds(
         clip=clip,
@@ -104,9 +125,9 @@ def test_covariance_noise_is_the_multiplier_times_the_sensitivity(relation):
 
 def test_calibrated_noise_is_bit_for_bit_what_it_was_before_the_one_module():
     """Values computed by the separate calibrations this module replaced (same dp-accounting)."""
-    cfg = TrainConfig(rounds=7, clip=0.7, clients_per_round=5)
+    cfg = old_config(rounds=7, clip=0.7, clients_per_round=5)
     assert config_for_epsilon(cfg, 40, 1.5).noise_std == 0.22437362003111322
-    adaptive = TrainConfig(
+    adaptive = old_config(
         rounds=7, clip=0.7, clients_per_round=5, adaptive_clip_quantile=0.5, adaptive_clip_noise=3.0
     )
     assert config_for_epsilon(adaptive, 40, 1.5).noise_std == 0.23283347455824335
@@ -122,3 +143,69 @@ def test_calibrated_noise_is_bit_for_bit_what_it_was_before_the_one_module():
             epsilon=1.0, delta=1e-4, iterations=5, clip=1.3, dim=4, relation=relation, alpha=0.5
         )
         assert plan.per_release[:3] == stds
+
+
+# ------------------------------------------------------------ ε carried to the release
+def test_calibrate_release_is_the_one_calibration():
+    from privmtl.privacy.calibration import PrivacyTarget, ReleaseCalibration, calibrate_release
+    from privmtl.privacy.sampling import make_sampler
+
+    sampler = make_sampler("poisson", 40, 8)
+    target = PrivacyTarget(2.0, 1e-5)
+    cal = calibrate_release(target, sampler, rounds=30, clip=0.5, divisor=8)
+    assert isinstance(cal, ReleaseCalibration) and cal.target == target
+    assert cal.noise_std == cal.multiplier * 0.5 / 8
+    assert cal.epsilon <= 2.0 and cal.epsilon > 1.9  # tight, never above the target
+    assert cal.epsilon == compute_epsilon(cal.event, delta=1e-5)
+    # its σ is the σ of every entry point: privmtl account and config_for_epsilon
+    acc = account_rounds(
+        clip=0.5, num_clients=40, clients_per_round=8, rounds=30, delta=1e-5, target_epsilon=2.0
+    )
+    assert acc["noise_std"] == cal.noise_std and acc["epsilon"] == cal.epsilon
+    cfg = config_for_epsilon(
+        TrainConfig(rounds=30, clients_per_round=8, clip=0.5, progress=False), 40, 2.0
+    )
+    assert cfg.noise_std == cal.noise_std and cfg.epsilon == 2.0 and cfg.delta == 1e-5
+    assert cal.to_dict()["target_epsilon"] == 2.0
+
+
+def test_privacy_target_refuses_bad_values():
+    from privmtl.exceptions import InvalidParameterError
+    from privmtl.privacy.calibration import PrivacyTarget, calibrate_release
+
+    with pytest.raises(InvalidParameterError, match=r"'target_epsilon'.*got -1"):
+        PrivacyTarget(-1.0, 1e-5)
+    with pytest.raises(InvalidParameterError, match="at most 100"):
+        PrivacyTarget(1000.0, 1e-5)
+    with pytest.raises(InvalidParameterError, match="'delta'"):
+        PrivacyTarget(1.0, 1.5)
+    with pytest.raises(InvalidParameterError, match=r"'target'.*PrivacyTarget; got float"):
+        calibrate_release(2.0, None, rounds=1, clip=1.0, divisor=1.0)  # type: ignore[arg-type]
+
+
+def test_a_target_in_the_config_is_calibrated_when_the_run_starts_and_recorded(tmp_path):
+    import json
+
+    from privmtl.data.federated import make_synthetic_federated
+    from privmtl.federated import MultinomialLogReg, train
+    from privmtl.federated.protocol import Trainer
+    from privmtl.privacy.ledger import PrivacyLedger
+
+    data = make_synthetic_federated(n_clients=10, random_state=0)
+    model = MultinomialLogReg(data.n_features, data.n_classes)
+    cfg = TrainConfig(rounds=3, epsilon=3.0, noise_source="seeded", progress=False, threads=1)
+    res = train(data, model, cfg)
+    calibrated = config_for_epsilon(TrainConfig(rounds=3, progress=False, threads=1), 10, 3.0)
+    assert res.config.noise_std == calibrated.noise_std > 0
+    assert res.config.epsilon == 3.0 and res.epsilon <= 3.0
+    assert res.ledger.target_epsilon == 3.0
+    # the durable ledger's header records the target with the run; it round-trips
+    trainer = Trainer(data, model, cfg, checkpoint_dir=tmp_path / "ckpt")
+    trainer.run()
+    header = json.loads((tmp_path / "ckpt" / "ledger.jsonl").read_text().splitlines()[0])
+    assert header["target_epsilon"] == 3.0 and header["delta"] == res.delta
+    state = trainer.ledger.to_dict()
+    assert PrivacyLedger.from_dict(state).target_epsilon == 3.0
+    # without a target, the ledger's format is what it was
+    plain = PrivacyLedger(delta=1e-5)
+    assert "target_epsilon" not in plain.to_dict()

@@ -321,6 +321,10 @@ def _pmtl_run(s: _Setting, progress: Callable[[int], None] | None = None) -> dic
         lr=0.1,
         clip=g,
         noise_std=sigma,
+        # the message, λ and start the audit was designed and committed with
+        lam=0.1,
+        server_update="offset",
+        personal_init="model",
         delta=s.delta,
         accountant=ACCOUNTANT,
         relation=RELATION,

@@ -230,6 +230,8 @@ def _config(**kw: Any) -> Any:
         "progress": False,
         "threads": 1,
         "noise_source": "seeded",
+        "server_update": "offset",
+        "personal_init": "model",
     }
     base.update(kw)
     return TrainConfig(**base)

@@ -6,6 +6,7 @@ import click
 
 from privmtl.cli._common import echo_json
 from privmtl.experiments.accounting import account_rounds
+from privmtl.federated.spec import SPEC
 from privmtl.privacy.guarantee import RELATIONS, SAMPLINGS
 
 __all__ = ["account"]
@@ -22,21 +23,21 @@ __all__ = ["account"]
 @click.option(
     "--accountant",
     type=click.Choice(["rdp", "pld", "paper"]),
-    default="rdp",
+    default=SPEC.accountant,
     show_default=True,
     help="rdp/pld: dp-accounting; paper: PMTL Thm 1 (q = m) or the reference code's RDP (q < m).",
 )
 @click.option(
     "--sampling",
     type=click.Choice([s for s in SAMPLINGS if s in ("poisson", "fixed")]),
-    default="poisson",
+    default=SPEC.sampling,
     show_default=True,
     help="Client sampling performed (and accounted).",
 )
 @click.option(
     "--relation",
     type=click.Choice(list(RELATIONS)),
-    default="add-remove",
+    default=SPEC.relation,
     show_default=True,
     help="Neighbouring relation: one whole client added/removed, or replaced.",
 )

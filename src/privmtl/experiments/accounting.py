@@ -1,7 +1,10 @@
 """Client-level accounting for PMTL-style training: one function behind ``privmtl account``.
 
 The released statistic is the server's mean of q clipped client updates plus N(0, σ²I); its add/remove
-sensitivity is γ/q, so the noise multiplier is z = σ·q/γ. T rounds are composed.
+sensitivity is γ/q, so the noise multiplier is z = σ·q/γ
+(:func:`~privmtl.privacy.calibration.noise_multiplier`). T rounds are composed. A target ε is
+calibrated by :func:`~privmtl.privacy.calibration.calibrate_release`, the function every training
+run calibrates with.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import Any
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.spec import SPEC
 from privmtl.privacy import (
     PrivacyGuarantee,
     make_sampler,
@@ -19,9 +23,9 @@ from privmtl.privacy import (
     pmtl_theorem1_valid,
 )
 from privmtl.privacy.calibration import (
-    calibrate_rounds_multiplier,
+    PrivacyTarget,
+    calibrate_release,
     noise_multiplier,
-    noise_std_for,
     rounds_epsilon,
 )
 
@@ -42,9 +46,9 @@ def account_rounds(
     delta: float,
     noise_std: float | None = None,
     target_epsilon: float | None = None,
-    accountant: str = "rdp",
-    sampling: str = "poisson",
-    relation: str = "add-remove",
+    accountant: str = SPEC.accountant,
+    sampling: str = SPEC.sampling,
+    relation: str = SPEC.relation,
     per_round: bool = False,
 ) -> dict[str, Any]:
     """ε for a given σ, or the σ for a target ε, of T rounds of the PMTL server mechanism.
@@ -159,13 +163,14 @@ def _tight(
             sampler, z, T, delta=delta, accountant=accountant, relation=relation
         )
     target = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
-    z = calibrate_rounds_multiplier(
+    # the calibration every training run uses (run_pmtl, the sweep, Flower's ServerApp)
+    cal = calibrate_release(
+        PrivacyTarget(target, delta),
         sampler,
         rounds=T,
-        target_epsilon=target,
-        delta=delta,
+        clip=clip,
+        divisor=q,
         accountant=accountant,
         relation=relation,
     )
-    eps = rounds_epsilon(sampler, z, T, delta=delta, accountant=accountant, relation=relation)
-    return noise_std_for(z, q, clip), eps
+    return cal.noise_std, cal.epsilon

@@ -30,6 +30,7 @@ from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.federated.config import resolve_config
 from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.federated.finetune_selection import SELECT_MODES
 from privmtl.federated.finish import (
@@ -111,7 +112,7 @@ def load_federated(
     data: str,
     *,
     data_path: str | Path | None = None,
-    seed: int = 0,
+    seed: int = SPEC.seed,
     client_column: str | None = None,
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
@@ -169,7 +170,10 @@ def load_federated(
 
 
 def make_model(
-    name: str, dataset: FederatedDataset, seed: int = 0, factory: UserFactory | None = None
+    name: str,
+    dataset: FederatedDataset,
+    seed: int = SPEC.seed,
+    factory: UserFactory | None = None,
 ) -> torch.nn.Module:
     """``cnn`` (the paper's FEMNIST CNN; needs 1×28×28 inputs), ``logreg`` (multinomial), or a
     user's model ``"MODULE:FACTORY"`` / ``"PATH.py:FACTORY"``
@@ -426,10 +430,8 @@ def run_pmtl(
     not_covered: list[str] = []
     net = make_model(model, ds, seed, factory=user_factory)
     config = train_config(resolved, batched=not sequential, progress=show_progress, threads=threads)
-    if epsilon is not None and method_class(method).communicates:
-        from privmtl.federated.baselines import config_for_epsilon
-
-        config = config_for_epsilon(config, m, epsilon)
+    if get_method(own_method, config).communicates:  # the target ε becomes the release's σ, once
+        config = resolve_config(config, m, method=own_method)[0]
     sigma = config.noise_std
     run: dict[str, Any] = {
         "checkpoint_dir": checkpoint_dir,

@@ -42,7 +42,7 @@ from privmtl.experiments.sweep import (
     selection_footnote,
 )
 from privmtl.federated.methods import method_class
-from privmtl.federated.spec import SPEC, default_clients_per_round, default_lam
+from privmtl.federated.spec import SPEC, default_lam, resolve_clients_per_round
 from privmtl.privacy.selection import SELECTION_METHODS
 
 __all__ = ["PMTL_SWEEP_FILES", "plot_rounds", "run_pmtl_sweep", "write_pmtl_sweep"]
@@ -91,8 +91,9 @@ def run_pmtl_sweep(
 
     ``data="table"`` reads a user's table with ``client_column``, ``label_column``,
     ``feature_columns`` and ``scaling`` (:func:`~privmtl.experiments.pmtl.load_federated`);
-    ``clients_per_round``, ``lam`` (None: :func:`~privmtl.federated.spec.default_lam` of each
-    method and ε), ``lr``, ``finetune``, ``server_update`` and ``noise_source`` default to the run
+    ``clients_per_round`` (None: each seed's data's own
+    :func:`~privmtl.federated.spec.resolve_clients_per_round`, ``min(20, m)``), ``lam`` (None:
+    :func:`~privmtl.federated.spec.default_lam` of each method and ε), ``lr``, ``finetune``, ``server_update`` and ``noise_source`` default to the run
     spec's (:mod:`privmtl.federated.spec`), as ``run_pmtl``'s do.
     """
     check_choice("select", select, SELECTION_METHODS)
@@ -105,8 +106,11 @@ def run_pmtl_sweep(
             "scaling": scaling,
         }
     datasets = {s: load_federated(data, data_path=data_path, seed=s, **table) for s in seeds}
-    if clients_per_round is None:
-        clients_per_round = default_clients_per_round(datasets[seeds[0]].n_clients)
+    # q of each seed's data (the spec's resolver, as run_pmtl's; an explicit q above m is an error)
+    qs = {
+        s: resolve_clients_per_round(clients_per_round, ds.n_clients, sampling=SPEC.sampling)
+        for s, ds in datasets.items()
+    }
     lams: list[float | None] = (
         [None]
         if lam is None
@@ -139,7 +143,7 @@ def run_pmtl_sweep(
             "clip": clip,
             "rounds": T,
             "lam": lam_,
-            "clients_per_round": clients_per_round,
+            "clients_per_round": qs[seed],
             "lr": lr,
             "local_steps": local_steps,
             "finetune": finetune,
@@ -162,7 +166,7 @@ def run_pmtl_sweep(
             epsilon=eps,
             clip=clip,
             rounds=T,
-            clients_per_round=clients_per_round,
+            clients_per_round=qs[seed],
             lam=lam_,
             lr=lr,
             server_update=server_update,

@@ -28,60 +28,33 @@ from privmtl._validation import check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params
-from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.protocol import Trainer
-from privmtl.privacy.calibration import calibrate_mean_noise_std
 
 __all__ = ["config_for_epsilon", "train_joint_dp", "train_pp_sgd"]
 
 
 # ---------------------------------------------------------------------------- shared setup
-def _clients_per_round(config: TrainConfig, m: int) -> int:
-    q = m if config.sampling == "all" else config.clients_per_round
-    if q > m:
-        raise InvalidParameterError(
-            f"The 'clients_per_round' parameter must be <= the number of clients ({m}); got {q}."
-        )
-    return q
-
-
-def _sampler(config: TrainConfig, m: int, q: int, sampler: Any) -> Any:
-    if sampler is not None:
-        return sampler
-    from privmtl.privacy.sampling import make_sampler
-
-    return make_sampler(config.sampling, m, q)
-
-
 def config_for_epsilon(
     config: TrainConfig, num_clients: int, target_epsilon: float, *, sampler: Any = None
 ) -> TrainConfig:
-    r"""``config`` with ``noise_std`` set so that ``config.rounds`` rounds meet ``target_epsilon``.
+    r"""``config`` resolved for ``num_clients`` clients with the target ``target_epsilon`` and
+    ``noise_std`` calibrated to it so that ``config.rounds`` rounds meet it.
 
-    σ is :func:`~privmtl.privacy.calibration.calibrate_mean_noise_std` for the sampler's event
-    composed ``config.rounds`` times, with ``config.accountant``, ``config.relation``, δ =
-    ``config.delta_for(num_clients)``, γ = ``config.clip`` and q the clients per round (the PMTL
-    convention: σ is the std of the noise on the mean update), and with adaptive clipping the
-    count's σ_b (``config.count_noise_std_for(q)``). :func:`train_joint_dp`,
-    :func:`train_pp_sgd` and the PMTL engine all spend the same ε with it.
+    :func:`~privmtl.federated.config.resolve_config` of ``config`` with ``epsilon`` set: σ is
+    :func:`~privmtl.privacy.calibration.calibrate_release`'s for the sampler's event composed
+    ``config.rounds`` times, with ``config.accountant``, ``config.relation``, the resolved δ,
+    γ = ``config.clip`` and q the clients per round (the PMTL convention: σ is the std of the
+    noise on the mean update), and with adaptive clipping the count's σ_b. The config keeps the
+    target, which the run's ledger records. :func:`train_joint_dp`, :func:`train_pp_sgd` and the
+    PMTL engine all spend the same ε with it.
     """
     if config.clip is None:
         raise InvalidParameterError("config_for_epsilon needs a finite 'clip'; got clip=None.")
-    m = int(num_clients)
-    q = _clients_per_round(config, m)
-    sigma = calibrate_mean_noise_std(
-        _sampler(config, m, q, sampler),
-        rounds=config.rounds,
-        clip=config.clip,
-        divisor=q,
-        target_epsilon=target_epsilon,
-        delta=config.delta_for(m),
-        accountant=config.accountant,
-        relation=config.relation,
-        count_noise_std=config.count_noise_std_for(q),
-    )
-    return dataclasses.replace(config, noise_std=sigma)
+    target = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
+    config = dataclasses.replace(config, epsilon=target, noise_std=0.0)
+    return resolve_config(config, num_clients, sampler=sampler)[0]
 
 
 # ---------------------------------------------------------------------------- joint-model DP
@@ -220,6 +193,7 @@ def train_pp_sgd(
     """
     config = TrainConfig() if config is None else config
     check_inputs(dataset)
+    config = resolve_config(config, dataset.n_clients, sampler=sampler)[0]  # λ: theta_reg's default
     alpha = check_real("alpha", alpha, low=0.0)
     mu = check_real("theta_reg", config.lam if theta_reg is None else theta_reg, low=0.0)
     if model is None:

@@ -47,9 +47,10 @@ from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, evaluate
 from privmtl.federated.baselines import config_for_epsilon
-from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.engine import train
 from privmtl.federated.methods import method_class
+from privmtl.federated.spec import default_lam
 from privmtl.privacy.calibration import noise_multiplier
 
 __all__ = ["ClusteredTrainResult", "cluster_seed", "parse_clusters", "train_clusters"]
@@ -142,7 +143,7 @@ def _cluster_sizes(
             check_int(f"clients_per_cluster[{c}]", q, low=1, high=s)
             for c, (q, s) in enumerate(zip(qs, sizes, strict=True))
         ]
-    q = config.clients_per_round
+    q = int(config.clients_per_round or m)
     return [min(s, max(1, round(q * s / m))) for s in sizes]
 
 
@@ -165,7 +166,8 @@ def train_clusters(
     config : TrainConfig or None
         The PMTL configuration of every cluster; ``clients_per_round`` is split over clusters in
         proportion to their sizes (see module doc), ``seed`` is turned into one independent seed
-        per cluster (:func:`cluster_seed`), δ = ``config.delta_for(m)`` (``m`` = all clients)
+        per cluster (:func:`cluster_seed`), δ resolved for ``m`` = all clients
+        (:func:`~privmtl.federated.config.resolve_config`)
         for every cluster.
     clusters : sequence
         The partition: one label per client, or one list of client indices per cluster.
@@ -186,9 +188,14 @@ def train_clusters(
     config = TrainConfig() if config is None else config
     check_inputs(dataset)
     m = dataset.n_clients
+    # q, λ and δ of all m clients, as in one run; each cluster's σ is calibrated below
+    target = config.epsilon if target_epsilon is None else target_epsilon
+    private = target is not None or config.noise_std > 0
+    lam = default_lam(config.method, private=private) if config.lam is None else config.lam
+    config = resolve_config(dataclasses.replace(config, epsilon=None, lam=lam), m)[0]
     groups = parse_clusters(clusters, m)
     qs = _cluster_sizes(config, groups, m, clients_per_cluster)
-    delta = config.delta_for(m)
+    delta = float(config.delta or 0.0)
 
     results: list[TrainResult] = []
     info: list[dict[str, Any]] = []
@@ -196,8 +203,8 @@ def train_clusters(
         cfg = dataclasses.replace(
             config, clients_per_round=q_c, seed=cluster_seed(config.seed, c), delta=delta
         )
-        if target_epsilon is not None and method_class(config.method).communicates:
-            cfg = config_for_epsilon(cfg, len(idx), target_epsilon)
+        if target is not None and method_class(config.method).communicates:
+            cfg = config_for_epsilon(cfg, len(idx), target)
         res = train(dataset.subset(idx.tolist()), model, cfg)
         results.append(res)
         z_c = (

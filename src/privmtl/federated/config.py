@@ -1,8 +1,16 @@
-"""Configuration and result containers of the federated training engine."""
+"""Configuration and result containers of the federated training engine.
+
+:class:`TrainConfig` takes every algorithm and privacy default from the run spec
+(:data:`~privmtl.federated.spec.SPEC`); the data-dependent ones (clients per round, λ, δ) are None
+until :func:`resolve_config` fills them in with the spec's resolvers, and a target ``epsilon``
+is turned into the release's σ there too (:func:`~privmtl.privacy.calibration.calibrate_release`).
+The engine and Flower's ServerApp resolve every configuration they are given this way.
+"""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -12,7 +20,14 @@ from torch import nn
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
-from privmtl.privacy.delta import user_data_delta
+from privmtl.federated.spec import (
+    DEFAULT_HEAD_EPOCHS,
+    SPEC,
+    check_param_names,
+    default_lam,
+    resolve_clients_per_round,
+    resolve_delta,
+)
 
 __all__ = [
     "DEFAULT_HEAD_EPOCHS",
@@ -20,16 +35,15 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "check_param_names",
+    "resolve_config",
 ]
 
-#: ``fedrep``: local epochs of head training per round (the representation frozen) and at the end.
-DEFAULT_HEAD_EPOCHS = 5
 SAMPLINGS = ("poisson", "fixed", "all")
 
 
 def __getattr__(name: str) -> Any:
     # ``METHODS``: the engine's methods, from the one registry of method names (imported when
-    # asked for: the methods package imports this module)
+    # asked for: the methods package imports the run spec, which this module imports)
     if name == "METHODS":
         from privmtl.federated.methods import ENGINE_METHODS
 
@@ -41,16 +55,6 @@ def _method_class(name: str) -> Any:
     from privmtl.federated.methods import method_class
 
     return method_class(name)
-
-
-def check_param_names(shared_params: Any) -> tuple[str, ...]:
-    """``shared_params`` as a tuple, after refusing anything but a sequence of non-empty names."""
-    if isinstance(shared_params, str) or not all(isinstance(n, str) and n for n in shared_params):
-        raise InvalidParameterError(
-            "The 'shared_params' parameter must be a sequence of parameter names; got "
-            f"{shared_params!r}."
-        )
-    return tuple(shared_params)
 
 
 @dataclass(frozen=True)
@@ -77,11 +81,12 @@ class TrainConfig:
           representation's change only.
     rounds : int, default 100
         Communication rounds ``T``.
-    clients_per_round : int, default 10
-        ``q``: the fixed number of clients per round (``"fixed"``), the expected number
+    clients_per_round : int or None, default None
+        ``q`` (None: :func:`~privmtl.federated.spec.default_clients_per_round`, ``min(20, m)``,
+        filled in by :func:`resolve_config`; above ``m`` is an error): the fixed number of clients per round (``"fixed"``), the expected number
         (``"poisson"``, rate ``q/m``), ignored for ``"all"`` (``q = m``). The server divides the
         sum of clipped updates by this fixed ``q``, never by the realised count.
-    server_update : {"offset", "delta", "ditto"}, default "offset"
+    server_update : {"offset", "delta", "ditto"}, default "ditto"
         What a sampled client sends (pmtl; the two coincide for fedavg/fedprox, which start from
         :math:`\tilde w^t`). ``"delta"``: :math:`g_k = w_k^{new} - w_k^{old}`, Algorithm 1 as printed.
         ``"offset"``: :math:`g_k = w_k^{new} - \tilde w^t`, what the authors' released code sends
@@ -108,14 +113,22 @@ class TrainConfig:
         ``B``.
     lr : float, default 0.1
         Local SGD step size ``η``.
-    lam : float, default 0.1
-        ``λ`` of the mean-regularizer (pmtl) or ``μ`` of the proximal term (fedprox).
-    clip : float or None, default 1.0
+    lam : float or None, default None
+        ``λ`` of the mean-regularizer (pmtl) or ``μ`` of the proximal term (fedprox); None:
+        :func:`~privmtl.federated.spec.default_lam` (filled in by :func:`resolve_config`).
+    clip : float or None, default 0.5
         ``γ``: each update ``g_k`` is scaled by ``min(1, γ / ‖g_k‖₂)`` (norm over all
         parameters). ``None`` disables clipping (then the run is not private).
+    epsilon : float or None
+        Target ε: :func:`resolve_config` (which the engine and Flower's ServerApp call) calibrates
+        ``noise_std`` to it when ``noise_std`` is 0
+        (:func:`~privmtl.privacy.calibration.calibrate_release`), and the ledger records it with
+        the run. A ``noise_std`` given with it is taken as calibrated; the ε reported is always
+        the ledger's. None: no target.
     noise_std : float, default 0.0
-        ``σ``: standard deviation of the Gaussian noise added to the *mean* update. The noise
-        multiplier given to the accountant is ``z = σ q / γ``.
+        ``σ``: standard deviation of the Gaussian noise added to the *mean* update (0: no noise,
+        or calibrated to ``epsilon``). The noise multiplier given to the accountant is
+        ``z = σ q / γ`` (:func:`~privmtl.privacy.calibration.noise_multiplier`).
     sampling : {"poisson", "fixed", "all"}, default "poisson"
         Client sampling; the privacy event is the sampler's own (``sampler.event(z)``). The
         accountant supports ``"poisson"`` with either relation (replace-one needs
@@ -125,9 +138,9 @@ class TrainConfig:
         Seeds three independent streams: client sampling (numpy), local minibatch draws (one numpy
         stream per client and round) and server noise (``torch.Generator``).
     delta : float or None
-        Target δ of the reported ε; default min(1e-5, 1/(100 m))
-        (:func:`~privmtl.privacy.delta.user_data_delta`, below 1/m as DP practice asks; the
-        paper's 1/m must be given explicitly).
+        Target δ of the reported ε; None: :func:`~privmtl.federated.spec.resolve_delta`,
+        min(1e-5, 1/(100 m)) (below 1/m as DP practice asks; the paper's 1/m must be given
+        explicitly), filled in by :func:`resolve_config`.
     accountant : str, default "rdp"
         Accountant of the :class:`~privmtl.privacy.ledger.PrivacyLedger`.
     relation : {"add-remove", "replace-one"}, default "add-remove"
@@ -191,7 +204,7 @@ class TrainConfig:
         noise, prox anchor); the others stay personal and take plain local SGD steps. The norm
         clipped is that of the shared part; the accounting (z = σq/γ) does not depend on the
         released dimension. None: every parameter is shared.
-    personal_init : {"model", "billboard", "auto"}, default "model"
+    personal_init : {"model", "billboard", "auto"}, default "auto"
         Personalized methods with a billboard (pmtl): where a client's persistent model starts.
         ``"model"``: the initial model. ``"billboard"``: the billboard at the client's first
         participation, and clients that never took part are scored with the final billboard
@@ -233,22 +246,24 @@ class TrainConfig:
     ``client_chunk`` and ``eval_every`` change how a run executes, not its result.
     """
 
-    method: str = "pmtl"
-    rounds: int = 100
-    clients_per_round: int = 10
-    server_update: str = "offset"
-    local_steps: int | None = None
-    local_epochs: int | None = None
-    batch_size: int = 10
-    lr: float = 0.1
-    lam: float = 0.1
-    clip: float | None = 1.0
-    noise_std: float = 0.0
-    sampling: str = "poisson"
-    seed: int = 0
-    delta: float | None = None
-    accountant: str = "rdp"
-    relation: str = "add-remove"
+    # the algorithm and privacy defaults are the run spec's (one home: privmtl.federated.spec)
+    method: str = SPEC.method
+    rounds: int = SPEC.rounds
+    clients_per_round: int | None = SPEC.clients_per_round
+    server_update: str = SPEC.server_update
+    local_steps: int | None = SPEC.local_steps
+    local_epochs: int | None = SPEC.local_epochs
+    batch_size: int = SPEC.batch_size
+    lr: float = SPEC.lr
+    lam: float | None = SPEC.lam
+    clip: float | None = SPEC.clip
+    epsilon: float | None = SPEC.epsilon
+    noise_std: float = 0.0  # the engine's "no noise"; RunSpec's None ("not given") becomes 0
+    sampling: str = SPEC.sampling
+    seed: int = SPEC.seed
+    delta: float | None = None  # a resolved float; RunSpec's "paper" is resolved before
+    accountant: str = SPEC.accountant
+    relation: str = SPEC.relation
     budget: float | None = None
     batched: bool = True
     vectorize: str = "auto"
@@ -257,29 +272,30 @@ class TrainConfig:
     progress: bool = True
     threads: int = 2
     parallel_chunks: bool = True
-    noise_source: str = "secure"
+    noise_source: str = SPEC.noise_source
     pp_alpha: float = 1.0
     pp_theta_reg: float | None = None
     ball: float | None = None
-    head_epochs: int = DEFAULT_HEAD_EPOCHS
-    server_optimizer: str = "none"
-    server_lr: float = 1.0
-    server_momentum: float = 0.9
+    head_epochs: int = SPEC.head_epochs
+    server_optimizer: str = SPEC.server_optimizer
+    server_lr: float = SPEC.server_lr
+    server_momentum: float = SPEC.server_momentum
     server_beta2: float = 0.99
     server_adam_eps: float = 1e-3
-    shared_params: tuple[str, ...] | None = None
-    personal_init: str = "model"
-    subspace_dim: int | None = None
-    adaptive_clip_quantile: float | None = None
-    adaptive_clip_lr: float = 0.2
-    adaptive_clip_noise: float | None = None
+    shared_params: tuple[str, ...] | None = SPEC.shared_params
+    personal_init: str = SPEC.personal_init
+    subspace_dim: int | None = SPEC.subspace_dim
+    adaptive_clip_quantile: float | None = SPEC.adaptive_clip_quantile
+    adaptive_clip_lr: float = SPEC.adaptive_clip_lr
+    adaptive_clip_noise: float | None = SPEC.adaptive_clip_noise
 
     def __post_init__(self) -> None:
         from privmtl.federated.methods import engine_method_names
 
         check_choice("method", self.method, engine_method_names())
         check_int("rounds", self.rounds, low=0)
-        check_int("clients_per_round", self.clients_per_round, low=1)
+        if self.clients_per_round is not None:
+            check_int("clients_per_round", self.clients_per_round, low=1)
         check_choice("server_update", self.server_update, ("delta", "offset", "ditto"))
         if self.local_steps is not None and self.local_epochs is not None:
             raise InvalidParameterError(
@@ -292,7 +308,10 @@ class TrainConfig:
             check_int("local_epochs", self.local_epochs, low=1)
         check_int("batch_size", self.batch_size, low=1)
         check_real("lr", self.lr, low=0.0, closed="neither")
-        check_real("lam", self.lam, low=0.0)
+        if self.lam is not None:
+            check_real("lam", self.lam, low=0.0)
+        if self.epsilon is not None:
+            check_real("epsilon", self.epsilon, low=0.0, closed="neither")
         if self.clip is not None:
             check_real("clip", self.clip, low=0.0, closed="neither")
         check_real("noise_std", self.noise_std, low=0.0)
@@ -360,17 +379,15 @@ class TrainConfig:
         return 0 if self.local_steps is None else int(self.local_steps)
 
     def count_noise_std_for(self, clients_per_round: int) -> float | None:
-        """σ_b of adaptive clipping (``adaptive_clip_noise`` or ``q/20``); None without it."""
+        """σ_b of adaptive clipping (``adaptive_clip_noise``, or
+        :func:`~privmtl.privacy.calibration.default_count_noise_std`); None without it."""
+        from privmtl.privacy.calibration import default_count_noise_std
+
         if self.adaptive_clip_quantile is None:
             return None
         if self.adaptive_clip_noise is not None:
             return float(self.adaptive_clip_noise)
-        return clients_per_round / 20.0
-
-    def delta_for(self, num_clients: int) -> float:
-        """``delta``, or :func:`~privmtl.privacy.delta.user_data_delta` of ``m = num_clients``
-        (min(1e-5, 1/(100 m)), DP practice) when it is None."""
-        return self.delta if self.delta is not None else user_data_delta(num_clients)
+        return default_count_noise_std(clients_per_round)
 
     @property
     def is_private(self) -> bool:
@@ -379,6 +396,74 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def resolve_config(
+    config: TrainConfig, num_clients: int, *, sampler: Any = None, method: Any = None
+) -> tuple[TrainConfig, Any]:
+    """``config`` with every data-dependent default of a run on ``num_clients`` clients filled in,
+    and σ calibrated to its target ε: the one resolution of the engine and Flower's ServerApp.
+
+    ``clients_per_round`` (:func:`~privmtl.federated.spec.resolve_clients_per_round`: ``m`` with
+    ``sampling="all"`` and for ``workshop``, ``min(20, m)`` when None, above ``m`` an error),
+    ``lam`` (:func:`~privmtl.federated.spec.default_lam`) and ``delta``
+    (:func:`~privmtl.federated.spec.resolve_delta`). With ``epsilon`` set and ``noise_std`` 0,
+    ``noise_std`` becomes the σ of :func:`~privmtl.privacy.calibration.calibrate_release` for
+    the run's sampler (``sampler``, default the config's), rounds, clip and accountant, with
+    adaptive clipping's count (:meth:`TrainConfig.count_noise_std_for`). Resolving a resolved
+    config changes nothing.
+
+    ``method``: the method (name, class or object) whose declarations apply; default
+    ``config.method``'s.
+
+    Returns
+    -------
+    (TrainConfig, ReleaseCalibration or None)
+        The resolved config, and the calibration when one was made here.
+    """
+    from privmtl.privacy.calibration import PrivacyTarget, calibrate_release
+    from privmtl.privacy.sampling import make_sampler
+
+    m = check_int("num_clients", num_clients, low=1)
+    if method is None or isinstance(method, str):
+        method = _method_class(config.method if method is None else method)
+    q = resolve_clients_per_round(
+        config.clients_per_round,
+        m,
+        sampling=config.sampling,
+        # e.g. workshop: the ball's releases cover every client
+        every_client=method.full_participation or method.every_client,
+    )
+    private = config.epsilon is not None or config.noise_std > 0
+    lam = default_lam(config.method, private=private) if config.lam is None else config.lam
+    # an explicit δ was checked when the config was built: only None is resolved here
+    delta = resolve_delta(None, m)[0] if config.delta is None else config.delta
+    config = dataclasses.replace(config, clients_per_round=q, lam=lam, delta=delta)
+    calibration = None
+    if config.epsilon is not None and config.noise_std == 0 and method.communicates:
+        if not method.calibrates_mean_release:  # e.g. workshop: models in the ball, not clipped
+            raise InvalidParameterError(
+                f"method={config.method!r} calibrates its noise to its own release (e.g. "
+                "train_workshop's 'epsilon'); give its σ as 'noise_std' with a target "
+                f"'epsilon'; got epsilon={config.epsilon!r}, noise_std=0."
+            )
+        if config.clip is None:
+            raise InvalidParameterError("A target 'epsilon' needs a finite 'clip'; got clip=None.")
+        full = config.sampling == "all"
+        calibration = calibrate_release(
+            PrivacyTarget(config.epsilon, delta),
+            sampler
+            if sampler is not None
+            else make_sampler("all" if full else config.sampling, m, q),
+            rounds=config.rounds,
+            clip=config.clip,
+            divisor=q,
+            accountant=config.accountant,
+            relation=config.relation,
+            count_noise_std=config.count_noise_std_for(q),
+        )
+        config = dataclasses.replace(config, noise_std=calibration.noise_std)
+    return config, calibration
 
 
 @dataclass

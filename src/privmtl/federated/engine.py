@@ -103,7 +103,7 @@ def train(
         default ``privmtl.privacy.sampling.make_sampler(config.sampling, m, q)``.
     ledger : PrivacyLedger, optional
         Receives one event per round when the run is private; default a new ledger with
-        ``config.accountant``, ``config.relation``, δ = ``config.delta_for(m)``.
+        ``config.accountant``, ``config.relation``, δ resolved by :func:`~privmtl.federated.config.resolve_config`.
     **run
         Passed to :class:`~privmtl.federated.protocol.Trainer` (``noise_source``,
         ``checkpoint_dir``, ``checkpoint_every``, ``resume``, ``budget_epsilon``,

@@ -58,6 +58,7 @@ from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, evaluate
 from privmtl.federated.config import TrainResult, check_inputs
+from privmtl.federated.spec import FINETUNE_METHODS
 
 __all__ = [
     "FINETUNE_METHODS",
@@ -69,7 +70,6 @@ __all__ = [
     "finetune_plan",
 ]
 
-FINETUNE_METHODS = ("vanilla", "mr", "skl", "ewc")
 FINETUNE_STARTS = ("personalized", "global")
 
 

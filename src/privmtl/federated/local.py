@@ -57,6 +57,7 @@ from privmtl.federated.algorithms import Params, client_scores, evaluate
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.finetune import _pad_own, finetune, finetune_objective, finetune_plan
 from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.spec import SPEC
 
 __all__ = [
     "LOCAL_EPOCHS",
@@ -258,9 +259,9 @@ def train_local(
     *,
     epochs: Sequence[int] = LOCAL_EPOCHS,
     lrs: Sequence[float] = LOCAL_LRS,
-    batch_size: int = 10,
+    batch_size: int = SPEC.batch_size,
     select: str = "client",
-    seed: int = 0,
+    seed: int = SPEC.seed,
     client_chunk: int | None = 64,
     batched: bool = True,
     client_index: Sequence[int] | None = None,
@@ -365,6 +366,7 @@ def train_local(
         lr=first[1],
         lam=0.0,
         clip=None,
+        personal_init="model",  # every client starts from the initial model
         seed=seed,
         progress=False,
     )

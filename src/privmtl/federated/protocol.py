@@ -63,7 +63,7 @@ from privmtl.federated.algorithms import (
     sampling_rng,
 )
 from privmtl.federated.client import UpdateRule, local_sgd_batched, local_sgd_reference
-from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.methods import ClientStep, Method, TrainFn, get_method
 from privmtl.federated.server_optim import ServerOptimizer
@@ -440,20 +440,19 @@ def setup_run(
 ) -> RunSetup:
     """The release, the billboard and the resolved configuration of a run on ``m`` clients.
 
-    Written once for the in-process :class:`Trainer` and the Flower ServerApp: ``q`` (``m`` with
-    ``sampling="all"``; above ``m`` is an error), the warning of Algorithm 1's message with partial
+    Written once for the in-process :class:`Trainer` and the Flower ServerApp: the resolved
+    config (:func:`~privmtl.federated.config.resolve_config`: ``q``, λ, δ, and σ calibrated to a
+    target ``epsilon``), the warning of Algorithm 1's message with partial
     participation, the :class:`~privmtl.privacy.release.GaussianMeanRelease` of the method, the
     split into shared and personal parameters and ``personal_init="auto"``'s resolution
     (:func:`~privmtl.federated.spec.resolve_personal_init`), all through the method object's
     server half (``method``: default ``config.method``).
     """
-    spec = get_method(config.method if method is None else method, config)
+    chosen = config.method if method is None else method
+    config = resolve_config(config, m, sampler=sampler, method=chosen)[0]
+    q = int(config.clients_per_round or m)
+    spec = get_method(chosen, config)
     full = config.sampling == "all" or spec.full_participation
-    q = m if full else config.clients_per_round
-    if q > m:
-        raise InvalidParameterError(
-            f"The 'clients_per_round' parameter must be <= the number of clients ({m}); got {q}."
-        )
     spec.setup_warnings(q, m)
     sampler = (
         sampler if sampler is not None else make_sampler("all" if full else config.sampling, m, q)
@@ -519,7 +518,8 @@ def new_ledger(
     seen: dict[str, Any] | None = None,
     seen_by: str = "the checkpoint",
 ) -> PrivacyLedger:
-    """A run's ledger (its accountant, relation, δ and budget), durable at ``path`` if given.
+    """A run's ledger (its accountant, relation, δ, budget and target ε), durable at ``path`` if
+    given.
 
     ``seen``: what the checkpoint being resumed saw of the ledger (``manifest["ledger"]``); the
     file must continue it (:meth:`~privmtl.privacy.ledger.PrivacyLedger.open`).
@@ -529,6 +529,7 @@ def new_ledger(
         "accountant": config.accountant,
         "relation": config.relation,
         "budget": budget,
+        "target_epsilon": config.epsilon,
     }
     if path is None:
         return PrivacyLedger(**kw)
@@ -541,6 +542,7 @@ def fingerprint_base(config: TrainConfig, noise_source: str, m: int) -> dict[str
     noise source and the number of clients."""
     cfg = {k: v for k, v in config.to_dict().items() if k not in _EXECUTION_ONLY}
     cfg.pop("budget", None)
+    cfg.pop("epsilon", None)  # the target: the σ calibrated to it is in the fingerprint
     return {**cfg, "noise_source": noise_source, "num_clients": m}
 
 
@@ -595,8 +597,8 @@ class Trainer:
     sampler : ClientSampler, optional
         Default ``make_sampler(config.sampling, m, q)``.
     ledger : PrivacyLedger, optional
-        Default: a new ledger (``config.accountant``, ``config.relation``, δ =
-        ``config.delta_for(m)``), durable at ``checkpoint_dir/ledger.jsonl`` when a checkpoint directory is
+        Default: a new ledger (``config.accountant``, ``config.relation``, the resolved δ and
+        the target ``config.epsilon``), durable at ``checkpoint_dir/ledger.jsonl`` when a checkpoint directory is
         given.
     checkpoint_dir : path, optional
         Where the run's state is saved atomically every ``checkpoint_every`` rounds and at the end.
@@ -644,6 +646,8 @@ class Trainer:
         config = TrainConfig() if config is None else config
         check_inputs(dataset, model)
         _refuse_running_buffers(model)
+        # q, λ, δ and σ of a target ε, once (setup_run's own resolution then changes nothing)
+        config = resolve_config(config, dataset.n_clients, sampler=sampler)[0]
         self.dataset, self.config = dataset, config
         self.model = copy.deepcopy(model)
         m = dataset.n_clients
@@ -651,7 +655,6 @@ class Trainer:
         self.noise_source = check_choice(
             "noise_source", noise_source or config.noise_source, ("secure", "seeded")
         )
-        self.delta = config.delta_for(m)
         self.checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.on_budget = check_choice("on_budget", on_budget, ("stop", "raise"))
@@ -673,6 +676,7 @@ class Trainer:
         setup = setup_run(config, m, init, sampler=sampler, method=method)
         self.spec = self.method = spec = setup.spec
         config, q = setup.config, setup.q
+        self.delta = float(config.delta or 0.0)  # resolved by setup_run
         self.config, self.q, self.shared = config, q, setup.shared
         self._personal_init = setup.personal_init
         init = setup.init

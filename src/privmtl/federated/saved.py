@@ -38,6 +38,7 @@ import torch
 
 from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.federated.spec import SPEC
 from privmtl.trust import folder_file, is_signed, sign, untrusted_code
 
 __all__ = [
@@ -271,7 +272,7 @@ def check_params(
 def build_model(
     meta: dict[str, Any],
     *,
-    seed: int = 0,
+    seed: int = SPEC.seed,
     where: str = "model.json",
     trust_code: bool = False,
     factory: str | None = None,

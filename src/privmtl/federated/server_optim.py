@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from privmtl._validation import check_choice, check_real
+from privmtl.federated.spec import SPEC
 
 __all__ = ["SERVER_OPTIMIZERS", "ServerOptimizer"]
 
@@ -47,8 +48,8 @@ class ServerOptimizer:
         self,
         kind: str,
         *,
-        lr: float = 1.0,
-        momentum: float = 0.9,
+        lr: float = SPEC.server_lr,
+        momentum: float = SPEC.server_momentum,
         beta2: float = 0.99,
         eps: float = 1e-3,
     ) -> None:

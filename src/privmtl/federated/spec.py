@@ -37,8 +37,6 @@ from typing import Any, ClassVar
 
 from privmtl._validation import Interval, Options, validate_params
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.config import DEFAULT_HEAD_EPOCHS, check_param_names
-from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.federated.methods import RUN_METHODS, MethodName, method_class
 from privmtl.federated.methods.base import DEFAULT_LAM_NONPRIVATE, DEFAULT_LAM_PRIVATE
 from privmtl.federated.methods.fedavg import DEFAULT_FEDPROX_MU
@@ -49,16 +47,20 @@ from privmtl.privacy.release import billboard_carries_signal
 __all__ = [
     "DEFAULT_CLIENTS_PER_ROUND",
     "DEFAULT_FEDPROX_MU",
+    "DEFAULT_HEAD_EPOCHS",
     "DEFAULT_LAM_NONPRIVATE",
     "DEFAULT_LAM_PRIVATE",
     "FINETUNE_CHOICES",
+    "FINETUNE_METHODS",
     "PERSONAL_INITS",
     "RUN_METHODS",
     "SERVER_UPDATES",
     "SPEC",
     "RunSpec",
+    "check_param_names",
     "default_clients_per_round",
     "default_lam",
+    "resolve_clients_per_round",
     "resolve_defaults",
     "resolve_delta",
     "resolve_personal_init",
@@ -68,12 +70,16 @@ __all__ = [
 SERVER_UPDATES = ("ditto", "offset", "delta")
 """The client messages (:class:`~privmtl.federated.config.TrainConfig`'s ``server_update``)."""
 PERSONAL_INITS = ("auto", "model", "billboard")
+FINETUNE_METHODS = ("vanilla", "mr", "skl", "ewc")
+"""The local fine-tuning methods of :func:`~privmtl.federated.finetune.finetune`."""
+#: ``fedrep``: local epochs of head training per round (the representation frozen) and at the end.
+DEFAULT_HEAD_EPOCHS = 5
 """Where a client's persistent model starts (``personal_init``)."""
 FINETUNE_CHOICES = ("auto", "none", *FINETUNE_METHODS)
 """The values of the ``finetune`` setting (local fine-tuning after training): ``auto`` (each
 client's choice on its own validation split, :data:`~privmtl.federated.finish.AUTO_FINETUNE_EPOCHS`),
 ``none``, or one of :func:`~privmtl.federated.finetune.finetune`'s methods
-(:data:`~privmtl.federated.finetune.FINETUNE_METHODS`)."""
+(:data:`FINETUNE_METHODS`)."""
 _SAMPLINGS = ("poisson", "fixed", "all")
 _ACCOUNTANTS = ("rdp", "pld")
 _NOISE_SOURCES = ("secure", "seeded")
@@ -87,6 +93,50 @@ DEFAULT_CLIENTS_PER_ROUND = 20
 def default_clients_per_round(m: int) -> int:
     """``min(DEFAULT_CLIENTS_PER_ROUND, m)``: the default never exceeds the population."""
     return min(DEFAULT_CLIENTS_PER_ROUND, int(m))
+
+
+def resolve_clients_per_round(
+    clients_per_round: int | None, m: int, *, sampling: str, every_client: bool = False
+) -> int:
+    """``q`` of a run on ``m`` clients: the one place clients per round is resolved.
+
+    ``m`` when every client takes part (``every_client``: ``local-all`` and ``workshop``, where
+    the setting does not apply, or ``sampling="all"``, where an explicit other value is an
+    error); :func:`default_clients_per_round` (``min(20, m)``) when None; an explicit value above
+    ``m`` is an error (it is never clamped: ``q`` sets the sampling rate the guarantee is
+    accounted with). ``run_pmtl``, the sweep (per data set), the engine, the baselines and
+    Flower's ServerApp all call it.
+    """
+    m = int(m)
+    if every_client:
+        return m
+    if sampling == "all":  # every client in every round: the q accounted is m
+        if clients_per_round is not None and int(clients_per_round) != m:
+            raise InvalidParameterError(
+                "The 'clients_per_round' parameter must equal the number of clients "
+                f"m={m} with sampling='all' (every client takes part in every round); got "
+                f"{clients_per_round}."
+            )
+        return m
+    if clients_per_round is None:
+        return default_clients_per_round(m)
+    q = int(clients_per_round)
+    if q > m:
+        raise InvalidParameterError(
+            f"The 'clients_per_round' parameter must be at most the number of clients m={m} "
+            f"of the data; got {q}."
+        )
+    return q
+
+
+def check_param_names(shared_params: Any) -> tuple[str, ...]:
+    """``shared_params`` as a tuple, after refusing anything but a sequence of non-empty names."""
+    if isinstance(shared_params, str) or not all(isinstance(n, str) and n for n in shared_params):
+        raise InvalidParameterError(
+            "The 'shared_params' parameter must be a sequence of parameter names; got "
+            f"{shared_params!r}."
+        )
+    return tuple(shared_params)
 
 
 def default_lam(method: str, *, private: bool) -> float:
@@ -310,25 +360,12 @@ def resolve_defaults(
     too (:func:`resolve_personal_init`); without them it stays ``"auto"``.
     """
     m = int(num_clients)
-    if method_class(spec.method).every_client:  # clients_per_round does not apply
-        q = m
-    elif spec.sampling == "all":  # every client in every round: the q accounted is m
-        if spec.clients_per_round is not None and int(spec.clients_per_round) != m:
-            raise InvalidParameterError(
-                "The 'clients_per_round' parameter must equal the number of clients "
-                f"m={m} with sampling='all' (every client takes part in every round); got "
-                f"{spec.clients_per_round}."
-            )
-        q = m
-    elif spec.clients_per_round is None:
-        q = default_clients_per_round(m)
-    else:
-        q = int(spec.clients_per_round)
-        if q > m:
-            raise InvalidParameterError(
-                f"The 'clients_per_round' parameter must be at most the number of clients m={m} "
-                f"of the data; got {q}."
-            )
+    q = resolve_clients_per_round(
+        spec.clients_per_round,
+        m,
+        sampling=spec.sampling,
+        every_client=method_class(spec.method).every_client,  # clients_per_round does not apply
+    )
     lam = default_lam(spec.method, private=spec.private) if spec.lam is None else spec.lam
     delta, _ = resolve_delta(spec.delta, m)
     personal_init = spec.personal_init
@@ -349,8 +386,8 @@ def train_config(resolved: RunSpec, **execution: Any) -> Any:
     ``execution`` sets the options that change how a run executes, not its result (``batched``,
     ``progress``, ``threads``, ...). Methods the engine does not have itself (``joint-dp``,
     ``pp-sgd``, ``local-all``) are configured as ``pmtl``; their trainers read the same fields.
-    ``noise_std`` is 0 until an ε target is calibrated
-    (:func:`~privmtl.federated.baselines.config_for_epsilon`).
+    The config keeps the target ``epsilon``; ``noise_std`` is 0 until
+    :func:`~privmtl.federated.config.resolve_config` calibrates it to that target.
     """
     from privmtl.federated.config import TrainConfig
 
@@ -372,6 +409,7 @@ def train_config(resolved: RunSpec, **execution: Any) -> Any:
         lr=resolved.lr,
         lam=resolved.lam,
         clip=resolved.clip,
+        epsilon=resolved.epsilon,
         noise_std=resolved.noise_std or 0.0,
         sampling=resolved.sampling,
         seed=resolved.seed,

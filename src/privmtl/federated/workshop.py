@@ -30,7 +30,7 @@ Privacy of the released sequence :math:`\tilde w^{1..T}` (then JDP by the billbo
   ``GaussianDpEvent(z)`` with :math:`z = \sigma m / B` (the add/remove convention of
   :mod:`privmtl.privacy.accounting`, which doubles the sensitivity itself for
   ``relation="replace-one"``), with ``config.accountant``, ``config.relation`` and δ =
-  ``config.delta`` or its default (``TrainConfig.delta_for``); that ε is the reported ``epsilon``.
+  ``config.delta`` or its default (:func:`~privmtl.federated.config.resolve_config`); that ε is the reported ``epsilon``.
 * **closed form** (workshop Thm 2, replace-one): :math:`\sigma = 8B\sqrt{T\log(1/\delta)}/(\varepsilon
   m)` (:func:`~privmtl.privacy.closed_form.workshop_noise_std`); we also report its inverse
   :math:`\varepsilon_{paper} = 8B\sqrt{T\log(1/\delta)}/(\sigma m)`, valid when
@@ -54,10 +54,11 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import (
     evaluate,
 )
-from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.finetune import finetune
 from privmtl.federated.projection import project_to_ball
 from privmtl.federated.protocol import Trainer
+from privmtl.federated.spec import default_lam
 from privmtl.privacy.closed_form import pmtl_theorem1_valid, workshop_noise_std
 
 __all__ = ["project_to_ball", "train_workshop", "workshop_epsilon_closed_form"]
@@ -98,7 +99,7 @@ def train_workshop(
         Architecture and initial parameters (projected onto the ball).
     config : TrainConfig, optional
         Uses ``rounds`` (T), ``lr`` (η), ``lam`` (λ), ``local_steps``/``local_epochs``,
-        ``batch_size``, ``seed``, ``delta`` (default ``TrainConfig.delta_for``), ``accountant``, ``relation``,
+        ``batch_size``, ``seed``, ``delta`` (default: :func:`~privmtl.federated.config.resolve_config`'s), ``accountant``, ``relation``,
         ``batched``, ``progress``, ``threads``. Participation is always all ``m`` tasks
         (``sampling``, ``clients_per_round`` and ``clip`` are ignored: the projection bounds the
         sensitivity); ``noise_std`` is σ unless ``epsilon`` or ``noise_std`` is given here.
@@ -137,7 +138,14 @@ def train_workshop(
         )
     m = dataset.n_clients
     T = config.rounds
-    delta = config.delta_for(m)
+    # λ and δ; the ball's releases cover every client (q = m) and ε is calibrated below
+    private = epsilon is not None or bool(noise_std) or config.noise_std > 0
+    lam = default_lam(config.method, private=private) if config.lam is None else config.lam
+    config = resolve_config(
+        dataclasses.replace(config, epsilon=None, clients_per_round=None, sampling="all", lam=lam),
+        m,
+    )[0]
+    delta = float(config.delta or 0.0)
     if epsilon is not None:
         sigma = workshop_noise_std(epsilon, bound, m, max(T, 1), delta)
     elif noise_std is not None:
@@ -148,7 +156,7 @@ def train_workshop(
         workshop_epsilon_closed_form(sigma, bound, m, T, delta) if sigma > 0 and T > 0 else math.inf
     )
     cfg = dataclasses.replace(
-        config, method="workshop", ball=bound, noise_std=sigma, sampling="all", clients_per_round=m
+        config, method="workshop", ball=bound, noise_std=sigma, epsilon=epsilon
     )
     trainer = Trainer(dataset, model, cfg, ledger=ledger, **run)
     for rec in trainer:  # the models sent are in the ball: their norms are the messages' norms

@@ -53,7 +53,7 @@ from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
 from privmtl.federated.client import UpdateRule, local_sgd_batched
-from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.config import TrainConfig, TrainResult, resolve_config
 from privmtl.federated.methods import BUILTIN_METHODS, TrainFn, get_method, method_class
 from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
 from privmtl.federated.protocol import (
@@ -306,15 +306,12 @@ def run_spec(opts: dict[str, Any], m: int) -> RunSpec:
     Every field is read from the run configuration by its name (:func:`run_options`); "not given"
     values are the spec's defaults, resolved by :func:`~privmtl.federated.spec.resolve_defaults`
     as ``run_pmtl`` resolves them (``personal_init="auto"`` is resolved by the ServerApp once the
-    noise is calibrated). An explicit ``clients-per-round`` above ``m`` is read as ``m``. A setting
+    noise is calibrated). An explicit ``clients-per-round`` above ``m`` is an error, as in every
+    run (:func:`~privmtl.federated.spec.resolve_clients_per_round`). A setting
     a Flower run does not have (a method other than :data:`FLOWER_METHODS`) is refused with an
     :class:`~privmtl.exceptions.InvalidParameterError` naming it.
     """
-    spec = given_spec(opts)
-    q = spec.clients_per_round
-    if q is not None and q > m:
-        spec = spec.replace(clients_per_round=m)
-    return resolve_defaults(spec, m)
+    return resolve_defaults(given_spec(opts), m)
 
 
 def given_spec(opts: dict[str, Any]) -> RunSpec:
@@ -356,15 +353,12 @@ def given_spec(opts: dict[str, Any]) -> RunSpec:
 def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
     """The :class:`TrainConfig` of a run with ``m`` clients, as ``run_pmtl`` builds it.
 
-    Returns the config (``noise_std`` calibrated to ``epsilon`` when one is given) and the
+    Returns the config (resolved by :func:`~privmtl.federated.config.resolve_config`: it keeps
+    the target ``epsilon``, and ``noise_std`` is calibrated to it when one is given) and the
     noise standard deviation of the released mean.
     """
-    resolved = run_spec(opts, m)
-    config = train_config(resolved, batched=True, progress=False, threads=1)
-    if resolved.epsilon is not None:
-        from privmtl.federated.baselines import config_for_epsilon
-
-        config = config_for_epsilon(config, m, resolved.epsilon)
+    config = train_config(run_spec(opts, m), batched=True, progress=False, threads=1)
+    config = resolve_config(config, m)[0]
     return config, float(config.noise_std)
 
 
@@ -860,7 +854,7 @@ class ServerRun:
             ledger_path = self.server_dir / "ledger.jsonl"
             seen = ledger_seen(self.server_dir)  # the ledger must continue what it saw
         mech = setup.release
-        self.delta = cfg.delta_for(m)
+        self.delta = float(cfg.delta or 0.0)  # resolved by setup_run
         self.ledger: PrivacyLedger | None = None
         if mech.private:
             self.ledger = new_ledger(
@@ -1110,7 +1104,7 @@ class ServerRun:
             "batch_size": cfg.batch_size,
             "seed": cfg.seed,
             "lr": cfg.lr,
-            "lam": float(cfg.lam),
+            "lam": float(cfg.lam or 0.0),
             # the resolved TrainConfig: the method's end of run on the nodes (NodeClients.outputs)
             "config": cfg.to_dict(),
         }

@@ -229,7 +229,9 @@ def check_secagg_options(opts: dict[str, Any], num_supernodes: int) -> None:
     )
     from privmtl.federated.spec import DEFAULT_CLIENTS_PER_ROUND
 
-    # 0: the spec's default, min(20, m), at most DEFAULT_CLIENTS_PER_ROUND
+    # 0: the spec's default, min(20, m) (resolve_clients_per_round, once m is known): checked
+    # here before the data is loaded, at its largest, DEFAULT_CLIENTS_PER_ROUND, so that it holds
+    # for every m; an explicit q is checked as given (above m it is refused when m is known)
     q = int(opts.get("clients-per-round", 1)) or DEFAULT_CLIENTS_PER_ROUND
     if q > params.max_clients:
         raise InvalidParameterError(

@@ -10,9 +10,13 @@ into the σ that a mechanism adds, through the sensitivity of what it releases:
   of messages clipped to γ over the fixed divisor ``q`` has sensitivity γ/q, so
   :math:`z = \sigma q/\gamma` (:func:`noise_multiplier`, :func:`noise_std_for`). A run of ``T``
   rounds is the sampler's event of one round composed ``T`` times (:func:`rounds_event`);
-  :func:`calibrate_mean_noise_std` is the σ of every entry point that trains to a target ε
-  (the PMTL family, ``privmtl account``, the audits). With adaptive clipping the calibrated
-  multiplier is the joint one of mean and noisy count (:func:`mean_multiplier_for`).
+  :func:`calibrate_release` is the one entry point from a :class:`PrivacyTarget` (ε, δ) to the
+  mean release's noise: every run that trains to a target ε (``run_pmtl``, the sweep, Flower's
+  ServerApp, the clusters) and ``privmtl account`` calibrate through it, and the
+  :class:`ReleaseCalibration` it returns carries the target, ``z``, σ, the event and the ε it
+  predicts. With adaptive clipping the calibrated multiplier is the joint one of mean and noisy
+  count (:func:`mean_multiplier_for`), and the count's σ_b defaults to
+  :func:`default_count_noise_std`.
 * **the MP-MTL covariance release** (:class:`~privmtl.privacy.covariance.CovarianceSchedule`):
   the upper triangle of :math:`\tilde W\tilde W^\top` of models clipped to ``K`` has sensitivity
   ``K²`` (add/remove) or ``√2·K²`` (replace-one) (:func:`covariance_sensitivity`); the ``T``
@@ -39,14 +43,18 @@ from privmtl.privacy.guarantee import RELATIONS
 __all__ = [
     "MAX_TARGET_EPSILON",
     "CovarianceCalibration",
+    "PrivacyTarget",
+    "ReleaseCalibration",
     "calibrate_covariance_noise",
     "calibrate_mean_noise_std",
     "calibrate_noise_multiplier",
+    "calibrate_release",
     "calibrate_rounds_multiplier",
     "combined_noise_multiplier",
     "count_noise_multiplier",
     "covariance_event",
     "covariance_sensitivity",
+    "default_count_noise_std",
     "mean_multiplier_for",
     "noise_multiplier",
     "noise_std_for",
@@ -66,6 +74,42 @@ with this explanation; a run without a target ε (no noise) is the honest non-pr
 #: Smallest noise multiplier calibration searches; looser targets get this much noise.
 _MIN_NOISE_MULTIPLIER = 1e-3
 
+#: Adaptive clipping's default σ_b is the clients per round over this (Andrew et al. 2021).
+COUNT_NOISE_DIVISOR = 20.0
+
+
+@dataclass(frozen=True)
+class PrivacyTarget:
+    """The (ε, δ) a run is calibrated to: kept with the resolved settings and recorded by the
+    ledger, so that the ε reported can be read against the ε asked for.
+
+    Parameters
+    ----------
+    epsilon : float
+        Target ε, in (0, :data:`MAX_TARGET_EPSILON`].
+    delta : float
+        δ in (0, 1) at which ε is stated.
+    """
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        eps = check_real("target_epsilon", self.epsilon, low=0.0, closed="neither")
+        if eps > MAX_TARGET_EPSILON:
+            raise InvalidParameterError(
+                f"The target epsilon must be at most {MAX_TARGET_EPSILON:g}; got {eps:g}. "
+                f"e^epsilon bounds how much one client's data may change the odds of any output, "
+                f"and e^{MAX_TARGET_EPSILON:g} protects nothing; for a non-private run give no "
+                "epsilon."
+            )
+        object.__setattr__(self, "epsilon", eps)
+        dlt = check_real("delta", self.delta, low=0.0, high=1.0, closed="neither")
+        object.__setattr__(self, "delta", dlt)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"epsilon": self.epsilon, "delta": self.delta}
+
 
 # ------------------------------------------------------------------------------- the search
 def calibrate_noise_multiplier(
@@ -82,14 +126,7 @@ def calibrate_noise_multiplier(
     Uses :func:`dp_accounting.calibrate_dp_mechanism` (Brent's method) and then checks the result:
     the returned z always satisfies the target (it is nudged up if the search ended a hair below).
     """
-    target = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
-    if target > MAX_TARGET_EPSILON:
-        raise InvalidParameterError(
-            f"The target epsilon must be at most {MAX_TARGET_EPSILON:g}; got {target:g}. "
-            f"e^epsilon bounds how much one client's data may change the odds of any output, and "
-            f"e^{MAX_TARGET_EPSILON:g} protects nothing; for a non-private run give no epsilon."
-        )
-    check_real("delta", delta, low=0.0, high=1.0, closed="neither")
+    target = PrivacyTarget(target_epsilon, delta).epsilon
     _check(accountant, relation)
 
     def make_event(z: float) -> dpe.DpEvent:
@@ -163,6 +200,11 @@ def combined_noise_multiplier(z: float, z_count: float) -> float:
     return float((z**-2 + z_count**-2) ** -0.5)
 
 
+def default_count_noise_std(clients_per_round: float) -> float:
+    """σ_b of adaptive clipping's noisy count when none is given: ``q/20`` (Andrew et al. 2021)."""
+    return clients_per_round / COUNT_NOISE_DIVISOR
+
+
 def count_noise_multiplier(count_noise_std: float) -> float:
     r""":math:`z_b = 2\sigma_b`: the centred bit count has add/remove sensitivity 1/2."""
     return 2.0 * count_noise_std
@@ -216,23 +258,18 @@ def calibrate_rounds_multiplier(
     count_noise_std: float | None = None,
 ) -> float:
     r"""The mean release's noise multiplier ``z`` so that ``rounds`` releases meet
-    ``target_epsilon`` at ``delta``.
-
-    The multiplier is calibrated on :func:`rounds_event` (the ``sampler``'s event, composed
-    ``rounds`` times). With ``count_noise_std`` σ_b (adaptive clipping) the calibrated multiplier
-    is the joint :math:`z_\Delta` of mean and count, and the mean's is
-    :math:`(z_\Delta^{-2} - (2\sigma_b)^{-2})^{-1/2}` (:func:`mean_multiplier_for`).
-    """
-    z = calibrate_noise_multiplier(
-        lambda zz: rounds_event(sampler, zz, rounds),
-        target_epsilon=target_epsilon,
-        delta=delta,
+    ``target_epsilon`` at ``delta``: :attr:`ReleaseCalibration.multiplier` of
+    :func:`calibrate_release` (whose clip and divisor do not change ``z``)."""
+    return calibrate_release(
+        PrivacyTarget(target_epsilon, delta),
+        sampler,
+        rounds=rounds,
+        clip=1.0,
+        divisor=1.0,
         accountant=accountant,
         relation=relation,
-    )
-    if count_noise_std is not None:  # the event's multiplier is the joint one of mean and count
-        z = mean_multiplier_for(z, count_noise_std)
-    return z
+        count_noise_std=count_noise_std,
+    ).multiplier
 
 
 def calibrate_mean_noise_std(
@@ -247,19 +284,146 @@ def calibrate_mean_noise_std(
     relation: str = "add-remove",
     count_noise_std: float | None = None,
 ) -> float:
-    r""":math:`\sigma = z\gamma/q` (γ = ``clip``, q = ``divisor``) for the multiplier ``z`` of
-    :func:`calibrate_rounds_multiplier`: the noise std of the mean release whose ``rounds``
-    releases meet ``target_epsilon`` at ``delta``."""
-    z = calibrate_rounds_multiplier(
+    r""":math:`\sigma = z\gamma/q` (γ = ``clip``, q = ``divisor``): :attr:`ReleaseCalibration.noise_std`
+    of :func:`calibrate_release`, the noise std of the mean release whose ``rounds`` releases
+    meet ``target_epsilon`` at ``delta``."""
+    return calibrate_release(
+        PrivacyTarget(target_epsilon, delta),
         sampler,
         rounds=rounds,
-        target_epsilon=target_epsilon,
-        delta=delta,
+        clip=clip,
+        divisor=divisor,
         accountant=accountant,
         relation=relation,
         count_noise_std=count_noise_std,
+    ).noise_std
+
+
+@dataclass(frozen=True)
+class ReleaseCalibration:
+    r"""What :func:`calibrate_release` found for a federated mean release.
+
+    Attributes
+    ----------
+    target : PrivacyTarget
+        The (ε, δ) asked for.
+    multiplier : float
+        ``z`` of the mean (:math:`z = \sigma q/\gamma`, :func:`noise_multiplier`).
+    noise_std : float
+        σ, the std of the noise on the released mean (:func:`noise_std_for`).
+    clip, divisor : float
+        γ and the fixed divisor ``q`` σ was scaled by.
+    rounds : int
+        Releases composed.
+    accountant, relation : str
+    count_noise_std : float or None
+        σ_b of adaptive clipping's count (the event's multiplier is then the joint one,
+        :func:`combined_noise_multiplier`); None with a fixed clip.
+    event : DpEvent
+        The composed event of the ``rounds`` releases (:func:`rounds_event`).
+    epsilon : float
+        ε of ``event`` at ``target.delta``: what the ledger will report after every round has
+        run, never above ``target.epsilon``.
+    """
+
+    target: PrivacyTarget
+    multiplier: float
+    noise_std: float
+    clip: float
+    divisor: float
+    rounds: int
+    accountant: str
+    relation: str
+    count_noise_std: float | None
+    event: dpe.DpEvent
+    epsilon: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The calibration by name (JSON-ready; the event as its multiplier and rounds)."""
+        return {
+            "target_epsilon": self.target.epsilon,
+            "delta": self.target.delta,
+            "noise_multiplier": self.multiplier,
+            "noise_std": self.noise_std,
+            "clip": self.clip,
+            "divisor": self.divisor,
+            "rounds": self.rounds,
+            "accountant": self.accountant,
+            "relation": self.relation,
+            "count_noise_std": self.count_noise_std,
+            "epsilon": self.epsilon,
+        }
+
+
+def calibrate_release(
+    target: PrivacyTarget,
+    sampler: Any,
+    *,
+    rounds: int,
+    clip: float,
+    divisor: float,
+    accountant: str = "rdp",
+    relation: str = "add-remove",
+    count_noise_std: float | None = None,
+) -> ReleaseCalibration:
+    r"""The noise of the federated mean release that meets ``target`` over ``rounds`` releases.
+
+    The one calibration of the PMTL family: the smallest multiplier whose :func:`rounds_event`
+    (the ``sampler``'s one-round event, composed ``rounds`` times) meets ``target`` with
+    ``accountant`` and ``relation`` (:func:`calibrate_noise_multiplier`), turned into
+    :math:`\sigma = z\gamma/q` (γ = ``clip``, q = ``divisor``). With ``count_noise_std`` σ_b
+    (adaptive clipping) the calibrated multiplier is the joint :math:`z_\Delta` of mean and
+    count, and the mean's is :math:`(z_\Delta^{-2} - (2\sigma_b)^{-2})^{-1/2}`
+    (:func:`mean_multiplier_for`).
+
+    Parameters
+    ----------
+    target : PrivacyTarget
+    sampler : ClientSampler
+        The run's client sampler (:func:`~privmtl.privacy.sampling.make_sampler`).
+    rounds : int
+    clip : float
+        γ, the clip of every message.
+    divisor : float
+        ``q``, the fixed divisor of the mean.
+    accountant : {"rdp", "pld"}, default "rdp"
+    relation : {"add-remove", "replace-one"}, default "add-remove"
+    count_noise_std : float or None
+
+    Returns
+    -------
+    ReleaseCalibration
+    """
+    if not isinstance(target, PrivacyTarget):
+        raise InvalidParameterError(
+            f"The 'target' parameter must be a PrivacyTarget; got {type(target).__name__}."
+        )
+    check_real("clip", clip, low=0.0, closed="neither")
+    check_real("divisor", divisor, low=0.0, closed="neither")
+    joint = calibrate_noise_multiplier(
+        lambda zz: rounds_event(sampler, zz, rounds),
+        target_epsilon=target.epsilon,
+        delta=target.delta,
+        accountant=accountant,
+        relation=relation,
     )
-    return noise_std_for(z, divisor, clip)
+    z = joint if count_noise_std is None else mean_multiplier_for(joint, count_noise_std)
+    event = rounds_event(sampler, joint, rounds)
+    return ReleaseCalibration(
+        target=target,
+        multiplier=z,
+        noise_std=noise_std_for(z, divisor, clip),
+        clip=float(clip),
+        divisor=float(divisor),
+        rounds=int(rounds),
+        accountant=accountant,
+        relation=relation,
+        count_noise_std=count_noise_std,
+        event=event,
+        epsilon=compute_epsilon(
+            event, delta=target.delta, accountant=accountant, relation=relation
+        ),
+    )
 
 
 # ------------------------------------------------------------------------ covariance release

@@ -10,8 +10,9 @@ A torn last line (the process died *inside* ``record``) belongs to a release tha
 dropped when the file is opened again.
 
 File format (JSON Lines, ``privmtl-ledger`` version 1): the first line is a header
-``{"format", "version", "delta", "accountant", "relation", "budget"}``; every other line is one
-release::
+``{"format", "version", "delta", "accountant", "relation", "budget"}``, with
+``"target_epsilon"`` when the run was calibrated to a target ε (the ε asked for, beside the δ it
+is stated at: what the reported ε can be read against); every other line is one release::
 
     {"index": 0, "release_id": "round:0", "round": 0, "mechanism": "gaussian-mean",
      "params": {...}, "sampling": "poisson", "relation": "add-remove", "accountant": "rdp",
@@ -138,6 +139,10 @@ class PrivacyLedger:
         If given, :meth:`check` raises :class:`PrivacyBudgetError` *before* a release whose event
         would take ε above the budget (and :meth:`record` checks too); :meth:`would_exceed` asks
         without raising.
+    target_epsilon : float or None
+        The ε the run's noise was calibrated to (with ``delta``), recorded with the run in the
+        file's header and :meth:`to_dict`; it bounds nothing (the ledger's ε is what the releases
+        compose to). None: the run had no target.
     path : str or Path, optional
         Durable ledger file (module docstring). Use :meth:`open` to continue an existing file.
 
@@ -156,8 +161,14 @@ class PrivacyLedger:
         relation: str = "add-remove",
         budget: float | None = None,
         path: str | os.PathLike[str] | None = None,
+        target_epsilon: float | None = None,
     ) -> None:
         _check(accountant, relation)
+        self.target_epsilon = (
+            None
+            if target_epsilon is None
+            else check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
+        )
         self.delta = check_real("delta", delta, low=0.0, high=1.0, closed="neither")
         self.accountant = accountant
         self.relation = relation
@@ -193,7 +204,11 @@ class PrivacyLedger:
             "accountant": self.accountant,
             "relation": self.relation,
             "budget": self.budget,
+            **self._target(),
         }
+
+    def _target(self) -> dict[str, float]:
+        return {} if self.target_epsilon is None else {"target_epsilon": self.target_epsilon}
 
     def _append(self, entry: dict[str, Any]) -> None:
         assert self.path is not None
@@ -253,6 +268,7 @@ class PrivacyLedger:
         budget: float | None = None,
         seen: dict[str, Any] | None = None,
         seen_by: str = "the checkpoint",
+        target_epsilon: float | None = None,
     ) -> PrivacyLedger:
         """Create the durable ledger at ``path``, or continue the one there.
 
@@ -280,7 +296,14 @@ class PrivacyLedger:
                     "releases: refusing to resume (the epsilon reported would leave out releases "
                     "that were made)."
                 )
-            return cls(delta=delta, accountant=accountant, relation=relation, budget=budget, path=p)
+            return cls(
+                delta=delta,
+                accountant=accountant,
+                relation=relation,
+                budget=budget,
+                path=p,
+                target_epsilon=target_epsilon,
+            )
         header, entries, digests = _scan_ledger(p, repair=True)
         wanted = {"accountant": accountant, "relation": relation, "delta": float(delta)}
         for key, value in wanted.items():
@@ -289,7 +312,14 @@ class PrivacyLedger:
                     f"The ledger {p} was written with {key}={header.get(key)!r}; this run has "
                     f"{key}={value!r}. Resume with the same settings or use a new directory."
                 )
-        ledger = cls(delta=delta, accountant=accountant, relation=relation, budget=budget)
+        # the target the file's run was calibrated to (its header), else this run's
+        ledger = cls(
+            delta=delta,
+            accountant=accountant,
+            relation=relation,
+            budget=budget,
+            target_epsilon=header.get("target_epsilon", target_epsilon),
+        )
         ledger._compose_records(entries, source=f"The ledger {p}")
         ledger.path = ledger._file = p
         ledger._digests = digests
@@ -451,6 +481,7 @@ class PrivacyLedger:
             "accountant": self.accountant,
             "relation": self.relation,
             "budget": self.budget,
+            **self._target(),
             "records": list(self.records),
             "history": [_finite(e) for e in self.history],
         }
@@ -493,6 +524,7 @@ class PrivacyLedger:
             accountant=data["accountant"],
             relation=data["relation"],
             budget=data.get("budget"),
+            target_epsilon=data.get("target_epsilon"),
         )
         ledger._compose_records(data["records"], source=src)
         if "history" in data:

@@ -158,6 +158,9 @@ class Method:
     #: The ``TrainConfig.method`` a run configures it with (None: its own name), for whole-run
     #: methods whose trainers set their own.
     engine_method: ClassVar[str | None] = None
+    #: Whether a target ε is calibrated for the engine's clipped-mean release (False: the method
+    #: calibrates its own release, e.g. workshop's models in a ball).
+    calibrates_mean_release: ClassVar[bool] = True
     #: Whether every client trains (``clients_per_round`` does not apply).
     every_client: ClassVar[bool] = False
     #: The models (``--model`` names) it runs with; None: any.
@@ -227,8 +230,9 @@ class Method:
     # ------------------------------------------------------------------ server half
     @property
     def prox_weight(self) -> float:
-        """ρ of the local rule: ``lam`` when the method pulls, else 0."""
-        return float(self.config.lam) if self.pulls else 0.0
+        """ρ of the local rule: ``lam`` when the method pulls, else 0 (a config not yet resolved,
+        ``lam=None``, has no pull)."""
+        return float(self.config.lam or 0.0) if self.pulls else 0.0
 
     def setup_warnings(self, q: int, m: int) -> None:
         """Warn about settings that run but may not do what the user wants."""

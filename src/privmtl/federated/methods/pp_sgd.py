@@ -47,7 +47,7 @@ class PPSGD(Method):
 
     def rule(self, anchor: Params | None) -> UpdateRule:
         cfg = self.config
-        mu = cfg.lam if cfg.pp_theta_reg is None else cfg.pp_theta_reg
+        mu = float(cfg.lam or 0.0) if cfg.pp_theta_reg is None else cfg.pp_theta_reg
         return SplitStep(lr=cfg.lr, alpha=cfg.pp_alpha, mu=mu)
 
     def keep(self, state: State, sel: torch.Tensor, kept: Params) -> None:

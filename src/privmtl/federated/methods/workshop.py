@@ -26,6 +26,7 @@ class Workshop(Method):
     message: ClassVar[str] = "model"
     pulls: ClassVar[bool] = True
     full_participation: ClassVar[bool] = True
+    calibrates_mean_release: ClassVar[bool] = False
     in_runs: ClassVar[bool] = False
 
     @classmethod
