@@ -15,6 +15,7 @@ Everything random is drawn here, in a fixed order, so that both paths consume id
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,9 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from privmtl.federated.config import TrainConfig
 from privmtl.privacy.noise import seeded_torch_generator
 from privmtl.privacy.release import clip_factors
+
+if TYPE_CHECKING:  # annotations only: the run's configuration sits above this module
+    from privmtl.federated.config import TrainConfig
 
 __all__ = [
     "Params",
