@@ -248,7 +248,7 @@ def _load_groupsparse(**kw: Any) -> tuple[MultiTaskDataset, MultiTaskDataset]:
 
 # ---------------------------------------------------------------------------------- registry
 
-_TABLE_PATH = "a CSV/Parquet file"
+_TABLE_PATH = "CSV/Parquet file"
 
 REGISTRY: dict[str, dict[str, DataSetInfo]] = {
     "pmtl": {
@@ -266,7 +266,7 @@ REGISTRY: dict[str, dict[str, DataSetInfo]] = {
             DataSetInfo(
                 "synthetic",
                 "pmtl",
-                "built-in federation of num_clients clients (default 50), drawn from the seed",
+                "built-in federation of m clients (--num-clients, default 50), drawn from the seed",
                 _load_synthetic_federated,
                 options=("num_clients",),
                 flower=True,
