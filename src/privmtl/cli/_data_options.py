@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from privmtl.data.federated_table import CLIENT_SCALINGS, DEFAULT_CLIENT_SCALING, SCALING_CLIP
-from privmtl.experiments.mpmtl import TABLE_SCALINGS
+from privmtl.data.registry import MPMTL_SCALINGS
 
 __all__ = [
     "evaluate_data_options",
@@ -110,7 +110,7 @@ def mpmtl_data_options() -> Callable[[F], F]:
                 "--scaling",
                 "--normalize",
                 "scaling",
-                type=click.Choice(list(TABLE_SCALINGS)),
+                type=click.Choice(list(MPMTL_SCALINGS)),
                 default="auto",
                 show_default=True,
                 help=_MPMTL_SCALING_HELP,
@@ -139,7 +139,7 @@ def evaluate_data_options() -> Callable[[F], F]:
             ),
             click.option(
                 "--scaling",
-                type=click.Choice(sorted({*CLIENT_SCALINGS, *TABLE_SCALINGS})),
+                type=click.Choice(sorted({*CLIENT_SCALINGS, *MPMTL_SCALINGS})),
                 help="Feature scaling (see privmtl pmtl/mpmtl --help)." + recorded,
             ),
             click.option(

@@ -21,6 +21,7 @@ from privmtl.cli._spec_options import (
     spec_options,
     trust_code_option,
 )
+from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.federated.spec import SPEC
 from privmtl.io import check_writable_dir
 
@@ -72,7 +73,12 @@ def flower() -> None:
 @click.option(
     "--num-supernodes", type=int, default=3, show_default=True, help="SuperNodes to start."
 )
-@click.option("--data", type=click.Choice(["synthetic", "femnist-leaf"]), required=True)
+@click.option(
+    "--data",
+    type=click.Choice(list(dataset_names("pmtl", flower=True))),
+    required=True,
+    help=datasets_help("pmtl", flower=True),
+)
 @click.option("--data-path", type=click.Path(file_okay=False), help="LEAF FEMNIST directory.")
 @click.option("--num-clients", type=int, help="--data synthetic: number of clients m (default 50).")
 @click.option(

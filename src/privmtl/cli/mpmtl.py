@@ -20,8 +20,8 @@ from privmtl.cli._common import (
     vote_share_option,
 )
 from privmtl.cli._data_options import mpmtl_data_kwargs, mpmtl_data_options
+from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.experiments.mpmtl import (
-    DATASETS,
     METHODS,
     TUNE_MODES,
     run_mpmtl,
@@ -43,7 +43,10 @@ from privmtl.privacy.selection import SELECTION_METHODS
 __all__ = ["mpmtl", "mpmtl_sweep"]
 
 _data_opt = click.option(
-    "--data", type=click.Choice(list(DATASETS)), required=True, help="Dataset (built-in or a file)."
+    "--data",
+    type=click.Choice(list(dataset_names("mpmtl"))),
+    required=True,
+    help=datasets_help("mpmtl"),
 )
 _noise_opt = click.option(
     "--noise",

@@ -31,9 +31,9 @@ from privmtl.cli._spec_options import (
     spec_options,
     trust_code_option,
 )
+from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.experiments.pmtl import (
     FINETUNE_STARTS,
-    FL_DATASETS,
     FL_METHODS,
     FL_MODELS,
     run_pmtl,
@@ -110,7 +110,12 @@ def _human(out: dict[str, Any]) -> None:
 @click.command()
 @config_option()
 @trust_code_option()
-@click.option("--data", type=click.Choice(list(FL_DATASETS)), required=True)
+@click.option(
+    "--data",
+    type=click.Choice(list(dataset_names("pmtl"))),
+    required=True,
+    help=datasets_help("pmtl"),
+)
 @pmtl_data_options()
 @click.option(
     "--model",
@@ -259,7 +264,11 @@ def pmtl(**kw: Any) -> None:
 
 @click.command("pmtl-sweep")
 @click.option(
-    "--data", type=click.Choice(list(FL_DATASETS)), default="synthetic", show_default=True
+    "--data",
+    type=click.Choice(list(dataset_names("pmtl"))),
+    default="synthetic",
+    show_default=True,
+    help=datasets_help("pmtl"),
 )
 @pmtl_data_options()
 @click.option(

@@ -1,8 +1,10 @@
-"""One MP-MTL experiment run (data → hyper-parameters → fit → test metric → guarantee).
+"""One MP-MTL experiment run: load (data) → fit (estimator, guarantee) → finish → report.
 
-This is what ``privmtl mpmtl`` and ``privmtl mpmtl-sweep`` call. The data protocol follows the
-MP-MTL paper (§5): School uses 30% of each school's students for training, the rest for test; every
-data point is scaled to unit ℓ2 norm. The privacy defaults follow DP practice instead of the paper:
+This is what ``privmtl mpmtl`` and ``privmtl mpmtl-sweep`` call. The data sets and their protocol
+are :mod:`privmtl.data.registry`'s (re-exported here: :func:`load_mpmtl_data`,
+:func:`data_protocol`, :func:`target_offsets`); the protocol follows the MP-MTL paper (§5):
+School uses 30% of each school's students for training, the rest for test; every data point is
+scaled to unit ℓ2 norm. The privacy defaults follow DP practice instead of the paper:
 
 * δ = min(1e-5, 1/(100·m)) on every data set (``delta="paper"``: the paper's 1/(m·log m));
 * hyper-parameters stay under the guarantee (``tune="covered"``, :data:`TUNE_MODES`): the
@@ -20,16 +22,28 @@ import inspect
 import json
 import math
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from privmtl._validation import check_choice, check_int, check_real
+from privmtl._validation import check_choice, check_int
 from privmtl.data.multitask import INTERCEPT, MultiTaskDataset
-from privmtl.data.readers import default_school_path, load_school, read_table
-from privmtl.data.synthetic import make_groupsparse_tasks, make_lowrank_tasks
+from privmtl.data.registry import (
+    MPMTL_SCALINGS as TABLE_SCALINGS,
+)
+from privmtl.data.registry import (
+    PREPROCESSING,
+    SCHOOL_TRAIN_FRACTION,
+    absolute_data_path,
+    data_protocol,
+    dataset_names,
+    load_mpmtl_data,
+    target_offsets,
+)
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.metrics import aauc, nmse
 from privmtl.linear.selection import ISOLATED_METHODS, METHODS, PRIVATE_METHODS, estimator_class
@@ -45,6 +59,11 @@ __all__ = [
     "TABLE_SCALINGS",
     "TUNE_MODES",
     "TUNING_NOTE",
+    "DataRequest",
+    "Durability",
+    "FinishedRun",
+    "FittedRun",
+    "LoadedData",
     "data_protocol",
     "estimator_class",
     "evaluate_saved",
@@ -53,7 +72,7 @@ __all__ = [
     "target_offsets",
 ]
 
-DATASETS = ("school", "synthetic-lowrank", "synthetic-groupsparse", "table")
+DATASETS = dataset_names("mpmtl")
 
 TUNING_NOTE = (
     "hyper-parameters tuned by k-fold cross-validation over every task's pooled training data; as "
@@ -78,132 +97,18 @@ _NOTE_NONPRIVATE = (
     "hyper-parameters tuned by k-fold cross-validation over every task's pooled training data; "
     "a non-private method (epsilon = inf): there is no guarantee to cover"
 )
+_NOTE_UNTUNED = "no tuning (the estimator's defaults)"
 
+#: Methods whose estimator runs the MP-MTL protocol (ledger, checkpoints, budget).
+ESTIMATOR_PROTOCOL_METHODS = ("lowrank", "groupsparse", "lowrank-sparse")
 
-#: Feature scaling of ``load_mpmtl_data``: ``auto`` is unit-norm for School (the MP-MTL paper's
-#: protocol) and per-task standardization for a user's table.
-TABLE_SCALINGS = ("auto", "per-task", "unit-norm", "none")
+#: Methods with an output rule (``final_step``: the paper's projection or the local refit).
+_OUTPUT_RULE_METHODS = ("lowrank", "groupsparse")
 
-#: Training fraction when none is given: the paper's 30% on School, the usual 70% on a user's table.
-SCHOOL_TRAIN_FRACTION = 0.3
-TABLE_TRAIN_FRACTION = 0.7
-
-#: Methods whose privacy proof assumes feature rows of norm at most 1 (``auto`` keeps unit-norm).
-_UNIT_NORM_METHODS = ("dp-aggr",)
-
-_PREPROCESSING = {
-    "unit-norm": "every feature row scaled to unit l2 norm",
-    "per-task": "each task's features standardized with the mean and standard deviation of its "
-    "own training split (columns constant there kept as they are), and a constant column "
-    f"{INTERCEPT!r} appended when no feature is constant; a regression task's targets centred by "
-    "its own training mean (its unpenalized intercept, added back to its predictions)",
-    "none": "features as in the data",
-}
-
-
-def data_protocol(
-    data: str,
-    normalize: str = "auto",
-    train_fraction: float | None = None,
-    *,
-    method: str | None = None,
-) -> tuple[str, float | None]:
-    """The scaling and training fraction a run uses: ``auto`` / ``None`` resolved for ``data``.
-
-    School keeps the paper's protocol (unit-norm rows, 30% training); a table gets per-task
-    standardization and a 70/30 split, except for ``method="dp-aggr"``, whose sensitivity bound
-    needs rows of norm at most 1 (unit-norm rows); the synthetic generators have their own splits
-    (``("none", None)``).
-    """
-    check_choice("data", data, DATASETS)
-    check_choice("normalize", normalize, TABLE_SCALINGS)
-    if data not in ("school", "table"):
-        return "none", None
-    school = data == "school"
-    if normalize == "auto":
-        normalize = "unit-norm" if school or method in _UNIT_NORM_METHODS else "per-task"
-    if train_fraction is None:
-        train_fraction = SCHOOL_TRAIN_FRACTION if school else TABLE_TRAIN_FRACTION
-    frac = check_real("train_fraction", train_fraction, low=0.0, high=1.0, closed="neither")
-    return normalize, frac
-
-
-def load_mpmtl_data(
-    data: str,
-    *,
-    data_path: str | Path | None = None,
-    seed: int = 0,
-    train_fraction: float | None = None,
-    task_column: str = "task",
-    target_column: str = "y",
-    normalize: str = "auto",
-    feature_columns: list[str] | tuple[str, ...] | None = None,
-    method: str | None = None,
-) -> tuple[MultiTaskDataset, MultiTaskDataset]:
-    """(train, test) for a named dataset, preprocessed as :func:`data_protocol` says.
-
-    School: the paper's protocol by default (30% of each school's rows train, every row scaled to
-    unit length). A table (``task_column``, ``target_column``, optional ``feature_columns``): a
-    70/30 split and each task's features standardized with its own training split's statistics
-    by default, with a column of ones appended when no feature is constant (the models have no
-    intercept, and centred features alone could not fit a target's mean). ``normalize``
-    (``"per-task"``, ``"unit-norm"``, ``"none"``) and
-    ``train_fraction`` override either. A table's target with 3 to 10 distinct integer values is
-    refused: it looks like a multi-class label, which no MP-MTL method models. ``method`` lets
-    :func:`data_protocol` resolve ``"auto"`` for the method that will be fitted.
-    """
-    normalize, frac = data_protocol(data, normalize, train_fraction, method=method)
-    if data == "synthetic-lowrank":
-        train, test = make_lowrank_tasks(random_state=seed)
-        return train, test
-    if data == "synthetic-groupsparse":
-        train, test = make_groupsparse_tasks(random_state=seed)
-        return train, test
-    assert frac is not None
-    if data == "school":
-        full = load_school(data_path)
-    else:
-        if data_path is None:
-            raise InvalidParameterError(
-                "The 'data_path' parameter is required with data='table'; got None."
-            )
-        full = read_table(
-            data_path,
-            task_column=task_column,
-            target_column=target_column,
-            feature_columns=feature_columns,
-        )
-        if full.task_type == "regression":
-            values = np.unique(np.concatenate(full.y))
-            if 3 <= values.size <= 10 and np.all(values == np.round(values)):
-                raise DataFormatError(
-                    f"{data_path}: target column {target_column!r} looks like a "
-                    f"{values.size}-class label (values {values.tolist()}); MP-MTL methods model "
-                    "regression or binary classification only."
-                )
-    if normalize == "unit-norm":
-        full = full.normalize_rows()
-    train, test = full.train_test_split(frac, random_state=seed)
-    if normalize == "per-task":
-        train, test = train.standardize(), test.standardize(train)
-        if not train.has_constant_feature():
-            train, test = train.with_intercept(), test.with_intercept()
-    return train, test
-
-
-def target_offsets(train: MultiTaskDataset, scaling: str | None) -> NDArray[np.float64]:
-    """Per-task intercepts of a fit: each task's mean training target, or zeros.
-
-    A user's regression table standardized per task (``scaling="per-task"``, its default) has
-    centred features, so fitting every model to targets centred by these means, and adding them
-    back to the predictions, is the unpenalized per-task intercept scikit-learn fits: shifting a
-    task's targets shifts its predictions and nothing else. Each task's mean comes from its own
-    training rows and serves its own predictions only. Every other protocol (School's unit-norm
-    rows, the synthetic tasks, classification) keeps the models without intercepts (zeros).
-    """
-    if scaling == "per-task" and train.task_type == "regression":
-        return train.target_means()
-    return np.zeros(train.n_tasks)
+SEEDED_NOTE = (
+    "seeded noise (--reproducible-noise): anyone who knows the seed can regenerate and subtract "
+    "it; for research simulation only, it protects nobody"
+)
 
 
 def _supported(cls: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -240,6 +145,361 @@ def _tune_mode(tune: bool | str) -> str:
     return check_choice("tune", tune, TUNE_MODES)
 
 
+# ------------------------------------------------------------------ the steps of one run
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """The data a run asks for: a registered MP-MTL data set and its options
+    (:func:`~privmtl.data.registry.load_mpmtl_data`'s keywords)."""
+
+    data: str
+    data_path: str | Path | None = None
+    train_fraction: float | None = None
+    task_column: str = "task"
+    target_column: str = "y"
+    normalize: str = "auto"
+    feature_columns: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class LoadedData:
+    """The (train, test) split of a run, its resolved protocol and every task's intercept."""
+
+    request: DataRequest
+    train: MultiTaskDataset
+    test: MultiTaskDataset
+    scaling: str
+    train_fraction: float | None
+    offsets: NDArray[np.float64]
+
+    def record(self, seed: int) -> dict[str, Any]:
+        """The data section of ``model.json``: enough to rebuild the same test split (``seed``:
+        the run's, which drew the split)."""
+        req, frac = self.request, self.train_fraction
+        table = req.data == "table"
+        return {
+            "data": req.data,
+            "data_path": absolute_data_path("mpmtl", req.data, req.data_path),
+            "seed": seed,
+            "train_fraction": frac,
+            "scaling": self.scaling,
+            **(
+                {
+                    "task_column": req.task_column,
+                    "target_column": req.target_column,
+                    "feature_columns": [f for f in self.train.feature_names if f != INTERCEPT],
+                }
+                if table
+                else {}
+            ),
+            "preprocessing": (
+                f"{PREPROCESSING[self.scaling]}; each task's rows split "
+                f"{frac:g}/{1 - frac:g} train/test by the seed"
+                if frac is not None
+                else "built-in synthetic generator, train/test drawn from the seed"
+            ),
+            "task_type": self.train.task_type,
+            "target_offsets": self.offsets.tolist(),
+            "task_names": list(self.train.task_names),
+            "n_tasks": self.train.n_tasks,
+            "n_features": self.train.n_features,
+        }
+
+
+@dataclass(frozen=True)
+class Durability:
+    """What keeps a run across interruptions: the estimator's budget and checkpoint keywords,
+    where the tuned hyper-parameters are kept, and whether the run continues an earlier one."""
+
+    runtime: dict[str, Any] = field(default_factory=dict)
+    tuning_file: Path | None = None
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class FittedRun:
+    """The fitted estimator, its settings (fixed and chosen), how they were chosen, and the
+    guarantee of what it released."""
+
+    est: Any
+    fixed: dict[str, Any]
+    best: dict[str, Any]
+    tuned: bool
+    note: str
+    guarantee: PrivacyGuarantee
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """The run's output: its output rule, its test predictions and its test metric."""
+
+    final_step: str | None
+    metric: str
+    value: float
+
+
+def _durability(spec: MPMTLSpec, checkpoint_dir: str | Path | None, resume: bool) -> Durability:
+    """Check the budget / checkpoint / resume settings and build the estimator's keywords."""
+    runtime: dict[str, Any] = {}
+    if spec.budget_epsilon is not None:
+        runtime["budget_epsilon"] = spec.budget_epsilon
+    if checkpoint_dir is not None:
+        runtime.update(
+            checkpoint_dir=str(checkpoint_dir),
+            checkpoint_every=spec.checkpoint_every,
+            resume=bool(resume),
+        )
+    elif resume:
+        raise InvalidParameterError(
+            "The 'resume' parameter needs a checkpoint_dir to resume from; got checkpoint_dir=None."
+        )
+    if runtime and spec.method not in ESTIMATOR_PROTOCOL_METHODS:
+        raise InvalidParameterError(
+            "The checkpoint/budget parameters apply to the MP-MTL methods "
+            f"{ESTIMATOR_PROTOCOL_METHODS}; got method={spec.method!r}."
+        )
+    tuning_file = None if checkpoint_dir is None else Path(checkpoint_dir) / "tuning.json"
+    if checkpoint_dir is not None and not resume:
+        from privmtl.checkpoint import has_checkpoint
+
+        if has_checkpoint(checkpoint_dir) or (Path(checkpoint_dir) / "ledger.jsonl").exists():
+            raise InvalidParameterError(
+                f"The 'checkpoint_dir' {checkpoint_dir} holds a run already; pass resume=True "
+                "(--resume) to continue it, or choose a new directory."
+            )
+    return Durability(runtime=runtime, tuning_file=tuning_file, resume=bool(resume))
+
+
+def _load(
+    spec: MPMTLSpec,
+    request: DataRequest,
+    split: tuple[MultiTaskDataset, MultiTaskDataset] | None = None,
+) -> LoadedData:
+    """Load: the (train, test) split (``split``, or the registered data set loaded by the seed),
+    its resolved scaling and training fraction, and every task's own intercept."""
+    req = request
+    train, test = (
+        split
+        if split is not None
+        else load_mpmtl_data(
+            req.data,
+            data_path=req.data_path,
+            seed=spec.seed,
+            train_fraction=req.train_fraction,
+            task_column=req.task_column,
+            target_column=req.target_column,
+            normalize=req.normalize,
+            feature_columns=req.feature_columns,
+            method=spec.method,
+        )
+    )
+    scaling, frac = data_protocol(req.data, req.normalize, req.train_fraction, method=spec.method)
+    return LoadedData(req, train, test, scaling, frac, target_offsets(train, scaling))
+
+
+def _fixed_params(
+    spec: MPMTLSpec, loaded: LoadedData, search: bool, extra_params: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The estimator keywords the run fixes: the resolved spec, the loss, the user's extras."""
+    method = spec.method
+    resolved = resolve_defaults(spec, loaded.train)
+    classification = loaded.train.task_type == "classification"
+    fixed: dict[str, Any] = {
+        "epsilon": spec.epsilon,
+        "delta": resolved.delta,
+        "noise": spec.noise,
+        "iterations": spec.iterations,
+        "relation": spec.relation,
+        "accountant": spec.accountant,
+        "random_state": spec.seed,
+        "noise_source": spec.noise_source,
+        "loss": "logistic" if classification and method != "dp-mtrl" else None,
+    }
+    if not search and spec.final_step == "projection" and method in _OUTPUT_RULE_METHODS:
+        fixed["refit_lam"] = None  # the paper's projected output (the default is the refit)
+    fixed.update(extra_params or {})
+    return _supported(estimator_class(method), fixed)
+
+
+def _search_grid(
+    method: str, fixed: dict[str, Any], user_set: tuple[str, ...]
+) -> list[dict[str, Any]] | None:
+    """The pooled search's grid without the settings the user fixed (None: the default grid)."""
+    from privmtl.linear.selection import DEFAULT_GRIDS
+
+    if not user_set:
+        return None
+    raw = DEFAULT_GRIDS.get(method, [])
+    grid = [dict(g) for g in (raw if isinstance(raw, list) else [raw])]
+    for sub in grid:
+        for key in user_set:
+            if key in fixed:
+                sub.pop(key, None)
+    return [g for g in grid if g]
+
+
+def _fit(
+    spec: MPMTLSpec,
+    loaded: LoadedData,
+    durability: Durability,
+    extra_params: dict[str, Any] | None = None,
+) -> FittedRun:
+    """Fit: choose the hyper-parameters as ``spec.tune`` says, fit the estimator to every task's
+    centred targets, and read the guarantee of what it released."""
+    method, tune_mode, seed = spec.method, spec.tune, spec.seed
+    search = tune_mode == "pooled" or (
+        tune_mode == "covered" and method not in PRIVATE_METHODS + ISOLATED_METHODS
+    )
+    fixed = _fixed_params(spec, loaded, search, extra_params)
+    train, offsets = loaded.train, loaded.offsets
+    Xs, ys = list(train.X), [y - o for y, o in zip(train.y, offsets, strict=True)]
+    tuning_file = durability.tuning_file
+    best: dict[str, Any] = {}
+    tuned = False
+    note = _NOTE_UNTUNED
+    est: Any = None
+    if tune_mode == "covered" and method in ISOLATED_METHODS:
+        tuned, note = True, _NOTE_PER_TASK
+        if method == "stl-l2":
+            best = {"lam": "cv"}  # every task: exact leave-one-out on its own samples
+        else:
+            from privmtl.linear.selection import PerTaskSelected
+
+            est = PerTaskSelected(
+                method=method, loss=fixed.get("loss") or "squared", random_state=seed
+            )
+    elif tune_mode == "covered" and method in PRIVATE_METHODS:
+        note = _NOTE_PUBLIC
+    elif search and durability.resume and tuning_file is not None and tuning_file.is_file():
+        # the resumed run continues the configuration tuned (and checkpointed) before
+        best = json.loads(tuning_file.read_text())["best"]
+        tuned = True
+    elif search:
+        from privmtl.linear.selection import tune_method
+
+        # Keep the user's explicit choices out of the search.
+        user_set = (
+            ("iterations", *(extra_params or {}))
+            if spec.iterations is not None or extra_params
+            else ()
+        )
+        grid = _search_grid(method, fixed, user_set)
+        if grid is None or grid:
+            # Fold splits and per-fold estimator seeds derive from ``seed``.
+            search_fixed = {k: v for k, v in fixed.items() if k != "random_state"}
+            best, _ = tune_method(
+                method,
+                Xs,
+                ys,
+                n_splits=spec.n_splits,
+                random_state=seed,
+                grid=grid,
+                final_step=spec.final_step if method in _OUTPUT_RULE_METHODS else "auto",
+                **search_fixed,
+            )
+            tuned = True
+            if tuning_file is not None:
+                _write_json(tuning_file, {"method": method, "best": _jsonable(best)})
+    if tuned and search:
+        note = TUNING_NOTE if tune_mode == "pooled" else _NOTE_NONPRIVATE
+    if est is None:
+        est = estimator_class(method)(**{**fixed, **best, **durability.runtime})
+    est.fit(Xs, ys)
+    guarantee = _guarantee_of(method, est)
+    if tune_mode == "pooled" and tuned and math.isfinite(guarantee.epsilon):
+        guarantee = guarantee.with_not_covered(NOT_COVERED_POOLED)
+    return FittedRun(est, fixed, best, tuned, note, guarantee)
+
+
+def _finish(spec: MPMTLSpec, loaded: LoadedData, fitted: FittedRun) -> FinishedRun:
+    """Finish: the output rule the estimator applied, its test predictions (each task's own
+    intercept added back) and the test metric (aAUC for classification, nMSE otherwise)."""
+    est, train, test = fitted.est, loaded.train, loaded.test
+    classification = train.task_type == "classification"
+    pred = (
+        est.decision_function(list(test.X))
+        if classification and hasattr(est, "decision_function")
+        else [p + o for p, o in zip(est.predict(list(test.X)), loaded.offsets, strict=True)]
+    )
+    final_step = (
+        ("refit" if est.get_params().get("refit_lam") is not None else "projection")
+        if spec.method in _OUTPUT_RULE_METHODS
+        else None
+    )
+    if classification:
+        return FinishedRun(final_step, "auc", aauc(list(test.y), pred))
+    return FinishedRun(final_step, "nmse", nmse(list(test.y), pred))
+
+
+def _report(
+    spec: MPMTLSpec,
+    loaded: LoadedData,
+    fitted: FittedRun,
+    finished: FinishedRun,
+    durability: Durability,
+) -> dict[str, Any]:
+    """Report: the JSON-ready result dictionary of the run (without ``seconds``)."""
+    method, epsilon, est, guarantee = spec.method, spec.epsilon, fitted.est, fitted.guarantee
+    train = loaded.train
+    out: dict[str, Any] = {
+        "method": method,
+        "data": loaded.request.data,
+        "epsilon": guarantee.epsilon,
+        "delta": guarantee.delta,
+        "relation": guarantee.relation,
+        "sampling": guarantee.sampling,
+        "accountant": guarantee.accountant,
+        "noise": spec.noise if method in PRIVATE_METHODS and epsilon is not None else None,
+        "target_epsilon": epsilon,
+        "seed": spec.seed,
+        "n_tasks": train.n_tasks,
+        "n_features": train.n_features,
+        "params": {
+            **{k: v for k, v in fitted.fixed.items() if k not in ("random_state", "noise_source")},
+            **fitted.best,
+        },
+        "final_step": finished.final_step,
+        "tuned": fitted.tuned,
+        "tune": spec.tune,
+        "tuning_note": fitted.note,
+        "guarantee": guarantee.to_dict(),
+        "covered": guarantee.covered,
+        "summary": guarantee.describe(),
+    }
+    per_task = _per_task_params(est)
+    if per_task:
+        out["per_task_params"] = per_task
+    out.update(_protocol_keys(method, est, spec.noise_source, durability.runtime))
+    notes = out["guarantee"]["notes"]
+    if (
+        method in PRIVATE_METHODS
+        and epsilon is not None
+        and "noise_source" not in est.get_params(deep=False)
+    ):
+        notes.append(
+            f"{method} draws its noise from the seed (seeded); secure noise is not implemented "
+            "for this baseline: " + SEEDED_NOTE
+        )
+    out[finished.metric] = finished.value
+    if loaded.train_fraction is not None:
+        out["scaling"] = loaded.scaling
+        out["train_fraction"] = loaded.train_fraction
+        out["preprocessing"] = PREPROCESSING[loaded.scaling]
+        if loaded.scaling == "per-task":
+            notes.append(
+                "features: each task standardized with the mean and standard deviation of its "
+                "own training rows (never pooled over tasks), part of its local computation"
+            )
+        if np.any(loaded.offsets != 0):
+            out["target_offsets"] = loaded.offsets.tolist()
+            notes.append(
+                "targets: each task's intercept is the mean target of its own training rows, "
+                "added to its own predictions only (never released to other tasks)"
+            )
+    return out
+
+
 @holding_directories("checkpoint_dir", "save_models")
 def run_mpmtl(
     *,
@@ -272,6 +532,11 @@ def run_mpmtl(
 ) -> dict[str, Any]:
     """Run one method at one ε and return a JSON-ready result dictionary.
 
+    The run is four steps: load the data (:class:`DataRequest` → :class:`LoadedData`), fit the
+    estimator and read its guarantee (:class:`FittedRun`), finish (output rule, test metric:
+    :class:`FinishedRun`; the models saved when asked), report (the result dictionary). The
+    method and privacy settings are an :class:`~privmtl.linear.spec.MPMTLSpec`.
+
     ``noise_source``: ``"secure"`` (OS entropy, the default) or ``"seeded"`` (reproducible from
     ``seed``; research simulation only). It is passed to the estimator and to every fit of the
     cross-validation. ``budget_epsilon``, ``checkpoint_dir``, ``checkpoint_every`` and ``resume``
@@ -292,10 +557,11 @@ def run_mpmtl(
     (``"projection"``) or the local variational refit (``"refit"``); ``"auto"``: the refit (the
     estimators' default) unless a pooled search chooses (:func:`privmtl.linear.selection.tune_method`).
 
+    ``data`` names a data set of :data:`privmtl.data.registry.REGISTRY` (``"mpmtl"`` family);
     ``normalize``, ``train_fraction``, ``task_column``, ``target_column`` and
-    ``feature_columns`` are :func:`load_mpmtl_data`'s (School: the paper's protocol; a table:
-    per-task standardization and a 70/30 split by default); the result reports them under
-    ``"preprocessing"``, ``"train_fraction"`` and ``"scaling"``.
+    ``feature_columns`` are :func:`~privmtl.data.registry.load_mpmtl_data`'s (School: the paper's
+    protocol; a table: per-task standardization and a 70/30 split by default); the result
+    reports them under ``"preprocessing"``, ``"train_fraction"`` and ``"scaling"``.
 
     Keys: ``method, data, epsilon, delta, relation, sampling, accountant, nmse | auc, seconds,
     params, tuned, tune, tuning_note, guarantee, covered, n_tasks, n_features, seed, noise_source,
@@ -320,248 +586,26 @@ def run_mpmtl(
         budget_epsilon=budget_epsilon,
         checkpoint_every=checkpoint_every,
     )
-    tune_mode, epsilon, iterations, seed = spec.tune, spec.epsilon, spec.iterations, spec.seed
-    runtime: dict[str, Any] = {}
-    if spec.budget_epsilon is not None:
-        runtime["budget_epsilon"] = spec.budget_epsilon
-    if checkpoint_dir is not None:
-        runtime.update(
-            checkpoint_dir=str(checkpoint_dir),
-            checkpoint_every=spec.checkpoint_every,
-            resume=bool(resume),
-        )
-    elif resume:
-        raise InvalidParameterError(
-            "The 'resume' parameter needs a checkpoint_dir to resume from; got checkpoint_dir=None."
-        )
-    if runtime and method not in ESTIMATOR_PROTOCOL_METHODS:
-        raise InvalidParameterError(
-            "The checkpoint/budget parameters apply to the MP-MTL methods "
-            f"{ESTIMATOR_PROTOCOL_METHODS}; got method={method!r}."
-        )
-    tuning_file = None if checkpoint_dir is None else Path(checkpoint_dir) / "tuning.json"
-    if checkpoint_dir is not None and not resume:
-        from privmtl.checkpoint import has_checkpoint
-
-        if has_checkpoint(checkpoint_dir) or (Path(checkpoint_dir) / "ledger.jsonl").exists():
-            raise InvalidParameterError(
-                f"The 'checkpoint_dir' {checkpoint_dir} holds a run already; pass resume=True "
-                "(--resume) to continue it, or choose a new directory."
-            )
+    durability = _durability(spec, checkpoint_dir, resume)
+    request = DataRequest(
+        data=data,
+        data_path=data_path,
+        train_fraction=train_fraction,
+        task_column=task_column,
+        target_column=target_column,
+        normalize=normalize,
+        feature_columns=feature_columns,
+    )
     t0 = time.perf_counter()
-    train, test = (
-        split
-        if split is not None
-        else load_mpmtl_data(
-            data,
-            data_path=data_path,
-            seed=seed,
-            train_fraction=train_fraction,
-            task_column=task_column,
-            target_column=target_column,
-            normalize=normalize,
-            feature_columns=feature_columns,
-            method=method,
-        )
-    )
-    scaling, frac = data_protocol(data, normalize, train_fraction, method=method)
-    resolved = resolve_defaults(spec, train)
-    cls = estimator_class(method)
-    fixed: dict[str, Any] = {
-        "epsilon": epsilon,
-        "delta": resolved.delta,
-        "noise": spec.noise,
-        "iterations": iterations,
-        "relation": spec.relation,
-        "accountant": spec.accountant,
-        "random_state": seed,
-        "noise_source": spec.noise_source,
-        "loss": "logistic" if train.task_type == "classification" and method != "dp-mtrl" else None,
-    }
-    search = tune_mode == "pooled" or (
-        tune_mode == "covered" and method not in PRIVATE_METHODS + ISOLATED_METHODS
-    )
-    if not search and final_step == "projection" and method in ("lowrank", "groupsparse"):
-        fixed["refit_lam"] = None  # the paper's projected output (the default is the refit)
-    fixed.update(extra_params or {})
-    fixed = _supported(cls, fixed)
-    offsets = target_offsets(train, scaling)
-    Xs, ys = list(train.X), [y - o for y, o in zip(train.y, offsets, strict=True)]
-    best: dict[str, Any] = {}
-    tuned = False
-    note = "no tuning (the estimator's defaults)"
-    est: Any = None
-    if tune_mode == "covered" and method in ISOLATED_METHODS:
-        tuned, note = True, _NOTE_PER_TASK
-        if method == "stl-l2":
-            best = {"lam": "cv"}  # every task: exact leave-one-out on its own samples
-        else:
-            from privmtl.linear.selection import PerTaskSelected
-
-            est = PerTaskSelected(
-                method=method, loss=fixed.get("loss") or "squared", random_state=seed
-            )
-    elif tune_mode == "covered" and method in PRIVATE_METHODS:
-        note = _NOTE_PUBLIC
-    elif search and resume and tuning_file is not None and tuning_file.is_file():
-        # the resumed run continues the configuration tuned (and checkpointed) before
-        best = json.loads(tuning_file.read_text())["best"]
-        tuned = True
-    elif search:
-        from privmtl.linear.selection import DEFAULT_GRIDS, tune_method
-
-        grid = None
-        if iterations is not None or extra_params:
-            # Keep the user's explicit choices out of the search.
-            raw = DEFAULT_GRIDS.get(method, [])
-            grid = [dict(g) for g in (raw if isinstance(raw, list) else [raw])]
-            for sub in grid:
-                for key in ("iterations", *(extra_params or {})):
-                    if key in fixed:
-                        sub.pop(key, None)
-            grid = [g for g in grid if g]
-        if grid is None or grid:
-            # Fold splits and per-fold estimator seeds derive from ``seed``.
-            search_fixed = {k: v for k, v in fixed.items() if k != "random_state"}
-            best, _ = tune_method(
-                method,
-                Xs,
-                ys,
-                n_splits=n_splits,
-                random_state=seed,
-                grid=grid,
-                final_step=final_step if method in ("lowrank", "groupsparse") else "auto",
-                **search_fixed,
-            )
-            tuned = True
-            if tuning_file is not None:
-                _write_json(tuning_file, {"method": method, "best": _jsonable(best)})
-    if tuned and search:
-        note = TUNING_NOTE if tune_mode == "pooled" else _NOTE_NONPRIVATE
-    if est is None:
-        est = cls(**{**fixed, **best, **runtime})
-    est.fit(Xs, ys)
-    pred = (
-        est.decision_function(list(test.X))
-        if train.task_type == "classification" and hasattr(est, "decision_function")
-        else [p + o for p, o in zip(est.predict(list(test.X)), offsets, strict=True)]
-    )
-    guarantee = _guarantee_of(method, est)
-    if tune_mode == "pooled" and tuned and math.isfinite(guarantee.epsilon):
-        guarantee = guarantee.with_not_covered(NOT_COVERED_POOLED)
-    out: dict[str, Any] = {
-        "method": method,
-        "data": data,
-        "epsilon": guarantee.epsilon,
-        "delta": guarantee.delta,
-        "relation": guarantee.relation,
-        "sampling": guarantee.sampling,
-        "accountant": guarantee.accountant,
-        "noise": noise if method in PRIVATE_METHODS and epsilon is not None else None,
-        "target_epsilon": epsilon,
-        "seed": seed,
-        "n_tasks": train.n_tasks,
-        "n_features": train.n_features,
-        "params": {
-            **{k: v for k, v in fixed.items() if k not in ("random_state", "noise_source")},
-            **best,
-        },
-        "final_step": (
-            ("refit" if est.get_params().get("refit_lam") is not None else "projection")
-            if method in ("lowrank", "groupsparse")
-            else None
-        ),
-        "tuned": tuned,
-        "tune": tune_mode,
-        "tuning_note": note,
-        "guarantee": guarantee.to_dict(),
-        "covered": guarantee.covered,
-        "summary": guarantee.describe(),
-    }
-    per_task = _per_task_params(est)
-    if per_task:
-        out["per_task_params"] = per_task
-    out.update(_protocol_keys(method, est, noise_source, runtime))
-    if (
-        method in PRIVATE_METHODS
-        and epsilon is not None
-        and "noise_source" not in est.get_params(deep=False)
-    ):
-        out["guarantee"]["notes"].append(
-            f"{method} draws its noise from the seed (seeded); secure noise is not implemented "
-            "for this baseline: " + SEEDED_NOTE
-        )
-    if train.task_type == "classification":
-        out["auc"] = aauc(list(test.y), pred)
-    else:
-        out["nmse"] = nmse(list(test.y), pred)
-    if frac is not None:
-        out["scaling"] = scaling
-        out["train_fraction"] = frac
-        out["preprocessing"] = _PREPROCESSING[scaling]
-        if scaling == "per-task":
-            out["guarantee"]["notes"].append(
-                "features: each task standardized with the mean and standard deviation of its "
-                "own training rows (never pooled over tasks), part of its local computation"
-            )
-        if np.any(offsets != 0):
-            out["target_offsets"] = offsets.tolist()
-            out["guarantee"]["notes"].append(
-                "targets: each task's intercept is the mean target of its own training rows, "
-                "added to its own predictions only (never released to other tasks)"
-            )
+    loaded = _load(spec, request, split)
+    fitted = _fit(spec, loaded, durability, extra_params)
+    finished = _finish(spec, loaded, fitted)
+    out = _report(spec, loaded, fitted, finished, durability)
     out["seconds"] = time.perf_counter() - t0
     if save_models is not None:
-        out["models_dir"] = str(
-            _save_models(
-                save_models,
-                est,
-                out,
-                data={
-                    "data": data,
-                    "data_path": (
-                        str(Path(data_path).resolve())
-                        if data_path is not None
-                        else str(default_school_path().resolve())
-                        if data == "school"
-                        else None
-                    ),
-                    "seed": seed,
-                    "train_fraction": frac,
-                    "scaling": scaling,
-                    **(
-                        {
-                            "task_column": task_column,
-                            "target_column": target_column,
-                            "feature_columns": [f for f in train.feature_names if f != INTERCEPT],
-                        }
-                        if data == "table"
-                        else {}
-                    ),
-                    "preprocessing": (
-                        f"{_PREPROCESSING[scaling]}; each task's rows split "
-                        f"{frac:g}/{1 - frac:g} train/test by the seed"
-                        if frac is not None
-                        else "built-in synthetic generator, train/test drawn from the seed"
-                    ),
-                    "task_type": train.task_type,
-                    "target_offsets": offsets.tolist(),
-                    "task_names": list(train.task_names),
-                    "n_tasks": train.n_tasks,
-                    "n_features": train.n_features,
-                },
-            )
-        )
+        record = loaded.record(spec.seed)
+        out["models_dir"] = str(_save_models(save_models, fitted.est, out, data=record))
     return out
-
-
-#: Methods whose estimator runs the MP-MTL protocol (ledger, checkpoints, budget).
-ESTIMATOR_PROTOCOL_METHODS = ("lowrank", "groupsparse", "lowrank-sparse")
-
-SEEDED_NOTE = (
-    "seeded noise (--reproducible-noise): anyone who knows the seed can regenerate and subtract "
-    "it; for research simulation only, it protects nobody"
-)
 
 
 def _per_task_params(est: Any) -> dict[str, list[Any]]:
@@ -716,7 +760,7 @@ def evaluate_saved(
         train_fraction=(
             train_fraction
             if train_fraction is not None
-            else saved.get("train_fraction") or (0.3 if legacy else None)
+            else saved.get("train_fraction") or (SCHOOL_TRAIN_FRACTION if legacy else None)
         ),
     )
     d, m = coef.shape

@@ -35,11 +35,10 @@ import numpy as np
 
 from privmtl._validation import check_choice, check_real
 from privmtl.data.multitask import MultiTaskDataset
+from privmtl.data.registry import data_protocol, load_mpmtl_data
 from privmtl.experiments.mpmtl import (
     ESTIMATOR_PROTOCOL_METHODS,
     PRIVATE_METHODS,
-    data_protocol,
-    load_mpmtl_data,
     run_mpmtl,
 )
 from privmtl.experiments.runlog import RunLog
@@ -142,7 +141,7 @@ def run_mpmtl_sweep(
     ``vote_share`` is the share of a point's ε the vote alone spends and ``val_fraction`` the
     share of each task's training samples held out for its own validation (``"vote"``,
     ``"client"``). Every row states ``covered``, ``selection_method`` and ``selection``.
-    The data options are :func:`~privmtl.experiments.mpmtl.load_mpmtl_data`'s.
+    The data options are :func:`~privmtl.data.registry.load_mpmtl_data`'s.
 
     ``out_dir`` is checked writable before anything is computed. Each finished run (each
     candidate, each vote) is appended to ``out_dir/runs.jsonl``; a re-run reuses the logged ones

@@ -16,7 +16,6 @@ The opt-ins that break this — a choice on pooled validation data (``local_sele
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -26,9 +25,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmtl._validation import check_choice, check_int
-from privmtl.data.federated import FederatedDataset, load_leaf, make_synthetic_federated
+from privmtl._validation import check_choice
+from privmtl.data.federated import FederatedDataset
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
+from privmtl.data.registry import (
+    absolute_data_path,
+    dataset_names,
+    default_femnist_dir,
+    load_federated,
+)
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.config import resolve_config
 from privmtl.federated.finetune import FINETUNE_METHODS
@@ -92,7 +97,7 @@ __all__ = [
     "run_pmtl",
 ]
 
-FL_DATASETS = ("femnist-leaf", "synthetic", "table")
+FL_DATASETS = dataset_names("pmtl")
 FL_MODELS = ("cnn", "logreg")
 FL_METHODS = RUN_METHODS
 NO_RELEASE_METHODS = tuple(n for n in RUN_METHODS if not method_class(n).communicates)
@@ -102,71 +107,9 @@ FINETUNE_STARTS = ("auto", "billboard")
 global model (auto), or the released global model (billboard)."""
 
 
-def default_femnist_dir() -> Path:
-    """``$PRIVMTL_FEMNIST_DIR``, else ``../shared/data/femnist-leaf`` relative to the CWD."""
-    env = os.environ.get("PRIVMTL_FEMNIST_DIR")
-    return Path(env) if env else Path("..") / "shared" / "data" / "femnist-leaf"
-
-
-def load_federated(
-    data: str,
-    *,
-    data_path: str | Path | None = None,
-    seed: int = SPEC.seed,
-    client_column: str | None = None,
-    label_column: str | None = None,
-    feature_columns: Sequence[str] | None = None,
-    num_clients: int | None = None,
-    scaling: str = DEFAULT_CLIENT_SCALING,
-) -> FederatedDataset:
-    """FEMNIST writers (or any LEAF classification set), built-in synthetic, or a user's table.
-
-    ``data="table"`` reads ``data_path`` (CSV/Parquet) with
-    :func:`~privmtl.data.federated_table.load_federated_table`; ``client_column`` and
-    ``label_column`` are then required, and ``scaling`` (``"per-client-clipped"``, the default:
-    each client standardizes its features with its own training split's statistics and clips them
-    to a few standard deviations; ``"per-client"``: without the clip; ``"none"``) applies. The
-    papers' data sets are used as published (``scaling`` does not apply to them). ``num_clients``
-    (synthetic only) is the population size ``m`` of :func:`~privmtl.data.federated.make_synthetic_federated` (default 50); every other
-    generator parameter keeps its documented default.
-    """
-    check_choice("data", data, FL_DATASETS)
-    if num_clients is not None:
-        num_clients = check_int("num_clients", num_clients, low=1)
-        if data != "synthetic":
-            raise InvalidParameterError(
-                f"The 'num_clients' parameter applies to data='synthetic' only; got data={data!r}."
-            )
-    if data == "synthetic":
-        if num_clients is None:
-            return make_synthetic_federated(random_state=seed)
-        return make_synthetic_federated(n_clients=num_clients, random_state=seed)
-    if data == "table":
-        from privmtl.data.federated_table import load_federated_table
-
-        for name, value in (
-            ("data_path", data_path),
-            ("client_column", client_column),
-            ("label_column", label_column),
-        ):
-            if value is None:
-                raise InvalidParameterError(f"data='table' needs the '{name}' parameter.")
-        assert data_path is not None and client_column is not None and label_column is not None
-        return load_federated_table(
-            data_path,
-            client_column=client_column,
-            label_column=label_column,
-            feature_columns=feature_columns,
-            random_state=seed,
-            scaling=scaling,
-        )
-    path = Path(data_path) if data_path is not None else default_femnist_dir()
-    if not path.is_dir():
-        raise DataFormatError(
-            f"LEAF FEMNIST directory not found: {path} (pass --data-path or set "
-            "PRIVMTL_FEMNIST_DIR)."
-        )
-    return load_leaf(path, random_state=seed)
+def _absolute_data_path(data: str, data_path: str | Path | None) -> str | None:
+    """The data's absolute path, so that saved models can be evaluated from anywhere."""
+    return absolute_data_path("pmtl", data, data_path)
 
 
 def make_model(
@@ -585,13 +528,6 @@ def run_pmtl(
             )
         )
     return out
-
-
-def _absolute_data_path(data: str, data_path: str | Path | None) -> str | None:
-    """The data's absolute path, so that saved models can be evaluated from anywhere."""
-    if data_path is None:
-        return str(default_femnist_dir().resolve()) if data == "femnist-leaf" else None
-    return str(Path(data_path).resolve())
 
 
 def evaluate_saved(

@@ -28,7 +28,8 @@ import numpy as np
 
 from privmtl._validation import check_choice
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
-from privmtl.experiments.pmtl import load_federated, run_pmtl
+from privmtl.data.registry import load_federated
+from privmtl.experiments.pmtl import run_pmtl
 from privmtl.experiments.runlog import RunLog
 from privmtl.experiments.sweep import (
     DEFAULT_VOTE_SHARE,
@@ -90,10 +91,11 @@ def run_pmtl_sweep(
     appended to it, and those of the same configuration already logged are reused.
 
     ``data="table"`` reads a user's table with ``client_column``, ``label_column``,
-    ``feature_columns`` and ``scaling`` (:func:`~privmtl.experiments.pmtl.load_federated`);
+    ``feature_columns`` and ``scaling`` (:func:`~privmtl.data.registry.load_federated`);
     ``clients_per_round`` (None: each seed's data's own
     :func:`~privmtl.federated.spec.resolve_clients_per_round`, ``min(20, m)``), ``lam`` (None:
-    :func:`~privmtl.federated.spec.default_lam` of each method and ε), ``lr``, ``finetune``, ``server_update`` and ``noise_source`` default to the run
+    :func:`~privmtl.federated.spec.default_lam` of each method and ε), ``lr``, ``finetune``,
+    ``server_update`` and ``noise_source`` default to the run
     spec's (:mod:`privmtl.federated.spec`), as ``run_pmtl``'s do.
     """
     check_choice("select", select, SELECTION_METHODS)

@@ -1203,7 +1203,7 @@ class ServerRun:
 @functools.lru_cache(maxsize=2)
 def _population(data: str, data_path: str, seed: int, num_clients: int | None) -> FederatedDataset:
     """The whole population, loaded once per process (a simulation's actor serves many nodes)."""
-    from privmtl.experiments.pmtl import load_federated
+    from privmtl.data.registry import load_federated
 
     return load_federated(data, data_path=data_path or None, seed=seed, num_clients=num_clients)
 

@@ -83,7 +83,7 @@ def collect_models(
         A node's or the ServerApp's models file is missing or belongs to another run (one line;
         nothing is written).
     """
-    from privmtl.experiments.pmtl import _absolute_data_path
+    from privmtl.data.registry import absolute_data_path
     from privmtl.federated.saved import save_models
     from privmtl.federated.user_model import is_factory_spec
     from privmtl.flower.factory import load_checked
@@ -132,7 +132,7 @@ def collect_models(
         dataset=dataset,
         data={
             "data": data,
-            "data_path": _absolute_data_path(data, path),
+            "data_path": absolute_data_path("pmtl", data, path),
             "num_clients": int(opts["num-clients"]) or None,
         },
         personalized=stacked if finetuned else None,

@@ -23,7 +23,8 @@ Two defaults are not a single value:
   searched value when hyper-parameters are tuned on pooled data (``tune="pooled"``).
 
 The data options (data set, path, columns, scaling, training fraction) are not run settings of
-the family; :func:`~privmtl.experiments.mpmtl.data_protocol` resolves them.
+the family: :mod:`privmtl.data.registry` declares them and
+:func:`~privmtl.data.registry.data_protocol` resolves them.
 """
 
 from __future__ import annotations
