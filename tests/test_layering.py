@@ -141,11 +141,10 @@ def _imported_names(tree):
             yield from ((a.name, "") for a in node.names)
 
 
-# The result assembly and model construction of a PMTL run still live beside ``run_pmtl``; they
-# leave ``privmtl.experiments`` with the run's refactor. Data never comes from there any more.
+# The result assembly of a PMTL run still lives beside ``run_pmtl``; it
+# leaves ``privmtl.experiments`` with the run's split. Data and models never come from there.
 _PENDING_EXPERIMENTS_IMPORTS = {
     ("flower/_core.py", "privmtl.experiments.pmtl", "_result_dict"),
-    ("flower/_core.py", "privmtl.experiments.pmtl", "make_model"),
 }
 
 

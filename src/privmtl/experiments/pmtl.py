@@ -54,6 +54,7 @@ from privmtl.federated.finish import (
 from privmtl.federated.local import LOCAL_SELECT
 from privmtl.federated.methods import Method, get_method, method_class
 from privmtl.federated.methods.loading import resolve_method
+from privmtl.federated.models import MODELS, make_model
 from privmtl.federated.spec import (
     DEFAULT_CLIENTS_PER_ROUND,
     DEFAULT_FEDPROX_MU,
@@ -68,7 +69,6 @@ from privmtl.federated.spec import (
     resolve_delta,
     train_config,
 )
-from privmtl.federated.user_model import UserFactory
 from privmtl.locking import holding_directories
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.calibration import noise_multiplier
@@ -98,7 +98,7 @@ __all__ = [
 ]
 
 FL_DATASETS = dataset_names("pmtl")
-FL_MODELS = ("cnn", "logreg")
+FL_MODELS = MODELS
 FL_METHODS = RUN_METHODS
 NO_RELEASE_METHODS = tuple(n for n in RUN_METHODS if not method_class(n).communicates)
 """The methods that train every client alone: nothing is released, there is no shared model."""
@@ -110,38 +110,6 @@ global model (auto), or the released global model (billboard)."""
 def _absolute_data_path(data: str, data_path: str | Path | None) -> str | None:
     """The data's absolute path, so that saved models can be evaluated from anywhere."""
     return absolute_data_path("pmtl", data, data_path)
-
-
-def make_model(
-    name: str,
-    dataset: FederatedDataset,
-    seed: int = SPEC.seed,
-    factory: UserFactory | None = None,
-) -> torch.nn.Module:
-    """``cnn`` (the paper's FEMNIST CNN; needs 1×28×28 inputs), ``logreg`` (multinomial), or a
-    user's model ``"MODULE:FACTORY"`` / ``"PATH.py:FACTORY"``
-    (:func:`~privmtl.federated.user_model.load_factory`; ``factory``: one already loaded).
-
-    The factory is called as ``factory(n_features, n_classes)`` (with torch's global seed set to
-    ``seed``) and must return a :class:`torch.nn.Module` mapping ``(batch, n_features)`` float
-    inputs to ``(batch, n_classes)`` logits; one dummy forward pass checks it before training.
-    """
-    from privmtl.federated.models import FemnistCNN, MultinomialLogReg
-    from privmtl.federated.user_model import is_factory_spec, load_factory
-
-    torch.manual_seed(seed)
-    if factory is not None or is_factory_spec(name):
-        user = factory if factory is not None else load_factory(name)
-        return user.build(dataset.n_features, dataset.n_classes)
-    check_choice("model", name, FL_MODELS)
-    if name == "cnn":
-        if tuple(dataset.feature_shape) != (1, 28, 28):
-            raise InvalidParameterError(
-                "The 'model' parameter 'cnn' needs 28x28 images (FEMNIST); got features of shape "
-                f"{tuple(dataset.feature_shape)}. Use --model logreg."
-            )
-        return FemnistCNN(n_classes=dataset.n_classes, random_state=seed)
-    return MultinomialLogReg(dataset.n_features, dataset.n_classes, random_state=seed)
 
 
 @holding_directories("checkpoint_dir", "save_models")

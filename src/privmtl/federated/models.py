@@ -31,14 +31,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from privmtl._validation import check_choice, check_int
+from privmtl.exceptions import InvalidParameterError
 
-__all__ = ["FemnistCNN", "MultinomialLogReg", "count_parameters"]
+if TYPE_CHECKING:
+    from privmtl.data.federated import FederatedDataset
+    from privmtl.federated.user_model import UserFactory
+
+__all__ = ["MODELS", "FemnistCNN", "MultinomialLogReg", "count_parameters", "make_model"]
+
+MODELS = ("cnn", "logreg")
+"""The built-in models of a run (``--model``); a user's is ``MODULE:FACTORY`` or ``PATH.py:FACTORY``."""
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -211,3 +220,34 @@ class FemnistCNN(nn.Module):
 def _bmm_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Per-client affine map: ``h (K, B, i)``, ``weight (K, o, i)``, ``bias (K, o)``."""
     return torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
+
+
+def make_model(
+    name: str,
+    dataset: FederatedDataset,
+    seed: int,
+    factory: UserFactory | None = None,
+) -> torch.nn.Module:
+    """``cnn`` (the paper's FEMNIST CNN; needs 1×28×28 inputs), ``logreg`` (multinomial), or a
+    user's model ``"MODULE:FACTORY"`` / ``"PATH.py:FACTORY"``
+    (:func:`~privmtl.federated.user_model.load_factory`; ``factory``: one already loaded).
+
+    The factory is called as ``factory(n_features, n_classes)`` (with torch's global seed set to
+    ``seed``) and must return a :class:`torch.nn.Module` mapping ``(batch, n_features)`` float
+    inputs to ``(batch, n_classes)`` logits; one dummy forward pass checks it before training.
+    """
+    from privmtl.federated.user_model import is_factory_spec, load_factory
+
+    torch.manual_seed(seed)
+    if factory is not None or is_factory_spec(name):
+        user = factory if factory is not None else load_factory(name)
+        return user.build(dataset.n_features, dataset.n_classes)
+    check_choice("model", name, MODELS)
+    if name == "cnn":
+        if tuple(dataset.feature_shape) != (1, 28, 28):
+            raise InvalidParameterError(
+                "The 'model' parameter 'cnn' needs 28x28 images (FEMNIST); got features of shape "
+                f"{tuple(dataset.feature_shape)}. Use --model logreg."
+            )
+        return FemnistCNN(n_classes=dataset.n_classes, random_state=seed)
+    return MultinomialLogReg(dataset.n_features, dataset.n_classes, random_state=seed)

@@ -1227,7 +1227,7 @@ def load_node(
     """
     import hashlib
 
-    from privmtl.experiments.pmtl import make_model
+    from privmtl.federated.models import make_model
     from privmtl.flower.factory import load_checked, load_checked_method
 
     who = f"SuperNode partition {pid}"
