@@ -22,6 +22,7 @@ from privmtl.cli._spec_options import (
     trust_code_option,
 )
 from privmtl.data.registry import dataset_names, datasets_help
+from privmtl.federated.models import DEFAULT_MODEL
 from privmtl.federated.spec import SPEC
 from privmtl.io import check_writable_dir
 
@@ -83,7 +84,8 @@ def flower() -> None:
 @click.option("--num-clients", type=int, help="--data synthetic: number of clients m (default 50).")
 @click.option(
     "--model",
-    required=True,
+    default=DEFAULT_MODEL,
+    show_default=True,
     metavar="[cnn|logreg|MODULE:FACTORY|PATH.py:FACTORY]",
     help="As for privmtl pmtl: cnn, logreg, or your own factory (MODULE:FACTORY, a module in the "
     "working directory or an installed one; PATH.py:FACTORY, a file), resolved against the "

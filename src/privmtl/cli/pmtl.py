@@ -39,6 +39,7 @@ from privmtl.experiments.pmtl import (
     run_pmtl,
 )
 from privmtl.federated.local import LOCAL_SELECT
+from privmtl.federated.models import DEFAULT_MODEL
 from privmtl.federated.user_model import is_factory_spec
 from privmtl.io import check_writable_dir
 from privmtl.privacy.selection import SELECTION_METHODS
@@ -119,7 +120,8 @@ def _human(out: dict[str, Any]) -> None:
 @pmtl_data_options()
 @click.option(
     "--model",
-    required=True,
+    default=DEFAULT_MODEL,
+    show_default=True,
     metavar="[cnn|logreg|MODULE:FACTORY|PATH.py:FACTORY]",
     help=MODEL_HELP,
 )
@@ -273,7 +275,7 @@ def pmtl(**kw: Any) -> None:
 @pmtl_data_options()
 @click.option(
     "--model",
-    default="logreg",
+    default=DEFAULT_MODEL,
     show_default=True,
     metavar="[cnn|logreg|MODULE:FACTORY|PATH.py:FACTORY]",
     help=MODEL_HELP,

@@ -54,7 +54,7 @@ from privmtl.federated.finish import (
 from privmtl.federated.local import LOCAL_SELECT
 from privmtl.federated.methods import Method, get_method, method_class
 from privmtl.federated.methods.loading import resolve_method
-from privmtl.federated.models import MODELS, make_model
+from privmtl.federated.models import DEFAULT_MODEL, MODELS, make_model
 from privmtl.federated.spec import (
     DEFAULT_CLIENTS_PER_ROUND,
     DEFAULT_FEDPROX_MU,
@@ -120,7 +120,7 @@ def run_pmtl(
     client_column: str | None = None,
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
-    model: str = "logreg",
+    model: str = DEFAULT_MODEL,
     method: str | type[Method] | Method = SPEC.method,
     epsilon: float | None = None,
     noise_std: float | None = None,

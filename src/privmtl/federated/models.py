@@ -44,9 +44,18 @@ if TYPE_CHECKING:
     from privmtl.data.federated import FederatedDataset
     from privmtl.federated.user_model import UserFactory
 
-__all__ = ["MODELS", "FemnistCNN", "MultinomialLogReg", "count_parameters", "make_model"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "MODELS",
+    "FemnistCNN",
+    "MultinomialLogReg",
+    "count_parameters",
+    "make_model",
+]
 
 MODELS = ("cnn", "logreg")
+DEFAULT_MODEL = "logreg"
+"""The model of a run when none is given (``privmtl pmtl``, ``run_pmtl``, the sweep, Flower)."""
 """The built-in models of a run (``--model``); a user's is ``MODULE:FACTORY`` or ``PATH.py:FACTORY``."""
 
 

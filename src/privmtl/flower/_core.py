@@ -56,6 +56,7 @@ from privmtl.federated.client import UpdateRule, local_sgd_batched
 from privmtl.federated.config import TrainConfig, TrainResult, resolve_config
 from privmtl.federated.methods import BUILTIN_METHODS, TrainFn, get_method, method_class
 from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
+from privmtl.federated.models import DEFAULT_MODEL
 from privmtl.federated.protocol import (
     budget_stops,
     fingerprint_base,
@@ -102,7 +103,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "data": "synthetic",
     "data-path": "",
     "num-clients": 0,  # synthetic only; 0: the generator's default m
-    "model": "logreg",  # or a user's MODULE:FACTORY / PATH.py:FACTORY (privmtl.flower.factory)
+    "model": DEFAULT_MODEL,  # or a user's MODULE:FACTORY / PATH.py:FACTORY (privmtl.flower.factory)
     "model-dir": "",  # where a factory resolves; "": the process's working directory
     "model-sha256": "",  # the SHA-256 of the factory's file every machine must load
     "method": SPEC.method,  # or a user's PATH.py:NAME / MODULE:NAME (privmtl.flower.factory)
