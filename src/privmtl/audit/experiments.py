@@ -295,7 +295,7 @@ def _pmtl_run(s: _Setting, progress: Callable[[int], None] | None = None) -> dic
     from privmtl.data.federated import make_synthetic_federated
     from privmtl.federated.config import TrainConfig
     from privmtl.federated.models import MultinomialLogReg
-    from privmtl.federated.protocol import Trainer
+    from privmtl.federated.trainer import Trainer
 
     M, g, T = s.trials, _PMTL_CLIP, _RUN_ROUNDS
     C = _RUN_CLASSES

@@ -30,7 +30,7 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.models import MultinomialLogReg
-from privmtl.federated.protocol import Trainer
+from privmtl.federated.trainer import Trainer
 
 __all__ = ["config_for_epsilon", "train_joint_dp", "train_pp_sgd"]
 

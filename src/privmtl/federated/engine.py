@@ -115,7 +115,7 @@ def train(
     -------
     TrainResult
     """
-    from privmtl.federated.protocol import Trainer
+    from privmtl.federated.trainer import Trainer
 
     run.setdefault("on_budget", "raise")
     trainer = Trainer(dataset, model, config, sampler=sampler, ledger=ledger, **run)

@@ -57,8 +57,8 @@ from privmtl.federated.algorithms import (
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.finetune import finetune
 from privmtl.federated.projection import project_to_ball
-from privmtl.federated.protocol import Trainer
 from privmtl.federated.spec import default_lam
+from privmtl.federated.trainer import Trainer
 from privmtl.privacy.closed_form import pmtl_theorem1_valid, workshop_noise_std
 
 __all__ = ["project_to_ball", "train_workshop", "workshop_epsilon_closed_form"]

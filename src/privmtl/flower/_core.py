@@ -52,12 +52,7 @@ from privmtl.checkpoint import (
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
-from privmtl.federated.client import UpdateRule, local_sgd_batched
-from privmtl.federated.config import TrainConfig, TrainResult, resolve_config
-from privmtl.federated.methods import BUILTIN_METHODS, TrainFn, get_method, method_class
-from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
-from privmtl.federated.models import DEFAULT_MODEL
-from privmtl.federated.protocol import (
+from privmtl.federated.backend import (
     budget_stops,
     fingerprint_base,
     make_curator,
@@ -66,6 +61,11 @@ from privmtl.federated.protocol import (
     run_result,
     setup_run,
 )
+from privmtl.federated.client import UpdateRule, local_sgd_batched
+from privmtl.federated.config import TrainConfig, TrainResult, resolve_config
+from privmtl.federated.methods import BUILTIN_METHODS, TrainFn, get_method, method_class
+from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
+from privmtl.federated.models import DEFAULT_MODEL
 from privmtl.federated.spec import SPEC, RunSpec, resolve_defaults, train_config
 from privmtl.flower.secagg import SECAGG_DEFAULTS
 from privmtl.locking import DirectoryLock

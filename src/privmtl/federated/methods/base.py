@@ -375,7 +375,7 @@ class Method:
         :func:`~privmtl.federated.engine.train` it raises on an exceeded budget unless
         ``on_budget="stop"``.
         """
-        from privmtl.federated.protocol import Trainer
+        from privmtl.federated.trainer import Trainer
 
         run.setdefault("on_budget", "raise")
         return Trainer(dataset, model, self.config, method=self, **run).run()

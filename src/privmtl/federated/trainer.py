@@ -1,0 +1,540 @@
+"""The in-process backend: :class:`Trainer` drives any method object round by round.
+
+All clients' data sit in one process; the sampled clients of a round train together in the
+batched engine (:func:`~privmtl.federated.client.local_sgd_batched`, work-balanced groups on
+threads), and the run is steppable, checkpointable and resumable.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from privmtl._progress import Progress
+from privmtl._validation import check_choice, check_int, check_real
+from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from privmtl.data.federated import FederatedDataset
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.algorithms import (
+    Params,
+    draw_round_plan,
+    evaluate,
+    partition_plan,
+)
+from privmtl.federated.backend import (
+    RoundRecord,
+    budget_stops,
+    fingerprint_base,
+    make_curator,
+    new_ledger,
+    round_record,
+    run_result,
+    setup_run,
+)
+from privmtl.federated.client import UpdateRule, local_sgd_batched, local_sgd_reference
+from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
+from privmtl.federated.gradients import make_step_fn
+from privmtl.federated.methods import Method, TrainFn
+from privmtl.locking import DirectoryLock
+from privmtl.privacy.ledger import PrivacyLedger, warn_budget_stop
+from privmtl.privacy.noise import make_noise_source
+from privmtl.privacy.sampling import ClientSampler
+
+__all__ = ["MessageHook", "Trainer"]
+
+MessageHook = Callable[[int, np.ndarray, Params], Params]
+
+
+def _refuse_running_buffers(model: nn.Module) -> None:
+    for name, mod in model.named_modules():
+        batch_norm = isinstance(mod, nn.modules.batchnorm._BatchNorm)
+        running = isinstance(mod, nn.modules.instancenorm._InstanceNorm) and mod.track_running_stats
+        if batch_norm or running:
+            raise InvalidParameterError(
+                f"The 'model' parameter has a {type(mod).__name__} ({name or 'root'}): it "
+                "normalizes with statistics of the minibatch or keeps running statistics, which "
+                "would mix examples across the padded minibatches of the batched engine and "
+                "clients' data in shared buffers. Use LayerNorm or GroupNorm instead."
+            )
+
+
+class Trainer:
+    r"""The in-process driver of every federated method: steppable, checkpointable, resumable.
+
+    Parameters
+    ----------
+    dataset : FederatedDataset
+        One client per task; training uses ``train``, evaluation ``val`` and ``test``.
+    model : torch.nn.Module
+        Architecture and initial parameters (copied: the module itself is never modified).
+        Modules whose buffers change in training (BatchNorm with running statistics) are refused.
+    config : TrainConfig, optional
+    noise_source : {"secure", "seeded"}, optional
+        Default ``config.noise_source``. ``"seeded"`` is for research simulation only.
+    sampler : ClientSampler, optional
+        Default ``make_sampler(config.sampling, m, q)``.
+    ledger : PrivacyLedger, optional
+        Default: a new ledger (``config.accountant``, ``config.relation``, the resolved δ and
+        the target ``config.epsilon``), durable at ``checkpoint_dir/ledger.jsonl`` when a checkpoint directory is
+        given.
+    checkpoint_dir : path, optional
+        Where the run's state is saved atomically every ``checkpoint_every`` rounds and at the end.
+    checkpoint_every : int, default 1
+    resume : bool, default False
+        Continue the run checkpointed in ``checkpoint_dir`` (refused if it is from another
+        configuration). Without ``resume`` a directory that already holds a checkpoint is refused.
+    budget_epsilon : float, optional
+        Stop before the release that would take ε above it (default ``config.budget``).
+    on_budget : {"stop", "raise"}, default "stop"
+        Stop cleanly (``result().stopped_on_budget``) or raise :class:`PrivacyBudgetError`.
+    message_hook : callable, optional
+        ``hook(round, sampled, messages) -> messages``: sees (and may replace) the clients'
+        messages before the curator clips them — for audits with adversarial canary clients.
+    initial_state : dict, optional
+        Client states to start from instead of the model's parameters (e.g. PP-SGD's ``θ``:
+        ``{"theta": {name: (m, ...)}}``).
+
+    Examples
+    --------
+    >>> trainer = Trainer(dataset, model, TrainConfig(rounds=10), noise_source="seeded")
+    >>> for rec in trainer:                     # doctest: +SKIP
+    ...     print(rec.round, rec.epsilon)
+    >>> result = trainer.result()               # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        dataset: FederatedDataset,
+        model: nn.Module,
+        config: TrainConfig | None = None,
+        *,
+        noise_source: str | None = None,
+        sampler: ClientSampler | None = None,
+        ledger: PrivacyLedger | None = None,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 1,
+        resume: bool = False,
+        budget_epsilon: float | None = None,
+        on_budget: str = "stop",
+        message_hook: MessageHook | None = None,
+        initial_state: dict[str, Any] | None = None,
+        method: Method | type[Method] | str | None = None,
+    ) -> None:
+        config = TrainConfig() if config is None else config
+        check_inputs(dataset, model)
+        _refuse_running_buffers(model)
+        # q, λ, δ and σ of a target ε, once (setup_run's own resolution then changes nothing)
+        config = resolve_config(config, dataset.n_clients, sampler=sampler)[0]
+        self.dataset, self.config = dataset, config
+        self.model = copy.deepcopy(model)
+        m = dataset.n_clients
+        self.m = m
+        self.noise_source = check_choice(
+            "noise_source", noise_source or config.noise_source, ("secure", "seeded")
+        )
+        self.checkpoint_every = check_int("checkpoint_every", checkpoint_every, low=1)
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.on_budget = check_choice("on_budget", on_budget, ("stop", "raise"))
+        budget = config.budget if budget_epsilon is None else budget_epsilon
+        if budget is not None:
+            budget = check_real("budget_epsilon", budget, low=0.0, closed="neither")
+        self.budget = budget
+        self.message_hook = message_hook
+
+        init = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        if not init:
+            raise InvalidParameterError("The 'model' parameter must have at least one parameter.")
+        self.buffers = {n: b.detach() for n, b in self.model.named_buffers()}
+        x_all, y_all, offsets = dataset.concat("train")
+        self.x_all = x_all.to(next(iter(init.values())).dtype)
+        self.y_all, self.offsets = y_all, offsets
+
+        # ---- the release of this method, the billboard and the curator
+        setup = setup_run(config, m, init, sampler=sampler, method=method)
+        self.spec = self.method = spec = setup.spec
+        config, q = setup.config, setup.q
+        self.delta = float(config.delta or 0.0)  # resolved by setup_run
+        self.config, self.q, self.shared = config, q, setup.shared
+        self._personal_init = setup.personal_init
+        init = setup.init
+        mech = setup.release
+        if spec.communicates and mech.private:
+            if ledger is None:
+                ledger = self._make_ledger()
+            ledger.epsilon_if(mech.event())  # fail fast on an unsupported combination
+        if budget is not None and ledger is not None:
+            ledger.budget = budget
+        self.ledger = ledger if spec.communicates and mech.private else None
+        noise = make_noise_source(self.noise_source, config.seed)
+        self.curator = make_curator(setup, noise=noise, ledger=self.ledger)
+        self.clients: dict[str, Params] = spec.initial_state(init, m, initial_state)
+        self.names = list(init)
+        self.history: list[dict[str, Any]] = []
+        self.epsilon = 0.0 if not spec.communicates else (math.inf if self.ledger is None else 0.0)
+        self.stopped_on_budget = False
+        self._train_seconds = 0.0
+        self._data_sha256: str | None = None
+        self._step_fn: Any = None
+        self._local = threading.local()
+        if self.checkpoint_dir is not None:
+            self._open_checkpoint(resume)
+
+    # ---------------------------------------------------------------------------- setup
+    def _make_ledger(self, path: Path | None = None) -> PrivacyLedger:
+        return new_ledger(self.config, self.delta, self.budget, path)
+
+    def fingerprint_config(self) -> dict[str, Any]:
+        """What a checkpoint must match: results-relevant config, data, model and noise source."""
+        sizes = self.dataset.sizes("train").tolist()
+        ids = hashlib.sha256("\n".join(self.dataset.client_ids).encode()).hexdigest()
+        if self._data_sha256 is None:  # the data never changes during a run: hashed once
+            self._data_sha256 = self.dataset.content_sha256()
+        return {
+            **fingerprint_base(self.config, self.noise_source, self.m),
+            "client_ids_sha256": ids,
+            "train_sizes_sha256": hashlib.sha256(str(sizes).encode()).hexdigest(),
+            "data_sha256": self._data_sha256,
+            "model": {n: list(p.shape) for n, p in self.model.named_parameters()},
+        }
+
+    def _open_checkpoint(self, resume: bool) -> None:
+        assert self.checkpoint_dir is not None
+        d = self.checkpoint_dir
+        # one writer per directory, for as long as this trainer lives (released with it, or by
+        # the OS when the process ends)
+        lock = DirectoryLock.acquire(d, name="checkpoint_dir")
+        weakref.finalize(self, lock.release)
+        exists = has_checkpoint(d)
+        if exists and not resume:
+            raise InvalidParameterError(
+                f"The checkpoint directory {d} already holds a run; pass resume=True (--resume) "
+                "to continue it, or choose an empty directory."
+            )
+        state, manifest = None, None
+        if exists:
+            state, manifest = load_checkpoint(
+                d, kind="pmtl-family", config=self.fingerprint_config()
+            )
+        if self.ledger is not None:
+            if not exists and not resume and (d / "ledger.jsonl").exists():
+                # killed before its first checkpoint: the spent budget is in the ledger
+                raise InvalidParameterError(
+                    f"{d} holds the privacy ledger of a run killed before its first checkpoint; "
+                    "pass resume=True (--resume) to restart it from round 0 with that ledger."
+                )
+            if self.ledger.records:
+                raise InvalidParameterError(
+                    "Give either a ledger or a checkpoint directory, not a ledger with releases."
+                )
+            # the ledger must continue the one the checkpoint saw (deleted, cut or edited: refused)
+            durable = new_ledger(
+                self.config,
+                self.delta,
+                self.ledger.budget,
+                d / "ledger.jsonl",
+                seen=None if manifest is None else (manifest.get("ledger") or {}),
+                seen_by=f"the checkpoint of round {manifest['step']} in {d}" if manifest else "",
+            )
+            self.ledger = self.curator.ledger = durable
+        if state is not None:
+            self.load_state_dict(state)
+            if self.ledger is not None:
+                # the ε reached is the ledger's, of every release it holds (a release recorded
+                # after the checkpoint may have left); a seeded replay of it reports the same ε
+                self.epsilon = self.ledger.epsilon()
+
+    # ---------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Curator and client states, history and the ε reached (no secret noise state)."""
+        return {
+            "curator": self.curator.state_dict(),
+            "clients": self.clients,
+            "history": json.dumps(self.history),
+            "epsilon": self.epsilon,
+            "stopped_on_budget": self.stopped_on_budget,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.curator.load_state_dict(state["curator"])
+        self.clients = {
+            k: {n: p.clone() for n, p in v.items()} for k, v in state["clients"].items()
+        }
+        self.history = json.loads(state["history"])
+        self.epsilon = float(state["epsilon"])
+        if self.ledger is not None and self.history and self.noise_source == "secure":
+            self.epsilon = self.ledger.epsilon()  # every release is charged, repeats included
+
+    def save(self) -> None:
+        """Save a checkpoint now (atomic; the ledger file is already up to date)."""
+        if self.checkpoint_dir is None:
+            raise InvalidParameterError("save() needs a checkpoint_dir.")
+        save_checkpoint(
+            self.checkpoint_dir,
+            kind="pmtl-family",
+            config=self.fingerprint_config(),
+            state=self.state_dict(),
+            step=self.round,
+            noise_source=self.noise_source,
+            ledger=None if self.ledger is None else self.ledger.seen(),
+        )
+
+    @property
+    def round(self) -> int:
+        return self.curator.round
+
+    @property
+    def finished(self) -> bool:
+        return self.round >= self.config.rounds or self.stopped_on_budget
+
+    # ---------------------------------------------------------------------------- one round
+    def _thread_step_fn(self) -> Any:
+        fn = getattr(self._local, "step_fn", None)
+        if fn is None:  # functional_call swaps a module's parameters: one module per thread
+            model = (
+                self.model
+                if threading.current_thread() is threading.main_thread()
+                else copy.deepcopy(self.model)
+            )
+            fn = make_step_fn(model, self.buffers, self.config.vectorize)
+            self._local.step_fn = fn
+        return fn
+
+    def _train_clients(
+        self, starts: Params, rule: UpdateRule, plan: list[list[np.ndarray]], pool: Any
+    ) -> tuple[Params, list[float]]:
+        cfg = self.config
+        k = len(plan)
+        if not cfg.batched:
+            return local_sgd_reference(
+                self.model, self.buffers, starts, rule, self.x_all, self.y_all, plan
+            )
+
+        def train_group(pos: np.ndarray) -> tuple[Params, list[float]]:
+            idx = torch.from_numpy(pos)
+            return local_sgd_batched(
+                self._thread_step_fn(),
+                {n: p.index_select(0, idx) for n, p in starts.items()},
+                rule,
+                self.x_all,
+                self.y_all,
+                [plan[j] for j in pos],
+                cfg.batch_size,
+            )
+
+        if pool is not None:  # groups of equal work, one per thread at a time
+            groups = partition_plan(plan, cfg.threads, cfg.client_chunk)
+            results = list(pool.map(train_group, groups))
+        else:
+            chunk = cfg.client_chunk or max(k, 1)
+            groups = [np.arange(c, min(c + chunk, k)) for c in range(0, k, chunk)]
+            results = [train_group(g) for g in groups]
+        order = torch.from_numpy(np.argsort(np.concatenate(groups), kind="stable"))
+        losses: list[float] = [v for _, ls in results for v in ls]
+        news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, order) for n in starts}
+        return news, [losses[int(i)] for i in order]
+
+    def _train_fn(
+        self,
+        sampled: np.ndarray,
+        round_index: int,
+        plan: list[list[np.ndarray]] | None,
+        pool: Any,
+    ) -> TrainFn:
+        """The backend's local training of the clients ``sampled`` in round ``round_index``
+        (:class:`~privmtl.federated.methods.base.TrainFn`): the round's ``plan``, or the
+        minibatches of another stream / number of epochs."""
+        cfg = self.config
+
+        def train(
+            starts: Params,
+            rule: UpdateRule,
+            *,
+            stream: int | None = None,
+            epochs: int | None = None,
+        ) -> tuple[Params, list[float]]:
+            if plan is not None and stream is None and epochs is None:
+                return self._train_clients(starts, rule, plan, pool)
+            c = (
+                cfg
+                if epochs is None
+                else dataclasses.replace(cfg, local_epochs=epochs, local_steps=None)
+            )
+            kw = {} if stream is None else {"stream": stream}
+            own = draw_round_plan(sampled, self.offsets, round_index, c, **kw)
+            return self._train_clients(starts, rule, own, pool)
+
+        return train
+
+    def step(self, pool: Any = None) -> RoundRecord | None:
+        """Run one round; None when the run is finished or stops on its budget."""
+        if self.finished:
+            return None
+        if budget_stops(self.curator, self.budget):
+            if self.on_budget == "raise":
+                assert self.ledger is not None
+                self.ledger.check(self.curator.event())
+            if not self.stopped_on_budget:
+                warn_budget_stop(
+                    self.round, self.config.rounds, "rounds", float(self.epsilon),
+                    float(self.budget or 0.0), "result().stopped_on_budget",
+                )  # fmt: skip
+            self.stopped_on_budget = True
+            return None
+        t0, c0 = time.perf_counter(), time.process_time()
+        t, spec = self.round, self.spec
+        sampled = self.curator.sample_round()
+        plan = draw_round_plan(sampled, self.offsets, t, self.config)
+        losses: list[float] = []
+        out = None
+        template = spec.message_template(self.curator.billboard)
+        messages = {n: p.new_zeros((0, *p.shape)) for n, p in template.items()}
+        if len(sampled):
+            sel = torch.from_numpy(sampled)
+            starts, anchor = spec.starts(self.curator.billboard, sel, self.clients)
+            done = spec.client_update(
+                self.curator.billboard,
+                self.shared,
+                starts,
+                anchor,
+                self._train_fn(sampled, t, plan, pool),
+            )
+            spec.keep(self.clients, sel, done.kept)
+            messages, losses = done.messages, done.losses
+        if self.message_hook is not None:
+            messages = self.message_hook(t, sampled, messages)
+        if spec.communicates:
+            out = self.curator.release(messages, rows=sampled)
+            if self.ledger is not None:
+                self.epsilon = out.epsilon
+        else:
+            self.curator.round += 1  # local training: a round without a release
+        z = self.curator.release_mechanism.noise_multiplier if spec.communicates else None
+        rec = round_record(
+            t,
+            sampled,
+            losses,
+            out,
+            z,
+            self.epsilon,
+            time.perf_counter() - t0,
+            cpu_seconds=time.process_time() - c0,
+        )
+        if self.config.eval_every and (t + 1) % self.config.eval_every == 0:
+            ev = self._evaluate_split("val")
+            main = ev["personalized" if self.spec.personalized else "global"]
+            rec["val_accuracy"] = main["accuracy"]
+            rec["val_mean_client_accuracy"] = main["mean_client_accuracy"]
+        self.history.append(rec)
+        if self.checkpoint_dir is not None and (
+            self.round % self.checkpoint_every == 0 or self.round == self.config.rounds
+        ):
+            self.save()
+        return RoundRecord(t, sampled, self.curator.billboard, self.epsilon, rec)
+
+    # ---------------------------------------------------------------------------- loop
+    def __iter__(self) -> Iterator[RoundRecord]:
+        """Run the remaining rounds, yielding one :class:`RoundRecord` per round."""
+        cfg = self.config
+        old_threads = torch.get_num_threads()
+        pool = None
+        if cfg.parallel_chunks and cfg.batched and cfg.threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            torch.set_num_threads(1)
+            pool = ThreadPoolExecutor(
+                max_workers=cfg.threads, initializer=torch.set_num_threads, initargs=(1,)
+            )
+        else:
+            torch.set_num_threads(cfg.threads)
+        self.model.train()
+        bar = Progress(
+            total=cfg.rounds,
+            initial=self.round,
+            desc=self.spec.name,
+            enabled=cfg.progress,
+            unit="round",
+        )
+        try:
+            while True:
+                t0 = time.perf_counter()
+                rec = self.step(pool)
+                if rec is None:
+                    break
+                self._train_seconds += time.perf_counter() - t0
+                # only released quantities on the progress line: the training loss of the sampled
+                # clients is a curator diagnostic (``run_pmtl(diagnostics=True)``)
+                bar.update(1, eps=f"{rec.epsilon:.3g}")
+                yield rec
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.shutdown()
+            torch.set_num_threads(old_threads)
+
+    def run(self) -> TrainResult:
+        """Run every remaining round and return :meth:`result`."""
+        for _ in self:
+            pass
+        if self.checkpoint_dir is not None and self.history:
+            self.save()
+        return self.result()
+
+    # ---------------------------------------------------------------------------- output
+    def _outputs(self) -> tuple[Params | None, Params]:
+        all_clients = np.arange(self.m)
+        return self.spec.outputs(
+            self.curator.billboard,
+            self.clients,
+            personal_init=self._personal_init,
+            names=self.names,
+            round=self.round,
+            train_all=self._train_fn(all_clients, 0, None, None),
+        )
+
+    def _evaluate_split(self, split: str) -> dict[str, dict[str, float]]:
+        personal, glob = self._outputs()
+        xs, ys = self.dataset.split(split)
+        out = {}
+        if personal is not None and self.spec.personalized:
+            out["personalized"] = evaluate(
+                self.model, personal, self.buffers, xs, ys, personalized=True
+            )
+        if self.spec.communicates:
+            out["global"] = evaluate(self.model, glob, self.buffers, xs, ys, personalized=False)
+        return out
+
+    def result(self) -> TrainResult:
+        """The :class:`TrainResult` of the rounds run so far (evaluates on val and test)."""
+        personal, glob = self._outputs()
+        accuracies = {split: self._evaluate_split(split) for split in ("val", "test")}
+        return run_result(
+            self.config,
+            self.history,
+            accuracies,
+            personalized=personal if self.spec.personalized else None,
+            global_params=glob,
+            primary="personalized" if self.spec.personalized else "global",
+            epsilon=self.epsilon,
+            delta=self.delta,
+            ledger=self.ledger,
+            noise_source=self.noise_source,
+            stopped_on_budget=self.stopped_on_budget,
+            client_ids=list(self.dataset.client_ids),
+            extra=self._extra(),
+        )
+
+    def _extra(self) -> dict[str, Any]:
+        return self.spec.extra(self.shared, self.names)
