@@ -386,7 +386,7 @@ def _train(loaded: LoadedRun, durability: Durability, local_select: str) -> Trai
     )
     if runner.every_client:  # nothing released: no noise, every client trains
         return TrainedRun(result, 0.0, loaded.m, local_select)
-    return TrainedRun(result, float(runner.config.noise_std), loaded.q, local_select)
+    return TrainedRun(result, runner.config.noise_std, loaded.q, local_select)
 
 
 def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> FinishedRun:
@@ -394,13 +394,7 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
     automatic choice, fine-tuning from their models or from the billboard, or none) and the keys
     describing the final models. Everything here is post-processing of the releases."""
     spec, result, ds, net = loaded.spec, trained.result, loaded.dataset, loaded.net
-    finetune, seed, lr, batch_size, lam = (
-        spec.finetune,
-        spec.seed,
-        spec.lr,
-        spec.batch_size,
-        loaded.lam,
-    )
+    seed, lr, batch_size, lam = spec.seed, spec.lr, spec.batch_size, loaded.lam
     grid = None
     if request.lrs is not None or request.lams is not None:
         grid = (
@@ -424,8 +418,10 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
     notes: tuple[str, ...] = ()
     not_covered: tuple[str, ...] = ()
     own_data = False
+    finetune = spec.finetune
     if finetune == "auto" and not loaded.method.every_client:
-        parts = _finetune_auto(result, ds, net, loaded.name, trained.sigma, batch_size, seed)
+        sigma = float(trained.sigma or 0.0)
+        parts = _finetune_auto(result, ds, net, loaded.name, sigma, batch_size, seed)
         params = parts.pop("_params")
         notes, own_data = (AUTO_NOTE,), True
     elif finetune == "auto":
