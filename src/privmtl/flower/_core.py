@@ -1152,8 +1152,8 @@ class ServerRun:
 
     def result_dict(self, evaluations: list[dict[str, Any]], started: float) -> dict:
         """The JSON of ``privmtl pmtl`` for this run, plus ``engine``."""
-        from privmtl.federated.report import result_dict
         from privmtl.federated.finish import final_models_keys
+        from privmtl.federated.report import result_dict
 
         res = self.result(evaluations, started)
         part, notes = self._finish_part(evaluations, float(res.test_accuracy))
