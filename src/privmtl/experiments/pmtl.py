@@ -1,6 +1,9 @@
-"""One PMTL-family federated run (data → model → private training → optional fine-tuning → metrics).
+"""One PMTL-family federated run: load (data, model, method) → train → finish → report.
 
-This is what ``privmtl pmtl`` and ``privmtl pmtl-sweep`` call. Privacy is client-level: the server's
+This is what ``privmtl pmtl`` and ``privmtl pmtl-sweep`` call. Each step is a function of small
+frozen dataclasses (:class:`DataRequest`, :class:`FinishRequest`, :class:`Durability` →
+:class:`LoadedRun` → :class:`TrainedRun` → :class:`FinishedRun` → the result dictionary, assembled
+by :mod:`privmtl.federated.report`, which Flower's ServerApp uses too). Privacy is client-level: the server's
 released sequence (noisy mean of clipped updates, the billboard) is accounted by the ledger of the
 training engine with the sampler it actually used; personalized models and local fine-tuning are
 post-processing and keep the guarantee (billboard privacy ⇒ joint DP).
@@ -15,12 +18,11 @@ The opt-ins that break this — a choice on pooled validation data (``local_sele
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,7 +37,8 @@ from privmtl.data.registry import (
     load_federated,
 )
 from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.federated.config import resolve_config
+from privmtl.federated.algorithms import Params
+from privmtl.federated.config import TrainResult, resolve_config
 from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.federated.finetune_selection import SELECT_MODES
 from privmtl.federated.finish import (
@@ -45,6 +48,7 @@ from privmtl.federated.finish import (
     AUTO_FINETUNE_LRS,
     AUTO_NOTE,
     AUTO_ORDERS,
+    FINETUNE_NOTE,
     auto_info,
     auto_plan,
     final_models_keys,
@@ -55,6 +59,19 @@ from privmtl.federated.local import LOCAL_SELECT
 from privmtl.federated.methods import Method, get_method, method_class
 from privmtl.federated.methods.loading import resolve_method
 from privmtl.federated.models import DEFAULT_MODEL, MODELS, make_model
+from privmtl.federated.report import (
+    DIAGNOSTICS_NOT_COVERED,
+    FINETUNE_SELECT_POOLED,
+    LOCAL_SELECT_CLIENT_NOTE,
+    LOCAL_SELECT_POOLED,
+    curator_diagnostics,
+    finish_guarantee,
+    joint_dp,
+    local_selection_summary,
+    released_dim,
+    result_parts,
+    scaling_note,
+)
 from privmtl.federated.spec import (
     DEFAULT_CLIENTS_PER_ROUND,
     DEFAULT_FEDPROX_MU,
@@ -70,8 +87,9 @@ from privmtl.federated.spec import (
     train_config,
 )
 from privmtl.locking import holding_directories
-from privmtl.privacy import PrivacyGuarantee
-from privmtl.privacy.calibration import noise_multiplier
+
+if TYPE_CHECKING:
+    from privmtl.federated.user_model import UserFactory
 
 __all__ = [
     "AUTO_CANDIDATES",
@@ -88,6 +106,12 @@ __all__ = [
     "FL_METHODS",
     "FL_MODELS",
     "NO_RELEASE_METHODS",
+    "DataRequest",
+    "Durability",
+    "FinishRequest",
+    "FinishedRun",
+    "LoadedRun",
+    "TrainedRun",
     "default_clients_per_round",
     "default_femnist_dir",
     "default_lam",
@@ -110,6 +134,403 @@ global model (auto), or the released global model (billboard)."""
 def _absolute_data_path(data: str, data_path: str | Path | None) -> str | None:
     """The data's absolute path, so that saved models can be evaluated from anywhere."""
     return absolute_data_path("pmtl", data, data_path)
+
+
+# ------------------------------------------------------------------ the steps of one run
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """The data and model a run asks for: a registered PMTL data set with
+    :func:`~privmtl.data.registry.load_federated`'s options (``table``: a table's
+    ``client_column``, ``label_column`` and ``feature_columns``) and the model's name or factory."""
+
+    data: str
+    data_path: str | Path | None
+    model: str
+    table: dict[str, Any]
+    num_clients: int | None
+    scaling: str
+
+    def record(self) -> dict[str, Any]:
+        """The data section of ``model.json`` (the saver adds the seed): enough to load the same
+        data again from anywhere."""
+        table = self.data == "table"
+        return {
+            "data": self.data,
+            "data_path": _absolute_data_path(self.data, self.data_path),
+            **(self.table if table else {}),
+            **({"scaling": self.scaling} if table else {}),
+            "num_clients": self.num_clients,
+        }
+
+
+@dataclass(frozen=True)
+class FinishRequest:
+    """How the run ends after training, checked by :func:`_finish_request`: fine-tuning's epochs
+    (a grid only from the billboard), its grids of step sizes and penalty weights (None: the
+    run's), where it starts, how the grid is chosen, and the extra variants scored beside it."""
+
+    epochs: tuple[int, ...]
+    lrs: tuple[float, ...] | None
+    lams: tuple[float, ...] | None
+    start: str
+    select: str
+    extra: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Durability:
+    """What keeps a run across interruptions, passed to the method's ``fit``: the checkpoint
+    folder and cadence, whether the run continues an earlier one, and the ε budget it stops at."""
+
+    checkpoint_dir: str | Path | None
+    checkpoint_every: int
+    resume: bool
+    budget_epsilon: float | None
+
+    def run_options(self) -> dict[str, Any]:
+        """The backend's run keywords (a spent budget stops the run)."""
+        return {
+            "checkpoint_dir": self.checkpoint_dir,
+            "checkpoint_every": self.checkpoint_every,
+            "resume": self.resume,
+            "budget_epsilon": self.budget_epsilon,
+            "on_budget": "stop",
+        }
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """Load's output: the checked settings and the ones resolved on the data, the data, the model,
+    and the method bound to the calibrated engine configuration (the target ε already σ)."""
+
+    spec: RunSpec
+    resolved: RunSpec
+    request: DataRequest
+    dataset: FederatedDataset
+    net: torch.nn.Module
+    method: Method
+    name: str
+    method_source: dict[str, Any] | None
+    factory: UserFactory | None
+    notes: tuple[str, ...]
+    seconds: float
+
+    @property
+    def m(self) -> int:
+        """The number of clients."""
+        return self.dataset.n_clients
+
+    @property
+    def q(self) -> int:
+        """The clients per round, as resolved on the data."""
+        return int(self.resolved.clients_per_round or self.m)
+
+    @property
+    def lam(self) -> float:
+        """λ, as resolved on the data."""
+        return float(self.resolved.lam or 0.0)
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """Train's output: the engine's result, the noise of the released mean and the clients per
+    round as reported (0 and m when nothing is released), and how local training chose."""
+
+    result: TrainResult
+    sigma: float
+    q: int
+    local_select: str
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """Finish's output: the keys fine-tuning sets (``parts``; the trained run's accuracies are
+    replaced by the fine-tuned ones), the extra variants' results, the clients' final models
+    (None: the trained ones), the final-model keys, and what the guarantee adds: notes, reasons
+    not covered, and whether every client's model now reads its own data (joint DP)."""
+
+    parts: dict[str, Any]
+    finetune_results: dict[str, dict[str, Any]] | None
+    params: Params | None
+    final_models: dict[str, Any]
+    notes: tuple[str, ...]
+    not_covered: tuple[str, ...]
+    own_data: bool
+
+
+def _finish_request(
+    finetune: str,
+    *,
+    epochs: int | Sequence[int],
+    lrs: Sequence[float] | None,
+    lams: Sequence[float] | None,
+    start: str,
+    select: str,
+    extra: Sequence[str],
+) -> FinishRequest:
+    """Check the fine-tuning settings against ``finetune`` (the run spec's) before any data is
+    read; the parameters are ``run_pmtl``'s ``finetune_*`` and ``extra_finetunes``."""
+    check_choice("finetune_start", start, FINETUNE_STARTS)
+    check_choice("finetune_select", select, SELECT_MODES)
+    if finetune == "auto":
+        fixed = {
+            "finetune_epochs": (epochs, 1),
+            "finetune_lrs": (lrs, None),
+            "finetune_lams": (lams, None),
+            "finetune_start": (start, "auto"),
+            "finetune_select": (select, "client"),
+        }
+        for name, (value, default) in fixed.items():
+            if value != default:
+                raise InvalidParameterError(
+                    f"finetune='auto' chooses its own grid and start; the '{name}' parameter "
+                    f"needs an explicit finetune method (e.g. 'vanilla'); got {name}={value!r}."
+                )
+    grid = _epochs_grid(epochs)
+    if start != "billboard" and (len(grid) > 1 or select != "client"):
+        raise InvalidParameterError(
+            "A grid of 'finetune_epochs' and finetune_select='pooled' need "
+            f"finetune_start='billboard'; got finetune_start={start!r}, "
+            f"finetune_epochs={epochs!r}, finetune_select={select!r}."
+        )
+    if start == "billboard" and (finetune not in ("none", "vanilla") or extra):
+        raise InvalidParameterError(
+            "finetune_start='billboard' supports finetune='vanilla' only (fine-tuning from the "
+            f"billboard, no penalty); got finetune={finetune!r}, "
+            f"extra_finetunes={list(extra)!r}."
+        )
+    for name in extra:
+        check_choice("extra_finetunes", name, FINETUNE_METHODS)
+    return FinishRequest(
+        epochs=tuple(grid),
+        lrs=None if lrs is None else tuple(lrs),
+        lams=None if lams is None else tuple(lams),
+        start=start,
+        select=select,
+        extra=tuple(extra),
+    )
+
+
+def _load(
+    spec: RunSpec,
+    method: str | type[Method] | Method,
+    request: DataRequest,
+    *,
+    method_source: dict[str, Any] | None,
+    dataset: FederatedDataset | None,
+    batched: bool,
+    progress: bool,
+    threads: int,
+) -> LoadedRun:
+    """Load: the user's model factory (before any data is read), the data (``dataset``, or the
+    registered data set loaded by the seed), the settings resolved on it, the model, and the
+    method bound to the engine configuration with the target ε calibrated to σ once."""
+    from privmtl.federated.user_model import is_factory_spec, load_factory
+
+    model = request.model
+    factory = load_factory(model) if is_factory_spec(model) else None
+    t_load = time.perf_counter()
+    ds = (
+        dataset
+        if dataset is not None
+        else load_federated(
+            request.data,
+            data_path=request.data_path,
+            seed=spec.seed,
+            **request.table,
+            num_clients=request.num_clients,
+            scaling=request.scaling,
+        )
+    )
+    seconds = time.perf_counter() - t_load
+    m = ds.n_clients
+    resolved = resolve_defaults(spec, m)
+    notes = tuple(resolve_delta(spec.delta, m)[1])
+    net = make_model(model, ds, spec.seed, factory=factory)
+    config = train_config(resolved, batched=batched, progress=progress, threads=threads)
+    if get_method(method, config).communicates:  # the target ε becomes the release's σ, once
+        config = resolve_config(config, m, method=method)[0]
+    runner = get_method(method, config)  # bound to the calibrated noise
+    if runner.models is not None and model not in runner.models:
+        raise InvalidParameterError(
+            f"The 'method' parameter {spec.method!r} supports --model "
+            f"{', '.join(runner.models)} only; got model={model!r}."
+        )
+    return LoadedRun(
+        spec=spec,
+        resolved=resolved,
+        request=request,
+        dataset=ds,
+        net=net,
+        method=runner,
+        name=spec.method,
+        method_source=method_source,
+        factory=factory,
+        notes=notes,
+        seconds=seconds,
+    )
+
+
+def _train(loaded: LoadedRun, durability: Durability, local_select: str) -> TrainedRun:
+    """Train: the method's ``fit`` with the run's checkpoint and budget; a method that releases
+    nothing reports no noise and every client."""
+    runner = loaded.method
+    options = {"local_select": local_select}
+    result = runner.fit(
+        loaded.dataset,
+        loaded.net,
+        **{k: options[k] for k in runner.fit_options},
+        **durability.run_options(),
+    )
+    if runner.every_client:  # nothing released: no noise, every client trains
+        return TrainedRun(result, 0.0, loaded.m, local_select)
+    return TrainedRun(result, runner.config.noise_std, loaded.q, local_select)
+
+
+def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> FinishedRun:
+    """Finish: the extra fine-tuning variants, then the run's end (``finetune``: the clients'
+    automatic choice, fine-tuning from their models or from the billboard, or none) and the keys
+    describing the final models. Everything here is post-processing of the releases."""
+    spec, result, ds, net = loaded.spec, trained.result, loaded.dataset, loaded.net
+    seed, lr, batch_size, lam = spec.seed, spec.lr, spec.batch_size, loaded.lam
+    grid = None
+    if request.lrs is not None or request.lams is not None:
+        grid = (
+            [float(v) for v in (request.lrs if request.lrs is not None else [lr])],
+            [float(v) for v in (request.lams if request.lams is not None else [lam])],
+        )
+    results = None
+    if request.extra:
+        # Several fine-tuning variants of the SAME trained run (post-processing, no privacy cost):
+        # cheaper and a fairer comparison than one training run per variant.
+        results = {
+            name: _finetune(
+                result, ds, net, name, request.epochs[0], lr, batch_size, lam, seed, grid
+            )
+            for name in request.extra
+        }
+        for res in results.values():
+            res.pop("_params")
+    parts: dict[str, Any] = {}
+    params = None
+    notes: tuple[str, ...] = ()
+    not_covered: tuple[str, ...] = ()
+    own_data = False
+    finetune = spec.finetune
+    if finetune == "auto" and not loaded.method.every_client:
+        sigma = float(trained.sigma or 0.0)
+        parts = _finetune_auto(result, ds, net, loaded.name, sigma, batch_size, seed)
+        params = parts.pop("_params")
+        notes, own_data = (AUTO_NOTE,), True
+    elif finetune == "auto":
+        parts = {
+            "finetune": "auto",
+            "finetune_auto": {
+                "select": "client",
+                "rule": "local-all: every client's model is already its own local training",
+                "clients_per_candidate": {"trained": loaded.m},
+            },
+        }
+    elif finetune != "none":
+        parts = (
+            _finetune_from_billboard(
+                result, ds, net, request.epochs, grid[0] if grid else [lr], batch_size, seed,
+                request.select,
+            )
+            if request.start == "billboard"
+            else _finetune(
+                result, ds, net, finetune, request.epochs[0], lr, batch_size, lam, seed, grid
+            )
+        )  # fmt: skip
+        params = parts.pop("_params")
+        if request.start == "billboard" and request.select == "pooled":
+            not_covered = (FINETUNE_SELECT_POOLED,)
+        own_data = True  # each client's fine-tuned model reads its own data
+    final = final_models_keys(
+        str(parts.get("finetune") or "none"),
+        loaded.m,
+        auto=parts.get("finetune_auto"),
+        from_billboard=request.start == "billboard",
+        personalized=result.primary == "personalized",
+    )
+    return FinishedRun(parts, results, params, final, notes, not_covered, own_data)
+
+
+def _report(
+    loaded: LoadedRun,
+    durability: Durability,
+    trained: TrainedRun,
+    finished: FinishedRun,
+    *,
+    diagnostics: bool,
+) -> dict[str, Any]:
+    """Report: the result dictionary (:func:`~privmtl.federated.report.result_parts`, then the
+    run's own keys and the finish's), its guarantee with every note and reason not covered."""
+    result, runner, ds = trained.result, loaded.method, loaded.dataset
+    out, guarantee = result_parts(
+        result,
+        method=loaded.name,
+        model=loaded.request.model,
+        data=loaded.request.data,
+        sigma=trained.sigma,
+        q=trained.q,
+        m=loaded.m,
+    )
+    out["data_seconds"] = loaded.seconds
+    out.update({k: result.extra[k] for k in runner.result_keys if k != "local_selection"})
+    if loaded.method_source is not None:
+        out["method_source"] = loaded.method_source
+    # the resolved settings (personal_init as the trainer resolved it), re-runnable as they are
+    out["config"] = loaded.resolved.replace(personal_init=result.config.personal_init).to_dict()
+    out["clients_per_round_default"] = loaded.spec.clients_per_round is None  # then min(20, m)
+    out["scaling"] = ds.scaling
+    notes = [*loaded.notes, *scaling_note(ds.scaling)]
+    not_covered: list[str] = []
+    if diagnostics:
+        out["curator_diagnostics"] = curator_diagnostics(result)
+        not_covered.append(DIAGNOSTICS_NOT_COVERED)
+    if "local_selection" in runner.result_keys:
+        out["local_selection"] = local_selection_summary(result.extra["local_selection"])
+        if trained.local_select == "pooled":
+            not_covered.append(LOCAL_SELECT_POOLED)
+        else:
+            notes.append(LOCAL_SELECT_CLIENT_NOTE)
+    if durability.checkpoint_dir is not None:
+        out["checkpoint_dir"] = str(durability.checkpoint_dir)
+    if finished.finetune_results is not None:
+        out["finetune_results"] = finished.finetune_results
+    out.update(finished.parts)
+    notes.extend(finished.notes)
+    if finished.own_data:
+        guarantee, added = joint_dp(guarantee, runner.notion)
+        notes.extend(added)
+    out.update(finished.final_models)
+    finish_guarantee(out, guarantee, notes, [*not_covered, *finished.not_covered])
+    return out
+
+
+def _save(
+    directory: str | Path, loaded: LoadedRun, trained: TrainedRun, finished: FinishedRun,
+    out: dict[str, Any],
+) -> str:  # fmt: skip
+    """Finish's last part, once the report exists (``model.json`` records it): write the
+    trained models, the fine-tuned ones as the clients' (:func:`privmtl.federated.saved.save_models`)."""
+    from privmtl.federated.saved import save_models
+
+    return str(
+        save_models(
+            directory,
+            trained.result,
+            out,
+            model=loaded.request.model,
+            dataset=loaded.dataset,
+            data=loaded.request.record(),
+            personalized=finished.params,
+            factory=None if loaded.factory is None else loaded.factory.record(),
+        )
+    )
 
 
 @holding_directories("checkpoint_dir", "save_models")
@@ -243,9 +664,8 @@ def run_pmtl(
     accounting, ledger and checkpointing as privmtl's methods.
     """
     own_method, method_source = resolve_method(method)
-    method = own_method if isinstance(own_method, str) else own_method.name
     spec = RunSpec(
-        method=method,
+        method=own_method if isinstance(own_method, str) else own_method.name,
         server_update=server_update,
         clip=clip,
         clients_per_round=clients_per_round,
@@ -275,226 +695,42 @@ def run_pmtl(
         adaptive_clip_lr=adaptive_clip_lr,
         adaptive_clip_noise=adaptive_clip_noise,
     )
-    check_choice("finetune_start", finetune_start, FINETUNE_STARTS)
-    check_choice("finetune_select", finetune_select, SELECT_MODES)
+    finishing = _finish_request(
+        finetune,
+        epochs=finetune_epochs,
+        lrs=finetune_lrs,
+        lams=finetune_lams,
+        start=finetune_start,
+        select=finetune_select,
+        extra=extra_finetunes,
+    )
     check_choice("local_select", local_select, LOCAL_SELECT)
     if not isinstance(diagnostics, bool):
         raise InvalidParameterError(
             f"The 'diagnostics' parameter must be a bool; got {diagnostics!r}."
         )
-    if finetune == "auto":
-        fixed = {
-            "finetune_epochs": (finetune_epochs, 1),
-            "finetune_lrs": (finetune_lrs, None),
-            "finetune_lams": (finetune_lams, None),
-            "finetune_start": (finetune_start, "auto"),
-            "finetune_select": (finetune_select, "client"),
-        }
-        for name, (value, default) in fixed.items():
-            if value != default:
-                raise InvalidParameterError(
-                    f"finetune='auto' chooses its own grid and start; the '{name}' parameter "
-                    f"needs an explicit finetune method (e.g. 'vanilla'); got {name}={value!r}."
-                )
-    ft_epochs = _epochs_grid(finetune_epochs)
-    if finetune_start != "billboard" and (len(ft_epochs) > 1 or finetune_select != "client"):
-        raise InvalidParameterError(
-            "A grid of 'finetune_epochs' and finetune_select='pooled' need "
-            f"finetune_start='billboard'; got finetune_start={finetune_start!r}, "
-            f"finetune_epochs={finetune_epochs!r}, finetune_select={finetune_select!r}."
-        )
-    if finetune_start == "billboard" and (finetune not in ("none", "vanilla") or extra_finetunes):
-        raise InvalidParameterError(
-            "finetune_start='billboard' supports finetune='vanilla' only (fine-tuning from the "
-            f"billboard, no penalty); got finetune={finetune!r}, "
-            f"extra_finetunes={list(extra_finetunes)!r}."
-        )
-    for name in extra_finetunes:
-        check_choice("extra_finetunes", name, FINETUNE_METHODS)
-    seed, epsilon, noise_std, lr = spec.seed, spec.epsilon, spec.noise_std, spec.lr
-    from privmtl.federated.user_model import is_factory_spec, load_factory
-
-    user_factory = load_factory(model) if is_factory_spec(model) else None
-    t_load = time.perf_counter()
-    table: dict[str, Any] = {
-        "client_column": client_column,
-        "label_column": label_column,
-        "feature_columns": None if feature_columns is None else list(feature_columns),
-    }
-    ds = (
-        dataset
-        if dataset is not None
-        else load_federated(
-            data,
-            data_path=data_path,
-            seed=seed,
-            **table,
-            num_clients=num_clients,
-            scaling=scaling,
-        )
+    request = DataRequest(
+        data=data,
+        data_path=data_path,
+        model=model,
+        table={
+            "client_column": client_column,
+            "label_column": label_column,
+            "feature_columns": None if feature_columns is None else list(feature_columns),
+        },
+        num_clients=num_clients,
+        scaling=scaling,
     )
-    load_seconds = time.perf_counter() - t_load
-    m = ds.n_clients
-    resolved = resolve_defaults(spec, m)
-    q, lam = int(resolved.clients_per_round or m), float(resolved.lam or 0.0)
-    notes: list[str] = list(resolve_delta(spec.delta, m)[1])
-    not_covered: list[str] = []
-    net = make_model(model, ds, seed, factory=user_factory)
-    config = train_config(resolved, batched=not sequential, progress=show_progress, threads=threads)
-    if get_method(own_method, config).communicates:  # the target ε becomes the release's σ, once
-        config = resolve_config(config, m, method=own_method)[0]
-    sigma = config.noise_std
-    run: dict[str, Any] = {
-        "checkpoint_dir": checkpoint_dir,
-        "checkpoint_every": checkpoint_every,
-        "resume": resume,
-        "budget_epsilon": budget_epsilon,
-        "on_budget": "stop",
-    }
-    runner = get_method(own_method, config)  # bound to the calibrated noise
-    if runner.models is not None and model not in runner.models:
-        raise InvalidParameterError(
-            f"The 'method' parameter {method!r} supports --model {', '.join(runner.models)} "
-            f"only; got model={model!r}."
-        )
-    options = {"local_select": local_select}
-    result = runner.fit(ds, net, **{k: options[k] for k in runner.fit_options}, **run)
-    if runner.every_client:  # nothing released: no noise, every client trains
-        sigma, q = 0.0, m
-    out, guarantee = _result_parts(
-        result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
-    )
-    out["data_seconds"] = load_seconds
-    out.update({k: result.extra[k] for k in runner.result_keys if k != "local_selection"})
-    if method_source is not None:
-        out["method_source"] = method_source
-    # the resolved settings (personal_init as the trainer resolved it), re-runnable as they are
-    out["config"] = resolved.replace(personal_init=result.config.personal_init).to_dict()
-    out["clients_per_round_default"] = clients_per_round is None  # then min(20, m)
-    out["scaling"] = ds.scaling
-    if ds.scaling != "none":
-        notes.append(
-            f"features: {ds.scaling}: each client's mean and standard deviation come from its "
-            "own training rows (never pooled over clients), part of its local computation"
-        )
-    if diagnostics:
-        out["curator_diagnostics"] = _curator_diagnostics(result)
-        not_covered.append(
-            "curator_diagnostics: per-round training loss and norms of the un-noised mean and of "
-            "the noise, computed by the curator from un-noised client updates (--diagnostics)"
-        )
-    if "local_selection" in runner.result_keys:
-        sel = result.extra["local_selection"]
-        out["local_selection"] = {
-            "grid": sel["grid"],
-            "select": sel["select"],
-            "clients_per_choice": np.bincount(sel["choice"], minlength=len(sel["grid"])).tolist(),
-            "grid_val_accuracy": sel["grid_val_accuracy"],
-            "grid_test_accuracy": sel["grid_test_accuracy"],
-        }
-        if local_select == "pooled":
-            not_covered.append(
-                "local_selection: one (epochs, lr) for every client chosen on the pooled "
-                "validation accuracy of all clients (--local-select pooled)"
-            )
-        else:
-            notes.append(
-                "every client trained alone on its own data and chose (epochs, lr) on its own "
-                "validation split: nothing depends on another client"
-            )
-    if checkpoint_dir is not None:
-        out["checkpoint_dir"] = str(checkpoint_dir)
-    grid = None
-    if finetune_lrs is not None or finetune_lams is not None:
-        grid = (
-            [float(v) for v in (finetune_lrs if finetune_lrs is not None else [lr])],
-            [float(v) for v in (finetune_lams if finetune_lams is not None else [lam])],
-        )
-    if extra_finetunes:
-        # Several fine-tuning variants of the SAME trained run (post-processing, no privacy cost):
-        # cheaper and a fairer comparison than one training run per variant.
-        out["finetune_results"] = {
-            name: _finetune(result, ds, net, name, ft_epochs[0], lr, batch_size, lam, seed, grid)
-            for name in extra_finetunes
-        }
-        for res in out["finetune_results"].values():
-            res.pop("_params")
-    tuned = None
-    if finetune == "auto" and not runner.every_client:
-        out.update(_finetune_auto(result, ds, net, out, batch_size, seed))
-        tuned = out.pop("_params")
-        notes.append(AUTO_NOTE)
-        if runner.notion != "JDP (billboard)" and guarantee.is_private:
-            guarantee = replace(guarantee, notion="JDP (billboard)")
-            notes.append(
-                "joint-model DP becomes joint DP once each client fine-tunes on its own data"
-            )
-    elif finetune == "auto":
-        out["finetune"] = "auto"
-        out["finetune_auto"] = {
-            "select": "client",
-            "rule": "local-all: every client's model is already its own local training",
-            "clients_per_candidate": {"trained": m},
-        }
-    elif finetune != "none":
-        out.update(
-            _finetune_from_billboard(
-                result, ds, net, ft_epochs, grid[0] if grid else [lr], batch_size, seed,
-                finetune_select,
-            )
-            if finetune_start == "billboard"
-            else _finetune(
-                result, ds, net, finetune, ft_epochs[0], lr, batch_size, lam, seed, grid
-            )
-        )  # fmt: skip
-        tuned = out.pop("_params")
-        if finetune_start == "billboard" and finetune_select == "pooled":
-            not_covered.append(
-                "finetune_selection: one (epochs, lr) for every client chosen on the pooled "
-                "validation accuracy of all clients (--finetune-select pooled)"
-            )
-        if runner.notion != "JDP (billboard)" and guarantee.is_private:
-            # Each client's fine-tuned model reads its own data: what remains is joint DP.
-            guarantee = replace(guarantee, notion="JDP (billboard)")
-            notes.append(
-                "joint-model DP becomes joint DP once each client fine-tunes on its own data"
-            )
-    out.update(
-        final_models_keys(
-            str(out.get("finetune") or "none"),
-            m,
-            auto=out.get("finetune_auto"),
-            from_billboard=finetune_start == "billboard",
-            personalized=result.primary == "personalized",
-        )
-    )
-    guarantee = replace(guarantee, notes=guarantee.notes + tuple(notes)).with_not_covered(
-        *not_covered
-    )
-    out["guarantee"] = guarantee.to_dict()
-    out["covered"] = guarantee.covered
-    out["summary"] = guarantee.describe()
+    durability = Durability(checkpoint_dir, checkpoint_every, resume, budget_epsilon)
+    loaded = _load(
+        spec, own_method, request, method_source=method_source, dataset=dataset,
+        batched=not sequential, progress=show_progress, threads=threads,
+    )  # fmt: skip
+    trained = _train(loaded, durability, local_select)
+    finished = _finish(loaded, trained, finishing)
+    out = _report(loaded, durability, trained, finished, diagnostics=diagnostics)
     if save_models is not None:
-        from privmtl.federated.saved import save_models as _save
-
-        out["models_dir"] = str(
-            _save(
-                save_models,
-                result,
-                out,
-                model=model,
-                dataset=ds,
-                data={
-                    "data": data,
-                    "data_path": _absolute_data_path(data, data_path),
-                    **(table if data == "table" else {}),
-                    **({"scaling": scaling} if data == "table" else {}),
-                    "num_clients": num_clients,
-                },
-                personalized=tuned,
-                factory=None if user_factory is None else user_factory.record(),
-            )
-        )
+        out["models_dir"] = _save(save_models, loaded, trained, finished, out)
     return out
 
 
@@ -612,167 +848,6 @@ def evaluate_saved(
     return out
 
 
-def _result_dict(
-    result: Any,
-    *,
-    method: str,
-    model: str,
-    data: str,
-    sigma: float,
-    q: int,
-    m: int,
-    notes: Sequence[str] = (),
-) -> dict[str, Any]:
-    """The JSON result of a trained run, its guarantee included (with ``notes`` added)."""
-    out, guarantee = _result_parts(
-        result, method=method, model=model, data=data, sigma=sigma, q=q, m=m
-    )
-    guarantee = replace(guarantee, notes=guarantee.notes + tuple(notes))
-    out["guarantee"] = guarantee.to_dict()
-    out["covered"] = guarantee.covered
-    out["summary"] = guarantee.describe()
-    return out
-
-
-def _result_parts(
-    result: Any, *, method: str, model: str, data: str, sigma: float, q: int, m: int
-) -> tuple[dict[str, Any], PrivacyGuarantee]:
-    """The run's JSON result and its guarantee (the caller adds notes and what is not covered,
-    then writes ``guarantee``, ``covered`` and ``summary``)."""
-    cfg = result.config
-    declared = method_class(method)
-    released = declared.communicates
-    eps = float(result.epsilon)
-    z = noise_multiplier(sigma, q, cfg.clip) if cfg.clip else None
-    private = sigma > 0 and released
-    noise_source = result.noise_source if private else "none"
-    if not released:
-        guarantee = PrivacyGuarantee(
-            epsilon=0.0,
-            delta=0.0,
-            relation=cfg.relation,
-            sampling="none",
-            accountant="none",
-            notes=("local training: nothing leaves a client, epsilon = 0 towards the others",),
-            noise_source="none",
-        )
-    elif not private:
-        guarantee = replace(
-            PrivacyGuarantee.non_private(
-                notion="JDP (billboard)", relation=cfg.relation, sampling=cfg.sampling
-            ),
-            noise_source="none",
-        )
-    else:
-        details: dict[str, Any] = {"noise_multiplier": z, "rounds": cfg.rounds, "rate": q / m}
-        notes = _noise_notes(result.noise_source)
-        if result.ledger is not None:
-            # ε composes every release the ledger holds, which is not always one per round run
-            releases = len(result.ledger.records)
-            details.update(releases=releases, rounds_run=len(result.history))
-            if releases != len(result.history):
-                notes += (
-                    f"the ledger holds {releases} releases for {len(result.history)} rounds run, "
-                    "and epsilon composes all of them (a run resumed with secure noise repeats "
-                    "the releases made after its checkpoint with fresh noise, each charged; a "
-                    "continued Flower work directory also holds its earlier runs' releases)",
-                )
-        guarantee = PrivacyGuarantee(
-            epsilon=eps,
-            delta=float(result.delta),
-            relation=cfg.relation,
-            sampling=cfg.sampling,
-            accountant=cfg.accountant,
-            notion=declared.notion,
-            details=details,
-            noise_source=result.noise_source,
-            notes=notes,
-        )
-    per_round = [h.get("epsilon") for h in result.history]
-    out = {
-        "method": method,
-        "data": data,
-        "model": model,
-        "epsilon": guarantee.epsilon,
-        "delta": guarantee.delta,
-        "accountant": guarantee.accountant,
-        "sampling": guarantee.sampling,
-        "relation": guarantee.relation,
-        "noise_std": sigma,
-        "noise_multiplier": z,
-        "clip": cfg.clip,
-        "clients_per_round": q,
-        "num_clients": m,
-        "rounds": cfg.rounds,
-        "lam": cfg.lam,
-        "lr": cfg.lr,
-        "seed": cfg.seed,
-        "batched": cfg.batched,
-        "server_update": cfg.server_update,
-        "server_optimizer": cfg.server_optimizer,
-        "personal_init": cfg.personal_init,
-        "shared_params": None if cfg.shared_params is None else list(cfg.shared_params),
-        "subspace_dim": cfg.subspace_dim,
-        "adaptive_clip_quantile": cfg.adaptive_clip_quantile,
-        "adaptive_clip_lr": cfg.adaptive_clip_lr,
-        "adaptive_clip_noise": cfg.count_noise_std_for(q),
-        "clip_per_round": [h.get("clip") for h in result.history],
-        "test_accuracy": float(result.test_accuracy),
-        "mean_client_accuracy": float(result.mean_client_accuracy),
-        "val_accuracy": float(result.val_accuracy),
-        # the released global model (the billboard) evaluated on every client, where there is one
-        "global_test_accuracy": _global_accuracy(result),
-        # the same model scored on every client's own test data, averaged over the clients
-        # (None where nothing is released: the methods that train every client alone)
-        "global_mean_client_accuracy": (
-            _global_accuracy(result, "mean_client_accuracy") if released else None
-        ),
-        "seconds": float(result.seconds),
-        "seconds_per_round": float(result.seconds_per_round),
-        "epsilon_per_round": [None if e is None or not math.isfinite(e) else e for e in per_round],
-        "released_dim": next(
-            (h["released_dim"] for h in result.history if "released_dim" in h), None
-        ),
-        "noise_source": noise_source,
-        "stopped_on_budget": bool(result.stopped_on_budget),
-        "rounds_run": len(result.history),
-    }
-    return out, guarantee
-
-
-#: The per-round curator quantities of ``curator_diagnostics`` (``diagnostics=True`` only):
-#: JSON key -> key of the engine's round record.
-CURATOR_DIAGNOSTICS = {
-    "train_loss_per_round": "train_loss",
-    "signal_norm_per_round": "signal_norm",
-    "noise_norm_per_round": "noise_norm",
-    "full_signal_norm_per_round": "full_signal_norm",
-}
-
-
-def _curator_diagnostics(result: Any) -> dict[str, list[Any]]:
-    """The curator's per-round diagnostics: they read un-noised client updates (the signal norm is
-    the norm of the un-noised mean; the noise norm, with the release, partly denoises it)."""
-    out = {key: [h.get(rec) for h in result.history] for key, rec in CURATOR_DIAGNOSTICS.items()}
-    if result.config.subspace_dim is None:
-        del out["full_signal_norm_per_round"]
-    return out
-
-
-def _noise_notes(noise_source: str) -> tuple[str, ...]:
-    if noise_source == "seeded":
-        return (
-            "seeded noise (--reproducible-noise): anyone who knows the seed can regenerate and "
-            "subtract it; for research simulation only, it protects nobody",
-        )
-    return ()
-
-
-def _global_accuracy(result: Any, key: str = "accuracy") -> float | None:
-    acc = result.accuracies.get("test", {}).get("global")
-    return None if not isinstance(acc, dict) else float(acc[key])
-
-
 def _epochs_grid(epochs: int | Sequence[int]) -> list[int]:
     values = [epochs] if isinstance(epochs, int) else list(epochs)
     if not values or any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in values):
@@ -826,31 +901,36 @@ def _finetune_from_billboard(
         "test_accuracy": float(test["accuracy"]),
         "mean_client_accuracy": float(test["mean_client_accuracy"]),
         "val_accuracy": float(tuned.accuracies["val"]["personalized"]["accuracy"]),
-        "finetune_note": "local fine-tuning is post-processing of the billboard: no privacy cost",
+        "finetune_note": FINETUNE_NOTE,
         "_params": tuned.personalized_params,
     }
 
 
 def _finetune_auto(
-    result: Any,
+    result: TrainResult,
     ds: FederatedDataset,
     net: torch.nn.Module,
-    out: dict[str, Any],
+    method: str,
+    sigma: float,
     batch_size: int,
     seed: int,
 ) -> dict[str, Any]:
     """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
     validation split among the billboard fine-tuned on its data (where it carries signal), its own
-    local training and its trained model (:func:`~privmtl.federated.finish.finish_clients`)."""
+    local training and its trained model (:func:`~privmtl.federated.finish.finish_clients`).
+    Which candidates it compares depends on public parameters only: ``sigma`` (the released
+    mean's noise), the clip, one release's size and the releases made."""
     from privmtl.federated.algorithms import evaluate
 
-    sigma, clip, dim = float(out["noise_std"] or 0.0), out["clip"], int(out["released_dim"] or 0)
-    rounds = int(out.get("rounds_run") or out["rounds"])
-    plan = auto_plan(out["method"], out["shared_params"], sigma, clip, dim, rounds)
+    cfg = result.config
+    shared = None if cfg.shared_params is None else list(cfg.shared_params)
+    dim = int(released_dim(result) or 0)
+    rounds = len(result.history) or cfg.rounds
+    plan = auto_plan(method, shared, sigma, cfg.clip, dim, rounds)
     trained = stack_trained(result.personalized_params, result.global_params, ds.n_clients)
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
-        lr=float(out["lr"]), lam=float(out["lam"] or 0.0), plan=plan,
+        lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan,
     )  # fmt: skip
     assert fin.choice is not None
     buffers = {n: b.detach() for n, b in net.named_buffers()}
@@ -862,7 +942,7 @@ def _finetune_auto(
     return {
         "finetune": "auto",
         "finetune_auto": auto_info(plan, counts.tolist(), fin.grids),
-        "pre_finetune_test_accuracy": out["test_accuracy"],
+        "pre_finetune_test_accuracy": float(result.test_accuracy),
         "test_accuracy": float(acc["test"]["accuracy"]),
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
         "val_accuracy": float(acc["val"]["accuracy"]),
@@ -928,6 +1008,6 @@ def _finetune(
         "test_accuracy": float(acc["test"]["accuracy"]),
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
         "val_accuracy": float(acc.get("val", {}).get("accuracy", float("nan"))),
-        "finetune_note": "local fine-tuning is post-processing of the billboard: no privacy cost",
+        "finetune_note": FINETUNE_NOTE,
         "_params": params,
     }

@@ -1152,12 +1152,12 @@ class ServerRun:
 
     def result_dict(self, evaluations: list[dict[str, Any]], started: float) -> dict:
         """The JSON of ``privmtl pmtl`` for this run, plus ``engine``."""
-        from privmtl.experiments.pmtl import _result_dict
         from privmtl.federated.finish import final_models_keys
+        from privmtl.federated.report import result_dict
 
         res = self.result(evaluations, started)
         part, notes = self._finish_part(evaluations, float(res.test_accuracy))
-        out = _result_dict(
+        out = result_dict(
             res,
             method=self.config.method,
             model=str(self.opts["model"]),
