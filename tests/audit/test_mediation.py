@@ -147,12 +147,7 @@ def test_mechanism_audit_still_needs_its_options(capsys):
 
 # ------------------------------------------------------------------------------- paths fixed by
 # other items of issue 21: each fails on a branch without that fix, for the reason named.
-# The k-fold tuning path takes about 15 s: slow.
-FIXED_ELSEWHERE = [
-    pytest.param(s, id=s.name, marks=[pytest.mark.slow] if "tuning" in s.name else [])
-    for s in check_specs()
-    if s.issue
-]
+FIXED_ELSEWHERE = [pytest.param(s, id=s.name) for s in check_specs() if s.issue]
 
 
 @pytest.mark.parametrize("spec", FIXED_ELSEWHERE)
