@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -20,6 +22,8 @@ from privmtl.privacy.sampling import make_sampler
 
 # Fast paths that are mediated today and, together, let every mutant bite.
 FAST = ["train_local", "train_workshop", "lowrank (public step size)"]
+# ... and one command-line path: what the command-line audit runs once for this module.
+CLI_ONLY = ["pmtl --finetune none", *FAST]
 
 
 # ------------------------------------------------------------------------------- the tape
@@ -77,15 +81,25 @@ def test_enough_paths_and_mutants():
     assert any("local-all" in n and "labels" in n and "personalized.pt" in n for n in names)
 
 
-def test_fast_paths_hold_and_every_mutant_is_caught():
-    out = run_mediation_audit(None, only=FAST)
-    assert [c["ok"] for c in out["checks"]] == [True] * 3, out["checks"]
+@pytest.fixture(scope="module")
+def cli_audit():
+    """One ``privmtl audit mediation --json`` run on the fast paths and one command-line path,
+    with every mutant: its exit code and its JSON object, shared by the tests that read them."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = main(["audit", "mediation", "--json", *(a for o in CLI_ONLY for a in ("--only", o))])
+    return code, json.loads(buffer.getvalue())
+
+
+def test_fast_paths_hold_and_every_mutant_is_caught(cli_audit):
+    _, out = cli_audit
+    assert [c["ok"] for c in out["checks"]] == [True] * 4, out["checks"]
     assert out["mutants"] == 3 and out["mutants_caught"] == 3, out["mutant_results"]
     assert out["ok"] and out["skipped"] == 0
     caught_by = {m["name"]: m["failed_checks"] for m in out["mutant_results"]}
     assert caught_by["pooled-selection"] == ["train_local(select='client')"]
     assert caught_by["global-step-size"] == ["MP-MTL lowrank (public step size)"]
-    assert caught_by["unnoised-diagnostic"] == ["train_workshop"]
+    assert caught_by["unnoised-diagnostic"] == ["pmtl --finetune none", "train_workshop"]
 
 
 def test_a_leak_is_reported_with_the_clients_that_differ():
@@ -103,10 +117,8 @@ def test_command_line_checks_need_the_cli_runner():
     assert not out["ok"]
 
 
-def test_cli_contract(capsys):
-    only = ["pmtl --finetune none", "train_local", "train_workshop", "lowrank (public"]
-    code = main(["audit", "mediation", "--json", *(a for o in only for a in ("--only", o))])
-    out = json.loads(capsys.readouterr().out)
+def test_cli_contract(cli_audit):
+    code, out = cli_audit
     assert isinstance(out["checks"], list) and len(out["checks"]) == 4
     assert all({"name", "ok", "detail"} <= set(c) for c in out["checks"])
     assert isinstance(out["mutants"], int) and isinstance(out["mutants_caught"], int)
@@ -135,12 +147,7 @@ def test_mechanism_audit_still_needs_its_options(capsys):
 
 # ------------------------------------------------------------------------------- paths fixed by
 # other items of issue 21: each fails on a branch without that fix, for the reason named.
-# The k-fold tuning path takes about 15 s: slow.
-FIXED_ELSEWHERE = [
-    pytest.param(s, id=s.name, marks=[pytest.mark.slow] if "tuning" in s.name else [])
-    for s in check_specs()
-    if s.issue
-]
+FIXED_ELSEWHERE = [pytest.param(s, id=s.name) for s in check_specs() if s.issue]
 
 
 @pytest.mark.parametrize("spec", FIXED_ELSEWHERE)

@@ -1,6 +1,4 @@
 import json
-import subprocess
-import sys
 
 import dp_accounting
 import pytest
@@ -112,15 +110,3 @@ def test_bad_input_exits_2_with_one_line(capsys, args, needle):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("privmtl: error:")
     assert needle in lines[0]
-
-
-def test_console_script_exit_code_and_no_traceback(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from privmtl.cli import main; sys.exit(main())",
-         "mpmtl", "--data", "synthetic-lowrank", "--method", "lowrank", "--epsilon", "-1"],
-        capture_output=True, text=True, cwd=tmp_path, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr
-    assert "'epsilon'" in proc.stderr
-    assert list(tmp_path.iterdir()) == []
