@@ -12,12 +12,12 @@ import torch
 
 from privmtl.audit import mediation
 from privmtl.audit.mediation import MUTANTS, check_specs, run_mediation_audit
+from privmtl.audit.tape import ReleaseTape, release_tape
 from privmtl.cli import main
 from privmtl.cli.audit import _run_command
-from privmtl.privacy import release as rel
 from privmtl.privacy.covariance import plan_covariance_releases
 from privmtl.privacy.noise import make_noise_source
-from privmtl.privacy.release import GaussianMeanRelease, ReleaseTape, release_tape
+from privmtl.privacy.release import GaussianMeanRelease
 from privmtl.privacy.sampling import make_sampler
 
 # Fast paths that are mediated today and, together, let every mutant bite.
@@ -33,8 +33,11 @@ def _release(values: torch.Tensor, seed: int = 0) -> torch.Tensor:
     return out.value["w"]
 
 
+_ORIGINALS = (GaussianMeanRelease.release, GaussianMeanRelease.release_sum)
+
+
 def test_no_tape_is_active_by_default():
-    assert rel._TAPE is None
+    assert (GaussianMeanRelease.release, GaussianMeanRelease.release_sum) == _ORIGINALS
     x = torch.ones(3, 2)
     assert torch.equal(_release(x), _release(x))  # seeded, deterministic, untouched
 
@@ -49,7 +52,8 @@ def test_replay_emits_the_recorded_release_not_the_new_one():
     assert replay.position == 1
     assert torch.equal(replayed, recorded)
     assert not torch.equal(_release(b, seed=1), recorded)  # without the tape: B's own release
-    assert rel._TAPE is None
+    # the tape was injected around the mechanism and is gone: the product holds no hook
+    assert (GaussianMeanRelease.release, GaussianMeanRelease.release_sum) == _ORIGINALS
 
 
 def test_replay_refuses_more_releases_than_recorded():
@@ -164,3 +168,20 @@ def test_full_audit_holds():
     out = run_mediation_audit(_run_command)
     assert len(out["checks"]) >= 10 and out["mutants"] >= 3
     assert out["ok"], [c for c in out["checks"] if not c["ok"]]
+
+
+def test_the_product_holds_no_audit_hook():
+    """The tape is injected by the audit around the mechanisms: no module outside
+    ``privmtl.audit`` refers to it."""
+    from pathlib import Path
+
+    import privmtl
+
+    src = Path(privmtl.__file__).parent
+    offenders = [
+        str(p.relative_to(src))
+        for p in src.rglob("*.py")
+        if p.relative_to(src).parts[0] != "audit"
+        and any(w in p.read_text() for w in ("ReleaseTape", "release_tape", "taped("))
+    ]
+    assert offenders == []

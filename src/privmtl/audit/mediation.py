@@ -6,7 +6,7 @@ data and of the privatized releases, nothing else. This module tests that fact o
 output path by output path:
 
 1. **Run A** on a data set ``D``, with an audit tape recording every release
-   (:func:`~privmtl.privacy.release.release_tape`).
+   (:func:`~privmtl.audit.tape.release_tape`, injected around the release mechanisms).
 2. **Run B** on ``D'``, where one client's (task's) data is replaced, with the tape *replaying*
    A's releases: each release computes everything it would, then emits A's value instead of its
    own. Sampling, client training, fine-tuning, selection, evaluation and saving run unchanged,
@@ -34,7 +34,7 @@ Output paths that need the command line (``privmtl pmtl`` and ``privmtl mpmtl`` 
 module sits below the CLI); without it those checks are skipped.
 
 Not covered: the DP-MTRL and DP-AGGR baselines (their output perturbation does not go through
-:func:`~privmtl.privacy.release.taped`, so it cannot be replayed) and the sweeps' selection.
+:func:`~privmtl.audit.tape.release_tape`, so it cannot be replayed) and the sweeps' selection.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ from privmtl.audit.mediation_paths import (
     check_specs,
     make_tables,
 )
-from privmtl.privacy.release import ReleaseTape, release_tape
+from privmtl.audit.tape import ReleaseTape, release_tape
 
 __all__ = [
     "DIAGNOSTIC_KEYS",
@@ -232,18 +232,22 @@ def _verdict(name: str, diff: _Diff, extra: dict[str, Any] | None = None) -> dic
 
 
 # ----------------------------------------------------------------------------------- runners
-@contextlib.contextmanager
-def _recorded() -> Iterator[ReleaseTape]:
+Inject = Callable[[], contextlib.AbstractContextManager[Any]]
+"""A mutant's context manager (:data:`MUTANTS`), or none."""
+
+
+def _twice(
+    run: Callable[[bool], Any], inject: Inject = contextlib.nullcontext
+) -> tuple[Any, Any, int]:
+    """``run(replaced)`` on D with a recording tape, then on D' replaying it.
+
+    The tape wraps the release mechanisms first, the mutant (``inject``) over it: the tape sits
+    where a release leaves the mechanism, and whatever a mutant adds afterwards is outside it.
+    """
     tape = ReleaseTape("record")
-    with release_tape(tape):
-        yield tape
-
-
-def _twice(run: Callable[[bool], Any]) -> tuple[Any, Any, int]:
-    """``run(replaced)`` on D with a recording tape, then on D' replaying it."""
-    with _recorded() as tape:
+    with release_tape(tape), inject():
         a = run(False)
-    with release_tape(tape.replay()) as replay:
+    with release_tape(tape.replay()) as replay, inject():
         b = run(True)
     if replay.position != len(tape.values):
         raise RuntimeError(
@@ -322,8 +326,10 @@ def _mpmtl_args(ctx: Workspace, spec: CheckSpec, data: Path, models: Path) -> li
     ]
 
 
-def _check_cli(ctx: Workspace, spec: CheckSpec, run_command: RunCommand) -> dict[str, Any]:
-    a, b, releases = _twice(lambda replaced: _cli_outputs(ctx, spec, run_command, replaced))
+def _check_cli(
+    ctx: Workspace, spec: CheckSpec, run_command: RunCommand, inject: Inject
+) -> dict[str, Any]:
+    a, b, releases = _twice(lambda replaced: _cli_outputs(ctx, spec, run_command, replaced), inject)
     ids = [str(c) for c in a["files"].get("model.json", {}).get("client_ids", [])]
     if not ids:
         ids = [f"c{k}" for k in range(NUM_CLIENTS)]
@@ -349,10 +355,10 @@ def _check_cli(ctx: Workspace, spec: CheckSpec, run_command: RunCommand) -> dict
     return _verdict(spec.name, diff, extra)
 
 
-def _check_api(ctx: Workspace, spec: CheckSpec) -> dict[str, Any]:
+def _check_api(ctx: Workspace, spec: CheckSpec, inject: Inject) -> dict[str, Any]:
     runner = spec.runner
     assert runner is not None
-    a, b, releases = _twice(lambda replaced: runner(ctx, replaced))
+    a, b, releases = _twice(lambda replaced: runner(ctx, replaced), inject)
     ids, rows_a, nums_a, whole_a = a
     _, rows_b, nums_b, whole_b = b
     skip = f"c{REPLACED}"
@@ -364,15 +370,20 @@ def _check_api(ctx: Workspace, spec: CheckSpec) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------- driver
-def _run_check(ctx: Workspace, spec: CheckSpec, run_command: RunCommand | None) -> dict[str, Any]:
+def _run_check(
+    ctx: Workspace,
+    spec: CheckSpec,
+    run_command: RunCommand | None,
+    inject: Inject = contextlib.nullcontext,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         if spec.kind == "cli":
             if run_command is None:
                 return {"name": spec.name, "ok": None, "detail": "skipped: needs the CLI"}
-            out = _check_cli(ctx, spec, run_command)
+            out = _check_cli(ctx, spec, run_command, inject)
         else:
-            out = _check_api(ctx, spec)
+            out = _check_api(ctx, spec, inject)
     except Exception as exc:  # a path that breaks under replay is a failed check, not a crash
         out = {"name": spec.name, "ok": False, "detail": f"error: {type(exc).__name__}: {exc}"}
     if spec.issue:
@@ -423,8 +434,9 @@ def run_mediation_audit(
         if mutants:
             passing = {c["name"] for c in checks if c["ok"]}
             for name, (what, inject) in MUTANTS.items():
-                with inject():
-                    mutated = [_run_check(ctx, s, run_command) for s in specs if s.name in passing]
+                mutated = [
+                    _run_check(ctx, s, run_command, inject) for s in specs if s.name in passing
+                ]
                 failed = [c["name"] for c in mutated if c["ok"] is False]
                 results.append(
                     {"name": name, "injects": what, "caught": bool(failed), "failed_checks": failed}

@@ -38,7 +38,6 @@ from privmtl.privacy.composition import allocate_budgets, allocation_weights, co
 from privmtl.privacy.guarantee import RELATIONS, PrivacyGuarantee
 from privmtl.privacy.mechanisms import symmetric_gaussian_noise, wishart_noise
 from privmtl.privacy.noise import NoiseSource, NumpySeededNoise
-from privmtl.privacy.release import taped
 
 __all__ = [
     "COVARIANCE_NOISES",
@@ -188,18 +187,17 @@ class CovarianceSchedule:
         """``cov + E_t``: release ``t`` of ``cov`` before any eigenvalue fix.
 
         ``noise`` is a :class:`~privmtl.privacy.noise.NoiseSource` (``"secure"`` or ``"seeded"``)
-        or a numpy Generator (wrapped as seeded noise; the same draws). Inside an audit's
-        :func:`~privmtl.privacy.release.release_tape` the value goes through the tape.
+        or a numpy Generator (wrapped as seeded noise; the same draws).
         """
         cov = np.asarray(cov, dtype=float)
         if self.noise == "none":
-            return taped(cov)
+            return cov
         self._check_index(t)
         src = NumpySeededNoise(noise) if isinstance(noise, np.random.Generator) else noise
         if self.noise == "wishart":
             scale = self.clip**2 / (2.0 * self.per_release[t])
-            return taped(cov + wishart_noise(cov.shape[0], scale, src))
-        return taped(cov + symmetric_gaussian_noise(cov.shape[0], self.per_release[t], src))
+            return cov + wishart_noise(cov.shape[0], scale, src)
+        return cov + symmetric_gaussian_noise(cov.shape[0], self.per_release[t], src)
 
     def release(
         self, t: int, cov: np.ndarray, rng: NoiseSource | np.random.Generator

@@ -56,10 +56,7 @@ noise multiplier is again :math:`z = \sigma/\gamma`.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,7 +81,6 @@ __all__ = [
     "AdaptiveClip",
     "GaussianMeanRelease",
     "Release",
-    "ReleaseTape",
     "billboard_carries_signal",
     "billboard_noise_and_bound",
     "clip_factors",
@@ -95,85 +91,12 @@ __all__ = [
     "mean_multiplier_for",
     "noise_multiplier",
     "noise_std_for",
-    "release_tape",
     "signal_noise",
-    "taped",
     "update_norms",
 ]
 
 
 Params = dict[str, torch.Tensor]
-
-
-# ---------------------------------------------------------------------------------- audit tape
-class ReleaseTape:
-    """Audit only: record the values every release emits, or emit recorded values instead.
-
-    The mediation audit (:mod:`privmtl.audit.mediation`) runs an output path twice, on data sets
-    that differ in one client. In the first run (``mode="record"``) the tape keeps a copy of every
-    released value in order; in the second (``mode="replay"``) each release still computes
-    everything it would (clipping, mean, noise draws, ledger record), then emits the recorded
-    value of the same position instead of its own. All other code runs unchanged, so any
-    difference in another client's outputs is a dependence on the replaced client that does not
-    pass through a release. Active only inside :func:`release_tape`; never used by a normal run.
-    """
-
-    def __init__(self, mode: str, values: list[Any] | None = None) -> None:
-        if mode not in ("record", "replay"):
-            raise InvalidParameterError(
-                f"The 'mode' parameter must be 'record' or 'replay'; got {mode!r}."
-            )
-        self.mode = mode
-        self.values: list[Any] = [] if values is None else list(values)
-        self.position = 0
-
-    def __call__(self, value: Any) -> Any:
-        """``value`` (recorded) when recording; the next recorded value when replaying."""
-        if self.mode == "record":
-            self.values.append(copy.deepcopy(value))
-            return value
-        if self.position >= len(self.values):
-            raise InvalidParameterError(
-                f"Replay asks for release {self.position + 1}, but only {len(self.values)} "
-                "were recorded: the replayed run makes more releases than the recorded one "
-                "(a choice outside the releases changed how many are made)."
-            )
-        out = copy.deepcopy(self.values[self.position])
-        self.position += 1
-        return out
-
-    def replay(self) -> ReleaseTape:
-        """A replaying tape of the values recorded here."""
-        return ReleaseTape("replay", self.values)
-
-
-_TAPE: ReleaseTape | None = None
-
-
-@contextlib.contextmanager
-def release_tape(tape: ReleaseTape) -> Iterator[ReleaseTape]:
-    """Audit only: route every release's value through ``tape`` while the context is active.
-
-    Covers :meth:`GaussianMeanRelease.release`, :meth:`~GaussianMeanRelease.release_sum`,
-    :meth:`~GaussianMeanRelease.release_blocks` and the MP-MTL covariance release
-    (:meth:`~privmtl.privacy.covariance.CovarianceSchedule.noisy`). Not thread-safe; not for
-    training.
-    """
-    global _TAPE
-    previous, _TAPE = _TAPE, tape
-    try:
-        yield tape
-    finally:
-        _TAPE = previous
-
-
-def taped(value: Any) -> Any:
-    """``value`` itself, unless an audit tape is active (:func:`release_tape`).
-
-    Every mechanism whose output leaves a curator passes its released value through here (after
-    its ledger record), so that the mediation audit can replay it.
-    """
-    return value if _TAPE is None else _TAPE(value)
 
 
 def update_norms(updates: Params) -> torch.Tensor:
@@ -468,18 +391,7 @@ class GaussianMeanRelease:
             kind = "gaussian-mean+count"
         details["clip"] = self.clip
         eps, event = self._record(ledger, round, release_id, replay_ok, kind)
-        value, details = self._taped(value, details)
         return Release(value, norms, clipped, eps, event, details)
-
-    @staticmethod
-    def _taped(value: Params, details: dict[str, Any]) -> tuple[Params, dict[str, Any]]:
-        if _TAPE is None:
-            return value, details
-        released = {"value": value, "unclipped_fraction": details.get("unclipped_fraction")}
-        released = _TAPE(released)
-        if released["unclipped_fraction"] is not None:
-            details["unclipped_fraction"] = released["unclipped_fraction"]
-        return released["value"], details
 
     def _noised(
         self, mean: Params, noise: NoiseSource, round: int | None
@@ -546,7 +458,6 @@ class GaussianMeanRelease:
         value, details = self._noised(mean, noise, round)
         details["clip"] = self.clip
         eps, event = self._record(ledger, round, release_id, replay_ok, "gaussian-mean")
-        value, details = self._taped(value, details)
         return Release(value, np.zeros(0), np.zeros(0, dtype=bool), eps, event, details)
 
     def release_blocks(
@@ -580,7 +491,6 @@ class GaussianMeanRelease:
             draws = noise.normal_like(value, self.noise_std)
             value = {n: value[n] + draws[n] for n in value}
         eps, event = self._record(ledger, round, release_id, replay_ok, "gaussian-blocks")
-        value = taped(value)
         return Release(value, norms, clipped, eps, event)
 
 
