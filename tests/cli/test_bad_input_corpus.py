@@ -219,7 +219,11 @@ CASES: list[Case] = [
     C("pmtl-data-unknown", _replace(PMTL, "--data", "nope"), "--data", "nope"),
     C("pmtl-sampling-unknown", [*PMTL, "--sampling", "nope"], "--sampling", "nope"),
     C("pmtl-unknown-option", [*PMTL, "--frobnicate"], "--frobnicate"),
-    C("pmtl-missing-model", [a for a in PMTL if a not in ("--model", "logreg")], "--model"),
+    C(
+        "pmtl-model-empty",
+        [*[a for a in PMTL if a not in ("--model", "logreg")], "--model", ""],
+        "--model",
+    ),
     C("pmtl-eps-and-sigma", [*PMTL, "--epsilon", "1", "--noise-std", "1"], "noise"),
     C("pmtl-steps-and-epochs", [*PMTL, "--local-steps", "2", "--local-epochs", "2"], "local"),
     C("pmtl-paper-delta-and-delta", [*PMTL, "--paper-delta", "--delta", "1e-5"], "delta"),
