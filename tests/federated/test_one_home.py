@@ -38,7 +38,7 @@ NOT_A_SETTING = {
     # the result's record of where the noise came from, not the run's setting
     ("federated/config.py", "TrainResult.noise_source"),
     # a curator's own stream seed, always given by its callers
-    ("federated/protocol.py", "__init__.seed"),
+    ("federated/curator.py", "__init__.seed"),
     # a node's final models: the resolved personal_init of the run is always passed
     ("flower/_core.py", "trained.personal_init"),
     # the fine-tuning method of a call, not the run's method
