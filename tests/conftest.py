@@ -4,11 +4,14 @@ private privmtl configuration folder (the signing key) for every test."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# helper modules shared by test files (engine_defaults.py): importable under --import-mode=importlib
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _shared_data_dir() -> Path:

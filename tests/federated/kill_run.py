@@ -12,33 +12,15 @@ import json
 import os
 import signal
 import sys
-from typing import Any
-
-#: The engine defaults these seeded tests were written with, given explicitly so that their
-#: numbers stay (TrainConfig's own defaults are the run spec's, privmtl.federated.spec.SPEC).
-ENGINE_DEFAULTS = {
-    "clip": 1.0,
-    "clients_per_round": 10,
-    "lam": 0.1,
-    "server_update": "offset",
-    "personal_init": "model",
-}
-
-
-def old_config(**kw: Any) -> Any:
-    """A TrainConfig with :data:`ENGINE_DEFAULTS` for what ``kw`` leaves out (every client per
-    round with ``sampling="all"`` and the workshop, as before)."""
-    from privmtl.federated import TrainConfig
-
-    base = dict(ENGINE_DEFAULTS)
-    if kw.get("sampling") == "all" or kw.get("method") == "workshop":
-        base.pop("clients_per_round")
-    return TrainConfig(**{**base, **kw})
+from pathlib import Path
 
 
 def main() -> None:
     data_dir, cache_dir, ckpt, cfg_json, point, at = sys.argv[1:7]
     at_round = int(at)
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: engine_defaults
+    from engine_defaults import old_config
 
     import privmtl.checkpoint as ck
     from privmtl.data.federated import load_leaf

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import dp_accounting
 import pytest
 import torch
+from engine_defaults import old_config
 
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
@@ -17,26 +17,6 @@ from privmtl.federated.engine import train
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.privacy.accounting import compute_epsilon
 from privmtl.privacy.sampling import make_sampler
-
-#: The engine defaults these seeded tests were written with, given explicitly so that their
-#: numbers stay (TrainConfig's own defaults are the run spec's, privmtl.federated.spec.SPEC).
-ENGINE_DEFAULTS = {
-    "clip": 1.0,
-    "clients_per_round": 10,
-    "lam": 0.1,
-    "server_update": "offset",
-    "personal_init": "model",
-}
-
-
-def old_config(**kw: Any) -> TrainConfig:
-    """A TrainConfig with :data:`ENGINE_DEFAULTS` for what ``kw`` leaves out (every client per
-    round with ``sampling="all"`` and the workshop, as before)."""
-    base = dict(ENGINE_DEFAULTS)
-    if kw.get("sampling") == "all" or kw.get("method") == "workshop":
-        base.pop("clients_per_round")
-    return TrainConfig(**{**base, **kw})
-
 
 D, C = 4, 3
 GROUPS = [[0, 5, 9], [1, 2, 3, 4], [6, 7, 8, 10, 11]]

@@ -11,36 +11,17 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from engine_defaults import old_config
 from scipy import stats
 
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
-from privmtl.federated import FemnistCNN, MultinomialLogReg, TrainConfig, train
+from privmtl.federated import FemnistCNN, MultinomialLogReg, train
 from privmtl.federated.algorithms import draw_round_plan, evaluate
 from privmtl.federated.engine import aggregate_batched, local_train_batched, make_step_fn
 from privmtl.federated.reference import aggregate_reference, local_train_reference
 from privmtl.privacy.accounting import compute_epsilon
 from privmtl.privacy.sampling import make_sampler
-
-#: The engine defaults these seeded tests were written with, given explicitly so that their
-#: numbers stay (TrainConfig's own defaults are the run spec's, privmtl.federated.spec.SPEC).
-ENGINE_DEFAULTS = {
-    "clip": 1.0,
-    "clients_per_round": 10,
-    "lam": 0.1,
-    "server_update": "offset",
-    "personal_init": "model",
-}
-
-
-def old_config(**kw: Any) -> TrainConfig:
-    """A TrainConfig with :data:`ENGINE_DEFAULTS` for what ``kw`` leaves out (every client per
-    round with ``sampling="all"`` and the workshop, as before)."""
-    base = dict(ENGINE_DEFAULTS)
-    if kw.get("sampling") == "all" or kw.get("method") == "workshop":
-        base.pop("clients_per_round")
-    return TrainConfig(**{**base, **kw})
-
 
 FAST = {"progress": False, "threads": 1, "noise_source": "seeded"}
 

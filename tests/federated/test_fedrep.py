@@ -9,32 +9,14 @@ import dp_accounting as dpa
 import numpy as np
 import pytest
 import torch
+from engine_defaults import old_config
 from torch import nn
 
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated import MultinomialLogReg, TrainConfig
+from privmtl.federated import MultinomialLogReg
 from privmtl.federated.fedrep import PartStep, head_names, representation_names
 from privmtl.federated.protocol import Trainer
-
-#: The engine defaults these seeded tests were written with, given explicitly so that their
-#: numbers stay (TrainConfig's own defaults are the run spec's, privmtl.federated.spec.SPEC).
-ENGINE_DEFAULTS = {
-    "clip": 1.0,
-    "clients_per_round": 10,
-    "lam": 0.1,
-    "server_update": "offset",
-    "personal_init": "model",
-}
-
-
-def old_config(**kw: Any) -> TrainConfig:
-    """A TrainConfig with :data:`ENGINE_DEFAULTS` for what ``kw`` leaves out (every client per
-    round with ``sampling="all"`` and the workshop, as before)."""
-    base = dict(ENGINE_DEFAULTS)
-    if kw.get("sampling") == "all" or kw.get("method") == "workshop":
-        base.pop("clients_per_round")
-    return TrainConfig(**{**base, **kw})
 
 
 class MLP(nn.Module):

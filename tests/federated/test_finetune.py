@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
+from engine_defaults import old_config
 
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.config import TrainResult
 from privmtl.federated.finetune import (
     FINETUNE_METHODS,
     empirical_fisher,
@@ -17,26 +16,6 @@ from privmtl.federated.finetune import (
     finetune_objective,
 )
 from privmtl.federated.models import MultinomialLogReg
-
-#: The engine defaults these seeded tests were written with, given explicitly so that their
-#: numbers stay (TrainConfig's own defaults are the run spec's, privmtl.federated.spec.SPEC).
-ENGINE_DEFAULTS = {
-    "clip": 1.0,
-    "clients_per_round": 10,
-    "lam": 0.1,
-    "server_update": "offset",
-    "personal_init": "model",
-}
-
-
-def old_config(**kw: Any) -> TrainConfig:
-    """A TrainConfig with :data:`ENGINE_DEFAULTS` for what ``kw`` leaves out (every client per
-    round with ``sampling="all"`` and the workshop, as before)."""
-    base = dict(ENGINE_DEFAULTS)
-    if kw.get("sampling") == "all" or kw.get("method") == "workshop":
-        base.pop("clients_per_round")
-    return TrainConfig(**{**base, **kw})
-
 
 D, C = 4, 3
 

@@ -11,6 +11,7 @@ from typing import Any
 import dp_accounting
 import pytest
 import torch
+from engine_defaults import old_config
 
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError, PrivmtlWarning
@@ -19,26 +20,6 @@ from privmtl.federated.protocol import Trainer
 from privmtl.privacy.accounting import compute_epsilon
 from privmtl.privacy.ledger import reaccount
 from privmtl.privacy.sampling import make_sampler
-
-#: The engine defaults these seeded tests were written with, given explicitly so that their
-#: numbers stay (TrainConfig's own defaults are the run spec's, privmtl.federated.spec.SPEC).
-ENGINE_DEFAULTS = {
-    "clip": 1.0,
-    "clients_per_round": 10,
-    "lam": 0.1,
-    "server_update": "offset",
-    "personal_init": "model",
-}
-
-
-def old_config(**kw: Any) -> TrainConfig:
-    """A TrainConfig with :data:`ENGINE_DEFAULTS` for what ``kw`` leaves out (every client per
-    round with ``sampling="all"`` and the workshop, as before)."""
-    base = dict(ENGINE_DEFAULTS)
-    if kw.get("sampling") == "all" or kw.get("method") == "workshop":
-        base.pop("clients_per_round")
-    return TrainConfig(**{**base, **kw})
-
 
 KILL_SCRIPT = Path(__file__).with_name("kill_run.py")
 CFG = {

@@ -5,39 +5,19 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from engine_defaults import old_config
 
 from privmtl.checkpoint import CheckpointError
 from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import make_model
-from privmtl.federated.config import TrainConfig
 from privmtl.federated.protocol import Trainer
 from privmtl.flower._core import NodeClients, ServerRun, partition, run_options
 from privmtl.privacy.ledger import reaccount, read_ledger
-
-#: The engine defaults these seeded tests were written with, given explicitly so that their
-#: numbers stay (TrainConfig's own defaults are the run spec's, privmtl.federated.spec.SPEC).
-ENGINE_DEFAULTS = {
-    "clip": 1.0,
-    "clients_per_round": 10,
-    "lam": 0.1,
-    "server_update": "offset",
-    "personal_init": "model",
-}
-
-
-def old_config(**kw: Any) -> TrainConfig:
-    """A TrainConfig with :data:`ENGINE_DEFAULTS` for what ``kw`` leaves out (every client per
-    round with ``sampling="all"`` and the workshop, as before)."""
-    base = dict(ENGINE_DEFAULTS)
-    if kw.get("sampling") == "all" or kw.get("method") == "workshop":
-        base.pop("clients_per_round")
-    return TrainConfig(**{**base, **kw})
 
 
 def _opts(**kw):

@@ -1,11 +1,11 @@
 """ε → σ calibration lives in privmtl.privacy.calibration; every entry point gets its σ there."""
 
 import math
-from typing import Any
 
 import dp_accounting
 import numpy as np
 import pytest
+from engine_defaults import old_config
 
 from privmtl.experiments.accounting import account_rounds
 from privmtl.federated.baselines import config_for_epsilon
@@ -21,26 +21,6 @@ from privmtl.privacy.calibration import (
 )
 from privmtl.privacy.covariance import plan_covariance_releases
 from privmtl.privacy.sampling import make_sampler
-
-#: The engine defaults these seeded tests were written with, given explicitly so that their
-#: numbers stay (TrainConfig's own defaults are the run spec's, privmtl.federated.spec.SPEC).
-ENGINE_DEFAULTS = {
-    "clip": 1.0,
-    "clients_per_round": 10,
-    "lam": 0.1,
-    "server_update": "offset",
-    "personal_init": "model",
-}
-
-
-def old_config(**kw: Any) -> TrainConfig:
-    """A TrainConfig with :data:`ENGINE_DEFAULTS` for what ``kw`` leaves out (every client per
-    round with ``sampling="all"`` and the workshop, as before)."""
-    base = dict(ENGINE_DEFAULTS)
-    if kw.get("sampling") == "all" or kw.get("method") == "workshop":
-        base.pop("clients_per_round")
-    return TrainConfig(**{**base, **kw})
-
 
 DELTA = 1e-5
 

@@ -14,38 +14,16 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from dp_accounting import dp_event as dpe
+from engine_defaults import old_config
 
 from privmtl.checkpoint import CheckpointError
 from privmtl.cli import main
 from privmtl.privacy.accounting import make_accountant
-
-#: The engine defaults these seeded tests were written with, given explicitly so that their
-#: numbers stay (TrainConfig's own defaults are the run spec's, privmtl.federated.spec.SPEC).
-ENGINE_DEFAULTS = {
-    "clip": 1.0,
-    "clients_per_round": 10,
-    "lam": 0.1,
-    "server_update": "offset",
-    "personal_init": "model",
-}
-
-
-def old_config(**kw: Any) -> Any:
-    """A TrainConfig with :data:`ENGINE_DEFAULTS` for what ``kw`` leaves out (every client per
-    round with ``sampling="all"`` and the workshop, as before)."""
-    from privmtl.federated import TrainConfig
-
-    base = dict(ENGINE_DEFAULTS)
-    if kw.get("sampling") == "all" or kw.get("method") == "workshop":
-        base.pop("clients_per_round")
-    return TrainConfig(**{**base, **kw})
-
 
 FAULT = Path(__file__).with_name("fault_run.py")
 ROUNDS = 5
