@@ -251,3 +251,34 @@ def test_client_starts_from_stacked_states(tabular: FederatedDataset) -> None:
     joined = torch.tensor([True, False, True, False])
     starts, _ = client_starts(method, board, torch.tensor([0, 1]), personal=personal, joined=joined)
     assert torch.equal(starts["w"], torch.tensor([[0.0, 1.0], [9.0, 9.0]]))
+
+
+def test_a_state_of_stacked_client_states_still_loads(tabular: FederatedDataset) -> None:
+    """A checkpoint written before the store holds the stacked states and the joined mask."""
+    first = Trainer(tabular, _model(tabular), _billboard_run_config(4))
+    first.step()
+    first.step()
+    sd = first.state_dict()
+    every = torch.arange(tabular.n_clients)
+    sd["clients"] = {
+        "personal": first.clients.dense("personal"),
+        "joined": {"mask": first.clients.written(every)},
+    }
+    resumed = Trainer(tabular, _model(tabular), _billboard_run_config(4))
+    resumed.load_state_dict(sd)
+    assert torch.equal(resumed.clients.written(every), first.clients.written(every))
+    assert resumed.clients.n_written < tabular.n_clients
+    _check_pinned(resumed.run(), tabular.n_clients)
+
+
+def test_pp_sgd_initial_theta_writes_every_row() -> None:
+    method = get_method("pp-sgd", TrainConfig(method="pp-sgd"))
+    init = {"w": torch.zeros(2, 3), "b": torch.zeros(2)}
+    gen = torch.Generator().manual_seed(0)
+    theta = {"w": torch.randn((5, 2, 3), generator=gen), "b": torch.randn((5, 2), generator=gen)}
+    store = method.initial_state(init, 5, {"theta": theta})
+    assert store.fields == ["theta"] and store.n_written == 5
+    for n, t in store.dense("theta").items():
+        assert torch.equal(t, theta[n])
+    fresh = method.initial_state(init, 5)
+    assert fresh.n_written == 0 and torch.equal(fresh.dense("theta")["w"], torch.zeros(5, 2, 3))

@@ -135,6 +135,14 @@ class Method:
         Whether the local rule pulls towards an anchor with weight ``lam``.
     backends : tuple of str
         Which backends run it: ``"in-process"`` and/or ``"flower"``.
+
+    Client state
+    ------------
+    What the clients keep between rounds is a :class:`~privmtl.federated.store.ClientStore`
+    (:data:`State`): :meth:`initial_state` builds it (fields and their default rows), :meth:`starts`
+    gathers the sampled clients' rows, :meth:`keep` scatters their new ones and :meth:`outputs`
+    materializes them at the end of the run. Only the clients written hold rows of their own, so
+    a method never holds ``(m, ...)`` state for clients that were never sampled.
     """
 
     name: ClassVar[str] = ""
