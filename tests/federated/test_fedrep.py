@@ -147,9 +147,11 @@ def _released(tabular: FederatedDataset, perturb: int | None) -> tuple[list[Any]
     """Every released vector of a fedrep run, one client's stored head perturbed (or not)."""
     tr = Trainer(tabular, _mlp(tabular), old_config(**BASE))
     if perturb is not None:
-        with torch.no_grad():
-            for n in ("head.weight", "head.bias"):
-                tr.clients["personal"][n][perturb] += 5.0
+        sel = torch.tensor([perturb])
+        stored = tr.clients.gather("personal", sel)
+        for n in ("head.weight", "head.bias"):
+            stored[n] += 5.0
+        tr.clients.scatter("personal", sel, stored)
     out = []
     for rec in tr:
         out.append({n: p.clone() for n, p in rec.released.items()})

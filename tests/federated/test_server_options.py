@@ -207,7 +207,7 @@ def test_billboard_personal_init(tabular: FederatedDataset) -> None:
     kw = {**BASE, "clients_per_round": 2, "rounds": 2, "noise_std": 0.0}
     tr = Trainer(tabular, _model(tabular), old_config(**kw, personal_init="billboard"))
     tr.run()
-    joined = tr.clients["joined"]["mask"]
+    joined = tr.clients.written(torch.arange(tabular.n_clients))
     sampled = {k for rec in tr.history for k in rec["sampled"]}
     assert set(torch.nonzero(joined).flatten().tolist()) == sampled
     never = int(torch.nonzero(~joined)[0])
@@ -218,12 +218,13 @@ def test_billboard_personal_init(tabular: FederatedDataset) -> None:
     starts, _ = tr.method.starts(board, torch.tensor([never, old]), tr.clients)
     res = tr.result()
     assert res.personalized_params is not None
+    stored = tr.clients.dense("personal")
     for n, b in board.items():
         assert torch.equal(starts[n][0], b)
-        assert torch.equal(starts[n][1], tr.clients["personal"][n][old])
+        assert torch.equal(starts[n][1], stored[n][old])
         # clients that never took part are scored with the billboard
         assert torch.equal(res.personalized_params[n][never], b)
-        assert not torch.equal(tr.clients["personal"][n][never], b)
+        assert not torch.equal(stored[n][never], b)
 
 
 @pytest.mark.parametrize(
@@ -248,7 +249,7 @@ def test_auto_personal_init_compares_the_noise_norm_with_the_clip(
     dim = subspace_dim or sum(dict(model.named_parameters())[n].numel() for n in names)
     expected = "billboard" if noise_std * math.sqrt(dim) <= BASE["clip"] else "model"
     assert tr.config.personal_init == expected
-    assert ("joined" in tr.clients) == (expected == "billboard")
+    assert tr.method.joins_billboard == (expected == "billboard")
     assert tr.run().config.personal_init == expected
 
 

@@ -103,8 +103,8 @@ def test_three_supernodes_match_in_process_engine_and_continue(tmp_path, alive_w
     for k in range(ds.n_clients):  # the clients' own models after run 1
         cid = ds.client_ids[k]
         if cid in personal:
-            for n, p in personal[cid].items():
-                cont.clients["personal"][n][k] = p
+            models = {n: p.unsqueeze(0) for n, p in personal[cid].items()}
+            cont.clients.scatter("personal", torch.tensor([k]), models)
     (rec,) = list(cont)
     (b2,) = torch.load(work / "server" / "billboards.pt", weights_only=True)
     for n in b2:

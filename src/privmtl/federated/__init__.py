@@ -16,11 +16,13 @@ from privmtl.federated.finetune_selection import finetune_select
 from privmtl.federated.methods import ENGINE_METHODS as METHODS
 from privmtl.federated.methods import Method, get_method
 from privmtl.federated.models import FemnistCNN, MultinomialLogReg, count_parameters
+from privmtl.federated.store import ClientStore
 from privmtl.federated.workshop import train_workshop
 
 __all__ = [
     "FINETUNE_METHODS",
     "METHODS",
+    "ClientStore",
     "ClusteredTrainResult",
     "FemnistCNN",
     "Method",

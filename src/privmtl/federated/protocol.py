@@ -52,11 +52,13 @@ from privmtl.federated.client import UpdateRule
 from privmtl.federated.config import TrainConfig
 from privmtl.federated.curator import Curator
 from privmtl.federated.methods import ClientStep, Method, TrainFn, get_method
+from privmtl.federated.store import ClientStore
 from privmtl.federated.trainer import Trainer
 from privmtl.privacy.release import billboard_carries_signal, billboard_noise_and_bound
 
 __all__ = [
     "ClientStep",
+    "ClientStore",
     "Curator",
     "MethodSpec",
     "RoundRecord",
@@ -98,21 +100,27 @@ def client_starts(
     spec: Method,
     billboard: Params,
     sel: torch.Tensor,
+    store: ClientStore | None = None,
     *,
     personal: Params | None = None,
     joined: torch.Tensor | None = None,
     theta: Params | None = None,
 ) -> tuple[Params, Params | None]:
     """Start states of the clients ``sel`` and the anchor of the local rule (:meth:`Method.starts`
-    of the clients' stored states, stacked over the index space of ``sel``)."""
-    state: dict[str, Params] = {}
-    if personal is not None:
-        state["personal"] = personal
-    if joined is not None:
-        state["joined"] = {"mask": joined}
-    if theta is not None:
-        state["theta"] = theta
-    return spec.starts(billboard, sel, state)
+    of the clients' ``store``).
+
+    Without ``store``, one is made of the stacked states ``personal`` / ``theta`` over the index
+    space of ``sel`` (:meth:`ClientStore.from_dense`): ``joined`` (``(m,)`` bool) marks the
+    clients that took part before, the others hold the initial model (a method with
+    ``personal_init="billboard"`` starts them from the billboard).
+    """
+    if store is None:
+        dense = {f: v for f, v in (("personal", personal), ("theta", theta)) if v is not None}
+        if dense:
+            store = ClientStore.from_dense(dense, written=joined)
+        else:
+            store = ClientStore(0 if joined is None else len(joined), {})
+    return spec.starts(billboard, sel, store)
 
 
 def client_messages(

@@ -48,6 +48,7 @@ from privmtl.federated.client import UpdateRule, local_sgd_batched, local_sgd_re
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.methods import Method, TrainFn
+from privmtl.federated.store import ClientStore
 from privmtl.locking import DirectoryLock
 from privmtl.privacy.ledger import PrivacyLedger, warn_budget_stop
 from privmtl.privacy.noise import make_noise_source
@@ -180,7 +181,7 @@ class Trainer:
         self.ledger = ledger if spec.communicates and mech.private else None
         noise = make_noise_source(self.noise_source, config.seed)
         self.curator = make_curator(setup, noise=noise, ledger=self.ledger)
-        self.clients: dict[str, Params] = spec.initial_state(init, m, initial_state)
+        self.clients: ClientStore = spec.initial_state(init, m, initial_state)
         self.names = list(init)
         self.history: list[dict[str, Any]] = []
         self.epsilon = 0.0 if not spec.communicates else (math.inf if self.ledger is None else 0.0)
@@ -261,7 +262,7 @@ class Trainer:
         """Curator and client states, history and the ε reached (no secret noise state)."""
         return {
             "curator": self.curator.state_dict(),
-            "clients": self.clients,
+            "clients": self.clients.state_dict(),
             "history": json.dumps(self.history),
             "epsilon": self.epsilon,
             "stopped_on_budget": self.stopped_on_budget,
@@ -269,9 +270,15 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.curator.load_state_dict(state["curator"])
-        self.clients = {
-            k: {n: p.clone() for n, p in v.items()} for k, v in state["clients"].items()
-        }
+        clients = state["clients"]
+        if "format" not in clients:  # a checkpoint of the stacked states of every client
+            dense = {k: v for k, v in clients.items() if k != "joined"}
+            joined = clients.get("joined", {}).get("mask")
+            old = (
+                ClientStore.from_dense(dense, written=joined) if dense else ClientStore(self.m, {})
+            )
+            clients = old.state_dict()
+        self.clients.load_state_dict(clients)
         self.history = json.loads(state["history"])
         self.epsilon = float(state["epsilon"])
         if self.ledger is not None and self.history and self.noise_source == "secure":

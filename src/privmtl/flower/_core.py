@@ -63,10 +63,11 @@ from privmtl.federated.backend import (
 )
 from privmtl.federated.client import UpdateRule, local_sgd_batched
 from privmtl.federated.config import TrainConfig, TrainResult, resolve_config
-from privmtl.federated.methods import BUILTIN_METHODS, TrainFn, get_method, method_class
+from privmtl.federated.methods import BUILTIN_METHODS, Method, TrainFn, get_method, method_class
 from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
 from privmtl.federated.models import DEFAULT_MODEL
 from privmtl.federated.spec import SPEC, RunSpec, resolve_defaults, train_config
+from privmtl.federated.store import ClientStore
 from privmtl.flower.secagg import SECAGG_DEFAULTS
 from privmtl.locking import DirectoryLock
 from privmtl.privacy.ledger import PrivacyLedger
@@ -561,28 +562,32 @@ class NodeClients:
                     f"Client {k} is not served by node partition {self.partition_id}."
                 )
         cids = [self.client_ids[self.pos[k]] for k in clients]
-        state: dict[str, Params] = {}
-        if method.keeps_model:
-            state["personal"] = {
-                n: torch.stack([self.personal.get(c, self.init)[n] for c in cids])
-                for n in self.init
-            }
-            if config.personal_init == "billboard" and method.joins_from_billboard:
-                # a client's first round starts from the billboard
-                joined = torch.tensor([c in self.personal for c in cids], dtype=torch.bool)
-                state["joined"] = {"mask": joined}
+        state = self._store(method, cids)
         sel = torch.arange(len(clients))
         starts, anchor = method.starts(billboard, sel, state)
         train = self._train_fn(clients, round_index, config)
         done = method.client_update(billboard, list(billboard), starts, anchor, train)
         method.keep(state, sel, done.kept)
         if "personal" in state:  # the clients keep their models
+            kept = state.gather("personal", sel)
             for j, cid in enumerate(cids):
                 self.before[cid] = self.personal.get(cid)
-                self.personal[cid] = {n: p[j].clone() for n, p in state["personal"].items()}
+                self.personal[cid] = {n: p[j].clone() for n, p in kept.items()}
         self.rounds_trained += 1
         self.save()
         return done.messages, [float(v) for v in done.losses]
+
+    def _store(self, method: Method, cids: list[str]) -> ClientStore:
+        """The stored state of the clients ``cids`` (rows ``0 .. len(cids)-1``) for ``method``:
+        the models this node keeps written, every other client at the initial model."""
+        store = method.initial_state(self.init, len(cids))
+        if "personal" in store:
+            rows = [j for j, cid in enumerate(cids) if cid in self.personal]
+            if rows:
+                models = [self.personal[cids[j]] for j in rows]
+                values = {n: torch.stack([p[n] for p in models]) for n in store.names("personal")}
+                store.scatter("personal", torch.tensor(rows, dtype=torch.int64), values)
+        return store
 
     def _train_fn(self, clients: list[int], round_index: int, config: TrainConfig) -> TrainFn:
         """Local SGD of this node's ``clients`` in round ``round_index``
@@ -679,16 +684,7 @@ class NodeClients:
         heads come from the minibatches the in-process engine draws for the same clients).
         """
         method = get_method(config.method, config)
-        state: dict[str, Params] = {}
-        if method.keeps_model:
-            state["personal"] = {
-                n: torch.stack([self.personal.get(cid, self.init)[n] for cid in self.client_ids])
-                for n in self.init
-            }
-            joins = method.joins_from_billboard and method.communicates
-            if config.personal_init == "billboard" and joins:
-                joined = [cid in self.personal for cid in self.client_ids]
-                state["joined"] = {"mask": torch.tensor(joined, dtype=torch.bool)}
+        state = self._store(method, self.client_ids)
         return method.outputs(
             billboard,
             state,

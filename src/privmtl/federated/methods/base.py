@@ -24,6 +24,7 @@ import torch
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params
 from privmtl.federated.client import ProxStep, UpdateRule
+from privmtl.federated.store import ClientStore
 
 if TYPE_CHECKING:
     from privmtl.data.federated import FederatedDataset
@@ -46,10 +47,11 @@ __all__ = [
 DEFAULT_LAM_PRIVATE = 0.001
 DEFAULT_LAM_NONPRIVATE = 1.0
 
-State = dict[str, Params]
-"""The clients' stored state, stacked over the clients: ``"personal"`` (their models),
-``"joined"`` (``{"mask": (m,) bool}``, whether each took part before) and ``"theta"`` (PP-SGD's
-local part); a checkpoint saves it as it is."""
+State = ClientStore
+"""The clients' stored state: a :class:`~privmtl.federated.store.ClientStore` by field
+(``"personal"``: their models, ``"theta"``: PP-SGD's local part), rows only for the clients
+written (:meth:`~privmtl.federated.store.ClientStore.written`: whether a client took part
+before); a checkpoint saves its :meth:`~privmtl.federated.store.ClientStore.state_dict`."""
 
 
 class TrainFn(Protocol):
@@ -133,6 +135,14 @@ class Method:
         Whether the local rule pulls towards an anchor with weight ``lam``.
     backends : tuple of str
         Which backends run it: ``"in-process"`` and/or ``"flower"``.
+
+    Client state
+    ------------
+    What the clients keep between rounds is a :class:`~privmtl.federated.store.ClientStore`
+    (:data:`State`): :meth:`initial_state` builds it (fields and their default rows), :meth:`starts`
+    gathers the sampled clients' rows, :meth:`keep` scatters their new ones and :meth:`outputs`
+    materializes them at the end of the run. Only the clients written hold rows of their own, so
+    a method never holds ``(m, ...)`` state for clients that were never sampled.
     """
 
     name: ClassVar[str] = ""
@@ -259,14 +269,17 @@ class Method:
     def initial_state(
         self, init: Params, m: int, initial_state: dict[str, Any] | None = None
     ) -> State:
-        """The ``m`` clients' stored state before the first round."""
-        state: State = {}
-        if self.start == "own":
-            state["personal"] = stack(init, m)
-            joins = self.joins_from_billboard and self.communicates
-            if self.config.personal_init == "billboard" and joins:
-                state["joined"] = {"mask": torch.zeros(m, dtype=torch.bool)}
-        return state
+        """The ``m`` clients' stored state before the first round: a store whose ``"personal"``
+        field defaults to the initial model (``start="own"``), no row written."""
+        fields = {"personal": init} if self.start == "own" else {}
+        return ClientStore(m, fields)
+
+    @property
+    def joins_billboard(self) -> bool:
+        """Whether a client's first start is the billboard (``personal_init="billboard"`` for
+        a method that communicates and :attr:`joins_from_billboard`)."""
+        joins = self.joins_from_billboard and self.communicates
+        return joins and self.config.personal_init == "billboard"
 
     def starts(
         self, billboard: Params, sel: torch.Tensor, state: State
@@ -275,15 +288,14 @@ class Method:
         local rule.
 
         ``"own"``: a client's own model (the billboard at its first participation with
-        ``personal_init="billboard"``); ``"global"``: the billboard.
+        ``personal_init="billboard"``, :attr:`joins_billboard`); ``"global"``: the billboard.
         """
         anchor = billboard if self.prox_weight else None
         if self.start == "global":
             return _broadcast(billboard, len(sel)), anchor
-        starts = {n: p.index_select(0, sel) for n, p in state["personal"].items()}
-        joined = state.get("joined")
-        if joined is not None:  # first participation: start from the billboard
-            new = ~joined["mask"].index_select(0, sel)
+        starts = state.gather("personal", sel)
+        if self.joins_billboard:  # first participation: start from the billboard
+            new = ~state.written(sel)
             if bool(new.any()):
                 for n, b in billboard.items():
                     starts[n][new] = b
@@ -317,12 +329,9 @@ class Method:
         return ClientStep(news, self.messages(billboard, shared, starts, news), losses)
 
     def keep(self, state: State, sel: torch.Tensor, kept: Params) -> None:
-        """The clients ``sel`` keep their new state (in place)."""
+        """The clients ``sel`` keep their new state (in place; they are then written)."""
         if "personal" in state:
-            for n, p in state["personal"].items():
-                p[sel] = kept[n]
-        if "joined" in state:
-            state["joined"]["mask"][sel] = True
+            state.scatter("personal", sel, {n: kept[n] for n in state.names("personal")})
 
     @property
     def keeps_model(self) -> bool:
@@ -354,10 +363,11 @@ class Method:
         board = billboard
         if personal_init:  # partial sharing: the global model keeps the initial personal part
             board = {n: board[n] if n in board else personal_init[n] for n in names}
-        personal = state.get("personal")
-        if personal is not None and "joined" in state:
-            never = ~state["joined"]["mask"]
-            personal = {n: p.clone() for n, p in personal.items()}
+        if "personal" not in state:
+            return None, board
+        personal = state.dense("personal")
+        if self.joins_billboard:
+            never = ~state.written(torch.arange(state.m))
             for n, p in personal.items():
                 p[never] = board[n]
         return personal, board

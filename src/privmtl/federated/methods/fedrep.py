@@ -71,7 +71,12 @@ class FedRep(Method):
         if self._final is None or self._final[0] != round:
             cfg = self.config
             heads = final_heads(
-                billboard, state["personal"], list(billboard), cfg.lr, cfg.head_epochs, train_all
+                billboard,
+                state.dense("personal"),
+                list(billboard),
+                cfg.lr,
+                cfg.head_epochs,
+                train_all,
             )
             self._final = (round, heads)
         return self._final[1], board

@@ -10,6 +10,7 @@ import torch
 
 from privmtl.federated.algorithms import Params
 from privmtl.federated.methods.base import Method, State, TrainFn, stack
+from privmtl.federated.store import ClientStore
 
 if TYPE_CHECKING:
     from privmtl.data.federated import FederatedDataset
@@ -42,7 +43,8 @@ class JointDP(Method):
     def initial_state(
         self, init: Params, m: int, initial_state: dict[str, Any] | None = None
     ) -> State:
-        return {}
+        """No client state: a client's model is its block of the billboard."""
+        return ClientStore(m, {})
 
     def starts(
         self, billboard: Params, sel: torch.Tensor, state: State

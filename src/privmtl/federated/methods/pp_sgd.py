@@ -11,6 +11,7 @@ import torch
 from privmtl.federated.algorithms import Params
 from privmtl.federated.client import SplitStep, UpdateRule, split_names
 from privmtl.federated.methods.base import Method, State, TrainFn
+from privmtl.federated.store import ClientStore
 
 if TYPE_CHECKING:
     from privmtl.data.federated import FederatedDataset
@@ -30,19 +31,21 @@ class PPSGD(Method):
     def initial_state(
         self, init: Params, m: int, initial_state: dict[str, Any] | None = None
     ) -> State:
+        """A store whose ``"theta"`` field defaults to zeros; a given ``initial_state["theta"]``
+        (``(m, ...)`` per parameter) writes every client's row."""
+        store = ClientStore(m, {"theta": {n: torch.zeros_like(p) for n, p in init.items()}})
         theta = (initial_state or {}).get("theta")
-        return {
-            "theta": {n: torch.zeros((m, *p.shape), dtype=p.dtype) for n, p in init.items()}
-            if theta is None
-            else {n: torch.as_tensor(theta[n], dtype=p.dtype).clone() for n, p in init.items()}
-        }
+        if theta is not None:
+            rows = {n: torch.as_tensor(theta[n], dtype=p.dtype) for n, p in init.items()}
+            store.scatter("theta", torch.arange(m), rows)
+        return store
 
     def starts(
         self, billboard: Params, sel: torch.Tensor, state: State
     ) -> tuple[Params, Params | None]:
         k = len(sel)
         starts = {n: p.unsqueeze(0).expand((k, *p.shape)).clone() for n, p in billboard.items()}
-        starts.update({split_names(n): p.index_select(0, sel) for n, p in state["theta"].items()})
+        starts.update({split_names(n): p for n, p in state.gather("theta", sel).items()})
         return starts, None
 
     def rule(self, anchor: Params | None) -> UpdateRule:
@@ -51,8 +54,7 @@ class PPSGD(Method):
         return SplitStep(lr=cfg.lr, alpha=cfg.pp_alpha, mu=mu)
 
     def keep(self, state: State, sel: torch.Tensor, kept: Params) -> None:
-        for n, p in state["theta"].items():
-            p[sel] = kept[split_names(n)]
+        state.scatter("theta", sel, {n: kept[split_names(n)] for n in state.names("theta")})
 
     def outputs(
         self,
@@ -64,7 +66,7 @@ class PPSGD(Method):
         round: int,
         train_all: TrainFn,
     ) -> tuple[Params | None, Params]:
-        theta = state["theta"]
+        theta = state.dense("theta")
         return {n: billboard[n].unsqueeze(0) + theta[n] for n in billboard}, billboard
 
     def fit(self, dataset: FederatedDataset, model: Any, **run: Any) -> TrainResult:
