@@ -58,6 +58,26 @@ def test_finish_of_parts_equals_finish_of_the_whole(finetune):
     )
 
 
+@pytest.mark.parametrize("finetune", ["auto", "vanilla"])
+def test_finish_in_blocks_equals_finish_of_the_whole(finetune):
+    """``block``: the population finished a few clients at a time ends as the whole at once."""
+    ds, net, trained, board = _inputs()
+    dim = sum(p.numel() for p in board.values())
+    plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3) if finetune == "auto" else None
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan}
+    whole = finish_clients(finetune, ds, net, trained, board, **kw)
+    blocks = finish_clients(finetune, ds, net, trained, board, block=4, **kw)
+    for n, p in whole.params.items():
+        assert blocks.params[n].shape == p.shape
+        assert torch.allclose(blocks.params[n], p, atol=1e-6, rtol=0), n
+    if finetune == "auto":
+        assert blocks.choice is not None and whole.choice is not None
+        assert blocks.choice.tolist() == whole.choice.tolist()
+        assert blocks.grids == whole.grids and blocks.plan == whole.plan
+    with pytest.raises(InvalidParameterError, match="'block'"):
+        finish_clients(finetune, ds, net, trained, board, block=0, **kw)
+
+
 def test_finish_none_keeps_the_trained_models_and_auto_needs_its_plan():
     from privmtl.exceptions import InvalidParameterError
 

@@ -144,7 +144,7 @@ def test_a_clients_model_does_not_depend_on_another_clients_labels(ds: Federated
     other = copy.deepcopy(ds)
     other.train_y[0] = (other.train_y[0] + 1) % C
     other.val_y[0] = (other.val_y[0] + 1) % C
-    kw = {"epochs": (1, 3), "lrs": (0.05, 0.3), "batch_size": B, "seed": SEED}
+    kw = {"epochs": (1, 10), "lrs": (0.001, 0.05), "batch_size": B, "seed": SEED}
     a = train_local(ds, MultinomialLogReg(D, C), **kw).personalized_params
     b = train_local(other, MultinomialLogReg(D, C), **kw).personalized_params
     assert a is not None and b is not None
@@ -184,3 +184,27 @@ def test_select_per_client_keeps_each_clients_most_correct_later_on_ties(
             assert torch.equal(chosen[n][k], cands[choice[k]][n][k])
         if not ds.val_y[k].numel():  # no validation data: the last candidate (public order)
             assert choice[k] == len(cands) - 1
+
+
+@pytest.mark.parametrize("block", [1, 4])
+def test_blocks_of_clients_give_every_client_the_model_of_the_whole(
+    ds: FederatedDataset, block: int
+) -> None:
+    """Trained a block at a time (its grid held for one block), every client ends with the model,
+    the choice and the pooled grid accuracies of the population trained at once."""
+    model = MultinomialLogReg(D, C, random_state=0)
+    kw = {"epochs": (1, 10), "lrs": (0.001, 0.05), "batch_size": B, "seed": SEED}
+    whole = train_local(ds, model, **kw)
+    parts = train_local(ds, model, block=block, **kw)
+    assert whole.personalized_params is not None and parts.personalized_params is not None
+    for n, p in whole.personalized_params.items():
+        assert torch.allclose(parts.personalized_params[n], p, atol=1e-6, rtol=0), n
+    sel, got = whole.extra["local_selection"], parts.extra["local_selection"]
+    assert got["choice"] == sel["choice"] and len(set(sel["choice"])) > 1
+    assert got["grid_val_accuracy"] == sel["grid_val_accuracy"]
+    assert got["grid_test_accuracy"] == sel["grid_test_accuracy"]
+    for split in ("val", "test"):
+        got_acc, want = parts.accuracies[split], whole.accuracies[split]
+        assert got_acc["personalized"] == pytest.approx(want["personalized"], rel=1e-5)
+    with pytest.raises(InvalidParameterError, match="'block'"):
+        train_local(ds, model, block=0, **kw)

@@ -29,12 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
-from privmtl._validation import check_choice
+from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params
+from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.finetune import FINETUNE_METHODS as _FINETUNE_RULES
 from privmtl.privacy.release import billboard_carries_signal, billboard_noise_and_bound
 
@@ -183,8 +185,13 @@ def finish_clients(
     epochs: int = 1,
     plan: AutoPlan | None = None,
     client_index: Sequence[int] | None = None,
+    block: int = END_OF_RUN_BLOCK,
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
+
+    The clients are finished in blocks of at most ``block`` (:mod:`~privmtl.federated.blocks`):
+    the candidates and minibatch plans of one block are held at a time, and a client's final
+    model does not depend on the block it is computed in.
 
     Parameters
     ----------
@@ -211,13 +218,39 @@ def finish_clients(
     client_index : sequence of int, optional
         The clients' indices in the whole population (they seed the minibatches; default: their
         positions in ``dataset``).
+    block : int, default :data:`~privmtl.federated.blocks.END_OF_RUN_BLOCK`
+        The most clients finished at once.
     """
+    from privmtl.federated.finetune import check_client_index
     from privmtl.federated.finetune import finetune as finetune_models
     from privmtl.federated.local import select_per_client, train_local
 
     check_choice("finetune", finetune, ("none", "auto", *_FINETUNE_RULES))
+    block = check_int("block", block, low=1)
     if finetune == "none":
         return ClientFinish({n: p.clone() for n, p in trained.items()})
+    m = dataset.n_clients
+    if m > block:  # one block at a time, each client with its population index
+        index = check_client_index(client_index, m)
+        params: Params = {}
+        choices: list[np.ndarray] = []
+        piece = ClientFinish({})
+        for pos in client_blocks(m, block):
+            rows = torch.from_numpy(pos)
+            piece = finish_clients(
+                finetune, dataset.subset(pos.tolist()), model,
+                {n: p.index_select(0, rows) for n, p in trained.items()}, billboard,
+                batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start, epochs=epochs,
+                plan=plan, client_index=index[pos].tolist(), block=block,
+            )  # fmt: skip
+            if not params:
+                params = {n: p.new_empty((m, *p.shape[1:])) for n, p in piece.params.items()}
+            for n, p in piece.params.items():
+                params[n][rows] = p
+            if piece.choice is not None:
+                choices.append(piece.choice)
+        choice = np.concatenate(choices) if choices else None
+        return ClientFinish(params, choice, piece.plan, piece.grids)
     if finetune != "auto":
         params, _ = finetune_models(
             trained, dataset, model, method=finetune, start=start, epochs=epochs, lr=lr,

@@ -54,8 +54,15 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, client_scores, evaluate
+from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
-from privmtl.federated.finetune import _pad_own, finetune, finetune_objective, finetune_plan
+from privmtl.federated.finetune import (
+    _pad_own,
+    check_client_index,
+    finetune,
+    finetune_objective,
+    finetune_plan,
+)
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.spec import SPEC
 
@@ -265,6 +272,7 @@ def train_local(
     client_chunk: int | None = 64,
     batched: bool = True,
     client_index: Sequence[int] | None = None,
+    block: int = END_OF_RUN_BLOCK,
 ) -> TrainResult:
     r"""Train every client alone on its own data, over a grid of epochs and step sizes.
 
@@ -293,6 +301,10 @@ def train_local(
     client_index : sequence of int, optional
         The population index of every client of ``dataset``, which seeds its minibatches
         (:func:`~privmtl.federated.finetune.finetune_plan`; default: its position).
+    block : int, default :data:`~privmtl.federated.blocks.END_OF_RUN_BLOCK`
+        With ``select="client"``, the most clients trained at once (their grid of models is held
+        for one block at a time); the models do not depend on it. ``select="pooled"`` takes the
+        whole population at once.
 
     Returns
     -------
@@ -314,39 +326,59 @@ def train_local(
     m = dataset.n_clients
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     buffers = {n: b.detach() for n, b in model.named_buffers()}
-    val_x, val_y = dataset.split("val")
-    test_x, test_y = dataset.split("test")
+    index = check_client_index(client_index, m)
     chosen: Params = {}
     choice = np.zeros(m, dtype=np.int64)
-    best_correct, best_loss = np.full(m, -1.0), np.full(m, np.inf)
-    grid_val: list[float] = []
-    grid_test: list[float] = []
-    models = _train_grid(
-        model, buffers, init, dataset, grid, batch_size, seed, client_chunk, batched, client_index
-    )
-    for g, params in enumerate(models):
-        correct, loss = client_scores(model, params, buffers, val_x, val_y)
-        n_val = max(sum(int(y.shape[0]) for y in val_y), 1)
-        grid_val.append(float(correct.sum() / n_val))
-        grid_test.append(
-            float(evaluate(model, params, buffers, test_x, test_y, personalized=True)["accuracy"])
+    val_correct, test_correct = np.zeros(len(grid)), np.zeros(len(grid))
+    # each client chooses on its own validation split: the population is trained a block at a
+    # time; one pooled choice reads every client's validation data: one block
+    block = check_int("block", block, low=1) if select == "client" else m
+    for pos in client_blocks(m, block):
+        part = dataset if len(pos) == m else dataset.subset(pos.tolist())
+        rows = torch.from_numpy(pos)
+        ci = None if client_index is None and len(pos) == m else index[pos].tolist()
+        models = _train_grid(
+            model, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci
         )
-        if select == "pooled":
-            better = np.full(
-                m, g == 0 or (-correct.sum(), loss.sum()) < (-best_correct.sum(), best_loss.sum())
-            )
+        val_x, val_y = part.split("val")
+        test_x, test_y = part.split("test")
+        k = len(pos)
+        best_correct, best_loss = np.full(k, -1.0), np.full(k, np.inf)
+        part_choice = np.zeros(k, dtype=np.int64)
+        mine: Params = {}
+        for g, params in enumerate(models):
+            correct, loss = client_scores(model, params, buffers, val_x, val_y)
+            val_correct[g] += correct.sum()
+            test_correct[g] += client_scores(model, params, buffers, test_x, test_y)[0].sum()
+            if select == "pooled":
+                better = np.full(
+                    k,
+                    g == 0 or (-correct.sum(), loss.sum()) < (-best_correct.sum(), best_loss.sum()),
+                )
+            else:
+                better = client_better(correct, loss, best_correct, best_loss)
+            if g == 0:
+                mine = {n: p.clone() for n, p in params.items()}
+                better[:] = True
+            else:
+                mask = torch.from_numpy(better)
+                for n, p in mine.items():
+                    p[mask] = params[n][mask]
+            part_choice[better] = g
+            best_correct = np.where(better, correct, best_correct)
+            best_loss = np.where(better, loss, best_loss)
+        if len(pos) == m:
+            chosen = mine
         else:
-            better = client_better(correct, loss, best_correct, best_loss)
-        if g == 0:
-            chosen = {n: p.clone() for n, p in params.items()}
-            better[:] = True
-        else:
-            mask = torch.from_numpy(better)
-            for n, p in chosen.items():
-                p[mask] = params[n][mask]
-        choice[better] = g
-        best_correct = np.where(better, correct, best_correct)
-        best_loss = np.where(better, loss, best_loss)
+            if not chosen:
+                chosen = {n: p.new_empty((m, *p.shape[1:])) for n, p in mine.items()}
+            for n, p in mine.items():
+                chosen[n][rows] = p
+        choice[pos] = part_choice
+    n_val = max(int(dataset.sizes("val").sum()), 1)
+    n_test = int(dataset.sizes("test").sum())
+    grid_val = [float(c / n_val) for c in val_correct]
+    grid_test = [float(c / n_test) if n_test else float("nan") for c in test_correct]
     accuracies: dict[str, dict[str, dict[str, float]]] = {}
     for split in ("val", "test"):
         xs, ys = dataset.split(split)
