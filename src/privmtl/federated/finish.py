@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from privmtl._progress import Progress
 from privmtl._validation import check_choice
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
@@ -183,6 +184,7 @@ def finish_clients(
     epochs: int = 1,
     plan: AutoPlan | None = None,
     client_index: Sequence[int] | None = None,
+    progress: bool = False,
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -211,6 +213,9 @@ def finish_clients(
     client_index : sequence of int, optional
         The clients' indices in the whole population (they seed the minibatches; default: their
         positions in ``dataset``).
+    progress : bool, default False
+        ``"auto"`` only: report its candidates as they are computed (a
+        :class:`~privmtl._progress.Progress`: a bar on a terminal, plain lines elsewhere).
     """
     from privmtl.federated.finetune import finetune as finetune_models
     from privmtl.federated.local import select_per_client, train_local
@@ -253,12 +258,19 @@ def finish_clients(
         assert tuned.personalized_params is not None
         return tuned.personalized_params
 
+    bar = Progress(total=len(plan.names), desc="end of run", enabled=progress, unit="candidate")
+
     def candidates() -> Iterator[Params]:  # generated one at a time, in the public order
         for name in plan.names:
-            yield candidate(name)
+            params = candidate(name)
+            bar.update(1, candidate=name)
+            yield params
 
     val_x, val_y = dataset.split("val")
-    chosen, choice, _ = select_per_client(candidates(), model, buffers, val_x, val_y)
+    try:
+        chosen, choice, _ = select_per_client(candidates(), model, buffers, val_x, val_y)
+    finally:
+        bar.close()
     return ClientFinish(chosen, choice, plan, grids)
 
 
