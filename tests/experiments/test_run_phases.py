@@ -87,3 +87,19 @@ def test_mpmtl_pooled_search_is_its_tuning_phase(ticking, tmp_path):
     assert out["tuned"] is True
     assert out["phases"]["tuning"] == T and out["phases"]["saving"] == 0.0
     assert out["seconds"] == sum(out["phases"].values())
+
+
+def test_a_sweep_candidate_counts_the_scores_its_selection_reads(ticking):
+    from privmtl.data.registry import load_federated
+    from privmtl.experiments import pmtl_sweep
+
+    ds = load_federated("synthetic", num_clients=12, seed=0)
+    row = pmtl_sweep._candidate_run(
+        dataset=ds, noise_source="seeded", data="synthetic", model="logreg", method="pmtl",
+        epsilon=2.0, rounds=2, seed=0, finetune="none", threads=1,
+    )  # fmt: skip
+    assert row["client_scores"] and row["release_events"]
+    # the run (15 T, its models saved for the scores), then reading its ledger and scoring every
+    # client (one more T, in scoring): the sweep CSV's seconds is the whole
+    assert row["seconds"] == 16 * T == pytest.approx(sum(row["phases"].values()), abs=1e-9)
+    assert row["phases"]["rounds"] + row["phases"]["scoring"] == pytest.approx(2 * T, abs=1e-9)
