@@ -49,10 +49,11 @@ def test_pmtl_seconds_are_the_sum_of_its_phases(ticking, tmp_path, capsys):
     assert phases["rounds"] + phases["scoring"] == pytest.approx(T, abs=1e-9)
     assert phases["rounds"] == pytest.approx(out["seconds_per_round"] * out["rounds_run"])
     assert 0 < phases["rounds"] < T
-    # finetune="auto" reports its candidates (not a terminal: plain lines, the last at the end)
+    # finetune="auto" reports its local trainings (not a terminal: plain lines, the last at the end)
     err = capsys.readouterr().err
-    done = re.findall(r"^end of run: (\d+)/(\d+) candidates", err, flags=re.M)
-    assert done and done[-1][0] == done[-1][1]
+    done = re.findall(r"^end of run: (\d+)/(\d+) clients", err, flags=re.M)
+    assert done and done[-1][0] == done[-1][1]  # every client of every trained candidate
+    assert int(done[-1][1]) % SMALL["num_clients"] == 0
 
 
 def test_pmtl_without_progress_or_saving(ticking, capsys):

@@ -214,7 +214,7 @@ def finish_clients(
         The clients' indices in the whole population (they seed the minibatches; default: their
         positions in ``dataset``).
     progress : bool, default False
-        ``"auto"`` only: report its candidates as they are computed (a
+        ``"auto"`` only: report the local trainings of its candidates, client by client (a
         :class:`~privmtl._progress.Progress`: a bar on a terminal, plain lines elsewhere).
     """
     from privmtl.federated.finetune import finetune as finetune_models
@@ -240,10 +240,16 @@ def finish_clients(
         "client_index": client_index,
     }
     grids: dict[str, list[list[float]]] = {}
+    # one step per client and trained candidate: the local trainings are the end's long part
+    trains = [n for n in plan.names if n != "trained"]
+    bar = Progress(
+        total=len(trains) * dataset.n_clients, desc="end of run", enabled=progress, unit="client"
+    )
 
     def candidate(name: str) -> Params:
         if name == "trained":
             return trained
+        kw["on_clients"] = lambda k: bar.update(k, candidate=name)
         if name == "local":
             alone = train_local(dataset, model, **kw)
             grids["local_grid"] = alone.extra["local_selection"]["grid"]
@@ -258,13 +264,9 @@ def finish_clients(
         assert tuned.personalized_params is not None
         return tuned.personalized_params
 
-    bar = Progress(total=len(plan.names), desc="end of run", enabled=progress, unit="candidate")
-
     def candidates() -> Iterator[Params]:  # generated one at a time, in the public order
         for name in plan.names:
-            params = candidate(name)
-            bar.update(1, candidate=name)
-            yield params
+            yield candidate(name)
 
     val_x, val_y = dataset.split("val")
     try:

@@ -171,8 +171,10 @@ def _train_grid(
     client_chunk: int | None,
     batched: bool,
     client_index: Sequence[int] | None = None,
+    on_clients: Callable[[int], None] | None = None,
 ) -> list[Params]:
-    """The models of every grid point, stacked ``(m, ...)``, in grid order.
+    """The models of every grid point, stacked ``(m, ...)``, in grid order (``on_clients`` is
+    called with the number of clients done after each chunk of them).
 
     The model of ``(e, lr)`` is the state after the first ``e`` epochs of one run of
     ``max(epochs)`` epochs at step size ``lr`` (the first ``e`` epochs of
@@ -192,6 +194,8 @@ def _train_grid(
                 batch_size=batch_size, seed=seed, batched=False, client_index=client_index,
             )  # fmt: skip
             out.append(params)
+        if on_clients is not None:
+            on_clients(m)
         return out
     x_all, y_all, offsets = dataset.concat("train")
     plan = finetune_plan(
@@ -250,6 +254,8 @@ def _train_grid(
                         dst = ti[torch.from_numpy(done)]
                         for n, p in w.items():
                             snaps[(e, lr)][n][dst] = p[src]
+            if on_clients is not None:
+                on_clients(k)
     return [snaps[key] for key in grid]
 
 
@@ -265,6 +271,7 @@ def train_local(
     client_chunk: int | None = 64,
     batched: bool = True,
     client_index: Sequence[int] | None = None,
+    on_clients: Callable[[int], None] | None = None,
 ) -> TrainResult:
     r"""Train every client alone on its own data, over a grid of epochs and step sizes.
 
@@ -293,6 +300,9 @@ def train_local(
     client_index : sequence of int, optional
         The population index of every client of ``dataset``, which seeds its minibatches
         (:func:`~privmtl.federated.finetune.finetune_plan`; default: its position).
+    on_clients : callable, optional
+        Called with the number of clients whose grid is trained, after each chunk of them (a
+        progress report; the models do not depend on it).
 
     Returns
     -------
@@ -322,8 +332,9 @@ def train_local(
     grid_val: list[float] = []
     grid_test: list[float] = []
     models = _train_grid(
-        model, buffers, init, dataset, grid, batch_size, seed, client_chunk, batched, client_index
-    )
+        model, buffers, init, dataset, grid, batch_size, seed, client_chunk, batched, client_index,
+        on_clients,
+    )  # fmt: skip
     for g, params in enumerate(models):
         correct, loss = client_scores(model, params, buffers, val_x, val_y)
         n_val = max(sum(int(y.shape[0]) for y in val_y), 1)
