@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from privmtl._timing import describe_phases
 from privmtl.cli._common import (
     abort_hint_for_checkpoint,
     check_save_dir,
@@ -81,8 +82,9 @@ def _human(out: dict[str, Any]) -> None:
     metric = "nmse" if "nmse" in out else "auc"
     click.echo(
         f"{out['method']} on {out['data']} (m={out['n_tasks']}, d={out['n_features']}, "
-        f"seed={out['seed']}): {metric} = {out[metric]:.4f}  [{out['seconds']:.1f}s]"
+        f"seed={out['seed']}): {metric} = {out[metric]:.4f}"
     )
+    click.echo(f"time: {describe_phases(out)}")
     click.echo(f"privacy: {out['summary']}")
     for note in out["guarantee"]["notes"]:
         click.echo(f"note: {note}")

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from privmtl._timing import describe_phases
 from privmtl.cli._common import (
     abort_hint_for_checkpoint,
     atomic_output_dir,
@@ -91,9 +92,7 @@ def _human(out: dict[str, Any]) -> None:
         f"{_fmt(out['mean_client_accuracy'], '.4f')}" + _finetune_label(out)
     )
     echo_final_models(out)
-    click.echo(
-        f"time: {_fmt(out['seconds'], '.1f')}s ({_fmt(out['seconds_per_round'], '.3f')}s/round)"
-    )
+    click.echo(f"time: {describe_phases(out, per_round=out.get('seconds_per_round'))}")
     click.echo(f"privacy: {out['summary']}")
     noisy = bool(out.get("noise_std"))
     click.echo(f"noise source: {out['noise_source'] if noisy else 'none (no noise added)'}")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from privmtl._timing import MPMTL_PHASES, PhaseTimer
 from privmtl._validation import check_choice, check_int
 from privmtl.data.multitask import INTERCEPT, MultiTaskDataset
 from privmtl.data.registry import (
@@ -344,14 +344,18 @@ def _fit(
     loaded: LoadedData,
     durability: Durability,
     extra_params: dict[str, Any] | None = None,
+    timer: PhaseTimer | None = None,
 ) -> FittedRun:
     """Fit: choose the hyper-parameters as ``spec.tune`` says, fit the estimator to every task's
-    centred targets, and read the guarantee of what it released."""
+    centred targets, and read the guarantee of what it released. ``timer`` (the run's) measures
+    the ``setup``, ``tuning`` (a search over a grid) and ``fit`` phases."""
+    timer = PhaseTimer(MPMTL_PHASES) if timer is None else timer
     method, tune_mode, seed = spec.method, spec.tune, spec.seed
     search = tune_mode == "pooled" or (
         tune_mode == "covered" and method not in PRIVATE_METHODS + ISOLATED_METHODS
     )
-    fixed = _fixed_params(spec, loaded, search, extra_params)
+    with timer.phase("setup"):
+        fixed = _fixed_params(spec, loaded, search, extra_params)
     train, offsets = loaded.train, loaded.offsets
     Xs, ys = list(train.X), [y - o for y, o in zip(train.y, offsets, strict=True)]
     tuning_file = durability.tuning_file
@@ -376,36 +380,38 @@ def _fit(
         best = json.loads(tuning_file.read_text())["best"]
         tuned = True
     elif search:
-        from privmtl.linear.selection import tune_method
+        with timer.phase("tuning"):
+            from privmtl.linear.selection import tune_method
 
-        # Keep the user's explicit choices out of the search.
-        user_set = (
-            ("iterations", *(extra_params or {}))
-            if spec.iterations is not None or extra_params
-            else ()
-        )
-        grid = _search_grid(method, fixed, user_set)
-        if grid is None or grid:
-            # Fold splits and per-fold estimator seeds derive from ``seed``.
-            search_fixed = {k: v for k, v in fixed.items() if k != "random_state"}
-            best, _ = tune_method(
-                method,
-                Xs,
-                ys,
-                n_splits=spec.n_splits,
-                random_state=seed,
-                grid=grid,
-                final_step=spec.final_step if method in _OUTPUT_RULE_METHODS else "auto",
-                **search_fixed,
+            # Keep the user's explicit choices out of the search.
+            user_set = (
+                ("iterations", *(extra_params or {}))
+                if spec.iterations is not None or extra_params
+                else ()
             )
-            tuned = True
-            if tuning_file is not None:
-                _write_json(tuning_file, {"method": method, "best": _jsonable(best)})
+            grid = _search_grid(method, fixed, user_set)
+            if grid is None or grid:
+                # Fold splits and per-fold estimator seeds derive from ``seed``.
+                search_fixed = {k: v for k, v in fixed.items() if k != "random_state"}
+                best, _ = tune_method(
+                    method,
+                    Xs,
+                    ys,
+                    n_splits=spec.n_splits,
+                    random_state=seed,
+                    grid=grid,
+                    final_step=spec.final_step if method in _OUTPUT_RULE_METHODS else "auto",
+                    **search_fixed,
+                )
+                tuned = True
+                if tuning_file is not None:
+                    _write_json(tuning_file, {"method": method, "best": _jsonable(best)})
     if tuned and search:
         note = TUNING_NOTE if tune_mode == "pooled" else _NOTE_NONPRIVATE
     if est is None:
         est = estimator_class(method)(**{**fixed, **best, **durability.runtime})
-    est.fit(Xs, ys)
+    with timer.phase("fit"):
+        est.fit(Xs, ys)
     guarantee = _guarantee_of(method, est)
     if tune_mode == "pooled" and tuned and math.isfinite(guarantee.epsilon):
         guarantee = guarantee.with_not_covered(NOT_COVERED_POOLED)
@@ -439,7 +445,7 @@ def _report(
     finished: FinishedRun,
     durability: Durability,
 ) -> dict[str, Any]:
-    """Report: the JSON-ready result dictionary of the run (without ``seconds``)."""
+    """Report: the JSON-ready result dictionary of the run (without ``seconds`` and ``phases``)."""
     method, epsilon, est, guarantee = spec.method, spec.epsilon, fitted.est, fitted.guarantee
     train = loaded.train
     out: dict[str, Any] = {
@@ -566,10 +572,14 @@ def run_mpmtl(
     Keys: ``method, data, epsilon, delta, relation, sampling, accountant, nmse | auc, seconds,
     params, tuned, tune, tuning_note, guarantee, covered, n_tasks, n_features, seed, noise_source,
     stopped_on_budget`` (and ``per_task_params``, ``iterations_run``, ``checkpoint_dir``,
-    ``ledger``, ``resumed_from``, ``models_dir`` when they apply). ``epsilon`` is what the ledger
+    ``ledger``, ``resumed_from``, ``models_dir`` when they apply) and ``phases``. ``seconds`` is
+    the run's wall time, from the call to the finished result (saving the models included);
+    ``phases`` its seconds by phase (:data:`~privmtl._timing.MPMTL_PHASES`: ``data``, ``setup``,
+    ``tuning``, ``fit``, ``scoring``, ``saving`` and ``other``, which add up to ``seconds``). ``epsilon`` is what the ledger
     recorded; ``covered`` is ``guarantee["covered"]``; ``noise_source`` is ``"none"`` when the run
     added no noise.
     """
+    timer = PhaseTimer(MPMTL_PHASES)  # the run's wall time starts here
     spec = MPMTLSpec(
         tune=_tune_mode(tune),
         method=method,
@@ -586,7 +596,8 @@ def run_mpmtl(
         budget_epsilon=budget_epsilon,
         checkpoint_every=checkpoint_every,
     )
-    durability = _durability(spec, checkpoint_dir, resume)
+    with timer.phase("setup"):
+        durability = _durability(spec, checkpoint_dir, resume)
     request = DataRequest(
         data=data,
         data_path=data_path,
@@ -596,16 +607,17 @@ def run_mpmtl(
         normalize=normalize,
         feature_columns=feature_columns,
     )
-    t0 = time.perf_counter()
-    loaded = _load(spec, request, split)
-    fitted = _fit(spec, loaded, durability, extra_params)
-    finished = _finish(spec, loaded, fitted)
+    with timer.phase("data"):
+        loaded = _load(spec, request, split)
+    fitted = _fit(spec, loaded, durability, extra_params, timer=timer)
+    with timer.phase("scoring"):
+        finished = _finish(spec, loaded, fitted)
     out = _report(spec, loaded, fitted, finished, durability)
-    out["seconds"] = time.perf_counter() - t0
     if save_models is not None:
-        record = loaded.record(spec.seed)
-        out["models_dir"] = str(_save_models(save_models, fitted.est, out, data=record))
-    return out
+        with timer.phase("saving"):
+            record = loaded.record(spec.seed)
+            out["models_dir"] = str(_save_models(save_models, fitted.est, out, data=record))
+    return timer.record(out)
 
 
 def _per_task_params(est: Any) -> dict[str, list[Any]]:

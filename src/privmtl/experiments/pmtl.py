@@ -18,7 +18,6 @@ The opt-ins that break this — a choice on pooled validation data (``local_sele
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from privmtl._timing import PMTL_PHASES, PhaseTimer
 from privmtl._validation import check_choice
 from privmtl.data.federated import FederatedDataset
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
@@ -216,6 +216,7 @@ class LoadedRun:
     factory: UserFactory | None
     notes: tuple[str, ...]
     seconds: float
+    """The seconds of loading or generating the data (the run's ``data`` phase)."""
 
     @property
     def m(self) -> int:
@@ -323,36 +324,40 @@ def _load(
     batched: bool,
     progress: bool,
     threads: int,
+    timer: PhaseTimer | None = None,
 ) -> LoadedRun:
     """Load: the user's model factory (before any data is read), the data (``dataset``, or the
     registered data set loaded by the seed), the settings resolved on it, the model, and the
-    method bound to the engine configuration with the target ε calibrated to σ once."""
+    method bound to the engine configuration with the target ε calibrated to σ once. ``timer``
+    (the run's) measures the ``data`` and ``setup`` phases."""
     from privmtl.federated.user_model import is_factory_spec, load_factory
 
+    timer = PhaseTimer(PMTL_PHASES) if timer is None else timer
     model = request.model
-    factory = load_factory(model) if is_factory_spec(model) else None
-    t_load = time.perf_counter()
-    ds = (
-        dataset
-        if dataset is not None
-        else load_federated(
-            request.data,
-            data_path=request.data_path,
-            seed=spec.seed,
-            **request.table,
-            num_clients=request.num_clients,
-            scaling=request.scaling,
+    with timer.phase("setup"):
+        factory = load_factory(model) if is_factory_spec(model) else None
+    with timer.phase("data"):
+        ds = (
+            dataset
+            if dataset is not None
+            else load_federated(
+                request.data,
+                data_path=request.data_path,
+                seed=spec.seed,
+                **request.table,
+                num_clients=request.num_clients,
+                scaling=request.scaling,
+            )
         )
-    )
-    seconds = time.perf_counter() - t_load
-    m = ds.n_clients
-    resolved = resolve_defaults(spec, m)
-    notes = tuple(resolve_delta(spec.delta, m)[1])
-    net = make_model(model, ds, spec.seed, factory=factory)
-    config = train_config(resolved, batched=batched, progress=progress, threads=threads)
-    if get_method(method, config).communicates:  # the target ε becomes the release's σ, once
-        config = resolve_config(config, m, method=method)[0]
-    runner = get_method(method, config)  # bound to the calibrated noise
+    with timer.phase("setup"):
+        m = ds.n_clients
+        resolved = resolve_defaults(spec, m)
+        notes = tuple(resolve_delta(spec.delta, m)[1])
+        net = make_model(model, ds, spec.seed, factory=factory)
+        config = train_config(resolved, batched=batched, progress=progress, threads=threads)
+        if get_method(method, config).communicates:  # the target ε becomes the release's σ, once
+            config = resolve_config(config, m, method=method)[0]
+        runner = get_method(method, config)  # bound to the calibrated noise
     if runner.models is not None and model not in runner.models:
         raise InvalidParameterError(
             f"The 'method' parameter {spec.method!r} supports --model "
@@ -369,7 +374,7 @@ def _load(
         method_source=method_source,
         factory=factory,
         notes=notes,
-        seconds=seconds,
+        seconds=timer.seconds("data"),
     )
 
 
@@ -662,8 +667,16 @@ def run_pmtl(
     ``"MODULE:NAME"`` naming one (loaded as a ``model`` factory is; the result's
     ``method_source`` records the file and its SHA-256). It runs with the same release,
     accounting, ledger and checkpointing as privmtl's methods.
+
+    ``seconds`` is the run's wall time, from the call to the finished result, and ``phases`` its
+    seconds by phase (:data:`~privmtl._timing.PMTL_PHASES`: ``data``, ``setup``, ``rounds``,
+    ``end_of_run``, ``scoring``, ``saving`` and ``other``, which add up to ``seconds``);
+    ``seconds_per_round`` is the rounds' own time per round and ``data_seconds`` the ``data``
+    phase.
     """
-    own_method, method_source = resolve_method(method)
+    timer = PhaseTimer(PMTL_PHASES)  # the run's wall time starts here
+    with timer.phase("setup"):
+        own_method, method_source = resolve_method(method)
     spec = RunSpec(
         method=own_method if isinstance(own_method, str) else own_method.name,
         server_update=server_update,
@@ -724,14 +737,18 @@ def run_pmtl(
     durability = Durability(checkpoint_dir, checkpoint_every, resume, budget_epsilon)
     loaded = _load(
         spec, own_method, request, method_source=method_source, dataset=dataset,
-        batched=not sequential, progress=show_progress, threads=threads,
+        batched=not sequential, progress=show_progress, threads=threads, timer=timer,
     )  # fmt: skip
-    trained = _train(loaded, durability, local_select)
-    finished = _finish(loaded, trained, finishing)
+    with timer.phase("scoring"):  # the method's fit: its rounds, then the trained models' scores
+        trained = _train(loaded, durability, local_select)
+    timer.carve("scoring", "rounds", trained.result.seconds)  # the engine's own time of its rounds
+    with timer.phase("end_of_run"):
+        finished = _finish(loaded, trained, finishing)
     out = _report(loaded, durability, trained, finished, diagnostics=diagnostics)
     if save_models is not None:
-        out["models_dir"] = _save(save_models, loaded, trained, finished, out)
-    return out
+        with timer.phase("saving"):
+            out["models_dir"] = _save(save_models, loaded, trained, finished, out)
+    return timer.record(out)
 
 
 def evaluate_saved(
@@ -930,7 +947,7 @@ def _finetune_auto(
     trained = stack_trained(result.personalized_params, result.global_params, ds.n_clients)
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
-        lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan,
+        lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
     )  # fmt: skip
     assert fin.choice is not None
     buffers = {n: b.detach() for n, b in net.named_buffers()}

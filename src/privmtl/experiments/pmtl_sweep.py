@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from privmtl._timing import added_phase
 from privmtl._validation import check_choice
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
 from privmtl.data.registry import load_federated
@@ -281,7 +282,8 @@ def _candidate_run(*, dataset: Any, noise_source: str, **kw: Any) -> dict[str, A
     The run's ledger is read back from its (temporary) checkpoint directory, and every client's
     correct predictions on its validation and test splits are computed with its own model (its
     personalized model, or the released global model for the global methods) from the saved
-    models; both directories are removed afterwards.
+    models; both directories are removed afterwards. Reading them is added to the run's
+    ``scoring`` phase and ``seconds``.
     """
     with tempfile.TemporaryDirectory(prefix="privmtl-candidate-") as tmp:
         t = Path(tmp)
@@ -294,8 +296,10 @@ def _candidate_run(*, dataset: Any, noise_source: str, **kw: Any) -> dict[str, A
             checkpoint_every=int(kw["rounds"]),
             save_models=t / "models",
         )
-        events = ledger_events(t / "run" / "ledger.jsonl")
-        row["client_scores"] = _client_scores(t / "models", dataset)
+        # what selection reads belongs to the run's time: its ``seconds`` stay its wall time
+        with added_phase(row, "scoring"):
+            events = ledger_events(t / "run" / "ledger.jsonl")
+            row["client_scores"] = _client_scores(t / "models", dataset)
     row.pop("checkpoint_dir", None)
     row.pop("models_dir", None)
     if not events and row["guarantee"]["epsilon"] is None and kw["method"] != "local":

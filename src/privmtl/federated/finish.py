@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privmtl._progress import Progress
 from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
@@ -186,6 +187,7 @@ def finish_clients(
     plan: AutoPlan | None = None,
     client_index: Sequence[int] | None = None,
     block: int = END_OF_RUN_BLOCK,
+    progress: bool = False,
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -220,28 +222,44 @@ def finish_clients(
         positions in ``dataset``).
     block : int, default :data:`~privmtl.federated.blocks.END_OF_RUN_BLOCK`
         The most clients finished at once.
+    progress : bool, default False
+        ``"auto"`` only: report the local trainings of its candidates, client by client (a
+        :class:`~privmtl._progress.Progress`: a bar on a terminal, plain lines elsewhere).
     """
     from privmtl.federated.finetune import check_client_index
-    from privmtl.federated.finetune import finetune as finetune_models
-    from privmtl.federated.local import select_per_client, train_local
 
     check_choice("finetune", finetune, ("none", "auto", *_FINETUNE_RULES))
     block = check_int("block", block, low=1)
     if finetune == "none":
         return ClientFinish({n: p.clone() for n, p in trained.items()})
+    if finetune == "auto" and plan is None:
+        raise InvalidParameterError("finish_clients(finetune='auto') needs its 'plan' (auto_plan).")
     m = dataset.n_clients
-    if m > block:  # one block at a time, each client with its population index
-        index = check_client_index(client_index, m)
+    # one step per client and trained candidate: the local trainings are the end's long part
+    trains = [n for n in plan.names if n != "trained"] if plan is not None else []
+    bar = Progress(
+        total=len(trains) * m,
+        desc="end of run",
+        enabled=progress and finetune == "auto",
+        unit="client",
+    )
+    kw: dict[str, Any] = {
+        "batch_size": batch_size, "seed": seed, "lr": lr, "lam": lam, "start": start,
+        "epochs": epochs, "plan": plan, "bar": bar,
+    }  # fmt: skip
+    try:
+        if m <= block:
+            return _finish_block(finetune, dataset, model, trained, billboard, client_index, **kw)
+        index = check_client_index(client_index, m)  # one block at a time, population indices
         params: Params = {}
         choices: list[np.ndarray] = []
         piece = ClientFinish({})
         for pos in client_blocks(m, block):
             rows = torch.from_numpy(pos)
-            piece = finish_clients(
+            piece = _finish_block(
                 finetune, dataset.subset(pos.tolist()), model,
                 {n: p.index_select(0, rows) for n, p in trained.items()}, billboard,
-                batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start, epochs=epochs,
-                plan=plan, client_index=index[pos].tolist(), block=block,
+                index[pos].tolist(), **kw,
             )  # fmt: skip
             if not params:
                 params = {n: p.new_empty((m, *p.shape[1:])) for n, p in piece.params.items()}
@@ -251,6 +269,31 @@ def finish_clients(
                 choices.append(piece.choice)
         choice = np.concatenate(choices) if choices else None
         return ClientFinish(params, choice, piece.plan, piece.grids)
+    finally:
+        bar.close()
+
+
+def _finish_block(
+    finetune: str,
+    dataset: FederatedDataset,
+    model: nn.Module,
+    trained: Params,
+    billboard: Params,
+    client_index: Sequence[int] | None,
+    *,
+    batch_size: int,
+    seed: int,
+    lr: float,
+    lam: float,
+    start: str,
+    epochs: int,
+    plan: AutoPlan | None,
+    bar: Progress,
+) -> ClientFinish:
+    """:func:`finish_clients` of the clients of ``dataset`` at once (one block)."""
+    from privmtl.federated.finetune import finetune as finetune_models
+    from privmtl.federated.local import select_per_client, train_local
+
     if finetune != "auto":
         params, _ = finetune_models(
             trained, dataset, model, method=finetune, start=start, epochs=epochs, lr=lr,
@@ -258,8 +301,7 @@ def finish_clients(
             client_index=client_index,
         )  # fmt: skip
         return ClientFinish(params)
-    if plan is None:
-        raise InvalidParameterError("finish_clients(finetune='auto') needs its 'plan' (auto_plan).")
+    assert plan is not None
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     kw: dict[str, Any] = {
         "batch_size": batch_size,
@@ -272,6 +314,7 @@ def finish_clients(
     def candidate(name: str) -> Params:
         if name == "trained":
             return trained
+        kw["on_clients"] = lambda k: bar.update(k, candidate=name)
         if name == "local":
             alone = train_local(dataset, model, **kw)
             grids["local_grid"] = alone.extra["local_selection"]["grid"]

@@ -178,8 +178,10 @@ def _train_grid(
     client_chunk: int | None,
     batched: bool,
     client_index: Sequence[int] | None = None,
+    on_clients: Callable[[int], None] | None = None,
 ) -> list[Params]:
-    """The models of every grid point, stacked ``(m, ...)``, in grid order.
+    """The models of every grid point, stacked ``(m, ...)``, in grid order (``on_clients`` is
+    called with the number of clients done after each chunk of them).
 
     The model of ``(e, lr)`` is the state after the first ``e`` epochs of one run of
     ``max(epochs)`` epochs at step size ``lr`` (the first ``e`` epochs of
@@ -199,6 +201,8 @@ def _train_grid(
                 batch_size=batch_size, seed=seed, batched=False, client_index=client_index,
             )  # fmt: skip
             out.append(params)
+        if on_clients is not None:
+            on_clients(m)
         return out
     x_all, y_all, offsets = dataset.concat("train")
     plan = finetune_plan(
@@ -257,6 +261,8 @@ def _train_grid(
                         dst = ti[torch.from_numpy(done)]
                         for n, p in w.items():
                             snaps[(e, lr)][n][dst] = p[src]
+            if on_clients is not None:
+                on_clients(k)
     return [snaps[key] for key in grid]
 
 
@@ -273,6 +279,7 @@ def train_local(
     batched: bool = True,
     client_index: Sequence[int] | None = None,
     block: int = END_OF_RUN_BLOCK,
+    on_clients: Callable[[int], None] | None = None,
 ) -> TrainResult:
     r"""Train every client alone on its own data, over a grid of epochs and step sizes.
 
@@ -305,6 +312,9 @@ def train_local(
         With ``select="client"``, the most clients trained at once (their grid of models is held
         for one block at a time); the models do not depend on it. ``select="pooled"`` takes the
         whole population at once.
+    on_clients : callable, optional
+        Called with the number of clients whose grid is trained, after each chunk of them (a
+        progress report; the models do not depend on it).
 
     Returns
     -------
@@ -338,8 +348,9 @@ def train_local(
         rows = torch.from_numpy(pos)
         ci = None if client_index is None and len(pos) == m else index[pos].tolist()
         models = _train_grid(
-            model, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci
-        )
+            model, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci,
+            on_clients,
+        )  # fmt: skip
         val_x, val_y = part.split("val")
         test_x, test_y = part.split("test")
         k = len(pos)
