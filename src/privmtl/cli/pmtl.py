@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from privmtl._device import DEFAULT_DEVICE
 from privmtl.cli._common import (
     abort_hint_for_checkpoint,
     atomic_output_dir,
@@ -219,6 +220,14 @@ def _human(out: dict[str, Any]) -> None:
     default=2,
     show_default=True,
     help="Torch threads during training (changes the speed, not the result).",
+)
+@click.option(
+    "--device",
+    default=DEFAULT_DEVICE,
+    show_default=True,
+    metavar="[auto|cpu|cuda|cuda:N]",
+    help="Where training, the end of run and scoring compute: auto is CUDA where available, "
+    "else the CPU; cuda without CUDA exits 2. The noise is still drawn on the CPU from the OS.",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

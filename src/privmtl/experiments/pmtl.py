@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from privmtl._device import DEFAULT_DEVICE, resolve_device
 from privmtl._validation import check_choice
 from privmtl.data.federated import FederatedDataset
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
@@ -323,6 +324,7 @@ def _load(
     batched: bool,
     progress: bool,
     threads: int,
+    device: str = DEFAULT_DEVICE,
 ) -> LoadedRun:
     """Load: the user's model factory (before any data is read), the data (``dataset``, or the
     registered data set loaded by the seed), the settings resolved on it, the model, and the
@@ -349,7 +351,9 @@ def _load(
     resolved = resolve_defaults(spec, m)
     notes = tuple(resolve_delta(spec.delta, m)[1])
     net = make_model(model, ds, spec.seed, factory=factory)
-    config = train_config(resolved, batched=batched, progress=progress, threads=threads)
+    config = train_config(
+        resolved, batched=batched, progress=progress, threads=threads, device=device
+    )
     if get_method(method, config).communicates:  # the target ε becomes the release's σ, once
         config = resolve_config(config, m, method=method)[0]
     runner = get_method(method, config)  # bound to the calibrated noise
@@ -570,6 +574,7 @@ def run_pmtl(
     show_progress: bool = True,
     dataset: FederatedDataset | None = None,
     threads: int = 2,
+    device: str = DEFAULT_DEVICE,
     noise_source: str = SPEC.noise_source,
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int = 1,
@@ -641,6 +646,12 @@ def run_pmtl(
     read un-noised client updates, so the result is labelled not covered. Without it the result
     has none of them.
 
+    ``device`` (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``;
+    :func:`~privmtl._device.resolve_device`) is where the in-process engine trains and scores:
+    ``"auto"`` is CUDA where available, ``"cuda"`` without CUDA is an error before any work. The
+    release's noise is still drawn on the CPU from the noise source and the ledger is the same;
+    the result reports the device used under ``"device"``.
+
     ``noise_source`` (``"secure"``: OS entropy, the default; ``"seeded"``: reproducible from
     ``seed``, research simulation only), ``checkpoint_dir``/``checkpoint_every``/``resume`` and
     ``budget_epsilon`` are passed to :class:`~privmtl.federated.protocol.Trainer`; the result
@@ -705,6 +716,7 @@ def run_pmtl(
         extra=extra_finetunes,
     )
     check_choice("local_select", local_select, LOCAL_SELECT)
+    on = str(resolve_device(device))  # before any data is read: "cuda" without CUDA fails here
     if not isinstance(diagnostics, bool):
         raise InvalidParameterError(
             f"The 'diagnostics' parameter must be a bool; got {diagnostics!r}."
@@ -724,11 +736,12 @@ def run_pmtl(
     durability = Durability(checkpoint_dir, checkpoint_every, resume, budget_epsilon)
     loaded = _load(
         spec, own_method, request, method_source=method_source, dataset=dataset,
-        batched=not sequential, progress=show_progress, threads=threads,
+        batched=not sequential, progress=show_progress, threads=threads, device=on,
     )  # fmt: skip
     trained = _train(loaded, durability, local_select)
     finished = _finish(loaded, trained, finishing)
     out = _report(loaded, durability, trained, finished, diagnostics=diagnostics)
+    out["device"] = on
     if save_models is not None:
         out["models_dir"] = _save(save_models, loaded, trained, finished, out)
     return out
