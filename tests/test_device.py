@@ -155,3 +155,28 @@ def test_cli_device_cpu_gives_the_numbers_of_no_device(capsys):
     plain = json.loads(capsys.readouterr().out)
     assert with_cpu["device"] == plain["device"] == "cpu"
     assert _numbers(with_cpu) == _numbers(plain)
+
+
+def test_end_of_run_on_cpu_matches_the_default():
+    """``finetune="auto"`` trains its local grids on the run's device: on the CPU, the numbers
+    of a run without the option."""
+    kw = {**KW, "finetune": "auto"}
+    on_cpu = run_pmtl(**kw, device="cpu")
+    assert on_cpu["finetune"] == "auto" and on_cpu["device"] == "cpu"
+    if not torch.cuda.is_available():
+        assert _numbers(run_pmtl(**kw)) == _numbers(on_cpu)
+
+
+def test_train_local_takes_a_device_and_returns_cpu_models():
+    from privmtl.data.registry import load_federated
+    from privmtl.federated.local import train_local
+    from privmtl.federated.models import make_model
+
+    ds = load_federated("synthetic", num_clients=5, seed=0)
+    net = make_model("logreg", ds, 0)
+    a = train_local(ds, net, epochs=(1,), lrs=(0.1,), device="cpu")
+    b = train_local(ds, net, epochs=(1,), lrs=(0.1,))
+    for n, p in a.personalized_params.items():
+        assert p.device.type == "cpu" and torch.equal(p, b.personalized_params[n])
+    with pytest.raises(InvalidParameterError, match="'device'"):
+        train_local(ds, net, epochs=(1,), lrs=(0.1,), device="tpu")

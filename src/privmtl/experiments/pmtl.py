@@ -351,9 +351,8 @@ def _load(
     resolved = resolve_defaults(spec, m)
     notes = tuple(resolve_delta(spec.delta, m)[1])
     net = make_model(model, ds, spec.seed, factory=factory)
-    config = train_config(
-        resolved, batched=batched, progress=progress, threads=threads, device=device
-    )
+    on = str(resolve_device(device))  # "auto" becomes the device the run computes on
+    config = train_config(resolved, batched=batched, progress=progress, threads=threads, device=on)
     if get_method(method, config).communicates:  # the target ε becomes the release's σ, once
         config = resolve_config(config, m, method=method)[0]
     runner = get_method(method, config)  # bound to the calibrated noise
@@ -490,6 +489,7 @@ def _report(
     out["config"] = loaded.resolved.replace(personal_init=result.config.personal_init).to_dict()
     out["clients_per_round_default"] = loaded.spec.clients_per_round is None  # then min(20, m)
     out["scaling"] = ds.scaling
+    out["device"] = runner.config.device  # where it computed (resolved by _load)
     notes = [*loaded.notes, *scaling_note(ds.scaling)]
     not_covered: list[str] = []
     if diagnostics:
@@ -716,7 +716,7 @@ def run_pmtl(
         extra=extra_finetunes,
     )
     check_choice("local_select", local_select, LOCAL_SELECT)
-    on = str(resolve_device(device))  # before any data is read: "cuda" without CUDA fails here
+    resolve_device(device)  # before any data is read: "cuda" without CUDA fails here
     if not isinstance(diagnostics, bool):
         raise InvalidParameterError(
             f"The 'diagnostics' parameter must be a bool; got {diagnostics!r}."
@@ -736,12 +736,11 @@ def run_pmtl(
     durability = Durability(checkpoint_dir, checkpoint_every, resume, budget_epsilon)
     loaded = _load(
         spec, own_method, request, method_source=method_source, dataset=dataset,
-        batched=not sequential, progress=show_progress, threads=threads, device=on,
+        batched=not sequential, progress=show_progress, threads=threads, device=device,
     )  # fmt: skip
     trained = _train(loaded, durability, local_select)
     finished = _finish(loaded, trained, finishing)
     out = _report(loaded, durability, trained, finished, diagnostics=diagnostics)
-    out["device"] = on
     if save_models is not None:
         out["models_dir"] = _save(save_models, loaded, trained, finished, out)
     return out
@@ -889,8 +888,9 @@ def _finetune_from_billboard(
     start = copy.deepcopy(net)
     start.load_state_dict({**start.state_dict(), **result.global_params})
     tuned = train_local(
-        ds, start, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select, seed=seed
-    )
+        ds, start, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select, seed=seed,
+        device=result.config.device,
+    )  # fmt: skip
     sel = tuned.extra["local_selection"]
     test = tuned.accuracies["test"]["personalized"]
     return {
@@ -943,7 +943,7 @@ def _finetune_auto(
     trained = stack_trained(result.personalized_params, result.global_params, ds.n_clients)
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
-        lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan,
+        lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, device=cfg.device,
     )  # fmt: skip
     assert fin.choice is not None
     buffers = {n: b.detach() for n, b in net.named_buffers()}

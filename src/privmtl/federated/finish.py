@@ -186,6 +186,7 @@ def finish_clients(
     plan: AutoPlan | None = None,
     client_index: Sequence[int] | None = None,
     block: int = END_OF_RUN_BLOCK,
+    device: str = "cpu",
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -220,6 +221,10 @@ def finish_clients(
         positions in ``dataset``).
     block : int, default :data:`~privmtl.federated.blocks.END_OF_RUN_BLOCK`
         The most clients finished at once.
+    device : str, default "cpu"
+        Where ``"auto"``'s local training grids train and are scored
+        (:func:`~privmtl.federated.local.train_local`); the final models are CPU tensors. The
+        explicit fine-tuning methods run on the CPU.
     """
     from privmtl.federated.finetune import check_client_index
     from privmtl.federated.finetune import finetune as finetune_models
@@ -241,7 +246,7 @@ def finish_clients(
                 finetune, dataset.subset(pos.tolist()), model,
                 {n: p.index_select(0, rows) for n, p in trained.items()}, billboard,
                 batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start, epochs=epochs,
-                plan=plan, client_index=index[pos].tolist(), block=block,
+                plan=plan, client_index=index[pos].tolist(), block=block, device=device,
             )  # fmt: skip
             if not params:
                 params = {n: p.new_empty((m, *p.shape[1:])) for n, p in piece.params.items()}
@@ -266,6 +271,7 @@ def finish_clients(
         "seed": seed,
         "select": "client",
         "client_index": client_index,
+        "device": device,
     }
     grids: dict[str, list[list[float]]] = {}
 
