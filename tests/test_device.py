@@ -180,3 +180,32 @@ def test_train_local_takes_a_device_and_returns_cpu_models():
         assert p.device.type == "cpu" and torch.equal(p, b.personalized_params[n])
     with pytest.raises(InvalidParameterError, match="'device'"):
         train_local(ds, net, epochs=(1,), lrs=(0.1,), device="tpu")
+
+
+def test_a_checkpoint_holds_cpu_tensors_and_resumes_under_another_device_name(tmp_path):
+    """``device`` is not part of what a checkpoint must match: a run checkpointed with
+    ``device="cpu"`` resumes with ``"auto"`` (on a GPU machine: on the GPU) and ends as the
+    uninterrupted run does here."""
+    from privmtl.data.registry import load_federated
+    from privmtl.federated.models import make_model
+    from privmtl.federated.trainer import Trainer
+
+    ds = load_federated("synthetic", num_clients=8, seed=0)
+    net = make_model("logreg", ds, 0)
+    cfg = TrainConfig(rounds=3, clients_per_round=4, noise_std=0.1, clip=0.5, progress=False,
+                      noise_source="seeded", threads=1, device="cpu")  # fmt: skip
+    first = Trainer(ds, net, cfg, checkpoint_dir=tmp_path / "ck")
+    first.step()
+    first.save()
+    state = first.state_dict()
+    tensors = [state["curator"]["billboard"], state["clients"]["rows"]]
+    assert all(t.device.type == "cpu" for d in tensors for r in d.values() for t in
+               (r.values() if isinstance(r, dict) else [r]))  # fmt: skip
+    del first
+    again = Trainer(ds, net, TrainConfig(**{**cfg.to_dict(), "device": "auto"}),
+                    checkpoint_dir=tmp_path / "ck", resume=True)  # fmt: skip
+    assert again.round == 1
+    whole = Trainer(ds, net, cfg).run()
+    if not torch.cuda.is_available():
+        resumed = again.run()
+        assert resumed.test_accuracy == whole.test_accuracy
