@@ -209,3 +209,11 @@ def test_a_checkpoint_holds_cpu_tensors_and_resumes_under_another_device_name(tm
     if not torch.cuda.is_available():
         resumed = again.run()
         assert resumed.test_accuracy == whole.test_accuracy
+
+
+def test_sweep_refuses_a_bad_device_in_one_line_before_writing(capsys, tmp_path):
+    out = tmp_path / "sweep"
+    code = main(["pmtl-sweep", "--data", "synthetic", "--device", "tpu", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert code == 2 and "--device" in cap.err and cap.err.count("\n") == 1
+    assert not out.exists()

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from privmtl._device import DEFAULT_DEVICE
+from privmtl._device import DEFAULT_DEVICE, resolve_device
 from privmtl.cli._common import (
     abort_hint_for_checkpoint,
     atomic_output_dir,
@@ -305,6 +305,13 @@ def pmtl(**kw: Any) -> None:
 @spec_option("server_update")
 @spec_option("finetune", help="Local fine-tuning of every candidate run, as privmtl pmtl's.")
 @click.option(
+    "--device",
+    default=DEFAULT_DEVICE,
+    show_default=True,
+    metavar="[auto|cpu|cuda|cuda:N]",
+    help="Where every run computes (as privmtl pmtl's --device).",
+)
+@click.option(
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -337,6 +344,7 @@ def pmtl_sweep(**kw: Any) -> None:
     from privmtl.experiments.runlog import RunLog
 
     check_model_option(kw["model"])
+    resolve_device(kw["device"])  # before the output folder is touched
     table = pmtl_data_kwargs(kw, kw["data"])
     methods = [m.strip() for m in kw["methods"].split(",") if m.strip()]
     if not methods:
@@ -376,6 +384,7 @@ def pmtl_sweep(**kw: Any) -> None:
         log=log,
         select=kw["select"],
         vote_share=kw["vote_share"],
+        device=kw["device"],
     )
     out_dir: Path = kw["out_dir"]
     with atomic_output_dir(out_dir) as tmp:
