@@ -157,12 +157,13 @@ def test_cli_device_cpu_gives_the_numbers_of_no_device(capsys):
     assert _numbers(with_cpu) == _numbers(plain)
 
 
-def test_end_of_run_on_cpu_matches_the_default():
-    """``finetune="auto"`` trains its local grids on the run's device: on the CPU, the numbers
-    of a run without the option."""
-    kw = {**KW, "finetune": "auto"}
+@pytest.mark.parametrize("finetune", ["auto", "ewc"])
+def test_end_of_run_on_cpu_matches_the_default(finetune):
+    """The end of run (``auto``'s local grids, an explicit method) runs on the run's device: on
+    the CPU, the numbers of a run without the option."""
+    kw = {**KW, "finetune": finetune}
     on_cpu = run_pmtl(**kw, device="cpu")
-    assert on_cpu["finetune"] == "auto" and on_cpu["device"] == "cpu"
+    assert on_cpu["finetune"] == finetune and on_cpu["device"] == "cpu"
     if not torch.cuda.is_available():
         assert _numbers(run_pmtl(**kw)) == _numbers(on_cpu)
 
@@ -217,3 +218,20 @@ def test_sweep_refuses_a_bad_device_in_one_line_before_writing(capsys, tmp_path)
     cap = capsys.readouterr()
     assert code == 2 and "--device" in cap.err and cap.err.count("\n") == 1
     assert not out.exists()
+
+
+def test_finetune_takes_a_device_and_returns_cpu_models():
+    from privmtl.data.registry import load_federated
+    from privmtl.federated.finetune import finetune
+    from privmtl.federated.models import make_model
+
+    ds = load_federated("synthetic", num_clients=5, seed=0)
+    net = make_model("logreg", ds, 0)
+    glob = {n: p.detach() for n, p in net.named_parameters()}
+    a, acc_a = finetune(glob, ds, net, method="mr", start="global", device="cpu")
+    b, acc_b = finetune(glob, ds, net, method="mr", start="global")
+    assert acc_a == acc_b
+    for n, p in a.items():
+        assert p.device.type == "cpu" and torch.equal(p, b[n])
+    with pytest.raises(InvalidParameterError, match="'device'"):
+        finetune(glob, ds, net, start="global", device="tpu")

@@ -1005,7 +1005,7 @@ def _finetune(
             method, ds, net,
             stack_trained(result.personalized_params, result.global_params, ds.n_clients),
             result.global_params, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start,
-            epochs=epochs,
+            epochs=epochs, device=result.config.device,
         )  # fmt: skip
         params = fin.params
         buffers = {n: b.detach() for n, b in net.named_buffers()}

@@ -222,9 +222,9 @@ def finish_clients(
     block : int, default :data:`~privmtl.federated.blocks.END_OF_RUN_BLOCK`
         The most clients finished at once.
     device : str, default "cpu"
-        Where ``"auto"``'s local training grids train and are scored
-        (:func:`~privmtl.federated.local.train_local`); the final models are CPU tensors. The
-        explicit fine-tuning methods run on the CPU.
+        Where the clients fine-tune and are scored (``"auto"``'s grids:
+        :func:`~privmtl.federated.local.train_local`; the explicit methods:
+        :func:`~privmtl.federated.finetune.finetune`); the final models are CPU tensors.
     """
     from privmtl.federated.finetune import check_client_index
     from privmtl.federated.finetune import finetune as finetune_models
@@ -260,7 +260,7 @@ def finish_clients(
         params, _ = finetune_models(
             trained, dataset, model, method=finetune, start=start, epochs=epochs, lr=lr,
             batch_size=batch_size, lam=lam, seed=seed, global_params=billboard,
-            client_index=client_index,
+            client_index=client_index, device=device,
         )  # fmt: skip
         return ClientFinish(params)
     if plan is None:
