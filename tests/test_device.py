@@ -235,3 +235,24 @@ def test_finetune_takes_a_device_and_returns_cpu_models():
         assert p.device.type == "cpu" and torch.equal(p, b[n])
     with pytest.raises(InvalidParameterError, match="'device'"):
         finetune(glob, ds, net, start="global", device="tpu")
+
+
+def test_the_gpu_speed_script_runs_on_the_cpu(tmp_path):
+    """``benchmarks/gpu_speed.py`` measures every device present: here at least the CPU row."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_speed.py"
+    spec = importlib.util.spec_from_file_location("gpu_speed", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "speed"
+    argv = ["--ms", "20", "--clients-per-round", "5", "--rounds", "2", "--out", str(out)]
+    assert module.main(argv) == 0
+    doc = json.loads(out.with_suffix(".json").read_text())
+    devices = [row["device"] for row in doc["rows"]]
+    assert devices[0] == "cpu" and ("cuda" in devices) == torch.cuda.is_available()
+    row = doc["rows"][0]
+    assert row["rounds_clients_per_second"] > 0 and row["end_clients_per_second"] > 0
+    assert row["peak_memory_mb"] > 0 and row["m"] == 20
+    assert "| cpu | logreg | 20 |" in out.with_suffix(".md").read_text()
