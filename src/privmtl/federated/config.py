@@ -169,7 +169,7 @@ class TrainConfig:
     threads : int, default 2
         ``torch.set_num_threads`` during training (restored afterwards).
     parallel_chunks : bool, default True
-        Batched path with ``threads > 1``: train groups of clients concurrently, one group per
+        Batched path on the CPU with ``threads > 1``: train groups of clients concurrently, one group per
         thread with one torch thread each (inter-op instead of intra-op parallelism), instead of
         one chunk after another with ``threads`` torch threads per operation. The sampled clients
         are split into ``threads * ceil(sampled / (threads * client_chunk))`` groups of nearly

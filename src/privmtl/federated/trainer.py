@@ -471,7 +471,8 @@ class Trainer:
         cfg = self.config
         old_threads = torch.get_num_threads()
         pool = None
-        if cfg.parallel_chunks and cfg.batched and cfg.threads > 1:
+        # groups on CPU threads: a GPU runs one chunk after another (threads would only contend)
+        if cfg.parallel_chunks and cfg.batched and cfg.threads > 1 and self.device.type == "cpu":
             from concurrent.futures import ThreadPoolExecutor
 
             torch.set_num_threads(1)
