@@ -109,6 +109,17 @@ def _human(out: dict[str, Any]) -> None:
         click.echo(f"note: {note}")
 
 
+def _device_option(help: str) -> Any:
+    """``--device`` (:mod:`privmtl._device`): one declaration for the commands that run the engine."""
+    return click.option(
+        "--device",
+        default=DEFAULT_DEVICE,
+        show_default=True,
+        metavar="[auto|cpu|cuda|cuda:N]",
+        help=help,
+    )
+
+
 @click.command()
 @config_option()
 @trust_code_option()
@@ -221,13 +232,9 @@ def _human(out: dict[str, Any]) -> None:
     show_default=True,
     help="Torch threads during training (changes the speed, not the result).",
 )
-@click.option(
-    "--device",
-    default=DEFAULT_DEVICE,
-    show_default=True,
-    metavar="[auto|cpu|cuda|cuda:N]",
-    help="Where training, the end of run and scoring compute: auto is CUDA where available, "
-    "else the CPU; cuda without CUDA exits 2. The noise is still drawn on the CPU from the OS.",
+@_device_option(
+    "Where training, the end of run and scoring compute: auto is CUDA where available, else the "
+    "CPU; cuda without CUDA exits 2. The noise is still drawn on the CPU from the OS."
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -304,13 +311,7 @@ def pmtl(**kw: Any) -> None:
 @spec_option("local_steps")
 @spec_option("server_update")
 @spec_option("finetune", help="Local fine-tuning of every candidate run, as privmtl pmtl's.")
-@click.option(
-    "--device",
-    default=DEFAULT_DEVICE,
-    show_default=True,
-    metavar="[auto|cpu|cuda|cuda:N]",
-    help="Where every run computes (as privmtl pmtl's --device).",
-)
+@_device_option("Where every run computes (as privmtl pmtl's --device).")
 @click.option(
     "--out",
     "out_dir",
