@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from privmtl._device import DEFAULT_DEVICE, resolve_device
 from privmtl._timing import describe_phases
 from privmtl.cli._common import (
     abort_hint_for_checkpoint,
@@ -105,6 +106,17 @@ def _human(out: dict[str, Any]) -> None:
         click.echo(f"models: {out['models_dir']}")
     for note in out["guarantee"]["notes"]:
         click.echo(f"note: {note}")
+
+
+def _device_option(help: str) -> Any:
+    """``--device`` (:mod:`privmtl._device`): one declaration for the commands that run the engine."""
+    return click.option(
+        "--device",
+        default=DEFAULT_DEVICE,
+        show_default=True,
+        metavar="[auto|cpu|cuda|cuda:N]",
+        help=help,
+    )
 
 
 @click.command()
@@ -219,6 +231,10 @@ def _human(out: dict[str, Any]) -> None:
     show_default=True,
     help="Torch threads during training (changes the speed, not the result).",
 )
+@_device_option(
+    "Where training, the end of run and scoring compute: auto is CUDA where available, else the "
+    "CPU; cuda without CUDA exits 2. The noise is still drawn on the CPU from the OS."
+)
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def pmtl(**kw: Any) -> None:
@@ -294,6 +310,7 @@ def pmtl(**kw: Any) -> None:
 @spec_option("local_steps")
 @spec_option("server_update")
 @spec_option("finetune", help="Local fine-tuning of every candidate run, as privmtl pmtl's.")
+@_device_option("Where every run computes (as privmtl pmtl's --device).")
 @click.option(
     "--out",
     "out_dir",
@@ -327,6 +344,7 @@ def pmtl_sweep(**kw: Any) -> None:
     from privmtl.experiments.runlog import RunLog
 
     check_model_option(kw["model"])
+    resolve_device(kw["device"])  # before the output folder is touched
     table = pmtl_data_kwargs(kw, kw["data"])
     methods = [m.strip() for m in kw["methods"].split(",") if m.strip()]
     if not methods:
@@ -366,6 +384,7 @@ def pmtl_sweep(**kw: Any) -> None:
         log=log,
         select=kw["select"],
         vote_share=kw["vote_share"],
+        device=kw["device"],
     )
     out_dir: Path = kw["out_dir"]
     with atomic_output_dir(out_dir) as tmp:

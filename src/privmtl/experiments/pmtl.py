@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from privmtl._device import DEFAULT_DEVICE, resolve_device
 from privmtl._timing import PMTL_PHASES, PhaseTimer
 from privmtl._validation import check_choice
 from privmtl.data.federated import FederatedDataset
@@ -325,6 +326,7 @@ def _load(
     progress: bool,
     threads: int,
     timer: PhaseTimer | None = None,
+    device: str = DEFAULT_DEVICE,
 ) -> LoadedRun:
     """Load: the user's model factory (before any data is read), the data (``dataset``, or the
     registered data set loaded by the seed), the settings resolved on it, the model, and the
@@ -354,7 +356,10 @@ def _load(
         resolved = resolve_defaults(spec, m)
         notes = tuple(resolve_delta(spec.delta, m)[1])
         net = make_model(model, ds, spec.seed, factory=factory)
-        config = train_config(resolved, batched=batched, progress=progress, threads=threads)
+        on = str(resolve_device(device))  # "auto" becomes the device the run computes on
+        config = train_config(
+            resolved, batched=batched, progress=progress, threads=threads, device=on
+        )
         if get_method(method, config).communicates:  # the target ε becomes the release's σ, once
             config = resolve_config(config, m, method=method)[0]
         runner = get_method(method, config)  # bound to the calibrated noise
@@ -491,6 +496,7 @@ def _report(
     out["config"] = loaded.resolved.replace(personal_init=result.config.personal_init).to_dict()
     out["clients_per_round_default"] = loaded.spec.clients_per_round is None  # then min(20, m)
     out["scaling"] = ds.scaling
+    out["device"] = runner.config.device  # where it computed (resolved by _load)
     notes = [*loaded.notes, *scaling_note(ds.scaling)]
     not_covered: list[str] = []
     if diagnostics:
@@ -575,6 +581,7 @@ def run_pmtl(
     show_progress: bool = True,
     dataset: FederatedDataset | None = None,
     threads: int = 2,
+    device: str = DEFAULT_DEVICE,
     noise_source: str = SPEC.noise_source,
     checkpoint_dir: str | Path | None = None,
     checkpoint_every: int = 1,
@@ -645,6 +652,12 @@ def run_pmtl(
     the un-noised mean, of the noise, and with ``subspace_dim`` of the full un-noised mean): they
     read un-noised client updates, so the result is labelled not covered. Without it the result
     has none of them.
+
+    ``device`` (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``;
+    :func:`~privmtl._device.resolve_device`) is where the in-process engine trains and scores:
+    ``"auto"`` is CUDA where available, ``"cuda"`` without CUDA is an error before any work. The
+    release's noise is still drawn on the CPU from the noise source and the ledger is the same;
+    the result reports the device used under ``"device"``.
 
     ``noise_source`` (``"secure"``: OS entropy, the default; ``"seeded"``: reproducible from
     ``seed``, research simulation only), ``checkpoint_dir``/``checkpoint_every``/``resume`` and
@@ -718,6 +731,7 @@ def run_pmtl(
         extra=extra_finetunes,
     )
     check_choice("local_select", local_select, LOCAL_SELECT)
+    resolve_device(device)  # before any data is read: "cuda" without CUDA fails here
     if not isinstance(diagnostics, bool):
         raise InvalidParameterError(
             f"The 'diagnostics' parameter must be a bool; got {diagnostics!r}."
@@ -738,6 +752,7 @@ def run_pmtl(
     loaded = _load(
         spec, own_method, request, method_source=method_source, dataset=dataset,
         batched=not sequential, progress=show_progress, threads=threads, timer=timer,
+        device=device,
     )  # fmt: skip
     with timer.phase("scoring"):  # the method's fit: its rounds, then the trained models' scores
         trained = _train(loaded, durability, local_select)
@@ -893,8 +908,9 @@ def _finetune_from_billboard(
     start = copy.deepcopy(net)
     start.load_state_dict({**start.state_dict(), **result.global_params})
     tuned = train_local(
-        ds, start, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select, seed=seed
-    )
+        ds, start, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select, seed=seed,
+        device=result.config.device,
+    )  # fmt: skip
     sel = tuned.extra["local_selection"]
     test = tuned.accuracies["test"]["personalized"]
     return {
@@ -948,6 +964,7 @@ def _finetune_auto(
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
         lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
+        device=cfg.device,
     )  # fmt: skip
     assert fin.choice is not None
     buffers = {n: b.detach() for n, b in net.named_buffers()}
@@ -1009,7 +1026,7 @@ def _finetune(
             method, ds, net,
             stack_trained(result.personalized_params, result.global_params, ds.n_clients),
             result.global_params, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start,
-            epochs=epochs,
+            epochs=epochs, device=result.config.device,
         )  # fmt: skip
         params = fin.params
         buffers = {n: b.detach() for n, b in net.named_buffers()}

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from privmtl._device import DEFAULT_DEVICE, resolve_device
 from privmtl._timing import added_phase
 from privmtl._validation import check_choice
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
@@ -78,6 +79,7 @@ def run_pmtl_sweep(
     label_column: str | None = None,
     feature_columns: Sequence[str] | None = None,
     scaling: str = DEFAULT_CLIENT_SCALING,
+    device: str = DEFAULT_DEVICE,
 ) -> dict[str, Any]:
     """Run the sweep; returns ``{"rows": chosen rows, "candidates": all runs, "summary": ...}``.
 
@@ -97,9 +99,11 @@ def run_pmtl_sweep(
     :func:`~privmtl.federated.spec.resolve_clients_per_round`, ``min(20, m)``), ``lam`` (None:
     :func:`~privmtl.federated.spec.default_lam` of each method and ε), ``lr``, ``finetune``,
     ``server_update`` and ``noise_source`` default to the run
-    spec's (:mod:`privmtl.federated.spec`), as ``run_pmtl``'s do.
+    spec's (:mod:`privmtl.federated.spec`), as ``run_pmtl``'s do. ``device`` is every run's
+    (``run_pmtl``'s ``device``); it is not part of what makes a logged run reusable.
     """
     check_choice("select", select, SELECTION_METHODS)
+    resolve_device(device)  # "cuda" without CUDA fails before any data is read
     table: dict[str, Any] = {}
     if data == "table":
         table = {
@@ -177,6 +181,7 @@ def run_pmtl_sweep(
             finetune=finetune,
             seed=seed,
             noise_source=noise_source,
+            device=device,
         )
         row["target_epsilon"] = eps
         candidates.append(row if log is None else log.add(cfg, row))

@@ -171,10 +171,13 @@ def client_scores(
     Groups of ``clients_together`` clients of similar size are scored in one vectorised call
     (``torch.func.vmap`` over their models, examples padded and masked out) when there are more
     clients than that and every client has at most ``chunk`` examples; otherwise client by client.
+    The data are moved to the device of ``params`` (and ``model``) a block at a time; the
+    scores come back as numpy arrays.
     """
     correct = np.zeros(len(ys))
     losses = np.zeros(len(ys))
-    dtype = next(iter(params.values())).dtype
+    first = next(iter(params.values()))
+    dtype, device = first.dtype, first.device
     was_training = model.training
     model.eval()
     try:
@@ -189,8 +192,9 @@ def client_scores(
         for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
             pk = {name: p[k] for name, p in params.items()}
             for i in range(0, y.shape[0], chunk):
-                logits = functional_call(model, (pk, buffers), (x[i : i + chunk].to(dtype),))
-                yy = y[i : i + chunk]
+                xi = x[i : i + chunk].to(device=device, dtype=dtype)
+                logits = functional_call(model, (pk, buffers), (xi,))
+                yy = y[i : i + chunk].to(device)
                 correct[k] += float((logits.argmax(1) == yy).sum())
                 losses[k] += float(F.cross_entropy(logits, yy, reduction="sum"))
     finally:
@@ -231,12 +235,14 @@ def _scores_vmapped(
             x[j, : sizes[k]] = xs[k].to(dtype)
             y[j, : sizes[k]] = ys[k]
             mask[j, : sizes[k]] = True
-        sel = torch.from_numpy(idx.astype(np.int64))
+        device = next(iter(params.values())).device
+        x, y, mask = x.to(device), y.to(device), mask.to(device)
+        sel = torch.from_numpy(idx.astype(np.int64)).to(device)
         logits = fn({name: p.index_select(0, sel) for name, p in params.items()}, x)
         hit = (logits.argmax(-1) == y) & mask
         ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(y.shape)
-        correct[idx] = hit.sum(1).double().numpy()
-        losses[idx] = (ce * mask).double().sum(1).numpy()
+        correct[idx] = hit.sum(1).double().cpu().numpy()
+        losses[idx] = (ce * mask).double().sum(1).cpu().numpy()
     return True
 
 
@@ -255,6 +261,7 @@ def evaluate(
 
     Returns ``accuracy`` (pooled: correct / examples over all clients), ``mean_client_accuracy``
     (mean over clients with at least one example), ``loss`` (pooled mean cross-entropy) and ``n``.
+    It computes on the device of ``params`` (and ``model``), moving the data there in blocks.
     """
     correct = np.zeros(len(ys))
     counts = np.array([y.shape[0] for y in ys], dtype=np.int64)
@@ -262,7 +269,8 @@ def evaluate(
     if counts.sum() == 0:
         nan = float("nan")
         return {"accuracy": nan, "mean_client_accuracy": nan, "loss": nan, "n": 0}
-    dtype = next(iter(params.values())).dtype
+    first = next(iter(params.values()))
+    dtype, device = first.dtype, first.device
     was_training = model.training
     model.eval()
     try:
@@ -273,10 +281,10 @@ def evaluate(
             x_all, y_all = torch.cat(xs), torch.cat(ys)
             hits = torch.empty(y_all.shape[0], dtype=torch.bool)
             for i in range(0, y_all.shape[0], chunk):
-                xi = x_all[i : i + chunk].to(dtype)
+                xi = x_all[i : i + chunk].to(device=device, dtype=dtype)
                 logits = functional_call(model, (params, buffers), (xi,))
-                yy = y_all[i : i + chunk]
-                hits[i : i + chunk] = logits.argmax(1) == yy
+                yy = y_all[i : i + chunk].to(device)
+                hits[i : i + chunk] = (logits.argmax(1) == yy).cpu()
                 loss_sum += float(F.cross_entropy(logits, yy, reduction="sum"))
             offsets = np.concatenate([[0], np.cumsum(counts)])
             csum = np.concatenate([[0], np.cumsum(hits.numpy())])

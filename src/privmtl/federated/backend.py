@@ -49,7 +49,14 @@ __all__ = [
 
 #: Config fields that change how a run executes but not its result (left out of the fingerprint
 #: that a checkpoint must match).
-_EXECUTION_ONLY = ("progress", "threads", "parallel_chunks", "client_chunk", "eval_every")
+_EXECUTION_ONLY = (
+    "progress",
+    "threads",
+    "parallel_chunks",
+    "client_chunk",
+    "eval_every",
+    "device",
+)
 
 
 @dataclass

@@ -141,13 +141,17 @@ def local_sgd_batched(
 
     ``starts`` holds the stacked state ``(K, ...)`` of the ``K`` clients of ``plan``; returns
     their new state and each client's mean minibatch loss (NaN for a client without steps).
-    Minibatches shorter than ``batch_size`` are padded with zero-weight rows.
+    Minibatches shorter than ``batch_size`` are padded with zero-weight rows. Everything runs on
+    the device of ``starts`` (and of ``x_all``, ``y_all``); the plan is drawn on the CPU and
+    moved there.
     """
     rows, weights, active = pad_plan(plan, batch_size)
     names = list(starts)
     state = {n: starts[n].clone() for n in names}
-    weights = weights.to(state[names[0]].dtype)
-    loss_sum = torch.zeros(len(plan), dtype=torch.float64)
+    device = state[names[0]].device
+    rows, active = rows.to(device), active.to(device)
+    weights = weights.to(device=device, dtype=state[names[0]].dtype)
+    loss_sum = torch.zeros(len(plan), dtype=torch.float64, device=device)
     with torch.no_grad():
         for s in range(rows.shape[0]):
             a = active[s]
@@ -183,7 +187,7 @@ def local_sgd_reference(
         state = {n: p[j : j + 1].detach().clone() for n, p in starts.items()}
         total = 0.0
         for rows in steps:
-            idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+            idx = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(x_all.device)
             at = rule.params_at(state)
             leaves = {n: p[0].detach().requires_grad_(True) for n, p in at.items()}
             with torch.enable_grad():

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from privmtl._device import DEFAULT_DEVICE, check_device
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.spec import (
@@ -168,13 +169,20 @@ class TrainConfig:
     threads : int, default 2
         ``torch.set_num_threads`` during training (restored afterwards).
     parallel_chunks : bool, default True
-        Batched path with ``threads > 1``: train groups of clients concurrently, one group per
+        Batched path on the CPU with ``threads > 1``: train groups of clients concurrently, one group per
         thread with one torch thread each (inter-op instead of intra-op parallelism), instead of
         one chunk after another with ``threads`` torch threads per operation. The sampled clients
         are split into ``threads * ceil(sampled / (threads * client_chunk))`` groups of nearly
         equal work (local steps; greedy longest-first), so that the threads finish together
         although clients hold different amounts of data. The updates are the same
         (``benchmarks/results/pmtl_speed.md`` measures the speed).
+    device : {"auto", "cpu", "cuda", "cuda:N"}, default "auto"
+        Where the in-process engine computes (:func:`privmtl._device.resolve_device`: ``"auto"``
+        is CUDA where available, else the CPU; ``"cuda"`` without CUDA is an error when the
+        trainer is built). The model, the data, the billboard and the clients' stored rows live
+        there; sampling and the noise of every release are drawn on the CPU and the noise moved
+        to the device (the secure source stays the OS's). On the CPU results are those without
+        the option; on a GPU the last digits of a seeded run may differ.
     noise_source : {"secure", "seeded"}, default "secure"
         Where the server's Gaussian noise comes from (:mod:`privmtl.privacy.noise`): OS entropy
         (secure, not reproducible, never checkpointed; client sampling then also uses fresh OS
@@ -243,7 +251,7 @@ class TrainConfig:
     (:func:`~privmtl.federated.baselines.train_pp_sgd`) and ``"workshop"``
     (:func:`~privmtl.federated.workshop.train_workshop`): all run through
     :class:`~privmtl.federated.protocol.Trainer`. ``progress``, ``threads``, ``parallel_chunks``,
-    ``client_chunk`` and ``eval_every`` change how a run executes, not its result.
+    ``client_chunk``, ``eval_every`` and ``device`` change how a run executes, not its result.
     """
 
     # the algorithm and privacy defaults are the run spec's (one home: privmtl.federated.spec)
@@ -272,6 +280,7 @@ class TrainConfig:
     progress: bool = True
     threads: int = 2
     parallel_chunks: bool = True
+    device: str = DEFAULT_DEVICE
     noise_source: str = SPEC.noise_source
     pp_alpha: float = 1.0
     pp_theta_reg: float | None = None
@@ -327,6 +336,7 @@ class TrainConfig:
             check_int("client_chunk", self.client_chunk, low=1)
         check_int("eval_every", self.eval_every, low=0)
         check_int("threads", self.threads, low=1)
+        object.__setattr__(self, "device", check_device(self.device))
         check_choice("noise_source", self.noise_source, ("secure", "seeded"))
         check_real("pp_alpha", self.pp_alpha, low=0.0)
         if self.pp_theta_reg is not None:

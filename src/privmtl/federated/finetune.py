@@ -44,6 +44,7 @@ another client's rows.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -53,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from privmtl._device import resolve_device, to_device
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
@@ -77,7 +79,8 @@ FINETUNE_STARTS = ("personalized", "global")
 def _penalty(
     method: str, params: Params, anchor: Params, lam: float, fisher: Params | None
 ) -> torch.Tensor:
-    total = torch.zeros((), dtype=next(iter(params.values())).dtype)
+    first = next(iter(params.values()))
+    total = torch.zeros((), dtype=first.dtype, device=first.device)
     if method == "mr":
         for n, p in params.items():
             total = total + (p - anchor[n]).pow(2).sum()
@@ -141,7 +144,9 @@ def finetune_objective(
         raise InvalidParameterError("The 'fisher' parameter is required for method='ewc'.")
     buffers = dict(model.named_buffers()) if buffers is None else buffers
     if weights is None:
-        weights = torch.full((y.shape[0],), 1.0 / max(y.shape[0], 1), dtype=x.dtype)
+        weights = torch.full(
+            (y.shape[0],), 1.0 / max(y.shape[0], 1), dtype=x.dtype, device=x.device
+        )
     logits = functional_call(model, (params, buffers), (x,))
     value = (F.cross_entropy(logits, y, reduction="none") * weights).sum()
     if method == "skl":
@@ -165,14 +170,16 @@ def empirical_fisher(
     :math:`F_{k,j} = \frac{1}{n_k}\sum_{i\in D_k}(\partial_{w_j}\mathrm{CE}(h_{\tilde w}(x_i),
     y_i))^2`, stacked over clients: shapes ``(m, *param.shape)``. The batched path computes
     per-example gradients with ``vmap(grad)`` over chunks of ``chunk`` rows and sums their squares
-    into the owner's slot; the reference path loops over clients and examples with autograd.
+    into the owner's slot; the reference path loops over clients and examples with autograd. It
+    computes on the device of ``anchor`` (and ``model``).
     """
     check_int("chunk", chunk, low=1)
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     anchor = {n: p.detach() for n, p in anchor.items()}
     m = dataset.n_clients
-    sums = {n: torch.zeros((m, *p.shape), dtype=p.dtype) for n, p in anchor.items()}
-    sizes = torch.as_tensor(dataset.sizes("train"), dtype=torch.float64)
+    device = next(iter(anchor.values())).device
+    sums = {n: torch.zeros((m, *p.shape), dtype=p.dtype, device=device) for n, p in anchor.items()}
+    sizes = torch.as_tensor(dataset.sizes("train"), dtype=torch.float64, device=device)
 
     def ce_one(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = functional_call(model, (params, buffers), (x.unsqueeze(0),))
@@ -180,7 +187,8 @@ def empirical_fisher(
 
     if batched:
         x_all, y_all, offsets = dataset.concat("train")
-        owner = torch.from_numpy(np.repeat(np.arange(m), np.diff(offsets)))
+        x_all, y_all = x_all.to(device), y_all.to(device)
+        owner = torch.from_numpy(np.repeat(np.arange(m), np.diff(offsets))).to(device)
         per_example = vmap(grad(ce_one), in_dims=(None, 0, 0))
         for i in range(0, y_all.shape[0], chunk):
             g = per_example(anchor, x_all[i : i + chunk], y_all[i : i + chunk])
@@ -192,7 +200,7 @@ def empirical_fisher(
             for i in range(ys[k].shape[0]):
                 leaves = {n: p.clone().requires_grad_(True) for n, p in anchor.items()}
                 with torch.enable_grad():
-                    loss = ce_one(leaves, xs[k][i], ys[k][i])
+                    loss = ce_one(leaves, xs[k][i].to(device), ys[k][i].to(device))
                     gs = torch.autograd.grad(loss, list(leaves.values()))
                 for n, gg in zip(leaves, gs, strict=True):
                     sums[n][k] += gg.pow(2)
@@ -290,6 +298,7 @@ def _finetune_batched(
         grad(obj), in_dims=(0, 0 if fisher is not None else None, 0, 0, 0)
     )
     rows, weights, active = _pad_own(plan, first_rows, batch_size)
+    rows, weights, active = rows.to(x_all.device), weights.to(x_all.device), active.to(x_all.device)
     w = {n: p.clone() for n, p in starts.items()}
     with torch.no_grad():
         for s in range(rows.shape[0]):
@@ -410,6 +419,7 @@ def finetune(
     client_chunk: int | None = None,
     fisher_chunk: int = 256,
     client_index: Sequence[int] | None = None,
+    device: str | torch.device = "cpu",
 ) -> tuple[Params, dict[str, dict[str, float]]]:
     r"""Fine-tune every client locally after private training (post-processing, no privacy cost).
 
@@ -449,6 +459,10 @@ def finetune(
     client_index : sequence of int, optional
         The population index of every client of ``dataset``, which seeds its minibatches
         (:func:`finetune_plan`; default: its position in ``dataset``).
+    device : {"cpu", "auto", "cuda", "cuda:N"} or torch.device, default "cpu"
+        Where the batched path fine-tunes and scores (:func:`~privmtl._device.resolve_device`);
+        the returned models are CPU tensors. The reference loop (``batched=False``) runs on the
+        CPU.
 
     Returns
     -------
@@ -465,9 +479,13 @@ def finetune(
     check_inputs(dataset, model)
     if client_chunk is not None:
         check_int("client_chunk", client_chunk, low=1)
+    on = resolve_device(device) if batched else torch.device("cpu")
     m = dataset.n_clients
     shapes = {n: p.shape for n, p in model.named_parameters()}
     pers, glob, config = _resolve_inputs(result_or_params, global_params, shapes, m)
+    if on.type != "cpu":  # the caller's module and tensors stay where they are
+        model = copy.deepcopy(model).to(on)
+        pers, glob = to_device(pers, on), to_device(glob, on)
 
     def default(value: Any, attr: str, fallback: Any) -> Any:
         if value is not None:
@@ -498,7 +516,7 @@ def finetune(
     anchor: Params = (
         {n: p.detach() for n, p in glob.items()}
         if glob is not None
-        else {n: torch.zeros(s) for n, s in shapes.items()}
+        else {n: torch.zeros(s, device=on) for n, s in shapes.items()}
     )
     buffers = {n: b.detach() for n, b in model.named_buffers()}
 
@@ -511,6 +529,7 @@ def finetune(
             else None
         )
         x_all, y_all, offsets = dataset.concat("train")
+        x_all, y_all = x_all.to(on), y_all.to(on)
         plan = finetune_plan(
             dataset, epochs=epochs, batch_size=batch_size, seed=seed, client_index=client_index
         )
@@ -524,7 +543,7 @@ def finetune(
             out = {n: torch.empty_like(p) for n, p in starts.items()}
             for c in range(0, m, chunk):
                 idx = order[c : c + chunk]
-                ti = torch.from_numpy(idx)
+                ti = torch.from_numpy(idx).to(on)
                 part = _finetune_batched(
                     model,
                     buffers,
@@ -566,4 +585,4 @@ def finetune(
             accuracies[split] = evaluate(model, out, buffers, xs, ys, personalized=True)
     finally:
         model.train(was_training)
-    return out, accuracies
+    return to_device(out, "cpu"), accuracies

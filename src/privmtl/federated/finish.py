@@ -188,6 +188,7 @@ def finish_clients(
     client_index: Sequence[int] | None = None,
     block: int = END_OF_RUN_BLOCK,
     progress: bool = False,
+    device: str = "cpu",
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -225,6 +226,10 @@ def finish_clients(
     progress : bool, default False
         ``"auto"`` only: report the local trainings of its candidates, client by client (a
         :class:`~privmtl._progress.Progress`: a bar on a terminal, plain lines elsewhere).
+    device : str, default "cpu"
+        Where the clients fine-tune and are scored (``"auto"``'s grids:
+        :func:`~privmtl.federated.local.train_local`; the explicit methods:
+        :func:`~privmtl.federated.finetune.finetune`); the final models are CPU tensors.
     """
     from privmtl.federated.finetune import check_client_index
 
@@ -245,7 +250,7 @@ def finish_clients(
     )
     kw: dict[str, Any] = {
         "batch_size": batch_size, "seed": seed, "lr": lr, "lam": lam, "start": start,
-        "epochs": epochs, "plan": plan, "bar": bar,
+        "epochs": epochs, "plan": plan, "bar": bar, "device": device,
     }  # fmt: skip
     try:
         if m <= block:
@@ -289,6 +294,7 @@ def _finish_block(
     epochs: int,
     plan: AutoPlan | None,
     bar: Progress,
+    device: str,
 ) -> ClientFinish:
     """:func:`finish_clients` of the clients of ``dataset`` at once (one block)."""
     from privmtl.federated.finetune import finetune as finetune_models
@@ -298,7 +304,7 @@ def _finish_block(
         params, _ = finetune_models(
             trained, dataset, model, method=finetune, start=start, epochs=epochs, lr=lr,
             batch_size=batch_size, lam=lam, seed=seed, global_params=billboard,
-            client_index=client_index,
+            client_index=client_index, device=device,
         )  # fmt: skip
         return ClientFinish(params)
     assert plan is not None
@@ -308,6 +314,7 @@ def _finish_block(
         "seed": seed,
         "select": "client",
         "client_index": client_index,
+        "device": device,
     }
     grids: dict[str, list[list[float]]] = {}
 

@@ -41,6 +41,7 @@ validation data.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -50,6 +51,7 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
+from privmtl._device import resolve_device, to_device
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
@@ -133,7 +135,8 @@ def select_per_client(
         else:
             mask = torch.from_numpy(better)
             for n, p in chosen.items():
-                p[mask] = params[n][mask].to(p.dtype)
+                at = mask.to(p.device)
+                p[at] = params[n][at.to(params[n].device)].to(p.dtype)
         choice[better] = g
         best_correct = np.where(better, correct, best_correct)
         best_loss = np.where(better, loss, best_loss)
@@ -204,7 +207,9 @@ def _train_grid(
         if on_clients is not None:
             on_clients(m)
         return out
+    device = next(iter(init.values())).device  # the grid trains where init lives
     x_all, y_all, offsets = dataset.concat("train")
+    x_all, y_all = x_all.to(device), y_all.to(device)
     plan = finetune_plan(
         dataset, epochs=e_max, batch_size=batch_size, seed=seed, client_index=client_index
     )
@@ -215,7 +220,7 @@ def _train_grid(
     }
     epochs_wanted = sorted({e for e, _ in grid})
     n_lr = len(lr_list)
-    lr_row = torch.tensor(lr_list, dtype=next(iter(init.values())).dtype)
+    lr_row = torch.tensor(lr_list, dtype=next(iter(init.values())).dtype, device=device)
 
     def obj(p: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return finetune_objective(
@@ -236,6 +241,7 @@ def _train_grid(
             rows, weights, active = _pad_own(
                 [plan[int(i)] for i in idx], [int(offsets[int(i)]) for i in idx], batch_size
             )
+            rows, weights, active = rows.to(device), weights.to(device), active.to(device)
             # rows of the vectorised call: (step size j, client i) -> j * k + i
             rows = rows.repeat(1, n_lr, 1)
             weights = weights.repeat(1, n_lr, 1)
@@ -243,7 +249,7 @@ def _train_grid(
             lr_vec = lr_row.repeat_interleave(k)
             w = {n: p.unsqueeze(0).repeat((n_lr * k,) + (1,) * p.ndim) for n, p in init.items()}
             ends = {e: per_epoch[idx] * e for e in epochs_wanted}  # step count after e epochs
-            ti = torch.from_numpy(idx)
+            ti = torch.from_numpy(idx).to(device)
             for s in range(rows.shape[0]):
                 r = rows[s]
                 g = step(w, x_all[r], y_all[r], weights[s])
@@ -257,8 +263,8 @@ def _train_grid(
                     for j, lr in enumerate(lr_list):
                         if (e, lr) not in snaps:
                             continue
-                        src = torch.from_numpy(j * k + done)
-                        dst = ti[torch.from_numpy(done)]
+                        src = torch.from_numpy(j * k + done).to(device)
+                        dst = ti[torch.from_numpy(done).to(device)]
                         for n, p in w.items():
                             snaps[(e, lr)][n][dst] = p[src]
             if on_clients is not None:
@@ -280,6 +286,7 @@ def train_local(
     client_index: Sequence[int] | None = None,
     block: int = END_OF_RUN_BLOCK,
     on_clients: Callable[[int], None] | None = None,
+    device: str | torch.device = "cpu",
 ) -> TrainResult:
     r"""Train every client alone on its own data, over a grid of epochs and step sizes.
 
@@ -315,6 +322,10 @@ def train_local(
     on_clients : callable, optional
         Called with the number of clients whose grid is trained, after each chunk of them (a
         progress report; the models do not depend on it).
+    device : {"cpu", "auto", "cuda", "cuda:N"} or torch.device, default "cpu"
+        Where the batched path trains and scores (:func:`~privmtl._device.resolve_device`); the
+        data and models are moved there a block at a time and the returned models are CPU
+        tensors. The per-client reference loop (``batched=False``) runs on the CPU.
 
     Returns
     -------
@@ -332,8 +343,11 @@ def train_local(
     if client_chunk is not None:
         client_chunk = check_int("client_chunk", client_chunk, low=1)
     grid = _grid(epochs, lrs)
+    on = resolve_device(device) if batched else torch.device("cpu")
     t0 = time.perf_counter()
     m = dataset.n_clients
+    if on.type != "cpu":  # the caller's module stays where it is
+        model = copy.deepcopy(model).to(on)
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     index = check_client_index(client_index, m)
@@ -345,7 +359,7 @@ def train_local(
     block = check_int("block", block, low=1) if select == "client" else m
     for pos in client_blocks(m, block):
         part = dataset if len(pos) == m else dataset.subset(pos.tolist())
-        rows = torch.from_numpy(pos)
+        rows = torch.from_numpy(pos).to(on)
         ci = None if client_index is None and len(pos) == m else index[pos].tolist()
         models = _train_grid(
             model, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci,
@@ -372,7 +386,7 @@ def train_local(
                 mine = {n: p.clone() for n, p in params.items()}
                 better[:] = True
             else:
-                mask = torch.from_numpy(better)
+                mask = torch.from_numpy(better).to(on)
                 for n, p in mine.items():
                     p[mask] = params[n][mask]
             part_choice[better] = g
@@ -412,6 +426,7 @@ def train_local(
         personal_init="model",  # every client starts from the initial model
         seed=seed,
         progress=False,
+        device=str(on),
     )
     selection: dict[str, Any] = {
         "grid": [[e, lr] for e, lr in grid],
@@ -424,8 +439,8 @@ def train_local(
     return TrainResult(
         config=config,
         client_ids=list(dataset.client_ids),
-        personalized_params=chosen,
-        global_params=init,
+        personalized_params=to_device(chosen, "cpu"),
+        global_params=to_device(init, "cpu"),
         history=[],
         accuracies=accuracies,
         primary="personalized",

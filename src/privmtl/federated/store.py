@@ -8,6 +8,10 @@ one row tensor that grows by doubling as clients are written, so ``m`` clients o
 were written cost ``O(m)`` integers and ``O(n)`` rows, never ``O(m)`` rows (pfl-research keeps
 user state in a storage object in the same way).
 
+The rows live on the device of the defaults (:meth:`ClientStore.to` moves them, e.g. to a GPU);
+the index map stays on the CPU, and :meth:`ClientStore.state_dict` is always on the CPU, so a
+checkpoint taken on a GPU resumes on a CPU and the other way round.
+
 A row holds every field of its client: writing one field of a new client gives it a row in
 every field (the other fields at their defaults), so :meth:`ClientStore.written` is one answer
 per client, whatever field was written.
@@ -32,8 +36,9 @@ _FORMAT = 1
 
 
 def _check_index(name: str, sel: torch.Tensor, m: int) -> torch.Tensor:
-    """``sel`` as an int64 vector of client indices in ``[0, m)``."""
-    sel = torch.as_tensor(sel)
+    """``sel`` as an int64 vector of client indices in ``[0, m)``, on the CPU (where the index map
+    lives)."""
+    sel = torch.as_tensor(sel).cpu()
     if sel.ndim != 1 or sel.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
         raise InvalidParameterError(
             f"The '{name}' parameter must be a 1-d integer tensor of client indices; got "
@@ -197,11 +202,12 @@ class ClientStore:
         have = idx >= 0
         rows = self._rows[field]
         if bool(have.all()):
-            return {n: rows[n].index_select(0, idx) for n in defaults}
+            at = idx.to(self.device)
+            return {n: rows[n].index_select(0, at) for n in defaults}
         out = {n: d.unsqueeze(0).expand((len(sel), *d.shape)).clone() for n, d in defaults.items()}
         if bool(have.any()):
-            pos = torch.nonzero(have).flatten()
-            src = idx.index_select(0, pos)
+            pos = torch.nonzero(have).flatten().to(self.device)
+            src = idx[have].to(self.device)
             for n, t in out.items():
                 t[pos] = rows[n].index_select(0, src)
         return out
@@ -224,9 +230,9 @@ class ClientStore:
                     f"{(len(sel), *d.shape)}; got {tuple(values[n].shape)}."
                 )
         self._allocate(sel)
-        idx = self._index.index_select(0, sel)
+        idx = self._index.index_select(0, sel).to(self.device)
         for n, t in self._rows[field].items():
-            t[idx] = values[n].to(t.dtype)
+            t[idx] = values[n].to(device=t.device, dtype=t.dtype)
 
     def _allocate(self, sel: torch.Tensor) -> None:
         """Give a row to every client of ``sel`` never written (in order of first appearance)."""
@@ -251,6 +257,21 @@ class ClientStore:
         self._index[new] = torch.arange(self._n, need, dtype=torch.int64)
         self._n = need
 
+    @property
+    def device(self) -> torch.device:
+        """Where the rows live (the defaults' device; the CPU for a store without parameters)."""
+        first = next((t for row in self._defaults.values() for t in row.values()), None)
+        return torch.device("cpu") if first is None else first.device
+
+    def to(self, device: torch.device | str) -> ClientStore:
+        """Move the defaults and rows to ``device`` (in place; the index map stays on the CPU);
+        returns the store. Nothing is copied when they are already there."""
+        self._defaults = {
+            f: {n: t.to(device) for n, t in r.items()} for f, r in self._defaults.items()
+        }
+        self._rows = {f: {n: t.to(device) for n, t in r.items()} for f, r in self._rows.items()}
+        return self
+
     def dense(self, field: str) -> Params:
         """``field`` of all ``m`` clients, materialized ``(m, ...)`` (defaults for the clients
         never written)."""
@@ -258,17 +279,19 @@ class ClientStore:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The store as tensors and ints (:func:`privmtl.checkpoint.save_checkpoint` saves it):
-        ``m``, the index map, the defaults and the written rows only."""
+        """The store as CPU tensors and ints (:func:`privmtl.checkpoint.save_checkpoint` saves
+        it): ``m``, the index map, the defaults and the written rows only."""
         n = self._n
         return {
             "format": _FORMAT,
             "m": self.m,
             "index": self._index.clone(),
             "defaults": {
-                f: {k: t.clone() for k, t in r.items()} for f, r in self._defaults.items()
+                f: {k: t.cpu().clone() for k, t in r.items()} for f, r in self._defaults.items()
             },
-            "rows": {f: {k: t[:n].clone() for k, t in r.items()} for f, r in self._rows.items()},
+            "rows": {
+                f: {k: t[:n].cpu().clone() for k, t in r.items()} for f, r in self._rows.items()
+            },
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -316,6 +339,7 @@ class ClientStore:
                 f"The 'state' parameter's index map must have shape ({self.m},); got "
                 f"{tuple(index.shape)}."
             )
+        index = index.cpu()
         n = int((index >= 0).sum())
         used = index[index >= 0]
         below = self.m > 0 and int(index.min()) < -1
@@ -345,12 +369,14 @@ class ClientStore:
                         f"{tuple(r.shape)} and dtype {r.dtype}; its index map needs "
                         f"{(n, *d.shape)} and dtype {d.dtype}."
                     )
-        self._index = index.clone()
+        device = self.device  # the state's tensors come onto this store's device
+        self._index = index.cpu().clone()
         self._n = n
         self._defaults = {
-            f: {k: state["defaults"][f][k].clone() for k in row}
+            f: {k: state["defaults"][f][k].to(device).clone() for k in row}
             for f, row in self._defaults.items()
         }
         self._rows = {
-            f: {k: state["rows"][f][k].clone() for k in row} for f, row in self._defaults.items()
+            f: {k: state["rows"][f][k].to(device).clone() for k in row}
+            for f, row in self._defaults.items()
         }

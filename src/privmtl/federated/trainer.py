@@ -3,6 +3,12 @@
 All clients' data sit in one process; the sampled clients of a round train together in the
 batched engine (:func:`~privmtl.federated.client.local_sgd_batched`, work-balanced groups on
 threads), and the run is steppable, checkpointable and resumable.
+
+The engine computes on ``config.device`` (:func:`~privmtl._device.resolve_device`): the model,
+the training data, the billboard and the clients' stored rows live there. Client sampling stays
+numpy on the CPU, the release's noise is drawn on the CPU by the noise source and moved to the
+device (:meth:`~privmtl.privacy.noise.NoiseSource.normal_like`), the ledger is the same, and
+checkpoints hold CPU tensors (a run checkpointed on a GPU resumes on a CPU).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from privmtl._device import resolve_device, to_device
 from privmtl._progress import Progress
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
@@ -139,8 +146,9 @@ class Trainer:
         _refuse_running_buffers(model)
         # q, λ, δ and σ of a target ε, once (setup_run's own resolution then changes nothing)
         config = resolve_config(config, dataset.n_clients, sampler=sampler)[0]
+        self.device = resolve_device(config.device)
         self.dataset, self.config = dataset, config
-        self.model = copy.deepcopy(model)
+        self.model = copy.deepcopy(model).to(self.device)
         m = dataset.n_clients
         self.m = m
         self.noise_source = check_choice(
@@ -160,8 +168,8 @@ class Trainer:
             raise InvalidParameterError("The 'model' parameter must have at least one parameter.")
         self.buffers = {n: b.detach() for n, b in self.model.named_buffers()}
         x_all, y_all, offsets = dataset.concat("train")
-        self.x_all = x_all.to(next(iter(init.values())).dtype)
-        self.y_all, self.offsets = y_all, offsets
+        self.x_all = x_all.to(device=self.device, dtype=next(iter(init.values())).dtype)
+        self.y_all, self.offsets = y_all.to(self.device), offsets
 
         # ---- the release of this method, the billboard and the curator
         setup = setup_run(config, m, init, sampler=sampler, method=method)
@@ -181,7 +189,7 @@ class Trainer:
         self.ledger = ledger if spec.communicates and mech.private else None
         noise = make_noise_source(self.noise_source, config.seed)
         self.curator = make_curator(setup, noise=noise, ledger=self.ledger)
-        self.clients: ClientStore = spec.initial_state(init, m, initial_state)
+        self.clients: ClientStore = spec.initial_state(init, m, initial_state).to(self.device)
         self.names = list(init)
         self.history: list[dict[str, Any]] = []
         self.epsilon = 0.0 if not spec.communicates else (math.inf if self.ledger is None else 0.0)
@@ -259,9 +267,10 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Curator and client states, history and the ε reached (no secret noise state)."""
+        """Curator and client states, history and the ε reached (no secret noise state); CPU
+        tensors whatever the device, so that a checkpoint resumes on any device."""
         return {
-            "curator": self.curator.state_dict(),
+            "curator": to_device(self.curator.state_dict(), "cpu"),
             "clients": self.clients.state_dict(),
             "history": json.dumps(self.history),
             "epsilon": self.epsilon,
@@ -269,7 +278,11 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.curator.load_state_dict(state["curator"])
+        curator = dict(state["curator"])  # the noise generator's state stays on the CPU
+        for key in ("billboard", "server_optimizer"):
+            if key in curator:
+                curator[key] = to_device(curator[key], self.device)
+        self.curator.load_state_dict(curator)
         clients = state["clients"]
         if "format" not in clients:  # a checkpoint of the stacked states of every client
             dense = {k: v for k, v in clients.items() if k != "joined"}
@@ -330,7 +343,7 @@ class Trainer:
             )
 
         def train_group(pos: np.ndarray) -> tuple[Params, list[float]]:
-            idx = torch.from_numpy(pos)
+            idx = torch.from_numpy(pos).to(self.device)
             return local_sgd_batched(
                 self._thread_step_fn(),
                 {n: p.index_select(0, idx) for n, p in starts.items()},
@@ -348,9 +361,10 @@ class Trainer:
             chunk = cfg.client_chunk or max(k, 1)
             groups = [np.arange(c, min(c + chunk, k)) for c in range(0, k, chunk)]
             results = [train_group(g) for g in groups]
-        order = torch.from_numpy(np.argsort(np.concatenate(groups), kind="stable"))
+        order = np.argsort(np.concatenate(groups), kind="stable")
+        at = torch.from_numpy(order).to(self.device)
         losses: list[float] = [v for _, ls in results for v in ls]
-        news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, order) for n in starts}
+        news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, at) for n in starts}
         return news, [losses[int(i)] for i in order]
 
     def _train_fn(
@@ -409,7 +423,7 @@ class Trainer:
         template = spec.message_template(self.curator.billboard)
         messages = {n: p.new_zeros((0, *p.shape)) for n, p in template.items()}
         if len(sampled):
-            sel = torch.from_numpy(sampled)
+            sel = torch.from_numpy(sampled).to(self.device)
             starts, anchor = spec.starts(self.curator.billboard, sel, self.clients)
             done = spec.client_update(
                 self.curator.billboard,
@@ -457,7 +471,8 @@ class Trainer:
         cfg = self.config
         old_threads = torch.get_num_threads()
         pool = None
-        if cfg.parallel_chunks and cfg.batched and cfg.threads > 1:
+        # groups on CPU threads: a GPU runs one chunk after another (threads would only contend)
+        if cfg.parallel_chunks and cfg.batched and cfg.threads > 1 and self.device.type == "cpu":
             from concurrent.futures import ThreadPoolExecutor
 
             torch.set_num_threads(1)
@@ -524,8 +539,9 @@ class Trainer:
         return out
 
     def result(self) -> TrainResult:
-        """The :class:`TrainResult` of the rounds run so far (evaluates on val and test)."""
-        personal, glob = self._outputs()
+        """The :class:`TrainResult` of the rounds run so far (evaluates on val and test, on the
+        device); its models are CPU tensors."""
+        personal, glob = to_device(self._outputs(), "cpu")
         accuracies = {split: self._evaluate_split(split) for split in ("val", "test")}
         return run_result(
             self.config,

@@ -69,8 +69,14 @@ class NoiseSource:
         raise NotImplementedError
 
     def normal_like(self, template: dict[str, torch.Tensor], std: float) -> dict[str, torch.Tensor]:
-        """``N(0, std² I)`` for every entry of ``template`` (its shapes and dtypes, in its order)."""
-        return {n: self.normal(tuple(p.shape), std, dtype=p.dtype) for n, p in template.items()}
+        """``N(0, std² I)`` for every entry of ``template`` (its shapes and dtypes, in its order).
+
+        The draws are made on the CPU, by this source (the OS's entropy for the secure source),
+        and then moved to each entry's device: a GPU's own generator is never used for noise."""
+        return {
+            n: self.normal(tuple(p.shape), std, dtype=p.dtype).to(p.device)
+            for n, p in template.items()
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint may hold of this source (nothing secret for the secure source)."""

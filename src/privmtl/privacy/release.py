@@ -170,7 +170,7 @@ def clipped_mean(
     mean = {
         n: torch.tensordot(factors.to(t.dtype), t, dims=1) / divisor for n, t in updates.items()
     }
-    return mean, norms.numpy(), (factors < 1).numpy()
+    return mean, norms.cpu().numpy(), (factors < 1).cpu().numpy()
 
 
 def billboard_carries_signal(
@@ -406,7 +406,7 @@ class GaussianMeanRelease:
         self, mean: Params, noise: NoiseSource, round: int | None
     ) -> tuple[Params, dict[str, Any]]:
         flat = torch.cat([t.flatten() for t in mean.values()])
-        idx = torch.from_numpy(self.subspace(round, flat.numel()))
+        idx = torch.from_numpy(self.subspace(round, flat.numel())).to(flat.device)
         part = flat.index_select(0, idx)
         draws = None
         if self.noise_std > 0:
@@ -476,17 +476,18 @@ class GaussianMeanRelease:
         ``(num_blocks, ...)`` vector (divided by the divisor), and every block gets noise."""
         first = next(iter(updates.values()))
         value = {
-            n: torch.zeros((num_blocks, *t.shape[1:]), dtype=t.dtype) for n, t in updates.items()
+            n: torch.zeros((num_blocks, *t.shape[1:]), dtype=t.dtype, device=t.device)
+            for n, t in updates.items()
         }
         norms, clipped = np.zeros(0), np.zeros(0, dtype=bool)
         if first.shape[0]:
             nrm = update_norms(updates)
             fac = clip_factors(nrm, self.clip)
-            idx = torch.as_tensor(np.asarray(rows, dtype=np.int64))
+            idx = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=first.device)
             for n, t in updates.items():
                 shape = (-1,) + (1,) * (t.ndim - 1)
                 value[n][idx] = t * fac.to(t.dtype).view(shape) / self.q
-            norms, clipped = nrm.numpy(), (fac < 1).numpy()
+            norms, clipped = nrm.cpu().numpy(), (fac < 1).cpu().numpy()
         if self.noise_std > 0:
             draws = noise.normal_like(value, self.noise_std)
             value = {n: value[n] + draws[n] for n in value}

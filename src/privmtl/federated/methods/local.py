@@ -54,4 +54,5 @@ class LocalAll(Local):
             batch_size=cfg.batch_size,
             seed=cfg.seed,
             select=run.get("local_select", "client"),
+            device=cfg.device,
         )

@@ -1,0 +1,80 @@
+"""Where the engine computes: the ``device`` option (``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``).
+
+The device is an execution option: it changes where tensors live, not what is released or
+accounted. The noise of every release is still drawn on the CPU by its noise source (OS entropy
+for ``"secure"``, :mod:`privmtl.privacy.noise`) and only then moved to the device, and the
+privacy ledger is the same. On the CPU (``"cpu"``, or ``"auto"`` without CUDA) results are bit
+for bit those of a run without the option; on a GPU the floating-point order of operations
+differs, so the numbers of a seeded run may differ in the last digits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from privmtl.exceptions import InvalidParameterError
+
+__all__ = ["DEFAULT_DEVICE", "DEVICES", "check_device", "resolve_device", "to_device"]
+
+DEVICES = ("auto", "cpu", "cuda")
+"""The device names (``"cuda:N"`` names one GPU of several)."""
+DEFAULT_DEVICE = "auto"
+"""CUDA where ``torch.cuda.is_available()``, else the CPU."""
+
+_CONSTRAINT = "one of {'auto', 'cpu', 'cuda', 'cuda:N'}"
+
+
+def check_device(device: Any, *, name: str = "device") -> str:
+    """``device`` as a string if it is a valid name (:data:`DEVICES` or ``"cuda:N"``), else raise
+    :class:`InvalidParameterError`. Whether CUDA is present is checked by :func:`resolve_device`."""
+    text = str(device) if isinstance(device, torch.device) else device
+    if isinstance(text, str):
+        if text in DEVICES:
+            return text
+        kind, _, index = text.partition(":")
+        if kind == "cuda" and index.isdigit():
+            return text
+    raise InvalidParameterError(f"The '{name}' parameter must be {_CONSTRAINT}; got {device!r}.")
+
+
+def resolve_device(device: Any = DEFAULT_DEVICE, *, name: str = "device") -> torch.device:
+    """The :class:`torch.device` of a device name.
+
+    ``"auto"`` is ``cuda`` when ``torch.cuda.is_available()`` and ``cpu`` otherwise; ``"cuda"``
+    or ``"cuda:N"`` without CUDA (or without GPU ``N``) raises :class:`InvalidParameterError`
+    naming the parameter, so that the command line exits with status 2 before any work.
+    """
+    text = check_device(device, name=name)
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise InvalidParameterError(
+            f"The '{name}' parameter must name an available device; got {text!r}, but CUDA is "
+            "not available here (use 'auto' or 'cpu')."
+        )
+    resolved = torch.device(text)
+    count = torch.cuda.device_count()
+    if resolved.index is not None and resolved.index >= count:
+        raise InvalidParameterError(
+            f"The '{name}' parameter must name an available GPU (0 to {count - 1}); got {text!r}."
+        )
+    return resolved
+
+
+def to_device(tree: Any, device: torch.device | str) -> Any:
+    """``tree`` (tensors in nested dicts, lists and tuples) with every tensor moved to ``device``.
+
+    A tensor already there is returned as it is (no copy), so on the CPU nothing changes."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device)
+    if isinstance(tree, dict):
+        return {k: to_device(v, device) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [to_device(v, device) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(to_device(v, device) for v in tree)
+    return tree
