@@ -526,8 +526,10 @@ class Trainer:
             train_all=self._train_fn(all_clients, 0, None, None),
         )
 
-    def _evaluate_split(self, split: str) -> dict[str, dict[str, float]]:
-        personal, glob = self._outputs()
+    def _evaluate_split(
+        self, split: str, outputs: tuple[Params | None, Params] | None = None
+    ) -> dict[str, dict[str, float]]:
+        personal, glob = self._outputs() if outputs is None else outputs
         xs, ys = self.dataset.split(split)
         out = {}
         if personal is not None and self.spec.personalized:
@@ -541,8 +543,9 @@ class Trainer:
     def result(self) -> TrainResult:
         """The :class:`TrainResult` of the rounds run so far (evaluates on val and test, on the
         device); its models are CPU tensors."""
-        personal, glob = to_device(self._outputs(), "cpu")
-        accuracies = {split: self._evaluate_split(split) for split in ("val", "test")}
+        outputs = self._outputs()  # the m clients' models once, for both splits and the result
+        accuracies = {split: self._evaluate_split(split, outputs) for split in ("val", "test")}
+        personal, glob = to_device(outputs, "cpu")
         return run_result(
             self.config,
             self.history,
