@@ -104,6 +104,7 @@ POPULATION_KEYS = frozenset(
         "seconds",
         "seconds_per_round",
         "data_seconds",
+        "phases",
         "created",
         "timestamp",
         "signature",
