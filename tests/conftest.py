@@ -54,3 +54,12 @@ def privmtl_config_dir(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PRIVMTL_CONFIG_DIR", str(folder))
         yield folder
+
+
+@pytest.fixture(autouse=True)
+def _default_verbosity():
+    """Every test starts at the default verbosity: the CLI's ``--quiet`` / ``--verbose`` set a
+    process-wide level, which an in-process CLI test would otherwise leave to the next test."""
+    from privmtl._progress import NORMAL, set_verbosity
+
+    set_verbosity(NORMAL)
