@@ -12,7 +12,9 @@ trace-norm MTL (``mtl-trace``, pooled CV) come from ``run_mpmtl`` on the same se
 
 Run from the repository root:
 ``OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python research/school_eps_diagnosis.py [--baselines]``
-Writes ``research/results/school_eps_diagnosis.jsonl`` (one row per seed x ε x variant).
+Writes ``research/results/school_eps_diagnosis.jsonl`` (one row per seed x ε x variant);
+``--data synthetic-lowrank`` writes ``..._synthetic-lowrank.jsonl``, ``--gd-only`` (the default and
+the Gavish-Donoho cut at ε in {1, 3, 10, ∞}) ``..._gd.jsonl``; ``--table`` prints a log's tables.
 """
 
 from __future__ import annotations
@@ -149,8 +151,15 @@ def main() -> None:
     ap.add_argument("--baselines", action="store_true", help="also stl-l2 and mtl-trace")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--data", default="school", help="school or synthetic-lowrank")
+    ap.add_argument(
+        "--gd-only",
+        action="store_true",
+        help="only the default and the Gavish-Donoho cut, ε in {1, 3, 10, ∞}, to a _gd log",
+    )
     args = ap.parse_args()
     out = out_path(args.data)
+    if args.gd_only:
+        out = out.with_name(out.stem + "_gd.jsonl")
     if args.table:
         table(out)
         return
@@ -172,7 +181,7 @@ def main() -> None:
         batch = PreparedTasks(Xs, ys, loss="squared").batch
         d = batch.n_features
         clean = None
-        for eps in EPSILONS:
+        for eps in (1.0, 3.0, 10.0, math.inf) if args.gd_only else EPSILONS:
             est = MPMTLLowRank(
                 epsilon=None if math.isinf(eps) else eps,
                 random_state=seed,
@@ -215,6 +224,24 @@ def main() -> None:
                     "nmse": refit_nmse(est, batch, Sigma, -thr, **kw),
                 }
             )
+            # Gavish-Donoho hard threshold with unknown noise level, read off the release itself
+            # (post-processing): singular values of W~ below omega(beta) * their median are noise
+            vals = np.maximum(scipy.linalg.eigvalsh(Sigma), 0.0)
+            beta = min(d, batch.n_tasks) / max(d, batch.n_tasks)
+            omega = 0.56 * beta**3 - 0.95 * beta**2 + 1.82 * beta + 1.43
+            gd = float((omega * np.median(np.sqrt(vals))) ** 2)
+            thr = max(gd, 0.0 if shift is None else -shift)
+            emit(
+                {
+                    **base,
+                    "variant": "threshold max(2σ√d, Gavish-Donoho from the release)",
+                    "gd": gd,
+                    "kept": kept_rank(Sigma, -thr),
+                    "nmse": refit_nmse(est, batch, Sigma, -thr, **kw),
+                }
+            )
+            if args.gd_only:
+                continue
             for tau in FIXED_TAUS:
                 thr = max(tau, 0.0 if shift is None else -shift)
                 emit(
@@ -225,6 +252,8 @@ def main() -> None:
                         "nmse": refit_nmse(est, batch, Sigma, -thr, **kw),
                     }
                 )
+            if args.gd_only:
+                continue
             for r in RANKS:
                 emit(
                     {
