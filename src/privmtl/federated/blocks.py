@@ -22,7 +22,7 @@ END_OF_RUN_BLOCK = 1024
 
 
 def client_blocks(m: int, block: int = END_OF_RUN_BLOCK) -> Iterator[np.ndarray]:
-    """The positions ``0 .. m-1`` in consecutive blocks of at most ``block`` clients."""
+    """The positions 0 to m - 1 in consecutive blocks of at most ``block`` clients."""
     block = check_int("block", block, low=1)
     for start in range(0, m, block):
         yield np.arange(start, min(start + block, m), dtype=np.int64)
