@@ -1180,6 +1180,7 @@ class ServerRun:
         out["clients_per_round_default"] = int(self.opts["clients-per-round"]) <= 0
         out["scaling"] = "none"  # the built-in data sets of a Flower run are not rescaled
         out["engine"] = "flower-deployment"
+        out["device"] = "cpu"  # the nodes train and score on their CPUs (no --device on Flower)
         if self.opts.get("model-sha256"):  # the factory code every machine checked it ran
             out["model_sha256"] = str(self.opts["model-sha256"])
         from privmtl.flower.factory import checked_method
