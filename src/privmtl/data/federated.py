@@ -42,10 +42,13 @@ __all__ = [
     "LEAF_SIZE_BOUNDS",
     "LEAF_SIZE_LOGNORMAL",
     "FederatedDataset",
+    "SyntheticLaw",
     "default_cache_dir",
     "load_leaf",
     "make_synthetic_federated",
+    "synthetic_client_ids",
     "synthetic_client_sizes",
+    "synthetic_law",
 ]
 
 _SPLITS = ("train", "val", "test")
@@ -162,6 +165,28 @@ class FederatedDataset:
                 f"entries but the data has {d} features."
             )
 
+    @classmethod
+    def _unchecked(
+        cls,
+        client_ids: list[str],
+        parts: dict[str, list[torch.Tensor]],
+        n_classes: int,
+        feature_shape: tuple[int, ...],
+        name: str,
+        scaling: str = "none",
+    ) -> FederatedDataset:
+        """A data set from tensors already in the checked form (``float32`` / ``int64``, one per
+        client and split, consistent shapes): what a generator of checked data builds, without
+        checking every tensor again. ``parts`` maps ``"train_x"``, ... to the per-client lists."""
+        out = cls.__new__(cls)
+        out.client_ids = client_ids
+        for key in ("train_x", "train_y", "val_x", "val_y", "test_x", "test_y"):
+            setattr(out, key, parts[key])
+        out.n_classes, out.feature_shape, out.name = n_classes, feature_shape, name
+        out.scaling = scaling
+        out._concat_cache = {}
+        return out
+
     # ------------------------------------------------------------------ sizes
     @property
     def n_clients(self) -> int:
@@ -228,6 +253,27 @@ class FederatedDataset:
             cached = (key, (torch.cat(xs), torch.cat(ys), offsets))
             self._concat_cache[split] = cached
         return cached[1]
+
+    def take(
+        self, clients: Sequence[int] | np.ndarray, split: str = "train"
+    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """The ``split`` data of the clients at positions ``clients`` (in that order), stacked:
+        ``(X (N, d), y (N,), offsets (len(clients) + 1,))``, the ``j``-th client owning rows
+        ``offsets[j]:offsets[j + 1]``. Only these clients' data are read (the engine takes each
+        round's sampled clients this way)."""
+        xs, ys = self.split(split)
+        idx = [int(i) for i in clients]
+        bad = [i for i in idx if not 0 <= i < self.n_clients]
+        if bad:
+            raise InvalidParameterError(
+                f"The 'clients' parameter must hold indices in [0, {self.n_clients}); got {bad[0]}."
+            )
+        if not idx:
+            d = self.n_features
+            return torch.zeros((0, d)), torch.zeros(0, dtype=torch.int64), np.zeros(1, np.int64)
+        sx, sy = [xs[i] for i in idx], [ys[i] for i in idx]
+        offsets = np.concatenate([[0], np.cumsum([y.shape[0] for y in sy])]).astype(np.int64)
+        return torch.cat(sx), torch.cat(sy), offsets
 
     def subset(self, clients: Sequence[int]) -> FederatedDataset:
         """A new dataset with the clients at positions ``clients`` (in that order)."""
@@ -699,6 +745,135 @@ def make_synthetic_federated(
     FederatedDataset
         ``client_ids`` ``"synthetic_000"``, ...; ``feature_shape = (d,)``.
     """
+    law, sizes, rng = synthetic_law(
+        n_clients=n_clients, n_features=n_features, n_classes=n_classes,
+        samples_per_client=samples_per_client, size_lognormal=size_lognormal,
+        heterogeneity=heterogeneity, feature_shift=feature_shift,
+        feature_spread=feature_spread, feature_cov=feature_cov, label_noise=label_noise,
+        test_fraction=test_fraction, val_fraction=val_fraction, random_state=random_state,
+    )  # fmt: skip
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("tx", "ty", "vx", "vy", "sx", "sy")}
+    for n in sizes:
+        drawn = law.draw_client(rng, int(n))
+        assert drawn is not None
+        for key, arr in zip(parts, drawn, strict=True):
+            parts[key].append(torch.from_numpy(arr))
+    m = len(sizes)
+    return FederatedDataset(
+        client_ids=synthetic_client_ids(m),
+        train_x=parts["tx"],
+        train_y=parts["ty"],
+        val_x=parts["vx"],
+        val_y=parts["vy"],
+        test_x=parts["sx"],
+        test_y=parts["sy"],
+        n_classes=law.n_classes,
+        feature_shape=(law.n_features,),
+        name=law.name(m),
+    )
+
+
+def synthetic_client_ids(m: int) -> list[str]:
+    """The client ids of the synthetic federation: ``"synthetic_000"``, ..."""
+    return [f"synthetic_{k:03d}" for k in range(m)]
+
+
+@dataclass(frozen=True)
+class SyntheticLaw:
+    """The law of one client of :func:`make_synthetic_federated` (its parameters and shared model).
+
+    :meth:`draw_client` draws one client from a generator in the order the generator of the
+    whole federation does, so that the clients drawn one after another from one generator are
+    the federation's.
+    """
+
+    n_features: int
+    n_classes: int
+    heterogeneity: float
+    feature_shift: float
+    feature_spread: float
+    feature_cov: str
+    label_noise: float
+    test_fraction: float
+    val_fraction: float
+    w0: np.ndarray = field(repr=False)
+    b0: np.ndarray = field(repr=False)
+
+    def name(self, m: int) -> str:
+        """The data set's name for ``m`` clients."""
+        return (
+            f"synthetic(m={m}, d={self.n_features}, C={self.n_classes}, "
+            f"tau={self.heterogeneity:g}, shift={self.feature_shift:g}, "
+            f"spread={self.feature_spread:g}, cov={self.feature_cov}, noise={self.label_noise:g})"
+        )
+
+    def split_sizes(self, n: np.ndarray) -> dict[str, np.ndarray]:
+        """Examples of each split (``"train"``, ``"val"``, ``"test"``) of clients of ``n``
+        examples, without drawing them."""
+        n = np.asarray(n, dtype=np.int64)
+        n_test = np.minimum(np.round(self.test_fraction * n).astype(np.int64), n - 1)
+        n_val = np.minimum(
+            np.floor(self.val_fraction * (n - n_test)).astype(np.int64), n - n_test - 1
+        )
+        return {"train": n - n_test - n_val, "val": n_val, "test": n_test}
+
+    def draw_client(
+        self, rng: np.random.Generator, n: int, *, keep: bool = True
+    ) -> tuple[np.ndarray, ...] | None:
+        """Draw one client of ``n`` examples: ``(train_x, train_y, val_x, val_y, test_x,
+        test_y)`` as ``float32`` / ``int64`` arrays; with ``keep=False`` only advance ``rng``
+        past the client's draws and return None."""
+        c, d, tau, flip = self.n_classes, self.n_features, self.heterogeneity, self.label_noise
+        wk = self.w0 + tau * rng.standard_normal((c, d))
+        bk = self.b0 + tau * rng.standard_normal(c)
+        shift = self.feature_shift
+        vk = rng.normal(rng.normal(0.0, shift) if shift > 0 else 0.0, self.feature_spread, size=d)
+        z = rng.standard_normal((n, d))
+        if flip > 0:
+            redraw = rng.random(n) < flip
+            noise = rng.integers(0, c, size=n)
+        perm = rng.permutation(n)
+        if not keep:
+            return None
+        x = vk + z * self._scale()
+        y = np.argmax(x @ wk.T + bk, axis=1)
+        if flip > 0:
+            y = np.where(redraw, noise, y)
+        n_test = min(round(self.test_fraction * n), n - 1)
+        n_val = min(math.floor(self.val_fraction * (n - n_test)), n - n_test - 1)
+        te, va, tr = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
+        out: list[np.ndarray] = []
+        for idx in (tr, va, te):
+            out.append(x[idx].astype(np.float32))
+            out.append(y[idx].astype(np.int64))
+        return tuple(out)
+
+    def _scale(self) -> np.ndarray:
+        """Square root of the diagonal within-client covariance."""
+        d = self.n_features
+        if self.feature_cov == "leaf":
+            return np.asarray(np.arange(1, d + 1, dtype=np.float64) ** -0.6)
+        return np.ones(d)
+
+
+def synthetic_law(
+    *,
+    n_clients: int,
+    n_features: int,
+    n_classes: int,
+    samples_per_client: int | tuple[int, int] | None,
+    size_lognormal: tuple[float, float],
+    heterogeneity: float,
+    feature_shift: float,
+    feature_spread: float,
+    feature_cov: str,
+    label_noise: float,
+    test_fraction: float,
+    val_fraction: float,
+    random_state: int | np.random.Generator | None,
+) -> tuple[SyntheticLaw, np.ndarray, np.random.Generator]:
+    """Check :func:`make_synthetic_federated`'s parameters and draw its shared part: the law of a
+    client, every client's number of examples, and the generator positioned at client 0."""
     m = check_int("n_clients", n_clients, low=1)
     d = check_int("n_features", n_features, low=1)
     c = check_int("n_classes", n_classes, low=2)
@@ -710,45 +885,12 @@ def make_synthetic_federated(
     test_fraction = check_real("test_fraction", test_fraction, low=0.0, high=1.0, closed="left")
     val_fraction = check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="left")
     rng = check_rng(random_state)
-
     w0 = rng.standard_normal((c, d))
     b0 = rng.standard_normal(c)
-    scale = (  # square root of the diagonal within-client covariance
-        np.arange(1, d + 1, dtype=np.float64) ** -0.6 if feature_cov == "leaf" else np.ones(d)
-    )
     sizes = synthetic_client_sizes(
         m, samples_per_client, size_lognormal=size_lognormal, random_state=rng
     )
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("tx", "ty", "vx", "vy", "sx", "sy")}
-    for k in range(m):
-        wk = w0 + tau * rng.standard_normal((c, d))
-        bk = b0 + tau * rng.standard_normal(c)
-        vk = rng.normal(rng.normal(0.0, shift) if shift > 0 else 0.0, spread, size=d)
-        n = int(sizes[k])
-        x = vk + rng.standard_normal((n, d)) * scale
-        y = np.argmax(x @ wk.T + bk, axis=1)
-        if flip > 0:
-            redraw = rng.random(n) < flip
-            y = np.where(redraw, rng.integers(0, c, size=n), y)
-        n_test = min(round(test_fraction * n), n - 1)
-        n_val = min(math.floor(val_fraction * (n - n_test)), n - n_test - 1)
-        perm = rng.permutation(n)
-        te, va, tr = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
-        for key, idx in (("t", tr), ("v", va), ("s", te)):
-            parts[key + "x"].append(torch.from_numpy(x[idx].astype(np.float32)))
-            parts[key + "y"].append(torch.from_numpy(y[idx].astype(np.int64)))
-    return FederatedDataset(
-        client_ids=[f"synthetic_{k:03d}" for k in range(m)],
-        train_x=parts["tx"],
-        train_y=parts["ty"],
-        val_x=parts["vx"],
-        val_y=parts["vy"],
-        test_x=parts["sx"],
-        test_y=parts["sy"],
-        n_classes=c,
-        feature_shape=(d,),
-        name=(
-            f"synthetic(m={m}, d={d}, C={c}, tau={tau:g}, shift={shift:g}, spread={spread:g}, "
-            f"cov={feature_cov}, noise={flip:g})"
-        ),
+    law = SyntheticLaw(
+        d, c, tau, shift, spread, feature_cov, flip, test_fraction, val_fraction, w0, b0
     )
+    return law, sizes, rng

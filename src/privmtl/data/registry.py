@@ -159,11 +159,12 @@ def _load_leaf(*, seed: int, data_path: str | Path | None = None) -> FederatedDa
 
 
 def _load_synthetic_federated(*, seed: int, num_clients: int | None = None) -> FederatedDataset:
-    from privmtl.data.federated import make_synthetic_federated
+    from privmtl.data.streamed import SyntheticFederation
 
+    # the clients are drawn when needed (the same data as make_synthetic_federated's)
     if num_clients is None:
-        return make_synthetic_federated(random_state=seed)
-    return make_synthetic_federated(n_clients=num_clients, random_state=seed)
+        return SyntheticFederation(random_state=seed)
+    return SyntheticFederation(n_clients=num_clients, random_state=seed)
 
 
 def _load_federated_table(

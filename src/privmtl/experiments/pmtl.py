@@ -953,7 +953,7 @@ def _finetune_auto(
     local training and its trained model (:func:`~privmtl.federated.finish.finish_clients`).
     Which candidates it compares depends on public parameters only: ``sigma`` (the released
     mean's noise), the clip, one release's size and the releases made."""
-    from privmtl.federated.algorithms import evaluate
+    from privmtl.federated.algorithms import evaluate_dataset
 
     cfg = result.config
     shared = None if cfg.shared_params is None else list(cfg.shared_params)
@@ -968,10 +968,8 @@ def _finetune_auto(
     )  # fmt: skip
     assert fin.choice is not None
     buffers = {n: b.detach() for n, b in net.named_buffers()}
-    acc = {}
-    for split in ("val", "test"):
-        xs, ys = ds.split(split)
-        acc[split] = evaluate(net, fin.params, buffers, xs, ys, personalized=True)
+    scores = evaluate_dataset(net, {"final": (fin.params, True)}, buffers, ds)
+    acc = {split: scores[split]["final"] for split in scores}
     counts = np.bincount(fin.choice, minlength=len(plan.names))
     return {
         "finetune": "auto",
@@ -1020,7 +1018,7 @@ def _finetune(
             "note": "each client chose (lr, lam) on its own validation split: no privacy cost",
         }
     else:
-        from privmtl.federated.algorithms import evaluate
+        from privmtl.federated.algorithms import evaluate_dataset
 
         fin = finish_clients(
             method, ds, net,
@@ -1030,10 +1028,8 @@ def _finetune(
         )  # fmt: skip
         params = fin.params
         buffers = {n: b.detach() for n, b in net.named_buffers()}
-        acc = {
-            split: evaluate(net, params, buffers, *ds.split(split), personalized=True)
-            for split in ("val", "test")
-        }
+        scores = evaluate_dataset(net, {"final": (params, True)}, buffers, ds)
+        acc = {split: scores[split]["final"] for split in scores}
     return {
         **extra,
         "finetune": method,

@@ -14,7 +14,7 @@ Everything random is drawn here, in a fixed order, so that both paths consume id
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from privmtl.data.federated import FederatedDataset
+from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.privacy.noise import seeded_torch_generator
 from privmtl.privacy.release import clip_factors
 
@@ -30,12 +32,14 @@ if TYPE_CHECKING:  # annotations only: the run's configuration sits above this m
     from privmtl.federated.config import TrainConfig
 
 __all__ = [
+    "LOCAL_TRAINING_STREAM",
     "Params",
     "client_scores",
     "clip_factors",
     "draw_noise",
     "draw_round_plan",
     "evaluate",
+    "evaluate_dataset",
     "noise_generator",
     "pad_plan",
     "partition_plan",
@@ -49,6 +53,10 @@ Params = dict[str, torch.Tensor]
 def sampling_rng(seed: int) -> np.random.Generator:
     """The numpy Generator used for client sampling."""
     return np.random.default_rng([seed, 0])
+
+
+LOCAL_TRAINING_STREAM = 1
+"""The stream of :func:`draw_round_plan` of every method's local training in its rounds."""
 
 
 def noise_generator(seed: int) -> torch.Generator:
@@ -74,22 +82,27 @@ def draw_round_plan(
     round_index: int,
     config: TrainConfig,
     *,
-    stream: int = 1,
+    stream: int = LOCAL_TRAINING_STREAM,
+    starts: np.ndarray | None = None,
 ) -> list[list[np.ndarray]]:
     """Minibatches of every sampled client for one round, as rows of the stacked train data.
 
-    ``plan[j][s]`` holds the rows (into ``dataset.concat("train")``) of step ``s`` of the ``j``-th
-    sampled client; see :class:`~privmtl.federated.config.TrainConfig` for how steps are defined.
+    ``plan[j][s]`` holds the rows (into ``dataset.concat("train")``, or, with ``starts``, into
+    the stacked rows of the sampled clients whose ``j``-th begins at ``starts[j]``:
+    ``dataset.take(sampled)``) of step ``s`` of the ``j``-th sampled client; see
+    :class:`~privmtl.federated.config.TrainConfig` for how steps are defined. ``offsets`` are
+    the population's (client ``k``'s size is ``offsets[k + 1] - offsets[k]``).
     Client ``k``'s draws come from ``default_rng([seed, stream, round_index, k])``: ``stream`` 1
     is the local training of every method; other streams are independent draws (``fedrep``'s
     head training uses 3 in its rounds and 4 at the end).
     """
     plan = []
-    for k in sampled:
+    for j, k in enumerate(sampled):
         k = int(k)
         n = int(offsets[k + 1] - offsets[k])
+        base = offsets[k] if starts is None else starts[j]
         rng = np.random.default_rng([config.seed, stream, round_index, k])
-        plan.append([offsets[k] + idx for idx in _client_batches(n, rng, config)])
+        plan.append([base + idx for idx in _client_batches(n, rng, config)])
     return plan
 
 
@@ -263,12 +276,80 @@ def evaluate(
     (mean over clients with at least one example), ``loss`` (pooled mean cross-entropy) and ``n``.
     It computes on the device of ``params`` (and ``model``), moving the data there in blocks.
     """
+    return _summary(*_correct_and_loss(model, params, buffers, xs, ys, personalized, chunk))
+
+
+def evaluate_dataset(
+    model: nn.Module,
+    models: Mapping[str, tuple[Params, bool]],
+    buffers: Params,
+    dataset: FederatedDataset,
+    splits: Sequence[str] = ("val", "test"),
+    *,
+    block: int = END_OF_RUN_BLOCK,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """:func:`evaluate` of several models on several splits of every client of ``dataset``, in
+    one pass over blocks of at most ``block`` clients
+    (:func:`~privmtl.federated.blocks.client_blocks`): one block's data are read at a time.
+
+    ``models`` maps a name to ``(params, personalized)`` (personalized: stacked ``(m, ...)``).
+    Returns ``{split: {name: evaluate(...)}}``.
+    """
+    m = dataset.n_clients
+    if m <= block:
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for split in splits:
+            xs, ys = dataset.split(split)
+            out[split] = {
+                name: evaluate(model, params, buffers, xs, ys, personalized=personal)
+                for name, (params, personal) in models.items()
+            }
+        return out
+    parts: dict[tuple[str, str], list[tuple[np.ndarray, np.ndarray, float]]] = {
+        (split, name): [] for split in splits for name in models
+    }
+    for pos in client_blocks(m, block):
+        piece = dataset.subset(pos.tolist())
+        rows = torch.from_numpy(pos)
+        for name, (params, personal) in models.items():
+            own = (
+                {n: p.index_select(0, rows.to(p.device)) for n, p in params.items()}
+                if personal
+                else params
+            )
+            for split in splits:
+                xs, ys = piece.split(split)
+                parts[(split, name)].append(
+                    _correct_and_loss(model, own, buffers, xs, ys, personal, 256)
+                )
+    return {
+        split: {
+            name: _summary(
+                np.concatenate([c for c, _, _ in parts[(split, name)]]),
+                np.concatenate([n for _, n, _ in parts[(split, name)]]),
+                sum(lo for _, _, lo in parts[(split, name)]),
+            )
+            for name in models
+        }
+        for split in splits
+    }
+
+
+def _correct_and_loss(
+    model: nn.Module,
+    params: Params,
+    buffers: Params,
+    xs: list[torch.Tensor],
+    ys: list[torch.Tensor],
+    personalized: bool,
+    chunk: int,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per-client correct predictions and examples, and the summed cross-entropy."""
     correct = np.zeros(len(ys))
     counts = np.array([y.shape[0] for y in ys], dtype=np.int64)
     loss_sum = 0.0
     if counts.sum() == 0:
-        nan = float("nan")
-        return {"accuracy": nan, "mean_client_accuracy": nan, "loss": nan, "n": 0}
+        return correct, counts, loss_sum
     first = next(iter(params.values()))
     dtype, device = first.dtype, first.device
     was_training = model.training
@@ -291,6 +372,14 @@ def evaluate(
             correct = (csum[offsets[1:]] - csum[offsets[:-1]]).astype(float)
     finally:
         model.train(was_training)
+    return correct, counts, loss_sum
+
+
+def _summary(correct: np.ndarray, counts: np.ndarray, loss_sum: float) -> dict[str, float]:
+    """:func:`evaluate`'s dictionary from per-client correct predictions and examples."""
+    if counts.sum() == 0:
+        nan = float("nan")
+        return {"accuracy": nan, "mean_client_accuracy": nan, "loss": nan, "n": 0}
     has = counts > 0
     return {
         "accuracy": float(correct.sum() / counts.sum()),

@@ -36,9 +36,10 @@ from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import (
+    LOCAL_TRAINING_STREAM,
     Params,
     draw_round_plan,
-    evaluate,
+    evaluate_dataset,
     partition_plan,
 )
 from privmtl.federated.backend import (
@@ -64,6 +65,16 @@ from privmtl.privacy.sampling import ClientSampler
 __all__ = ["MessageHook", "Trainer"]
 
 MessageHook = Callable[[int, np.ndarray, Params], Params]
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundData:
+    """The training rows of a round's clients, stacked (``x``, ``y``), the ``j``-th client's
+    beginning at row ``starts[j]``."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    starts: np.ndarray
 
 
 def _refuse_running_buffers(model: nn.Module) -> None:
@@ -167,9 +178,10 @@ class Trainer:
         if not init:
             raise InvalidParameterError("The 'model' parameter must have at least one parameter.")
         self.buffers = {n: b.detach() for n, b in self.model.named_buffers()}
-        x_all, y_all, offsets = dataset.concat("train")
-        self.x_all = x_all.to(device=self.device, dtype=next(iter(init.values())).dtype)
-        self.y_all, self.offsets = y_all.to(self.device), offsets
+        # every client's training rows by offset; a round reads its sampled clients' rows only
+        sizes = dataset.sizes("train")
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._dtype = next(iter(init.values())).dtype
 
         # ---- the release of this method, the billboard and the curator
         setup = setup_run(config, m, init, sampler=sampler, method=method)
@@ -332,15 +344,23 @@ class Trainer:
             self._local.step_fn = fn
         return fn
 
+    def _round_data(self, clients: np.ndarray) -> RoundData:
+        """The training rows of ``clients`` on the device, and where each client's rows begin."""
+        x, y, offsets = self.dataset.take(clients, "train")
+        return RoundData(x.to(self.device, self._dtype), y.to(self.device), offsets[:-1])
+
     def _train_clients(
-        self, starts: Params, rule: UpdateRule, plan: list[list[np.ndarray]], pool: Any
+        self,
+        starts: Params,
+        rule: UpdateRule,
+        plan: list[list[np.ndarray]],
+        pool: Any,
+        data: RoundData,
     ) -> tuple[Params, list[float]]:
         cfg = self.config
         k = len(plan)
         if not cfg.batched:
-            return local_sgd_reference(
-                self.model, self.buffers, starts, rule, self.x_all, self.y_all, plan
-            )
+            return local_sgd_reference(self.model, self.buffers, starts, rule, data.x, data.y, plan)
 
         def train_group(pos: np.ndarray) -> tuple[Params, list[float]]:
             idx = torch.from_numpy(pos).to(self.device)
@@ -348,8 +368,8 @@ class Trainer:
                 self._thread_step_fn(),
                 {n: p.index_select(0, idx) for n, p in starts.items()},
                 rule,
-                self.x_all,
-                self.y_all,
+                data.x,
+                data.y,
                 [plan[j] for j in pos],
                 cfg.batch_size,
             )
@@ -373,11 +393,19 @@ class Trainer:
         round_index: int,
         plan: list[list[np.ndarray]] | None,
         pool: Any,
+        data: RoundData | None = None,
     ) -> TrainFn:
         """The backend's local training of the clients ``sampled`` in round ``round_index``
         (:class:`~privmtl.federated.methods.base.TrainFn`): the round's ``plan``, or the
-        minibatches of another stream / number of epochs."""
+        minibatches of another stream / number of epochs. ``data``: the clients' training rows
+        (:meth:`_round_data`; read when first needed if not given)."""
         cfg = self.config
+        held: list[RoundData] = [] if data is None else [data]
+
+        def rows() -> RoundData:
+            if not held:
+                held.append(self._round_data(sampled))
+            return held[0]
 
         def train(
             starts: Params,
@@ -387,15 +415,18 @@ class Trainer:
             epochs: int | None = None,
         ) -> tuple[Params, list[float]]:
             if plan is not None and stream is None and epochs is None:
-                return self._train_clients(starts, rule, plan, pool)
+                return self._train_clients(starts, rule, plan, pool, rows())
             c = (
                 cfg
                 if epochs is None
                 else dataclasses.replace(cfg, local_epochs=epochs, local_steps=None)
             )
-            kw = {} if stream is None else {"stream": stream}
-            own = draw_round_plan(sampled, self.offsets, round_index, c, **kw)
-            return self._train_clients(starts, rule, own, pool)
+            got = rows()
+            own = draw_round_plan(
+                sampled, self.offsets, round_index, c,
+                stream=LOCAL_TRAINING_STREAM if stream is None else stream, starts=got.starts,
+            )  # fmt: skip
+            return self._train_clients(starts, rule, own, pool, got)
 
         return train
 
@@ -417,7 +448,8 @@ class Trainer:
         t0, c0 = time.perf_counter(), time.process_time()
         t, spec = self.round, self.spec
         sampled = self.curator.sample_round()
-        plan = draw_round_plan(sampled, self.offsets, t, self.config)
+        data = self._round_data(sampled)
+        plan = draw_round_plan(sampled, self.offsets, t, self.config, starts=data.starts)
         losses: list[float] = []
         out = None
         template = spec.message_template(self.curator.billboard)
@@ -430,7 +462,7 @@ class Trainer:
                 self.shared,
                 starts,
                 anchor,
-                self._train_fn(sampled, t, plan, pool),
+                self._train_fn(sampled, t, plan, pool, data),
             )
             spec.keep(self.clients, sel, done.kept)
             messages, losses = done.messages, done.losses
@@ -454,7 +486,7 @@ class Trainer:
             cpu_seconds=time.process_time() - c0,
         )
         if self.config.eval_every and (t + 1) % self.config.eval_every == 0:
-            ev = self._evaluate_split("val")
+            ev = self._evaluate(("val",))["val"]
             main = ev["personalized" if self.spec.personalized else "global"]
             rec["val_accuracy"] = main["accuracy"]
             rec["val_mean_client_accuracy"] = main["mean_client_accuracy"]
@@ -526,25 +558,25 @@ class Trainer:
             train_all=self._train_fn(all_clients, 0, None, None),
         )
 
-    def _evaluate_split(
-        self, split: str, outputs: tuple[Params | None, Params] | None = None
-    ) -> dict[str, dict[str, float]]:
+    def _evaluate(
+        self,
+        splits: tuple[str, ...] = ("val", "test"),
+        outputs: tuple[Params | None, Params] | None = None,
+    ) -> dict[str, dict[str, dict[str, float]]]:
+        """``{split: {"personalized" / "global": evaluate(...)}}``, in one pass over the clients."""
         personal, glob = self._outputs() if outputs is None else outputs
-        xs, ys = self.dataset.split(split)
-        out = {}
+        models: dict[str, tuple[Params, bool]] = {}
         if personal is not None and self.spec.personalized:
-            out["personalized"] = evaluate(
-                self.model, personal, self.buffers, xs, ys, personalized=True
-            )
+            models["personalized"] = (personal, True)
         if self.spec.communicates:
-            out["global"] = evaluate(self.model, glob, self.buffers, xs, ys, personalized=False)
-        return out
+            models["global"] = (glob, False)
+        return evaluate_dataset(self.model, models, self.buffers, self.dataset, splits)
 
     def result(self) -> TrainResult:
         """The :class:`TrainResult` of the rounds run so far (evaluates on val and test, on the
         device); its models are CPU tensors."""
         outputs = self._outputs()  # the m clients' models once, for both splits and the result
-        accuracies = {split: self._evaluate_split(split, outputs) for split in ("val", "test")}
+        accuracies = self._evaluate(("val", "test"), outputs)
         personal, glob = to_device(outputs, "cpu")
         return run_result(
             self.config,

@@ -51,7 +51,12 @@ from privmtl.checkpoint import (
 )
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import Params, client_scores, draw_round_plan
+from privmtl.federated.algorithms import (
+    LOCAL_TRAINING_STREAM,
+    Params,
+    client_scores,
+    draw_round_plan,
+)
 from privmtl.federated.backend import (
     budget_stops,
     fingerprint_base,
@@ -626,13 +631,11 @@ class NodeClients:
         each client's draws are those of the in-process engine (the population's offsets)."""
         if epochs is not None:
             config = dataclasses.replace(config, local_epochs=epochs, local_steps=None)
-        kw = {} if stream is None else {"stream": stream}
-        plan = []
-        for k in clients:
-            (steps,) = draw_round_plan([k], self.full_offsets, round_index, config, **kw)
-            shift = int(self.offsets[self.pos[k]]) - int(self.full_offsets[k])
-            plan.append([s + shift for s in steps])
-        return plan
+        starts = np.array([int(self.offsets[self.pos[k]]) for k in clients], dtype=np.int64)
+        return draw_round_plan(
+            clients, self.full_offsets, round_index, config,
+            stream=LOCAL_TRAINING_STREAM if stream is None else stream, starts=starts,
+        )  # fmt: skip
 
     def save(self) -> None:
         """Write the personalized models to the node's storage (atomic replace)."""

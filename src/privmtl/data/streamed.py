@@ -1,0 +1,214 @@
+"""A synthetic federation whose clients are drawn when they are needed.
+
+:class:`SyntheticFederation` is :func:`~privmtl.data.federated.make_synthetic_federated`'s data
+without holding them: it draws the shared part once, then walks the generator through every
+client once, keeping only the generator's state at the start of each client (a few bytes per
+client, never the examples). Client ``k``'s data are drawn again from its recorded state whenever
+they are needed, so they are exactly the clients the eager generator gives for the same seed,
+while the memory held grows with the clients asked for at once (a round's sampled clients, a
+block of the end of run), not with the population.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from privmtl.data.federated import (
+    LEAF_SIZE_LOGNORMAL,
+    FederatedDataset,
+    SyntheticLaw,
+    synthetic_client_ids,
+    synthetic_law,
+)
+from privmtl.exceptions import InvalidParameterError
+from privmtl.io import arrays_sha256
+
+__all__ = ["SyntheticFederation"]
+
+_MASK64 = (1 << 64) - 1
+_SPLIT_KEYS = {
+    "train": ("train_x", "train_y"),
+    "val": ("val_x", "val_y"),
+    "test": ("test_x", "test_y"),
+}
+
+
+def _check_split(split: str) -> None:
+    if split not in _SPLIT_KEYS:
+        raise InvalidParameterError(
+            f"The 'split' parameter must be one of {tuple(_SPLIT_KEYS)}; got {split!r}."
+        )
+
+
+class SyntheticFederation(FederatedDataset):
+    """:func:`~privmtl.data.federated.make_synthetic_federated`'s federation, drawn on demand.
+
+    Takes the parameters of :func:`~privmtl.data.federated.make_synthetic_federated` (keyword
+    only) and holds the same clients: :meth:`subset` and :meth:`take` draw the clients asked for
+    from their recorded generator states, :meth:`sizes` needs no draw, and every other use of
+    the per-client tensors (``train_x``, :meth:`split`, :meth:`concat`) draws the whole
+    federation once and keeps it, as the eager data set would.
+
+    Notes
+    -----
+    Building it costs one pass of the generator over every client (the draws, not the labels or
+    the copies) and 32 bytes per client. The generator must be numpy's default bit generator
+    (PCG64), as for an ``int`` seed. :meth:`content_sha256` fingerprints the generator's law,
+    its shared model, the clients' sizes and their generator states, which determine every
+    example: it differs from the eager data set's content hash of the same data.
+    """
+
+    def __init__(
+        self,
+        *,
+        n_clients: int = 50,
+        n_features: int = 60,
+        n_classes: int = 10,
+        samples_per_client: int | tuple[int, int] | None = None,
+        size_lognormal: tuple[float, float] = LEAF_SIZE_LOGNORMAL,
+        heterogeneity: float = 0.5,
+        feature_shift: float = 0.5,
+        feature_spread: float = 0.5,
+        feature_cov: str = "isotropic",
+        label_noise: float = 0.0,
+        test_fraction: float = 0.2,
+        val_fraction: float = 0.1,
+        random_state: int | np.random.Generator | None = None,
+    ) -> None:
+        law, sizes, rng = synthetic_law(
+            n_clients=n_clients, n_features=n_features, n_classes=n_classes,
+            samples_per_client=samples_per_client, size_lognormal=size_lognormal,
+            heterogeneity=heterogeneity, feature_shift=feature_shift,
+            feature_spread=feature_spread, feature_cov=feature_cov, label_noise=label_noise,
+            test_fraction=test_fraction, val_fraction=val_fraction, random_state=random_state,
+        )  # fmt: skip
+        if not isinstance(rng.bit_generator, np.random.PCG64):
+            raise InvalidParameterError(
+                "The 'random_state' parameter of SyntheticFederation must be an int, None or a "
+                f"Generator on PCG64; got a Generator on {type(rng.bit_generator).__name__}."
+            )
+        m = len(sizes)
+        self.law: SyntheticLaw = law
+        self._n = np.asarray(sizes, dtype=np.int64)
+        self._split_sizes = law.split_sizes(self._n)
+        self._hi = np.empty(m, dtype=np.uint64)
+        self._lo = np.empty(m, dtype=np.uint64)
+        self._has32 = np.empty(m, dtype=np.uint8)
+        self._u32 = np.empty(m, dtype=np.uint32)
+        inc = None
+        for k in range(m):
+            st = rng.bit_generator.state
+            s = int(st["state"]["state"])
+            self._hi[k], self._lo[k] = s >> 64, s & _MASK64
+            self._has32[k], self._u32[k] = st["has_uint32"], st["uinteger"]
+            inc = st["state"]["inc"] if inc is None else inc
+            law.draw_client(rng, int(self._n[k]), keep=False)
+        self._inc = int(inc or 0)
+        self.client_ids = synthetic_client_ids(m)
+        self.n_classes = law.n_classes
+        self.feature_shape = (law.n_features,)
+        self.name = law.name(m)
+        self.scaling = "none"
+        self._concat_cache = {}
+        self._whole: FederatedDataset | None = None
+
+    # ------------------------------------------------------------------ drawing clients
+    def _draw(self, clients: Sequence[int]) -> list[tuple[np.ndarray, ...]]:
+        idx = [int(i) for i in clients]
+        bad = [i for i in idx if not 0 <= i < self.n_clients]
+        if bad:
+            raise InvalidParameterError(
+                f"The 'clients' parameter must hold indices in [0, {self.n_clients}); got {bad[0]}."
+            )
+        bg = np.random.PCG64(0)
+        rng = np.random.Generator(bg)
+        out = []
+        for k in idx:
+            bg.state = {
+                "bit_generator": "PCG64",
+                "state": {"state": (int(self._hi[k]) << 64) | int(self._lo[k]), "inc": self._inc},
+                "has_uint32": int(self._has32[k]),
+                "uinteger": int(self._u32[k]),
+            }
+            drawn = self.law.draw_client(rng, int(self._n[k]))
+            assert drawn is not None
+            out.append(drawn)
+        return out
+
+    def subset(self, clients: Sequence[int]) -> FederatedDataset:
+        """A data set (in memory) of the clients at positions ``clients``, drawn now."""
+        drawn = self._draw(clients)
+        kw = {
+            key: [torch.from_numpy(c[j]) for c in drawn]
+            for j, key in enumerate(("train_x", "train_y", "val_x", "val_y", "test_x", "test_y"))
+        }
+        if not drawn:
+            raise InvalidParameterError("The 'clients' parameter must hold at least one index.")
+        ids = [self.client_ids[int(i)] for i in clients]
+        if len(set(ids)) != len(ids):
+            raise InvalidParameterError("The 'clients' parameter must not repeat a client.")
+        # drawn by the law: float32 / int64 tensors of consistent shapes, nothing to check again
+        return FederatedDataset._unchecked(
+            ids, kw, self.n_classes, self.feature_shape, self.name, self.scaling
+        )
+
+    def take(
+        self, clients: Sequence[int] | np.ndarray, split: str = "train"
+    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """:meth:`FederatedDataset.take`, drawing only the clients asked for."""
+        _check_split(split)
+        idx = [int(i) for i in clients]
+        if not idx:
+            d = self.n_features
+            return torch.zeros((0, d)), torch.zeros(0, dtype=torch.int64), np.zeros(1, np.int64)
+        j = 2 * ("train", "val", "test").index(split)
+        drawn = self._draw(idx)
+        x = torch.from_numpy(np.concatenate([c[j] for c in drawn]))
+        y = torch.from_numpy(np.concatenate([c[j + 1] for c in drawn]))
+        sizes = [len(c[j + 1]) for c in drawn]
+        return x, y, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+    # ------------------------------------------------------------------ sizes and identity
+    @property
+    def n_clients(self) -> int:
+        return len(self._n)
+
+    @property
+    def n_features(self) -> int:
+        return self.law.n_features
+
+    def sizes(self, split: str = "train") -> np.ndarray:
+        """Per-client number of examples of ``split``, without drawing any example."""
+        _check_split(split)
+        return self._split_sizes[split].copy()
+
+    def content_sha256(self) -> str:
+        """SHA-256 of what determines every example: the law's parameters, its shared model, the
+        clients' sizes and generator states (not equal to the eager data set's content hash)."""
+        law = self.law
+        params = repr(
+            (law.n_features, law.n_classes, law.heterogeneity, law.feature_shift,
+             law.feature_spread, law.feature_cov, law.label_noise, law.test_fraction,
+             law.val_fraction, self._inc)
+        ).encode()  # fmt: skip
+        ids = np.frombuffer("\n".join(self.client_ids).encode(), dtype=np.uint8)
+        return arrays_sha256(
+            iter([np.frombuffer(params, np.uint8), ids, law.w0, law.b0, self._n, self._hi,
+                  self._lo, self._has32, self._u32])
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ the whole federation
+    def materialize(self) -> FederatedDataset:
+        """Every client drawn and kept (what the eager generator returns); cached."""
+        if self._whole is None:
+            self._whole = self.subset(range(self.n_clients))
+        return self._whole
+
+    def __getattr__(self, name: str) -> Any:
+        if name in {k for keys in _SPLIT_KEYS.values() for k in keys}:
+            return getattr(self.materialize(), name)
+        raise AttributeError(name)

@@ -1,0 +1,79 @@
+"""SyntheticFederation: the eager generator's clients, drawn only when asked for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from privmtl.data.federated import make_synthetic_federated
+from privmtl.data.streamed import SyntheticFederation
+from privmtl.exceptions import InvalidParameterError
+
+CASES = [
+    {"n_clients": 120, "random_state": 3},
+    {"n_clients": 80, "label_noise": 0.2, "feature_cov": "leaf", "random_state": 4},
+    {"n_clients": 40, "samples_per_client": (3, 40), "heterogeneity": 0.0, "random_state": 5},
+    {"n_clients": 30, "samples_per_client": 12, "feature_shift": 0.0, "random_state": 6},
+]
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_clients_are_the_eager_generators(kw: dict) -> None:
+    eager = make_synthetic_federated(**kw)
+    lazy = SyntheticFederation(**kw)
+    m = eager.n_clients
+    assert lazy.n_clients == m and lazy.client_ids == eager.client_ids
+    assert (lazy.n_features, lazy.n_classes, lazy.name) == (
+        eager.n_features,
+        eager.n_classes,
+        eager.name,
+    )
+    for split in ("train", "val", "test"):  # sizes without drawing anything
+        np.testing.assert_array_equal(lazy.sizes(split), eager.sizes(split))
+    picks = [m - 1, 0, m // 2, 7]  # any order, any clients
+    assert lazy.subset(picks).content_sha256() == eager.subset(picks).content_sha256()
+    for split in ("train", "val", "test"):
+        a, b = eager.take(picks, split), lazy.take(picks, split)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        np.testing.assert_array_equal(a[2], b[2])
+    assert lazy.summary() == eager.summary()
+    # the whole federation, when something asks for every client's tensors
+    assert lazy.materialize().content_sha256() == eager.content_sha256()
+    assert torch.equal(lazy.concat("val")[0], eager.concat("val")[0])
+
+
+def test_a_generator_argument_gives_the_same_clients() -> None:
+    eager = make_synthetic_federated(n_clients=25, random_state=np.random.default_rng(9))
+    lazy = SyntheticFederation(n_clients=25, random_state=np.random.default_rng(9))
+    assert lazy.materialize().content_sha256() == eager.content_sha256()
+
+
+def test_nothing_is_drawn_until_asked() -> None:
+    lazy = SyntheticFederation(n_clients=5000, random_state=0)
+    assert lazy._whole is None
+    lazy.sizes("train"), lazy.summary(), lazy.content_sha256(), lazy.take([3, 4999])
+    assert lazy._whole is None  # none of these held the federation
+
+
+def test_fingerprint_follows_the_data() -> None:
+    a = SyntheticFederation(n_clients=50, random_state=0)
+    assert a.content_sha256() == SyntheticFederation(n_clients=50, random_state=0).content_sha256()
+    assert a.content_sha256() != SyntheticFederation(n_clients=50, random_state=1).content_sha256()
+    assert (
+        a.content_sha256()
+        != SyntheticFederation(n_clients=50, label_noise=0.1, random_state=0).content_sha256()
+    )
+
+
+def test_bad_input_names_the_parameter() -> None:
+    lazy = SyntheticFederation(n_clients=10, random_state=0)
+    with pytest.raises(InvalidParameterError, match=r"'clients'.*\[0, 10\).*got 10"):
+        lazy.take([10])
+    with pytest.raises(InvalidParameterError, match="'split'"):
+        lazy.sizes("dev")
+    with pytest.raises(InvalidParameterError, match="n_clients"):
+        SyntheticFederation(n_clients=0)
+    mt = np.random.Generator(np.random.MT19937(0))
+    with pytest.raises(InvalidParameterError, match=r"'random_state'.*PCG64.*MT19937"):
+        SyntheticFederation(n_clients=3, random_state=mt)
