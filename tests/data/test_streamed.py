@@ -29,8 +29,9 @@ def test_clients_are_the_eager_generators(kw: dict) -> None:
         eager.n_classes,
         eager.name,
     )
-    for split in ("train", "val", "test"):  # sizes without drawing anything
+    for split in ("train", "val", "test"):  # sizes and offsets without drawing anything
         np.testing.assert_array_equal(lazy.sizes(split), eager.sizes(split))
+        np.testing.assert_array_equal(lazy.offsets(split), eager.concat(split)[2])
     picks = [m - 1, 0, m // 2, 7]  # any order, any clients
     assert lazy.subset(picks).content_sha256() == eager.subset(picks).content_sha256()
     for split in ("train", "val", "test"):

@@ -202,6 +202,11 @@ class FederatedDataset:
         """Per-client number of examples of ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
         return np.array([int(y.shape[0]) for y in self._ys(split)], dtype=np.int64)
 
+    def offsets(self, split: str = "train") -> np.ndarray:
+        """Where each client's rows of ``split`` begin in :meth:`concat`: ``(m + 1,)``, client ``k``
+        owning rows ``offsets[k]:offsets[k + 1]`` (from :meth:`sizes`: nothing is stacked)."""
+        return np.concatenate([[0], np.cumsum(self.sizes(split))]).astype(np.int64)
+
     def content_sha256(self) -> str:
         """SHA-256 of the data's contents: every client's id and its train, val and test
         features and labels, streamed array by array (:func:`privmtl.io.arrays_sha256`).

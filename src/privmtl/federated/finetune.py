@@ -238,7 +238,7 @@ def finetune_plan(
     index of the client in the whole population, so that a part of the population (one Flower
     node's clients) draws what the same clients draw in the whole.
     """
-    _, _, offsets = dataset.concat("train")
+    offsets = dataset.offsets("train")
     index = check_client_index(client_index, dataset.n_clients)
     plan = []
     for k in range(dataset.n_clients):

@@ -179,8 +179,7 @@ class Trainer:
             raise InvalidParameterError("The 'model' parameter must have at least one parameter.")
         self.buffers = {n: b.detach() for n, b in self.model.named_buffers()}
         # every client's training rows by offset; a round reads its sampled clients' rows only
-        sizes = dataset.sizes("train")
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.offsets = dataset.offsets("train")
         self._dtype = next(iter(init.values())).dtype
 
         # ---- the release of this method, the billboard and the curator

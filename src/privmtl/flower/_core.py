@@ -421,7 +421,7 @@ class NodeClients:
         state_dir: str | Path | None = None,
     ) -> None:
         clients = partition(dataset.n_clients, partition_id, num_partitions)
-        _, _, full_offsets = dataset.concat("train")
+        full_offsets = dataset.offsets("train")
         self._setup(
             dataset.subset(clients.tolist()),
             model,
