@@ -256,3 +256,52 @@ def test_the_gpu_speed_script_runs_on_the_cpu(tmp_path):
     assert row["rounds_clients_per_second"] > 0 and row["end_clients_per_second"] > 0
     assert row["peak_memory_mb"] > 0 and row["m"] == 20
     assert "| cpu | logreg | 20 |" in out.with_suffix(".md").read_text()
+
+
+def test_one_thread_per_worker_sets_one_thread_and_restores() -> None:
+    from privmtl._device import one_thread_per_worker
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with one_thread_per_worker():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError), one_thread_per_worker():
+            raise RuntimeError("boom")
+        assert torch.get_num_threads() == 2  # restored on errors too
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_the_end_of_run_trains_with_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    from privmtl.data.federated import make_synthetic_federated
+    from privmtl.federated import MultinomialLogReg
+    from privmtl.federated import finish as finish_module
+    from privmtl.federated.local import train_local
+
+    seen: list[int] = []
+    real = finish_module._finish_block
+
+    def spy(*args: object, **kw: object) -> object:
+        seen.append(torch.get_num_threads())
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(finish_module, "_finish_block", spy)
+    ds = make_synthetic_federated(n_clients=6, samples_per_client=8, random_state=0)
+    model = MultinomialLogReg(ds.n_features, ds.n_classes)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        params = {
+            n: p.detach().unsqueeze(0).repeat(6, *[1] * p.ndim) for n, p in model.named_parameters()
+        }
+        finish_module.finish_clients(
+            "vanilla", ds, model, params, dict(model.named_parameters()), batch_size=4, seed=0,
+            lr=0.1, lam=0.0,
+        )  # fmt: skip
+        assert seen == [1] and torch.get_num_threads() == 2
+        train_local(ds, model, epochs=(1,), lrs=(0.1,))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(old)

@@ -10,13 +10,22 @@ differs, so the numbers of a seeded run may differ in the last digits.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from privmtl.exceptions import InvalidParameterError
 
-__all__ = ["DEFAULT_DEVICE", "DEVICES", "check_device", "resolve_device", "to_device"]
+__all__ = [
+    "DEFAULT_DEVICE",
+    "DEVICES",
+    "check_device",
+    "one_thread_per_worker",
+    "resolve_device",
+    "to_device",
+]
 
 DEVICES = ("auto", "cpu", "cuda")
 """The device names (``"cuda:N"`` names one GPU of several)."""
@@ -78,3 +87,20 @@ def to_device(tree: Any, device: torch.device | str) -> Any:
     if isinstance(tree, tuple):
         return tuple(to_device(v, device) for v in tree)
     return tree
+
+
+@contextmanager
+def one_thread_per_worker() -> Iterator[None]:
+    """Run the block with one torch thread (restored afterwards).
+
+    The work outside the rounds (every client's end of run, the scoring) is many small batched
+    operations: intra-op threads cost more in coordination than they save there
+    (``benchmarks/results/scale_progress.md`` measures it). A GPU is unaffected (its kernels do
+    not use these threads).
+    """
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

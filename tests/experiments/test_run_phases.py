@@ -43,10 +43,15 @@ def test_pmtl_seconds_are_the_sum_of_its_phases(ticking, tmp_path, capsys):
     assert sum(phases.values()) == pytest.approx(out["seconds"], abs=1e-9)
     assert phases["data"] == out["data_seconds"] == T
     assert phases["setup"] == 3 * T
-    assert phases["end_of_run"] == T and phases["saving"] == T
+    assert phases["saving"] == T
     assert phases[_timing.OTHER] == 8 * T  # between the phases: settings, the report
-    # the fit is the rounds (the engine's own measure of them) and then the trained models' scores
-    assert phases["rounds"] + phases["scoring"] == pytest.approx(T, abs=1e-9)
+    # the fit is the rounds (the engine's own measure of them); finetune="auto" scores the
+    # trained and the final models while it finishes the clients: its own measure of that time
+    # moves from the end of the run to the scoring
+    assert phases["rounds"] + phases["scoring"] + phases["end_of_run"] == pytest.approx(
+        2 * T, abs=1e-9
+    )
+    assert 0 < phases["end_of_run"] < T and 0 < phases["scoring"] < T
     assert phases["rounds"] == pytest.approx(out["seconds_per_round"] * out["rounds_run"])
     assert 0 < phases["rounds"] < T
     # finetune="auto" reports its local trainings (not a terminal: plain lines, the last at the end)

@@ -260,6 +260,7 @@ class FinishedRun:
     notes: tuple[str, ...]
     not_covered: tuple[str, ...]
     own_data: bool
+    score_seconds: float = 0.0
 
 
 def _finish_request(
@@ -383,9 +384,25 @@ def _load(
     )
 
 
-def _train(loaded: LoadedRun, durability: Durability, local_select: str) -> TrainedRun:
+def _scores_at_finish(loaded: LoadedRun, request: FinishRequest) -> bool:
+    """Whether the end of run scores the trained models while it finishes the clients (one pass
+    over the clients' data instead of two): ``finetune="auto"`` of a method the in-process
+    engine runs as it is (:meth:`Method.fit <privmtl.federated.methods.base.Method.fit>`)."""
+    runner = loaded.method
+    return (
+        loaded.spec.finetune == "auto"
+        and not runner.every_client
+        and not request.extra
+        and type(runner).fit is Method.fit
+    )
+
+
+def _train(
+    loaded: LoadedRun, durability: Durability, local_select: str, *, score: bool = True
+) -> TrainedRun:
     """Train: the method's ``fit`` with the run's checkpoint and budget; a method that releases
-    nothing reports no noise and every client."""
+    nothing reports no noise and every client. ``score=False``: the trained models' scores are
+    left to the end of run (:func:`_scores_at_finish`)."""
     runner = loaded.method
     options = {"local_select": local_select}
     result = runner.fit(
@@ -393,6 +410,7 @@ def _train(loaded: LoadedRun, durability: Durability, local_select: str) -> Trai
         loaded.net,
         **{k: options[k] for k in runner.fit_options},
         **durability.run_options(),
+        **({} if score else {"score_at_end": False}),
     )
     if runner.every_client:  # nothing released: no noise, every client trains
         return TrainedRun(result, 0.0, loaded.m, local_select)
@@ -412,6 +430,7 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
             [float(v) for v in (request.lams if request.lams is not None else [lam])],
         )
     results = None
+    score_seconds = 0.0
     if request.extra:
         # Several fine-tuning variants of the SAME trained run (post-processing, no privacy cost):
         # cheaper and a fairer comparison than one training run per variant.
@@ -431,8 +450,12 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
     finetune = spec.finetune
     if finetune == "auto" and not loaded.method.every_client:
         sigma = float(trained.sigma or 0.0)
-        parts = _finetune_auto(result, ds, net, loaded.name, sigma, batch_size, seed)
+        parts = _finetune_auto(
+            result, ds, net, loaded.name, sigma, batch_size, seed,
+            score_trained=_scores_at_finish(loaded, request),
+        )  # fmt: skip
         params = parts.pop("_params")
+        score_seconds = float(parts.pop("_score_seconds"))
         notes, own_data = (AUTO_NOTE,), True
     elif finetune == "auto":
         parts = {
@@ -465,7 +488,7 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
         from_billboard=request.start == "billboard",
         personalized=result.primary == "personalized",
     )
-    return FinishedRun(parts, results, params, final, notes, not_covered, own_data)
+    return FinishedRun(parts, results, params, final, notes, not_covered, own_data, score_seconds)
 
 
 def _report(
@@ -754,11 +777,13 @@ def run_pmtl(
         batched=not sequential, progress=show_progress, threads=threads, timer=timer,
         device=device,
     )  # fmt: skip
+    fused = _scores_at_finish(loaded, finishing)
     with timer.phase("scoring"):  # the method's fit: its rounds, then the trained models' scores
-        trained = _train(loaded, durability, local_select)
+        trained = _train(loaded, durability, local_select, score=not fused)
     timer.carve("scoring", "rounds", trained.result.seconds)  # the engine's own time of its rounds
     with timer.phase("end_of_run"):
         finished = _finish(loaded, trained, finishing)
+    timer.carve("end_of_run", "scoring", finished.score_seconds)
     out = _report(loaded, durability, trained, finished, diagnostics=diagnostics)
     if save_models is not None:
         with timer.phase("saving"):
@@ -947,29 +972,39 @@ def _finetune_auto(
     sigma: float,
     batch_size: int,
     seed: int,
+    *,
+    score_trained: bool = False,
 ) -> dict[str, Any]:
     """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
     validation split among the billboard fine-tuned on its data (where it carries signal), its own
     local training and its trained model (:func:`~privmtl.federated.finish.finish_clients`).
     Which candidates it compares depends on public parameters only: ``sigma`` (the released
-    mean's noise), the clip, one release's size and the releases made."""
-    from privmtl.federated.algorithms import evaluate_dataset
-
+    mean's noise), the clip, one release's size and the releases made. The final models are
+    scored block by block as the clients finish; ``score_trained``: the trained models too
+    (``result.accuracies`` is filled in)."""
     cfg = result.config
     shared = None if cfg.shared_params is None else list(cfg.shared_params)
     dim = int(released_dim(result) or 0)
     rounds = len(result.history) or cfg.rounds
     plan = auto_plan(method, shared, sigma, cfg.clip, dim, rounds)
     trained = stack_trained(result.personalized_params, result.global_params, ds.n_clients)
+    others: dict[str, tuple[Params, bool]] = {}
+    if score_trained:
+        others = {name: (result.global_params, False) for name in result.accuracies["test"]}
+        if "personalized" in others:
+            assert result.personalized_params is not None
+            others["personalized"] = (result.personalized_params, True)
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
         lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
-        device=cfg.device,
+        device=cfg.device, score=others,
     )  # fmt: skip
-    assert fin.choice is not None
-    buffers = {n: b.detach() for n, b in net.named_buffers()}
-    scores = evaluate_dataset(net, {"final": (fin.params, True)}, buffers, ds)
-    acc = {split: scores[split]["final"] for split in scores}
+    assert fin.choice is not None and fin.scores is not None
+    if score_trained:  # the trained models' scores, from the same pass
+        result.accuracies = {
+            split: {name: fin.scores[split][name] for name in others} for split in fin.scores
+        }
+    acc = {split: fin.scores[split]["final"] for split in fin.scores}
     counts = np.bincount(fin.choice, minlength=len(plan.names))
     return {
         "finetune": "auto",
@@ -979,6 +1014,7 @@ def _finetune_auto(
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
         "val_accuracy": float(acc["val"]["accuracy"]),
         "_params": fin.params,
+        "_score_seconds": fin.score_seconds,
     }
 
 

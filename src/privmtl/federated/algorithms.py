@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from privmtl._device import one_thread_per_worker
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.privacy.noise import seeded_torch_generator
@@ -33,7 +34,9 @@ if TYPE_CHECKING:  # annotations only: the run's configuration sits above this m
 
 __all__ = [
     "LOCAL_TRAINING_STREAM",
+    "BlockScores",
     "Params",
+    "block_rows",
     "client_scores",
     "clip_factors",
     "draw_noise",
@@ -293,46 +296,73 @@ def evaluate_dataset(
     (:func:`~privmtl.federated.blocks.client_blocks`): one block's data are read at a time.
 
     ``models`` maps a name to ``(params, personalized)`` (personalized: stacked ``(m, ...)``).
-    Returns ``{split: {name: evaluate(...)}}``.
+    Returns ``{split: {name: evaluate(...)}}``. On the CPU it scores with one torch thread
+    (:func:`~privmtl._device.one_thread_per_worker`).
     """
+    with one_thread_per_worker():
+        return _evaluate_blocks(model, models, buffers, dataset, splits, block)
+
+
+def _evaluate_blocks(
+    model: nn.Module,
+    models: Mapping[str, tuple[Params, bool]],
+    buffers: Params,
+    dataset: FederatedDataset,
+    splits: Sequence[str],
+    block: int,
+) -> dict[str, dict[str, dict[str, float]]]:
     m = dataset.n_clients
+    book = BlockScores(model, buffers, splits)
     if m <= block:
-        out: dict[str, dict[str, dict[str, float]]] = {}
-        for split in splits:
-            xs, ys = dataset.split(split)
-            out[split] = {
-                name: evaluate(model, params, buffers, xs, ys, personalized=personal)
-                for name, (params, personal) in models.items()
-            }
-        return out
-    parts: dict[tuple[str, str], list[tuple[np.ndarray, np.ndarray, float]]] = {
-        (split, name): [] for split in splits for name in models
-    }
+        for name, (params, personal) in models.items():
+            book.add(name, params, personal, dataset)
+        return book.summary()
     for pos in client_blocks(m, block):
         piece = dataset.subset(pos.tolist())
-        rows = torch.from_numpy(pos)
         for name, (params, personal) in models.items():
-            own = (
-                {n: p.index_select(0, rows.to(p.device)) for n, p in params.items()}
-                if personal
-                else params
+            book.add(name, block_rows(params, pos) if personal else params, personal, piece)
+    return book.summary()
+
+
+def block_rows(params: Params, pos: np.ndarray) -> Params:
+    """The rows ``pos`` of stacked models (a block of clients' own models)."""
+    rows = torch.from_numpy(np.asarray(pos, dtype=np.int64))
+    return {n: p.index_select(0, rows.to(p.device)) for n, p in params.items()}
+
+
+class BlockScores:
+    """:func:`evaluate`'s scores of named models on ``splits``, added one block of clients at a
+    time and summed over them (each client is scored on its own data with its own model, so a
+    client's score does not depend on its block)."""
+
+    def __init__(self, model: nn.Module, buffers: Params, splits: Sequence[str]) -> None:
+        self.model, self.buffers, self.splits = model, buffers, tuple(splits)
+        self._parts: dict[tuple[str, str], list[tuple[np.ndarray, np.ndarray, float]]] = {}
+        self._names: list[str] = []
+
+    def add(self, name: str, params: Params, personalized: bool, piece: FederatedDataset) -> None:
+        """Score ``params`` (stacked for ``piece``'s clients when ``personalized``) on ``piece``."""
+        if name not in self._names:
+            self._names.append(name)
+        for split in self.splits:
+            xs, ys = piece.split(split)
+            self._parts.setdefault((split, name), []).append(
+                _correct_and_loss(self.model, params, self.buffers, xs, ys, personalized, 256)
             )
-            for split in splits:
-                xs, ys = piece.split(split)
-                parts[(split, name)].append(
-                    _correct_and_loss(model, own, buffers, xs, ys, personal, 256)
+
+    def summary(self) -> dict[str, dict[str, dict[str, float]]]:
+        """``{split: {name: evaluate(...)}}`` over every block added."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for split in self.splits:
+            out[split] = {}
+            for name in self._names:
+                parts = self._parts[(split, name)]
+                out[split][name] = _summary(
+                    np.concatenate([c for c, _, _ in parts]),
+                    np.concatenate([n for _, n, _ in parts]),
+                    sum(lo for _, _, lo in parts),
                 )
-    return {
-        split: {
-            name: _summary(
-                np.concatenate([c for c, _, _ in parts[(split, name)]]),
-                np.concatenate([n for _, n, _ in parts[(split, name)]]),
-                sum(lo for _, _, lo in parts[(split, name)]),
-            )
-            for name in models
-        }
-        for split in splits
-    }
+        return out
 
 
 def _correct_and_loss(

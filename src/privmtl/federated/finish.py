@@ -24,7 +24,8 @@ client ends with the same model. Post-processing of the releases: the guarantee 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,11 +33,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from privmtl._device import one_thread_per_worker
 from privmtl._progress import Progress
 from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import Params
+from privmtl.federated.algorithms import BlockScores, Params, block_rows
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.finetune import FINETUNE_METHODS as _FINETUNE_RULES
 from privmtl.privacy.release import billboard_carries_signal, billboard_noise_and_bound
@@ -162,13 +164,17 @@ class ClientFinish:
 
     ``params`` are stacked ``(k, ...)`` in the order of the clients; ``choice`` is the index in
     ``plan.names`` of every client's choice (``finetune="auto"``; else None); ``grids`` the
-    public grids of the candidates (``local_grid``, ``billboard_grid``).
+    public grids of the candidates (``local_grid``, ``billboard_grid``); ``scores``, when asked
+    for, ``{split: {name: evaluate(...)}}`` of the final models (``"final"``) and the other models
+    given, and ``score_seconds`` the time spent scoring.
     """
 
     params: Params
     choice: np.ndarray | None = None
     plan: AutoPlan | None = None
     grids: dict[str, list[list[float]]] = field(default_factory=dict)
+    scores: dict[str, dict[str, dict[str, float]]] | None = None
+    score_seconds: float = 0.0
 
 
 def finish_clients(
@@ -189,6 +195,7 @@ def finish_clients(
     block: int = END_OF_RUN_BLOCK,
     progress: bool = False,
     device: str = "cpu",
+    score: Mapping[str, tuple[Params, bool]] | None = None,
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -229,13 +236,18 @@ def finish_clients(
     device : str, default "cpu"
         Where the clients fine-tune and are scored (``"auto"``'s grids:
         :func:`~privmtl.federated.local.train_local`; the explicit methods:
-        :func:`~privmtl.federated.finetune.finetune`); the final models are CPU tensors.
+        :func:`~privmtl.federated.finetune.finetune`); the final models are CPU tensors. On the
+        CPU the clients are finished with one torch thread
+        (:func:`~privmtl._device.one_thread_per_worker`).
+    score : dict of str to (params, personalized), optional
+        Also score, on the validation and test splits, the final models (``"final"``) and these
+        models (stacked ``(m, ...)`` when personalized), block by block while each block's data
+        are at hand (:class:`~privmtl.federated.algorithms.BlockScores`): the scores are
+        :func:`~privmtl.federated.algorithms.evaluate`'s, in :attr:`ClientFinish.scores`.
     """
-    from privmtl.federated.finetune import check_client_index
-
     check_choice("finetune", finetune, ("none", "auto", *_FINETUNE_RULES))
     block = check_int("block", block, low=1)
-    if finetune == "none":
+    if finetune == "none" and score is None:
         return ClientFinish({n: p.clone() for n, p in trained.items()})
     if finetune == "auto" and plan is None:
         raise InvalidParameterError("finish_clients(finetune='auto') needs its 'plan' (auto_plan).")
@@ -252,30 +264,80 @@ def finish_clients(
         "batch_size": batch_size, "seed": seed, "lr": lr, "lam": lam, "start": start,
         "epochs": epochs, "plan": plan, "bar": bar, "device": device,
     }  # fmt: skip
+    book = None
+    if score is not None:
+        buffers = {n: b.detach() for n, b in model.named_buffers()}
+        book = _Book(BlockScores(model, buffers, ("val", "test")), dict(score))
     try:
-        if m <= block:
-            return _finish_block(finetune, dataset, model, trained, billboard, client_index, **kw)
-        index = check_client_index(client_index, m)  # one block at a time, population indices
-        params: Params = {}
-        choices: list[np.ndarray] = []
-        piece = ClientFinish({})
-        for pos in client_blocks(m, block):
-            rows = torch.from_numpy(pos)
-            piece = _finish_block(
-                finetune, dataset.subset(pos.tolist()), model,
-                {n: p.index_select(0, rows) for n, p in trained.items()}, billboard,
-                index[pos].tolist(), **kw,
-            )  # fmt: skip
-            if not params:
-                params = {n: p.new_empty((m, *p.shape[1:])) for n, p in piece.params.items()}
-            for n, p in piece.params.items():
-                params[n][rows] = p
-            if piece.choice is not None:
-                choices.append(piece.choice)
-        choice = np.concatenate(choices) if choices else None
-        return ClientFinish(params, choice, piece.plan, piece.grids)
+        with one_thread_per_worker():
+            fin = _finish_all(
+                finetune, dataset, model, trained, billboard, client_index, block, kw, book
+            )
     finally:
         bar.close()
+    if book is not None:
+        fin.scores, fin.score_seconds = book.scores.summary(), book.seconds
+    return fin
+
+
+@dataclass
+class _Book:
+    """The scores :func:`finish_clients` keeps block by block, and the time they took."""
+
+    scores: BlockScores
+    others: dict[str, tuple[Params, bool]]
+    seconds: float = 0.0
+
+    def add(self, final: Params, piece: FederatedDataset, pos: np.ndarray | None) -> None:
+        t0 = time.perf_counter()
+        self.scores.add("final", final, True, piece)
+        for name, (params, personal) in self.others.items():
+            own = block_rows(params, pos) if personal and pos is not None else params
+            self.scores.add(name, own, personal, piece)
+        self.seconds += time.perf_counter() - t0
+
+
+def _finish_all(
+    finetune: str,
+    dataset: FederatedDataset,
+    model: nn.Module,
+    trained: Params,
+    billboard: Params,
+    client_index: Sequence[int] | None,
+    block: int,
+    kw: dict[str, Any],
+    book: _Book | None = None,
+) -> ClientFinish:
+    """:func:`finish_clients`'s blocks, one after another (each scored into ``book``)."""
+    from privmtl.federated.finetune import check_client_index
+
+    m = dataset.n_clients
+    if m <= block:
+        fin = _finish_block(finetune, dataset, model, trained, billboard, client_index, **kw)
+        if book is not None:
+            book.add(fin.params, dataset, None)
+        return fin
+    index = check_client_index(client_index, m)  # one block at a time, population indices
+    params: Params = {}
+    choices: list[np.ndarray] = []
+    piece = ClientFinish({})
+    for pos in client_blocks(m, block):
+        rows = torch.from_numpy(pos)
+        part = dataset.subset(pos.tolist())
+        piece = _finish_block(
+            finetune, part, model, {n: p.index_select(0, rows) for n, p in trained.items()},
+            billboard, index[pos].tolist(), **kw,
+        )  # fmt: skip
+        if book is not None:
+            book.add(piece.params, part, pos)
+        if not params:
+            params = {n: p.new_empty((m, *p.shape[1:])) for n, p in piece.params.items()}
+        for n, p in piece.params.items():
+            params[n][rows] = p
+        if piece.choice is not None:
+            choices.append(piece.choice)
+    choice = np.concatenate(choices) if choices else None
+    return ClientFinish(params, choice, piece.plan, piece.grids)
 
 
 def _finish_block(
@@ -300,6 +362,8 @@ def _finish_block(
     from privmtl.federated.finetune import finetune as finetune_models
     from privmtl.federated.local import select_per_client, train_local
 
+    if finetune == "none":
+        return ClientFinish({n: p.clone() for n, p in trained.items()})
     if finetune != "auto":
         params, _ = finetune_models(
             trained, dataset, model, method=finetune, start=start, epochs=epochs, lr=lr,

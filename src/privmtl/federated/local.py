@@ -51,7 +51,7 @@ import torch
 from torch import nn
 from torch.func import grad, vmap
 
-from privmtl._device import resolve_device, to_device
+from privmtl._device import one_thread_per_worker, resolve_device, to_device
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
@@ -272,6 +272,7 @@ def _train_grid(
     return [snaps[key] for key in grid]
 
 
+@one_thread_per_worker()
 def train_local(
     dataset: FederatedDataset,
     model: nn.Module,

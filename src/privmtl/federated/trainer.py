@@ -125,6 +125,10 @@ class Trainer:
     initial_state : dict, optional
         Client states to start from instead of the model's parameters (e.g. PP-SGD's ``θ``:
         ``{"theta": {name: (m, ...)}}``).
+    score_at_end : bool, default True
+        Whether :meth:`result` scores the models on every client's validation and test data.
+        False leaves the scores NaN for a caller that scores them itself (``privmtl pmtl``'s
+        end of run scores them while it finishes each block of clients).
 
     Examples
     --------
@@ -151,6 +155,7 @@ class Trainer:
         message_hook: MessageHook | None = None,
         initial_state: dict[str, Any] | None = None,
         method: Method | type[Method] | str | None = None,
+        score_at_end: bool = True,
     ) -> None:
         config = TrainConfig() if config is None else config
         check_inputs(dataset, model)
@@ -173,6 +178,7 @@ class Trainer:
             budget = check_real("budget_epsilon", budget, low=0.0, closed="neither")
         self.budget = budget
         self.message_hook = message_hook
+        self.score_at_end = bool(score_at_end)
 
         init = {n: p.detach().clone() for n, p in self.model.named_parameters()}
         if not init:
@@ -575,7 +581,11 @@ class Trainer:
         """The :class:`TrainResult` of the rounds run so far (evaluates on val and test, on the
         device); its models are CPU tensors."""
         outputs = self._outputs()  # the m clients' models once, for both splits and the result
-        accuracies = self._evaluate(("val", "test"), outputs)
+        accuracies = (
+            self._evaluate(("val", "test"), outputs)
+            if self.score_at_end
+            else self._unscored(outputs)
+        )
         personal, glob = to_device(outputs, "cpu")
         return run_result(
             self.config,
@@ -592,6 +602,16 @@ class Trainer:
             client_ids=list(self.dataset.client_ids),
             extra=self._extra(),
         )
+
+    def _unscored(
+        self, outputs: tuple[Params | None, Params]
+    ) -> dict[str, dict[str, dict[str, float]]]:
+        """The accuracies' keys with NaN scores (``score_at_end=False``: the caller scores the
+        models, e.g. while it finishes the clients block by block)."""
+        nan = {"accuracy": math.nan, "mean_client_accuracy": math.nan, "loss": math.nan, "n": 0}
+        names = ["personalized"] if outputs[0] is not None and self.spec.personalized else []
+        names += ["global"] if self.spec.communicates else []
+        return {split: {name: dict(nan) for name in names} for split in ("val", "test")}
 
     def _extra(self) -> dict[str, Any]:
         return self.spec.extra(self.shared, self.names)
