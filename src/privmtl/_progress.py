@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO, TypeVar
@@ -111,6 +112,7 @@ class Progress:
         self._last_line = initial
         self._bar: Any = None
         self._closed = False
+        self._lock = threading.Lock()
         active = enabled and get_verbosity() > QUIET
         self._lines = active and not _is_terminal(self._stream)
         if get_verbosity() >= VERBOSE:
@@ -126,15 +128,17 @@ class Progress:
             )
 
     def update(self, n: int = 1, **postfix: Any) -> None:
-        """Record ``n`` finished steps; ``postfix`` values are shown with the count."""
-        self.n += n
-        self._postfix = postfix
-        if self._bar is not None:
-            if postfix:
-                self._bar.set_postfix(postfix, refresh=False)
-            self._bar.update(n)
-        elif self._lines and self.n - self._last_line >= self._every:
-            self._write_line()
+        """Record ``n`` finished steps; ``postfix`` values are shown with the count (safe to
+        call from several threads)."""
+        with self._lock:
+            self.n += n
+            self._postfix = postfix
+            if self._bar is not None:
+                if postfix:
+                    self._bar.set_postfix(postfix, refresh=False)
+                self._bar.update(n)
+            elif self._lines and self.n - self._last_line >= self._every:
+                self._write_line()
 
     def _write_line(self) -> None:
         self._last_line = self.n

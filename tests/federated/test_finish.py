@@ -112,3 +112,31 @@ def test_final_model_counts_and_their_words():
     )
     with pytest.raises(InvalidParameterError, match="auto_counts"):
         final_model_counts("auto", 7)
+
+
+def test_concurrent_blocks_and_their_scores_equal_one_block_after_another():
+    """``workers``: blocks finished in threads give the same models, choices and scores as one
+    after another; ``score``: the scores are those of evaluating the models afterwards."""
+    from privmtl.federated.algorithms import evaluate
+
+    ds, net, trained, board = _inputs(m=11)
+    dim = sum(p.numel() for p in board.values())
+    plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3)
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan, "block": 3}
+    score = {"personalized": (trained, True), "global": (board, False)}
+    one = finish_clients("auto", ds, net, trained, board, score=score, **kw)
+    two = finish_clients("auto", ds, net, trained, board, score=score, workers=3, **kw)
+    for n, p in one.params.items():
+        assert torch.equal(two.params[n], p), n
+    assert two.choice.tolist() == one.choice.tolist()
+    assert two.scores == one.scores and set(one.scores) == {"val", "test"}
+    buffers = dict(net.named_buffers())
+    for split in ("val", "test"):
+        xs, ys = ds.split(split)
+        final = evaluate(net, one.params, buffers, xs, ys, personalized=True)
+        glob = evaluate(net, board, buffers, xs, ys, personalized=False)
+        for key in ("accuracy", "mean_client_accuracy", "n"):
+            assert one.scores[split]["final"][key] == final[key]
+            assert one.scores[split]["global"][key] == glob[key]
+    with pytest.raises(InvalidParameterError, match="'workers'"):
+        finish_clients("auto", ds, net, trained, board, workers=0, **kw)

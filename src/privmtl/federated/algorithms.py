@@ -342,13 +342,33 @@ class BlockScores:
 
     def add(self, name: str, params: Params, personalized: bool, piece: FederatedDataset) -> None:
         """Score ``params`` (stacked for ``piece``'s clients when ``personalized``) on ``piece``."""
-        if name not in self._names:
-            self._names.append(name)
+        self.keep(self.score(name, params, personalized, piece))
+
+    def score(
+        self,
+        name: str,
+        params: Params,
+        personalized: bool,
+        piece: FederatedDataset,
+        model: nn.Module | None = None,
+    ) -> list[tuple[str, str, tuple[np.ndarray, np.ndarray, float]]]:
+        """:meth:`add`'s scores without keeping them (blocks scored concurrently are kept in
+        their order with :meth:`keep`); ``model``: a copy of the architecture to compute with
+        (a thread's own: scoring swaps a module's parameters)."""
+        net = self.model if model is None else model
+        out = []
         for split in self.splits:
             xs, ys = piece.split(split)
-            self._parts.setdefault((split, name), []).append(
-                _correct_and_loss(self.model, params, self.buffers, xs, ys, personalized, 256)
-            )
+            part = _correct_and_loss(net, params, self.buffers, xs, ys, personalized, 256)
+            out.append((split, name, part))
+        return out
+
+    def keep(self, scored: list[tuple[str, str, tuple[np.ndarray, np.ndarray, float]]]) -> None:
+        """Keep the scores of one block (:meth:`score`), after those kept before."""
+        for split, name, part in scored:
+            if name not in self._names:
+                self._names.append(name)
+            self._parts.setdefault((split, name), []).append(part)
 
     def summary(self) -> dict[str, dict[str, dict[str, float]]]:
         """``{split: {name: evaluate(...)}}`` over every block added."""

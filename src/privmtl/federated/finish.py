@@ -24,6 +24,7 @@ client ends with the same model. Post-processing of the releases: the guarantee 
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import BlockScores, Params, block_rows
-from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
+from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks, concurrent_blocks
 from privmtl.federated.finetune import FINETUNE_METHODS as _FINETUNE_RULES
 from privmtl.privacy.release import billboard_carries_signal, billboard_noise_and_bound
 
@@ -196,6 +197,7 @@ def finish_clients(
     progress: bool = False,
     device: str = "cpu",
     score: Mapping[str, tuple[Params, bool]] | None = None,
+    workers: int = 1,
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -244,6 +246,9 @@ def finish_clients(
         models (stacked ``(m, ...)`` when personalized), block by block while each block's data
         are at hand (:class:`~privmtl.federated.algorithms.BlockScores`): the scores are
         :func:`~privmtl.federated.algorithms.evaluate`'s, in :attr:`ClientFinish.scores`.
+    workers : int, default 1
+        Blocks computed at once on the CPU (threads, one torch thread each:
+        :func:`~privmtl.federated.blocks.concurrent_blocks`); the results do not depend on it.
     """
     check_choice("finetune", finetune, ("none", "auto", *_FINETUNE_RULES))
     block = check_int("block", block, low=1)
@@ -271,8 +276,9 @@ def finish_clients(
     try:
         with one_thread_per_worker():
             fin = _finish_all(
-                finetune, dataset, model, trained, billboard, client_index, block, kw, book
-            )
+                finetune, dataset, model, trained, billboard, client_index, block, kw, book,
+                check_int("workers", workers, low=1) if device == "cpu" else 1,
+            )  # fmt: skip
     finally:
         bar.close()
     if book is not None:
@@ -288,13 +294,30 @@ class _Book:
     others: dict[str, tuple[Params, bool]]
     seconds: float = 0.0
 
-    def add(self, final: Params, piece: FederatedDataset, pos: np.ndarray | None) -> None:
+    def score(
+        self,
+        final: Params,
+        piece: FederatedDataset,
+        pos: np.ndarray | None,
+        model: nn.Module | None = None,
+    ) -> _Scored:
+        """The scores of one block's final and other models (``pos``: the block's positions,
+        None for the whole population; ``model``: the thread's copy of the architecture), and
+        the seconds they took."""
         t0 = time.perf_counter()
-        self.scores.add("final", final, True, piece)
+        out = self.scores.score("final", final, True, piece, model)
         for name, (params, personal) in self.others.items():
             own = block_rows(params, pos) if personal and pos is not None else params
-            self.scores.add(name, own, personal, piece)
-        self.seconds += time.perf_counter() - t0
+            out += self.scores.score(name, own, personal, piece, model)
+        return out, time.perf_counter() - t0
+
+    def keep(self, scored: _Scored) -> None:
+        """Keep one block's scores, after the blocks before it."""
+        self.scores.keep(scored[0])
+        self.seconds += scored[1]
+
+
+_Scored = tuple[list[tuple[str, str, tuple[np.ndarray, np.ndarray, float]]], float]
 
 
 def _finish_all(
@@ -307,35 +330,46 @@ def _finish_all(
     block: int,
     kw: dict[str, Any],
     book: _Book | None = None,
+    workers: int = 1,
 ) -> ClientFinish:
-    """:func:`finish_clients`'s blocks, one after another (each scored into ``book``)."""
+    """:func:`finish_clients`'s blocks (each scored into ``book``), ``workers`` at a time."""
     from privmtl.federated.finetune import check_client_index
 
     m = dataset.n_clients
     if m <= block:
         fin = _finish_block(finetune, dataset, model, trained, billboard, client_index, **kw)
         if book is not None:
-            book.add(fin.params, dataset, None)
+            book.keep(book.score(fin.params, dataset, None))
         return fin
     index = check_client_index(client_index, m)  # one block at a time, population indices
+    local = threading.local()
+
+    def one(pos: np.ndarray) -> tuple[ClientFinish, _Scored | None]:
+        net = getattr(local, "net", None)
+        if net is None:  # computing swaps a module's parameters: one module per thread
+            net = model if threading.current_thread() is threading.main_thread() else None
+            local.net = net = copy.deepcopy(model) if net is None else net
+        part = dataset.subset(pos.tolist())
+        piece = _finish_block(
+            finetune, part, net, block_rows(trained, pos), billboard, index[pos].tolist(), **kw
+        )
+        return piece, None if book is None else book.score(piece.params, part, pos, net)
+
+    blocks = list(client_blocks(m, block))
     params: Params = {}
     choices: list[np.ndarray] = []
     piece = ClientFinish({})
-    for pos in client_blocks(m, block):
-        rows = torch.from_numpy(pos)
-        part = dataset.subset(pos.tolist())
-        piece = _finish_block(
-            finetune, part, model, {n: p.index_select(0, rows) for n, p in trained.items()},
-            billboard, index[pos].tolist(), **kw,
-        )  # fmt: skip
-        if book is not None:
-            book.add(piece.params, part, pos)
-        if not params:
-            params = {n: p.new_empty((m, *p.shape[1:])) for n, p in piece.params.items()}
-        for n, p in piece.params.items():
-            params[n][rows] = p
-        if piece.choice is not None:
-            choices.append(piece.choice)
+    with concurrent_blocks(workers, len(blocks)) as run:
+        for pos, (piece, scored) in zip(blocks, run(one, blocks), strict=True):
+            if book is not None and scored is not None:
+                book.keep(scored)  # in the blocks' order, whatever finished first
+            if not params:
+                params = {n: p.new_empty((m, *p.shape[1:])) for n, p in piece.params.items()}
+            rows = torch.from_numpy(pos)
+            for n, p in piece.params.items():
+                params[n][rows] = p
+            if piece.choice is not None:
+                choices.append(piece.choice)
     choice = np.concatenate(choices) if choices else None
     return ClientFinish(params, choice, piece.plan, piece.grids)
 
