@@ -997,7 +997,7 @@ def _finetune_auto(
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
         lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
-        device=cfg.device, score=others, workers=int(cfg.threads),
+        device=cfg.device, score=others,
     )  # fmt: skip
     assert fin.choice is not None and fin.scores is not None
     if score_trained:  # the trained models' scores, from the same pass
