@@ -78,3 +78,17 @@ def test_bad_input_names_the_parameter() -> None:
     mt = np.random.Generator(np.random.MT19937(0))
     with pytest.raises(InvalidParameterError, match=r"'random_state'.*PCG64.*MT19937"):
         SyntheticFederation(n_clients=3, random_state=mt)
+
+
+def test_take_of_a_data_set_in_memory() -> None:
+    ds = make_synthetic_federated(n_clients=12, random_state=0)
+    x, y, off = ds.take([4, 1])
+    assert torch.equal(x, torch.cat([ds.train_x[4], ds.train_x[1]]))
+    assert torch.equal(y, torch.cat([ds.train_y[4], ds.train_y[1]]))
+    assert off.tolist() == [0, len(ds.train_y[4]), len(ds.train_y[4]) + len(ds.train_y[1])]
+    x0, y0, off0 = ds.take([], "test")
+    assert x0.shape == (0, ds.n_features) and y0.shape == (0,) and off0.tolist() == [0]
+    with pytest.raises(InvalidParameterError, match=r"'clients'.*\[0, 12\).*got -1"):
+        ds.take([-1])
+    with pytest.raises(InvalidParameterError, match="'split'"):
+        ds.take([0], "dev")
