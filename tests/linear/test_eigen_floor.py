@@ -16,6 +16,7 @@ from privmtl.linear.eigen_floor import (
     VOTE_SHARE,
     estimation_noise_edge,
     floored_shift,
+    median_winner,
 )
 from privmtl.linear.mpmtl import MPMTLGroupSparse, MPMTLLowRank
 from privmtl.privacy.covariance import plan_covariance_releases, reserve_share
@@ -110,7 +111,7 @@ def test_the_vote_reports_the_grid_the_winner_and_the_counts():
     assert f["floor"] in f["candidates"] and set(f["candidates"]) <= set(FLOOR_GRID)
     assert len(f["noisy_counts"]) == len(f["candidates"]) >= 2
     winner = f["candidates"].index(f["floor"])
-    assert int(np.argmax(f["noisy_counts"])) == winner
+    assert f["rule"] == "median" and median_winner(f["noisy_counts"]) == winner
     edge = estimation_noise_edge(1.0, 40, 6)
     assert f["edge"] == pytest.approx(edge)
     assert f["cut"] == pytest.approx(max(f["privacy_cut"], f["floor"] * edge))
@@ -149,6 +150,15 @@ def test_a_fixed_floor_cuts_at_the_larger_of_the_two():
     assert len(est.ledger_.records) == 1
 
 
+def test_the_median_of_an_ordered_histogram():
+    """A plurality would elect τ = 0 here; most tasks want a floor: the median is the next."""
+    assert median_winner([48.4, 43.3, 41.0]) == 1
+    assert median_winner([27.7, 32.4, 77.9]) == 2
+    assert median_winner([64.9, 59.2]) == 0
+    assert median_winner([-3.0, 10.0, -1.0]) == 1
+    assert median_winner([-1.0, -2.0]) == 0
+
+
 def test_floored_shift():
     assert floored_shift(-3.0, 0.0) == -3.0 and floored_shift(None, 0.0) is None
     assert floored_shift(-3.0, 5.0) == -5.0 and floored_shift(-7.0, 5.0) == -7.0
@@ -181,6 +191,7 @@ def test_a_seeded_resume_replays_the_vote_without_charging_it(tmp_path):
         ({"eigen_floor": 1.0, "eigen_fix": "shift"}, "eigen_floor"),
         ({"floor_grid": []}, "floor_grid"),
         ({"floor_grid": [0.0, -1.0]}, "floor_grid"),
+        ({"floor_grid": [1.0, 0.5]}, "floor_grid"),
         ({"vote_share": 1.0}, "vote_share"),
         ({"vote_share": 0.0}, "vote_share"),
     ],

@@ -31,9 +31,12 @@ guarantee:
    samples: the least validation loss over its own ridge weights (:func:`~privmtl.linear.local.
    ridge_cv_losses`, leave-one-out for the squared loss). No candidate costs a release.
 3. **Vote** (:class:`~privmtl.privacy.selection.ClientVote`). Every task votes for its best
-   candidate (ties: the smaller floor); the histogram gets Gaussian noise, is recorded in the
-   run's ledger (write-ahead, ``mechanism="client-vote"``) and its argmax is the floor every task
-   refits with. Given the release, one task moves one count by 1, so the vote is a Gaussian
+   candidate (ties: the smaller floor); the histogram gets Gaussian noise and is recorded in the
+   run's ledger (write-ahead, ``mechanism="client-vote"``). The floor every task refits with is
+   the **median** of the noisy histogram (:func:`median_winner`; post-processing): the
+   candidates are ordered (a larger floor keeps a subset of the directions), and a plurality
+   splits the tasks that want a floor among its neighbouring values (counts 48, 43, 41 elect
+   τ = 0 though 84 of 132 tasks want more). Given the release, one task moves one count by 1, so the vote is a Gaussian
    mechanism of sensitivity 1 composed adaptively with the releases.
 
 A non-private run (``epsilon=None``) takes the exact vote (no noise; its ε is ∞ already).
@@ -66,6 +69,7 @@ __all__ = [
     "FloorPlan",
     "estimation_noise_edge",
     "floored_shift",
+    "median_winner",
     "plan_floor",
     "refit_metric",
 ]
@@ -89,6 +93,15 @@ FLOOR_VOTE_ID = "floor-vote:0"
 def estimation_noise_edge(clip: float, n_tasks: int, dim: int) -> float:
     """``e = K² (√m + √d)² / d``: the top eigenvalue of m random clipped models' ``W̃W̃ᵀ``."""
     return float(clip**2 * (math.sqrt(n_tasks) + math.sqrt(dim)) ** 2 / dim)
+
+
+def median_winner(noisy_counts: Sequence[float]) -> int:
+    """The weighted median of an ordered noisy histogram: the first candidate whose cumulative
+    count reaches half the total (negative noisy counts read as 0; all zero: candidate 0)."""
+    c = np.maximum(np.asarray(noisy_counts, dtype=np.float64), 0.0)
+    if not c.sum() > 0:
+        return 0
+    return int(np.searchsorted(np.cumsum(c), 0.5 * c.sum()))
 
 
 def floored_shift(shift: float | None, cut_floor: float) -> float | None:
@@ -283,10 +296,12 @@ def refit_metric(
         delta=delta,
         accountant=accountant,
     )
-    tau = plan.grid[plan.candidates[res.winner]]
+    winner = median_winner(res.noisy_counts)
+    tau = plan.grid[plan.candidates[winner]]
     info.update(
         floor=tau,
         cut=_cut(shift, tau * plan.edge),
+        rule="median",
         candidates=[plan.grid[c] for c in plan.candidates],
         candidate_cuts=[_cut(shift, plan.grid[c] * plan.edge) for c in plan.candidates],
         noisy_counts=list(res.noisy_counts),
@@ -294,7 +309,7 @@ def refit_metric(
         vote_epsilon=vote.epsilon(delta, accountant=accountant),
         abstained=int(np.sum(votes < 0)),
     )
-    return metrics[res.winner], rhos[res.winner], info
+    return metrics[winner], rhos[winner], info
 
 
 def _cut(shift: float | None, cut_floor: float) -> float:
@@ -303,14 +318,19 @@ def _cut(shift: float | None, cut_floor: float) -> float:
 
 
 def check_grid(grid: Any) -> tuple[float, ...]:
-    """Validate a floor grid: a sequence of at least one finite number ≥ 0."""
+    """Validate a floor grid: a strictly increasing sequence of finite numbers ≥ 0 (the vote's
+    median needs the candidates in the order of their cuts)."""
     try:
         values = tuple(float(g) for g in grid)
     except (TypeError, ValueError):
         values = ()
-    if not values or not all(math.isfinite(g) and g >= 0 for g in values):
+    if (
+        not values
+        or not all(math.isfinite(g) and g >= 0 for g in values)
+        or (list(values) != sorted(set(values)))
+    ):
         raise InvalidParameterError(
-            "The 'floor_grid' parameter must be a non-empty sequence of finite numbers >= 0 "
-            f"(multiples of the estimation-noise edge); got {grid!r}."
+            "The 'floor_grid' parameter must be a non-empty, strictly increasing sequence of finite "
+            f"numbers >= 0 (multiples of the estimation-noise edge); got {grid!r}."
         )
     return values
