@@ -23,7 +23,7 @@ def test_the_vote_is_in_the_json_and_the_durable_ledger(capsys, tmp_path):
                          "--checkpoint-dir", str(ck)])  # fmt: skip
     floor = out["eigen_floor"]
     assert floor["mode"] == "vote" and floor["floor"] in floor["candidates"]
-    assert floor["grid"] == [0.0, 0.5, 1.0, 2.0] and floor["vote_share"] == 0.1
+    assert floor["grid"] == [0.0, 0.5, 1.0, 2.0] and floor["vote_share"] == 0.05
     assert 0 < floor["vote_epsilon"] < out["epsilon"] <= 10.0
     assert out["params"]["eigen_floor"] == "vote"
     # privmtl ledger re-accounts the durable ledger: the release and the vote, the same ε

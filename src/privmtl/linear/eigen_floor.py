@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -83,7 +83,7 @@ FLOOR_GRID: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
 #: τ when no vote is held (and the first candidate, which wins the tasks' ties): the privacy cut.
 DEFAULT_FLOOR = 0.0
 #: The vote's share of the run's budget (of the precision of its Gaussian releases).
-VOTE_SHARE = 0.1
+VOTE_SHARE = 0.05
 #: A vote is held only when its noise std is at most m / VOTE_SIGNAL.
 VOTE_SIGNAL = 4.0
 #: Ledger id of the floor vote.
@@ -148,7 +148,6 @@ class FloorPlan:
     share: float = 0.0
     relation: str = "add-remove"
     reason: str = ""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def vote(self) -> ClientVote:
         """The vote's mechanism."""

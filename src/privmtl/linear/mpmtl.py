@@ -228,6 +228,20 @@ _COMMON_PARAMS_DOC = """
         or ``covariance="WtW"`` (pass ``refit_lam=None`` there).
     refit_floor : float, default=1e-3
         ``tau = refit_floor * K * sqrt(m)`` (``K sqrt(m)`` bounds ``sqrt(Lambda)``), so that ``D > 0``.
+    eigen_floor : "vote" or float >= 0, default="vote"
+        Low-rank refit only: the refit keeps the eigen-directions of the release above
+        ``max(2 sigma sqrt(d), eigen_floor * e)`` with ``e = K^2 (sqrt(m) + sqrt(d))^2 / d``, the
+        top eigenvalue of m random clipped models (:mod:`privmtl.linear.eigen_floor`). A number
+        fixes the floor (0: the privacy cut alone). ``"vote"``: the tasks choose it from
+        ``floor_grid`` by a noisy vote recorded in the ledger (each task scores every distinct cut
+        of the same release on its own samples; the median of the noisy counts wins), which takes
+        ``vote_share`` of the budget from the releases so that ε stays the target; no vote, and
+        the floor 0, where the grid's floors are all under the privacy cut or the vote's noise
+        would exceed m/4. ``eigen_floor_`` describes the choice.
+    floor_grid : sequence of float, default=(0.0, 0.5, 1.0, 2.0)
+        The public grid of the vote (multiples of ``e``; strictly increasing).
+    vote_share : float in (0, 1), default=0.05
+        The vote's share of the budget (of the precision of the Gaussian releases).
     init : {"zeros", "stl"} or array of shape (d, m), default="stl"
         Initial task models W^(0). ``"stl"``: every task's own ridge solution
         ``argmin L_i(w) + ((init_alpha + mu)/2)||w||^2`` (local, no privacy cost; the paper allows
@@ -286,6 +300,12 @@ _FITTED_DOC = """
         Every task's ridge weight of the ``"stl"`` start (None for other starts).
     refit_lam_ : ndarray of shape (m,) or None
         Every task's refit weight (None without the refit).
+    eigen_floor_ : dict or None
+        The low-rank refit's floor: ``mode`` ("vote" or "fixed"), ``grid``, ``edge``,
+        ``privacy_cut``, ``floor`` and ``cut`` used, ``vote_share``, ``vote_epsilon`` (the vote's
+        own ε, 0 without a vote), ``reason``; with a vote also ``candidates``,
+        ``candidate_cuts``, ``noisy_counts``, ``vote_noise_std``, ``rule`` and ``abstained``.
+        None where the floor does not apply (no low-rank refit).
     step_size_ : ndarray of shape (m,)
         η_i used by every task.
     lipschitz_ : ndarray of shape (m,)

@@ -121,7 +121,7 @@ class MPMTLSpec:
         Stop before the release that would take ε above this budget (MP-MTL estimators).
     checkpoint_every : int, default 1
         Iterations between checkpoints (when the run checkpoints).
-    eigen_floor : "vote" or float >= 0, default 0.0
+    eigen_floor : "vote" or float >= 0, default "vote"
         Floor τ of the low-rank refit's eigenvalue cut, in multiples of the estimation-noise edge
         (:mod:`privmtl.linear.eigen_floor`): ``"vote"`` lets the tasks choose it from a public
         grid by a recorded vote charged to ε (when it can matter and carry signal); a number fixes
@@ -142,7 +142,7 @@ class MPMTLSpec:
     noise_source: str = "secure"
     budget_epsilon: float | None = None
     checkpoint_every: int = 1
-    eigen_floor: float | str = 0.0
+    eigen_floor: float | str = FLOOR_VOTE
 
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         "tune": Options(TUNE_MODES),
