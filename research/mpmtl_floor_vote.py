@@ -34,7 +34,7 @@ from _common import RESULTS
 
 from privmtl.data.registry import data_protocol, load_mpmtl_data, target_offsets
 from privmtl.linear.common import PreparedTasks
-from privmtl.linear.eigen_floor import FLOOR_GRID, floored_shift, median_winner
+from privmtl.linear.eigen_floor import FLOOR_GRID, VOTE_SHARE, floored_shift, median_winner
 from privmtl.linear.local import (
     local_ridge,
     refit_with_metric,
@@ -47,6 +47,7 @@ from privmtl.linear.mpmtl import MPMTLLowRank
 OUT = RESULTS / "mpmtl_floor_vote.jsonl"
 EPSILONS = (0.01, 0.1, 0.3, 1.0, 3.0, 10.0)
 FIXED_AT = (3.0, 10.0)
+SECURE_AT = (0.01, 10.0)
 
 
 def candidate_models(est, batch, tau, edge, seed, test):
@@ -63,7 +64,10 @@ def candidate_models(est, batch, tau, edge, seed, test):
     return [x @ W[:, i] for i, x in enumerate(test.X)]
 
 
-def run(data: str, seeds: int) -> None:
+def run(data: str, seeds: int, *, share: float | None = None, secure: bool = False) -> None:
+    """The main measurement; ``share``: only the vote with that share, at ε in FIXED_AT
+    (variant ``vote share S``); ``secure``: only the default vote with secure noise at ε in
+    SECURE_AT (variant ``vote secure``)."""
     scaling, _ = data_protocol(data, "auto", None, method="lowrank")
     for seed in range(seeds):
         train, test = load_mpmtl_data(data, seed=seed, method="lowrank")
@@ -84,22 +88,29 @@ def run(data: str, seeds: int) -> None:
         batch = PreparedTasks(Xs, ys, loss="squared").batch
         rho = select_ridge_per_task(batch, "squared", seed=seed)
         W = local_ridge(batch, "squared", rho)
-        emit(
-            {
-                "variant": "stl",
-                "eps": None,
-                "nmse": score([x @ W[:, i] for i, x in enumerate(test.X)]),
-            }
-        )
-        for eps in EPSILONS:
+        if share is None and not secure:
+            emit(
+                {
+                    "variant": "stl",
+                    "eps": None,
+                    "nmse": score([x @ W[:, i] for i, x in enumerate(test.X)]),
+                }
+            )
+        for eps in SECURE_AT if secure else FIXED_AT if share is not None else EPSILONS:
             variants = [("today", 0.0), ("vote", "vote")]
             if eps in FIXED_AT:
                 variants += [(f"fixed {g:g}", g) for g in FLOOR_GRID if g > 0]
+            kw: dict = {"noise_source": "seeded"}
+            if share is not None:
+                variants, kw["vote_share"] = [(f"vote share {share:g}", "vote")], share
+            if secure:
+                variants = [(f"vote secure share {VOTE_SHARE:g}", "vote")]
+                kw["noise_source"] = "secure"
             for name, floor in variants:
                 t0 = time.time()
-                est = MPMTLLowRank(
-                    epsilon=eps, random_state=seed, noise_source="seeded", eigen_floor=floor
-                ).fit(Xs, ys)
+                est = MPMTLLowRank(epsilon=eps, random_state=seed, eigen_floor=floor, **kw).fit(
+                    Xs, ys
+                )
                 row = {
                     "variant": name,
                     "eps": eps,
@@ -135,17 +146,22 @@ def table() -> None:
         eps_cols = [e for e in EPSILONS if ("today", e) in cells]
         print("| variant | " + " | ".join(f"ε = {e:g}" for e in eps_cols) + " |")
         print("|---" * (len(eps_cols) + 1) + "|")
-        names = ["today", "vote"] + [f"fixed {g:g}" for g in FLOOR_GRID if g > 0]
+        others = sorted({n for n, _ in cells if n.startswith("vote ")})
+        names = ["today", "vote", *others] + [f"fixed {g:g}" for g in FLOOR_GRID if g > 0]
         for name in names:
             out = []
             for e in eps_cols:
                 v = cells.get((name, e))
                 out.append(
-                    f"{np.mean(v):.4f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.4f}"
-                    if v
-                    else "= today"
+                    f"{np.mean(v):.4f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.4f}" if v else "–"
                 )
             print(f"| {name} | " + " | ".join(out) + " |")
+        v = cells.get(("mtl-trace", None))
+        if v:
+            print(
+                f"| mtl-trace (non-private, n = {len(v)}) | {np.mean(v):.4f} ± "
+                f"{np.std(v, ddof=1) if len(v) > 1 else 0:.4f} (any ε) |"
+            )
         v = cells[("stl", None)]
         print(f"| stl | {np.mean(v):.4f} ± {np.std(v, ddof=1) if len(v) > 1 else 0:.4f} (any ε) |")
         print("\nvote winners (τ, multiples of the edge) where a vote was held:")
@@ -190,13 +206,28 @@ def main() -> None:
     ap.add_argument("--table", action="store_true")
     ap.add_argument("--data", default="both", help="school, synthetic-lowrank or both")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--share", type=float, help="only the vote with this share, ε in {3, 10}")
+    ap.add_argument("--secure", action="store_true", help="only the vote, secure noise")
+    ap.add_argument(
+        "--mtl-seeds", type=int, nargs="*", help="only non-private trace-norm MTL on these seeds"
+    )
     args = ap.parse_args()
     if args.table:
         table()
         return
     OUT.parent.mkdir(parents=True, exist_ok=True)
+    if args.mtl_seeds is not None:
+        from privmtl.experiments.mpmtl import run_mpmtl
+
+        for seed in args.mtl_seeds:
+            r = run_mpmtl(data=args.data, method="mtl-trace", seed=seed)
+            row = {"data": args.data, "seed": seed, "variant": "mtl-trace", "eps": None}
+            with OUT.open("a") as f:
+                f.write(json.dumps({**row, "nmse": r["nmse"]}) + "\n")
+            print(row, r["nmse"], flush=True)
+        return
     for data in ("school", "synthetic-lowrank") if args.data == "both" else (args.data,):
-        run(data, args.seeds)
+        run(data, args.seeds, share=args.share, secure=args.secure)
 
 
 if __name__ == "__main__":
