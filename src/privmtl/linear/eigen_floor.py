@@ -35,9 +35,10 @@ guarantee:
    run's ledger (write-ahead, ``mechanism="client-vote"``). The floor every task refits with is
    the **median** of the noisy histogram (:func:`median_winner`; post-processing): the
    candidates are ordered (a larger floor keeps a subset of the directions), and a plurality
-   splits the tasks that want a floor among its neighbouring values (counts 48, 43, 41 elect
-   τ = 0 though 84 of 132 tasks want more). Given the release, one task moves one count by 1, so the vote is a Gaussian
-   mechanism of sensitivity 1 composed adaptively with the releases.
+   splits the tasks that want a floor among its neighbouring values (counts 48, 43, 41 over
+   τ = 0, 1, 2 elect τ = 0 by plurality, τ = 1 by the median). Given the release, one task moves
+   one count by 1, so the vote is a Gaussian mechanism of sensitivity 1 composed adaptively with
+   the releases.
 
 A non-private run (``epsilon=None``) takes the exact vote (no noise; its ε is ∞ already).
 """
