@@ -72,6 +72,34 @@ def test_covariance_release_goes_through_the_tape():
     np.testing.assert_array_equal(again, first)
 
 
+def test_the_floor_vote_goes_through_the_tape():
+    """MP-MTL low-rank with the refit's floor vote held (ε = 10, 40 tasks): task 0's data
+    replaced, the covariance release and the vote's noisy counts replayed from the first run;
+    every other task's model is the same bit for bit (its vote, its scores and its refit read
+    only its own data and the releases)."""
+    from privmtl.linear.mpmtl import MPMTLLowRank
+
+    rng = np.random.default_rng(0)
+    basis = np.linalg.qr(rng.standard_normal((6, 2)))[0]
+    Xs = [rng.standard_normal((25, 6)) / 3 for _ in range(40)]
+    ys = [x @ basis @ rng.standard_normal(2) + 0.3 * rng.standard_normal(25) for x in Xs]
+
+    def fit(X0, y0, seed):
+        est = MPMTLLowRank(epsilon=10.0, random_state=seed, noise_source="seeded")
+        return est.fit([X0, *Xs[1:]], [y0, *ys[1:]])
+
+    with release_tape(ReleaseTape("record")) as tape:
+        a = fit(Xs[0], ys[0], 0)
+    assert a.eigen_floor_["mode"] == "vote" and len(tape.values) == 2
+    other = np.ones((25, 6)) / 6**0.5, 5.0 * np.ones(25)
+    with release_tape(tape.replay()) as replay:
+        b = fit(*other, 1)
+    assert replay.position == 2
+    assert b.eigen_floor_["noisy_counts"] == a.eigen_floor_["noisy_counts"]
+    np.testing.assert_array_equal(b.coef_[:, 1:], a.coef_[:, 1:])
+    assert not np.array_equal(b.coef_[:, 0], a.coef_[:, 0])
+
+
 def test_tape_mode_is_validated():
     with pytest.raises(Exception, match="'mode'"):
         ReleaseTape("play")

@@ -33,7 +33,8 @@ Output paths that need the command line (``privmtl pmtl`` and ``privmtl mpmtl`` 
 ``--save-models`` files) are run through a ``run_command`` callable that the CLI passes in (this
 module sits below the CLI); without it those checks are skipped.
 
-Not covered: the DP-MTRL and DP-AGGR baselines (their output perturbation does not go through
+The tape also replays a :class:`~privmtl.privacy.selection.ClientVote`'s noisy counts (MP-MTL
+low-rank's floor vote is such a release). Not covered: the DP-MTRL and DP-AGGR baselines (their output perturbation does not go through
 :func:`~privmtl.audit.tape.release_tape`, so it cannot be replayed) and the sweeps' selection.
 """
 

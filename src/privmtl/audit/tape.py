@@ -28,6 +28,7 @@ from unittest import mock
 from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.covariance import CovarianceSchedule
 from privmtl.privacy.release import GaussianMeanRelease, Release
+from privmtl.privacy.selection import ClientVote, VoteResult
 
 __all__ = ["ReleaseTape", "release_tape"]
 
@@ -102,6 +103,18 @@ def _covariance_release(tape: ReleaseTape, original: Callable[..., Any]) -> Call
     return taped
 
 
+def _vote_release(tape: ReleaseTape, original: Callable[..., VoteResult]) -> Callable[..., Any]:
+    """A client vote whose noisy counts (and so its winner) go through ``tape``."""
+
+    def taped(self: ClientVote, *args: Any, **kw: Any) -> VoteResult:
+        out = original(self, *args, **kw)
+        counts = tuple(float(c) for c in tape(list(out.noisy_counts)))
+        winner = max(range(len(counts)), key=lambda j: (counts[j], -j))  # argmax, first on ties
+        return dataclasses.replace(out, noisy_counts=counts, winner=winner)
+
+    return taped
+
+
 @contextlib.contextmanager
 def release_tape(tape: ReleaseTape) -> Iterator[ReleaseTape]:
     """Route every release's value through ``tape`` while the context is active.
@@ -115,6 +128,7 @@ def release_tape(tape: ReleaseTape) -> Iterator[ReleaseTape]:
         (GaussianMeanRelease, "release_sum", _mean_release),
         (GaussianMeanRelease, "release_blocks", _block_release),
         (CovarianceSchedule, "noisy", _covariance_release),
+        (ClientVote, "select", _vote_release),
     )
     with contextlib.ExitStack() as stack:
         for owner, name, wrap in wraps:

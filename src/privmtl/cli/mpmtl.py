@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from privmtl.experiments.mpmtl_sweep import (
     SWEEP_TUNE_MODES,
 )
 from privmtl.io import check_writable_dir
+from privmtl.linear.eigen_floor import FLOOR_GRID, FLOOR_VOTE, VOTE_SHARE
 from privmtl.linear.selection import FINAL_STEPS
 from privmtl.linear.spec import DEFAULT_ITERATIONS, NOISES, SPEC
 from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
@@ -70,6 +72,43 @@ _final_opt = click.option(
 )
 
 
+class _FloorType(click.ParamType):
+    """``--eigen-floor``: ``vote`` or a number >= 0 (checked against the spec's constraint)."""
+
+    name = "vote|FLOAT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == FLOOR_VOTE or isinstance(value, float | int):
+            return value
+        try:
+            number = float(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither 'vote' nor a number.", param, ctx)
+        if not (math.isfinite(number) and number >= 0):
+            self.fail(
+                f"The 'eigen_floor' parameter must be 'vote' or a real number in [0, inf); got "
+                f"{value}.",
+                param,
+                ctx,
+            )
+        return number
+
+
+_floor_opt = click.option(
+    "--eigen-floor",
+    type=_FloorType(),
+    default=SPEC.eigen_floor,
+    show_default=True,
+    help="Low-rank refit: floor of the eigenvalue cut, in multiples of the estimation-noise edge "
+    "K^2(sqrt(m)+sqrt(d))^2/d. vote: the tasks choose it from {"
+    + ", ".join(f"{g:g}" for g in FLOOR_GRID)
+    + "} by a recorded noisy vote that takes "
+    + f"{VOTE_SHARE:g}"
+    + " of the budget (epsilon stays the target), held only where a floor can change the cut "
+    "and the vote can carry signal; a number fixes it (0: the privacy cut 2*sigma*sqrt(d) "
+    "alone, the behaviour before the vote).",
+)
+
 _reproducible_opt = click.option(
     "--reproducible-noise",
     is_flag=True,
@@ -91,6 +130,12 @@ def _human(out: dict[str, Any]) -> None:
     click.echo(f"tuning ({out['tune']}): {out['tuning_note']}")
     click.echo(f"covered by the guarantee: {'yes' if out['covered'] else 'NO'}")
     click.echo(f"noise source: {out['noise_source']}")
+    floor = out.get("eigen_floor")
+    if floor is not None:
+        click.echo(
+            f"eigen floor: {floor['floor']:g} x edge {floor['edge']:.4g} -> cut "
+            f"{floor['cut']:.4g} ({floor['mode']}: {floor['reason']})"
+        )
     if out.get("stopped_on_budget"):
         click.echo(
             f"stopped on budget after {out.get('iterations_run')} iterations: "
@@ -186,6 +231,7 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--overwrite", is_flag=True, help="Let --save-models write into a folder that is not empty."
 )
+@_floor_opt
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def mpmtl(
     data: str,
@@ -208,6 +254,7 @@ def mpmtl(
     resume: bool,
     save_models: Path | None,
     overwrite: bool,
+    eigen_floor: float | str,
     as_json: bool,
     **data_opts: Any,
 ) -> None:
@@ -246,6 +293,7 @@ def mpmtl(
         checkpoint_every=checkpoint_every,
         resume=resume,
         save_models=save_models,
+        eigen_floor=eigen_floor,
     )
     echo_json(out) if as_json else _human(out)
 

@@ -314,6 +314,7 @@ def _fixed_params(
         "accountant": spec.accountant,
         "random_state": spec.seed,
         "noise_source": spec.noise_source,
+        "eigen_floor": spec.eigen_floor,
         "loss": "logistic" if classification and method != "dp-mtrl" else None,
     }
     if not search and spec.final_step == "projection" and method in _OUTPUT_RULE_METHODS:
@@ -473,6 +474,9 @@ def _report(
         "covered": guarantee.covered,
         "summary": guarantee.describe(),
     }
+    floor = getattr(est, "eigen_floor_", None)
+    if floor is not None:
+        out["eigen_floor"] = floor
     per_task = _per_task_params(est)
     if per_task:
         out["per_task_params"] = per_task
@@ -535,6 +539,7 @@ def run_mpmtl(
     checkpoint_every: int = SPEC.checkpoint_every,
     resume: bool = False,
     save_models: str | Path | None = None,
+    eigen_floor: float | str = SPEC.eigen_floor,
 ) -> dict[str, Any]:
     """Run one method at one ε and return a JSON-ready result dictionary.
 
@@ -559,6 +564,13 @@ def run_mpmtl(
     module docstring. ``"pooled"`` marks every private or single-task result ``covered: false``
     with :data:`NOT_COVERED_POOLED`.
 
+    ``eigen_floor`` (MP-MTL low-rank with the refit): the floor τ of the refit's eigenvalue cut,
+    ``"vote"`` (the default: the tasks' recorded vote over a public grid, charged to ε, where it
+    can matter and carry signal) or a fixed multiple of the estimation-noise edge
+    (:mod:`privmtl.linear.eigen_floor`); the key ``eigen_floor`` of the result describes it (the
+    grid, the candidates voted on, the winner ``floor``, the ``cut``, the ``noisy_counts``, the
+    vote's own ``vote_epsilon`` and ``vote_share``, and the ``reason`` a vote was or was not held).
+
     ``final_step`` (MP-MTL low-rank / group-sparse): the paper's projected output
     (``"projection"``) or the local variational refit (``"refit"``); ``"auto"``: the refit (the
     estimators' default) unless a pooled search chooses (:func:`privmtl.linear.selection.tune_method`).
@@ -571,7 +583,7 @@ def run_mpmtl(
 
     Keys: ``method, data, epsilon, delta, relation, sampling, accountant, nmse | auc, seconds,
     params, tuned, tune, tuning_note, guarantee, covered, n_tasks, n_features, seed, noise_source,
-    stopped_on_budget`` (and ``per_task_params``, ``iterations_run``, ``checkpoint_dir``,
+    stopped_on_budget`` (and ``eigen_floor``, ``per_task_params``, ``iterations_run``, ``checkpoint_dir``,
     ``ledger``, ``resumed_from``, ``models_dir`` when they apply) and ``phases``. ``seconds`` is
     the run's wall time, from the call to the finished result (saving the models included);
     ``phases`` its seconds by phase (:data:`~privmtl._timing.MPMTL_PHASES`: ``data``, ``setup``,
@@ -595,6 +607,7 @@ def run_mpmtl(
         noise_source=noise_source,
         budget_epsilon=budget_epsilon,
         checkpoint_every=checkpoint_every,
+        eigen_floor=eigen_floor,
     )
     with timer.phase("setup"):
         durability = _durability(spec, checkpoint_dir, resume)

@@ -31,8 +31,10 @@ from privmtl.linear.losses import TaskBatch
 
 __all__ = [
     "RIDGE_GRID",
+    "best_ridge",
     "local_ridge",
     "refit_with_metric",
+    "ridge_cv_losses",
     "select_ridge_per_task",
     "task_fold_ids",
     "variational_factor",
@@ -164,6 +166,47 @@ def _loo_squared(batch: TaskBatch, alpha: float) -> FloatArray:
     return np.asarray((r**2).sum(axis=1), dtype=np.float64)
 
 
+def ridge_cv_losses(
+    batch: TaskBatch,
+    loss: str,
+    *,
+    A: FloatArray | None = None,
+    grid: tuple[float, ...] = RIDGE_GRID,
+    n_splits: int = 5,
+    seed: int = 0,
+) -> FloatArray:
+    """Every task's own validation loss of every ridge weight in ``grid``, shape ``(len(grid), m)``.
+
+    Task i fits ``argmin_w L_i(w) + (rho/2) w^T D^-1 w`` (``D = A^2``; plain ridge when ``A`` is
+    None) for every ``rho`` in ``grid`` on its own samples only: the exact leave-one-out squared
+    error (summed) for the squared loss, the log-loss summed over ``n_splits`` folds
+    (:func:`task_fold_ids`) for the logistic loss. :func:`select_ridge_per_task` keeps each
+    column's best weight; the column's least loss scores ``A`` itself (the floor vote of
+    :mod:`privmtl.linear.eigen_floor`).
+    """
+    from dataclasses import replace
+
+    m = batch.n_tasks
+    work = batch if A is None else replace(batch, X=np.matmul(batch.X, A))
+    if loss == "squared":
+        return np.stack([_loo_squared(work, rho) for rho in grid])
+    folds = task_fold_ids(batch, n_splits, seed)
+    total = np.zeros((len(grid), m))
+    for s in range(n_splits):
+        val = (folds == s).astype(np.float64)
+        train = _restricted(work, batch.mask * (1.0 - val))
+        for g, rho in enumerate(grid):
+            V = local_ridge(train, loss, rho)
+            total[g] += _validation_loss(work, loss, V, val)
+    return total
+
+
+def best_ridge(total: FloatArray, grid: tuple[float, ...] = RIDGE_GRID) -> FloatArray:
+    """Every task's weight of least loss in a :func:`ridge_cv_losses` table (ties: the larger)."""
+    best = len(grid) - 1 - np.argmin(total[::-1], axis=0)
+    return np.asarray([grid[int(k)] for k in best], dtype=np.float64)
+
+
 def select_ridge_per_task(
     batch: TaskBatch,
     loss: str,
@@ -180,7 +223,7 @@ def select_ridge_per_task(
     the larger weight): the exact leave-one-out squared error for the squared loss (a task with
     about as many samples as features is validated far more stably this way than by k folds, whose
     training parts fall below d samples), the log-loss summed over ``n_splits`` folds for the
-    logistic loss.
+    logistic loss (:func:`ridge_cv_losses`).
     Only task i's samples, its folds (:func:`task_fold_ids`) and ``A`` (a public matrix, e.g. built
     from a private release) enter task i's choice: a per-task, covered selection.
 
@@ -189,25 +232,9 @@ def select_ridge_per_task(
     ndarray of shape (m,)
         The selected weights.
     """
-    from dataclasses import replace
-
-    m = batch.n_tasks
-    work = batch if A is None else replace(batch, X=np.matmul(batch.X, A))
-    if loss == "squared":
-        total = np.stack([_loo_squared(work, rho) for rho in grid])
-        best = len(grid) - 1 - np.argmin(total[::-1], axis=0)
-        return np.asarray([grid[int(k)] for k in best], dtype=np.float64)
-    folds = task_fold_ids(batch, n_splits, seed)
-    total = np.zeros((len(grid), m))
-    for s in range(n_splits):
-        val = (folds == s).astype(np.float64)
-        train = _restricted(work, batch.mask * (1.0 - val))
-        for g, rho in enumerate(grid):
-            V = local_ridge(train, loss, rho)
-            total[g] += _validation_loss(work, loss, V, val)
+    total = ridge_cv_losses(batch, loss, A=A, grid=grid, n_splits=n_splits, seed=seed)
     # ties (e.g. a task with too few samples for some folds) go to the larger weight
-    best = len(grid) - 1 - np.argmin(total[::-1], axis=0)
-    return np.asarray([grid[int(k)] for k in best], dtype=np.float64)
+    return best_ridge(total, grid)
 
 
 def variational_factor(

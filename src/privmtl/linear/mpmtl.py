@@ -80,6 +80,14 @@ from privmtl.linear.common import (
     resolve_delta,
     task_steps,
 )
+from privmtl.linear.eigen_floor import (
+    FLOOR_GRID,
+    FLOOR_VOTE,
+    VOTE_SHARE,
+    check_grid,
+    plan_floor,
+    refit_metric,
+)
 from privmtl.linear.local import (
     _apply_lowrank_left,
     _apply_lowrank_right,
@@ -96,6 +104,7 @@ from privmtl.privacy.curator import ReleaseCurator
 from privmtl.privacy.ledger import PrivacyLedger, warn_budget_stop
 from privmtl.privacy.mechanisms import sample_l2_laplace
 from privmtl.privacy.noise import NoiseSource, NumpySeededNoise, SecureNoise
+from privmtl.privacy.selection import VOTE_MECHANISM
 
 __all__ = [
     "CALLBACK_STAGES",
@@ -219,6 +228,20 @@ _COMMON_PARAMS_DOC = """
         or ``covariance="WtW"`` (pass ``refit_lam=None`` there).
     refit_floor : float, default=1e-3
         ``tau = refit_floor * K * sqrt(m)`` (``K sqrt(m)`` bounds ``sqrt(Lambda)``), so that ``D > 0``.
+    eigen_floor : "vote" or float >= 0, default="vote"
+        Low-rank refit only: the refit keeps the eigen-directions of the release above
+        ``max(2 sigma sqrt(d), eigen_floor * e)`` with ``e = K^2 (sqrt(m) + sqrt(d))^2 / d``, the
+        top eigenvalue of m random clipped models (:mod:`privmtl.linear.eigen_floor`). A number
+        fixes the floor (0: the privacy cut alone). ``"vote"``: the tasks choose it from
+        ``floor_grid`` by a noisy vote recorded in the ledger (each task scores every distinct cut
+        of the same release on its own samples; the median of the noisy counts wins), which takes
+        ``vote_share`` of the budget from the releases so that ε stays the target; no vote, and
+        the floor 0, where the grid's floors are all under the privacy cut or the vote's noise
+        would exceed m/4. ``eigen_floor_`` describes the choice.
+    floor_grid : sequence of float, default=(0.0, 0.5, 1.0, 2.0)
+        The public grid of the vote (multiples of ``e``; strictly increasing).
+    vote_share : float in (0, 1), default=0.05
+        The vote's share of the budget (of the precision of the Gaussian releases).
     init : {"zeros", "stl"} or array of shape (d, m), default="stl"
         Initial task models W^(0). ``"stl"``: every task's own ridge solution
         ``argmin L_i(w) + ((init_alpha + mu)/2)||w||^2`` (local, no privacy cost; the paper allows
@@ -277,6 +300,12 @@ _FITTED_DOC = """
         Every task's ridge weight of the ``"stl"`` start (None for other starts).
     refit_lam_ : ndarray of shape (m,) or None
         Every task's refit weight (None without the refit).
+    eigen_floor_ : dict or None
+        The low-rank refit's floor: ``mode`` ("vote" or "fixed"), ``grid``, ``edge``,
+        ``privacy_cut``, ``floor`` and ``cut`` used, ``vote_share``, ``vote_epsilon`` (the vote's
+        own ε, 0 without a vote), ``reason``; with a vote also ``candidates``,
+        ``candidate_cuts``, ``noisy_counts``, ``vote_noise_std``, ``rule`` and ``abstained``.
+        None where the floor does not apply (no low-rank refit).
     step_size_ : ndarray of shape (m,)
         η_i used by every task.
     lipschitz_ : ndarray of shape (m,)
@@ -847,6 +876,9 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         init_alpha: float | str = CV,
         refit_lam: float | str | None = CV,
         refit_floor: float = 1e-3,
+        eigen_floor: float | str = SPEC.eigen_floor,
+        floor_grid: Sequence[float] = FLOOR_GRID,
+        vote_share: float = VOTE_SHARE,
         random_state: Any = None,
         noise_source: str = SPEC.noise_source,
         budget_epsilon: float | None = SPEC.budget_epsilon,
@@ -877,6 +909,9 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.init_alpha = init_alpha
         self.refit_lam = refit_lam
         self.refit_floor = refit_floor
+        self.eigen_floor = eigen_floor
+        self.floor_grid = floor_grid
+        self.vote_share = vote_share
         self.random_state = random_state
         self.noise_source = noise_source
         self.budget_epsilon = budget_epsilon
@@ -907,6 +942,8 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         "init_alpha": [Options((CV,)), Interval(Real, 0.0, None, closed="neither")],
         "refit_lam": [None, Options((CV,)), Interval(Real, 0.0, None, closed="neither")],
         "refit_floor": Interval(Real, 0.0, None),
+        **spec_constraints("eigen_floor"),
+        "vote_share": Interval(Real, 0.0, 1.0, closed="neither"),
         **spec_constraints("noise_source", "budget_epsilon", "checkpoint_every"),
         "resume": Boolean(),
     }
@@ -939,7 +976,23 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                 "The 'refit_lam' parameter must be None with covariance='WtW' (the refit needs the "
                 f"d x d feature covariance); got {self.refit_lam!r}."
             )
+        p["floor_grid"] = check_grid(self.floor_grid)
+        if p["eigen_floor"] != FLOOR_VOTE and p["eigen_floor"] > 0 and not self._floor_applies(p):
+            raise InvalidParameterError(
+                "The 'eigen_floor' parameter must be 0 or 'vote' without a low-rank refit with "
+                "eigen_fix 'denoise' or 'clip' (the floor cuts the refit's eigenvalues); got "
+                f"{self.eigen_floor!r} with refit_lam={self.refit_lam!r}, "
+                f"eigen_fix={self.eigen_fix!r}, covariance={self.covariance!r}."
+            )
         return p
+
+    def _floor_applies(self, p: dict[str, Any]) -> bool:
+        """True when the run's output is a low-rank refit whose cut a floor can raise."""
+        return (
+            p["refit_lam"] is not None
+            and _strategy(self._penalty, p["covariance"]).refit_penalty == "lowrank"
+            and p["eigen_fix"] in ("denoise", "clip")
+        )
 
     # ------------------------------------------------------------------------------------ fit
     def fit(
@@ -969,6 +1022,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
     def _fit_batch(self, prepared: PreparedTasks, p: dict[str, Any]) -> None:
         self.init_alpha_: FloatArray | None = None
         self.refit_lam_: FloatArray | None = None
+        self.eigen_floor_: dict[str, Any] | None = None
         rng = check_rng(self.random_state)
         batch = prepared.batch
         m, d = batch.n_tasks, batch.n_features
@@ -996,6 +1050,18 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
 
         dim = m if p["covariance"] == "WtW" else d
         schedule = self._plan(p, delta=delta, dim=dim, alpha=alpha, Q=Q, n_tasks=m)
+        # the refit's floor: a public plan, and the budget share of its vote (eigen_floor.py)
+        floor_plan, schedule = plan_floor(
+            p["eigen_floor"],
+            grid=p["floor_grid"],
+            share=p["vote_share"],
+            schedule=schedule,
+            eigen_fix=p["eigen_fix"],
+            applicable=self._floor_applies(p),
+            n_tasks=m,
+            dim=d,
+            clip=K,
+        )
         if p["budget_epsilon"] is not None and schedule.noise != "gaussian":
             raise InvalidParameterError(
                 "The 'budget_epsilon' parameter needs releases a ledger can account (epsilon set, "
@@ -1096,8 +1162,25 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         elif p["refit_lam"] is not None:
             # local refit against the last release (post-processing + own data, see linear.local);
             # before any release the metric is the identity (single-task ridge)
+            voted: FloatArray | None = None
             if state.last_release is None or strategy.refit_penalty is None:
                 A = np.eye(d)
+            elif strategy.refit_penalty == "lowrank" and self._floor_applies(p):
+                # the floor of the cut, fixed or chosen by the tasks' recorded vote
+                A, voted, self.eigen_floor_ = refit_metric(
+                    floor_plan,
+                    Sigma=state.last_release,
+                    shift=state.last_shift,
+                    batch=batch,
+                    loss=p["loss"],
+                    refit_floor=p["refit_floor"] * K * math.sqrt(m),
+                    cv_seed=self._cv_seed(),
+                    noise=noise,
+                    ledger=ledger,
+                    delta=delta,
+                    accountant=accountant,
+                    replay_ok=noise.kind == "seeded",
+                )
             else:
                 A = variational_factor(
                     state.last_release,
@@ -1106,7 +1189,9 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                     floor=p["refit_floor"] * K * math.sqrt(m),
                 )
             rho = p["refit_lam"]
-            if rho == CV:  # every task its own weight, by CV on its own samples given A
+            if rho == CV and voted is not None:
+                rho = voted  # the weights each task chose, by CV given the winning metric
+            elif rho == CV:  # every task its own weight, by CV on its own samples given A
                 rho = select_ridge_per_task(batch, p["loss"], A=A, seed=self._cv_seed())
             self.refit_lam_ = np.broadcast_to(np.asarray(rho, dtype=np.float64), (m,)).copy()
             self.coef_ = refit_with_metric(batch, p["loss"], rho, A)
@@ -1204,22 +1289,33 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         notes = list(g.notes)
         details = dict(g.details)
         T = schedule.iterations
+        floor = self.eigen_floor_
         if schedule.noise == "gaussian":
             spent = ledger.epsilon()
+            votes = sum(r.get("mechanism") == VOTE_MECHANISM for r in ledger.records)
+            releases = len(ledger.records) - votes
             details.update(
-                planned_epsilon=g.epsilon,
-                releases=len(ledger.records),
+                planned_epsilon=g.details.get("planned_epsilon", g.epsilon),
+                releases=releases,
                 iterations_run=state.iteration,
             )
+            if floor is not None and floor["mode"] == "vote":
+                notes.append(
+                    f"the refit's eigenvalue floor was chosen by the tasks' recorded vote "
+                    f"(client-vote, noise std {floor['vote_noise_std']:.4g}, its own epsilon "
+                    f"{floor['vote_epsilon']:.4g}) among the cuts {floor['candidate_cuts']}; the "
+                    f"vote holds {floor['vote_share']:g} of the budget and the epsilon above "
+                    "composes it with the covariance releases"
+                )
             if state.stopped_on_budget:
                 notes.append(
                     f"stopped on budget: {state.iteration} of {T} planned releases made, "
                     f"epsilon spent {spent:.4g} <= budget {p['budget_epsilon']:g}; the model is "
                     "the output rule applied to the state reached"
                 )
-            if len(ledger.records) > state.iteration:
+            if releases > state.iteration:
                 notes.append(
-                    f"the ledger holds {len(ledger.records)} releases for {state.iteration} "
+                    f"the ledger holds {releases} releases for {state.iteration} "
                     "iterations: a resumed run with secure noise repeats the releases made after "
                     "its checkpoint with fresh noise, and each is charged"
                 )

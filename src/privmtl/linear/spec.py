@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 from privmtl._validation import Interval, Options, validate_params
 from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.common import PAPER_DELTA
+from privmtl.linear.eigen_floor import FLOOR_VOTE
 from privmtl.linear.selection import FINAL_STEPS, METHODS, PRIVATE_METHODS
 from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
 from privmtl.privacy.guarantee import RELATIONS
@@ -120,6 +121,11 @@ class MPMTLSpec:
         Stop before the release that would take ε above this budget (MP-MTL estimators).
     checkpoint_every : int, default 1
         Iterations between checkpoints (when the run checkpoints).
+    eigen_floor : "vote" or float >= 0, default "vote"
+        Floor τ of the low-rank refit's eigenvalue cut, in multiples of the estimation-noise edge
+        (:mod:`privmtl.linear.eigen_floor`): ``"vote"`` lets the tasks choose it from a public
+        grid by a recorded vote charged to ε (when it can matter and carry signal); a number fixes
+        it (0: the privacy cut 2σ√d alone).
     """
 
     method: str = "lowrank"
@@ -136,6 +142,7 @@ class MPMTLSpec:
     noise_source: str = "secure"
     budget_epsilon: float | None = None
     checkpoint_every: int = 1
+    eigen_floor: float | str = FLOOR_VOTE
 
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         "tune": Options(TUNE_MODES),
@@ -152,6 +159,7 @@ class MPMTLSpec:
         "noise_source": Options(NOISE_SOURCES),
         "budget_epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
         "checkpoint_every": Interval(Integral, 1, None),
+        "eigen_floor": [Options((FLOOR_VOTE,)), Interval(Real, 0.0, None)],
     }
     """The declared constraint of every setting (a list: any of these; None admits None)."""
 

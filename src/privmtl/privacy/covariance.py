@@ -25,14 +25,15 @@ models (‖w̃_i‖ ≤ K). Two noise distributions are offered:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import dp_accounting
 import numpy as np
 import scipy.linalg
 
 from privmtl._validation import check_choice, check_int, check_real
-from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
+from privmtl.exceptions import InvalidParameterError
+from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS, compute_epsilon
 from privmtl.privacy.calibration import calibrate_covariance_noise
 from privmtl.privacy.composition import allocate_budgets, allocation_weights, composition_bound
 from privmtl.privacy.guarantee import RELATIONS, PrivacyGuarantee
@@ -45,6 +46,7 @@ __all__ = [
     "CovarianceSchedule",
     "eigen_shift",
     "plan_covariance_releases",
+    "reserve_share",
     "wishart_real_delta",
 ]
 
@@ -320,3 +322,58 @@ def plan_covariance_releases(
         },
     )
     return CovarianceSchedule("gaussian", cal.stds, K, d, g, eigen_fix, shift_scale)
+
+
+def reserve_share(schedule: CovarianceSchedule, share: float) -> tuple[CovarianceSchedule, float]:
+    r"""Give ``share`` of a Gaussian schedule's budget to one more Gaussian release (a vote).
+
+    Gaussian mechanisms compose exactly into one Gaussian mechanism whose precision is the sum of
+    theirs: T releases with noise multipliers :math:`z_t` (relative to the add/remove sensitivity)
+    and a vote with multiplier :math:`z_v` have the privacy loss of a single Gaussian mechanism
+    with :math:`z^{-2} = \sum_t z_t^{-2} + z_v^{-2}`, under every neighbouring relation (the
+    accountant scales every sensitivity alike) and every accountant that is exact for Gaussians
+    (RDP: the Rényi curves add; PLD: the privacy-loss distributions of Gaussians convolve to a
+    Gaussian). With :math:`P = \sum_t z_t^{-2}` of the planned schedule, the releases get
+    :math:`z_t / \sqrt{1 - s}` (precision :math:`(1 - s) P`) and the vote
+    :math:`z_v = (s P)^{-1/2}`: together they spend exactly the planned (ε, δ).
+
+    Parameters
+    ----------
+    schedule : CovarianceSchedule
+        A Gaussian schedule planned for the whole target (ε, δ).
+    share : float in (0, 1)
+        ``s``, the vote's share of the precision (the zCDP budget ρ = 1 / (2 z²) splits the same).
+
+    Returns
+    -------
+    (CovarianceSchedule, float)
+        The releases' schedule (its ``guarantee.epsilon`` is the releases' own ε, below the target;
+        its details keep the ``planned_epsilon`` and the ``vote_share``) and :math:`z_v`.
+    """
+    s = check_real("share", share, low=0.0, high=1.0, closed="neither")
+    if schedule.noise != "gaussian":
+        raise InvalidParameterError(
+            f"Only a Gaussian schedule can share its budget with a vote; got noise={schedule.noise!r}."
+        )
+    g = schedule.guarantee
+    z = np.asarray(g.details["noise_multipliers"], dtype=np.float64)
+    precision = float(np.sum(z**-2.0))
+    scale = 1.0 / math.sqrt(1.0 - s)
+    z_new = z * scale
+    z_vote = 1.0 / math.sqrt(s * precision)
+    events = [dp_accounting.GaussianDpEvent(float(v)) for v in z_new]
+    own = compute_epsilon(
+        dp_accounting.ComposedDpEvent(events),
+        delta=g.delta,
+        accountant=g.accountant,
+        relation=g.relation,
+    )
+    details = {
+        **g.details,
+        "noise_multipliers": z_new.tolist(),
+        "planned_epsilon": g.epsilon,
+        "vote_share": s,
+    }
+    guarantee = replace(g, epsilon=own, details=details)
+    stds = tuple(float(v) * scale for v in schedule.per_release)
+    return replace(schedule, per_release=stds, guarantee=guarantee), z_vote

@@ -204,6 +204,14 @@ class ClientVote:
         )
         return cls(n_candidates, z * _event_sensitivity(relation), relation)
 
+    @classmethod
+    def for_multiplier(
+        cls, n_candidates: int, noise_multiplier: float, *, relation: str = "add-remove"
+    ) -> ClientVote:
+        """The vote whose event is ``GaussianDpEvent(noise_multiplier)`` under ``relation``."""
+        z = check_real("noise_multiplier", noise_multiplier, low=0.0, closed="neither")
+        return cls(n_candidates, z * _event_sensitivity(relation), relation)
+
     @property
     def private(self) -> bool:
         """True when the counts get noise (σ > 0)."""
