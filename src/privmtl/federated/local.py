@@ -60,10 +60,10 @@ from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.finetune import (
     _pad_own,
+    _plan_arrays,
     check_client_index,
     finetune,
     finetune_objective,
-    finetune_plan,
 )
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.spec import SPEC
@@ -208,12 +208,10 @@ def _train_grid(
             on_clients(m)
         return out
     device = next(iter(init.values())).device  # the grid trains where init lives
-    x_all, y_all, offsets = dataset.concat("train")
+    x_all, y_all, _ = dataset.concat("train")
     x_all, y_all = x_all.to(device), y_all.to(device)
-    plan = finetune_plan(
-        dataset, epochs=e_max, batch_size=batch_size, seed=seed, client_index=client_index
-    )
-    per_epoch = np.array([len(p) // e_max for p in plan], dtype=np.int64)
+    plan = _plan_arrays(dataset, e_max, batch_size, seed, client_index)
+    per_epoch = np.array([len(c) // e_max for _, c in plan], dtype=np.int64)
     snaps = {
         (e, lr): {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in init.items()}
         for e, lr in grid
@@ -232,15 +230,13 @@ def _train_grid(
     )
     if isinstance(model, MultinomialLogReg) and set(init) == {"linear.weight", "linear.bias"}:
         step = _logreg_grad  # the same gradient in closed form, several times faster
-    order = np.argsort([len(p) for p in plan], kind="stable")
+    order = np.argsort([len(c) for _, c in plan], kind="stable")
     chunk = client_chunk or m
     with torch.no_grad():
         for c in range(0, m, chunk):
             idx = order[c : c + chunk]
             k = len(idx)
-            rows, weights, active = _pad_own(
-                [plan[int(i)] for i in idx], [int(offsets[int(i)]) for i in idx], batch_size
-            )
+            rows, weights, active = _pad_own([plan[int(i)] for i in idx], batch_size)
             rows, weights, active = rows.to(device), weights.to(device), active.to(device)
             # rows of the vectorised call: (step size j, client i) -> j * k + i
             rows = rows.repeat(1, n_lr, 1)
@@ -248,18 +244,22 @@ def _train_grid(
             active = active.repeat(1, n_lr)
             lr_vec = lr_row.repeat_interleave(k)
             w = {n: p.unsqueeze(0).repeat((n_lr * k,) + (1,) * p.ndim) for n, p in init.items()}
-            ends = {e: per_epoch[idx] * e for e in epochs_wanted}  # step count after e epochs
             ti = torch.from_numpy(idx).to(device)
+            # the steps after which some clients have done e epochs: (e, those clients)
+            snap_at: dict[int, list[tuple[int, np.ndarray]]] = {}
+            for e in epochs_wanted:
+                ends = per_epoch[idx] * e
+                for s_end in np.unique(ends[ends > 0]):
+                    snap_at.setdefault(int(s_end), []).append((e, np.flatnonzero(ends == s_end)))
+            steps = (active * lr_vec).to(lr_row.dtype)  # each row's step size, 0 once done
+            shape = {n: (-1,) + (1,) * (p.ndim - 1) for n, p in w.items()}
             for s in range(rows.shape[0]):
                 r = rows[s]
                 g = step(w, x_all[r], y_all[r], weights[s])
-                a = (active[s] * lr_vec).to(lr_row.dtype)
+                a = steps[s]
                 for n, p in w.items():
-                    w[n] = p - g[n] * a.view((-1,) + (1,) * (p.ndim - 1))
-                for e in epochs_wanted:
-                    done = np.flatnonzero(ends[e] == s + 1)
-                    if done.size == 0:
-                        continue
+                    p.sub_(g[n] * a.view(shape[n]))
+                for e, done in snap_at.get(s + 1, ()):
                     for j, lr in enumerate(lr_list):
                         if (e, lr) not in snaps:
                             continue
