@@ -56,10 +56,10 @@ from privmtl.federated.finish import (
     finish_clients,
     stack_trained,
 )
-from privmtl.federated.local import LOCAL_SELECT
+from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVERS
 from privmtl.federated.methods import Method, get_method, method_class
 from privmtl.federated.methods.loading import resolve_method
-from privmtl.federated.models import DEFAULT_MODEL, MODELS, make_model
+from privmtl.federated.models import DEFAULT_MODEL, MODELS, MultinomialLogReg, make_model
 from privmtl.federated.report import (
     DIAGNOSTICS_NOT_COVERED,
     FINETUNE_SELECT_POOLED,
@@ -244,6 +244,7 @@ class TrainedRun:
     sigma: float
     q: int
     local_select: str
+    local_solver: str = "sgd"
 
 
 @dataclass(frozen=True)
@@ -383,11 +384,13 @@ def _load(
     )
 
 
-def _train(loaded: LoadedRun, durability: Durability, local_select: str) -> TrainedRun:
+def _train(
+    loaded: LoadedRun, durability: Durability, local_select: str, local_solver: str
+) -> TrainedRun:
     """Train: the method's ``fit`` with the run's checkpoint and budget; a method that releases
     nothing reports no noise and every client."""
     runner = loaded.method
-    options = {"local_select": local_select}
+    options = {"local_select": local_select, "local_solver": local_solver}
     result = runner.fit(
         loaded.dataset,
         loaded.net,
@@ -395,8 +398,8 @@ def _train(loaded: LoadedRun, durability: Durability, local_select: str) -> Trai
         **durability.run_options(),
     )
     if runner.every_client:  # nothing released: no noise, every client trains
-        return TrainedRun(result, 0.0, loaded.m, local_select)
-    return TrainedRun(result, runner.config.noise_std, loaded.q, local_select)
+        return TrainedRun(result, 0.0, loaded.m, local_select, local_solver)
+    return TrainedRun(result, runner.config.noise_std, loaded.q, local_select, local_solver)
 
 
 def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> FinishedRun:
@@ -431,7 +434,9 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
     finetune = spec.finetune
     if finetune == "auto" and not loaded.method.every_client:
         sigma = float(trained.sigma or 0.0)
-        parts = _finetune_auto(result, ds, net, loaded.name, sigma, batch_size, seed)
+        parts = _finetune_auto(
+            result, ds, net, loaded.name, sigma, batch_size, seed, trained.local_solver
+        )
         params = parts.pop("_params")
         notes, own_data = (AUTO_NOTE,), True
     elif finetune == "auto":
@@ -600,6 +605,7 @@ def run_pmtl(
     adaptive_clip_lr: float = SPEC.adaptive_clip_lr,
     adaptive_clip_noise: float | None = None,
     local_select: str = "client",
+    local_solver: str = "sgd",
     diagnostics: bool = False,
     scaling: str = DEFAULT_CLIENT_SCALING,
 ) -> dict[str, Any]:
@@ -731,6 +737,7 @@ def run_pmtl(
         extra=extra_finetunes,
     )
     check_choice("local_select", local_select, LOCAL_SELECT)
+    check_choice("local_solver", local_solver, LOCAL_SOLVERS)
     resolve_device(device)  # before any data is read: "cuda" without CUDA fails here
     if not isinstance(diagnostics, bool):
         raise InvalidParameterError(
@@ -754,8 +761,13 @@ def run_pmtl(
         batched=not sequential, progress=show_progress, threads=threads, timer=timer,
         device=device,
     )  # fmt: skip
+    if local_solver == "ridge" and not isinstance(loaded.net, MultinomialLogReg):
+        raise InvalidParameterError(
+            "The 'local_solver' parameter 'ridge' needs a logistic-regression model (model="
+            f"'logreg'); got local_solver='ridge' with {type(loaded.net).__name__}."
+        )
     with timer.phase("scoring"):  # the method's fit: its rounds, then the trained models' scores
-        trained = _train(loaded, durability, local_select)
+        trained = _train(loaded, durability, local_select, local_solver)
     timer.carve("scoring", "rounds", trained.result.seconds)  # the engine's own time of its rounds
     with timer.phase("end_of_run"):
         finished = _finish(loaded, trained, finishing)
@@ -947,6 +959,7 @@ def _finetune_auto(
     sigma: float,
     batch_size: int,
     seed: int,
+    local_solver: str = "sgd",
 ) -> dict[str, Any]:
     """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
     validation split among the billboard fine-tuned on its data (where it carries signal), its own
@@ -964,7 +977,7 @@ def _finetune_auto(
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
         lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
-        device=cfg.device,
+        device=cfg.device, local_solver=local_solver,
     )  # fmt: skip
     assert fin.choice is not None
     buffers = {n: b.detach() for n, b in net.named_buffers()}
@@ -975,7 +988,7 @@ def _finetune_auto(
     counts = np.bincount(fin.choice, minlength=len(plan.names))
     return {
         "finetune": "auto",
-        "finetune_auto": auto_info(plan, counts.tolist(), fin.grids),
+        "finetune_auto": auto_info(plan, counts.tolist(), fin.grids, local_solver),
         "pre_finetune_test_accuracy": float(result.test_accuracy),
         "test_accuracy": float(acc["test"]["accuracy"]),
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),

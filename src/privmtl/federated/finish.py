@@ -46,6 +46,7 @@ __all__ = [
     "AUTO_CLEAR_SIGNAL",
     "AUTO_FINETUNE_EPOCHS",
     "AUTO_FINETUNE_LRS",
+    "AUTO_FINETUNE_RIDGES",
     "AUTO_METHODS",
     "AUTO_NOTE",
     "AUTO_ORDERS",
@@ -83,6 +84,10 @@ the ``T`` releases is at most :data:`AUTO_CLEAR_SIGNAL` of the most their signal
 unchanged."""
 AUTO_FINETUNE_LRS = (0.1, 0.01)
 """``finetune="auto"``: step sizes of fine-tuning the billboard (:data:`AUTO_FINETUNE_EPOCHS`)."""
+AUTO_FINETUNE_RIDGES = (10.0,)
+"""``finetune="auto"`` with ``local_solver="ridge"``: the prior strengths ``c`` around the billboard
+of its fine-tuned candidate (:func:`~privmtl.federated.ridge.ridge_logreg`; the local candidate
+uses :data:`~privmtl.federated.local.LOCAL_RIDGES` around the initial model)."""
 AUTO_CANDIDATES = ("trained", "local", "billboard-finetune")
 """``finetune="auto"``: the candidates of every client's choice."""
 AUTO_ORDERS = {
@@ -189,6 +194,7 @@ def finish_clients(
     block: int = END_OF_RUN_BLOCK,
     progress: bool = False,
     device: str = "cpu",
+    local_solver: str = "sgd",
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -230,10 +236,19 @@ def finish_clients(
         Where the clients fine-tune and are scored (``"auto"``'s grids:
         :func:`~privmtl.federated.local.train_local`; the explicit methods:
         :func:`~privmtl.federated.finetune.finetune`); the final models are CPU tensors.
+    local_solver : {"sgd", "ridge"}, default "sgd"
+        ``"auto"`` only: how its local training and billboard fine-tuning are solved
+        (:func:`~privmtl.federated.local.train_local`'s ``solver``): the SGD grids
+        (:data:`~privmtl.federated.local.LOCAL_EPOCHS`, :data:`AUTO_FINETUNE_EPOCHS`), or, for
+        logistic regression, the batched ridge solves around the initial model
+        (:data:`~privmtl.federated.local.LOCAL_RIDGES`) and around the billboard
+        (:data:`AUTO_FINETUNE_RIDGES`).
     """
     from privmtl.federated.finetune import check_client_index
+    from privmtl.federated.local import LOCAL_SOLVERS
 
     check_choice("finetune", finetune, ("none", "auto", *_FINETUNE_RULES))
+    check_choice("local_solver", local_solver, LOCAL_SOLVERS)
     block = check_int("block", block, low=1)
     if finetune == "none":
         return ClientFinish({n: p.clone() for n, p in trained.items()})
@@ -251,6 +266,7 @@ def finish_clients(
     kw: dict[str, Any] = {
         "batch_size": batch_size, "seed": seed, "lr": lr, "lam": lam, "start": start,
         "epochs": epochs, "plan": plan, "bar": bar, "device": device,
+        "local_solver": local_solver,
     }  # fmt: skip
     try:
         if m <= block:
@@ -295,6 +311,7 @@ def _finish_block(
     plan: AutoPlan | None,
     bar: Progress,
     device: str,
+    local_solver: str,
 ) -> ClientFinish:
     """:func:`finish_clients` of the clients of ``dataset`` at once (one block)."""
     from privmtl.federated.finetune import finetune as finetune_models
@@ -315,6 +332,7 @@ def _finish_block(
         "select": "client",
         "client_index": client_index,
         "device": device,
+        "solver": local_solver,
     }
     grids: dict[str, list[list[float]]] = {}
 
@@ -330,8 +348,9 @@ def _finish_block(
         begin = copy.deepcopy(model)
         begin.load_state_dict({**begin.state_dict(), **billboard})
         tuned = train_local(
-            dataset, begin, epochs=AUTO_FINETUNE_EPOCHS, lrs=AUTO_FINETUNE_LRS, **kw
-        )
+            dataset, begin, epochs=AUTO_FINETUNE_EPOCHS, lrs=AUTO_FINETUNE_LRS,
+            ridges=AUTO_FINETUNE_RIDGES, **kw,
+        )  # fmt: skip
         grids["billboard_grid"] = tuned.extra["local_selection"]["grid"]
         assert tuned.personalized_params is not None
         return tuned.personalized_params
@@ -345,9 +364,12 @@ def _finish_block(
     return ClientFinish(chosen, choice, plan, grids)
 
 
-def auto_info(plan: AutoPlan, counts: Sequence[int], grids: dict[str, Any]) -> dict[str, Any]:
+def auto_info(
+    plan: AutoPlan, counts: Sequence[int], grids: dict[str, Any], solver: str = "sgd"
+) -> dict[str, Any]:
     """The public description of a ``finetune="auto"`` finish (``finetune_auto`` of a result):
-    the rule, the order, how many clients chose each candidate, the grids and the signal test."""
+    the rule, the order, how many clients chose each candidate, the grids, the ``solver`` of the
+    local trainings (:func:`finish_clients`' ``local_solver``) and the signal test."""
     return {
         "select": "client",
         "rule": _AUTO_RULE,
@@ -355,6 +377,7 @@ def auto_info(plan: AutoPlan, counts: Sequence[int], grids: dict[str, Any]) -> d
         "clear_signal": plan.clear,
         "clients_per_candidate": {name: int(counts[i]) for i, name in enumerate(plan.names)},
         **grids,
+        "solver": solver,
         "signal": plan.signal,
         "noise_norm": plan.noise_norm,
         "signal_bound": plan.signal_bound,

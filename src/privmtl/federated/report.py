@@ -119,10 +119,11 @@ def curator_diagnostics(result: Any) -> dict[str, list[Any]]:
 
 
 def local_selection_summary(selection: dict[str, Any]) -> dict[str, Any]:
-    """The JSON ``local_selection`` of a training-alone run: the grid, how many clients chose
-    each setting, and every setting's validation and test accuracy."""
+    """The JSON ``local_selection`` of a training-alone run: the grid (and its ``solver``), how
+    many clients chose each setting, and every setting's validation and test accuracy."""
     return {
         "grid": selection["grid"],
+        "solver": selection.get("solver", "sgd"),
         "select": selection["select"],
         "clients_per_choice": np.bincount(
             selection["choice"], minlength=len(selection["grid"])
