@@ -199,9 +199,11 @@ def _train_grid(
     batched: bool,
     client_index: Sequence[int] | None = None,
     on_clients: Callable[[int], None] | None = None,
+    patience: int | None = None,
 ) -> list[Params]:
     """The models of every grid point, stacked ``(m, ...)``, in grid order (``on_clients`` is
-    called with the number of clients done after each chunk of them).
+    called with the number of clients done after each chunk of them; ``patience``:
+    :func:`_early_stopping`).
 
     The model of ``(e, lr)`` is the state after the first ``e`` epochs of one run of
     ``max(epochs)`` epochs at step size ``lr`` (the first ``e`` epochs of
@@ -269,6 +271,15 @@ def _train_grid(
                 for s_end in np.unique(ends[ends > 0]):
                     snap_at.setdefault(int(s_end), []).append((e, np.flatnonzero(ends == s_end)))
             steps = (active * lr_vec).to(lr_row.dtype)  # each row's step size, 0 once done
+            if patience is not None:
+                _early_stopping(
+                    model, buffers, dataset, idx, per_epoch[idx], e_max, patience, step,
+                    (rows, weights, steps), w, x_all, y_all, snap_at, snaps, lr_list,
+                    step is _logreg_grad,
+                )  # fmt: skip
+                if on_clients is not None:
+                    on_clients(k)
+                continue
             shape = {n: (-1,) + (1,) * (p.ndim - 1) for n, p in w.items()}
             for s in range(rows.shape[0]):
                 r = rows[s]
@@ -289,6 +300,124 @@ def _train_grid(
     return [snaps[key] for key in grid]
 
 
+def _early_stopping(
+    model: nn.Module,
+    buffers: Params,
+    dataset: FederatedDataset,
+    idx: np.ndarray,
+    per_epoch: np.ndarray,
+    e_max: int,
+    patience: int,
+    step: Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], Params],
+    plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    w: Params,
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    snap_at: dict[int, list[tuple[int, np.ndarray]]],
+    snaps: dict[tuple[int, float], Params],
+    lr_list: list[float],
+    compact: bool,
+) -> None:
+    """One chunk of :func:`_train_grid` where every (client, step size) stops early.
+
+    After each of its epochs a run counts the correct predictions of its model on the client's
+    own validation split; a run whose best count has not improved for ``patience`` epochs stops
+    (a client without validation data never does): its model stays where it is, and the
+    snapshots of its later epochs are that model; the chunk ends when all its runs have stopped
+    or finished. With ``compact`` (the closed-form logistic-regression step, whose rows are
+    computed bit for bit alike in any batch) stopped and finished runs also leave the vectorised
+    call once an eighth of the chunk has, so the chunk costs what its running runs cost; other
+    models keep the batch of the run without stopping (a vectorised network's rows round
+    differently in another batch: the batch must not depend on other clients' validation data).
+    A run reads its own client's training and validation data only.
+    """
+    rows, weights, steps = plan
+    k = len(idx)
+    n_rows = len(lr_list) * k
+    device = rows.device
+    val_x, val_y = dataset.split("val")
+    has_val = np.array([len(val_y[int(i)]) > 0 for i in idx] * len(lr_list))
+    epoch_at: dict[int, list[np.ndarray]] = {}  # step -> rows whose epoch ends there
+    for e in range(1, e_max + 1):
+        ends = np.tile(per_epoch * e, len(lr_list))
+        for s_end in np.unique(ends[ends > 0]):
+            epoch_at.setdefault(int(s_end), []).append(np.flatnonzero(ends == s_end))
+    last = np.tile(per_epoch * e_max, len(lr_list))  # the step of each run's last epoch
+    best = np.full(n_rows, -1.0)
+    since = np.zeros(n_rows, dtype=np.int64)
+    stopped = np.zeros(n_rows, dtype=bool)
+    where = np.arange(n_rows)  # position of each run in the vectorised call, -1 once left
+    orig = torch.arange(n_rows, device=device)  # run at each position
+    shape = {n: (-1,) + (1,) * (p.ndim - 1) for n, p in w.items()}
+
+    def save(runs: np.ndarray, after: int) -> None:
+        """Write the snapshots of ``runs`` after step ``after`` from their current models."""
+        for s_end, events in snap_at.items():
+            if s_end <= after:
+                continue
+            for e, done in events:
+                for j, lr in enumerate(lr_list):
+                    if (e, lr) not in snaps:
+                        continue
+                    mine = np.intersect1d(j * k + done, runs)
+                    if mine.size == 0:
+                        continue
+                    src = torch.from_numpy(where[mine]).to(device)
+                    dst = torch.from_numpy(idx[mine - j * k]).to(device)
+                    for n, p in w.items():
+                        snaps[(e, lr)][n][dst] = p[src]
+
+    for s in range(rows.shape[0]):
+        if orig.numel() == 0:
+            break
+        r = rows[s]
+        g = step(w, x_all[r], y_all[r], weights[s])
+        a = steps[s]
+        for n, p in w.items():
+            p.sub_(g[n] * a.view(shape[n]))
+        for e, done in snap_at.get(s + 1, ()):
+            for j, lr in enumerate(lr_list):
+                runs = j * k + done
+                runs = runs[where[runs] >= 0]
+                if (e, lr) not in snaps or runs.size == 0:
+                    continue
+                src = torch.from_numpy(where[runs]).to(device)
+                dst = torch.from_numpy(idx[runs - j * k]).to(device)
+                for n, p in w.items():
+                    snaps[(e, lr)][n][dst] = p[src]
+        for runs in epoch_at.get(s + 1, ()):
+            runs = runs[(where[runs] >= 0) & ~stopped[runs] & has_val[runs]]
+            if runs.size == 0:
+                continue
+            at = torch.from_numpy(where[runs]).to(device)
+            mine = [int(idx[r_ % k]) for r_ in runs]
+            correct, _ = client_scores(
+                model, {n: p[at] for n, p in w.items()}, buffers,
+                [val_x[i] for i in mine], [val_y[i] for i in mine],
+            )  # fmt: skip
+            better = correct > best[runs]
+            best[runs] = np.where(better, correct, best[runs])
+            since[runs] = np.where(better, 0, since[runs] + 1)
+            now = runs[since[runs] >= patience]
+            if now.size:
+                stopped[now] = True
+                steps[s + 1 :, torch.from_numpy(where[now]).to(device)] = 0.0
+        # runs that stopped or finished leave the call once an eighth of it has (``compact``),
+        # else once all of it has
+        out = np.flatnonzero((where >= 0) & (stopped | (last <= s + 1)))
+        enough = out.size >= max(1, len(orig) // 8) if compact else False
+        if out.size and (enough or out.size == len(orig)):
+            save(out[stopped[out]], s + 1)
+            keep_runs = np.flatnonzero((where >= 0) & ~np.isin(np.arange(n_rows), out))
+            keep = torch.from_numpy(where[keep_runs]).to(device)
+            for n in list(w):
+                w[n] = w[n][keep].contiguous()
+            rows, weights, steps = rows[:, keep], weights[:, keep], steps[:, keep]
+            orig = orig[keep]
+            where[:] = -1
+            where[keep_runs] = np.arange(len(keep_runs))
+
+
 def train_local(
     dataset: FederatedDataset,
     model: nn.Module,
@@ -306,6 +435,7 @@ def train_local(
     device: str | torch.device = "cpu",
     solver: str = "sgd",
     ridges: Sequence[float] = LOCAL_RIDGES,
+    patience: int | None = None,
 ) -> TrainResult:
     r"""Train every client alone on its own data, over a grid of epochs and step sizes.
 
@@ -356,6 +486,11 @@ def train_local(
     ridges : sequence of float, default :data:`LOCAL_RIDGES`
         ``solver="ridge"``: the prior strengths ``c`` (each > 0) of the grid, in its public order
         (ties of the choice go to the later).
+    patience : int, optional
+        ``solver="sgd"``, batched: stop a client's run at a step size once the correct
+        predictions of its model on the client's own validation split have not improved for
+        this many epochs (each >= 1; a client without validation data runs to the end); its
+        later grid points are the stopped model. None (default): every run trains all epochs.
 
     Returns
     -------
@@ -382,6 +517,14 @@ def train_local(
             )
         batched = True
     ridge_grid = _ridges(ridges) if solver == "ridge" else []
+    if patience is not None:
+        patience = check_int("patience", patience, low=1)
+        if solver != "sgd" or not batched:
+            raise InvalidParameterError(
+                "The 'patience' parameter stops the batched SGD grid (solver='sgd', "
+                f"batched=True); got patience={patience} with solver={solver!r}, "
+                f"batched={batched!r}."
+            )
     grid = _grid(epochs, lrs)
     on = resolve_device(device) if batched else torch.device("cpu")
     t0 = time.perf_counter()
@@ -409,7 +552,7 @@ def train_local(
         else:
             models = _train_grid(
                 model, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci,
-                on_clients,
+                on_clients, patience,
             )  # fmt: skip
         val_x, val_y = part.split("val")
         test_x, test_y = part.split("test")
