@@ -29,6 +29,7 @@ import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -171,6 +172,43 @@ def run_femnist(args: argparse.Namespace) -> None:
         )  # fmt: skip
 
 
+def report(args: argparse.Namespace) -> None:
+    """Markdown tables from the JSON lines: each variant against ``sgd`` of the same seed (the
+    same trained run for ``pmtl``), mean and standard deviation over the seeds."""
+    rows = [json.loads(line) for line in Path(args.log).read_text().splitlines() if line.strip()]
+    for what in ("pmtl", "local", "femnist-local"):
+        mine = [r for r in rows if r["what"] == what]
+        if not mine:
+            continue
+        cpu = "end_of_run_cpu_s" if what == "pmtl" else "cpu_s"
+        key = "seed" if what != "femnist-local" else "subset_seed"
+        base = {(r[key], r.get("rounds_s", 0)): r for r in mine if r["variant"] == "sgd"}
+        print(f"\n### {what}\n")
+        print(
+            "| variant | pairs | CPU s (mean) | sgd CPU / variant CPU | test accuracy | "
+            "Δ test acc. vs sgd | mean client acc. | Δ mean client acc. vs sgd |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for name in dict.fromkeys(r["variant"] for r in mine):
+            pairs = [(r, base[(r[key], r.get("rounds_s", 0))]) for r in mine
+                     if r["variant"] == name and (r[key], r.get("rounds_s", 0)) in base]  # fmt: skip
+            if not pairs:
+                continue
+            speed = [b[cpu] / r[cpu] for r, b in pairs]
+            acc = [r["test_accuracy"] for r, _ in pairs]
+            mca = [r["mean_client_accuracy"] for r, _ in pairs]
+            dacc = [r["test_accuracy"] - b["test_accuracy"] for r, b in pairs]
+            dmca = [r["mean_client_accuracy"] - b["mean_client_accuracy"] for r, b in pairs]
+
+            def ms(v: list[float], f: str = ".4f") -> str:
+                sd = float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+                return f"{np.mean(v):{f}} ± {sd:{f}}"
+
+            print(f"| {name} | {len(pairs)} | {np.mean([r[cpu] for r, _ in pairs]):.1f} | "
+                  f"{ms(speed, '.1f')} | {ms(acc)} | {ms(dacc, '+.4f')} | {ms(mca)} | "
+                  f"{ms(dmca, '+.4f')} |")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -192,9 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--subset-seed", type=int, default=0)
     p.add_argument("--variants", nargs="*", choices=list(LOCAL_VARIANTS))
+    p = sub.add_parser("report")
+    p.add_argument("log")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    {"pmtl": run_pmtl_variants, "local": run_local, "femnist": run_femnist}[args.cmd](args)
+    commands = {"pmtl": run_pmtl_variants, "local": run_local, "femnist": run_femnist}
+    {**commands, "report": report}[args.cmd](args)
     return 0
 
 

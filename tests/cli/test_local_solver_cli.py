@@ -4,7 +4,8 @@
   its grids are the public prior strengths, and the default stays ``sgd``;
 - with ``--method local-all --local-solver ridge``, replacing one client's labels leaves every
   other client's saved model bit-identical (a client's solve reads its own data only);
-- a model other than logistic regression is refused in one line, exit 2, before any round.
+- a model other than logistic regression is refused in one line, exit 2, before any round;
+- ``--local-patience`` (early stopping of the SGD runs) is reported, and refused with ridge.
 """
 
 from __future__ import annotations
@@ -81,3 +82,15 @@ def test_ridge_with_a_cnn_is_refused_before_any_round(femnist_dir, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "local_solver" in err[0] and "ridge" in err[0] and "logreg" in err[0]
+
+
+def test_local_patience_is_reported_and_refused_with_ridge(capsys):
+    alone = _run(capsys, *SYN, *FAST, "--method", "local-all", "--local-patience", "3")
+    assert alone["local_selection"]["patience"] == 3
+    auto = _run(capsys, *SYN, *FAST, "--epsilon", "4", "--local-patience", "3")
+    assert auto["finetune_auto"]["patience"] == 3 and auto["covered"] is True
+    assert "patience" not in _run(capsys, *SYN, *FAST, "--epsilon", "4")["finetune_auto"]
+    argv = ["pmtl", *SYN, *FAST, "--local-solver", "ridge", "--local-patience", "3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "local_patience" in err[0] and "ridge" in err[0]

@@ -201,6 +201,14 @@ def _device_option(help: str) -> Any:
     "solved for many clients at once: several times faster, other models.",
 )
 @click.option(
+    "--local-patience",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --local-solver sgd: every SGD run of local training (--method local-all, "
+    "--finetune auto's candidates) stops once its correct predictions on the client's own "
+    "validation split have not improved for this many epochs (default: all epochs).",
+)
+@click.option(
     "--diagnostics",
     is_flag=True,
     help="Add curator_diagnostics to the result: per-round training loss and norms of the "

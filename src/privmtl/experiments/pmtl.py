@@ -28,7 +28,7 @@ import torch
 
 from privmtl._device import DEFAULT_DEVICE, resolve_device
 from privmtl._timing import PMTL_PHASES, PhaseTimer
-from privmtl._validation import check_choice
+from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
 from privmtl.data.registry import (
@@ -245,6 +245,7 @@ class TrainedRun:
     q: int
     local_select: str
     local_solver: str = "sgd"
+    local_patience: int | None = None
 
 
 @dataclass(frozen=True)
@@ -385,12 +386,20 @@ def _load(
 
 
 def _train(
-    loaded: LoadedRun, durability: Durability, local_select: str, local_solver: str
+    loaded: LoadedRun,
+    durability: Durability,
+    local_select: str,
+    local_solver: str,
+    local_patience: int | None,
 ) -> TrainedRun:
     """Train: the method's ``fit`` with the run's checkpoint and budget; a method that releases
     nothing reports no noise and every client."""
     runner = loaded.method
-    options = {"local_select": local_select, "local_solver": local_solver}
+    options = {
+        "local_select": local_select,
+        "local_solver": local_solver,
+        "local_patience": local_patience,
+    }
     result = runner.fit(
         loaded.dataset,
         loaded.net,
@@ -398,8 +407,9 @@ def _train(
         **durability.run_options(),
     )
     if runner.every_client:  # nothing released: no noise, every client trains
-        return TrainedRun(result, 0.0, loaded.m, local_select, local_solver)
-    return TrainedRun(result, runner.config.noise_std, loaded.q, local_select, local_solver)
+        return TrainedRun(result, 0.0, loaded.m, local_select, local_solver, local_patience)
+    sigma = runner.config.noise_std
+    return TrainedRun(result, sigma, loaded.q, local_select, local_solver, local_patience)
 
 
 def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> FinishedRun:
@@ -435,8 +445,9 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
     if finetune == "auto" and not loaded.method.every_client:
         sigma = float(trained.sigma or 0.0)
         parts = _finetune_auto(
-            result, ds, net, loaded.name, sigma, batch_size, seed, trained.local_solver
-        )
+            result, ds, net, loaded.name, sigma, batch_size, seed, trained.local_solver,
+            trained.local_patience,
+        )  # fmt: skip
         params = parts.pop("_params")
         notes, own_data = (AUTO_NOTE,), True
     elif finetune == "auto":
@@ -606,6 +617,7 @@ def run_pmtl(
     adaptive_clip_noise: float | None = None,
     local_select: str = "client",
     local_solver: str = "sgd",
+    local_patience: int | None = None,
     diagnostics: bool = False,
     scaling: str = DEFAULT_CLIENT_SCALING,
 ) -> dict[str, Any]:
@@ -738,6 +750,13 @@ def run_pmtl(
     )
     check_choice("local_select", local_select, LOCAL_SELECT)
     check_choice("local_solver", local_solver, LOCAL_SOLVERS)
+    if local_patience is not None:
+        local_patience = check_int("local_patience", local_patience, low=1)
+        if local_solver != "sgd":
+            raise InvalidParameterError(
+                "The 'local_patience' parameter stops SGD runs (local_solver='sgd'); got "
+                f"local_patience={local_patience} with local_solver={local_solver!r}."
+            )
     resolve_device(device)  # before any data is read: "cuda" without CUDA fails here
     if not isinstance(diagnostics, bool):
         raise InvalidParameterError(
@@ -767,7 +786,7 @@ def run_pmtl(
             f"'logreg'); got local_solver='ridge' with {type(loaded.net).__name__}."
         )
     with timer.phase("scoring"):  # the method's fit: its rounds, then the trained models' scores
-        trained = _train(loaded, durability, local_select, local_solver)
+        trained = _train(loaded, durability, local_select, local_solver, local_patience)
     timer.carve("scoring", "rounds", trained.result.seconds)  # the engine's own time of its rounds
     with timer.phase("end_of_run"):
         finished = _finish(loaded, trained, finishing)
@@ -960,6 +979,7 @@ def _finetune_auto(
     batch_size: int,
     seed: int,
     local_solver: str = "sgd",
+    local_patience: int | None = None,
 ) -> dict[str, Any]:
     """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
     validation split among the billboard fine-tuned on its data (where it carries signal), its own
@@ -977,7 +997,7 @@ def _finetune_auto(
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
         lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
-        device=cfg.device, local_solver=local_solver,
+        device=cfg.device, local_solver=local_solver, local_patience=local_patience,
     )  # fmt: skip
     assert fin.choice is not None
     buffers = {n: b.detach() for n, b in net.named_buffers()}
@@ -988,7 +1008,10 @@ def _finetune_auto(
     counts = np.bincount(fin.choice, minlength=len(plan.names))
     return {
         "finetune": "auto",
-        "finetune_auto": auto_info(plan, counts.tolist(), fin.grids, local_solver),
+        "finetune_auto": {
+            **auto_info(plan, counts.tolist(), fin.grids, local_solver),
+            **({"patience": local_patience} if local_patience is not None else {}),
+        },
         "pre_finetune_test_accuracy": float(result.test_accuracy),
         "test_accuracy": float(acc["test"]["accuracy"]),
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),

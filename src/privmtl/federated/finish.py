@@ -195,6 +195,7 @@ def finish_clients(
     progress: bool = False,
     device: str = "cpu",
     local_solver: str = "sgd",
+    local_patience: int | None = None,
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -243,6 +244,11 @@ def finish_clients(
         logistic regression, the batched ridge solves around the initial model
         (:data:`~privmtl.federated.local.LOCAL_RIDGES`) and around the billboard
         (:data:`AUTO_FINETUNE_RIDGES`).
+    local_patience : int, optional
+        ``"auto"`` with ``local_solver="sgd"`` only: every SGD run of the local and billboard
+        candidates stops once its count of correct predictions on the client's own validation
+        split has not improved for this many epochs (:func:`~privmtl.federated.local.train_local`'s
+        ``patience``; None: all epochs).
     """
     from privmtl.federated.finetune import check_client_index
     from privmtl.federated.local import LOCAL_SOLVERS
@@ -266,7 +272,7 @@ def finish_clients(
     kw: dict[str, Any] = {
         "batch_size": batch_size, "seed": seed, "lr": lr, "lam": lam, "start": start,
         "epochs": epochs, "plan": plan, "bar": bar, "device": device,
-        "local_solver": local_solver,
+        "local_solver": local_solver, "local_patience": local_patience,
     }  # fmt: skip
     try:
         if m <= block:
@@ -312,6 +318,7 @@ def _finish_block(
     bar: Progress,
     device: str,
     local_solver: str,
+    local_patience: int | None,
 ) -> ClientFinish:
     """:func:`finish_clients` of the clients of ``dataset`` at once (one block)."""
     from privmtl.federated.finetune import finetune as finetune_models
@@ -333,6 +340,7 @@ def _finish_block(
         "client_index": client_index,
         "device": device,
         "solver": local_solver,
+        "patience": local_patience,
     }
     grids: dict[str, list[list[float]]] = {}
 

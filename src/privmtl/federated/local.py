@@ -498,7 +498,7 @@ def train_local(
         ``method="local"`` configuration with ``sampling="all"``, personalized models stacked
         ``(m, ...)``, the initial model as ``global_params``, ε = δ = 0, and in ``extra``:
         ``local_selection`` with ``grid`` (the ``(epochs, lr)`` pairs; ``solver="ridge"``: the
-        ``[c]`` of every prior strength), ``solver``, ``select``, ``choice``
+        ``[c]`` of every prior strength), ``solver``, ``patience``, ``select``, ``choice``
         (grid index per client), ``grid_val_accuracy`` and ``grid_test_accuracy`` (pooled
         accuracy of every grid point used for all clients).
     """
@@ -623,6 +623,7 @@ def train_local(
     selection: dict[str, Any] = {
         "grid": [[c] for c in ridge_grid] if solver == "ridge" else [[e, lr] for e, lr in grid],
         "solver": solver,
+        "patience": patience,
         "select": select,
         "choice": choice.tolist(),
         "grid_val_accuracy": grid_val,
