@@ -2,24 +2,25 @@
 
 ``pmtl``: one ``run_pmtl`` per seed (synthetic logistic regression by default); its rounds run
 once and every end-of-run variant finishes the SAME trained run (the end of run is
-post-processing of the releases), so the variants are paired exactly: the first variant is the
-run's own end (``--local-solver`` as given), the others are timed beside it in the same process,
-with the same thread count. Each variant is a ``local_solver`` and, for ``ridge``, the prior
-strengths of the local and of the fine-tuned-billboard candidates.
+post-processing of the releases), so the variants are paired exactly; the first variant's result
+is the run's own. Each variant is a ``local_solver`` and, for ``ridge``, the prior strengths of
+the local and of the fine-tuned-billboard candidates (set through the module constants for the
+variant's duration). The noise is the default (OS entropy): a seed's repeat is another trained run.
 
 ``local``: :func:`~privmtl.federated.local.train_local` (what ``--method local-all`` runs) on the
-same data, SGD grid against ridge solves, seconds (CPU time of this process) and the test
-accuracy of the chosen models. ``femnist``: the SGD grid's cost per client of the CNN on a subset
-of FEMNIST writers, and what stopping each writer early on its own validation split would save
-(replayed from the per-epoch validation counts, not built).
+synthetic federation: the SGD grid, with early stopping, and ridge solves. ``femnist``: the same
+for the FEMNIST CNN on a random subset of writers (the whole 105 take about 20 minutes a grid at
+one thread). CPU seconds are this process's (``time.process_time``): the machine is shared, and
+wall seconds there measure the neighbours.
 
 Run from the repository root with one thread (the committed numbers):
 
-    OMP_NUM_THREADS=1 python benchmarks/end_of_run_cost.py pmtl --m 3000 --seeds 0 1 2
-    OMP_NUM_THREADS=1 python benchmarks/end_of_run_cost.py local --m 1000 --seeds 0 1 2
-    OMP_NUM_THREADS=1 python benchmarks/end_of_run_cost.py femnist --clients 60
+    OMP_NUM_THREADS=1 python benchmarks/end_of_run_cost.py pmtl --m 3000 --seeds 0 1 2 >> LOG
+    OMP_NUM_THREADS=1 python benchmarks/end_of_run_cost.py local --m 1000 --seeds 0 1 2 >> LOG
+    OMP_NUM_THREADS=1 python benchmarks/end_of_run_cost.py femnist --clients 10 >> LOG
+    python benchmarks/end_of_run_cost.py report LOG
 
-Each prints one JSON line per measurement (append them to a log with ``>>``).
+Each run prints one JSON line per measurement; ``report`` prints the Markdown tables.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ LOCAL_VARIANTS: dict[str, dict[str, Any]] = {
     "sgd": {},
     "sgd patience 5": {"patience": 5},
     "sgd patience 10": {"patience": 10},
+    "sgd one client a call": {"client_chunk": 1},
+    "sgd one client a call, patience 10": {"client_chunk": 1, "patience": 10},
     "ridge (1)": {"solver": "ridge", "ridges": (1.0,)},
     "ridge (0.3)": {"solver": "ridge", "ridges": (0.3,)},
     "ridge (3,1,0.3)": {"solver": "ridge", "ridges": (3.0, 1.0, 0.3)},
@@ -142,7 +145,7 @@ def run_local(args: argparse.Namespace) -> None:
         ds = make_synthetic_federated(n_clients=args.m, random_state=seed)
         x, _, _ = ds.concat("train")
         model = MultinomialLogReg(x.shape[1], ds.n_classes)
-        for name in args.variants or list(LOCAL_VARIANTS):
+        for name in args.variants or [v for v in LOCAL_VARIANTS if "one client" not in v]:
             c0 = time.process_time()
             res = train_local(ds, model, seed=seed, **LOCAL_VARIANTS[name])
             _local_row("local", name, res, time.process_time() - c0, args.m, seed=seed)
@@ -202,7 +205,7 @@ def report(args: argparse.Namespace) -> None:
 
             def ms(v: list[float], f: str = ".4f") -> str:
                 sd = float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
-                return f"{np.mean(v):{f}} ± {sd:{f}}"
+                return f"{np.mean(v):{f}} ± {sd:{f.lstrip('+')}}"
 
             print(f"| {name} | {len(pairs)} | {np.mean([r[cpu] for r, _ in pairs]):.1f} | "
                   f"{ms(speed, '.1f')} | {ms(acc)} | {ms(dacc, '+.4f')} | {ms(mca)} | "

@@ -389,8 +389,8 @@ def _train(
     loaded: LoadedRun,
     durability: Durability,
     local_select: str,
-    local_solver: str,
-    local_patience: int | None,
+    local_solver: str = "sgd",
+    local_patience: int | None = None,
 ) -> TrainedRun:
     """Train: the method's ``fit`` with the run's checkpoint and budget; a method that releases
     nothing reports no noise and every client."""

@@ -84,7 +84,7 @@ the ``T`` releases is at most :data:`AUTO_CLEAR_SIGNAL` of the most their signal
 unchanged."""
 AUTO_FINETUNE_LRS = (0.1, 0.01)
 """``finetune="auto"``: step sizes of fine-tuning the billboard (:data:`AUTO_FINETUNE_EPOCHS`)."""
-AUTO_FINETUNE_RIDGES = (10.0,)
+AUTO_FINETUNE_RIDGES = (30.0,)
 """``finetune="auto"`` with ``local_solver="ridge"``: the prior strengths ``c`` around the billboard
 of its fine-tuned candidate (:func:`~privmtl.federated.ridge.ridge_logreg`; the local candidate
 uses :data:`~privmtl.federated.local.LOCAL_RIDGES` around the initial model)."""
