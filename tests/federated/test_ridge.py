@@ -161,3 +161,16 @@ def test_bad_solver_settings_name_the_parameter(ds, kw, says) -> None:
 def test_ridge_needs_logistic_regression(ds: FederatedDataset) -> None:
     with pytest.raises(InvalidParameterError, match=r"'solver'.*MultinomialLogReg.*_TwoLayer"):
         train_local(ds, _TwoLayer(), solver="ridge")
+
+
+@pytest.mark.parametrize("kw", [{"solver": "ridge"}, {"epochs": (1, 3), "lrs": (0.1,)}])
+def test_without_scores_the_models_and_choice_are_the_same(ds: FederatedDataset, kw) -> None:
+    model = MultinomialLogReg(D, C)
+    full = train_local(ds, model, **kw)
+    lean = train_local(ds, model, scores=False, **kw)
+    assert full.personalized_params is not None and lean.personalized_params is not None
+    for n, p in full.personalized_params.items():
+        assert torch.equal(lean.personalized_params[n], p)
+    assert lean.extra["local_selection"]["choice"] == full.extra["local_selection"]["choice"]
+    assert lean.accuracies == {}
+    assert all(np.isnan(a) for a in lean.extra["local_selection"]["grid_test_accuracy"])

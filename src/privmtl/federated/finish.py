@@ -341,6 +341,7 @@ def _finish_block(
         "device": device,
         "solver": local_solver,
         "patience": local_patience,
+        "scores": False,  # the candidates' models only: the choice below scores them
     }
     grids: dict[str, list[list[float]]] = {}
 

@@ -436,6 +436,7 @@ def train_local(
     solver: str = "sgd",
     ridges: Sequence[float] = LOCAL_RIDGES,
     patience: int | None = None,
+    scores: bool = True,
 ) -> TrainResult:
     r"""Train every client alone on its own data, over a grid of epochs and step sizes.
 
@@ -491,6 +492,10 @@ def train_local(
         predictions of its model on the client's own validation split have not improved for
         this many epochs (each >= 1; a client without validation data runs to the end); its
         later grid points are the stopped model. None (default): every run trains all epochs.
+    scores : bool, default True
+        False: only the models and the choice (the end of run's candidates): the grid's pooled
+        test accuracies are NaN, a one-point grid's validation accuracy too (it chooses nothing),
+        and ``accuracies`` is empty. The models and the choice are the same.
 
     Returns
     -------
@@ -561,9 +566,15 @@ def train_local(
         part_choice = np.zeros(k, dtype=np.int64)
         mine: Params = {}
         for g, params in enumerate(models):
-            correct, loss = client_scores(model, params, buffers, val_x, val_y)
+            if scores or len(models) > 1:
+                correct, loss = client_scores(model, params, buffers, val_x, val_y)
+            else:  # one candidate: nothing to choose
+                correct, loss = np.full(k, np.nan), np.zeros(k)
             val_correct[g] += correct.sum()
-            test_correct[g] += client_scores(model, params, buffers, test_x, test_y)[0].sum()
+            if scores:
+                test_correct[g] += client_scores(model, params, buffers, test_x, test_y)[0].sum()
+            else:
+                test_correct[g] = np.nan
             if select == "pooled":
                 better = np.full(
                     k,
@@ -594,7 +605,7 @@ def train_local(
     grid_val = [float(c / n_val) for c in val_correct]
     grid_test = [float(c / n_test) if n_test else float("nan") for c in test_correct]
     accuracies: dict[str, dict[str, dict[str, float]]] = {}
-    for split in ("val", "test"):
+    for split in ("val", "test") if scores else ():
         xs, ys = dataset.split(split)
         accuracies[split] = {
             "personalized": evaluate(model, chosen, buffers, xs, ys, personalized=True),
