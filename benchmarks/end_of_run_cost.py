@@ -42,23 +42,35 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ridge l1 b3": {"solver": "ridge", "local": (1.0,), "billboard": (3.0,)},
     "ridge l1 b30": {"solver": "ridge", "local": (1.0,), "billboard": (30.0,)},
     "ridge l1 b100": {"solver": "ridge", "local": (1.0,), "billboard": (100.0,)},
+    "ridge l1 b30, 20 iterations": {
+        "solver": "ridge",
+        "local": (1.0,),
+        "billboard": (30.0,),
+        "iterations": 20,
+    },
     "ridge l1 b(30,10,3)": {"solver": "ridge", "local": (1.0,), "billboard": (30.0, 10.0, 3.0)},
 }
 
 
 def _finish_variant(pmtl: Any, loaded: Any, trained: Any, request: Any, v: dict[str, Any]) -> Any:
-    from privmtl.federated import finish, local
+    from privmtl.federated import finish, local, ridge
 
-    saved = (finish.AUTO_FINETUNE_RIDGES, local.train_local.__kwdefaults__["ridges"])
+    saved = (
+        finish.AUTO_FINETUNE_RIDGES,
+        local.train_local.__kwdefaults__["ridges"],
+        ridge.ridge_logreg.__kwdefaults__["iterations"],
+    )
     try:
         if v["solver"] == "ridge":
             finish.AUTO_FINETUNE_RIDGES = v["billboard"]
             local.train_local.__kwdefaults__["ridges"] = v["local"]
+            ridge.ridge_logreg.__kwdefaults__["iterations"] = v.get("iterations", saved[2])
         run = dataclasses.replace(trained, local_solver=v["solver"])
         return pmtl._ORIGINAL_FINISH(loaded, run, request)
     finally:
         finish.AUTO_FINETUNE_RIDGES = saved[0]
         local.train_local.__kwdefaults__["ridges"] = saved[1]
+        ridge.ridge_logreg.__kwdefaults__["iterations"] = saved[2]
 
 
 def run_pmtl_variants(args: argparse.Namespace) -> None:
