@@ -12,7 +12,8 @@ from torch import nn
 
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.local import client_better, select_per_client, train_local
+from privmtl.federated.algorithms import client_scores
+from privmtl.federated.local import _train_grid, client_better, select_per_client, train_local
 from privmtl.federated.models import MultinomialLogReg
 
 D, C, SEED, B = 5, 3, 4, 4
@@ -131,6 +132,9 @@ def test_closed_form_logreg_gradient_matches_autograd_and_reference(ds: Federate
         ({"select": "best"}, "select"),
         ({"batch_size": 0}, "batch_size"),
         ({"client_chunk": 0}, "client_chunk"),
+        ({"patience": 0}, "patience"),
+        ({"patience": 2, "batched": False}, "patience"),
+        ({"patience": 2, "solver": "ridge"}, "patience"),
     ],
 )
 def test_bad_input_names_the_parameter(ds: FederatedDataset, kw: dict, name: str) -> None:
@@ -138,13 +142,17 @@ def test_bad_input_names_the_parameter(ds: FederatedDataset, kw: dict, name: str
         train_local(ds, MultinomialLogReg(D, C), **kw)
 
 
-def test_a_clients_model_does_not_depend_on_another_clients_labels(ds: FederatedDataset) -> None:
+@pytest.mark.parametrize("patience", [None, 1, 2])
+def test_a_clients_model_does_not_depend_on_another_clients_labels(
+    ds: FederatedDataset, patience: int | None
+) -> None:
     """select="client" (the default): replacing client 0's labels leaves every other client's
-    model bit-identical."""
+    model bit-identical (also stopping early: client 0 then stops at other epochs)."""
     other = copy.deepcopy(ds)
     other.train_y[0] = (other.train_y[0] + 1) % C
     other.val_y[0] = (other.val_y[0] + 1) % C
     kw = {"epochs": (1, 10), "lrs": (0.001, 0.05), "batch_size": B, "seed": SEED}
+    kw["patience"] = patience
     a = train_local(ds, MultinomialLogReg(D, C), **kw).personalized_params
     b = train_local(other, MultinomialLogReg(D, C), **kw).personalized_params
     assert a is not None and b is not None
@@ -208,3 +216,46 @@ def test_blocks_of_clients_give_every_client_the_model_of_the_whole(
         assert got_acc["personalized"] == pytest.approx(want["personalized"], rel=1e-5)
     with pytest.raises(InvalidParameterError, match="'block'"):
         train_local(ds, model, block=0, **kw)
+
+
+def test_patience_longer_than_the_run_changes_nothing(ds: FederatedDataset) -> None:
+    model = MultinomialLogReg(D, C, random_state=0)
+    kw = {"epochs": (1, 5), "lrs": (0.01, 0.1), "batch_size": B, "seed": SEED}
+    a = train_local(ds, model, **kw).personalized_params
+    b = train_local(ds, model, patience=5, **kw).personalized_params
+    assert a is not None and b is not None
+    for n in a:
+        assert torch.equal(a[n], b[n])
+
+
+@pytest.mark.parametrize("patience", [1, 3])
+def test_early_stopping_keeps_the_model_where_the_documented_rule_stops(
+    ds: FederatedDataset, patience: int
+) -> None:
+    """Replayed from a run without stopping, snapshot after every epoch: a run stops after the
+    epoch that makes ``patience`` epochs without a new best count of correct validation
+    predictions (a client without validation data never stops); the grid point of ``e`` epochs
+    is the model after ``min(e, stop)`` epochs."""
+    model = MultinomialLogReg(D, C, random_state=0)
+    init = {n: p.detach().clone() for n, p in model.named_parameters()}
+    lr, top = 0.3, 12
+    every = _train_grid(model, {}, init, ds, [(e, lr) for e in range(1, top + 1)], B, SEED, 4, True)
+    vx, vy = ds.split("val")
+    correct = np.stack([client_scores(model, g, {}, vx, vy)[0] for g in every])
+    wanted = (2, 6, top)
+    got = _train_grid(
+        model, {}, init, ds, [(e, lr) for e in wanted], B, SEED, 4, True, patience=patience
+    )
+    stops = []
+    for k in range(ds.n_clients):
+        best, since, stop = -1.0, 0, top
+        for e in range(top if len(vy[k]) else 0):
+            best, since = (correct[e, k], 0) if correct[e, k] > best else (best, since + 1)
+            if since >= patience:
+                stop = e + 1
+                break
+        stops.append(stop)
+        for g, e in enumerate(wanted):
+            for n in init:
+                torch.testing.assert_close(got[g][n][k], every[min(e, stop) - 1][n][k])
+    assert min(stops) < top  # some run did stop early

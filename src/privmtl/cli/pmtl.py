@@ -40,7 +40,7 @@ from privmtl.experiments.pmtl import (
     FL_MODELS,
     run_pmtl,
 )
-from privmtl.federated.local import LOCAL_SELECT
+from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVERS
 from privmtl.federated.models import DEFAULT_MODEL
 from privmtl.federated.user_model import is_factory_spec
 from privmtl.io import check_writable_dir
@@ -189,6 +189,24 @@ def _device_option(help: str) -> Any:
     help="--method local-all: client = each client picks (epochs, lr) on its own validation "
     "split; pooled = one setting for all on the pooled validation accuracy of every client "
     "(NOT covered by the guarantee, the JSON says covered: false).",
+)
+@click.option(
+    "--local-solver",
+    type=click.Choice(list(LOCAL_SOLVERS)),
+    default=LOCAL_SOLVERS[0],
+    show_default=True,
+    help="How local training (--method local-all, and --finetune auto's local and fine-tuned "
+    "billboard candidates) is solved: sgd = the grid of minibatch-SGD runs; ridge = (--model "
+    "logreg only) every client's cross-entropy with an L2 penalty towards the start model, "
+    "solved for many clients at once: several times faster, other models.",
+)
+@click.option(
+    "--local-patience",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --local-solver sgd: every SGD run of local training (--method local-all, "
+    "--finetune auto's candidates) stops once its correct predictions on the client's own "
+    "validation split have not improved for this many epochs (default: all epochs).",
 )
 @click.option(
     "--diagnostics",

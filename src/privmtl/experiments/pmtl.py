@@ -28,7 +28,7 @@ import torch
 
 from privmtl._device import DEFAULT_DEVICE, resolve_device
 from privmtl._timing import PMTL_PHASES, PhaseTimer
-from privmtl._validation import check_choice
+from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
 from privmtl.data.registry import (
@@ -56,10 +56,10 @@ from privmtl.federated.finish import (
     finish_clients,
     stack_trained,
 )
-from privmtl.federated.local import LOCAL_SELECT
+from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVERS
 from privmtl.federated.methods import Method, get_method, method_class
 from privmtl.federated.methods.loading import resolve_method
-from privmtl.federated.models import DEFAULT_MODEL, MODELS, make_model
+from privmtl.federated.models import DEFAULT_MODEL, MODELS, MultinomialLogReg, make_model
 from privmtl.federated.report import (
     DIAGNOSTICS_NOT_COVERED,
     FINETUNE_SELECT_POOLED,
@@ -244,6 +244,8 @@ class TrainedRun:
     sigma: float
     q: int
     local_select: str
+    local_solver: str = "sgd"
+    local_patience: int | None = None
 
 
 @dataclass(frozen=True)
@@ -398,13 +400,23 @@ def _scores_at_finish(loaded: LoadedRun, request: FinishRequest) -> bool:
 
 
 def _train(
-    loaded: LoadedRun, durability: Durability, local_select: str, *, score: bool = True
+    loaded: LoadedRun,
+    durability: Durability,
+    local_select: str,
+    local_solver: str = "sgd",
+    local_patience: int | None = None,
+    *,
+    score: bool = True,
 ) -> TrainedRun:
     """Train: the method's ``fit`` with the run's checkpoint and budget; a method that releases
     nothing reports no noise and every client. ``score=False``: the trained models' scores are
     left to the end of run (:func:`_scores_at_finish`)."""
     runner = loaded.method
-    options = {"local_select": local_select}
+    options = {
+        "local_select": local_select,
+        "local_solver": local_solver,
+        "local_patience": local_patience,
+    }
     result = runner.fit(
         loaded.dataset,
         loaded.net,
@@ -413,8 +425,9 @@ def _train(
         **({} if score else {"score_at_end": False}),
     )
     if runner.every_client:  # nothing released: no noise, every client trains
-        return TrainedRun(result, 0.0, loaded.m, local_select)
-    return TrainedRun(result, runner.config.noise_std, loaded.q, local_select)
+        return TrainedRun(result, 0.0, loaded.m, local_select, local_solver, local_patience)
+    sigma = runner.config.noise_std
+    return TrainedRun(result, sigma, loaded.q, local_select, local_solver, local_patience)
 
 
 def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> FinishedRun:
@@ -451,8 +464,8 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
     if finetune == "auto" and not loaded.method.every_client:
         sigma = float(trained.sigma or 0.0)
         parts = _finetune_auto(
-            result, ds, net, loaded.name, sigma, batch_size, seed,
-            score_trained=_scores_at_finish(loaded, request),
+            result, ds, net, loaded.name, sigma, batch_size, seed, trained.local_solver,
+            trained.local_patience, score_trained=_scores_at_finish(loaded, request),
         )  # fmt: skip
         params = parts.pop("_params")
         score_seconds = float(parts.pop("_score_seconds"))
@@ -623,6 +636,8 @@ def run_pmtl(
     adaptive_clip_lr: float = SPEC.adaptive_clip_lr,
     adaptive_clip_noise: float | None = None,
     local_select: str = "client",
+    local_solver: str = "sgd",
+    local_patience: int | None = None,
     diagnostics: bool = False,
     scaling: str = DEFAULT_CLIENT_SCALING,
 ) -> dict[str, Any]:
@@ -754,6 +769,14 @@ def run_pmtl(
         extra=extra_finetunes,
     )
     check_choice("local_select", local_select, LOCAL_SELECT)
+    check_choice("local_solver", local_solver, LOCAL_SOLVERS)
+    if local_patience is not None:
+        local_patience = check_int("local_patience", local_patience, low=1)
+        if local_solver != "sgd":
+            raise InvalidParameterError(
+                "The 'local_patience' parameter stops SGD runs (local_solver='sgd'); got "
+                f"local_patience={local_patience} with local_solver={local_solver!r}."
+            )
     resolve_device(device)  # before any data is read: "cuda" without CUDA fails here
     if not isinstance(diagnostics, bool):
         raise InvalidParameterError(
@@ -777,9 +800,16 @@ def run_pmtl(
         batched=not sequential, progress=show_progress, threads=threads, timer=timer,
         device=device,
     )  # fmt: skip
+    if local_solver == "ridge" and not isinstance(loaded.net, MultinomialLogReg):
+        raise InvalidParameterError(
+            "The 'local_solver' parameter 'ridge' needs a logistic-regression model (model="
+            f"'logreg'); got local_solver='ridge' with {type(loaded.net).__name__}."
+        )
     fused = _scores_at_finish(loaded, finishing)
     with timer.phase("scoring"):  # the method's fit: its rounds, then the trained models' scores
-        trained = _train(loaded, durability, local_select, score=not fused)
+        trained = _train(
+            loaded, durability, local_select, local_solver, local_patience, score=not fused
+        )
     timer.carve("scoring", "rounds", trained.result.seconds)  # the engine's own time of its rounds
     with timer.phase("end_of_run"):
         finished = _finish(loaded, trained, finishing)
@@ -972,6 +1002,8 @@ def _finetune_auto(
     sigma: float,
     batch_size: int,
     seed: int,
+    local_solver: str = "sgd",
+    local_patience: int | None = None,
     *,
     score_trained: bool = False,
 ) -> dict[str, Any]:
@@ -997,7 +1029,8 @@ def _finetune_auto(
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
         lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
-        device=cfg.device, score=others,
+        device=cfg.device, score=others, local_solver=local_solver,
+        local_patience=local_patience,
     )  # fmt: skip
     assert fin.choice is not None and fin.scores is not None
     if score_trained:  # the trained models' scores, from the same pass
@@ -1008,7 +1041,10 @@ def _finetune_auto(
     counts = np.bincount(fin.choice, minlength=len(plan.names))
     return {
         "finetune": "auto",
-        "finetune_auto": auto_info(plan, counts.tolist(), fin.grids),
+        "finetune_auto": {
+            **auto_info(plan, counts.tolist(), fin.grids, local_solver),
+            **({"patience": local_patience} if local_patience is not None else {}),
+        },
         "pre_finetune_test_accuracy": float(result.test_accuracy),
         "test_accuracy": float(acc["test"]["accuracy"]),
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),

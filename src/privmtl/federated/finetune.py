@@ -238,35 +238,58 @@ def finetune_plan(
     index of the client in the whole population, so that a part of the population (one Flower
     node's clients) draws what the same clients draw in the whole.
     """
+    return [
+        [r[:c] for r, c in zip(rows, counts, strict=True)]
+        for rows, counts in _plan_arrays(dataset, epochs, batch_size, seed, client_index)
+    ]
+
+
+def _plan_arrays(
+    dataset: FederatedDataset,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    client_index: Sequence[int] | None,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`finetune_plan` as arrays: per client, its steps' rows ``(S, batch_size)`` (a short
+    last minibatch of an epoch padded with the client's first row) and their sizes ``(S,)``."""
     offsets = dataset.offsets("train")
     index = check_client_index(client_index, dataset.n_clients)
-    plan = []
+    out = []
     for k in range(dataset.n_clients):
-        n = int(offsets[k + 1] - offsets[k])
+        first, n = int(offsets[k]), int(offsets[k + 1] - offsets[k])
         rng = np.random.default_rng([seed, 3, int(index[k])])
-        steps: list[np.ndarray] = []
-        for _ in range(epochs):
-            perm = rng.permutation(n)
-            steps.extend(offsets[k] + perm[i : i + batch_size] for i in range(0, n, batch_size))
-        plan.append(steps)
-    return plan
+        per_epoch = -(-n // batch_size)
+        rows = np.full((epochs, per_epoch * batch_size), first, dtype=np.int64)
+        for e in range(epochs):
+            rows[e, :n] += rng.permutation(n)
+        counts = np.full((epochs, per_epoch), batch_size, dtype=np.int64)
+        if per_epoch:
+            counts[:, -1] = n - (per_epoch - 1) * batch_size
+        out.append((rows.reshape(-1, batch_size), counts.reshape(-1)))
+    return out
 
 
 def _pad_own(
-    plan: list[list[np.ndarray]], first_rows: list[int], batch_size: int
+    plan: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Like :func:`~privmtl.federated.algorithms.pad_plan` but padding with the client's own row."""
+    """Like :func:`~privmtl.federated.algorithms.pad_plan`, for :func:`_plan_arrays`' clients,
+    padding with the client's own first row: rows and weights ``(S, k, batch_size)`` and the
+    active steps ``(S, k)``."""
     k = len(plan)
-    s = max((len(p) for p in plan), default=0)
+    s = max((len(c) for _, c in plan), default=0)
     rows = np.zeros((s, k, batch_size), dtype=np.int64)
     weights = np.zeros((s, k, batch_size), dtype=np.float32)
     active = np.zeros((s, k), dtype=np.float32)
-    for j, steps in enumerate(plan):
-        rows[:, j, :] = first_rows[j]
-        for t, idx in enumerate(steps):
-            rows[t, j, : len(idx)] = idx
-            weights[t, j, : len(idx)] = 1.0 / len(idx)
-            active[t, j] = 1.0
+    slots = np.arange(batch_size)
+    for j, (steps, counts) in enumerate(plan):
+        t = len(counts)
+        if t == 0:
+            continue
+        rows[:, j, :] = steps.min()  # the client's first row: its rows are first, first + 1, ...
+        rows[:t, j, :] = steps
+        weights[:t, j, :] = np.where(slots < counts[:, None], 1.0 / counts[:, None], 0.0)
+        active[:t, j] = 1.0
     return torch.from_numpy(rows), torch.from_numpy(weights), torch.from_numpy(active)
 
 
@@ -277,8 +300,7 @@ def _finetune_batched(
     starts: Params,
     anchor: Params,
     fisher: Params | None,
-    plan: list[list[np.ndarray]],
-    first_rows: list[int],
+    plan: Sequence[tuple[np.ndarray, np.ndarray]],
     x_all: torch.Tensor,
     y_all: torch.Tensor,
     *,
@@ -297,7 +319,7 @@ def _finetune_batched(
     step: Callable[..., Params] = vmap(
         grad(obj), in_dims=(0, 0 if fisher is not None else None, 0, 0, 0)
     )
-    rows, weights, active = _pad_own(plan, first_rows, batch_size)
+    rows, weights, active = _pad_own(plan, batch_size)
     rows, weights, active = rows.to(x_all.device), weights.to(x_all.device), active.to(x_all.device)
     w = {n: p.clone() for n, p in starts.items()}
     with torch.no_grad():
@@ -528,18 +550,16 @@ def finetune(
             if method == "ewc"
             else None
         )
-        x_all, y_all, offsets = dataset.concat("train")
+        x_all, y_all, _ = dataset.concat("train")
         x_all, y_all = x_all.to(on), y_all.to(on)
-        plan = finetune_plan(
-            dataset, epochs=epochs, batch_size=batch_size, seed=seed, client_index=client_index
-        )
         if epochs == 0:
             out = starts
         elif batched:
+            plan = _plan_arrays(dataset, epochs, batch_size, seed, client_index)
             chunk = client_chunk or m
             # chunks of clients with similar numbers of steps: a chunk runs as many steps as its
             # busiest client, so mixing a 5-example and a 1000-example client wastes the steps
-            order = np.argsort([len(p) for p in plan], kind="stable")
+            order = np.argsort([len(c) for _, c in plan], kind="stable")
             out = {n: torch.empty_like(p) for n, p in starts.items()}
             for c in range(0, m, chunk):
                 idx = order[c : c + chunk]
@@ -551,7 +571,6 @@ def finetune(
                     anchor,
                     None if fisher is None else {n: f[ti] for n, f in fisher.items()},
                     [plan[int(k)] for k in idx],
-                    [int(offsets[int(k)]) for k in idx],
                     x_all,
                     y_all,
                     method=method,
@@ -562,6 +581,9 @@ def finetune(
                 for n in out:
                     out[n][ti] = part[n]
         else:
+            steps = finetune_plan(
+                dataset, epochs=epochs, batch_size=batch_size, seed=seed, client_index=client_index
+            )
             outs = [
                 _finetune_reference(
                     model,
@@ -569,7 +591,7 @@ def finetune(
                     {n: p[k] for n, p in starts.items()},
                     anchor,
                     None if fisher is None else {n: f[k] for n, f in fisher.items()},
-                    plan[k],
+                    steps[k],
                     x_all,
                     y_all,
                     method=method,

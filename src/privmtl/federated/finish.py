@@ -49,6 +49,7 @@ __all__ = [
     "AUTO_CLEAR_SIGNAL",
     "AUTO_FINETUNE_EPOCHS",
     "AUTO_FINETUNE_LRS",
+    "AUTO_FINETUNE_RIDGES",
     "AUTO_METHODS",
     "AUTO_NOTE",
     "AUTO_ORDERS",
@@ -86,6 +87,10 @@ the ``T`` releases is at most :data:`AUTO_CLEAR_SIGNAL` of the most their signal
 unchanged."""
 AUTO_FINETUNE_LRS = (0.1, 0.01)
 """``finetune="auto"``: step sizes of fine-tuning the billboard (:data:`AUTO_FINETUNE_EPOCHS`)."""
+AUTO_FINETUNE_RIDGES = (30.0,)
+"""``finetune="auto"`` with ``local_solver="ridge"``: the prior strengths ``c`` around the billboard
+of its fine-tuned candidate (:func:`~privmtl.federated.ridge.ridge_logreg`; the local candidate
+uses :data:`~privmtl.federated.local.LOCAL_RIDGES` around the initial model)."""
 AUTO_CANDIDATES = ("trained", "local", "billboard-finetune")
 """``finetune="auto"``: the candidates of every client's choice."""
 AUTO_ORDERS = {
@@ -198,6 +203,8 @@ def finish_clients(
     device: str = "cpu",
     score: Mapping[str, tuple[Params, bool]] | None = None,
     workers: int = 1,
+    local_solver: str = "sgd",
+    local_patience: int | None = None,
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -249,8 +256,23 @@ def finish_clients(
     workers : int, default 1
         Blocks computed at once on the CPU (threads, one torch thread each:
         :func:`~privmtl.federated.blocks.concurrent_blocks`); the results do not depend on it.
+    local_solver : {"sgd", "ridge"}, default "sgd"
+        ``"auto"`` only: how its local training and billboard fine-tuning are solved
+        (:func:`~privmtl.federated.local.train_local`'s ``solver``): the SGD grids
+        (:data:`~privmtl.federated.local.LOCAL_EPOCHS`, :data:`AUTO_FINETUNE_EPOCHS`), or, for
+        logistic regression, the batched ridge solves around the initial model
+        (:data:`~privmtl.federated.local.LOCAL_RIDGES`) and around the billboard
+        (:data:`AUTO_FINETUNE_RIDGES`).
+    local_patience : int, optional
+        ``"auto"`` with ``local_solver="sgd"`` only: every SGD run of the local and billboard
+        candidates stops once its count of correct predictions on the client's own validation
+        split has not improved for this many epochs (:func:`~privmtl.federated.local.train_local`'s
+        ``patience``; None: all epochs).
     """
+    from privmtl.federated.local import LOCAL_SOLVERS
+
     check_choice("finetune", finetune, ("none", "auto", *_FINETUNE_RULES))
+    check_choice("local_solver", local_solver, LOCAL_SOLVERS)
     block = check_int("block", block, low=1)
     if finetune == "none" and score is None:
         return ClientFinish({n: p.clone() for n, p in trained.items()})
@@ -268,6 +290,7 @@ def finish_clients(
     kw: dict[str, Any] = {
         "batch_size": batch_size, "seed": seed, "lr": lr, "lam": lam, "start": start,
         "epochs": epochs, "plan": plan, "bar": bar, "device": device,
+        "local_solver": local_solver, "local_patience": local_patience,
     }  # fmt: skip
     book = None
     if score is not None:
@@ -391,6 +414,8 @@ def _finish_block(
     plan: AutoPlan | None,
     bar: Progress,
     device: str,
+    local_solver: str,
+    local_patience: int | None,
 ) -> ClientFinish:
     """:func:`finish_clients` of the clients of ``dataset`` at once (one block)."""
     from privmtl.federated.finetune import finetune as finetune_models
@@ -413,6 +438,9 @@ def _finish_block(
         "select": "client",
         "client_index": client_index,
         "device": device,
+        "solver": local_solver,
+        "patience": local_patience,
+        "scores": False,  # the candidates' models only: the choice below scores them
     }
     grids: dict[str, list[list[float]]] = {}
 
@@ -428,8 +456,9 @@ def _finish_block(
         begin = copy.deepcopy(model)
         begin.load_state_dict({**begin.state_dict(), **billboard})
         tuned = train_local(
-            dataset, begin, epochs=AUTO_FINETUNE_EPOCHS, lrs=AUTO_FINETUNE_LRS, **kw
-        )
+            dataset, begin, epochs=AUTO_FINETUNE_EPOCHS, lrs=AUTO_FINETUNE_LRS,
+            ridges=AUTO_FINETUNE_RIDGES, **kw,
+        )  # fmt: skip
         grids["billboard_grid"] = tuned.extra["local_selection"]["grid"]
         assert tuned.personalized_params is not None
         return tuned.personalized_params
@@ -443,9 +472,12 @@ def _finish_block(
     return ClientFinish(chosen, choice, plan, grids)
 
 
-def auto_info(plan: AutoPlan, counts: Sequence[int], grids: dict[str, Any]) -> dict[str, Any]:
+def auto_info(
+    plan: AutoPlan, counts: Sequence[int], grids: dict[str, Any], solver: str = "sgd"
+) -> dict[str, Any]:
     """The public description of a ``finetune="auto"`` finish (``finetune_auto`` of a result):
-    the rule, the order, how many clients chose each candidate, the grids and the signal test."""
+    the rule, the order, how many clients chose each candidate, the grids, the ``solver`` of the
+    local trainings (:func:`finish_clients`' ``local_solver``) and the signal test."""
     return {
         "select": "client",
         "rule": _AUTO_RULE,
@@ -453,6 +485,7 @@ def auto_info(plan: AutoPlan, counts: Sequence[int], grids: dict[str, Any]) -> d
         "clear_signal": plan.clear,
         "clients_per_candidate": {name: int(counts[i]) for i, name in enumerate(plan.names)},
         **grids,
+        "solver": solver,
         "signal": plan.signal,
         "noise_norm": plan.noise_norm,
         "signal_bound": plan.signal_bound,

@@ -60,18 +60,21 @@ from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.finetune import (
     _pad_own,
+    _plan_arrays,
     check_client_index,
     finetune,
     finetune_objective,
-    finetune_plan,
 )
 from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.ridge import RIDGE_ITERATIONS, ridge_logreg
 from privmtl.federated.spec import SPEC
 
 __all__ = [
     "LOCAL_EPOCHS",
     "LOCAL_LRS",
+    "LOCAL_RIDGES",
     "LOCAL_SELECT",
+    "LOCAL_SOLVERS",
     "client_better",
     "select_per_client",
     "train_local",
@@ -82,6 +85,12 @@ LOCAL_EPOCHS = (10, 30, 100)
 LOCAL_LRS = (0.03, 0.1)
 """Default grid of SGD step sizes of :func:`train_local`."""
 LOCAL_SELECT = ("client", "pooled")
+LOCAL_SOLVERS = ("sgd", "ridge")
+"""How :func:`train_local` trains: the minibatch-SGD grid, or every client's ridge-regularised
+logistic regression solved in batches (:mod:`~privmtl.federated.ridge`; logistic regression only)."""
+LOCAL_RIDGES = (1.0,)
+"""Default prior strengths ``c`` of ``solver="ridge"`` (:func:`~privmtl.federated.ridge.ridge_logreg`):
+one, so that no choice is made on the clients' tiny validation splits."""
 
 
 def client_better(
@@ -159,6 +168,14 @@ def _grid(epochs: Sequence[int], lrs: Sequence[float]) -> list[tuple[int, float]
     return [(e, lr) for e in es for lr in ls]
 
 
+def _ridges(ridges: Sequence[float]) -> list[float]:
+    if isinstance(ridges, str | bytes) or len(ridges) == 0:
+        raise InvalidParameterError(
+            f"The 'ridges' parameter must hold at least one prior strength; got {ridges!r}."
+        )
+    return [check_real("ridges", c, low=0.0, closed="neither") for c in ridges]
+
+
 def _logreg_grad(p: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Params:
     r"""Per-row gradient of :math:`\sum_i w_i \mathrm{CE}(W x_i + b, y_i)` for stacked ``W, b``."""
     weight, bias = p["linear.weight"], p["linear.bias"]
@@ -182,9 +199,11 @@ def _train_grid(
     batched: bool,
     client_index: Sequence[int] | None = None,
     on_clients: Callable[[int], None] | None = None,
+    patience: int | None = None,
 ) -> list[Params]:
     """The models of every grid point, stacked ``(m, ...)``, in grid order (``on_clients`` is
-    called with the number of clients done after each chunk of them).
+    called with the number of clients done after each chunk of them; ``patience``:
+    :func:`_early_stopping`).
 
     The model of ``(e, lr)`` is the state after the first ``e`` epochs of one run of
     ``max(epochs)`` epochs at step size ``lr`` (the first ``e`` epochs of
@@ -208,12 +227,10 @@ def _train_grid(
             on_clients(m)
         return out
     device = next(iter(init.values())).device  # the grid trains where init lives
-    x_all, y_all, offsets = dataset.concat("train")
+    x_all, y_all, _ = dataset.concat("train")
     x_all, y_all = x_all.to(device), y_all.to(device)
-    plan = finetune_plan(
-        dataset, epochs=e_max, batch_size=batch_size, seed=seed, client_index=client_index
-    )
-    per_epoch = np.array([len(p) // e_max for p in plan], dtype=np.int64)
+    plan = _plan_arrays(dataset, e_max, batch_size, seed, client_index)
+    per_epoch = np.array([len(c) // e_max for _, c in plan], dtype=np.int64)
     snaps = {
         (e, lr): {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in init.items()}
         for e, lr in grid
@@ -232,15 +249,13 @@ def _train_grid(
     )
     if isinstance(model, MultinomialLogReg) and set(init) == {"linear.weight", "linear.bias"}:
         step = _logreg_grad  # the same gradient in closed form, several times faster
-    order = np.argsort([len(p) for p in plan], kind="stable")
+    order = np.argsort([len(c) for _, c in plan], kind="stable")
     chunk = client_chunk or m
     with torch.no_grad():
         for c in range(0, m, chunk):
             idx = order[c : c + chunk]
             k = len(idx)
-            rows, weights, active = _pad_own(
-                [plan[int(i)] for i in idx], [int(offsets[int(i)]) for i in idx], batch_size
-            )
+            rows, weights, active = _pad_own([plan[int(i)] for i in idx], batch_size)
             rows, weights, active = rows.to(device), weights.to(device), active.to(device)
             # rows of the vectorised call: (step size j, client i) -> j * k + i
             rows = rows.repeat(1, n_lr, 1)
@@ -248,18 +263,31 @@ def _train_grid(
             active = active.repeat(1, n_lr)
             lr_vec = lr_row.repeat_interleave(k)
             w = {n: p.unsqueeze(0).repeat((n_lr * k,) + (1,) * p.ndim) for n, p in init.items()}
-            ends = {e: per_epoch[idx] * e for e in epochs_wanted}  # step count after e epochs
             ti = torch.from_numpy(idx).to(device)
+            # the steps after which some clients have done e epochs: (e, those clients)
+            snap_at: dict[int, list[tuple[int, np.ndarray]]] = {}
+            for e in epochs_wanted:
+                ends = per_epoch[idx] * e
+                for s_end in np.unique(ends[ends > 0]):
+                    snap_at.setdefault(int(s_end), []).append((e, np.flatnonzero(ends == s_end)))
+            steps = (active * lr_vec).to(lr_row.dtype)  # each row's step size, 0 once done
+            if patience is not None:
+                _early_stopping(
+                    model, buffers, dataset, idx, per_epoch[idx], e_max, patience, step,
+                    (rows, weights, steps), w, x_all, y_all, snap_at, snaps, lr_list,
+                    step is _logreg_grad,
+                )  # fmt: skip
+                if on_clients is not None:
+                    on_clients(k)
+                continue
+            shape = {n: (-1,) + (1,) * (p.ndim - 1) for n, p in w.items()}
             for s in range(rows.shape[0]):
                 r = rows[s]
                 g = step(w, x_all[r], y_all[r], weights[s])
-                a = (active[s] * lr_vec).to(lr_row.dtype)
+                a = steps[s]
                 for n, p in w.items():
-                    w[n] = p - g[n] * a.view((-1,) + (1,) * (p.ndim - 1))
-                for e in epochs_wanted:
-                    done = np.flatnonzero(ends[e] == s + 1)
-                    if done.size == 0:
-                        continue
+                    p.sub_(g[n] * a.view(shape[n]))
+                for e, done in snap_at.get(s + 1, ()):
                     for j, lr in enumerate(lr_list):
                         if (e, lr) not in snaps:
                             continue
@@ -270,6 +298,124 @@ def _train_grid(
             if on_clients is not None:
                 on_clients(k)
     return [snaps[key] for key in grid]
+
+
+def _early_stopping(
+    model: nn.Module,
+    buffers: Params,
+    dataset: FederatedDataset,
+    idx: np.ndarray,
+    per_epoch: np.ndarray,
+    e_max: int,
+    patience: int,
+    step: Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], Params],
+    plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    w: Params,
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    snap_at: dict[int, list[tuple[int, np.ndarray]]],
+    snaps: dict[tuple[int, float], Params],
+    lr_list: list[float],
+    compact: bool,
+) -> None:
+    """One chunk of :func:`_train_grid` where every (client, step size) stops early.
+
+    After each of its epochs a run counts the correct predictions of its model on the client's
+    own validation split; a run whose best count has not improved for ``patience`` epochs stops
+    (a client without validation data never does): its model stays where it is, and the
+    snapshots of its later epochs are that model; the chunk ends when all its runs have stopped
+    or finished. With ``compact`` (the closed-form logistic-regression step, whose rows are
+    computed bit for bit alike in any batch) stopped and finished runs also leave the vectorised
+    call once an eighth of the chunk has, so the chunk costs what its running runs cost; other
+    models keep the batch of the run without stopping (a vectorised network's rows round
+    differently in another batch: the batch must not depend on other clients' validation data).
+    A run reads its own client's training and validation data only.
+    """
+    rows, weights, steps = plan
+    k = len(idx)
+    n_rows = len(lr_list) * k
+    device = rows.device
+    val_x, val_y = dataset.split("val")
+    has_val = np.array([len(val_y[int(i)]) > 0 for i in idx] * len(lr_list))
+    epoch_at: dict[int, list[np.ndarray]] = {}  # step -> rows whose epoch ends there
+    for e in range(1, e_max + 1):
+        ends = np.tile(per_epoch * e, len(lr_list))
+        for s_end in np.unique(ends[ends > 0]):
+            epoch_at.setdefault(int(s_end), []).append(np.flatnonzero(ends == s_end))
+    last = np.tile(per_epoch * e_max, len(lr_list))  # the step of each run's last epoch
+    best = np.full(n_rows, -1.0)
+    since = np.zeros(n_rows, dtype=np.int64)
+    stopped = np.zeros(n_rows, dtype=bool)
+    where = np.arange(n_rows)  # position of each run in the vectorised call, -1 once left
+    orig = torch.arange(n_rows, device=device)  # run at each position
+    shape = {n: (-1,) + (1,) * (p.ndim - 1) for n, p in w.items()}
+
+    def save(runs: np.ndarray, after: int) -> None:
+        """Write the snapshots of ``runs`` after step ``after`` from their current models."""
+        for s_end, events in snap_at.items():
+            if s_end <= after:
+                continue
+            for e, done in events:
+                for j, lr in enumerate(lr_list):
+                    if (e, lr) not in snaps:
+                        continue
+                    mine = np.intersect1d(j * k + done, runs)
+                    if mine.size == 0:
+                        continue
+                    src = torch.from_numpy(where[mine]).to(device)
+                    dst = torch.from_numpy(idx[mine - j * k]).to(device)
+                    for n, p in w.items():
+                        snaps[(e, lr)][n][dst] = p[src]
+
+    for s in range(rows.shape[0]):
+        if orig.numel() == 0:
+            break
+        r = rows[s]
+        g = step(w, x_all[r], y_all[r], weights[s])
+        a = steps[s]
+        for n, p in w.items():
+            p.sub_(g[n] * a.view(shape[n]))
+        for e, done in snap_at.get(s + 1, ()):
+            for j, lr in enumerate(lr_list):
+                runs = j * k + done
+                runs = runs[where[runs] >= 0]
+                if (e, lr) not in snaps or runs.size == 0:
+                    continue
+                src = torch.from_numpy(where[runs]).to(device)
+                dst = torch.from_numpy(idx[runs - j * k]).to(device)
+                for n, p in w.items():
+                    snaps[(e, lr)][n][dst] = p[src]
+        for runs in epoch_at.get(s + 1, ()):
+            runs = runs[(where[runs] >= 0) & ~stopped[runs] & has_val[runs]]
+            if runs.size == 0:
+                continue
+            at = torch.from_numpy(where[runs]).to(device)
+            mine = [int(idx[r_ % k]) for r_ in runs]
+            correct, _ = client_scores(
+                model, {n: p[at] for n, p in w.items()}, buffers,
+                [val_x[i] for i in mine], [val_y[i] for i in mine],
+            )  # fmt: skip
+            better = correct > best[runs]
+            best[runs] = np.where(better, correct, best[runs])
+            since[runs] = np.where(better, 0, since[runs] + 1)
+            now = runs[since[runs] >= patience]
+            if now.size:
+                stopped[now] = True
+                steps[s + 1 :, torch.from_numpy(where[now]).to(device)] = 0.0
+        # runs that stopped or finished leave the call once an eighth of it has (``compact``),
+        # else once all of it has
+        out = np.flatnonzero((where >= 0) & (stopped | (last <= s + 1)))
+        enough = out.size >= max(1, len(orig) // 8) if compact else False
+        if out.size and (enough or out.size == len(orig)):
+            save(out[stopped[out]], s + 1)
+            keep_runs = np.flatnonzero((where >= 0) & ~np.isin(np.arange(n_rows), out))
+            keep = torch.from_numpy(where[keep_runs]).to(device)
+            for n in list(w):
+                w[n] = w[n][keep].contiguous()
+            rows, weights, steps = rows[:, keep], weights[:, keep], steps[:, keep]
+            orig = orig[keep]
+            where[:] = -1
+            where[keep_runs] = np.arange(len(keep_runs))
 
 
 @one_thread_per_worker()
@@ -288,6 +434,10 @@ def train_local(
     block: int = END_OF_RUN_BLOCK,
     on_clients: Callable[[int], None] | None = None,
     device: str | torch.device = "cpu",
+    solver: str = "sgd",
+    ridges: Sequence[float] = LOCAL_RIDGES,
+    patience: int | None = None,
+    scores: bool = True,
 ) -> TrainResult:
     r"""Train every client alone on its own data, over a grid of epochs and step sizes.
 
@@ -327,13 +477,34 @@ def train_local(
         Where the batched path trains and scores (:func:`~privmtl._device.resolve_device`); the
         data and models are moved there a block at a time and the returned models are CPU
         tensors. The per-client reference loop (``batched=False``) runs on the CPU.
+    solver : {"sgd", "ridge"}, default "sgd"
+        ``"sgd"``: the grid of ``epochs`` x ``lrs`` of minibatch SGD. ``"ridge"`` (a
+        :class:`~privmtl.federated.models.MultinomialLogReg` only): every client's cross-entropy
+        with an L2 penalty towards ``model``'s parameters, worth ``c`` examples, for each ``c`` of
+        ``ridges``, solved for all clients of a block in batches
+        (:func:`~privmtl.federated.ridge.ridge_logreg`; ``epochs``, ``lrs``, ``batch_size``,
+        ``client_chunk`` and ``batched`` are not used). Several times faster than the SGD grid;
+        its models differ from it.
+    ridges : sequence of float, default :data:`LOCAL_RIDGES`
+        ``solver="ridge"``: the prior strengths ``c`` (each > 0) of the grid, in its public order
+        (ties of the choice go to the later).
+    patience : int, optional
+        ``solver="sgd"``, batched: stop a client's run at a step size once the correct
+        predictions of its model on the client's own validation split have not improved for
+        this many epochs (each >= 1; a client without validation data runs to the end); its
+        later grid points are the stopped model. None (default): every run trains all epochs.
+    scores : bool, default True
+        False: only the models and the choice (the end of run's candidates): the grid's pooled
+        test accuracies are NaN, a one-point grid's validation accuracy too (it chooses nothing),
+        and ``accuracies`` is empty. The models and the choice are the same.
 
     Returns
     -------
     TrainResult
         ``method="local"`` configuration with ``sampling="all"``, personalized models stacked
         ``(m, ...)``, the initial model as ``global_params``, ε = δ = 0, and in ``extra``:
-        ``local_selection`` with ``grid`` (the ``(epochs, lr)`` pairs), ``select``, ``choice``
+        ``local_selection`` with ``grid`` (the ``(epochs, lr)`` pairs; ``solver="ridge"``: the
+        ``[c]`` of every prior strength), ``solver``, ``patience``, ``select``, ``choice``
         (grid index per client), ``grid_val_accuracy`` and ``grid_test_accuracy`` (pooled
         accuracy of every grid point used for all clients).
     """
@@ -343,6 +514,23 @@ def train_local(
     seed = check_int("seed", seed, low=0)
     if client_chunk is not None:
         client_chunk = check_int("client_chunk", client_chunk, low=1)
+    check_choice("solver", solver, LOCAL_SOLVERS)
+    if solver == "ridge":
+        if not isinstance(model, MultinomialLogReg):
+            raise InvalidParameterError(
+                "The 'solver' parameter 'ridge' needs a MultinomialLogReg model; "
+                f"got {type(model).__name__}."
+            )
+        batched = True
+    ridge_grid = _ridges(ridges) if solver == "ridge" else []
+    if patience is not None:
+        patience = check_int("patience", patience, low=1)
+        if solver != "sgd" or not batched:
+            raise InvalidParameterError(
+                "The 'patience' parameter stops the batched SGD grid (solver='sgd', "
+                f"batched=True); got patience={patience} with solver={solver!r}, "
+                f"batched={batched!r}."
+            )
     grid = _grid(epochs, lrs)
     on = resolve_device(device) if batched else torch.device("cpu")
     t0 = time.perf_counter()
@@ -354,7 +542,8 @@ def train_local(
     index = check_client_index(client_index, m)
     chosen: Params = {}
     choice = np.zeros(m, dtype=np.int64)
-    val_correct, test_correct = np.zeros(len(grid)), np.zeros(len(grid))
+    n_grid = len(ridge_grid) if solver == "ridge" else len(grid)
+    val_correct, test_correct = np.zeros(n_grid), np.zeros(n_grid)
     # each client chooses on its own validation split: the population is trained a block at a
     # time; one pooled choice reads every client's validation data: one block
     block = check_int("block", block, low=1) if select == "client" else m
@@ -362,10 +551,15 @@ def train_local(
         part = dataset if len(pos) == m else dataset.subset(pos.tolist())
         rows = torch.from_numpy(pos).to(on)
         ci = None if client_index is None and len(pos) == m else index[pos].tolist()
-        models = _train_grid(
-            model, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci,
-            on_clients,
-        )  # fmt: skip
+        if solver == "ridge":
+            models = ridge_logreg(init, part, ridge_grid)
+            if on_clients is not None:
+                on_clients(len(pos))
+        else:
+            models = _train_grid(
+                model, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci,
+                on_clients, patience,
+            )  # fmt: skip
         val_x, val_y = part.split("val")
         test_x, test_y = part.split("test")
         k = len(pos)
@@ -373,9 +567,15 @@ def train_local(
         part_choice = np.zeros(k, dtype=np.int64)
         mine: Params = {}
         for g, params in enumerate(models):
-            correct, loss = client_scores(model, params, buffers, val_x, val_y)
+            if scores or len(models) > 1:
+                correct, loss = client_scores(model, params, buffers, val_x, val_y)
+            else:  # one candidate: nothing to choose
+                correct, loss = np.full(k, np.nan), np.zeros(k)
             val_correct[g] += correct.sum()
-            test_correct[g] += client_scores(model, params, buffers, test_x, test_y)[0].sum()
+            if scores:
+                test_correct[g] += client_scores(model, params, buffers, test_x, test_y)[0].sum()
+            else:
+                test_correct[g] = np.nan
             if select == "pooled":
                 better = np.full(
                     k,
@@ -406,17 +606,20 @@ def train_local(
     grid_val = [float(c / n_val) for c in val_correct]
     grid_test = [float(c / n_test) if n_test else float("nan") for c in test_correct]
     accuracies: dict[str, dict[str, dict[str, float]]] = {}
-    for split in ("val", "test"):
+    for split in ("val", "test") if scores else ():
         xs, ys = dataset.split(split)
         accuracies[split] = {
             "personalized": evaluate(model, chosen, buffers, xs, ys, personalized=True),
             "global": evaluate(model, init, buffers, xs, ys, personalized=False),
         }
     # the configuration reports a public step size: the pooled choice's, else the grid's first
+    # (the ridge solver: its preconditioned step of 1, over its iterations)
     first = grid[int(choice[0])] if select == "pooled" else grid[0]
+    if solver == "ridge":
+        first = (RIDGE_ITERATIONS, 1.0)
     config = TrainConfig(
         method="local",
-        rounds=max(e for e, _ in grid),
+        rounds=first[0] if solver == "ridge" else max(e for e, _ in grid),
         clients_per_round=m,
         sampling="all",
         local_epochs=1,
@@ -430,7 +633,9 @@ def train_local(
         device=str(on),
     )
     selection: dict[str, Any] = {
-        "grid": [[e, lr] for e, lr in grid],
+        "grid": [[c] for c in ridge_grid] if solver == "ridge" else [[e, lr] for e, lr in grid],
+        "solver": solver,
+        "patience": patience,
         "select": select,
         "choice": choice.tolist(),
         "grid_val_accuracy": grid_val,

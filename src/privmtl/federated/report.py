@@ -119,16 +119,19 @@ def curator_diagnostics(result: Any) -> dict[str, list[Any]]:
 
 
 def local_selection_summary(selection: dict[str, Any]) -> dict[str, Any]:
-    """The JSON ``local_selection`` of a training-alone run: the grid, how many clients chose
-    each setting, and every setting's validation and test accuracy."""
+    """The JSON ``local_selection`` of a training-alone run: the grid (and its ``solver``), how
+    many clients chose each setting, every setting's validation and test accuracy, and the
+    early stopping's ``patience`` where it stopped runs."""
     return {
         "grid": selection["grid"],
+        "solver": selection.get("solver", "sgd"),
         "select": selection["select"],
         "clients_per_choice": np.bincount(
             selection["choice"], minlength=len(selection["grid"])
         ).tolist(),
         "grid_val_accuracy": selection["grid_val_accuracy"],
         "grid_test_accuracy": selection["grid_test_accuracy"],
+        **({"patience": selection["patience"]} if selection.get("patience") else {}),
     }
 
 

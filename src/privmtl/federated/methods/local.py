@@ -40,11 +40,11 @@ class LocalAll(Local):
     engine_method: ClassVar[str | None] = "pmtl"
     every_client: ClassVar[bool] = True
     result_keys: ClassVar[tuple[str, ...]] = ("local_selection",)
-    fit_options: ClassVar[tuple[str, ...]] = ("local_select",)
+    fit_options: ClassVar[tuple[str, ...]] = ("local_select", "local_solver", "local_patience")
 
     def fit(self, dataset: FederatedDataset, model: Any, **run: Any) -> TrainResult:
-        """:func:`~privmtl.federated.local.train_local` (``run``'s ``local_select``; no rounds,
-        no checkpoint)."""
+        """:func:`~privmtl.federated.local.train_local` (``run``'s ``local_select``,
+        ``local_solver`` and ``local_patience``; no rounds, no checkpoint)."""
         from privmtl.federated.local import train_local
 
         cfg = self.config
@@ -54,5 +54,7 @@ class LocalAll(Local):
             batch_size=cfg.batch_size,
             seed=cfg.seed,
             select=run.get("local_select", "client"),
+            solver=run.get("local_solver", "sgd"),
+            patience=run.get("local_patience"),
             device=cfg.device,
         )

@@ -1,0 +1,176 @@
+"""The batched ridge solver of local training (``train_local(solver="ridge")``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from privmtl.data.federated import FederatedDataset, make_synthetic_federated
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.local import train_local
+from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.ridge import padded_rows, ridge_logreg
+
+D, C = 5, 3
+
+
+@pytest.fixture(scope="module")
+def ds() -> FederatedDataset:
+    return make_synthetic_federated(
+        n_clients=9, n_features=D, n_classes=C, samples_per_client=(3, 60), random_state=2
+    )
+
+
+def _start(dtype: torch.dtype = torch.float64, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "linear.weight": torch.randn(C, D, generator=g, dtype=dtype),
+        "linear.bias": torch.randn(C, generator=g, dtype=dtype),
+    }
+
+
+def _objective(ds: FederatedDataset, k: int, p: dict[str, torch.Tensor], start, c: float):
+    x, y = ds.train_x[k].double(), ds.train_y[k]
+    n = len(y)
+    ce = F.cross_entropy(x @ p["linear.weight"].T + p["linear.bias"], y)
+    sq = sum(((p[name] - start[name].double()) ** 2).sum() for name in start)
+    return ce + 0.5 * c / n * sq
+
+
+def _minimum(ds: FederatedDataset, k: int, start, c: float) -> float:
+    """Client k's minimum by plain L-BFGS on its own rows (float64, to a tight tolerance)."""
+    p = {n: v.double().clone().requires_grad_(True) for n, v in start.items()}
+    opt = torch.optim.LBFGS(
+        list(p.values()), max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-14,
+        line_search_fn="strong_wolfe",
+    )  # fmt: skip
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = _objective(ds, k, p, start, c)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        return float(_objective(ds, k, p, start, c))
+
+
+def test_each_client_reaches_its_own_minimum(ds: FederatedDataset) -> None:
+    start = _start()
+    ridges = (0.5, 5.0)
+    models = ridge_logreg(start, ds, ridges, iterations=300)
+    for g, c in enumerate(ridges):
+        for k in range(ds.n_clients):
+            mine = {n: p[k] for n, p in models[g].items()}
+            got = float(_objective(ds, k, mine, start, c))
+            assert got == pytest.approx(_minimum(ds, k, start, c), abs=1e-8)
+
+
+def test_default_iterations_are_close_to_the_minimum(ds: FederatedDataset) -> None:
+    start = _start(torch.float32)
+    (models,) = ridge_logreg(start, ds, (1.0,))
+    gaps = []
+    for k in range(ds.n_clients):
+        mine = {n: p[k].double() for n, p in models.items()}
+        gaps.append(float(_objective(ds, k, mine, start, 1.0)) - _minimum(ds, k, start, 1.0))
+    assert max(gaps) < 1e-3
+    assert min(gaps) > -1e-5  # nothing below the minimum: the objective is the documented one
+
+
+def test_a_client_model_does_not_depend_on_the_others(ds: FederatedDataset) -> None:
+    """Bit for bit: a client's solve has shapes set by its own size only (padded_rows)."""
+    start = _start(torch.float32)
+    (together,) = ridge_logreg(start, ds, (2.0,))
+    for k in (0, 4, 8):
+        (alone,) = ridge_logreg(start, ds.subset([k]), (2.0,))
+        for n in together:
+            assert torch.equal(alone[n][0], together[n][k])
+    # the bucket size changes which clients are solved together, not their models
+    (small,) = ridge_logreg(start, ds, (2.0,), bucket_rows=8)
+    for n in together:
+        assert torch.equal(small[n], together[n])
+
+
+def test_padded_rows_is_a_ladder_of_the_own_size() -> None:
+    sizes = np.array([1, 8, 9, 64, 65, 80, 81, 1000])
+    top = padded_rows(sizes)
+    assert top.tolist()[:5] == [8, 8, 16, 64, 80]
+    assert bool((top >= sizes).all()) and bool((top <= np.maximum(8, 1.25 * sizes + 8)).all())
+
+
+def test_more_prior_strength_stays_nearer_the_start(ds: FederatedDataset) -> None:
+    start = _start()
+    weak, strong = ridge_logreg(start, ds, (0.1, 100.0), iterations=100)
+    dist = [
+        torch.linalg.vector_norm(p["linear.weight"] - start["linear.weight"], dim=(1, 2))
+        for p in (weak, strong)
+    ]
+    assert bool((dist[1] < dist[0]).all())
+
+
+def test_train_local_ridge_reports_its_grid_and_choice(ds: FederatedDataset) -> None:
+    model = MultinomialLogReg(D, C)
+    res = train_local(ds, model, solver="ridge", ridges=(3.0, 0.3))
+    sel = res.extra["local_selection"]
+    assert sel["solver"] == "ridge"
+    assert sel["grid"] == [[3.0], [0.3]]
+    assert set(sel["choice"]) <= {0, 1}
+    models = ridge_logreg({n: p.detach() for n, p in model.named_parameters()}, ds, (3.0, 0.3))
+    assert res.personalized_params is not None
+    for k, g in enumerate(sel["choice"]):
+        torch.testing.assert_close(
+            res.personalized_params["linear.weight"][k], models[g]["linear.weight"][k]
+        )
+    assert res.accuracies["test"]["personalized"]["accuracy"] > 1.0 / C
+    # the default is unchanged: the SGD grid
+    assert (
+        train_local(ds, model, epochs=(1,), lrs=(0.1,)).extra["local_selection"]["solver"] == "sgd"
+    )
+
+
+class _TwoLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(D, 4)
+        self.b = nn.Linear(4, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"solver": "newton"}, ("solver", "newton")),
+        ({"solver": "ridge", "ridges": ()}, ("ridges", "()")),
+        ({"solver": "ridge", "ridges": (1.0, -2.0)}, ("ridges", "-2")),
+        ({"solver": "ridge", "ridges": (float("nan"),)}, ("ridges", "nan")),
+    ],
+)
+def test_bad_solver_settings_name_the_parameter(ds, kw, says) -> None:
+    with pytest.raises(InvalidParameterError) as err:
+        train_local(ds, MultinomialLogReg(D, C), **kw)
+    for word in says:
+        assert word in str(err.value)
+
+
+def test_ridge_needs_logistic_regression(ds: FederatedDataset) -> None:
+    with pytest.raises(InvalidParameterError, match=r"'solver'.*MultinomialLogReg.*_TwoLayer"):
+        train_local(ds, _TwoLayer(), solver="ridge")
+
+
+@pytest.mark.parametrize("kw", [{"solver": "ridge"}, {"epochs": (1, 3), "lrs": (0.1,)}])
+def test_without_scores_the_models_and_choice_are_the_same(ds: FederatedDataset, kw) -> None:
+    model = MultinomialLogReg(D, C)
+    full = train_local(ds, model, **kw)
+    lean = train_local(ds, model, scores=False, **kw)
+    assert full.personalized_params is not None and lean.personalized_params is not None
+    for n, p in full.personalized_params.items():
+        assert torch.equal(lean.personalized_params[n], p)
+    assert lean.extra["local_selection"]["choice"] == full.extra["local_selection"]["choice"]
+    assert lean.accuracies == {}
+    assert all(np.isnan(a) for a in lean.extra["local_selection"]["grid_test_accuracy"])
