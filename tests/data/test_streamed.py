@@ -75,6 +75,10 @@ def test_bad_input_names_the_parameter() -> None:
         lazy.sizes("dev")
     with pytest.raises(InvalidParameterError, match="n_clients"):
         SyntheticFederation(n_clients=0)
+    with pytest.raises(
+        InvalidParameterError, match=r"make_synthetic_federated's parameters.*'n_tasks'"
+    ):
+        SyntheticFederation(n_tasks=3)
     mt = np.random.Generator(np.random.MT19937(0))
     with pytest.raises(InvalidParameterError, match=r"'random_state'.*PCG64.*MT19937"):
         SyntheticFederation(n_clients=3, random_state=mt)

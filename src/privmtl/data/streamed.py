@@ -11,6 +11,7 @@ block of the end of run), not with the population.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,9 +19,9 @@ import numpy as np
 import torch
 
 from privmtl.data.federated import (
-    LEAF_SIZE_LOGNORMAL,
     FederatedDataset,
     SyntheticLaw,
+    make_synthetic_federated,
     synthetic_client_ids,
     synthetic_law,
 )
@@ -30,6 +31,10 @@ from privmtl.io import arrays_sha256
 __all__ = ["SyntheticFederation"]
 
 _MASK64 = (1 << 64) - 1
+# the generator's parameters and defaults have one home: make_synthetic_federated's signature
+_GENERATOR_DEFAULTS = {
+    name: p.default for name, p in inspect.signature(make_synthetic_federated).parameters.items()
+}
 _SPLIT_KEYS = {
     "train": ("train_x", "train_y"),
     "val": ("val_x", "val_y"),
@@ -62,30 +67,14 @@ class SyntheticFederation(FederatedDataset):
     example: it differs from the eager data set's content hash of the same data.
     """
 
-    def __init__(
-        self,
-        *,
-        n_clients: int = 50,
-        n_features: int = 60,
-        n_classes: int = 10,
-        samples_per_client: int | tuple[int, int] | None = None,
-        size_lognormal: tuple[float, float] = LEAF_SIZE_LOGNORMAL,
-        heterogeneity: float = 0.5,
-        feature_shift: float = 0.5,
-        feature_spread: float = 0.5,
-        feature_cov: str = "isotropic",
-        label_noise: float = 0.0,
-        test_fraction: float = 0.2,
-        val_fraction: float = 0.1,
-        random_state: int | np.random.Generator | None = None,
-    ) -> None:
-        law, sizes, rng = synthetic_law(
-            n_clients=n_clients, n_features=n_features, n_classes=n_classes,
-            samples_per_client=samples_per_client, size_lognormal=size_lognormal,
-            heterogeneity=heterogeneity, feature_shift=feature_shift,
-            feature_spread=feature_spread, feature_cov=feature_cov, label_noise=label_noise,
-            test_fraction=test_fraction, val_fraction=val_fraction, random_state=random_state,
-        )  # fmt: skip
+    def __init__(self, **params: Any) -> None:
+        unknown = sorted(set(params) - set(_GENERATOR_DEFAULTS))
+        if unknown:
+            raise InvalidParameterError(
+                f"SyntheticFederation takes make_synthetic_federated's parameters "
+                f"{sorted(_GENERATOR_DEFAULTS)}; got {unknown}."
+            )
+        law, sizes, rng = synthetic_law(**{**_GENERATOR_DEFAULTS, **params})
         if not isinstance(rng.bit_generator, np.random.PCG64):
             raise InvalidParameterError(
                 "The 'random_state' parameter of SyntheticFederation must be an int, None or a "
