@@ -163,10 +163,6 @@ class SyntheticFederation(FederatedDataset):
 
     # ------------------------------------------------------------------ sizes and identity
     @property
-    def n_clients(self) -> int:
-        return len(self._n)
-
-    @property
     def n_features(self) -> int:
         return self.law.n_features
 
