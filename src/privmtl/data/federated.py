@@ -267,27 +267,31 @@ class FederatedDataset:
         ``offsets[j]:offsets[j + 1]``. Only these clients' data are read (the engine takes each
         round's sampled clients this way)."""
         xs, ys = self.split(split)
+        idx = self._positions(clients)
+        if not idx:
+            return self._no_rows()
+        sx, sy = [xs[i] for i in idx], [ys[i] for i in idx]
+        offsets = np.concatenate([[0], np.cumsum([y.shape[0] for y in sy])]).astype(np.int64)
+        return torch.cat(sx), torch.cat(sy), offsets
+
+    def _positions(self, clients: Sequence[int] | np.ndarray) -> list[int]:
+        """``clients`` as a list of positions, each checked to be in ``[0, m)``."""
         idx = [int(i) for i in clients]
         bad = [i for i in idx if not 0 <= i < self.n_clients]
         if bad:
             raise InvalidParameterError(
                 f"The 'clients' parameter must hold indices in [0, {self.n_clients}); got {bad[0]}."
             )
-        if not idx:
-            d = self.n_features
-            return torch.zeros((0, d)), torch.zeros(0, dtype=torch.int64), np.zeros(1, np.int64)
-        sx, sy = [xs[i] for i in idx], [ys[i] for i in idx]
-        offsets = np.concatenate([[0], np.cumsum([y.shape[0] for y in sy])]).astype(np.int64)
-        return torch.cat(sx), torch.cat(sy), offsets
+        return idx
+
+    def _no_rows(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """:meth:`take`'s result for no clients."""
+        d = self.n_features
+        return torch.zeros((0, d)), torch.zeros(0, dtype=torch.int64), np.zeros(1, np.int64)
 
     def subset(self, clients: Sequence[int]) -> FederatedDataset:
         """A new dataset with the clients at positions ``clients`` (in that order)."""
-        idx = [int(i) for i in clients]
-        for i in idx:
-            if not 0 <= i < self.n_clients:
-                raise InvalidParameterError(
-                    f"The 'clients' parameter must hold indices in [0, {self.n_clients}); got {i}."
-                )
+        idx = self._positions(clients)
         kw = {
             f"{s}_{a}": [getattr(self, f"{s}_{a}")[i] for i in idx] for s in _SPLITS for a in "xy"
         }

@@ -107,12 +107,7 @@ class SyntheticFederation(FederatedDataset):
 
     # ------------------------------------------------------------------ drawing clients
     def _draw(self, clients: Sequence[int]) -> list[tuple[np.ndarray, ...]]:
-        idx = [int(i) for i in clients]
-        bad = [i for i in idx if not 0 <= i < self.n_clients]
-        if bad:
-            raise InvalidParameterError(
-                f"The 'clients' parameter must hold indices in [0, {self.n_clients}); got {bad[0]}."
-            )
+        idx = self._positions(clients)
         bg = np.random.PCG64(0)
         rng = np.random.Generator(bg)
         out = []
@@ -150,10 +145,9 @@ class SyntheticFederation(FederatedDataset):
     ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """:meth:`FederatedDataset.take`, drawing only the clients asked for."""
         _check_split(split)
-        idx = [int(i) for i in clients]
+        idx = self._positions(clients)
         if not idx:
-            d = self.n_features
-            return torch.zeros((0, d)), torch.zeros(0, dtype=torch.int64), np.zeros(1, np.int64)
+            return self._no_rows()
         j = 2 * ("train", "val", "test").index(split)
         drawn = self._draw(idx)
         x = torch.from_numpy(np.concatenate([c[j] for c in drawn]))

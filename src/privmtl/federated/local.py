@@ -187,6 +187,23 @@ def _logreg_grad(p: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -
     return {"linear.weight": torch.bmm(g.transpose(1, 2), xf), "linear.bias": g.sum(1)}
 
 
+def _sgd_step(
+    step: Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], Params],
+    w: Params,
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    sizes: torch.Tensor,
+    shape: dict[str, tuple[int, ...]],
+) -> None:
+    """One step of every run of the vectorised grid, in place: ``w -= sizes * step(w, batch)``
+    (``sizes``: each run's step size, 0 for a run without a step here)."""
+    g = step(w, x_all[rows], y_all[rows], weights)
+    for n, p in w.items():
+        p.sub_(g[n] * sizes.view(shape[n]))
+
+
 def _train_grid(
     model: nn.Module,
     buffers: Params,
@@ -282,11 +299,7 @@ def _train_grid(
                 continue
             shape = {n: (-1,) + (1,) * (p.ndim - 1) for n, p in w.items()}
             for s in range(rows.shape[0]):
-                r = rows[s]
-                g = step(w, x_all[r], y_all[r], weights[s])
-                a = steps[s]
-                for n, p in w.items():
-                    p.sub_(g[n] * a.view(shape[n]))
+                _sgd_step(step, w, x_all, y_all, rows[s], weights[s], steps[s], shape)
                 for e, done in snap_at.get(s + 1, ()):
                     for j, lr in enumerate(lr_list):
                         if (e, lr) not in snaps:
@@ -370,11 +383,7 @@ def _early_stopping(
     for s in range(rows.shape[0]):
         if orig.numel() == 0:
             break
-        r = rows[s]
-        g = step(w, x_all[r], y_all[r], weights[s])
-        a = steps[s]
-        for n, p in w.items():
-            p.sub_(g[n] * a.view(shape[n]))
+        _sgd_step(step, w, x_all, y_all, rows[s], weights[s], steps[s], shape)
         for e, done in snap_at.get(s + 1, ()):
             for j, lr in enumerate(lr_list):
                 runs = j * k + done
