@@ -305,3 +305,39 @@ def test_the_end_of_run_trains_with_one_thread(monkeypatch: pytest.MonkeyPatch) 
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(old)
+
+
+# ------------------------------------------------------------------------------ on a GPU
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a machine with a GPU)")
+
+
+@CUDA
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"finetune": "none"},
+        {"finetune": "auto"},
+        {"finetune": "auto", "local_solver": "ridge"},
+        {"method": "local-all", "finetune": "none"},
+        {"finetune": "ewc"},
+    ],
+    ids=["none", "auto", "auto-ridge", "local-all", "ewc"],
+)
+def test_a_cuda_run_matches_the_cpu_run_up_to_rounding(extra):
+    """On a GPU the run computes there and ends where the CPU run ends, up to the order of the
+    floating-point operations: the same privacy statement, and test accuracy within a few
+    examples of the CPU's (a seeded run; only rounding differs)."""
+    kw = {**KW, "num_clients": 12, "rounds": 4, **extra}
+    on_gpu = run_pmtl(**kw, device="cuda")
+    on_cpu = run_pmtl(**kw, device="cpu")
+    assert on_gpu["device"].startswith("cuda") and on_cpu["device"] == "cpu"
+    for key in ("epsilon", "delta", "noise_multiplier", "relation", "sampling", "accountant"):
+        if key in on_cpu:
+            assert on_gpu[key] == on_cpu[key], key
+    assert abs(on_gpu["test_accuracy"] - on_cpu["test_accuracy"]) <= 0.05
+
+
+@CUDA
+def test_cli_auto_uses_cuda_where_present(capsys):
+    assert main(RUN) == 0
+    assert json.loads(capsys.readouterr().out)["device"].startswith("cuda")
