@@ -11,6 +11,7 @@ that the sums they check are exact. This module imports nothing heavy, so every 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,10 +22,13 @@ __all__ = [
     "OTHER",
     "PHASE_LABELS",
     "PMTL_PHASES",
+    "STARTUP",
     "PhaseTimer",
     "added_phase",
     "clock",
     "describe_phases",
+    "process_seconds",
+    "with_startup",
 ]
 
 clock: Callable[[], float] = time.perf_counter
@@ -46,7 +50,13 @@ MPMTL_PHASES = ("data", "setup", "tuning", "fit", "scoring", "saving", OTHER)
 and fixed settings; the hyper-parameter search (0 when there is none); the final fit; the test
 predictions and metric; writing the models; and the rest."""
 
+STARTUP = "startup"
+"""The phase a command line adds before a run's own phases (:func:`with_startup`): from the start
+of the process to the run's entry point (the interpreter, importing torch and the libraries,
+reading the options). A library call has none: its process is the caller's."""
+
 PHASE_LABELS = {
+    STARTUP: "start-up",
     "data": "data",
     "setup": "setup",
     "rounds": "rounds",
@@ -142,6 +152,30 @@ def added_phase(out: dict[str, Any], name: str) -> Iterator[None]:
             raise ValueError(f"The result has no phase {name!r} to add to.")
         phases[name] += spent
         out["seconds"] += spent
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started, or ``None`` where the system does not say (Linux's
+    ``/proc/self/stat`` start time against the boot clock, to a clock tick)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()  # the name, in (...), may hold spaces
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time in ticks
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def with_startup(out: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``out`` (a recorded result) with :data:`STARTUP` ``seconds`` put first in its ``phases``
+    and added to its ``seconds``: the time its process spent before the run's entry point, so
+    that a command's ``seconds`` is the process's wall time up to its result."""
+    phases = out.get("phases")
+    if phases is None:
+        raise ValueError("The result has no phases to add the start-up to.")
+    out["phases"] = {STARTUP: float(seconds), **phases}
+    out["seconds"] += float(seconds)
+    return out
 
 
 def describe_phases(out: dict[str, Any], *, per_round: float | None = None) -> str:

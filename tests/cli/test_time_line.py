@@ -25,7 +25,7 @@ def ticking(monkeypatch):
     monkeypatch.setattr(_timing, "clock", lambda: 1000.0 * next(ticks))
 
 
-def _time_line(capsys, argv):
+def _time_line(capsys, argv):  # argv None: the program's own command line (sys.argv)
     assert main(argv) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("time: ")]
     assert len(lines) == 1
@@ -57,3 +57,25 @@ def test_mpmtl_prints_its_wall_time_with_the_phases(ticking, capsys):
 def _json_out(capsys, argv):
     assert main(argv) == 0
     return capsys.readouterr().out
+
+
+def test_the_program_counts_its_start_up_in_its_time(ticking, capsys, monkeypatch):
+    """``privmtl ...`` as the process (``main()`` reading ``sys.argv``): the time from the start
+    of the process to the run comes first as ``startup``, inside ``seconds``; a command called
+    from Python (``main(argv)``, above) has none."""
+    monkeypatch.setattr(_timing, "process_seconds", lambda: 5.0)
+    monkeypatch.setattr("sys.argv", ["privmtl", *PMTL, "--json"])
+    out = json.loads(_json_out(capsys, None))
+    assert list(out["phases"])[0] == _timing.STARTUP
+    # the start was read at tick 0 (less 5 s); the command reaches its run one tick later
+    assert out["phases"][_timing.STARTUP] == 1005.0
+    assert out["seconds"] == pytest.approx(sum(out["phases"].values()))
+    monkeypatch.setattr("sys.argv", ["privmtl", *PMTL])
+    assert "start-up " in _time_line(capsys, None)
+
+
+def test_process_seconds_is_the_age_of_this_process():
+    first = _timing.process_seconds()
+    if first is None:
+        pytest.skip("this system does not say when a process started (no /proc)")
+    assert first >= 0.0 and _timing.process_seconds() >= first

@@ -205,4 +205,6 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``privmtl`` script; returns the process exit code."""
-    return run_cli(cli, sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the process's own command line: its time counts from the process's start
+        return run_cli(cli, sys.argv[1:], program=True)
+    return run_cli(cli, argv)

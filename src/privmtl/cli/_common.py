@@ -26,6 +26,7 @@ __all__ = [
     "row_for",
     "run_cli",
     "spread",
+    "startup_seconds",
     "to_jsonable",
     "vote_share_option",
     "write_json_atomic",
@@ -42,13 +43,32 @@ def on_abort(hint: str) -> None:
     _abort_hint[:] = [hint]
 
 
-def run_cli(group: click.Group, argv: list[str]) -> int:
+_program_start: list[float] = []
+"""The process's start on :data:`privmtl._timing.clock`, while :func:`run_cli` runs the program."""
+
+
+def startup_seconds() -> float | None:
+    """The seconds from the start of the process to now when the running command is the program
+    (``privmtl ...``, ``python -m privmtl``), else ``None`` (a command called from Python, as the
+    tests do, is not its process's start)."""
+    from privmtl import _timing
+
+    return _timing.clock() - _program_start[0] if _program_start else None
+
+
+def run_cli(group: click.Group, argv: list[str], *, program: bool = False) -> int:
     """Run ``group`` and turn user errors into one line on stderr with exit code 2.
 
     Numerical warnings (``RuntimeWarning``: NumPy overflow, a diverging fit) are collected and
-    summed up in one line at the end; ``--verbose`` prints each distinct one instead.
+    summed up in one line at the end; ``--verbose`` prints each distinct one instead. ``program``:
+    ``argv`` is the process's own command line, so a run's time counts from the process's start
+    (:func:`startup_seconds`).
     """
+    from privmtl import _timing
     from privmtl._progress import get_verbosity, set_verbosity
+
+    age = _timing.process_seconds() if program else None
+    _program_start[:] = [] if age is None else [_timing.clock() - age]
 
     level = get_verbosity()  # --quiet/--verbose hold for this run only
     _abort_hint.clear()
@@ -84,6 +104,7 @@ def run_cli(group: click.Group, argv: list[str]) -> int:
             if line is not None:
                 click.echo(f"privmtl: warning: {line}", err=True)
             set_verbosity(level)
+            _program_start.clear()
 
 
 # click >= 8.2 raises this for a group called without arguments (click 8.1 prints the help itself)

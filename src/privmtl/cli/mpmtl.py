@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from privmtl._timing import describe_phases
+from privmtl._timing import describe_phases, with_startup
 from privmtl.cli._common import (
     abort_hint_for_checkpoint,
     check_save_dir,
@@ -19,6 +19,7 @@ from privmtl.cli._common import (
     progress,
     row_for,
     spread,
+    startup_seconds,
     vote_share_option,
 )
 from privmtl.cli._data_options import mpmtl_data_kwargs, mpmtl_data_options
@@ -274,6 +275,7 @@ def mpmtl(
         if folder is not None:  # checked before any computation
             check_writable_dir(folder, name=name)
     abort_hint_for_checkpoint(checkpoint_dir)
+    startup = startup_seconds()  # before the run's own clock starts
     out = run_mpmtl(
         data=data,
         **table,
@@ -295,6 +297,8 @@ def mpmtl(
         save_models=save_models,
         eigen_floor=eigen_floor,
     )
+    if startup is not None:
+        with_startup(out, startup)
     echo_json(out) if as_json else _human(out)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from privmtl._device import DEFAULT_DEVICE, resolve_device
-from privmtl._timing import describe_phases
+from privmtl._timing import describe_phases, with_startup
 from privmtl.cli._common import (
     abort_hint_for_checkpoint,
     atomic_output_dir,
@@ -21,6 +21,7 @@ from privmtl.cli._common import (
     progress,
     row_for,
     spread,
+    startup_seconds,
     to_jsonable,
     vote_share_option,
 )
@@ -288,7 +289,10 @@ def pmtl(**kw: Any) -> None:
             flag = "--" + name.replace("_", "-")
             kw[name] = number_list(kw[name], flag, low=0, open_low=positive)
     abort_hint_for_checkpoint(kw["checkpoint_dir"])
+    startup = startup_seconds()  # before the run's own clock starts
     out = run_pmtl(**kw, show_progress=not quiet and not as_json)
+    if startup is not None:
+        with_startup(out, startup)
     if not as_json:
         _human(out)
     elif is_factory_spec(str(out.get("model"))):  # names code: signed for --config (trust)
