@@ -18,6 +18,8 @@ sensitivity depends on when a client takes part (:class:`CyclicParticipation`): 
 contributions :math:`u_t` (:math:`\|u_t\| \le 1`, zero in the rounds it skips) moves the release
 by :math:`\|Cu\|`. Its ε is that of one :class:`~dp_accounting.GaussianDpEvent` of noise multiplier
 :math:`\sigma/\mathrm{sens}(C)` (:func:`banded_event`), composed by the repository's accountants.
+Because :math:`C` is lower-triangular the guarantee also holds when round :math:`t`'s
+contributions depend on the earlier rounds' releases (adaptive streams, Denisov et al. 2022).
 :meth:`BandedStrategy.sensitivity` is :math:`\max_\pi (\sum_{i,j\in\pi}|(C^\top C)_{ij}|)^{1/2}`
 over the participation patterns :math:`\pi`: an upper bound for every :math:`C`, exact when the
 columns of a pattern do not overlap (``bands <= groups``; then it is
