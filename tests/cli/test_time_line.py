@@ -66,7 +66,7 @@ def test_the_program_counts_its_start_up_in_its_time(ticking, capsys, monkeypatc
     monkeypatch.setattr(_timing, "process_seconds", lambda: 5.0)
     monkeypatch.setattr("sys.argv", ["privmtl", *PMTL, "--json"])
     out = json.loads(_json_out(capsys, None))
-    assert list(out["phases"])[0] == _timing.STARTUP
+    assert next(iter(out["phases"])) == _timing.STARTUP
     # the start was read at tick 0 (less 5 s); the command reaches its run one tick later
     assert out["phases"][_timing.STARTUP] == 1005.0
     assert out["seconds"] == pytest.approx(sum(out["phases"].values()))
