@@ -464,12 +464,15 @@ def train_local(
     batch_size : int, default 10
         Minibatch size ``B`` (the last minibatch of an epoch may be smaller).
     select : {"client", "pooled"}, default "client"
-        One setting per client by its own validation loss, or one for all clients by the pooled
-        validation accuracy (not covered by the guarantee; module docstring).
+        One setting per client by its own validation split (the most correct predictions, ties
+        to the most training), or one for all clients by the pooled validation accuracy (not
+        covered by the guarantee; module docstring).
     seed : int, default 0
         Seed of the minibatch draws.
     client_chunk : int or None, default 64
-        Clients trained together per vectorised call (None: all); the models do not depend on it.
+        Clients trained together per vectorised call (None: all). Logistic regression's models
+        (closed-form gradients) do not depend on it; a vectorised network's (``vmap``) may differ
+        in the last floating-point digits with the size of the call and a client's place in it.
     batched : bool, default True
         ``False`` runs :func:`~privmtl.federated.finetune.finetune`'s per-client reference loop.
     client_index : sequence of int, optional
