@@ -19,6 +19,7 @@ import numpy as np
 from privmtl.federated.methods import method_class
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.calibration import noise_multiplier
+from privmtl.privacy.release import BANDED_RUN_MECHANISM
 
 __all__ = [
     "CURATOR_DIAGNOSTICS",
@@ -28,6 +29,7 @@ __all__ = [
     "JOINT_DP_NOTION",
     "LOCAL_SELECT_CLIENT_NOTE",
     "LOCAL_SELECT_POOLED",
+    "banded_summary",
     "curator_diagnostics",
     "finish_guarantee",
     "global_accuracy",
@@ -284,4 +286,35 @@ def result_parts(
         "stopped_on_budget": bool(result.stopped_on_budget),
         "rounds_run": len(result.history),
     }
+    if cfg.sampling == "cyclic":
+        out["groups"] = cfg.groups
+    if cfg.noise_mechanism != "independent":
+        out["noise_mechanism"] = cfg.noise_mechanism
+        out["banded"] = banded_summary(result.ledger, guarantee)
     return out, guarantee
+
+
+def banded_summary(ledger: Any, guarantee: PrivacyGuarantee) -> dict[str, Any] | None:
+    """What a banded run's result states of its noise: the strategy's ``bands``, the
+    participation ``groups``, the ``sensitivity`` of the released means, the run's noise
+    multiplier and σ of :math:`z`, read from the run's one ledger event, with the guarantee's
+    ε and δ (None without a ledger: not private)."""
+    runs = (
+        []
+        if ledger is None
+        else [r for r in ledger.records if r.get("mechanism") == BANDED_RUN_MECHANISM]
+    )
+    if not runs:
+        return None
+    params = runs[-1]["params"]
+    return {
+        "mechanism": "banded",
+        "bands": params["bands"],
+        "groups": params["groups"],
+        "rounds": params["rounds"],
+        "sensitivity": params["sensitivity"],
+        "noise_std": params["noise_std"],
+        "run_noise_multiplier": params["run_noise_multiplier"],
+        "epsilon": guarantee.epsilon,
+        "delta": guarantee.delta,
+    }
