@@ -47,9 +47,7 @@ def _release(groups: int = GROUPS, rounds: int = T) -> GaussianMeanRelease:
 
 def _curator(ledger=None, seed: int = 5, groups: int = GROUPS) -> Curator:
     board = {n: torch.zeros(s) for n, s in SHAPES.items()}
-    return Curator(
-        _release(groups), board, noise=make_noise_source("seeded", seed), ledger=ledger
-    )
+    return Curator(_release(groups), board, noise=make_noise_source("seeded", seed), ledger=ledger)
 
 
 def _zero_round(cur: Curator):
