@@ -280,3 +280,50 @@ def test_cli_refuses_banded_noise_with_poisson_sampling_in_one_line(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--reproducible-noise" in err
     assert not ck.exists()  # refused before anything was written
+
+
+def test_seeded_banded_run_resumed_from_a_checkpoint_equals_the_whole_run(tmp_path):
+    from privmtl.data.federated import make_synthetic_federated
+    from privmtl.federated import MultinomialLogReg
+    from privmtl.federated.protocol import Trainer
+
+    data = make_synthetic_federated(
+        n_clients=9, n_features=4, n_classes=3, samples_per_client=(10, 20), random_state=0
+    )
+    cfg = TrainConfig(
+        rounds=5, sampling="cyclic", groups=3, noise_mechanism="banded", noise_std=0.3,
+        clip=0.5, lam=0.01, noise_source="seeded", progress=False, threads=1,
+    )  # fmt: skip
+
+    def model():
+        return MultinomialLogReg(data.n_features, data.n_classes, zero_init=False, random_state=0)
+
+    whole = Trainer(data, model(), cfg).run()
+    first = Trainer(data, model(), cfg, checkpoint_dir=tmp_path, checkpoint_every=2)
+    assert [first.step().round for _ in range(3)] == [0, 1, 2]  # checkpoint after round 2
+    rest = Trainer(data, model(), cfg, checkpoint_dir=tmp_path, resume=True).run()
+    assert all(
+        torch.equal(rest.global_params[n], whole.global_params[n]) for n in rest.global_params
+    )
+    assert rest.epsilon == whole.epsilon
+    assert reaccount(tmp_path)["releases"] == 5 + 1  # the run event and five rounds, none twice
+    assert [h["sampled"] for h in whole.history][:3] == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+
+
+def test_a_budget_below_the_run_stops_the_trainer_before_its_first_round():
+    from privmtl.data.federated import make_synthetic_federated
+    from privmtl.federated import MultinomialLogReg
+    from privmtl.federated.protocol import Trainer
+
+    data = make_synthetic_federated(
+        n_clients=6, n_features=4, n_classes=3, samples_per_client=(10, 20), random_state=0
+    )
+    cfg = TrainConfig(
+        rounds=4, sampling="all", noise_mechanism="banded", epsilon=2.0, clip=0.5, lam=0.01,
+        noise_source="seeded", progress=False, threads=1,
+    )  # fmt: skip
+    model = MultinomialLogReg(data.n_features, data.n_classes, zero_init=False, random_state=0)
+    with pytest.warns(UserWarning, match="stopped on the privacy budget"):
+        res = Trainer(data, model, cfg, budget_epsilon=1.0).run()
+    assert res.stopped_on_budget and res.history == []
+    assert res.ledger is not None and res.ledger.records == []

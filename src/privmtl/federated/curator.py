@@ -122,8 +122,10 @@ class Curator(ReleaseCurator):
         return self.release_mechanism.sampler
 
     def event(self) -> Any:
-        """The privacy event of the next release (None when not private)."""
-        return self.release_mechanism.event(self.round)
+        """The privacy event the next release charges (None when not private): a banded run's
+        one event until it is recorded, else the round's."""
+        run = self._pending_run_event()
+        return run if run is not None else self.release_mechanism.event(self.round)
 
     @property
     def run_release_id(self) -> str:
@@ -167,7 +169,7 @@ class Curator(ReleaseCurator):
         run = self._pending_run_event()
         if run is not None:
             return self.would_exceed(run, self.run_release_id)
-        return self.would_exceed(self.event(), self.release_id())
+        return self.would_exceed(self.release_mechanism.event(self.round), self.release_id())
 
     def sample_round(self) -> np.ndarray:
         """The sorted indices of this round's clients."""
