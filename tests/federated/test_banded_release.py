@@ -257,6 +257,8 @@ def test_run_pmtl_reports_the_banded_epsilon_and_the_ledger_agrees(tmp_path):
     banded = out["banded"]
     assert (banded["mechanism"], banded["bands"], banded["groups"]) == ("banded", groups, groups)
     assert banded["epsilon"] == out["epsilon"] and banded["delta"] == out["delta"]
+    details = out["guarantee"]["details"]
+    assert details["run_noise_multiplier"] == banded["run_noise_multiplier"]
     assert reaccount(tmp_path / "ck" / "ledger.jsonl")["epsilon"] == pytest.approx(expected)
     with pytest.raises(InvalidParameterError, match="'resume' parameter needs"):
         run_pmtl(

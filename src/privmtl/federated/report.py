@@ -217,6 +217,15 @@ def result_parts(
     else:
         details: dict[str, Any] = {"noise_multiplier": z, "rounds": cfg.rounds, "rate": q / m}
         notes = noise_notes(result.noise_source)
+        if cfg.noise_mechanism == "banded":
+            notes += (
+                "banded matrix-factorization noise: the whole run is one Gaussian mechanism, "
+                "charged in full before its first round (details.run_noise_multiplier; "
+                "noise_multiplier is sigma*q/clip of the strategy's z)",
+            )
+            run = banded_summary(result.ledger, None)
+            if run is not None:
+                details["run_noise_multiplier"] = run["run_noise_multiplier"]
         if result.ledger is not None:
             # ε composes every release the ledger holds, which is not always one per round run
             releases = len(result.ledger.records)
@@ -294,11 +303,11 @@ def result_parts(
     return out, guarantee
 
 
-def banded_summary(ledger: Any, guarantee: PrivacyGuarantee) -> dict[str, Any] | None:
+def banded_summary(ledger: Any, guarantee: PrivacyGuarantee | None) -> dict[str, Any] | None:
     """What a banded run's result states of its noise: the strategy's ``bands``, the
     participation ``groups``, the ``sensitivity`` of the released means, the run's noise
     multiplier and σ of :math:`z`, read from the run's one ledger event, with the guarantee's
-    ε and δ (None without a ledger: not private)."""
+    ε and δ when one is given (None without a ledger: not private)."""
     runs = (
         []
         if ledger is None
@@ -315,6 +324,5 @@ def banded_summary(ledger: Any, guarantee: PrivacyGuarantee) -> dict[str, Any] |
         "sensitivity": params["sensitivity"],
         "noise_std": params["noise_std"],
         "run_noise_multiplier": params["run_noise_multiplier"],
-        "epsilon": guarantee.epsilon,
-        "delta": guarantee.delta,
+        **({} if guarantee is None else {"epsilon": guarantee.epsilon, "delta": guarantee.delta}),
     }
