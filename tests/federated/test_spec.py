@@ -212,6 +212,8 @@ BAD = {
     "noise_std": -0.25,
     "delta": 1.5,
     "sampling": "uniform",
+    "groups": 0,
+    "noise_mechanism": "correlated",
     "accountant": "gdp",
     "relation": "swap",
     "finetune": "twice",

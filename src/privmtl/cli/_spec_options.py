@@ -82,8 +82,14 @@ SPEC_HELP: dict[str, str] = {
     "noise_std": "σ on the mean update (instead of --epsilon).",
     "delta": "δ. Default: min(1e-5, 1/(100·m)) on every data set (below 1/m, as DP practice "
     "asks). δ >= 1/m warns; δ >= 1 is refused.",
-    "sampling": "Client sampling: Poisson (rate q/m), a fixed-size draw, or all (needs q = m; "
-    "chosen by itself when q = m).",
+    "sampling": "Client sampling: Poisson (rate q/m), a fixed-size draw, all (needs q = m; "
+    "chosen by itself when q = m), or cyclic groups (--groups).",
+    "groups": "b: with --sampling cyclic, client k belongs to the public group k mod b and round "
+    "t takes group t mod b (each client in ceil(T/b) rounds, accounted without amplification; "
+    "clients per round = ceil(m/b)).",
+    "noise_mechanism": "Noise of the rounds: independent (fresh every round) or banded "
+    "(banded matrix-factorization noise correlated across rounds; needs --sampling all or "
+    "cyclic, and --reproducible-noise to resume; the whole run is one ledger event).",
     "accountant": "Privacy accountant: Rényi DP or privacy loss distributions.",
     "relation": "Neighbouring relation of the guarantee: add or remove one client, or replace one.",
     "finetune": "Local fine-tuning after training. auto: every client (sampled or not) keeps, of "

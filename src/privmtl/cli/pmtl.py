@@ -35,6 +35,7 @@ from privmtl.cli._spec_options import (
     trust_code_option,
 )
 from privmtl.data.registry import dataset_names, datasets_help
+from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import (
     FINETUNE_STARTS,
     FL_METHODS,
@@ -43,6 +44,7 @@ from privmtl.experiments.pmtl import (
 )
 from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVERS
 from privmtl.federated.models import DEFAULT_MODEL
+from privmtl.federated.spec import check_resume
 from privmtl.federated.user_model import is_factory_spec
 from privmtl.io import check_writable_dir
 from privmtl.privacy.selection import SELECTION_METHODS
@@ -262,6 +264,10 @@ def pmtl(**kw: Any) -> None:
     quiet = kw.pop("quiet")
     ctx = click.get_current_context()
     kw.update(pop_run_spec(ctx, kw))
+    try:  # before anything is written (the checkpoint directory's lock)
+        check_resume(kw["resume"], kw["noise_mechanism"], kw["noise_source"])
+    except InvalidParameterError as exc:
+        raise click.BadParameter(str(exc), param_hint="--resume") from None
     check_model_option(kw["model"])
     trust = kw.pop("trust_code")
     check_config_code(ctx, kw["model"], trust_code=trust)

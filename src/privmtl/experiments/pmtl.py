@@ -81,6 +81,7 @@ from privmtl.federated.spec import (
     RUN_METHODS,
     SPEC,
     RunSpec,
+    check_resume,
     default_clients_per_round,
     default_lam,
     resolve_defaults,
@@ -610,6 +611,8 @@ def run_pmtl(
     seed: int = SPEC.seed,
     sequential: bool = False,
     sampling: str = SPEC.sampling,
+    groups: int = SPEC.groups,
+    noise_mechanism: str = SPEC.noise_mechanism,
     accountant: str = SPEC.accountant,
     relation: str = SPEC.relation,
     delta: float | str | None = SPEC.delta,
@@ -707,6 +710,8 @@ def run_pmtl(
     :class:`~privmtl.federated.config.TrainConfig` options of the same names (post-processing,
     partial sharing and random-subspace releases leave the guarantee unchanged; adaptive clipping's
     count is accounted with the mean, so with ``epsilon`` the mean gets a little more noise).
+    ``sampling="cyclic"`` with ``groups`` and ``noise_mechanism="banded"`` are those options too
+    (banded noise: the result's ``banded`` entry; ``resume`` needs seeded noise).
 
     ``clients_per_round`` defaults to :func:`default_clients_per_round` (``min(20, m)``); an
     explicit value above ``m`` is an error. ``scaling`` applies to ``data="table"``
@@ -744,6 +749,8 @@ def run_pmtl(
         noise_std=noise_std,
         delta=delta,
         sampling=sampling,
+        groups=groups,
+        noise_mechanism=noise_mechanism,
         accountant=accountant,
         relation=relation,
         finetune=finetune,
@@ -794,6 +801,7 @@ def run_pmtl(
         num_clients=num_clients,
         scaling=scaling,
     )
+    check_resume(resume, spec.noise_mechanism, spec.noise_source)
     durability = Durability(checkpoint_dir, checkpoint_every, resume, budget_epsilon)
     loaded = _load(
         spec, own_method, request, method_source=method_source, dataset=dataset,

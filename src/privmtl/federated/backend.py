@@ -27,11 +27,13 @@ from privmtl.federated.methods import Method, get_method
 from privmtl.federated.server_optim import ServerOptimizer
 from privmtl.federated.spec import resolve_personal_init
 from privmtl.privacy.ledger import PrivacyLedger
+from privmtl.privacy.matrix_factorization import run_strategy
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.release import (
     AdaptiveClip,
     GaussianMeanRelease,
     Release,
+    banded_groups,
 )
 from privmtl.privacy.sampling import ClientSampler, make_sampler
 
@@ -155,9 +157,16 @@ def setup_run(
     full = config.sampling == "all" or spec.full_participation
     spec.setup_warnings(q, m)
     sampler = (
-        sampler if sampler is not None else make_sampler("all" if full else config.sampling, m, q)
+        sampler
+        if sampler is not None
+        else make_sampler(
+            "all" if full else config.sampling, m, q, groups=None if full else config.groups
+        )
     )
     clip, sigma, divisor = spec.release_settings(config.clip, config.noise_std, q)
+    strategy = None
+    if config.noise_mechanism == "banded" and spec.communicates:
+        strategy = run_strategy(config.rounds, banded_groups(sampler))
     mech = GaussianMeanRelease(
         clip=clip,
         noise_std=sigma,
@@ -166,6 +175,7 @@ def setup_run(
         subspace_dim=config.subspace_dim,
         subspace_seed=config.seed,
         count_noise_std=config.count_noise_std_for(q) if spec.communicates else None,
+        strategy=strategy,
     )
     init = spec.prepare_init(init)
     shared = spec.shared_names(init)

@@ -25,10 +25,17 @@ from privmtl.federated.spec import (
     DEFAULT_HEAD_EPOCHS,
     SPEC,
     check_param_names,
+    check_participation,
     default_lam,
     resolve_clients_per_round,
     resolve_delta,
 )
+from privmtl.privacy.matrix_factorization import (
+    CyclicParticipation,
+    banded_noise_std,
+    run_strategy,
+)
+from privmtl.privacy.release import banded_groups
 
 __all__ = [
     "DEFAULT_HEAD_EPOCHS",
@@ -39,7 +46,7 @@ __all__ = [
     "resolve_config",
 ]
 
-SAMPLINGS = ("poisson", "fixed", "all")
+SAMPLINGS = ("poisson", "fixed", "all", "cyclic")
 
 
 def __getattr__(name: str) -> Any:
@@ -130,11 +137,21 @@ class TrainConfig:
         ``σ``: standard deviation of the Gaussian noise added to the *mean* update (0: no noise,
         or calibrated to ``epsilon``). The noise multiplier given to the accountant is
         ``z = σ q / γ`` (:func:`~privmtl.privacy.calibration.noise_multiplier`).
-    sampling : {"poisson", "fixed", "all"}, default "poisson"
+    sampling : {"poisson", "fixed", "all", "cyclic"}, default "poisson"
         Client sampling; the privacy event is the sampler's own (``sampler.event(z)``). The
         accountant supports ``"poisson"`` with either relation (replace-one needs
         ``accountant="pld"``), ``"fixed"`` with ``relation="replace-one"`` and ``"rdp"`` only, and
-        ``"all"`` with both; other combinations are refused before training starts.
+        ``"all"`` and ``"cyclic"`` with both; other combinations are refused before training
+        starts. ``"cyclic"``: ``groups`` public groups, group ``t mod b`` in round ``t``
+        (:class:`~privmtl.privacy.sampling.CyclicSampler`; a client takes part in
+        ``ceil(T/b)`` rounds, accounted without amplification).
+    groups : int, default 1
+        ``b`` of ``sampling="cyclic"`` (in [1, m]).
+    noise_mechanism : {"independent", "banded"}, default "independent"
+        ``"banded"``: banded matrix-factorization noise over the run (needs ``sampling`` "all"
+        or "cyclic"; the strategy is :func:`~privmtl.privacy.matrix_factorization.run_strategy`
+        and the whole run is one ledger event,
+        :meth:`~privmtl.privacy.release.GaussianMeanRelease.run_event`).
     seed : int, default 0
         Seeds three independent streams: client sampling (numpy), local minibatch draws (one numpy
         stream per client and round) and server noise (``torch.Generator``).
@@ -268,6 +285,8 @@ class TrainConfig:
     epsilon: float | None = SPEC.epsilon
     noise_std: float = 0.0  # the engine's "no noise"; RunSpec's None ("not given") becomes 0
     sampling: str = SPEC.sampling
+    groups: int = SPEC.groups
+    noise_mechanism: str = SPEC.noise_mechanism
     seed: int = SPEC.seed
     delta: float | None = None  # a resolved float; RunSpec's "paper" is resolved before
     accountant: str = SPEC.accountant
@@ -325,6 +344,14 @@ class TrainConfig:
             check_real("clip", self.clip, low=0.0, closed="neither")
         check_real("noise_std", self.noise_std, low=0.0)
         check_choice("sampling", self.sampling, SAMPLINGS)
+        check_participation(self.sampling, self.groups, self.noise_mechanism)
+        if self.noise_mechanism == "banded":
+            for name in ("subspace_dim", "adaptive_clip_quantile"):
+                if getattr(self, name) is not None:
+                    raise InvalidParameterError(
+                        f"The '{name}' parameter must be None with noise_mechanism='banded'; "
+                        f"got {getattr(self, name)!r}."
+                    )
         check_int("seed", self.seed, low=0)
         if self.delta is not None:
             check_real("delta", self.delta, low=0.0, high=1.0, closed="neither")
@@ -443,6 +470,7 @@ def resolve_config(
         sampling=config.sampling,
         # e.g. workshop: the ball's releases cover every client
         every_client=method.full_participation or method.every_client,
+        groups=config.groups,
     )
     private = config.epsilon is not None or config.noise_std > 0
     lam = default_lam(config.method, private=private) if config.lam is None else config.lam
@@ -460,11 +488,26 @@ def resolve_config(
         if config.clip is None:
             raise InvalidParameterError("A target 'epsilon' needs a finite 'clip'; got clip=None.")
         full = config.sampling == "all"
-        calibration = calibrate_release(
-            PrivacyTarget(config.epsilon, delta),
+        sampler = (
             sampler
             if sampler is not None
-            else make_sampler("all" if full else config.sampling, m, q),
+            else make_sampler("all" if full else config.sampling, m, q, groups=config.groups)
+        )
+        if config.noise_mechanism == "banded":
+            groups = banded_groups(sampler)
+            sigma = banded_noise_std(
+                run_strategy(config.rounds, groups),
+                CyclicParticipation(groups),
+                target_epsilon=config.epsilon,
+                delta=delta,
+                bound=config.clip / q,
+                accountant=config.accountant,
+                relation=config.relation,
+            )
+            return dataclasses.replace(config, noise_std=sigma), None
+        calibration = calibrate_release(
+            PrivacyTarget(config.epsilon, delta),
+            sampler,
             rounds=config.rounds,
             clip=config.clip,
             divisor=q,

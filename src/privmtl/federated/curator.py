@@ -4,6 +4,13 @@ Every backend (the in-process :class:`~privmtl.federated.trainer.Trainer`, Flowe
 keeps one :class:`Curator`: it samples the round's clients, and releases the clients' messages
 through its :class:`~privmtl.privacy.release.GaussianMeanRelease` (clip → mean over the fixed
 ``q`` → noise → write-ahead ledger record → billboard update).
+
+With banded noise (a release with a ``strategy``) the curator also keeps the noise state
+(:class:`~privmtl.privacy.release.BandedMeanNoise`) and records the run's one event
+(:meth:`~privmtl.privacy.release.GaussianMeanRelease.run_event`, release id ``"{name}banded:run"``)
+before its first release: the budget is checked for the whole run up front, and a run cut short
+reports the whole run's ε. Its checkpoint state holds the past noise with seeded noise only; a
+run with secure banded noise cannot be resumed (its past noise is never written down).
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from privmtl.privacy.curator import ReleaseCurator
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.release import (
+    BANDED_RUN_MECHANISM,
     AdaptiveClip,
+    BandedMeanNoise,
     GaussianMeanRelease,
     Release,
 )
@@ -98,14 +107,52 @@ class Curator(ReleaseCurator):
         self.optimizer = optimizer
         self.round = 0
         self._rng = sampling_rng(seed) if noise.kind == "seeded" else None
+        self.banded: BandedMeanNoise | None = None
+        self._run_recorded = False
+        if release.strategy is not None:
+            if self.update == "blocks" or adaptive_clip is not None:
+                raise InvalidParameterError(
+                    "Banded noise needs update='add' or 'replace' without an adaptive clip; got "
+                    f"update={update!r}, adaptive_clip={adaptive_clip!r}."
+                )
+            self.banded = BandedMeanNoise(release.strategy, release.noise_std, noise)
 
     @property
     def sampler(self) -> ClientSampler:
         return self.release_mechanism.sampler
 
     def event(self) -> Any:
-        """The privacy event of the next release (None when not private)."""
-        return self.release_mechanism.event()
+        """The privacy event the next release charges (None when not private): a banded run's
+        one event until it is recorded, else the round's."""
+        run = self._pending_run_event()
+        return run if run is not None else self.release_mechanism.event(self.round)
+
+    @property
+    def run_release_id(self) -> str:
+        """The ledger id of a banded run's one event."""
+        return f"{self.name}banded:run"
+
+    def _pending_run_event(self) -> Any:
+        """The banded run's event while the ledger does not hold it yet (else None)."""
+        event = self.release_mechanism.run_event()
+        if event is None or self.ledger is None or self._run_recorded:
+            return None
+        if isinstance(self.ledger, PrivacyLedger) and self.ledger.has_release(self.run_release_id):
+            return None  # recorded before a resume
+        return event
+
+    def record_run(self) -> None:
+        """Record a banded run's one event (write-ahead, before its first release; budget
+        checked for the whole run). Does nothing with independent noise or once recorded."""
+        event = self._pending_run_event()
+        if event is not None:
+            self.record(
+                event,
+                release_id=self.run_release_id,
+                mechanism=BANDED_RUN_MECHANISM,
+                params=self.release_mechanism.run_params(),
+            )
+            self._run_recorded = True
 
     release_kind = "round"
 
@@ -119,16 +166,20 @@ class Curator(ReleaseCurator):
         A seeded replay of a release the ledger holds already (a resumed run) was charged when it
         was first made, so it never exceeds the budget.
         """
-        return self.would_exceed(self.event(), self.release_id())
+        run = self._pending_run_event()
+        if run is not None:
+            return self.would_exceed(run, self.run_release_id)
+        return self.would_exceed(self.release_mechanism.event(self.round), self.release_id())
 
     def sample_round(self) -> np.ndarray:
         """The sorted indices of this round's clients."""
         rng = self._rng if self._rng is not None else np.random.default_rng(secrets.randbits(128))
-        return np.asarray(self.sampler.sample(rng), dtype=np.int64).reshape(-1)
+        return np.asarray(self.sampler.sample_at(rng, self.round), dtype=np.int64).reshape(-1)
 
     def release(self, messages: Params, rows: np.ndarray | None = None) -> Release:
         """Clip → mean → noise → record → billboard update; returns what was released."""
         # this curator is the mechanism's ledger gate: it records with its ids and replay policy
+        self.record_run()
         common: dict[str, Any] = {
             "ledger": self,
             "round": self.round,
@@ -140,7 +191,9 @@ class Curator(ReleaseCurator):
             num = next(iter(self.billboard.values())).shape[0]
             out = mech.release_blocks(messages, rows, num, self.noise, **common)
         else:
-            out = mech.release(messages, self.noise, template=self.billboard, **common)
+            out = mech.release(
+                messages, self.noise, template=self.billboard, banded=self.banded, **common
+            )
         self._apply(out)
         return out
 
@@ -155,12 +208,14 @@ class Curator(ReleaseCurator):
             raise InvalidParameterError(
                 f"A release from a clipped sum needs update='add'; got update={self.update!r}."
             )
+        self.record_run()
         out = self.release_mechanism.release_sum(
             total,
             self.noise,
             ledger=self,
             round=self.round,
             release_id=self.release_id(),
+            banded=self.banded,
         )
         self._apply(out)
         return out
@@ -197,6 +252,8 @@ class Curator(ReleaseCurator):
             state["server_optimizer"] = self.optimizer.state_dict()
         if self.adaptive_clip is not None:
             state["clip"] = self.release_mechanism.clip
+        if self.banded is not None and self._rng is not None:  # secret: seeded noise only
+            state["banded_noise"] = self.banded.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -209,3 +266,10 @@ class Curator(ReleaseCurator):
             self.optimizer.load_state_dict(state.get("server_optimizer", {}))
         if self.adaptive_clip is not None:
             self._set_clip(float(state["clip"]))
+        if self.banded is not None:
+            if "banded_noise" not in state:
+                raise InvalidParameterError(
+                    "A run with banded noise resumes only with seeded noise (its past noise is "
+                    "checkpointed then); this checkpoint has none: start the run again."
+                )
+            self.banded.load_state_dict(state["banded_noise"], self.billboard)

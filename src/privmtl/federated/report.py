@@ -19,6 +19,7 @@ import numpy as np
 from privmtl.federated.methods import method_class
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.calibration import noise_multiplier
+from privmtl.privacy.release import BANDED_RUN_MECHANISM
 
 __all__ = [
     "CURATOR_DIAGNOSTICS",
@@ -28,6 +29,7 @@ __all__ = [
     "JOINT_DP_NOTION",
     "LOCAL_SELECT_CLIENT_NOTE",
     "LOCAL_SELECT_POOLED",
+    "banded_summary",
     "curator_diagnostics",
     "finish_guarantee",
     "global_accuracy",
@@ -215,6 +217,15 @@ def result_parts(
     else:
         details: dict[str, Any] = {"noise_multiplier": z, "rounds": cfg.rounds, "rate": q / m}
         notes = noise_notes(result.noise_source)
+        if cfg.noise_mechanism == "banded":
+            notes += (
+                "banded matrix-factorization noise: the whole run is one Gaussian mechanism, "
+                "charged in full before its first round (details.run_noise_multiplier; "
+                "noise_multiplier is sigma*q/clip of the strategy's z)",
+            )
+            run = banded_summary(result.ledger, None)
+            if run is not None:
+                details["run_noise_multiplier"] = run["run_noise_multiplier"]
         if result.ledger is not None:
             # ε composes every release the ledger holds, which is not always one per round run
             releases = len(result.ledger.records)
@@ -284,4 +295,34 @@ def result_parts(
         "stopped_on_budget": bool(result.stopped_on_budget),
         "rounds_run": len(result.history),
     }
+    if cfg.sampling == "cyclic":
+        out["groups"] = cfg.groups
+    if cfg.noise_mechanism != "independent":
+        out["noise_mechanism"] = cfg.noise_mechanism
+        out["banded"] = banded_summary(result.ledger, guarantee)
     return out, guarantee
+
+
+def banded_summary(ledger: Any, guarantee: PrivacyGuarantee | None) -> dict[str, Any] | None:
+    """What a banded run's result states of its noise: the strategy's ``bands``, the
+    participation ``groups``, the ``sensitivity`` of the released means, the run's noise
+    multiplier and σ of :math:`z`, read from the run's one ledger event, with the guarantee's
+    ε and δ when one is given (None without a ledger: not private)."""
+    runs = (
+        []
+        if ledger is None
+        else [r for r in ledger.records if r.get("mechanism") == BANDED_RUN_MECHANISM]
+    )
+    if not runs:
+        return None
+    params = runs[-1]["params"]
+    return {
+        "mechanism": "banded",
+        "bands": params["bands"],
+        "groups": params["groups"],
+        "rounds": params["rounds"],
+        "sensitivity": params["sensitivity"],
+        "noise_std": params["noise_std"],
+        "run_noise_multiplier": params["run_noise_multiplier"],
+        **({} if guarantee is None else {"epsilon": guarantee.epsilon, "delta": guarantee.delta}),
+    }

@@ -42,7 +42,9 @@ from privmtl.federated.methods.base import DEFAULT_LAM_NONPRIVATE, DEFAULT_LAM_P
 from privmtl.federated.methods.fedavg import DEFAULT_FEDPROX_MU
 from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
 from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.matrix_factorization import NOISE_MECHANISMS
 from privmtl.privacy.release import billboard_carries_signal
+from privmtl.privacy.sampling import cyclic_group_size
 
 __all__ = [
     "DEFAULT_CLIENTS_PER_ROUND",
@@ -58,6 +60,8 @@ __all__ = [
     "SPEC",
     "RunSpec",
     "check_param_names",
+    "check_participation",
+    "check_resume",
     "default_clients_per_round",
     "default_lam",
     "resolve_clients_per_round",
@@ -80,7 +84,7 @@ FINETUNE_CHOICES = ("auto", "none", *FINETUNE_METHODS)
 client's choice on its own validation split, :data:`~privmtl.federated.finish.AUTO_FINETUNE_EPOCHS`),
 ``none``, or one of :func:`~privmtl.federated.finetune.finetune`'s methods
 (:data:`FINETUNE_METHODS`)."""
-_SAMPLINGS = ("poisson", "fixed", "all")
+_SAMPLINGS = ("poisson", "fixed", "all", "cyclic")
 _ACCOUNTANTS = ("rdp", "pld")
 _NOISE_SOURCES = ("secure", "seeded")
 _SERVER_OPTIMIZERS = ("none", "momentum", "adam")
@@ -95,8 +99,47 @@ def default_clients_per_round(m: int) -> int:
     return min(DEFAULT_CLIENTS_PER_ROUND, int(m))
 
 
+def check_participation(sampling: str, groups: int, noise_mechanism: str) -> None:
+    """Refuse a ``groups`` or ``noise_mechanism`` the ``sampling`` cannot go with.
+
+    ``groups`` (an integer >= 1) other than 1 needs ``sampling="cyclic"``;
+    ``noise_mechanism="banded"`` needs ``sampling`` ``"all"`` or ``"cyclic"`` (the participation
+    patterns its sensitivity is computed for)."""
+    from privmtl._validation import check_choice, check_int
+
+    check_int("groups", groups, low=1)
+    check_choice("noise_mechanism", noise_mechanism, NOISE_MECHANISMS)
+    if groups != 1 and sampling != "cyclic":
+        raise InvalidParameterError(
+            "The 'groups' parameter applies to sampling='cyclic' only; got "
+            f"groups={groups!r} with sampling={sampling!r}."
+        )
+    if noise_mechanism == "banded" and sampling not in ("all", "cyclic"):
+        raise InvalidParameterError(
+            "The 'noise_mechanism' parameter 'banded' needs the 'sampling' parameter 'all' or "
+            f"'cyclic' (a participation pattern it can account exactly); got sampling={sampling!r}."
+        )
+
+
+def check_resume(resume: bool, noise_mechanism: str, noise_source: str) -> None:
+    """Refuse to resume a run with secure banded noise: its next rounds' noise depends on the
+    past rounds' noise, which only a seeded run checkpoints (secure noise is never written
+    down)."""
+    if resume and noise_mechanism == "banded" and noise_source != "seeded":
+        raise InvalidParameterError(
+            "The 'resume' parameter needs noise_source='seeded' (--reproducible-noise) with "
+            "noise_mechanism='banded' (banded noise depends on the past rounds' noise, which "
+            f"secure noise never writes down); got noise_source={noise_source!r}."
+        )
+
+
 def resolve_clients_per_round(
-    clients_per_round: int | None, m: int, *, sampling: str, every_client: bool = False
+    clients_per_round: int | None,
+    m: int,
+    *,
+    sampling: str,
+    every_client: bool = False,
+    groups: int = 1,
 ) -> int:
     """``q`` of a run on ``m`` clients: the one place clients per round is resolved.
 
@@ -110,6 +153,15 @@ def resolve_clients_per_round(
     m = int(m)
     if every_client:
         return m
+    if sampling == "cyclic":  # the largest of the groups: ceil(m / groups)
+        q = cyclic_group_size(m, groups)
+        if clients_per_round is not None and int(clients_per_round) != q:
+            raise InvalidParameterError(
+                "The 'clients_per_round' parameter must equal the largest group's size "
+                f"ceil(m / groups) = {q} with sampling='cyclic' (m={m}, groups={groups}); got "
+                f"{clients_per_round}."
+            )
+        return q
     if sampling == "all":  # every client in every round: the q accounted is m
         if clients_per_round is not None and int(clients_per_round) != m:
             raise InvalidParameterError(
@@ -216,8 +268,14 @@ class RunSpec:
         σ of the noise on the released mean.
     delta : float, "paper" or None, default None
         δ; None: min(1e-5, 1/(100 m)); ``"paper"``: 1/m (:func:`resolve_delta`).
-    sampling : {"poisson", "fixed", "all"}, default "poisson"
-        Client sampling (``"all"`` when ``q = m``).
+    sampling : {"poisson", "fixed", "all", "cyclic"}, default "poisson"
+        Client sampling (``"all"`` when ``q = m``); ``"cyclic"``: ``groups`` public groups
+        (client ``k`` in group ``k mod b``), group ``t mod b`` in round ``t``.
+    groups : int, default 1
+        ``b``, the groups of ``sampling="cyclic"`` (in [1, m]; 1 only with other samplings).
+    noise_mechanism : {"independent", "banded"}, default "independent"
+        Fresh noise every round, or banded matrix-factorization noise over the run
+        (:mod:`privmtl.privacy.matrix_factorization`; needs ``sampling`` "all" or "cyclic").
     accountant : {"rdp", "pld"}, default "rdp"
     relation : {"add-remove", "replace-one"}, default "add-remove"
     finetune : str, default "auto"
@@ -257,6 +315,8 @@ class RunSpec:
     noise_std: float | None = None
     delta: float | str | None = None
     sampling: str = "poisson"
+    groups: int = 1
+    noise_mechanism: str = "independent"
     accountant: str = "rdp"
     relation: str = "add-remove"
     finetune: str = "auto"
@@ -288,6 +348,8 @@ class RunSpec:
         "noise_std": [None, Interval(Real, 0.0, None)],
         "delta": [None, Options(("paper",)), Interval(Real, 0.0, 1.0, closed="neither")],
         "sampling": Options(_SAMPLINGS),
+        "groups": Interval(Integral, 1, None),
+        "noise_mechanism": Options(NOISE_MECHANISMS),
         "accountant": Options(_ACCOUNTANTS),
         "relation": Options(RELATIONS),
         "finetune": Options(FINETUNE_CHOICES),
@@ -318,6 +380,7 @@ class RunSpec:
             )
         for name, value in validate_params(self).items():
             object.__setattr__(self, name, value)
+        check_participation(self.sampling, self.groups, self.noise_mechanism)
         if self.shared_params is not None:
             object.__setattr__(self, "shared_params", check_param_names(self.shared_params))
 
@@ -365,6 +428,7 @@ def resolve_defaults(
         m,
         sampling=spec.sampling,
         every_client=method_class(spec.method).every_client,  # clients_per_round does not apply
+        groups=spec.groups,
     )
     lam = default_lam(spec.method, private=spec.private) if spec.lam is None else spec.lam
     delta, _ = resolve_delta(spec.delta, m)
@@ -376,6 +440,7 @@ def resolve_defaults(
         lam=lam,
         delta=delta,
         sampling="all" if q == m else spec.sampling,
+        groups=1 if q == m else spec.groups,
         personal_init=personal_init,
     )
 
@@ -412,6 +477,8 @@ def train_config(resolved: RunSpec, **execution: Any) -> Any:
         epsilon=resolved.epsilon,
         noise_std=resolved.noise_std or 0.0,
         sampling=resolved.sampling,
+        groups=resolved.groups,
+        noise_mechanism=resolved.noise_mechanism,
         seed=resolved.seed,
         delta=delta,
         accountant=resolved.accountant,

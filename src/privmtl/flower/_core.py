@@ -128,6 +128,8 @@ RUN_DEFAULTS: dict[str, Any] = {
     "local-epochs": 0,  # 0: not given
     "seed": SPEC.seed,
     "sampling": SPEC.sampling,
+    "groups": SPEC.groups,  # sampling "cyclic" only
+    "noise-mechanism": SPEC.noise_mechanism,
     "accountant": SPEC.accountant,
     "relation": SPEC.relation,
     "server-update": SPEC.server_update,

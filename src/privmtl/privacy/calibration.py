@@ -225,7 +225,11 @@ def mean_multiplier_for(combined: float, count_noise_std: float) -> float:
 
 # ------------------------------------------------------------------------- federated mean release
 def rounds_event(sampler: Any, multiplier: float, rounds: int) -> dpe.DpEvent:
-    """The event of ``rounds`` releases: the sampler's one-round event for ``multiplier``, composed."""
+    """The event of ``rounds`` releases: the sampler's one-round event for ``multiplier``, composed
+    (``sampler.composed_event`` when it has one: a cyclic client takes part in ``ceil(T/b)``)."""
+    composed = getattr(sampler, "composed_event", None)
+    if composed is not None:
+        return composed(multiplier, rounds)
     return dpe.SelfComposedDpEvent(sampler.event(multiplier), rounds)
 
 

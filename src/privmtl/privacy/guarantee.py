@@ -23,8 +23,9 @@ __all__ = [
 RELATIONS = ("add-remove", "replace-one")
 
 #: Client-sampling schemes: Poisson (each client independently with rate q/m), fixed-size (exactly q
-#: of m without replacement), all (every task every round), none (one release, no sampling).
-SAMPLINGS = ("poisson", "fixed", "all", "none")
+#: of m without replacement), all (every task every round), cyclic (clients in b public groups, group
+#: t mod b in round t), none (one release, no sampling).
+SAMPLINGS = ("poisson", "fixed", "all", "cyclic", "none")
 
 #: Accountants. ``rdp`` and ``pld`` come from Google's dp-accounting; ``paper`` is a published closed
 #: form; ``kairouz-cb`` the composition bound used by MP-MTL for pure-ε releases; ``none`` non-private.
@@ -41,7 +42,7 @@ class PrivacyGuarantee:
         The guarantee. ``epsilon = inf`` means no guarantee (non-private).
     relation : {"add-remove", "replace-one"}
         Neighbouring relation: the two inputs differ in one whole task (client).
-    sampling : {"poisson", "fixed", "all", "none"}
+    sampling : {"poisson", "fixed", "all", "cyclic", "none"}
         Client-sampling scheme the accountant assumed — and the one the code performed.
     accountant : {"rdp", "pld", "paper", "kairouz-cb", "none"}
         How ε was computed.

@@ -35,6 +35,14 @@ SHA-256 of its bytes after every line, and :meth:`PrivacyLedger.seen` gives the 
 and that digest for a checkpoint to record; :meth:`PrivacyLedger.check_seen` (and ``open(...,
 seen=...)``) refuses a file shorter than, or differing in its prefix from, what a checkpoint saw.
 
+A run with banded matrix-factorization noise is ONE Gaussian mechanism over all its rounds: its
+ledger holds that event first (mechanism ``"banded-mf"``, release id ``"banded:run"``, recorded
+before the first round, with the strategy and the sensitivity in its ``params``), then one entry
+per round (``"banded-mf-round"``, a ``NoOpDpEvent``: part of the run's event). The ε after every
+entry is the whole run's, and :func:`reaccount` composes the same events to the same ε. A cyclic
+run with independent noise records the Gaussian in the rounds of group 0 and a ``NoOpDpEvent``
+in the others (:class:`~privmtl.privacy.sampling.CyclicSampler`).
+
 Replays. A run resumed from a checkpoint repeats the releases made after that checkpoint. With
 seeded noise the repeated release is bit-identical to the first one (a deterministic function of
 the checkpointed state), so recording it again with ``replay_ok=True`` returns the recorded ε

@@ -40,6 +40,7 @@ RMSE several-fold as ``groups`` grows (``benchmarks/results/banded_mf.md``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -58,6 +59,8 @@ from privmtl.privacy.noise import NoiseSource
 
 __all__ = [
     "FULL_PARTICIPATION",
+    "FULL_PARTICIPATION_BANDS",
+    "NOISE_MECHANISMS",
     "STRATEGY_FORMAT",
     "BandedNoise",
     "BandedStrategy",
@@ -67,7 +70,16 @@ __all__ = [
     "banded_noise_std",
     "optimal_banded_strategy",
     "prefix_sum_coefficients",
+    "run_strategy",
 ]
+
+#: How a run's rounds get their noise: ``"independent"`` (fresh N(0, σ²I) every round) or
+#: ``"banded"`` (the banded matrix-factorization noise of :func:`run_strategy`).
+NOISE_MECHANISMS = ("independent", "banded")
+
+#: The bands of the strategy at full participation (one group): the optimum of
+#: ``benchmarks/results/banded_mf.md`` (any factorization gains < 1.23x there).
+FULL_PARTICIPATION_BANDS = 2
 
 #: The ``format`` tag of :meth:`BandedStrategy.to_dict`.
 STRATEGY_FORMAT = "privmtl-banded-mf"
@@ -501,6 +513,35 @@ class BandedNoise:
             self._past.append(w)
         self.round = t + 1
         return w
+
+    def state_dict(self) -> dict[str, Any]:
+        """The round and the past noise the next rounds depend on (secret: they are noise)."""
+        return {"round": self.round, "past": [p.tolist() for p in self._past]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the strategy, σ and source are the caller's)."""
+        past = [np.asarray(p, dtype=np.float64).reshape(self.shape) for p in state["past"]]
+        if len(past) > max(self.strategy.bands - 1, 0):
+            raise InvalidParameterError(
+                f"A banded noise state of a {self.strategy.bands}-banded strategy holds at most "
+                f"{self.strategy.bands - 1} past rounds; got {len(past)}."
+            )
+        self.round = check_int("round", state["round"], low=0, high=self.strategy.rounds)
+        self._past.clear()
+        self._past.extend(past)
+
+
+@functools.lru_cache(maxsize=16)
+def run_strategy(rounds: int, groups: int = 1) -> BandedStrategy:
+    """The strategy of a training run with banded noise: :func:`optimal_banded_strategy` for
+    ``rounds`` rounds and ``groups`` cyclic groups, with ``groups`` bands (the columns of a group
+    then do not overlap and the sensitivity is exact), or :data:`FULL_PARTICIPATION_BANDS` at
+    full participation (``groups = 1``); never more bands than rounds. Deterministic (and cached):
+    the calibration and the release build the same matrix."""
+    rounds = check_int("rounds", rounds, low=1)
+    groups = check_int("groups", groups, low=1)
+    bands = min(rounds, groups if groups > 1 else FULL_PARTICIPATION_BANDS)
+    return optimal_banded_strategy(rounds, bands, CyclicParticipation(groups))
 
 
 # ------------------------------------------------------------------------------ the privacy

@@ -48,6 +48,18 @@ Two options change what is released, not the sensitivity argument:
   two independently amplified ones. Under replace-one both sensitivities double (2γ/q and 1),
   so :math:`z_\Delta` is the same and the accountant applies the relation as for the mean alone.
 
+**Banded noise** (``strategy``, a :class:`~privmtl.privacy.matrix_factorization.BandedStrategy`
+:math:`C` of the run's ``T`` rounds): round ``t``'s mean gets :math:`w_t = (C^{-1}z)_t` instead of
+fresh noise (:class:`BandedMeanNoise`, one
+:class:`~privmtl.privacy.matrix_factorization.BandedNoise` per parameter tensor), so that the
+billboard, the prefix sum of the releases, carries the factorization's noise. The whole run is
+then ONE Gaussian mechanism (:meth:`GaussianMeanRelease.run_event`: multiplier
+:math:`\sigma/(\frac{\gamma}{q}\,\mathrm{sens}(C))` with the sensitivity of the sampler's
+participation pattern, every client or cyclic groups); it is recorded before the first round,
+and each round's release is recorded as part of it (a :class:`~dp_accounting.NoOpDpEvent`, whose
+``params`` say so). Other samplers, a random subspace and adaptive clipping's count are refused
+with it.
+
 The norm is taken over all parameters of a message jointly. A *block* release
 (:meth:`GaussianMeanRelease.release_blocks`, joint-model DP) puts each client's clipped message in
 its own block of an ``m``-block vector and adds noise to every block; with ``divisor = 1`` its
@@ -74,13 +86,23 @@ from privmtl.privacy.calibration import (
     noise_std_for,
 )
 from privmtl.privacy.curator import ReleaseCurator
+from privmtl.privacy.matrix_factorization import (
+    BandedNoise,
+    BandedStrategy,
+    CyclicParticipation,
+    banded_event,
+)
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.sampling import ClientSampler
 
 __all__ = [
+    "BANDED_ROUND_MECHANISM",
+    "BANDED_RUN_MECHANISM",
     "AdaptiveClip",
+    "BandedMeanNoise",
     "GaussianMeanRelease",
     "Release",
+    "banded_groups",
     "billboard_carries_signal",
     "billboard_noise_and_bound",
     "clip_factors",
@@ -97,6 +119,74 @@ __all__ = [
 
 
 Params = dict[str, torch.Tensor]
+
+#: The ledger's ``mechanism`` of a banded run's one event, and of each of its rounds' releases.
+BANDED_RUN_MECHANISM = "banded-mf"
+BANDED_ROUND_MECHANISM = "banded-mf-round"
+
+
+def banded_groups(sampler: ClientSampler) -> int:
+    """The participation groups of a sampler that banded noise can account: 1 for ``"all"``,
+    ``groups`` for ``"cyclic"``; any other sampler is refused."""
+    kind = getattr(sampler, "kind", None)
+    if kind == "all":
+        return 1
+    if kind == "cyclic":
+        return int(sampler.groups)  # type: ignore[attr-defined]
+    raise InvalidParameterError(
+        "The 'noise_mechanism' parameter 'banded' needs the 'sampling' parameter 'all' or "
+        f"'cyclic' (a participation pattern it can account exactly); got sampling={kind!r}."
+    )
+
+
+class BandedMeanNoise:
+    """The mutable noise state of a banded release: one
+    :class:`~privmtl.privacy.matrix_factorization.BandedNoise` per parameter tensor (its shape),
+    created at the first round and fed by the run's noise source, in the parameters' order.
+
+    Parameters
+    ----------
+    strategy : BandedStrategy
+    noise_std : float
+        σ of the strategy's :math:`z`.
+    noise : NoiseSource
+    """
+
+    def __init__(self, strategy: BandedStrategy, noise_std: float, noise: NoiseSource) -> None:
+        self.strategy, self.noise_std, self.noise = strategy, noise_std, noise
+        self.noises: dict[str, BandedNoise] = {}
+        self.round = 0
+
+    def draw(self, mean: Params, round: int | None) -> Params:
+        """Round ``round``'s noise for every tensor of ``mean`` (rounds in order, from 0)."""
+        if round is not None and int(round) != self.round:
+            raise InvalidParameterError(
+                f"Banded noise is drawn round after round; the next round is {self.round}, "
+                f"got round={round}."
+            )
+        out = {}
+        for n, t in mean.items():
+            if n not in self.noises:
+                self.noises[n] = BandedNoise(
+                    self.strategy, self.noise_std, self.noise, tuple(t.shape)
+                )
+            w = self.noises[n].next()
+            out[n] = torch.as_tensor(w, dtype=t.dtype).to(t.device)
+        self.round += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The round and every tensor's past noise (secret: checkpointed with seeded noise only)."""
+        return {"round": self.round, "noises": {n: b.state_dict() for n, b in self.noises.items()}}
+
+    def load_state_dict(self, state: dict[str, Any], template: Params) -> None:
+        """Restore :meth:`state_dict` output; ``template`` gives the tensors' shapes."""
+        self.round = int(state["round"])
+        self.noises = {}
+        for n, st in state["noises"].items():
+            b = BandedNoise(self.strategy, self.noise_std, self.noise, tuple(template[n].shape))
+            b.load_state_dict(st)
+            self.noises[n] = b
 
 
 def update_norms(updates: Params) -> torch.Tensor:
@@ -239,6 +329,10 @@ class GaussianMeanRelease:
     count_noise_std : float, optional
         σ_b: also release the noisy fraction of unclipped messages (adaptive clipping, module
         docstring), accounted jointly with the mean. None: no count. Mean releases only.
+    strategy : BandedStrategy, optional
+        Banded noise of this strategy over the run's rounds (module docstring); ``noise_std`` is
+        then σ of its :math:`z`. Needs a sampler of every client or of cyclic groups. None:
+        independent noise.
     """
 
     clip: float | None
@@ -248,8 +342,22 @@ class GaussianMeanRelease:
     subspace_dim: int | None = None
     subspace_seed: int = 0
     count_noise_std: float | None = None
+    strategy: BandedStrategy | None = None
 
     def __post_init__(self) -> None:
+        if self.strategy is not None:
+            if not isinstance(self.strategy, BandedStrategy):
+                raise InvalidParameterError(
+                    "The 'strategy' parameter must be a BandedStrategy or None; got "
+                    f"{type(self.strategy).__name__}."
+                )
+            banded_groups(self.sampler)
+            for name in ("subspace_dim", "count_noise_std"):
+                if getattr(self, name) is not None:
+                    raise InvalidParameterError(
+                        f"The '{name}' parameter must be None with banded noise; got "
+                        f"{getattr(self, name)!r}."
+                    )
         if self.clip is not None:
             check_real("clip", self.clip, low=0.0, closed="neither")
         check_real("noise_std", self.noise_std, low=0.0)
@@ -286,10 +394,46 @@ class GaussianMeanRelease:
             return z
         return combined_noise_multiplier(z, count_noise_multiplier(self.count_noise_std))
 
-    def event(self) -> dpe.DpEvent | None:
-        """The dp-accounting event of one release (None when not private)."""
+    def event(self, round: int | None = None) -> dpe.DpEvent | None:
+        """The dp-accounting event of one release, of round ``round`` when given (None when not
+        private); with banded noise a :class:`~dp_accounting.NoOpDpEvent`: the round is part of
+        :meth:`run_event`."""
         z = self.event_multiplier
-        return None if z is None else self.sampler.event(z)
+        if z is None:
+            return None
+        if self.strategy is not None:
+            return dpe.NoOpDpEvent()
+        return self.sampler.event(z) if round is None else self.sampler.event_at(z, round)
+
+    @property
+    def participation(self) -> CyclicParticipation:
+        """The participation pattern banded noise is accounted for (every client, or cyclic)."""
+        return CyclicParticipation(banded_groups(self.sampler))
+
+    def run_event(self) -> dpe.DpEvent | None:
+        """The one event of a banded run (None with independent noise or when not private):
+        :func:`~privmtl.privacy.matrix_factorization.banded_event` with bound γ/q."""
+        if self.strategy is None or not self.private:
+            return None
+        assert self.clip is not None
+        return banded_event(
+            self.strategy, self.noise_std, self.participation, bound=self.clip / self.q
+        )
+
+    def run_params(self) -> dict[str, Any]:
+        """What the ledger records with :meth:`run_event`: the release's parameters, the
+        participation, the sensitivity of the released means and the strategy itself."""
+        assert self.strategy is not None and self.clip is not None
+        sens = self.strategy.sensitivity(self.participation)
+        return {
+            **self.params(),
+            "groups": self.participation.groups,
+            "rounds": self.strategy.rounds,
+            "bands": self.strategy.bands,
+            "sensitivity": sens * self.clip / self.q,
+            "run_noise_multiplier": self.noise_std / (sens * self.clip / self.q),
+            "strategy": self.strategy.to_dict(),
+        }
 
     def params(self) -> dict[str, Any]:
         """The release's parameters as a ledger entry records them."""
@@ -311,6 +455,12 @@ class GaussianMeanRelease:
                 if self.count_noise_std is not None
                 else {}
             ),
+            **(
+                {"groups": self.sampler.groups}  # type: ignore[attr-defined]
+                if getattr(self.sampler, "kind", None) == "cyclic"
+                else {}
+            ),
+            **({"noise_mechanism": "banded"} if self.strategy is not None else {}),
         }
 
     def subspace(self, round: int | None, dim: int) -> np.ndarray:
@@ -337,7 +487,7 @@ class GaussianMeanRelease:
     def _record(
         self, ledger: Any, round: int | None, release_id: str | None, replay_ok: bool, kind: str
     ) -> tuple[float, dpe.DpEvent | None]:
-        event = self.event()
+        event = self.event(round)
         if event is None or ledger is None:
             return (float("inf") if event is None else float("nan")), event
         if isinstance(ledger, ReleaseCurator):  # the curator's gate: its ids and replay policy
@@ -371,6 +521,7 @@ class GaussianMeanRelease:
         round: int | None = None,
         release_id: str | None = None,
         replay_ok: bool = False,
+        banded: BandedMeanNoise | None = None,
     ) -> Release:
         """Clip → mean over the fixed divisor → noise → ledger record → the released mean.
 
@@ -381,11 +532,12 @@ class GaussianMeanRelease:
         :meth:`~privmtl.privacy.ledger.PrivacyLedger.record` (seeded replays after resume).
         ``ledger`` may also be a :class:`~privmtl.privacy.curator.ReleaseCurator`: the event is
         then recorded through its gate (:meth:`~privmtl.privacy.curator.ReleaseCurator.record`,
-        its replay policy instead of ``replay_ok``).
+        its replay policy instead of ``replay_ok``). ``banded`` holds the noise state of a banded
+        release (required with ``strategy``; the caller records :meth:`run_event` first).
         """
         mean, norms, clipped = self.aggregate(updates, template)
-        value, details = self._noised(mean, noise, round)
-        kind = "gaussian-mean"
+        value, details = self._noised(mean, noise, round, banded)
+        kind = "gaussian-mean" if self.strategy is None else BANDED_ROUND_MECHANISM
         if self.count_noise_std is not None:
             details.update(self._count_release(norms, noise))
             kind = "gaussian-mean+count"
@@ -394,8 +546,20 @@ class GaussianMeanRelease:
         return Release(value, norms, clipped, eps, event, details)
 
     def _noised(
-        self, mean: Params, noise: NoiseSource, round: int | None
+        self,
+        mean: Params,
+        noise: NoiseSource,
+        round: int | None,
+        banded: BandedMeanNoise | None = None,
     ) -> tuple[Params, dict[str, Any]]:
+        if self.strategy is not None and self.noise_std > 0:
+            if banded is None:
+                raise InvalidParameterError(
+                    "A banded release needs its noise state ('banded', a BandedMeanNoise)."
+                )
+            banded_draws = banded.draw(mean, round)
+            value = {n: mean[n] + banded_draws[n] for n in mean}
+            return value, signal_noise(mean, banded_draws)
         if self.subspace_dim is not None:
             return self._subspace_release(mean, noise, round)
         draws = noise.normal_like(mean, self.noise_std) if self.noise_std > 0 else None
@@ -437,6 +601,7 @@ class GaussianMeanRelease:
         round: int | None = None,
         release_id: str | None = None,
         replay_ok: bool = False,
+        banded: BandedMeanNoise | None = None,
     ) -> Release:
         """Mean over the fixed divisor → noise → ledger record, from a sum clipped elsewhere.
 
@@ -455,9 +620,10 @@ class GaussianMeanRelease:
                 f"{self.count_noise_std}."
             )
         mean = {n: t / self.q for n, t in total.items()}
-        value, details = self._noised(mean, noise, round)
+        value, details = self._noised(mean, noise, round, banded)
         details["clip"] = self.clip
-        eps, event = self._record(ledger, round, release_id, replay_ok, "gaussian-mean")
+        kind = "gaussian-mean" if self.strategy is None else BANDED_ROUND_MECHANISM
+        eps, event = self._record(ledger, round, release_id, replay_ok, kind)
         return Release(value, np.zeros(0), np.zeros(0, dtype=bool), eps, event, details)
 
     def release_blocks(
@@ -474,6 +640,10 @@ class GaussianMeanRelease:
     ) -> Release:
         """Block release: row ``j`` of the clipped messages lands in block ``rows[j]`` of an
         ``(num_blocks, ...)`` vector (divided by the divisor), and every block gets noise."""
+        if self.strategy is not None:
+            raise InvalidParameterError(
+                "Banded noise releases means; a block release (update='blocks') is refused."
+            )
         first = next(iter(updates.values()))
         value = {
             n: torch.zeros((num_blocks, *t.shape[1:]), dtype=t.dtype, device=t.device)

@@ -7,6 +7,15 @@ samples exactly q clients but accounts Poisson sampling; docs/privacy-model.md).
 Normalization convention (all schemes): the server divides the sum of clipped updates by the fixed
 ``clients_per_round`` q — not by the realised number of Poisson-sampled clients — so the add/remove
 sensitivity of the released mean is γ/q and the noise multiplier of noise std σ is z = σ·q/γ.
+
+Cyclic participation (:class:`CyclicSampler`) is not random at all: client ``k`` belongs to the
+public group ``k mod b`` and round ``t`` takes group ``t mod b``. A client then takes part in at
+most ``ceil(T/b)`` of ``T`` rounds and is untouched by the others, so with independent noise the
+run composes ``ceil(T/b)`` Gaussian rounds (no amplification): the per-round event
+(:meth:`ClientSampler.event_at`) is the Gaussian in the rounds of group 0 (the group with the
+most rounds, ``ceil((t+1)/b)`` after round ``t``) and nothing in the others, whose releases are
+covered by parallel composition (they touch other clients only). The ledger's ε after round ``t``
+is therefore exactly that of the client with the most rounds so far.
 """
 
 from __future__ import annotations
@@ -23,9 +32,11 @@ from privmtl.privacy.guarantee import SAMPLINGS
 __all__ = [
     "SAMPLING_KINDS",
     "ClientSampler",
+    "CyclicSampler",
     "FixedSizeSampler",
     "FullParticipation",
     "PoissonSampler",
+    "cyclic_group_size",
     "make_sampler",
 ]
 
@@ -59,6 +70,21 @@ class ClientSampler:
     def sample(self, rng: np.random.Generator) -> np.ndarray:
         """Draw the sorted indices of the clients of one round."""
         raise NotImplementedError
+
+    def sample_at(self, rng: np.random.Generator, round: int) -> np.ndarray:
+        """The sorted indices of the clients of round ``round`` (0-based); :meth:`sample` for
+        every sampler whose draw does not depend on the round."""
+        return self.sample(rng)
+
+    def event_at(self, noise_multiplier: float, round: int) -> dp_accounting.DpEvent:
+        """The event recorded for round ``round`` (0-based): :meth:`event` unless the sampler's
+        rounds differ (:class:`CyclicSampler`)."""
+        return self.event(noise_multiplier)
+
+    def composed_event(self, noise_multiplier: float, rounds: int) -> dp_accounting.DpEvent:
+        """The event of ``rounds`` rounds: :meth:`event` composed ``rounds`` times (what the
+        ledger's per-round events of :meth:`event_at` compose to)."""
+        return dp_accounting.SelfComposedDpEvent(self.event(noise_multiplier), int(rounds))
 
     def event(self, noise_multiplier: float) -> dp_accounting.DpEvent:
         """The dp-accounting event of ONE round of the Gaussian mechanism on the sampled clients.
@@ -121,15 +147,92 @@ class FullParticipation(ClientSampler):
         return self._gaussian(noise_multiplier)
 
 
-def make_sampler(
-    kind: str, num_clients: int, clients_per_round: int | None = None
-) -> ClientSampler:
-    """Build a sampler by name: ``"poisson"``, ``"fixed"`` or ``"all"``.
+def cyclic_group_size(num_clients: int, groups: int) -> int:
+    """The size of the largest of ``groups`` cyclic groups of ``num_clients`` clients,
+    ``ceil(m / b)``: the fixed divisor q of a cyclic run's mean."""
+    m = check_int("num_clients", num_clients, low=1)
+    b = check_int("groups", groups, low=1, high=m)
+    return -(-m // b)
 
-    ``clients_per_round`` defaults to ``num_clients``; for ``"all"`` it must equal it.
+
+@dataclass(frozen=True)
+class CyclicSampler(ClientSampler):
+    """Clients in ``groups`` public groups (client ``k`` in group ``k mod b``); round ``t`` takes
+    group ``t mod b`` (module docstring). ``clients_per_round`` is the largest group's size,
+    ``ceil(m / b)``: the divisor of the mean."""
+
+    groups: int = 1
+
+    kind = "cyclic"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        q = cyclic_group_size(self.num_clients, self.groups)
+        if self.clients_per_round != q:
+            raise InvalidParameterError(
+                "The 'clients_per_round' parameter must be the largest group's size "
+                f"ceil(num_clients / groups) = {q} with sampling='cyclic'; got "
+                f"{self.clients_per_round}."
+            )
+
+    @property
+    def rate(self) -> float:
+        return 1.0 / self.groups
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        raise InvalidParameterError(
+            "A cyclic sampler's clients depend on the round: call sample_at(rng, round)."
+        )
+
+    def sample_at(self, rng: np.random.Generator, round: int) -> np.ndarray:
+        t = check_int("round", round, low=0)
+        return np.arange(t % self.groups, self.num_clients, self.groups)
+
+    def event(self, noise_multiplier: float) -> dp_accounting.DpEvent:
+        """One participation of one client: the plain Gaussian (no amplification)."""
+        return self._gaussian(noise_multiplier)
+
+    def event_at(self, noise_multiplier: float, round: int) -> dp_accounting.DpEvent:
+        gauss = self._gaussian(noise_multiplier)
+        if check_int("round", round, low=0) % self.groups == 0:
+            return gauss
+        return dp_accounting.NoOpDpEvent()
+
+    def composed_event(self, noise_multiplier: float, rounds: int) -> dp_accounting.DpEvent:
+        k = -(-check_int("rounds", rounds, low=1) // self.groups)
+        return dp_accounting.SelfComposedDpEvent(self._gaussian(noise_multiplier), k)
+
+
+def make_sampler(
+    kind: str,
+    num_clients: int,
+    clients_per_round: int | None = None,
+    *,
+    groups: int | None = None,
+) -> ClientSampler:
+    """Build a sampler by name: ``"poisson"``, ``"fixed"``, ``"all"`` or ``"cyclic"``.
+
+    ``clients_per_round`` defaults to ``num_clients``; for ``"all"`` it must equal it, for
+    ``"cyclic"`` it defaults to, and must equal, ``ceil(num_clients / groups)``. ``groups``
+    (integer in [1, num_clients]) is required by ``"cyclic"`` and refused (unless 1) by the
+    others.
     """
     check_choice("sampling", kind, SAMPLING_KINDS)
     m = check_int("num_clients", num_clients, low=1)
+    if kind == "cyclic":
+        if groups is None:
+            raise InvalidParameterError(
+                "The 'groups' parameter is required with sampling='cyclic' (an integer in "
+                f"[1, {m}]); got None."
+            )
+        b = check_int("groups", groups, low=1, high=m)
+        q = cyclic_group_size(m, b) if clients_per_round is None else clients_per_round
+        return CyclicSampler(m, q, b)
+    if groups is not None and groups != 1:
+        raise InvalidParameterError(
+            f"The 'groups' parameter applies to sampling='cyclic' only; got groups={groups!r} "
+            f"with sampling={kind!r}."
+        )
     q = (
         m
         if clients_per_round is None
