@@ -97,10 +97,18 @@ def report() -> None:
         "out and the one-run bound of Steinke, Nasr & Jagielski (2023) gives ε. The trainer's own "
         f"ledger reports ε = {example.get('accounted_epsilon', float('nan')):.4g} for the "
         "claimed ε = 1 run.",
+        "- `banded-mf`: a whole run of 16 releases with banded matrix-factorization noise "
+        "(`GaussianMeanRelease` with `run_strategy(16, 2)`, 2 bands, and its `BandedMeanNoise`), "
+        "cyclic participation of 2 groups of 10 clients (8 rounds per client), σ calibrated by "
+        "`banded_noise_std` for the whole run; canary: a client of group 0 sending 10γ, clipped "
+        "to γ, in each of its rounds (D1) vs no such client (D0); every trial at once (one "
+        "coordinate of the released means per trial, its own noise); score ⟨C c, C y⟩, the "
+        "released means whitened by the strategy; same statistics.",
         "",
         "Mutation tests (`tests/audit/test_audit.py`) run the same experiments on deliberately "
         "broken builds — noise std / 4, clipping disabled, noise seeded from the public seed and "
-        "removed by the auditor — and require each to be flagged, and the real build not to be.",
+        "removed by the auditor, and for `banded-mf` a client charged for one of its rounds "
+        "(`one-participation`) — and require each to be flagged, and the real build not to be.",
         "",
         f"Machine: {info['cpus']} CPUs visible, shared with other jobs; torch {info['torch']}; "
         "seconds are wall-clock per audit (`seconds` column: the slowest ε). The committed run "
@@ -126,6 +134,7 @@ def plot(by: dict[tuple[str, float], dict]) -> None:
         "gaussian-covariance": "o",
         "pmtl-gaussian": "^",
         "pmtl-run": "D",
+        "banded-mf": "v",
     }
     for mech in AUDIT_MECHANISMS:
         pts = [(e, by[(mech, e)]["epsilon_lower_bound"]) for e in EPSILONS if (mech, e) in by]

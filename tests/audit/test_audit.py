@@ -23,7 +23,7 @@ CONTRACT = (
     "violation",
     "seconds",
 )
-SIZES = {"gaussian-covariance": 4000, "pmtl-gaussian": 4000, "pmtl-run": 1000}
+SIZES = {"gaussian-covariance": 4000, "pmtl-gaussian": 4000, "pmtl-run": 1000, "banded-mf": 4000}
 
 
 def _audit(mechanism, mutation, epsilon=2.0):
@@ -55,6 +55,24 @@ def test_broken_builds_are_flagged(mechanism, mutation):
     assert res["violation"] is True, res
     assert res["epsilon_lower_bound"] > 2.0
     assert res["mutation"] == mutation
+
+
+def test_banded_mf_accounted_for_one_participation_is_flagged():
+    """The bug of charging a cyclic client for one of its rounds: its noise is short by the
+    square root of its participations, and the audit proves more than the claim."""
+    res = _audit("banded-mf", "one-participation")
+    assert res["violation"] is True and res["epsilon_lower_bound"] > 2.0
+    assert res["noise_mechanism"] == "banded" and res["bands"] == 2
+
+
+def test_banded_mf_real_build_holds_its_claim_at_epsilon_1():
+    res = run_audit("banded-mf", epsilon=1.0, trials=40000, seed=2)  # secure noise
+    assert res["violation"] is False and res["noise_source"] == "secure"
+
+
+def test_a_mutation_of_one_mechanism_is_refused_for_the_others():
+    with pytest.raises(InvalidParameterError, match=r"'mutation'.*'one-participation'.*banded-mf"):
+        run_audit("pmtl-gaussian", epsilon=1.0, mutation="one-participation")
 
 
 def test_wishart_violates_its_claim():

@@ -28,13 +28,29 @@ mutation, the public seed):
     client does). Canary ``k``'s score is coordinate ``k`` of the sum of released billboard
     increments; the auditor guesses "in" for the top 10 % and "out" for the bottom 10 % and the
     one-run bound of Steinke, Nasr & Jagielski (2023) turns the correct guesses into ε.
+``banded-mf``
+    A whole run of :data:`_BANDED_ROUNDS` releases with banded matrix-factorization noise
+    (:class:`~privmtl.privacy.release.GaussianMeanRelease` with the strategy of
+    :func:`~privmtl.privacy.matrix_factorization.run_strategy` and its
+    :class:`~privmtl.privacy.release.BandedMeanNoise`), cyclic participation of
+    :data:`_BANDED_GROUPS` groups of :data:`_PMTL_Q` clients, σ calibrated by
+    :func:`~privmtl.privacy.matrix_factorization.banded_noise_std` to the claimed ε, δ for the
+    whole run. ``D0``: fixed clients; ``D1``: the same plus a canary client of group 0 sending
+    ``canary_scale·γ·u`` in each of its rounds (clipped by the library's
+    :func:`~privmtl.privacy.release.clip_factors`). Every trial runs at once: coordinate ``i`` of
+    the released means (:meth:`~privmtl.privacy.release.GaussianMeanRelease.release_sum`) is
+    trial ``i``'s, with its own banded noise. Score: the released means ``y`` along ``u``, round
+    by round, whitened by the strategy, ``⟨C y, C c⟩`` with ``c`` the canary's rounds (the
+    likelihood-ratio direction, since ``C y = C x + z``).
 
 Mutations (``mutation=``) inject a bug into the real objects: ``"weak-noise"`` draws the noise
 with a quarter of the planned standard deviation (a wrapper around the noise source; the release
 still claims and accounts the planned σ), ``"no-clip"`` disables the clipping function the release
 calls (:func:`privmtl.privacy.release.clip_factors` / the task clip of
 :mod:`privmtl.privacy.mechanisms`), ``"known-seed"`` uses noise seeded from the public seed, which
-the auditor regenerates and removes.
+the auditor regenerates and removes, and, for ``banded-mf`` only, ``"one-participation"``
+calibrates σ as if each client took part in one round (the sensitivity of a single column of the
+strategy, without the factor of its ``k`` participations).
 """
 
 from __future__ import annotations
@@ -64,13 +80,23 @@ from privmtl.privacy.sampling import FullParticipation
 __all__ = [
     "AUDIT_MECHANISMS",
     "DEFAULT_TRIALS",
+    "MECHANISM_MUTATIONS",
     "MUTATIONS",
     "ScaledNoise",
     "run_audit",
 ]
 
-AUDIT_MECHANISMS = ("wishart", "gaussian-covariance", "pmtl-gaussian", "pmtl-run", "nonprivate-mtl")
-MUTATIONS = ("none", "weak-noise", "no-clip", "known-seed")
+AUDIT_MECHANISMS = (
+    "wishart",
+    "gaussian-covariance",
+    "pmtl-gaussian",
+    "pmtl-run",
+    "nonprivate-mtl",
+    "banded-mf",
+)
+MUTATIONS = ("none", "weak-noise", "no-clip", "known-seed", "one-participation")
+#: The mutations that only one mechanism has.
+MECHANISM_MUTATIONS = {"one-participation": "banded-mf"}
 
 #: Trials (canaries for ``pmtl-run``) when none are given: each audit runs in under 3 minutes on
 #: 2 cores and gives a non-vacuous bound at ε = 1. A perfect distinguisher (no false positives or
@@ -82,6 +108,7 @@ DEFAULT_TRIALS = {
     "pmtl-gaussian": 40000,
     "pmtl-run": 10000,
     "nonprivate-mtl": 60000,
+    "banded-mf": 100000,
 }
 
 #: Weak-noise mutation: the noise std actually drawn, relative to the planned one.
@@ -402,6 +429,77 @@ def _pmtl_run(s: _Setting, progress: Callable[[int], None] | None = None) -> dic
     }
 
 
+# ------------------------------------------------------------------------------ banded MF: whole run
+_BANDED_ROUNDS = 16
+_BANDED_GROUPS = 2
+
+
+def _banded_mf(s: _Setting) -> dict[str, Any]:
+    """Every trial's run at once: coordinate ``i`` of the released means is trial ``i``'s
+    (its own noise: the banded noise of a ``(trials,)`` tensor draws independent ``z`` per
+    coordinate), each trial's sum of clipped updates formed with the library's clipping."""
+    from privmtl.privacy.matrix_factorization import (
+        CyclicParticipation,
+        banded_noise_std,
+        run_strategy,
+    )
+    from privmtl.privacy.release import BandedMeanNoise
+    from privmtl.privacy.sampling import CyclicSampler
+
+    q, d, g, T, b = _PMTL_Q, _PMTL_DIM, _PMTL_CLIP, _BANDED_ROUNDS, _BANDED_GROUPS
+    strategy = run_strategy(T, b)
+    part = CyclicParticipation(b)
+    # the bug: the sensitivity of one participation (a client in one round only)
+    accounted = CyclicParticipation(T) if s.mutation == "one-participation" else part
+    sigma = banded_noise_std(
+        strategy, accounted, target_epsilon=s.epsilon, delta=s.delta, bound=g / q,
+        accountant=ACCOUNTANT, relation=RELATION,
+    )  # fmt: skip
+    mech = GaussianMeanRelease(
+        clip=g, noise_std=sigma, sampler=CyclicSampler(q * b, q, groups=b), strategy=strategy
+    )
+    rng = np.random.default_rng([s.seed, 13])
+    others = torch.as_tensor(rng.standard_normal((q - 1, d)) * (g / math.sqrt(d)))
+    u = torch.zeros(d, dtype=torch.float64)
+    u[0] = 1.0
+    rows = torch.cat([others, (s.canary_scale * g * u).unsqueeze(0)])
+    clipped = rows * _release.clip_factors(rows.norm(dim=1), g).unsqueeze(1)  # the library's clip
+    base, canary = float(clipped[:-1].sum(0) @ u), float(clipped[-1] @ u)
+    n = s.trials // 2
+    present = np.arange(2 * n) % 2 == 1  # trial 2i: D0, trial 2i + 1: D1
+    noise = s.noise_source(0)
+    banded = BandedMeanNoise(strategy, sigma, noise)
+    rep = s.replica(0)
+    copy = None if rep is None else BandedMeanNoise(strategy, sigma, rep)
+    y = np.empty((T, 2 * n))
+    for t in range(T):
+        total = np.full(2 * n, base) + (canary * present if t % b == 0 else 0.0)
+        value = mech.release_sum({"w": torch.as_tensor(total)}, noise, round=t, banded=banded)
+        out = value.value["w"]
+        if copy is not None:  # subtract the regenerated noise
+            out = out - copy.draw({"w": out}, t)["w"]
+        y[t] = out.numpy()
+    C = strategy.matrix()
+    pattern = np.array([1.0 if t % b == 0 else 0.0 for t in range(T)])  # the canary's rounds
+    scores = (C @ pattern) @ (C @ y)  # <C c, C y> per trial
+    res = threshold_audit(scores[~present], scores[present], delta=s.delta, confidence=s.confidence)
+    return {
+        **res,
+        "score": "<C c, C y> (y: the released means along u, round by round; c: the canary's "
+        "rounds)",
+        "relation": "add-remove one client",
+        "sampling": f"cyclic ({b} groups of {q} clients, group t mod {b} in round t; fixed "
+        f"divisor q), {T} rounds, {part.participations(T)} participations per client",
+        "canary": f"client of group 0 sending {s.canary_scale:g}*gamma*u in each of its rounds, "
+        f"clipped to gamma={g:g} (D1) vs no such client (D0)",
+        "noise_mechanism": "banded",
+        "bands": strategy.bands,
+        "noise_std": sigma,
+        "run_noise_multiplier": mech.run_params()["run_noise_multiplier"],
+        "analysis": "Clopper-Pearson on FPR/FNR, threshold chosen on a separate half",
+    }
+
+
 # ------------------------------------------------------------------------------ entry point
 def run_audit(
     mechanism: str,
@@ -419,7 +517,8 @@ def run_audit(
 
     Parameters
     ----------
-    mechanism : {"wishart", "gaussian-covariance", "pmtl-gaussian", "pmtl-run", "nonprivate-mtl"}
+    mechanism : {"wishart", "gaussian-covariance", "pmtl-gaussian", "pmtl-run", "nonprivate-mtl", \
+            "banded-mf"}
     epsilon, delta : float
         The claim audited: the mechanism is planned for it and the bound is computed at ``delta``.
     trials : int, optional
@@ -430,8 +529,9 @@ def run_audit(
         ``known-seed`` mutation, the noise: it is the *public* seed.
     confidence : float
         Confidence of the lower bound (default 0.95).
-    mutation : {"none", "weak-noise", "no-clip", "known-seed"}
-        A deliberately broken build (module docstring).
+    mutation : {"none", "weak-noise", "no-clip", "known-seed", "one-participation"}
+        A deliberately broken build (module docstring); ``"one-participation"`` with
+        ``"banded-mf"`` only.
     noise : {"secure", "seeded"}
         Noise source of the audited build (secure: what users run; seeded: reproducible tests).
     canary_scale : float
@@ -447,6 +547,12 @@ def run_audit(
     """
     check_choice("mechanism", mechanism, AUDIT_MECHANISMS)
     check_choice("mutation", mutation, MUTATIONS)
+    only = MECHANISM_MUTATIONS.get(mutation)
+    if only is not None and mechanism != only:
+        raise InvalidParameterError(
+            f"The 'mutation' parameter {mutation!r} applies to mechanism={only!r} only; got "
+            f"mechanism={mechanism!r}."
+        )
     check_choice("noise", noise, ("secure", "seeded"))
     eps = check_real("epsilon", epsilon, low=0.0, closed="neither")
     dlt = check_real("delta", delta, low=0.0, high=1.0, closed="neither")
@@ -466,6 +572,8 @@ def run_audit(
             res = _pmtl_gaussian(s)
         elif mechanism == "pmtl-run":
             res = _pmtl_run(s)
+        elif mechanism == "banded-mf":
+            res = _banded_mf(s)
         else:
             res = _covariance(s)
     bound = float(res.pop("epsilon_lower_bound"))
