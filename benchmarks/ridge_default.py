@@ -1,0 +1,246 @@
+"""Which local solver should the end of a logistic-regression run use: the SGD grid or ridge?
+
+The population study of :mod:`pmtl_population` (synthetic federation, multinomial logistic
+regression, ``q = min(m, 200)`` clients per round, T = 200 rounds, ε = 1 at the default δ,
+``--reproducible-noise``) run twice per cell, paired by seed: with ``--local-solver sgd`` (the
+minibatch-SGD grids of ``--finetune auto``'s candidates and of ``--method local-all``) and with
+``--local-solver ridge`` (every client's prior-regularised cross-entropy solved in batches,
+:mod:`privmtl.federated.ridge`). Methods: ``pmtl`` and ``fedavg`` (both ``--finetune auto``, the
+default end of run) and ``local-all`` (training alone). Every run is the command in the
+``command`` field of its row, e.g.::
+
+    privmtl pmtl --data synthetic --num-clients 1000 --model logreg --method pmtl \
+        --clients-per-round 200 --rounds 200 --reproducible-noise --quiet --epsilon 1 \
+        --local-solver ridge --seed 0 --json
+
+Rows record the test accuracy (pooled over every test example), the mean client accuracy, the
+phase seconds of the run (``phases``: wall seconds by phase) and the CPU seconds of the measuring
+process (one torch thread; the 2-core machine is shared, so wall seconds partly measure the
+neighbours). A ``--local-solver sgd`` row of a cell already in ``pmtl_population.jsonl`` (the same
+command: the solver was the default there) is copied from it with ``source`` naming that file
+(it has no phase seconds); ``run --rerun-sgd`` measures it again instead.
+
+Modes::
+
+    python benchmarks/ridge_default.py run --ms 100 1000 --seeds 0 1 2
+    python benchmarks/ridge_default.py run --ms 10000 --seeds 0
+    python benchmarks/ridge_default.py report     # ridge_default.md from ridge_default.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import RESULTS, append_jsonl, load_jsonl, mean_std
+from pmtl_population import DEFAULTS, FEATURE_LAW, _row, _run, argv_for, defaults_of, feature_law
+
+JSONL = RESULTS / "ridge_default.jsonl"
+REPORT = RESULTS / "ridge_default.md"
+POPULATION = RESULTS / "pmtl_population.jsonl"
+EPSILON = 1.0
+ROUNDS = 200
+CLIENTS_PER_ROUND = 200
+METHODS = ("pmtl", "fedavg", "local")
+SOLVERS = ("sgd", "ridge")
+NOISE = 0.005
+"""Paired differences (in accuracy) within this are read as noise: half a point, the tolerance of
+issue 32's acceptance line and about the seed-to-seed spread of the study's cells at m = 10 000."""
+
+
+def _argv(method: str, m: int, solver: str | None) -> list[str]:
+    """The ``privmtl pmtl`` arguments of one cell (without --seed and --json); ``solver=None``:
+    no ``--local-solver`` (the population study's rows, measured when sgd was the default)."""
+    argv = argv_for(method, m, None if method == "local" else EPSILON, ROUNDS, CLIENTS_PER_ROUND)
+    return argv + ([] if solver is None else ["--local-solver", solver])
+
+
+def _command(argv: list[str], seed: int) -> str:
+    return "privmtl pmtl " + " ".join(argv) + f" --seed {seed} --json"
+
+
+def _population_row(method: str, m: int, seed: int) -> dict[str, Any] | None:
+    """The population study's row of a cell at the covered defaults with the same command."""
+    want = _command(_argv(method, m, None), seed)
+    for r in load_jsonl(POPULATION):
+        if (
+            r.get("variant") is None
+            and defaults_of(r) == DEFAULTS
+            and feature_law(r) == FEATURE_LAW
+            and r.get("command") == want
+        ):
+            return r
+    return None
+
+
+def run(args: argparse.Namespace) -> None:
+    done = {(r["method"], r["m"], r["seed"], r["solver"]) for r in load_jsonl(JSONL)}
+    for m in args.ms:
+        for seed in args.seeds:
+            for method in args.methods:
+                for solver in args.solvers:
+                    if (method, m, seed, solver) in done:
+                        continue
+                    argv = _argv(method, m, solver)
+                    old = _population_row(method, m, seed) if solver == "sgd" else None
+                    if old is not None and not args.rerun_sgd:
+                        row = {
+                            **{k: v for k, v in old.items() if k != "command"},
+                            "solver": solver,
+                            "phases": None,
+                            "cpu_seconds": None,
+                            "source": POPULATION.name,
+                            "measured_as": old["command"],
+                            "command": _command(argv, seed),
+                        }
+                    else:
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        out = _run(argv, seed)
+                        row = {
+                            "method": method,
+                            "m": m,
+                            "target_epsilon": None if method == "local" else EPSILON,
+                            "seed": seed,
+                            "solver": solver,
+                            **_row(out),
+                            "phases": out.get("phases"),
+                            "seconds": time.perf_counter() - t0,
+                            "cpu_seconds": time.process_time() - c0,
+                            "source": None,
+                            "command": _command(argv, seed),
+                        }
+                    append_jsonl(JSONL, row)
+                    print(
+                        f"{method:>6} m={m:>5} seed={seed} {solver:>5}: "
+                        f"{row['test_accuracy']:.4f} / {row['mean_client_accuracy']:.4f} "
+                        f"end_of_run={(row['phases'] or {}).get('end_of_run', float('nan')):.1f}s "
+                        f"({row['source'] or 'run'})",
+                        flush=True,
+                    )
+
+
+def _by(rows: list[dict[str, Any]]) -> dict[tuple[str, int, int, str], dict[str, Any]]:
+    """The last row of each (method, m, seed, solver)."""
+    return {(r["method"], r["m"], r["seed"], r["solver"]): r for r in rows}
+
+
+def _fmt(mu: float, sd: float, n: int, signed: bool = False, digits: int = 4) -> str:
+    if n == 0:
+        return "—"
+    text = f"{mu:+.{digits}f}" if signed else f"{mu:.{digits}f}"
+    return text + (f" ± {sd:.{digits}f}" if n > 1 else "")
+
+
+def _phase(row: dict[str, Any], name: str) -> float | None:
+    phases = row.get("phases")
+    return None if phases is None else phases.get(name)
+
+
+def report_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The markdown of ``ridge_default.md`` (paired tables and the issue-32 acceptance line)."""
+    by = _by(rows)
+    ms = sorted({r["m"] for r in rows})
+    out = [
+        "# `--local-solver ridge` against the SGD grid at the population study's defaults",
+        "",
+        "Script: `benchmarks/ridge_default.py` (commands and set-up in its docstring; every row in",
+        "`ridge_default.jsonl`; this page: `python benchmarks/ridge_default.py report`). ε = 1,",
+        "seeded noise, synthetic federation, logistic regression, 200 rounds of min(m, 200)",
+        "clients; `local` is `--method local-all`. Pairs: the same seed (same data, same",
+        "trained models and billboard), only the end-of-run solver differs. Accuracy is pooled",
+        "over every test example (`test_accuracy`); mean client accuracy averages the clients.",
+        "",
+        "## Paired by seed",
+        "",
+        "| method | m | seeds | sgd test acc. | ridge test acc. | Δ test (ridge − sgd) | "
+        "Δ per seed | Δ mean client acc. | sgd end of run (s) | ridge end of run (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method in METHODS:
+        for m in ms:
+            seeds = sorted(
+                s
+                for (meth, mm, s, solver) in by
+                if meth == method and mm == m and solver == "ridge" and (meth, mm, s, "sgd") in by
+            )
+            if not seeds:
+                continue
+            sgd = [by[(method, m, s, "sgd")] for s in seeds]
+            rid = [by[(method, m, s, "ridge")] for s in seeds]
+            d = [b["test_accuracy"] - a["test_accuracy"] for a, b in zip(sgd, rid, strict=True)]
+            dc = [
+                b["mean_client_accuracy"] - a["mean_client_accuracy"]
+                for a, b in zip(sgd, rid, strict=True)
+            ]
+            phase = "end_of_run" if method != "local" else "scoring"
+            ends = [
+                _fmt(
+                    *mean_std(x for x in (_phase(r, phase) for r in rs) if x is not None), digits=1
+                )
+                for rs in (sgd, rid)
+            ]
+            out.append(
+                f"| {method} | {m} | {','.join(map(str, seeds))} "
+                f"| {_fmt(*mean_std(r['test_accuracy'] for r in sgd))} "
+                f"| {_fmt(*mean_std(r['test_accuracy'] for r in rid))} "
+                f"| {_fmt(*mean_std(d), signed=True)} "
+                f"| {', '.join(f'{x * 100:+.1f}' for x in d)} pts "
+                f"| {_fmt(*mean_std(dc), signed=True)} | {ends[0]} | {ends[1]} |"
+            )
+    out += [
+        "",
+        "End of run: the run's `end_of_run` phase (wall seconds; `--method local-all` has no",
+        "rounds: its training alone is in its `scoring` phase). `—`: the sgd row was copied",
+        "from `pmtl_population.jsonl`, which has no phase seconds.",
+        "",
+        "## Issue 32's acceptance line (defaults, ε = 1)",
+        "",
+        "| solver | m | seeds | PMTL | local | FedAvg | PMTL − max(local, FedAvg) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for solver in SOLVERS:
+        for m in ms:
+            seeds = sorted(
+                s
+                for s in {k[2] for k in by if k[1] == m}
+                if all((meth, m, s, solver) in by for meth in METHODS)
+            )
+            if not seeds:
+                continue
+            acc = {
+                meth: mean_std(by[(meth, m, s, solver)]["test_accuracy"] for s in seeds)
+                for meth in METHODS
+            }
+            gap = acc["pmtl"][0] - max(acc["local"][0], acc["fedavg"][0])
+            out.append(
+                f"| {solver} | {m} | {','.join(map(str, seeds))} | {_fmt(*acc['pmtl'], digits=3)} "
+                f"| {_fmt(*acc['local'], digits=3)} | {_fmt(*acc['fedavg'], digits=3)} "
+                f"| {gap * 100:+.1f} points |"
+            )
+    return out
+
+
+def report(_: argparse.Namespace) -> None:
+    REPORT.write_text("\n".join(report_lines(load_jsonl(JSONL))) + "\n")
+    print(f"wrote {Path(REPORT).name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--ms", type=int, nargs="+", default=[100, 1000, 10000])
+    r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    r.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    r.add_argument("--solvers", nargs="+", default=list(SOLVERS), choices=SOLVERS)
+    r.add_argument("--rerun-sgd", action="store_true", help="measure sgd cells again")
+    r.set_defaults(func=run)
+    sub.add_parser("report").set_defaults(func=report)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
