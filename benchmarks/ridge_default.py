@@ -196,7 +196,8 @@ def report_lines(rows: list[dict[str, Any]]) -> list[str]:
         "| run CPU s, sgd / ridge | reading |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    losing = []
+    losing: list[str] = []
+    winning: list[str] = []
     for method in METHODS:
         for m in ms:
             seeds, sgd, rid = _pairs(by, method, m)
@@ -219,8 +220,11 @@ def report_lines(rows: list[dict[str, Any]]) -> list[str]:
                 for rs in (sgd, rid)
             ]
             reading = verdict(d)
+            cell = f"{method} at m = {m} ({mean_std(d)[0] * 100:+.2f} points, n = {len(d)})"
             if reading == "ridge loses":
-                losing.append(f"{method} at m = {m} ({mean_std(d)[0] * 100:+.2f} points)")
+                losing.append(cell)
+            elif reading == "ridge wins":
+                winning.append(cell)
             out.append(
                 f"| {method} | {m} | {','.join(map(str, seeds))} "
                 f"| {_fmt(*mean_std(r['test_accuracy'] for r in sgd))} "
@@ -244,9 +248,12 @@ def report_lines(rows: list[dict[str, Any]]) -> list[str]:
         "## Decision",
         "",
     ]
+    if winning:
+        out += ["Ridge wins (test accuracy) in: " + "; ".join(winning) + ".", ""]
     if losing:
         out += [
-            "Ridge loses beyond noise in: " + "; ".join(losing) + ". The default stays `sgd`.",
+            "Ridge loses beyond noise in: " + "; ".join(losing) + ". The default stays `sgd`: "
+            "ridge is not at least as accurate at every m.",
         ]
     else:
         out += ["Ridge is at least as accurate as sgd within noise in every measured cell."]
