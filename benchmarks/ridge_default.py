@@ -167,6 +167,17 @@ def _pairs(
     )
 
 
+def _reruns(rows: list[dict[str, Any]]) -> str:
+    """The re-run sgd cells and whether each reproduced its copied row."""
+    cells = [
+        f"{r['method']} m = {r['m']} seed {r['seed']}"
+        + ("" if r["same_as_copied"] else " (DIFFERENT)")
+        for r in rows
+        if "same_as_copied" in r
+    ]
+    return ", ".join(cells) if cells else "none"
+
+
 def verdict(deltas: list[float]) -> str:
     """A cell's reading: ridge loses when its mean paired test-accuracy difference is below
     ``-NOISE``, wins when above ``+NOISE``, else the two are within noise."""
@@ -239,11 +250,37 @@ def report_lines(rows: list[dict[str, Any]]) -> list[str]:
         "Δ: ridge − sgd, paired by seed; ± is the standard deviation over the seeds. End of",
         "run: the run's `end_of_run` phase in wall seconds (`--method local-all` has no end of",
         "run: its training alone is its `rounds` phase); run CPU s: the whole run's CPU seconds",
-        "(one thread). The machine was shared, so wall seconds include the neighbours' load. `—`:",
-        "the sgd row is the population study's (same command; re-running the m = 100 cells of",
-        "seed 0 today gave the same numbers bit for bit), which records no phases.",
+        "(one thread). The machine was shared, so wall seconds include the neighbours' load.",
+        "The sgd rows are the population study's (same command), which record no phases; the",
+        "cells re-run here (`--rerun-sgd`, rows with `same_as_copied`) give the timings, over",
+        "their seeds only (no ±: one seed), each marked DIFFERENT where it did not reproduce",
+        f"the copied numbers bit for bit: {_reruns(rows)}. `—`: no sgd timing.",
         f"Reading: a mean Δ below −{NOISE * 100:g} points is a loss of ridge (`NOISE`), above",
         f"+{NOISE * 100:g} a win, else within noise.",
+        "",
+        "Clients per candidate of `--finetune auto` (mean over the seeds, sgd → ridge; ridge's",
+        "fine-tuned billboard is one prior strength, the SGD grid four (epochs, lr) settings):",
+        "",
+        "| method | m | trained | local | billboard-finetune |",
+        "|---|---|---|---|---|",
+    ]
+    for method in ("pmtl", "fedavg"):
+        for m in ms:
+            seeds, sgd, rid = _pairs(by, method, m)
+            if not seeds:
+                continue
+            cells = []
+            for name in ("trained", "local", "billboard-finetune"):
+                means = [
+                    mean_std(
+                        (r.get("finetune_auto") or {}).get("clients_per_candidate", {}).get(name, 0)
+                        for r in rs
+                    )[0]
+                    for rs in (sgd, rid)
+                ]
+                cells.append(f"{means[0]:.0f} → {means[1]:.0f}")
+            out.append(f"| {method} | {m} | " + " | ".join(cells) + " |")
+    out += [
         "",
         "## Decision",
         "",
