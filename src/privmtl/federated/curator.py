@@ -174,7 +174,9 @@ class Curator(ReleaseCurator):
     def sample_round(self) -> np.ndarray:
         """The sorted indices of this round's clients."""
         rng = self._rng if self._rng is not None else np.random.default_rng(secrets.randbits(128))
-        return np.asarray(self.sampler.sample_at(rng, self.round), dtype=np.int64).reshape(-1)
+        at = getattr(self.sampler, "sample_at", None)  # a sampler of sample() alone draws the same
+        drawn = at(rng, self.round) if at is not None else self.sampler.sample(rng)
+        return np.asarray(drawn, dtype=np.int64).reshape(-1)
 
     def release(self, messages: Params, rows: np.ndarray | None = None) -> Release:
         """Clip → mean → noise → record → billboard update; returns what was released."""

@@ -403,7 +403,8 @@ class GaussianMeanRelease:
             return None
         if self.strategy is not None:
             return dpe.NoOpDpEvent()
-        return self.sampler.event(z) if round is None else self.sampler.event_at(z, round)
+        at = getattr(self.sampler, "event_at", None)  # a sampler of event() alone: every round's
+        return self.sampler.event(z) if round is None or at is None else at(z, round)
 
     @property
     def participation(self) -> CyclicParticipation:
