@@ -63,14 +63,20 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_same_run(tmp_path, a
     # leaves, as it happens, while its progress lines may reach the log stream only in batches
     ledger = work / "server" / "ledger.jsonl"
     deadline = time.monotonic() + 600
+    seen, polls, sent = 0, 0, False  # what the loop saw: said if the run ends uninterrupted
     while proc.poll() is None:
-        if ledger.is_file() and len(ledger.read_text().splitlines()) >= 2:
+        polls += 1
+        seen = len(ledger.read_text().splitlines()) if ledger.is_file() else -1
+        if seen >= 2:
             proc.send_signal(signal.SIGINT)
+            sent = True
             break
         assert time.monotonic() < deadline
         time.sleep(0.05)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, (
+        f"SIGINT sent: {sent}; polls: {polls}; ledger lines last seen: {seen}\n{err}"
+    )
     last = err.strip().splitlines()[-1]
     assert last.startswith("privmtl: aborted") and "--work-dir" in last and "--resume" in last
     assert not alive_with_home(work / "flwr-home")
