@@ -110,16 +110,11 @@ def measure(
     row_sq = (B**2).sum(axis=1)
     part = CyclicParticipation(groups)
     return {
-        "T": T,
-        "participation": part.kind,
-        "groups": groups,
-        "k": part.participations(T),
-        "strategy": name,
+        **_head(T, groups, name, z),
         "bands": strategy.bands,
         "sensitivity": sens,
         "sensitivity_exact": exact,
         "library_sensitivity": strategy.sensitivity(part),
-        "noise_multiplier": z,
         "rmse": z * sens * math.sqrt(row_sq.sum() / T),
         "max_error": z * sens * math.sqrt(row_sq.max()),
         "epsilon_pld": pld_epsilon(dpe.GaussianDpEvent(z), DELTA),
@@ -130,16 +125,23 @@ def measure(
     }
 
 
-def lower_bound(T: int, groups: int, z: float) -> dict:
-    m = -(-np.arange(1, T + 1) // groups)  # ceil(t / b): a client's most rounds among the first t
+def _head(T: int, groups: int, name: str, z: float) -> dict:
+    """The keys every row starts with: the run, its participation and the noise multiplier."""
     part = CyclicParticipation(groups)
     return {
         "T": T,
         "participation": part.kind,
         "groups": groups,
         "k": part.participations(T),
-        "strategy": "lower bound",
+        "strategy": name,
         "noise_multiplier": z,
+    }
+
+
+def lower_bound(T: int, groups: int, z: float) -> dict:
+    m = -(-np.arange(1, T + 1) // groups)  # ceil(t / b): a client's most rounds among the first t
+    return {
+        **_head(T, groups, "lower bound", z),
         "rmse": z * math.sqrt(float((m.astype(float) ** 2).sum()) / T),
         "max_error": z * float(m.max()),
     }

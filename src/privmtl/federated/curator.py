@@ -134,12 +134,12 @@ class Curator(ReleaseCurator):
 
     def _pending_run_event(self) -> Any:
         """The banded run's event while the ledger does not hold it yet (else None)."""
-        event = self.release_mechanism.run_event()
-        if event is None or self.ledger is None or self._run_recorded:
-            return None
+        if self.banded is None or self.ledger is None or self._run_recorded:
+            return None  # cheap checks first: the event's sensitivity is a T x T computation
         if isinstance(self.ledger, PrivacyLedger) and self.ledger.has_release(self.run_release_id):
-            return None  # recorded before a resume
-        return event
+            self._run_recorded = True  # recorded before a resume
+            return None
+        return self.release_mechanism.run_event()
 
     def record_run(self) -> None:
         """Record a banded run's one event (write-ahead, before its first release; budget
