@@ -409,7 +409,12 @@ class TrainConfig:
 
 
 def resolve_config(
-    config: TrainConfig, num_clients: int, *, sampler: Any = None, method: Any = None
+    config: TrainConfig,
+    num_clients: int,
+    *,
+    sampler: Any = None,
+    method: Any = None,
+    reserve: Any = None,
 ) -> tuple[TrainConfig, Any]:
     """``config`` with every data-dependent default of a run on ``num_clients`` clients filled in,
     and σ calibrated to its target ε: the one resolution of the engine and Flower's ServerApp.
@@ -424,7 +429,8 @@ def resolve_config(
     config changes nothing.
 
     ``method``: the method (name, class or object) whose declarations apply; default
-    ``config.method``'s.
+    ``config.method``'s. ``reserve``: an event released after the rounds (the end-of-run vote),
+    composed into the calibration (:func:`~privmtl.privacy.calibration.calibrate_release`).
 
     Returns
     -------
@@ -471,6 +477,7 @@ def resolve_config(
             accountant=config.accountant,
             relation=config.relation,
             count_noise_std=config.count_noise_std_for(q),
+            reserve=reserve,
         )
         config = dataclasses.replace(config, noise_std=calibration.noise_std)
     return config, calibration

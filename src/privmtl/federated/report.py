@@ -19,6 +19,7 @@ import numpy as np
 from privmtl.federated.methods import method_class
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.calibration import noise_multiplier
+from privmtl.privacy.selection import VOTE_MECHANISM
 
 __all__ = [
     "CURATOR_DIAGNOSTICS",
@@ -216,9 +217,13 @@ def result_parts(
         details: dict[str, Any] = {"noise_multiplier": z, "rounds": cfg.rounds, "rate": q / m}
         notes = noise_notes(result.noise_source)
         if result.ledger is not None:
-            # ε composes every release the ledger holds, which is not always one per round run
-            releases = len(result.ledger.records)
+            # ε composes every release the ledger holds, which is not always one per round run;
+            # an end-of-run vote is a release of its own, counted apart
+            votes = sum(r.get("mechanism") == VOTE_MECHANISM for r in result.ledger.records)
+            releases = len(result.ledger.records) - votes
             details.update(releases=releases, rounds_run=len(result.history))
+            if votes:
+                details.update(votes=votes)
             if releases != len(result.history):
                 notes += (
                     f"the ledger holds {releases} releases for {len(result.history)} rounds run, "
