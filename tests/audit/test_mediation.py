@@ -183,7 +183,7 @@ def test_the_end_of_run_vote_is_replayed_and_mediates():
     from privmtl.privacy import plan_vote
 
     name = "pmtl --finetune auto --finetune-select vote (recorded vote)"
-    assert plan_vote(NUM_CLIENTS, epsilon=1000.0, delta=1e-5, share=FINETUNE_VOTE_SHARE).held
+    assert plan_vote(NUM_CLIENTS, epsilon=100.0, delta=1e-5, share=FINETUNE_VOTE_SHARE).held
     out = run_mediation_audit(_run_command, only=[name], mutants=False)
     (check,) = [c for c in out["checks"] if c["name"] == name]
     assert check["ok"], check
