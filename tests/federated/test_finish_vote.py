@@ -199,3 +199,14 @@ def test_vote_refusals_name_the_parameter(kw, match):
     args = {"num_clients": 20, "rounds": 1, "finetune_select": "vote", **KW, **kw}
     with pytest.raises(InvalidParameterError, match=match):
         run_pmtl(**args)
+
+
+def test_a_run_stopped_on_its_budget_holds_no_vote_it_cannot_afford():
+    # two rounds spend 0.9379 of the budget 0.938, the vote would bring it to 0.9392
+    out = run_pmtl(
+        num_clients=300, epsilon=1.0, rounds=3, finetune_select="vote", budget_epsilon=0.938, **KW
+    )
+    vote = out["finetune_auto"]["vote"]
+    assert out["stopped_on_budget"] and out["guarantee"]["details"]["rounds_run"] == 2
+    assert out["finetune_auto"]["select"] == "client" and vote["held"] is False
+    assert vote["reason"].startswith("no vote:") and out["epsilon"] <= 0.938

@@ -18,6 +18,7 @@ The opt-ins that break this — a choice on pooled validation data (``local_sele
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from privmtl.data.registry import (
     default_femnist_dir,
     load_federated,
 )
-from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.exceptions import DataFormatError, InvalidParameterError, PrivacyBudgetError
 from privmtl.federated.algorithms import Params
 from privmtl.federated.config import TrainResult, resolve_config
 from privmtl.federated.finetune import FINETUNE_METHODS
@@ -1072,6 +1073,11 @@ def _finetune_auto(
             assert result.personalized_params is not None
             others["personalized"] = (result.personalized_params, True)
     record: dict[str, Any] | None = None
+    if vote is not None and vote.held and result.ledger is not None:
+        try:  # a run stopped on its budget may have no room left for the vote
+            result.ledger.check(vote.vote(1).event())
+        except PrivacyBudgetError as exc:
+            vote = dataclasses.replace(vote, held=False, reason=f"no vote: {exc}")
     if vote is not None:
         record = {"id": FINETUNE_VOTE_ID, "held": vote.held, "reason": vote.reason}
     elect = None
