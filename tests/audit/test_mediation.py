@@ -177,6 +177,18 @@ def test_mechanism_audit_still_needs_its_options(capsys):
     assert "--mechanism" in capsys.readouterr().err
 
 
+def test_the_end_of_run_vote_is_replayed_and_mediates():
+    from privmtl.audit.mediation_paths import NUM_CLIENTS
+    from privmtl.federated.finish import FINETUNE_VOTE_SHARE
+    from privmtl.privacy import plan_vote
+
+    name = "pmtl --finetune auto --finetune-select vote (recorded vote)"
+    assert plan_vote(NUM_CLIENTS, epsilon=100.0, delta=1e-5, share=FINETUNE_VOTE_SHARE).held
+    out = run_mediation_audit(_run_command, only=[name], mutants=False)
+    (check,) = [c for c in out["checks"] if c["name"] == name]
+    assert check["ok"], check
+
+
 # ------------------------------------------------------------------------------- paths fixed by
 # other items of issue 21: each fails on a branch without that fix, for the reason named.
 FIXED_ELSEWHERE = [pytest.param(s, id=s.name) for s in check_specs() if s.issue]

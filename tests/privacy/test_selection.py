@@ -190,3 +190,48 @@ def test_secure_noise_by_default():
     b = vote.select([0, 1, 1], delta=1e-5)
     assert a.details["noise_source"] == "secure"
     assert a.noisy_counts != b.noisy_counts  # fresh OS entropy each time
+
+
+def test_vote_shares_split_ties_and_abstain_without_scores():
+    from privmtl.privacy import client_vote_shares
+
+    scores = np.array([[2.0, 1.0, 2.0], [0.0, 0.0, 0.0], [np.nan] * 3, [1.0, np.nan, 3.0]])
+    shares = client_vote_shares(scores)
+    assert shares.tolist() == [[0.5, 0.0, 0.5], [1 / 3, 1 / 3, 1 / 3], [0.0] * 3, [0.0, 0.0, 1.0]]
+    assert client_vote_shares(-scores, higher_is_better=False).tolist() == shares.tolist()
+    vote = ClientVote(3, 0.0)
+    assert vote.counts(shares).tolist() == pytest.approx([5 / 6, 1 / 3, 11 / 6])
+    with pytest.raises(InvalidParameterError, match="'scores' parameter must be a 2-d"):
+        client_vote_shares(np.zeros(3))
+
+
+@pytest.mark.parametrize(
+    ("shares", "match"),
+    [
+        (np.array([[0.6, 0.6, 0.0]]), "sum to at most 1 per client .* got a row summing to 1.2"),
+        (np.array([[-0.1, 0.5, 0.0]]), "finite and non-negative"),
+        (np.array([[0.5, 0.5]]), "must have 3 columns"),
+    ],
+)
+def test_vote_shares_are_refused_beyond_one_vote_per_client(shares, match):
+    with pytest.raises(InvalidParameterError, match=match):
+        ClientVote(3, 1.0).select(shares, SeededNoise(0), delta=1e-5)
+
+
+def test_plan_vote_holds_a_vote_only_where_its_noise_is_small_enough():
+    from privmtl.privacy import plan_vote
+    from privmtl.privacy.selection import VOTE_SIGNAL
+
+    held = plan_vote(10_000, epsilon=1.0, delta=1e-6, share=0.05)
+    assert held.held and held.share == 0.05 and held.noise_std <= 10_000 / VOTE_SIGNAL
+    vote = held.vote(6)
+    assert vote.epsilon(1e-6) == pytest.approx(0.05, rel=1e-3)  # its own share of ε
+    # the RDP calibration is never tighter than the exact Gaussian mechanism
+    assert exact_gaussian_epsilon(1.0, held.noise_std, 1e-6) <= 0.05 + 1e-9
+    assert held.event() == dpe.GaussianDpEvent(held.noise_std)
+    small = plan_vote(100, epsilon=1.0, delta=1e-5, share=0.05)
+    assert not small.held and small.event() is None and small.noise_std == 0
+    exact = plan_vote(10, epsilon=None, delta=1e-5, share=0.05)
+    assert exact.held and exact.noise_std == 0 and exact.event() is None
+    with pytest.raises(InvalidParameterError, match="'share' parameter"):
+        plan_vote(10, epsilon=1.0, delta=1e-5, share=1.5)

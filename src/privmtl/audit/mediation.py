@@ -34,7 +34,7 @@ Output paths that need the command line (``privmtl pmtl`` and ``privmtl mpmtl`` 
 module sits below the CLI); without it those checks are skipped.
 
 The tape also replays a :class:`~privmtl.privacy.selection.ClientVote`'s noisy counts (MP-MTL
-low-rank's floor vote is such a release). Not covered: the DP-MTRL and DP-AGGR baselines (their output perturbation does not go through
+low-rank's floor vote and PMTL's end-of-run vote, ``--finetune-select vote``, are such releases). Not covered: the DP-MTRL and DP-AGGR baselines (their output perturbation does not go through
 :func:`~privmtl.audit.tape.release_tape`, so it cannot be replayed) and the sweeps' selection.
 """
 

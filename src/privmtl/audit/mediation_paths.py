@@ -409,6 +409,12 @@ def check_specs() -> list[CheckSpec]:
             issue=FIX_FINETUNE_AUTO,
         ),
         CheckSpec(
+            # ε = 100: the vote's noise std (5 % of ε) is under m / 4 for the audit's 6 clients
+            "pmtl --finetune auto --finetune-select vote (recorded vote)",
+            "cli",
+            ("--finetune-select", "vote", "--epsilon", "100"),
+        ),
+        CheckSpec(
             "pmtl JSON: no un-noised curator diagnostics (--finetune none)",
             "cli",
             ("--finetune", "none"),

@@ -42,12 +42,13 @@ from privmtl.experiments.pmtl import (
     FL_MODELS,
     run_pmtl,
 )
+from privmtl.federated.finish import FINETUNE_SELECTS, FINETUNE_VOTE_SHARE
 from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVERS
 from privmtl.federated.models import DEFAULT_MODEL
 from privmtl.federated.spec import check_resume
 from privmtl.federated.user_model import is_factory_spec
 from privmtl.io import check_writable_dir
-from privmtl.privacy.selection import SELECTION_METHODS
+from privmtl.privacy.selection import SELECTION_METHODS, VOTE_SIGNAL
 from privmtl.trust import sign
 
 __all__ = ["pmtl", "pmtl_sweep"]
@@ -177,12 +178,16 @@ def _device_option(help: str) -> Any:
 )
 @click.option(
     "--finetune-select",
-    type=click.Choice(list(LOCAL_SELECT)),
+    type=click.Choice([*LOCAL_SELECT, *FINETUNE_SELECTS[1:]]),
     default=LOCAL_SELECT[0],
     show_default=True,
-    help="client: each client picks its grid point on its own validation split; pooled: one "
-    "grid point for all, on the pooled validation accuracy of every client (needs "
-    "--finetune-start billboard; NOT covered by the guarantee, the JSON says covered: false).",
+    help="client: each client picks its grid point (--finetune auto: its model) on its own "
+    "validation split; pooled: one grid point for all, on the pooled validation accuracy of "
+    "every client (needs --finetune-start billboard; NOT covered by the guarantee, the JSON "
+    "says covered: false); vote (--finetune auto): one candidate for all, elected by the "
+    f"clients' noisy vote on their own validation splits, with {FINETUNE_VOTE_SHARE:g} of "
+    "--epsilon reserved for it and recorded in the ledger (held only where its noise std is at "
+    f"most m/{VOTE_SIGNAL:g}, else the per-client choice; JSON: finetune_auto.vote).",
 )
 @click.option(
     "--local-select",

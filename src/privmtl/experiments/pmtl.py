@@ -18,6 +18,8 @@ The opt-ins that break this — a choice on pooled validation data (``local_sele
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,7 @@ from privmtl.data.registry import (
     default_femnist_dir,
     load_federated,
 )
-from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.exceptions import DataFormatError, InvalidParameterError, PrivacyBudgetError
 from privmtl.federated.algorithms import Params
 from privmtl.federated.config import TrainResult, resolve_config
 from privmtl.federated.finetune import FINETUNE_METHODS
@@ -50,6 +52,11 @@ from privmtl.federated.finish import (
     AUTO_NOTE,
     AUTO_ORDERS,
     FINETUNE_NOTE,
+    FINETUNE_SELECTS,
+    FINETUNE_VOTE_ID,
+    FINETUNE_VOTE_NOTE,
+    FINETUNE_VOTE_SHARE,
+    FINETUNE_VOTE_STREAM,
     auto_info,
     auto_plan,
     final_models_keys,
@@ -89,6 +96,8 @@ from privmtl.federated.spec import (
     train_config,
 )
 from privmtl.locking import holding_directories
+from privmtl.privacy.noise import make_noise_source
+from privmtl.privacy.selection import VotePlan, plan_vote
 
 if TYPE_CHECKING:
     from privmtl.federated.user_model import UserFactory
@@ -219,6 +228,9 @@ class LoadedRun:
     notes: tuple[str, ...]
     seconds: float
     """The seconds of loading or generating the data (the run's ``data`` phase)."""
+    vote: VotePlan | None = None
+    """``finetune_select="vote"``: the end-of-run vote's public plan (its event is reserved in the
+    calibration of the rounds when it is held)."""
 
     @property
     def m(self) -> int:
@@ -279,14 +291,19 @@ def _finish_request(
     """Check the fine-tuning settings against ``finetune`` (the run spec's) before any data is
     read; the parameters are ``run_pmtl``'s ``finetune_*`` and ``extra_finetunes``."""
     check_choice("finetune_start", start, FINETUNE_STARTS)
-    check_choice("finetune_select", select, SELECT_MODES)
+    check_choice("finetune_select", select, (*SELECT_MODES, *FINETUNE_SELECTS))
+    if select == "vote" and finetune != "auto":
+        raise InvalidParameterError(
+            "finetune_select='vote' elects one candidate of finetune='auto' for every client; "
+            f"got finetune={finetune!r}."
+        )
     if finetune == "auto":
         fixed = {
             "finetune_epochs": (epochs, 1),
             "finetune_lrs": (lrs, None),
             "finetune_lams": (lams, None),
             "finetune_start": (start, "auto"),
-            "finetune_select": (select, "client"),
+            "finetune_select": (select, "vote" if select == "vote" else "client"),
         }
         for name, (value, default) in fixed.items():
             if value != default:
@@ -295,7 +312,7 @@ def _finish_request(
                     f"needs an explicit finetune method (e.g. 'vanilla'); got {name}={value!r}."
                 )
     grid = _epochs_grid(epochs)
-    if start != "billboard" and (len(grid) > 1 or select != "client"):
+    if start != "billboard" and (len(grid) > 1 or select == "pooled"):
         raise InvalidParameterError(
             "A grid of 'finetune_epochs' and finetune_select='pooled' need "
             f"finetune_start='billboard'; got finetune_start={start!r}, "
@@ -331,10 +348,12 @@ def _load(
     threads: int,
     timer: PhaseTimer | None = None,
     device: str = DEFAULT_DEVICE,
+    finetune_select: str = "client",
 ) -> LoadedRun:
     """Load: the user's model factory (before any data is read), the data (``dataset``, or the
     registered data set loaded by the seed), the settings resolved on it, the model, and the
-    method bound to the engine configuration with the target ε calibrated to σ once. ``timer``
+    method bound to the engine configuration with the target ε calibrated to σ once (with
+    ``finetune_select="vote"``, the vote's event reserved: :func:`_vote_plan`). ``timer``
     (the run's) measures the ``data`` and ``setup`` phases."""
     from privmtl.federated.user_model import is_factory_spec, load_factory
 
@@ -364,8 +383,13 @@ def _load(
         config = train_config(
             resolved, batched=batched, progress=progress, threads=threads, device=on
         )
-        if get_method(method, config).communicates:  # the target ε becomes the release's σ, once
-            config = resolve_config(config, m, method=method)[0]
+        vote = None
+        declared = get_method(method, config)
+        if finetune_select == "vote" and declared.communicates and not declared.every_client:
+            vote = _vote_plan(resolved, m)
+        if declared.communicates:  # the target ε becomes the release's σ, once
+            reserve = None if vote is None else vote.event()
+            config = resolve_config(config, m, method=method, reserve=reserve)[0]
         runner = get_method(method, config)  # bound to the calibrated noise
     if runner.models is not None and model not in runner.models:
         raise InvalidParameterError(
@@ -384,7 +408,24 @@ def _load(
         factory=factory,
         notes=notes,
         seconds=timer.seconds("data"),
+        vote=vote,
     )
+
+
+def _vote_plan(resolved: RunSpec, m: int) -> VotePlan:
+    """The public plan of the end-of-run vote (:func:`~privmtl.privacy.selection.plan_vote`):
+    :data:`~privmtl.federated.finish.FINETUNE_VOTE_SHARE` of the target ε, among the ``m``
+    clients; a private run needs a target ε (its share is of that target)."""
+    if resolved.epsilon is None and resolved.noise_std:
+        raise InvalidParameterError(
+            "finetune_select='vote' takes its share of a target 'epsilon'; got noise_std="
+            f"{resolved.noise_std!r} without epsilon."
+        )
+    delta = float(resolve_delta(resolved.delta, m)[0])
+    return plan_vote(
+        m, epsilon=resolved.epsilon, delta=delta, share=FINETUNE_VOTE_SHARE,
+        accountant=resolved.accountant, relation=resolved.relation,
+    )  # fmt: skip
 
 
 def _scores_at_finish(loaded: LoadedRun, request: FinishRequest) -> bool:
@@ -467,10 +508,12 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
         parts = _finetune_auto(
             result, ds, net, loaded.name, sigma, batch_size, seed, trained.local_solver,
             trained.local_patience, score_trained=_scores_at_finish(loaded, request),
+            vote=loaded.vote,
         )  # fmt: skip
         params = parts.pop("_params")
         score_seconds = float(parts.pop("_score_seconds"))
-        notes, own_data = (AUTO_NOTE,), True
+        held = parts["finetune_auto"]["select"] == "vote"
+        notes, own_data = (FINETUNE_VOTE_NOTE if held else AUTO_NOTE,), True
     elif finetune == "auto":
         parts = {
             "finetune": "auto",
@@ -806,7 +849,7 @@ def run_pmtl(
     loaded = _load(
         spec, own_method, request, method_source=method_source, dataset=dataset,
         batched=not sequential, progress=show_progress, threads=threads, timer=timer,
-        device=device,
+        device=device, finetune_select=finetune_select,
     )  # fmt: skip
     if local_solver == "ridge" and not isinstance(loaded.net, MultinomialLogReg):
         raise InvalidParameterError(
@@ -1014,6 +1057,7 @@ def _finetune_auto(
     local_patience: int | None = None,
     *,
     score_trained: bool = False,
+    vote: VotePlan | None = None,
 ) -> dict[str, Any]:
     """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
     validation split among the billboard fine-tuned on its data (where it carries signal), its own
@@ -1021,7 +1065,9 @@ def _finetune_auto(
     Which candidates it compares depends on public parameters only: ``sigma`` (the released
     mean's noise), the clip, one release's size and the releases made. The final models are
     scored block by block as the clients finish; ``score_trained``: the trained models too
-    (``result.accuracies`` is filled in)."""
+    (``result.accuracies`` is filled in). ``vote`` (held): one candidate for every client by the
+    clients' noisy vote, recorded in the run's ledger before any final model exists; the
+    result's ε is then the ledger's, rounds and vote composed."""
     cfg = result.config
     shared = None if cfg.shared_params is None else list(cfg.shared_params)
     dim = int(released_dim(result) or 0)
@@ -1034,11 +1080,44 @@ def _finetune_auto(
         if "personalized" in others:
             assert result.personalized_params is not None
             others["personalized"] = (result.personalized_params, True)
+    record: dict[str, Any] | None = None
+    if vote is not None and vote.held and result.ledger is not None:
+        try:  # a run stopped on its budget may have no room left for the vote
+            result.ledger.check(vote.vote(1).event())
+        except PrivacyBudgetError as exc:
+            vote = dataclasses.replace(vote, held=False, reason=f"no vote: {exc}")
+    if vote is not None:
+        record = {"id": FINETUNE_VOTE_ID, "held": vote.held, "reason": vote.reason}
+    elect = None
+    if vote is not None and vote.held:
+        assert record is not None
+
+        def elect(shares: np.ndarray, names: tuple[str, ...]) -> int:
+            ballot = vote.vote(len(names))
+            noise = make_noise_source(result.noise_source, seed, stream=(FINETUNE_VOTE_STREAM,))
+            ledger = result.ledger
+            res = ballot.select(
+                shares, noise if ballot.private else None, ledger=ledger,
+                release_id=FINETUNE_VOTE_ID, delta=float(result.delta),
+                accountant=cfg.accountant,
+            )  # fmt: skip
+            if ledger is not None:
+                result.epsilon = res.epsilon  # rounds and vote, composed by the ledger
+            own = ballot.epsilon(float(result.delta), accountant=cfg.accountant)
+            record.update(
+                candidates=list(names), winner=names[res.winner],
+                noisy_counts=list(res.noisy_counts), noise_std=ballot.noise_std,
+                share=vote.share, epsilon=own if math.isfinite(own) else None,
+                noise_source=res.details["noise_source"],
+            )  # fmt: skip
+            return res.winner
+
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
         lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
         device=cfg.device, score=others, local_solver=local_solver,
-        local_patience=local_patience,
+        local_patience=local_patience, select="vote" if elect is not None else "client",
+        vote=elect,
     )  # fmt: skip
     assert fin.choice is not None and fin.scores is not None
     if score_trained:  # the trained models' scores, from the same pass
@@ -1050,7 +1129,7 @@ def _finetune_auto(
     return {
         "finetune": "auto",
         "finetune_auto": {
-            **auto_info(plan, counts.tolist(), fin.grids, local_solver),
+            **auto_info(plan, counts.tolist(), fin.grids, local_solver, record),
             **({"patience": local_patience} if local_patience is not None else {}),
         },
         "pre_finetune_test_accuracy": float(result.test_accuracy),

@@ -436,7 +436,12 @@ class TrainConfig:
 
 
 def resolve_config(
-    config: TrainConfig, num_clients: int, *, sampler: Any = None, method: Any = None
+    config: TrainConfig,
+    num_clients: int,
+    *,
+    sampler: Any = None,
+    method: Any = None,
+    reserve: Any = None,
 ) -> tuple[TrainConfig, Any]:
     """``config`` with every data-dependent default of a run on ``num_clients`` clients filled in,
     and σ calibrated to its target ε: the one resolution of the engine and Flower's ServerApp.
@@ -451,7 +456,8 @@ def resolve_config(
     config changes nothing.
 
     ``method``: the method (name, class or object) whose declarations apply; default
-    ``config.method``'s.
+    ``config.method``'s. ``reserve``: an event released after the rounds (the end-of-run vote),
+    composed into the calibration (:func:`~privmtl.privacy.calibration.calibrate_release`).
 
     Returns
     -------
@@ -494,6 +500,12 @@ def resolve_config(
             else make_sampler("all" if full else config.sampling, m, q, groups=config.groups)
         )
         if config.noise_mechanism == "banded":
+            if reserve is not None:  # the run's one event is charged whole, before round 1
+                raise InvalidParameterError(
+                    "noise_mechanism='banded' charges the whole run as one event and cannot "
+                    "reserve a share for an end-of-run vote; use another finetune_select; got "
+                    "finetune_select='vote'."
+                )
             groups = banded_groups(sampler)
             sigma = banded_noise_std(
                 run_strategy(config.rounds, groups),
@@ -514,6 +526,7 @@ def resolve_config(
             accountant=config.accountant,
             relation=config.relation,
             count_noise_std=config.count_noise_std_for(q),
+            reserve=reserve,
         )
         config = dataclasses.replace(config, noise_std=calibration.noise_std)
     return config, calibration

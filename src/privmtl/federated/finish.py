@@ -12,13 +12,20 @@ what each client keeps, from these, its own data and public parameters of the re
 ``finetune="auto"``
     the client's own choice on its own validation split (:func:`auto_plan`,
     :data:`AUTO_FINETUNE_EPOCHS`) among its trained model, its own local training from the initial
-    model and, where the billboard carries signal, the billboard fine-tuned on its data.
+    model and, where the billboard carries signal, the billboard fine-tuned on its data;
+``finetune="auto", select="vote"``
+    one candidate for every client, elected by a recorded noisy vote (:func:`vote_candidates`):
+    every client shares its vote among the candidates that validate best on its own split
+    (:func:`~privmtl.privacy.selection.client_vote_shares`), the caller's ``vote`` releases the
+    noisy histogram (write-ahead in the run's ledger) and every client then takes the winner.
+    The one choice made from other clients' data, through a recorded release.
 
 It takes any subset of the population (``client_index``: the clients' indices in the whole), and
 a client's outcome depends on nothing but its own data, its own trained model, the billboard and
 the public parameters: computed for the whole population at once (``privmtl pmtl``,
 :func:`~privmtl.experiments.pmtl.run_pmtl`) or by each Flower node for its own clients, every
-client ends with the same model. Post-processing of the releases: the guarantee is unchanged.
+client ends with the same model (``select="vote"``: given the vote's winner). Post-processing of
+the releases (and, with ``select="vote"``, of the recorded vote).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +63,11 @@ __all__ = [
     "AUTO_PARTIAL",
     "FINAL_MODEL_WORDS",
     "FINETUNE_NOTE",
+    "FINETUNE_SELECTS",
+    "FINETUNE_VOTE_ID",
+    "FINETUNE_VOTE_NOTE",
+    "FINETUNE_VOTE_SHARE",
+    "FINETUNE_VOTE_STREAM",
     "AutoPlan",
     "ClientFinish",
     "auto_info",
@@ -65,6 +77,7 @@ __all__ = [
     "final_models_keys",
     "finish_clients",
     "stack_trained",
+    "vote_candidates",
 ]
 
 AUTO_FINETUNE_EPOCHS = (10, 3)
@@ -108,6 +121,23 @@ AUTO_METHODS = ("pmtl", "fedavg", "fedprox", "fedrep")
 AUTO_PARTIAL = ("fedrep",)
 """Methods whose billboard is a part of the model by design (fedrep: the representation); its
 fine-tuned candidate starts from the billboard with the initial head."""
+
+FINETUNE_SELECTS = ("client", "vote")
+"""``finetune="auto"``: how the final model is chosen: by every client on its own validation
+split, or one candidate (:func:`vote_candidates`) for all by the clients' recorded noisy vote."""
+FINETUNE_VOTE_SHARE = 0.05
+"""``finetune_select="vote"``: the vote's share of the run's target ε (the vote alone is
+(share·ε, δ)-DP; the rounds are calibrated so that rounds and vote compose to the target)."""
+FINETUNE_VOTE_ID = "finetune-vote:0"
+"""The ledger id of the end-of-run vote."""
+FINETUNE_VOTE_STREAM = 5
+"""The seeded-noise stream of the end-of-run vote (``noise_source="seeded"``: a simulation)."""
+FINETUNE_VOTE_NOTE = (
+    "finetune=auto, select=vote: every client took the candidate elected by the clients' noisy "
+    f"vote on their own validation splits (ledger id {FINETUNE_VOTE_ID}; its epsilon is composed "
+    "into the reported epsilon)"
+)
+"""The note a result's guarantee carries after a held end-of-run vote."""
 
 AUTO_NOTE = (
     "finetune=auto: every client chose its model on its own validation split "
@@ -164,6 +194,34 @@ def auto_plan(
     return AutoPlan(names, bool(signal), bool(clear), noise, bound, clip)
 
 
+def vote_candidates(plan: AutoPlan, local_solver: str = "sgd") -> tuple[str, ...]:
+    """The public candidate list of ``select="vote"``: ``plan``'s candidates in its order, the
+    fine-tuned billboard expanded into one candidate per point of its grid
+    (``"billboard-finetune e10 lr0.1"``; ``local_solver="ridge"``: ``"billboard-finetune c30"``)."""
+    names: list[str] = []
+    for name in plan.names:
+        if name != "billboard-finetune":
+            names.append(name)
+        elif local_solver == "ridge":
+            names += [f"{name} c{c:g}" for c in AUTO_FINETUNE_RIDGES]
+        else:
+            names += [
+                f"{name} e{e} lr{lr:g}" for e in AUTO_FINETUNE_EPOCHS for lr in AUTO_FINETUNE_LRS
+            ]
+    return tuple(names)
+
+
+def _point(name: str) -> dict[str, Any]:
+    """The grid of one :func:`vote_candidates` name of the fine-tuned billboard (``{}``: its whole
+    grid, :func:`finish_clients`' per-client candidate)."""
+    parts = name.split()[1:]
+    if not parts:
+        return {}
+    if parts[0].startswith("c"):
+        return {"ridges": (float(parts[0][1:]),)}
+    return {"epochs": (int(parts[0][1:]),), "lrs": (float(parts[1][2:]),)}
+
+
 @dataclass
 class ClientFinish:
     """What :func:`finish_clients` gives: every client's final model and how it was chosen.
@@ -172,7 +230,8 @@ class ClientFinish:
     ``plan.names`` of every client's choice (``finetune="auto"``; else None); ``grids`` the
     public grids of the candidates (``local_grid``, ``billboard_grid``); ``scores``, when asked
     for, ``{split: {name: evaluate(...)}}`` of the final models (``"final"``) and the other models
-    given, and ``score_seconds`` the time spent scoring.
+    given, and ``score_seconds`` the time spent scoring; ``winner`` the candidate every client
+    took (``select="vote"``, :func:`vote_candidates`).
     """
 
     params: Params
@@ -181,6 +240,7 @@ class ClientFinish:
     grids: dict[str, list[list[float]]] = field(default_factory=dict)
     scores: dict[str, dict[str, dict[str, float]]] | None = None
     score_seconds: float = 0.0
+    winner: str | None = None
 
 
 def finish_clients(
@@ -205,6 +265,8 @@ def finish_clients(
     workers: int = 1,
     local_solver: str = "sgd",
     local_patience: int | None = None,
+    select: str = "client",
+    vote: Callable[[np.ndarray, tuple[str, ...]], int] | None = None,
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -268,6 +330,17 @@ def finish_clients(
         candidates stops once its count of correct predictions on the client's own validation
         split has not improved for this many epochs (:func:`~privmtl.federated.local.train_local`'s
         ``patience``; None: all epochs).
+    select : {"client", "vote"}, default "client"
+        ``"auto"`` only: every client's own choice, or one candidate for all by a vote. With
+        ``"vote"`` every client first scores every candidate of :func:`vote_candidates` on its
+        own validation split and shares its vote among the best
+        (:func:`~privmtl.privacy.selection.client_vote_shares`); ``vote`` is then called once
+        with the shares ``(k, K)`` of all clients and the candidates' names, and returns the
+        winner's index (the caller releases the noisy histogram and records it before it returns:
+        no final model exists before); every client then takes the winner. The clients must be
+        the whole population (the vote reads all of them).
+    vote : callable, optional
+        ``select="vote"``: the vote (above).
     """
     from privmtl.federated.local import LOCAL_SOLVERS
 
@@ -276,11 +349,22 @@ def finish_clients(
     block = check_int("block", block, low=1)
     if finetune == "none" and score is None:
         return ClientFinish({n: p.clone() for n, p in trained.items()})
+    check_choice("select", select, FINETUNE_SELECTS)
     if finetune == "auto" and plan is None:
         raise InvalidParameterError("finish_clients(finetune='auto') needs its 'plan' (auto_plan).")
+    if select == "vote" and (finetune != "auto" or vote is None):
+        raise InvalidParameterError(
+            "finish_clients(select='vote') needs finetune='auto' and its 'vote'; got "
+            f"finetune={finetune!r}, vote={vote!r}."
+        )
     m = dataset.n_clients
     # one step per client and trained candidate: the local trainings are the end's long part
     trains = [n for n in plan.names if n != "trained"] if plan is not None else []
+    names: tuple[str, ...] = ()
+    if select == "vote":
+        assert plan is not None
+        names = vote_candidates(plan, local_solver)
+        trains = [n for n in names if n != "trained"] + ["winner"]
     bar = Progress(
         total=len(trains) * m,
         desc="end of run",
@@ -296,14 +380,23 @@ def finish_clients(
     if score is not None:
         buffers = {n: b.detach() for n, b in model.named_buffers()}
         book = _Book(BlockScores(model, buffers, ("val", "test")), dict(score))
+    winner = None
     try:
         with one_thread_per_worker():
+            if select == "vote":
+                assert vote is not None
+                shares = _vote_shares(
+                    dataset, model, trained, billboard, client_index, block, names, kw
+                )
+                winner = names[int(vote(shares, names))]  # recorded by the caller: then the models
+                kw["only"] = winner
             fin = _finish_all(
                 finetune, dataset, model, trained, billboard, client_index, block, kw, book,
                 check_int("workers", workers, low=1) if device == "cpu" else 1,
             )  # fmt: skip
     finally:
         bar.close()
+    fin.winner = winner
     if book is not None:
         fin.scores, fin.score_seconds = book.scores.summary(), book.seconds
     return fin
@@ -416,10 +509,12 @@ def _finish_block(
     device: str,
     local_solver: str,
     local_patience: int | None,
+    only: str | None = None,
 ) -> ClientFinish:
-    """:func:`finish_clients` of the clients of ``dataset`` at once (one block)."""
+    """:func:`finish_clients` of the clients of ``dataset`` at once (one block); ``only``: every
+    client takes this candidate of :func:`vote_candidates` (the vote's winner)."""
     from privmtl.federated.finetune import finetune as finetune_models
-    from privmtl.federated.local import select_per_client, train_local
+    from privmtl.federated.local import select_per_client
 
     if finetune == "none":
         return ClientFinish({n: p.clone() for n, p in trained.items()})
@@ -432,55 +527,151 @@ def _finish_block(
         return ClientFinish(params)
     assert plan is not None
     buffers = {n: b.detach() for n, b in model.named_buffers()}
-    kw: dict[str, Any] = {
-        "batch_size": batch_size,
-        "seed": seed,
-        "select": "client",
-        "client_index": client_index,
-        "device": device,
-        "solver": local_solver,
-        "patience": local_patience,
-        "scores": False,  # the candidates' models only: the choice below scores them
-    }
     grids: dict[str, list[list[float]]] = {}
-
-    def candidate(name: str) -> Params:
-        if name == "trained":
-            return trained
-        kw["on_clients"] = lambda k: bar.update(k, candidate=name)
-        if name == "local":
-            alone = train_local(dataset, model, **kw)
-            grids["local_grid"] = alone.extra["local_selection"]["grid"]
-            assert alone.personalized_params is not None
-            return alone.personalized_params
-        begin = copy.deepcopy(model)
-        begin.load_state_dict({**begin.state_dict(), **billboard})
-        tuned = train_local(
-            dataset, begin, epochs=AUTO_FINETUNE_EPOCHS, lrs=AUTO_FINETUNE_LRS,
-            ridges=AUTO_FINETUNE_RIDGES, **kw,
-        )  # fmt: skip
-        grids["billboard_grid"] = tuned.extra["local_selection"]["grid"]
-        assert tuned.personalized_params is not None
-        return tuned.personalized_params
+    cand = _Candidates(
+        dataset, model, trained, billboard, client_index, batch_size, seed, bar, device,
+        local_solver, local_patience, grids,
+    )  # fmt: skip
+    if only is not None:  # the vote's winner, for every client
+        kind = only.split()[0]
+        choice = np.full(dataset.n_clients, plan.names.index(kind), dtype=np.int64)
+        params = cand(only)
+        return ClientFinish({n: p.clone() for n, p in params.items()}, choice, plan, grids)
 
     def candidates() -> Iterator[Params]:  # generated one at a time, in the public order
         for name in plan.names:
-            yield candidate(name)
+            yield cand(name)
 
     val_x, val_y = dataset.split("val")
     chosen, choice, _ = select_per_client(candidates(), model, buffers, val_x, val_y)
     return ClientFinish(chosen, choice, plan, grids)
 
 
+@dataclass
+class _Candidates:
+    """The candidates of ``finetune="auto"`` for the clients of one block, by name: ``"trained"``,
+    ``"local"`` (the client's own choice on local-all's grid), ``"billboard-finetune"`` (the
+    client's own choice on the billboard's grid) or one point of that grid
+    (:func:`vote_candidates`)."""
+
+    dataset: FederatedDataset
+    model: nn.Module
+    trained: Params
+    billboard: Params
+    client_index: Sequence[int] | None
+    batch_size: int
+    seed: int
+    bar: Progress
+    device: str
+    local_solver: str
+    local_patience: int | None
+    grids: dict[str, list[list[float]]]
+
+    def __call__(self, name: str) -> Params:
+        from privmtl.federated.local import train_local
+
+        if name == "trained":
+            return self.trained
+        kw: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "select": "client",
+            "client_index": self.client_index,
+            "device": self.device,
+            "solver": self.local_solver,
+            "patience": self.local_patience,
+            "scores": False,  # the candidates' models only: the choice scores them
+            "on_clients": lambda k: self.bar.update(k, candidate=name),
+        }
+        if name == "local":
+            alone = train_local(self.dataset, self.model, **kw)
+            self.grids["local_grid"] = alone.extra["local_selection"]["grid"]
+            assert alone.personalized_params is not None
+            return alone.personalized_params
+        begin = copy.deepcopy(self.model)
+        begin.load_state_dict({**begin.state_dict(), **self.billboard})
+        grid: dict[str, Any] = {
+            "epochs": AUTO_FINETUNE_EPOCHS, "lrs": AUTO_FINETUNE_LRS, "ridges": AUTO_FINETUNE_RIDGES,
+        }  # fmt: skip
+        point = _point(name)
+        tuned = train_local(self.dataset, begin, **{**grid, **point}, **kw)
+        self.grids["billboard_grid"] = (
+            [list(g) for g in _grid_of(grid, self.local_solver)]  # the whole public grid
+            if point
+            else tuned.extra["local_selection"]["grid"]
+        )
+        assert tuned.personalized_params is not None
+        return tuned.personalized_params
+
+
+def _grid_of(grid: dict[str, Any], solver: str) -> list[tuple[float, ...]]:
+    if solver == "ridge":
+        return [(float(c),) for c in grid["ridges"]]
+    return [(e, lr) for e in grid["epochs"] for lr in grid["lrs"]]
+
+
+def _vote_shares(
+    dataset: FederatedDataset,
+    model: nn.Module,
+    trained: Params,
+    billboard: Params,
+    client_index: Sequence[int] | None,
+    block: int,
+    names: tuple[str, ...],
+    kw: dict[str, Any],
+) -> np.ndarray:
+    """Every client's shares of its vote among ``names`` (:func:`vote_candidates`), from its own
+    validation split: correct predictions of each candidate, a client without validation data
+    (or with a diverged candidate only) abstaining; a block of clients at a time."""
+    from privmtl.federated.algorithms import client_scores
+    from privmtl.federated.finetune import check_client_index
+    from privmtl.privacy.selection import client_vote_shares
+
+    m = dataset.n_clients
+    index = check_client_index(client_index, m)
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    out = np.zeros((m, len(names)))
+    for pos in client_blocks(m, block):
+        part = dataset if len(pos) == m else dataset.subset(pos.tolist())
+        sub = trained if len(pos) == m else block_rows(trained, pos)
+        cand = _Candidates(
+            part, model, sub, billboard, index[pos].tolist(), kw["batch_size"], kw["seed"],
+            kw["bar"], kw["device"], kw["local_solver"], kw["local_patience"], {},
+        )  # fmt: skip
+        val_x, val_y = part.split("val")
+        has = np.array([len(y) > 0 for y in val_y])
+        scores = np.empty((len(pos), len(names)))
+        for j, name in enumerate(names):
+            correct, loss = client_scores(model, cand(name), buffers, val_x, val_y)
+            scores[:, j] = np.where(has & np.isfinite(loss), correct, np.nan)
+        out[pos] = client_vote_shares(scores)
+    return out
+
+
+_VOTE_RULE = (
+    "one candidate for every client: each client shares its vote equally among the candidates "
+    "(the trained model, local training, the billboard fine-tuned at each grid point) with the "
+    "most correct predictions on its own validation split (no validation data: it abstains); "
+    "the vote histogram gets Gaussian noise, is recorded in the ledger, and its argmax wins"
+)
+
+
 def auto_info(
-    plan: AutoPlan, counts: Sequence[int], grids: dict[str, Any], solver: str = "sgd"
+    plan: AutoPlan,
+    counts: Sequence[int],
+    grids: dict[str, Any],
+    solver: str = "sgd",
+    vote: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The public description of a ``finetune="auto"`` finish (``finetune_auto`` of a result):
     the rule, the order, how many clients chose each candidate, the grids, the ``solver`` of the
-    local trainings (:func:`finish_clients`' ``local_solver``) and the signal test."""
+    local trainings (:func:`finish_clients`' ``local_solver``) and the signal test; ``vote``: the
+    end-of-run vote's record (``select`` is ``"vote"`` when it was held)."""
+    held = vote is not None and vote.get("held", False)
     return {
-        "select": "client",
-        "rule": _AUTO_RULE,
+        "select": "vote" if held else "client",
+        "rule": _VOTE_RULE if held else _AUTO_RULE,
+        **({} if vote is None else {"vote": vote}),
         "order": list(plan.names),
         "clear_signal": plan.clear,
         "clients_per_candidate": {name: int(counts[i]) for i, name in enumerate(plan.names)},

@@ -20,6 +20,7 @@ from privmtl.federated.methods import method_class
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.calibration import noise_multiplier
 from privmtl.privacy.release import BANDED_RUN_MECHANISM
+from privmtl.privacy.selection import VOTE_MECHANISM
 
 __all__ = [
     "CURATOR_DIAGNOSTICS",
@@ -227,9 +228,13 @@ def result_parts(
             if run is not None:
                 details["run_noise_multiplier"] = run["run_noise_multiplier"]
         if result.ledger is not None:
-            # ε composes every release the ledger holds, which is not always one per round run
-            releases = len(result.ledger.records)
+            # ε composes every release the ledger holds, which is not always one per round run;
+            # an end-of-run vote is a release of its own, counted apart
+            votes = sum(r.get("mechanism") == VOTE_MECHANISM for r in result.ledger.records)
+            releases = len(result.ledger.records) - votes
             details.update(releases=releases, rounds_run=len(result.history))
+            if votes:
+                details.update(votes=votes)
             if releases != len(result.history):
                 notes += (
                     f"the ledger holds {releases} releases for {len(result.history)} rounds run, "

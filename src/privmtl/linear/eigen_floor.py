@@ -58,7 +58,7 @@ from privmtl.linear.local import best_ridge, ridge_cv_losses, variational_factor
 from privmtl.linear.losses import TaskBatch
 from privmtl.privacy.covariance import eigen_shift, reserve_share
 from privmtl.privacy.noise import NoiseSource
-from privmtl.privacy.selection import ClientVote, client_votes
+from privmtl.privacy.selection import VOTE_SIGNAL, ClientVote, client_votes
 
 __all__ = [
     "DEFAULT_FLOOR",
@@ -85,8 +85,6 @@ FLOOR_GRID: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0)
 DEFAULT_FLOOR = 0.0
 #: The vote's share of the run's budget (of the precision of its Gaussian releases).
 VOTE_SHARE = 0.05
-#: A vote is held only when its noise std is at most m / VOTE_SIGNAL.
-VOTE_SIGNAL = 4.0
 #: Ledger id of the floor vote.
 FLOOR_VOTE_ID = "floor-vote:0"
 

@@ -369,6 +369,7 @@ def calibrate_release(
     accountant: str = "rdp",
     relation: str = "add-remove",
     count_noise_std: float | None = None,
+    reserve: dpe.DpEvent | None = None,
 ) -> ReleaseCalibration:
     r"""The noise of the federated mean release that meets ``target`` over ``rounds`` releases.
 
@@ -393,6 +394,10 @@ def calibrate_release(
     accountant : {"rdp", "pld"}, default "rdp"
     relation : {"add-remove", "replace-one"}, default "add-remove"
     count_noise_std : float or None
+    reserve : DpEvent, optional
+        A later release of the same run (e.g. a vote, :meth:`~privmtl.privacy.selection.VotePlan.
+        event`): the rounds are calibrated so that they and ``reserve`` compose to ``target``;
+        the calibration's ``event`` and ``epsilon`` are then the rounds' own.
 
     Returns
     -------
@@ -405,7 +410,11 @@ def calibrate_release(
     check_real("clip", clip, low=0.0, closed="neither")
     check_real("divisor", divisor, low=0.0, closed="neither")
     joint = calibrate_noise_multiplier(
-        lambda zz: rounds_event(sampler, zz, rounds),
+        lambda zz: (
+            rounds_event(sampler, zz, rounds)
+            if reserve is None
+            else dp_accounting.ComposedDpEvent([rounds_event(sampler, zz, rounds), reserve])
+        ),
         target_epsilon=target.epsilon,
         delta=target.delta,
         accountant=accountant,

@@ -65,9 +65,13 @@ __all__ = [
     "ABSTAIN",
     "SELECTION_METHODS",
     "VOTE_MECHANISM",
+    "VOTE_SIGNAL",
     "ClientVote",
+    "VotePlan",
     "VoteResult",
+    "client_vote_shares",
     "client_votes",
+    "plan_vote",
     "record_candidates",
     "vote_sensitivity",
 ]
@@ -77,6 +81,10 @@ ABSTAIN = -1
 
 #: Name of the vote in ledger entries.
 VOTE_MECHANISM = "client-vote"
+
+#: A vote is held only when its noise std is at most (number of voters) / VOTE_SIGNAL: a
+#: unanimous count then stands that many σ above the noise (public: the number of clients and σ).
+VOTE_SIGNAL = 4.0
 
 #: How a shared choice can be made: a recorded noisy vote, a per-client choice (each client
 #: keeps the candidate best on its own validation split), or the pooled validation score
@@ -123,6 +131,41 @@ def client_votes(scores: Any, *, higher_is_better: bool = True) -> np.ndarray:
     votes = np.argmax(filled, axis=1).astype(np.int64)
     votes[~finite.any(axis=1)] = ABSTAIN
     return votes
+
+
+def client_vote_shares(scores: Any, *, higher_is_better: bool = True) -> np.ndarray:
+    """Each client's vote shared equally among its tied best candidates.
+
+    A client whose best score is reached by several candidates (with two validation examples,
+    most clients) gives each of them ``1 / (number tied)``; a row without a finite score abstains
+    (all zeros). Every row is non-negative and sums to at most 1, so adding or removing one
+    client moves the histogram by at most 1 in L2 (and L1): the sensitivity of
+    :class:`ClientVote`'s whole votes (:func:`vote_sensitivity`), which
+    :meth:`ClientVote.select` accepts in this form too.
+
+    Parameters
+    ----------
+    scores : array-like of shape (n_clients, n_candidates)
+        ``scores[i, j]``: client ``i``'s validation score of candidate ``j`` on its own data (NaN
+        where it has none).
+    higher_is_better : bool, default True
+
+    Returns
+    -------
+    ndarray of float, shape (n_clients, n_candidates)
+    """
+    s = np.asarray(scores, dtype=float)
+    if s.ndim != 2 or s.shape[1] == 0:
+        raise InvalidParameterError(
+            "The 'scores' parameter must be a 2-d array (n_clients, n_candidates) with at least "
+            f"one candidate; got shape {s.shape}."
+        )
+    finite = np.isfinite(s)
+    filled = np.where(finite, s if higher_is_better else -s, -np.inf)
+    best = filled.max(axis=1, keepdims=True)
+    tied = finite & (filled == best)
+    n_tied = tied.sum(axis=1, keepdims=True)
+    return np.where(tied, 1.0 / np.maximum(n_tied, 1), 0.0)
 
 
 @dataclass(frozen=True)
@@ -243,8 +286,15 @@ class ClientVote:
             "relation": self.relation,
         }
 
-    def counts(self, votes: Iterable[int]) -> np.ndarray:
-        """The exact vote histogram (stays with the curator); validates every vote."""
+    def counts(self, votes: Any) -> np.ndarray:
+        """The exact vote histogram (stays with the curator); validates every vote.
+
+        ``votes``: one candidate index (or :data:`ABSTAIN`) per client, or a 2-d array of every
+        client's shares of its vote (:func:`client_vote_shares`: non-negative, each row summing
+        to at most 1, which keeps the sensitivity of whole votes).
+        """
+        if isinstance(votes, np.ndarray) and votes.ndim == 2:
+            return self._share_counts(votes)
         v = np.asarray(list(votes))
         if v.ndim != 1 or (v.size and not np.issubdtype(v.dtype, np.integer)):
             raise InvalidParameterError(
@@ -259,6 +309,26 @@ class ClientVote:
             )
         return np.bincount(v[v != ABSTAIN], minlength=self.n_candidates).astype(float)
 
+    def _share_counts(self, shares: np.ndarray) -> np.ndarray:
+        w = np.asarray(shares, dtype=float)
+        if w.shape[1] != self.n_candidates:
+            raise InvalidParameterError(
+                f"The 'votes' parameter as shares must have {self.n_candidates} columns (one per "
+                f"candidate); got shape {w.shape}."
+            )
+        if not np.isfinite(w).all() or (w < 0).any():
+            raise InvalidParameterError(
+                "The 'votes' parameter as shares must be finite and non-negative; got a row "
+                f"with {w[~(np.isfinite(w) & (w >= 0)).all(axis=1)][0].tolist()}."
+            )
+        total = w.sum(axis=1)
+        if (total > 1.0 + 1e-9).any():
+            raise InvalidParameterError(
+                "The 'votes' parameter as shares must sum to at most 1 per client (one vote); "
+                f"got a row summing to {float(total.max())!r}."
+            )
+        return w.sum(axis=0)
+
     def select(
         self,
         votes: Iterable[int],
@@ -272,7 +342,8 @@ class ClientVote:
     ) -> VoteResult:
         """Histogram → noise → ledger record → argmax: the winner and the noisy counts.
 
-        ``votes`` holds one entry per client: a candidate index or :data:`ABSTAIN`. ``noise``
+        ``votes`` holds one entry per client: a candidate index or :data:`ABSTAIN`, or every
+        client's shares of its vote (a 2-d array, :meth:`counts`). ``noise``
         defaults to :class:`~privmtl.privacy.noise.SecureNoise` (OS entropy); pass a
         :class:`~privmtl.privacy.noise.SeededNoise` for a reproducible simulation only. With a
         ``ledger`` (:class:`~privmtl.privacy.PrivacyLedger`) the vote's event is recorded
@@ -343,3 +414,66 @@ def record_candidates(
             event = event_from_dict(e) if isinstance(e, dict) else e
             ledger.record(event, mechanism=f"{prefix}-run", release_id=f"{prefix}:{j}:{t}")
     return float(ledger.epsilon())
+
+
+@dataclass(frozen=True)
+class VotePlan:
+    """Whether a run holds a vote and with what noise: decided before the run from public
+    parameters only (:func:`plan_vote`).
+
+    ``held``: a vote is held; ``noise_std`` σ of its counts (0: a non-private run's exact vote);
+    ``share`` its share of the target ε (0 when nothing is spent on it); ``reason`` in words.
+    """
+
+    held: bool
+    noise_std: float = 0.0
+    share: float = 0.0
+    relation: str = "add-remove"
+    reason: str = ""
+
+    def vote(self, n_candidates: int) -> ClientVote:
+        """The vote's mechanism over ``n_candidates``."""
+        return ClientVote(n_candidates, self.noise_std, self.relation)
+
+    def event(self) -> dpe.DpEvent | None:
+        """The event a private run's calibration reserves for the vote (None: nothing reserved)."""
+        return self.vote(1).event() if self.held and self.noise_std > 0 else None
+
+
+def plan_vote(
+    n_voters: int,
+    *,
+    epsilon: float | None,
+    delta: float,
+    share: float,
+    accountant: str = "rdp",
+    relation: str = "add-remove",
+) -> VotePlan:
+    """The public plan of a vote among ``n_voters`` clients in a run of target ``epsilon``.
+
+    The vote alone is (``share`` · ε, δ)-DP (:meth:`ClientVote.for_epsilon`; its σ does not
+    depend on the number of candidates); it is held only where its noise std is at most
+    ``n_voters /`` :data:`VOTE_SIGNAL` (otherwise no vote and nothing is spent). The caller
+    calibrates its releases with :meth:`VotePlan.event` composed in, so that releases and vote
+    compose to the target. ``epsilon=None``: a non-private run, the exact vote (σ = 0).
+    """
+    n = check_int("n_voters", n_voters, low=1)
+    check_real("share", share, low=0.0, high=1.0, closed="neither")
+    check_choice("relation", relation, RELATIONS)
+    if epsilon is None:
+        return VotePlan(True, 0.0, 0.0, relation, "non-private run: the clients' exact vote")
+    vote = ClientVote.for_epsilon(
+        1, epsilon=share * epsilon, delta=delta, accountant=accountant, relation=relation
+    )
+    if vote.noise_std > n / VOTE_SIGNAL:
+        return VotePlan(
+            False,
+            relation=relation,
+            reason=(
+                f"a vote with {share:g} of epsilon would have noise std {vote.noise_std:.4g} > m / "
+                f"{VOTE_SIGNAL:g} = {n / VOTE_SIGNAL:.4g}: it could not carry signal, no vote"
+            ),
+        )
+    return VotePlan(
+        True, vote.noise_std, share, relation, f"vote of the {n} clients with {share:g} of epsilon"
+    )
