@@ -329,3 +329,16 @@ def test_a_budget_below_the_run_stops_the_trainer_before_its_first_round():
         res = Trainer(data, model, cfg, budget_epsilon=1.0).run()
     assert res.stopped_on_budget and res.history == []
     assert res.ledger is not None and res.ledger.records == []
+
+
+def test_banded_run_refuses_the_end_of_run_vote_in_one_line(tmp_path, capsys):
+    from privmtl.cli import main
+
+    args = ["pmtl", "--data", "synthetic", "--num-clients", "300", "--rounds", "2", "--json"]
+    args += ["--sampling", "all", "--noise-mechanism", "banded", "--epsilon", "1"]
+    out = tmp_path / "out"
+    assert main([*args, "--finetune-select", "vote", "--save-models", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "'banded'" in err and "finetune_select='vote'" in err
+    assert not out.exists()  # refused before anything was written

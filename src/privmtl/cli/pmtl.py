@@ -45,7 +45,7 @@ from privmtl.experiments.pmtl import (
 from privmtl.federated.finish import FINETUNE_SELECTS, FINETUNE_VOTE_SHARE
 from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVERS
 from privmtl.federated.models import DEFAULT_MODEL
-from privmtl.federated.spec import check_resume
+from privmtl.federated.spec import check_resume, check_vote_mechanism
 from privmtl.federated.user_model import is_factory_spec
 from privmtl.io import check_writable_dir
 from privmtl.privacy.selection import SELECTION_METHODS, VOTE_SIGNAL
@@ -273,6 +273,10 @@ def pmtl(**kw: Any) -> None:
         check_resume(kw["resume"], kw["noise_mechanism"], kw["noise_source"])
     except InvalidParameterError as exc:
         raise click.BadParameter(str(exc), param_hint="--resume") from None
+    try:
+        check_vote_mechanism(kw["finetune_select"], kw["noise_mechanism"])
+    except InvalidParameterError as exc:
+        raise click.BadParameter(str(exc), param_hint="--finetune-select") from None
     check_model_option(kw["model"])
     trust = kw.pop("trust_code")
     check_config_code(ctx, kw["model"], trust_code=trust)

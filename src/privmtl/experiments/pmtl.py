@@ -89,6 +89,7 @@ from privmtl.federated.spec import (
     SPEC,
     RunSpec,
     check_resume,
+    check_vote_mechanism,
     default_clients_per_round,
     default_lam,
     resolve_defaults,
@@ -845,6 +846,7 @@ def run_pmtl(
         scaling=scaling,
     )
     check_resume(resume, spec.noise_mechanism, spec.noise_source)
+    check_vote_mechanism(finetune_select, spec.noise_mechanism)
     durability = Durability(checkpoint_dir, checkpoint_every, resume, budget_epsilon)
     loaded = _load(
         spec, own_method, request, method_source=method_source, dataset=dataset,

@@ -26,6 +26,7 @@ from privmtl.federated.spec import (
     SPEC,
     check_param_names,
     check_participation,
+    check_vote_mechanism,
     default_lam,
     resolve_clients_per_round,
     resolve_delta,
@@ -501,11 +502,7 @@ def resolve_config(
         )
         if config.noise_mechanism == "banded":
             if reserve is not None:  # the run's one event is charged whole, before round 1
-                raise InvalidParameterError(
-                    "noise_mechanism='banded' charges the whole run as one event and cannot "
-                    "reserve a share for an end-of-run vote; use another finetune_select; got "
-                    "finetune_select='vote'."
-                )
+                check_vote_mechanism("vote", "banded")
             groups = banded_groups(sampler)
             sigma = banded_noise_std(
                 run_strategy(config.rounds, groups),

@@ -133,6 +133,17 @@ def check_resume(resume: bool, noise_mechanism: str, noise_source: str) -> None:
         )
 
 
+def check_vote_mechanism(finetune_select: str, noise_mechanism: str) -> None:
+    """Refuse an end-of-run vote in a banded run: banded noise charges the whole run as one event
+    before its first round, so no share of the budget is left to reserve for the vote."""
+    if finetune_select == "vote" and noise_mechanism == "banded":
+        raise InvalidParameterError(
+            "noise_mechanism='banded' charges the whole run as one event and cannot reserve a "
+            "share for an end-of-run vote; use another 'finetune_select'; got "
+            "finetune_select='vote'."
+        )
+
+
 def resolve_clients_per_round(
     clients_per_round: int | None,
     m: int,
