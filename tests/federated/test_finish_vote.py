@@ -17,9 +17,11 @@ from privmtl.federated import finish
 from privmtl.federated.finish import (
     FINETUNE_VOTE_ID,
     FINETUNE_VOTE_SHARE,
+    FINETUNE_VOTERS,
     auto_plan,
     finish_clients,
     vote_candidates,
+    vote_voters,
 )
 from privmtl.privacy import ClientVote, plan_vote
 from privmtl.privacy.selection import VOTE_MECHANISM, VOTE_SIGNAL
@@ -84,6 +86,40 @@ def test_every_client_takes_the_winner_and_the_vote_reads_each_clients_own_share
             assert torch.allclose(again.params[n], p, atol=1e-6, rtol=0)
 
 
+def test_voters_are_everyone_up_to_the_cap_then_a_public_subset_of_it():
+    assert np.array_equal(vote_voters(FINETUNE_VOTERS, 3), np.arange(FINETUNE_VOTERS))
+    m = 3 * FINETUNE_VOTERS + 7
+    a, b = vote_voters(m, 3), vote_voters(m, 3)
+    assert np.array_equal(a, b)  # public: the seed and m alone
+    assert len(a) == FINETUNE_VOTERS == len(np.unique(a)) and (np.diff(a) > 0).all()
+    assert 0 <= a[0] and a[-1] < m
+    assert not np.array_equal(a, vote_voters(m, 4))
+
+
+def test_above_the_cap_only_the_voters_vote_and_every_client_takes_the_winner(monkeypatch):
+    ds, net, trained, board, plan = _inputs(m=12)
+    monkeypatch.setattr(finish, "FINETUNE_VOTERS", 5)
+    voters = finish.vote_voters(12, 0)
+    assert len(voters) == 5
+    seen = {}
+
+    def vote(shares, names):
+        seen["shares"] = shares
+        return 3
+
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan}
+    fin = finish_clients("auto", ds, net, trained, board, select="vote", vote=vote, **kw)
+    others = np.setdiff1d(np.arange(12), voters)
+    assert (seen["shares"][others] == 0).all()  # the others abstain: their data are not read
+    has_val = np.array([len(y) > 0 for y in ds.split("val")[1]])
+    assert np.allclose(seen["shares"][voters].sum(1), has_val[voters].astype(float))
+    monkeypatch.setattr(finish, "FINETUNE_VOTERS", 100)  # everyone votes: the same models
+    whole = finish_clients("auto", ds, net, trained, board, select="vote", vote=vote, **kw)
+    assert np.allclose(seen["shares"][voters].sum(1), has_val[voters].astype(float))
+    for n, p in fin.params.items():
+        assert torch.equal(p, whole.params[n])
+
+
 def test_finish_refuses_a_vote_without_auto_or_without_its_vote():
     ds, net, trained, board, plan = _inputs()
     kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1}
@@ -117,6 +153,7 @@ def test_reported_epsilon_composes_rounds_and_vote_to_the_target(voted):
     vote = voted["finetune_auto"]["vote"]
     assert voted["finetune_auto"]["select"] == "vote" and vote["held"]
     assert vote["id"] == FINETUNE_VOTE_ID and vote["winner"] in vote["candidates"]
+    assert vote["voters"] == 300
     assert len(vote["noisy_counts"]) == len(vote["candidates"])
     assert vote["share"] == FINETUNE_VOTE_SHARE
     assert vote["epsilon"] == pytest.approx(FINETUNE_VOTE_SHARE * 1.0, rel=1e-3)

@@ -57,6 +57,7 @@ from privmtl.federated.finish import (
     FINETUNE_VOTE_NOTE,
     FINETUNE_VOTE_SHARE,
     FINETUNE_VOTE_STREAM,
+    FINETUNE_VOTERS,
     auto_info,
     auto_plan,
     final_models_keys,
@@ -416,7 +417,9 @@ def _load(
 def _vote_plan(resolved: RunSpec, m: int) -> VotePlan:
     """The public plan of the end-of-run vote (:func:`~privmtl.privacy.selection.plan_vote`):
     :data:`~privmtl.federated.finish.FINETUNE_VOTE_SHARE` of the target ε, among the ``m``
-    clients; a private run needs a target ε (its share is of that target)."""
+    clients or, in a larger population, :data:`~privmtl.federated.finish.FINETUNE_VOTERS` of them
+    (:func:`~privmtl.federated.finish.vote_voters`); a private run needs a target ε (its share
+    is of that target)."""
     if resolved.epsilon is None and resolved.noise_std:
         raise InvalidParameterError(
             "finetune_select='vote' takes its share of a target 'epsilon'; got noise_std="
@@ -424,7 +427,7 @@ def _vote_plan(resolved: RunSpec, m: int) -> VotePlan:
         )
     delta = float(resolve_delta(resolved.delta, m)[0])
     return plan_vote(
-        m, epsilon=resolved.epsilon, delta=delta, share=FINETUNE_VOTE_SHARE,
+        min(m, FINETUNE_VOTERS), epsilon=resolved.epsilon, delta=delta, share=FINETUNE_VOTE_SHARE,
         accountant=resolved.accountant, relation=resolved.relation,
     )  # fmt: skip
 
@@ -1089,7 +1092,10 @@ def _finetune_auto(
         except PrivacyBudgetError as exc:
             vote = dataclasses.replace(vote, held=False, reason=f"no vote: {exc}")
     if vote is not None:
-        record = {"id": FINETUNE_VOTE_ID, "held": vote.held, "reason": vote.reason}
+        record = {
+            "id": FINETUNE_VOTE_ID, "held": vote.held, "reason": vote.reason,
+            "voters": min(ds.n_clients, FINETUNE_VOTERS),
+        }  # fmt: skip
     elect = None
     if vote is not None and vote.held:
         assert record is not None

@@ -64,6 +64,7 @@ __all__ = [
     "FINAL_MODEL_WORDS",
     "FINETUNE_NOTE",
     "FINETUNE_SELECTS",
+    "FINETUNE_VOTERS",
     "FINETUNE_VOTE_ID",
     "FINETUNE_VOTE_NOTE",
     "FINETUNE_VOTE_SHARE",
@@ -78,6 +79,7 @@ __all__ = [
     "finish_clients",
     "stack_trained",
     "vote_candidates",
+    "vote_voters",
 ]
 
 AUTO_FINETUNE_EPOCHS = (10, 3)
@@ -132,6 +134,12 @@ FINETUNE_VOTE_ID = "finetune-vote:0"
 """The ledger id of the end-of-run vote."""
 FINETUNE_VOTE_STREAM = 5
 """The seeded-noise stream of the end-of-run vote (``noise_source="seeded"``: a simulation)."""
+FINETUNE_VOTERS = 10_000
+"""``finetune_select="vote"``: the most clients that vote. In a larger population a public random
+subset of this many votes (:func:`vote_voters`: drawn from the run's seed and the population's
+size alone) and the others compute the winner only; the vote's plan is made for the voters."""
+_VOTERS_STREAM = 6
+"""The stream (with the run's seed) of :func:`vote_voters`' public subset."""
 FINETUNE_VOTE_NOTE = (
     "finetune=auto, select=vote: every client took the candidate elected by the clients' noisy "
     f"vote on their own validation splits (ledger id {FINETUNE_VOTE_ID}; its epsilon is composed "
@@ -209,6 +217,18 @@ def vote_candidates(plan: AutoPlan, local_solver: str = "sgd") -> tuple[str, ...
                 f"{name} e{e} lr{lr:g}" for e in AUTO_FINETUNE_EPOCHS for lr in AUTO_FINETUNE_LRS
             ]
     return tuple(names)
+
+
+def vote_voters(m: int, seed: int) -> np.ndarray:
+    """The sorted positions of the clients that vote among ``m`` (``select="vote"``): all of them
+    up to :data:`FINETUNE_VOTERS`, otherwise that many drawn without replacement from the public
+    stream ``(seed, 6)``: public, as the run's seed and ``m`` are, and the same for every
+    client's data."""
+    m = check_int("m", m, low=1)
+    if m <= FINETUNE_VOTERS:
+        return np.arange(m)
+    rng = np.random.default_rng([int(seed), _VOTERS_STREAM])
+    return np.sort(rng.choice(m, FINETUNE_VOTERS, replace=False))
 
 
 def _point(name: str) -> dict[str, Any]:
@@ -338,7 +358,9 @@ def finish_clients(
         with the shares ``(k, K)`` of all clients and the candidates' names, and returns the
         winner's index (the caller releases the noisy histogram and records it before it returns:
         no final model exists before); every client then takes the winner. The clients must be
-        the whole population (the vote reads all of them).
+        the whole population; above :data:`FINETUNE_VOTERS` clients only the public subset
+        :func:`vote_voters` votes (the others' shares are zero: they abstain) and the others
+        compute the winner only.
     vote : callable, optional
         ``select="vote"``: the vote (above).
     """
@@ -365,8 +387,9 @@ def finish_clients(
         assert plan is not None
         names = vote_candidates(plan, local_solver)
         trains = [n for n in names if n != "trained"] + ["winner"]
+    voters = vote_voters(m, seed) if select == "vote" else np.arange(m)
     bar = Progress(
-        total=len(trains) * m,
+        total=(len(trains) - (select == "vote")) * len(voters) + (select == "vote") * m,
         desc="end of run",
         enabled=progress and finetune == "auto",
         unit="client",
@@ -386,7 +409,7 @@ def finish_clients(
             if select == "vote":
                 assert vote is not None
                 shares = _vote_shares(
-                    dataset, model, trained, billboard, client_index, block, names, kw
+                    dataset, model, trained, billboard, client_index, block, names, kw, voters
                 )
                 winner = names[int(vote(shares, names))]  # recorded by the caller: then the models
                 kw["only"] = winner
@@ -619,10 +642,12 @@ def _vote_shares(
     block: int,
     names: tuple[str, ...],
     kw: dict[str, Any],
+    voters: np.ndarray,
 ) -> np.ndarray:
     """Every client's shares of its vote among ``names`` (:func:`vote_candidates`), from its own
     validation split: correct predictions of each candidate, a client without validation data
-    (or with a diverged candidate only) abstaining; a block of clients at a time."""
+    (or with a diverged candidate only) abstaining; a block of the ``voters`` (positions) at a
+    time, every other client abstaining."""
     from privmtl.federated.algorithms import client_scores
     from privmtl.federated.finetune import check_client_index
     from privmtl.privacy.selection import client_vote_shares
@@ -631,7 +656,8 @@ def _vote_shares(
     index = check_client_index(client_index, m)
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     out = np.zeros((m, len(names)))
-    for pos in client_blocks(m, block):
+    for at in client_blocks(len(voters), block):
+        pos = voters[at]
         part = dataset if len(pos) == m else dataset.subset(pos.tolist())
         sub = trained if len(pos) == m else block_rows(trained, pos)
         cand = _Candidates(
