@@ -110,3 +110,64 @@ def test_bad_input_exits_2_with_one_line(capsys, args, needle):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("privmtl: error:")
     assert needle in lines[0]
+
+
+CYCLIC = ["--clip", "0.5", "--num-clients", "100", "--rounds", "50", "--delta", "1e-5"]
+
+
+def test_account_cyclic_banded_matches_a_training_runs_calibration_and_dp_accounting(capsys):
+    from privmtl.federated.config import TrainConfig, resolve_config
+
+    args = [*CYCLIC, "--sampling", "cyclic", "--groups", "5", "--noise-mechanism", "banded"]
+    code, out, err = _run(capsys, ["account", *args, "--target-epsilon", "1", "--json"])
+    assert code == 0, err
+    res = json.loads(out)
+    assert (res["sampling"], res["groups"], res["clients_per_round"]) == ("cyclic", 5, 20)
+    cfg = TrainConfig(
+        sampling="cyclic", groups=5, noise_mechanism="banded", epsilon=1.0, clip=0.5,
+        rounds=50, delta=1e-5,
+    )  # fmt: skip
+    run = resolve_config(cfg, 100)[0]
+    assert res["noise_std"] == pytest.approx(run.noise_std, rel=1e-12)  # the run's own σ
+    banded = res["banded"]
+    assert (banded["bands"], banded["groups"], banded["rounds"]) == (5, 5, 50)
+    # independently: one Gaussian of multiplier σ / sensitivity, by dp-accounting's RDP
+    z = res["noise_std"] / banded["sensitivity"]
+    assert banded["run_noise_multiplier"] == pytest.approx(z, rel=1e-12)
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(z))
+    assert acc.get_epsilon(1e-5) == pytest.approx(res["epsilon"], rel=1e-6)
+    assert res["epsilon"] == pytest.approx(1.0, rel=1e-3)
+    sigma = str(res["noise_std"])
+    code, out, _ = _run(capsys, ["account", *args, "--noise-std", sigma, "--json"])
+    assert code == 0 and json.loads(out)["epsilon"] == pytest.approx(res["epsilon"], rel=1e-9)
+
+
+def test_account_cyclic_independent_noise_is_the_runs_sigma(capsys):
+    from privmtl.federated.config import TrainConfig, resolve_config
+
+    args = ["account", *CYCLIC, "--sampling", "cyclic", "--groups", "4", "--target-epsilon", "2"]
+    code, out, err = _run(capsys, [*args, "--json"])
+    assert code == 0, err
+    cfg = TrainConfig(
+        sampling="cyclic", groups=4, epsilon=2.0, clip=0.5, rounds=50, delta=1e-5
+    )  # fmt: skip
+    assert json.loads(out)["noise_std"] == pytest.approx(
+        resolve_config(cfg, 100)[0].noise_std, rel=1e-12
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--noise-mechanism", "banded", "--clients-per-round", "20"], "'noise_mechanism'"),
+        (["--sampling", "cyclic", "--groups", "5", "--accountant", "paper"], "'accountant'"),
+        (["--groups", "3", "--clients-per-round", "20"], "'groups'"),
+        ([], "'clients_per_round'"),
+    ],
+)
+def test_account_refusals_are_one_line(capsys, extra, needle):
+    code, _, err = _run(capsys, ["account", *CYCLIC, "--target-epsilon", "1", *extra])
+    assert code == 2
+    err = err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and needle in err

@@ -6,7 +6,7 @@ import click
 
 from privmtl.cli._common import echo_json
 from privmtl.experiments.accounting import account_rounds
-from privmtl.federated.spec import SPEC
+from privmtl.federated.spec import NOISE_MECHANISMS, SPEC
 from privmtl.privacy.guarantee import RELATIONS, SAMPLINGS
 
 __all__ = ["account"]
@@ -17,7 +17,11 @@ __all__ = ["account"]
 @click.option("--target-epsilon", type=float, help="Solve for the σ that meets this ε.")
 @click.option("--clip", type=float, required=True, help="γ: ℓ2 bound on each client update.")
 @click.option("--num-clients", type=int, required=True, help="m: number of clients.")
-@click.option("--clients-per-round", type=int, required=True, help="q: clients per round.")
+@click.option(
+    "--clients-per-round",
+    type=int,
+    help="q: clients per round (required, except with --sampling cyclic: ceil(m / groups)).",
+)
 @click.option("--rounds", type=int, required=True, help="T: communication rounds.")
 @click.option("--delta", type=float, required=True, help="δ of the guarantee.")
 @click.option(
@@ -29,10 +33,25 @@ __all__ = ["account"]
 )
 @click.option(
     "--sampling",
-    type=click.Choice([s for s in SAMPLINGS if s in ("poisson", "fixed")]),
+    type=click.Choice([s for s in SAMPLINGS if s in ("poisson", "fixed", "cyclic")]),
     default=SPEC.sampling,
     show_default=True,
-    help="Client sampling performed (and accounted).",
+    help="Client sampling performed (and accounted); cyclic: --groups public groups in turn.",
+)
+@click.option(
+    "--groups",
+    type=int,
+    default=SPEC.groups,
+    show_default=True,
+    help="The groups of --sampling cyclic (client k in group k mod groups).",
+)
+@click.option(
+    "--noise-mechanism",
+    type=click.Choice(list(NOISE_MECHANISMS)),
+    default=SPEC.noise_mechanism,
+    show_default=True,
+    help="banded: matrix-factorization noise, the whole run one Gaussian mechanism (needs "
+    "--sampling cyclic or --clients-per-round m).",
 )
 @click.option(
     "--relation",
@@ -48,12 +67,14 @@ def account(
     target_epsilon: float | None,
     clip: float,
     num_clients: int,
-    clients_per_round: int,
+    clients_per_round: int | None,
     rounds: int,
     delta: float,
     accountant: str,
     sampling: str,
     relation: str,
+    groups: int,
+    noise_mechanism: str,
     per_round: bool,
     as_json: bool,
 ) -> None:
@@ -70,6 +91,8 @@ def account(
         sampling=sampling,
         relation=relation,
         per_round=per_round,
+        groups=groups,
+        noise_mechanism=noise_mechanism,
     )
     if as_json:
         echo_json(out)

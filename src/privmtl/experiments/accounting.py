@@ -50,26 +50,52 @@ def account_rounds(
     sampling: str = SPEC.sampling,
     relation: str = SPEC.relation,
     per_round: bool = False,
+    groups: int = SPEC.groups,
+    noise_mechanism: str = SPEC.noise_mechanism,
 ) -> dict[str, Any]:
     """ε for a given σ, or the σ for a target ε, of T rounds of the PMTL server mechanism.
 
-    Exactly one of ``noise_std`` and ``target_epsilon`` must be given. Returns a JSON-ready dict with
-    ``epsilon, delta, noise_std, noise_multiplier, accountant, sampling, relation`` and the full
-    :class:`~privmtl.privacy.PrivacyGuarantee` under ``guarantee``.
+    Exactly one of ``noise_std`` and ``target_epsilon`` must be given. ``sampling="cyclic"``:
+    ``groups`` public groups in turn, ``clients_per_round`` then ``ceil(m / groups)`` (None: that
+    value). ``noise_mechanism="banded"``: the whole run is one Gaussian mechanism of banded
+    matrix-factorization noise (:func:`~privmtl.privacy.matrix_factorization.run_strategy`, as a
+    training run calibrates it; needs ``sampling`` "cyclic" or ``q = m``). Returns a JSON-ready
+    dict with ``epsilon, delta, noise_std, noise_multiplier, accountant, sampling, relation`` and
+    the full :class:`~privmtl.privacy.PrivacyGuarantee` under ``guarantee`` (banded: also
+    ``banded``, its bands, groups, sensitivity and the run's noise multiplier).
     """
+    from privmtl.federated.spec import check_participation
+    from privmtl.privacy.sampling import cyclic_group_size
+
     g = check_real("clip", clip, low=0.0, closed="neither")
     m = check_int("num_clients", num_clients, low=1)
+    check_choice("sampling", sampling, ("poisson", "fixed", "cyclic"))
+    if clients_per_round is None and sampling == "cyclic":
+        clients_per_round = cyclic_group_size(m, check_int("groups", groups, low=1, high=m))
+    if clients_per_round is None:
+        raise InvalidParameterError(
+            f"The 'clients_per_round' parameter is required with sampling={sampling!r} (an "
+            "integer in [1, num_clients]); got None."
+        )
     q = check_int("clients_per_round", clients_per_round, low=1, high=m)
     T = check_int("rounds", rounds, low=1)
     dlt = check_real("delta", delta, low=0.0, high=1.0, closed="neither")
     check_choice("accountant", accountant, ("rdp", "pld", "paper"))
-    check_choice("sampling", sampling, ("poisson", "fixed"))
+    sampled_kind = "all" if q == m and sampling != "cyclic" else sampling
+    check_participation(sampled_kind, groups, noise_mechanism)
     if (noise_std is None) == (target_epsilon is None):
         raise InvalidParameterError(
             "Exactly one of 'noise_std' and 'target_epsilon' must be given; got "
             f"noise_std={noise_std!r}, target_epsilon={target_epsilon!r}."
         )
-    sampled_kind = "all" if q == m else sampling
+    if accountant == "paper" and (sampled_kind == "cyclic" or noise_mechanism == "banded"):
+        raise InvalidParameterError(
+            "The 'accountant' parameter 'paper' accounts the papers' samplings with independent "
+            f"noise only; got sampling={sampling!r}, noise_mechanism={noise_mechanism!r}."
+        )
+    if noise_mechanism == "banded":
+        return _banded(g, m, q, T, dlt, noise_std, target_epsilon, accountant, relation,
+                       sampler=make_sampler(sampled_kind, m, q, groups=groups))  # fmt: skip
     notes: list[str] = []
     if accountant == "paper":
         if q == m:
@@ -107,7 +133,7 @@ def account_rounds(
             notes=tuple(notes),
         )
     else:
-        sampler = make_sampler(sampled_kind, m, q)
+        sampler = make_sampler(sampled_kind, m, q, groups=groups)
         sigma, eps = _tight(sampler, g, q, T, dlt, noise_std, target_epsilon, accountant, relation)
         z = noise_multiplier(sigma, q, g)
         guarantee = PrivacyGuarantee(
@@ -134,8 +160,10 @@ def account_rounds(
         "guarantee": guarantee.to_dict(),
         "summary": guarantee.describe(),
     }
+    if sampled_kind == "cyclic":
+        out["groups"] = groups
     if per_round and accountant != "paper":
-        sampler = make_sampler(sampled_kind, m, q)
+        sampler = make_sampler(sampled_kind, m, q, groups=groups)
         out["epsilon_per_round"] = [
             rounds_epsilon(sampler, z, t, delta=dlt, accountant=accountant, relation=relation)
             for t in range(1, T + 1)
@@ -174,3 +202,76 @@ def _tight(
         relation=relation,
     )
     return cal.noise_std, cal.epsilon
+
+
+def _banded(
+    clip: float,
+    m: int,
+    q: int,
+    T: int,
+    delta: float,
+    noise_std: float | None,
+    target_epsilon: float | None,
+    accountant: str,
+    relation: str,
+    *,
+    sampler: Any,
+) -> dict[str, Any]:
+    """:func:`account_rounds` of banded noise: the run's one Gaussian event, as
+    :func:`~privmtl.federated.config.resolve_config` calibrates it and the release records it."""
+    from privmtl.privacy.matrix_factorization import (
+        CyclicParticipation,
+        banded_epsilon,
+        banded_event,
+        banded_noise_std,
+        run_strategy,
+    )
+    from privmtl.privacy.release import banded_groups
+
+    groups = banded_groups(sampler)
+    strategy, part, bound = run_strategy(T, groups), CyclicParticipation(groups), clip / q
+    kw: dict[str, Any] = {"delta": delta, "bound": bound, "accountant": accountant}
+    if noise_std is not None:
+        sigma = check_real("noise_std", noise_std, low=0.0, closed="neither")
+        eps = banded_epsilon(strategy, sigma, part, relation=relation, **kw)
+    else:
+        eps = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
+        sigma = banded_noise_std(strategy, part, target_epsilon=eps, relation=relation, **kw)
+        eps = banded_epsilon(strategy, sigma, part, relation=relation, **kw)
+    run_z = float(banded_event(strategy, sigma, part, bound=bound).noise_multiplier)
+    banded = {
+        "mechanism": "banded", "bands": strategy.bands, "groups": groups, "rounds": T,
+        "sensitivity": float(strategy.sensitivity(part)) * bound, "noise_std": sigma,
+        "run_noise_multiplier": run_z,
+    }  # fmt: skip
+    guarantee = PrivacyGuarantee(
+        epsilon=eps,
+        delta=delta,
+        relation=relation,
+        sampling=sampler.kind,
+        accountant=accountant,
+        details={"run_noise_multiplier": run_z, "rounds": T, "rate": q / m},
+        notes=(
+            "banded matrix-factorization noise: the whole run is one Gaussian mechanism "
+            "(noise_multiplier is sigma*q/clip of the strategy's z)",
+        ),
+    )
+    return {
+        "epsilon": eps,
+        "delta": delta,
+        "noise_std": sigma,
+        "noise_multiplier": noise_multiplier(sigma, q, clip),
+        "accountant": accountant,
+        "sampling": sampler.kind,
+        "relation": relation,
+        "clip": clip,
+        "num_clients": m,
+        "clients_per_round": q,
+        "rounds": T,
+        **({"groups": groups} if sampler.kind == "cyclic" else {}),
+        "noise_mechanism": "banded",
+        "banded": banded,
+        "notion": guarantee.notion,
+        "guarantee": guarantee.to_dict(),
+        "summary": guarantee.describe(),
+    }
