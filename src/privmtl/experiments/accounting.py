@@ -41,7 +41,7 @@ def account_rounds(
     *,
     clip: float,
     num_clients: int,
-    clients_per_round: int,
+    clients_per_round: int | None,
     rounds: int,
     delta: float,
     noise_std: float | None = None,
