@@ -229,13 +229,24 @@ def _mpmtl(tmp_path, **kw):
     return res, saved, logged
 
 
+#: A two-point low-rank grid (the default grid is one point: nothing to vote on).
+TWO_POINTS = [{"clip": [1.0], "eigen_fix": ["denoise", "shift"]}]
+
+
+def _mpmtl_two(tmp_path, **kw):
+    from privmtl.experiments import mpmtl_sweep
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(mpmtl_sweep.VOTE_GRIDS, "lowrank", TWO_POINTS)
+        return _mpmtl(tmp_path, **kw)
+
+
 @pytest.fixture(scope="module")
 def mpmtl_voted(tmp_path_factory):
-    return _mpmtl(tmp_path_factory.mktemp("mpmtl"))
+    return _mpmtl_two(tmp_path_factory.mktemp("mpmtl"))
 
 
 def test_mpmtl_vote_composes_every_candidate_and_the_vote(mpmtl_voted):
-    from privmtl.experiments.mpmtl_sweep import VOTE_GRIDS
     from privmtl.linear.selection import expand_grid
     from privmtl.privacy.accounting import event_from_dict
 
@@ -243,9 +254,7 @@ def test_mpmtl_vote_composes_every_candidate_and_the_vote(mpmtl_voted):
     row = next(r for r in saved["rows"] if r["method"] == "lowrank")
     sel = row["selection"]
     assert res["covered"] and saved["covered"] and row["covered"]
-    assert row["selection_method"] == "vote" and sel["candidates"] == len(
-        expand_grid(VOTE_GRIDS["lowrank"])
-    )
+    assert row["selection_method"] == "vote" and sel["candidates"] == len(expand_grid(TWO_POINTS))
     cands = [e["row"] for e in logged if e["row"].get("method") == "lowrank"]
     assert len(cands) == sel["candidates"]
     events = [event_from_dict(ev) for c in cands for ev in c["release_events"]]
@@ -253,7 +262,10 @@ def test_mpmtl_vote_composes_every_candidate_and_the_vote(mpmtl_voted):
     vote = dpe.GaussianDpEvent(sel["vote"]["noise_multiplier"])
     expected = compute_epsilon(dpe.ComposedDpEvent([*events, vote]), delta=row["delta"])
     assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
-    assert row["training_epsilon"] == pytest.approx(1.0, rel=1e-6)
+    # the candidates and the vote split the target: together they are charged the target
+    assert row["epsilon"] == pytest.approx(1.0, rel=1e-6) and row["target_epsilon"] == 1.0
+    assert row["training_epsilon"] == pytest.approx(sel["plan"]["candidate_epsilon"], rel=1e-6)
+    assert row["training_epsilon"] < 1.0
     assert sel["vote"]["epsilon"] == pytest.approx(0.5, rel=1e-3)
     # the chosen row reports the chosen candidate's test metric
     assert row["nmse"] == pytest.approx(cands[sel["chosen"]]["nmse"])
@@ -354,7 +366,7 @@ def test_summary_never_claims_coverage_a_row_does_not_state():
 def test_mpmtl_per_task_choice_of_a_private_method_composes_the_candidates(tmp_path):
     from privmtl.privacy.accounting import event_from_dict
 
-    _, saved, logged = _mpmtl(tmp_path, methods=["lowrank"], select="client")
+    _, saved, logged = _mpmtl_two(tmp_path, methods=["lowrank"], select="client")
     row = saved["rows"][0]
     assert row["selection_method"] == "client" and row["covered"] and row["params"] is None
     assert row["selection"]["vote"] is None
@@ -366,4 +378,5 @@ def test_mpmtl_per_task_choice_of_a_private_method_composes_the_candidates(tmp_p
     ]
     expected = compute_epsilon(dpe.ComposedDpEvent(events), delta=row["delta"])
     assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert row["epsilon"] == pytest.approx(1.0, rel=1e-6)  # the candidates share the target
     assert not any('"mpmtl-selection"' in e["key"] for e in logged)  # no vote was released

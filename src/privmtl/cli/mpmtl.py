@@ -352,6 +352,7 @@ def mpmtl(
     show_default=True,
 )
 @_final_opt
+@_floor_opt
 @_reproducible_opt
 @click.option("--json", "as_json", is_flag=True)
 def mpmtl_sweep(
@@ -367,6 +368,7 @@ def mpmtl_sweep(
     tune_mode: str,
     out_dir: Path,
     final_step: str,
+    eigen_floor: float | str,
     reproducible_noise: bool,
     as_json: bool,
     **data_opts: Any,
@@ -402,6 +404,7 @@ def mpmtl_sweep(
         out_dir=out_dir,
         iterations=iterations,
         final_step=final_step,
+        eigen_floor=eigen_floor,
         n_jobs=jobs,
         noise_source="seeded" if reproducible_noise else SPEC.noise_source,
         progress=lambda jobs, n: progress(jobs, desc="mpmtl sweep", enabled=not as_json, total=n),
