@@ -279,15 +279,19 @@ def test_mpmtl_single_task_baseline_is_chosen_per_task(mpmtl_voted):
     _, saved, logged = mpmtl_voted
     row = next(r for r in saved["rows"] if r["method"] == "stl-l2")
     assert row["selection_method"] == "client" and row["epsilon"] == 0.0 and row["covered"]
-    cands = [e["row"] for e in logged if e["row"].get("method") == "stl-l2"]
-    coefs = [np.asarray(c["coef"]) for c in cands]
+    stl = [e for e in logged if e["row"].get("method") == "stl-l2"]
+    refit = [json.loads(e["key"])["select_inputs"].get("refit", False) for e in stl]
+    coefs = [np.asarray(e["row"]["coef"]) for e, r in zip(stl, refit, strict=True) if not r]
+    whole = [np.asarray(e["row"]["coef"]) for e, r in zip(stl, refit, strict=True) if r]
+    assert len(whole) == len(coefs) > 1  # every candidate fitted again on the whole split
     train, test = load_mpmtl_data("synthetic-lowrank", seed=0)
     _, val = _validation_split(train, 0.2, 0)
     choice = []
     for i, (Xv, yv) in enumerate(val):  # each task: lowest validation MSE with its own column
         mse = [np.mean((Xv @ W[:, i] - yv) ** 2) for W in coefs]
         choice.append(int(np.argmin(mse)))
-    preds = [test.X[i] @ coefs[c][:, i] for i, c in enumerate(choice)]
+    # ... and predicts with its choice fitted on its whole training split (ε = 0: free)
+    preds = [test.X[i] @ whole[c][:, i] for i, c in enumerate(choice)]
     assert row["nmse"] == pytest.approx(nmse(list(test.y), preds))
     assert len(set(choice)) > 1  # the tasks really chose differently
 

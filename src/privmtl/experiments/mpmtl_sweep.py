@@ -9,8 +9,17 @@ chosen (``select``; :func:`~privmtl.experiments.sweep.select_candidates`):
     only). One run per point of the method's small public grid (:data:`VOTE_GRIDS`, or the
     method's documented grid for the non-private and single-task baselines) is fitted on the fit
     parts; every task scores each candidate's column on its own validation part and votes; the
-    noisy histogram picks the row's run. ``epsilon`` composes every candidate's ledger and the
-    vote. Single-task baselines (nothing shared) are chosen per task instead, at ε = 0.
+    noisy histogram picks the row's run. A private point is charged its target ε: the target is
+    split, before any run, between the candidates and the vote so that they compose to it
+    (:func:`~privmtl.privacy.selection.plan_candidates`; the vote alone is
+    (``vote_share`` · ε, δ)-DP and each candidate runs at the ``candidate_epsilon`` its row's
+    ``selection["plan"]`` states); a candidate whose covariance release at its share could not
+    carry signal (:data:`MIN_SIGNAL_TO_NOISE`, public quantities only) is dropped before any run.
+    Where no vote is held (one candidate, which is the default low-rank grid, or a vote whose
+    noise would drown it) the grid's first point runs alone on the whole training split with the
+    whole target. The non-private and single-task baselines (nothing to charge) fit the chosen
+    configuration again on the whole training split. Single-task baselines (nothing shared) are
+    chosen per task instead, at ε = 0.
 ``"client"`` (covered)
     Every task keeps, among the same candidates, the column best on its own validation part.
 ``"pooled"`` (opt-in, NOT covered)
@@ -323,7 +332,13 @@ def run_mpmtl_sweep(
         """The logged runs a covered point needs (its candidates, or the one run alone)."""
         plan = plan_of(method, epsilon, seed)
         points = candidates_of(method) if plan is None else plan["points"]
-        return [candidate_cfg(method, epsilon, seed, p) for p in points]
+        out = [candidate_cfg(method, epsilon, seed, p) for p in points]
+        if epsilon is None and len(points) > 1:  # a free refit of every candidate
+            out += [refit_cfg(method, seed, p) for p in points]
+        return out
+
+    def refit_cfg(method: str, seed: int, point: dict[str, Any]) -> dict[str, Any]:
+        return {**config(method, None, seed), "select_inputs": {"point": point, "refit": True}}
 
     def covered_one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
         grid = candidates_of(method)
@@ -374,6 +389,18 @@ def run_mpmtl_sweep(
         )  # fmt: skip
         if plan is not None:
             sel["plan"] = _public_plan(plan)
+        if epsilon is None and len(cands) > 1:
+            # nothing private (a non-private method, or single-task learning at ε = 0): the
+            # chosen configurations are fitted again on the whole training split, free
+            whole = common(method, seed)
+            cands = [
+                log.get(refit_cfg(method, seed, p))
+                or log.add(refit_cfg(method, seed, p), _candidate_run(whole, None, p))
+                for p in points
+            ]
+            coefs = [np.asarray(c["coef"], dtype=float) for c in cands]
+            offsets = [np.asarray(c.get("target_offsets") or np.zeros(len(val))) for c in cands]
+            sel["note"] += "; the choice refitted on the whole training split (free: ε unchanged)"
         if sel["chosen"] is not None:
             row = dict(cands[sel["chosen"]])
         else:
@@ -489,8 +516,7 @@ def run_mpmtl_sweep(
             x_key="target_epsilon",
             label_key="epsilon" if covered else None,
             x_label=(
-                "target ε (smaller is more private); each point labelled with the ε charged "
-                "for training of every candidate + selection"
+                "target ε (smaller is more private); labels: ε charged (training + selection)"
                 if covered
                 else "ε of the chosen run's training only (selection NOT covered)"
             ),

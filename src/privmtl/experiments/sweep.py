@@ -574,7 +574,8 @@ def plot_tradeoff(
         ax.fill_between(x, y - e, y + e, alpha=0.15, color=color)
         for p, xi, yi in zip(pts, x, y, strict=True) if label_key else ():
             value = p.get(str(label_key))
-            text = "ε=∞" if value is None or not math.isfinite(value) else f"ε={value:.3g}"
+            text = "∞" if value is None or not math.isfinite(value) else f"{value:.3g}"
+            text = f"charged ε={text}"
             ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 6), fontsize=7,
                         color=color)  # fmt: skip
     styles = ["--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1))]
