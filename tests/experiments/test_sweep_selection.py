@@ -271,29 +271,29 @@ def test_mpmtl_vote_composes_every_candidate_and_the_vote(mpmtl_voted):
     assert row["nmse"] == pytest.approx(cands[sel["chosen"]]["nmse"])
 
 
-def test_mpmtl_single_task_baseline_is_chosen_per_task(mpmtl_voted):
-    from privmtl.experiments.mpmtl import load_mpmtl_data
-    from privmtl.experiments.mpmtl_sweep import _validation_split
-    from privmtl.linear.metrics import nmse
+def test_mpmtl_single_task_baseline_is_the_single_covered_run(mpmtl_voted):
+    from privmtl.experiments.mpmtl import run_mpmtl
 
-    _, saved, logged = mpmtl_voted
+    _, saved, _ = mpmtl_voted
     row = next(r for r in saved["rows"] if r["method"] == "stl-l2")
     assert row["selection_method"] == "client" and row["epsilon"] == 0.0 and row["covered"]
-    stl = [e for e in logged if e["row"].get("method") == "stl-l2"]
-    refit = [json.loads(e["key"])["select_inputs"].get("refit", False) for e in stl]
-    coefs = [np.asarray(e["row"]["coef"]) for e, r in zip(stl, refit, strict=True) if not r]
-    whole = [np.asarray(e["row"]["coef"]) for e, r in zip(stl, refit, strict=True) if r]
-    assert len(whole) == len(coefs) > 1  # every candidate fitted again on the whole split
-    train, test = load_mpmtl_data("synthetic-lowrank", seed=0)
-    _, val = _validation_split(train, 0.2, 0)
-    choice = []
-    for i, (Xv, yv) in enumerate(val):  # each task: lowest validation MSE with its own column
-        mse = [np.mean((Xv @ W[:, i] - yv) ** 2) for W in coefs]
-        choice.append(int(np.argmin(mse)))
-    # ... and predicts with its choice fitted on its whole training split (ε = 0: free)
-    preds = [test.X[i] @ whole[c][:, i] for i, c in enumerate(choice)]
-    assert row["nmse"] == pytest.approx(nmse(list(test.y), preds))
-    assert len(set(choice)) > 1  # the tasks really chose differently
+    # every task chose its own weight on its own whole training split: `privmtl mpmtl`'s run
+    single = run_mpmtl(data="synthetic-lowrank", method="stl-l2", seed=0, tune="covered")
+    assert single["tuned"] and row["nmse"] == pytest.approx(single["nmse"], rel=1e-12)
+
+
+def test_mpmtl_non_private_choice_is_fitted_again_on_the_whole_split(tmp_path):
+    _, saved, logged = _mpmtl(tmp_path, methods=["mtl-trace"], n_splits=3)
+    row = saved["rows"][0]
+    assert row["selection_method"] == "vote" and row["covered"] and row["epsilon"] is None
+    keyed = [(json.loads(e["key"]), e["row"]) for e in logged if e["row"].get("method")]
+    fit = [
+        (k["select_inputs"]["point"], r) for k, r in keyed if "val_fraction" in k["select_inputs"]
+    ]
+    whole = [(k["select_inputs"]["point"], r) for k, r in keyed if k["select_inputs"].get("refit")]
+    assert [p for p, _ in fit] == [p for p, _ in whole] and len(whole) > 1
+    chosen = row["selection"]["chosen"]
+    assert row["nmse"] == whole[chosen][1]["nmse"] != fit[chosen][1]["nmse"]
 
 
 def test_validation_split_of_a_task_ignores_the_other_tasks():

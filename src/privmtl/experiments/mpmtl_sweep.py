@@ -17,9 +17,10 @@ chosen (``select``; :func:`~privmtl.experiments.sweep.select_candidates`):
     carry signal (:data:`MIN_SIGNAL_TO_NOISE`, public quantities only) is dropped before any run.
     Where no vote is held (one candidate, which is the default low-rank grid, or a vote whose
     noise would drown it) the grid's first point runs alone on the whole training split with the
-    whole target. The non-private and single-task baselines (nothing to charge) fit the chosen
-    configuration again on the whole training split. Single-task baselines (nothing shared) are
-    chosen per task instead, at ε = 0.
+    whole target. The non-private baselines (nothing to charge) fit the chosen configuration
+    again on the whole training split. Single-task baselines (nothing shared) are the single
+    covered run instead (``privmtl mpmtl --method stl-l2``): every task chooses its own weight
+    by cross-validation on its own whole training split, at ε = 0.
 ``"client"`` (covered)
     Every task keeps, among the same candidates, the column best on its own validation part.
 ``"pooled"`` (opt-in, NOT covered)
@@ -331,16 +332,39 @@ def run_mpmtl_sweep(
     def runs_of(method: str, epsilon: float | None, seed: int) -> list[dict[str, Any]]:
         """The logged runs a covered point needs (its candidates, or the one run alone)."""
         plan = plan_of(method, epsilon, seed)
+        if method in ISOLATED_METHODS:
+            return [isolated_cfg(method, seed)]
         points = candidates_of(method) if plan is None else plan["points"]
         out = [candidate_cfg(method, epsilon, seed, p) for p in points]
         if epsilon is None and len(points) > 1:  # a free refit of every candidate
             out += [refit_cfg(method, seed, p) for p in points]
         return out
 
+    def isolated_cfg(method: str, seed: int) -> dict[str, Any]:
+        return {**config(method, None, seed), "tune_mode": "covered"}
+
+    def isolated_logged(*, method: str, seed: int) -> dict[str, Any]:
+        """A single-task baseline: every task chooses its own weight by cross-validation on its
+        own whole training split (the run's covered per-task selection), at ε = 0."""
+        cfg = isolated_cfg(method, seed)
+        row = log.get(cfg)
+        if row is None:
+            row = log.add(cfg, run_mpmtl(**common(method, seed), epsilon=None, tune="covered"))
+        sel = {
+            "method": "client",
+            "covered": True,
+            "candidates": None,
+            "epsilon": row["epsilon"],
+            "note": row["tuning_note"],
+        }
+        return apply_selection(row, sel)
+
     def refit_cfg(method: str, seed: int, point: dict[str, Any]) -> dict[str, Any]:
         return {**config(method, None, seed), "select_inputs": {"point": point, "refit": True}}
 
     def covered_one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
+        if method in ISOLATED_METHODS:
+            return isolated_logged(method=method, seed=seed)
         grid = candidates_of(method)
         if not grid or (noise == "wishart" and epsilon is not None):
             # nothing accountable to compose (the Wishart ledger records non-private events):
@@ -373,7 +397,7 @@ def run_mpmtl_sweep(
         offsets = [np.asarray(c.get("target_offsets") or np.zeros(len(val))) for c in cands]
         scores = _task_val_scores(coefs, val, classification, offsets)
         sel = select_candidates(
-            select="client" if method in ISOLATED_METHODS else select,
+            select=select,
             scores=scores,
             pooled=[None] * len(cands),
             events=[c["release_events"] for c in cands],
@@ -390,8 +414,8 @@ def run_mpmtl_sweep(
         if plan is not None:
             sel["plan"] = _public_plan(plan)
         if epsilon is None and len(cands) > 1:
-            # nothing private (a non-private method, or single-task learning at ε = 0): the
-            # chosen configurations are fitted again on the whole training split, free
+            # a non-private method (nothing to charge): the chosen configuration is fitted
+            # again on the whole training split, free
             whole = common(method, seed)
             cands = [
                 log.get(refit_cfg(method, seed, p))
