@@ -235,7 +235,7 @@ FINDINGS = """## Findings
   exact vote, then fitted on the whole training split). Private low-rank is below STL at every
   ε ≥ 1 and never above it.
 * No default candidate is ever below the signal bound where a vote is held; the rule
-  (`MIN_SIGNAL_TO_NOISE`: m K² / (2σ√d) ≥ 1, public) drops the issue's K = 100, T = 10
+  (`MIN_SIGNAL_TO_NOISE`: m K² / (2σ√d) ≥ 1, public) drops the K = 100, T = 10 (main's choice)
   candidate before any run wherever its release would be noise at its share
   (`tests/experiments/test_mpmtl_sweep_budget.py`). It cannot see a K far above the models'
   norms (their norms are private): the default grid avoids such K instead."""

@@ -19,7 +19,7 @@ from privmtl.privacy.selection import plan_candidates
 #: privmtl's RDP orders (integer orders, as its accountant uses), for an independent composition
 ORDERS = [float(a) for a in range(2, 65)] + [80.0, 96.0, 128.0, 192.0, 256.0, 512.0, 1024.0]
 
-#: The issue's swamped candidate: K = 100, ten releases of the projected output.
+#: A candidate the sweep used to choose: K = 100, ten releases of the projected output.
 SWAMPED = {"clip": [100.0], "lam": [1.0], "iterations": [10]}
 
 

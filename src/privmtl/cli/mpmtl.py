@@ -330,9 +330,11 @@ def mpmtl(
     default=DEFAULT_SELECT,
     show_default=True,
     help="How hyper-parameters are chosen: a noisy vote of the tasks, each on its own validation "
-    "part, over a small public grid (recorded; ε composes every candidate and the vote); each "
-    "task's own choice; or k-fold CV over every task's data as in the paper (NOT covered by the "
-    "guarantee; rows say so).",
+    "part, over a small public grid (recorded; the target ε is split between the candidates and "
+    "the vote, so a row is charged its target; candidates whose release could not carry signal "
+    "never run; the low-rank and group-sparse grids are the estimator's defaults alone, run on "
+    "the whole training split); each task's own choice; or k-fold CV over every task's data as "
+    "in the paper (NOT covered by the guarantee; rows say so).",
 )
 @vote_share_option
 @click.option(
