@@ -401,6 +401,15 @@ CASES: list[Case] = [
     C("msweep-iterations-zero", _replace(MSWEEP, "--iterations", "0"), "iterations", "0"),
     C("msweep-jobs-zero", [*MSWEEP, "--jobs", "0"], "--jobs", "0"),
     C("msweep-vote-share-zero", [*MSWEEP, "--vote-share", "0"], "--vote-share", "0"),
+    C("msweep-vote-share-one", [*MSWEEP, "--vote-share", "1"], "vote_share", "1"),
+    C("msweep-eigen-floor-negative", [*MSWEEP, "--eigen-floor", "-1"], "eigen_floor", "-1"),
+    C("msweep-eigen-floor-text", [*MSWEEP, "--eigen-floor", "median"], "--eigen-floor", "median"),
+    C(
+        "msweep-eigen-floor-projection",
+        [*MSWEEP, "--eigen-floor", "2", "--final-step", "projection"],
+        "eigen_floor",
+        "projection",
+    ),
     C("msweep-out-is-file", _replace(MSWEEP, "--out", "a_file"), "a_file"),
     C("msweep-tune-unknown", _replace(MSWEEP, "--tune", "twice"), "--tune", "twice"),
     C(

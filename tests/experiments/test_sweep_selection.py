@@ -229,13 +229,24 @@ def _mpmtl(tmp_path, **kw):
     return res, saved, logged
 
 
+#: A two-point low-rank grid (the default grid is one point: nothing to vote on).
+TWO_POINTS = [{"clip": [1.0], "eigen_fix": ["denoise", "shift"]}]
+
+
+def _mpmtl_two(tmp_path, **kw):
+    from privmtl.experiments import mpmtl_sweep
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(mpmtl_sweep.VOTE_GRIDS, "lowrank", TWO_POINTS)
+        return _mpmtl(tmp_path, **kw)
+
+
 @pytest.fixture(scope="module")
 def mpmtl_voted(tmp_path_factory):
-    return _mpmtl(tmp_path_factory.mktemp("mpmtl"))
+    return _mpmtl_two(tmp_path_factory.mktemp("mpmtl"))
 
 
 def test_mpmtl_vote_composes_every_candidate_and_the_vote(mpmtl_voted):
-    from privmtl.experiments.mpmtl_sweep import VOTE_GRIDS
     from privmtl.linear.selection import expand_grid
     from privmtl.privacy.accounting import event_from_dict
 
@@ -243,9 +254,7 @@ def test_mpmtl_vote_composes_every_candidate_and_the_vote(mpmtl_voted):
     row = next(r for r in saved["rows"] if r["method"] == "lowrank")
     sel = row["selection"]
     assert res["covered"] and saved["covered"] and row["covered"]
-    assert row["selection_method"] == "vote" and sel["candidates"] == len(
-        expand_grid(VOTE_GRIDS["lowrank"])
-    )
+    assert row["selection_method"] == "vote" and sel["candidates"] == len(expand_grid(TWO_POINTS))
     cands = [e["row"] for e in logged if e["row"].get("method") == "lowrank"]
     assert len(cands) == sel["candidates"]
     events = [event_from_dict(ev) for c in cands for ev in c["release_events"]]
@@ -253,31 +262,38 @@ def test_mpmtl_vote_composes_every_candidate_and_the_vote(mpmtl_voted):
     vote = dpe.GaussianDpEvent(sel["vote"]["noise_multiplier"])
     expected = compute_epsilon(dpe.ComposedDpEvent([*events, vote]), delta=row["delta"])
     assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
-    assert row["training_epsilon"] == pytest.approx(1.0, rel=1e-6)
+    # the candidates and the vote split the target: together they are charged the target
+    assert row["epsilon"] == pytest.approx(1.0, rel=1e-6) and row["target_epsilon"] == 1.0
+    assert row["training_epsilon"] == pytest.approx(sel["plan"]["candidate_epsilon"], rel=1e-6)
+    assert row["training_epsilon"] < 1.0
     assert sel["vote"]["epsilon"] == pytest.approx(0.5, rel=1e-3)
     # the chosen row reports the chosen candidate's test metric
     assert row["nmse"] == pytest.approx(cands[sel["chosen"]]["nmse"])
 
 
-def test_mpmtl_single_task_baseline_is_chosen_per_task(mpmtl_voted):
-    from privmtl.experiments.mpmtl import load_mpmtl_data
-    from privmtl.experiments.mpmtl_sweep import _validation_split
-    from privmtl.linear.metrics import nmse
+def test_mpmtl_single_task_baseline_is_the_single_covered_run(mpmtl_voted):
+    from privmtl.experiments.mpmtl import run_mpmtl
 
-    _, saved, logged = mpmtl_voted
+    _, saved, _ = mpmtl_voted
     row = next(r for r in saved["rows"] if r["method"] == "stl-l2")
     assert row["selection_method"] == "client" and row["epsilon"] == 0.0 and row["covered"]
-    cands = [e["row"] for e in logged if e["row"].get("method") == "stl-l2"]
-    coefs = [np.asarray(c["coef"]) for c in cands]
-    train, test = load_mpmtl_data("synthetic-lowrank", seed=0)
-    _, val = _validation_split(train, 0.2, 0)
-    choice = []
-    for i, (Xv, yv) in enumerate(val):  # each task: lowest validation MSE with its own column
-        mse = [np.mean((Xv @ W[:, i] - yv) ** 2) for W in coefs]
-        choice.append(int(np.argmin(mse)))
-    preds = [test.X[i] @ coefs[c][:, i] for i, c in enumerate(choice)]
-    assert row["nmse"] == pytest.approx(nmse(list(test.y), preds))
-    assert len(set(choice)) > 1  # the tasks really chose differently
+    # every task chose its own weight on its own whole training split: `privmtl mpmtl`'s run
+    single = run_mpmtl(data="synthetic-lowrank", method="stl-l2", seed=0, tune="covered")
+    assert single["tuned"] and row["nmse"] == pytest.approx(single["nmse"], rel=1e-12)
+
+
+def test_mpmtl_non_private_choice_is_fitted_again_on_the_whole_split(tmp_path):
+    _, saved, logged = _mpmtl(tmp_path, methods=["mtl-trace"], n_splits=3)
+    row = saved["rows"][0]
+    assert row["selection_method"] == "vote" and row["covered"] and row["epsilon"] is None
+    keyed = [(json.loads(e["key"]), e["row"]) for e in logged if e["row"].get("method")]
+    fit = [
+        (k["select_inputs"]["point"], r) for k, r in keyed if "val_fraction" in k["select_inputs"]
+    ]
+    whole = [(k["select_inputs"]["point"], r) for k, r in keyed if k["select_inputs"].get("refit")]
+    assert [p for p, _ in fit] == [p for p, _ in whole] and len(whole) > 1
+    chosen = row["selection"]["chosen"]
+    assert row["nmse"] == whole[chosen][1]["nmse"] != fit[chosen][1]["nmse"]
 
 
 def test_validation_split_of_a_task_ignores_the_other_tasks():
@@ -354,7 +370,7 @@ def test_summary_never_claims_coverage_a_row_does_not_state():
 def test_mpmtl_per_task_choice_of_a_private_method_composes_the_candidates(tmp_path):
     from privmtl.privacy.accounting import event_from_dict
 
-    _, saved, logged = _mpmtl(tmp_path, methods=["lowrank"], select="client")
+    _, saved, logged = _mpmtl_two(tmp_path, methods=["lowrank"], select="client")
     row = saved["rows"][0]
     assert row["selection_method"] == "client" and row["covered"] and row["params"] is None
     assert row["selection"]["vote"] is None
@@ -366,4 +382,5 @@ def test_mpmtl_per_task_choice_of_a_private_method_composes_the_candidates(tmp_p
     ]
     expected = compute_epsilon(dpe.ComposedDpEvent(events), delta=row["delta"])
     assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert row["epsilon"] == pytest.approx(1.0, rel=1e-6)  # the candidates share the target
     assert not any('"mpmtl-selection"' in e["key"] for e in logged)  # no vote was released

@@ -113,7 +113,7 @@ def demo(
             guarantee = privacy_label(row_for(rows, row))
             sel = ""
             if row["target_epsilon"] is not None and row.get("covered"):
-                sel = f"  (target ε={row['target_epsilon']:g} per run; ε incl. selection)"
+                sel = f"  (target ε={row['target_epsilon']:g}; ε incl. selection)"
             say(f"    {row['method']:>10}  nMSE {row['mean']:.4f}{spread(row)}  [{guarantee}]{sel}")
         say(
             "    neighbours: one task added or removed; sampling: all tasks every iteration; "

@@ -330,9 +330,11 @@ def mpmtl(
     default=DEFAULT_SELECT,
     show_default=True,
     help="How hyper-parameters are chosen: a noisy vote of the tasks, each on its own validation "
-    "part, over a small public grid (recorded; ε composes every candidate and the vote); each "
-    "task's own choice; or k-fold CV over every task's data as in the paper (NOT covered by the "
-    "guarantee; rows say so).",
+    "part, over a small public grid (recorded; the target ε is split between the candidates and "
+    "the vote, so a row is charged its target; candidates whose release could not carry signal "
+    "never run; the low-rank and group-sparse grids are the estimator's defaults alone, run on "
+    "the whole training split); each task's own choice; or k-fold CV over every task's data as "
+    "in the paper (NOT covered by the guarantee; rows say so).",
 )
 @vote_share_option
 @click.option(
@@ -352,6 +354,7 @@ def mpmtl(
     show_default=True,
 )
 @_final_opt
+@_floor_opt
 @_reproducible_opt
 @click.option("--json", "as_json", is_flag=True)
 def mpmtl_sweep(
@@ -367,6 +370,7 @@ def mpmtl_sweep(
     tune_mode: str,
     out_dir: Path,
     final_step: str,
+    eigen_floor: float | str,
     reproducible_noise: bool,
     as_json: bool,
     **data_opts: Any,
@@ -402,6 +406,7 @@ def mpmtl_sweep(
         out_dir=out_dir,
         iterations=iterations,
         final_step=final_step,
+        eigen_floor=eigen_floor,
         n_jobs=jobs,
         noise_source="seeded" if reproducible_noise else SPEC.noise_source,
         progress=lambda jobs, n: progress(jobs, desc="mpmtl sweep", enabled=not as_json, total=n),

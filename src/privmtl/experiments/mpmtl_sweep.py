@@ -9,8 +9,18 @@ chosen (``select``; :func:`~privmtl.experiments.sweep.select_candidates`):
     only). One run per point of the method's small public grid (:data:`VOTE_GRIDS`, or the
     method's documented grid for the non-private and single-task baselines) is fitted on the fit
     parts; every task scores each candidate's column on its own validation part and votes; the
-    noisy histogram picks the row's run. ``epsilon`` composes every candidate's ledger and the
-    vote. Single-task baselines (nothing shared) are chosen per task instead, at ε = 0.
+    noisy histogram picks the row's run. A private point is charged its target ε: the target is
+    split, before any run, between the candidates and the vote so that they compose to it
+    (:func:`~privmtl.privacy.selection.plan_candidates`; the vote alone is
+    (``vote_share`` · ε, δ)-DP and each candidate runs at the ``candidate_epsilon`` its row's
+    ``selection["plan"]`` states); a candidate whose covariance release at its share could not
+    carry signal (:data:`MIN_SIGNAL_TO_NOISE`, public quantities only) is dropped before any run.
+    Where no vote is held (one candidate, which is the default low-rank grid, or a vote whose
+    noise would drown it) the grid's first point runs alone on the whole training split with the
+    whole target. The non-private baselines (nothing to charge) fit the chosen configuration
+    again on the whole training split. Single-task baselines (nothing shared) are the single
+    covered run instead (``privmtl mpmtl --method stl-l2``): every task chooses its own weight
+    by cross-validation on its own whole training split, at ε = 0.
 ``"client"`` (covered)
     Every task keeps, among the same candidates, the column best on its own validation part.
 ``"pooled"`` (opt-in, NOT covered)
@@ -36,6 +46,7 @@ import numpy as np
 from privmtl._validation import check_choice, check_real
 from privmtl.data.multitask import MultiTaskDataset
 from privmtl.data.registry import data_protocol, load_mpmtl_data
+from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.mpmtl import (
     ESTIMATOR_PROTOCOL_METHODS,
     PRIVATE_METHODS,
@@ -56,7 +67,7 @@ from privmtl.experiments.sweep import (
 )
 from privmtl.io import atomic_output_dir, write_json_atomic
 from privmtl.linear.selection import DEFAULT_GRIDS, ISOLATED_METHODS, RELATIVE_KEYS, expand_grid
-from privmtl.linear.spec import SPEC
+from privmtl.linear.spec import SPEC, resolve_defaults
 from privmtl.privacy.selection import SELECTION_METHODS
 
 __all__ = [
@@ -81,25 +92,29 @@ DEFAULT_SELECT = "vote"
 SWEEP_TUNE_MODES = ("each", "once", "none")
 DEFAULT_SWEEP_TUNE = "each"
 
-#: Public candidate grids of the private MP-MTL estimators for a covered selection (absolute
-#: values for unit-norm rows; every candidate is a training run whose releases are composed, so
-#: the grids are small). The local variational refit from the tasks' own ridge models (T = 1,
-#: the denoise fix) at three clips, and the projected output (T = 10) at one.
+#: Public candidate grids of the private MP-MTL estimators for a covered selection. Every
+#: candidate of a point is a training run: the point's target ε is split between them and the
+#: vote (:func:`~privmtl.privacy.selection.plan_candidates`), and each is fitted on the tasks'
+#: fit parts only, so a grid pays only where its candidates differ more than that costs. The
+#: low-rank and group-sparse grids are the estimator's public defaults alone (one release, the
+#: local refit, K = 1: a clip below the models' norms, where the release's signal is the largest
+#: its sensitivity allows, so that no other K does better): the point runs them on the whole
+#: training split with the whole target, and the low-rank refit's own recorded floor vote
+#: (:mod:`privmtl.linear.eigen_floor`, ``eigen_floor``) is the private choice inside it. The
+#: first point of a grid is the one run alone when no vote is held.
 VOTE_GRIDS: dict[str, list[dict[str, list[Any]]]] = {
-    "lowrank": [
-        {"clip": [30.0, 100.0, 300.0], "iterations": [1], "init": ["stl"], "refit_lam": [1e-3],
-         "lam": [0.0], "eigen_fix": ["denoise"]},
-        {"clip": [100.0], "lam": [1.0], "iterations": [10]},
-    ],
-    "groupsparse": [
-        {"clip": [30.0, 100.0, 300.0], "iterations": [1], "init": ["stl"], "refit_lam": [1e-3],
-         "lam": [0.0], "eigen_fix": ["denoise"]},
-        {"clip": [100.0], "lam": [1.0], "iterations": [10]},
-    ],
+    "lowrank": [{"clip": [1.0]}],
+    "groupsparse": [{"clip": [1.0]}],
     "lowrank-sparse": [
         {"clip": [clip], "lam": [0.01 * clip], "iterations": [10]} for clip in (30.0, 100.0, 300.0)
     ],
 }  # fmt: skip
+
+#: A candidate is run only when its last covariance release, at its share of the budget, can
+#: carry signal: the largest eigenvalue its m clipped models can produce is at least this many
+#: times the release's noise edge (:func:`~privmtl.privacy.covariance.signal_to_noise_bound`;
+#: public: m, d, K, T and the candidate's ε).
+MIN_SIGNAL_TO_NOISE = 1.0
 
 #: Seed stream of the per-task fit/validation split.
 _VAL_STREAM = 13
@@ -134,6 +149,7 @@ def run_mpmtl_sweep(
     feature_columns: list[str] | None = None,
     normalize: str = "auto",
     train_fraction: float | None = None,
+    eigen_floor: float | str = SPEC.eigen_floor,
 ) -> dict[str, Any]:
     """Run the sweep and write ``mpmtl_sweep.csv``, ``mpmtl_sweep.json`` and ``mpmtl_tradeoff.png``.
 
@@ -151,6 +167,14 @@ def run_mpmtl_sweep(
     check_choice("select", select, SELECTION_METHODS)
     check_choice("tune_mode", tune_mode, SWEEP_TUNE_MODES)
     check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="neither")
+    if select == "vote":  # the candidates need a share of the budget besides the vote's
+        check_real("vote_share", vote_share, low=0.0, high=1.0, closed="neither")
+    eigen_floor = SPEC.replace(eigen_floor=eigen_floor).eigen_floor  # checked as the spec's
+    if not isinstance(eigen_floor, str) and eigen_floor > 0 and final_step == "projection":
+        raise InvalidParameterError(
+            "The 'eigen_floor' parameter must be 'vote' or 0 with final_step='projection' (the "
+            f"floor cuts the refit's eigenvalues); got {eigen_floor!r}."
+        )
     log = RunLog(out_dir, outputs=MPMTL_SWEEP_FILES)
     columns: dict[str, Any] = {}
     if data == "table":
@@ -200,12 +224,15 @@ def run_mpmtl_sweep(
         "final_step": final_step,
         "noise_source": noise_source,
     }
+    if eigen_floor != SPEC.eigen_floor:  # the default adds no key: earlier logs stay reusable
+        fixed["eigen_floor"] = eigen_floor
 
     def config(method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
         return {**fixed, **config_keys(method), "method": method, "epsilon": epsilon, "seed": seed}
 
-    def common(method: str, seed: int) -> dict[str, Any]:
+    def common(method: str, seed: int, point: dict[str, Any] | None = None) -> dict[str, Any]:
         return {
+            "eigen_floor": _floor_for(method, eigen_floor, point or {}),
             "data": data,
             "method": method,
             "noise": noise,
@@ -274,25 +301,92 @@ def run_mpmtl_sweep(
     def candidates_of(method: str) -> list[dict[str, Any]]:
         return _candidate_grid(method, iterations)
 
+    plans: dict[tuple[str, float, int], dict[str, Any]] = {}
+
+    def plan_of(method: str, epsilon: float | None, seed: int) -> dict[str, Any] | None:
+        """The private point's public plan (None: nothing to split, e.g. a non-private method)."""
+        grid = candidates_of(method)
+        if epsilon is None or method not in VOTE_GRIDS or not grid or noise == "wishart":
+            return None
+        key = (method, epsilon, seed)
+        if key not in plans:
+            train = splits[seed, protocols[method]][0]
+            plans[key] = _plan_point(
+                method, epsilon, grid, n_tasks=train.n_tasks, dim=train.n_features,
+                vote_share=vote_share, vote=select == "vote",
+            )  # fmt: skip
+        return plans[key]
+
+    def candidate_cfg(
+        method: str, epsilon: float | None, seed: int, point: dict[str, Any]
+    ) -> dict[str, Any]:
+        inputs: dict[str, Any] = {"val_fraction": val_fraction, "point": point}
+        plan = plan_of(method, epsilon, seed)
+        if plan is not None:
+            if plan["alone"]:
+                inputs = {"point": point, "alone": True}
+            else:
+                inputs["candidate_epsilon"] = plan["budget"]["candidate_epsilon"]
+        return {**config(method, epsilon, seed), "select_inputs": inputs}
+
+    def runs_of(method: str, epsilon: float | None, seed: int) -> list[dict[str, Any]]:
+        """The logged runs a covered point needs (its candidates, or the one run alone)."""
+        plan = plan_of(method, epsilon, seed)
+        if method in ISOLATED_METHODS:
+            return [isolated_cfg(method, seed)]
+        points = candidates_of(method) if plan is None else plan["points"]
+        out = [candidate_cfg(method, epsilon, seed, p) for p in points]
+        if epsilon is None and len(points) > 1:  # a free refit of every candidate
+            out += [refit_cfg(method, seed, p) for p in points]
+        return out
+
+    def isolated_cfg(method: str, seed: int) -> dict[str, Any]:
+        return {**config(method, None, seed), "tune_mode": "covered"}
+
+    def isolated_logged(*, method: str, seed: int) -> dict[str, Any]:
+        """A single-task baseline: every task chooses its own weight by cross-validation on its
+        own whole training split (the run's covered per-task selection), at ε = 0."""
+        cfg = isolated_cfg(method, seed)
+        row = log.get(cfg)
+        if row is None:
+            row = log.add(cfg, run_mpmtl(**common(method, seed), epsilon=None, tune="covered"))
+        sel = {
+            "method": "client",
+            "covered": True,
+            "candidates": None,
+            "epsilon": row["epsilon"],
+            "note": row["tuning_note"],
+        }
+        return apply_selection(row, sel)
+
+    def refit_cfg(method: str, seed: int, point: dict[str, Any]) -> dict[str, Any]:
+        return {**config(method, None, seed), "select_inputs": {"point": point, "refit": True}}
+
     def covered_one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
+        if method in ISOLATED_METHODS:
+            return isolated_logged(method=method, seed=seed)
         grid = candidates_of(method)
         if not grid or (noise == "wishart" and epsilon is not None):
             # nothing accountable to compose (the Wishart ledger records non-private events):
             # the defaults, no selection
             return pooled_logged_none(method=method, epsilon=epsilon, seed=seed)
+        plan = plan_of(method, epsilon, seed)
+        if plan is not None and plan["alone"]:
+            return alone_logged(method=method, epsilon=epsilon, seed=seed, plan=plan)
+        points = grid if plan is None else plan["points"]
+        eps_run = epsilon if plan is None else plan["budget"]["candidate_epsilon"]
         fit, val = _validation_split(splits[seed, protocols[method]][0], val_fraction, seed)
         test = splits[seed, protocols[method]][1]
         cands, cfgs = [], []
-        for point in grid:
-            cfg = {
-                **config(method, epsilon, seed),
-                "select_inputs": {"val_fraction": val_fraction, "point": point},
-            }
+        for point in points:
+            cfg = candidate_cfg(method, epsilon, seed, point)
             row = log.get(cfg)
             if row is None:
                 row = log.add(
                     cfg,
-                    _candidate_run(common(method, seed) | {"split": (fit, test)}, epsilon, point),
+                    _candidate_run(
+                        common(method, seed, point) | {"split": (fit, test)}, eps_run, point
+                    ),
                 )
             cands.append(row)
             cfgs.append(cfg)
@@ -303,7 +397,7 @@ def run_mpmtl_sweep(
         offsets = [np.asarray(c.get("target_offsets") or np.zeros(len(val))) for c in cands]
         scores = _task_val_scores(coefs, val, classification, offsets)
         sel = select_candidates(
-            select="client" if method in ISOLATED_METHODS else select,
+            select=select,
             scores=scores,
             pooled=[None] * len(cands),
             events=[c["release_events"] for c in cands],
@@ -317,6 +411,20 @@ def run_mpmtl_sweep(
             higher_is_better=classification,
             what="the hyper-parameters",
         )  # fmt: skip
+        if plan is not None:
+            sel["plan"] = _public_plan(plan)
+        if epsilon is None and len(cands) > 1:
+            # a non-private method (nothing to charge): the chosen configuration is fitted
+            # again on the whole training split, free
+            whole = common(method, seed)
+            cands = [
+                log.get(refit_cfg(method, seed, p))
+                or log.add(refit_cfg(method, seed, p), _candidate_run(whole, None, p))
+                for p in points
+            ]
+            coefs = [np.asarray(c["coef"], dtype=float) for c in cands]
+            offsets = [np.asarray(c.get("target_offsets") or np.zeros(len(val))) for c in cands]
+            sel["note"] += "; the choice refitted on the whole training split (free: ε unchanged)"
         if sel["chosen"] is not None:
             row = dict(cands[sel["chosen"]])
         else:
@@ -324,8 +432,39 @@ def run_mpmtl_sweep(
             row["params"] = None
             row[metric] = _per_task_metric(coefs, sel["choices"], test, classification, offsets)
         row = {k: v for k, v in row.items() if k not in ("coef", "release_events")}
+        row["target_epsilon"] = epsilon  # the point's target (a candidate ran at its share)
         row["tuned"] = len(cands) > 1
         row["tuning_note"] = sel["note"]
+        return apply_selection(row, sel)
+
+    def alone_logged(
+        *, method: str, epsilon: float | None, seed: int, plan: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The plan's one candidate, on the whole training split, with the whole target."""
+        point = plan["points"][0]
+        cfg = candidate_cfg(method, epsilon, seed, point)
+        row = log.get(cfg)
+        if row is None:
+            row = log.add(
+                cfg,
+                run_mpmtl(**common(method, seed, point), epsilon=epsilon, tune=False,
+                          extra_params=point),
+            )  # fmt: skip
+        why = plan["budget"]["vote_reason"]
+        if plan["swamped"]:
+            why += (
+                f"; even alone its release is below the signal bound (ratio "
+                f"{plan['signal_to_noise'][0]:.3g} < {MIN_SIGNAL_TO_NOISE:g}): the refit keeps "
+                "little more than single-task learning"
+            )
+        sel = {
+            "method": "none",
+            "covered": True,
+            "candidates": 1,
+            "epsilon": row["epsilon"],
+            "note": f"no vote ({why}): {_describe(point)} with the whole budget",
+            "plan": _public_plan(plan),
+        }
         return apply_selection(row, sel)
 
     def pooled_logged_none(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
@@ -353,17 +492,9 @@ def run_mpmtl_sweep(
         for e in (epsilons if m in PRIVATE_METHODS else [None])
     ]
     if covered_mode:
-        reused = sum(
-            log.has(
-                {
-                    **config(m, e, s),
-                    "select_inputs": {"val_fraction": val_fraction, "point": point},
-                }
-            )
-            for m, e, s in jobs
-            for point in candidates_of(m)
-        )
-        total = sum(max(len(candidates_of(m)), 1) for m, _, _ in jobs)
+        needed = [cfg for m, e, s in jobs for cfg in runs_of(m, e, s)]
+        reused = sum(log.has(cfg) for cfg in needed)
+        total = len(needed) + sum(not runs_of(m, e, s) for m, e, s in jobs)
     else:
         reused = sum(log.has(config(m, e, s)) for m, e, s in jobs)
         total = len(jobs)
@@ -406,9 +537,10 @@ def run_mpmtl_sweep(
             title=f"MP-MTL privacy–accuracy trade-off on {data} ({noise} noise)",
             lower_is_better=metric == "nmse",
             subtitle=subtitle,
-            x_key="epsilon" if covered else "target_epsilon",
+            x_key="target_epsilon",
+            label_key="epsilon" if covered else None,
             x_label=(
-                "ε of training + selection (smaller is more private)"
+                "target ε (smaller is more private); labels: ε charged (training + selection)"
                 if covered
                 else "ε of the chosen run's training only (selection NOT covered)"
             ),
@@ -439,6 +571,105 @@ def _candidate_grid(method: str, iterations: int | None) -> list[dict[str, Any]]
         points = [{**p, "iterations": iterations} for p in points]
         points = list({tuple(sorted(p.items())): p for p in points}.values())
     return points
+
+
+def _plan_point(
+    method: str,
+    epsilon: float,
+    grid: list[dict[str, Any]],
+    *,
+    n_tasks: int,
+    dim: int,
+    vote_share: float,
+    vote: bool = True,
+) -> dict[str, Any]:
+    """Which candidates of a private sweep point run, at which ε, and whether a vote is held.
+
+    Decided before any run from public quantities only (ε, δ, m, d, each candidate's K and T,
+    the vote share): the target is split between the candidates and the vote
+    (:func:`~privmtl.privacy.selection.plan_candidates`: they compose to the target); a
+    candidate whose last release at its share could not carry signal (:data:`MIN_SIGNAL_TO_NOISE`,
+    computed for an even split of its releases) is dropped, and the rest are planned again with
+    the budget it leaves. Without a vote (one candidate left, or a vote that could not carry
+    signal) the first remaining candidate runs alone with the whole target, on the whole
+    training split. Returns ``points`` (the candidates run), ``budget``
+    (:meth:`~privmtl.privacy.selection.CandidateBudget.to_dict`), ``signal_to_noise`` (of each
+    run candidate), ``dropped`` (each with its ratio and the ε it would have had), ``alone``
+    and ``swamped`` (a lone candidate below the bound: it is run anyway, the grid's
+    public default when every candidate is below).
+    """
+    from privmtl.linear.selection import estimator_class
+    from privmtl.privacy.covariance import plan_covariance_releases, signal_to_noise_bound
+    from privmtl.privacy.selection import plan_candidates
+
+    delta = float(resolve_defaults(SPEC, n_tasks).delta)  # type: ignore[arg-type]
+    acc: dict[str, Any] = {"delta": delta, "accountant": SPEC.accountant, "relation": SPEC.relation}
+    defaults = estimator_class(method)().get_params()
+
+    def ratio(point: dict[str, Any], eps: float) -> float:
+        p = {**defaults, **point}
+        schedule = plan_covariance_releases(
+            epsilon=eps, iterations=int(p["iterations"]), clip=float(p["clip"]), dim=dim,
+            allocation="power", alpha=0.0, **acc,
+        )  # fmt: skip
+        return signal_to_noise_bound(schedule, n_tasks)
+
+    kept = list(range(len(grid)))
+    dropped: list[dict[str, Any]] = []
+    while True:
+        budget = plan_candidates(
+            len(kept), n_tasks, epsilon=epsilon, share=vote_share, vote=vote, **acc
+        )
+        run = kept if budget.n_candidates > 1 else kept[:1]
+        ratios = {j: ratio(grid[j], budget.candidate_epsilon) for j in run}
+        low = [j for j in run if ratios[j] < MIN_SIGNAL_TO_NOISE]
+        if len(run) == 1 or not low:
+            break
+        for j in low if len(low) < len(run) else low[1:]:  # all low: the first may run alone
+            dropped.append(
+                {"point": grid[j], "signal_to_noise": ratios[j],
+                 "candidate_epsilon": budget.candidate_epsilon}
+            )  # fmt: skip
+            kept.remove(j)
+    return {
+        "points": [grid[j] for j in run],
+        "budget": budget.to_dict(),
+        "signal_to_noise": [ratios[j] for j in run],
+        "dropped": dropped,
+        "alone": len(run) == 1,
+        "swamped": len(run) == 1 and ratios[run[0]] < MIN_SIGNAL_TO_NOISE,
+        "delta": delta,
+    }
+
+
+def _floor_for(method: str, eigen_floor: float | str, point: dict[str, Any]) -> float | str:
+    """The eigenvalue floor a run of ``point`` takes: the sweep's, where a floor acts (the
+    low-rank refit with the ``"denoise"`` or ``"clip"`` fix); elsewhere the spec's default, which
+    holds no vote and spends nothing there."""
+    acts = (
+        method == "lowrank"
+        and point.get("eigen_fix", "denoise") in ("denoise", "clip")
+        and point.get("refit_lam", "cv") is not None
+    )
+    return eigen_floor if acts else SPEC.eigen_floor
+
+
+def _describe(point: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(point.items())) or "the defaults"
+
+
+def _public_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan as rows state it (every entry a public quantity)."""
+    return {
+        "candidates": plan["points"],
+        "candidate_epsilon": plan["budget"]["candidate_epsilon"],
+        "signal_to_noise": plan["signal_to_noise"],
+        "min_signal_to_noise": MIN_SIGNAL_TO_NOISE,
+        "dropped": plan["dropped"],
+        "vote_held": plan["budget"]["vote_held"],
+        "vote_reason": plan["budget"]["vote_reason"],
+        "swamped": plan["swamped"],
+    }
 
 
 def _validation_split(

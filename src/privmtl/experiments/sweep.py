@@ -541,11 +541,14 @@ def plot_tradeoff(
     subtitle: str | None = None,
     x_key: str = "target_epsilon",
     x_label: str = "ε (privacy budget; smaller is more private)",
+    label_key: str | None = None,
 ) -> None:
     """Write a PNG: metric vs ε (log x) per private method, ε-free methods as horizontal lines.
 
     ``x_key`` is the summary key on the x axis: ``"target_epsilon"`` (each run's target) or
-    ``"epsilon"`` (the reported ε, e.g. training and selection composed).
+    ``"epsilon"`` (the reported ε, e.g. training and selection composed). ``label_key``: a
+    summary key whose value labels every point of the curves (e.g. ``"epsilon"``, the ε
+    charged, when x is the target).
     """
     import matplotlib
 
@@ -569,6 +572,12 @@ def plot_tradeoff(
         color = colors[i % len(colors)]
         ax.plot(x, y, marker=markers[i % len(markers)], label=method, color=color)
         ax.fill_between(x, y - e, y + e, alpha=0.15, color=color)
+        for p, xi, yi in zip(pts, x, y, strict=True) if label_key else ():
+            value = p.get(str(label_key))
+            text = "∞" if value is None or not math.isfinite(value) else f"{value:.3g}"
+            text = f"charged ε={text}"
+            ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 6), fontsize=7,
+                        color=color)  # fmt: skip
     styles = ["--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1))]
     for i, ref in enumerate(refs):
         ax.axhline(

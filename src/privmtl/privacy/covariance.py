@@ -47,6 +47,7 @@ __all__ = [
     "eigen_shift",
     "plan_covariance_releases",
     "reserve_share",
+    "signal_to_noise_bound",
     "wishart_real_delta",
 ]
 
@@ -377,3 +378,27 @@ def reserve_share(schedule: CovarianceSchedule, share: float) -> tuple[Covarianc
     guarantee = replace(g, epsilon=own, details=details)
     stds = tuple(float(v) * scale for v in schedule.per_release)
     return replace(schedule, per_release=stds, guarantee=guarantee), z_vote
+
+
+def signal_to_noise_bound(schedule: CovarianceSchedule, n_tasks: int) -> float:
+    r"""The most signal the last release of a Gaussian schedule can carry, over its noise edge.
+
+    ``m`` models clipped to norm K give :math:`\tilde W\tilde W^\top` a largest eigenvalue of
+    at most :math:`m K^2` (every model of norm K, all aligned); the release's symmetric Gaussian
+    noise of entry std σ has a spectrum within about :math:`2\sigma\sqrt d` (the edge that
+    ``eigen_fix="denoise"`` cuts at). Their ratio :math:`m K^2 / (2\sigma\sqrt d)` is a
+    function of public quantities only (m, d, K, σ; not of K itself, as σ ∝ K²): below 1, no
+    direction of any data can stand out of the noise and the release is noise whatever the
+    models (a refit from it falls back to single-task learning; a projection onto it adds noise
+    to every model). ``inf`` for a non-private schedule.
+    """
+    m = check_int("n_tasks", n_tasks, low=1)
+    if schedule.noise == "none":
+        return math.inf
+    if schedule.noise != "gaussian":
+        raise InvalidParameterError(
+            "The signal-to-noise bound is that of a Gaussian schedule; got "
+            f"noise={schedule.noise!r}."
+        )
+    edge = 2.0 * schedule.per_release[-1] * math.sqrt(schedule.dim)
+    return m * schedule.clip**2 / edge

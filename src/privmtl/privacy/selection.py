@@ -66,11 +66,13 @@ __all__ = [
     "SELECTION_METHODS",
     "VOTE_MECHANISM",
     "VOTE_SIGNAL",
+    "CandidateBudget",
     "ClientVote",
     "VotePlan",
     "VoteResult",
     "client_vote_shares",
     "client_votes",
+    "plan_candidates",
     "plan_vote",
     "record_candidates",
     "vote_sensitivity",
@@ -477,3 +479,99 @@ def plan_vote(
     return VotePlan(
         True, vote.noise_std, share, relation, f"vote of the {n} clients with {share:g} of epsilon"
     )
+
+
+@dataclass(frozen=True)
+class CandidateBudget:
+    """How a target (ε, δ) is split between ``n_candidates`` Gaussian runs and their vote
+    (:func:`plan_candidates`); public, fixed before any run.
+
+    ``candidate_epsilon`` is every candidate's own ε (its runs are calibrated to it),
+    ``candidate_multiplier`` the single Gaussian multiplier with that ε, ``vote`` the vote's
+    plan and ``target_multiplier`` the single Gaussian multiplier of the whole target.
+    """
+
+    n_candidates: int
+    candidate_epsilon: float
+    candidate_multiplier: float
+    vote: VotePlan
+    target_multiplier: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "n_candidates": self.n_candidates,
+            "candidate_epsilon": self.candidate_epsilon,
+            "candidate_multiplier": self.candidate_multiplier,
+            "target_multiplier": self.target_multiplier,
+            "vote_held": self.vote.held,
+            "vote_noise_std": self.vote.noise_std,
+            "vote_share": self.vote.share,
+            "vote_reason": self.vote.reason,
+        }
+
+
+def plan_candidates(
+    n_candidates: int,
+    n_voters: int,
+    *,
+    epsilon: float,
+    delta: float,
+    share: float,
+    accountant: str = "rdp",
+    relation: str = "add-remove",
+    vote: bool = True,
+) -> CandidateBudget:
+    r"""Split a target (ε, δ) between ``n_candidates`` runs of Gaussian releases and their vote,
+    so that all of them compose to exactly the target.
+
+    Gaussian mechanisms compose into one Gaussian mechanism whose precision is the sum of theirs
+    (:func:`~privmtl.privacy.covariance.reserve_share`; exact under RDP and PLD and either
+    relation). With :math:`z_\star` the multiplier of one Gaussian mechanism meeting the target
+    and :math:`z_v` the vote's (:func:`plan_vote`: the vote alone is (``share`` · ε, δ)-DP, held
+    only where it can carry signal), every candidate gets the precision
+
+    .. math:: z_c^{-2} = (z_\star^{-2} - z_v^{-2}) / K
+
+    and is run at the ε of that single Gaussian (``candidate_epsilon``): a run calibrated to it
+    releases at most that precision, whatever its number of releases, so candidates and vote
+    compose to at most the target. Without a vote (``n_candidates == 1`` or the vote could not
+    carry signal) nothing is reserved and one candidate gets the whole target. ``vote=False``
+    (each client keeps its own best candidate, nothing released): the candidates share the whole
+    target, :math:`z_c^{-2} = z_\star^{-2} / K`.
+
+    Only public quantities enter: ε, δ, the number of candidates and voters, the share.
+    """
+    k = check_int("n_candidates", n_candidates, low=1)
+    eps = check_real("epsilon", epsilon, low=0.0, closed="neither")
+    z_target = calibrate_noise_multiplier(
+        dpe.GaussianDpEvent, target_epsilon=eps, delta=delta, accountant=accountant,
+        relation=relation,
+    )  # fmt: skip
+    if k > 1 and not vote:
+        plan = VotePlan(False, relation=relation, reason="per-client choice: no vote")
+        z_c = z_target * math.sqrt(k)
+        eps_c = compute_epsilon(
+            dpe.GaussianDpEvent(z_c), delta=delta, accountant=accountant, relation=relation
+        )
+        return CandidateBudget(k, float(eps_c), z_c, plan, z_target)
+    plan = (
+        plan_vote(n_voters, epsilon=eps, delta=delta, share=share, accountant=accountant,
+                  relation=relation)
+        if k > 1
+        else VotePlan(False, relation=relation, reason="one candidate: nothing to vote on")
+    )  # fmt: skip
+    if not plan.held:
+        return CandidateBudget(1, eps, z_target, plan, z_target)
+    z_vote = plan.noise_std / _event_sensitivity(relation)
+    rest = z_target**-2 - z_vote**-2
+    if rest <= 0:
+        raise InvalidParameterError(
+            f"The 'share' parameter must leave the candidates a part of the budget; got "
+            f"share={share!r} at epsilon={eps!r}."
+        )
+    z_c = math.sqrt(k / rest)
+    eps_c = compute_epsilon(
+        dpe.GaussianDpEvent(z_c), delta=delta, accountant=accountant, relation=relation
+    )
+    return CandidateBudget(k, float(eps_c), z_c, plan, z_target)
