@@ -20,7 +20,7 @@ from privmtl.federated import blocks, saved
 from privmtl.federated.algorithms import evaluate
 from privmtl.federated.saved import MODEL_SHARD_CLIENTS, iter_personalized, load_models, read_meta
 
-M, SHARD = 30, 7
+M, SHARD = 150, 70  # blocks of more and of fewer clients than client_scores vmaps together
 RUN = {
     "data": "synthetic", "num_clients": M, "model": "logreg", "rounds": 2, "epsilon": 2.0,
     "threads": 1, "noise_source": "seeded", "finetune": "none", "show_progress": False,
@@ -31,7 +31,7 @@ KEYS = ("test_accuracy", "mean_client_accuracy", "n_test", "global_test_accuracy
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """``(single, sharded, run result)``: the same seeded run saved whole and in shards of 7."""
+    """``(single, sharded, run result)``: the same seeded run saved whole and in shards of 70."""
     root = tmp_path_factory.mktemp("shards")
     out = run_pmtl(**RUN, save_models=root / "single")
     with pytest.MonkeyPatch.context() as mp:
@@ -64,10 +64,10 @@ def test_shards_hold_the_single_files_rows_in_client_order(folders):
     meta = json.loads((sharded / "model.json").read_text())
     shards = meta["files"]["personalized_shards"]
     assert "personalized" not in meta["files"]
-    bounds = [(0, 7), (7, 14), (14, 21), (21, 28), (28, 30)]
+    bounds = [(0, 70), (70, 140), (140, 150)]
     assert [(s["start"], s["stop"]) for s in shards] == bounds
     assert _names(sharded) == sorted(
-        ["global.pt", "model.json", *(f"personalized-{i:05d}.pt" for i in range(5))]
+        ["global.pt", "model.json", *(f"personalized-{i:05d}.pt" for i in range(3))]
     )
     whole = torch.load(single / "personalized.pt", weights_only=True)
     for s in shards:  # the module docstring's recipe for one client's model
@@ -154,14 +154,14 @@ def _missing(folder):
 
 def _short_rows(folder):
     part = torch.load(folder / "personalized-00001.pt", weights_only=True)
-    torch.save({n: t[:6].clone() for n, t in part.items()}, folder / "personalized-00001.pt")
+    torch.save({n: t[:69].clone() for n, t in part.items()}, folder / "personalized-00001.pt")
 
 
 def _other_shape(folder):
-    part = torch.load(folder / "personalized-00003.pt", weights_only=True)
+    part = torch.load(folder / "personalized-00002.pt", weights_only=True)
     name = sorted(part)[0]
-    part[name] = torch.zeros(7, 2)
-    torch.save(part, folder / "personalized-00003.pt")
+    part[name] = torch.zeros(10, 2)
+    torch.save(part, folder / "personalized-00002.pt")
 
 
 def _set(i, **kv):
@@ -171,28 +171,28 @@ def _set(i, **kv):
 BAD = {
     "missing-file": (_missing, "files.personalized_shards[2].file"),
     "overlapping": (_set(1, start=5), "files.personalized_shards[1].start"),
-    "gap": (_set(1, start=8), "files.personalized_shards[1].start"),
+    "gap": (_set(1, start=71), "files.personalized_shards[1].start"),
     "first-not-zero": (_set(0, start=1), "files.personalized_shards[0].start"),
-    "stop-past-clients": (_set(4, stop=31), "files.personalized_shards[4].stop"),
-    "empty-range": (_set(2, stop=14), "files.personalized_shards[2].stop"),
-    "start-text": (_set(3, start="21"), "files.personalized_shards[3].start"),
+    "stop-past-clients": (_set(2, stop=151), "files.personalized_shards[2].stop"),
+    "empty-range": (_set(2, stop=140), "files.personalized_shards[2].stop"),
+    "start-text": (_set(1, start="70"), "files.personalized_shards[1].start"),
     "uncovered": (_shards(lambda shards, meta: shards.pop()), "files.personalized_shards"),
     "extra": (
-        _shards(lambda shards, meta: shards.append({**shards[-1], "start": 30, "stop": 32})),
-        "files.personalized_shards[5]",
+        _shards(lambda shards, meta: shards.append({**shards[-1], "start": M, "stop": M + 2})),
+        "files.personalized_shards[3]",
     ),
     "not-a-list": (
         _shards(lambda shards, meta: meta["files"].update(personalized_shards={})),
         "files.personalized_shards",
     ),
-    "entry-keys": (_set(0, rows=7), "files.personalized_shards[0]"),
+    "entry-keys": (_set(0, rows=70), "files.personalized_shards[0]"),
     "both-layouts": (
         _shards(lambda shards, meta: meta["files"].update(personalized="personalized-00000.pt")),
         "files.personalized_shards",
     ),
     "outside-folder": (_set(0, file="../x.pt"), "files.personalized_shards[0].file"),
     "mis-shaped-rows": (_short_rows, "files.personalized_shards[1].file"),
-    "mis-shaped-parameter": (_other_shape, "files.personalized_shards[3].file"),
+    "mis-shaped-parameter": (_other_shape, "files.personalized_shards[2].file"),
 }
 
 
