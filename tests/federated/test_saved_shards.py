@@ -130,8 +130,9 @@ def test_writing_again_removes_the_other_layouts_files(folders, tmp_path, monkey
     single, sharded, _ = folders
     folder = tmp_path / "again"
     shutil.copytree(sharded, folder)
+    (folder / "personalized-old.pt").write_bytes(b"a user's file")  # not a name privmtl writes
     run_pmtl(**RUN, save_models=folder)  # one shard's population: the single file
-    assert _names(folder) == ["global.pt", "model.json", "personalized.pt"]
+    assert _names(folder) == ["global.pt", "model.json", "personalized-old.pt", "personalized.pt"]
     monkeypatch.setattr(saved, "MODEL_SHARD_CLIENTS", SHARD)
     run_pmtl(**RUN, save_models=folder)
     assert "personalized.pt" not in _names(folder)

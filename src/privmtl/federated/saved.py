@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,8 +183,8 @@ def _remove_stale(d: Path, files: dict[str, Any]) -> None:
     """Remove personalized-model files of an earlier layout in a folder written again
     (``--overwrite``), which ``model.json`` no longer lists."""
     kept = {files.get("personalized")} | {s["file"] for s in files.get("personalized_shards", [])}
-    for old in [d / "personalized.pt", *d.glob("personalized-[0-9]*.pt")]:
-        if old.name not in kept:
+    for old in d.glob("personalized*.pt"):
+        if old.name not in kept and re.fullmatch(r"personalized(-\d{5,})?\.pt", old.name):
             old.unlink(missing_ok=True)
 
 
