@@ -12,10 +12,10 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -30,6 +30,7 @@ __all__ = [
     "load_jsonl",
     "to_jsonable",
     "write_atomic",
+    "write_atomic_with",
     "write_json_atomic",
 ]
 
@@ -80,10 +81,16 @@ def fsync_dir(directory: Path) -> None:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file, ``fsync`` and an atomic rename."""
+    write_atomic_with(path, lambda fh: fh.write(data))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """:func:`write_atomic` of what ``write`` writes into the open temporary file (streamed to
+    disk: nothing is assembled in memory first)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -901,20 +901,26 @@ def evaluate_saved(
     needs ``model`` (the factory named again, checked against the recorded SHA-256) or
     ``trust_code``, and a recorded data path outside the folder needs ``data_path``.
     """
-    from privmtl.federated.algorithms import evaluate
-    from privmtl.federated.saved import build_model, check_params, load_models
+    from privmtl.federated.saved import (
+        build_model,
+        check_params,
+        iter_personalized,
+        load_global,
+        read_meta,
+    )
     from privmtl.trust import followed_data_path, is_signed
 
-    meta, glob, pers = load_models(models_dir)
+    meta = read_meta(models_dir)
+    glob = load_global(models_dir, meta)
     where = str(Path(models_dir) / "model.json")
     saved = meta.get("data", {})
     sd = int(seed if seed is not None else saved.get("seed") or 0)
     # the model first: code this user did not allow is refused before any data is read
     net, notes = build_model(meta, seed=sd, where=where, trust_code=trust_code, factory=model)
     check_params(glob, net, where=where, key="files.global")
-    if pers is not None:
-        n_saved = len(meta["client_ids"])
-        check_params(pers, net, where=where, key="files.personalized", clients=n_saved)
+    has_pers = False
+    for _ in iter_personalized(models_dir, meta, net=net, mmap=True):  # every file, mapped: cheap
+        has_pers = True
     name = data if data is not None else saved.get("data")
     path = followed_data_path(
         saved.get("data_path"),
@@ -945,12 +951,12 @@ def evaluate_saved(
             f"The data has {ds.n_features} features and {ds.n_classes} classes; the saved models "
             f"{meta['model']['n_features']} and {meta['model']['n_classes']}."
         )
-    buffers = {n: b.detach() for n, b in net.named_buffers()}
-    xs, ys = ds.split("test")
-    personalized = meta["primary"] == "personalized" and pers is not None
-    params = pers if personalized else glob
-    assert params is not None
-    acc = evaluate(net, params, buffers, xs, ys, personalized=personalized)
+    personalized = meta["primary"] == "personalized" and has_pers
+    released = meta.get("method") not in NO_RELEASE_METHODS
+    scores = _score_saved(
+        models_dir, meta, net, glob, ds, personalized=personalized, shared=has_pers or released
+    )
+    acc = scores["own"]
     guarantee = meta.get("guarantee")
     from privmtl.privacy.ledger import check_saved_ledger
 
@@ -976,9 +982,8 @@ def evaluate_saved(
         "notes": notes,
         "ledger_checked": checked,
     }
-    released = meta.get("method") not in NO_RELEASE_METHODS
-    if pers is not None or released:
-        shared = evaluate(net, glob, buffers, xs, ys, personalized=False)
+    if "shared" in scores:
+        shared = scores["shared"]
         out["global_test_accuracy"] = shared["accuracy"]
         if released:
             # the released global model on every client's own test data, averaged over clients
@@ -989,6 +994,47 @@ def evaluate_saved(
         if key in run:
             out[key] = run[key]
     return out
+
+
+def _score_saved(
+    models_dir: str | Path,
+    meta: dict[str, Any],
+    net: torch.nn.Module,
+    glob: Params,
+    ds: FederatedDataset,
+    *,
+    personalized: bool,
+    shared: bool,
+) -> dict[str, dict[str, float]]:
+    """:func:`evaluate_saved`'s test scores, streamed: ``"own"`` (each client's own model: its
+    personalized one when ``personalized``, else the global one) and, when ``shared``, ``"shared"``
+    (the global model on every client). A block of clients at a time is read from the saved files
+    (:func:`~privmtl.federated.saved.personalized_blocks`) and drawn from ``ds``
+    (:meth:`~privmtl.data.federated.FederatedDataset.subset`), so one file of models and one
+    block's test data are held at once; the sums equal scoring every client at once."""
+    from privmtl.federated.algorithms import BlockScores
+    from privmtl.federated.blocks import client_blocks
+    from privmtl.federated.saved import personalized_blocks
+
+    buffers = {n: b.detach() for n, b in net.named_buffers()}
+    book = BlockScores(net, buffers, ("test",))
+    if personalized:
+        blocks: Any = personalized_blocks(models_dir, meta, net=net)
+    else:
+        blocks = ((pos, None) for pos in client_blocks(ds.n_clients))
+    with torch.no_grad():
+        for pos, own in blocks:
+            piece = ds if len(pos) == ds.n_clients else ds.subset(pos.tolist())
+            if own is not None:
+                book.add("own", own, True, piece)
+                if shared:
+                    book.add("shared", glob, False, piece)
+            else:
+                book.add("own", glob, False, piece)
+    scores = book.summary()["test"]
+    if shared and not personalized:  # the global model is the clients' own: scored once
+        scores["shared"] = scores["own"]
+    return scores
 
 
 def _epochs_grid(epochs: int | Sequence[int]) -> list[int]:

@@ -7,10 +7,19 @@ flower local --save-models DIR`` through :func:`privmtl.flower.saved.collect_mod
     ``torch.save`` of a plain dict ``{parameter name: tensor}``: the released billboard
     :math:`\\tilde w^T` (for joint-model DP: the mean of the released blocks). It is a PyTorch
     ``state_dict`` of the model: ``model.load_state_dict(torch.load("global.pt"))``.
-``personalized.pt`` (methods with personalized models)
+``personalized.pt`` (methods with personalized models, at most :data:`MODEL_SHARD_CLIENTS` clients)
     ``{parameter name: tensor of shape (m, *shape)}``: client ``k``'s model is
     ``{name: t[k] for name, t in torch.load("personalized.pt").items()}``, in the order of
-    ``client_ids`` in ``model.json``.
+    ``client_ids`` in ``model.json`` (``files.personalized`` names it).
+``personalized-00000.pt``, ``personalized-00001.pt``, ... (larger populations)
+    The same stack cut into shards of at most :data:`MODEL_SHARD_CLIENTS` consecutive clients,
+    so that no step of writing or reading holds every client's model. ``model.json`` lists them
+    as ``files.personalized_shards`` = ``[{"file": ..., "start": k0, "stop": k1}, ...]`` in client
+    order, contiguous from 0 to ``len(client_ids)`` (and has no ``files.personalized``); shard
+    ``{"file": f, "start": k0, "stop": k1}`` holds ``{name: tensor of shape (k1 - k0, *shape)}``,
+    so client ``k`` (``k0 <= k < k1``) has the model
+    ``{name: t[k - k0] for name, t in torch.load(f).items()}``. :func:`iter_personalized`
+    reads them one shard at a time, :func:`load_models` stacks them all.
 ``model.json``
     ``format`` (``"privmtl-models"``), ``version``, ``family`` (``"pmtl"``), ``method``, the model
     architecture (``model``: name, features, classes, input shape; for a user's
@@ -23,44 +32,83 @@ flower local --save-models DIR`` through :func:`privmtl.flower.saved.collect_mod
     recorded (:func:`build_model`).
 
 Files are written to temporary names and renamed (``model.json`` last), so a directory with a
-``model.json`` is complete.
+``model.json`` is complete. Each file is written straight from the tensors (one shard's copy at a
+time), never assembled in memory for the whole population.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.federated.algorithms import block_rows
+from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.spec import SPEC
+from privmtl.io import write_atomic, write_atomic_with
 from privmtl.trust import folder_file, is_signed, sign, untrusted_code
 
 __all__ = [
     "MODELS_FORMAT",
     "MODELS_VERSION",
+    "MODEL_SHARD_CLIENTS",
     "build_model",
     "check_meta",
     "check_params",
+    "iter_personalized",
+    "load_global",
     "load_models",
+    "personalized_blocks",
+    "read_meta",
     "save_models",
 ]
 
 MODELS_FORMAT = "privmtl-models"
 MODELS_VERSION = 1
 
+MODEL_SHARD_CLIENTS = 16_384
+"""Most clients whose personalized models one saved file holds (a logistic regression on the
+synthetic data, 610 parameters: 40 MB a shard); a population this size or smaller is saved as the
+single ``personalized.pt``."""
+
+_SHARDS_KEY = "files.personalized_shards"
+
 Params = dict[str, torch.Tensor]
 
 
-def _tensors(params: Params) -> bytes:
-    buf = io.BytesIO()
-    torch.save({n: p.detach().clone().contiguous() for n, p in params.items()}, buf)
-    return buf.getvalue()
+def _write_tensors(path: Path, params: Params, start: int = 0, stop: int | None = None) -> None:
+    """``torch.save`` of ``params`` (rows ``start:stop`` of each, when ``stop`` is given) straight
+    into ``path``, atomically. Each tensor is copied first, so that the file holds its values
+    alone (``torch.save`` of a view writes the whole storage under it)."""
+    rows = {
+        n: (p if stop is None else p[start:stop]).detach().clone().contiguous()
+        for n, p in params.items()
+    }
+    write_atomic_with(path, lambda fh: torch.save(rows, fh))
+
+
+def _shard_name(i: int) -> str:
+    return f"personalized-{i:05d}.pt"
+
+
+def _save_personalized(d: Path, pers: Params, m: int) -> dict[str, Any]:
+    """Write the stacked personalized models (module docstring's layout); their ``files`` keys."""
+    if m <= MODEL_SHARD_CLIENTS:
+        _write_tensors(d / "personalized.pt", pers)
+        return {"personalized": "personalized.pt"}
+    shards = []
+    for i, start in enumerate(range(0, m, MODEL_SHARD_CLIENTS)):
+        stop = min(start + MODEL_SHARD_CLIENTS, m)
+        _write_tensors(d / _shard_name(i), pers, start, stop)
+        shards.append({"file": _shard_name(i), "start": start, "stop": stop})
+    return {"personalized_shards": shards}
 
 
 def save_models(
@@ -83,12 +131,11 @@ def save_models(
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    files = {"global": "global.pt"}
-    write_atomic(d / "global.pt", _tensors(result.global_params))
+    files: dict[str, Any] = {"global": "global.pt"}
+    _write_tensors(d / "global.pt", result.global_params)
     pers = personalized if personalized is not None else result.personalized_params
     if pers is not None:
-        write_atomic(d / "personalized.pt", _tensors(pers))
-        files["personalized"] = "personalized.pt"
+        files.update(_save_personalized(d, pers, len(result.client_ids)))
     keep = (
         "method", "epsilon", "delta", "accountant", "sampling", "relation", "noise_source",
         "noise_std", "noise_multiplier", "clip", "clients_per_round", "num_clients", "rounds",
@@ -128,7 +175,17 @@ def save_models(
         meta["ledger"] = {"path": str(Path(ledger.path).resolve()), **ledger.seen()}
     text = json.dumps(sign(meta), indent=2) + "\n"  # signed: this user's models reload anywhere
     write_atomic(d / "model.json", text.encode())
+    _remove_stale(d, files)
     return d
+
+
+def _remove_stale(d: Path, files: dict[str, Any]) -> None:
+    """Remove personalized-model files of an earlier layout in a folder written again
+    (``--overwrite``), which ``model.json`` no longer lists."""
+    kept = {files.get("personalized")} | {s["file"] for s in files.get("personalized_shards", [])}
+    for old in d.glob("personalized*.pt"):
+        if old.name not in kept and re.fullmatch(r"personalized(-\d{5,})?\.pt", old.name):
+            old.unlink(missing_ok=True)
 
 
 def _malformed(where: str, key: str, expected: str, value: Any) -> DataFormatError:
@@ -194,10 +251,12 @@ def check_meta(meta: Any, where: str) -> dict[str, Any]:
     return meta
 
 
-def _load_params(path: Path, where: str, key: str) -> Params:
+def _load_params(path: Path, where: str, key: str, *, mmap: bool = False) -> Params:
     """A dict of tensors saved by :func:`save_models`, loaded without unpickling any object."""
+    if not path.is_file():
+        raise DataFormatError(f"{where}: {key} names {path.name!r}, which is not in {path.parent}.")
     try:
-        params = torch.load(path, weights_only=True)
+        params = torch.load(path, weights_only=True, mmap=mmap)
     except Exception as exc:  # not a torch file, or a pickle of objects other than tensors
         raise DataFormatError(
             f"{path} ({where} {key}) is not a file of tensors that loads with "
@@ -210,12 +269,16 @@ def _load_params(path: Path, where: str, key: str) -> Params:
     return params
 
 
-def load_models(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], Params, Params | None]:
-    """``(metadata, global parameters, stacked personalized parameters or None)``.
+def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The folder's ``model.json``, checked (:func:`check_meta`, and the layout of its ``files``:
+    ``global``, and ``personalized`` or ``personalized_shards``, see the module docstring).
 
-    ``model.json`` is checked (:func:`check_meta`), its ``files`` must name files inside the
-    directory (:func:`~privmtl.trust.folder_file`) and the tensors load with
-    ``torch.load(weights_only=True)``: a malformed or foreign folder is refused in one line.
+    Raises
+    ------
+    DataFormatError
+        No ``model.json``, not JSON, a key missing or of the wrong type, an unknown ``files`` key,
+        or shards that are not contiguous ranges covering ``client_ids`` in order (one line
+        naming the key).
     """
     d = Path(directory)
     mpath = d / "model.json"
@@ -228,18 +291,156 @@ def load_models(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], Para
     where = str(mpath)
     check_meta(meta, where)
     files = meta["files"]
-    unknown = sorted(set(files) - {"global", "personalized"})
+    allowed = ("global", "personalized", "personalized_shards")
+    unknown = sorted(set(files) - set(allowed))
     if unknown:
         raise _malformed(
-            where, f"files.{unknown[0]}", "absent (files: global, personalized)", files[unknown[0]]
+            where, f"files.{unknown[0]}", f"absent (files: {', '.join(allowed)})", files[unknown[0]]
         )
-    glob = _load_params(
-        folder_file(d, files["global"], where=where, key="files.global"), where, "files.global"
-    )
-    pers = None
+    if "personalized" in files and "personalized_shards" in files:
+        raise _malformed(
+            where, _SHARDS_KEY, "absent when files.personalized is given (one layout)",
+            files["personalized_shards"],
+        )  # fmt: skip
+    if "personalized_shards" in files:
+        _check_shards(files["personalized_shards"], len(meta["client_ids"]), where)
+    return meta
+
+
+def _check_shards(shards: Any, m: int, where: str) -> None:
+    """Refuse a shard list that is not contiguous ranges covering clients 0 to ``m`` in order."""
+    if not isinstance(shards, list) or not shards:
+        raise _malformed(where, _SHARDS_KEY, "a non-empty list of shards", shards)
+    expected = 0
+    for i, shard in enumerate(shards):
+        key = f"{_SHARDS_KEY}[{i}]"
+        if expected == m:
+            raise _malformed(
+                where, key, f"absent (the shards before it cover the {m} clients)", shard
+            )
+        if not isinstance(shard, dict) or set(shard) != {"file", "start", "stop"}:
+            raise _malformed(where, key, "an object with keys file, start, stop", shard)
+        start, stop = shard["start"], shard["stop"]
+        if not _is_int(start) or start != expected:
+            what = "0 (the first client)" if i == 0 else f"{expected} (the previous shard's stop)"
+            raise _malformed(where, f"{key}.start", what, start)
+        if not _is_int(stop) or not start < stop <= m:
+            raise _malformed(
+                where, f"{key}.stop", f"an integer in ({start}, {m}] (the clients: {m})", stop
+            )
+        expected = stop
+    if expected != m:
+        raise DataFormatError(
+            f"{where}: {_SHARDS_KEY} must cover the {m} clients of client_ids; its shards stop at "
+            f"{expected}."
+        )
+
+
+def load_global(directory: str | os.PathLike[str], meta: dict[str, Any]) -> Params:
+    """The released global model of a folder whose ``model.json`` is ``meta`` (:func:`read_meta`)."""
+    d = Path(directory)
+    where = str(d / "model.json")
+    key = "files.global"
+    return _load_params(folder_file(d, meta["files"]["global"], where=where, key=key), where, key)
+
+
+def iter_personalized(
+    directory: str | os.PathLike[str],
+    meta: dict[str, Any],
+    *,
+    net: torch.nn.Module | None = None,
+    mmap: bool = False,
+) -> Iterator[tuple[int, int, Params]]:
+    """The personalized models of a folder, one file at a time: ``(start, stop, params)``, where
+    ``params`` stacks the models of clients ``start`` to ``stop - 1`` (positions in ``client_ids``).
+
+    A single ``personalized.pt`` is one item ``(0, m, params)``. ``meta`` is the folder's checked
+    ``model.json`` (:func:`read_meta`); nothing is yielded without personalized models. Each file
+    must lie inside the folder (:func:`~privmtl.trust.folder_file`), load with
+    ``torch.load(weights_only=True)`` and hold, for every parameter, ``stop - start`` rows of one
+    shape: ``net``'s parameters when given (:func:`check_params`), else the first file's. ``mmap``
+    maps the files instead of reading them (``torch.load(mmap=True)``): checking every file's
+    names and shapes then costs almost no memory or time.
+
+    Raises
+    ------
+    DataFormatError
+        A missing or foreign file, or tensors of other names or shapes (one line naming the key).
+    """
+    d = Path(directory)
+    where = str(d / "model.json")
+    files = meta["files"]
+    m = len(meta["client_ids"])
     if "personalized" in files:
-        path = folder_file(d, files["personalized"], where=where, key="files.personalized")
-        pers = _load_params(path, where, "files.personalized")
+        items = [("files.personalized", files["personalized"], 0, m)]
+    else:
+        items = [
+            (f"{_SHARDS_KEY}[{i}].file", s["file"], s["start"], s["stop"])
+            for i, s in enumerate(files.get("personalized_shards", []))
+        ]
+    first: dict[str, tuple[int, ...]] | None = None
+    for key, name, start, stop in items:
+        path = folder_file(d, name, where=where, key=key)
+        params = _load_params(path, where, key, mmap=mmap)
+        if net is not None:
+            check_params(params, net, where=where, key=key, clients=stop - start)
+        else:
+            first = _check_rows(params, first, where=where, key=key, clients=stop - start)
+        yield start, stop, params
+
+
+def personalized_blocks(
+    directory: str | os.PathLike[str],
+    meta: dict[str, Any],
+    *,
+    net: torch.nn.Module | None = None,
+    block: int = END_OF_RUN_BLOCK,
+) -> Iterator[tuple[np.ndarray, Params]]:
+    """:func:`iter_personalized` in blocks of at most ``block`` clients (a block never spans two
+    files): ``(positions in client_ids, their stacked models)``. One file is held at a time,
+    mapped from disk (``mmap``), and one block's models are copied out of it."""
+    for start, stop, params in iter_personalized(directory, meta, net=net, mmap=True):
+        for pos in client_blocks(stop - start, block):
+            yield start + pos, block_rows(params, pos)
+
+
+def _check_rows(
+    params: Params, first: dict[str, tuple[int, ...]] | None, *, where: str, key: str, clients: int
+) -> dict[str, tuple[int, ...]]:
+    """Refuse a file of stacked models without ``clients`` rows, or of other names or per-client
+    shapes than ``first``; returns the per-client shapes."""
+    shapes = {n: tuple(p.shape[1:]) for n, p in params.items()}
+    for n, p in params.items():
+        if p.dim() == 0 or p.shape[0] != clients:
+            raise DataFormatError(
+                f"{where}: {key} parameter {n!r} has shape {tuple(p.shape)}; the shard holds "
+                f"{clients} clients."
+            )
+    if first is not None and shapes != first:
+        raise DataFormatError(
+            f"{where}: {key} holds other parameters or shapes than the first file of "
+            "personalized models."
+        )
+    return shapes
+
+
+def load_models(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], Params, Params | None]:
+    """``(metadata, global parameters, stacked personalized parameters or None)``.
+
+    ``model.json`` is checked (:func:`read_meta`), its ``files`` must name files inside the
+    directory (:func:`~privmtl.trust.folder_file`) and the tensors load with
+    ``torch.load(weights_only=True)``: a malformed or foreign folder is refused in one line.
+    Shards (module docstring) are stacked into one tensor per parameter: every client's model in
+    memory at once; :func:`iter_personalized` reads them one at a time.
+    """
+    meta = read_meta(directory)
+    glob = load_global(directory, meta)
+    parts = list(iter_personalized(directory, meta))
+    pers: Params | None = None
+    if len(parts) == 1:
+        pers = parts[0][2]
+    elif parts:
+        pers = {n: torch.cat([p[n] for _, _, p in parts]) for n in parts[0][2]}
     return meta, glob, pers
 
 
