@@ -373,6 +373,12 @@ _SAME = ("epsilon", "delta", "noise_std", "clients_per_round", "lam", "personal_
         {"rounds": 3, "clients_per_round": 6, "noise_std": 0.001, "method": "fedavg"},
         {"rounds": 2, "clients_per_round": 6, "epsilon": 4.0, "method": "fedprox",
          "finetune": "vanilla"},
+        # cyclic groups with independent noise; banded noise at full and cyclic participation
+        {"rounds": 3, "sampling": "cyclic", "groups": 3, "epsilon": 2.0, "finetune": "none"},
+        {"rounds": 3, "sampling": "all", "noise_mechanism": "banded", "epsilon": 2.0,
+         "finetune": "none"},
+        {"rounds": 4, "sampling": "cyclic", "groups": 2, "noise_mechanism": "banded",
+         "epsilon": 2.0, "finetune": "none"},
     ],
 )  # fmt: skip
 def test_flower_run_equals_run_pmtl_at_the_product_defaults(flags):
@@ -393,6 +399,9 @@ def test_flower_run_equals_run_pmtl_at_the_product_defaults(flags):
         else:
             assert res[key] == ref[key], key
     assert res["guarantee"]["notes"] == ref["guarantee"]["notes"]
+    if flags.get("noise_mechanism") == "banded":  # the same one event, bands and groups
+        assert res["banded"] == ref["banded"] and ref["banded"]["mechanism"] == "banded"
+        assert ref["banded"]["groups"] == flags.get("groups", 1)
 
 
 def test_flower_refuses_what_it_does_not_run_with_one_line_naming_the_parameter():
