@@ -137,6 +137,8 @@ def _human(out: dict[str, Any]) -> None:
             f"eigen floor: {floor['floor']:g} x edge {floor['edge']:.4g} -> cut "
             f"{floor['cut']:.4g} ({floor['mode']}: {floor['reason']})"
         )
+    if out.get("refit_power") is not None:
+        click.echo(f"refit metric: D ~ (released eigenvalues)^{out['refit_power']:g}")
     if out.get("stopped_on_budget"):
         click.echo(
             f"stopped on budget after {out.get('iterations_run')} iterations: "

@@ -477,6 +477,9 @@ def _report(
     floor = getattr(est, "eigen_floor_", None)
     if floor is not None:
         out["eigen_floor"] = floor
+    power = getattr(est, "refit_power_", None)
+    if power is not None:
+        out["refit_power"] = power
     per_task = _per_task_params(est)
     if per_task:
         out["per_task_params"] = per_task
@@ -570,6 +573,9 @@ def run_mpmtl(
     (:mod:`privmtl.linear.eigen_floor`); the key ``eigen_floor`` of the result describes it (the
     grid, the candidates voted on, the winner ``floor``, the ``cut``, the ``noisy_counts``, the
     vote's own ``vote_epsilon`` and ``vote_share``, and the ``reason`` a vote was or was not held).
+    The key ``refit_power`` is the power p of the low-rank refit's metric ``D ∝ Λ^p``
+    (the estimator's ``refit_power="auto"``: 1 where the release's noise norm is under half the
+    estimation-noise edge, else 1/2; :func:`~privmtl.linear.eigen_floor.auto_refit_power`).
 
     ``final_step`` (MP-MTL low-rank / group-sparse): the paper's projected output
     (``"projection"``) or the local variational refit (``"refit"``); ``"auto"``: the refit (the
@@ -583,7 +589,7 @@ def run_mpmtl(
 
     Keys: ``method, data, epsilon, delta, relation, sampling, accountant, nmse | auc, seconds,
     params, tuned, tune, tuning_note, guarantee, covered, n_tasks, n_features, seed, noise_source,
-    stopped_on_budget`` (and ``eigen_floor``, ``per_task_params``, ``iterations_run``, ``checkpoint_dir``,
+    stopped_on_budget`` (and ``eigen_floor``, ``refit_power``, ``per_task_params``, ``iterations_run``, ``checkpoint_dir``,
     ``ledger``, ``resumed_from``, ``models_dir`` when they apply) and ``phases``. ``seconds`` is
     the run's wall time, from the call to the finished result (saving the models included);
     ``phases`` its seconds by phase (:data:`~privmtl._timing.MPMTL_PHASES`: ``data``, ``setup``,
