@@ -17,7 +17,12 @@ of :class:`~privmtl.linear.mpmtl.MPMTLLowRank` written out with the library's ow
   covariance, i.e. empirical-Bayes generalized ridge);
 * ``noiseless``: the same pipeline with no noise (ε = ∞; the cut is then τ e alone).
 
-Every row: ε (target of the releases; the vote of the product is not held here, the fixed τ is
+Further stages: ``candidates`` (on the product's own release, every (τ, p) scored as the floor
+vote scores it, with its test nMSE), ``product`` (``MPMTLLowRank`` at its defaults with
+``refit_power`` 0.5, 1 or ``auto``; ``--secure`` for secure noise; ``--eps inf`` non-private) and
+``rule`` (the discarded linear rule p = 1/2 + 1/2 max(0, 1 - 2σ√d/e)).
+
+Every harness row: ε (target of the releases; the vote of the product is not held here, the fixed τ is
 the one the vote elects at ε = 10 on this data), δ = min(1e-5, 1/(100 m)), add/remove one whole
 task, every task in every release, RDP accountant (dp-accounting), noise seeded.
 

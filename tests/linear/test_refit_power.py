@@ -160,7 +160,7 @@ def test_the_group_sparse_refit_keeps_its_metric():
     np.testing.assert_array_equal(a.coef_, b.coef_)
 
 
-@pytest.mark.parametrize("value", [0.0, -1.0, "best", float("nan")])
+@pytest.mark.parametrize("value", [0.0, -1.0, "best", float("nan"), float("inf")])
 def test_a_bad_refit_power_names_the_parameter(value):
     Xs, ys = _tasks(m=5)
     with pytest.raises(InvalidParameterError, match="refit_power"):
