@@ -315,6 +315,7 @@ def _fixed_params(
         "random_state": spec.seed,
         "noise_source": spec.noise_source,
         "eigen_floor": spec.eigen_floor,
+        "refit_power": spec.refit_power,
         "loss": "logistic" if classification and method != "dp-mtrl" else None,
     }
     if not search and spec.final_step == "projection" and method in _OUTPUT_RULE_METHODS:
@@ -477,6 +478,9 @@ def _report(
     floor = getattr(est, "eigen_floor_", None)
     if floor is not None:
         out["eigen_floor"] = floor
+    power = getattr(est, "refit_power_", None)
+    if power is not None:
+        out["refit_power"] = power
     per_task = _per_task_params(est)
     if per_task:
         out["per_task_params"] = per_task
@@ -540,6 +544,7 @@ def run_mpmtl(
     resume: bool = False,
     save_models: str | Path | None = None,
     eigen_floor: float | str = SPEC.eigen_floor,
+    refit_power: float | str = SPEC.refit_power,
 ) -> dict[str, Any]:
     """Run one method at one ε and return a JSON-ready result dictionary.
 
@@ -570,6 +575,10 @@ def run_mpmtl(
     (:mod:`privmtl.linear.eigen_floor`); the key ``eigen_floor`` of the result describes it (the
     grid, the candidates voted on, the winner ``floor``, the ``cut``, the ``noisy_counts``, the
     vote's own ``vote_epsilon`` and ``vote_share``, and the ``reason`` a vote was or was not held).
+    ``refit_power`` (MP-MTL low-rank with the refit): the power p of the refit's metric
+    ``D ∝ Λ^p``, ``"auto"`` (the default: 1 where the release's noise norm is under half the
+    estimation-noise edge, else 1/2; :func:`~privmtl.linear.eigen_floor.auto_refit_power`) or a
+    number; the key ``refit_power`` of the result is the power used.
 
     ``final_step`` (MP-MTL low-rank / group-sparse): the paper's projected output
     (``"projection"``) or the local variational refit (``"refit"``); ``"auto"``: the refit (the
@@ -583,8 +592,9 @@ def run_mpmtl(
 
     Keys: ``method, data, epsilon, delta, relation, sampling, accountant, nmse | auc, seconds,
     params, tuned, tune, tuning_note, guarantee, covered, n_tasks, n_features, seed, noise_source,
-    stopped_on_budget`` (and ``eigen_floor``, ``per_task_params``, ``iterations_run``, ``checkpoint_dir``,
-    ``ledger``, ``resumed_from``, ``models_dir`` when they apply) and ``phases``. ``seconds`` is
+    stopped_on_budget`` (and ``eigen_floor``, ``refit_power``, ``per_task_params``,
+    ``iterations_run``, ``checkpoint_dir``, ``ledger``, ``resumed_from``, ``models_dir`` when they
+    apply) and ``phases``. ``seconds`` is
     the run's wall time, from the call to the finished result (saving the models included);
     ``phases`` its seconds by phase (:data:`~privmtl._timing.MPMTL_PHASES`: ``data``, ``setup``,
     ``tuning``, ``fit``, ``scoring``, ``saving`` and ``other``, which add up to ``seconds``). ``epsilon`` is what the ledger
@@ -608,6 +618,7 @@ def run_mpmtl(
         budget_epsilon=budget_epsilon,
         checkpoint_every=checkpoint_every,
         eigen_floor=eigen_floor,
+        refit_power=refit_power,
     )
     with timer.phase("setup"):
         durability = _durability(spec, checkpoint_dir, resume)

@@ -54,7 +54,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from privmtl.exceptions import InvalidParameterError
-from privmtl.linear.local import best_ridge, ridge_cv_losses, variational_factor
+from privmtl.linear.local import (
+    COVARIANCE_POWER,
+    TRACE_POWER,
+    best_ridge,
+    ridge_cv_losses,
+    variational_factor,
+)
 from privmtl.linear.losses import TaskBatch
 from privmtl.privacy.covariance import eigen_shift, reserve_share
 from privmtl.privacy.noise import NoiseSource
@@ -65,9 +71,12 @@ __all__ = [
     "FLOOR_GRID",
     "FLOOR_VOTE",
     "FLOOR_VOTE_ID",
+    "POWER_AUTO",
+    "POWER_EDGE",
     "VOTE_SHARE",
     "VOTE_SIGNAL",
     "FloorPlan",
+    "auto_refit_power",
     "estimation_noise_edge",
     "floored_shift",
     "median_winner",
@@ -87,11 +96,33 @@ DEFAULT_FLOOR = 0.0
 VOTE_SHARE = 0.05
 #: Ledger id of the floor vote.
 FLOOR_VOTE_ID = "floor-vote:0"
+#: ``refit_power="auto"``: the refit metric's power from the release's noise (:func:`auto_refit_power`).
+POWER_AUTO = "auto"
+#: ``"auto"`` takes power 1 where the release's noise norm 2σ√d is at most this share of e.
+POWER_EDGE = 0.5
 
 
 def estimation_noise_edge(clip: float, n_tasks: int, dim: int) -> float:
     """``e = K² (√m + √d)² / d``: the top eigenvalue of m random clipped models' ``W̃W̃ᵀ``."""
     return float(clip**2 * (math.sqrt(n_tasks) + math.sqrt(dim)) ** 2 / dim)
+
+
+def auto_refit_power(noise_std: float, *, clip: float, n_tasks: int, dim: int) -> float:
+    """The low-rank refit metric's power for a release with Gaussian noise std ``noise_std``.
+
+    :data:`~privmtl.linear.local.COVARIANCE_POWER` (``D ∝`` the denoised release: the Gaussian
+    prior it describes) where ``2σ√d``, about the spectral norm of the privacy noise, is at most
+    :data:`POWER_EDGE` times the estimation-noise edge ``e`` (:func:`estimation_noise_edge`),
+    i.e. where the release is well inside the precision the tasks' own models allow;
+    :data:`~privmtl.linear.local.TRACE_POWER` (the trace norm's variational metric,
+    ``D ∝ Λ^(1/2)``) elsewhere. The power-1 metric leans harder on the top released directions,
+    which pays when they are the shared ones and costs when the noise has turned them. Public
+    quantities only (σ of the plan, K, m, d); σ = 0 for a non-private run.
+    """
+    edge = estimation_noise_edge(clip, n_tasks, dim)
+    return (
+        COVARIANCE_POWER if 2.0 * noise_std * math.sqrt(dim) <= POWER_EDGE * edge else TRACE_POWER
+    )
 
 
 def median_winner(noisy_counts: Sequence[float]) -> int:
@@ -230,6 +261,7 @@ def refit_metric(
     batch: TaskBatch,
     loss: str,
     refit_floor: float,
+    power: float = TRACE_POWER,
     cv_seed: int,
     noise: NoiseSource,
     ledger: Any,
@@ -239,6 +271,8 @@ def refit_metric(
 ) -> tuple[FloatArray, FloatArray | None, dict[str, Any]]:
     """The refit's metric ``A`` from the last release, its per-task CV weights, and the record.
 
+    ``power`` is the metric's power (:func:`~privmtl.linear.local.variational_factor`): every
+    candidate cut is scored, and the winner refitted, with the metric of that power.
     Returns ``(A, rho, info)``: ``rho`` is None for a fixed floor (the caller chooses the weights
     as before); ``info`` is the JSON-ready description of the floor (grid, candidates, winner, the
     vote's noisy counts and ε).
@@ -254,7 +288,7 @@ def refit_metric(
 
     def metric(tau: float) -> FloatArray:
         s = floored_shift(shift, tau * plan.edge)
-        return variational_factor(Sigma, penalty="lowrank", shift=s, floor=refit_floor)
+        return variational_factor(Sigma, penalty="lowrank", shift=s, floor=refit_floor, power=power)
 
     if plan.mode == "fixed":
         info.update(floor=plan.floor, cut=_cut(shift, plan.floor * plan.edge), vote_epsilon=0.0)

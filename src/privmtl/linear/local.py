@@ -22,6 +22,9 @@ refit through the substitution ``w = A v``, ``A = D^(1/2)``: ``argmin_v L_i(X_i 
 
 from __future__ import annotations
 
+import math
+from numbers import Real
+
 import numpy as np
 import scipy.linalg
 from numpy.typing import NDArray
@@ -30,7 +33,9 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.losses import TaskBatch
 
 __all__ = [
+    "COVARIANCE_POWER",
     "RIDGE_GRID",
+    "TRACE_POWER",
     "best_ridge",
     "local_ridge",
     "refit_with_metric",
@@ -41,6 +46,11 @@ __all__ = [
 ]
 
 FloatArray = NDArray[np.float64]
+
+#: Power of the variational metric ``D ∝ Λ^p`` of the trace-norm (l2,1) problem's W-step.
+TRACE_POWER = 0.5
+#: Power of the metric ``D ∝ Λ`` of a Gaussian prior with the released covariance.
+COVARIANCE_POWER = 1.0
 
 
 def local_ridge(batch: TaskBatch, loss: str, alpha: float | FloatArray) -> FloatArray:
@@ -243,8 +253,19 @@ def variational_factor(
     penalty: str,
     shift: float | None,
     floor: float,
+    power: float = TRACE_POWER,
 ) -> FloatArray:
     """``A = D^(1/2)`` of the variational metric ``D`` built from a released covariance ``Sigma``.
+
+    ``D`` has the eigenvectors of ``Sigma`` (low rank; the diagonal for the group-sparse
+    penalty) and eigenvalues ``max(Lambda + shift, 0)^power + floor^(2 power)``: with
+    ``power = 1/2`` (:data:`TRACE_POWER`) this is the minimiser of the variational trace-norm
+    (l2,1) problem, one W-step of its alternating minimisation; with ``power = 1``
+    (:data:`COVARIANCE_POWER`) ``D`` is proportional to the (denoised) covariance itself, and the
+    refit ``argmin L_i(w) + (rho/2) w^T D^-1 w`` is, for the squared loss, the posterior mean
+    under the Gaussian prior ``w ~ N(0, D / rho)`` (empirical-Bayes generalized ridge: the
+    prior's covariance read off the tasks' released models, its scale chosen by each task's own
+    cross-validation).
 
     Parameters
     ----------
@@ -256,19 +277,28 @@ def variational_factor(
     shift : float or None
         Eigenvalue fix: ``Lambda -> max(Lambda + shift, 0)`` (None: ``max(Lambda, 0)``).
     floor : float
-        ``tau >= 0`` added to the square roots, in the units of ``sqrt(Lambda)`` (a model norm).
+        ``tau >= 0``, in the units of ``sqrt(Lambda)`` (a model norm): ``tau^(2 power)`` is added
+        to the eigenvalues' powers, so that ``D > 0``.
+    power : float, default=0.5
+        ``p > 0``, the power of the eigenvalues.
 
     Returns
     -------
     ndarray of shape (d, d)
         Symmetric positive semi-definite ``A`` with ``A^2 = D`` and ``mean(eig(D)) = 1``.
     """
+    if isinstance(power, bool) or not (
+        isinstance(power, Real) and math.isfinite(power) and power > 0
+    ):
+        raise InvalidParameterError(
+            f"The 'power' parameter must be a finite real number > 0; got {power!r}."
+        )
     d = Sigma.shape[0]
     vals, U = scipy.linalg.eigh(Sigma, check_finite=False, driver="evd")
     lam = np.maximum(vals + (0.0 if shift is None else shift), 0.0)
     if penalty == "groupsparse":
         diag = (U * U) @ lam
-        Dv = np.sqrt(diag) + floor
+        Dv = diag**power + floor ** (2.0 * power)
         if not Dv.mean() > 0:
             return np.eye(d)
         return np.diag(np.sqrt(Dv / Dv.mean()))
@@ -276,7 +306,7 @@ def variational_factor(
         raise InvalidParameterError(
             f"The 'penalty' parameter must be 'lowrank' or 'groupsparse'; got {penalty!r}."
         )
-    Dv = np.sqrt(lam) + floor
+    Dv = lam**power + floor ** (2.0 * power)
     if not Dv.mean() > 0:
         return np.eye(d)
     return np.asarray((U * np.sqrt(Dv / Dv.mean())) @ U.T, dtype=np.float64)

@@ -83,12 +83,15 @@ from privmtl.linear.common import (
 from privmtl.linear.eigen_floor import (
     FLOOR_GRID,
     FLOOR_VOTE,
+    POWER_AUTO,
     VOTE_SHARE,
+    auto_refit_power,
     check_grid,
     plan_floor,
     refit_metric,
 )
 from privmtl.linear.local import (
+    TRACE_POWER,
     _apply_lowrank_left,
     _apply_lowrank_right,
     _group_shrink,
@@ -228,6 +231,17 @@ _COMMON_PARAMS_DOC = """
         or ``covariance="WtW"`` (pass ``refit_lam=None`` there).
     refit_floor : float, default=1e-3
         ``tau = refit_floor * K * sqrt(m)`` (``K sqrt(m)`` bounds ``sqrt(Lambda)``), so that ``D > 0``.
+    refit_power : "auto" or float > 0, default="auto"
+        Low-rank refit only (the group-sparse refit keeps the l2,1 metric, power 1/2): the power
+        p of the refit's metric ``D ∝ max(Lambda + c_T, 0)^p`` (:func:`~privmtl.linear.local.
+        variational_factor`). 0.5 is the trace norm's variational W-step; 1 makes ``D`` the
+        denoised released covariance itself, i.e. the refit is each task's posterior mean under
+        the Gaussian prior that covariance describes (empirical-Bayes generalized ridge), which
+        leans harder on the top released directions. ``"auto"``: 1 where the last release's
+        noise norm ``2 sigma sqrt(d)`` is at most half the estimation-noise edge
+        ``e = K^2 (sqrt(m) + sqrt(d))^2 / d`` (non-private runs included), else 0.5
+        (:func:`~privmtl.linear.eigen_floor.auto_refit_power`; public quantities only, no budget
+        spent). ``refit_power_`` holds the power used.
     eigen_floor : "vote" or float >= 0, default="vote"
         Low-rank refit only: the refit keeps the eigen-directions of the release above
         ``max(2 sigma sqrt(d), eigen_floor * e)`` with ``e = K^2 (sqrt(m) + sqrt(d))^2 / d``, the
@@ -300,6 +314,8 @@ _FITTED_DOC = """
         Every task's ridge weight of the ``"stl"`` start (None for other starts).
     refit_lam_ : ndarray of shape (m,) or None
         Every task's refit weight (None without the refit).
+    refit_power_ : float or None
+        The power of the low-rank refit's metric (None without a low-rank refit).
     eigen_floor_ : dict or None
         The low-rank refit's floor: ``mode`` ("vote" or "fixed"), ``grid``, ``edge``,
         ``privacy_cut``, ``floor`` and ``cut`` used, ``vote_share``, ``vote_epsilon`` (the vote's
@@ -876,6 +892,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         init_alpha: float | str = CV,
         refit_lam: float | str | None = CV,
         refit_floor: float = 1e-3,
+        refit_power: float | str = SPEC.refit_power,
         eigen_floor: float | str = SPEC.eigen_floor,
         floor_grid: Sequence[float] = FLOOR_GRID,
         vote_share: float = VOTE_SHARE,
@@ -909,6 +926,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.init_alpha = init_alpha
         self.refit_lam = refit_lam
         self.refit_floor = refit_floor
+        self.refit_power = refit_power
         self.eigen_floor = eigen_floor
         self.floor_grid = floor_grid
         self.vote_share = vote_share
@@ -942,7 +960,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         "init_alpha": [Options((CV,)), Interval(Real, 0.0, None, closed="neither")],
         "refit_lam": [None, Options((CV,)), Interval(Real, 0.0, None, closed="neither")],
         "refit_floor": Interval(Real, 0.0, None),
-        **spec_constraints("eigen_floor"),
+        **spec_constraints("eigen_floor", "refit_power"),
         "vote_share": Interval(Real, 0.0, 1.0, closed="neither"),
         **spec_constraints("noise_source", "budget_epsilon", "checkpoint_every"),
         "resume": Boolean(),
@@ -1023,6 +1041,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.init_alpha_: FloatArray | None = None
         self.refit_lam_: FloatArray | None = None
         self.eigen_floor_: dict[str, Any] | None = None
+        self.refit_power_: float | None = None
         rng = check_rng(self.random_state)
         batch = prepared.batch
         m, d = batch.n_tasks, batch.n_features
@@ -1163,6 +1182,9 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             # local refit against the last release (post-processing + own data, see linear.local);
             # before any release the metric is the identity (single-task ridge)
             voted: FloatArray | None = None
+            if state.last_release is not None and strategy.refit_penalty == "lowrank":
+                self.refit_power_ = self._refit_power(p, schedule, state.iteration - 1, m, d)
+            power = TRACE_POWER if self.refit_power_ is None else self.refit_power_
             if state.last_release is None or strategy.refit_penalty is None:
                 A = np.eye(d)
             elif strategy.refit_penalty == "lowrank" and self._floor_applies(p):
@@ -1174,6 +1196,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                     batch=batch,
                     loss=p["loss"],
                     refit_floor=p["refit_floor"] * K * math.sqrt(m),
+                    power=power,
                     cv_seed=self._cv_seed(),
                     noise=noise,
                     ledger=ledger,
@@ -1187,6 +1210,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                     penalty=strategy.refit_penalty,
                     shift=state.last_shift,
                     floor=p["refit_floor"] * K * math.sqrt(m),
+                    power=power,
                 )
             rho = p["refit_lam"]
             if rho == CV and voted is not None:
@@ -1211,6 +1235,18 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.privacy_ = self._guarantee(schedule, p, ledger=ledger, state=state)
         self.instance_privacy_ = self._instance_guarantee(p, inst_eps)
         self.n_features_in_ = d
+
+    @staticmethod
+    def _refit_power(p: dict[str, Any], schedule: Any, t: int, m: int, d: int) -> float:
+        """The low-rank refit's power after release ``t``: the parameter, or for ``"auto"`` the
+        rule of :func:`~privmtl.linear.eigen_floor.auto_refit_power` at release t's noise std
+        (Wishart releases, which have no Gaussian std: the trace norm's 1/2)."""
+        if p["refit_power"] != POWER_AUTO:
+            return float(p["refit_power"])
+        if schedule.noise == "wishart":
+            return TRACE_POWER
+        std = 0.0 if schedule.noise == "none" else float(schedule.per_release[t])
+        return auto_refit_power(std, clip=p["clip"], n_tasks=m, dim=d)
 
     def _cv_seed(self) -> int:
         """Seed of the tasks' own folds: ``random_state`` when it is an int, else 0."""

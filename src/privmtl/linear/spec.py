@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 from privmtl._validation import Interval, Options, validate_params
 from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.common import PAPER_DELTA
-from privmtl.linear.eigen_floor import FLOOR_VOTE
+from privmtl.linear.eigen_floor import FLOOR_VOTE, POWER_AUTO
 from privmtl.linear.selection import FINAL_STEPS, METHODS, PRIVATE_METHODS
 from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
 from privmtl.privacy.guarantee import RELATIONS
@@ -126,6 +126,12 @@ class MPMTLSpec:
         (:mod:`privmtl.linear.eigen_floor`): ``"vote"`` lets the tasks choose it from a public
         grid by a recorded vote charged to ε (when it can matter and carry signal); a number fixes
         it (0: the privacy cut 2σ√d alone).
+    refit_power : "auto" or float > 0, default "auto"
+        Power p of the low-rank refit's metric ``D ∝ Λ^p`` (:func:`~privmtl.linear.local.
+        variational_factor`): ``"auto"`` takes 1 where the release's noise norm 2σ√d is at most
+        half the estimation-noise edge, else 1/2 (:func:`~privmtl.linear.eigen_floor.
+        auto_refit_power`; public, nothing spent); a number fixes it (0.5: the trace norm's
+        W-step, the behaviour before the rule).
     """
 
     method: str = "lowrank"
@@ -143,6 +149,7 @@ class MPMTLSpec:
     budget_epsilon: float | None = None
     checkpoint_every: int = 1
     eigen_floor: float | str = FLOOR_VOTE
+    refit_power: float | str = POWER_AUTO
 
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         "tune": Options(TUNE_MODES),
@@ -160,6 +167,7 @@ class MPMTLSpec:
         "budget_epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
         "checkpoint_every": Interval(Integral, 1, None),
         "eigen_floor": [Options((FLOOR_VOTE,)), Interval(Real, 0.0, None)],
+        "refit_power": [Options((POWER_AUTO,)), Interval(Real, 0.0, None, closed="neither")],
     }
     """The declared constraint of every setting (a list: any of these; None admits None)."""
 
