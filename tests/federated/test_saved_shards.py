@@ -139,6 +139,27 @@ def test_writing_again_removes_the_other_layouts_files(folders, tmp_path, monkey
     assert evaluate_saved(folder)["test_accuracy"] == evaluate_saved(single)["test_accuracy"]
 
 
+def test_a_save_cut_short_over_a_folder_leaves_no_model_json(folders, tmp_path, monkeypatch):
+    """Overwriting: the old model.json goes first, so a crash while the new files are written
+    leaves a folder that is refused as incomplete, never the old index over a mix of files."""
+    _, sharded, _ = folders
+    folder = tmp_path / "cut"
+    shutil.copytree(sharded, folder)
+    monkeypatch.setattr(saved, "MODEL_SHARD_CLIENTS", SHARD)
+    real = saved._save_personalized
+
+    def crash(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt  # after the new shards, before the new model.json
+
+    monkeypatch.setattr(saved, "_save_personalized", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run_pmtl(**RUN, save_models=folder)
+    assert not (folder / "model.json").exists()
+    with pytest.raises(DataFormatError, match=r"no model\.json"):
+        load_models(folder)
+
+
 def _shards(change):
     def tamper(folder):
         path = folder / "model.json"
