@@ -28,6 +28,7 @@ __all__ = [
     "check_writable_dir",
     "fsync_dir",
     "load_jsonl",
+    "remove_durably",
     "to_jsonable",
     "write_atomic",
     "write_atomic_with",
@@ -77,6 +78,15 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_durably(path: Path) -> None:
+    """Remove ``path`` if it exists, durably (its directory fsynced): a folder's index (its
+    ``model.json``) goes before the files it lists are rewritten, so a write cut short leaves a
+    folder without an index, refused as incomplete, never the old index over new files."""
+    if path.exists():
+        path.unlink()
+        fsync_dir(path.parent)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -52,7 +52,7 @@ from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.algorithms import block_rows
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.spec import SPEC
-from privmtl.io import fsync_dir, write_atomic, write_atomic_with
+from privmtl.io import remove_durably, write_atomic, write_atomic_with
 from privmtl.trust import folder_file, is_signed, sign, untrusted_code
 
 __all__ = [
@@ -131,9 +131,7 @@ def save_models(
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    if (d / "model.json").exists():  # overwriting: the folder is incomplete until the new one
-        (d / "model.json").unlink()
-        fsync_dir(d)
+    remove_durably(d / "model.json")  # overwriting: incomplete until the new one is written
     files: dict[str, Any] = {"global": "global.pt"}
     _write_tensors(d / "global.pt", result.global_params)
     pers = personalized if personalized is not None else result.personalized_params

@@ -33,6 +33,7 @@ import numpy as np
 
 from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import DataFormatError
+from privmtl.io import remove_durably
 from privmtl.trust import folder_file, sign
 
 __all__ = ["MODELS_FORMAT", "MODELS_VERSION", "load_linear_models", "save_linear_models"]
@@ -47,6 +48,7 @@ def save_linear_models(
     """Write ``coef.npy`` and ``model.json`` (``meta`` plus format, version, shape) into ``directory``."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    remove_durably(d / "model.json")  # overwriting: incomplete until the new one is written
     W = np.ascontiguousarray(np.asarray(coef, dtype=np.float64))
     if W.ndim != 2:
         raise DataFormatError(f"coef must be a (d, m) matrix; got shape {W.shape}.")
