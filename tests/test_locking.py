@@ -56,3 +56,28 @@ def test_without_fcntl_import_works_and_locking_warns(tmp_path, monkeypatch):
     with pytest.warns(PrivmtlWarning, match="not protected against a second process"):
         lock = DirectoryLock.acquire(tmp_path / "d", name="work_dir")
     lock.release()
+
+
+def test_a_directory_created_for_the_lock_and_left_empty_is_removed(tmp_path):
+    new = tmp_path / "ck"
+    with hold_directory(new, name="checkpoint_dir"):
+        assert (new / LOCK_NAME).exists()
+    assert not new.exists()  # a refusal after the lock leaves nothing behind
+    with hold_directory(new, name="checkpoint_dir"):
+        (new / "state.json").write_text("{}")
+    assert sorted(p.name for p in new.iterdir()) == [LOCK_NAME, "state.json"]  # kept: written to
+    old = tmp_path / "given"
+    old.mkdir()
+    with hold_directory(old, name="save_models"):
+        pass
+    assert old.is_dir()  # the user's own folder stays, even empty
+
+
+def test_a_cli_run_refused_after_taking_the_lock_leaves_no_folder(tmp_path, capsys):
+    from privmtl.cli import main
+
+    ck = tmp_path / "ck"
+    args = ["pmtl", "--data", "synthetic", "--num-clients", "10", "--clients-per-round", "50"]
+    assert main([*args, "--rounds", "1", "--checkpoint-dir", str(ck)]) == 2
+    assert "'clients_per_round'" in capsys.readouterr().err
+    assert not ck.exists()

@@ -89,7 +89,8 @@ class DirectoryLock:
     Use :func:`hold_directory`; :meth:`release` lets go of one hold.
     """
 
-    _held: ClassVar[dict[Path, tuple[int, int]]] = {}  # resolved path -> (fd, holds)
+    # resolved path -> (fd, holds, whether this process created the directory)
+    _held: ClassVar[dict[Path, tuple[int, int, bool]]] = {}
     _mutex: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, path: Path) -> None:
@@ -103,12 +104,13 @@ class DirectoryLock:
         ``name`` is the parameter the directory was given as (named in the error).
         """
         d = Path(directory)
+        created = not d.exists()
         d.mkdir(parents=True, exist_ok=True)
         key = d.resolve()
         with cls._mutex:
             if key in cls._held:
-                fd, holds = cls._held[key]
-                cls._held[key] = (fd, holds + 1)
+                fd, holds, made = cls._held[key]
+                cls._held[key] = (fd, holds + 1, made)
                 return cls(key)
             if fcntl is None:  # pragma: no cover - Windows
                 warnings.warn(
@@ -117,7 +119,7 @@ class DirectoryLock:
                     PrivmtlWarning,
                     stacklevel=2,
                 )
-                cls._held[key] = (-1, 1)
+                cls._held[key] = (-1, 1, created)
                 return cls(key)
             path = key / LOCK_NAME
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -131,21 +133,25 @@ class DirectoryLock:
                 ) from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, _describe_self().encode(), 0)
-            cls._held[key] = (fd, 1)
+            cls._held[key] = (fd, 1, created)
         remove_stale_temporaries(key)
         return cls(key)
 
     def release(self) -> None:
-        """Let go of this hold; the lock is released when the process's last hold goes."""
+        """Let go of this hold; the lock is released when the process's last hold goes. A
+        directory this process created and left holding nothing but the lock file (e.g. a run
+        refused before it wrote anything) is removed, so a refusal leaves nothing behind."""
         if self._released:
             return
         self._released = True
         with self._mutex:
-            fd, holds = self._held.get(self.path, (-1, 0))
+            fd, holds, created = self._held.get(self.path, (-1, 0, False))
             if holds > 1:
-                self._held[self.path] = (fd, holds - 1)
+                self._held[self.path] = (fd, holds - 1, created)
                 return
             self._held.pop(self.path, None)
+            if created:  # still holding the flock: no other process can be writing here
+                _remove_if_only_lock(self.path)
             if fd >= 0:
                 os.close(fd)  # closing the descriptor releases the flock
 
@@ -183,6 +189,17 @@ def holding_directories(*params: str) -> Callable[[_F], _F]:
         return run  # type: ignore[return-value]
 
     return wrap
+
+
+def _remove_if_only_lock(directory: Path) -> None:
+    """Remove ``directory`` when it holds nothing but :data:`LOCK_NAME` (best effort)."""
+    try:
+        if any(p.name != LOCK_NAME for p in directory.iterdir()):
+            return
+        (directory / LOCK_NAME).unlink(missing_ok=True)
+        directory.rmdir()
+    except OSError:
+        pass
 
 
 def _describe_self() -> str:
