@@ -122,6 +122,15 @@ def client_votes(scores: Any, *, higher_is_better: bool = True) -> np.ndarray:
         The index of the best finite score per row (the first one on ties), or
         :data:`ABSTAIN` for a row without a finite score.
     """
+    finite, filled = _oriented_scores(scores, higher_is_better)
+    votes = np.argmax(filled, axis=1).astype(np.int64)
+    votes[~finite.any(axis=1)] = ABSTAIN
+    return votes
+
+
+def _oriented_scores(scores: Any, higher_is_better: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(finite, filled)`` of a ``(n_clients, n_candidates)`` score array: where a score exists,
+    and the scores oriented so that larger is better, ``-inf`` where none."""
     s = np.asarray(scores, dtype=float)
     if s.ndim != 2 or s.shape[1] == 0:
         raise InvalidParameterError(
@@ -129,10 +138,7 @@ def client_votes(scores: Any, *, higher_is_better: bool = True) -> np.ndarray:
             f"one candidate; got shape {s.shape}."
         )
     finite = np.isfinite(s)
-    filled = np.where(finite, s if higher_is_better else -s, -np.inf)
-    votes = np.argmax(filled, axis=1).astype(np.int64)
-    votes[~finite.any(axis=1)] = ABSTAIN
-    return votes
+    return finite, np.where(finite, s if higher_is_better else -s, -np.inf)
 
 
 def client_vote_shares(scores: Any, *, higher_is_better: bool = True) -> np.ndarray:
@@ -156,14 +162,7 @@ def client_vote_shares(scores: Any, *, higher_is_better: bool = True) -> np.ndar
     -------
     ndarray of float, shape (n_clients, n_candidates)
     """
-    s = np.asarray(scores, dtype=float)
-    if s.ndim != 2 or s.shape[1] == 0:
-        raise InvalidParameterError(
-            "The 'scores' parameter must be a 2-d array (n_clients, n_candidates) with at least "
-            f"one candidate; got shape {s.shape}."
-        )
-    finite = np.isfinite(s)
-    filled = np.where(finite, s if higher_is_better else -s, -np.inf)
+    finite, filled = _oriented_scores(scores, higher_is_better)
     best = filled.max(axis=1, keepdims=True)
     tied = finite & (filled == best)
     n_tied = tied.sum(axis=1, keepdims=True)
