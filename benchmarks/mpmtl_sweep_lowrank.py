@@ -23,6 +23,7 @@ and copies the last run's plot to ``results/mpmtl_sweep_lowrank.png``::
     python benchmarks/mpmtl_sweep_lowrank.py --tag two-candidates --seeded \
         --epsilons 0.1,0.3,1,3,10 --lowrank-grid '[{"clip": [1.0], "eigen_fix": ["denoise", "shift"]}]'
     python benchmarks/mpmtl_sweep_lowrank.py --tag after-secure --epsilons 0.1,0.3,1,3,10
+    python benchmarks/mpmtl_sweep_lowrank.py --tag refit-power --seeded --epsilons 0.1,0.3,1,3,10
     python benchmarks/mpmtl_sweep_lowrank.py --report
 
 The ``main`` rows are the same command run with the code before the change (``git archive`` of
@@ -138,6 +139,8 @@ TAGS = {
     "between them and the vote",
     "after": "after (default): the estimator's public defaults alone, whole target",
     "after-secure": "after, the same with the CLI's default secure noise",
+    "refit-power": "after, with the low-rank refit's power rule (refit_power auto, "
+    "merged after the rows above were run), seeded noise",
 }
 
 
