@@ -34,6 +34,10 @@ candidates: still L1/L2 sensitivity <= 1). Clients without validation data absta
 Run from the repository root (one process, one torch thread):
 ``OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python research/pmtl_finetune_vote.py --m 3000 --seed 0``
 Appends one row per (m, seed, ε) to ``research/results/pmtl_finetune_vote.jsonl``.
+
+``--wide`` (:func:`measure_wide`): the same oracle over a larger public billboard grid
+(:data:`WIDE_EPOCHS` x :data:`WIDE_LRS`), with ``--dump FILE.npz`` of every client's scores;
+``--tallies FILE.npz`` (:func:`tallies`): vote tallies other than the built one, on those scores.
 """
 
 from __future__ import annotations
@@ -186,6 +190,222 @@ def measure(m: int, seed: int, eps: float | None, q: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+WIDE_EPOCHS = (3, 10, 30, 100)
+"""Epochs of the larger billboard grid measured by :func:`measure_wide` (a superset of
+:data:`~privmtl.federated.finish.AUTO_FINETUNE_EPOCHS`, and of local-all's epochs)."""
+WIDE_LRS = (0.003, 0.01, 0.03, 0.1)
+"""Step sizes of the larger billboard grid (a superset of today's and of local-all's)."""
+
+
+def measure_wide(
+    m: int,
+    seed: int,
+    eps: float | None,
+    q: int,
+    draws: int = 2000,
+    block: int = 2000,
+    dump: str | None = None,
+) -> dict[str, Any]:
+    """The oracle over a larger public billboard grid (:data:`WIDE_EPOCHS` x :data:`WIDE_LRS`).
+
+    One run with ``finetune="none"`` as :func:`measure`; then every client's trained model, its
+    local training and the billboard fine-tuned at every point of the larger grid (one run of
+    ``max(epochs)`` epochs per step size, snapshots at each number of epochs: the model of a
+    point is the same as in any grid holding it), scored per client a block of clients at a
+    time. Rules on the pooled test accuracy: every client on each single candidate; the exact
+    split vote (shared among tied best candidates, sensitivity 1) over today's six candidates and
+    over the larger list; and the same votes with the built vote's Gaussian noise
+    (:func:`~privmtl.privacy.selection.plan_vote` at 5 % of ε), ``draws`` times from a fixed
+    generator: the mean accuracy and how often each candidate wins. ``dump``: also save every
+    client's validation and test scores of every candidate there (``.npz``) for other tallies.
+    """
+    from privmtl.federated.blocks import client_blocks
+    from privmtl.federated.finish import FINETUNE_VOTE_SHARE, FINETUNE_VOTERS
+    from privmtl.federated.local import _train_grid
+    from privmtl.federated.spec import resolve_delta
+    from privmtl.privacy.selection import client_vote_shares, plan_vote
+
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = run_pmtl(
+            num_clients=m, epsilon=eps, noise_source="seeded", seed=seed, finetune="none",
+            save_models=tmp, show_progress=False, threads=1, clients_per_round=q,
+        )  # fmt: skip
+        _, glob, pers = load_models(tmp)
+    t_run = time.time() - t0
+    cfg = out["config"]
+    ds = load_federated("synthetic", seed=seed, num_clients=m)
+    net = make_model(DEFAULT_MODEL, ds, seed)
+    buffers = {n: b.detach() for n, b in net.named_buffers()}
+    bs = int(cfg["batch_size"])
+    kw: dict[str, Any] = {"batch_size": bs, "seed": seed, "select": "client", "scores": False}
+    trained = stack_trained(pers, glob, m)
+    local = train_local(ds, net, **kw).personalized_params
+    assert local is not None
+    begin = copy.deepcopy(net)
+    begin.load_state_dict({**begin.state_dict(), **glob})
+    init = {n: p.detach().clone() for n, p in begin.named_parameters()}
+    grid = [(e, lr) for e in WIDE_EPOCHS for lr in WIDE_LRS]
+    names = ["trained", "local"] + [f"bb_e{e}_lr{lr:g}" for e, lr in grid]
+    val_c = np.zeros((m, len(names)))
+    val_l = np.zeros((m, len(names)))
+    test_c = np.zeros((m, len(names)))
+    t1 = time.time()
+    for pos in client_blocks(m, block):
+        part = ds.subset(pos.tolist())
+        rows = torch.from_numpy(pos)
+        tuned = _train_grid(
+            begin, buffers, init, part, grid, bs, seed, 64, True, pos.tolist(), None, None
+        )
+        cands = [{n: p[rows] for n, p in trained.items()}, {n: p[rows] for n, p in local.items()}]
+        val_x, val_y = part.split("val")
+        test_x, test_y = part.split("test")
+        for j, p in enumerate(cands + tuned):
+            c, loss = client_scores(net, p, buffers, val_x, val_y)
+            val_c[pos, j], val_l[pos, j] = c, loss
+            test_c[pos, j] = client_scores(net, p, buffers, test_x, test_y)[0]
+    t_grid = time.time() - t1
+    n_test = float(sum(len(y) for y in ds.split("test")[1]))
+    n_val = np.array([len(y) for y in ds.split("val")[1]])
+    has_val = n_val > 0
+    acc_single = test_c.sum(axis=0) / n_test
+    today = ["trained", "local"] + [
+        f"bb_e{e}_lr{lr:g}" for e in AUTO_FINETUNE_EPOCHS for lr in AUTO_FINETUNE_LRS
+    ]
+    lists = {
+        "today's six": [names.index(n) for n in today],
+        "larger": list(range(len(names))),
+        "larger billboard only": list(range(2, len(names))),
+    }
+    delta = float(resolve_delta(None, m)[0])
+    plan = plan_vote(
+        min(m, FINETUNE_VOTERS), epsilon=eps, delta=delta, share=FINETUNE_VOTE_SHARE,
+        accountant=str(cfg.get("accountant", "rdp")), relation=str(cfg.get("relation", "add-remove")),
+    )  # fmt: skip
+    rng = np.random.default_rng([seed, 2026])
+    votes: dict[str, Any] = {}
+    for label, cols in lists.items():
+        sub = np.where(has_val[:, None] & np.isfinite(val_l[:, cols]), val_c[:, cols], np.nan)
+        counts = client_vote_shares(sub).sum(axis=0)
+        w = cols[int(np.argmax(counts))]
+        noisy = counts[None, :] + rng.normal(0.0, plan.noise_std, (draws, len(cols)))
+        wins = np.array(cols)[np.argmax(noisy, axis=1)]
+        votes[label] = {
+            "exact_counts": dict(zip([names[c] for c in cols], counts.round(1).tolist(), strict=True)),
+            "exact_winner": names[w], "exact_accuracy": round(float(acc_single[w]), 5),
+            "noisy_mean_accuracy": round(float(acc_single[wins].mean()), 5),
+            "noisy_wins": {names[c]: int((wins == c).sum()) for c in sorted(set(wins.tolist()))},
+        }  # fmt: skip
+    if dump:
+        np.savez_compressed(
+            dump, names=np.array(names), val_c=val_c, val_l=val_l, test_c=test_c, n_val=n_val,
+            n_test=np.array([len(y) for y in ds.split("test")[1]]), noise_std=plan.noise_std,
+        )  # fmt: skip
+    best_val = int(np.argmax(val_c.sum(axis=0)))
+    return {
+        "variant": "oracle larger grid", "m": m, "seed": seed, "eps": eps, "delta": out.get("delta"),
+        "clients_per_round": q, "epsilon_reported": out.get("epsilon"),
+        "trained_test_accuracy_run": out.get("test_accuracy"),
+        "grid": [list(g) for g in grid], "vote_noise_std": plan.noise_std, "noisy_draws": draws,
+        "accuracy_every_client": dict(zip(names, acc_single.round(5).tolist(), strict=True)),
+        "pooled_val_accuracy": dict(zip(names, (val_c.sum(0) / n_val.sum()).round(4).tolist(),
+                                        strict=True)),
+        "pooled_val_best": names[best_val],
+        "pooled_val_best_accuracy": round(float(acc_single[best_val]), 5),
+        "votes": votes, "seconds_run": round(t_run, 1), "seconds_grid": round(t_grid, 1),
+        "seconds": round(time.time() - t0, 1),
+    }  # fmt: skip
+
+
+def tallies(
+    path: str, draws: int = 2000, seed: int = 0, shares: tuple[float, ...] = (0.05, 0.1, 0.2)
+) -> dict[str, Any]:
+    """Other vote tallies over the per-client scores saved by :func:`measure_wide` (``dump``),
+    each with Gaussian noise for (share·ε, δ) as the built vote plans it
+    (:func:`~privmtl.privacy.selection.plan_vote`, ε = 1, δ of the population; σ scaled by the
+    tally's L2 sensitivity), for each of ``shares`` (0.05: the built vote's), ``draws`` times
+    from a fixed generator; the pooled test accuracy of the winner (exact and mean ± sd over the
+    noisy draws). The rounds are not re-run: a larger share also costs the rounds' noise.
+
+    ``split``
+        the built vote: a client's one vote shared among its tied best (sensitivity 1);
+    ``approval``
+        one vote for each of a client's tied best (sensitivity √K);
+    ``score``
+        a client's validation accuracy of every candidate (each in [0, 1]; sensitivity √K);
+    ``centred score``
+        the same less the client's mean over the candidates (the same winner without noise:
+        every client's row moves by a constant; each row's L2 norm is at most √K / 2).
+
+    Each over three public candidate lists: today's six, the larger list and today's six plus
+    the larger grid's points of 30 and 100 epochs (the local-all epochs).
+    """
+    from privmtl.federated.spec import resolve_delta
+    from privmtl.privacy.selection import client_vote_shares, plan_vote
+
+    z = np.load(path)
+    names = [str(n) for n in z["names"]]
+    val_c, val_l, test_c = z["val_c"], z["val_l"], z["test_c"]
+    n_val = z["n_val"]
+    m = len(n_val)
+    delta = float(resolve_delta(None, m)[0])
+    sigmas = {
+        sh: plan_vote(min(m, 10_000), epsilon=1.0, delta=delta, share=sh).noise_std for sh in shares
+    }
+    acc = test_c.sum(axis=0) / float(z["n_test"].sum())
+    has = (n_val > 0)[:, None]
+    today = ["trained", "local"] + [
+        f"bb_e{e}_lr{lr:g}" for e in AUTO_FINETUNE_EPOCHS for lr in AUTO_FINETUNE_LRS
+    ]
+    lists = {
+        "today's six": [names.index(n) for n in today],
+        "larger": list(range(len(names))),
+        "today's six + 30/100 epochs": sorted(
+            {names.index(n) for n in today}
+            | {j for j, n in enumerate(names) if n.startswith(("bb_e30_", "bb_e100_"))}
+        ),
+    }
+    rng = np.random.default_rng([seed, 2027])
+    out: dict[str, Any] = {}
+    for label, cols in lists.items():
+        k = len(cols)
+        ok = has & np.isfinite(val_l[:, cols])
+        sc = np.where(ok, val_c[:, cols], np.nan)
+        frac = np.where(ok, val_c[:, cols] / np.maximum(n_val, 1)[:, None], 0.0)
+        top = np.nanmax(np.where(ok, sc, -np.inf), axis=1, keepdims=True)
+        rows = {
+            "split": (client_vote_shares(sc), 1.0),
+            "approval": (np.where(ok, (sc == top).astype(float), 0.0), float(np.sqrt(k))),
+            "score": (frac, float(np.sqrt(k))),
+            "centred score": (
+                np.where(ok, frac - frac.mean(axis=1, keepdims=True), 0.0),
+                float(np.sqrt(k)) / 2,
+            ),
+        }
+        res: dict[str, Any] = {}
+        for how, (contrib, sens) in rows.items():
+            counts = contrib.sum(axis=0)
+            w = cols[int(np.argmax(counts))]
+            res[how] = {
+                "sensitivity": round(sens, 3), "exact_winner": names[w],
+                "exact_accuracy": round(float(acc[w]), 5),
+            }  # fmt: skip
+            for sh, sigma in sigmas.items():
+                noisy = counts[None, :] + rng.normal(0.0, sigma * sens, (draws, k))
+                wins = np.array(cols)[np.argmax(noisy, axis=1)]
+                res[how][f"share {sh:g}"] = {
+                    "noise_std": round(sigma * sens, 1),
+                    "noisy_mean_accuracy": round(float(acc[wins].mean()), 5),
+                    "noisy_sd_accuracy": round(float(acc[wins].std()), 5),
+                }
+        out[label] = res
+    return {
+        "variant": "tallies larger grid", "scores": path, "draws": draws, "delta": delta,
+        "accountant": "rdp", "relation": "add-remove", "noise": "seeded run (a simulation)",
+        "tallies": out,
+    }  # fmt: skip
+
+
 def built(m: int, seed: int, eps: float | None, q: int, select: str) -> dict[str, Any]:
     """One run of ``privmtl pmtl`` as built, at the study's settings: ``finetune_select``
     ``"vote"`` (the recorded vote) or ``"client"`` (today's default)."""
@@ -218,9 +438,22 @@ def main() -> None:
     ap.add_argument(
         "--built", choices=["vote", "client"], help="run the CLI as built with this selection"
     )
+    ap.add_argument("--wide", action="store_true", help="the oracle over the larger billboard grid")
+    ap.add_argument("--dump", help="--wide: save the per-client scores to this .npz")
+    ap.add_argument("--tallies", help="compare vote tallies on a --dump file")
     a = ap.parse_args()
+    if a.tallies:
+        row = {"m": a.m, "seed": a.seed, "eps": a.eps, **tallies(a.tallies)}
+        append_jsonl(OUT, row)
+        print(row)
+        return
     torch.set_num_threads(1)
     q = a.q or min(200, a.m)
+    if a.wide:
+        row = measure_wide(a.m, a.seed, a.eps or None, q, dump=a.dump)
+        append_jsonl(OUT, row)
+        print(row)
+        return
     if a.built:
         row = built(a.m, a.seed, a.eps or None, q, a.built)
         append_jsonl(OUT, row)
