@@ -86,21 +86,26 @@ def test_every_client_takes_the_winner_and_the_vote_reads_each_clients_own_share
             assert torch.allclose(again.params[n], p, atol=1e-6, rtol=0)
 
 
-def test_voters_are_everyone_up_to_the_cap_then_a_public_subset_of_it():
-    assert np.array_equal(vote_voters(FINETUNE_VOTERS, 3), np.arange(FINETUNE_VOTERS))
-    m = 3 * FINETUNE_VOTERS + 7
-    a, b = vote_voters(m, 3), vote_voters(m, 3)
-    assert np.array_equal(a, b)  # public: the seed and m alone
-    assert len(a) == FINETUNE_VOTERS == len(np.unique(a)) and (np.diff(a) > 0).all()
-    assert 0 <= a[0] and a[-1] < m
-    assert not np.array_equal(a, vote_voters(m, 4))
+def test_voters_are_everyone_up_to_the_cap_then_each_client_by_its_own_coin():
+    assert np.array_equal(vote_voters(FINETUNE_VOTERS), np.arange(FINETUNE_VOTERS))
+    m = 3 * FINETUNE_VOTERS
+    a = vote_voters(m, np.random.default_rng(3))
+    assert np.array_equal(a, vote_voters(m, np.random.default_rng(3)))  # the coins alone
+    assert (np.diff(a) > 0).all() and 0 <= a[0] and a[-1] < m
+    # Binomial(m, 1/3): within 5 standard deviations of FINETUNE_VOTERS
+    assert abs(len(a) - FINETUNE_VOTERS) < 5 * (FINETUNE_VOTERS * 2 / 3) ** 0.5
+    # each client's own coin, at the rate FINETUNE_VOTERS / m
+    coins = np.random.default_rng(3).random(m) < FINETUNE_VOTERS / m
+    assert np.array_equal(np.flatnonzero(coins), a)
+    secure = [vote_voters(m) for _ in range(2)]  # OS entropy by default: two draws differ
+    assert not np.array_equal(*secure)
 
 
 def test_above_the_cap_only_the_voters_vote_and_every_client_takes_the_winner(monkeypatch):
     ds, net, trained, board, plan = _inputs(m=12)
     monkeypatch.setattr(finish, "FINETUNE_VOTERS", 5)
-    voters = finish.vote_voters(12, 0)
-    assert len(voters) == 5
+    voters = finish.vote_voters(12, np.random.default_rng(0))
+    assert 0 < len(voters) < 12
     seen = {}
 
     def vote(shares, names):
@@ -108,14 +113,18 @@ def test_above_the_cap_only_the_voters_vote_and_every_client_takes_the_winner(mo
         return 3
 
     kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan}
-    fin = finish_clients("auto", ds, net, trained, board, select="vote", vote=vote, **kw)
+    fin = finish_clients(
+        "auto", ds, net, trained, board, select="vote", vote=vote,
+        voter_rng=np.random.default_rng(0), **kw,
+    )  # fmt: skip
+    assert fin.voters == len(voters)
     others = np.setdiff1d(np.arange(12), voters)
     assert (seen["shares"][others] == 0).all()  # the others abstain: their data are not read
     has_val = np.array([len(y) > 0 for y in ds.split("val")[1]])
     assert np.allclose(seen["shares"][voters].sum(1), has_val[voters].astype(float))
     monkeypatch.setattr(finish, "FINETUNE_VOTERS", 100)  # everyone votes: the same models
     whole = finish_clients("auto", ds, net, trained, board, select="vote", vote=vote, **kw)
-    assert np.allclose(seen["shares"][voters].sum(1), has_val[voters].astype(float))
+    assert whole.voters == 12
     for n, p in fin.params.items():
         assert torch.equal(p, whole.params[n])
 

@@ -58,6 +58,7 @@ from privmtl.federated.finish import (
     FINETUNE_VOTE_SHARE,
     FINETUNE_VOTE_STREAM,
     FINETUNE_VOTERS,
+    FINETUNE_VOTERS_STREAM,
     auto_info,
     auto_plan,
     final_models_keys,
@@ -417,7 +418,8 @@ def _load(
 def _vote_plan(resolved: RunSpec, m: int) -> VotePlan:
     """The public plan of the end-of-run vote (:func:`~privmtl.privacy.selection.plan_vote`):
     :data:`~privmtl.federated.finish.FINETUNE_VOTE_SHARE` of the target ε, among the ``m``
-    clients or, in a larger population, :data:`~privmtl.federated.finish.FINETUNE_VOTERS` of them
+    clients or, in a larger population, the expected
+    :data:`~privmtl.federated.finish.FINETUNE_VOTERS` of them
     (:func:`~privmtl.federated.finish.vote_voters`); a private run needs a target ε (its share
     is of that target)."""
     if resolved.epsilon is None and resolved.noise_std:
@@ -1138,10 +1140,7 @@ def _finetune_auto(
         except PrivacyBudgetError as exc:
             vote = dataclasses.replace(vote, held=False, reason=f"no vote: {exc}")
     if vote is not None:
-        record = {
-            "id": FINETUNE_VOTE_ID, "held": vote.held, "reason": vote.reason,
-            "voters": min(ds.n_clients, FINETUNE_VOTERS),
-        }  # fmt: skip
+        record = {"id": FINETUNE_VOTE_ID, "held": vote.held, "reason": vote.reason}
     elect = None
     if vote is not None and vote.held:
         assert record is not None
@@ -1171,8 +1170,10 @@ def _finetune_auto(
         lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
         device=cfg.device, score=others, local_solver=local_solver,
         local_patience=local_patience, select="vote" if elect is not None else "client",
-        vote=elect,
+        vote=elect, voter_rng=_voter_rng(result.noise_source, seed),
     )  # fmt: skip
+    if record is not None and fin.voters is not None:
+        record["voters"] = fin.voters
     assert fin.choice is not None and fin.scores is not None
     if score_trained:  # the trained models' scores, from the same pass
         result.accuracies = {
@@ -1193,6 +1194,15 @@ def _finetune_auto(
         "_params": fin.params,
         "_score_seconds": fin.score_seconds,
     }
+
+
+def _voter_rng(noise_source: str, seed: int) -> np.random.Generator | None:
+    """The voters' coins (:func:`~privmtl.federated.finish.vote_voters`): the seeded stream
+    :data:`~privmtl.federated.finish.FINETUNE_VOTERS_STREAM` of a seeded run (a simulation),
+    else None (OS entropy: secret, as the rounds' sampling of a secure run)."""
+    if noise_source != "seeded":
+        return None
+    return np.random.default_rng([int(seed), FINETUNE_VOTERS_STREAM])
 
 
 def _finetune(

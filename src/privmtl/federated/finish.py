@@ -31,6 +31,7 @@ the releases (and, with ``select="vote"``, of the recorded vote).
 from __future__ import annotations
 
 import copy
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -65,6 +66,7 @@ __all__ = [
     "FINETUNE_NOTE",
     "FINETUNE_SELECTS",
     "FINETUNE_VOTERS",
+    "FINETUNE_VOTERS_STREAM",
     "FINETUNE_VOTE_ID",
     "FINETUNE_VOTE_NOTE",
     "FINETUNE_VOTE_SHARE",
@@ -135,11 +137,13 @@ FINETUNE_VOTE_ID = "finetune-vote:0"
 FINETUNE_VOTE_STREAM = 5
 """The seeded-noise stream of the end-of-run vote (``noise_source="seeded"``: a simulation)."""
 FINETUNE_VOTERS = 10_000
-"""``finetune_select="vote"``: the most clients that vote. In a larger population a public random
-subset of this many votes (:func:`vote_voters`: drawn from the run's seed and the population's
-size alone) and the others compute the winner only; the vote's plan is made for the voters."""
-_VOTERS_STREAM = 6
-"""The stream (with the run's seed) of :func:`vote_voters`' public subset."""
+"""``finetune_select="vote"``: the expected number of voters. In a larger population of ``m``
+clients each client votes independently with probability ``FINETUNE_VOTERS / m`` (Poisson
+subsampling of the voters, :func:`vote_voters`) and the others compute the winner only; the vote's
+plan is made for this many voters."""
+FINETUNE_VOTERS_STREAM = 6
+"""The seeded stream (with the run's seed) of the voters' coins under ``noise_source="seeded"``
+(a simulation); secure runs draw them from OS entropy."""
 FINETUNE_VOTE_NOTE = (
     "finetune=auto, select=vote: every client took the candidate elected by the clients' noisy "
     f"vote on their own validation splits (ledger id {FINETUNE_VOTE_ID}; its epsilon is composed "
@@ -219,16 +223,22 @@ def vote_candidates(plan: AutoPlan, local_solver: str = "sgd") -> tuple[str, ...
     return tuple(names)
 
 
-def vote_voters(m: int, seed: int) -> np.ndarray:
+def vote_voters(m: int, rng: np.random.Generator | None = None) -> np.ndarray:
     """The sorted positions of the clients that vote among ``m`` (``select="vote"``): all of them
-    up to :data:`FINETUNE_VOTERS`, otherwise that many drawn without replacement from the public
-    stream ``(seed, 6)``: public, as the run's seed and ``m`` are, and the same for every
-    client's data."""
+    up to :data:`FINETUNE_VOTERS`; above, each client independently with probability
+    ``FINETUNE_VOTERS / m``, a coin per client from ``rng`` (default: OS entropy).
+
+    The coins depend on nothing but ``rng`` (not on any client's data), and a client's coin on
+    no other client: adding or removing one client changes the voters by that client alone, so
+    the vote's histogram moves by at most that client's vote whichever clients vote (no
+    amplification by this subsampling is claimed). With secret coins (secure noise) nobody can
+    tell who voted.
+    """
     m = check_int("m", m, low=1)
     if m <= FINETUNE_VOTERS:
         return np.arange(m)
-    rng = np.random.default_rng([int(seed), _VOTERS_STREAM])
-    return np.sort(rng.choice(m, FINETUNE_VOTERS, replace=False))
+    rng = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+    return np.flatnonzero(rng.random(m) < FINETUNE_VOTERS / m)
 
 
 def _point(name: str) -> dict[str, Any]:
@@ -251,7 +261,8 @@ class ClientFinish:
     public grids of the candidates (``local_grid``, ``billboard_grid``); ``scores``, when asked
     for, ``{split: {name: evaluate(...)}}`` of the final models (``"final"``) and the other models
     given, and ``score_seconds`` the time spent scoring; ``winner`` the candidate every client
-    took (``select="vote"``, :func:`vote_candidates`).
+    took and ``voters`` how many clients voted (``select="vote"``, :func:`vote_candidates`,
+    :func:`vote_voters`).
     """
 
     params: Params
@@ -261,6 +272,7 @@ class ClientFinish:
     scores: dict[str, dict[str, dict[str, float]]] | None = None
     score_seconds: float = 0.0
     winner: str | None = None
+    voters: int | None = None
 
 
 def finish_clients(
@@ -287,6 +299,7 @@ def finish_clients(
     local_patience: int | None = None,
     select: str = "client",
     vote: Callable[[np.ndarray, tuple[str, ...]], int] | None = None,
+    voter_rng: np.random.Generator | None = None,
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -358,11 +371,14 @@ def finish_clients(
         with the shares ``(k, K)`` of all clients and the candidates' names, and returns the
         winner's index (the caller releases the noisy histogram and records it before it returns:
         no final model exists before); every client then takes the winner. The clients must be
-        the whole population; above :data:`FINETUNE_VOTERS` clients only the public subset
+        the whole population; above :data:`FINETUNE_VOTERS` clients only the subsample
         :func:`vote_voters` votes (the others' shares are zero: they abstain) and the others
         compute the winner only.
     vote : callable, optional
         ``select="vote"``: the vote (above).
+    voter_rng : numpy.random.Generator, optional
+        ``select="vote"`` above :data:`FINETUNE_VOTERS` clients: the voters' coins
+        (:func:`vote_voters`; default OS entropy).
     """
     from privmtl.federated.local import LOCAL_SOLVERS
 
@@ -387,7 +403,7 @@ def finish_clients(
         assert plan is not None
         names = vote_candidates(plan, local_solver)
         trains = [n for n in names if n != "trained"] + ["winner"]
-    voters = vote_voters(m, seed) if select == "vote" else np.arange(m)
+    voters = vote_voters(m, voter_rng) if select == "vote" else np.arange(m)
     bar = Progress(
         total=(len(trains) - (select == "vote")) * len(voters) + (select == "vote") * m,
         desc="end of run",
@@ -420,6 +436,7 @@ def finish_clients(
     finally:
         bar.close()
     fin.winner = winner
+    fin.voters = len(voters) if select == "vote" else None
     if book is not None:
         fin.scores, fin.score_seconds = book.scores.summary(), book.seconds
     return fin
