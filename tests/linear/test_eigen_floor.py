@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event as dpe
 from dp_accounting.rdp import RdpAccountant
+from lowrank_tasks import lowrank_tasks
 
 from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.eigen_floor import (
@@ -23,21 +24,8 @@ from privmtl.privacy.covariance import plan_covariance_releases, reserve_share
 from privmtl.privacy.selection import VOTE_MECHANISM
 
 
-def _tasks(m=40, d=6, n=25, rank=2, seed=0):
-    """Low-rank linear tasks: every task's model in a shared rank-``rank`` subspace."""
-    rng = np.random.default_rng(seed)
-    basis = np.linalg.qr(rng.standard_normal((d, rank)))[0]
-    Xs, ys = [], []
-    for _ in range(m):
-        w = basis @ rng.standard_normal(rank)
-        x = rng.standard_normal((n, d)) / math.sqrt(d)
-        Xs.append(x)
-        ys.append(x @ w + 0.3 * rng.standard_normal(n))
-    return Xs, ys
-
-
 def _fit(eps, floor="vote", **kw):
-    Xs, ys = _tasks()
+    Xs, ys = lowrank_tasks()
     return MPMTLLowRank(
         epsilon=eps, random_state=0, noise_source="seeded", eigen_floor=floor, **kw
     ).fit(Xs, ys)
@@ -133,7 +121,7 @@ def test_where_the_vote_cannot_matter_nothing_is_spent_and_today_s_fit_stays():
 
 def test_a_vote_without_signal_is_not_held():
     """Few tasks: the vote's noise std would exceed m / 4, so nothing is spent on it."""
-    Xs, ys = _tasks(m=8)
+    Xs, ys = lowrank_tasks(m=8)
     est = MPMTLLowRank(epsilon=3.0, random_state=0, noise_source="seeded", eigen_floor="vote").fit(
         Xs, ys
     )
@@ -197,13 +185,13 @@ def test_a_seeded_resume_replays_the_vote_without_charging_it(tmp_path):
     ],
 )
 def test_bad_floor_settings_name_the_parameter(kw, match):
-    Xs, ys = _tasks(m=5)
+    Xs, ys = lowrank_tasks(m=5)
     with pytest.raises(InvalidParameterError, match=match):
         MPMTLLowRank(epsilon=1.0, **kw).fit(Xs, ys)
 
 
 def test_group_sparse_default_has_no_floor():
-    Xs, ys = _tasks(m=10)
+    Xs, ys = lowrank_tasks(m=10)
     est = MPMTLGroupSparse(
         epsilon=10.0, random_state=0, noise_source="seeded", eigen_floor="vote"
     ).fit(Xs, ys)

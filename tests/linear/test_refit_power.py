@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event as dpe
 from dp_accounting.rdp import RdpAccountant
+from lowrank_tasks import lowrank_tasks
 
 from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.eigen_floor import (
@@ -29,21 +30,8 @@ from privmtl.linear.mpmtl import MPMTLGroupSparse, MPMTLLowRank
 from privmtl.privacy.selection import VOTE_MECHANISM
 
 
-def _tasks(m=40, d=6, n=25, rank=2, seed=0):
-    """Low-rank linear tasks: every task's model in a shared rank-``rank`` subspace."""
-    rng = np.random.default_rng(seed)
-    basis = np.linalg.qr(rng.standard_normal((d, rank)))[0]
-    Xs, ys = [], []
-    for _ in range(m):
-        w = basis @ rng.standard_normal(rank)
-        x = rng.standard_normal((n, d)) / math.sqrt(d)
-        Xs.append(x)
-        ys.append(x @ w + 0.3 * rng.standard_normal(n))
-    return Xs, ys
-
-
 def _fit(eps, **kw):
-    Xs, ys = _tasks()
+    Xs, ys = lowrank_tasks()
     return MPMTLLowRank(epsilon=eps, random_state=0, noise_source="seeded", **kw).fit(Xs, ys)
 
 
@@ -152,7 +140,7 @@ def test_the_power_rule_spends_nothing():
 
 
 def test_the_group_sparse_refit_keeps_its_metric():
-    Xs, ys = _tasks(m=10)
+    Xs, ys = lowrank_tasks(m=10)
     kw = {"epsilon": 10.0, "random_state": 0, "noise_source": "seeded"}
     a = MPMTLGroupSparse(**kw).fit(Xs, ys)
     b = MPMTLGroupSparse(refit_power=1.0, **kw).fit(Xs, ys)
@@ -162,7 +150,7 @@ def test_the_group_sparse_refit_keeps_its_metric():
 
 @pytest.mark.parametrize("value", [0.0, -1.0, "best", float("nan"), float("inf")])
 def test_a_bad_refit_power_names_the_parameter(value):
-    Xs, ys = _tasks(m=5)
+    Xs, ys = lowrank_tasks(m=5)
     with pytest.raises(InvalidParameterError, match="refit_power"):
         MPMTLLowRank(epsilon=1.0, refit_power=value).fit(Xs, ys)
 
