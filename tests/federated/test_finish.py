@@ -6,29 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from finish_inputs import finish_inputs
 
-from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
-from privmtl.experiments.pmtl import make_model
 from privmtl.federated.finish import auto_plan, finish_clients
-
-
-def _inputs(m=9):
-    ds = make_synthetic_federated(n_clients=m, random_state=1)
-    net = make_model("logreg", ds, 0)
-    gen = torch.Generator().manual_seed(0)
-    init = dict(net.named_parameters())
-    trained = {
-        n: p.detach().unsqueeze(0).repeat(m, *[1] * p.ndim) + 0.1 * torch.randn(m, *p.shape, generator=gen)
-        for n, p in init.items()
-    }  # fmt: skip
-    board = {n: p.mean(0) for n, p in trained.items()}
-    return ds, net, trained, board
 
 
 @pytest.mark.parametrize("finetune", ["auto", "mr", "vanilla"])
 def test_finish_of_parts_equals_finish_of_the_whole(finetune):
-    ds, net, trained, board = _inputs()
+    ds, net, trained, board = finish_inputs()
     dim = sum(p.numel() for p in board.values())
     plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3) if finetune == "auto" else None
     kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan}
@@ -61,7 +47,7 @@ def test_finish_of_parts_equals_finish_of_the_whole(finetune):
 @pytest.mark.parametrize("finetune", ["auto", "vanilla"])
 def test_finish_in_blocks_equals_finish_of_the_whole(finetune):
     """``block``: the population finished a few clients at a time ends as the whole at once."""
-    ds, net, trained, board = _inputs()
+    ds, net, trained, board = finish_inputs()
     dim = sum(p.numel() for p in board.values())
     plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3) if finetune == "auto" else None
     kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan}
@@ -81,7 +67,7 @@ def test_finish_in_blocks_equals_finish_of_the_whole(finetune):
 def test_finish_none_keeps_the_trained_models_and_auto_needs_its_plan():
     from privmtl.exceptions import InvalidParameterError
 
-    ds, net, trained, board = _inputs(4)
+    ds, net, trained, board = finish_inputs(4)
     kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1}
     done = finish_clients("none", ds, net, trained, board, **kw)
     assert all(torch.equal(done.params[n], trained[n]) for n in trained) and done.choice is None
@@ -119,7 +105,7 @@ def test_concurrent_blocks_and_their_scores_equal_one_block_after_another():
     after another; ``score``: the scores are those of evaluating the models afterwards."""
     from privmtl.federated.algorithms import evaluate
 
-    ds, net, trained, board = _inputs(m=11)
+    ds, net, trained, board = finish_inputs(m=11)
     dim = sum(p.numel() for p in board.values())
     plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3)
     kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan, "block": 3}

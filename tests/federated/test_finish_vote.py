@@ -9,10 +9,11 @@ import dp_accounting
 import numpy as np
 import pytest
 import torch
+from finish_inputs import finish_inputs
 
 from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
-from privmtl.experiments.pmtl import make_model, run_pmtl
+from privmtl.experiments.pmtl import run_pmtl
 from privmtl.federated import finish
 from privmtl.federated.finish import (
     FINETUNE_VOTE_ID,
@@ -30,15 +31,7 @@ KW = {"noise_source": "seeded", "seed": 0, "show_progress": False, "threads": 1}
 
 
 def _inputs(m=9):
-    ds = make_synthetic_federated(n_clients=m, random_state=1)
-    net = make_model("logreg", ds, 0)
-    gen = torch.Generator().manual_seed(0)
-    init = dict(net.named_parameters())
-    trained = {
-        n: p.detach().unsqueeze(0).repeat(m, *[1] * p.ndim) + 0.1 * torch.randn(m, *p.shape, generator=gen)
-        for n, p in init.items()
-    }  # fmt: skip
-    board = {n: p.mean(0) for n, p in trained.items()}
+    ds, net, trained, board = finish_inputs(m)
     dim = sum(p.numel() for p in board.values())
     return ds, net, trained, board, auto_plan("pmtl", None, 0.001, 0.5, dim, 3)
 
