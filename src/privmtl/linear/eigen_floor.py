@@ -62,7 +62,7 @@ from privmtl.linear.local import (
     variational_factor,
 )
 from privmtl.linear.losses import TaskBatch
-from privmtl.privacy.covariance import eigen_shift, reserve_share
+from privmtl.privacy.covariance import eigen_shift, noise_norm, reserve_share
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.selection import VOTE_SIGNAL, ClientVote, client_votes
 
@@ -120,9 +120,7 @@ def auto_refit_power(noise_std: float, *, clip: float, n_tasks: int, dim: int) -
     quantities only (σ of the plan, K, m, d); σ = 0 for a non-private run.
     """
     edge = estimation_noise_edge(clip, n_tasks, dim)
-    return (
-        COVARIANCE_POWER if 2.0 * noise_std * math.sqrt(dim) <= POWER_EDGE * edge else TRACE_POWER
-    )
+    return COVARIANCE_POWER if noise_norm(noise_std, dim) <= POWER_EDGE * edge else TRACE_POWER
 
 
 def median_winner(noisy_counts: Sequence[float]) -> int:

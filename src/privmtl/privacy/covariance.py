@@ -45,6 +45,7 @@ __all__ = [
     "EIGEN_FIXES",
     "CovarianceSchedule",
     "eigen_shift",
+    "noise_norm",
     "plan_covariance_releases",
     "reserve_share",
     "signal_to_noise_bound",
@@ -81,8 +82,15 @@ def eigen_shift(
         return 0.0
     edge = std * math.sqrt(dim)
     if fix == "denoise":
-        return float(-2.0 * edge)
+        return float(-noise_norm(std, dim))
     return float(shift_scale * edge)
+
+
+def noise_norm(std: float, dim: int) -> float:
+    """``2·std·√dim``: about the spectral norm of a ``dim × dim`` symmetric Gaussian noise of
+    entry std ``std``, the eigenvalues the noise alone produces (``eigen_fix="denoise"`` cuts
+    below it)."""
+    return 2.0 * std * math.sqrt(dim)
 
 
 @dataclass(frozen=True)
@@ -400,5 +408,4 @@ def signal_to_noise_bound(schedule: CovarianceSchedule, n_tasks: int) -> float:
             "The signal-to-noise bound is that of a Gaussian schedule; got "
             f"noise={schedule.noise!r}."
         )
-    edge = 2.0 * schedule.per_release[-1] * math.sqrt(schedule.dim)
-    return m * schedule.clip**2 / edge
+    return m * schedule.clip**2 / noise_norm(schedule.per_release[-1], schedule.dim)
