@@ -18,6 +18,23 @@ CASES = [
 ]
 
 
+# make_synthetic_federated(**CASES[i]).content_sha256(): the clients every seed gives, pinned
+# (numpy's PCG64 streams of standard normals, permutations and integers are fixed by its
+# version); a faster draw must give these same bytes
+PINNED = [
+    "fcd723bf430b8f6b65959ca30dd8e5f0feb876011d690082f9aed02288f28523",
+    "d9c1c0e21dba63bd4a41f740591aedcb8066386efe3fd7535f2ab51e727b9740",
+    "07e4c59256b1477b6b7892f2635db88761cfde6e54286e7ba65bc4f065688ab4",
+    "7eaa2fed2c444ce7c5c472439648d6b335b542c802e1318a98847ba678cc512d",
+]
+
+
+@pytest.mark.parametrize(("kw", "pinned"), zip(CASES, PINNED, strict=True))
+def test_the_seeded_clients_are_pinned(kw: dict, pinned: str) -> None:
+    assert make_synthetic_federated(**kw).content_sha256() == pinned
+    assert SyntheticFederation(**kw).materialize().content_sha256() == pinned
+
+
 @pytest.mark.parametrize("kw", CASES)
 def test_clients_are_the_eager_generators(kw: dict) -> None:
     eager = make_synthetic_federated(**kw)
@@ -42,6 +59,35 @@ def test_clients_are_the_eager_generators(kw: dict) -> None:
     # the whole federation, when something asks for every client's tensors
     assert lazy.materialize().content_sha256() == eager.content_sha256()
     assert torch.equal(lazy.concat("val")[0], eager.concat("val")[0])
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_runs_of_consecutive_clients_are_the_eager_generators(kw: dict) -> None:
+    # a run of consecutive clients continues the generator from one client to the next, a jump
+    # sets the recorded state: both give the eager clients, in every split
+    eager = make_synthetic_federated(**kw)
+    lazy = SyntheticFederation(**kw)
+    m = eager.n_clients
+    picks = [*range(m // 2, m), 5, 3, *range(8, m // 2)]
+    for split in ("train", "val", "test"):
+        a, b = eager.take(picks, split), lazy.take(picks, split)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        np.testing.assert_array_equal(a[2], b[2])
+    assert lazy.subset(picks).content_sha256() == eager.subset(picks).content_sha256()
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_skipping_a_client_takes_the_draws_of_drawing_it(kw: dict) -> None:
+    from privmtl.data.federated import synthetic_law
+    from privmtl.data.streamed import _GENERATOR_DEFAULTS
+
+    law, sizes, rng = synthetic_law(**{**_GENERATOR_DEFAULTS, **kw})
+    other = np.random.default_rng()
+    other.bit_generator.state = rng.bit_generator.state
+    for n in sizes[:10].tolist():
+        law.draw_client(rng, n)
+        law.skip_client(other, n)
+        assert other.bit_generator.state == rng.bit_generator.state
 
 
 def test_a_generator_argument_gives_the_same_clients() -> None:

@@ -25,7 +25,7 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -832,30 +832,95 @@ class SyntheticLaw:
         """Draw one client of ``n`` examples: ``(train_x, train_y, val_x, val_y, test_x,
         test_y)`` as ``float32`` / ``int64`` arrays; with ``keep=False`` only advance ``rng``
         past the client's draws and return None."""
+        if not keep:
+            self.skip_client(rng, n)
+            return None
+        d = self.n_features
+        out = {
+            split: (np.empty((hi - lo, d), np.float32), np.empty(hi - lo, np.int64))
+            for split, (lo, hi) in self._split_rows(n).items()
+        }
+        self.draw_rows(rng, n, out)
+        return tuple(a for split in ("train", "val", "test") for a in out[split])
+
+    def _split_rows(self, n: int) -> dict[str, tuple[int, int]]:
+        """Where each split's rows lie in the permutation of a client of ``n`` examples: test
+        first, then validation, then training (sizes of :meth:`split_sizes`)."""
+        n_test = min(round(self.test_fraction * n), n - 1)
+        n_val = min(math.floor(self.val_fraction * (n - n_test)), n - n_test - 1)
+        return {"test": (0, n_test), "val": (n_test, n_test + n_val), "train": (n_test + n_val, n)}
+
+    def n_normals(self, n: int) -> int:
+        """How many standard normal draws a client of ``n`` examples takes (:meth:`draw_client`
+        draws them in this order: the client model ``(C, d)`` and bias ``(C,)``, the feature
+        shift when ``feature_shift > 0``, the feature mean ``(d,)`` and the features ``(n, d)``)."""
+        c, d = self.n_classes, self.n_features
+        return c * d + c + (self.feature_shift > 0) + d + n * d
+
+    def skip_client(
+        self, rng: np.random.Generator, n: int, buffer: np.ndarray | None = None
+    ) -> None:
+        """Advance ``rng`` past one client of ``n`` examples exactly as :meth:`draw_client` does,
+        computing nothing from the draws.
+
+        A ``normal(loc, scale)`` draw takes one standard normal draw, so the client's normal
+        draws are one call; ``buffer`` (float64, at least :meth:`n_normals` long) receives them
+        without an allocation per client.
+        """
+        k = self.n_normals(n)
+        if buffer is None or len(buffer) < k:
+            buffer = np.empty(k)
+        rng.standard_normal(out=buffer[:k])
+        if self.label_noise > 0:
+            rng.random(n)
+            rng.integers(0, self.n_classes, size=n)
+        rng.permutation(n)
+
+    def draw_rows(
+        self,
+        rng: np.random.Generator,
+        n: int,
+        out: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        work: np.ndarray | None = None,
+    ) -> None:
+        """Draw one client of ``n`` examples and write its rows of each split of ``out``
+        (``"train"``, ``"val"`` or ``"test"`` to ``(x, y)``: float32 ``(n_split, d)`` and int64
+        ``(n_split,)``, the split's size of :meth:`split_sizes`).
+
+        The client's draws: its model ``W_k = W_0 + tau A_k`` and bias, its feature shift and
+        mean, its standard normal features ``z`` (``(n, d)``), the label noise's coins, then a
+        permutation of its examples, whose first rows go to test, the next to validation and
+        the rest to training (:meth:`_split_rows`). Every label is computed from the client's
+        whole feature matrix ``v_k + z * scale`` (one product for every split asked for, so a
+        client's rows are the same whatever splits are asked); the splits not asked for are not
+        copied. ``work`` (float64, at least ``n * d`` long) holds the features without an
+        allocation per client. :meth:`draw_client` and :meth:`skip_client` take the same draws.
+        """
         c, d, tau, flip = self.n_classes, self.n_features, self.heterogeneity, self.label_noise
         wk = self.w0 + tau * rng.standard_normal((c, d))
         bk = self.b0 + tau * rng.standard_normal(c)
         shift = self.feature_shift
         vk = rng.normal(rng.normal(0.0, shift) if shift > 0 else 0.0, self.feature_spread, size=d)
-        z = rng.standard_normal((n, d))
+        if work is None or len(work) < n * d:
+            work = np.empty(n * d)
+        x = work[: n * d].reshape(n, d)
+        rng.standard_normal(out=x)
         if flip > 0:
             redraw = rng.random(n) < flip
             noise = rng.integers(0, c, size=n)
         perm = rng.permutation(n)
-        if not keep:
-            return None
-        x = vk + z * self._scale()
+        if self.feature_cov != "isotropic":  # z * 1 is z: isotropic features skip the product
+            x *= self._scale()
+        x += vk  # vk + z * scale, element by element
         y = np.argmax(x @ wk.T + bk, axis=1)
         if flip > 0:
             y = np.where(redraw, noise, y)
-        n_test = min(round(self.test_fraction * n), n - 1)
-        n_val = min(math.floor(self.val_fraction * (n - n_test)), n - n_test - 1)
-        te, va, tr = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
-        out: list[np.ndarray] = []
-        for idx in (tr, va, te):
-            out.append(x[idx].astype(np.float32))
-            out.append(y[idx].astype(np.int64))
-        return tuple(out)
+        bounds = self._split_rows(n)
+        for split, (out_x, out_y) in out.items():
+            lo, hi = bounds[split]
+            rows = perm[lo:hi]
+            out_x[...] = x[rows]  # the float32 cast of astype
+            out_y[...] = y[rows]
 
     def _scale(self) -> np.ndarray:
         """Square root of the diagonal within-client covariance."""

@@ -12,7 +12,7 @@ block of the end of run), not with the population.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -89,13 +89,16 @@ class SyntheticFederation(FederatedDataset):
         self._has32 = np.empty(m, dtype=np.uint8)
         self._u32 = np.empty(m, dtype=np.uint32)
         inc = None
-        for k in range(m):
-            st = rng.bit_generator.state
+        bg = rng.bit_generator
+        # one buffer for the normal draws of the largest client: no allocation per client
+        buffer = np.empty(law.n_normals(int(self._n.max())) if m else 0)
+        for k, n in enumerate(self._n.tolist()):
+            st = bg.state
             s = int(st["state"]["state"])
             self._hi[k], self._lo[k] = s >> 64, s & _MASK64
             self._has32[k], self._u32[k] = st["has_uint32"], st["uinteger"]
             inc = st["state"]["inc"] if inc is None else inc
-            law.draw_client(rng, int(self._n[k]), keep=False)
+            law.skip_client(rng, n, buffer)
         self._inc = int(inc or 0)
         self.client_ids = synthetic_client_ids(m)
         self.n_classes = law.n_classes
@@ -106,35 +109,71 @@ class SyntheticFederation(FederatedDataset):
         self._whole: FederatedDataset | None = None
 
     # ------------------------------------------------------------------ drawing clients
-    def _draw(self, clients: Sequence[int]) -> list[tuple[np.ndarray, ...]]:
-        idx = self._positions(clients)
+    def _walk(self, idx: list[int]) -> Iterator[tuple[np.random.Generator, int]]:
+        """``(rng, n)`` for each client of ``idx`` in turn, ``rng`` at the client's first draw.
+
+        The recorded state is set only where ``idx`` does not continue the client drawn before:
+        drawing client ``k`` whole leaves the generator at client ``k + 1``'s state.
+        """
         bg = np.random.PCG64(0)
         rng = np.random.Generator(bg)
-        out = []
+        prev = -2
         for k in idx:
-            bg.state = {
-                "bit_generator": "PCG64",
-                "state": {"state": (int(self._hi[k]) << 64) | int(self._lo[k]), "inc": self._inc},
-                "has_uint32": int(self._has32[k]),
-                "uinteger": int(self._u32[k]),
-            }
-            drawn = self.law.draw_client(rng, int(self._n[k]))
-            assert drawn is not None
-            out.append(drawn)
-        return out
+            if k != prev + 1:
+                bg.state = {
+                    "bit_generator": "PCG64",
+                    "state": {
+                        "state": (int(self._hi[k]) << 64) | int(self._lo[k]),
+                        "inc": self._inc,
+                    },
+                    "has_uint32": int(self._has32[k]),
+                    "uinteger": int(self._u32[k]),
+                }
+            prev = k
+            yield rng, int(self._n[k])
+
+    def _draw(
+        self, idx: list[int], splits: Sequence[str]
+    ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The ``splits`` of the clients at positions ``idx`` (checked), drawn once each:
+        ``{split: (x (N, d) float32, y (N,) int64, offsets (len(idx) + 1,))``, the ``j``-th
+        client owning rows ``offsets[j]:offsets[j + 1]``. One allocation per split for the whole
+        block, none per client."""
+        d = self.law.n_features
+        stacked = {}
+        for split in splits:
+            sizes = self._split_sizes[split][idx]
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            n_rows = int(offsets[-1])
+            stacked[split] = (
+                np.empty((n_rows, d), np.float32),
+                np.empty(n_rows, np.int64),
+                offsets,
+            )
+        work = np.empty(int(self._n[idx].max()) * d if idx else 0)
+        for j, (rng, n) in enumerate(self._walk(idx)):
+            out = {}
+            for split, (x, y, offsets) in stacked.items():
+                a, b = offsets[j], offsets[j + 1]
+                out[split] = (x[a:b], y[a:b])
+            self.law.draw_rows(rng, n, out, work)
+        return stacked
 
     def subset(self, clients: Sequence[int]) -> FederatedDataset:
-        """A data set (in memory) of the clients at positions ``clients``, drawn now."""
-        drawn = self._draw(clients)
-        kw = {
-            key: [torch.from_numpy(c[j]) for c in drawn]
-            for j, key in enumerate(("train_x", "train_y", "val_x", "val_y", "test_x", "test_y"))
-        }
-        if not drawn:
+        """A data set (in memory) of the clients at positions ``clients``, drawn now (each
+        client's tensors are views of one tensor per split and field)."""
+        idx = self._positions(clients)
+        if not idx:
             raise InvalidParameterError("The 'clients' parameter must hold at least one index.")
-        ids = [self.client_ids[int(i)] for i in clients]
+        ids = [self.client_ids[i] for i in idx]
         if len(set(ids)) != len(ids):
             raise InvalidParameterError("The 'clients' parameter must not repeat a client.")
+        kw: dict[str, list[torch.Tensor]] = {}
+        for split, (x, y, offsets) in self._draw(idx, tuple(_SPLIT_KEYS)).items():
+            sizes = np.diff(offsets).tolist()
+            kx, ky = _SPLIT_KEYS[split]
+            kw[kx] = list(torch.from_numpy(x).split(sizes))
+            kw[ky] = list(torch.from_numpy(y).split(sizes))
         # drawn by the law: float32 / int64 tensors of consistent shapes, nothing to check again
         return FederatedDataset._unchecked(
             ids, kw, self.n_classes, self.feature_shape, self.name, self.scaling
@@ -148,12 +187,8 @@ class SyntheticFederation(FederatedDataset):
         idx = self._positions(clients)
         if not idx:
             return self._no_rows()
-        j = 2 * ("train", "val", "test").index(split)
-        drawn = self._draw(idx)
-        x = torch.from_numpy(np.concatenate([c[j] for c in drawn]))
-        y = torch.from_numpy(np.concatenate([c[j + 1] for c in drawn]))
-        sizes = [len(c[j + 1]) for c in drawn]
-        return x, y, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        x, y, offsets = self._draw(idx, (split,))[split]
+        return torch.from_numpy(x), torch.from_numpy(y), offsets
 
     # ------------------------------------------------------------------ sizes and identity
     @property

@@ -247,10 +247,16 @@ def _scores_vmapped(
         x = torch.zeros((len(idx), n, *xs[int(idx[0])].shape[1:]), dtype=dtype)
         y = torch.zeros((len(idx), n), dtype=torch.int64)
         mask = torch.zeros((len(idx), n), dtype=torch.bool)
-        for j, k in enumerate(idx.tolist()):
-            x[j, : sizes[k]] = xs[k].to(dtype)
-            y[j, : sizes[k]] = ys[k]
-            mask[j, : sizes[k]] = True
+        # client j's examples at the start of row j of the padding, copied in one operation
+        s = sizes[idx]
+        at = torch.from_numpy(
+            np.repeat(np.arange(len(idx)) * n - np.concatenate([[0], np.cumsum(s)[:-1]]), s)
+            + np.arange(int(s.sum()))
+        )
+        ks = idx.tolist()
+        x.view(-1, *x.shape[2:])[at] = torch.cat([xs[k] for k in ks]).to(dtype)
+        y.view(-1)[at] = torch.cat([ys[k] for k in ks])
+        mask.view(-1)[at] = True
         device = next(iter(params.values())).device
         x, y, mask = x.to(device), y.to(device), mask.to(device)
         sel = torch.from_numpy(idx.astype(np.int64)).to(device)
