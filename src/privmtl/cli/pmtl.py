@@ -42,8 +42,8 @@ from privmtl.experiments.pmtl import (
     FL_MODELS,
     run_pmtl,
 )
-from privmtl.federated.finish import FINETUNE_SELECTS, FINETUNE_VOTE_SHARE
-from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVERS
+from privmtl.federated.finish import FINETUNE_SELECT_CHOICES, FINETUNE_VOTE_SHARE
+from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
 from privmtl.federated.models import DEFAULT_MODEL
 from privmtl.federated.spec import check_resume, check_vote_mechanism
 from privmtl.federated.user_model import is_factory_spec
@@ -178,16 +178,18 @@ def _device_option(help: str) -> Any:
 )
 @click.option(
     "--finetune-select",
-    type=click.Choice([*LOCAL_SELECT, *FINETUNE_SELECTS[1:]]),
-    default=LOCAL_SELECT[0],
+    type=click.Choice([*FINETUNE_SELECT_CHOICES, *LOCAL_SELECT[1:]]),
+    default=FINETUNE_SELECT_CHOICES[0],
     show_default=True,
-    help="client: each client picks its grid point (--finetune auto: its model) on its own "
-    "validation split; pooled: one grid point for all, on the pooled validation accuracy of "
-    "every client (needs --finetune-start billboard; NOT covered by the guarantee, the JSON "
-    "says covered: false); vote (--finetune auto): one candidate for all, elected by the "
-    f"clients' noisy vote on their own validation splits, with {FINETUNE_VOTE_SHARE:g} of "
-    "--epsilon reserved for it and recorded in the ledger (held only where its noise std is at "
-    f"most m/{VOTE_SIGNAL:g}, else the per-client choice; JSON: finetune_auto.vote).",
+    help="auto: vote where one can be held (--finetune auto, a private run with --epsilon, "
+    "independent noise), else client; client: each client picks its grid point (--finetune auto: "
+    "its model) on its own validation split; vote (--finetune auto): one candidate for all, "
+    "elected by the clients' noisy vote on their own validation splits, with "
+    f"{FINETUNE_VOTE_SHARE:g} of --epsilon reserved for it and recorded in the ledger (held only "
+    f"where its noise std is at most m/{VOTE_SIGNAL:g}, else the per-client choice; JSON: "
+    "finetune_auto.vote); pooled: one grid point for all, on the pooled validation accuracy of "
+    "every client (needs --finetune-start billboard; NOT covered by the guarantee, the JSON says "
+    "covered: false).",
 )
 @click.option(
     "--local-select",
@@ -200,13 +202,14 @@ def _device_option(help: str) -> Any:
 )
 @click.option(
     "--local-solver",
-    type=click.Choice(list(LOCAL_SOLVERS)),
-    default=LOCAL_SOLVERS[0],
+    type=click.Choice(list(LOCAL_SOLVER_CHOICES)),
+    default=LOCAL_SOLVER_CHOICES[0],
     show_default=True,
     help="How local training (--method local-all, and --finetune auto's local and fine-tuned "
     "billboard candidates) is solved: sgd = the grid of minibatch-SGD runs; ridge = (--model "
     "logreg only) every client's cross-entropy with an L2 penalty towards the start model, "
-    "solved for many clients at once: several times faster, other models.",
+    "solved for many clients at once: several times faster, one candidate of each kind; auto = "
+    "ridge for --model logreg when the end of run holds a vote, else sgd.",
 )
 @click.option(
     "--local-patience",

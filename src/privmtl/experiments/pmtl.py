@@ -52,7 +52,7 @@ from privmtl.federated.finish import (
     AUTO_NOTE,
     AUTO_ORDERS,
     FINETUNE_NOTE,
-    FINETUNE_SELECTS,
+    FINETUNE_SELECT_CHOICES,
     FINETUNE_VOTE_ID,
     FINETUNE_VOTE_NOTE,
     FINETUNE_VOTE_SHARE,
@@ -63,9 +63,11 @@ from privmtl.federated.finish import (
     auto_plan,
     final_models_keys,
     finish_clients,
+    resolve_finetune_select,
+    resolve_local_solver,
     stack_trained,
 )
-from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVERS
+from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
 from privmtl.federated.methods import Method, get_method, method_class
 from privmtl.federated.methods.loading import resolve_method
 from privmtl.federated.models import DEFAULT_MODEL, MODELS, MultinomialLogReg, make_model
@@ -294,7 +296,9 @@ def _finish_request(
     """Check the fine-tuning settings against ``finetune`` (the run spec's) before any data is
     read; the parameters are ``run_pmtl``'s ``finetune_*`` and ``extra_finetunes``."""
     check_choice("finetune_start", start, FINETUNE_STARTS)
-    check_choice("finetune_select", select, (*SELECT_MODES, *FINETUNE_SELECTS))
+    check_choice("finetune_select", select, (*SELECT_MODES, *FINETUNE_SELECT_CHOICES))
+    if select == "auto" and finetune != "auto":
+        select = "client"  # an explicit fine-tuning's own grid: every client chooses
     if select == "vote" and finetune != "auto":
         raise InvalidParameterError(
             "finetune_select='vote' elects one candidate of finetune='auto' for every client; "
@@ -306,7 +310,7 @@ def _finish_request(
             "finetune_lrs": (lrs, None),
             "finetune_lams": (lams, None),
             "finetune_start": (start, "auto"),
-            "finetune_select": (select, "vote" if select == "vote" else "client"),
+            "finetune_select": (select, select if select in FINETUNE_SELECT_CHOICES else "client"),
         }
         for name, (value, default) in fixed.items():
             if value != default:
@@ -388,7 +392,12 @@ def _load(
         )
         vote = None
         declared = get_method(method, config)
-        if finetune_select == "vote" and declared.communicates and not declared.every_client:
+        samples = declared.communicates and not declared.every_client
+        select = resolve_finetune_select(
+            finetune_select, finetune=spec.finetune, samples=samples,
+            noise_mechanism=spec.noise_mechanism, epsilon=resolved.epsilon,
+        )  # fmt: skip
+        if select == "vote" and samples:
             vote = _vote_plan(resolved, m)
         if declared.communicates:  # the target ε becomes the release's σ, once
             reserve = None if vote is None else vote.event()
@@ -656,7 +665,7 @@ def run_pmtl(
     finetune_lrs: Sequence[float] | None = None,
     finetune_lams: Sequence[float] | None = None,
     finetune_start: str = "auto",
-    finetune_select: str = "client",
+    finetune_select: str = "auto",
     seed: int = SPEC.seed,
     sequential: bool = False,
     sampling: str = SPEC.sampling,
@@ -688,7 +697,7 @@ def run_pmtl(
     adaptive_clip_lr: float = SPEC.adaptive_clip_lr,
     adaptive_clip_noise: float | None = None,
     local_select: str = "client",
-    local_solver: str = "sgd",
+    local_solver: str = "auto",
     local_patience: int | None = None,
     diagnostics: bool = False,
     scaling: str = DEFAULT_CLIENT_SCALING,
@@ -825,9 +834,10 @@ def run_pmtl(
         extra=extra_finetunes,
     )
     check_choice("local_select", local_select, LOCAL_SELECT)
-    check_choice("local_solver", local_solver, LOCAL_SOLVERS)
+    check_choice("local_solver", local_solver, LOCAL_SOLVER_CHOICES)
     if local_patience is not None:
         local_patience = check_int("local_patience", local_patience, low=1)
+        local_solver = "sgd" if local_solver == "auto" else local_solver  # patience stops SGD
         if local_solver != "sgd":
             raise InvalidParameterError(
                 "The 'local_patience' parameter stops SGD runs (local_solver='sgd'); got "
@@ -863,6 +873,8 @@ def run_pmtl(
             "The 'local_solver' parameter 'ridge' needs a logistic-regression model (model="
             f"'logreg'); got local_solver='ridge' with {type(loaded.net).__name__}."
         )
+    held = loaded.vote is not None and loaded.vote.held
+    local_solver = resolve_local_solver(local_solver, loaded.net, vote_held=held)
     fused = _scores_at_finish(loaded, finishing)
     with timer.phase("scoring"):  # the method's fit: its rounds, then the trained models' scores
         trained = _train(

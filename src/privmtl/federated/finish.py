@@ -65,6 +65,7 @@ __all__ = [
     "FINAL_MODEL_WORDS",
     "FINETUNE_NOTE",
     "FINETUNE_SELECTS",
+    "FINETUNE_SELECT_CHOICES",
     "FINETUNE_VOTERS",
     "FINETUNE_VOTERS_STREAM",
     "FINETUNE_VOTE_ID",
@@ -79,6 +80,8 @@ __all__ = [
     "final_model_counts",
     "final_models_keys",
     "finish_clients",
+    "resolve_finetune_select",
+    "resolve_local_solver",
     "stack_trained",
     "vote_candidates",
     "vote_voters",
@@ -129,6 +132,10 @@ fine-tuned candidate starts from the billboard with the initial head."""
 FINETUNE_SELECTS = ("client", "vote")
 """``finetune="auto"``: how the final model is chosen: by every client on its own validation
 split, or one candidate (:func:`vote_candidates`) for all by the clients' recorded noisy vote."""
+FINETUNE_SELECT_CHOICES = ("auto", *FINETUNE_SELECTS)
+"""The values a run takes for the end of run's selection (``finetune_select``): ``"auto"`` is
+resolved once per run by :func:`resolve_finetune_select` (and the local solver with it, by
+:func:`resolve_local_solver`)."""
 FINETUNE_VOTE_SHARE = 0.05
 """``finetune_select="vote"``: the vote's share of the run's target ε (the vote alone is
 (share·ε, δ)-DP; the rounds are calibrated so that rounds and vote compose to the target)."""
@@ -221,6 +228,45 @@ def vote_candidates(plan: AutoPlan, local_solver: str = "sgd") -> tuple[str, ...
                 f"{name} e{e} lr{lr:g}" for e in AUTO_FINETUNE_EPOCHS for lr in AUTO_FINETUNE_LRS
             ]
     return tuple(names)
+
+
+def resolve_finetune_select(
+    select: str,
+    *,
+    finetune: str,
+    samples: bool,
+    noise_mechanism: str,
+    epsilon: float | None,
+) -> str:
+    """The selection a run's end of run makes: ``"auto"`` becomes ``"vote"`` where a recorded
+    vote can be planned — ``finetune="auto"``, a method that releases a billboard from sampled
+    clients (``samples``), independent noise in every round and a target ``epsilon`` for the
+    vote to take its share of — and ``"client"`` otherwise (the vote's plan may still decline
+    to hold it, :func:`~privmtl.privacy.selection.plan_vote`: then every client chooses). Any
+    other value is returned as given. Public parameters only."""
+    check_choice("finetune_select", select, (*FINETUNE_SELECT_CHOICES, "pooled"))
+    if select != "auto":
+        return select
+    votes = (
+        finetune == "auto" and samples and noise_mechanism == "independent" and epsilon is not None
+    )
+    return "vote" if votes else "client"
+
+
+def resolve_local_solver(solver: str, model: nn.Module, *, vote_held: bool) -> str:
+    """How the end of run's local trainings are solved: ``"auto"`` becomes ``"ridge"`` for a
+    multinomial logistic regression whose end of run is a held vote — the vote elects one
+    candidate for all, and the ridge solves give one candidate per kind (local training, the
+    fine-tuned billboard) where the SGD grids give several whose supporters split — and
+    ``"sgd"`` otherwise (the grids every client chooses from on its own validation split).
+    Any other value is returned as given."""
+    from privmtl.federated.local import LOCAL_SOLVER_CHOICES
+    from privmtl.federated.models import MultinomialLogReg
+
+    check_choice("local_solver", solver, LOCAL_SOLVER_CHOICES)
+    if solver != "auto":
+        return solver
+    return "ridge" if vote_held and isinstance(model, MultinomialLogReg) else "sgd"
 
 
 def vote_voters(m: int, rng: np.random.Generator | None = None) -> np.ndarray:

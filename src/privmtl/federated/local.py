@@ -75,6 +75,7 @@ __all__ = [
     "LOCAL_RIDGES",
     "LOCAL_SELECT",
     "LOCAL_SOLVERS",
+    "LOCAL_SOLVER_CHOICES",
     "client_better",
     "select_per_client",
     "train_local",
@@ -88,6 +89,9 @@ LOCAL_SELECT = ("client", "pooled")
 LOCAL_SOLVERS = ("sgd", "ridge")
 """How :func:`train_local` trains: the minibatch-SGD grid, or every client's ridge-regularised
 logistic regression solved in batches (:mod:`~privmtl.federated.ridge`; logistic regression only)."""
+LOCAL_SOLVER_CHOICES = ("auto", *LOCAL_SOLVERS)
+"""The values a run takes for its local solver: ``"auto"`` is resolved once per run
+(:func:`~privmtl.federated.finish.resolve_local_solver`)."""
 LOCAL_RIDGES = (1.0,)
 """Default prior strengths ``c`` of ``solver="ridge"`` (:func:`~privmtl.federated.ridge.ridge_logreg`):
 one, so that no choice is made on the clients' tiny validation splits."""
