@@ -408,11 +408,12 @@ def tallies(
 
 def built(m: int, seed: int, eps: float | None, q: int, select: str) -> dict[str, Any]:
     """One run of ``privmtl pmtl`` as built, at the study's settings: ``finetune_select``
-    ``"vote"`` (the recorded vote) or ``"client"`` (today's default)."""
+    ``"vote"`` (the recorded vote) or ``"client"`` (every client's own choice), with the SGD
+    grids' candidates this study measured (``local_solver="sgd"``)."""
     t0 = time.time()
     out = run_pmtl(
         num_clients=m, epsilon=eps, noise_source="seeded", seed=seed, show_progress=False,
-        threads=1, clients_per_round=q, finetune_select=select,
+        threads=1, clients_per_round=q, finetune_select=select, local_solver="sgd",
     )  # fmt: skip
     auto = out["finetune_auto"]
     return {

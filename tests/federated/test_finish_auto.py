@@ -16,8 +16,13 @@ KW = {"noise_source": "seeded", "seed": 0, "show_progress": False, "threads": 1}
 VOTES = {"finetune": "auto", "samples": True, "noise_mechanism": "independent", "epsilon": 1.0}
 
 
+LOGREG = MultinomialLogReg(4, 3)
+
+
 def test_auto_votes_only_where_a_vote_can_be_planned():
-    assert resolve_finetune_select("auto", **VOTES) == "vote"
+    assert resolve_finetune_select("auto", LOGREG, **VOTES) == "vote"
+    mlp = nn.Sequential(nn.Linear(4, 3))  # no exact candidates: every client's own choice
+    assert resolve_finetune_select("auto", mlp, **VOTES) == "client"
     for change in (
         {"finetune": "none"},
         {"finetune": "vanilla"},
@@ -25,9 +30,9 @@ def test_auto_votes_only_where_a_vote_can_be_planned():
         {"noise_mechanism": "banded"},  # one event for the whole run: no reserve
         {"epsilon": None},  # non-private, or noise_std alone: no target to take a share of
     ):
-        assert resolve_finetune_select("auto", **{**VOTES, **change}) == "client", change
+        assert resolve_finetune_select("auto", LOGREG, **{**VOTES, **change}) == "client", change
     for given in ("client", "vote", "pooled"):  # an explicit choice is kept as given
-        assert resolve_finetune_select(given, **{**VOTES, "epsilon": None}) == given
+        assert resolve_finetune_select(given, LOGREG, **{**VOTES, "epsilon": None}) == given
 
 
 def test_auto_solver_is_ridge_for_logistic_regression_with_a_held_vote_only():
@@ -42,7 +47,7 @@ def test_auto_solver_is_ridge_for_logistic_regression_with_a_held_vote_only():
 @pytest.mark.parametrize(
     ("call", "name"),
     [
-        (lambda: resolve_finetune_select("best", **VOTES), "'finetune_select' parameter"),
+        (lambda: resolve_finetune_select("best", LOGREG, **VOTES), "'finetune_select' parameter"),
         (
             lambda: resolve_local_solver("lbfgs", MultinomialLogReg(2, 2), vote_held=True),
             "'local_solver' parameter",

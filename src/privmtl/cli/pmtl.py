@@ -181,8 +181,8 @@ def _device_option(help: str) -> Any:
     type=click.Choice([*FINETUNE_SELECT_CHOICES, *LOCAL_SELECT[1:]]),
     default=FINETUNE_SELECT_CHOICES[0],
     show_default=True,
-    help="auto: vote where one can be held (--finetune auto, a private run with --epsilon, "
-    "independent noise), else client; client: each client picks its grid point (--finetune auto: "
+    help="auto: vote where one can be held (--finetune auto, --model logreg, a private run with "
+    "--epsilon, independent noise), else client; client: each client picks its grid point (--finetune auto: "
     "its model) on its own validation split; vote (--finetune auto): one candidate for all, "
     "elected by the clients' noisy vote on their own validation splits, with "
     f"{FINETUNE_VOTE_SHARE:g} of --epsilon reserved for it and recorded in the ledger (held only "

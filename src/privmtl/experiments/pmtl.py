@@ -394,7 +394,7 @@ def _load(
         declared = get_method(method, config)
         samples = declared.communicates and not declared.every_client
         select = resolve_finetune_select(
-            finetune_select, finetune=spec.finetune, samples=samples,
+            finetune_select, net, finetune=spec.finetune, samples=samples,
             noise_mechanism=spec.noise_mechanism, epsilon=resolved.epsilon,
         )  # fmt: skip
         if select == "vote" and samples:
@@ -665,7 +665,7 @@ def run_pmtl(
     finetune_lrs: Sequence[float] | None = None,
     finetune_lams: Sequence[float] | None = None,
     finetune_start: str = "auto",
-    finetune_select: str = "auto",
+    finetune_select: str = FINETUNE_SELECT_CHOICES[0],
     seed: int = SPEC.seed,
     sequential: bool = False,
     sampling: str = SPEC.sampling,
@@ -697,7 +697,7 @@ def run_pmtl(
     adaptive_clip_lr: float = SPEC.adaptive_clip_lr,
     adaptive_clip_noise: float | None = None,
     local_select: str = "client",
-    local_solver: str = "auto",
+    local_solver: str = LOCAL_SOLVER_CHOICES[0],
     local_patience: int | None = None,
     diagnostics: bool = False,
     scaling: str = DEFAULT_CLIENT_SCALING,
@@ -715,6 +715,12 @@ def run_pmtl(
     ``"delta"`` Algorithm 1 as printed) and ``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`:
     every client chooses on its own validation split between its trained model, the billboard
     fine-tuned on its data and its own local training).
+
+    ``finetune_select="auto"`` and ``local_solver="auto"`` (the defaults) resolve once per run
+    (:func:`~privmtl.federated.finish.resolve_finetune_select`,
+    :func:`~privmtl.federated.finish.resolve_local_solver`): a private run of a logistic
+    regression with a target ε holds the clients' recorded vote over exact ridge candidates where
+    the vote can carry signal, every other run lets each client choose among the SGD grids.
 
     ``finetune`` replaces the reported accuracies by those after local fine-tuning (the CLI's
     ``--finetune``); ``extra_finetunes`` additionally scores each listed variant on the same trained

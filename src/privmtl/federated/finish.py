@@ -232,6 +232,7 @@ def vote_candidates(plan: AutoPlan, local_solver: str = "sgd") -> tuple[str, ...
 
 def resolve_finetune_select(
     select: str,
+    model: nn.Module,
     *,
     finetune: str,
     samples: bool,
@@ -239,16 +240,23 @@ def resolve_finetune_select(
     epsilon: float | None,
 ) -> str:
     """The selection a run's end of run makes: ``"auto"`` becomes ``"vote"`` where a recorded
-    vote can be planned — ``finetune="auto"``, a method that releases a billboard from sampled
-    clients (``samples``), independent noise in every round and a target ``epsilon`` for the
-    vote to take its share of — and ``"client"`` otherwise (the vote's plan may still decline
-    to hold it, :func:`~privmtl.privacy.selection.plan_vote`: then every client chooses). Any
-    other value is returned as given. Public parameters only."""
+    vote over exact candidates can be planned — ``finetune="auto"`` of a multinomial logistic
+    regression (whose candidates :func:`resolve_local_solver` solves exactly), a method that
+    releases a billboard from sampled clients (``samples``), independent noise in every round
+    and a target ``epsilon`` for the vote to take its share of — and ``"client"`` otherwise
+    (the vote's plan may still decline to hold it, :func:`~privmtl.privacy.selection.plan_vote`:
+    then every client chooses). Any other value is returned as given. Public parameters only."""
+    from privmtl.federated.models import MultinomialLogReg
+
     check_choice("finetune_select", select, (*FINETUNE_SELECT_CHOICES, "pooled"))
     if select != "auto":
         return select
     votes = (
-        finetune == "auto" and samples and noise_mechanism == "independent" and epsilon is not None
+        finetune == "auto"
+        and isinstance(model, MultinomialLogReg)
+        and samples
+        and noise_mechanism == "independent"
+        and epsilon is not None
     )
     return "vote" if votes else "client"
 
