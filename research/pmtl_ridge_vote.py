@@ -1,0 +1,288 @@
+"""PMTL's end of run with the ridge solver: per-client choice, the recorded vote, and variants.
+
+Issues 31 and 32: is ``--local-solver ridge --finetune-select vote`` the end of run that should be
+the default? Per (method, m, seed): one private run at the population study's settings (the CLI
+defaults with ``--clients-per-round min(200, m)``; synthetic data, ε = 1, seeded noise: a
+reproducible research simulation that protects nobody) with ``finetune="none"``, its trained
+models saved; then, from these, each client's own data and public parameters only, every
+candidate the ridge end of run could offer, each solved exactly
+(:func:`~privmtl.federated.ridge.ridge_logreg`, as ``train_local(solver="ridge")`` calls it):
+
+* ``trained``: the run's model of the client;
+* ``local c{c}``: local training, prior strength ``c`` around the initial model
+  (:data:`LOCAL_CS`; the built candidate is :data:`~privmtl.federated.local.LOCAL_RIDGES`);
+* ``bb c{c}``: the billboard fine-tuned, prior strength ``c`` around it (:data:`BILLBOARD_CS`;
+  the built candidate is :data:`~privmtl.federated.finish.AUTO_FINETUNE_RIDGES`).
+
+Every candidate is scored per client on its validation and test splits; rules compared on the
+pooled test accuracy (:func:`rules`): every client on one candidate; the per-client rule of
+``--finetune auto`` (public order of :func:`~privmtl.federated.finish.auto_plan`, ties to the
+later) over several candidate triples; the EXACT split vote (a client's vote shared among its
+tied best, :func:`~privmtl.privacy.selection.client_vote_shares`) and the built NOISY vote
+(:func:`~privmtl.privacy.selection.plan_vote` at
+:data:`~privmtl.federated.finish.FINETUNE_VOTE_SHARE` of ε, ``draws`` Gaussian draws from a fixed
+generator; where the plan holds no vote, the per-client rule, as built) over public candidate
+lists; and hybrids: a client with at least ``k`` validation examples keeps its own choice, the
+others take the vote's winner (or the billboard). A client's model then reads its own data, the
+public releases and the recorded vote only.
+
+``--built``: one run as built, ``local_solver="ridge"`` and ``finetune_select="vote"``.
+
+Run from the repository root (one process, one torch thread):
+``OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python research/pmtl_ridge_vote.py --m 1000 --seed 0``
+Appends one row per run to ``research/results/pmtl_ridge_vote.jsonl``; ``report`` prints the
+tables of ``research/pmtl_ridge_vote.md`` from these rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from _common import RESULTS, append_jsonl, load_jsonl
+from pmtl_finetune_vote import _pick
+
+from privmtl.data.registry import load_federated
+from privmtl.experiments.pmtl import run_pmtl
+from privmtl.federated.algorithms import client_scores
+from privmtl.federated.finish import FINETUNE_VOTE_SHARE, FINETUNE_VOTERS, auto_plan, stack_trained
+from privmtl.federated.models import DEFAULT_MODEL, make_model
+from privmtl.federated.ridge import ridge_logreg
+from privmtl.federated.saved import load_models
+from privmtl.federated.spec import resolve_delta
+from privmtl.privacy.selection import client_vote_shares, plan_vote
+
+OUT = RESULTS / "pmtl_ridge_vote.jsonl"
+LOCAL_CS = (0.3, 1.0, 3.0)
+"""Prior strengths of the local candidates measured (around the initial model)."""
+BILLBOARD_CS = (3.0, 10.0, 30.0, 100.0, 300.0)
+"""Prior strengths of the fine-tuned billboard candidates measured (around the billboard)."""
+HYBRID_KS = (1, 2, 3, 5, 10)
+"""Hybrids: a client with at least this many validation examples keeps its own choice."""
+
+
+def _scores(m: int, seed: int, method: str, eps: float | None, q: int) -> dict[str, Any]:
+    """One ``finetune="none"`` run and every client's scores of every candidate."""
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = run_pmtl(
+            num_clients=m, epsilon=eps, noise_source="seeded", seed=seed, finetune="none",
+            save_models=tmp, show_progress=False, threads=1, clients_per_round=q, method=method,
+        )  # fmt: skip
+        _, glob, pers = load_models(tmp)
+    t_run = time.time() - t0
+    cfg = out["config"]
+    ds = load_federated("synthetic", seed=seed, num_clients=m)
+    net = make_model(DEFAULT_MODEL, ds, seed)
+    buffers = {n: b.detach() for n, b in net.named_buffers()}
+    plan = auto_plan(
+        method, None, float(out.get("noise_std") or 0.0), float(cfg["clip"]),
+        int(out["released_dim"]), int(cfg["rounds"]),
+    )  # fmt: skip
+    init = {n: p.detach().clone() for n, p in net.named_parameters()}
+    bb = {n: glob[n].detach().clone() for n in init}
+    names = ["trained"] + [f"local c{c:g}" for c in LOCAL_CS] + [f"bb c{c:g}" for c in BILLBOARD_CS]
+    t1 = time.time()
+    models = [stack_trained(pers, glob, m)]
+    models += ridge_logreg(init, ds, LOCAL_CS)
+    models += ridge_logreg(bb, ds, BILLBOARD_CS)
+    t_solve = time.time() - t1
+    val_x, val_y = ds.split("val")
+    test_x, test_y = ds.split("test")
+    vc, vl, tc = [], [], []
+    for p in models:
+        c, loss = client_scores(net, p, buffers, val_x, val_y)
+        vc.append(c)
+        vl.append(loss)
+        tc.append(client_scores(net, p, buffers, test_x, test_y)[0])
+    return {
+        "out": out, "plan": plan, "names": names,
+        "val_c": np.stack(vc, 1), "val_l": np.stack(vl, 1), "test_c": np.stack(tc, 1),
+        "n_val": np.array([len(y) for y in val_y]), "n_test": np.array([len(y) for y in test_y]),
+        "seconds_run": round(t_run, 1), "seconds_solve": round(t_solve, 1),
+    }  # fmt: skip
+
+
+def rules(s: dict[str, Any], m: int, seed: int, eps: float | None, draws: int) -> dict[str, Any]:
+    """The rules of the module docstring on the scores ``s`` of :func:`_scores`."""
+    names, plan = s["names"], s["plan"]
+    val_c, val_l, test_c, n_val = s["val_c"], s["val_l"], s["test_c"], s["n_val"]
+    n_test = float(s["n_test"].sum())
+    rows = np.arange(m)
+    acc_single = test_c.sum(0) / n_test
+    ix = {n: j for j, n in enumerate(names)}
+    res: dict[str, float] = {
+        f"every client {n}": float(a) for n, a in zip(names, acc_single, strict=True)
+    }
+
+    def acc(choice: np.ndarray) -> float:
+        return float(test_c[rows, choice].sum() / n_test)
+
+    def triple(local: str, billboard: str) -> list[int]:
+        role = {"trained": "trained", "local": local, "billboard-finetune": billboard}
+        return [ix[role[n]] for n in plan.names]
+
+    # the per-client rule (as built with ridge: local c1, bb c30), and other prior strengths
+    client_picks: dict[str, np.ndarray] = {}
+    for lc in ("local c1", "local c0.3", "local c3"):
+        for bc in ("bb c30", "bb c10", "bb c100", "bb c300"):
+            if lc != "local c1" and bc != "bb c30":
+                continue
+            label = f"client ({lc}, {bc})"
+            client_picks[label] = _pick(val_c, val_l, triple(lc, bc))
+            res[label] = acc(client_picks[label])
+    built_client = client_picks["client (local c1, bb c30)"]
+    counts_client = {names[j]: int((built_client == j).sum()) for j in sorted(set(built_client))}
+
+    delta = float(resolve_delta(None, m)[0])
+    cfg = s["out"]["config"]
+    vplan = plan_vote(
+        min(m, FINETUNE_VOTERS), epsilon=eps, delta=delta, share=FINETUNE_VOTE_SHARE,
+        accountant=str(cfg.get("accountant", "rdp")), relation=str(cfg.get("relation", "add-remove")),
+    )  # fmt: skip
+    has_val = n_val > 0
+    rng = np.random.default_rng([seed, 2031])
+    lists = {
+        "(trained, local c1, bb c30)": triple("local c1", "bb c30"),
+        "(trained, local c1, bb c10/30/100)": [ix["trained"], ix["local c1"]]
+        + [ix[f"bb c{c}"] for c in (10, 30, 100)],
+        "all nine": list(range(len(names))),
+        "(bb c10/30/100)": [ix[f"bb c{c}"] for c in (10, 30, 100)],
+    }
+    votes: dict[str, Any] = {}
+    small = {k: n_val < k for k in HYBRID_KS}
+    for label, cols in lists.items():
+        sub = np.where(has_val[:, None] & np.isfinite(val_l[:, cols]), val_c[:, cols], np.nan)
+        counts = client_vote_shares(sub).sum(0)
+        w = cols[int(np.argmax(counts))]
+        res[f"exact vote {label}"] = float(acc_single[w])
+        v: dict[str, Any] = {
+            "exact_counts": dict(
+                zip([names[c] for c in cols], counts.round(1).tolist(), strict=True)
+            ),
+            "exact_winner": names[w],
+        }
+        if vplan.held:
+            noisy = counts[None, :] + rng.normal(0.0, vplan.noise_std, (draws, len(cols)))
+            wins = np.array(cols)[np.argmax(noisy, 1)]
+            res[f"noisy vote {label}"] = float(acc_single[wins].mean())
+            v["noisy_wins"] = {names[c]: int((wins == c).sum()) for c in sorted(set(wins.tolist()))}
+            v["noisy_sd_accuracy"] = round(float(acc_single[wins].std()), 5)
+        else:  # as built: no vote, the per-client rule
+            wins = None
+            res[f"noisy vote {label}"] = res["client (local c1, bb c30)"]
+            v["noisy"] = "not held: " + vplan.reason
+        # hybrids: a client with >= k validation examples keeps its own choice (built triple)
+        for k, sm in small.items():
+            own = test_c[rows[~sm], built_client[~sm]].sum()
+            res[f"hybrid k={k} exact {label}"] = float((test_c[sm, w].sum() + own) / n_test)
+            if wins is not None:
+                per = test_c[sm].sum(0)  # the small clients' correct test predictions per candidate
+                res[f"hybrid k={k} noisy {label}"] = float(((per[wins]).mean() + own) / n_test)
+        votes[label] = v
+    for k, sm in small.items():
+        for bc in ("bb c30", "bb c100"):
+            choice = np.where(sm, ix[bc], built_client)
+            res[f"billboard unless >= {k} val ({bc})"] = acc(choice)
+    return {
+        "vote_held": vplan.held, "vote_noise_std": vplan.noise_std, "delta": delta,
+        "clients_with_val": int(has_val.sum()), "median_val": float(np.median(n_val)),
+        "clients_small": {str(k): int(sm.sum()) for k, sm in small.items()},
+        "clients_per_candidate_client_rule": counts_client,
+        "pooled_val_accuracy": dict(
+            zip(names, (val_c.sum(0) / n_val.sum()).round(4).tolist(), strict=True)
+        ),
+        "accuracy": {k: round(v, 5) for k, v in res.items()}, "votes": votes, "draws": draws,
+    }  # fmt: skip
+
+
+def oracle(
+    m: int, seed: int, method: str, eps: float | None, q: int, draws: int = 4000
+) -> dict[str, Any]:
+    t0 = time.time()
+    s = _scores(m, seed, method, eps, q)
+    out = s["out"]
+    return {
+        "variant": "oracle ridge", "method": method, "m": m, "seed": seed, "eps": eps,
+        "clients_per_round": q, "delta_run": out.get("delta"), "epsilon_reported": out.get("epsilon"),
+        "noise_std": out.get("noise_std"), "relation": out["config"].get("relation"),
+        "accountant": out["config"].get("accountant"), "plan": list(s["plan"].names),
+        "trained_test_accuracy_run": out.get("test_accuracy"), "names": s["names"],
+        **rules(s, m, seed, eps, draws),
+        "seconds_run": s["seconds_run"], "seconds_solve": s["seconds_solve"],
+        "seconds": round(time.time() - t0, 1),
+    }  # fmt: skip
+
+
+def built(m: int, seed: int, method: str, eps: float | None, q: int) -> dict[str, Any]:
+    """One run as built: ``local_solver="ridge"``, ``finetune_select="vote"``."""
+    t0 = time.time()
+    out = run_pmtl(
+        num_clients=m, epsilon=eps, noise_source="seeded", seed=seed, show_progress=False,
+        threads=1, clients_per_round=q, finetune_select="vote", local_solver="ridge", method=method,
+    )  # fmt: skip
+    auto = out["finetune_auto"]
+    return {
+        "variant": "built ridge vote", "method": method, "m": m, "seed": seed, "eps": eps,
+        "clients_per_round": q, "delta": out["delta"], "epsilon": out["epsilon"],
+        "noise_std": out["noise_std"], "test_accuracy": out["test_accuracy"],
+        "select": auto.get("select"), "vote": auto.get("vote"),
+        "clients_per_candidate": auto.get("clients_per_candidate"),
+        "seconds": round(time.time() - t0, 1),
+    }  # fmt: skip
+
+
+def report() -> None:
+    """Mean ± sd over seeds of every rule (oracle rows) and the built rows, as markdown."""
+    rows = load_jsonl(OUT)
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("variant") == "oracle ridge":
+            groups.setdefault((r["method"], r["m"]), []).append(r)
+    for (method, m), rs in sorted(groups.items()):
+        seeds = sorted(r["seed"] for r in rs)
+        print(f"\n### {method}, m = {m} (seeds {seeds})\n")
+        print("| rule | mean | sd | per seed |\n|---|---|---|---|")
+        for key in rs[0]["accuracy"]:
+            v = np.array([r["accuracy"][key] for r in sorted(rs, key=lambda r: r["seed"])])
+            per = ", ".join(f"{x:.4f}" for x in v)
+            print(f"| {key} | {v.mean():.4f} | {v.std(ddof=1) if len(v) > 1 else 0:.4f} | {per} |")
+    print("\n### built (ridge + vote)\n")
+    print("| method | m | seed | test acc. | ε | vote |\n|---|---|---|---|---|---|")
+    for r in rows:
+        if r.get("variant") == "built ridge vote":
+            v = r.get("vote") or {}
+            print(
+                f"| {r['method']} | {r['m']} | {r['seed']} | {r['test_accuracy']:.4f} | "
+                f"{r['epsilon']:.3f} | {v.get('winner', v.get('held', ''))} |"
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--method", default="pmtl")
+    ap.add_argument("--eps", type=float, default=1.0, help="ε; 0: non-private")
+    ap.add_argument("--built", action="store_true", help="run ridge + vote as built")
+    ap.add_argument("--report", action="store_true", help="print the tables")
+    a = ap.parse_args()
+    if a.report:
+        report()
+        return
+    torch.set_num_threads(1)
+    q = min(200, a.m)
+    if a.built:
+        row = built(a.m, a.seed, a.method, a.eps or None, q)
+    else:
+        row = oracle(a.m, a.seed, a.method, a.eps or None, q)
+    append_jsonl(OUT, row)
+    print({k: v for k, v in row.items() if k != "votes"})
+
+
+if __name__ == "__main__":
+    main()
