@@ -57,6 +57,11 @@ from privmtl.federated.spec import resolve_delta
 from privmtl.privacy.selection import client_vote_shares, plan_vote
 
 OUT = RESULTS / "pmtl_ridge_vote.jsonl"
+ROUNDS = 200
+"""Rounds of every run: the population study's ``--rounds 200`` (``run_pmtl``'s own default is 100;
+the first rows here, marked ``"rounds": 100``, ran at that default by mistake and are kept apart)."""
+SCORES = RESULTS / "pmtl_ridge_vote_scores"
+"""Every oracle run's per-client scores (``{method}_m{m}_s{seed}.npz``), for :func:`rules`."""
 LOCAL_CS = (0.3, 1.0, 3.0)
 """Prior strengths of the local candidates measured (around the initial model)."""
 BILLBOARD_CS = (3.0, 10.0, 30.0, 100.0, 300.0)
@@ -72,6 +77,7 @@ def _scores(m: int, seed: int, method: str, eps: float | None, q: int) -> dict[s
         out = run_pmtl(
             num_clients=m, epsilon=eps, noise_source="seeded", seed=seed, finetune="none",
             save_models=tmp, show_progress=False, threads=1, clients_per_round=q, method=method,
+            rounds=ROUNDS,
         )  # fmt: skip
         _, glob, pers = load_models(tmp)
     t_run = time.time() - t0
@@ -100,7 +106,9 @@ def _scores(m: int, seed: int, method: str, eps: float | None, q: int) -> dict[s
         vl.append(loss)
         tc.append(client_scores(net, p, buffers, test_x, test_y)[0])
     return {
-        "out": out, "plan": plan, "names": names,
+        "out": out, "plan_names": list(plan.names), "names": names,
+        "accountant": str(cfg.get("accountant", "rdp")),
+        "relation": str(cfg.get("relation", "add-remove")),
         "val_c": np.stack(vc, 1), "val_l": np.stack(vl, 1), "test_c": np.stack(tc, 1),
         "n_val": np.array([len(y) for y in val_y]), "n_test": np.array([len(y) for y in test_y]),
         "seconds_run": round(t_run, 1), "seconds_solve": round(t_solve, 1),
@@ -109,7 +117,7 @@ def _scores(m: int, seed: int, method: str, eps: float | None, q: int) -> dict[s
 
 def rules(s: dict[str, Any], m: int, seed: int, eps: float | None, draws: int) -> dict[str, Any]:
     """The rules of the module docstring on the scores ``s`` of :func:`_scores`."""
-    names, plan = s["names"], s["plan"]
+    names, plan_names = s["names"], s["plan_names"]
     val_c, val_l, test_c, n_val = s["val_c"], s["val_l"], s["test_c"], s["n_val"]
     n_test = float(s["n_test"].sum())
     rows = np.arange(m)
@@ -124,7 +132,7 @@ def rules(s: dict[str, Any], m: int, seed: int, eps: float | None, draws: int) -
 
     def triple(local: str, billboard: str) -> list[int]:
         role = {"trained": "trained", "local": local, "billboard-finetune": billboard}
-        return [ix[role[n]] for n in plan.names]
+        return [ix[role[n]] for n in plan_names]
 
     # the per-client rule (as built with ridge: local c1, bb c30), and other prior strengths
     client_picks: dict[str, np.ndarray] = {}
@@ -139,10 +147,9 @@ def rules(s: dict[str, Any], m: int, seed: int, eps: float | None, draws: int) -
     counts_client = {names[j]: int((built_client == j).sum()) for j in sorted(set(built_client))}
 
     delta = float(resolve_delta(None, m)[0])
-    cfg = s["out"]["config"]
     vplan = plan_vote(
         min(m, FINETUNE_VOTERS), epsilon=eps, delta=delta, share=FINETUNE_VOTE_SHARE,
-        accountant=str(cfg.get("accountant", "rdp")), relation=str(cfg.get("relation", "add-remove")),
+        accountant=s["accountant"], relation=s["relation"],
     )  # fmt: skip
     has_val = n_val > 0
     rng = np.random.default_rng([seed, 2031])
@@ -184,7 +191,10 @@ def rules(s: dict[str, Any], m: int, seed: int, eps: float | None, draws: int) -
                 per = test_c[sm].sum(0)  # the small clients' correct test predictions per candidate
                 res[f"hybrid k={k} noisy {label}"] = float(((per[wins]).mean() + own) / n_test)
         votes[label] = v
+    preferred = triple("local c1", "bb c30")[-1]  # the plan's tie-preferred candidate
+    res["every client the plan's preferred"] = float(acc_single[preferred])
     for k, sm in small.items():
+        res[f"preferred unless >= {k} val"] = acc(np.where(sm, preferred, built_client))
         for bc in ("bb c30", "bb c100"):
             choice = np.where(sm, ix[bc], built_client)
             res[f"billboard unless >= {k} val ({bc})"] = acc(choice)
@@ -206,11 +216,16 @@ def oracle(
     t0 = time.time()
     s = _scores(m, seed, method, eps, q)
     out = s["out"]
+    SCORES.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        SCORES / f"{method}_m{m}_s{seed}.npz",
+        **{k: np.asarray(v) for k, v in s.items() if k != "out"},
+    )
     return {
-        "variant": "oracle ridge", "method": method, "m": m, "seed": seed, "eps": eps,
+        "variant": "oracle ridge", "method": method, "m": m, "seed": seed, "eps": eps, "rounds": ROUNDS,
         "clients_per_round": q, "delta_run": out.get("delta"), "epsilon_reported": out.get("epsilon"),
         "noise_std": out.get("noise_std"), "relation": out["config"].get("relation"),
-        "accountant": out["config"].get("accountant"), "plan": list(s["plan"].names),
+        "accountant": out["config"].get("accountant"), "plan": s["plan_names"],
         "trained_test_accuracy_run": out.get("test_accuracy"), "names": s["names"],
         **rules(s, m, seed, eps, draws),
         "seconds_run": s["seconds_run"], "seconds_solve": s["seconds_solve"],
@@ -224,10 +239,11 @@ def built(m: int, seed: int, method: str, eps: float | None, q: int) -> dict[str
     out = run_pmtl(
         num_clients=m, epsilon=eps, noise_source="seeded", seed=seed, show_progress=False,
         threads=1, clients_per_round=q, finetune_select="vote", local_solver="ridge", method=method,
+        rounds=ROUNDS,
     )  # fmt: skip
     auto = out["finetune_auto"]
     return {
-        "variant": "built ridge vote", "method": method, "m": m, "seed": seed, "eps": eps,
+        "variant": "built ridge vote", "method": method, "m": m, "seed": seed, "eps": eps, "rounds": ROUNDS,
         "clients_per_round": q, "delta": out["delta"], "epsilon": out["epsilon"],
         "noise_std": out["noise_std"], "test_accuracy": out["test_accuracy"],
         "select": auto.get("select"), "vote": auto.get("vote"),
@@ -262,6 +278,24 @@ def report() -> None:
             )
 
 
+def rerules(draws: int = 4000) -> None:
+    """:func:`rules` again on every saved score file (:data:`SCORES`), one row each."""
+    for path in sorted(SCORES.glob("*.npz")):
+        z = np.load(path)
+        s: dict[str, Any] = {k: z[k] for k in z.files}
+        s["names"] = [str(n) for n in s["names"]]
+        s["plan_names"] = [str(n) for n in s["plan_names"]]
+        s["accountant"], s["relation"] = str(s["accountant"]), str(s["relation"])
+        method, m, seed = path.stem.split("_")
+        m_, seed_ = int(m[1:]), int(seed[1:])
+        row = {
+            "variant": "oracle ridge (re-tallied)", "method": method, "m": m_, "seed": seed_, "rounds": ROUNDS,
+            "eps": 1.0, "scores": path.name, **rules(s, m_, seed_, 1.0, draws),
+        }  # fmt: skip
+        append_jsonl(OUT, row)
+        print(path.name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int)
@@ -270,7 +304,11 @@ def main() -> None:
     ap.add_argument("--eps", type=float, default=1.0, help="ε; 0: non-private")
     ap.add_argument("--built", action="store_true", help="run ridge + vote as built")
     ap.add_argument("--report", action="store_true", help="print the tables")
+    ap.add_argument("--rerules", action="store_true", help="the rules again on the saved scores")
     a = ap.parse_args()
+    if a.rerules:
+        rerules()
+        return
     if a.report:
         report()
         return
