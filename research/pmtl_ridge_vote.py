@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import RESULTS, append_jsonl, load_jsonl
+from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, mean_std
 from pmtl_finetune_vote import _pick
 
 from privmtl.data.registry import load_federated
@@ -252,30 +252,51 @@ def built(m: int, seed: int, method: str, eps: float | None, q: int) -> dict[str
     }  # fmt: skip
 
 
-def report() -> None:
-    """Mean ± sd over seeds of every rule (oracle rows) and the built rows, as markdown."""
-    rows = load_jsonl(OUT)
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in rows:
-        if r.get("variant") == "oracle ridge":
-            groups.setdefault((r["method"], r["m"]), []).append(r)
-    for (method, m), rs in sorted(groups.items()):
-        seeds = sorted(r["seed"] for r in rs)
-        print(f"\n### {method}, m = {m} (seeds {seeds})\n")
-        print("| rule | mean | sd | per seed |\n|---|---|---|---|")
-        for key in rs[0]["accuracy"]:
-            v = np.array([r["accuracy"][key] for r in sorted(rs, key=lambda r: r["seed"])])
-            per = ", ".join(f"{x:.4f}" for x in v)
-            print(f"| {key} | {v.mean():.4f} | {v.std(ddof=1) if len(v) > 1 else 0:.4f} | {per} |")
-    print("\n### built (ridge + vote)\n")
-    print("| method | m | seed | test acc. | ε | vote |\n|---|---|---|---|---|---|")
-    for r in rows:
-        if r.get("variant") == "built ridge vote":
-            v = r.get("vote") or {}
-            print(
-                f"| {r['method']} | {r['m']} | {r['seed']} | {r['test_accuracy']:.4f} | "
-                f"{r['epsilon']:.3f} | {v.get('winner', v.get('held', ''))} |"
+REPORT_RULES = (
+    "every client trained", "every client local c1", "every client bb c10", "every client bb c30",
+    "every client bb c100", "client (local c1, bb c30)", "client (local c1, bb c100)",
+    "exact vote (trained, local c1, bb c30)", "noisy vote (trained, local c1, bb c30)",
+    "exact vote (trained, local c1, bb c10/30/100)", "noisy vote (trained, local c1, bb c10/30/100)",
+    "noisy vote all nine", "every client the plan's preferred", "preferred unless >= 10 val",
+    "hybrid k=10 noisy (trained, local c1, bb c30)",
+)  # fmt: skip
+"""The rules of :func:`report`'s table (every rule is in the rows)."""
+
+
+def _latest(variant: str) -> dict[tuple[str, int, int], dict[str, Any]]:
+    """The last row of ``variant`` at :data:`ROUNDS` per (method, m, seed)."""
+    out: dict[tuple[str, int, int], dict[str, Any]] = {}
+    for r in load_jsonl(OUT):
+        if r.get("variant") == variant and r.get("rounds") == ROUNDS:
+            out[(r["method"], r["m"], r["seed"])] = r
+    return out
+
+
+def report(rules_shown: tuple[str, ...] = REPORT_RULES) -> None:
+    """Mean ± sd over the seeds of the rules (oracle rows) and the built rows, as markdown."""
+    oracle = _latest("oracle ridge")
+    cells = sorted({(k[0], k[1]) for k in oracle})
+    header = ["rule"] + [f"{meth} m = {m} ({len([k for k in oracle if k[:2] == (meth, m)])})"
+                         for meth, m in cells]  # fmt: skip
+    rows = []
+    for rule in rules_shown:
+        row = [rule]
+        for meth, m in cells:
+            mu, sd, n = mean_std(
+                r["accuracy"].get(rule) for k, r in oracle.items() if k[:2] == (meth, m)
             )
+            row.append(f"{mu:.4f} ± {sd:.4f}" if n else "—")
+        rows.append(row)
+    print(markdown_table(header, rows))
+    built_rows = _latest("built ridge vote")
+    print()
+    print(markdown_table(
+        ["method", "m", "seed", "test acc.", "ε reported", "rounds σ", "vote winner", "noisy counts"],
+        [[k[0], k[1], k[2], f"{r['test_accuracy']:.4f}", f"{r['epsilon']:.4f}",
+          f"{r['noise_std']:.6f}", (r.get("vote") or {}).get("winner", "not held"),
+          ", ".join(f"{c:.0f}" for c in (r.get("vote") or {}).get("noisy_counts", []))]
+         for k, r in sorted(built_rows.items())],
+    ))  # fmt: skip
 
 
 def rerules(draws: int = 4000) -> None:
