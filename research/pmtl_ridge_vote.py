@@ -299,6 +299,53 @@ def report(rules_shown: tuple[str, ...] = REPORT_RULES) -> None:
     ))  # fmt: skip
 
 
+BENCH = RESULTS.parent.parent / "benchmarks" / "results" / "ridge_default.jsonl"
+"""The committed ``--local-solver`` rows of local-all, FedAvg and PMTL (same commands)."""
+
+
+def _bench(method: str, solver: str, m: int) -> dict[int, float]:
+    return {
+        r["seed"]: r["test_accuracy"]
+        for r in load_jsonl(BENCH)
+        if (r["method"], r["solver"], r["m"]) == (method, solver, m)
+    }
+
+
+def accept(rule: str = "noisy vote (trained, local c1, bb c30)") -> None:
+    """Targets (a) and (b): PMTL's ridge + vote (built rows; where none, the oracle's ``rule``;
+    at m = 100 no vote is held: the committed ``--local-solver ridge`` row) against local-all
+    (ridge) and FedAvg (today's default, sgd, and ridge per client), seeds 0–2."""
+    built_rows = _latest("built ridge vote")
+    oracle = _latest("oracle ridge")
+    out = []
+    for m in (100, 1000, 10_000):
+        pm = {k[2]: r["test_accuracy"] for k, r in built_rows.items() if k[:2] == ("pmtl", m)}
+        src = "built"
+        if m == 100:
+            pm, src = _bench("pmtl", "ridge", m), "ridge rows (no vote held)"
+        elif len(pm) < 3:
+            pm = {**{k[2]: r["accuracy"][rule] for k, r in oracle.items() if k[:2] == ("pmtl", m)},
+                  **pm}  # fmt: skip
+            src = "built + oracle"
+        loc = _bench("local", "ridge", m)
+        fs, fr = _bench("fedavg", "sgd", m), _bench("fedavg", "ridge", m)
+        seeds = sorted(set(pm) & set(loc) & set(fs))
+        p = np.array([pm[x] for x in seeds])
+        best = np.array([max(loc[x], fs[x]) for x in seeds])
+        best_r = np.array([max(loc[x], fr[x]) for x in seeds])
+        out.append([
+            m, ",".join(map(str, seeds)), src, f"{p.mean():.4f} ± {p.std(ddof=1):.4f}",
+            f"{np.mean([loc[x] for x in seeds]):.4f}", f"{np.mean([fs[x] for x in seeds]):.4f}",
+            f"{np.mean([fr[x] for x in seeds]):.4f}",
+            f"{100 * (p - best).mean():+.2f}", f"{100 * (p - best_r).mean():+.2f}",
+        ])  # fmt: skip
+    print(markdown_table(
+        ["m", "seeds", "PMTL source", "PMTL ridge + vote", "local (ridge)", "FedAvg (sgd, today)",
+         "FedAvg (ridge, per client)", "Δ vs max(local, FedAvg sgd), points",
+         "Δ vs max(local, FedAvg ridge), points"], out,
+    ))  # fmt: skip
+
+
 def rerules(draws: int = 4000) -> None:
     """:func:`rules` again on every saved score file (:data:`SCORES`), one row each."""
     for path in sorted(SCORES.glob("*.npz")):
@@ -332,6 +379,8 @@ def main() -> None:
         return
     if a.report:
         report()
+        print()
+        accept()
         return
     torch.set_num_threads(1)
     q = min(200, a.m)
