@@ -348,6 +348,42 @@ def accept(rule: str = "noisy vote (trained, local c1, bb c30)") -> None:
     ))  # fmt: skip
 
 
+VARIANTS = {
+    "ridge + vote (oracle, simulated noise)": "noisy vote (trained, local c1, bb c30)",
+    "ridge + vote, billboard c = 10": "noisy vote (trained, local c1, bb c10)",
+    "ridge + vote over bb c10/30/100": "noisy vote (trained, local c1, bb c10/30/100)",
+    "ridge + vote; no vote held: the plan's preferred for all": "every client the plan's preferred",
+}
+"""Variants of :func:`variants` (label: the oracle rule; where no vote is held the noisy-vote
+rules are the per-client rule, as built)."""
+
+
+def variants() -> None:
+    """Targets (a) and (b) for each of :data:`VARIANTS` from the oracle rows (the seeds each cell
+    has), against the committed local-all and FedAvg rows of the same seeds."""
+    oracle = _latest("oracle ridge", "oracle ridge (re-tallied)")
+    out = []
+    for label, rule in VARIANTS.items():
+        for m in (100, 1000, 10_000):
+            pm = {k[2]: r["accuracy"][rule] for k, r in oracle.items() if k[:2] == ("pmtl", m)}
+            loc, fs = _bench("local", "ridge", m), _bench("fedavg", "sgd", m)
+            fr = _bench("fedavg", "ridge", m)
+            seeds = sorted(set(pm) & set(loc) & set(fs))
+            if not seeds:
+                continue
+            p = np.array([pm[x] for x in seeds])
+            d = np.array([pm[x] - max(loc[x], fs[x]) for x in seeds])
+            dr = np.array([pm[x] - max(loc[x], fr[x]) for x in seeds])
+            out.append([
+                label, m, ",".join(map(str, seeds)), f"{p.mean():.4f}",
+                f"{100 * d.mean():+.2f}", f"{100 * dr.mean():+.2f}",
+            ])  # fmt: skip
+    print(markdown_table(
+        ["variant", "m", "seeds", "PMTL", "Δ vs max(local, FedAvg sgd), points",
+         "Δ vs max(local, FedAvg ridge), points"], out,
+    ))  # fmt: skip
+
+
 def rerules(draws: int = 4000) -> None:
     """:func:`rules` again on every saved score file (:data:`SCORES`), one row each."""
     for path in sorted(SCORES.glob("*.npz")):
@@ -383,6 +419,8 @@ def main() -> None:
         report()
         print()
         accept()
+        print()
+        variants()
         return
     torch.set_num_threads(1)
     q = min(200, a.m)
