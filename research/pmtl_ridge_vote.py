@@ -254,7 +254,7 @@ def built(m: int, seed: int, method: str, eps: float | None, q: int) -> dict[str
 
 
 REPORT_RULES = (
-    "every client trained", "every client local c1", "every client bb c10", "every client bb c30",
+    "every client trained", "every client local c1", "every client bb c3", "every client bb c10", "every client bb c30",
     "every client bb c100", "client (local c1, bb c30)", "client (local c1, bb c100)",
     "exact vote (trained, local c1, bb c30)", "noisy vote (trained, local c1, bb c30)",
     "exact vote (trained, local c1, bb c10)", "noisy vote (trained, local c1, bb c10)",
