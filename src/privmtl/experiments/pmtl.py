@@ -399,6 +399,8 @@ def _load(
         )  # fmt: skip
         if select == "vote" and samples:
             vote = _vote_plan(resolved, m)
+            if finetune_select == "auto" and not vote.held:
+                vote = None  # the default without a vote: every client's own choice, as asked
         if declared.communicates:  # the target ε becomes the release's σ, once
             reserve = None if vote is None else vote.event()
             config = resolve_config(config, m, method=method, reserve=reserve)[0]
