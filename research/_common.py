@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 _HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location(
@@ -31,3 +32,32 @@ seeds_parser = _bench.seeds_parser
 
 RESULTS = _HERE / "results"
 """Where the research scripts' logs, tables and plots are kept."""
+
+
+def trained_once(m: int, seed: int, eps: float | None, q: int, **run: Any) -> dict[str, Any]:
+    """One seeded ``run_pmtl`` of the synthetic federation with ``finetune="none"`` (``run``: its
+    other options, e.g. ``method``, ``rounds``), its saved models loaded back, and what scoring
+    them needs: ``out`` (the run's result), ``glob`` and ``pers`` (its global and personalized
+    models), ``ds``, ``net`` and ``buffers`` (the data and the model of the run's seed) and
+    ``seconds`` (the run and the loading)."""
+    import tempfile
+    import time
+
+    from privmtl.data.registry import load_federated
+    from privmtl.experiments.pmtl import run_pmtl
+    from privmtl.federated.models import DEFAULT_MODEL, make_model
+    from privmtl.federated.saved import load_models
+
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = run_pmtl(
+            num_clients=m, epsilon=eps, noise_source="seeded", seed=seed, finetune="none",
+            save_models=tmp, show_progress=False, threads=1, clients_per_round=q, **run,
+        )  # fmt: skip
+        _, glob, pers = load_models(tmp)
+    seconds = time.time() - t0
+    ds = load_federated("synthetic", seed=seed, num_clients=m)
+    net = make_model(DEFAULT_MODEL, ds, seed)
+    buffers = {n: b.detach() for n, b in net.named_buffers()}
+    return {"out": out, "glob": glob, "pers": pers, "ds": ds, "net": net, "buffers": buffers,
+            "seconds": seconds}  # fmt: skip

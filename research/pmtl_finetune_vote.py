@@ -44,15 +44,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import tempfile
 import time
 from typing import Any
 
 import numpy as np
 import torch
-from _common import RESULTS, append_jsonl
+from _common import RESULTS, append_jsonl, trained_once
 
-from privmtl.data.registry import load_federated
 from privmtl.experiments.pmtl import run_pmtl
 from privmtl.federated.algorithms import client_scores
 from privmtl.federated.finish import (
@@ -62,8 +60,6 @@ from privmtl.federated.finish import (
     stack_trained,
 )
 from privmtl.federated.local import client_better, train_local
-from privmtl.federated.models import DEFAULT_MODEL, make_model
-from privmtl.federated.saved import load_models
 
 OUT = RESULTS / "pmtl_finetune_vote.jsonl"
 
@@ -101,17 +97,10 @@ def _tally(val_c: np.ndarray, cols: list[int], has_val: np.ndarray, how: str, pi
 
 def measure(m: int, seed: int, eps: float | None, q: int) -> dict[str, Any]:
     t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = run_pmtl(
-            num_clients=m, epsilon=eps, noise_source="seeded", seed=seed, finetune="none",
-            save_models=tmp, show_progress=False, threads=1, clients_per_round=q,
-        )  # fmt: skip
-        _, glob, pers = load_models(tmp)
-    t_run = time.time() - t0
+    once = trained_once(m, seed, eps, q)
+    out, glob, pers, t_run = once["out"], once["glob"], once["pers"], once["seconds"]
+    ds, net, buffers = once["ds"], once["net"], once["buffers"]
     cfg = out["config"]
-    ds = load_federated("synthetic", seed=seed, num_clients=m)
-    net = make_model(DEFAULT_MODEL, ds, seed)
-    buffers = {n: b.detach() for n, b in net.named_buffers()}
     plan = auto_plan(
         "pmtl", None, float(out.get("noise_std") or 0.0), float(cfg["clip"]),
         int(out["released_dim"]), int(cfg["rounds"]),
@@ -226,17 +215,10 @@ def measure_wide(
     from privmtl.privacy.selection import client_vote_shares, plan_vote
 
     t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = run_pmtl(
-            num_clients=m, epsilon=eps, noise_source="seeded", seed=seed, finetune="none",
-            save_models=tmp, show_progress=False, threads=1, clients_per_round=q,
-        )  # fmt: skip
-        _, glob, pers = load_models(tmp)
-    t_run = time.time() - t0
+    once = trained_once(m, seed, eps, q)
+    out, glob, pers, t_run = once["out"], once["glob"], once["pers"], once["seconds"]
+    ds, net, buffers = once["ds"], once["net"], once["buffers"]
     cfg = out["config"]
-    ds = load_federated("synthetic", seed=seed, num_clients=m)
-    net = make_model(DEFAULT_MODEL, ds, seed)
-    buffers = {n: b.detach() for n, b in net.named_buffers()}
     bs = int(cfg["batch_size"])
     kw: dict[str, Any] = {"batch_size": bs, "seed": seed, "select": "client", "scores": False}
     trained = stack_trained(pers, glob, m)

@@ -37,22 +37,18 @@ tables of ``research/pmtl_ridge_vote.md`` from these rows.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from typing import Any
 
 import numpy as np
 import torch
-from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, mean_std
+from _common import RESULTS, append_jsonl, load_jsonl, markdown_table, mean_std, trained_once
 from pmtl_finetune_vote import _pick
 
-from privmtl.data.registry import load_federated
 from privmtl.experiments.pmtl import run_pmtl
 from privmtl.federated.algorithms import client_scores
 from privmtl.federated.finish import FINETUNE_VOTE_SHARE, FINETUNE_VOTERS, auto_plan, stack_trained
-from privmtl.federated.models import DEFAULT_MODEL, make_model
 from privmtl.federated.ridge import ridge_logreg
-from privmtl.federated.saved import load_models
 from privmtl.federated.spec import resolve_delta
 from privmtl.privacy.selection import client_vote_shares, plan_vote
 
@@ -72,19 +68,10 @@ HYBRID_KS = (1, 2, 3, 5, 10)
 
 def _scores(m: int, seed: int, method: str, eps: float | None, q: int) -> dict[str, Any]:
     """One ``finetune="none"`` run and every client's scores of every candidate."""
-    t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = run_pmtl(
-            num_clients=m, epsilon=eps, noise_source="seeded", seed=seed, finetune="none",
-            save_models=tmp, show_progress=False, threads=1, clients_per_round=q, method=method,
-            rounds=ROUNDS,
-        )  # fmt: skip
-        _, glob, pers = load_models(tmp)
-    t_run = time.time() - t0
+    once = trained_once(m, seed, eps, q, method=method, rounds=ROUNDS)
+    out, glob, pers, t_run = once["out"], once["glob"], once["pers"], once["seconds"]
+    ds, net, buffers = once["ds"], once["net"], once["buffers"]
     cfg = out["config"]
-    ds = load_federated("synthetic", seed=seed, num_clients=m)
-    net = make_model(DEFAULT_MODEL, ds, seed)
-    buffers = {n: b.detach() for n, b in net.named_buffers()}
     plan = auto_plan(
         method, None, float(out.get("noise_std") or 0.0), float(cfg["clip"]),
         int(out["released_dim"]), int(cfg["rounds"]),
