@@ -10,11 +10,13 @@ from torch import nn
 
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated import ridge as ridge_module
 from privmtl.federated.local import train_local
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.ridge import padded_rows, ridge_logreg
 
 D, C = 5, 3
+WIDE = 24  # features of the dual-solved clients (their padded rows are at most 24 < 25)
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +26,20 @@ def ds() -> FederatedDataset:
     )
 
 
-def _start(dtype: torch.dtype = torch.float64, seed: int = 0) -> dict[str, torch.Tensor]:
+@pytest.fixture(scope="module")
+def wide() -> FederatedDataset:
+    """Clients with fewer training rows than features: solved in the dual."""
+    return make_synthetic_federated(
+        n_clients=7, n_features=WIDE, n_classes=C, samples_per_client=(3, 30), random_state=3
+    )
+
+
+def _start(
+    dtype: torch.dtype = torch.float64, seed: int = 0, d: int = D
+) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {
-        "linear.weight": torch.randn(C, D, generator=g, dtype=dtype),
+        "linear.weight": torch.randn(C, d, generator=g, dtype=dtype),
         "linear.bias": torch.randn(C, generator=g, dtype=dtype),
     }
 
@@ -93,6 +105,48 @@ def test_a_client_model_does_not_depend_on_the_others(ds: FederatedDataset) -> N
     (small,) = ridge_logreg(start, ds, (2.0,), bucket_rows=8)
     for n in together:
         assert torch.equal(small[n], together[n])
+
+
+def test_the_dual_solve_reaches_each_client_minimum(wide: FederatedDataset) -> None:
+    assert int(padded_rows(wide.sizes("train")).max()) < WIDE + 1  # every client in the dual
+    start = _start(d=WIDE)
+    ridges = (0.5, 5.0)
+    models = ridge_logreg(start, wide, ridges, iterations=300)
+    for g, c in enumerate(ridges):
+        for k in range(wide.n_clients):
+            mine = {n: p[k] for n, p in models[g].items()}
+            got = float(_objective(wide, k, mine, start, c))
+            assert got == pytest.approx(_minimum(wide, k, start, c), abs=1e-8)
+
+
+def test_the_dual_iterates_are_the_primal_iterates(wide: FederatedDataset) -> None:
+    """Both forms of one bucket after a few iterations (float64): equal up to rounding."""
+    x_all, y_all, offsets = wide.concat("train")
+    n = np.diff(offsets)
+    top = 24
+    rows = torch.from_numpy(
+        np.minimum(np.arange(top)[None, :], n[:, None] - 1) + offsets[:-1, None]
+    )
+    start = _start(d=WIDE)
+    w0 = torch.cat([start["linear.weight"], start["linear.bias"].unsqueeze(1)], 1)
+    args = (
+        x_all.double()[rows], y_all[rows], torch.from_numpy(n).double(), w0,
+        torch.tensor([0.3, 30.0], dtype=torch.float64), 7,
+    )  # fmt: skip
+    torch.testing.assert_close(
+        ridge_module._solve_bucket_dual(*args), ridge_module._solve_bucket(*args),
+        rtol=0, atol=1e-10,
+    )  # fmt: skip
+
+
+def test_a_dual_client_model_does_not_depend_on_the_others(wide: FederatedDataset) -> None:
+    """Up to rounding: a batched product may round differently with the batch's size."""
+    start = _start(d=WIDE)
+    (together,) = ridge_logreg(start, wide, (2.0,))
+    for k in (0, 3, 6):
+        (alone,) = ridge_logreg(start, wide.subset([k]), (2.0,))
+        for n in together:
+            torch.testing.assert_close(alone[n][0], together[n][k], rtol=0, atol=1e-12)
 
 
 def test_padded_rows_is_a_ladder_of_the_own_size() -> None:

@@ -19,7 +19,12 @@ The solver is a fixed-preconditioner gradient method with Nesterov momentum: the
 mean cross-entropy is at most :math:`\tfrac12 I_C \otimes A_k` with
 :math:`A_k = \frac{1}{n_k}\sum_i \tilde x_i \tilde x_i^\top` (Böhning's bound), so
 :math:`P_k = \tfrac12 A_k + \lambda_k I` majorises the curvature of :math:`f_k` and the step
-:math:`W \leftarrow W - \nabla f_k(W) P_k^{-1}` never overshoots. The clients are sorted by size
+:math:`W \leftarrow W - \nabla f_k(W) P_k^{-1}` never overshoots. A client with fewer (padded) rows than parameters per class is solved in its
+dual: the iterates stay :math:`W = W_0 + \alpha \tilde X` (the gradient and its preconditioned
+step lie in the span of the client's rows), so with :math:`K = \tilde X \tilde X^\top` and
+:math:`M = \lambda_k I + \tfrac{1}{2 n_k} K` (push-through: :math:`\tilde X P_k^{-1} = M^{-1}
+\tilde X`) the same iterates cost :math:`O(C n_k^2)` instead of :math:`O(C n_k d + C d^2)`
+(:func:`_solve_bucket_dual`; equal to the primal's up to rounding). The clients are sorted by size
 and solved in buckets of one padded length (:func:`padded_rows`; examples padded with zero
 weight), every prior strength of a bucket in the same vectorised call: :data:`RIDGE_ITERATIONS` Python steps per bucket, not
 one per minibatch of every client. Client ``k``'s model reads its own training data, the start
@@ -46,8 +51,9 @@ RIDGE_BUCKET_ROWS = 1 << 12
 
 def padded_rows(sizes: np.ndarray) -> np.ndarray:
     """The rows a client of each size is padded to: multiples of 8 up to 64, then steps of
-    about a quarter (a public ladder of its own size: the shapes of a client's solve, hence its
-    floating-point result, never depend on the other clients)."""
+    about a quarter (a public ladder of its own size: the shapes of a client's solve never depend
+    on the other clients; its values do not either, except that a batched matrix product may
+    round differently with the number of clients solved beside it)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     ladder = [8]
     while ladder[-1] < max(int(sizes.max(initial=0)), 1):
@@ -79,7 +85,8 @@ def ridge_logreg(
     iterations : int, default :data:`RIDGE_ITERATIONS`
     bucket_rows : int, default :data:`RIDGE_BUCKET_ROWS`
         Clients of one padded length are solved together up to this many padded rows (times the
-        prior strengths); the models do not depend on it, nor on the other clients.
+        prior strengths); the models do not depend on it, nor on the other clients (up to the
+        rounding of batched products, which can change with the number of clients in a batch).
 
     Returns
     -------
@@ -113,7 +120,8 @@ def ridge_logreg(
         own = np.minimum(np.arange(rows_of)[None, :], n[idx][:, None] - 1) + offsets[idx][:, None]
         rows = torch.from_numpy(own).to(device)
         sizes = torch.from_numpy(n[idx]).to(device=device, dtype=dtype)
-        solved = _solve_bucket(x_all[rows], y_all[rows], sizes, w0, cs, iterations)
+        solve = _solve_bucket_dual if rows_of < d + 1 else _solve_bucket
+        solved = solve(x_all[rows], y_all[rows], sizes, w0, cs, iterations)
         out[:, torch.from_numpy(idx).to(device)] = solved
         i = j
     return [
@@ -156,3 +164,37 @@ def _solve_bucket(
         w = step + (t / (t + 3)) * (step - prev)  # Nesterov momentum
         prev = step
     return prev
+
+
+def _solve_bucket_dual(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    sizes: torch.Tensor,
+    w0: torch.Tensor,
+    cs: torch.Tensor,
+    iterations: int,
+) -> torch.Tensor:
+    """:func:`_solve_bucket`'s iterates in the span of each client's rows (module docstring):
+    ``W = W_0 + alpha X`` with ``alpha (len(cs), K, C, top)``; for ``top`` below ``d + 1``."""
+    k, top, _ = x.shape
+    n_classes = w0.shape[0]
+    valid = (torch.arange(top, device=x.device)[None, :] < sizes[:, None]).to(x.dtype)
+    xt = torch.cat([x, torch.ones_like(x[..., :1])], -1) * valid.unsqueeze(-1)
+    weights = valid / sizes[:, None]  # (K, top): 1 / n_k on the client's rows, 0 on padding
+    kern = torch.bmm(xt, xt.transpose(1, 2))  # K, zero on padding rows and columns
+    lam = cs[:, None] / sizes[None, :]  # (R, K)
+    eye = torch.eye(top, dtype=x.dtype, device=x.device)
+    m = 0.5 * (kern * weights.unsqueeze(1)).unsqueeze(0) + lam[..., None, None] * eye
+    inv = torch.cholesky_inverse(torch.linalg.cholesky(m))
+    one_hot = torch.nn.functional.one_hot(y, n_classes).to(x.dtype)
+    target = (one_hot * weights.unsqueeze(-1)).transpose(1, 2)  # (K, C, top)
+    logits0 = torch.bmm(w0.expand(k, *w0.shape), xt.transpose(1, 2))  # (K, C, top): W_0's
+    alpha = torch.zeros(len(cs), k, n_classes, top, dtype=x.dtype, device=x.device)
+    prev = alpha
+    for t in range(iterations):
+        probs = torch.softmax(logits0 + torch.matmul(alpha, kern), -2)  # (R, K, C, top)
+        g = probs * weights[None, :, None, :] - target + lam[..., None, None] * alpha
+        step = alpha - torch.matmul(g, inv)
+        alpha = step + (t / (t + 3)) * (step - prev)  # Nesterov momentum
+        prev = step
+    return w0 + torch.matmul(prev, xt)
