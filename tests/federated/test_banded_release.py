@@ -124,6 +124,9 @@ def test_run_settings_refuse_groups_and_banded_without_their_sampling():
         RunSpec(sampling="cyclic", groups=0)
     with pytest.raises(InvalidParameterError, match="subspace_dim"):
         TrainConfig(noise_mechanism="banded", sampling="all", subspace_dim=2)
+    with pytest.raises(InvalidParameterError, match=r"'banded' needs .*adds.*'workshop'"):
+        TrainConfig(method="workshop", ball=1.0, noise_mechanism="banded", sampling="all")
+    TrainConfig(method="workshop", ball=1.0, sampling="all")  # independent noise: its default
     with pytest.raises(InvalidParameterError, match=r"ceil\(m / groups\) = 4"):
         resolve_clients_per_round(3, 10, sampling="cyclic", groups=3)
     with pytest.raises(InvalidParameterError, match="'resume' parameter needs"):

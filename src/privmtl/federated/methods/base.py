@@ -220,6 +220,13 @@ class Method:
                 "The 'shared_params' parameter (partial sharing) needs method='pmtl' or "
                 f"'fedrep' (clients keep their personal layers); got method={config.method!r}."
             )
+        if config.noise_mechanism == "banded" and cls.billboard_update == "replace":
+            raise InvalidParameterError(
+                "The 'noise_mechanism' parameter 'banded' needs a method whose billboard adds "
+                "the releases (banded noise lowers the error of their running sums); "
+                f"method={config.method!r} uses each release as it is, where banded noise is "
+                "never below independent noise; got noise_mechanism='banded'."
+            )
         for name in ("subspace_dim", "adaptive_clip_quantile"):
             if getattr(config, name) is not None and not cls.adds_releases():
                 raise InvalidParameterError(
