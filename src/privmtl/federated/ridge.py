@@ -130,6 +130,15 @@ def ridge_logreg(
     ]
 
 
+def _rows_and_weights(x: torch.Tensor, sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows ``(x, 1)`` with the padding zeroed ``(K, top, d + 1)``, and the rows' weights
+    ``(K, top)``: ``1 / n_k`` on client ``k``'s rows, 0 on its padding."""
+    top = x.shape[1]
+    valid = (torch.arange(top, device=x.device)[None, :] < sizes[:, None]).to(x.dtype)
+    xt = torch.cat([x, torch.ones_like(x[..., :1])], -1) * valid.unsqueeze(-1)
+    return xt, valid / sizes[:, None]
+
+
 def _solve_bucket(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -141,11 +150,9 @@ def _solve_bucket(
     """``(len(cs), K, C, d + 1)``: the K clients' solutions, rows ``x (K, top, d)`` padded
     (with the client's own last row, weight 0, zeroed) to ``top``, labels ``y (K, top)``,
     ``sizes (K,)``."""
-    k, top, _ = x.shape
+    k = x.shape[0]
     n_classes = w0.shape[0]
-    valid = (torch.arange(top, device=x.device)[None, :] < sizes[:, None]).to(x.dtype)
-    xt = torch.cat([x, torch.ones_like(x[..., :1])], -1) * valid.unsqueeze(-1)
-    weights = valid / sizes[:, None]  # (K, top): 1 / n_k on the client's rows, 0 on padding
+    xt, weights = _rows_and_weights(x, sizes)
     gram = torch.bmm(xt.transpose(1, 2), xt * weights.unsqueeze(-1))  # A_k
     lam = cs[:, None] / sizes[None, :]  # (R, K)
     eye = torch.eye(xt.shape[-1], dtype=x.dtype, device=x.device)
@@ -178,9 +185,7 @@ def _solve_bucket_dual(
     ``W = W_0 + alpha X`` with ``alpha (len(cs), K, C, top)``; for ``top`` below ``d + 1``."""
     k, top, _ = x.shape
     n_classes = w0.shape[0]
-    valid = (torch.arange(top, device=x.device)[None, :] < sizes[:, None]).to(x.dtype)
-    xt = torch.cat([x, torch.ones_like(x[..., :1])], -1) * valid.unsqueeze(-1)
-    weights = valid / sizes[:, None]  # (K, top): 1 / n_k on the client's rows, 0 on padding
+    xt, weights = _rows_and_weights(x, sizes)
     kern = torch.bmm(xt, xt.transpose(1, 2))  # K, zero on padding rows and columns
     lam = cs[:, None] / sizes[None, :]  # (R, K)
     eye = torch.eye(top, dtype=x.dtype, device=x.device)
