@@ -92,6 +92,14 @@ M, ROUNDS, EPSILON = 100, 100, 1.0
 """The synthetic runs' clients, rounds and target ε (as in :data:`BASE`)."""
 
 
+def run_fields(out: dict[str, Any]) -> dict[str, Any]:
+    """The fields every row keeps of a run's JSON: its accuracies and privacy statement."""
+    keys = ("test_accuracy", "mean_client_accuracy", "epsilon", "delta", "noise_std",
+            "clients_per_round")  # fmt: skip
+    optional = ("global_test_accuracy", "banded", "summary")
+    return {**{k: out[k] for k in keys}, **{k: out.get(k) for k in optional}}
+
+
 def run(seeds: list[int]) -> None:
     done = {(r["pattern"], r["mechanism"], r["seed"]) for r in load_jsonl(LOG) if is_pmtl(r)}
     for seed in seeds:
@@ -106,15 +114,7 @@ def run(seeds: list[int]) -> None:
                     "mechanism": mech,
                     "seed": seed,
                     "command": "privmtl " + " ".join(argv),
-                    "test_accuracy": out["test_accuracy"],
-                    "mean_client_accuracy": out["mean_client_accuracy"],
-                    "global_test_accuracy": out.get("global_test_accuracy"),
-                    "epsilon": out["epsilon"],
-                    "delta": out["delta"],
-                    "noise_std": out["noise_std"],
-                    "clients_per_round": out["clients_per_round"],
-                    "banded": out.get("banded"),
-                    "summary": out.get("summary"),
+                    **run_fields(out),
                     "wall_seconds": wall,
                 }
                 append_jsonl(LOG, row)
@@ -256,15 +256,7 @@ def femnist_row(
         "mechanism": mech,
         "seed": 0,
         "command": "privmtl " + " ".join(argv),
-        "test_accuracy": out["test_accuracy"],
-        "mean_client_accuracy": out["mean_client_accuracy"],
-        "global_test_accuracy": out.get("global_test_accuracy"),
-        "epsilon": out["epsilon"],
-        "delta": out["delta"],
-        "noise_std": out["noise_std"],
-        "clients_per_round": out["clients_per_round"],
-        "banded": out.get("banded"),
-        "summary": out.get("summary"),
+        **run_fields(out),
         "wall_seconds": wall,
     }
 
