@@ -79,6 +79,25 @@ def test_every_client_takes_the_winner_and_the_vote_reads_each_clients_own_share
             assert torch.allclose(again.params[n], p, atol=1e-6, rtol=0)
 
 
+def test_the_vote_in_concurrent_blocks_equals_one_block_after_another():
+    """``workers``: the voters' blocks computed in threads give the same shares, winner and
+    models as one after another (a client's shares read its own block only)."""
+    ds, net, trained, board, plan = _inputs(m=11)
+    seen = []
+
+    def vote(shares, names):
+        seen.append(shares)
+        return 2
+
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan, "block": 3}
+    one = finish_clients("auto", ds, net, trained, board, select="vote", vote=vote, **kw)
+    two = finish_clients("auto", ds, net, trained, board, select="vote", vote=vote, workers=2, **kw)
+    assert np.array_equal(seen[0], seen[1]) and seen[0].sum() > 0
+    assert two.winner == one.winner
+    for n, p in one.params.items():
+        assert torch.equal(two.params[n], p), n
+
+
 def test_voters_are_everyone_up_to_the_cap_then_each_client_by_its_own_coin():
     assert np.array_equal(vote_voters(FINETUNE_VOTERS), np.arange(FINETUNE_VOTERS))
     m = 3 * FINETUNE_VOTERS

@@ -1188,7 +1188,7 @@ def _finetune_auto(
     fin = finish_clients(
         "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
         lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
-        device=cfg.device, score=others, local_solver=local_solver,
+        device=cfg.device, score=others, workers=cfg.threads, local_solver=local_solver,
         local_patience=local_patience, select="vote" if elect is not None else "client",
         vote=elect, voter_rng=_voter_rng(result.noise_source, seed),
     )  # fmt: skip
@@ -1267,7 +1267,7 @@ def _finetune(
             method, ds, net,
             stack_trained(result.personalized_params, result.global_params, ds.n_clients),
             result.global_params, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start,
-            epochs=epochs, device=result.config.device,
+            epochs=epochs, device=result.config.device, workers=result.config.threads,
         )  # fmt: skip
         params = fin.params
         buffers = {n: b.detach() for n, b in net.named_buffers()}

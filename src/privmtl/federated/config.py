@@ -185,7 +185,9 @@ class TrainConfig:
         Report progress on stderr: a bar on a terminal, about ten plain lines in a log or a
         pipe (see :class:`privmtl._progress.Progress`).
     threads : int, default 2
-        ``torch.set_num_threads`` during training (restored afterwards).
+        ``torch.set_num_threads`` during training (restored afterwards); on the CPU, also the
+        blocks of clients :func:`~privmtl.experiments.pmtl.run_pmtl`'s end of run computes at once
+        (one torch thread each: ``finish_clients``' ``workers``; the same models).
     parallel_chunks : bool, default True
         Batched path on the CPU with ``threads > 1``: train groups of clients concurrently, one group per
         thread with one torch thread each (inter-op instead of intra-op parallelism), instead of

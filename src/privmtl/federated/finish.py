@@ -474,18 +474,20 @@ def finish_clients(
         buffers = {n: b.detach() for n, b in model.named_buffers()}
         book = _Book(BlockScores(model, buffers, ("val", "test")), dict(score))
     winner = None
+    n_workers = check_int("workers", workers, low=1) if device == "cpu" else 1
     try:
         with one_thread_per_worker():
             if select == "vote":
                 assert vote is not None
                 shares = _vote_shares(
-                    dataset, model, trained, billboard, client_index, block, names, kw, voters
-                )
+                    dataset, model, trained, billboard, client_index, block, names, kw, voters,
+                    n_workers,
+                )  # fmt: skip
                 winner = names[int(vote(shares, names))]  # recorded by the caller: then the models
                 kw["only"] = winner
             fin = _finish_all(
                 finetune, dataset, model, trained, billboard, client_index, block, kw, book,
-                check_int("workers", workers, low=1) if device == "cpu" else 1,
+                n_workers,
             )  # fmt: skip
     finally:
         bar.close()
@@ -552,13 +554,10 @@ def _finish_all(
             book.keep(book.score(fin.params, dataset, None))
         return fin
     index = check_client_index(client_index, m)  # one block at a time, population indices
-    local = threading.local()
+    own_model = _model_per_thread(model)
 
     def one(pos: np.ndarray) -> tuple[ClientFinish, _Scored | None]:
-        net = getattr(local, "net", None)
-        if net is None:  # computing swaps a module's parameters: one module per thread
-            net = model if threading.current_thread() is threading.main_thread() else None
-            local.net = net = copy.deepcopy(model) if net is None else net
+        net = own_model()
         part = dataset.subset(pos.tolist())
         piece = _finish_block(
             finetune, part, net, block_rows(trained, pos), billboard, index[pos].tolist(), **kw
@@ -714,11 +713,12 @@ def _vote_shares(
     names: tuple[str, ...],
     kw: dict[str, Any],
     voters: np.ndarray,
+    workers: int = 1,
 ) -> np.ndarray:
     """Every client's shares of its vote among ``names`` (:func:`vote_candidates`), from its own
     validation split: correct predictions of each candidate, a client without validation data
     (or with a diverged candidate only) abstaining; a block of the ``voters`` (positions) at a
-    time, every other client abstaining."""
+    time, ``workers`` blocks at once, every other client abstaining."""
     from privmtl.federated.algorithms import client_scores
     from privmtl.federated.finetune import check_client_index
     from privmtl.privacy.selection import client_vote_shares
@@ -726,23 +726,45 @@ def _vote_shares(
     m = dataset.n_clients
     index = check_client_index(client_index, m)
     buffers = {n: b.detach() for n, b in model.named_buffers()}
-    out = np.zeros((m, len(names)))
-    for at in client_blocks(len(voters), block):
-        pos = voters[at]
+    own_model = _model_per_thread(model)
+
+    def shares_of(pos: np.ndarray) -> np.ndarray:
+        net = own_model()
         part = dataset if len(pos) == m else dataset.subset(pos.tolist())
         sub = trained if len(pos) == m else block_rows(trained, pos)
         cand = _Candidates(
-            part, model, sub, billboard, index[pos].tolist(), kw["batch_size"], kw["seed"],
+            part, net, sub, billboard, index[pos].tolist(), kw["batch_size"], kw["seed"],
             kw["bar"], kw["device"], kw["local_solver"], kw["local_patience"], {},
         )  # fmt: skip
         val_x, val_y = part.split("val")
         has = np.array([len(y) > 0 for y in val_y])
         scores = np.empty((len(pos), len(names)))
         for j, name in enumerate(names):
-            correct, loss = client_scores(model, cand(name), buffers, val_x, val_y)
+            correct, loss = client_scores(net, cand(name), buffers, val_x, val_y)
             scores[:, j] = np.where(has & np.isfinite(loss), correct, np.nan)
-        out[pos] = client_vote_shares(scores)
+        return client_vote_shares(scores)
+
+    out = np.zeros((m, len(names)))
+    blocks = [voters[at] for at in client_blocks(len(voters), block)]
+    with concurrent_blocks(workers, len(blocks)) as run:
+        for pos, shares in zip(blocks, run(shares_of, blocks), strict=True):
+            out[pos] = shares
     return out
+
+
+def _model_per_thread(model: nn.Module) -> Callable[[], nn.Module]:
+    """``model`` in the calling thread, a copy of it in every other thread (computing swaps a
+    module's parameters: one module per thread)."""
+    local = threading.local()
+
+    def own() -> nn.Module:
+        net = getattr(local, "net", None)
+        if net is None:
+            main = threading.current_thread() is threading.main_thread()
+            local.net = net = model if main else copy.deepcopy(model)
+        return net
+
+    return own
 
 
 _VOTE_RULE = (
