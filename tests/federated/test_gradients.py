@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from privmtl.federated.gradients import make_step_fn
-from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.gradients import make_step_fn, tape_free
+from privmtl.federated.models import FemnistCNN, MultinomialLogReg
 
 
 class _Taped(MultinomialLogReg):
@@ -54,3 +54,10 @@ def test_the_logreg_step_is_the_gradient() -> None:
     torch.testing.assert_close(grads["linear.bias"], resid.sum(1))
     ce = -torch.log_softmax(logits, -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(losses, (ce * w).sum(1))
+
+
+def test_tape_free_is_the_logistic_regression_through_its_own_step() -> None:
+    """The models whose rounds run on one thread: those :func:`make_step_fn` steps by hand."""
+    assert tape_free(MultinomialLogReg(3, 2)) and tape_free(MultinomialLogReg(3, 2), "model")
+    assert not tape_free(MultinomialLogReg(3, 2), "vmap")
+    assert not tape_free(_Taped(3, 2)) and not tape_free(FemnistCNN())

@@ -258,8 +258,8 @@ def _device_option(help: str) -> Any:
     type=click.IntRange(min=1),
     default=2,
     show_default=True,
-    help="Torch threads during training, and blocks of clients the end of run computes at once "
-    "(changes the speed, not the result).",
+    help="Torch threads during training (logistic regression trains on one, its fastest), and "
+    "blocks of clients the end of run computes at once (changes the speed, not the result).",
 )
 @_device_option(
     "Where training, the end of run and scoring compute: auto is CUDA where available, else the "

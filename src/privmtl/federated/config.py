@@ -185,7 +185,9 @@ class TrainConfig:
         Report progress on stderr: a bar on a terminal, about ten plain lines in a log or a
         pipe (see :class:`privmtl._progress.Progress`).
     threads : int, default 2
-        ``torch.set_num_threads`` during training (restored afterwards); on the CPU, also the
+        ``torch.set_num_threads`` during training (restored afterwards; a logistic regression's
+        rounds run on one thread, faster for its few tiny operations a step:
+        :func:`~privmtl.federated.gradients.tape_free`); on the CPU, also the
         blocks of clients :func:`~privmtl.experiments.pmtl.run_pmtl`'s end of run computes at once
         (one torch thread each: ``finish_clients``' ``workers``; the same models).
     parallel_chunks : bool, default True

@@ -18,9 +18,16 @@ from torch.func import functional_call, grad_and_value, vmap
 from privmtl.federated.algorithms import Params
 from privmtl.federated.models import MultinomialLogReg
 
-__all__ = ["StepFn", "make_step_fn"]
+__all__ = ["StepFn", "make_step_fn", "tape_free"]
 
 StepFn = Callable[..., tuple[Params, torch.Tensor]]
+
+
+def tape_free(model: nn.Module, vectorize: str = "auto") -> bool:
+    """Whether :func:`make_step_fn` gives ``model`` the by-hand step (:func:`_logreg_step`): a
+    few small tensor operations a step, so threads cost more in dispatch and contention than
+    they save (the rounds of such a model run on one thread)."""
+    return vectorize in ("auto", "model") and type(model) is MultinomialLogReg
 
 
 def make_step_fn(model: nn.Module, buffers: Params, vectorize: str = "auto") -> StepFn:
@@ -40,7 +47,7 @@ def make_step_fn(model: nn.Module, buffers: Params, vectorize: str = "auto") -> 
     """
     if vectorize == "auto":
         vectorize = "model" if callable(getattr(model, "forward_batched", None)) else "vmap"
-    if vectorize == "model" and type(model) is MultinomialLogReg:
+    if tape_free(model, vectorize):
         return _logreg_step
     if vectorize == "model":
         forward_batched: Callable[[Params, torch.Tensor], torch.Tensor] = cast(

@@ -54,7 +54,7 @@ from privmtl.federated.backend import (
 )
 from privmtl.federated.client import UpdateRule, local_sgd_batched, local_sgd_reference
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
-from privmtl.federated.gradients import make_step_fn
+from privmtl.federated.gradients import make_step_fn, tape_free
 from privmtl.federated.methods import Method, TrainFn
 from privmtl.federated.store import ClientStore
 from privmtl.locking import DirectoryLock
@@ -508,16 +508,18 @@ class Trainer:
         cfg = self.config
         old_threads = torch.get_num_threads()
         pool = None
+        # a tape-free step (logistic regression) is a few tiny operations: one thread is fastest
+        threads = 1 if cfg.batched and tape_free(self.model, cfg.vectorize) else cfg.threads
         # groups on CPU threads: a GPU runs one chunk after another (threads would only contend)
-        if cfg.parallel_chunks and cfg.batched and cfg.threads > 1 and self.device.type == "cpu":
+        if cfg.parallel_chunks and cfg.batched and threads > 1 and self.device.type == "cpu":
             from concurrent.futures import ThreadPoolExecutor
 
             torch.set_num_threads(1)
             pool = ThreadPoolExecutor(
-                max_workers=cfg.threads, initializer=torch.set_num_threads, initargs=(1,)
+                max_workers=threads, initializer=torch.set_num_threads, initargs=(1,)
             )
         else:
-            torch.set_num_threads(cfg.threads)
+            torch.set_num_threads(threads)
         self.model.train()
         bar = Progress(
             total=cfg.rounds,
