@@ -19,16 +19,19 @@ The solver is a fixed-preconditioner gradient method with Nesterov momentum: the
 mean cross-entropy is at most :math:`\tfrac12 I_C \otimes A_k` with
 :math:`A_k = \frac{1}{n_k}\sum_i \tilde x_i \tilde x_i^\top` (Böhning's bound), so
 :math:`P_k = \tfrac12 A_k + \lambda_k I` majorises the curvature of :math:`f_k` and the step
-:math:`W \leftarrow W - \nabla f_k(W) P_k^{-1}` never overshoots. A client with fewer (padded) rows than parameters per class is solved in its
-dual: the iterates stay :math:`W = W_0 + \alpha \tilde X` (the gradient and its preconditioned
-step lie in the span of the client's rows), so with :math:`K = \tilde X \tilde X^\top` and
+:math:`W \leftarrow W - \nabla f_k(W) P_k^{-1}` never overshoots.
+
+A client with fewer (padded) rows than parameters per class is solved in its dual: the iterates
+stay :math:`W = W_0 + \alpha \tilde X` (the gradient and its preconditioned step lie in the
+span of the client's rows), so with :math:`K = \tilde X \tilde X^\top` and
 :math:`M = \lambda_k I + \tfrac{1}{2 n_k} K` (push-through: :math:`\tilde X P_k^{-1} = M^{-1}
 \tilde X`) the same iterates cost :math:`O(C n_k^2)` instead of :math:`O(C n_k d + C d^2)`
-(:func:`_solve_bucket_dual`; equal to the primal's up to rounding). The clients are sorted by size
-and solved in buckets of one padded length (:func:`padded_rows`; examples padded with zero
-weight), every prior strength of a bucket in the same vectorised call: :data:`RIDGE_ITERATIONS` Python steps per bucket, not
-one per minibatch of every client. Client ``k``'s model reads its own training data, the start
-model and public constants only.
+(:func:`_solve_bucket_dual`; equal to the primal's up to rounding).
+
+The clients are sorted by size and solved in buckets of one padded length (:func:`padded_rows`;
+examples padded with zero weight), every prior strength of a bucket in the same vectorised call:
+:data:`RIDGE_ITERATIONS` Python steps per bucket, not one per minibatch of every client. Client
+``k``'s model reads its own training data, the start model and public constants only.
 """
 
 from __future__ import annotations
