@@ -99,17 +99,18 @@ def test_default_iterations_are_close_to_the_minimum(ds: FederatedDataset) -> No
 
 
 def test_a_client_model_does_not_depend_on_the_others(ds: FederatedDataset) -> None:
-    """Bit for bit: a client's solve has shapes set by its own size only (padded_rows)."""
+    """A client's solve has shapes set by its own size only (padded_rows); the batched kernels
+    may round its values differently with the clients beside it (float32: a few ulps)."""
     start = _start(torch.float32)
     (together,) = ridge_logreg(start, ds, (2.0,))
     for k in (0, 4, 8):
         (alone,) = ridge_logreg(start, ds.subset([k]), (2.0,))
         for n in together:
-            assert torch.equal(alone[n][0], together[n][k])
+            torch.testing.assert_close(alone[n][0], together[n][k], rtol=1e-5, atol=1e-6)
     # the bucket size changes which clients are solved together, not their models
     (small,) = ridge_logreg(start, ds, (2.0,), bucket_rows=8)
     for n in together:
-        assert torch.equal(small[n], together[n])
+        torch.testing.assert_close(small[n], together[n], rtol=1e-5, atol=1e-6)
 
 
 def test_the_dual_iterates_are_the_primal_iterates(wide: FederatedDataset) -> None:

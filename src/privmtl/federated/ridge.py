@@ -161,15 +161,19 @@ def _solve_bucket(
     eye = torch.eye(xt.shape[-1], dtype=x.dtype, device=x.device)
     precond = 0.5 * gram.unsqueeze(0) + lam[..., None, None] * eye
     inv = torch.cholesky_inverse(torch.linalg.cholesky(precond))
-    target = torch.nn.functional.one_hot(y, n_classes).to(x.dtype) * weights.unsqueeze(-1)
+    one_hot = torch.nn.functional.one_hot(y, n_classes).to(x.dtype)
+    target = (one_hot * weights.unsqueeze(-1)).transpose(1, 2).unsqueeze(0)  # (1, K, C, top)
     xs = xt.unsqueeze(0)
+    xs_t = xt.transpose(1, 2).unsqueeze(0)  # (1, K, d + 1, top)
     anchor = w0.expand(len(cs), k, *w0.shape)
     w = anchor.clone()
     prev = w
     for t in range(iterations):
-        probs = torch.softmax(torch.matmul(xs, w.transpose(-1, -2)), -1)  # (R, K, top, C)
-        resid = probs * weights[None, ..., None] - target.unsqueeze(0)
-        g = torch.matmul(resid.transpose(-1, -2), xs) + lam[..., None, None] * (w - anchor)
+        # class-major logits (R, K, C, top): the products with a short output dimension of C
+        # classes are the slow layout of batched matrix products
+        probs = torch.softmax(torch.matmul(w, xs_t), -2)
+        resid = probs * weights[None, :, None, :] - target
+        g = torch.matmul(resid, xs) + lam[..., None, None] * (w - anchor)
         step = w - torch.matmul(g, inv)
         w = step + (t / (t + 3)) * (step - prev)  # Nesterov momentum
         prev = step
