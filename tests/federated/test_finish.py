@@ -3,6 +3,8 @@ client ends with the model it ends with when the whole population is finished at
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -126,3 +128,28 @@ def test_concurrent_blocks_and_their_scores_equal_one_block_after_another():
             assert one.scores[split]["global"][key] == glob[key]
     with pytest.raises(InvalidParameterError, match="'workers'"):
         finish_clients("auto", ds, net, trained, board, workers=0, **kw)
+
+
+def test_the_scoring_share_of_concurrent_blocks_is_a_share_of_their_wall_time():
+    """Blocks computed at once: their summed times exceed the wall time they took, and the
+    scoring is carved as its fraction of the blocks' summed time; one block after another: the
+    scoring's own seconds."""
+    from privmtl.federated.finish import _Book
+
+    book = _Book(scores=None, others={})  # type: ignore[arg-type]
+    book.seconds, book.block_seconds = 10.0, 40.0
+    assert book.wall_seconds(20.0) == pytest.approx(5.0)  # two threads: 40 s of blocks in 20 s
+    assert book.wall_seconds(41.0) == 10.0  # one after another (and the overhead around them)
+    book.seconds = book.block_seconds = 0.0
+    assert book.wall_seconds(3.0) == 0.0
+
+
+def test_a_finished_run_s_scoring_is_within_its_wall_time():
+    ds, net, trained, board = finish_inputs()
+    dim = sum(p.numel() for p in board.values())
+    plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3)
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan, "score": {}}
+    t0 = time.perf_counter()
+    fin = finish_clients("auto", ds, net, trained, board, block=3, workers=2, **kw)
+    wall = time.perf_counter() - t0
+    assert 0.0 < fin.score_seconds <= wall

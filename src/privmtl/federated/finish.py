@@ -314,7 +314,8 @@ class ClientFinish:
     ``plan.names`` of every client's choice (``finetune="auto"``; else None); ``grids`` the
     public grids of the candidates (``local_grid``, ``billboard_grid``); ``scores``, when asked
     for, ``{split: {name: evaluate(...)}}`` of the final models (``"final"``) and the other models
-    given, and ``score_seconds`` the time spent scoring; ``winner`` the candidate every client
+    given, and ``score_seconds`` the wall time spent scoring (blocks computed at once: the
+    scoring's share of their wall time); ``winner`` the candidate every client
     took and ``voters`` how many clients voted (``select="vote"``, :func:`vote_candidates`,
     :func:`vote_voters`).
     """
@@ -485,26 +486,39 @@ def finish_clients(
                 )  # fmt: skip
                 winner = names[int(vote(shares, names))]  # recorded by the caller: then the models
                 kw["only"] = winner
+            t0 = time.perf_counter()
             fin = _finish_all(
                 finetune, dataset, model, trained, billboard, client_index, block, kw, book,
                 n_workers,
             )  # fmt: skip
+            blocks_wall = time.perf_counter() - t0
     finally:
         bar.close()
     fin.winner = winner
     fin.voters = len(voters) if select == "vote" else None
     if book is not None:
-        fin.scores, fin.score_seconds = book.scores.summary(), book.seconds
+        fin.scores, fin.score_seconds = book.scores.summary(), book.wall_seconds(blocks_wall)
     return fin
 
 
 @dataclass
 class _Book:
-    """The scores :func:`finish_clients` keeps block by block, and the time they took."""
+    """The scores :func:`finish_clients` keeps block by block, and the time they took: the
+    blocks' scoring ``seconds`` and whole ``block_seconds``, each summed over the blocks (over
+    the threads that computed them)."""
 
     scores: BlockScores
     others: dict[str, tuple[Params, bool]]
     seconds: float = 0.0
+    block_seconds: float = 0.0
+
+    def wall_seconds(self, wall: float) -> float:
+        """The scoring's share of ``wall``, the wall time of the blocks: with blocks computed
+        at once in several threads the summed seconds exceed the wall time they took, so the
+        scoring gets its fraction of the blocks' summed time."""
+        if self.block_seconds <= self.seconds or self.block_seconds <= wall:
+            return self.seconds
+        return wall * self.seconds / self.block_seconds
 
     def score(
         self,
@@ -523,10 +537,12 @@ class _Book:
             out += self.scores.score(name, own, personal, piece, model)
         return out, time.perf_counter() - t0
 
-    def keep(self, scored: _Scored) -> None:
-        """Keep one block's scores, after the blocks before it."""
+    def keep(self, scored: _Scored, block_seconds: float | None = None) -> None:
+        """Keep one block's scores, after the blocks before it (``block_seconds``: the whole
+        block's time, its scoring included; default the scoring's)."""
         self.scores.keep(scored[0])
         self.seconds += scored[1]
+        self.block_seconds += scored[1] if block_seconds is None else block_seconds
 
 
 _Scored = tuple[list[tuple[str, str, tuple[np.ndarray, np.ndarray, float]]], float]
@@ -556,22 +572,24 @@ def _finish_all(
     index = check_client_index(client_index, m)  # one block at a time, population indices
     own_model = _model_per_thread(model)
 
-    def one(pos: np.ndarray) -> tuple[ClientFinish, _Scored | None]:
+    def one(pos: np.ndarray) -> tuple[ClientFinish, _Scored | None, float]:
+        t0 = time.perf_counter()
         net = own_model()
         part = dataset.subset(pos.tolist())
         piece = _finish_block(
             finetune, part, net, block_rows(trained, pos), billboard, index[pos].tolist(), **kw
         )
-        return piece, None if book is None else book.score(piece.params, part, pos, net)
+        scored = None if book is None else book.score(piece.params, part, pos, net)
+        return piece, scored, time.perf_counter() - t0
 
     blocks = list(client_blocks(m, block))
     params: Params = {}
     choices: list[np.ndarray] = []
     piece = ClientFinish({})
     with concurrent_blocks(workers, len(blocks)) as run:
-        for pos, (piece, scored) in zip(blocks, run(one, blocks), strict=True):
+        for pos, (piece, scored, seconds) in zip(blocks, run(one, blocks), strict=True):
             if book is not None and scored is not None:
-                book.keep(scored)  # in the blocks' order, whatever finished first
+                book.keep(scored, seconds)  # in the blocks' order, whatever finished first
             if not params:
                 params = {n: p.new_empty((m, *p.shape[1:])) for n, p in piece.params.items()}
             rows = torch.from_numpy(pos)
