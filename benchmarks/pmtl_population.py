@@ -707,8 +707,8 @@ def report(args: argparse.Namespace) -> None:
             out[-1] += " Per seed, PMTL − local: " + ", ".join(per_seed) + "."
         out += [
             "",
-            "At m = 10⁶ (seed 0, every client scored; training alone estimated on a uniform "
-            "sample of its clients): `pmtl_population_million.md`.",
+            "At m = 10⁵ and 10⁶ (seed 0, every client scored; at 10⁶ training alone estimated "
+            "on a uniform sample of its clients): `pmtl_population_million.md`.",
         ]
         covered_table = table
         if any(r.get("variant") in DELTA_VARIANTS for r in allrows):
