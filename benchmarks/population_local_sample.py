@@ -16,9 +16,9 @@ test examples, the CLI's ``test_accuracy``). ε = 0 towards the other clients.
 
     python benchmarks/population_local_sample.py --m 1000000 --clients 20000 --seed 0
 
-appends one row to ``results/pmtl_population_million.jsonl``. ``--m 10000 --clients 10000``
-is the whole population: its accuracy equals the committed local-all cell of the population
-study at that seed (a check of the estimator's computation).
+appends one row to ``results/pmtl_population_million.jsonl``. ``--m 1000 --clients 1000
+--dry-run`` is the whole population: its accuracy equals the committed local-all cell of the
+population study at that seed (a check of the estimator's computation).
 """
 
 from __future__ import annotations

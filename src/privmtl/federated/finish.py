@@ -516,9 +516,9 @@ class _Book:
         """The scoring's share of ``wall``, the wall time of the blocks: with blocks computed
         at once in several threads the summed seconds exceed the wall time they took, so the
         scoring gets its fraction of the blocks' summed time."""
-        if self.block_seconds <= self.seconds or self.block_seconds <= wall:
+        if self.block_seconds <= 0.0:
             return self.seconds
-        return wall * self.seconds / self.block_seconds
+        return self.seconds * min(1.0, wall / self.block_seconds)
 
     def score(
         self,
