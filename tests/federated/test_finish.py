@@ -3,6 +3,7 @@ client ends with the model it ends with when the whole population is finished at
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 
 import numpy as np
@@ -102,10 +103,20 @@ def test_final_model_counts_and_their_words():
         final_model_counts("auto", 7)
 
 
-def test_concurrent_blocks_and_their_scores_equal_one_block_after_another():
-    """``workers``: blocks finished in threads give the same models, choices and scores as one
-    after another; ``score``: the scores are those of evaluating the models afterwards."""
+@pytest.mark.parametrize("in_processes", [False, True])
+def test_concurrent_blocks_and_their_scores_equal_one_block_after_another(
+    in_processes, monkeypatch
+):
+    """``workers``: blocks finished in threads, or in forked processes, give the same models,
+    choices and scores as one after another; ``score``: the scores are those of evaluating the
+    models afterwards."""
+    from privmtl.federated import blocks
     from privmtl.federated.algorithms import evaluate
+
+    if in_processes:
+        if "fork" not in multiprocessing.get_all_start_methods():
+            pytest.skip("no fork on this platform: blocks run in threads")
+        monkeypatch.setattr(blocks, "PROCESS_MIN_BLOCKS", 2)
 
     ds, net, trained, board = finish_inputs(m=11)
     dim = sum(p.numel() for p in board.values())

@@ -4,6 +4,7 @@ client, elected by the clients' recorded noisy vote; its ε composed into the ru
 from __future__ import annotations
 
 import math
+import multiprocessing
 
 import dp_accounting
 import numpy as np
@@ -79,9 +80,17 @@ def test_every_client_takes_the_winner_and_the_vote_reads_each_clients_own_share
             assert torch.allclose(again.params[n], p, atol=1e-6, rtol=0)
 
 
-def test_the_vote_in_concurrent_blocks_equals_one_block_after_another():
-    """``workers``: the voters' blocks computed in threads give the same shares, winner and
-    models as one after another (a client's shares read its own block only)."""
+@pytest.mark.parametrize("in_processes", [False, True])
+def test_the_vote_in_concurrent_blocks_equals_one_block_after_another(in_processes, monkeypatch):
+    """``workers``: the voters' blocks computed in threads, or in forked processes, give the same
+    shares, winner and models as one after another (a client's shares read its own block
+    only)."""
+    from privmtl.federated import blocks
+
+    if in_processes:
+        if "fork" not in multiprocessing.get_all_start_methods():
+            pytest.skip("no fork on this platform: blocks run in threads")
+        monkeypatch.setattr(blocks, "PROCESS_MIN_BLOCKS", 2)
     ds, net, trained, board, plan = _inputs(m=11)
     seen = []
 

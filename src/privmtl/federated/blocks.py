@@ -9,6 +9,11 @@ padded batches cost memory for one block, whatever the population.
 
 from __future__ import annotations
 
+import functools
+import itertools
+import multiprocessing
+import pickle
+import signal
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -18,7 +23,7 @@ import torch
 
 from privmtl._validation import check_int
 
-__all__ = ["END_OF_RUN_BLOCK", "client_blocks", "concurrent_blocks"]
+__all__ = ["END_OF_RUN_BLOCK", "PROCESS_MIN_BLOCKS", "client_blocks", "concurrent_blocks"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -34,17 +39,37 @@ def client_blocks(m: int, block: int = END_OF_RUN_BLOCK) -> Iterator[np.ndarray]
         yield np.arange(start, min(start + block, m), dtype=np.int64)
 
 
+#: The fewest blocks computed in worker processes rather than threads (where ``fork`` exists):
+#: below it, forking the run costs more than the threads' contention for the interpreter.
+PROCESS_MIN_BLOCKS = 8
+
+# the block functions of the process pools open now, by token: a forked worker inherits them
+_JOBS: dict[int, Callable[[Any], Any]] = {}
+_TOKENS = itertools.count()
+
+
 @contextmanager
 def concurrent_blocks(
     workers: int, n_blocks: int
 ) -> Iterator[Callable[[Callable[[T], R], Iterable[T]], Iterator[R]]]:
     """A ``map`` over blocks that yields the results in the blocks' order, computing up to
-    ``workers`` blocks at once in threads with one torch thread each (the blocks are independent:
-    a client's outcome does not depend on which block computes it or when). One worker, or one
-    block, maps in the calling thread."""
+    ``workers`` blocks at once (the blocks are independent: a client's outcome does not depend on
+    which block computes it, where or when).
+
+    One worker, or one block, maps in the calling thread. From :data:`PROCESS_MIN_BLOCKS` blocks
+    on, where the platform can ``fork``, the blocks run in ``workers`` forked processes with one
+    torch and one BLAS thread each: the work of a block is many small operations, and threads
+    of one interpreter wait for one another to run them (two threads finish a run's blocks about
+    as fast as one). Otherwise they run in threads with one torch thread each. The function
+    mapped must return a picklable value in the processes; it reads what the caller held when
+    the map started (the fork's copy), and what it changes there is not seen by the caller.
+    """
     workers = check_int("workers", workers, low=1)
     if workers == 1 or n_blocks <= 1:
         yield map
+        return
+    if n_blocks >= PROCESS_MIN_BLOCKS and "fork" in multiprocessing.get_all_start_methods():
+        yield lambda fn, items: _in_processes(fn, items, min(workers, n_blocks))
         return
     from concurrent.futures import ThreadPoolExecutor
 
@@ -55,6 +80,40 @@ def concurrent_blocks(
         yield lambda fn, items: _ordered(pool, fn, items, workers)
     finally:
         pool.shutdown(cancel_futures=True)
+
+
+def _in_processes(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:
+    """``fn`` over ``items`` in ``workers`` forked processes, in order (:func:`_ordered`)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    token = next(_TOKENS)
+    _JOBS[token] = fn  # before the pool forks its workers
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=_worker_process,
+    )
+    try:
+        for out in _ordered(pool, functools.partial(_call, token), items, workers):
+            yield pickle.loads(out)
+    finally:
+        pool.shutdown(cancel_futures=True)
+        del _JOBS[token]
+
+
+def _worker_process() -> None:
+    """A block process: one torch and one BLAS thread; an interrupt is the parent's to handle
+    (it stops the pool), not a traceback from every worker."""
+    from threadpoolctl import threadpool_limits
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    threadpool_limits(limits=1, user_api="blas")
+
+
+def _call(token: int, item: Any) -> bytes:
+    # the result pickled here (tensors by value), not shared through the pool's memory handles
+    return pickle.dumps(_JOBS[token](item), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _ordered(pool: Any, fn: Callable[[T], R], items: Iterable[T], ahead: int) -> Iterator[R]:

@@ -572,22 +572,25 @@ def _finish_all(
     index = check_client_index(client_index, m)  # one block at a time, population indices
     own_model = _model_per_thread(model)
 
-    def one(pos: np.ndarray) -> tuple[ClientFinish, _Scored | None, float]:
+    def one(pos: np.ndarray) -> tuple[ClientFinish, _Scored | None, float, _Tally]:
         t0 = time.perf_counter()
         net = own_model()
         part = dataset.subset(pos.tolist())
+        tally = _Tally()
         piece = _finish_block(
-            finetune, part, net, block_rows(trained, pos), billboard, index[pos].tolist(), **kw
-        )
+            finetune, part, net, block_rows(trained, pos), billboard, index[pos].tolist(),
+            **{**kw, "bar": tally},
+        )  # fmt: skip
         scored = None if book is None else book.score(piece.params, part, pos, net)
-        return piece, scored, time.perf_counter() - t0
+        return piece, scored, time.perf_counter() - t0, tally
 
     blocks = list(client_blocks(m, block))
     params: Params = {}
     choices: list[np.ndarray] = []
     piece = ClientFinish({})
     with concurrent_blocks(workers, len(blocks)) as run:
-        for pos, (piece, scored, seconds) in zip(blocks, run(one, blocks), strict=True):
+        for pos, (piece, scored, seconds, tally) in zip(blocks, run(one, blocks), strict=True):
+            kw["bar"].update(tally.n, **tally.postfix)
             if book is not None and scored is not None:
                 book.keep(scored, seconds)  # in the blocks' order, whatever finished first
             if not params:
@@ -616,7 +619,7 @@ def _finish_block(
     start: str,
     epochs: int,
     plan: AutoPlan | None,
-    bar: Progress,
+    bar: Progress | _Tally,
     device: str,
     local_solver: str,
     local_patience: int | None,
@@ -672,7 +675,7 @@ class _Candidates:
     client_index: Sequence[int] | None
     batch_size: int
     seed: int
-    bar: Progress
+    bar: Progress | _Tally
     device: str
     local_solver: str
     local_patience: int | None
@@ -746,13 +749,14 @@ def _vote_shares(
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     own_model = _model_per_thread(model)
 
-    def shares_of(pos: np.ndarray) -> np.ndarray:
+    def shares_of(pos: np.ndarray) -> tuple[np.ndarray, _Tally]:
         net = own_model()
         part = dataset if len(pos) == m else dataset.subset(pos.tolist())
         sub = trained if len(pos) == m else block_rows(trained, pos)
+        tally = _Tally()
         cand = _Candidates(
             part, net, sub, billboard, index[pos].tolist(), kw["batch_size"], kw["seed"],
-            kw["bar"], kw["device"], kw["local_solver"], kw["local_patience"], {},
+            tally, kw["device"], kw["local_solver"], kw["local_patience"], {},
         )  # fmt: skip
         val_x, val_y = part.split("val")
         has = np.array([len(y) > 0 for y in val_y])
@@ -760,14 +764,28 @@ def _vote_shares(
         for j, name in enumerate(names):
             correct, loss = client_scores(net, cand(name), buffers, val_x, val_y)
             scores[:, j] = np.where(has & np.isfinite(loss), correct, np.nan)
-        return client_vote_shares(scores)
+        return client_vote_shares(scores), tally
 
     out = np.zeros((m, len(names)))
     blocks = [voters[at] for at in client_blocks(len(voters), block)]
     with concurrent_blocks(workers, len(blocks)) as run:
-        for pos, shares in zip(blocks, run(shares_of, blocks), strict=True):
+        for pos, (shares, tally) in zip(blocks, run(shares_of, blocks), strict=True):
+            kw["bar"].update(tally.n, **tally.postfix)
             out[pos] = shares
     return out
+
+
+class _Tally:
+    """The progress steps of one block, handed to the run's bar by whoever consumes the block
+    (the block may run in another process, whose copy of the bar is not the one shown)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.postfix: dict[str, Any] = {}
+
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        self.n += n
+        self.postfix = postfix
 
 
 def _model_per_thread(model: nn.Module) -> Callable[[], nn.Module]:

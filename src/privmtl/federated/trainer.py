@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from privmtl._device import resolve_device, to_device
+from privmtl._device import one_blas_thread, resolve_device, to_device
 from privmtl._progress import Progress
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
@@ -529,16 +529,17 @@ class Trainer:
             unit="round",
         )
         try:
-            while True:
-                t0 = time.perf_counter()
-                rec = self.step(pool)
-                if rec is None:
-                    break
-                self._train_seconds += time.perf_counter() - t0
-                # only released quantities on the progress line: the training loss of the sampled
-                # clients is a curator diagnostic (``run_pmtl(diagnostics=True)``)
-                bar.update(1, eps=f"{rec.epsilon:.3g}")
-                yield rec
+            with one_blas_thread():  # the rounds' numpy products (drawing a client) are small
+                while True:
+                    t0 = time.perf_counter()
+                    rec = self.step(pool)
+                    if rec is None:
+                        break
+                    self._train_seconds += time.perf_counter() - t0
+                    # only released quantities on the progress line: the training loss of the
+                    # sampled clients is a curator diagnostic (``run_pmtl(diagnostics=True)``)
+                    bar.update(1, eps=f"{rec.epsilon:.3g}")
+                    yield rec
         finally:
             bar.close()
             if pool is not None:
