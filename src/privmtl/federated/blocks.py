@@ -12,8 +12,11 @@ from __future__ import annotations
 import functools
 import itertools
 import multiprocessing
+import os
 import pickle
 import signal
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -92,6 +95,7 @@ def _in_processes(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Ite
         max_workers=workers,
         mp_context=multiprocessing.get_context("fork"),
         initializer=_worker_process,
+        initargs=(os.getpid(),),
     )
     try:
         for out in _ordered(pool, functools.partial(_call, token), items, workers):
@@ -101,14 +105,25 @@ def _in_processes(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Ite
         del _JOBS[token]
 
 
-def _worker_process() -> None:
+def _worker_process(parent: int) -> None:
     """A block process: one torch and one BLAS thread; an interrupt is the parent's to handle
-    (it stops the pool), not a traceback from every worker."""
+    (it stops the pool), not a traceback from every worker; and it ends when its parent is gone
+    (a run killed outright leaves no worker behind holding its memory)."""
     from threadpoolctl import threadpool_limits
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     threadpool_limits(limits=1, user_api="blas")
+    threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
+
+
+def _end_with(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(_ORPHAN_CHECK_SECONDS)
+    os._exit(1)
+
+
+_ORPHAN_CHECK_SECONDS = 0.5
 
 
 def _call(token: int, item: Any) -> bytes:
