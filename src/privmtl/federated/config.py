@@ -39,6 +39,7 @@ from privmtl.privacy.matrix_factorization import (
 from privmtl.privacy.release import banded_groups
 
 __all__ = [
+    "CLIENT_CHUNK",
     "DEFAULT_HEAD_EPOCHS",
     "SAMPLINGS",
     "TrainConfig",
@@ -48,6 +49,10 @@ __all__ = [
 ]
 
 SAMPLINGS = ("poisson", "fixed", "all", "cyclic")
+
+CLIENT_CHUNK = 8
+"""Clients vectorised together in a round (``client_chunk="auto"``) for a model without the
+by-hand logistic step."""
 
 
 def __getattr__(name: str) -> Any:
@@ -175,9 +180,14 @@ class TrainConfig:
         Batched path: ``"vmap"`` vectorises any module with ``torch.func.vmap``; ``"model"`` uses
         the model's ``forward_batched`` (see :mod:`privmtl.federated.models`); ``"auto"`` prefers
         the latter when the model has it.
-    client_chunk : int or None, default 8
+    client_chunk : int, None or "auto", default "auto"
         Batched path: vectorise over at most this many clients at a time (``None``: all sampled
-        clients). Results do not depend on it; ``benchmarks/pmtl_speed.py`` measures its effect.
+        clients). ``"auto"``: all sampled clients for a model with the by-hand logistic step
+        (:func:`~privmtl.federated.gradients.tape_free`: a few tiny operations a step, whose
+        dispatch, not their arithmetic, is the cost, so one vectorised pass over every client
+        beats many passes over a few), :data:`CLIENT_CHUNK` otherwise (a network's activations
+        for a few clients at a time). Results do not depend on it; ``benchmarks/pmtl_speed.py``
+        measures its effect.
     eval_every : int, default 0
         Every ``eval_every`` rounds, record the validation accuracy of the method's model in the
         history (0: only at the end).
@@ -299,7 +309,7 @@ class TrainConfig:
     budget: float | None = None
     batched: bool = True
     vectorize: str = "auto"
-    client_chunk: int | None = 8
+    client_chunk: int | str | None = "auto"
     eval_every: int = 0
     progress: bool = True
     threads: int = 2
@@ -364,7 +374,9 @@ class TrainConfig:
         if self.budget is not None:
             check_real("budget", self.budget, low=0.0, closed="neither")
         check_choice("vectorize", self.vectorize, ("auto", "vmap", "model"))
-        if self.client_chunk is not None:
+        if isinstance(self.client_chunk, str):
+            check_choice("client_chunk", self.client_chunk, ("auto",))
+        elif self.client_chunk is not None:
             check_int("client_chunk", self.client_chunk, low=1)
         check_int("eval_every", self.eval_every, low=0)
         check_int("threads", self.threads, low=1)

@@ -53,7 +53,13 @@ from privmtl.federated.backend import (
     setup_run,
 )
 from privmtl.federated.client import UpdateRule, local_sgd_batched, local_sgd_reference
-from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
+from privmtl.federated.config import (
+    CLIENT_CHUNK,
+    TrainConfig,
+    TrainResult,
+    check_inputs,
+    resolve_config,
+)
 from privmtl.federated.gradients import make_step_fn, tape_free
 from privmtl.federated.methods import Method, TrainFn
 from privmtl.federated.store import ClientStore
@@ -379,11 +385,12 @@ class Trainer:
                 cfg.batch_size,
             )
 
+        per_chunk = self._client_chunk()
         if pool is not None:  # groups of equal work, one per thread at a time
-            groups = partition_plan(plan, cfg.threads, cfg.client_chunk)
+            groups = partition_plan(plan, cfg.threads, per_chunk)
             results = list(pool.map(train_group, groups))
         else:
-            chunk = cfg.client_chunk or max(k, 1)
+            chunk = per_chunk or max(k, 1)
             groups = [np.arange(c, min(c + chunk, k)) for c in range(0, k, chunk)]
             results = [train_group(g) for g in groups]
         order = np.argsort(np.concatenate(groups), kind="stable")
@@ -391,6 +398,14 @@ class Trainer:
         losses: list[float] = [v for _, ls in results for v in ls]
         news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, at) for n in starts}
         return news, [losses[int(i)] for i in order]
+
+    def _client_chunk(self) -> int | None:
+        """The configuration's ``client_chunk``, ``"auto"`` resolved for this model."""
+        chunk = self.config.client_chunk
+        if chunk != "auto":
+            assert not isinstance(chunk, str)
+            return chunk
+        return None if tape_free(self.model, self.config.vectorize) else CLIENT_CHUNK
 
     def _train_fn(
         self,
