@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 
 import numpy as np
@@ -13,7 +12,7 @@ from privmtl.federated import blocks
 from privmtl.federated.blocks import client_blocks, concurrent_blocks
 
 needs_fork = pytest.mark.skipif(
-    "fork" not in multiprocessing.get_all_start_methods(), reason="no fork on this platform"
+    not blocks.FORKED_WORKERS, reason="blocks run in forked processes on Linux only"
 )
 
 

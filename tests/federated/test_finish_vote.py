@@ -4,7 +4,6 @@ client, elected by the clients' recorded noisy vote; its ε composed into the ru
 from __future__ import annotations
 
 import math
-import multiprocessing
 
 import dp_accounting
 import numpy as np
@@ -88,8 +87,8 @@ def test_the_vote_in_concurrent_blocks_equals_one_block_after_another(in_process
     from privmtl.federated import blocks
 
     if in_processes:
-        if "fork" not in multiprocessing.get_all_start_methods():
-            pytest.skip("no fork on this platform: blocks run in threads")
+        if not blocks.FORKED_WORKERS:
+            pytest.skip("blocks run in forked processes on Linux only")
         monkeypatch.setattr(blocks, "PROCESS_MIN_BLOCKS", 2)
     ds, net, trained, board, plan = _inputs(m=11)
     seen = []

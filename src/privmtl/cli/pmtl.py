@@ -259,8 +259,8 @@ def _device_option(help: str) -> Any:
     default=2,
     show_default=True,
     help="Torch threads during training (logistic regression trains on one, its fastest), and "
-    "blocks of clients the end of run computes at once, in forked worker processes where the "
-    "platform has fork (changes the speed, not the result).",
+    "blocks of clients the end of run computes at once (in forked worker processes on Linux; "
+    "changes the speed, not the result).",
 )
 @_device_option(
     "Where training, the end of run and scoring compute: auto is CUDA where available, else the "

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -26,7 +27,13 @@ import torch
 
 from privmtl._validation import check_int
 
-__all__ = ["END_OF_RUN_BLOCK", "PROCESS_MIN_BLOCKS", "client_blocks", "concurrent_blocks"]
+__all__ = [
+    "END_OF_RUN_BLOCK",
+    "FORKED_WORKERS",
+    "PROCESS_MIN_BLOCKS",
+    "client_blocks",
+    "concurrent_blocks",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -42,9 +49,15 @@ def client_blocks(m: int, block: int = END_OF_RUN_BLOCK) -> Iterator[np.ndarray]
         yield np.arange(start, min(start + block, m), dtype=np.int64)
 
 
-#: The fewest blocks computed in worker processes rather than threads (where ``fork`` exists):
-#: below it, forking the run costs more than the threads' contention for the interpreter.
+#: The fewest blocks computed in worker processes rather than threads (where
+#: :data:`FORKED_WORKERS`): below it, forking the run costs more than the threads' contention
+#: for the interpreter.
 PROCESS_MIN_BLOCKS = 8
+
+#: Whether many blocks run in forked worker processes here: on Linux. Elsewhere they run in
+#: threads (Windows has no fork, and macOS's system libraries are not safe to use in a child
+#: forked from a process that runs threads).
+FORKED_WORKERS = sys.platform.startswith("linux")
 
 # the block functions of the process pools open now, by token: a forked worker inherits them
 _JOBS: dict[int, Callable[[Any], Any]] = {}
@@ -60,7 +73,7 @@ def concurrent_blocks(
     which block computes it, where or when).
 
     One worker, or one block, maps in the calling thread. From :data:`PROCESS_MIN_BLOCKS` blocks
-    on, where the platform can ``fork``, the blocks run in ``workers`` forked processes with one
+    on, on Linux (:data:`FORKED_WORKERS`), the blocks run in ``workers`` forked processes with one
     torch and one BLAS thread each: the work of a block is many small operations, and threads
     of one interpreter wait for one another to run them (two threads finish a run's blocks about
     as fast as one). Otherwise they run in threads with one torch thread each. The function
@@ -71,7 +84,7 @@ def concurrent_blocks(
     if workers == 1 or n_blocks <= 1:
         yield map
         return
-    if n_blocks >= PROCESS_MIN_BLOCKS and "fork" in multiprocessing.get_all_start_methods():
+    if FORKED_WORKERS and n_blocks >= PROCESS_MIN_BLOCKS:
         yield lambda fn, items: _in_processes(fn, items, min(workers, n_blocks))
         return
     from concurrent.futures import ThreadPoolExecutor
