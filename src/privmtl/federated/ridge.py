@@ -47,7 +47,8 @@ from privmtl.federated.algorithms import Params
 __all__ = ["RIDGE_BUCKET_ROWS", "RIDGE_ITERATIONS", "padded_rows", "ridge_logreg"]
 
 RIDGE_ITERATIONS = 30
-"""Iterations of :func:`ridge_logreg` (the objective is within about 1e-3 of its minimum)."""
+"""Iterations of :func:`ridge_logreg`: the objective ends near its minimum, closer the stronger
+the prior (``tests/federated/test_ridge.py`` bounds the gap)."""
 RIDGE_BUCKET_ROWS = 1 << 12
 """The most padded training rows (times the prior strengths) of one bucket of :func:`ridge_logreg`."""
 
