@@ -402,10 +402,9 @@ class Trainer:
     def _client_chunk(self) -> int | None:
         """The configuration's ``client_chunk``, ``"auto"`` resolved for this model."""
         chunk = self.config.client_chunk
-        if chunk != "auto":
-            assert not isinstance(chunk, str)
-            return chunk
-        return None if tape_free(self.model, self.config.vectorize) else CLIENT_CHUNK
+        if chunk == "auto":
+            return None if tape_free(self.model, self.config.vectorize) else CLIENT_CHUNK
+        return None if chunk is None else int(chunk)
 
     def _train_fn(
         self,
