@@ -14,7 +14,7 @@ from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import client_scores
 from privmtl.federated.local import _train_grid, client_better, select_per_client, train_local
-from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.models import FemnistCNN, MultinomialLogReg
 
 D, C, SEED, B = 5, 3, 4, 4
 
@@ -120,6 +120,21 @@ def test_closed_form_logreg_gradient_matches_autograd_and_reference(ds: Federate
     torch.testing.assert_close(fast["linear.weight"], generic["lin.weight"])
     torch.testing.assert_close(fast["linear.bias"], generic["lin.bias"])
     torch.testing.assert_close(fast["linear.weight"], ref["linear.weight"])
+
+
+def test_a_networks_grid_through_forward_batched_equals_the_reference_loop(
+    images: FederatedDataset,
+) -> None:
+    """The CNN's grid takes the rounds' step (``forward_batched``, one grouped convolution); its
+    models are the per-client reference loop's (``batched=False``: one client, plain autograd)."""
+    kw = {"epochs": (1, 3), "lrs": (0.05, 0.2), "batch_size": 4, "seed": SEED, "client_chunk": 4}
+    net = FemnistCNN(n_classes=5, random_state=0)
+    fast = train_local(images, net, **kw)
+    ref = train_local(images, net, **kw, batched=False)
+    assert fast.personalized_params is not None and ref.personalized_params is not None
+    for name, p in ref.personalized_params.items():
+        torch.testing.assert_close(fast.personalized_params[name], p, rtol=1e-4, atol=1e-5)
+    assert fast.extra["local_selection"]["choice"] == ref.extra["local_selection"]["choice"]
 
 
 @pytest.mark.parametrize(
