@@ -35,11 +35,14 @@ def test_auto_votes_only_where_a_vote_can_be_planned():
         assert resolve_finetune_select(given, LOGREG, **{**VOTES, "epsilon": None}) == given
 
 
-def test_auto_solver_is_ridge_for_logistic_regression_with_a_held_vote_only():
+def test_auto_solver_is_ridge_for_a_held_vote_sgd_for_logreg_adam_for_a_network():
     logreg, mlp = MultinomialLogReg(4, 3), nn.Sequential(nn.Linear(4, 3))
     assert resolve_local_solver("auto", logreg, vote_held=True) == "ridge"
     assert resolve_local_solver("auto", logreg, vote_held=False) == "sgd"
-    assert resolve_local_solver("auto", mlp, vote_held=True) == "sgd"
+    assert resolve_local_solver("auto", mlp, vote_held=True) == "adam"
+    assert resolve_local_solver("auto", mlp, vote_held=False) == "adam"
+    assert resolve_local_solver("auto", mlp, vote_held=False, patience=3) == "sgd"  # stops SGD
+    assert resolve_local_solver("sgd", mlp, vote_held=False) == "sgd"
     assert resolve_local_solver("ridge", logreg, vote_held=False) == "ridge"
     assert resolve_local_solver("sgd", logreg, vote_held=True) == "sgd"
 

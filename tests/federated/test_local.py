@@ -13,7 +13,15 @@ from torch import nn
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import client_scores
-from privmtl.federated.local import _train_grid, client_better, select_per_client, train_local
+from privmtl.federated.finetune import finetune_plan
+from privmtl.federated.local import (
+    ADAM_EPOCHS,
+    ADAM_LRS,
+    _train_grid,
+    client_better,
+    select_per_client,
+    train_local,
+)
 from privmtl.federated.models import FemnistCNN, MultinomialLogReg
 
 D, C, SEED, B = 5, 3, 4, 4
@@ -135,6 +143,55 @@ def test_a_networks_grid_through_forward_batched_equals_the_reference_loop(
     for name, p in ref.personalized_params.items():
         torch.testing.assert_close(fast.personalized_params[name], p, rtol=1e-4, atol=1e-5)
     assert fast.extra["local_selection"]["choice"] == ref.extra["local_selection"]["choice"]
+
+
+def test_a_networks_blocks_in_threads_give_the_models_of_one_block(
+    images: FederatedDataset,
+) -> None:
+    """``workers=2`` trains a network's clients in two blocks at once; every client's model is
+    the one it gets in one block (up to the rounding of its vectorised call), and so its choice."""
+    kw = {"epochs": (1, 2), "lrs": (0.05, 0.2), "batch_size": 4, "seed": SEED}
+    net = FemnistCNN(n_classes=5, random_state=0)
+    seen: list[int] = []
+    two = train_local(images, net, **kw, workers=2, on_clients=seen.append)
+    one = train_local(images, net, **kw)
+    assert one.personalized_params is not None and two.personalized_params is not None
+    for name, p in one.personalized_params.items():
+        torch.testing.assert_close(two.personalized_params[name], p, rtol=1e-4, atol=1e-5)
+    assert two.extra["local_selection"]["choice"] == one.extra["local_selection"]["choice"]
+    assert sum(seen) == images.n_clients and len(seen) >= 2  # progress from both blocks
+
+
+def test_adam_grid_is_torch_adam_on_each_clients_own_minibatches(images: FederatedDataset) -> None:
+    """Oracle: one client at a time, ``torch.optim.Adam`` on the mean cross-entropy of the
+    minibatches of ``finetune_plan`` (the SGD grid's), from the initial model."""
+    epochs, lr = 3, 0.01
+    net = FemnistCNN(n_classes=5, random_state=0)
+    res = train_local(
+        images, net, epochs=(epochs,), lrs=(lr,), batch_size=4, seed=SEED, solver="adam"
+    )
+    assert res.personalized_params is not None
+    assert res.extra["local_selection"]["solver"] == "adam"
+    x_all, y_all, _ = images.concat("train")
+    plan = finetune_plan(images, epochs=epochs, batch_size=4, seed=SEED)
+    for k, steps in enumerate(plan):
+        own = copy.deepcopy(net)
+        opt = torch.optim.Adam(own.parameters(), lr=lr)
+        for rows in steps:
+            opt.zero_grad()
+            F.cross_entropy(own(x_all[rows]), y_all[rows]).backward()
+            opt.step()
+        for name, p in own.named_parameters():  # Adam's m / sqrt(v) magnifies the last digits
+            # of a near-zero gradient: 1e-3 is a tenth of one step (lr), far below a wrong update
+            torch.testing.assert_close(
+                res.personalized_params[name][k], p.detach(), rtol=1e-3, atol=1e-3
+            )
+
+
+def test_adam_defaults_to_its_own_grid(images: FederatedDataset) -> None:
+    res = train_local(images, FemnistCNN(n_classes=5, random_state=0), solver="adam", block=3)
+    grid = res.extra["local_selection"]["grid"]
+    assert grid == [[e, lr] for e in ADAM_EPOCHS for lr in ADAM_LRS]
 
 
 @pytest.mark.parametrize(

@@ -882,7 +882,9 @@ def run_pmtl(
             f"'logreg'); got local_solver='ridge' with {type(loaded.net).__name__}."
         )
     held = loaded.vote is not None and loaded.vote.held
-    local_solver = resolve_local_solver(local_solver, loaded.net, vote_held=held)
+    local_solver = resolve_local_solver(
+        local_solver, loaded.net, vote_held=held, patience=local_patience
+    )
     fused = _scores_at_finish(loaded, finishing)
     with timer.phase("scoring"):  # the method's fit: its rounds, then the trained models' scores
         trained = _train(

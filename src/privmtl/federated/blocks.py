@@ -66,7 +66,7 @@ _TOKENS = itertools.count()
 
 @contextmanager
 def concurrent_blocks(
-    workers: int, n_blocks: int
+    workers: int, n_blocks: int, *, processes: bool = True
 ) -> Iterator[Callable[[Callable[[T], R], Iterable[T]], Iterator[R]]]:
     """A ``map`` over blocks that yields the results in the blocks' order, computing up to
     ``workers`` blocks at once (the blocks are independent: a client's outcome does not depend on
@@ -79,12 +79,14 @@ def concurrent_blocks(
     as fast as one). Otherwise they run in threads with one torch thread each. The function
     mapped must return a picklable value in the processes; it reads what the caller held when
     the map started (the fork's copy), and what it changes there is not seen by the caller.
+    ``processes=False`` keeps every block in threads (blocks of large operations, which leave
+    the interpreter free, and whose progress the caller reports from the threads).
     """
     workers = check_int("workers", workers, low=1)
     if workers == 1 or n_blocks <= 1:
         yield map
         return
-    if FORKED_WORKERS and n_blocks >= PROCESS_MIN_BLOCKS:
+    if processes and FORKED_WORKERS and n_blocks >= PROCESS_MIN_BLOCKS:
         yield lambda fn, items: _in_processes(fn, items, min(workers, n_blocks))
         return
     from concurrent.futures import ThreadPoolExecutor

@@ -261,20 +261,28 @@ def resolve_finetune_select(
     return "vote" if votes else "client"
 
 
-def resolve_local_solver(solver: str, model: nn.Module, *, vote_held: bool) -> str:
+def resolve_local_solver(
+    solver: str, model: nn.Module, *, vote_held: bool, patience: int | None = None
+) -> str:
     """How the end of run's local trainings are solved: ``"auto"`` becomes ``"ridge"`` for a
     multinomial logistic regression whose end of run is a held vote — the vote elects one
     candidate for all, and the ridge solves give one candidate per kind (local training, the
-    fine-tuned billboard) where the SGD grids give several whose supporters split — and
-    ``"sgd"`` otherwise (the grids every client chooses from on its own validation split).
-    Any other value is returned as given."""
+    fine-tuned billboard) where the SGD grids give several whose supporters split — ``"sgd"``
+    for another logistic regression (the grids every client chooses from on its own validation
+    split), and ``"adam"`` for a network, i.e. any other model (Adam's grid,
+    :data:`~privmtl.federated.local.ADAM_EPOCHS`, trains a network from its initial model in a
+    tenth of the SGD grid's epochs, with the same accuracy on FEMNIST's writers:
+    ``benchmarks/results/end_of_run_cnn.md``), unless ``patience`` is given (early stopping
+    stops the SGD grid). Any other value is returned as given."""
     from privmtl.federated.local import LOCAL_SOLVER_CHOICES
     from privmtl.federated.models import MultinomialLogReg
 
     check_choice("local_solver", solver, LOCAL_SOLVER_CHOICES)
     if solver != "auto":
         return solver
-    return "ridge" if vote_held and isinstance(model, MultinomialLogReg) else "sgd"
+    if isinstance(model, MultinomialLogReg):
+        return "ridge" if vote_held else "sgd"
+    return "sgd" if patience is not None else "adam"
 
 
 def vote_voters(m: int, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -564,8 +572,10 @@ def _finish_all(
     from privmtl.federated.finetune import check_client_index
 
     m = dataset.n_clients
-    if m <= block:
-        fin = _finish_block(finetune, dataset, model, trained, billboard, client_index, **kw)
+    if m <= block:  # one block: a network's grids use the workers inside it
+        fin = _finish_block(
+            finetune, dataset, model, trained, billboard, client_index, **kw, workers=workers
+        )
         if book is not None:
             book.keep(book.score(fin.params, dataset, None))
         return fin
@@ -624,9 +634,11 @@ def _finish_block(
     local_solver: str,
     local_patience: int | None,
     only: str | None = None,
+    workers: int = 1,
 ) -> ClientFinish:
     """:func:`finish_clients` of the clients of ``dataset`` at once (one block); ``only``: every
-    client takes this candidate of :func:`vote_candidates` (the vote's winner)."""
+    client takes this candidate of :func:`vote_candidates` (the vote's winner); ``workers``: the
+    threads of a network's grids (:func:`~privmtl.federated.local.train_local`)."""
     from privmtl.federated.finetune import finetune as finetune_models
     from privmtl.federated.local import select_per_client
 
@@ -644,7 +656,7 @@ def _finish_block(
     grids: dict[str, list[list[float]]] = {}
     cand = _Candidates(
         dataset, model, trained, billboard, client_index, batch_size, seed, bar, device,
-        local_solver, local_patience, grids,
+        local_solver, local_patience, grids, workers,
     )  # fmt: skip
     if only is not None:  # the vote's winner, for every client
         kind = only.split()[0]
@@ -680,6 +692,7 @@ class _Candidates:
     local_solver: str
     local_patience: int | None
     grids: dict[str, list[list[float]]]
+    workers: int = 1
 
     def __call__(self, name: str) -> Params:
         from privmtl.federated.local import train_local
@@ -694,6 +707,7 @@ class _Candidates:
             "device": self.device,
             "solver": self.local_solver,
             "patience": self.local_patience,
+            "workers": self.workers,
             "scores": False,  # the candidates' models only: the choice scores them
             "on_clients": lambda k: self.bar.update(k, candidate=name),
         }
@@ -708,9 +722,12 @@ class _Candidates:
             "epochs": AUTO_FINETUNE_EPOCHS, "lrs": AUTO_FINETUNE_LRS, "ridges": AUTO_FINETUNE_RIDGES,
         }  # fmt: skip
         point = _point(name)
+        # fine-tuning a trained billboard takes SGD's small steps (Adam's grid trains from scratch)
+        if kw["solver"] == "adam":
+            kw["solver"] = "sgd"
         tuned = train_local(self.dataset, begin, **{**grid, **point}, **kw)
         self.grids["billboard_grid"] = (
-            [list(g) for g in _grid_of(grid, self.local_solver)]  # the whole public grid
+            [list(g) for g in _grid_of(grid, kw["solver"])]  # the whole public grid
             if point
             else tuned.extra["local_selection"]["grid"]
         )

@@ -42,6 +42,7 @@ validation data.
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -56,7 +57,7 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params, client_scores, evaluate
-from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
+from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks, concurrent_blocks
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.finetune import (
     _pad_own,
@@ -65,12 +66,14 @@ from privmtl.federated.finetune import (
     finetune,
     finetune_objective,
 )
-from privmtl.federated.gradients import make_step_fn
+from privmtl.federated.gradients import make_step_fn, tape_free
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.ridge import RIDGE_ITERATIONS, ridge_logreg
 from privmtl.federated.spec import SPEC
 
 __all__ = [
+    "ADAM_EPOCHS",
+    "ADAM_LRS",
     "LOCAL_EPOCHS",
     "LOCAL_LRS",
     "LOCAL_RIDGES",
@@ -87,9 +90,19 @@ LOCAL_EPOCHS = (10, 30, 100)
 LOCAL_LRS = (0.03, 0.1)
 """Default grid of SGD step sizes of :func:`train_local`."""
 LOCAL_SELECT = ("client", "pooled")
-LOCAL_SOLVERS = ("sgd", "ridge")
-"""How :func:`train_local` trains: the minibatch-SGD grid, or every client's ridge-regularised
-logistic regression solved in batches (:mod:`~privmtl.federated.ridge`; logistic regression only)."""
+LOCAL_SOLVERS = ("sgd", "adam", "ridge")
+"""How :func:`train_local` trains: the minibatch-SGD grid, the same grid with Adam's steps (a
+network reaches in ``ADAM_EPOCHS`` what SGD needs ``LOCAL_EPOCHS`` for), or every client's
+ridge-regularised logistic regression solved in batches (:mod:`~privmtl.federated.ridge`; logistic
+regression only)."""
+ADAM_EPOCHS = (10, 15)
+"""Default grid of local epochs of :func:`train_local` with ``solver="adam"``."""
+ADAM_LRS = (0.003,)
+"""Default Adam step sizes of :func:`train_local` with ``solver="adam"``."""
+ADAM_BETAS = (0.9, 0.999)
+"""Adam's decay rates of the first and second moments (those of :class:`torch.optim.Adam`)."""
+ADAM_EPS = 1e-8
+"""Adam's term added to the root of the second moment (that of :class:`torch.optim.Adam`)."""
 LOCAL_SOLVER_CHOICES = ("auto", *LOCAL_SOLVERS)
 """The values a run takes for its local solver: ``"auto"`` is resolved once per run
 (:func:`~privmtl.federated.finish.resolve_local_solver`)."""
@@ -224,6 +237,42 @@ def _sgd_step(
         p.sub_(g[n] * sizes.view(shape[n]))
 
 
+class _Adam:
+    """Adam's steps for every run of the vectorised grid (the update of :class:`torch.optim.Adam`
+    without weight decay, each run with its own step size and moments, all starting at zero).
+
+    Every run takes its ``t``-th step at the grid's ``t``-th step (a client's minibatches come
+    first, its padding after), so one step count serves all; a run without a step here (step
+    size 0) is not moved."""
+
+    def __init__(self, w: Params) -> None:
+        self.t = 0
+        self.m = {n: torch.zeros_like(p) for n, p in w.items()}
+        self.v = {n: torch.zeros_like(p) for n, p in w.items()}
+
+    def __call__(
+        self,
+        step: Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], Params],
+        w: Params,
+        x_all: torch.Tensor,
+        y_all: torch.Tensor,
+        rows: torch.Tensor,
+        weights: torch.Tensor,
+        sizes: torch.Tensor,
+        shape: dict[str, tuple[int, ...]],
+    ) -> None:
+        g = step(w, x_all[rows], y_all[rows], weights)
+        self.t += 1
+        b1, b2 = ADAM_BETAS
+        c1, c2 = 1.0 - b1**self.t, 1.0 - b2**self.t
+        for n, p in w.items():
+            m, v = self.m[n], self.v[n]
+            m.lerp_(g[n], 1.0 - b1)
+            v.mul_(b2).addcmul_(g[n], g[n], value=1.0 - b2)
+            denom = (v.sqrt() / c2**0.5).add_(ADAM_EPS)
+            p.sub_(m / denom * (sizes / c1).view(shape[n]))
+
+
 def _train_grid(
     model: nn.Module,
     buffers: Params,
@@ -237,10 +286,11 @@ def _train_grid(
     client_index: Sequence[int] | None = None,
     on_clients: Callable[[int], None] | None = None,
     patience: int | None = None,
+    adam: bool = False,
 ) -> list[Params]:
     """The models of every grid point, stacked ``(m, ...)``, in grid order (``on_clients`` is
     called with the number of clients done after each chunk of them; ``patience``:
-    :func:`_early_stopping`).
+    :func:`_early_stopping`; ``adam``: Adam's steps instead of SGD's, :class:`_Adam`, batched).
 
     The model of ``(e, lr)`` is the state after the first ``e`` epochs of one run of
     ``max(epochs)`` epochs at step size ``lr`` (the first ``e`` epochs of
@@ -320,8 +370,9 @@ def _train_grid(
                     on_clients(k)
                 continue
             shape = {n: (-1,) + (1,) * (p.ndim - 1) for n, p in w.items()}
+            move = _Adam(w) if adam else _sgd_step
             for s in range(rows.shape[0]):
-                _sgd_step(step, w, x_all, y_all, rows[s], weights[s], steps[s], shape)
+                move(step, w, x_all, y_all, rows[s], weights[s], steps[s], shape)
                 for e, done in snap_at.get(s + 1, ()):
                     for j, lr in enumerate(lr_list):
                         if (e, lr) not in snaps:
@@ -454,8 +505,8 @@ def train_local(
     dataset: FederatedDataset,
     model: nn.Module,
     *,
-    epochs: Sequence[int] = LOCAL_EPOCHS,
-    lrs: Sequence[float] = LOCAL_LRS,
+    epochs: Sequence[int] | None = None,
+    lrs: Sequence[float] | None = None,
     batch_size: int = SPEC.batch_size,
     select: str = "client",
     seed: int = SPEC.seed,
@@ -463,6 +514,7 @@ def train_local(
     batched: bool = True,
     client_index: Sequence[int] | None = None,
     block: int = END_OF_RUN_BLOCK,
+    workers: int = 1,
     on_clients: Callable[[int], None] | None = None,
     device: str | torch.device = "cpu",
     solver: str = "sgd",
@@ -479,10 +531,12 @@ def train_local(
     model : nn.Module
         Architecture and initial parameters (the same initial model for every client, as for the
         federated methods); the module itself is not modified.
-    epochs : sequence of int, default :data:`LOCAL_EPOCHS`
-        Numbers of passes over the client's training data tried (each >= 1).
-    lrs : sequence of float, default :data:`LOCAL_LRS`
-        SGD step sizes tried (each > 0).
+    epochs : sequence of int, optional
+        Numbers of passes over the client's training data tried (each >= 1); default
+        :data:`LOCAL_EPOCHS` (``solver="adam"``: :data:`ADAM_EPOCHS`).
+    lrs : sequence of float, optional
+        Step sizes tried (each > 0); default :data:`LOCAL_LRS` (``solver="adam"``:
+        :data:`ADAM_LRS`).
     batch_size : int, default 10
         Minibatch size ``B`` (the last minibatch of an epoch may be smaller).
     select : {"client", "pooled"}, default "client"
@@ -504,6 +558,13 @@ def train_local(
         With ``select="client"``, the most clients trained at once (their grid of models is held
         for one block at a time); the models do not depend on it. ``select="pooled"`` takes the
         whole population at once.
+    workers : int, default 1
+        Blocks trained at once, in threads with one torch thread each, for a network trained on
+        the CPU by the SGD grid with ``select="client"`` (a network's steps are large operations
+        that leave the interpreter free; the closed-form logistic step's are not, and it keeps
+        one block after another). With ``workers`` > 1 the clients are split into at least
+        ``workers`` blocks. A network's models may differ in the last floating-point digits with
+        the block (``client_chunk``).
     on_clients : callable, optional
         Called with the number of clients whose grid is trained, after each chunk of them (a
         progress report; the models do not depend on it).
@@ -511,8 +572,12 @@ def train_local(
         Where the batched path trains and scores (:func:`~privmtl._device.resolve_device`); the
         data and models are moved there a block at a time and the returned models are CPU
         tensors. The per-client reference loop (``batched=False``) runs on the CPU.
-    solver : {"sgd", "ridge"}, default "sgd"
-        ``"sgd"``: the grid of ``epochs`` x ``lrs`` of minibatch SGD. ``"ridge"`` (a
+    solver : {"sgd", "adam", "ridge"}, default "sgd"
+        ``"sgd"``: the grid of ``epochs`` x ``lrs`` of minibatch SGD. ``"adam"``: the same grid
+        and minibatches with Adam's steps (:data:`ADAM_BETAS`, :data:`ADAM_EPS`, moments from
+        zero for every run; always batched), which train a network from its initial model in a
+        few epochs where SGD needs many: :data:`ADAM_EPOCHS` against :data:`LOCAL_EPOCHS`.
+        ``"ridge"`` (a
         :class:`~privmtl.federated.models.MultinomialLogReg` only): every client's cross-entropy
         with an L2 penalty towards ``model``'s parameters, worth ``c`` examples, for each ``c`` of
         ``ridges``, solved for all clients of a block in batches
@@ -549,6 +614,12 @@ def train_local(
     if client_chunk is not None:
         client_chunk = check_int("client_chunk", client_chunk, low=1)
     check_choice("solver", solver, LOCAL_SOLVERS)
+    if epochs is None:
+        epochs = ADAM_EPOCHS if solver == "adam" else LOCAL_EPOCHS
+    if lrs is None:
+        lrs = ADAM_LRS if solver == "adam" else LOCAL_LRS
+    if solver == "adam":
+        batched = True
     if solver == "ridge":
         if not isinstance(model, MultinomialLogReg):
             raise InvalidParameterError(
@@ -581,35 +652,53 @@ def train_local(
     # each client chooses on its own validation split: the population is trained a block at a
     # time; one pooled choice reads every client's validation data: one block
     block = check_int("block", block, low=1) if select == "client" else m
-    for pos in client_blocks(m, block):
+    workers = check_int("workers", workers, low=1)
+    threads = (
+        workers
+        if select == "client" and solver in ("sgd", "adam") and batched and on.type == "cpu"
+        and not tape_free(model)
+        else 1
+    )  # fmt: skip
+    if threads > 1:  # every worker gets clients
+        block = min(block, -(-m // threads))
+    lock = threading.Lock()
+
+    def progress(k: int) -> None:
+        if on_clients is not None:
+            with lock:
+                on_clients(k)
+
+    def one(pos: np.ndarray) -> tuple[Params, np.ndarray, np.ndarray, np.ndarray]:
+        """One block: its grid, each client's choice, the grid's correct counts in it."""
+        # scoring swaps a module's parameters while it runs: a module per thread
+        net = model if threads == 1 else copy.deepcopy(model)
         part = dataset if len(pos) == m else dataset.subset(pos.tolist())
-        rows = torch.from_numpy(pos).to(on)
         ci = None if client_index is None and len(pos) == m else index[pos].tolist()
         if solver == "ridge":
             models = ridge_logreg(init, part, ridge_grid)
-            if on_clients is not None:
-                on_clients(len(pos))
+            progress(len(pos))
         else:
             models = _train_grid(
-                model, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci,
-                on_clients, patience,
+                net, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci,
+                progress, patience, solver == "adam",
             )  # fmt: skip
         val_x, val_y = part.split("val")
         test_x, test_y = part.split("test")
         k = len(pos)
+        vc, tc = np.zeros(n_grid), np.zeros(n_grid)
         best_correct, best_loss = np.full(k, -1.0), np.full(k, np.inf)
         part_choice = np.zeros(k, dtype=np.int64)
         mine: Params = {}
         for g, params in enumerate(models):
             if scores or len(models) > 1:
-                correct, loss = client_scores(model, params, buffers, val_x, val_y)
+                correct, loss = client_scores(net, params, buffers, val_x, val_y)
             else:  # one candidate: nothing to choose
                 correct, loss = np.full(k, np.nan), np.zeros(k)
-            val_correct[g] += correct.sum()
+            vc[g] = correct.sum()
             if scores:
-                test_correct[g] += client_scores(model, params, buffers, test_x, test_y)[0].sum()
+                tc[g] = client_scores(net, params, buffers, test_x, test_y)[0].sum()
             else:
-                test_correct[g] = np.nan
+                tc[g] = np.nan
             if select == "pooled":
                 better = np.full(
                     k,
@@ -627,14 +716,21 @@ def train_local(
             part_choice[better] = g
             best_correct = np.where(better, correct, best_correct)
             best_loss = np.where(better, loss, best_loss)
-        if len(pos) == m:
-            chosen = mine
-        else:
-            if not chosen:
-                chosen = {n: p.new_empty((m, *p.shape[1:])) for n, p in mine.items()}
-            for n, p in mine.items():
-                chosen[n][rows] = p
-        choice[pos] = part_choice
+        return mine, part_choice, vc, tc
+
+    blocks = list(client_blocks(m, block))
+    with concurrent_blocks(threads, len(blocks), processes=False) as run:
+        for pos, (mine, part_choice, vc, tc) in zip(blocks, run(one, blocks), strict=True):
+            val_correct += vc
+            test_correct += tc
+            if len(pos) == m:
+                chosen = mine
+            else:
+                if not chosen:
+                    chosen = {n: p.new_empty((m, *p.shape[1:])) for n, p in mine.items()}
+                for n, p in mine.items():
+                    chosen[n][torch.from_numpy(pos).to(on)] = p
+            choice[pos] = part_choice
     n_val = max(int(dataset.sizes("val").sum()), 1)
     n_test = int(dataset.sizes("test").sum())
     grid_val = [float(c / n_val) for c in val_correct]

@@ -57,4 +57,5 @@ class LocalAll(Local):
             solver=run.get("local_solver", "sgd"),
             patience=run.get("local_patience"),
             device=cfg.device,
+            workers=cfg.threads,
         )
