@@ -26,11 +26,16 @@ SCHEMES: dict[str, Scheme] = {
     "SGD grid (10, 30, 100) x (0.03, 0.1) (before)": (
         "sgd", [(e, lr) for e in LOCAL_EPOCHS for lr in LOCAL_LRS]
     ),
-    "Adam (10, 15) x 0.003 (now)": ("adam", [(e, lr) for e in ADAM_EPOCHS for lr in ADAM_LRS]),
+    "Adam (15, 20) x 0.003 (now: ADAM_EPOCHS x ADAM_LRS)": (
+        "adam", [(e, lr) for e in ADAM_EPOCHS for lr in ADAM_LRS]
+    ),
+    "Adam (10, 15) x 0.003": ("adam", [(10, 0.003), (15, 0.003)]),
     "Adam 10 x 0.003": ("adam", [(10, 0.003)]),
     "Adam 15 x 0.003": ("adam", [(15, 0.003)]),
     "Adam 20 x 0.003": ("adam", [(20, 0.003)]),
     "Adam (10, 15, 20) x 0.003": ("adam", [(10, 0.003), (15, 0.003), (20, 0.003)]),
+    "Adam (12, 20) x 0.003": ("adam", [(12, 0.003), (20, 0.003)]),
+    "Adam (10, 20) x 0.003": ("adam", [(10, 0.003), (20, 0.003)]),
     "SGD 15 x 0.1": ("sgd", [(15, 0.1)]),
     "SGD 20 x 0.1": ("sgd", [(20, 0.1)]),
     "SGD (10, 15, 20) x 0.1": ("sgd", [(10, 0.1), (15, 0.1), (20, 0.1)]),

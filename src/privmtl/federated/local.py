@@ -95,7 +95,7 @@ LOCAL_SOLVERS = ("sgd", "adam", "ridge")
 network reaches in ``ADAM_EPOCHS`` what SGD needs ``LOCAL_EPOCHS`` for), or every client's
 ridge-regularised logistic regression solved in batches (:mod:`~privmtl.federated.ridge`; logistic
 regression only)."""
-ADAM_EPOCHS = (10, 15)
+ADAM_EPOCHS = (15, 20)
 """Default grid of local epochs of :func:`train_local` with ``solver="adam"``."""
 ADAM_LRS = (0.003,)
 """Default Adam step sizes of :func:`train_local` with ``solver="adam"``."""

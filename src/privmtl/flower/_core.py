@@ -729,7 +729,7 @@ class NodeClients:
         finetune = str(finish.get("finetune", "none"))
         self.finetuned = finetune != "none"
         if finetune != "none":
-            from privmtl.federated.finish import auto_plan, finish_clients
+            from privmtl.federated.finish import auto_plan, finish_clients, resolve_local_solver
 
             self.model.train()
             plan = None
@@ -743,6 +743,7 @@ class NodeClients:
                 batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
                 lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
                 start=str(finish.get("start", "personalized")), client_index=self.clients.tolist(),
+                local_solver=resolve_local_solver("auto", self.model, vote_held=False),
             )  # fmt: skip
             final = done.params  # (finish_clients trains the model as run_pmtl does: train mode)
             if done.choice is not None:
