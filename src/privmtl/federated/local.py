@@ -560,7 +560,7 @@ def train_local(
         whole population at once.
     workers : int, default 1
         Blocks trained at once, in threads with one torch thread each, for a network trained on
-        the CPU by the SGD grid with ``select="client"`` (a network's steps are large operations
+        the CPU by the SGD or Adam grid with ``select="client"`` (a network's steps are large operations
         that leave the interpreter free; the closed-form logistic step's are not, and it keeps
         one block after another). With ``workers`` > 1 the clients are split into at least
         ``workers`` blocks. A network's models may differ in the last floating-point digits with
