@@ -229,10 +229,14 @@ def _sgd_step(
     weights: torch.Tensor,
     sizes: torch.Tensor,
     shape: dict[str, tuple[int, ...]],
+    adam: _Adam | None = None,
 ) -> None:
     """One step of every run of the vectorised grid, in place: ``w -= sizes * step(w, batch)``
-    (``sizes``: each run's step size, 0 for a run without a step here)."""
+    (``sizes``: each run's step size, 0 for a run without a step here), or Adam's step."""
     g = step(w, x_all[rows], y_all[rows], weights)
+    if adam is not None:
+        adam.update(g, w, sizes, shape)
+        return
     for n, p in w.items():
         p.sub_(g[n] * sizes.view(shape[n]))
 
@@ -250,18 +254,10 @@ class _Adam:
         self.m = {n: torch.zeros_like(p) for n, p in w.items()}
         self.v = {n: torch.zeros_like(p) for n, p in w.items()}
 
-    def __call__(
-        self,
-        step: Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor], Params],
-        w: Params,
-        x_all: torch.Tensor,
-        y_all: torch.Tensor,
-        rows: torch.Tensor,
-        weights: torch.Tensor,
-        sizes: torch.Tensor,
-        shape: dict[str, tuple[int, ...]],
+    def update(
+        self, g: Params, w: Params, sizes: torch.Tensor, shape: dict[str, tuple[int, ...]]
     ) -> None:
-        g = step(w, x_all[rows], y_all[rows], weights)
+        """Move every run of ``w`` by its gradient ``g``, in place."""
         self.t += 1
         b1, b2 = ADAM_BETAS
         c1, c2 = 1.0 - b1**self.t, 1.0 - b2**self.t
@@ -370,9 +366,9 @@ def _train_grid(
                     on_clients(k)
                 continue
             shape = {n: (-1,) + (1,) * (p.ndim - 1) for n, p in w.items()}
-            move = _Adam(w) if adam else _sgd_step
+            moments = _Adam(w) if adam else None
             for s in range(rows.shape[0]):
-                move(step, w, x_all, y_all, rows[s], weights[s], steps[s], shape)
+                _sgd_step(step, w, x_all, y_all, rows[s], weights[s], steps[s], shape, moments)
                 for e, done in snap_at.get(s + 1, ()):
                     for j, lr in enumerate(lr_list):
                         if (e, lr) not in snaps:
