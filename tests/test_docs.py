@@ -45,6 +45,12 @@ def test_readme_keeps_the_install_and_test_commands():
     text = README.read_text()
     assert "pip install -c constraints-cpu.txt -e . && privmtl demo" in text
     assert 'pip install -c constraints-cpu.txt -e ".[test]" && pytest' in text
+    # CI runs that command as written (no extra installed before it), then the Flower tests
+    ci = (ROOT / ".ci" / "run").read_text()
+    install = ci.index('pip install --quiet -c constraints-cpu.txt -e ".[test]"\n')
+    first_pytest = ci.index("python -m pytest -q\n")
+    assert install < first_pytest
+    assert "flower" not in ci[install:first_pytest], "an extra is installed before the README's test"
 
 
 def test_readme_links_point_at_existing_files():

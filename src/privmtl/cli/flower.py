@@ -196,8 +196,6 @@ def local(**kw: Any) -> None:
     Everything the run writes stays in --work-dir (the privacy ledger first of all); every
     process started is stopped at the end, also on failure and on Ctrl-C.
     """
-    if importlib.util.find_spec("flwr") is None:
-        raise click.ClickException("privmtl flower needs Flower: pip install 'privmtl[flower]'")
     from privmtl.cli.pmtl import check_model_option
 
     ctx = click.get_current_context()
@@ -252,6 +250,8 @@ def local(**kw: Any) -> None:
     check_secagg_options(full, kw["num_supernodes"])
     work = kw["work_dir"] if kw["work_dir"] is not None else default_work_dir()
     check_work_dir(work, resume=kw["resume"])
+    if importlib.util.find_spec("flwr") is None:  # after the checks: bad input says what is bad
+        raise click.ClickException("privmtl flower needs Flower: pip install 'privmtl[flower]'")
     click.echo(f"privmtl: work directory {work} (ledger: server/ledger.jsonl)", err=True)
     on_abort(f"continue the run with the same command and --work-dir {work} --resume")
     out = run_local(
