@@ -91,8 +91,8 @@ def test_the_time_line_shows_every_phase_that_took_time_and_its_share():
     assert describe_phases(out, per_round=0.03) == (
         "555.0s (data 3.2s; rounds 0.9s, 0.030s/round; end of run 540.1s = 97%; scoring 10.8s = 2%)"
     )
-    # the rounds are always shown; a result without phases shows its seconds only
+    # the rounds are always shown; a run under a second keeps three decimals (never "0.0s")
     quick = {"seconds": 0.02, "phases": dict.fromkeys(PMTL_PHASES, 0.0)}
-    assert describe_phases(quick, per_round=0.001) == "0.0s (rounds 0.0s, 0.001s/round)"
+    assert describe_phases(quick, per_round=0.001) == "0.020s (rounds 0.0s, 0.001s/round)"
     assert describe_phases({"seconds": 12.34}) == "12.3s"
     assert describe_phases({"seconds": 1.0, "phases": dict.fromkeys(MPMTL_PHASES, 0.0)}) == "1.0s"

@@ -186,9 +186,10 @@ def describe_phases(out: dict[str, Any], *, per_round: float | None = None) -> s
     is at least 1 % of the run; a result without ``phases`` shows its ``seconds`` only.
     """
     total = float(out["seconds"])
+    shown = f"{total:.1f}s" if total >= 0.95 else f"{total:.3f}s"  # a quick run is not "0.0s"
     phases = out.get("phases")
     if not phases:
-        return f"{total:.1f}s"
+        return shown
     parts = []
     for name, secs in phases.items():
         if name != "rounds" and secs < 0.05:
@@ -200,4 +201,4 @@ def describe_phases(out: dict[str, Any], *, per_round: float | None = None) -> s
         if share >= 0.01:
             text += f" = {share:.0%}"
         parts.append(text)
-    return f"{total:.1f}s ({'; '.join(parts)})" if parts else f"{total:.1f}s"
+    return f"{shown} ({'; '.join(parts)})" if parts else shown

@@ -120,3 +120,18 @@ def test_sweep_tables_and_csv_carry_the_full_guarantee(capsys, tmp_path):
     argv += ["--finetune", "none"]
     assert main([*argv, "--out", str(tmp_path / "p"), "--quiet"]) == 0
     _table_checks(capsys.readouterr().out, (tmp_path / "p" / "pmtl_sweep.csv").read_text())
+
+
+def test_a_checkpoint_directory_in_use_is_refused_with_the_flag_not_the_python_term(
+    capsys, tmp_path
+):
+    """A rerun after Ctrl-C without --resume is told the flag to pass, as a command-line user
+    writes it (the library says resume=True to Python users)."""
+    ckpt = tmp_path / "ckpt"
+    argv = [*PMTL, "--epsilon", "2", "--checkpoint-dir", str(ckpt)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume" in err[0], err
+    assert "resume=True" not in err[0], err

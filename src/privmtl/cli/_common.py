@@ -129,12 +129,22 @@ def _run(group: click.Group, argv: list[str]) -> int:
         click.echo(f"privmtl: error: {_one_line(exc.format_message())}", err=True)
         return 2
     except PrivmtlError as exc:  # invalid parameters, malformed data, budget refusals
-        click.echo(f"privmtl: error: {_one_line(str(exc))}", err=True)
+        click.echo(f"privmtl: error: {_one_line(cli_terms(str(exc)))}", err=True)
         return 2
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         click.echo(f"privmtl: error: {_one_line(str(exc))}", err=True)
         return 2
     return code if isinstance(code, int) and not isinstance(code, bool) else 0
+
+
+_PYTHON_AND_FLAG = re.compile(r"\b\w+=(?:True|False|None|'[^']*'|\"[^\"]*\"|[\w.]+) \((--[\w-]+)\)")
+"""A library message's advice in both languages, e.g. ``resume=True (--resume)``."""
+
+
+def cli_terms(message: str) -> str:
+    """``message`` as a command-line user reads it: advice the library gives in both languages
+    (``pass resume=True (--resume)``) keeps the flag only (``pass --resume``)."""
+    return _PYTHON_AND_FLAG.sub(r"\1", message)
 
 
 _PARAMETER_ERROR = re.compile(r"The '(\w+)' parameter ")
