@@ -50,7 +50,9 @@ def test_readme_keeps_the_install_and_test_commands():
     install = ci.index('pip install --quiet -c constraints-cpu.txt -e ".[test]"\n')
     first_pytest = ci.index("python -m pytest -q\n")
     assert install < first_pytest
-    assert "flower" not in ci[install:first_pytest], "an extra is installed before the README's test"
+    assert "flower" not in ci[install:first_pytest], (
+        "an extra is installed before the README's test"
+    )
 
 
 def test_readme_links_point_at_existing_files():
