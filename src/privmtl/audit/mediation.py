@@ -109,6 +109,12 @@ POPULATION_KEYS = frozenset(
         "created",
         "timestamp",
         "signature",
+        "local_test_accuracy",
+        "local_mean_client_accuracy",
+        "gain_over_local",
+        "gain_interval",
+        "stl_nmse",
+        "gain_over_stl",
     }
 )
 

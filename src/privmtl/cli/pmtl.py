@@ -36,6 +36,7 @@ from privmtl.cli._spec_options import (
 )
 from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.baseline import describe_gain
 from privmtl.experiments.pmtl import (
     FINETUNE_STARTS,
     FL_METHODS,
@@ -96,6 +97,9 @@ def _human(out: dict[str, Any]) -> None:
         f"test accuracy (pooled) = {_fmt(out['test_accuracy'], '.4f')}; mean client accuracy = "
         f"{_fmt(out['mean_client_accuracy'], '.4f')}" + _finetune_label(out)
     )
+    gain = describe_gain(out)
+    if gain is not None:
+        click.echo(gain)
     echo_final_models(out)
     click.echo(f"time: {describe_phases(out, per_round=out.get('seconds_per_round'))}")
     click.echo(f"privacy: {out['summary']}")

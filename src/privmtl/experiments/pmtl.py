@@ -281,6 +281,7 @@ class FinishedRun:
     not_covered: tuple[str, ...]
     own_data: bool
     score_seconds: float = 0.0
+    per_client: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
 
 
 def _finish_request(
@@ -516,6 +517,7 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
             res.pop("_params")
     parts: dict[str, Any] = {}
     params = None
+    per_client = None
     notes: tuple[str, ...] = ()
     not_covered: tuple[str, ...] = ()
     own_data = False
@@ -529,6 +531,7 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
         )  # fmt: skip
         params = parts.pop("_params")
         score_seconds = float(parts.pop("_score_seconds"))
+        per_client = parts.pop("_per_client")
         held = parts["finetune_auto"]["select"] == "vote"
         notes, own_data = (FINETUNE_VOTE_NOTE if held else AUTO_NOTE,), True
     elif finetune == "auto":
@@ -562,7 +565,35 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
         from_billboard=request.start == "billboard",
         personalized=result.primary == "personalized",
     )
-    return FinishedRun(parts, results, params, final, notes, not_covered, own_data, score_seconds)
+    return FinishedRun(
+        parts, results, params, final, notes, not_covered, own_data, score_seconds, per_client
+    )
+
+
+def _baseline(loaded: LoadedRun, trained: TrainedRun, finished: FinishedRun) -> dict[str, Any]:
+    """The result's baseline keys (:func:`~privmtl.federated.baseline.local_baseline`): every
+    client's final model against its own local training, the end of run's ``local`` candidate
+    where every client computed it, else trained for :func:`baseline_sample`'s clients."""
+    from privmtl.federated.baseline import local_baseline, local_keys
+
+    result, spec = trained.result, loaded.spec
+    per_client = finished.per_client or {}
+    if "local" in per_client and "final" in per_client:
+        (final_c, n), (local_c, _) = per_client["final"], per_client["local"]
+        return local_keys(final_c, local_c, n, m=loaded.m, solver=trained.local_solver)
+    if finished.params is not None:
+        final, personalized = finished.params, True
+    elif result.primary == "personalized" and result.personalized_params is not None:
+        final, personalized = result.personalized_params, True
+    else:
+        final, personalized = result.global_params, False
+    return local_baseline(
+        loaded.dataset, loaded.net, final, personalized=personalized, seed=spec.seed,
+        batch_size=spec.batch_size, solver=trained.local_solver,
+        patience=trained.local_patience, device=result.config.device,
+        workers=result.config.threads,
+        local=result.personalized_params if loaded.method.every_client else None,
+    )  # fmt: skip
 
 
 def _report(
@@ -703,6 +734,7 @@ def run_pmtl(
     local_patience: int | None = None,
     diagnostics: bool = False,
     scaling: str = DEFAULT_CLIENT_SCALING,
+    baseline: bool = True,
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
@@ -759,6 +791,12 @@ def run_pmtl(
     the un-noised mean, of the noise, and with ``subspace_dim`` of the full un-noised mean): they
     read un-noised client updates, so the result is labelled not covered. Without it the result
     has none of them.
+
+    ``baseline=True`` (default) adds every client's own local training beside its final model
+    (:func:`~privmtl.federated.baseline.local_baseline`: ``local_test_accuracy``,
+    ``gain_over_local`` and its ``gain_interval``), the end of run's local candidate where it
+    computed one for every client, else trained for at most
+    :data:`~privmtl.federated.baseline.LOCAL_BASELINE_CLIENTS` sampled clients. No privacy cost.
 
     ``device`` (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``;
     :func:`~privmtl._device.resolve_device`) is where the in-process engine trains and scores:
@@ -852,10 +890,9 @@ def run_pmtl(
                 f"local_patience={local_patience} with local_solver={local_solver!r}."
             )
     resolve_device(device)  # before any data is read: "cuda" without CUDA fails here
-    if not isinstance(diagnostics, bool):
-        raise InvalidParameterError(
-            f"The 'diagnostics' parameter must be a bool; got {diagnostics!r}."
-        )
+    for name, flag in (("diagnostics", diagnostics), ("baseline", baseline)):
+        if not isinstance(flag, bool):
+            raise InvalidParameterError(f"The '{name}' parameter must be a bool; got {flag!r}.")
     request = DataRequest(
         data=data,
         data_path=data_path,
@@ -894,7 +931,12 @@ def run_pmtl(
     with timer.phase("end_of_run"):
         finished = _finish(loaded, trained, finishing)
     timer.carve("end_of_run", "scoring", finished.score_seconds)
+    alone: dict[str, Any] = {}
+    if baseline:
+        with timer.phase("scoring"):  # the baseline: each client's training alone, scored
+            alone = _baseline(loaded, trained, finished)
     out = _report(loaded, durability, trained, finished, diagnostics=diagnostics)
+    out.update(alone)
     if save_models is not None:
         with timer.phase("saving"):
             out["models_dir"] = _save(save_models, loaded, trained, finished, out)
@@ -1215,6 +1257,7 @@ def _finetune_auto(
         "val_accuracy": float(acc["val"]["accuracy"]),
         "_params": fin.params,
         "_score_seconds": fin.score_seconds,
+        "_per_client": fin.per_client,
     }
 
 

@@ -300,6 +300,7 @@ def _candidate_run(*, dataset: Any, noise_source: str, **kw: Any) -> dict[str, A
             checkpoint_dir=t / "run",
             checkpoint_every=int(kw["rounds"]),
             save_models=t / "models",
+            baseline=False,  # the same for every candidate: not trained again for each
         )
         # what selection reads belongs to the run's time: its ``seconds`` stay its wall time
         with added_phase(row, "scoring"):

@@ -376,6 +376,12 @@ class BlockScores:
                 self._names.append(name)
             self._parts.setdefault((split, name), []).append(part)
 
+    def per_client(self, split: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every client's correct predictions and examples of ``name`` on ``split``, in the
+        order the blocks were kept."""
+        parts = self._parts[(split, name)]
+        return np.concatenate([c for c, _, _ in parts]), np.concatenate([n for _, n, _ in parts])
+
     def summary(self) -> dict[str, dict[str, dict[str, float]]]:
         """``{split: {name: evaluate(...)}}`` over every block added."""
         out: dict[str, dict[str, dict[str, float]]] = {}

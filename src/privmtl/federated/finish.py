@@ -325,7 +325,9 @@ class ClientFinish:
     given, and ``score_seconds`` the wall time spent scoring (blocks computed at once: the
     scoring's share of their wall time); ``winner`` the candidate every client
     took and ``voters`` how many clients voted (``select="vote"``, :func:`vote_candidates`,
-    :func:`vote_voters`).
+    :func:`vote_voters`). ``per_client``, when scores were asked for: every client's correct test
+    predictions and test examples of its final model (``"final"``) and, where every client
+    computed it (``select="client"``), of its ``"local"`` candidate (scored, then dropped).
     """
 
     params: Params
@@ -336,6 +338,8 @@ class ClientFinish:
     score_seconds: float = 0.0
     winner: str | None = None
     voters: int | None = None
+    local: Params | None = None
+    per_client: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 def finish_clients(
@@ -506,6 +510,12 @@ def finish_clients(
     fin.voters = len(voters) if select == "vote" else None
     if book is not None:
         fin.scores, fin.score_seconds = book.scores.summary(), book.wall_seconds(blocks_wall)
+        fin.per_client = {
+            name: book.scores.per_client("test", name)
+            for name in ("final", "local")
+            if name in fin.scores["test"]
+        }
+    fin.local = None
     return fin
 
 
@@ -534,12 +544,15 @@ class _Book:
         piece: FederatedDataset,
         pos: np.ndarray | None,
         model: nn.Module | None = None,
+        local: Params | None = None,
     ) -> _Scored:
         """The scores of one block's final and other models (``pos``: the block's positions,
-        None for the whole population; ``model``: the thread's copy of the architecture), and
-        the seconds they took."""
+        None for the whole population; ``model``: the thread's copy of the architecture;
+        ``local``: the block's local candidates, where computed), and the seconds they took."""
         t0 = time.perf_counter()
         out = self.scores.score("final", final, True, piece, model)
+        if local is not None:
+            out += self.scores.score("local", local, True, piece, model)
         for name, (params, personal) in self.others.items():
             own = block_rows(params, pos) if personal and pos is not None else params
             out += self.scores.score(name, own, personal, piece, model)
@@ -577,7 +590,8 @@ def _finish_all(
             finetune, dataset, model, trained, billboard, client_index, **kw, workers=workers
         )
         if book is not None:
-            book.keep(book.score(fin.params, dataset, None))
+            book.keep(book.score(fin.params, dataset, None, local=fin.local))
+        fin.local = None
         return fin
     index = check_client_index(client_index, m)  # one block at a time, population indices
     own_model = _model_per_thread(model)
@@ -591,7 +605,8 @@ def _finish_all(
             finetune, part, net, block_rows(trained, pos), billboard, index[pos].tolist(),
             **{**kw, "bar": tally},
         )  # fmt: skip
-        scored = None if book is None else book.score(piece.params, part, pos, net)
+        scored = None if book is None else book.score(piece.params, part, pos, net, piece.local)
+        piece.local = None  # scored: not carried back
         return piece, scored, time.perf_counter() - t0, tally
 
     blocks = list(client_blocks(m, block))
@@ -664,13 +679,18 @@ def _finish_block(
         params = cand(only)
         return ClientFinish({n: p.clone() for n, p in params.items()}, choice, plan, grids)
 
+    kept: dict[str, Params] = {}
+
     def candidates() -> Iterator[Params]:  # generated one at a time, in the public order
         for name in plan.names:
-            yield cand(name)
+            params = cand(name)
+            if name == "local":  # the client's training alone: its baseline, scored later
+                kept[name] = params
+            yield params
 
     val_x, val_y = dataset.split("val")
     chosen, choice, _ = select_per_client(candidates(), model, buffers, val_x, val_y)
-    return ClientFinish(chosen, choice, plan, grids)
+    return ClientFinish(chosen, choice, plan, grids, local=kept.get("local"))
 
 
 @dataclass
