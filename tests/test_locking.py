@@ -225,6 +225,51 @@ def test_a_deleted_or_replaced_lock_file_is_detected_by_verify_and_check_held(tm
 
 
 @pytest.mark.skipif(not locking.locking_supported(), reason="no fcntl")
+def test_a_run_whose_lock_was_taken_stops_before_its_next_durable_write(tmp_path):
+    """Run A holds D; someone deletes the lock file; run B takes a new lock on D: A's next ledger
+    record, checkpoint or atomic write is refused (no release recorded twice)."""
+    import dp_accounting
+
+    from privmtl.checkpoint import save_checkpoint
+    from privmtl.io import append_jsonl, write_atomic
+    from privmtl.privacy.ledger import PrivacyLedger
+
+    d = tmp_path / "ck"  # created by the run
+    event = dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(1.1))
+    second = None
+    try:
+        with hold_directory(d, name="checkpoint_dir"):
+            ledger = PrivacyLedger(delta=1e-5, path=d / "ledger.jsonl")
+            ledger.record(event, round=0, release_id="round:0")
+            (d / LOCK_NAME).unlink()
+            second = subprocess.Popen([sys.executable, "-c", HOLD, str(d)], stdout=subprocess.PIPE)
+            assert second.stdout is not None and second.stdout.readline().strip() == b"held"
+            before = (d / "ledger.jsonl").read_bytes()
+            with pytest.raises(DirectoryLockedError, match="deleted or replaced"):
+                ledger.record(event, round=1, release_id="round:1")
+            assert (d / "ledger.jsonl").read_bytes() == before
+            with pytest.raises(DirectoryLockedError, match="deleted or replaced"):
+                save_checkpoint(
+                    d, kind="pmtl", config={}, state={"round": 1}, step=1, noise_source="seeded"
+                )
+            with pytest.raises(DirectoryLockedError, match="deleted or replaced"):
+                write_atomic(d / "model.json", b"{}")
+            with pytest.raises(DirectoryLockedError, match="deleted or replaced"):
+                append_jsonl(d / "runs.jsonl", {"a": 1})
+            assert sorted(p.name for p in d.iterdir()) == [LOCK_NAME, "ledger.jsonl"]
+            held_by_b = (d / LOCK_NAME).read_bytes()
+            assert f"pid {second.pid}".encode() in held_by_b
+        # A let go of its hold without deleting B's lock file (nor the folder B writes in)
+        assert (d / LOCK_NAME).read_bytes() == held_by_b
+        with pytest.raises(DirectoryLockedError, match=f"pid {second.pid}"):
+            DirectoryLock.acquire(d, name="checkpoint_dir")
+    finally:
+        if second is not None:
+            second.kill()
+            second.wait()
+
+
+@pytest.mark.skipif(not locking.locking_supported(), reason="no fcntl")
 def test_a_lock_file_replaced_between_open_and_flock_is_retried_once_then_refused(
     tmp_path, monkeypatch
 ):
