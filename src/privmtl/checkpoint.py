@@ -11,7 +11,7 @@ A checkpoint directory holds
   file up to the last of them, :meth:`~privmtl.privacy.ledger.PrivacyLedger.seen`);
 * ``ledger.jsonl`` — the run's durable privacy ledger (:mod:`privmtl.privacy.ledger`), appended to
   by the curator before every release and never rewritten by a checkpoint;
-* ``.lock`` — the lock of the run writing the directory (:mod:`privmtl.locking`).
+* ``.privmtl.lock`` — the lock of the run writing the directory (:mod:`privmtl.locking`).
 
 :func:`save_checkpoint` writes the state to a new file (temporary name, ``fsync``, rename), then
 replaces the manifest the same way (the manifest names the new state file and its hash), syncs the
@@ -91,8 +91,11 @@ def save_checkpoint(
     ``ledger`` is what the run's durable ledger holds now
     (:meth:`~privmtl.privacy.ledger.PrivacyLedger.seen`; None: the run has no ledger).
     """
+    from privmtl.locking import check_held
+
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
+    check_held(d)  # a run whose directory lock was taken from it writes no checkpoint
     buf = io.BytesIO()
     torch.save(state, buf)
     data = buf.getvalue()

@@ -3,6 +3,12 @@
 Nothing here knows about privacy or models. A file is either written completely or not at all
 (temporary file, ``fsync``, atomic rename); a JSON-lines run log is appended one ``fsync``-ed line
 per finished run, and a torn last line (the process killed mid-write) is dropped when read back.
+
+Every temporary file or folder written here has a name only privmtl writes,
+``.privmtl-NAME.XXXX.tmp`` (:func:`privmtl.locking.temporary_prefix`): the run that next takes the
+directory's lock removes those a killed write left behind, and nothing else. A write into a
+directory whose lock this process holds first checks that the lock is still its own
+(:func:`privmtl.locking.check_held`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.locking import TEMPORARY_SUFFIX, check_held, temporary_prefix
 
 __all__ = [
     "append_jsonl",
@@ -96,8 +103,12 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """:func:`write_atomic` of what ``write`` writes into the open temporary file (streamed to
-    disk: nothing is assembled in memory first)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    disk: nothing is assembled in memory first). The temporary is ``.privmtl-NAME.XXXX.tmp``
+    beside ``path``; a directory this process holds is checked to be still its own first."""
+    check_held(path.parent)
+    fd, tmp = tempfile.mkstemp(
+        dir=path.parent, prefix=temporary_prefix(path.name), suffix=TEMPORARY_SUFFIX
+    )
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
@@ -117,11 +128,17 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 
 @contextmanager
 def atomic_output_dir(final: Path) -> Iterator[Path]:
-    """Yield a temporary sibling directory; move its files into ``final`` only on success."""
+    """Yield a temporary sibling directory (``.privmtl-NAME.XXXX.tmp``); move its files into
+    ``final`` only on success."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    tmp = Path(
+        tempfile.mkdtemp(
+            dir=final.parent, prefix=temporary_prefix(final.name), suffix=TEMPORARY_SUFFIX
+        )
+    )
     try:
         yield tmp
+        check_held(final)
         final.mkdir(parents=True, exist_ok=True)
         for item in tmp.iterdir():
             os.replace(item, final / item.name)
@@ -151,7 +168,9 @@ def check_writable_dir(path: Path, *, name: str, create: bool = False) -> Path:
     try:
         if not probe_dir.is_dir():
             raise NotADirectoryError(20, f"{str(probe_dir)!r} is not a folder")
-        fd, probe = tempfile.mkstemp(dir=probe_dir, prefix=".privmtl-write-probe.")
+        fd, probe = tempfile.mkstemp(
+            dir=probe_dir, prefix=temporary_prefix("write-probe"), suffix=TEMPORARY_SUFFIX
+        )
         os.close(fd)
         os.unlink(probe)
         if create:
@@ -167,6 +186,7 @@ def check_writable_dir(path: Path, *, name: str, create: bool = False) -> Path:
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
     """Append one record as a JSON line and ``fsync`` it (a finished run survives a kill)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    check_held(path.parent)
     line = (json.dumps(to_jsonable(row)) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

@@ -93,7 +93,7 @@ def finished(tmp_path_factory):
 
 def _copy(src, tmp_path):
     dst = tmp_path / "ckpt"
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock"))
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".privmtl.lock"))
     return dst
 
 
@@ -243,9 +243,9 @@ def test_killed_run_resumes_without_lowering_epsilon(capsys, tmp_path, point, no
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     if point == "mid-append":
         assert not (d / "ledger.jsonl").read_bytes().endswith(b"\n")  # the torn last line
-    (d / ".stale.manifest.json.x.tmp").write_bytes(b"left by a killed write")
+    (d / ".privmtl-manifest.json.x.tmp").write_bytes(b"left by a killed write")
     out = _ok(capsys, [*args, "--resume", "--save-models", str(tmp_path / "m")])
-    assert not (d / ".stale.manifest.json.x.tmp").exists()  # removed under the lock
+    assert not (d / ".privmtl-manifest.json.x.tmp").exists()  # removed under the lock
     expected = _expected(out, made)
     assert out["epsilon"] >= expected * (1 - 1e-9)
     assert out["epsilon"] == pytest.approx(expected, rel=1e-6)
@@ -307,7 +307,7 @@ def test_save_models_folder_is_locked_and_stale_temporaries_do_not_count(capsys,
 
     m = tmp_path / "models"
     m.mkdir()
-    (m / ".global.pt.abc.tmp").write_bytes(b"partial")
+    (m / ".privmtl-global.pt.abc.tmp").write_bytes(b"partial")
     holder = subprocess.Popen(
         [sys.executable, "-c", "from privmtl.locking import DirectoryLock as L; import time; "
          f"L.acquire({str(m)!r}, name='save_models'); print('ok', flush=True); time.sleep(60)"],
@@ -319,8 +319,8 @@ def test_save_models_folder_is_locked_and_stale_temporaries_do_not_count(capsys,
     finally:
         holder.kill()
         holder.wait()
-    out = _ok(capsys, [*MPMTL, "--save-models", str(m)])  # .lock and the .tmp are not models
-    assert out["models_dir"] and not (m / ".global.pt.abc.tmp").exists()
+    out = _ok(capsys, [*MPMTL, "--save-models", str(m)])  # the lock and the .tmp are not models
+    assert out["models_dir"] and not (m / ".privmtl-global.pt.abc.tmp").exists()
     with hold_directory(m, name="save_models"):  # re-entrant within one process
         with hold_directory(m, name="save_models"):
             pass

@@ -227,9 +227,9 @@ def check_save_dir(path: Any, *, overwrite: bool, flag: str = "--save-models") -
     """Refuse (usage error, before any computation) a non-empty ``path`` unless ``overwrite``.
 
     A folder of saved models is what ``privmtl evaluate`` and the model's guarantee refer to:
-    writing a second run into it silently would mix or replace the first run's files. The lock
-    file ``.lock`` and temporary files left by a killed write (:mod:`privmtl.locking`) do not
-    count.
+    writing a second run into it silently would mix or replace the first run's files. privmtl's
+    lock file ``.privmtl.lock`` and its temporary files left by a killed write
+    (``.privmtl-*.tmp``, :mod:`privmtl.locking`) do not count; other tools' files do.
     """
     from pathlib import Path
 

@@ -220,6 +220,9 @@ class PrivacyLedger:
 
     def _append(self, entry: dict[str, Any]) -> None:
         assert self.path is not None
+        from privmtl.locking import check_held
+
+        check_held(self.path.parent)  # a run whose directory lock was taken from it stops here
         line = (json.dumps(entry, sort_keys=True) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
