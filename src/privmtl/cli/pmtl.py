@@ -36,13 +36,13 @@ from privmtl.cli._spec_options import (
 )
 from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.baseline import describe_gain
 from privmtl.experiments.pmtl import (
     FINETUNE_STARTS,
     FL_METHODS,
     FL_MODELS,
     run_pmtl,
 )
+from privmtl.federated.baseline import describe_gain
 from privmtl.federated.finish import FINETUNE_SELECT_CHOICES, FINETUNE_VOTE_SHARE
 from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
 from privmtl.federated.models import DEFAULT_MODEL
