@@ -119,8 +119,8 @@ def _remove_line(lines, k=2):
     return b"".join(lines[: k + 1] + lines[k + 2 :])
 
 
-def _remove_last(lines):
-    return b"".join(lines[:-1])
+def _remove_last(lines):  # the last release (the closing line after it stays)
+    return b"".join(lines[:-2] + lines[-1:])
 
 
 def _duplicate_line(lines, k=2):
@@ -131,7 +131,8 @@ def _scale_noise(lines):
     out = [lines[0]]
     for line in lines[1:]:
         rec = json.loads(line)
-        rec["event"]["noise_multiplier"] *= 10
+        if "event" in rec:  # not the closing line
+            rec["event"]["noise_multiplier"] *= 10
         out.append((json.dumps(rec, sort_keys=True) + "\n").encode())
     return b"".join(out)
 
@@ -146,8 +147,11 @@ def _scale_noise_and_epsilon(lines):
     out = [lines[0]]
     for line in lines[1:]:
         rec = json.loads(line)
-        rec["event"]["noise_multiplier"] *= 10
-        rec["epsilon"] = led.record(event_from_dict(rec["event"]))
+        if "event" in rec:  # a release
+            rec["event"]["noise_multiplier"] *= 10
+        rec["epsilon"] = (
+            led.record(event_from_dict(rec["event"])) if "event" in rec else led.epsilon()
+        )
         out.append((json.dumps(rec, sort_keys=True) + "\n").encode())
     return b"".join(out)
 
@@ -202,11 +206,14 @@ def test_privmtl_ledger_recomputes_a_lone_file(capsys, tmp_path, finished):
 
 
 def test_a_manifest_without_its_ledger_digest_is_refused(capsys, tmp_path, finished):
+    """A manifest of this user's (signed) without the digest of its ledger."""
+    from privmtl.trust import sign
+
     d = _copy(finished, tmp_path)
     manifest = json.loads((d / "manifest.json").read_text())
     for edit in (None, {"releases": 0, "sha256": None}):  # dropped, or set to 'saw nothing'
         manifest["ledger"] = edit
-        (d / "manifest.json").write_text(json.dumps(manifest))
+        (d / "manifest.json").write_text(json.dumps(sign(manifest)))
         args = [*PMTL, "--reproducible-noise", "--checkpoint-dir", str(d), "--resume"]
         if edit is None:
             _refused(capsys, args, "records no ledger digest")
@@ -270,7 +277,7 @@ def test_mpmtl_resume_refuses_a_cut_or_emptied_ledger(capsys, tmp_path):
     assert full["guarantee"]["details"]["releases"] == 4
     assert _ok(capsys, ["evaluate", str(tmp_path / "m"), "--json"])["ledger_checked"]
     lines = _ledger_lines(d)
-    (d / "ledger.jsonl").write_bytes(b"".join(lines[:-1]))
+    (d / "ledger.jsonl").write_bytes(b"".join(lines[:-2]))  # the last release and closing line
     _refused(capsys, ["evaluate", str(tmp_path / "m")], "holds 3 releases", "saw 4")
     _refused(capsys, [*args, "--resume"], "holds 3 releases", "saw 4")
     (d / "ledger.jsonl").write_bytes(b"")
