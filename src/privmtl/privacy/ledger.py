@@ -309,6 +309,7 @@ class PrivacyLedger:
         self._digests: list[str] = []
         self._file: Path | None = None if path is None else Path(path)  # the file it was read from
         self._prev_mac = ""  # MAC of the file's last line (the chain continues from it)
+        self._key: bytes | None = None  # the user's signing key, read on the first append
         self._closed = False  # the file's last line is a closing line for these records
         #: Whether every line of the file it was read from verified under this user's key
         #: (module doc); why not when it did not.
@@ -348,9 +349,10 @@ class PrivacyLedger:
         from privmtl.trust import user_key
 
         row = json.loads(json.dumps(entry))  # as a reader parses it: what the MAC covers
-        key = user_key(create=True)
-        assert key is not None
-        row[_MAC_FIELD] = _chain_mac(key, self._prev_mac, row)
+        if self._key is None:
+            self._key = user_key(create=True)
+        assert self._key is not None
+        row[_MAC_FIELD] = _chain_mac(self._key, self._prev_mac, row)
         line = (json.dumps(row, sort_keys=True) + "\n").encode()
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
