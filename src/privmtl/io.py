@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +32,7 @@ __all__ = [
     "load_jsonl",
     "read_json",
     "remove_durably",
+    "staged_folder",
     "to_jsonable",
     "write_atomic",
     "write_atomic_with",
@@ -269,3 +271,71 @@ def read_json(path: str | os.PathLike[str], *, where: str | None = None) -> Any:
             f"{JSON_MAX_DEPTH} levels deep."
         )
     return doc
+
+
+class _HashingWriter:
+    """A binary file's ``write`` that also feeds a SHA-256 (the hash of what reaches the file)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh, self.sha256 = fh, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.sha256.update(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+class StagedFolder:
+    """Files of a folder written in a hidden staging folder inside it, hashed while written.
+
+    :meth:`write` writes one payload file and returns its SHA-256; :meth:`commit` writes the
+    folder's index (``model.json``, which lists the payload's hashes) and moves everything into
+    place, the old index removed first and the new one moved last: a folder is never left with
+    payload files of one write and the index of another, and a write that fails before
+    :meth:`commit` leaves the folder as it was (:func:`staged_folder` removes the staging folder).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.staging = Path(tempfile.mkdtemp(dir=self.folder, prefix=".privmtl-staging-"))
+        self.names: list[str] = []
+
+    def write(self, name: str, write: Callable[[BinaryIO], object]) -> str:
+        """Write payload file ``name`` with ``write(file)``, streamed; its SHA-256 (hex)."""
+        with (self.staging / name).open("xb") as fh:
+            hashing = _HashingWriter(fh)
+            write(hashing)  # type: ignore[arg-type]
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.names.append(name)
+        return hashing.sha256.hexdigest()
+
+    def commit(self, index: str, data: bytes) -> None:
+        """Write the index file ``index`` and move the payload, then the index, into the folder."""
+        with (self.staging / index).open("xb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        fsync_dir(self.staging)
+        remove_durably(self.folder / index)
+        for name in self.names:
+            os.replace(self.staging / name, self.folder / name)
+        fsync_dir(self.folder)
+        os.replace(self.staging / index, self.folder / index)
+        fsync_dir(self.folder)
+        self.staging.rmdir()
+
+
+@contextmanager
+def staged_folder(folder: str | os.PathLike[str]) -> Iterator[StagedFolder]:
+    """A :class:`StagedFolder` of ``folder``; its staging folder is removed however the block
+    ends (after :meth:`StagedFolder.commit` it is already gone)."""
+    staged = StagedFolder(Path(folder))
+    try:
+        yield staged
+    finally:
+        if staged.staging.exists():
+            shutil.rmtree(staged.staging, ignore_errors=True)
