@@ -212,8 +212,15 @@ def is_signed(doc: Any) -> bool:
 def untrusted_code(where: str, model: str, kind: str = "model") -> DataFormatError:
     """The one-line refusal to run code for ``model`` (a ``kind``: model or method) that
     ``where`` holds, unsigned."""
+    advice = (
+        TRUST_ADVICE
+        if kind == "model"
+        else TRUST_ADVICE.replace(
+            "--model SPEC naming your factory", f"--{kind} SPEC naming your {kind}"
+        )
+    )
     return DataFormatError(
-        f"{where} holds code for {kind} {model!r} that this user did not sign; {TRUST_ADVICE}."
+        f"{where} holds code for {kind} {model!r} that this user did not sign; {advice}."
     )
 
 
