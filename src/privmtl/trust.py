@@ -80,7 +80,7 @@ def _read_key(path: Path) -> bytes | None:
     """The key in ``path``; None when there is none. Raises on a key that is unsafe or unusable."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no key there (yet)
         return None
     except OSError as exc:
         raise _key_error(path, f"cannot be opened ({exc.strerror or exc})") from None

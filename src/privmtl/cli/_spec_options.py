@@ -319,9 +319,7 @@ def _document_spec(doc: Any, path: Path) -> tuple[dict[str, Any], dict[str, Any]
         raise click.BadParameter(f"{path}: expected a JSON object", param_hint="--config")
     source = None
     if doc.get("format") == "privmtl-models":  # model.json: "config" is the engine's, "run" ours
-        run = doc.get("run") or {}
-        data = doc.get("data") or {}
-        model = doc.get("model") or {}
+        run, data, model = ({} if doc.get(k) is None else doc[k] for k in ("run", "data", "model"))
         for key, value in (("run", run), ("data", data), ("model", model)):
             if not isinstance(value, dict):
                 raise click.BadParameter(
