@@ -11,6 +11,7 @@ import pytest
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.saved import build_model
 from privmtl.trust import (
+    check_signing_key,
     config_dir,
     folder_file,
     followed_data_path,
@@ -214,3 +215,45 @@ def test_only_privmtls_models_are_built_without_a_factory(key_dir):
         assert isinstance(net, __import__("torch").nn.Module)
     with pytest.raises(DataFormatError, match="unknown model 'this'"):
         build_model({"model": {"name": "this", "n_features": 3, "n_classes": 2}})
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602, 0o660])
+def test_a_key_others_may_read_or_write_is_refused_naming_chmod(key_dir, mode):
+    key = user_key()
+    path = key_dir / "signing.key"
+    path.chmod(mode)
+    for call in (lambda: user_key(), check_signing_key, lambda: is_signed(sign({"a": 1}))):
+        with pytest.raises(InvalidParameterError, match="chmod 600") as err:
+            call()
+        assert "\n" not in str(err.value) and str(path) in str(err.value)
+    path.chmod(0o600)
+    assert user_key() == key
+
+
+def test_a_key_of_another_owner_or_not_a_file_is_refused(key_dir, tmp_path):
+    import os
+
+    user_key()
+    path = key_dir / "signing.key"
+    if os.getuid() == 0:  # root can give the file away: another user's key
+        os.chown(path, 4242, -1)
+        with pytest.raises(InvalidParameterError, match="another user"):
+            check_signing_key()
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(InvalidParameterError, match="not a regular file"):
+        check_signing_key()
+    path.rmdir()
+    path.write_text("zz\n")
+    path.chmod(0o600)
+    with pytest.raises(InvalidParameterError, match="32 hex bytes"):
+        check_signing_key()
+
+
+def test_check_signing_key_creates_the_key_or_names_the_folder(key_dir, tmp_path, monkeypatch):
+    check_signing_key()
+    assert stat.S_IMODE((key_dir / "signing.key").stat().st_mode) == 0o600
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("PRIVMTL_CONFIG_DIR", str(tmp_path / "file" / "privmtl"))
+    with pytest.raises(InvalidParameterError, match="cannot create the signing key"):
+        check_signing_key()
