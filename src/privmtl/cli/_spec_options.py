@@ -12,8 +12,11 @@ the spec's (:data:`~privmtl.federated.spec.SPEC`) and the help text is written o
 run spec (``RunSpec.to_dict()``), a result of ``privmtl pmtl --json`` / ``privmtl flower local
 --json`` (its ``config``) or a ``model.json`` of ``--save-models`` (its ``run.config``). The file's
 settings become the options' values, so an option given on the command line wins over the file.
-A model factory (code) named only by the file is loaded if this user's privmtl signed the file, or
-with ``--trust-code`` (:func:`check_config_code`).
+A model factory or a user's method (code) named only by the file is loaded if this user's privmtl
+signed the file, or with ``--trust-code`` (:func:`check_config_code`); a data path the file records
+is followed when it is signed or the path lies in the file's folder, otherwise ``--data-path`` is
+needed. A result of a user's method names the method's file (``method_source``), which a rerun
+loads again. The file is read with :func:`privmtl.io.read_json` (one line for any bad file).
 
 :func:`pop_run_spec` turns the parsed options back into the spec's settings by name.
 """
