@@ -300,7 +300,10 @@ class StagedFolder:
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.staging = Path(tempfile.mkdtemp(dir=self.folder, prefix=".privmtl-staging-"))
+        # a name only privmtl writes, ending in .tmp: a folder a killed save left is a temporary
+        self.staging = Path(
+            tempfile.mkdtemp(dir=self.folder, prefix=".privmtl-staging-", suffix=".tmp")
+        )
         self.names: list[str] = []
 
     def write(self, name: str, write: Callable[[BinaryIO], object]) -> str:
