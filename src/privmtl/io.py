@@ -17,6 +17,8 @@ import hashlib
 import json
 import math
 import os
+import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -35,7 +37,9 @@ __all__ = [
     "check_writable_dir",
     "fsync_dir",
     "load_jsonl",
+    "read_json",
     "remove_durably",
+    "staged_folder",
     "to_jsonable",
     "write_atomic",
     "write_atomic_with",
@@ -223,3 +227,138 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
                     f"{path}, line {number}: not a JSON object ({exc})."
                 ) from None
     return rows
+
+
+JSON_MAX_DEPTH = 64
+"""Deepest nesting of objects and lists :func:`read_json` accepts (privmtl's own files nest a few
+levels; a deeper file would only exhaust the stack of whatever walks it next)."""
+
+
+def _depth_exceeds(doc: Any, limit: int) -> bool:
+    """Whether ``doc`` nests objects or lists more than ``limit`` levels (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > limit:
+                return True
+            items = node.values() if isinstance(node, dict) else node
+            stack.extend((v, depth + 1) for v in items if isinstance(v, dict | list))
+    return False
+
+
+def read_json(path: str | os.PathLike[str], *, where: str | None = None) -> Any:
+    """The JSON document in the regular file ``path``; every way it can be unreadable is one
+    :class:`~privmtl.exceptions.DataFormatError` naming ``where`` (default: the path).
+
+    Refused: a path that is not a regular file (a folder, a FIFO, a device: never read), a file
+    that cannot be opened, text that is not UTF-8, malformed JSON, and nesting deeper than
+    :data:`JSON_MAX_DEPTH` (however deep: no ``RecursionError`` escapes). The caller checks the
+    document's shape (an object, its keys' types).
+    """
+    name = str(path) if where is None else where
+    data: bytes | None = None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                with os.fdopen(fd, "rb", closefd=False) as fh:
+                    data = fh.read()
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise DataFormatError(f"{name} cannot be read ({exc.strerror or exc}).") from None
+    except ValueError as exc:  # a NUL in the path
+        raise DataFormatError(f"{name} cannot be read ({exc}).") from None
+    if data is None:
+        raise DataFormatError(f"{name} is not a regular file.")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(
+            f"{name} is not valid JSON: not UTF-8 text (byte {exc.start})."
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(f"{name} is not valid JSON: {exc}.") from None
+    except RecursionError:
+        doc = None
+        deep = True
+    else:
+        deep = _depth_exceeds(doc, JSON_MAX_DEPTH)
+    if deep:
+        raise DataFormatError(
+            f"{name} is not valid JSON for privmtl: it nests objects or lists more than "
+            f"{JSON_MAX_DEPTH} levels deep."
+        )
+    return doc
+
+
+class _HashingWriter:
+    """A binary file's ``write`` that also feeds a SHA-256 (the hash of what reaches the file)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh, self.sha256 = fh, hashlib.sha256()
+
+    def write(self, data: Any) -> int:
+        self.sha256.update(data)
+        return self.fh.write(data)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+class StagedFolder:
+    """Files of a folder written in a hidden staging folder inside it, hashed while written.
+
+    :meth:`write` writes one payload file and returns its SHA-256; :meth:`commit` writes the
+    folder's index (``model.json``, which lists the payload's hashes) and moves everything into
+    place, the old index removed first and the new one moved last: a folder is never left with
+    payload files of one write and the index of another, and a write that fails before
+    :meth:`commit` leaves the folder as it was (:func:`staged_folder` removes the staging folder).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        # a name only privmtl writes, ending in .tmp: a folder a killed save left is a temporary
+        self.staging = Path(
+            tempfile.mkdtemp(dir=self.folder, prefix=".privmtl-staging-", suffix=".tmp")
+        )
+        self.names: list[str] = []
+
+    def write(self, name: str, write: Callable[[BinaryIO], object]) -> str:
+        """Write payload file ``name`` with ``write(file)``, streamed; its SHA-256 (hex)."""
+        with (self.staging / name).open("xb") as fh:
+            hashing = _HashingWriter(fh)
+            write(hashing)  # type: ignore[arg-type]
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.names.append(name)
+        return hashing.sha256.hexdigest()
+
+    def commit(self, index: str, data: bytes) -> None:
+        """Write the index file ``index`` and move the payload, then the index, into the folder."""
+        with (self.staging / index).open("xb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        fsync_dir(self.staging)
+        remove_durably(self.folder / index)
+        for name in self.names:
+            os.replace(self.staging / name, self.folder / name)
+        fsync_dir(self.folder)
+        os.replace(self.staging / index, self.folder / index)
+        fsync_dir(self.folder)
+        self.staging.rmdir()
+
+
+@contextmanager
+def staged_folder(folder: str | os.PathLike[str]) -> Iterator[StagedFolder]:
+    """A :class:`StagedFolder` of ``folder``; its staging folder is removed however the block
+    ends (after :meth:`StagedFolder.commit` it is already gone)."""
+    staged = StagedFolder(Path(folder))
+    try:
+        yield staged
+    finally:
+        if staged.staging.exists():
+            shutil.rmtree(staged.staging, ignore_errors=True)

@@ -9,7 +9,11 @@ code or paths from (:func:`sign`); :func:`is_signed` checks a document read back
 someone else, or edited after privmtl wrote it, is not signed by this user.
 
 The key is ``signing.key`` in :func:`config_dir`: 32 random bytes (hex), created on first use
-with mode 0600 by an atomic link, so two processes starting together end with one key.
+with mode 0600 by an atomic link, so two processes starting together end with one key. A key that
+other users could read or write (any group or other permission bit), that another user owns, or
+that is not a regular file is refused (``chmod 600`` it, or remove it): whoever can read it can
+sign for this user. A run that will sign calls :func:`check_signing_key` before its first round,
+so a bad key or an unwritable configuration folder stops it before any work.
 
 :func:`folder_file` resolves a file name recorded in a folder's ``model.json``: a name relative
 to the folder that stays inside it (no absolute path, no ``..``, no symbolic link out of it).
@@ -24,6 +28,7 @@ import hmac
 import json
 import os
 import secrets
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ __all__ = [
     "SIGNATURE_FIELD",
     "TRUST_ADVICE",
     "canonical",
+    "check_signing_key",
     "config_dir",
     "folder_file",
     "followed_data_path",
@@ -71,23 +77,56 @@ def config_dir() -> Path:
 
 
 def _read_key(path: Path) -> bytes | None:
+    """The key in ``path``; None when there is none. Raises on a key that is unsafe or unusable."""
     try:
-        text = path.read_text(encoding="ascii").strip()
-        key = bytes.fromhex(text)
-    except (OSError, UnicodeDecodeError, ValueError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (FileNotFoundError, NotADirectoryError):  # no key there (yet)
         return None
-    return key if len(key) >= _KEY_BYTES else None
+    except OSError as exc:
+        raise _key_error(path, f"cannot be opened ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _key_error(path, "is not a regular file")
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            raise _key_error(path, f"belongs to another user (uid {st.st_uid})")
+        if st.st_mode & 0o077:
+            raise InvalidParameterError(
+                f"The signing key {path} has mode {stat.S_IMODE(st.st_mode):04o}: other users "
+                f"could read or change it; run `chmod 600 {path}` (or remove it: privmtl makes a "
+                "new one, and folders signed with the old key are no longer signed)."
+            )
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            raw = fh.read(4 * _KEY_BYTES + 2)
+    finally:
+        os.close(fd)
+    try:
+        key = bytes.fromhex(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        key = b""
+    if len(key) < _KEY_BYTES:
+        raise _key_error(path, f"does not hold {_KEY_BYTES} hex bytes")
+    return key
+
+
+def _key_error(path: Path, why: str) -> InvalidParameterError:
+    return InvalidParameterError(
+        f"The signing key {path} {why}; remove it (privmtl makes a new one) or set "
+        f"{CONFIG_DIR_ENV} to another folder."
+    )
 
 
 def user_key(*, create: bool = True) -> bytes | None:
     """This user's signing key; created (mode 0600, atomically) when missing and ``create``.
 
-    Returns None when there is no usable key and ``create`` is false.
+    Returns None when there is no key and ``create`` is false.
 
     Raises
     ------
     InvalidParameterError
-        The key cannot be created or read (naming the folder and ``PRIVMTL_CONFIG_DIR``).
+        The key cannot be created, or the file there is not a usable key of this user's alone
+        (other users' permission bits, another owner, not a regular file, not hex): one line
+        naming the file and the way out.
     """
     folder = config_dir()
     path = folder / _KEY_FILE
@@ -96,9 +135,9 @@ def user_key(*, create: bool = True) -> bytes | None:
         return key
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{_KEY_FILE}.", suffix=".tmp")  # 0600
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".privmtl-{_KEY_FILE}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "w", encoding="ascii") as fh:
+            with os.fdopen(fd, "w", encoding="ascii") as fh:  # mkstemp: mode 0600
                 fh.write(secrets.token_bytes(_KEY_BYTES).hex() + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -110,16 +149,27 @@ def user_key(*, create: bool = True) -> bytes | None:
             Path(tmp).unlink(missing_ok=True)
     except OSError as exc:
         raise InvalidParameterError(
-            f"cannot create the signing key in {folder} ({exc}); set {CONFIG_DIR_ENV} to a "
-            "writable folder."
+            f"cannot create the signing key in {folder} ({exc.strerror or exc}); set "
+            f"{CONFIG_DIR_ENV} to a writable folder."
         ) from None
     key = _read_key(path)
-    if key is None:
-        raise InvalidParameterError(
-            f"the signing key {path} is not readable or not {_KEY_BYTES} hex bytes; remove it "
-            f"(privmtl makes a new one) or set {CONFIG_DIR_ENV}."
-        )
+    if key is None:  # pragma: no cover - removed between the link and the read
+        raise _key_error(path, "disappeared while it was made")
     return key
+
+
+def check_signing_key() -> None:
+    """Make sure this user can sign, before a run that will sign does any work.
+
+    Reads the key (refusing an unsafe or malformed one, as :func:`user_key` does) or creates it
+    (so an uncreatable configuration folder is reported now, not after training).
+
+    Raises
+    ------
+    InvalidParameterError
+        One line naming the key file or folder and what to do.
+    """
+    user_key(create=True)
 
 
 def canonical(doc: dict[str, Any]) -> bytes:
@@ -162,8 +212,15 @@ def is_signed(doc: Any) -> bool:
 def untrusted_code(where: str, model: str, kind: str = "model") -> DataFormatError:
     """The one-line refusal to run code for ``model`` (a ``kind``: model or method) that
     ``where`` holds, unsigned."""
+    advice = (
+        TRUST_ADVICE
+        if kind == "model"
+        else TRUST_ADVICE.replace(
+            "--model SPEC naming your factory", f"--{kind} SPEC naming your {kind}"
+        )
+    )
     return DataFormatError(
-        f"{where} holds code for {kind} {model!r} that this user did not sign; {TRUST_ADVICE}."
+        f"{where} holds code for {kind} {model!r} that this user did not sign; {advice}."
     )
 
 
@@ -179,6 +236,7 @@ def folder_file(folder: Path, name: Any, *, where: str, key: str) -> Path:
     bad = (
         not isinstance(name, str)
         or not name
+        or "\x00" in name
         or Path(name).is_absolute()
         or ".." in Path(name).parts
         or "\\" in name

@@ -107,12 +107,18 @@ def test_a_partial_spec_keeps_the_other_defaults(capsys, tmp_path):
         ({"config": {"seed": -2}}, ["'seed'", "-2"]),
         ({"config": {"rounds": "many"}}, ["'rounds'", "'many'"]),
         ([1, 2], ["JSON object"]),
-        ("not json", ["not a JSON file"]),
+        ("not json", ["not valid JSON"]),
+        ("[" * 200_000 + "]" * 200_000, ["nests"]),
+        (b'{"clip": "\xff"}', ["not UTF-8"]),
+        ({"format": "privmtl-models", "run": [], "data": {}}, ["run must be an object"]),
     ],
 )
 def test_a_bad_file_exits_2_naming_the_setting_and_value(capsys, tmp_path, content, words):
     path = tmp_path / "bad.json"
-    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
     for command in (["pmtl"], ["flower", "local"]):
         rc = main([*command, "--config", str(path), "--data", "synthetic", "--model", "logreg"])
         err = capsys.readouterr().err.strip().splitlines()
@@ -197,3 +203,84 @@ def test_flower_local_takes_every_setting_or_refuses_it_in_one_line(monkeypatch,
         else:
             lines = err.strip().splitlines()
             assert rc == 2 and len(lines) == 1 and f"{name}=" in lines[0], (name, lines)
+
+
+def _one_line(capsys, argv):
+    rc = main(argv)
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "Traceback" not in cap.err, cap.err
+    return err[0]
+
+
+def test_an_unsigned_model_json_does_not_choose_the_data_file(run_a, capsys, tmp_path, monkeypatch):
+    """A model.json's recorded data path is followed only when this user signed the file (or it
+    lies inside the file's folder); otherwise the run needs --data-path, as privmtl evaluate."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frames = []
+    for c in range(4):
+        y = rng.integers(0, 2, size=12)
+        f = pd.DataFrame(rng.normal(size=(12, 2)) + y[:, None], columns=["a", "b"])
+        f.insert(0, "user", f"u{c}")
+        f["label"] = y
+        frames.append(f)
+    table = tmp_path / "theirs.csv"
+    pd.concat(frames, ignore_index=True).to_csv(table, index=False)
+    path, _ = run_a
+    doc = json.loads((path.parent / "models" / "model.json").read_text())
+    doc.pop("signature")
+    doc["data"].update(data="table", data_path=str(table), num_clients=None)
+    shared = tmp_path / "shared" / "model.json"
+    shared.parent.mkdir()
+    shared.write_text(json.dumps(doc))
+    cols = ["--client-column", "user", "--label-column", "label", "--clients-per-round", "4",
+            "--threads", "1", "--json"]  # fmt: skip
+    line = _one_line(capsys, ["pmtl", "--config", str(shared), *cols])
+    assert "not signed" in line and "--data-path" in line and str(table) in line
+    out = _run(capsys, ["pmtl", "--config", str(shared), "--data-path", str(table), *cols])
+    assert out["num_clients"] == 4
+    # signed by this user: followed as recorded
+    from privmtl.trust import sign
+
+    shared.write_text(json.dumps(sign(doc)))
+    out = _run(capsys, ["pmtl", "--config", str(shared), *cols])
+    assert out["num_clients"] == 4 and out["data"] == "table"
+    # unsigned, inside the file's folder: followed
+    doc["data"]["data_path"] = "theirs.csv"
+    table.rename(shared.parent / "theirs.csv")
+    shared.write_text(json.dumps(doc))
+    out = _run(capsys, ["pmtl", "--config", str(shared), *cols])
+    assert out["num_clients"] == 4
+
+
+def test_a_bad_signing_key_stops_a_run_that_will_sign_before_its_first_round(
+    capsys, tmp_path, monkeypatch
+):
+    import privmtl.experiments.pmtl as pmtl_run
+
+    def no_training(*a, **k):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(pmtl_run, "PhaseTimer", no_training)
+    cfg = tmp_path / "cfg"
+    monkeypatch.setenv("PRIVMTL_CONFIG_DIR", str(cfg))
+    argv = ["pmtl", "--data", "synthetic", "--model", "logreg", "--rounds", "1",
+            "--save-models", str(tmp_path / "models")]  # fmt: skip
+    cfg.mkdir()
+    (cfg / "signing.key").write_text("not a key\n")
+    (cfg / "signing.key").chmod(0o600)
+    assert "does not hold 32 hex bytes" in _one_line(capsys, argv)
+    (cfg / "signing.key").write_text("ab" * 32 + "\n")
+    (cfg / "signing.key").chmod(0o644)
+    line = _one_line(capsys, argv)
+    assert "mode 0644" in line and "chmod 600" in line
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("PRIVMTL_CONFIG_DIR", str(blocker / "privmtl"))
+    assert "cannot create the signing key" in _one_line(capsys, argv)
+    assert not (tmp_path / "models").exists() or not any(
+        p for p in (tmp_path / "models").iterdir() if not p.name.startswith(".")
+    )

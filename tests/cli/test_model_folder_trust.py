@@ -183,14 +183,59 @@ def _symlink_escape(folder, work, marker):
     (folder / "global.pt").symlink_to(work / "outside.pt")
 
 
+def _rehash(folder, name="global.pt"):
+    """Record the file's new SHA-256 in model.json (which is then no longer signed)."""
+    digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    _edit(folder, lambda meta: meta["files_sha256"].update({name: digest}))
+
+
 def _pickled_pt(folder, work, marker):
     import torch
 
     torch.save(_Evil(marker), folder / "global.pt")
+    _rehash(folder)
 
 
 def _not_torch(folder, work, marker):
     (folder / "global.pt").write_bytes(b"not a torch file")
+    _rehash(folder)
+
+
+def _other_weights(name):
+    def tamper(folder, work, marker):
+        """Weights of the same shapes from elsewhere (another run's file)."""
+        import torch
+
+        params = torch.load(folder / name, weights_only=True)
+        torch.save({n: t + 1.0 for n, t in params.items()}, folder / name)
+
+    return tamper
+
+
+def _nul_in_name(folder, work, marker):
+    _edit(folder, lambda meta: meta["files"].update({"global": "global.pt\x00.pt"}))
+
+
+def _no_hashes(folder, work, marker):
+    _edit(folder, lambda meta: meta.pop("files_sha256"))
+
+
+def _installed_module(module, factory):
+    def tamper(folder, work, marker):
+        def change(meta):
+            meta["model"]["name"] = f"{module}:{factory}"
+            meta["model"]["factory"] = {"spec": f"{module}:{factory}", "factory": factory,
+                                        "module": module, "path": None, "source": None,
+                                        "sha256": None}  # fmt: skip
+            meta.pop("signature")
+
+        _edit(folder, change)
+
+    return tamper
+
+
+def _deep(folder, work, marker):
+    (folder / "model.json").write_text("[" * 200_000 + "]" * 200_000)
 
 
 def _malformed(text):
@@ -217,6 +262,14 @@ TAMPERS = {
     "symlink-escape": (_symlink_escape, "files.global"),
     "pickled-pt": (_pickled_pt, "weights_only"),
     "not-a-torch-file": (_not_torch, "weights_only"),
+    "global-from-elsewhere": (_other_weights("global.pt"), "SHA-256"),
+    "personalized-from-elsewhere": (_other_weights("personalized.pt"), "SHA-256"),
+    "nul-in-files-global": (_nul_in_name, "files.global"),
+    "no-file-hashes": (_no_hashes, "files_sha256"),
+    "installed-this": (_installed_module("this", "x"), "did not sign"),
+    "installed-venv-main": (_installed_module("venv.__main__", "x"), "did not sign"),
+    "installed-os-spawnv": (_installed_module("os", "spawnv"), "did not sign"),
+    "deep-json": (_deep, "nests"),
     "bad-json": (_malformed("{not json"), "not valid JSON"),
     "json-list": (_malformed("[1, 2]"), "JSON object"),
     "no-model": (_meta_change(lambda m: m.pop("model")), "model"),
@@ -238,18 +291,25 @@ TAMPERS = {
 
 
 @pytest.mark.parametrize("case", list(TAMPERS))
-def test_a_tampered_folder_exits_2_in_one_line_and_runs_nothing(saved, elsewhere, capsys, case):
+def test_a_tampered_folder_exits_2_in_one_line_and_runs_nothing(
+    saved, elsewhere, capsys, monkeypatch, case
+):
     home, _ = saved
     tamper, needle = TAMPERS[case]
     folder = elsewhere.parent / "M"
     shutil.copytree(home / "M", folder)
     marker = elsewhere.parent / "pwned"
+    # what the named modules would do if imported or called: each leaves the marker
+    monkeypatch.setattr(sys, "argv", ["privmtl", str(marker)])  # venv.__main__ makes a venv there
+    monkeypatch.setattr(os, "spawnv", lambda *a: marker.touch())
+    for name in ("this", "venv.__main__"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     tamper(folder, elsewhere, marker)
     line = _refused(capsys, ["evaluate", str(folder), "--json"], marker)
     assert needle in line
     if needle == "did not sign":  # the ways out are named
         assert "--model" in line and "--trust-code" in line and str(folder) in line
-    assert "evilmod" not in sys.modules
+    assert not {"evilmod", "this", "venv.__main__"} & set(sys.modules)
 
 
 def test_own_models_reload_from_another_directory_with_no_flag(saved, elsewhere, capsys):

@@ -103,3 +103,38 @@ def test_cli_runs_the_example_method_and_refuses_a_missing_file(capsys, tmp_path
     err = capsys.readouterr().err.strip()
     assert code == 2 and "--method" in err and "file not found" in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_result_of_an_own_method_reruns_as_config(capsys, tmp_path, monkeypatch):
+    """Its result is signed and names the method's file: this user's --config reruns it; an
+    unsigned copy needs --method FILE:NAME again or --trust-code; its model.json too."""
+    from privmtl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    spec = f"{EXAMPLE}:OwnMethod"
+    args = ["pmtl", "--method", spec, "--data", "synthetic", "--model", "logreg", "--epsilon",
+            "1", "--num-clients", "12", "--rounds", "2", "--finetune", "none", "--seed", "3",
+            "--reproducible-noise", "--threads", "1", "--json"]  # fmt: skip
+    assert main([*args, "--save-models", "M"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["signature"].startswith("hmac-sha256:")
+    Path("a.json").write_text(json.dumps(first))
+    unsigned = {k: v for k, v in first.items() if k != "signature"}
+    Path("u.json").write_text(json.dumps(unsigned))
+
+    def rerun(*argv):
+        rc = main(["pmtl", "--config", *argv, "--threads", "1", "--json"])
+        cap = capsys.readouterr()
+        return rc, cap
+
+    for argv in (["a.json"], ["M/model.json"], ["u.json", "--trust-code"],
+                 ["u.json", "--method", spec]):  # fmt: skip
+        rc, cap = rerun(*argv)
+        assert rc == 0, (argv, cap.err)
+        again = json.loads(cap.out)
+        assert again["method"] == "own-mixture" and again["config"] == first["config"], argv
+        assert again["test_accuracy"] == first["test_accuracy"], argv
+        assert again["method_source"]["sha256"] == first["method_source"]["sha256"]
+    rc, cap = rerun("u.json")
+    err = cap.err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "did not sign" in err[0] and "--method" in err[0]

@@ -139,25 +139,95 @@ def test_writing_again_removes_the_other_layouts_files(folders, tmp_path, monkey
     assert evaluate_saved(folder)["test_accuracy"] == evaluate_saved(single)["test_accuracy"]
 
 
-def test_a_save_cut_short_over_a_folder_leaves_no_model_json(folders, tmp_path, monkeypatch):
-    """Overwriting: the old model.json goes first, so a crash while the new files are written
-    leaves a folder that is refused as incomplete, never the old index over a mix of files."""
-    _, sharded, _ = folders
+def test_a_save_cut_short_over_a_folder_leaves_the_old_folder(folders, tmp_path, monkeypatch):
+    """Overwriting: the new files are written in a staging folder and moved in with model.json
+    last, so a crash while they are written leaves the old folder as it was (it still loads),
+    never the old index over a mix of files, and no staging folder behind."""
+    single, sharded, _ = folders
     folder = tmp_path / "cut"
     shutil.copytree(sharded, folder)
-    monkeypatch.setattr(saved, "MODEL_SHARD_CLIENTS", SHARD)
     real = saved._save_personalized
 
     def crash(*args, **kwargs):
         real(*args, **kwargs)
-        raise KeyboardInterrupt  # after the new shards, before the new model.json
+        raise KeyboardInterrupt  # after the new (single) file, before the new model.json
 
     monkeypatch.setattr(saved, "_save_personalized", crash)
     with pytest.raises(KeyboardInterrupt):
         run_pmtl(**RUN, save_models=folder)
-    assert not (folder / "model.json").exists()
-    with pytest.raises(DataFormatError, match=r"no model\.json"):
-        load_models(folder)
+    assert sorted(p.name for p in folder.iterdir() if p.name != ".lock") == _names(sharded)
+    _, _, pers = load_models(folder)
+    _, _, whole = load_models(single)
+    assert pers is not None and whole is not None
+    assert all(torch.equal(pers[n], whole[n]) for n in pers)
+
+
+def test_a_failed_signature_leaves_no_file(tmp_path, monkeypatch):
+    """The signing key fails after the model files are written: none of them is left."""
+    from privmtl.exceptions import InvalidParameterError
+
+    def no_key(doc):
+        raise InvalidParameterError("the key is gone")
+
+    monkeypatch.setattr(saved, "sign", no_key)
+    with pytest.raises(InvalidParameterError):
+        run_pmtl(**RUN, save_models=tmp_path / "m")
+    folder = tmp_path / "m"
+    assert not folder.exists() or [p.name for p in folder.iterdir() if p.name != ".lock"] == []
+
+
+def test_model_json_lists_the_sha256_of_every_file(folders):
+    import hashlib
+
+    for folder in folders[:2]:
+        meta = json.loads((folder / "model.json").read_text())
+        names = {p.name for p in folder.iterdir() if p.suffix == ".pt"}
+        assert set(meta["files_sha256"]) == names
+        for name in names:
+            assert (
+                meta["files_sha256"][name]
+                == hashlib.sha256((folder / name).read_bytes()).hexdigest()
+            )
+
+
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory):
+    """Another run's folders (ε = 50 instead of 2): its model files have the same shapes."""
+    root = tmp_path_factory.mktemp("other")
+    run_pmtl(**{**RUN, "epsilon": 50.0}, save_models=root / "single")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(saved, "MODEL_SHARD_CLIENTS", SHARD)
+        run_pmtl(**{**RUN, "epsilon": 50.0}, save_models=root / "sharded")
+    return root / "single", root / "sharded"
+
+
+@pytest.mark.parametrize(
+    "layout, name, key",
+    [
+        (0, "global.pt", "files.global"),
+        (0, "personalized.pt", "files.personalized"),
+        (1, "personalized-00001.pt", "files.personalized_shards[1].file"),
+    ],
+)
+def test_a_model_file_copied_from_another_run_is_refused(
+    folders, other_run, tmp_path, capsys, layout, name, key
+):
+    """The signed model.json of the ε = 2 run with a file of the ε = 50 run: refused, naming
+    the file (library and CLI), though the folder is still signed and the shapes match."""
+    from privmtl.trust import is_signed
+
+    folder = tmp_path / "m"
+    shutil.copytree(folders[layout], folder)
+    shutil.copy(other_run[layout] / name, folder / name)
+    assert is_signed(json.loads((folder / "model.json").read_text()))
+    for call in (load_models, evaluate_saved):
+        with pytest.raises(DataFormatError, match="SHA-256") as err:
+            call(folder)
+        assert name in str(err.value) and key in str(err.value)
+    assert main(["evaluate", str(folder), "--json"]) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and cap.out == ""
 
 
 def _shards(change):
@@ -174,9 +244,21 @@ def _missing(folder):
     (folder / "personalized-00002.pt").unlink()
 
 
+def _rehash(folder, name):
+    """Record the file's new SHA-256 (model.json is then no longer signed): the shapes are
+    checked next."""
+    import hashlib
+
+    path = folder / "model.json"
+    meta = json.loads(path.read_text())
+    meta["files_sha256"][name] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    path.write_text(json.dumps(meta))
+
+
 def _short_rows(folder):
     part = torch.load(folder / "personalized-00001.pt", weights_only=True)
     torch.save({n: t[:69].clone() for n, t in part.items()}, folder / "personalized-00001.pt")
+    _rehash(folder, "personalized-00001.pt")
 
 
 def _other_shape(folder):
@@ -184,6 +266,7 @@ def _other_shape(folder):
     name = sorted(part)[0]
     part[name] = torch.zeros(10, 2)
     torch.save(part, folder / "personalized-00002.pt")
+    _rehash(folder, "personalized-00002.pt")
 
 
 def _set(i, **kv):

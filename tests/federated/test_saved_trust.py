@@ -11,6 +11,7 @@ import pytest
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.saved import build_model
 from privmtl.trust import (
+    check_signing_key,
     config_dir,
     folder_file,
     followed_data_path,
@@ -130,8 +131,12 @@ def test_build_model_with_the_factory_named_again(key_dir, tmp_path):
 
 def test_an_installed_module_is_imported_from_the_installation_only(key_dir, tmp_path, monkeypatch):
     record = _record(None, spec="torch.nn:Linear", factory="Linear", module="torch.nn")
-    net, _ = build_model(_meta(record, "torch.nn:Linear"))  # unsigned: an installed package
-    assert tuple(net.weight.shape) == (2, 3)
+    with pytest.raises(DataFormatError, match="did not sign"):  # unsigned: nothing imported
+        build_model(_meta(record, "torch.nn:Linear"))
+    for meta, kw in ((sign(_meta(record, "torch.nn:Linear")), {}),
+                     (_meta(record, "torch.nn:Linear"), {"trust_code": True})):  # fmt: skip
+        net, _ = build_model(meta, **kw)
+        assert tuple(net.weight.shape) == (2, 3)
     # a module of that kind in the working directory is neither imported nor trusted
     marker = tmp_path / "ran"
     (tmp_path / "localmod.py").write_text(f"open({str(marker)!r}, 'w').close()\n" + SOURCE)
@@ -145,7 +150,7 @@ def test_an_installed_module_is_imported_from_the_installation_only(key_dir, tmp
     # a built-in function of an installed module is not a factory
     record = _record(None, spec="os:kill", factory="kill", module="os")
     with pytest.raises(DataFormatError, match="did not sign"):
-        build_model(_meta(record, "os:kill"))
+        build_model(_meta(record, "os:kill"), trust_code=True)
 
 
 def test_a_legacy_factory_name_loads_only_with_trust_code(key_dir, tmp_path, monkeypatch):
@@ -156,3 +161,99 @@ def test_a_legacy_factory_name_loads_only_with_trust_code(key_dir, tmp_path, mon
             build_model(m)
     net, notes = build_model(meta, trust_code=True)
     assert tuple(net.weight.shape) == (2, 3) and "no factory source" in notes[0]
+
+
+@pytest.mark.parametrize(
+    "module, factory",
+    [("this", "x"), ("venv.__main__", "x"), ("os", "spawnv"), ("privmtl_marker_mod", "make")],
+)
+def test_an_unsigned_record_imports_no_module_at_all(key_dir, tmp_path, monkeypatch, capsys,
+                                                     module, factory):  # fmt: skip
+    """An unsigned record naming any module (the standard library's included: importing runs
+    it) is refused before anything is imported: no output, no marker file, no new module."""
+    marker = tmp_path / "imported"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "privmtl_marker_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\n" + SOURCE)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr("privmtl.federated.user_model._installed", lambda path: True)
+    monkeypatch.delitem(sys.modules, "this", raising=False)
+    monkeypatch.delitem(sys.modules, "venv.__main__", raising=False)
+    monkeypatch.setattr("os.spawnv", lambda *a: marker.touch())  # called: the marker appears
+    before = module in sys.modules
+    spec = f"{module}:{factory}"
+    record = _record(None, spec=spec, factory=factory, module=module)
+    for meta in (_meta(record, spec), _meta(None, spec), {**_meta(record, spec), "signature": 1}):
+        if meta["model"]["factory"] is None:
+            del meta["model"]["factory"]
+        with pytest.raises(DataFormatError, match="did not sign"):
+            build_model(meta)
+    assert capsys.readouterr().out == "" and not marker.exists()
+    assert (module in sys.modules) == before
+
+
+def test_a_signed_record_of_an_installed_module_still_imports_from_the_installation(
+    key_dir, tmp_path, monkeypatch
+):
+    """The user's own folder may name a module of the installation (signed): it is imported."""
+    marker = tmp_path / "imported"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "privmtl_marker_mod2.py").write_text(f"open({str(marker)!r}, 'w').close()\n" + SOURCE)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr("privmtl.federated.user_model._installed", lambda path: True)
+    monkeypatch.delitem(sys.modules, "privmtl_marker_mod2", raising=False)
+    record = _record(None, spec="privmtl_marker_mod2:make", module="privmtl_marker_mod2")
+    net, _ = build_model(sign(_meta(record, "privmtl_marker_mod2:make")))
+    assert marker.exists() and tuple(net.weight.shape) == (2, 3)
+
+
+def test_only_privmtls_models_are_built_without_a_factory(key_dir):
+    for name in ("cnn", "logreg"):
+        meta = {"model": {"name": name, "n_features": 784, "n_classes": 3}}
+        net, _ = build_model(meta)
+        assert isinstance(net, __import__("torch").nn.Module)
+    with pytest.raises(DataFormatError, match="unknown model 'this'"):
+        build_model({"model": {"name": "this", "n_features": 3, "n_classes": 2}})
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602, 0o660])
+def test_a_key_others_may_read_or_write_is_refused_naming_chmod(key_dir, mode):
+    key = user_key()
+    path = key_dir / "signing.key"
+    path.chmod(mode)
+    for call in (lambda: user_key(), check_signing_key, lambda: is_signed(sign({"a": 1}))):
+        with pytest.raises(InvalidParameterError, match="chmod 600") as err:
+            call()
+        assert "\n" not in str(err.value) and str(path) in str(err.value)
+    path.chmod(0o600)
+    assert user_key() == key
+
+
+def test_a_key_of_another_owner_or_not_a_file_is_refused(key_dir, tmp_path):
+    import os
+
+    user_key()
+    path = key_dir / "signing.key"
+    if os.getuid() == 0:  # root can give the file away: another user's key
+        os.chown(path, 4242, -1)
+        with pytest.raises(InvalidParameterError, match="another user"):
+            check_signing_key()
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(InvalidParameterError, match="not a regular file"):
+        check_signing_key()
+    path.rmdir()
+    path.write_text("zz\n")
+    path.chmod(0o600)
+    with pytest.raises(InvalidParameterError, match="32 hex bytes"):
+        check_signing_key()
+
+
+def test_check_signing_key_creates_the_key_or_names_the_folder(key_dir, tmp_path, monkeypatch):
+    check_signing_key()
+    assert stat.S_IMODE((key_dir / "signing.key").stat().st_mode) == 0o600
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("PRIVMTL_CONFIG_DIR", str(tmp_path / "file" / "privmtl"))
+    with pytest.raises(InvalidParameterError, match="cannot create the signing key"):
+        check_signing_key()

@@ -619,3 +619,35 @@ def test_saving_refuses_a_node_file_of_another_run_and_writes_nothing(tmp_path):
     with pytest.raises(DataFormatError, match="No models of SuperNode 2"):
         collect_models(tmp_path / "models", node_dirs=dirs, **kw)
     assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[]", b"\xff\xfe{}", b'{"run": 0, "token": "t"}', b"[" * 200_000 + b"]" * 200_000],
+    ids=["list", "not-utf8", "no-finished", "deep"],
+)
+def test_a_malformed_run_json_is_one_line_before_anything_starts(tmp_path, capsys, content):
+    """The ServerApp's run.json: refused in one line naming it, by the ServerApp, by the check
+    the launcher makes before any process starts, and by privmtl flower local."""
+    from privmtl.exceptions import DataFormatError
+    from privmtl.flower.launcher import check_work_dir
+
+    server = tmp_path / "work" / "server"
+    server.mkdir(parents=True)
+    (server / "run.json").write_bytes(content)
+    ds = make_synthetic_federated(random_state=0)
+    opts = _opts(rounds=1)
+    nodes = _nodes(ds, opts, 1)
+    for resume in (False, True):
+        with pytest.raises(DataFormatError, match=r"run\.json") as err:
+            ServerRun({**opts, "resume": resume}, nodes[0].init, ds.n_clients, server_dir=server)
+        assert "\n" not in str(err.value)
+        with pytest.raises(DataFormatError, match=r"run\.json"):
+            check_work_dir(tmp_path / "work", resume=resume)
+    pytest.importorskip("flwr")
+    from privmtl.cli import main
+
+    rc = main(["flower", "local", "--work-dir", str(tmp_path / "work"), "--data", "synthetic",
+               "--model", "logreg", "--resume", "--json"])  # fmt: skip
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err_lines) == 1 and "run.json" in err_lines[0], err_lines

@@ -455,7 +455,9 @@ def check_specs() -> list[CheckSpec]:
             "cli",
             ("--method", "fedrep", "--shared-params", "linear.weight", "--head-epochs", "1"),
         ),
-        CheckSpec("pmtl --method local-all", "cli", ("--method", "local-all"), mediated_by=FIX_LOCAL_ALL),
+        CheckSpec(
+            "pmtl --method local-all", "cli", ("--method", "local-all"), mediated_by=FIX_LOCAL_ALL
+        ),
         CheckSpec(
             "local-all --save-models, c0's labels replaced: others' personalized.pt bit-identical",
             "cli",

@@ -12,8 +12,11 @@ the spec's (:data:`~privmtl.federated.spec.SPEC`) and the help text is written o
 run spec (``RunSpec.to_dict()``), a result of ``privmtl pmtl --json`` / ``privmtl flower local
 --json`` (its ``config``) or a ``model.json`` of ``--save-models`` (its ``run.config``). The file's
 settings become the options' values, so an option given on the command line wins over the file.
-A model factory (code) named only by the file is loaded if this user's privmtl signed the file, or
-with ``--trust-code`` (:func:`check_config_code`).
+A model factory or a user's method (code) named only by the file is loaded if this user's privmtl
+signed the file, or with ``--trust-code`` (:func:`check_config_code`); a data path the file records
+is followed when it is signed or the path lies in the file's folder, otherwise ``--data-path`` is
+needed. A result of a user's method names the method's file (``method_source``), which a rerun
+loads again. The file is read with :func:`privmtl.io.read_json` (one line for any bad file).
 
 :func:`pop_run_spec` turns the parsed options back into the spec's settings by name.
 """
@@ -21,7 +24,6 @@ with ``--trust-code`` (:func:`check_config_code`).
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from numbers import Integral
 from pathlib import Path
@@ -298,14 +300,35 @@ def given_settings(ctx: click.Context) -> set[str]:
     return out - {"reproducible_noise", "paper_delta"}
 
 
+def _own_method(spec: dict[str, Any], source: Any) -> dict[str, Any]:
+    """``spec`` with a user's method named by the file it was loaded from.
+
+    A run of a user's method records the method's registered name in its spec and where it came
+    from in ``method_source``; rerunning it loads that file again (``PATH.py:NAME`` /
+    ``MODULE:NAME``, :func:`check_config_code` decides whether it may)."""
+    if (
+        isinstance(source, dict)
+        and isinstance(source.get("spec"), str)
+        and is_factory_spec(source["spec"])
+        and spec.get("method") == source.get("name")
+    ):
+        return {**spec, "method": source["spec"]}
+    return spec
+
+
 def _document_spec(doc: Any, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The run spec in a JSON document and the data it ran on (``data``, ``model``, ...)."""
     if not isinstance(doc, dict):
         raise click.BadParameter(f"{path}: expected a JSON object", param_hint="--config")
+    source = None
     if doc.get("format") == "privmtl-models":  # model.json: "config" is the engine's, "run" ours
-        run = doc.get("run") or {}
-        data = doc.get("data") or {}
-        model = doc.get("model") or {}
+        run, data, model = ({} if doc.get(k) is None else doc[k] for k in ("run", "data", "model"))
+        for key, value in (("run", run), ("data", data), ("model", model)):
+            if not isinstance(value, dict):
+                raise click.BadParameter(
+                    f"{path}: {key} must be an object; got {value!r}", param_hint="--config"
+                )
+        source = run.get("method_source")
         context = {
             "data": data.get("data"),
             "data_path": data.get("data_path"),
@@ -315,6 +338,7 @@ def _document_spec(doc: Any, path: Path) -> tuple[dict[str, Any], dict[str, Any]
         spec = run.get("config")
     elif isinstance(doc.get("config"), dict):  # a result of privmtl pmtl / flower local --json
         spec = doc["config"]
+        source = doc.get("method_source")
         context = {k: doc.get(k) for k in ("data", "model")}
         if doc.get("data") == "synthetic":
             context["num_clients"] = doc.get("num_clients")
@@ -325,23 +349,31 @@ def _document_spec(doc: Any, path: Path) -> tuple[dict[str, Any], dict[str, Any]
             f"{path}: no run spec (a RunSpec object, or a result or model.json with 'config')",
             param_hint="--config",
         )
-    return spec, {k: v for k, v in context.items() if v is not None}
+    return _own_method(spec, source), {k: v for k, v in context.items() if v is not None}
 
 
 def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     """Read ``--config FILE``: its settings become the options' defaults (the command line wins)."""
     if value is None:
         return None
-    try:
-        doc = json.loads(Path(value).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise click.BadParameter(
-            f"{value}: not a JSON file ({exc})", param_hint="--config"
-        ) from None
-    spec, context = _document_spec(doc, Path(value))
+    from privmtl.exceptions import DataFormatError
+    from privmtl.io import read_json
     from privmtl.trust import is_signed
 
-    ctx.meta[_CONFIG_KEY] = (Path(value), is_signed(doc))
+    try:
+        doc = read_json(value)
+    except DataFormatError as exc:
+        raise click.BadParameter(str(exc).rstrip("."), param_hint="--config") from None
+    spec, context = _document_spec(doc, Path(value))
+    signed = is_signed(doc)
+    ctx.meta[_CONFIG_KEY] = (Path(value), signed)
+    recorded = context.get("data_path")
+    if recorded is not None and not signed:  # followed only as privmtl evaluate follows it
+        if _inside(recorded, Path(value).parent):
+            context["data_path"] = str(Path(value).parent / recorded)
+        else:
+            del context["data_path"]
+            ctx.meta[_DATA_PATH_KEY] = recorded
     unknown = sorted(set(spec) - set(SPEC_FIELDS))
     if unknown:
         raise click.BadParameter(
@@ -374,21 +406,47 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None)
 _CONFIG_KEY = "privmtl.config"
 """``ctx.meta`` key: ``(path, signed by this user)`` of the ``--config`` file read."""
 
+_DATA_PATH_KEY = "privmtl.config.data_path"
+"""``ctx.meta`` key: the data path an unsigned ``--config`` file records and that is not followed."""
+
+
+def _inside(recorded: Any, folder: Path) -> bool:
+    """Whether the recorded data path lies inside ``folder`` (the file's folder)."""
+    try:
+        return isinstance(recorded, str) and (folder / recorded).resolve().is_relative_to(
+            folder.resolve()
+        )
+    except (OSError, ValueError):
+        return False
+
 
 def check_config_code(
     ctx: click.Context, model: str, *, trust_code: bool, param: str = "model"
 ) -> None:
     """Refuse a model factory (or, with ``param="method"``, a user's method) that only a
-    ``--config`` file this user did not sign names.
+    ``--config`` file this user did not sign names; and (``param="model"``) a data path such a
+    file records outside its folder, unless ``--data-path`` is given.
 
     A factory is code: it runs when given by ``--model`` on the command line, named by a file
     this user's privmtl signed (a result or ``model.json``, :mod:`privmtl.trust`), or with
-    ``--trust-code``; otherwise exit 2 in one line, before anything is imported.
+    ``--trust-code``; otherwise exit 2 in one line, before anything is imported. A recorded data
+    path is followed as :func:`privmtl.trust.followed_data_path` follows an evaluated folder's.
     """
     from privmtl.federated.user_model import is_factory_spec
     from privmtl.trust import untrusted_code
 
     seen = ctx.meta.get(_CONFIG_KEY)
+    refused = ctx.meta.get(_DATA_PATH_KEY)
+    if seen is not None and refused is not None and param == "model":
+        if ctx.get_parameter_source("data_path") not in (
+            ParameterSource.COMMANDLINE,
+            ParameterSource.ENVIRONMENT,
+        ):
+            raise click.BadParameter(
+                f"{seen[0]} is not signed by this user: its recorded data path {refused!r} is "
+                "not followed; pass --data-path naming the data",
+                param_hint="--config",
+            )
     if seen is None or trust_code or not is_factory_spec(model):
         return
     path, signed = seen

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +76,13 @@ def evaluate(
     meta_path = models_dir / "model.json"
     if not meta_path.is_file():
         raise click.BadParameter(f"{models_dir} has no model.json", param_hint="DIRECTORY")
+    from privmtl.exceptions import DataFormatError
+    from privmtl.io import read_json
+
     try:
-        doc = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise click.BadParameter(
-            f"{meta_path} is not valid JSON: {exc}", param_hint="DIRECTORY"
-        ) from None
+        doc = read_json(meta_path)
+    except DataFormatError as exc:
+        raise click.BadParameter(str(exc).rstrip("."), param_hint="DIRECTORY") from None
     if not isinstance(doc, dict):
         raise click.BadParameter(
             f"{meta_path} must hold a JSON object; got {type(doc).__name__}",

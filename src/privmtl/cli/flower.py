@@ -250,6 +250,14 @@ def local(**kw: Any) -> None:
     check_secagg_options(full, kw["num_supernodes"])
     work = kw["work_dir"] if kw["work_dir"] is not None else default_work_dir()
     check_work_dir(work, resume=kw["resume"])
+    from privmtl.federated.user_model import is_factory_spec
+    from privmtl.trust import check_signing_key, sign
+
+    # a result naming code (a model or a method) is signed, so that this user's --config FILE can
+    # load it again; the saved models always are: a bad key stops the run before it starts
+    code = is_factory_spec(str(kw["model"])) or is_factory_spec(str(settings.get("method")))
+    if kw["save_models"] is not None or (as_json and code):
+        check_signing_key()
     if importlib.util.find_spec("flwr") is None:  # after the checks: bad input says what is bad
         raise click.ClickException("privmtl flower needs Flower: pip install 'privmtl[flower]'")
     click.echo(f"privmtl: work directory {work} (ledger: server/ledger.jsonl)", err=True)
@@ -263,11 +271,7 @@ def local(**kw: Any) -> None:
         save_models=kw["save_models"],
     )
     if as_json:
-        from privmtl.federated.user_model import is_factory_spec
-        from privmtl.trust import sign
-
-        # names code: signed, so that this user's --config FILE can load it again
-        code = is_factory_spec(str(out.get("model"))) or "method_source" in out
+        code = code or is_factory_spec(str(out.get("model"))) or "method_source" in out
         echo_json(sign(to_jsonable(out)) if code else out)
         return
     click.echo(

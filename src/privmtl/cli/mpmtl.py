@@ -321,6 +321,10 @@ def mpmtl(
     for name, folder in (("save_models", save_models), ("checkpoint_dir", checkpoint_dir)):
         if folder is not None:  # checked before any computation
             check_writable_dir(folder, name=name)
+    if save_models is not None:  # model.json is signed: a bad key stops the run before it starts
+        from privmtl.trust import check_signing_key
+
+        check_signing_key()
     abort_hint_for_checkpoint(checkpoint_dir)
     startup = startup_seconds()  # before the run's own clock starts
     out = run_mpmtl(

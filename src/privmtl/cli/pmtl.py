@@ -50,7 +50,7 @@ from privmtl.federated.spec import check_resume, check_vote_mechanism
 from privmtl.federated.user_model import is_factory_spec
 from privmtl.io import check_writable_dir
 from privmtl.privacy.selection import SELECTION_METHODS, VOTE_SIGNAL
-from privmtl.trust import sign
+from privmtl.trust import check_signing_key, sign
 
 __all__ = ["pmtl", "pmtl_sweep"]
 
@@ -314,6 +314,9 @@ def pmtl(**kw: Any) -> None:
         if kw[name] is not None:
             flag = "--" + name.replace("_", "-")
             kw[name] = number_list(kw[name], flag, low=0, open_low=positive)
+    names_code = is_factory_spec(str(kw["model"])) or is_factory_spec(str(kw.get("method")))
+    if kw["save_models"] is not None or (as_json and names_code):
+        check_signing_key()  # what the run signs: a bad key stops it before the first round
     abort_hint_for_checkpoint(kw["checkpoint_dir"])
     startup = startup_seconds()  # before the run's own clock starts
     out = run_pmtl(**kw, show_progress=not quiet and not as_json)
@@ -321,7 +324,7 @@ def pmtl(**kw: Any) -> None:
         with_startup(out, startup)
     if not as_json:
         _human(out)
-    elif is_factory_spec(str(out.get("model"))):  # names code: signed for --config (trust)
+    elif names_code:  # names code (a model or a method): signed for this user's --config
         echo_json(sign(to_jsonable(out)))
     else:
         echo_json(out)

@@ -673,6 +673,10 @@ def run_mpmtl(
         eigen_floor=eigen_floor,
         refit_power=refit_power,
     )
+    if save_models is not None:  # its model.json is signed: a bad key stops the run now
+        from privmtl.trust import check_signing_key
+
+        check_signing_key()
     with timer.phase("setup"):
         durability = _durability(spec, checkpoint_dir, resume)
     request = DataRequest(

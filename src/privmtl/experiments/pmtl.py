@@ -836,6 +836,10 @@ def run_pmtl(
     phase.
     """
     timer = PhaseTimer(PMTL_PHASES)  # the run's wall time starts here
+    if save_models is not None:  # its model.json is signed: a bad key stops the run now
+        from privmtl.trust import check_signing_key
+
+        check_signing_key()
     with timer.phase("setup"):
         own_method, method_source = resolve_method(method)
     spec = RunSpec(

@@ -31,13 +31,23 @@ flower local --save-models DIR`` through :func:`privmtl.flower.saved.collect_mod
     (:func:`privmtl.trust.sign`), which lets the folder's code and data path be followed as
     recorded (:func:`build_model`).
 
-Files are written to temporary names and renamed (``model.json`` last), so a directory with a
-``model.json`` is complete. Each file is written straight from the tensors (one shard's copy at a
-time), never assembled in memory for the whole population.
+``files_sha256``
+    (in ``model.json``) ``{file name: SHA-256}`` of every file ``files`` names, computed while
+    the file is written. The signature covers these hashes, so a reader checks each file against
+    its hash before using it (:func:`load_global`, :func:`iter_personalized`): a model file copied
+    in from another run is refused, naming the file.
+
+The files are written into a hidden staging folder inside the directory and moved into place
+once all are written and ``model.json`` is signed (``model.json`` last,
+:func:`privmtl.io.staged_folder`), so a directory with a ``model.json`` is complete and a save that
+fails (the signing key, the disk) leaves no new file behind. Each file is written straight from
+the tensors (one shard's copy at a time), never assembled in memory for the whole population.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -52,8 +62,8 @@ from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.algorithms import block_rows
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.spec import SPEC
-from privmtl.io import remove_durably, write_atomic, write_atomic_with
-from privmtl.trust import folder_file, is_signed, sign, untrusted_code
+from privmtl.io import StagedFolder, read_json, staged_folder
+from privmtl.trust import check_signing_key, folder_file, is_signed, sign, untrusted_code
 
 __all__ = [
     "MODELS_FORMAT",
@@ -71,7 +81,8 @@ __all__ = [
 ]
 
 MODELS_FORMAT = "privmtl-models"
-MODELS_VERSION = 1
+MODELS_VERSION = 2
+"""Version 2 lists the SHA-256 of every file in ``files_sha256`` (version 1 had none)."""
 
 MODEL_SHARD_CLIENTS = 16_384
 """Most clients whose personalized models one saved file holds (a logistic regression on the
@@ -83,30 +94,35 @@ _SHARDS_KEY = "files.personalized_shards"
 Params = dict[str, torch.Tensor]
 
 
-def _write_tensors(path: Path, params: Params, start: int = 0, stop: int | None = None) -> None:
+def _write_tensors(
+    staged: StagedFolder, name: str, params: Params, start: int = 0, stop: int | None = None
+) -> str:
     """``torch.save`` of ``params`` (rows ``start:stop`` of each, when ``stop`` is given) straight
-    into ``path``, atomically. Each tensor is copied first, so that the file holds its values
-    alone (``torch.save`` of a view writes the whole storage under it)."""
+    into the staged file ``name``; its SHA-256. Each tensor is copied first, so that the file
+    holds its values alone (``torch.save`` of a view writes the whole storage under it)."""
     rows = {
         n: (p if stop is None else p[start:stop]).detach().clone().contiguous()
         for n, p in params.items()
     }
-    write_atomic_with(path, lambda fh: torch.save(rows, fh))
+    return staged.write(name, lambda fh: torch.save(rows, fh))
 
 
 def _shard_name(i: int) -> str:
     return f"personalized-{i:05d}.pt"
 
 
-def _save_personalized(d: Path, pers: Params, m: int) -> dict[str, Any]:
-    """Write the stacked personalized models (module docstring's layout); their ``files`` keys."""
+def _save_personalized(
+    staged: StagedFolder, pers: Params, m: int, hashes: dict[str, str]
+) -> dict[str, Any]:
+    """Write the stacked personalized models (module docstring's layout); their ``files`` keys.
+    Each file's SHA-256 goes into ``hashes``."""
     if m <= MODEL_SHARD_CLIENTS:
-        _write_tensors(d / "personalized.pt", pers)
+        hashes["personalized.pt"] = _write_tensors(staged, "personalized.pt", pers)
         return {"personalized": "personalized.pt"}
     shards = []
     for i, start in enumerate(range(0, m, MODEL_SHARD_CLIENTS)):
         stop = min(start + MODEL_SHARD_CLIENTS, m)
-        _write_tensors(d / _shard_name(i), pers, start, stop)
+        hashes[_shard_name(i)] = _write_tensors(staged, _shard_name(i), pers, start, stop)
         shards.append({"file": _shard_name(i), "start": start, "stop": stop})
     return {"personalized_shards": shards}
 
@@ -129,20 +145,41 @@ def save_models(
     ``personalized`` replaces the result's personalized models (the fine-tuned ones);
     ``factory`` is a user model's :meth:`~privmtl.federated.user_model.UserFactory.record`.
     """
+    check_signing_key()  # a key that cannot sign stops the save before any file is written
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    remove_durably(d / "model.json")  # overwriting: incomplete until the new one is written
+    with staged_folder(d) as staged:
+        meta = _save_files(staged, result, summary, model=model, dataset=dataset, data=data,
+                           personalized=personalized, factory=factory)  # fmt: skip
+        text = json.dumps(sign(meta), indent=2) + "\n"  # signed: this user's models reload anywhere
+        staged.commit("model.json", text.encode())
+    _remove_stale(d, meta["files"])
+    return d
+
+
+def _save_files(
+    staged: StagedFolder,
+    result: Any,
+    summary: dict[str, Any],
+    *,
+    model: str,
+    dataset: Any,
+    data: dict[str, Any],
+    personalized: Params | None,
+    factory: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Write the model files into ``staged``; the ``model.json`` document that lists them."""
     files: dict[str, Any] = {"global": "global.pt"}
-    _write_tensors(d / "global.pt", result.global_params)
+    hashes = {"global.pt": _write_tensors(staged, "global.pt", result.global_params)}
     pers = personalized if personalized is not None else result.personalized_params
     if pers is not None:
-        files.update(_save_personalized(d, pers, len(result.client_ids)))
+        files.update(_save_personalized(staged, pers, len(result.client_ids), hashes))
     keep = (
         "method", "epsilon", "delta", "accountant", "sampling", "relation", "noise_source",
         "noise_std", "noise_multiplier", "clip", "clients_per_round", "num_clients", "rounds",
         "rounds_run", "lam", "lr", "seed", "server_update", "stopped_on_budget", "test_accuracy",
         "mean_client_accuracy", "val_accuracy", "global_test_accuracy",
         "global_mean_client_accuracy", "finetune", "clients_per_final_model", "end_of_run",
+        "method_source",  # a user's method: its file's SHA-256 (a --config rerun loads it again)
         "config",  # the resolved run spec (privmtl.federated.spec): what re-runs the same settings
     )  # fmt: skip
     meta = {
@@ -166,6 +203,7 @@ def save_models(
         ),
         "finetuned": personalized is not None,
         "files": files,
+        "files_sha256": hashes,
         "config": result.config.to_dict(),
         "run": {k: summary[k] for k in keep if k in summary},
         "guarantee": summary.get("guarantee"),
@@ -174,10 +212,7 @@ def save_models(
     ledger = getattr(result, "ledger", None)
     if ledger is not None and ledger.path is not None:  # privmtl evaluate checks it
         meta["ledger"] = {"path": str(Path(ledger.path).resolve()), **ledger.seen()}
-    text = json.dumps(sign(meta), indent=2) + "\n"  # signed: this user's models reload anywhere
-    write_atomic(d / "model.json", text.encode())
-    _remove_stale(d, files)
-    return d
+    return meta
 
 
 def _remove_stale(d: Path, files: dict[str, Any]) -> None:
@@ -252,10 +287,39 @@ def check_meta(meta: Any, where: str) -> dict[str, Any]:
     return meta
 
 
-def _load_params(path: Path, where: str, key: str, *, mmap: bool = False) -> Params:
-    """A dict of tensors saved by :func:`save_models`, loaded without unpickling any object."""
+_HASH_CHUNK = 1 << 20
+
+# files whose SHA-256 this process checked: (path, device, inode, size, mtime) -> digest
+_VERIFIED: dict[tuple[str, int, int, int, int], str] = {}
+
+
+def _verify(path: Path, digest: str, where: str, key: str) -> None:
+    """Refuse ``path`` unless its SHA-256 is ``digest`` (streamed; a file checked before and not
+    changed since is not read again)."""
+    st = path.stat()
+    seen = (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if _VERIFIED.get(seen) == digest:
+        return
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            h.update(chunk)
+    now = h.hexdigest()
+    if not hmac.compare_digest(now, digest):
+        raise DataFormatError(
+            f"{path} ({where} {key}) is not the file model.json was written with: its SHA-256 "
+            f"{now[:12]}... differs from the recorded {digest[:12]}... (files_sha256); "
+            "refusing to use it."
+        )
+    _VERIFIED[seen] = digest
+
+
+def _load_params(path: Path, where: str, key: str, digest: str, *, mmap: bool = False) -> Params:
+    """A dict of tensors saved by :func:`save_models`, loaded without unpickling any object,
+    after its SHA-256 is checked against ``digest`` (the one ``model.json`` records)."""
     if not path.is_file():
         raise DataFormatError(f"{where}: {key} names {path.name!r}, which is not in {path.parent}.")
+    _verify(path, digest, where, key)
     try:
         params = torch.load(path, weights_only=True, mmap=mmap)
     except Exception as exc:  # not a torch file, or a pickle of objects other than tensors
@@ -285,10 +349,7 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
     mpath = d / "model.json"
     if not mpath.is_file():
         raise DataFormatError(f"No saved models in {d} (no model.json).")
-    try:
-        meta = json.loads(mpath.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataFormatError(f"{mpath} is not valid JSON: {exc}.") from None
+    meta = read_json(mpath)
     where = str(mpath)
     check_meta(meta, where)
     files = meta["files"]
@@ -305,7 +366,42 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
         )  # fmt: skip
     if "personalized_shards" in files:
         _check_shards(files["personalized_shards"], len(meta["client_ids"]), where)
+    for key, name in _named_files(files):
+        folder_file(d, name, where=where, key=key)
+    _check_hashes(meta, where)
     return meta
+
+
+def _named_files(files: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(key, file name)`` of every file a checked ``files`` object names."""
+    named = [("files.global", files["global"])]
+    if "personalized" in files:
+        named.append(("files.personalized", files["personalized"]))
+    for i, shard in enumerate(files.get("personalized_shards", [])):
+        named.append((f"{_SHARDS_KEY}[{i}].file", shard["file"]))
+    return named
+
+
+def _check_hashes(meta: dict[str, Any], where: str) -> None:
+    """Refuse a ``files_sha256`` that is not an object holding a SHA-256 (64 lowercase hex
+    digits) of every file ``files`` names (the signature covers them through it)."""
+    hashes = meta.get("files_sha256")
+    if not isinstance(hashes, dict):
+        raise _malformed(where, "files_sha256", "an object {file: sha256}", hashes)
+    for key, name in _named_files(meta["files"]):
+        _digest(meta, name, where, key)
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _digest(meta: dict[str, Any], name: str, where: str, key: str) -> str:
+    """The SHA-256 ``meta`` records for file ``name`` (refused when there is none)."""
+    hashes = meta.get("files_sha256")
+    digest = hashes.get(name) if isinstance(hashes, dict) else None
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise _malformed(where, f"files_sha256[{name!r}]", f"the SHA-256 of {key}", digest)
+    return digest
 
 
 def _check_shards(shards: Any, m: int, where: str) -> None:
@@ -341,8 +437,9 @@ def load_global(directory: str | os.PathLike[str], meta: dict[str, Any]) -> Para
     """The released global model of a folder whose ``model.json`` is ``meta`` (:func:`read_meta`)."""
     d = Path(directory)
     where = str(d / "model.json")
-    key = "files.global"
-    return _load_params(folder_file(d, meta["files"]["global"], where=where, key=key), where, key)
+    key, name = "files.global", meta["files"]["global"]
+    path = folder_file(d, name, where=where, key=key)
+    return _load_params(path, where, key, _digest(meta, name, where, key))
 
 
 def iter_personalized(
@@ -382,7 +479,7 @@ def iter_personalized(
     first: dict[str, tuple[int, ...]] | None = None
     for key, name, start, stop in items:
         path = folder_file(d, name, where=where, key=key)
-        params = _load_params(path, where, key, mmap=mmap)
+        params = _load_params(path, where, key, _digest(meta, name, where, key), mmap=mmap)
         if net is not None:
             check_params(params, net, where=where, key=key, clients=stop - start)
         else:
@@ -481,8 +578,10 @@ def build_model(
 ) -> tuple[torch.nn.Module, list[str]]:
     """The architecture of saved models, ready for ``load_state_dict``; and notes on how.
 
-    ``cnn`` and ``logreg`` are privmtl's models, rebuilt from the data alone. A user's factory
-    is rebuilt by running code only in one of three ways:
+    ``cnn`` and ``logreg`` (:data:`~privmtl.federated.models.MODELS`, a fixed list) are
+    privmtl's models, rebuilt from the data alone: the only models a folder this user did not sign
+    may name. Any other model is code (a user's factory, or a module of the Python installation),
+    and is built only in one of three ways:
 
     ``factory`` (``--model SPEC``)
         The user names the factory again (``MODULE:FACTORY`` or ``PATH.py:FACTORY``, loaded as
@@ -497,10 +596,12 @@ def build_model(
         The recorded source is run although nobody signed it (its SHA-256 still checked).
 
     A recorded installed module (``module`` without source) is imported from the Python
-    installation only, never from the working directory. Otherwise nothing runs: the refusal of
-    :func:`~privmtl.trust.untrusted_code`. A model name that is itself a factory spec with no
-    recorded source (older folders) is loaded only with ``factory`` or ``trust_code``. The notes
-    say when the factory's file on disk has changed since the run (signed folders).
+    installation only, never from the working directory, and only in these three ways: importing
+    a module runs it. Otherwise nothing is imported: the refusal of
+    :func:`~privmtl.trust.untrusted_code`, before any code runs. A model name that is itself a
+    factory spec with no recorded source (older folders) is loaded only with ``factory`` or
+    ``trust_code``. The notes say when the factory's file on disk has changed since the run
+    (signed folders).
 
     Raises
     ------
@@ -508,7 +609,7 @@ def build_model(
         Code this user did not sign and did not allow, a recorded source that was changed, a
         named factory whose source differs from the recorded one.
     """
-    from privmtl.federated.models import FemnistCNN, MultinomialLogReg
+    from privmtl.federated.models import MODELS, FemnistCNN, MultinomialLogReg
     from privmtl.federated.user_model import factory_from_record, is_factory_spec, load_factory
 
     spec = meta["model"]
@@ -532,9 +633,8 @@ def build_model(
             )
         return user.build(d, c), notes
     if isinstance(record, dict):
-        installed = record.get("source") is None and bool(record.get("module"))
         signed = is_signed(meta)
-        if not (installed or signed or trust_code):
+        if not (signed or trust_code):  # nothing is imported from a file nobody vouched for
             raise untrusted_code(where, name)
         user = factory_from_record(record, where=where)
         path = record.get("path")
@@ -559,4 +659,4 @@ def build_model(
             raise untrusted_code(where, name)
         notes.append(f"no factory source recorded: {name!r} was loaded as it is now")
         return load_factory(name).build(d, c), notes
-    raise DataFormatError(f"{where}: unknown model {name!r}.")
+    raise DataFormatError(f"{where}: unknown model {name!r} (privmtl's: {', '.join(MODELS)}).")

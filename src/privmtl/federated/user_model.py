@@ -14,9 +14,10 @@
 is loaded; :meth:`UserFactory.record` is what a run writes into ``model.json`` and
 :func:`factory_from_record` rebuilds the factory from that record alone, from any working
 directory, after checking the hash (a record whose source was edited is refused). Running a
-record's source is the caller's decision: :func:`~privmtl.federated.saved.build_model` does it only
-for a folder this user signed or with ``--trust-code``. A recorded installed module is imported
-from the Python installation only, never from the working directory. Only the
+record's source, or importing a record's module, is the caller's decision:
+:func:`~privmtl.federated.saved.build_model` does either only for a folder this user signed or
+with ``--trust-code`` (importing a module runs it). A recorded installed module is imported from
+the Python installation only, never from the working directory. Only the
 factory's own file is recorded: a factory that imports other local modules needs them importable
 when the models are rebuilt.
 

@@ -50,7 +50,7 @@ from privmtl.checkpoint import (
     write_atomic,
 )
 from privmtl.data.federated import FederatedDataset
-from privmtl.exceptions import InvalidParameterError
+from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.algorithms import (
     LOCAL_TRAINING_STREAM,
     Params,
@@ -96,6 +96,7 @@ __all__ = [
     "load_node",
     "make_config",
     "partition",
+    "read_run_info",
     "run_options",
     "run_spec",
     "to_bytes",
@@ -798,6 +799,39 @@ def _accuracy(correct: np.ndarray, counts: np.ndarray) -> dict[str, float]:
     }
 
 
+def read_run_info(path: str | Path) -> dict[str, Any] | None:
+    """The ServerApp's ``run.json`` at ``path`` (``run``, ``token``, ``finished``); None if absent.
+
+    Raises
+    ------
+    DataFormatError
+        Not a JSON object of those three keys with their types (a list, text that is not UTF-8,
+        deep nesting, ...): one line naming the file.
+    """
+    from privmtl.io import read_json
+
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        return None
+    info = read_json(p)
+    ok = (
+        isinstance(info, dict)
+        and isinstance(info.get("run"), int)
+        and not isinstance(info.get("run"), bool)
+        and info["run"] >= 0
+        and isinstance(info.get("token"), str)
+        and isinstance(info.get("finished"), bool)
+    )
+    if not ok:
+        shown = json.dumps(info)[:80] if isinstance(info, dict | list) else repr(info)[:80]
+        raise DataFormatError(
+            f"{p} must be the ServerApp's JSON object {{run: integer >= 0, token: string, "
+            f"finished: true or false}}; got {shown}. Remove the work directory's server/ or "
+            "choose another --work-dir."
+        )
+    return info
+
+
 class ServerRun:
     """The server side: PMTL's curator, built as the in-process Trainer builds it.
 
@@ -914,8 +948,7 @@ class ServerRun:
     def _open(self, resume: bool) -> None:
         assert self.server_dir is not None
         d = self.server_dir
-        info_path = d / "run.json"
-        info = json.loads(info_path.read_text()) if info_path.exists() else None
+        info = read_run_info(d / "run.json")
         if info is not None and not info.get("finished") and not resume:
             raise InvalidParameterError(
                 f"{d} holds run {info['run']}, which did not finish (it was killed, failed or "

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from privmtl.exceptions import InvalidParameterError, PrivmtlError
-from privmtl.flower._core import SERVER_DIR
+from privmtl.exceptions import DataFormatError, InvalidParameterError, PrivmtlError
+from privmtl.flower._core import SERVER_DIR, read_run_info
 from privmtl.locking import hold_directory
 
 __all__ = ["FlowerRunError", "check_work_dir", "run_local", "write_app"]
@@ -234,14 +234,10 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 def check_work_dir(work_dir: str | Path, *, resume: bool) -> None:
     """Refuse, before any process starts, a work directory whose run did not finish (no resume)."""
-    info = Path(work_dir) / SERVER_DIR / "run.json"
-    if resume or not info.is_file():
+    info = read_run_info(Path(work_dir) / SERVER_DIR / "run.json")  # malformed: one line
+    if resume or info is None:
         return
-    try:
-        finished = bool(json.loads(info.read_text()).get("finished"))
-    except (OSError, json.JSONDecodeError):
-        finished = False
-    if not finished:
+    if not info["finished"]:
         raise InvalidParameterError(
             f"The work directory {work_dir} holds a run that did not finish (killed, failed or "
             "interrupted); continue it with --resume or choose another --work-dir."
@@ -463,8 +459,9 @@ def _run(
             why = " ".join(error_file.read_text().split())
             hint = ""
             try:  # a run that started (and checkpointed) can be continued
-                started = not json.loads((out_dir / "run.json").read_text())["finished"]
-            except (OSError, ValueError, KeyError):
+                info = read_run_info(out_dir / "run.json")
+                started = info is not None and not info["finished"]
+            except DataFormatError:
                 started = False
             if started:
                 hint = f"; continue it with --resume --work-dir {out_dir.parent}"

@@ -17,12 +17,18 @@ holds
     accountant, noise source; ``valid`` false for mechanisms that do not meet their claim), whether
     the run stopped on its budget, and the run's test metric.
 
-Files are written to temporary names, ``fsync``\\ ed and renamed (``model.json`` last), so a
-directory with a ``model.json`` is complete.
+``files_sha256`` (in ``model.json``) holds the SHA-256 of ``coef.npy``; the signature covers it,
+and :func:`load_linear_models` refuses a ``coef.npy`` of another hash (copied in from another run).
+
+Files are written in a staging folder inside the directory, ``fsync``\\ ed and moved into place
+(``model.json`` last, :func:`privmtl.io.staged_folder`), so a directory with a ``model.json`` is
+complete and a save that fails leaves the directory as it was.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
 import os
@@ -31,45 +37,45 @@ from typing import Any
 
 import numpy as np
 
-from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import DataFormatError
-from privmtl.io import remove_durably
-from privmtl.trust import folder_file, sign
+from privmtl.io import read_json, staged_folder
+from privmtl.trust import check_signing_key, folder_file, sign
 
 __all__ = ["MODELS_FORMAT", "MODELS_VERSION", "load_linear_models", "save_linear_models"]
 
 MODELS_FORMAT = "privmtl-models"
-MODELS_VERSION = 1
+MODELS_VERSION = 2
+"""Version 2 records the SHA-256 of ``coef.npy`` (``files_sha256``); version 1 did not."""
 
 
 def save_linear_models(
     directory: str | os.PathLike[str], coef: np.ndarray, meta: dict[str, Any]
 ) -> Path:
     """Write ``coef.npy`` and ``model.json`` (``meta`` plus format, version, shape) into ``directory``."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    remove_durably(d / "model.json")  # overwriting: incomplete until the new one is written
     W = np.ascontiguousarray(np.asarray(coef, dtype=np.float64))
     if W.ndim != 2:
         raise DataFormatError(f"coef must be a (d, m) matrix; got shape {W.shape}.")
-    buf = io.BytesIO()
-    np.save(buf, W, allow_pickle=False)
-    write_atomic(d / "coef.npy", buf.getvalue())
-    full = {
-        "format": MODELS_FORMAT,
-        "version": MODELS_VERSION,
-        **meta,
-        "coef": {
-            "file": "coef.npy",
-            "shape": list(W.shape),
-            "dtype": "float64",
-            "layout": "column i is task i's weight vector; score = x @ coef[:, i] + "
-            "data.target_offsets[i] (0 when absent)",
-        },
-    }
-    # signed: this user's folder is followed as it is (its recorded data path), see privmtl.trust
-    text = json.dumps(sign(full), indent=2, sort_keys=True, allow_nan=False) + "\n"
-    write_atomic(d / "model.json", text.encode())
+    check_signing_key()  # before any file is written
+    d = Path(directory)
+    with staged_folder(d) as staged:
+        digest = staged.write("coef.npy", lambda fh: np.save(fh, W, allow_pickle=False))
+        full = {
+            "format": MODELS_FORMAT,
+            "version": MODELS_VERSION,
+            **meta,
+            "coef": {
+                "file": "coef.npy",
+                "shape": list(W.shape),
+                "dtype": "float64",
+                "layout": "column i is task i's weight vector; score = x @ coef[:, i] + "
+                "data.target_offsets[i] (0 when absent)",
+            },
+            "files_sha256": {"coef.npy": digest},
+        }
+        # signed: this user's folder is followed as it is (its recorded data path), see
+        # privmtl.trust; the signature covers coef.npy through its hash
+        text = json.dumps(sign(full), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        staged.commit("model.json", text.encode())
     return d
 
 
@@ -77,10 +83,7 @@ def load_linear_models(directory: str | os.PathLike[str]) -> tuple[dict[str, Any
     """``(meta, coef)`` of a directory written by :func:`save_linear_models` (checked)."""
     d = Path(directory)
     where = str(d / "model.json")
-    try:
-        meta = json.loads((d / "model.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataFormatError(f"{d} holds no readable model.json: {exc}.") from None
+    meta = read_json(d / "model.json", where=where)
     if not isinstance(meta, dict):
         raise DataFormatError(f"{where} must hold a JSON object; got {type(meta).__name__}.")
     if meta.get("format") != MODELS_FORMAT or meta.get("version") != MODELS_VERSION:
@@ -91,8 +94,28 @@ def load_linear_models(directory: str | os.PathLike[str]) -> tuple[dict[str, Any
     for key in ("data", "coef"):
         if not isinstance(meta.get(key, {}), dict):
             raise DataFormatError(f"{where}: {key} must be an object; got {meta.get(key)!r}.")
+    digest = (
+        meta.get("files_sha256", {}).get("coef.npy")
+        if isinstance(meta.get("files_sha256"), dict)
+        else None
+    )
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise DataFormatError(
+            f"{where}: files_sha256['coef.npy'] must be the SHA-256 of coef.npy; got {digest!r}."
+        )
+    path = folder_file(d, "coef.npy", where=where, key="coef.file")
     try:
-        coef = np.load(folder_file(d, "coef.npy", where=where, key="coef.file"), allow_pickle=False)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataFormatError(f"{path} cannot be loaded: {exc.strerror or exc}.") from None
+    now = hashlib.sha256(data).hexdigest()
+    if not hmac.compare_digest(now, digest):
+        raise DataFormatError(
+            f"{path} is not the file {where} was written with: its SHA-256 {now[:12]}... "
+            f"differs from the recorded {digest[:12]}... (files_sha256); refusing to use it."
+        )
+    try:
+        coef = np.load(io.BytesIO(data), allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise DataFormatError(f"{d / 'coef.npy'} cannot be loaded: {exc}.") from None
     if list(coef.shape) != list(meta.get("coef", {}).get("shape", [])):
