@@ -109,6 +109,7 @@ POPULATION_KEYS = frozenset(
         "created",
         "timestamp",
         "signature",
+        "files_sha256",
         "local_test_accuracy",
         "local_mean_client_accuracy",
         "gain_over_local",
