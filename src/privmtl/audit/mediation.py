@@ -41,6 +41,7 @@ low-rank's floor vote and PMTL's end-of-run vote, ``--finetune-select vote``, ar
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 import shutil
@@ -115,6 +116,7 @@ POPULATION_KEYS = frozenset(
         "gain_interval",
         "stl_nmse",
         "gain_over_stl",
+        "val_accuracy_per_round",
     }
 )
 
@@ -313,6 +315,9 @@ def _cli_outputs(
             files[f.name] = {"coef": torch.from_numpy(np.ascontiguousarray(np.load(f).T))}
         elif f.suffix == ".json":
             files[f.name] = json.loads(f.read_text())
+        elif f.suffix == ".csv":  # per-client rows: keyed by client id, compared as JSON
+            with f.open(newline="") as fh:
+                files[f.name] = {row["client"]: row for row in csv.DictReader(fh)}
     return {"json": out, "files": files}
 
 

@@ -20,6 +20,9 @@ flower local --save-models DIR`` through :func:`privmtl.flower.saved.collect_mod
     so client ``k`` (``k0 <= k < k1``) has the model
     ``{name: t[k - k0] for name, t in torch.load(f).items()}``. :func:`iter_personalized`
     reads them one shard at a time, :func:`load_models` stacks them all.
+``clients.csv`` (written by ``privmtl pmtl``)
+    One row per client (:mod:`privmtl.per_client`): its sizes, the model it kept, its test
+    accuracy, its local-only accuracy and the gain (``files.clients`` names it).
 ``model.json``
     ``format`` (``"privmtl-models"``), ``version``, ``family`` (``"pmtl"``), ``method``, the model
     architecture (``model``: name, features, classes, input shape; for a user's
@@ -121,13 +124,15 @@ def save_models(
     data: dict[str, Any],
     personalized: Params | None = None,
     factory: dict[str, Any] | None = None,
+    clients: Any = None,
 ) -> Path:
     """Write a run's models and metadata to ``directory`` (module docstring); returns it.
 
     ``result`` is the :class:`~privmtl.federated.config.TrainResult`, ``summary`` the run's JSON
     result (its guarantee, accuracies and settings are copied into ``model.json``);
     ``personalized`` replaces the result's personalized models (the fine-tuned ones);
-    ``factory`` is a user model's :meth:`~privmtl.federated.user_model.UserFactory.record`.
+    ``factory`` is a user model's :meth:`~privmtl.federated.user_model.UserFactory.record`;
+    ``clients`` the per-client rows (:mod:`privmtl.per_client`), written as ``clients.csv``.
     """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -137,12 +142,19 @@ def save_models(
     pers = personalized if personalized is not None else result.personalized_params
     if pers is not None:
         files.update(_save_personalized(d, pers, len(result.client_ids)))
+    if clients is not None:
+        from privmtl.per_client import CLIENTS_FILE, write_rows
+
+        write_rows(d / CLIENTS_FILE, clients)
+        files["clients"] = CLIENTS_FILE
     keep = (
         "method", "epsilon", "delta", "accountant", "sampling", "relation", "noise_source",
         "noise_std", "noise_multiplier", "clip", "clients_per_round", "num_clients", "rounds",
         "rounds_run", "lam", "lr", "seed", "server_update", "stopped_on_budget", "test_accuracy",
         "mean_client_accuracy", "val_accuracy", "global_test_accuracy",
         "global_mean_client_accuracy", "finetune", "clients_per_final_model", "end_of_run",
+        "epsilon_per_round", "val_accuracy_per_round", "local_test_accuracy", "gain_over_local",
+        "gain_interval", "baseline_clients",
         "config",  # the resolved run spec (privmtl.federated.spec): what re-runs the same settings
     )  # fmt: skip
     meta = {
@@ -292,7 +304,7 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
     where = str(mpath)
     check_meta(meta, where)
     files = meta["files"]
-    allowed = ("global", "personalized", "personalized_shards")
+    allowed = ("global", "personalized", "personalized_shards", "clients")
     unknown = sorted(set(files) - set(allowed))
     if unknown:
         raise _malformed(

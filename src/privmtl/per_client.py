@@ -1,0 +1,179 @@
+"""Per-client results: one row per client (task), written as CSV or Parquet.
+
+A result's pooled accuracy says how the population did; the rows say which clients gained or lost.
+Every row holds the client's id, its train/validation/test sizes, the model it kept (``kept``: a
+``finetune="auto"`` candidate name, else the kind of final model), its test score, its local-only
+score and the gain of the first over the second. PMTL rows score accuracy
+(:data:`PMTL_COLUMNS`), MP-MTL rows a task's test MSE and nMSE (:data:`MPMTL_COLUMNS`).
+
+A row is the client's own output: its score is its final model on its own test split, so it
+depends on the other clients only through the recorded releases (the mediation audit compares the
+rows of two runs on neighbouring data, :mod:`privmtl.audit.mediation`). The local score is blank
+(NaN) for a client outside the baseline's sample (:func:`~privmtl.federated.baseline.baseline_sample`).
+
+Files are written atomically (:func:`privmtl.io.write_atomic`): a file at the path is complete.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.io import check_writable_dir, write_atomic
+
+__all__ = [
+    "CLIENTS_FILE",
+    "MPMTL_COLUMNS",
+    "PER_CLIENT_SUFFIXES",
+    "PMTL_COLUMNS",
+    "check_rows_path",
+    "mpmtl_rows",
+    "pmtl_rows",
+    "read_rows",
+    "write_rows",
+]
+
+CLIENTS_FILE = "clients.csv"
+"""The per-client rows' file in a folder of saved models (``files.clients`` of ``model.json``)."""
+PER_CLIENT_SUFFIXES = (".csv", ".parquet")
+PMTL_COLUMNS = (
+    "client", "n_train", "n_val", "n_test", "kept", "test_accuracy", "local_test_accuracy", "gain",
+)  # fmt: skip
+"""PMTL rows: ``gain`` is ``test_accuracy - local_test_accuracy`` (accuracy points, as a fraction)."""
+MPMTL_COLUMNS = (
+    "client", "n_train", "n_test", "kept", "test_mse", "test_nmse", "stl_nmse", "gain",
+)  # fmt: skip
+"""MP-MTL rows (a task is a client): ``test_nmse`` is the task's test MSE over its test targets'
+variance; ``gain`` is ``stl_nmse - test_nmse`` (positive: the task did better than alone)."""
+
+
+def check_rows_path(path: str | Path, *, name: str = "per_client") -> Path:
+    """``path`` as a :class:`~pathlib.Path`, checked before any computation: a ``.csv`` or
+    ``.parquet`` file name whose folder exists or can be created and is writable. Raises
+    :class:`~privmtl.exceptions.InvalidParameterError` naming ``name`` otherwise."""
+    p = Path(path)
+    if p.suffix.lower() not in PER_CLIENT_SUFFIXES:
+        raise InvalidParameterError(
+            f"The '{name}' parameter must name a .csv or .parquet file; got {str(p)!r}."
+        )
+    if p.is_dir():
+        raise InvalidParameterError(
+            f"The '{name}' parameter must name a file; got {str(p)!r}, which is a folder."
+        )
+    check_writable_dir(p.parent, name=name)
+    return p
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
+    out = np.full(num.shape, np.nan)
+    np.divide(num, den, out=out, where=den > 0)
+    return out
+
+
+def pmtl_rows(
+    client_ids: Sequence[str],
+    sizes: dict[str, np.ndarray],
+    kept: Sequence[str],
+    correct: np.ndarray,
+    local_correct: np.ndarray | None = None,
+) -> pd.DataFrame:
+    """PMTL rows (:data:`PMTL_COLUMNS`) from every client's correct test predictions of its final
+    model (``correct``) and of its local training (``local_correct``: NaN where not computed, None
+    for none), and its split ``sizes`` (``{"train", "val", "test"}``)."""
+    n_test = np.asarray(sizes["test"])
+    acc = _ratio(correct, n_test)
+    local = (
+        np.full(len(client_ids), np.nan)
+        if local_correct is None
+        else _ratio(np.asarray(local_correct, np.float64), n_test)
+    )
+    return pd.DataFrame(
+        {
+            "client": [str(c) for c in client_ids],
+            "n_train": np.asarray(sizes["train"], np.int64),
+            "n_val": np.asarray(sizes["val"], np.int64),
+            "n_test": n_test.astype(np.int64),
+            "kept": [str(k) for k in kept],
+            "test_accuracy": acc,
+            "local_test_accuracy": local,
+            "gain": acc - local,
+        },
+        columns=list(PMTL_COLUMNS),
+    )
+
+
+def mpmtl_rows(
+    task_names: Sequence[str],
+    n_train: Sequence[int],
+    y_test: Sequence[Any],
+    pred: Sequence[Any],
+    kept: str,
+    stl_pred: Sequence[Any] | None = None,
+) -> pd.DataFrame:
+    """MP-MTL rows (:data:`MPMTL_COLUMNS`): every task's test MSE and nMSE of the method's
+    predictions ``pred`` and, given the single-task predictions ``stl_pred``, the gain over them."""
+
+    def per_task(p: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        mse = np.array(
+            [float(np.mean((np.ravel(q) - np.ravel(t)) ** 2)) for q, t in zip(p, y_test, strict=True)]
+        )
+        var = np.array([float(np.var(np.ravel(t))) for t in y_test])
+        return mse, _ratio(mse, var)
+
+    mse, nmse = per_task(pred)
+    stl = per_task(stl_pred)[1] if stl_pred is not None else np.full(len(mse), np.nan)
+    return pd.DataFrame(
+        {
+            "client": [str(t) for t in task_names],
+            "n_train": np.asarray(n_train, np.int64),
+            "n_test": np.array([np.asarray(t).size for t in y_test], np.int64),
+            "kept": [kept] * len(mse),
+            "test_mse": mse,
+            "test_nmse": nmse,
+            "stl_nmse": stl,
+            "gain": stl - nmse,
+        },
+        columns=list(MPMTL_COLUMNS),
+    )
+
+
+def write_rows(path: str | Path, rows: pd.DataFrame) -> Path:
+    """Write ``rows`` to ``path`` atomically: CSV (``.csv``, floats written as they round-trip) or
+    Parquet (``.parquet``)."""
+    p = Path(path)
+    if p.suffix.lower() == ".parquet":
+        buf = io.BytesIO()
+        rows.to_parquet(buf, index=False)
+        data = buf.getvalue()
+    else:
+        data = rows.to_csv(index=False).encode()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(p, data)
+    return p
+
+
+def read_rows(path: str | Path) -> pd.DataFrame:
+    """Rows written by :func:`write_rows` (the ``client`` column read as text). Raises
+    :class:`~privmtl.exceptions.DataFormatError` for a file that is not such a table."""
+    p = Path(path)
+    try:
+        if p.suffix.lower() == ".parquet":
+            rows = pd.read_parquet(p)
+        else:
+            rows = pd.read_csv(p, dtype={"client": str, "kept": str}, keep_default_na=False,
+                               na_values=[""])  # fmt: skip
+    except (OSError, ValueError) as exc:
+        raise DataFormatError(f"{p} is not a table of per-client rows: {exc}.") from None
+    if "client" not in rows.columns or "gain" not in rows.columns:
+        raise DataFormatError(
+            f"{p} is not a table of per-client rows (columns {list(rows.columns)[:8]}; "
+            "expected 'client' and 'gain')."
+        )
+    return rows
