@@ -35,6 +35,7 @@ __all__ = [
     "check_rows_path",
     "mpmtl_rows",
     "pmtl_rows",
+    "ratio",
     "read_rows",
     "write_rows",
 ]
@@ -66,11 +67,18 @@ def check_rows_path(path: str | Path, *, name: str = "per_client") -> Path:
         raise InvalidParameterError(
             f"The '{name}' parameter must name a file; got {str(p)!r}, which is a folder."
         )
-    check_writable_dir(p.parent, name=name)
+    try:
+        check_writable_dir(p.parent, name=name)
+    except InvalidParameterError:
+        raise InvalidParameterError(
+            f"The '{name}' parameter must name a file in a writable folder; got {str(p)!r} "
+            f"(cannot write in {str(p.parent)!r})."
+        ) from None
     return p
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """``num / den`` element-wise, NaN where ``den`` is 0 (a client without test examples)."""
     num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
     out = np.full(num.shape, np.nan)
     np.divide(num, den, out=out, where=den > 0)
@@ -82,17 +90,17 @@ def pmtl_rows(
     sizes: dict[str, np.ndarray],
     kept: Sequence[str],
     correct: np.ndarray,
-    local_correct: np.ndarray | None = None,
+    local_accuracy: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """PMTL rows (:data:`PMTL_COLUMNS`) from every client's correct test predictions of its final
-    model (``correct``) and of its local training (``local_correct``: NaN where not computed, None
-    for none), and its split ``sizes`` (``{"train", "val", "test"}``)."""
+    model (``correct``), its local-only test accuracy (NaN where not computed; None: none) and its
+    split ``sizes`` (``{"train", "val", "test"}``)."""
     n_test = np.asarray(sizes["test"])
-    acc = _ratio(correct, n_test)
+    acc = ratio(correct, n_test)
     local = (
         np.full(len(client_ids), np.nan)
-        if local_correct is None
-        else _ratio(np.asarray(local_correct, np.float64), n_test)
+        if local_accuracy is None
+        else np.asarray(local_accuracy, np.float64)
     )
     return pd.DataFrame(
         {
@@ -125,7 +133,7 @@ def mpmtl_rows(
             [float(np.mean((np.ravel(q) - np.ravel(t)) ** 2)) for q, t in zip(p, y_test, strict=True)]
         )
         var = np.array([float(np.var(np.ravel(t))) for t in y_test])
-        return mse, _ratio(mse, var)
+        return mse, ratio(mse, var)
 
     mse, nmse = per_task(pred)
     stl = per_task(stl_pred)[1] if stl_pred is not None else np.full(len(mse), np.nan)

@@ -629,7 +629,7 @@ def _client_rows(
     The correct predictions are the end of run's or the baseline's where they cover every
     client, else one scoring pass a block of clients at a time."""
     from privmtl.federated.baseline import per_client_correct
-    from privmtl.per_client import pmtl_rows
+    from privmtl.per_client import pmtl_rows, ratio
 
     ds, m = loaded.dataset, loaded.m
     if finished.kept is not None:
@@ -640,9 +640,9 @@ def _client_rows(
     per_client = finished.per_client or {}
     local = None
     if scored is not None:
-        idx, final_c, local_c, _ = scored
+        idx, final_c, local_c, n = scored
         local = np.full(m, np.nan)
-        local[idx] = local_c
+        local[idx] = ratio(local_c, n)
     if "final" in per_client:
         correct = per_client["final"][0]
     elif scored is not None and len(scored[0]) == m:
@@ -1038,6 +1038,7 @@ def evaluate_saved(
     scaling: str | None = None,
     model: str | None = None,
     trust_code: bool = False,
+    per_client: str | Path | None = None,
 ) -> dict[str, Any]:
     """Reload models saved by ``run_pmtl(save_models=...)`` and score them on the test split.
 
@@ -1049,6 +1050,11 @@ def evaluate_saved(
     working directory nor ``PYTHONPATH`` matters. For a folder someone else wrote, a user's model
     needs ``model`` (the factory named again, checked against the recorded SHA-256) or
     ``trust_code``, and a recorded data path outside the folder needs ``data_path``.
+
+    ``per_client`` (a ``.csv`` or ``.parquet`` file) receives one row per client
+    (:mod:`privmtl.per_client`): its test accuracy as scored now, beside the model it kept and
+    its local-only accuracy as the run recorded them in the folder's ``clients.csv`` (blank for a
+    folder without one); the same data give the run's rows.
     """
     from privmtl.federated.saved import (
         build_model,
@@ -1059,6 +1065,10 @@ def evaluate_saved(
     )
     from privmtl.trust import followed_data_path, is_signed
 
+    if per_client is not None:
+        from privmtl.per_client import check_rows_path
+
+        per_client = check_rows_path(per_client)
     meta = read_meta(models_dir)
     glob = load_global(models_dir, meta)
     where = str(Path(models_dir) / "model.json")
@@ -1102,7 +1112,7 @@ def evaluate_saved(
         )
     personalized = meta["primary"] == "personalized" and has_pers
     released = meta.get("method") not in NO_RELEASE_METHODS
-    scores = _score_saved(
+    scores, correct = _score_saved(
         models_dir, meta, net, glob, ds, personalized=personalized, shared=has_pers or released
     )
     acc = scores["own"]
@@ -1142,7 +1152,38 @@ def evaluate_saved(
     for key in ("clients_per_final_model", "end_of_run"):  # recorded at training
         if key in run:
             out[key] = run[key]
+    if per_client is not None:
+        from privmtl.per_client import write_rows
+
+        rows = _saved_rows(models_dir, meta, ds, correct)
+        out["per_client_file"] = str(write_rows(per_client, rows))
     return out
+
+
+def _saved_rows(
+    models_dir: str | Path, meta: dict[str, Any], ds: FederatedDataset, correct: np.ndarray
+) -> pd.DataFrame:
+    """:func:`evaluate_saved`'s per-client rows: the accuracies scored now (``correct``), the
+    kept models and local-only accuracies recorded in the folder's ``clients.csv``."""
+    from privmtl.per_client import pmtl_rows, read_rows
+    from privmtl.trust import folder_file
+
+    m = ds.n_clients
+    kept: list[str] = [""] * m
+    local = np.full(m, np.nan)
+    name = meta["files"].get("clients")
+    if isinstance(name, str):
+        where = str(Path(models_dir) / "model.json")
+        recorded = read_rows(folder_file(Path(models_dir), name, where=where, key="files.clients"))
+        if list(recorded["client"]) != list(ds.client_ids):
+            raise DataFormatError(
+                f"{Path(models_dir) / name} lists other clients than the data "
+                f"({len(recorded)} rows, {m} clients)."
+            )
+        kept = [str(k) for k in recorded["kept"]]
+        local = recorded["local_test_accuracy"].to_numpy(np.float64)
+    sizes = {split: ds.sizes(split) for split in ("train", "val", "test")}
+    return pmtl_rows(ds.client_ids, sizes, kept, correct, local)
 
 
 def _score_saved(
@@ -1154,13 +1195,14 @@ def _score_saved(
     *,
     personalized: bool,
     shared: bool,
-) -> dict[str, dict[str, float]]:
+) -> tuple[dict[str, dict[str, float]], np.ndarray]:
     """:func:`evaluate_saved`'s test scores, streamed: ``"own"`` (each client's own model: its
     personalized one when ``personalized``, else the global one) and, when ``shared``, ``"shared"``
     (the global model on every client). A block of clients at a time is read from the saved files
     (:func:`~privmtl.federated.saved.personalized_blocks`) and drawn from ``ds``
     (:meth:`~privmtl.data.federated.FederatedDataset.subset`), so one file of models and one
-    block's test data are held at once; the sums equal scoring every client at once."""
+    block's test data are held at once; the sums equal scoring every client at once. Also
+    every client's correct test predictions of its own model."""
     from privmtl.federated.algorithms import BlockScores
     from privmtl.federated.blocks import client_blocks
     from privmtl.federated.saved import personalized_blocks
@@ -1183,7 +1225,7 @@ def _score_saved(
     scores = book.summary()["test"]
     if shared and not personalized:  # the global model is the clients' own: scored once
         scores["shared"] = scores["own"]
-    return scores
+    return scores, book.per_client("test", "own")[0]
 
 
 def _epochs_grid(epochs: int | Sequence[int]) -> list[int]:
