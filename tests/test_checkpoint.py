@@ -1,7 +1,17 @@
+import hashlib
+import json
+
 import pytest
 import torch
 
-from privmtl.checkpoint import CheckpointError, has_checkpoint, load_checkpoint, save_checkpoint
+from privmtl.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    has_checkpoint,
+    ledger_seen,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 CONFIG = {"method": "pmtl", "rounds": 5, "lam": 0.01}
 
@@ -44,7 +54,11 @@ def test_refuses_a_corrupt_state_and_another_version(tmp_path):
     save_checkpoint(
         tmp_path, kind="pmtl", config=CONFIG, state=_state(), step=1, noise_source="seeded"
     )
-    manifest = (tmp_path / "manifest.json").read_text().replace('"version": 2', '"version": 99')
+    manifest = (
+        (tmp_path / "manifest.json")
+        .read_text()
+        .replace(f'"version": {FORMAT_VERSION}', '"version": 99')
+    )
     (tmp_path / "manifest.json").write_text(manifest)
     with pytest.raises(CheckpointError, match="format version 99"):
         load_checkpoint(tmp_path, kind="pmtl", config=CONFIG)
@@ -72,3 +86,71 @@ def test_a_kill_between_state_and_manifest_leaves_the_previous_checkpoint(tmp_pa
         )
     state, manifest = load_checkpoint(tmp_path, kind="pmtl", config=CONFIG)
     assert manifest["step"] == 1 and state["round"] == 3
+
+
+def _edit_manifest(tmp_path, **changes):
+    """Rewrite manifest.json with ``changes``, keeping everything else (its signature too)."""
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest.update(changes)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_consistently_edited_manifest_and_state_are_refused(tmp_path):
+    """Another state written with its length and hash into the manifest: not this user's."""
+    save_checkpoint(
+        tmp_path, kind="pmtl", config=CONFIG, state=_state(), step=3, noise_source="seeded",
+        ledger={"releases": 3, "sha256": "a" * 64},
+    )  # fmt: skip
+    (state_file,) = tmp_path.glob("state-*.pt")
+    forged = {**_state(), "round": 1}
+    torch.save(forged, state_file)
+    _edit_manifest(tmp_path, state_sha256=hashlib.sha256(state_file.read_bytes()).hexdigest())
+    with pytest.raises(CheckpointError, match="not signed by this user's key"):
+        load_checkpoint(tmp_path, kind="pmtl", config=CONFIG)
+    _edit_manifest(tmp_path, signature=None)  # the signature removed
+    with pytest.raises(CheckpointError, match="not signed by this user's key"):
+        load_checkpoint(tmp_path, kind="pmtl", config=CONFIG)
+    with pytest.raises(CheckpointError, match="not signed by this user's key"):
+        ledger_seen(tmp_path)
+
+
+def test_a_ledger_digest_rewritten_in_the_manifest_is_refused(tmp_path):
+    save_checkpoint(
+        tmp_path, kind="pmtl", config=CONFIG, state=_state(), step=3, noise_source="seeded",
+        ledger={"releases": 6, "sha256": "a" * 64},
+    )  # fmt: skip
+    assert ledger_seen(tmp_path) == {"releases": 6, "sha256": "a" * 64}
+    _edit_manifest(tmp_path, ledger={"releases": 2, "sha256": "b" * 64})
+    with pytest.raises(CheckpointError, match="not signed"):
+        ledger_seen(tmp_path)
+
+
+def test_a_state_file_outside_the_directory_is_refused(tmp_path):
+    d = tmp_path / "ck"
+    save_checkpoint(d, kind="pmtl", config=CONFIG, state=_state(), step=3, noise_source="seeded")
+    manifest = json.loads((d / "manifest.json").read_text())
+    outside = tmp_path / "elsewhere.pt"
+    outside.write_bytes((d / manifest["state_file"]).read_bytes())  # its hash matches
+    import privmtl.trust as trust
+
+    for name in (str(outside), "../elsewhere.pt"):
+        signed = trust.sign({**manifest, "state_file": name})  # even signed: kept in the folder
+        (d / "manifest.json").write_text(json.dumps(signed))
+        with pytest.raises(CheckpointError, match="must name a file inside"):
+            load_checkpoint(d, kind="pmtl", config=CONFIG)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"[]", b"\xff\xfe{}", b"[" * 200_000 + b"]" * 200_000, b"{}", b'"x"', b"{not json"],
+)
+def test_an_unreadable_manifest_is_refused_in_one_line(tmp_path, content):
+    save_checkpoint(tmp_path, kind="pmtl", config=CONFIG, state=_state(), step=1, noise_source="s")
+    (tmp_path / "manifest.json").write_bytes(content)
+    for call in (
+        lambda: load_checkpoint(tmp_path, kind="pmtl", config=CONFIG),
+        lambda: ledger_seen(tmp_path),
+    ):
+        with pytest.raises(CheckpointError) as info:
+            call()
+        assert "\n" not in str(info.value) and len(str(info.value)) < 400

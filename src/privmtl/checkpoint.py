@@ -8,7 +8,8 @@ A checkpoint directory holds
   configuration's fingerprint (for the data: a SHA-256 of its contents), the step (round or
   iteration) reached, the noise source, the name of the state file and its SHA-256, and what the
   checkpoint saw of the ledger (``ledger``: the number of releases and the SHA-256 of the ledger
-  file up to the last of them, :meth:`~privmtl.privacy.ledger.PrivacyLedger.seen`);
+  file up to the last of them, :meth:`~privmtl.privacy.ledger.PrivacyLedger.seen`), signed with
+  the user's key (:func:`privmtl.trust.sign`);
 * ``ledger.jsonl`` — the run's durable privacy ledger (:mod:`privmtl.privacy.ledger`), appended to
   by the curator before every release and never rewritten by a checkpoint;
 * ``.privmtl.lock`` — the lock of the run writing the directory (:mod:`privmtl.locking`).
@@ -18,6 +19,14 @@ replaces the manifest the same way (the manifest names the new state file and it
 directory, and only then deletes the previous state file. A process killed at any instant leaves
 a manifest naming a complete state file: the previous checkpoint or the new one. A state file
 that does not match its manifest is reported as corrupt, never loaded.
+
+The manifest is what makes the state file and the ledger the run's, so it is authenticated: it
+carries the user's signature (an HMAC under the key in the user's configuration folder,
+:mod:`privmtl.trust`), and :func:`load_checkpoint` and :func:`ledger_seen` refuse a manifest
+that is not signed by this user's key — edited (a cut ledger's length and hash, another state
+file's hash written into it), or written by another user. Its ``state_file`` must name a file
+inside the directory (:func:`privmtl.trust.folder_file`). A manifest that is not a JSON object,
+not UTF-8, or nested beyond what the JSON reader takes is refused in one line as unreadable.
 
 The ledger is the truth about what was released: a run resumed from a checkpoint opens its ledger
 with what the manifest saw (:meth:`PrivacyLedger.open(..., seen=manifest["ledger"])
@@ -37,6 +46,7 @@ from typing import Any
 
 import torch
 
+from privmtl import trust
 from privmtl.exceptions import PrivmtlError
 from privmtl.io import fsync_dir as _fsync_dir
 from privmtl.io import write_atomic
@@ -54,7 +64,7 @@ __all__ = [
 ]
 
 FORMAT = "privmtl-checkpoint"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 _MANIFEST = "manifest.json"
 
 
@@ -113,7 +123,8 @@ def save_checkpoint(
         "state_sha256": hashlib.sha256(data).hexdigest(),
         "ledger": ledger,
     }
-    write_atomic(d / _MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    signed = trust.sign(manifest)
+    write_atomic(d / _MANIFEST, (json.dumps(signed, indent=2, sort_keys=True) + "\n").encode())
     _fsync_dir(d)
     for old in d.glob("state-*.pt"):  # the manifest no longer names them
         if old.name != state_file:
@@ -138,19 +149,7 @@ def load_checkpoint(
     mpath = d / _MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"No checkpoint in {d} (no {_MANIFEST}).")
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"The checkpoint manifest {mpath} is unreadable: {exc}.") from None
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(
-            f"{mpath} is not a privmtl checkpoint (format {manifest.get('format')!r})."
-        )
-    if manifest.get("version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"The checkpoint in {d} has format version {manifest.get('version')!r}; this privmtl "
-            f"reads version {FORMAT_VERSION}."
-        )
+    manifest = _read_manifest(d)
     if manifest.get("kind") != kind:
         raise CheckpointError(
             f"The checkpoint in {d} is of a {manifest.get('kind')!r} run, not {kind!r}."
@@ -165,7 +164,15 @@ def load_checkpoint(
         raise CheckpointError(
             f"The checkpoint in {d} is from another configuration: {shown or 'fingerprint differs'}."
         )
-    spath = d / str(manifest.get("state_file", ""))
+    try:
+        spath = trust.folder_file(
+            d,
+            manifest.get("state_file"),
+            where=f"The checkpoint manifest {mpath}",
+            key="state_file",
+        )
+    except PrivmtlError as exc:
+        raise CheckpointError(str(exc)) from None
     try:
         data = spath.read_bytes()
     except OSError as exc:
@@ -189,16 +196,32 @@ def ledger_seen(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     mpath = Path(directory) / _MANIFEST
     if not mpath.is_file():
         return None
+    seen = _read_manifest(Path(directory)).get("ledger")
+    return seen if isinstance(seen, dict) else {}  # {}: a checkpoint that recorded no digest
+
+
+def _read_manifest(d: Path) -> dict[str, Any]:
+    """The manifest in ``d``, checked to be a privmtl manifest of this version signed by this
+    user (module doc); :class:`CheckpointError` in one line otherwise."""
+    mpath = d / _MANIFEST
     try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"The checkpoint manifest {mpath} is unreadable: {exc}.") from None
+        manifest = json.loads(mpath.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # JSON, UTF-8, nesting
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise CheckpointError(f"The checkpoint manifest {mpath} is unreadable: {why}.") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{mpath} is not a privmtl checkpoint.")
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise CheckpointError(f"{mpath} is not a privmtl checkpoint (format {got!r}).")
     if manifest.get("version") != FORMAT_VERSION:
         raise CheckpointError(
-            f"The checkpoint in {Path(directory)} has format version "
-            f"{manifest.get('version')!r}; this privmtl reads version {FORMAT_VERSION}."
+            f"The checkpoint in {d} has format version {manifest.get('version')!r}; this privmtl "
+            f"reads version {FORMAT_VERSION} (an older checkpoint cannot be resumed: start the "
+            "run again in a new directory)."
         )
-    seen = manifest.get("ledger")
-    return seen if isinstance(seen, dict) else {}  # {}: a checkpoint that recorded no digest
+    if not trust.is_signed(manifest):
+        raise CheckpointError(
+            f"The checkpoint manifest {mpath} is not signed by this user's key: it was edited "
+            "or written by another user; refusing to use it (a checkpoint that is not this "
+            "user's could hide releases from the epsilon reported)."
+        )
+    return manifest

@@ -189,18 +189,17 @@ def test_the_end_of_run_vote_is_replayed_and_mediates():
     assert check["ok"], check
 
 
-# ------------------------------------------------------------------------------- paths fixed by
-# other items of issue 21: each fails on a branch without that fix, for the reason named.
-FIXED_ELSEWHERE = [pytest.param(s, id=s.name) for s in check_specs() if s.issue]
+# --------------------------------------------------- paths that a default choice makes mediated:
+# each fails without that choice, for the reason named.
+MEDIATED_BY_A_DEFAULT = [pytest.param(s, id=s.name) for s in check_specs() if s.mediated_by]
 
 
-@pytest.mark.parametrize("spec", FIXED_ELSEWHERE)
-def test_paths_made_mediated_by_issue_21(spec):
+@pytest.mark.parametrize("spec", MEDIATED_BY_A_DEFAULT)
+def test_paths_made_mediated_by_a_default_choice(spec):
     out = run_mediation_audit(_run_command, only=[spec.name], mutants=False)
     (check,) = [c for c in out["checks"] if c["name"] == spec.name]
-    if not check["ok"]:
-        pytest.xfail(f"{spec.issue}: {check['detail']}")
-    assert check["ok"]
+    assert check["ok"], f"{spec.mediated_by}: {check['detail']}"
+    assert check["mediated_by"] == spec.mediated_by
 
 
 @pytest.mark.slow

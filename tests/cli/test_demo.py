@@ -59,6 +59,12 @@ def test_demo_is_reproducible_and_labelled(demo):
         assert f"{row['method']}  nMSE {row['mean']:.4f} ± {row['std']:.4f} (2 seeds)" in first
     for method, res in demo["json"]["pmtl"].items():
         assert f"{method}: test accuracy {res['test_accuracy']:.3f}" in first
+        gain = res["test_accuracy"] - res["local_test_accuracy"]
+        assert res["gain_over_local"] == pytest.approx(gain, abs=1e-12)
+    # training alone is shown beside PMTL and FedAvg, with a plain verdict for each
+    local = demo["json"]["pmtl"]["pmtl"]["local_test_accuracy"]
+    line = next(ln for ln in first.splitlines() if "every client training alone" in ln)
+    assert f"test accuracy {local:.3f}" in line and "pmtl: " in line and "fedavg: " in line
     rows = json.loads((demo["root"] / "human" / "mpmtl_sweep.json").read_text())["rows"]
     # the noised rows' noise is seeded; single-task learning (ε = 0) adds none
     noised = [r["method"] == "lowrank" for r in rows]

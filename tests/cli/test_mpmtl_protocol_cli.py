@@ -117,7 +117,7 @@ def test_cli_run_killed_mid_iteration_resumes_to_the_same_result(capsys, tmp_pat
     assert led["per_release"] == led_ref["per_release"] and led["releases"] == 6
 
 
-# ------------------------------------------------------------ issue 21: delta, coverage, tuning
+# -------------------------------------------------------------------- delta, coverage, tuning
 def _table(path, m=12, n=20, d=4, seed=0):
     import numpy as np
 

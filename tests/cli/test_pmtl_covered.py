@@ -1,4 +1,4 @@
-"""``privmtl pmtl``: every default output is covered by the guarantee (issue 21's contract).
+"""``privmtl pmtl``: every default output is covered by the guarantee (the contract).
 
 - ``--method local-all`` (no release): replacing one client's labels leaves every other client's
   tensors in ``DIR/personalized.pt`` bit-identical;

@@ -38,7 +38,7 @@ def test_mpmtl_json_contract_on_synthetic(capsys):
 
 
 def test_wishart_reports_its_real_delta_on_school(capsys, school_path):
-    """Acceptance (issue 2): --noise wishart --epsilon 1 --iterations 5 reports δ ≥ 0.1."""
+    """--noise wishart --epsilon 1 --iterations 5 reports δ ≥ 0.1."""
     out = _json(
         capsys,
         ["mpmtl", "--data", "school", "--data-path", str(school_path), "--method", "lowrank",
@@ -94,7 +94,7 @@ def test_mpmtl_sweep_writes_its_files_and_parallel_rows_equal_sequential(capsys,
     rows = json.loads((tmp_path / "b" / "mpmtl_sweep.json").read_text())["rows"]
     assert [r["target_epsilon"] for r in rows] == [1.0, 10.0, None]  # job order kept
     assert seq["noise_source"] == "seeded"
-    # private rows are seeded; the single-task row adds no noise (issue 22: not "seeded")
+    # private rows are seeded; the single-task row adds no noise (not "seeded")
     assert [r["noise_source"] for r in rows] == ["seeded", "seeded", "none"]
     assert main([*base, "--tune", "twice", "--out", str(tmp_path / "c")]) == 2
     assert not (tmp_path / "c").exists()

@@ -359,7 +359,7 @@ _SAME = ("epsilon", "delta", "noise_std", "clients_per_round", "lam", "personal_
 @pytest.mark.parametrize(
     "flags",
     [
-        # the acceptance flags of issue 23, fewer rounds; everything else at the product defaults
+        # a scale run's flags, fewer rounds; everything else at the product defaults
         {"rounds": 3, "clients_per_round": 6, "epsilon": 2.0},
         # the other personal start, an explicit fine-tuning method, the authors' message
         {"rounds": 2, "clients_per_round": 5, "noise_std": 0.01, "personal_init": "billboard",

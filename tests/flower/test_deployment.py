@@ -128,7 +128,7 @@ def make_mlp(n_features, n_classes):
     return nn.Sequential(nn.Linear(n_features, 8), nn.ReLU(), nn.Linear(8, n_classes))
 """
 
-# the acceptance flags of issue 33: a user's factory, everything else at the product defaults
+# a user's factory, everything else at the product defaults
 FACTORY_FLAGS = ["--data", "synthetic", "--rounds", "3", "--clients-per-round", "6",
                  "--epsilon", "2", "--reproducible-noise", "--json"]  # fmt: skip
 

@@ -24,7 +24,7 @@ def lowrank_tasks():
 
 
 def test_defaults_beat_stl_defaults_on_the_readme_tasks(lowrank_tasks):
-    """Issue 22: MPMTLLowRank(epsilon=10) at its other defaults (secure noise) beats STLRidge at
+    """MPMTLLowRank(epsilon=10) at its other defaults (secure noise) beats STLRidge at
     its defaults on the README's synthetic tasks — and is a good model, not merely better."""
     train, test = lowrank_tasks
     stl = _nmse(STLRidge().fit(train.X, train.y), test)

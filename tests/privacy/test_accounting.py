@@ -69,7 +69,7 @@ def test_unsupported_combinations_raise_clear_errors():
     ],
 )
 def test_calibration_round_trip(kind, accountant, relation):
-    """Acceptance (issue 3): calibrate σ for ε = 1, account it back: ε ∈ [0.97, 1.0]."""
+    """Calibrate σ for ε = 1, account it back: ε ∈ [0.97, 1.0]."""
     sampler = make_sampler(kind, 100, 20)
 
     def ev(z):

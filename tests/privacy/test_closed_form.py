@@ -36,7 +36,7 @@ def _tight_sigma(eps, relation, accountant, m=100, T=100, delta=1e-5, clip=1.0):
 
 @pytest.mark.parametrize("eps", [0.5, 1.0, 2.0, 4.0])
 def test_tight_accountant_noise_far_below_closed_form(eps):
-    """Acceptance (issue 3): with q = m, the tight accountant's σ ≤ closed form / 2.5.
+    """With q = m, the tight accountant's σ ≤ closed form / 2.5.
 
     Under the library's default relation (add/remove) the ratio is ≥ 2.5 with both RDP and PLD.
     Under replace-one, the relation Thm 1 is stated for, the gain is smaller but still real (> 1.3×):

@@ -119,8 +119,8 @@ def _remove_line(lines, k=2):
     return b"".join(lines[: k + 1] + lines[k + 2 :])
 
 
-def _remove_last(lines):
-    return b"".join(lines[:-1])
+def _remove_last(lines):  # the last release (the closing line after it stays)
+    return b"".join(lines[:-2] + lines[-1:])
 
 
 def _duplicate_line(lines, k=2):
@@ -131,7 +131,8 @@ def _scale_noise(lines):
     out = [lines[0]]
     for line in lines[1:]:
         rec = json.loads(line)
-        rec["event"]["noise_multiplier"] *= 10
+        if "event" in rec:  # not the closing line
+            rec["event"]["noise_multiplier"] *= 10
         out.append((json.dumps(rec, sort_keys=True) + "\n").encode())
     return b"".join(out)
 
@@ -146,8 +147,11 @@ def _scale_noise_and_epsilon(lines):
     out = [lines[0]]
     for line in lines[1:]:
         rec = json.loads(line)
-        rec["event"]["noise_multiplier"] *= 10
-        rec["epsilon"] = led.record(event_from_dict(rec["event"]))
+        if "event" in rec:  # a release
+            rec["event"]["noise_multiplier"] *= 10
+        rec["epsilon"] = (
+            led.record(event_from_dict(rec["event"])) if "event" in rec else led.epsilon()
+        )
         out.append((json.dumps(rec, sort_keys=True) + "\n").encode())
     return b"".join(out)
 
@@ -202,11 +206,14 @@ def test_privmtl_ledger_recomputes_a_lone_file(capsys, tmp_path, finished):
 
 
 def test_a_manifest_without_its_ledger_digest_is_refused(capsys, tmp_path, finished):
+    """A manifest of this user's (signed) without the digest of its ledger."""
+    from privmtl.trust import sign
+
     d = _copy(finished, tmp_path)
     manifest = json.loads((d / "manifest.json").read_text())
     for edit in (None, {"releases": 0, "sha256": None}):  # dropped, or set to 'saw nothing'
         manifest["ledger"] = edit
-        (d / "manifest.json").write_text(json.dumps(manifest))
+        (d / "manifest.json").write_text(json.dumps(sign(manifest)))
         args = [*PMTL, "--reproducible-noise", "--checkpoint-dir", str(d), "--resume"]
         if edit is None:
             _refused(capsys, args, "records no ledger digest")
@@ -270,7 +277,7 @@ def test_mpmtl_resume_refuses_a_cut_or_emptied_ledger(capsys, tmp_path):
     assert full["guarantee"]["details"]["releases"] == 4
     assert _ok(capsys, ["evaluate", str(tmp_path / "m"), "--json"])["ledger_checked"]
     lines = _ledger_lines(d)
-    (d / "ledger.jsonl").write_bytes(b"".join(lines[:-1]))
+    (d / "ledger.jsonl").write_bytes(b"".join(lines[:-2]))  # the last release and closing line
     _refused(capsys, ["evaluate", str(tmp_path / "m")], "holds 3 releases", "saw 4")
     _refused(capsys, [*args, "--resume"], "holds 3 releases", "saw 4")
     (d / "ledger.jsonl").write_bytes(b"")
@@ -345,3 +352,161 @@ def test_resume_refuses_other_data_with_the_same_ids_and_row_counts(tmp_path):
     with pytest.raises(CheckpointError, match="data_sha256"):
         Trainer(other, net, cfg, noise_source="seeded", checkpoint_dir=tmp_path, resume=True)
     Trainer(ds, net, cfg, noise_source="seeded", checkpoint_dir=tmp_path, resume=True)
+
+
+# ----------------------------------------------------------------------------- forged directories
+def _resign_free_manifest(d, **changes):
+    """The manifest rewritten as a forger would: ``changes`` applied, everything else kept."""
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest.update(changes)
+    (d / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def _digest(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_cut_ledger_with_a_consistent_manifest_is_refused(capsys, tmp_path, finished):
+    """The ledger cut to 2 releases and the cut file's digest written into the manifest."""
+    d = _copy(finished, tmp_path)
+    cut = b"".join(_ledger_lines(d)[:3])
+    (d / "ledger.jsonl").write_bytes(cut)
+    _resign_free_manifest(d, ledger={"releases": 2, "sha256": _digest(cut)})
+    resume = [*PMTL, "--reproducible-noise", "--checkpoint-dir", str(d), "--resume"]
+    _refused(capsys, resume, "manifest", "not signed")
+    _refused(capsys, ["ledger", str(d)], "manifest", "not signed")
+    (d / "manifest.json").unlink()  # the ledger alone: its ε is that of 2 releases, as a bound
+    code, out, _ = _cli(capsys, ["ledger", str(d)])
+    assert code == 0 and "incomplete: no closing line" in out and "at least 2 releases" in out
+
+
+def test_a_forged_ledger_and_state_with_a_consistent_manifest_are_refused(
+    capsys, tmp_path, finished
+):
+    """σ ×10 with every stated ε recomputed, and the state file edited, each with the manifest
+    rewritten to match: refused by --resume and by privmtl ledger, with or without a manifest."""
+    d = _copy(finished, tmp_path)
+    truth = _ok(capsys, ["ledger", str(d), "--json"])["epsilon"]
+    forged = _scale_noise_and_epsilon(_ledger_lines(d))
+    (d / "ledger.jsonl").write_bytes(forged)
+    n = ROUNDS
+    body = b"".join(forged.splitlines(keepends=True)[: n + 1])
+    _resign_free_manifest(d, ledger={"releases": n, "sha256": _digest(body)})
+    resume = [*PMTL, "--reproducible-noise", "--checkpoint-dir", str(d), "--resume"]
+    _refused(capsys, resume, "not signed")
+    _refused(capsys, ["ledger", str(d)], "not signed")
+    (d / "manifest.json").unlink()
+    _refused(capsys, ["ledger", str(d)], "not authenticated", "line 2")
+    _refused(capsys, ["ledger", str(d / "ledger.jsonl"), "--json"], "not authenticated")
+    # read anyway on request: labelled, never silently
+    code, out, _ = _cli(capsys, ["ledger", str(d), "--unauthenticated"])
+    assert code == 0 and "not authenticated: line 2" in out
+    assert _ok(capsys, ["ledger", str(d), "--unauthenticated", "--json"])["epsilon"] < truth
+
+    d = _copy(finished, tmp_path / "state")
+    (state_file,) = d.glob("state-*.pt")
+    state = torch.load(state_file, weights_only=True)
+    torch.save(state, state_file)  # rewritten: another file with the same content
+    _resign_free_manifest(d, state_sha256=_digest(state_file.read_bytes()), step=1)
+    _refused(
+        capsys, [*PMTL, "--reproducible-noise", "--checkpoint-dir", str(d), "--resume"], "signed"
+    )
+
+
+def test_a_ledger_cut_by_one_byte_or_without_its_closing_line(capsys, tmp_path, finished):
+    lines = _ledger_lines(finished)
+    truth = _ok(capsys, ["ledger", str(finished), "--json"])
+    assert truth["complete"] and truth["authenticated"] and truth["releases"] == ROUNDS
+    led = tmp_path / "ledger.jsonl"
+    led.write_bytes(b"".join(lines[:-1])[:-1])  # no closing line, the last newline cut
+    out = _ok(capsys, ["ledger", str(led), "--json"])
+    assert out["releases"] == ROUNDS and out["epsilon"] == pytest.approx(truth["epsilon"])
+    assert not out["complete"] and "newline" in out["incomplete"]
+    code, text, _ = _cli(capsys, ["ledger", str(led)])
+    assert code == 0 and "incomplete: its last line has no newline" in text
+    led.write_bytes(b"".join(lines[:-1]))  # the closing line removed: the same ε, incomplete
+    out = _ok(capsys, ["ledger", str(led), "--json"])
+    assert out["releases"] == ROUNDS and not out["complete"]
+    assert out["epsilon"] == pytest.approx(truth["epsilon"])
+    led.write_bytes(b"".join(lines[:-1])[:-5])  # torn inside the last release: a lower bound
+    code, text, _ = _cli(capsys, ["ledger", str(led)])
+    assert code == 0 and f"at least {ROUNDS - 1} releases" in text and "torn" in text
+
+
+def _mac_line(prev_mac, row):
+    from privmtl.privacy.ledger import _chain_mac
+    from privmtl.trust import user_key
+
+    row = dict(row)
+    row["mac"] = _chain_mac(user_key(create=False), prev_mac, row)
+    return row["mac"], (json.dumps(row, sort_keys=True) + "\n").encode()
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda e: e.update(type="self_composed", count=-1, event=dict(e)), "count"),
+        (lambda e: e.update(type="self_composed", count=10**12, event=dict(e)), "count"),
+        (lambda e: e.update(type="poisson", sampling_probability=7, event=dict(e)), "[0, 1]"),
+        (lambda e: e.update(noise_multiplier=float("nan")), "noise_multiplier"),
+        (lambda e: e.update(type="self_composed", count=True, event=dict(e)), "count"),
+    ],
+)
+def test_an_event_out_of_bounds_is_refused_in_one_line(capsys, tmp_path, finished, edit, words):
+    """Even with a valid MAC (this user's key): what an event may state is bounded."""
+    lines = _ledger_lines(finished)
+    header = json.loads(lines[0])
+    prev, out = _mac_line("", header)
+    rec = json.loads(lines[1])
+    edit(rec["event"])
+    _, line = _mac_line(prev, {k: v for k, v in rec.items() if k != "epsilon"})
+    led = tmp_path / "ledger.jsonl"
+    led.write_bytes(out + line)
+    _refused(capsys, ["ledger", str(led)], "unreadable event", words)
+
+
+def test_a_deeply_nested_or_non_utf8_ledger_line_is_one_line(capsys, tmp_path, finished):
+    lines = _ledger_lines(finished)
+    led = tmp_path / "ledger.jsonl"
+    for bad in (b"[" * 200_000 + b"]" * 200_000, b'{"a": "\xff\xfe"}'):
+        led.write_bytes(lines[0] + bad + b"\n")
+        _refused(capsys, ["ledger", str(led)], "line 2")
+
+
+def test_a_special_file_as_the_ledger_is_one_line(capsys, tmp_path):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "ledger.jsonl").symlink_to(os.devnull)
+    args = [*PMTL, "--secure-noise", "--checkpoint-dir", str(d), "--resume"]
+    _refused(capsys, args, "ledger", "regular file")
+    (d / "manifest.json").write_bytes(b"\xff\xfe[]")  # and a manifest that is not UTF-8
+    _refused(capsys, args, "manifest")
+    _refused(capsys, ["ledger", str(d)], "manifest")
+    (d / "manifest.json").write_bytes(b"[]")
+    _refused(capsys, args, "manifest")
+    _refused(capsys, ["ledger", str(d)], "manifest")
+
+
+VOTE = ["pmtl", "--data", "synthetic", "--num-clients", "100", "--model", "logreg",
+        "--rounds", "3", "--epsilon", "8", "--finetune", "auto", "--finetune-select", "vote",
+        "--quiet", "--json", "--reproducible-noise"]  # fmt: skip
+
+
+def test_a_seeded_resume_after_the_vote_does_not_record_it_again(capsys, tmp_path):
+    """Killed right after the end-of-run vote is on record: the seeded resume replays it."""
+    from privmtl.federated.finish import FINETUNE_VOTE_ID
+    from privmtl.privacy.ledger import read_ledger
+
+    whole = _ok(capsys, [*VOTE, "--checkpoint-dir", str(tmp_path / "whole")])
+    assert whole["finetune_auto"]["vote"]["held"]
+    d = tmp_path / "ckpt"
+    proc = _fault("recorded", 3, [*VOTE, "--checkpoint-dir", str(d)])  # release 3: the vote
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    out = _ok(capsys, [*VOTE, "--checkpoint-dir", str(d), "--resume"])
+    _, entries = read_ledger(d / "ledger.jsonl")
+    assert [e["release_id"] for e in entries].count(FINETUNE_VOTE_ID) == 1
+    assert len(entries) == 4
+    assert out["epsilon"] == pytest.approx(whole["epsilon"], rel=1e-12)
+    assert out["finetune_auto"]["vote"]["winner"] == whole["finetune_auto"]["vote"]["winner"]

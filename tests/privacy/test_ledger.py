@@ -1,4 +1,5 @@
 import json
+import os
 
 import dp_accounting
 import pytest
@@ -181,3 +182,86 @@ def test_open_refuses_a_file_whose_stated_epsilon_was_edited(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(InvalidParameterError, match=r"record 1 \(release 'round:1'\) states"):
         PrivacyLedger.open(path, delta=DELTA)
+
+
+def _three(path):
+    ledger = PrivacyLedger(delta=DELTA, path=path)
+    for t in range(3):
+        ledger.record(EVENT, round=t, release_id=f"round:{t}")
+    return ledger
+
+
+def test_every_line_carries_a_chained_mac_and_a_broken_chain_is_refused(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    _three(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert all("mac" in json.loads(x) for x in lines)
+    assert reaccount(path)["authenticated"]
+    path.write_bytes(lines[0] + lines[2] + lines[3])  # a release removed, the rest unedited
+    with pytest.raises(InvalidParameterError, match="index=1"):
+        PrivacyLedger.open(path, delta=DELTA)
+    stripped = [{k: v for k, v in json.loads(x).items() if k != "mac"} for x in lines]
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in stripped))
+    with pytest.raises(InvalidParameterError, match="not authenticated: line 1 carries no MAC"):
+        PrivacyLedger.open(path, delta=DELTA)
+    with pytest.raises(InvalidParameterError, match="not authenticated"):
+        read_ledger(path)
+    out = reaccount(path)  # read alone, it says so
+    assert not out["authenticated"] and "no MAC" in out["authentication"]
+
+
+def test_another_users_ledger_is_not_authenticated(tmp_path, monkeypatch):
+    path = tmp_path / "ledger.jsonl"
+    _three(path)
+    monkeypatch.setenv("PRIVMTL_CONFIG_DIR", str(tmp_path / "other-user"))
+    assert not reaccount(path)["authenticated"]
+    with pytest.raises(InvalidParameterError, match="not authenticated"):
+        PrivacyLedger.open(path, delta=DELTA)
+
+
+def test_close_appends_one_closing_line_and_a_reader_knows_the_file_is_complete(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = _three(path)
+    assert not reaccount(path)["complete"]
+    seen = ledger.seen()
+    ledger.close()
+    ledger.close()  # once
+    assert json.loads(path.read_text().splitlines()[-1])["closing"] is True
+    assert len(path.read_text().splitlines()) == 5
+    out = reaccount(path)
+    assert out["complete"] and out["releases"] == 3 and out["incomplete"] == ""
+    again = PrivacyLedger.open(path, delta=DELTA, seen=seen)  # continued after its closing line
+    again.record(EVENT, round=3, release_id="round:3")
+    assert not reaccount(path)["complete"] and reaccount(path)["releases"] == 4
+    again.close()
+    assert reaccount(path)["complete"]
+
+
+def test_a_last_line_without_its_newline_is_a_whole_release_kept_on_open(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    ledger = _three(path)
+    path.write_bytes(path.read_bytes()[:-1])
+    out = reaccount(path)
+    assert out["releases"] == 3 and out["epsilon"] == pytest.approx(ledger.epsilon())
+    assert not out["complete"] and "newline" in out["incomplete"]
+    reopened = PrivacyLedger.open(path, delta=DELTA)  # the newline put back, appends continue
+    assert len(reopened.records) == 3 and path.read_bytes().endswith(b"\n")
+    reopened.record(EVENT, round=3)
+    assert reaccount(path)["releases"] == 4 and reaccount(path)["authenticated"]
+
+
+@pytest.mark.parametrize("make", ["devnull", "link"])
+def test_a_ledger_that_is_not_a_regular_file_is_refused(tmp_path, make):
+    path = tmp_path / "ledger.jsonl"
+    if make == "devnull":
+        path.symlink_to(os.devnull)
+    else:
+        _three(tmp_path / "real.jsonl")
+        path.symlink_to(tmp_path / "real.jsonl")
+    for call in (
+        lambda: PrivacyLedger.open(path, delta=DELTA),
+        lambda: PrivacyLedger(delta=DELTA, path=path),
+        lambda: reaccount(path),
+    ):
+        with pytest.raises(InvalidParameterError, match="must be a regular file"):
+            call()

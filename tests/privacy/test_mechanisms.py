@@ -52,7 +52,7 @@ def test_wishart_noise_mean_matches_theory():
 
 @pytest.mark.parametrize("eps_t", [0.3, 1.0])
 def test_wishart_support_mismatch_rate_is_one_minus_exp_minus_eps(eps_t):
-    """SPEC §4 / issue 2: with w = 0 vs ‖w'‖ = K, Σ̃ + E is impossible under the neighbour at rate
+    """SPEC §4: with w = 0 vs ‖w'‖ = K, Σ̃ + E is impossible under the neighbour at rate
     exactly 1 − e^{−ε_t}. Sampled with a fixed seed; the band is a 4.5-sigma binomial interval."""
     rng = np.random.default_rng(7)
     d, K, n = 5, 2.0, 6000

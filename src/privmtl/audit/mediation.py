@@ -399,8 +399,8 @@ def _run_check(
             out = _check_api(ctx, spec, inject)
     except Exception as exc:  # a path that breaks under replay is a failed check, not a crash
         out = {"name": spec.name, "ok": False, "detail": f"error: {type(exc).__name__}: {exc}"}
-    if spec.issue:
-        out["fixed_by"] = spec.issue
+    if spec.mediated_by:
+        out["mediated_by"] = spec.mediated_by
     out["seconds"] = round(time.perf_counter() - t0, 3)
     return out
 
@@ -430,7 +430,7 @@ def run_mediation_audit(
     -------
     dict
         ``checks`` (``{"name", "ok", "detail", ...}`` each; ``ok`` is None for a skipped check;
-        ``fixed_by`` on checks of paths that a default choice makes mediated), ``mutants``
+        ``mediated_by`` on checks of paths that a default choice makes mediated), ``mutants``
         (number run), ``mutants_caught`` (a mutant is caught when a check that holds without it
         fails with it), ``mutant_results``, ``skipped`` and ``ok`` (every check that ran holds and
         every mutant is caught).

@@ -132,7 +132,7 @@ class CheckSpec:
 
     ``kind`` is ``"cli"`` (``args`` of ``privmtl pmtl`` after the data options) or ``"api"``
     (``runner(work, replaced)`` returns ``(client ids, stacked per-client tensors, per-client
-    numbers, whole tensors)``). ``issue`` names the default choice that makes the path mediated
+    numbers, whole tensors)``). ``mediated_by`` names the default choice that makes the path mediated
     (empty: mediated by construction). ``json_diagnostics`` also compares the
     un-noised diagnostics keys. ``neighbour`` is ``"data"`` (``D'``) or ``"labels"`` (``D''``,
     :func:`make_tables`); ``files_only`` restricts the comparison to these saved files;
@@ -144,7 +144,7 @@ class CheckSpec:
     kind: str
     args: tuple[str, ...] = ()
     runner: Callable[[Any, bool], Any] | None = None
-    issue: str = ""
+    mediated_by: str = ""
     json_diagnostics: bool = False
     neighbour: str = "data"
     files_only: tuple[str, ...] = ()
@@ -356,12 +356,12 @@ def _mpmtl_runner(name: str, *, step_size: float | None) -> Callable[[Workspace,
 
 
 # ----------------------------------------------------------------------------------- the paths
-#: The issue-21 items that other changes fix; a check marked with one fails until they land.
-FIX_FINETUNE_AUTO = "issue 21 item 3: --finetune auto per-client or private selection"
-FIX_LOCAL_ALL = "issue 21 item 3: local-all selects per client by default"
-FIX_DIAGNOSTICS = "issue 21 item 3: curator diagnostics leave the default JSON"
-FIX_MPMTL_STEP = "issue 21 item 3: MP-MTL step size per task or from public quantities"
-FIX_LINEAR_TUNING = "issue 21 item 3: STL/MTL tuning per task or by a private selection"
+#: The default choices that make a path mediated; a check marked with one fails without it.
+FIX_FINETUNE_AUTO = "--finetune auto: per-client or private selection"
+FIX_LOCAL_ALL = "local-all: every client selects on its own validation split"
+FIX_DIAGNOSTICS = "curator diagnostics: off the default JSON"
+FIX_MPMTL_STEP = "MP-MTL step size: per task or from public quantities"
+FIX_LINEAR_TUNING = "STL/MTL tuning: per task or by a private selection"
 
 
 def check_specs() -> list[CheckSpec]:
@@ -406,7 +406,7 @@ def check_specs() -> list[CheckSpec]:
             "pmtl default (--finetune auto, billboard with signal)",
             "cli",
             ("--noise-std", "0.02"),
-            issue=FIX_FINETUNE_AUTO,
+            mediated_by=FIX_FINETUNE_AUTO,
         ),
         CheckSpec(
             # ε = 100: the vote's noise std (5 % of ε) is under m / 4 for the audit's 6 clients
@@ -418,7 +418,7 @@ def check_specs() -> list[CheckSpec]:
             "pmtl JSON: no un-noised curator diagnostics (--finetune none)",
             "cli",
             ("--finetune", "none"),
-            issue=FIX_DIAGNOSTICS,
+            mediated_by=FIX_DIAGNOSTICS,
             json_diagnostics=True,
         ),
         *(
@@ -455,12 +455,12 @@ def check_specs() -> list[CheckSpec]:
             "cli",
             ("--method", "fedrep", "--shared-params", "linear.weight", "--head-epochs", "1"),
         ),
-        CheckSpec("pmtl --method local-all", "cli", ("--method", "local-all"), issue=FIX_LOCAL_ALL),
+        CheckSpec("pmtl --method local-all", "cli", ("--method", "local-all"), mediated_by=FIX_LOCAL_ALL),
         CheckSpec(
             "local-all --save-models, c0's labels replaced: others' personalized.pt bit-identical",
             "cli",
             ("--method", "local-all"),
-            issue=FIX_LOCAL_ALL,
+            mediated_by=FIX_LOCAL_ALL,
             neighbour="labels",
             files_only=("personalized.pt",),
         ),
@@ -470,14 +470,14 @@ def check_specs() -> list[CheckSpec]:
             "mpmtl --method lowrank --no-tune (default step size)",
             "cli",
             ("--method", "lowrank", "--no-tune", "--iterations", "5"),
-            issue=FIX_MPMTL_STEP,
+            mediated_by=FIX_MPMTL_STEP,
             command="mpmtl",
         ),
         CheckSpec(
             "mpmtl --method lowrank (default: k-fold CV tuning)",
             "cli",
             ("--method", "lowrank"),
-            issue=FIX_LINEAR_TUNING,
+            mediated_by=FIX_LINEAR_TUNING,
             command="mpmtl",
         ),
     ]
@@ -502,7 +502,7 @@ def check_specs() -> list[CheckSpec]:
             "MP-MTL lowrank (default step size)",
             "api",
             runner=_mpmtl_runner("lowrank", step_size=None),
-            issue=FIX_MPMTL_STEP,
+            mediated_by=FIX_MPMTL_STEP,
         ),
     ]
     return [*cli, *api]

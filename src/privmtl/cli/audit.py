@@ -154,7 +154,7 @@ def mediation(seed: int, no_mutants: bool, only: tuple[str, ...], as_json: bool)
     else:
         for check in out["checks"]:
             mark = "ok  " if check["ok"] else "FAIL"
-            fix = f" [{check['fixed_by']}]" if check.get("fixed_by") else ""
+            fix = f" [{check['mediated_by']}]" if check.get("mediated_by") else ""
             click.echo(f"{mark} {check['name']}: {check['detail']}{fix}")
         for mutant in out["mutant_results"]:
             mark = "caught" if mutant["caught"] else "MISSED"

@@ -18,12 +18,19 @@ from privmtl.cli._common import (
     spread,
     write_json_atomic,
 )
+from privmtl.gain import gain_verdict
 from privmtl.io import check_writable_dir
 
 __all__ = ["demo"]
 
 DEMO_EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
 """The ε grid of the demo's MP-MTL sweep."""
+
+_DEMO_PMTL_KEYS = (
+    "test_accuracy", "summary", "guarantee", "epsilon", "local_test_accuracy", "gain_over_local",
+    "gain_interval",
+)  # fmt: skip
+"""The keys of each PMTL run in the demo's JSON object."""
 
 _SIMULATION = (
     "a simulation on synthetic data: the privacy noise is seeded from --seed (reproducible run "
@@ -144,8 +151,21 @@ def demo(
                 noise_source="seeded",
             )
             r = runs[method]
-            say(f"    {method:>7}: test accuracy {r['test_accuracy']:.3f} — {r['summary']}")
+            low, high = r["gain_interval"]
+            say(
+                f"    {method:>7}: test accuracy {r['test_accuracy']:.3f} — {r['summary']}; "
+                f"gain over training alone {100 * r['gain_over_local']:+.1f} points "
+                f"[{100 * low:+.1f}, {100 * high:+.1f}]"
+            )
             click.echo(f"privmtl demo: {method} {r['seconds']:.1f}s", err=True)
+        alone = runs["pmtl"]
+        say(
+            f"    {'local':>7}: test accuracy {alone['local_test_accuracy']:.3f} — every client "
+            "training alone (no sharing, no privacy cost); "
+            + "; ".join(
+                f"{method}: {gain_verdict(*r['gain_interval'])}" for method, r in runs.items()
+            )
+        )
         write_json_atomic(tmp / "pmtl_demo.json", runs)
     files = ["mpmtl_sweep.csv", "mpmtl_sweep.json", "mpmtl_tradeoff.png", "pmtl_demo.json"]
     if as_json:
@@ -155,10 +175,7 @@ def demo(
             "mpmtl": [
                 {**row, "guarantee": row_for(rows, row).get("guarantee")} for row in res["summary"]
             ],
-            "pmtl": {
-                k: {key: r[key] for key in ("test_accuracy", "summary", "guarantee", "epsilon")}
-                for k, r in runs.items()
-            },
+            "pmtl": {k: {key: r[key] for key in _DEMO_PMTL_KEYS} for k, r in runs.items()},
             "files": [str(out_dir / f) for f in files],
         }
         echo_json(payload)

@@ -36,6 +36,7 @@ from privmtl.experiments.mpmtl_sweep import (
     DEFAULT_SWEEP_TUNE,
     SWEEP_TUNE_MODES,
 )
+from privmtl.gain import gain_verdict
 from privmtl.io import check_writable_dir
 from privmtl.linear.eigen_floor import FLOOR_GRID, FLOOR_VOTE, POWER_AUTO, VOTE_SHARE
 from privmtl.linear.selection import FINAL_STEPS
@@ -158,6 +159,14 @@ def _human(out: dict[str, Any]) -> None:
         f"{out['method']} on {out['data']} (m={out['n_tasks']}, d={out['n_features']}, "
         f"seed={out['seed']}): {metric} = {out[metric]:.4f}"
     )
+    if "gain_over_stl" in out:
+        low, high = out["gain_interval"]
+        better = "lower" if metric == "nmse" else "higher"
+        click.echo(
+            f"every task alone (per-task ridge): {metric} = {out['stl_' + metric]:.4f} ({better} "
+            f"is better); gain {out['gain_over_stl']:+.4f} [{low:+.4f}, {high:+.4f}]: "
+            + gain_verdict(low, high, alone="each task alone")
+        )
     click.echo(f"time: {describe_phases(out)}")
     click.echo(f"privacy: {out['summary']}")
     for note in out["guarantee"]["notes"]:

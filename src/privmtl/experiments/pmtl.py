@@ -101,6 +101,7 @@ from privmtl.federated.spec import (
     train_config,
 )
 from privmtl.locking import holding_directories
+from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import make_noise_source
 from privmtl.privacy.selection import VotePlan, plan_vote
 
@@ -1003,6 +1004,8 @@ def run_pmtl(
     timer.carve("scoring", "rounds", trained.result.seconds)  # the engine's own time of its rounds
     with timer.phase("end_of_run"):
         finished = _finish(loaded, trained, finishing)
+        if isinstance(trained.result.ledger, PrivacyLedger):
+            trained.result.ledger.close()  # after the end-of-run vote, when there was one
     timer.carve("end_of_run", "scoring", finished.score_seconds)
     alone: dict[str, Any] = {}
     scored = None
@@ -1323,7 +1326,11 @@ def _finetune_auto(
             assert result.personalized_params is not None
             others["personalized"] = (result.personalized_params, True)
     record: dict[str, Any] | None = None
-    if vote is not None and vote.held and result.ledger is not None:
+    # a seeded vote is a deterministic function of the run: its replay after a resume is the
+    # recorded release (its recorded epsilon, not charged twice); a secure one is new noise
+    replay = result.noise_source == "seeded"
+    replayed = replay and result.ledger is not None and result.ledger.has_release(FINETUNE_VOTE_ID)
+    if vote is not None and vote.held and result.ledger is not None and not replayed:
         try:  # a run stopped on its budget may have no room left for the vote
             result.ledger.check(vote.vote(1).event())
         except PrivacyBudgetError as exc:
@@ -1340,7 +1347,7 @@ def _finetune_auto(
             ledger = result.ledger
             res = ballot.select(
                 shares, noise if ballot.private else None, ledger=ledger,
-                release_id=FINETUNE_VOTE_ID, delta=float(result.delta),
+                release_id=FINETUNE_VOTE_ID, replay_ok=replay, delta=float(result.delta),
                 accountant=cfg.accountant,
             )  # fmt: skip
             if ledger is not None:

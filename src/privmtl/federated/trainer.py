@@ -566,6 +566,8 @@ class Trainer:
             pass
         if self.checkpoint_dir is not None and self.history:
             self.save()
+        if self.ledger is not None:
+            self.ledger.close()  # the run's releases are all on record (its closing line)
         return self.result()
 
     # ---------------------------------------------------------------------------- output

@@ -1229,6 +1229,8 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.n_iter_ = state.iteration
         self.stopped_on_budget_ = bool(state.stopped_on_budget)
         self.noise_source_ = "none" if schedule.noise == "none" else noise.kind
+        if isinstance(ledger, PrivacyLedger):
+            ledger.close()  # the run's releases are all on record (its closing line)
         self.ledger_ = ledger
         per = getattr(schedule, "per_release", None)
         self.epsilons_ = None if per is None else np.asarray(per, dtype=np.float64)

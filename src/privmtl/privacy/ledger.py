@@ -21,6 +21,30 @@ is stated at: what the reported ε can be read against); every other line is one
 ``epsilon`` is the ledger's ε after that release (its own accountant and δ); :func:`reaccount`
 recomposes the events of a file with any accountant and δ (``privmtl ledger PATH``).
 
+Authentication. Every line privmtl writes carries ``"mac"``: an HMAC-SHA256, under the user's
+signing key (:func:`privmtl.trust.user_key`), of the previous line's MAC and this line's canonical
+JSON (sorted keys, compact, without ``mac``) — a chain from the header on. A reader verifies the
+chain with the reader's key: a file whose every line verifies is *authenticated* (this user's
+runs wrote it, and no line was edited, reordered, inserted or removed before its last line). A
+file without MACs (written before they existed), with another user's, or with a broken chain is
+not authenticated: :meth:`PrivacyLedger.open` refuses to continue it (naming the first line that
+does not verify), :func:`read_ledger` refuses it, and :func:`reaccount` reports
+``authenticated: false`` (``privmtl ledger`` refuses it unless given ``--unauthenticated``).
+
+Completeness. A run that ends (``privmtl pmtl``, ``privmtl mpmtl``) appends a *closing* line
+``{"closing": true, "releases": N, "epsilon": ...}`` (:meth:`PrivacyLedger.close`, MAC'd like the
+others). A file whose last line is a closing line stating its number of releases is complete;
+otherwise the run was killed, is still running, or the file was cut, and :func:`reaccount`
+reports ``complete: false`` with the releases it holds as a lower bound. A last line that lost
+only its newline (a whole record: a write torn by a crash is never valid JSON) is counted, never
+silently dropped; a last line that is not a whole record is dropped as the torn write of a
+release that never left (write-ahead) and the file is reported incomplete.
+
+Bounds. An event must be one privmtl writes, nested at most :data:`MAX_EVENT_DEPTH` deep, with
+counts and sizes in ``[1, MAX_EVENT_COUNT]``, sampling probabilities in ``[0, 1]`` and finite
+noise multipliers ``>= 0``; a line nested too deeply for the JSON reader, not UTF-8, or a ledger
+that is not a regular file (a device, a symbolic link) is refused in one line.
+
 Loading checks, it does not trust. :meth:`PrivacyLedger.open` (a file) and
 :meth:`PrivacyLedger.from_dict` / :meth:`~PrivacyLedger.load_state_dict` (a state dict) compose
 every recorded event again with the ledger's own accountant and recompute what the entries state
@@ -54,9 +78,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import hmac
 import json
 import math
 import os
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +103,8 @@ from privmtl.privacy.accounting import (
 __all__ = [
     "LEDGER_FORMAT",
     "LEDGER_VERSION",
+    "MAX_EVENT_COUNT",
+    "MAX_EVENT_DEPTH",
     "PrivacyLedger",
     "check_recorded",
     "check_saved_ledger",
@@ -86,6 +115,92 @@ __all__ = [
 
 LEDGER_FORMAT = "privmtl-ledger"
 LEDGER_VERSION = 1
+
+#: The largest count a recorded event may state (self-composition count, population, sample).
+MAX_EVENT_COUNT = 10**6
+#: The deepest nesting of events a recorded event may have.
+MAX_EVENT_DEPTH = 8
+_MAC_FIELD = "mac"
+_MAC_DOMAIN = b"privmtl-ledger-mac\n"
+_EVENT_TYPES = ("noop", "non_private", "gaussian", "poisson", "fixed", "self_composed", "composed")
+
+
+def _body_bytes(row: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in row.items() if k != _MAC_FIELD}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _chain_mac(key: bytes, prev: str, row: dict[str, Any]) -> str:
+    """The MAC of ``row`` after a line whose MAC is ``prev`` ("" for the header)."""
+    msg = _MAC_DOMAIN + prev.encode("ascii", "replace") + b"\n" + _body_bytes(row)
+    return hmac.new(key, msg, hashlib.sha256).hexdigest()
+
+
+def _check_count(data: dict[str, Any], key: str, where: str, low: int = 1) -> int:
+    v = data.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_EVENT_COUNT:
+        raise InvalidParameterError(
+            f"{where}: {key} must be an integer in [{low}, {MAX_EVENT_COUNT}]; got {v!r}."
+        )
+    return v
+
+
+def _check_real_field(data: dict[str, Any], key: str, where: str, high: float | None) -> None:
+    v = data.get(key)
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    if not ok or (high is not None and float(v) > high):  # type: ignore[arg-type]
+        bound = "[0, 1]" if high is not None else "a finite number >= 0"
+        raise InvalidParameterError(f"{where}: {key} must be {bound}; got {v!r}.")
+
+
+def check_event_dict(data: Any, *, where: str = "the event", depth: int = 0) -> None:
+    """Refuse a serialized event that privmtl would not write (module doc, Bounds): an unknown
+    type, a count outside ``[1, MAX_EVENT_COUNT]``, a probability outside ``[0, 1]``, a noise
+    multiplier that is negative or not finite, nesting deeper than ``MAX_EVENT_DEPTH``.
+    :class:`InvalidParameterError` in one line naming ``where`` and the value."""
+    if depth > MAX_EVENT_DEPTH:
+        raise InvalidParameterError(f"{where} is nested deeper than {MAX_EVENT_DEPTH} events.")
+    if not isinstance(data, dict) or data.get("type") not in _EVENT_TYPES:
+        got = data.get("type") if isinstance(data, dict) else type(data).__name__
+        raise InvalidParameterError(f"{where}: unknown privacy event type {got!r}.")
+    kind = data["type"]
+    if kind == "gaussian":
+        _check_real_field(data, "noise_multiplier", where, None)
+    elif kind == "poisson":
+        _check_real_field(data, "sampling_probability", where, 1.0)
+    elif kind == "fixed":
+        n = _check_count(data, "source_dataset_size", where)
+        m = _check_count(data, "sample_size", where, low=0)
+        if m > n:
+            raise InvalidParameterError(
+                f"{where}: sample_size {m} exceeds source_dataset_size {n}."
+            )
+    elif kind == "self_composed":
+        _check_count(data, "count", where)
+    if kind in ("poisson", "fixed", "self_composed"):
+        check_event_dict(data.get("event"), where=where, depth=depth + 1)
+    elif kind == "composed":
+        events = data.get("events")
+        if not isinstance(events, list) or len(events) > MAX_EVENT_COUNT:
+            raise InvalidParameterError(
+                f"{where}: events must be a list of at most {MAX_EVENT_COUNT} events."
+            )
+        for e in events:
+            check_event_dict(e, where=where, depth=depth + 1)
+
+
+def _regular_file(p: Path) -> None:
+    """Refuse a ledger path that exists and is not a regular file (no link, no device)."""
+    try:
+        mode = os.lstat(p).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InvalidParameterError(f"The ledger {p} cannot be read: {exc.strerror}.") from None
+    if not stat.S_ISREG(mode):
+        raise InvalidParameterError(
+            f"The ledger {p} must be a regular file (not a symbolic link, device or folder)."
+        )
 
 
 def warn_budget_stop(
@@ -193,8 +308,19 @@ class PrivacyLedger:
         self._sha = hashlib.sha256()
         self._digests: list[str] = []
         self._file: Path | None = None if path is None else Path(path)  # the file it was read from
+        self._prev_mac = ""  # MAC of the file's last line (the chain continues from it)
+        self._key: bytes | None = None  # the user's signing key, read on the first append
+        self._closed = False  # the file's last line is a closing line for these records
+        #: Whether every line of the file it was read from verified under this user's key
+        #: (module doc); why not when it did not.
+        self.authenticated = True
+        self.authentication = "every line carries this user's MAC"
+        #: Whether the file it was read from ends with a closing line; why not when it did not.
+        self.complete = True
+        self.incomplete = ""
         if path is not None:
             self.path = Path(path)
+            _regular_file(self.path)
             if self.path.exists() and self.path.stat().st_size > 0:
                 raise InvalidParameterError(
                     f"The ledger file {self.path} exists already; continue it with "
@@ -221,17 +347,43 @@ class PrivacyLedger:
     def _append(self, entry: dict[str, Any]) -> None:
         assert self.path is not None
         from privmtl.locking import check_held
+        from privmtl.trust import user_key
 
         check_held(self.path.parent)  # a run whose directory lock was taken from it stops here
-        line = (json.dumps(entry, sort_keys=True) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        row = json.loads(json.dumps(entry))  # as a reader parses it: what the MAC covers
+        if self._key is None:
+            self._key = user_key(create=True)
+        assert self._key is not None
+        row[_MAC_FIELD] = _chain_mac(self._key, self._prev_mac, row)
+        line = (json.dumps(row, sort_keys=True) + "\n").encode()
         try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(0, "not a regular file")
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise InvalidParameterError(
+                f"Cannot write the ledger {self.path} ({exc.strerror or exc}); the ledger must be "
+                "a regular file (not a symbolic link or device) in a writable folder."
+            ) from None
+        self._prev_mac = row[_MAC_FIELD]
         self._sha.update(line)
-        self._digests.append(self._sha.hexdigest())
+        self._closed = bool(entry.get("closing"))
+        if not self._closed:  # the digests after the header and after each release
+            self._digests.append(self._sha.hexdigest())
+
+    def close(self) -> None:
+        """Append the closing line (module doc, Completeness) to a durable ledger: the run ended
+        with these releases. Nothing to do in memory or when the file already ends with one."""
+        if self.path is None or self._closed:
+            return
+        self._append(
+            {"closing": True, "releases": len(self.records), "epsilon": _finite(self.epsilon())}
+        )
 
     def seen(self) -> dict[str, Any]:
         """What a checkpoint records of its durable ledger: the number of releases and the
@@ -293,6 +445,7 @@ class PrivacyLedger:
         saw (:meth:`check_seen`).
         """
         p = Path(path)
+        _regular_file(p)
         if seen is not None and (
             not isinstance(seen, dict) or not isinstance(seen.get("releases"), int)
         ):
@@ -315,7 +468,8 @@ class PrivacyLedger:
                 path=p,
                 target_epsilon=target_epsilon,
             )
-        header, entries, digests = _scan_ledger(p, repair=True)
+        scan = _scan_ledger(p, repair=True)
+        header, entries, digests = scan.header, scan.entries, scan.digests
         wanted = {"accountant": accountant, "relation": relation, "delta": float(delta)}
         for key, value in wanted.items():
             if header.get(key) != value:
@@ -332,8 +486,14 @@ class PrivacyLedger:
             target_epsilon=header.get("target_epsilon", target_epsilon),
         )
         ledger._compose_records(entries, source=f"The ledger {p}")
+        if not scan.authenticated:  # after the entries: an edited ε is named as such first
+            raise InvalidParameterError(
+                f"The ledger {p} is not authenticated: {scan.authentication}; refusing to "
+                "continue it (its releases could have been altered or removed)."
+            )
         ledger.path = ledger._file = p
         ledger._digests = digests
+        ledger._prev_mac, ledger._closed = scan.last_mac, scan.closed
         ledger._sha = hashlib.sha256(p.read_bytes())  # the file as repaired: appends continue it
         if seen is not None:
             ledger.check_seen(seen, where=seen_by)
@@ -358,6 +518,7 @@ class PrivacyLedger:
             rid = rec.get("release_id")
             where = f"{source}: record {i}" + ("" if rid is None else f" (release {rid!r})")
             try:
+                check_event_dict(rec["event"], where="event")
                 event = event_from_dict(rec["event"])
             except (InvalidParameterError, KeyError, TypeError, ValueError, AttributeError) as e:
                 raise InvalidParameterError(f"{where} has an unreadable event: {e}") from None
@@ -581,53 +742,128 @@ class PrivacyLedger:
 def read_ledger(
     path: str | os.PathLike[str], *, repair: bool = False
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Header and entries of a ledger file.
+    """Header and entries (the releases, without closing lines) of an authenticated ledger file.
 
     A torn last line (a process killed inside :meth:`PrivacyLedger.record`, before the release
     could leave) is skipped, and with ``repair=True`` cut from the file so that appends continue
     on a clean line. Anything else malformed — a line that is not a JSON object, a missing or
-    foreign header — raises :class:`InvalidParameterError` naming the file and the line.
+    foreign header — and a file that is not authenticated (module doc) raise
+    :class:`InvalidParameterError` naming the file and the line.
     """
-    header, entries, _ = _scan_ledger(path, repair=repair)
-    return header, entries
+    scan = _scan_ledger(path, repair=repair)
+    if not scan.authenticated:
+        raise InvalidParameterError(
+            f"The ledger {scan.path} is not authenticated: {scan.authentication}."
+        )
+    return scan.header, scan.entries
 
 
-def _scan_ledger(
-    path: str | os.PathLike[str], *, repair: bool
-) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
-    """:func:`read_ledger`, plus the SHA-256 of the file's bytes up to the end of each parsed line
-    (the header's first): what :meth:`PrivacyLedger.check_seen` compares."""
+@dataclass
+class _Scan:
+    path: Path
+    header: dict[str, Any]
+    entries: list[dict[str, Any]]  # the releases
+    digests: list[str]  # SHA-256 of the bytes up to the header and up to each release
+    authenticated: bool
+    authentication: str  # why not, when not
+    last_mac: str
+    closed: bool  # the last line is a closing line for every release
+    incomplete: str  # why the file is not complete ("" when it is)
+
+
+def _parse_line(p: Path, i: int, line: bytes) -> dict[str, Any]:
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except RecursionError:
+        raise InvalidParameterError(
+            f"The ledger {p} is corrupt at line {i + 1} (nested too deeply)."
+        ) from None
+    except ValueError:  # JSON or UTF-8
+        raise InvalidParameterError(
+            f"The ledger {p} is corrupt at line {i + 1} (not JSON)."
+        ) from None
+    if not isinstance(row, dict):
+        raise InvalidParameterError(
+            f"The ledger {p} is corrupt at line {i + 1} (not a JSON object)."
+        )
+    return row
+
+
+def _scan_ledger(path: str | os.PathLike[str], *, repair: bool) -> _Scan:
+    """The lines of a ledger file, their digests (what :meth:`PrivacyLedger.check_seen`
+    compares), whether the MAC chain verifies and whether the file is complete (module doc)."""
+    from privmtl.trust import user_key
+
     p = Path(path)
     if p.is_dir():
         p = p / "ledger.jsonl"
+    _regular_file(p)
     if not p.is_file():
         raise InvalidParameterError(f"No ledger file at {p}.")
-    raw = p.read_bytes()
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise InvalidParameterError(f"The ledger {p} cannot be read: {exc.strerror}.") from None
     lines = raw.split(b"\n")
     complete, tail = lines[:-1], lines[-1]
-    if tail.strip():  # torn last line: no newline, so record() never returned
+    incomplete = ""
+    if tail.strip():
+        try:  # a whole record that lost only its newline is counted, never dropped
+            _parse_line(p, len(complete), tail)
+            complete.append(tail)
+            incomplete = "its last line has no newline (the file was cut)"
+            fix: bytes | None = b"\n"
+        except InvalidParameterError:  # torn: record() never returned, the release never left
+            incomplete = (
+                "its last line is torn (the run was killed while writing it, or the file was cut)"
+            )
+            fix = None
         if repair:
             with open(p, "r+b") as fh:
-                fh.truncate(len(raw) - len(tail))
+                if fix is None:
+                    fh.truncate(len(raw) - len(tail))
+                else:
+                    fh.seek(0, os.SEEK_END)
+                    fh.write(fix)
                 fh.flush()
                 os.fsync(fh.fileno())
+    key = user_key(create=False)
+    prev, why = "", "" if key is not None else "this user has no signing key to verify it with"
     parsed: list[dict[str, Any]] = []
     digests: list[str] = []
+    closed = False
     sha = hashlib.sha256()
     for i, line in enumerate(complete):
         sha.update(line + b"\n")
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise InvalidParameterError(
-                f"The ledger {p} is corrupt at line {i + 1} (not JSON)."
-            ) from None
-        if not isinstance(row, dict):
-            raise InvalidParameterError(
-                f"The ledger {p} is corrupt at line {i + 1} (not a JSON object)."
-            )
+        row = _parse_line(p, i, line)
+        if not why:
+            mac = row.get(_MAC_FIELD)
+            assert key is not None
+            if not isinstance(mac, str):
+                why = (
+                    f"line {i + 1} carries no MAC (written before ledgers carried them, or edited)"
+                )
+            elif not hmac.compare_digest(
+                mac.encode("ascii", "replace"), _chain_mac(key, prev, row).encode()
+            ):
+                why = (
+                    f"line {i + 1} does not carry this user's MAC (edited, moved, or a line before "
+                    "it removed; or written by another user)"
+                )
+            else:
+                prev = mac
+        if parsed and row.get("closing") is True:
+            n = len(parsed) - 1
+            if row.get("releases") != n:
+                raise InvalidParameterError(
+                    f"The ledger {p} is corrupt at line {i + 1}: its closing line states "
+                    f"{row.get('releases')!r} releases after {n}."
+                )
+            closed = True
+            continue
+        closed = False
         parsed.append(row)
         digests.append(sha.hexdigest())
     if not parsed or parsed[0].get("format") != LEDGER_FORMAT:
@@ -643,7 +879,19 @@ def _scan_ledger(
         raise InvalidParameterError(
             f"The ledger {p} has a header without {', '.join(map(repr, missing))}."
         )
-    return header, parsed[1:], digests
+    if not closed and not incomplete:
+        incomplete = "no closing line (the run was killed or is still running, or the file was cut)"
+    return _Scan(
+        path=p,
+        header=header,
+        entries=parsed[1:],
+        digests=digests,
+        authenticated=not why,
+        authentication=why or "every line carries this user's MAC",
+        last_mac=prev,
+        closed=closed,
+        incomplete="" if closed and not incomplete else incomplete,
+    )
 
 
 def check_recorded(
@@ -660,9 +908,12 @@ def check_recorded(
     do not reproduce raises :class:`InvalidParameterError` naming the file, the entry and both
     values. With ``seen`` (a checkpoint's record of the ledger, :meth:`PrivacyLedger.seen`) the
     file must also continue what the checkpoint saw (:meth:`PrivacyLedger.check_seen`). Returns
-    an in-memory ledger whose ε is the recomputed one.
+    an in-memory ledger whose ε is the recomputed one, whose ``authenticated`` / ``authentication``
+    and ``complete`` / ``incomplete`` say whether the file's MAC chain verifies and whether it ends
+    with a closing line (module doc).
     """
-    header, entries, digests = _scan_ledger(path, repair=False)
+    scan = _scan_ledger(path, repair=False)
+    header, entries, digests = scan.header, scan.entries, scan.digests
     try:
         ledger = PrivacyLedger(
             delta=header["delta"], accountant=header["accountant"], relation=header["relation"]
@@ -673,6 +924,8 @@ def check_recorded(
     ledger._digests, ledger._file = digests, Path(path)
     if seen is not None:
         ledger.check_seen(seen, where=seen_by)
+    ledger.authenticated, ledger.authentication = scan.authenticated, scan.authentication
+    ledger.complete, ledger.incomplete = not scan.incomplete, scan.incomplete
     return ledger
 
 
@@ -719,7 +972,9 @@ def reaccount(
     does not continue what a checkpoint saw of it. Defaults are the file's own.
     Returns ``epsilon``, ``delta``, ``accountant``, ``relation``, ``releases`` (count),
     ``per_release`` (ε after each release), ``recorded_epsilon`` (what the run itself reported
-    after its last release) and the ``mechanisms`` seen.
+    after its last release), the ``mechanisms`` seen, ``authenticated`` (every line carries this
+    user's MAC; ``authentication`` says why not) and ``complete`` (the file ends with a closing
+    line; ``incomplete`` says why not: ``releases`` and ``epsilon`` are then lower bounds).
     """
     recorded = check_recorded(path, seen=seen, seen_by=seen_by)
     entries = recorded.records
@@ -745,4 +1000,8 @@ def reaccount(
         "recorded_epsilon": entries[-1].get("epsilon") if entries else 0.0,
         "recorded_accountant": recorded.accountant,
         "mechanisms": sorted({str(e.get("mechanism")) for e in entries}),
+        "authenticated": recorded.authenticated,
+        "authentication": recorded.authentication,
+        "complete": recorded.complete,
+        "incomplete": recorded.incomplete,
     }

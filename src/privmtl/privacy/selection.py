@@ -351,8 +351,11 @@ class ClientVote:
         (``mechanism="client-vote"``; refused with :class:`~privmtl.exceptions.PrivacyBudgetError`
         when it would exceed the ledger's budget) before anything is returned, and ``epsilon`` is
         the ledger's total; the ledger's relation must be the vote's. Without a ledger,
-        ``delta`` is needed and ``epsilon`` is the vote's own ε. Ties of the noisy counts (only
-        with σ = 0) go to the lowest index.
+        ``delta`` is needed and ``epsilon`` is the vote's own ε. ``release_id`` with
+        ``replay_ok=True`` (seeded noise: the same counts, the same noise) returns the recorded
+        release's ε when the ledger holds that id already, neither checking the budget nor
+        charging it again (:meth:`~privmtl.privacy.ledger.PrivacyLedger.record`). Ties of the
+        noisy counts (only with σ = 0) go to the lowest index.
         """
         counts = self.counts(votes)
         if ledger is None and delta is None:
@@ -367,8 +370,12 @@ class ClientVote:
             )
         source = SecureNoise() if noise is None else noise
         event = self.event()
-        if ledger is not None and hasattr(ledger, "check"):
-            ledger.check(event)  # refuse before any noise is drawn
+        replayed = (
+            replay_ok and release_id is not None and ledger is not None
+            and ledger.has_release(release_id)
+        )  # fmt: skip
+        if ledger is not None and hasattr(ledger, "check") and not replayed:
+            ledger.check(event)  # refuse before any noise is drawn (a replay was charged)
         noisy = counts
         if self.private:
             noisy = counts + source.normal_numpy((self.n_candidates,), self.noise_std)
