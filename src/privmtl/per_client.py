@@ -4,7 +4,7 @@ A result's pooled accuracy says how the population did; the rows say which clien
 Every row holds the client's id, its train/validation/test sizes, the model it kept (``kept``: a
 ``finetune="auto"`` candidate name, else the kind of final model), its test score, its local-only
 score and the gain of the first over the second. PMTL rows score accuracy
-(:data:`PMTL_COLUMNS`), MP-MTL rows a task's test MSE and nMSE (:data:`MPMTL_COLUMNS`).
+(:data:`PMTL_COLUMNS`), MP-MTL rows a task's nMSE (:data:`MPMTL_COLUMNS`) or AUC.
 
 A row is the client's own output: its score is its final model on its own test split, so it
 depends on the other clients only through the recorded releases (the mediation audit compares the
@@ -29,6 +29,7 @@ from privmtl.io import check_writable_dir, write_atomic
 
 __all__ = [
     "CLIENTS_FILE",
+    "MPMTL_AUC_COLUMNS",
     "MPMTL_COLUMNS",
     "PER_CLIENT_SUFFIXES",
     "PMTL_COLUMNS",
@@ -47,11 +48,13 @@ PMTL_COLUMNS = (
     "client", "n_train", "n_val", "n_test", "kept", "test_accuracy", "local_test_accuracy", "gain",
 )  # fmt: skip
 """PMTL rows: ``gain`` is ``test_accuracy - local_test_accuracy`` (accuracy points, as a fraction)."""
-MPMTL_COLUMNS = (
-    "client", "n_train", "n_test", "kept", "test_mse", "test_nmse", "stl_nmse", "gain",
-)  # fmt: skip
-"""MP-MTL rows (a task is a client): ``test_nmse`` is the task's test MSE over its test targets'
-variance; ``gain`` is ``stl_nmse - test_nmse`` (positive: the task did better than alone)."""
+MPMTL_COLUMNS = ("client", "n_train", "n_test", "kept", "test_nmse", "stl_nmse", "gain")
+"""MP-MTL rows of a regression (a task is a client): ``test_nmse`` is the task's test MSE over the
+pooled test targets' variance (as the run's ``nmse``), ``stl_nmse`` the same of the task alone,
+``gain`` is ``stl_nmse - test_nmse`` (positive: the task did better than alone)."""
+MPMTL_AUC_COLUMNS = ("client", "n_train", "n_test", "kept", "test_auc", "stl_auc", "gain")
+"""MP-MTL rows of a classification: the task's test AUC, alone and shared; ``gain`` is
+``test_auc - stl_auc``."""
 
 
 def check_rows_path(path: str | Path, *, name: str = "per_client") -> Path:
@@ -123,32 +126,44 @@ def mpmtl_rows(
     y_test: Sequence[Any],
     pred: Sequence[Any],
     kept: str,
-    stl_pred: Sequence[Any] | None = None,
+    stl: Sequence[Any] | np.ndarray | None = None,
+    *,
+    classification: bool = False,
 ) -> pd.DataFrame:
-    """MP-MTL rows (:data:`MPMTL_COLUMNS`): every task's test MSE and nMSE of the method's
-    predictions ``pred`` and, given the single-task predictions ``stl_pred``, the gain over them."""
+    """MP-MTL rows (:data:`MPMTL_COLUMNS`; :data:`MPMTL_AUC_COLUMNS` for ``classification``):
+    every task's test score of the method's predictions ``pred`` and, given ``stl`` (each task
+    alone: its predictions, or its per-task scores as a 1-d array), the gain over it.
 
-    def per_task(p: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-        mse = np.array(
-            [float(np.mean((np.ravel(q) - np.ravel(t)) ** 2)) for q, t in zip(p, y_test, strict=True)]
-        )
-        var = np.array([float(np.var(np.ravel(t))) for t in y_test])
-        return mse, ratio(mse, var)
+    A task's nMSE is its test MSE over the variance of all test targets pooled, as the run's
+    ``nmse`` divides it: the rows' mean weighted by ``n_test`` is the run's ``nmse`` and their
+    gain's is its ``gain_over_stl``."""
+    from privmtl.linear.metrics import per_task_auc
 
-    mse, nmse = per_task(pred)
-    stl = per_task(stl_pred)[1] if stl_pred is not None else np.full(len(mse), np.nan)
+    ys = [np.ravel(np.asarray(t, np.float64)) for t in y_test]
+    m = len(ys)
+
+    def scores(p: Sequence[Any] | np.ndarray) -> np.ndarray:
+        if isinstance(p, np.ndarray) and p.ndim == 1 and p.dtype != object and len(p) == m:
+            return p.astype(np.float64)  # per-task scores already
+        if classification:
+            return np.asarray(per_task_auc(list(y_test), list(p)), np.float64)
+        var = float(np.var(np.concatenate(ys))) if ys else 0.0
+        mse = np.array([float(np.mean((np.ravel(q) - y) ** 2)) for q, y in zip(p, ys, strict=True)])
+        return mse / var if var > 0 else np.full(m, np.nan)
+
+    own = scores(pred)
+    alone = scores(stl) if stl is not None else np.full(m, np.nan)
+    name = "auc" if classification else "nmse"
     return pd.DataFrame(
         {
             "client": [str(t) for t in task_names],
             "n_train": np.asarray(n_train, np.int64),
-            "n_test": np.array([np.asarray(t).size for t in y_test], np.int64),
-            "kept": [kept] * len(mse),
-            "test_mse": mse,
-            "test_nmse": nmse,
-            "stl_nmse": stl,
-            "gain": stl - nmse,
-        },
-        columns=list(MPMTL_COLUMNS),
+            "n_test": np.array([y.size for y in ys], np.int64),
+            "kept": [kept] * m,
+            f"test_{name}": own,
+            f"stl_{name}": alone,
+            "gain": own - alone if classification else alone - own,
+        }
     )
 
 

@@ -89,8 +89,12 @@ def load_report_input(path: str | Path) -> tuple[dict[str, Any], Any]:
         meta_path = p / "model.json"
         doc = _read_json(meta_path)
         family = doc.get("family")
-        run = doc.get("run") if isinstance(doc.get("run"), dict) else {}
-        result = {**run, **(doc.get("metrics") or {})}
+        run = doc.get("run")
+        metrics = doc.get("metrics")
+        result: dict[str, Any] = {
+            **(run if isinstance(run, dict) else {}),
+            **(metrics if isinstance(metrics, dict) else {}),
+        }
         for key in ("method", "guarantee", "summary", "noise_source"):
             if doc.get(key) is not None:
                 result[key] = doc[key]
@@ -143,7 +147,8 @@ def _table(pairs: Sequence[tuple[str, str]]) -> str:
 def render_report(result: dict[str, Any], rows: Any = None, *, source: str = "") -> str:
     """The report's HTML (module docstring) of ``result`` and its per-client ``rows`` (a
     :class:`pandas.DataFrame` of :mod:`privmtl.per_client`, or None)."""
-    g = result.get("guarantee") if isinstance(result.get("guarantee"), dict) else {}
+    recorded = result.get("guarantee")
+    g: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     mpmtl = "nmse" in result or "auc" in result or result.get("family") == "mpmtl"
     title = f"{result.get('method', '?')} on {result.get('data') or '?'}"
     parts = [
@@ -236,7 +241,9 @@ def _per_round(result: dict[str, Any]) -> str:
     if isinstance(eps, list) and eps:
         out.append(_card("ε after each round", _line(eps, SERIES["epsilon"], "ε")))
     else:
-        out.append("<p class='note'>No ε per round in this result (MP-MTL reports the run's ε).</p>")
+        out.append(
+            "<p class='note'>No ε per round in this result (MP-MTL reports the run's ε).</p>"
+        )
     if isinstance(acc, list) and any(a is not None for a in acc):
         out.append(
             _card("validation accuracy (evaluation rounds)", _line(acc, SERIES["accuracy"], "acc"))
@@ -277,9 +284,7 @@ def _line(values: Sequence[Any], cls: str, label: str) -> str:
     )
 
 
-def _axes(
-    xlabel: str, ylabel: str, lo: float, hi: float, xs: tuple[str, str] | None = None
-) -> str:
+def _axes(xlabel: str, ylabel: str, lo: float, hi: float, xs: tuple[str, str] | None = None) -> str:
     """The axes, their labels, the y range ``lo``-``hi`` and the x range's ends ``xs``."""
     ends = (
         ""
@@ -327,7 +332,9 @@ def _gains(rows: Any, mpmtl: bool) -> str:
         )
     svg = (
         f"<svg width='{_W}' height='{_H}' role='img'>"
-        + _axes(f"gain over training alone ({unit})", "clients", 0, top, (f"{lo:+.3g}", f"{hi:+.3g}"))
+        + _axes(
+            f"gain over training alone ({unit})", "clients", 0, top, (f"{lo:+.3g}", f"{hi:+.3g}")
+        )
         + "".join(bars)
         + "</svg>"
     )
@@ -335,7 +342,11 @@ def _gains(rows: Any, mpmtl: bool) -> str:
     summary = (
         f"<p>{up} of {len(gains)} clients gained, {down} lost, {len(gains) - up - down} "
         "unchanged"
-        + (f" ({len(rows) - len(gains)} without a local-only score)" if len(rows) > len(gains) else "")
+        + (
+            f" ({len(rows) - len(gains)} without a local-only score)"
+            if len(rows) > len(gains)
+            else ""
+        )
         + ".</p>"
     )
     return _card("gain per client over training alone", svg + summary)
@@ -359,9 +370,5 @@ def _kept(result: dict[str, Any], rows: Any) -> str:
             f"width='{w:.1f}' height='{bar_h - 6}' fill='#1f6feb'/>"
             f"<text x='{154 + w:.1f}' y='{i * bar_h + 16}'>{int(c)}</text>"
         )
-    svg = (
-        f"<svg width='{_W}' height='{height}' role='img'>"
-        + "".join(bars)
-        + "</svg>"
-    )
+    svg = f"<svg width='{_W}' height='{height}' role='img'>" + "".join(bars) + "</svg>"
     return _card("the model each client kept (clients)", svg)

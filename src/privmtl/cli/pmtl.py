@@ -26,7 +26,6 @@ from privmtl.cli._common import (
     vote_share_option,
 )
 from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
-from privmtl.cli.report import check_output_files, rows_for_report, write_run_report
 from privmtl.cli._spec_options import (
     check_config_code,
     config_option,
@@ -35,6 +34,7 @@ from privmtl.cli._spec_options import (
     spec_options,
     trust_code_option,
 )
+from privmtl.cli.report import check_output_files, rows_for_report, write_run_report
 from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import (

@@ -641,7 +641,7 @@ def _client_rows(
     per_client = finished.per_client or {}
     local = None
     if scored is not None:
-        idx, final_c, local_c, n = scored
+        idx, _, local_c, n = scored
         local = np.full(m, np.nan)
         local[idx] = ratio(local_c, n)
     if "final" in per_client:

@@ -90,7 +90,7 @@ def local_baseline(
         ``gain_interval`` (``[low, high]`` at :data:`GAIN_LEVEL`), ``baseline_clients`` (clients
         scored) and ``baseline`` (how it was computed).
     """
-    idx, final_c, local_c, n = local_scores(
+    _, final_c, local_c, n = local_scores(
         dataset, model, final, personalized=personalized, seed=seed, batch_size=batch_size,
         solver=solver, patience=patience, device=device, workers=workers, local=local,
     )  # fmt: skip

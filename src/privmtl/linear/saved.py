@@ -10,6 +10,9 @@ holds
     feature row ``x`` (preprocessed as the run did, see ``data.preprocessing``) as
     ``s = x @ w_i + b_i``, ``b_i = data.target_offsets[i]`` in ``model.json`` (the task's mean
     training target on a user's regression table; zero or absent otherwise); regression predicts ``s``, logistic classification ``P(y = 1) = 1/(1+e^-s)``.
+``clients.csv``
+    One row per task (:mod:`privmtl.per_client`): its sizes, its test score, its score alone
+    and the gain (``clients.file`` in ``model.json``).
 ``model.json``
     ``format`` (``"privmtl-models"``), ``version``, ``family`` (``"mpmtl"``), ``method``, the
     estimator and its parameters, ``loss``, the data the run used (name, path, split seed, train
@@ -43,9 +46,10 @@ MODELS_VERSION = 1
 
 
 def save_linear_models(
-    directory: str | os.PathLike[str], coef: np.ndarray, meta: dict[str, Any]
+    directory: str | os.PathLike[str], coef: np.ndarray, meta: dict[str, Any], clients: Any = None
 ) -> Path:
-    """Write ``coef.npy`` and ``model.json`` (``meta`` plus format, version, shape) into ``directory``."""
+    """Write ``coef.npy`` and ``model.json`` (``meta`` plus format, version, shape) into
+    ``directory``; ``clients``: the per-task rows (:mod:`privmtl.per_client`), as ``clients.csv``."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     remove_durably(d / "model.json")  # overwriting: incomplete until the new one is written
@@ -55,6 +59,12 @@ def save_linear_models(
     buf = io.BytesIO()
     np.save(buf, W, allow_pickle=False)
     write_atomic(d / "coef.npy", buf.getvalue())
+    extra: dict[str, Any] = {}
+    if clients is not None:
+        from privmtl.per_client import CLIENTS_FILE, write_rows
+
+        write_rows(d / CLIENTS_FILE, clients)
+        extra["clients"] = {"file": CLIENTS_FILE}
     full = {
         "format": MODELS_FORMAT,
         "version": MODELS_VERSION,
@@ -66,6 +76,7 @@ def save_linear_models(
             "layout": "column i is task i's weight vector; score = x @ coef[:, i] + "
             "data.target_offsets[i] (0 when absent)",
         },
+        **extra,
     }
     # signed: this user's folder is followed as it is (its recorded data path), see privmtl.trust
     text = json.dumps(sign(full), indent=2, sort_keys=True, allow_nan=False) + "\n"
