@@ -38,6 +38,7 @@ __all__ = [
     "pmtl_rows",
     "ratio",
     "read_rows",
+    "with_mpmtl_gain",
     "write_rows",
 ]
 
@@ -48,10 +49,13 @@ PMTL_COLUMNS = (
     "client", "n_train", "n_val", "n_test", "kept", "test_accuracy", "local_test_accuracy", "gain",
 )  # fmt: skip
 """PMTL rows: ``gain`` is ``test_accuracy - local_test_accuracy`` (accuracy points, as a fraction)."""
-MPMTL_COLUMNS = ("client", "n_train", "n_test", "kept", "test_nmse", "stl_nmse", "gain")
-"""MP-MTL rows of a regression (a task is a client): ``test_nmse`` is the task's test MSE over the
-pooled test targets' variance (as the run's ``nmse``), ``stl_nmse`` the same of the task alone,
-``gain`` is ``stl_nmse - test_nmse`` (positive: the task did better than alone)."""
+MPMTL_COLUMNS = (
+    "client", "n_train", "n_test", "kept", "test_mse", "test_nmse", "stl_mse", "stl_nmse", "gain",
+)  # fmt: skip
+"""MP-MTL rows of a regression (a task is a client): the task's test MSE, and its nMSE (the MSE
+over the variance of the task's own test targets), of the run and of the task alone (``stl_``);
+``gain`` is ``stl_nmse - test_nmse`` (positive: the task did better than alone). The rows' test
+MSEs weighted by ``n_test`` over the pooled targets' variance give the run's ``nmse``."""
 MPMTL_AUC_COLUMNS = ("client", "n_train", "n_test", "kept", "test_auc", "stl_auc", "gain")
 """MP-MTL rows of a classification: the task's test AUC, alone and shared; ``gain`` is
 ``test_auc - stl_auc``."""
@@ -126,45 +130,55 @@ def mpmtl_rows(
     y_test: Sequence[Any],
     pred: Sequence[Any],
     kept: str,
-    stl: Sequence[Any] | np.ndarray | None = None,
+    stl_pred: Sequence[Any] | None = None,
     *,
     classification: bool = False,
 ) -> pd.DataFrame:
     """MP-MTL rows (:data:`MPMTL_COLUMNS`; :data:`MPMTL_AUC_COLUMNS` for ``classification``):
-    every task's test score of the method's predictions ``pred`` and, given ``stl`` (each task
-    alone: its predictions, or its per-task scores as a 1-d array), the gain over it.
-
-    A task's nMSE is its test MSE over the variance of all test targets pooled, as the run's
-    ``nmse`` divides it: the rows' mean weighted by ``n_test`` is the run's ``nmse`` and their
-    gain's is its ``gain_over_stl``."""
+    every task's test score of the method's predictions ``pred`` and, given ``stl_pred`` (each
+    task alone), the same of it and the gain. Every number reads the task's own test rows only
+    (its nMSE divides by its own targets' variance, never the pooled one)."""
     from privmtl.linear.metrics import per_task_auc
 
     ys = [np.ravel(np.asarray(t, np.float64)) for t in y_test]
     m = len(ys)
+    var = np.array([float(np.var(y)) if y.size else 0.0 for y in ys])
 
-    def scores(p: Sequence[Any] | np.ndarray) -> np.ndarray:
-        if isinstance(p, np.ndarray) and p.ndim == 1 and p.dtype != object and len(p) == m:
-            return p.astype(np.float64)  # per-task scores already
+    def scores(p: Sequence[Any] | None) -> dict[str, np.ndarray]:
+        if p is None:
+            nan = np.full(m, np.nan)
+            return {"auc": nan} if classification else {"mse": nan, "nmse": nan}
         if classification:
-            return np.asarray(per_task_auc(list(y_test), list(p)), np.float64)
-        var = float(np.var(np.concatenate(ys))) if ys else 0.0
-        mse = np.array([float(np.mean((np.ravel(q) - y) ** 2)) for q, y in zip(p, ys, strict=True)])
-        return mse / var if var > 0 else np.full(m, np.nan)
+            return {"auc": np.asarray(per_task_auc(list(y_test), list(p)), np.float64)}
+        mse = np.array(
+            [
+                float(np.mean((np.ravel(q) - y) ** 2)) if y.size else np.nan
+                for q, y in zip(p, ys, strict=True)
+            ]
+        )
+        return {"mse": mse, "nmse": ratio(mse, var)}
 
-    own = scores(pred)
-    alone = scores(stl) if stl is not None else np.full(m, np.nan)
-    name = "auc" if classification else "nmse"
-    return pd.DataFrame(
-        {
-            "client": [str(t) for t in task_names],
-            "n_train": np.asarray(n_train, np.int64),
-            "n_test": np.array([y.size for y in ys], np.int64),
-            "kept": [kept] * m,
-            f"test_{name}": own,
-            f"stl_{name}": alone,
-            "gain": own - alone if classification else alone - own,
-        }
-    )
+    own, alone = scores(pred), scores(stl_pred)
+    table: dict[str, Any] = {
+        "client": [str(t) for t in task_names],
+        "n_train": np.asarray(n_train, np.int64),
+        "n_test": np.array([y.size for y in ys], np.int64),
+        "kept": [kept] * m,
+    }
+    table.update({f"test_{k}": v for k, v in own.items()})
+    table.update({f"stl_{k}": v for k, v in alone.items()})
+    rows = pd.DataFrame(table)
+    return with_mpmtl_gain(rows)
+
+
+def with_mpmtl_gain(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with their ``gain`` column (again): ``test_auc - stl_auc``, or
+    ``stl_nmse - test_nmse`` (positive: the task did better than alone)."""
+    if "test_auc" in rows:
+        rows["gain"] = rows["test_auc"] - rows["stl_auc"]
+    else:
+        rows["gain"] = rows["stl_nmse"] - rows["test_nmse"]
+    return rows
 
 
 def write_rows(path: str | Path, rows: pd.DataFrame) -> Path:

@@ -943,22 +943,23 @@ def _saved_task_rows(
 ) -> Any:
     """:func:`evaluate_saved`'s per-task rows: the scores now, each task alone as recorded in
     the folder's ``clients.csv`` (NaN without one)."""
-    from privmtl.per_client import mpmtl_rows, read_rows
+    from privmtl.per_client import mpmtl_rows, read_rows, with_mpmtl_gain
     from privmtl.trust import folder_file
 
     classification = test.task_type == "classification"
-    stl = None
-    kept = str(meta.get("method"))
+    rows = mpmtl_rows(
+        test.task_names, [len(y) for y in train.y], list(test.y), scores, str(meta.get("method")),
+        classification=classification,
+    )  # fmt: skip
     record = meta.get("clients")
     if isinstance(record, dict):
         where = str(models_dir / "model.json")
         name = folder_file(models_dir, record.get("file"), where=where, key="clients.file")
-        rows = read_rows(name)
-        column = "stl_auc" if classification else "stl_nmse"
-        if len(rows) != test.n_tasks or column not in rows:
+        recorded = read_rows(name)
+        columns = [c for c in rows.columns if c.startswith("stl_")]
+        if list(recorded["client"]) != list(rows["client"]) or not set(columns) <= set(recorded):
             raise DataFormatError(f"{name} does not hold the {test.n_tasks} tasks' rows.")
-        stl = rows[column].to_numpy(np.float64)
-    return mpmtl_rows(
-        test.task_names, [len(y) for y in train.y], list(test.y), scores, kept, stl,
-        classification=classification,
-    )  # fmt: skip
+        for column in columns:
+            rows[column] = recorded[column].to_numpy(np.float64)
+        rows = with_mpmtl_gain(rows)
+    return rows
