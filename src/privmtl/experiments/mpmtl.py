@@ -816,7 +816,14 @@ def _save_models(
         "noise_source": out["noise_source"],
         "stopped_on_budget": out["stopped_on_budget"],
         "iterations_run": out.get("iterations_run"),
-        "metrics": {metric: out[metric]},
+        "metrics": {  # the run's test metric and its baseline's (every task alone)
+            metric: out[metric],
+            **{
+                k: out[k]
+                for k in ("stl_nmse", "stl_auc", "gain_over_stl", "gain_interval")
+                if k in out
+            },
+        },
     }
     ledger = getattr(est, "ledger_", None)
     if ledger is not None and ledger.path is not None:  # privmtl evaluate checks it
