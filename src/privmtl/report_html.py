@@ -45,15 +45,16 @@ SERIES = {
 """The SVG ``class`` of each plotted series: a polyline (ε, accuracy per round) or bars (the gain
 histogram, the clients per kept model)."""
 
-_W, _H, _PAD = 500, 220, 44
+_W, _H, _PAD = 460, 210, 44
 _TOP, _BASE = _PAD - 10, _H - _PAD + 10
 _STYLE = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1100px;
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1040px;
+padding:0 16px;
 color:#1b1f24;background:#fff}
 h1{font-size:1.5em;margin-bottom:4px}h2{font-size:1.15em;margin:26px 0 8px}
 table{border-collapse:collapse;font-size:.95em}td,th{padding:4px 12px;border-bottom:1px solid #ddd;
 text-align:left}.grid{display:flex;flex-wrap:wrap;gap:18px}.card{border:1px solid #ddd;
-border-radius:6px;padding:10px}.note{color:#555;font-size:.9em}.bad{color:#b00020;font-weight:600}
+border-radius:6px;padding:10px;flex:1 1 460px;max-width:490px}.card h2{margin-top:4px}.note{color:#555;font-size:.9em}.bad{color:#b00020;font-weight:600}
 .good{color:#0a7a3b;font-weight:600}svg text{font-size:11px;fill:#333}
 """
 
@@ -156,11 +157,11 @@ def render_report(result: dict[str, Any], rows: Any = None, *, source: str = "")
         f"<title>privmtl report: {html.escape(title)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>privmtl report: {html.escape(title)}</h1>",
         f"<p class='note'>{html.escape(source)}</p>" if source else "",
-        "<h2>Guarantee</h2>",
+        "<div class='grid'><div class='card'><h2>Guarantee</h2>",
         _guarantee(result, g),
-        "<h2>Results and references</h2>",
+        "</div><div class='card'><h2>Results and references</h2>",
         _references(result, mpmtl),
-        "<h2>Per round</h2><div class='grid'>",
+        "</div></div><h2>Per round</h2><div class='grid'>",
         _per_round(result),
         "</div><h2>Did sharing help, and for whom?</h2><div class='grid'>",
         _gains(rows, mpmtl),
@@ -191,7 +192,7 @@ def _guarantee(result: dict[str, Any], g: dict[str, Any]) -> str:
             else "—",
         ),
     ]
-    text = f"<p>{_fmt(result.get('summary'))}</p>" if result.get("summary") else ""
+    text = f"<p class='note'>{_fmt(result.get('summary'))}</p>" if result.get("summary") else ""
     return _table(pairs) + text
 
 
@@ -323,7 +324,8 @@ def _gains(rows: Any, mpmtl: bool) -> str:
     bars = []
     for i, c in enumerate(counts):
         h = c / top * (_BASE - _TOP)
-        colour = "#0a7a3b" if edges[i] >= 0 else "#b00020" if edges[i + 1] <= 0 else "#888"
+        # green: every client in the bin gained; red: every one lost; grey: the bin holds 0
+        colour = "#0a7a3b" if edges[i] > 0 else "#b00020" if edges[i + 1] < 0 else "#888"
         bars.append(
             f"<rect class='{SERIES['gain']}' data-count='{int(c)}' "
             f"x='{_PAD + i * width:.1f}' y='{_BASE - h:.1f}' width='{width - 1:.1f}' "
