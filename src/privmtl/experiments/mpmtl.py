@@ -804,6 +804,9 @@ def _save_models(
     from privmtl.linear.saved import save_linear_models
 
     metric = "nmse" if "nmse" in out else "auc"
+    # the run's test metric and its baseline's (every task alone)
+    baseline = ("stl_nmse", "stl_auc", "gain_over_stl", "gain_interval")
+    metrics: dict[str, Any] = {metric: out[metric], **{k: out[k] for k in baseline if k in out}}
     meta = {
         "family": "mpmtl",
         "method": out["method"],
@@ -816,14 +819,7 @@ def _save_models(
         "noise_source": out["noise_source"],
         "stopped_on_budget": out["stopped_on_budget"],
         "iterations_run": out.get("iterations_run"),
-        "metrics": {  # the run's test metric and its baseline's (every task alone)
-            metric: out[metric],
-            **{
-                k: out[k]
-                for k in ("stl_nmse", "stl_auc", "gain_over_stl", "gain_interval")
-                if k in out
-            },
-        },
+        "metrics": metrics,
     }
     ledger = getattr(est, "ledger_", None)
     if ledger is not None and ledger.path is not None:  # privmtl evaluate checks it
