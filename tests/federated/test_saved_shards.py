@@ -52,8 +52,9 @@ def test_the_shard_size_keeps_a_logreg_shard_well_under_100_mb():
 def test_a_population_that_fits_one_shard_keeps_the_single_file(folders):
     single, _, _ = folders
     meta = json.loads((single / "model.json").read_text())
-    assert meta["files"] == {"global": "global.pt", "personalized": "personalized.pt"}
-    assert _names(single) == ["global.pt", "model.json", "personalized.pt"]
+    files = {"global": "global.pt", "personalized": "personalized.pt", "clients": "clients.csv"}
+    assert meta["files"] == files
+    assert _names(single) == ["clients.csv", "global.pt", "model.json", "personalized.pt"]
     stack = torch.load(single / "personalized.pt", weights_only=True)  # the documented recipe
     assert all(t.shape[0] == M for t in stack.values())
     assert [(a, b) for a, b, _ in iter_personalized(single, read_meta(single))] == [(0, M)]
@@ -67,7 +68,7 @@ def test_shards_hold_the_single_files_rows_in_client_order(folders):
     bounds = [(0, 70), (70, 140), (140, 150)]
     assert [(s["start"], s["stop"]) for s in shards] == bounds
     assert _names(sharded) == sorted(
-        ["global.pt", "model.json", *(f"personalized-{i:05d}.pt" for i in range(3))]
+        ["clients.csv", "global.pt", "model.json", *(f"personalized-{i:05d}.pt" for i in range(3))]
     )
     whole = torch.load(single / "personalized.pt", weights_only=True)
     for s in shards:  # the module docstring's recipe for one client's model
@@ -118,7 +119,8 @@ def test_a_global_model_is_scored_in_blocks_to_the_same_numbers(tmp_path, monkey
     monkeypatch.setattr(blocks, "client_blocks", lambda m, block=4: real(m, block))
     small = evaluate_saved(tmp_path / "m")
     assert json.loads((tmp_path / "m" / "model.json").read_text())["files"] == {
-        "global": "global.pt"
+        "global": "global.pt",
+        "clients": "clients.csv",
     }
     for key in KEYS:
         assert small[key] == whole[key], key
@@ -132,7 +134,9 @@ def test_writing_again_removes_the_other_layouts_files(folders, tmp_path, monkey
     shutil.copytree(sharded, folder)
     (folder / "personalized-old.pt").write_bytes(b"a user's file")  # not a name privmtl writes
     run_pmtl(**RUN, save_models=folder)  # one shard's population: the single file
-    assert _names(folder) == ["global.pt", "model.json", "personalized-old.pt", "personalized.pt"]
+    assert _names(folder) == [
+        "clients.csv", "global.pt", "model.json", "personalized-old.pt", "personalized.pt",
+    ]  # fmt: skip
     monkeypatch.setattr(saved, "MODEL_SHARD_CLIENTS", SHARD)
     run_pmtl(**RUN, save_models=folder)
     assert "personalized.pt" not in _names(folder)

@@ -1014,18 +1014,15 @@ def run_pmtl(
             alone, scored = _baseline(loaded, trained, finished)
     out = _report(loaded, durability, trained, finished, diagnostics=diagnostics)
     out.update(alone)
-    rows = None
     if per_client is not None or save_models is not None:
-        with timer.phase("scoring"):
-            rows = _client_rows(loaded, trained, finished, scored)
-    if per_client is not None:
         from privmtl.per_client import write_rows
 
-        with timer.phase("saving"):
-            out["per_client_file"] = str(write_rows(per_client, rows))
-    if save_models is not None:
-        with timer.phase("saving"):
-            out["models_dir"] = _save(save_models, loaded, trained, finished, out, rows)
+        with timer.phase("saving"):  # the per-client rows (the run's scores), then the files
+            rows = _client_rows(loaded, trained, finished, scored)
+            if per_client is not None:
+                out["per_client_file"] = str(write_rows(per_client, rows))
+            if save_models is not None:
+                out["models_dir"] = _save(save_models, loaded, trained, finished, out, rows)
     return timer.record(out)
 
 
