@@ -498,6 +498,17 @@ CASES: list[Case] = [
     C("flower-resume-no-workdir", [*FLOWER[:-2], "--resume"], "--resume", "--work-dir"),
     C("flower-workdir-file", _replace(FLOWER, "--work-dir", "a_file"), "a_file"),
     C("flower-no-subcommand-option", ["flower", "--frobnicate"], "--frobnicate"),
+    # ---- per-client rows and reports: their paths are checked before the run
+    C("pmtl-per-client-suffix", [*PMTL, "--per-client", "rows.txt"], "--per-client", "rows.txt"),
+    C("pmtl-per-client-folder", [*PMTL, "--per-client", "dir.csv"], "--per-client", "dir.csv"),
+    C("pmtl-report-suffix", [*PMTL, "--report", "r.pdf"], "--report", "r.pdf"),
+    C("mpmtl-per-client-suffix", [*MPMTL, "--per-client", "r.json"], "--per-client", "r.json"),
+    C("evaluate-per-client-suffix", ["evaluate", "empty_dir", "--per-client", "r.xlsx"], "r.xlsx"),
+    C("report-missing", ["report", "nothere.json"], "nothere.json"),
+    C("report-garbage", ["report", "bad.json"], "bad.json"),
+    C("report-list", ["report", "list.json"], "list.json"),
+    C("report-empty-folder", ["report", "empty_dir", "-o", "r.html"], "model.json"),
+    C("report-output-suffix", ["report", "list.json", "-o", "r.txt"], "output", "r.txt"),
     C("unknown-command", ["frobnicate"], "frobnicate"),
 ]
 

@@ -52,9 +52,12 @@ def _by_hand(settings, *, diagnostics=False, save_models=None):
     assert isinstance(trained, TrainedRun)
     finished = pmtl._finish(loaded, trained, finishing)
     assert isinstance(finished, FinishedRun)
+    alone, scored = pmtl._baseline(loaded, trained, finished)
     out = pmtl._report(loaded, durability, trained, finished, diagnostics=diagnostics)
+    out.update(alone)
     if save_models is not None:
-        out["models_dir"] = pmtl._save(save_models, loaded, trained, finished, out)
+        rows = pmtl._client_rows(loaded, trained, finished, scored)
+        out["models_dir"] = pmtl._save(save_models, loaded, trained, finished, out, rows)
     return out, finished
 
 

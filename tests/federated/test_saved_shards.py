@@ -19,6 +19,7 @@ from privmtl.experiments.pmtl import evaluate_saved, make_model, run_pmtl
 from privmtl.federated import blocks, saved
 from privmtl.federated.algorithms import evaluate
 from privmtl.federated.saved import MODEL_SHARD_CLIENTS, iter_personalized, load_models, read_meta
+from privmtl.locking import LOCK_NAME
 
 M, SHARD = 150, 70  # blocks of more and of fewer clients than client_scores vmaps together
 RUN = {
@@ -52,8 +53,9 @@ def test_the_shard_size_keeps_a_logreg_shard_well_under_100_mb():
 def test_a_population_that_fits_one_shard_keeps_the_single_file(folders):
     single, _, _ = folders
     meta = json.loads((single / "model.json").read_text())
-    assert meta["files"] == {"global": "global.pt", "personalized": "personalized.pt"}
-    assert _names(single) == ["global.pt", "model.json", "personalized.pt"]
+    files = {"global": "global.pt", "personalized": "personalized.pt", "clients": "clients.csv"}
+    assert meta["files"] == files
+    assert _names(single) == ["clients.csv", "global.pt", "model.json", "personalized.pt"]
     stack = torch.load(single / "personalized.pt", weights_only=True)  # the documented recipe
     assert all(t.shape[0] == M for t in stack.values())
     assert [(a, b) for a, b, _ in iter_personalized(single, read_meta(single))] == [(0, M)]
@@ -67,7 +69,7 @@ def test_shards_hold_the_single_files_rows_in_client_order(folders):
     bounds = [(0, 70), (70, 140), (140, 150)]
     assert [(s["start"], s["stop"]) for s in shards] == bounds
     assert _names(sharded) == sorted(
-        ["global.pt", "model.json", *(f"personalized-{i:05d}.pt" for i in range(3))]
+        ["clients.csv", "global.pt", "model.json", *(f"personalized-{i:05d}.pt" for i in range(3))]
     )
     whole = torch.load(single / "personalized.pt", weights_only=True)
     for s in shards:  # the module docstring's recipe for one client's model
@@ -118,7 +120,8 @@ def test_a_global_model_is_scored_in_blocks_to_the_same_numbers(tmp_path, monkey
     monkeypatch.setattr(blocks, "client_blocks", lambda m, block=4: real(m, block))
     small = evaluate_saved(tmp_path / "m")
     assert json.loads((tmp_path / "m" / "model.json").read_text())["files"] == {
-        "global": "global.pt"
+        "global": "global.pt",
+        "clients": "clients.csv",
     }
     for key in KEYS:
         assert small[key] == whole[key], key
@@ -132,7 +135,9 @@ def test_writing_again_removes_the_other_layouts_files(folders, tmp_path, monkey
     shutil.copytree(sharded, folder)
     (folder / "personalized-old.pt").write_bytes(b"a user's file")  # not a name privmtl writes
     run_pmtl(**RUN, save_models=folder)  # one shard's population: the single file
-    assert _names(folder) == ["global.pt", "model.json", "personalized-old.pt", "personalized.pt"]
+    assert _names(folder) == [
+        "clients.csv", "global.pt", "model.json", "personalized-old.pt", "personalized.pt",
+    ]  # fmt: skip
     monkeypatch.setattr(saved, "MODEL_SHARD_CLIENTS", SHARD)
     run_pmtl(**RUN, save_models=folder)
     assert "personalized.pt" not in _names(folder)
@@ -155,7 +160,7 @@ def test_a_save_cut_short_over_a_folder_leaves_the_old_folder(folders, tmp_path,
     monkeypatch.setattr(saved, "_save_personalized", crash)
     with pytest.raises(KeyboardInterrupt):
         run_pmtl(**RUN, save_models=folder)
-    assert sorted(p.name for p in folder.iterdir() if p.name != ".lock") == _names(sharded)
+    assert sorted(p.name for p in folder.iterdir() if p.name != LOCK_NAME) == _names(sharded)
     _, _, pers = load_models(folder)
     _, _, whole = load_models(single)
     assert pers is not None and whole is not None
@@ -173,15 +178,15 @@ def test_a_failed_signature_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(InvalidParameterError):
         run_pmtl(**RUN, save_models=tmp_path / "m")
     folder = tmp_path / "m"
-    assert not folder.exists() or [p.name for p in folder.iterdir() if p.name != ".lock"] == []
+    assert not folder.exists() or [p.name for p in folder.iterdir() if p.name != LOCK_NAME] == []
 
 
-def test_model_json_lists_the_sha256_of_every_file(folders):
+def test_model_json_lists_the_sha256_of_every_file(folders):  # the models and clients.csv
     import hashlib
 
     for folder in folders[:2]:
         meta = json.loads((folder / "model.json").read_text())
-        names = {p.name for p in folder.iterdir() if p.suffix == ".pt"}
+        names = {p.name for p in folder.iterdir() if p.suffix in (".pt", ".csv")}
         assert set(meta["files_sha256"]) == names
         for name in names:
             assert (

@@ -12,7 +12,8 @@ output path by output path:
    own. Sampling, client training, fine-tuning, selection, evaluation and saving run unchanged,
    with the same seeds.
 3. **Compare** every other client's outputs: model tensors (bit for bit), per-client numbers,
-   the rows of saved model files and the JSON keys (population summaries and timings excepted,
+   the rows of saved model files, every column of the per-client rows (``clients.csv``,
+   :mod:`privmtl.per_client`) and the JSON keys (population summaries and timings excepted,
    see :data:`POPULATION_KEYS`). A difference is a path from the replaced client to another
    client's output that no release and no ledger entry accounts for.
 
@@ -41,6 +42,7 @@ low-rank's floor vote and PMTL's end-of-run vote, ``--finetune-select vote``, ar
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 import shutil
@@ -116,6 +118,7 @@ POPULATION_KEYS = frozenset(
         "gain_interval",
         "stl_nmse",
         "gain_over_stl",
+        "val_accuracy_per_round",
     }
 )
 
@@ -314,6 +317,9 @@ def _cli_outputs(
             files[f.name] = {"coef": torch.from_numpy(np.ascontiguousarray(np.load(f).T))}
         elif f.suffix == ".json":
             files[f.name] = json.loads(f.read_text())
+        elif f.suffix == ".csv":  # per-client rows, in the clients' order: a per-client list
+            with f.open(newline="") as fh:
+                files[f.name] = list(csv.DictReader(fh))
     return {"json": out, "files": files}
 
 
@@ -358,6 +364,8 @@ def _check_cli(
             _compare_rows(fa, fb, ids, skip, name, diff)
         elif name.endswith(".pt"):
             _compare_whole(fa, fb, name, diff)
+        elif name.endswith(".csv"):  # every column of a row is the client's own output
+            _compare_json(fa, fb, name, ids, skip, frozenset(), diff)
         else:
             _compare_json(fa, fb, name, ids, skip, ignore, diff)
     extra = {"releases": releases, "files": sorted(names)}

@@ -31,6 +31,7 @@ _LAZY_COMMANDS = {
     "demo": ("privmtl.cli.demo", "demo"),
     "ledger": ("privmtl.cli.ledger", "ledger"),
     "evaluate": ("privmtl.cli.evaluate", "evaluate"),
+    "report": ("privmtl.cli.report", "report"),
     "audit": ("privmtl.cli.audit", "audit"),
 }
 
@@ -197,6 +198,7 @@ def cli() -> None:
       demo         the quick tour: an MP-MTL ε sweep and a short PMTL run on built-in data
       ledger       re-account a run's durable privacy ledger (ε per release, rdp and pld)
       evaluate     reload models saved with --save-models and score them
+      report       one self-contained HTML page of a result or a saved folder
       audit        empirical ε lower bound of a mechanism (canaries through the real code);
                    audit mediation: every output depends on others only through releases
       flower       PMTL on Flower's Deployment Engine (extra: privmtl[flower])

@@ -9,6 +9,7 @@ import click
 
 from privmtl.cli._common import echo_final_models, echo_json
 from privmtl.cli._data_options import evaluate_data_options
+from privmtl.cli.report import check_output_files
 
 __all__ = ["evaluate"]
 
@@ -45,6 +46,12 @@ _MPMTL_ONLY = ("task_column", "target_column", "train_fraction")
     help="Run the factory source recorded in model.json (SHA-256 still checked) although this "
     "user did not sign the folder: only for folders from someone you trust.",
 )
+@click.option(
+    "--per-client",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one row per client (task) here (.csv or .parquet): its score now, beside the "
+    "model it kept and its local-only score as the run recorded them in clients.csv.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def evaluate(
     directory: Path | None,
@@ -54,6 +61,7 @@ def evaluate(
     model: str | None,
     trust_code: bool,
     as_json: bool,
+    per_client: Path | None,
     **opts: Any,
 ) -> None:
     """Score saved models on the test split: test_accuracy (PMTL) or nmse/auc (MP-MTL).
@@ -73,6 +81,7 @@ def evaluate(
     models_dir = directory if directory is not None else models_opt
     if models_dir is None:
         raise click.BadParameter("the models directory is required", param_hint="DIRECTORY")
+    check_output_files({"per_client": per_client})
     meta_path = models_dir / "model.json"
     if not meta_path.is_file():
         raise click.BadParameter(f"{models_dir} has no model.json", param_hint="DIRECTORY")
@@ -93,7 +102,12 @@ def evaluate(
         raise click.BadParameter(f"does not apply to {family} models", param_hint="--model")
     columns = opts.pop("feature_columns")
     feature_columns = None if columns is None else [c.strip() for c in columns.split(",")]
-    common: dict[str, Any] = {"data": data, "data_path": opts.pop("data_path"), "seed": seed}
+    common: dict[str, Any] = {
+        "data": data,
+        "data_path": opts.pop("data_path"),
+        "seed": seed,
+        "per_client": per_client,
+    }
     other = _MPMTL_ONLY if family == "pmtl" else _PMTL_ONLY
     for name in other:
         if opts.get(name) is not None:
@@ -137,5 +151,7 @@ def evaluate(
         echo_final_models(out, recorded=True)
     if out.get("summary"):
         click.echo(f"privacy: {out['summary']}")
+    if out.get("per_client_file"):
+        click.echo(f"per-client rows: {out['per_client_file']}")
     for note in out.get("notes") or ():
         click.echo(f"note: {note}")

@@ -23,6 +23,7 @@ from privmtl.cli._common import (
     vote_share_option,
 )
 from privmtl.cli._data_options import mpmtl_data_kwargs, mpmtl_data_options
+from privmtl.cli.report import check_output_files, rows_for_report, write_run_report
 from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.experiments.mpmtl import (
     METHODS,
@@ -187,7 +188,7 @@ def _human(out: dict[str, Any]) -> None:
             f"stopped on budget after {out.get('iterations_run')} iterations: "
             f"epsilon spent {out['epsilon']:.4g} <= {out.get('budget_epsilon')}"
         )
-    for key in ("ledger", "models_dir"):
+    for key in ("ledger", "models_dir", "per_client_file", "report"):
         if out.get(key):
             click.echo(f"{key.replace('_', ' ')}: {out[key]}")
 
@@ -277,6 +278,17 @@ def _human(out: dict[str, Any]) -> None:
 @click.option(
     "--overwrite", is_flag=True, help="Let --save-models write into a folder that is not empty."
 )
+@click.option(
+    "--per-client",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one row per task here (.csv or .parquet): its sizes, its test nMSE (AUC), the "
+    "same of the task alone and the gain (also clients.csv in --save-models).",
+)
+@click.option(
+    "--report",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the run's report here: one self-contained HTML file (see privmtl report).",
+)
 @_floor_opt
 @_power_opt
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -304,6 +316,8 @@ def mpmtl(
     eigen_floor: float | str,
     refit_power: float | str,
     as_json: bool,
+    per_client: Path | None,
+    report: Path | None,
     **data_opts: Any,
 ) -> None:
     """Model-protected linear MTL (MP-MTL) and its baselines: one method at one ε.
@@ -325,33 +339,36 @@ def mpmtl(
         from privmtl.trust import check_signing_key
 
         check_signing_key()
+    files = {"per_client": per_client, "report": report, "save_models": save_models}
+    report = check_output_files(files)
     abort_hint_for_checkpoint(checkpoint_dir)
     startup = startup_seconds()  # before the run's own clock starts
-    out = run_mpmtl(
-        data=data,
-        **table,
-        method=method,
-        noise=noise,
-        epsilon=epsilon,
-        delta="paper" if paper_delta else delta,
-        iterations=iterations,
-        seed=seed,
-        tune="none" if no_tune else tune,
-        relation=relation,
-        accountant=accountant,
-        final_step=final_step,
-        noise_source="seeded" if reproducible_noise else SPEC.noise_source,
-        budget_epsilon=budget_epsilon,
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        save_models=save_models,
-        eigen_floor=eigen_floor,
-        refit_power=refit_power,
-    )
+    with rows_for_report(files, report) as rows_file:
+        out = _run(files, rows_file, report, dict(
+            data=data, **table, method=method, noise=noise, epsilon=epsilon,
+            delta="paper" if paper_delta else delta, iterations=iterations, seed=seed,
+            tune="none" if no_tune else tune, relation=relation, accountant=accountant,
+            final_step=final_step,
+            noise_source="seeded" if reproducible_noise else SPEC.noise_source,
+            budget_epsilon=budget_epsilon, checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every, resume=resume, save_models=save_models,
+            eigen_floor=eigen_floor, refit_power=refit_power,
+        ))  # fmt: skip
+    if per_client is None:  # a temporary file for the report only
+        out.pop("per_client_file", None)
     if startup is not None:
         with_startup(out, startup)
     echo_json(out) if as_json else _human(out)
+
+
+def _run(
+    files: dict[str, Any], rows_file: Path | None, report: Path | None, kw: dict[str, Any]
+) -> dict[str, Any]:
+    """``run_mpmtl`` with the command's per-client file and its report, when asked for."""
+    out = run_mpmtl(**kw, per_client=files["per_client"])
+    if report is not None:
+        out["report"] = str(write_run_report(report, out, rows_file))
+    return out
 
 
 @click.command("mpmtl-sweep")

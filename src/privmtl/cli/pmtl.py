@@ -34,6 +34,7 @@ from privmtl.cli._spec_options import (
     spec_options,
     trust_code_option,
 )
+from privmtl.cli.report import check_output_files, rows_for_report, write_run_report
 from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import (
@@ -112,6 +113,9 @@ def _human(out: dict[str, Any]) -> None:
         )
     if out.get("models_dir"):
         click.echo(f"models: {out['models_dir']}")
+    for key, words in (("per_client_file", "per-client rows"), ("report", "report")):
+        if out.get(key):
+            click.echo(f"{words}: {out[key]}")
     for note in out["guarantee"]["notes"]:
         click.echo(f"note: {note}")
 
@@ -257,6 +261,24 @@ def _device_option(help: str) -> Any:
     "--overwrite", is_flag=True, help="Let --save-models write into a folder that is not empty."
 )
 @click.option(
+    "--per-client",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one row per client here (.csv or .parquet): its sizes, the model it kept, its "
+    "test accuracy, its local-only accuracy and the gain (also clients.csv in --save-models).",
+)
+@click.option(
+    "--report",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the run's report here: one self-contained HTML file (see privmtl report).",
+)
+@click.option(
+    "--eval-every",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Record the validation accuracy every N rounds (the report's accuracy curve; 0: none).",
+)
+@click.option(
     "--sequential", is_flag=True, help="Per-client reference loop instead of batched training."
 )
 @click.option(
@@ -298,6 +320,7 @@ def pmtl(**kw: Any) -> None:
     for name in ("save_models", "checkpoint_dir"):
         if kw[name] is not None:  # checked before any computation
             check_writable_dir(kw[name], name=name)
+    report = check_output_files(kw)
     if kw["resume"] and kw["checkpoint_dir"] is None:
         raise click.BadParameter("needs --checkpoint-dir", param_hint="--resume")
     if kw["checkpoint_every"] < 1:
@@ -319,9 +342,15 @@ def pmtl(**kw: Any) -> None:
         check_signing_key()  # what the run signs: a bad key stops it before the first round
     abort_hint_for_checkpoint(kw["checkpoint_dir"])
     startup = startup_seconds()  # before the run's own clock starts
-    out = run_pmtl(**kw, show_progress=not quiet and not as_json)
-    if startup is not None:
-        with_startup(out, startup)
+    asked_rows = kw["per_client"]
+    with rows_for_report(kw, report) as rows_file:
+        out = run_pmtl(**kw, show_progress=not quiet and not as_json)
+        if startup is not None:
+            with_startup(out, startup)
+        if report is not None:
+            out["report"] = str(write_run_report(report, out, rows_file))
+    if asked_rows is None:  # a temporary file for the report only
+        out.pop("per_client_file", None)
     if not as_json:
         _human(out)
     elif names_code:  # names code (a model or a method): signed for this user's --config

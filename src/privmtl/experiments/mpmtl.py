@@ -240,6 +240,9 @@ class FinishedRun:
     metric: str
     value: float
     baseline: dict[str, Any] = field(default_factory=dict)
+    pred: list[Any] | None = None
+    """The test predictions (scores) of every task, and of every task alone (``stl_pred``)."""
+    stl_pred: list[Any] | None = None
 
 
 def _durability(spec: MPMTLSpec, checkpoint_dir: str | Path | None, resume: bool) -> Durability:
@@ -439,9 +442,10 @@ def _finish(spec: MPMTLSpec, loaded: LoadedData, fitted: FittedRun) -> FinishedR
         else None
     )
     baseline = _stl_baseline(loaded, pred, classification)
+    alone = baseline.pop("_pred")
     if classification:
-        return FinishedRun(final_step, "auc", aauc(list(test.y), pred), baseline)
-    return FinishedRun(final_step, "nmse", nmse(list(test.y), pred), baseline)
+        return FinishedRun(final_step, "auc", aauc(list(test.y), pred), baseline, pred, alone)
+    return FinishedRun(final_step, "nmse", nmse(list(test.y), pred), baseline, pred, alone)
 
 
 STL_BASELINE = (
@@ -474,6 +478,7 @@ def _stl_baseline(loaded: LoadedData, pred: list[Any], classification: bool) -> 
             "gain_over_stl": gain,
             "gain_interval": [low, high],
             "stl_baseline": STL_BASELINE,
+            "_pred": alone,
         }
     alone = [p + o for p, o in zip(stl.predict(list(test.X)), loaded.offsets, strict=True)]
     var = float(np.var(np.concatenate(ys))) if ys else 0.0
@@ -489,6 +494,7 @@ def _stl_baseline(loaded: LoadedData, pred: list[Any], classification: bool) -> 
         "gain_over_stl": gain,
         "gain_interval": [low, high],
         "stl_baseline": STL_BASELINE,
+        "_pred": alone,
     }
 
 
@@ -598,6 +604,7 @@ def run_mpmtl(
     save_models: str | Path | None = None,
     eigen_floor: float | str = SPEC.eigen_floor,
     refit_power: float | str = SPEC.refit_power,
+    per_client: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run one method at one ε and return a JSON-ready result dictionary.
 
@@ -677,6 +684,10 @@ def run_mpmtl(
         from privmtl.trust import check_signing_key
 
         check_signing_key()
+    if per_client is not None:  # checked before any data is read
+        from privmtl.per_client import check_rows_path
+
+        per_client = check_rows_path(per_client)
     with timer.phase("setup"):
         durability = _durability(spec, checkpoint_dir, resume)
     request = DataRequest(
@@ -694,10 +705,18 @@ def run_mpmtl(
     with timer.phase("scoring"):
         finished = _finish(spec, loaded, fitted)
     out = _report(spec, loaded, fitted, finished, durability)
+    rows = _task_rows(spec, loaded, finished) if per_client or save_models else None
+    if per_client is not None:
+        from privmtl.per_client import write_rows
+
+        with timer.phase("saving"):
+            out["per_client_file"] = str(write_rows(per_client, rows))
     if save_models is not None:
         with timer.phase("saving"):
             record = loaded.record(spec.seed)
-            out["models_dir"] = str(_save_models(save_models, fitted.est, out, data=record))
+            out["models_dir"] = str(
+                _save_models(save_models, fitted.est, out, data=record, rows=rows)
+            )
     return timer.record(out)
 
 
@@ -765,12 +784,33 @@ def _write_json(path: Path, payload: Any) -> None:
     write_atomic(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
 
 
+def _task_rows(spec: MPMTLSpec, loaded: LoadedData, finished: FinishedRun) -> Any:
+    """The run's per-client (per-task) rows (:func:`~privmtl.per_client.mpmtl_rows`): every
+    task's test score beside its score alone."""
+    from privmtl.per_client import mpmtl_rows
+
+    train, test = loaded.train, loaded.test
+    assert finished.pred is not None
+    return mpmtl_rows(
+        train.task_names, [len(y) for y in train.y], list(test.y), finished.pred, spec.method,
+        finished.stl_pred, classification=finished.metric == "auc",
+    )  # fmt: skip
+
+
 def _save_models(
-    directory: str | Path, est: Any, out: dict[str, Any], *, data: dict[str, Any]
+    directory: str | Path,
+    est: Any,
+    out: dict[str, Any],
+    *,
+    data: dict[str, Any],
+    rows: Any = None,
 ) -> Path:
     from privmtl.linear.saved import save_linear_models
 
     metric = "nmse" if "nmse" in out else "auc"
+    # the run's test metric and its baseline's (every task alone)
+    baseline = ("stl_nmse", "stl_auc", "gain_over_stl", "gain_interval")
+    metrics: dict[str, Any] = {metric: out[metric], **{k: out[k] for k in baseline if k in out}}
     meta = {
         "family": "mpmtl",
         "method": out["method"],
@@ -783,12 +823,12 @@ def _save_models(
         "noise_source": out["noise_source"],
         "stopped_on_budget": out["stopped_on_budget"],
         "iterations_run": out.get("iterations_run"),
-        "metrics": {metric: out[metric]},
+        "metrics": metrics,
     }
     ledger = getattr(est, "ledger_", None)
     if ledger is not None and ledger.path is not None:  # privmtl evaluate checks it
         meta["ledger"] = {"path": str(Path(ledger.path).resolve()), **ledger.seen()}
-    return save_linear_models(directory, est.coef_, meta)
+    return save_linear_models(directory, est.coef_, meta, clients=rows)
 
 
 def evaluate_saved(
@@ -802,6 +842,7 @@ def evaluate_saved(
     feature_columns: list[str] | tuple[str, ...] | None = None,
     normalize: str | None = None,
     train_fraction: float | None = None,
+    per_client: str | Path | None = None,
 ) -> dict[str, Any]:
     """Reload a model saved by ``run_mpmtl(save_models=...)`` and score it on the test split.
 
@@ -810,11 +851,18 @@ def evaluate_saved(
     run's ``nmse`` (regression) or ``auc`` (classification). Models saved before the scaling was
     recorded were made with the paper's protocol (unit-norm rows, 30% training). The recorded data
     path is followed only for a folder this user signed (:mod:`privmtl.trust`); otherwise pass
-    ``data_path``.
+    ``data_path``. ``per_client`` (a ``.csv`` or ``.parquet`` file) receives every task's row
+    (:func:`~privmtl.per_client.mpmtl_rows`): its score now, beside its score alone as the run
+    recorded it in the folder's ``clients.csv``.
     """
     import numpy as np
 
     from privmtl.linear.saved import load_linear_models
+
+    if per_client is not None:
+        from privmtl.per_client import check_rows_path
+
+        per_client = check_rows_path(per_client)
     from privmtl.trust import followed_data_path, is_signed
 
     meta, coef = load_linear_models(models_dir)
@@ -840,7 +888,7 @@ def evaluate_saved(
     )
     sd = check_int("seed", seed if seed is not None else saved.get("seed", 0), low=0)
     legacy = "scaling" not in saved  # written before scaling was recorded: the paper's protocol
-    _, test = load_mpmtl_data(
+    train, test = load_mpmtl_data(
         str(name),
         data_path=path,
         seed=sd,
@@ -885,4 +933,38 @@ def evaluate_saved(
         out["auc"] = aauc(list(test.y), scores)
     else:
         out["nmse"] = nmse(list(test.y), scores)
+    if per_client is not None:
+        from privmtl.per_client import write_rows
+
+        rows = _saved_task_rows(Path(models_dir), meta, train, test, scores)
+        out["per_client_file"] = str(write_rows(per_client, rows))
     return out
+
+
+def _saved_task_rows(
+    models_dir: Path,
+    meta: dict[str, Any],
+    train: MultiTaskDataset,
+    test: MultiTaskDataset,
+    scores: list[Any],
+) -> Any:
+    """:func:`evaluate_saved`'s per-task rows: the scores now, each task alone as recorded in
+    the folder's ``clients.csv`` (NaN without one)."""
+    from privmtl.linear.saved import linear_clients_file
+    from privmtl.per_client import mpmtl_rows, read_rows, with_mpmtl_gain
+
+    classification = test.task_type == "classification"
+    rows = mpmtl_rows(
+        test.task_names, [len(y) for y in train.y], list(test.y), scores, str(meta.get("method")),
+        classification=classification,
+    )  # fmt: skip
+    name = linear_clients_file(models_dir, meta)  # inside the folder, its SHA-256 checked
+    if name is not None:
+        recorded = read_rows(name)
+        columns = [c for c in rows.columns if c.startswith("stl_")]
+        if list(recorded["client"]) != list(rows["client"]) or not set(columns) <= set(recorded):
+            raise DataFormatError(f"{name} does not hold the {test.n_tasks} tasks' rows.")
+        for column in columns:
+            rows[column] = recorded[column].to_numpy(np.float64)
+        rows = with_mpmtl_gain(rows)
+    return rows

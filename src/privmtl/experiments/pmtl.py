@@ -106,6 +106,8 @@ from privmtl.privacy.noise import make_noise_source
 from privmtl.privacy.selection import VotePlan, plan_vote
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from privmtl.federated.user_model import UserFactory
 
 __all__ = [
@@ -283,6 +285,8 @@ class FinishedRun:
     own_data: bool
     score_seconds: float = 0.0
     per_client: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    kept: np.ndarray | None = None
+    """``finetune="auto"``: the candidate every client kept (its name), in the clients' order."""
 
 
 def _finish_request(
@@ -358,6 +362,7 @@ def _load(
     timer: PhaseTimer | None = None,
     device: str = DEFAULT_DEVICE,
     finetune_select: str = "client",
+    eval_every: int = 0,
 ) -> LoadedRun:
     """Load: the user's model factory (before any data is read), the data (``dataset``, or the
     registered data set loaded by the seed), the settings resolved on it, the model, and the
@@ -390,8 +395,9 @@ def _load(
         net = make_model(model, ds, spec.seed, factory=factory)
         on = str(resolve_device(device))  # "auto" becomes the device the run computes on
         config = train_config(
-            resolved, batched=batched, progress=progress, threads=threads, device=on
-        )
+            resolved, batched=batched, progress=progress, threads=threads, device=on,
+            eval_every=eval_every,
+        )  # fmt: skip
         vote = None
         declared = get_method(method, config)
         samples = declared.communicates and not declared.every_client
@@ -519,6 +525,7 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
     parts: dict[str, Any] = {}
     params = None
     per_client = None
+    kept = None
     notes: tuple[str, ...] = ()
     not_covered: tuple[str, ...] = ()
     own_data = False
@@ -533,6 +540,7 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
         params = parts.pop("_params")
         score_seconds = float(parts.pop("_score_seconds"))
         per_client = parts.pop("_per_client")
+        kept = parts.pop("_kept")
         held = parts["finetune_auto"]["select"] == "vote"
         notes, own_data = (FINETUNE_VOTE_NOTE if held else AUTO_NOTE,), True
     elif finetune == "auto":
@@ -567,34 +575,84 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
         personalized=result.primary == "personalized",
     )
     return FinishedRun(
-        parts, results, params, final, notes, not_covered, own_data, score_seconds, per_client
-    )
+        parts, results, params, final, notes, not_covered, own_data, score_seconds, per_client,
+        kept,
+    )  # fmt: skip
 
 
-def _baseline(loaded: LoadedRun, trained: TrainedRun, finished: FinishedRun) -> dict[str, Any]:
+def _final_params(trained: TrainedRun, finished: FinishedRun) -> tuple[Params, bool]:
+    """Every client's final model: the finished (fine-tuned) ones, the trained personalized ones,
+    or the released global model; and whether they are stacked per client."""
+    result = trained.result
+    if finished.params is not None:
+        return finished.params, True
+    if result.primary == "personalized" and result.personalized_params is not None:
+        return result.personalized_params, True
+    return result.global_params, False
+
+
+Scored = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""The baseline's clients and their correct test predictions (final, local) and test examples."""
+
+
+def _baseline(
+    loaded: LoadedRun, trained: TrainedRun, finished: FinishedRun
+) -> tuple[dict[str, Any], Scored]:
     """The result's baseline keys (:func:`~privmtl.federated.baseline.local_baseline`): every
     client's final model against its own local training, the end of run's ``local`` candidate
-    where every client computed it, else trained for :func:`baseline_sample`'s clients."""
-    from privmtl.federated.baseline import local_baseline, local_keys
+    where every client computed it, else trained for :func:`baseline_sample`'s clients; and the
+    per-client scores they come from."""
+    from privmtl.federated.baseline import local_keys, local_scores
 
     result, spec = trained.result, loaded.spec
     per_client = finished.per_client or {}
     if "local" in per_client and "final" in per_client:
         (final_c, n), (local_c, _) = per_client["final"], per_client["local"]
-        return local_keys(final_c, local_c, n, m=loaded.m, solver=trained.local_solver)
-    if finished.params is not None:
-        final, personalized = finished.params, True
-    elif result.primary == "personalized" and result.personalized_params is not None:
-        final, personalized = result.personalized_params, True
+        idx = np.arange(loaded.m)
     else:
-        final, personalized = result.global_params, False
-    return local_baseline(
-        loaded.dataset, loaded.net, final, personalized=personalized, seed=spec.seed,
-        batch_size=spec.batch_size, solver=trained.local_solver,
-        patience=trained.local_patience, device=result.config.device,
-        workers=result.config.threads,
-        local=result.personalized_params if loaded.method.every_client else None,
-    )  # fmt: skip
+        final, personalized = _final_params(trained, finished)
+        idx, final_c, local_c, n = local_scores(
+            loaded.dataset, loaded.net, final, personalized=personalized, seed=spec.seed,
+            batch_size=spec.batch_size, solver=trained.local_solver,
+            patience=trained.local_patience, device=result.config.device,
+            workers=result.config.threads,
+            local=result.personalized_params if loaded.method.every_client else None,
+        )  # fmt: skip
+    keys = local_keys(final_c, local_c, n, m=loaded.m, solver=trained.local_solver)
+    return keys, (idx, final_c, local_c, n)
+
+
+def _client_rows(
+    loaded: LoadedRun, trained: TrainedRun, finished: FinishedRun, scored: Scored | None
+) -> pd.DataFrame:
+    """The run's per-client rows (:func:`~privmtl.per_client.pmtl_rows`): each client's kept
+    model, its test accuracy and its local-only accuracy (NaN outside the baseline's sample).
+    The correct predictions are the end of run's or the baseline's where they cover every
+    client, else one scoring pass a block of clients at a time."""
+    from privmtl.federated.baseline import per_client_correct
+    from privmtl.per_client import pmtl_rows, ratio
+
+    ds, m = loaded.dataset, loaded.m
+    if finished.kept is not None:
+        kept: Sequence[str] = [str(k) for k in finished.kept]
+    else:  # one kind of final model for every client
+        (name,) = finished.final_models["clients_per_final_model"]
+        kept = [str(name)] * m
+    per_client = finished.per_client or {}
+    local = None
+    if scored is not None:
+        idx, _, local_c, n = scored
+        local = np.full(m, np.nan)
+        local[idx] = ratio(local_c, n)
+    if "final" in per_client:
+        correct = per_client["final"][0]
+    elif scored is not None and len(scored[0]) == m:
+        correct = scored[1]
+    else:
+        final, personalized = _final_params(trained, finished)
+        correct = per_client_correct(ds, loaded.net, final, personalized=personalized)[0]
+    sizes = {split: ds.sizes(split) for split in ("train", "val", "test")}
+    return pmtl_rows(ds.client_ids, sizes, kept, correct, local)
 
 
 def _report(
@@ -653,10 +711,11 @@ def _report(
 
 def _save(
     directory: str | Path, loaded: LoadedRun, trained: TrainedRun, finished: FinishedRun,
-    out: dict[str, Any],
+    out: dict[str, Any], rows: pd.DataFrame | None = None,
 ) -> str:  # fmt: skip
     """Finish's last part, once the report exists (``model.json`` records it): write the
-    trained models, the fine-tuned ones as the clients' (:func:`privmtl.federated.saved.save_models`)."""
+    trained models, the fine-tuned ones as the clients', and the per-client ``rows``
+    (:func:`privmtl.federated.saved.save_models`)."""
     from privmtl.federated.saved import save_models
 
     return str(
@@ -669,6 +728,7 @@ def _save(
             data=loaded.request.record(),
             personalized=finished.params,
             factory=None if loaded.factory is None else loaded.factory.record(),
+            clients=rows,
         )
     )
 
@@ -736,6 +796,8 @@ def run_pmtl(
     diagnostics: bool = False,
     scaling: str = DEFAULT_CLIENT_SCALING,
     baseline: bool = True,
+    per_client: str | Path | None = None,
+    eval_every: int = 0,
 ) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
 
@@ -798,6 +860,12 @@ def run_pmtl(
     ``gain_over_local`` and its ``gain_interval``), the end of run's local candidate where it
     computed one for every client, else trained for at most
     :data:`~privmtl.federated.baseline.LOCAL_BASELINE_CLIENTS` sampled clients. No privacy cost.
+
+    ``per_client`` (a ``.csv`` or ``.parquet`` file, checked before any data is read) receives
+    one row per client (:mod:`privmtl.per_client`: its sizes, the model it kept, its test
+    accuracy, its local-only accuracy and the gain); ``save_models`` writes the same rows into the
+    folder (``clients.csv``). ``eval_every`` records the validation accuracy of the method's model
+    every that many rounds (``val_accuracy_per_round``; 0: none).
 
     ``device`` (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``;
     :func:`~privmtl._device.resolve_device`) is where the in-process engine trains and scores:
@@ -895,6 +963,11 @@ def run_pmtl(
                 f"local_patience={local_patience} with local_solver={local_solver!r}."
             )
     resolve_device(device)  # before any data is read: "cuda" without CUDA fails here
+    eval_every = check_int("eval_every", eval_every, low=0)
+    if per_client is not None:
+        from privmtl.per_client import check_rows_path
+
+        per_client = check_rows_path(per_client)
     for name, flag in (("diagnostics", diagnostics), ("baseline", baseline)):
         if not isinstance(flag, bool):
             raise InvalidParameterError(f"The '{name}' parameter must be a bool; got {flag!r}.")
@@ -916,7 +989,7 @@ def run_pmtl(
     loaded = _load(
         spec, own_method, request, method_source=method_source, dataset=dataset,
         batched=not sequential, progress=show_progress, threads=threads, timer=timer,
-        device=device, finetune_select=finetune_select,
+        device=device, finetune_select=finetune_select, eval_every=eval_every,
     )  # fmt: skip
     if local_solver == "ridge" and not isinstance(loaded.net, MultinomialLogReg):
         raise InvalidParameterError(
@@ -939,14 +1012,21 @@ def run_pmtl(
             trained.result.ledger.close()  # after the end-of-run vote, when there was one
     timer.carve("end_of_run", "scoring", finished.score_seconds)
     alone: dict[str, Any] = {}
+    scored = None
     if baseline:
         with timer.phase("scoring"):  # the baseline: each client's training alone, scored
-            alone = _baseline(loaded, trained, finished)
+            alone, scored = _baseline(loaded, trained, finished)
     out = _report(loaded, durability, trained, finished, diagnostics=diagnostics)
     out.update(alone)
-    if save_models is not None:
-        with timer.phase("saving"):
-            out["models_dir"] = _save(save_models, loaded, trained, finished, out)
+    if per_client is not None or save_models is not None:
+        from privmtl.per_client import write_rows
+
+        with timer.phase("saving"):  # the per-client rows (the run's scores), then the files
+            rows = _client_rows(loaded, trained, finished, scored)
+            if per_client is not None:
+                out["per_client_file"] = str(write_rows(per_client, rows))
+            if save_models is not None:
+                out["models_dir"] = _save(save_models, loaded, trained, finished, out, rows)
     return timer.record(out)
 
 
@@ -962,6 +1042,7 @@ def evaluate_saved(
     scaling: str | None = None,
     model: str | None = None,
     trust_code: bool = False,
+    per_client: str | Path | None = None,
 ) -> dict[str, Any]:
     """Reload models saved by ``run_pmtl(save_models=...)`` and score them on the test split.
 
@@ -973,6 +1054,11 @@ def evaluate_saved(
     working directory nor ``PYTHONPATH`` matters. For a folder someone else wrote, a user's model
     needs ``model`` (the factory named again, checked against the recorded SHA-256) or
     ``trust_code``, and a recorded data path outside the folder needs ``data_path``.
+
+    ``per_client`` (a ``.csv`` or ``.parquet`` file) receives one row per client
+    (:mod:`privmtl.per_client`): its test accuracy as scored now, beside the model it kept and
+    its local-only accuracy as the run recorded them in the folder's ``clients.csv`` (blank for a
+    folder without one); the same data give the run's rows.
     """
     from privmtl.federated.saved import (
         build_model,
@@ -983,6 +1069,10 @@ def evaluate_saved(
     )
     from privmtl.trust import followed_data_path, is_signed
 
+    if per_client is not None:
+        from privmtl.per_client import check_rows_path
+
+        per_client = check_rows_path(per_client)
     meta = read_meta(models_dir)
     glob = load_global(models_dir, meta)
     where = str(Path(models_dir) / "model.json")
@@ -1026,7 +1116,7 @@ def evaluate_saved(
         )
     personalized = meta["primary"] == "personalized" and has_pers
     released = meta.get("method") not in NO_RELEASE_METHODS
-    scores = _score_saved(
+    scores, correct = _score_saved(
         models_dir, meta, net, glob, ds, personalized=personalized, shared=has_pers or released
     )
     acc = scores["own"]
@@ -1066,7 +1156,36 @@ def evaluate_saved(
     for key in ("clients_per_final_model", "end_of_run"):  # recorded at training
         if key in run:
             out[key] = run[key]
+    if per_client is not None:
+        from privmtl.per_client import write_rows
+
+        rows = _saved_rows(models_dir, meta, ds, correct)
+        out["per_client_file"] = str(write_rows(per_client, rows))
     return out
+
+
+def _saved_rows(
+    models_dir: str | Path, meta: dict[str, Any], ds: FederatedDataset, correct: np.ndarray
+) -> pd.DataFrame:
+    """:func:`evaluate_saved`'s per-client rows: the accuracies scored now (``correct``), the
+    kept models and local-only accuracies recorded in the folder's ``clients.csv``."""
+    from privmtl.federated.saved import verified_file
+    from privmtl.per_client import pmtl_rows, read_rows
+
+    m = ds.n_clients
+    kept: list[str] = [""] * m
+    local = np.full(m, np.nan)
+    path = verified_file(models_dir, meta, "clients")  # inside the folder, its SHA-256 checked
+    if path is not None:
+        recorded = read_rows(path)
+        if list(recorded["client"]) != list(ds.client_ids):
+            raise DataFormatError(
+                f"{path} lists other clients than the data ({len(recorded)} rows, {m} clients)."
+            )
+        kept = [str(k) for k in recorded["kept"]]
+        local = recorded["local_test_accuracy"].to_numpy(np.float64)
+    sizes = {split: ds.sizes(split) for split in ("train", "val", "test")}
+    return pmtl_rows(ds.client_ids, sizes, kept, correct, local)
 
 
 def _score_saved(
@@ -1078,13 +1197,14 @@ def _score_saved(
     *,
     personalized: bool,
     shared: bool,
-) -> dict[str, dict[str, float]]:
+) -> tuple[dict[str, dict[str, float]], np.ndarray]:
     """:func:`evaluate_saved`'s test scores, streamed: ``"own"`` (each client's own model: its
     personalized one when ``personalized``, else the global one) and, when ``shared``, ``"shared"``
     (the global model on every client). A block of clients at a time is read from the saved files
     (:func:`~privmtl.federated.saved.personalized_blocks`) and drawn from ``ds``
     (:meth:`~privmtl.data.federated.FederatedDataset.subset`), so one file of models and one
-    block's test data are held at once; the sums equal scoring every client at once."""
+    block's test data are held at once; the sums equal scoring every client at once. Also
+    every client's correct test predictions of its own model."""
     from privmtl.federated.algorithms import BlockScores
     from privmtl.federated.blocks import client_blocks
     from privmtl.federated.saved import personalized_blocks
@@ -1107,7 +1227,7 @@ def _score_saved(
     scores = book.summary()["test"]
     if shared and not personalized:  # the global model is the clients' own: scored once
         scores["shared"] = scores["own"]
-    return scores
+    return scores, book.per_client("test", "own")[0]
 
 
 def _epochs_grid(epochs: int | Sequence[int]) -> list[int]:
@@ -1269,6 +1389,7 @@ def _finetune_auto(
         "_params": fin.params,
         "_score_seconds": fin.score_seconds,
         "_per_client": fin.per_client,
+        "_kept": np.asarray(plan.names, dtype=object)[fin.choice],
     }
 
 

@@ -32,6 +32,8 @@ __all__ = [
     "describe_gain",
     "local_baseline",
     "local_keys",
+    "local_scores",
+    "per_client_correct",
 ]
 
 LOCAL_BASELINE_CLIENTS = 2000
@@ -88,6 +90,30 @@ def local_baseline(
         ``gain_interval`` (``[low, high]`` at :data:`GAIN_LEVEL`), ``baseline_clients`` (clients
         scored) and ``baseline`` (how it was computed).
     """
+    _, final_c, local_c, n = local_scores(
+        dataset, model, final, personalized=personalized, seed=seed, batch_size=batch_size,
+        solver=solver, patience=patience, device=device, workers=workers, local=local,
+    )  # fmt: skip
+    return local_keys(final_c, local_c, n, m=dataset.n_clients, solver=solver)
+
+
+def local_scores(
+    dataset: FederatedDataset,
+    model: nn.Module,
+    final: Params,
+    *,
+    personalized: bool,
+    seed: int,
+    batch_size: int,
+    solver: str,
+    patience: int | None = None,
+    device: str = "cpu",
+    workers: int = 1,
+    local: Params | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`local_baseline`'s per-client scores (same parameters): the clients of
+    :func:`baseline_sample`, and their correct test predictions of the final and the local models
+    and their test examples (what the per-client rows, :mod:`privmtl.per_client`, read)."""
     from privmtl.federated.local import train_local
 
     m = dataset.n_clients
@@ -111,7 +137,7 @@ def local_baseline(
         book.add("local", {k: v.cpu() for k, v in local.items()}, True, part)
     final_c, n = book.per_client("test", "final")
     local_c, _ = book.per_client("test", "local")
-    return local_keys(final_c, local_c, n, m=m, solver=solver)
+    return idx, final_c, local_c, n
 
 
 def local_keys(
@@ -160,3 +186,22 @@ def describe_gain(out: dict[str, Any]) -> str | None:
         f"gain {gain * 100:+.1f} points [{low * 100:+.1f}, {high * 100:+.1f}]"
     )
     return f"{text}: {gain_verdict(low, high)}"
+
+
+def per_client_correct(
+    dataset: FederatedDataset, model: nn.Module, params: Params, *, personalized: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every client's correct test predictions and test examples of its model (``params``:
+    stacked ``(m, ...)`` when ``personalized``, else one shared model), scored a block of clients
+    at a time (:func:`~privmtl.federated.blocks.client_blocks`): no stack beyond ``params``."""
+    from privmtl.federated.blocks import client_blocks
+
+    m = dataset.n_clients
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    book = BlockScores(model, buffers, ("test",))
+    with torch.no_grad():
+        for pos in client_blocks(m):
+            piece = dataset if len(pos) == m else dataset.subset(pos.tolist())
+            own = block_rows(params, pos) if personalized and len(pos) != m else params
+            book.add("final", own, personalized, piece)
+    return book.per_client("test", "final")

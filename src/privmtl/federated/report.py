@@ -300,6 +300,8 @@ def result_parts(
         "stopped_on_budget": bool(result.stopped_on_budget),
         "rounds_run": len(result.history),
     }
+    if any("val_accuracy" in h for h in result.history):  # evaluation rounds (eval_every)
+        out["val_accuracy_per_round"] = [h.get("val_accuracy") for h in result.history]
     if cfg.sampling == "cyclic":
         out["groups"] = cfg.groups
     if cfg.noise_mechanism != "independent":

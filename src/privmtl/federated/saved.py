@@ -20,6 +20,9 @@ flower local --save-models DIR`` through :func:`privmtl.flower.saved.collect_mod
     so client ``k`` (``k0 <= k < k1``) has the model
     ``{name: t[k - k0] for name, t in torch.load(f).items()}``. :func:`iter_personalized`
     reads them one shard at a time, :func:`load_models` stacks them all.
+``clients.csv`` (written by ``privmtl pmtl``)
+    One row per client (:mod:`privmtl.per_client`): its sizes, the model it kept, its test
+    accuracy, its local-only accuracy and the gain (``files.clients`` names it).
 ``model.json``
     ``format`` (``"privmtl-models"``), ``version``, ``family`` (``"pmtl"``), ``method``, the model
     architecture (``model``: name, features, classes, input shape; for a user's
@@ -137,19 +140,21 @@ def save_models(
     data: dict[str, Any],
     personalized: Params | None = None,
     factory: dict[str, Any] | None = None,
+    clients: Any = None,
 ) -> Path:
     """Write a run's models and metadata to ``directory`` (module docstring); returns it.
 
     ``result`` is the :class:`~privmtl.federated.config.TrainResult`, ``summary`` the run's JSON
     result (its guarantee, accuracies and settings are copied into ``model.json``);
     ``personalized`` replaces the result's personalized models (the fine-tuned ones);
-    ``factory`` is a user model's :meth:`~privmtl.federated.user_model.UserFactory.record`.
+    ``factory`` is a user model's :meth:`~privmtl.federated.user_model.UserFactory.record`;
+    ``clients`` the per-client rows (:mod:`privmtl.per_client`), written as ``clients.csv``.
     """
     check_signing_key()  # a key that cannot sign stops the save before any file is written
     d = Path(directory)
     with staged_folder(d) as staged:
         meta = _save_files(staged, result, summary, model=model, dataset=dataset, data=data,
-                           personalized=personalized, factory=factory)  # fmt: skip
+                           personalized=personalized, factory=factory, clients=clients)  # fmt: skip
         text = json.dumps(sign(meta), indent=2) + "\n"  # signed: this user's models reload anywhere
         staged.commit("model.json", text.encode())
     _remove_stale(d, meta["files"])
@@ -166,6 +171,7 @@ def _save_files(
     data: dict[str, Any],
     personalized: Params | None,
     factory: dict[str, Any] | None,
+    clients: Any = None,
 ) -> dict[str, Any]:
     """Write the model files into ``staged``; the ``model.json`` document that lists them."""
     files: dict[str, Any] = {"global": "global.pt"}
@@ -173,6 +179,12 @@ def _save_files(
     pers = personalized if personalized is not None else result.personalized_params
     if pers is not None:
         files.update(_save_personalized(staged, pers, len(result.client_ids), hashes))
+    if clients is not None:
+        from privmtl.per_client import CLIENTS_FILE, encode_rows
+
+        rows = encode_rows(clients, CLIENTS_FILE)
+        hashes[CLIENTS_FILE] = staged.write(CLIENTS_FILE, lambda fh: fh.write(rows))
+        files["clients"] = CLIENTS_FILE
     keep = (
         "method", "epsilon", "delta", "accountant", "sampling", "relation", "noise_source",
         "noise_std", "noise_multiplier", "clip", "clients_per_round", "num_clients", "rounds",
@@ -180,6 +192,8 @@ def _save_files(
         "mean_client_accuracy", "val_accuracy", "global_test_accuracy",
         "global_mean_client_accuracy", "finetune", "clients_per_final_model", "end_of_run",
         "method_source",  # a user's method: its file's SHA-256 (a --config rerun loads it again)
+        "epsilon_per_round", "val_accuracy_per_round", "local_test_accuracy", "gain_over_local",
+        "gain_interval", "baseline_clients",
         "config",  # the resolved run spec (privmtl.federated.spec): what re-runs the same settings
     )  # fmt: skip
     meta = {
@@ -353,7 +367,7 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
     where = str(mpath)
     check_meta(meta, where)
     files = meta["files"]
-    allowed = ("global", "personalized", "personalized_shards")
+    allowed = ("global", "personalized", "personalized_shards", "clients")
     unknown = sorted(set(files) - set(allowed))
     if unknown:
         raise _malformed(
@@ -379,6 +393,8 @@ def _named_files(files: dict[str, Any]) -> list[tuple[str, Any]]:
         named.append(("files.personalized", files["personalized"]))
     for i, shard in enumerate(files.get("personalized_shards", [])):
         named.append((f"{_SHARDS_KEY}[{i}].file", shard["file"]))
+    if "clients" in files:
+        named.append(("files.clients", files["clients"]))
     return named
 
 
@@ -431,6 +447,27 @@ def _check_shards(shards: Any, m: int, where: str) -> None:
             f"{where}: {_SHARDS_KEY} must cover the {m} clients of client_ids; its shards stop at "
             f"{expected}."
         )
+
+
+def verified_file(
+    directory: str | os.PathLike[str], meta: dict[str, Any], key: str, *, where: str | None = None
+) -> Path | None:
+    """The file ``files[key]`` of a folder whose ``model.json`` is ``meta``, inside the folder and
+    with the SHA-256 the signed ``model.json`` records; None when ``files`` names none.
+
+    Raises
+    ------
+    DataFormatError
+        A name outside the folder, no recorded SHA-256, or a file that is not the one written.
+    """
+    d = Path(directory)
+    where = where or str(d / "model.json")
+    name = meta.get("files", {}).get(key)
+    if name is None:
+        return None
+    path = folder_file(d, name, where=where, key=f"files.{key}")
+    _verify(path, _digest(meta, name, where, f"files.{key}"), where, f"files.{key}")
+    return path
 
 
 def load_global(directory: str | os.PathLike[str], meta: dict[str, Any]) -> Params:

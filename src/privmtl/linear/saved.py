@@ -10,6 +10,9 @@ holds
     feature row ``x`` (preprocessed as the run did, see ``data.preprocessing``) as
     ``s = x @ w_i + b_i``, ``b_i = data.target_offsets[i]`` in ``model.json`` (the task's mean
     training target on a user's regression table; zero or absent otherwise); regression predicts ``s``, logistic classification ``P(y = 1) = 1/(1+e^-s)``.
+``clients.csv``
+    One row per task (:mod:`privmtl.per_client`): its sizes, its test score, its score alone
+    and the gain (``clients.file`` in ``model.json``).
 ``model.json``
     ``format`` (``"privmtl-models"``), ``version``, ``family`` (``"mpmtl"``), ``method``, the
     estimator and its parameters, ``loss``, the data the run used (name, path, split seed, train
@@ -41,7 +44,13 @@ from privmtl.exceptions import DataFormatError
 from privmtl.io import read_json, staged_folder
 from privmtl.trust import check_signing_key, folder_file, sign
 
-__all__ = ["MODELS_FORMAT", "MODELS_VERSION", "load_linear_models", "save_linear_models"]
+__all__ = [
+    "MODELS_FORMAT",
+    "MODELS_VERSION",
+    "linear_clients_file",
+    "load_linear_models",
+    "save_linear_models",
+]
 
 MODELS_FORMAT = "privmtl-models"
 MODELS_VERSION = 2
@@ -49,16 +58,26 @@ MODELS_VERSION = 2
 
 
 def save_linear_models(
-    directory: str | os.PathLike[str], coef: np.ndarray, meta: dict[str, Any]
+    directory: str | os.PathLike[str], coef: np.ndarray, meta: dict[str, Any], clients: Any = None
 ) -> Path:
-    """Write ``coef.npy`` and ``model.json`` (``meta`` plus format, version, shape) into ``directory``."""
+    """Write ``coef.npy`` and ``model.json`` (``meta`` plus format, version, shape) into
+    ``directory``; ``clients``: the per-task rows (:mod:`privmtl.per_client`), as ``clients.csv``."""
     W = np.ascontiguousarray(np.asarray(coef, dtype=np.float64))
     if W.ndim != 2:
         raise DataFormatError(f"coef must be a (d, m) matrix; got shape {W.shape}.")
     check_signing_key()  # before any file is written
     d = Path(directory)
     with staged_folder(d) as staged:
-        digest = staged.write("coef.npy", lambda fh: np.save(fh, W, allow_pickle=False))
+        hashes = {
+            "coef.npy": staged.write("coef.npy", lambda fh: np.save(fh, W, allow_pickle=False))
+        }
+        extra: dict[str, Any] = {}
+        if clients is not None:
+            from privmtl.per_client import CLIENTS_FILE, encode_rows
+
+            rows = encode_rows(clients, CLIENTS_FILE)
+            hashes[CLIENTS_FILE] = staged.write(CLIENTS_FILE, lambda fh: fh.write(rows))
+            extra["clients"] = {"file": CLIENTS_FILE}
         full = {
             "format": MODELS_FORMAT,
             "version": MODELS_VERSION,
@@ -70,10 +89,11 @@ def save_linear_models(
                 "layout": "column i is task i's weight vector; score = x @ coef[:, i] + "
                 "data.target_offsets[i] (0 when absent)",
             },
-            "files_sha256": {"coef.npy": digest},
+            **extra,
+            "files_sha256": hashes,
         }
         # signed: this user's folder is followed as it is (its recorded data path), see
-        # privmtl.trust; the signature covers coef.npy through its hash
+        # privmtl.trust; the signature covers the files through their hashes
         text = json.dumps(sign(full), indent=2, sort_keys=True, allow_nan=False) + "\n"
         staged.commit("model.json", text.encode())
     return d
@@ -124,3 +144,34 @@ def load_linear_models(directory: str | os.PathLike[str]) -> tuple[dict[str, Any
             f"{meta.get('coef', {}).get('shape')}."
         )
     return meta, np.asarray(coef, dtype=np.float64)
+
+
+def linear_clients_file(directory: str | os.PathLike[str], meta: dict[str, Any]) -> Path | None:
+    """The per-task rows file (``clients.file``) of a folder whose ``model.json`` is ``meta``,
+    inside the folder and with the SHA-256 the signed ``model.json`` records; None without one.
+
+    Raises
+    ------
+    DataFormatError
+        A name outside the folder, no recorded SHA-256, or a file that is not the one written.
+    """
+    d = Path(directory)
+    where = str(d / "model.json")
+    record = meta.get("clients")
+    if not isinstance(record, dict):
+        return None
+    path = folder_file(d, record.get("file"), where=where, key="clients.file")
+    hashes = meta.get("files_sha256")
+    digest = hashes.get(path.name) if isinstance(hashes, dict) else None
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise DataFormatError(f"{where}: files_sha256[{path.name!r}] must be its SHA-256.")
+    try:
+        now = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise DataFormatError(f"{path} cannot be read: {exc.strerror or exc}.") from None
+    if not hmac.compare_digest(now, digest):
+        raise DataFormatError(
+            f"{path} is not the file model.json was written with (its SHA-256 differs from "
+            "files_sha256); refusing to use it."
+        )
+    return path
