@@ -84,5 +84,5 @@ def test_an_edited_clients_file_is_refused(run, tmp_path):
     shutil.copytree(d / "models", folder, ignore=shutil.ignore_patterns(".privmtl*"))
     rows = (folder / "clients.csv").read_text().replace(",trained,", ",local,", 1)
     (folder / "clients.csv").write_text(rows.replace(",0.", ",1.", 1))
-    with pytest.raises(DataFormatError, match="clients.csv"):
+    with pytest.raises(DataFormatError, match=r"clients\.csv"):
         evaluate_saved(folder, per_client=tmp_path / "again.csv")
