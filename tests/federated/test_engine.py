@@ -42,6 +42,9 @@ class _NullLedger:
     def record(self, event: Any, *, round: int | None = None) -> float:
         return 0.0
 
+    def close(self) -> None:  # the run's closing line: nothing to write
+        pass
+
 
 def _run_both(ds: FederatedDataset, model: torch.nn.Module, **cfg: Any) -> tuple[Any, Any]:
     batched = train(ds, model, old_config(batched=True, **FAST, **cfg), ledger=_NullLedger())
