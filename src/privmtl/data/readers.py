@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from privmtl._validation import check_choice
+from privmtl._validation import check_choice, physical_memory
 from privmtl.data.multitask import TASK_TYPES, MultiTaskDataset, TaskType
 from privmtl.exceptions import DataFormatError
 
@@ -248,6 +248,14 @@ def _numeric_block(
     """
     import pandas as pd
 
+    need = len(frame) * (len(feats) + 1) * 8
+    memory = physical_memory()
+    if memory is not None and need > memory:
+        raise DataFormatError(
+            f"{source}: {len(frame)} rows of {len(feats)} feature columns would need "
+            f"{need / 2**30:.3g} GiB of memory as float64, more than this machine's "
+            f"{memory / 2**30:.3g} GiB."
+        )
     numeric: dict[Any, bool] = {}
     block = np.empty((len(frame), len(feats) + 1), dtype=np.float64)
     for j, col in enumerate([*feats, target]):
