@@ -38,9 +38,9 @@ __all__ = [
     "check_choice",
     "check_int",
     "check_memory",
-    "physical_memory",
     "check_real",
     "check_rng",
+    "physical_memory",
     "validate_params",
 ]
 
