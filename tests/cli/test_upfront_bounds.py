@@ -65,3 +65,16 @@ def test_a_table_too_large_for_memory_is_refused_before_its_matrix(tmp_path, mon
     monkeypatch.setattr("privmtl.data.readers.physical_memory", lambda: 40)
     with pytest.raises(DataFormatError, match=r"2 rows of 2 feature columns would need"):
         read_table(path)
+
+
+def test_a_flower_population_is_checked_before_any_process_starts(capsys, sixteen_gib, monkeypatch):
+    pytest.importorskip("flwr")
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("Flower was launched before the population was checked")
+
+    monkeypatch.setattr("privmtl.flower.launcher.run_local", no_launch)
+    line = _error_line(
+        capsys, ["flower", "local", "--data", "synthetic", "--num-clients", str(10**9)]
+    )
+    assert "'--num-clients'" in line and "149 GiB of memory" in line
