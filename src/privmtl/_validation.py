@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from numbers import Integral
@@ -36,8 +37,10 @@ __all__ = [
     "RandomState",
     "check_choice",
     "check_int",
+    "check_memory",
     "check_real",
     "check_rng",
+    "physical_memory",
     "validate_params",
 ]
 
@@ -104,6 +107,46 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
             f"The '{name}' parameter must be in {interval}; got {_shown(v)}."
         )
     return v
+
+
+#: Bytes each client of a population costs before any of its data is drawn: the synthetic
+#: federation's sizes, generator state and id (128 measured) and the run's index of client
+#: states and sampling draws.
+CLIENT_BYTES = 160
+#: Bytes each round costs in memory: the privacy ledger's record of its release (about 1.2 KiB
+#: measured), kept for the whole run.
+ROUND_BYTES = 1280
+
+
+def physical_memory() -> int | None:
+    """The machine's physical memory in bytes (``os.sysconf``), None where it is not known."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return total if total > 0 else None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def check_memory(name: str, count: int, each: int, what: str) -> None:
+    """Refuse, before anything is allocated, a size whose memory exceeds the machine's.
+
+    ``count`` items of ``each`` bytes (``what`` says what they are); an
+    :class:`InvalidParameterError` names the parameter, the memory it would need and the
+    machine's physical memory (:func:`physical_memory`). Nothing is refused where the machine's
+    memory is not known.
+    """
+    memory = physical_memory()
+    need = int(count) * int(each)
+    if memory is not None and need > memory:
+        raise InvalidParameterError(
+            f"The '{name}' parameter must be at most {memory // int(each)} on this machine; got "
+            f"{_shown(count)}: that many {what} would need at least {_gib(need)} of memory "
+            f"({each} bytes each), more than its {_gib(memory)}."
+        )
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from privmtl.data.federated_table import load_federated_table
-from privmtl.data.readers import read_table
+from privmtl.data.readers import dataset_from_frame, read_frame, read_table
 from privmtl.exceptions import DataFormatError, PrivmtlWarning
 
 
@@ -116,3 +116,63 @@ def test_a_missing_column_lists_ten_columns_and_the_close_matches(tmp_path):
             path, client_column="user", label_column="label", feature_columns=["feat_1", "x"]
         )
     assert "['feat_1', 'x'] not found" in str(exc.value) and "did you mean" in str(exc.value)
+
+
+class _CountedHeader(list):
+    """A header that counts how often pandas deep-copies it along with a frame's ``attrs``."""
+
+    copies = 0
+
+    def __deepcopy__(self, memo):
+        type(self).copies += 1
+        return _CountedHeader(self)
+
+
+def _wide_csv(path, n_cols, rows=6, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(rows, n_cols)).round(3)
+    tasks = [f"t{r % 2}" for r in range(rows)]
+    y = [r % 2 for r in range(rows)]
+    with open(path, "w") as fh:
+        fh.write("task,y," + ",".join(f"f{j}" for j in range(n_cols)) + "\n")
+        for r in range(rows):
+            fh.write(f"{tasks[r]},{y[r]}," + ",".join(map(str, X[r])) + "\n")
+    return X
+
+
+def test_a_wide_table_is_read_whole_without_copying_its_header_per_column(tmp_path):
+    path = tmp_path / "wide.csv"
+    X = _wide_csv(path, 3000)
+    frame = read_frame(path)
+    _CountedHeader.copies = 0
+    frame.attrs["privmtl_header"] = _CountedHeader(str(c) for c in frame.columns)
+    data = dataset_from_frame(frame, source=str(path))
+    # the header travels with the frame: one copy at most, not one per column read
+    assert _CountedHeader.copies <= 1
+    assert data.n_tasks == 2 and data.feature_names == tuple(f"f{j}" for j in range(3000))
+    np.testing.assert_array_equal(np.vstack([data.X[0], data.X[1]]), np.vstack([X[0::2], X[1::2]]))
+    np.testing.assert_array_equal(data.y[1], [1.0, 1.0, 1.0])
+
+
+def test_a_bad_cell_of_a_wide_table_is_named_by_column_and_line(tmp_path):
+    path = tmp_path / "wide.csv"
+    _wide_csv(path, 2000)
+    lines = path.read_text().splitlines()
+    cells = lines[3].split(",")
+    cells[2 + 1500] = "x"
+    lines[3] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFormatError, match=r"non-numeric value in column 'f1500', line 4"):
+        read_table(path)
+    cells[2 + 1500] = "0.5"
+    cells[2 + 1999] = "inf"
+    lines[3] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFormatError, match=r"NaN or infinite value in column 'f1999', line 4"):
+        read_table(path)
+
+
+def test_a_column_named_like_a_renamed_one_is_kept(tmp_path):
+    path = tmp_path / "dotted.csv"
+    path.write_text("task,a,a.1,y\nt0,1,2,3\nt1,1,2,4\n")
+    assert read_table(path).feature_names == ("a", "a.1")

@@ -131,7 +131,12 @@ def _run(group: click.Group, argv: list[str]) -> int:
     except PrivmtlError as exc:  # invalid parameters, malformed data, budget refusals
         click.echo(f"privmtl: error: {_one_line(cli_terms(str(exc)))}", err=True)
         return 2
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+    except OSError as exc:
+        # a path the system refused (missing, not allowed, a name too long, a directory, ...):
+        # the user's input; an OSError naming no file (a socket, a device) is not, and stays a
+        # traceback
+        if exc.filename is None:
+            raise
         click.echo(f"privmtl: error: {_one_line(str(exc))}", err=True)
         return 2
     return code if isinstance(code, int) and not isinstance(code, bool) else 0

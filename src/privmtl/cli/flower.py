@@ -216,6 +216,15 @@ def local(**kw: Any) -> None:
     for name in ("save_models", "work_dir"):
         if kw[name] is not None:  # checked before any process starts
             check_writable_dir(kw[name], name=name)
+    if kw["num_clients"] is not None:  # the ServerApp's population, before any process starts
+        from privmtl._validation import CLIENT_BYTES, check_int, check_memory
+
+        check_memory(
+            "num_clients",
+            check_int("num_clients", kw["num_clients"], low=1),
+            CLIENT_BYTES,
+            "clients",
+        )
     from privmtl._progress import QUIET, get_verbosity
     from privmtl.flower._core import default_work_dir
     from privmtl.flower.launcher import check_work_dir, run_local

@@ -33,7 +33,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmtl._validation import check_choice, check_int, check_real, check_rng
+from privmtl._validation import (
+    CLIENT_BYTES,
+    check_choice,
+    check_int,
+    check_memory,
+    check_real,
+    check_rng,
+)
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.io import arrays_sha256
 
@@ -949,6 +956,7 @@ def synthetic_law(
     """Check :func:`make_synthetic_federated`'s parameters and draw its shared part: the law of a
     client, every client's number of examples, and the generator positioned at client 0."""
     m = check_int("n_clients", n_clients, low=1)
+    check_memory("n_clients", m, CLIENT_BYTES, "clients")
     d = check_int("n_features", n_features, low=1)
     c = check_int("n_classes", n_classes, low=2)
     tau = check_real("heterogeneity", heterogeneity, low=0.0)

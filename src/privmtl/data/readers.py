@@ -7,6 +7,7 @@ malformed input as :class:`~privmtl.exceptions.DataFormatError` naming the path,
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from privmtl._validation import check_choice
+from privmtl._validation import check_choice, physical_memory
 from privmtl.data.multitask import TASK_TYPES, MultiTaskDataset, TaskType
 from privmtl.exceptions import DataFormatError
 
@@ -196,11 +197,12 @@ def load_school(path: str | os.PathLike[str] | None = None) -> MultiTaskDataset:
 
 
 # ---------------------------------------------------------------------- tables
-def _first_bad_row(frame: pd.DataFrame, column: str, mask: NDArray[np.bool_]) -> str:
+def _first_bad_row(
+    frame: pd.DataFrame, column: str, mask: NDArray[np.bool_], first_line: int | None
+) -> str:
     pos = int(np.argmax(mask))
-    line = frame.attrs.get("privmtl_first_line")
-    if line is not None:  # a CSV file: name the line a user sees in an editor
-        return f"column {column!r}, line {pos + int(line)} of the file"
+    if first_line is not None:  # a CSV file: name the line a user sees in an editor
+        return f"column {column!r}, line {pos + int(first_line)} of the file"
     return f"column {column!r} row {pos} (index label {frame.index[pos]!r})"
 
 
@@ -235,6 +237,47 @@ def _check_unique_columns(columns: Sequence[str], source: str) -> None:
         seen[name] = position
 
 
+def _numeric_block(
+    frame: pd.DataFrame, feats: list[str], target: str, source: str, first_line: int | None
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The feature matrix and the target column as float64, refusing the first column (in the
+    order features, target) that is not numeric or holds a NaN/infinite value.
+
+    Column by column into one preallocated matrix: no copy of the frame (a CSV file read by
+    pandas may hold one block per column, which makes every selection of many columns slow).
+    """
+    import pandas as pd
+
+    need = len(frame) * (len(feats) + 1) * 8
+    memory = physical_memory()
+    if memory is not None and need > memory:
+        raise DataFormatError(
+            f"{source}: {len(frame)} rows of {len(feats)} feature columns would need "
+            f"{need / 2**30:.3g} GiB of memory as float64, more than this machine's "
+            f"{memory / 2**30:.3g} GiB."
+        )
+    numeric: dict[Any, bool] = {}
+    block = np.empty((len(frame), len(feats) + 1), dtype=np.float64)
+    for j, col in enumerate([*feats, target]):
+        s = frame[col]
+        if s.dtype not in numeric:
+            numeric[s.dtype] = pd.api.types.is_numeric_dtype(s.dtype) or pd.api.types.is_bool_dtype(
+                s.dtype
+            )
+        if not numeric[s.dtype]:
+            bad = pd.to_numeric(s, errors="coerce").isna().to_numpy() & s.notna().to_numpy()
+            where = _first_bad_row(frame, col, bad, first_line) if bad.any() else f"column {col!r}"
+            raise DataFormatError(f"{source}: non-numeric value in {where} (dtype {s.dtype}).")
+        vals = block[:, j]
+        vals[:] = s.to_numpy(dtype=np.float64, na_value=np.nan)
+        bad = ~np.isfinite(vals)
+        if bad.any():
+            raise DataFormatError(
+                f"{source}: NaN or infinite value in {_first_bad_row(frame, col, bad, first_line)}."
+            )
+    return block[:, :-1], block[:, -1].copy()
+
+
 def dataset_from_frame(
     frame: pd.DataFrame,
     *,
@@ -256,8 +299,12 @@ def dataset_from_frame(
 
     unit, task_role, target_role = roles
     columns = [str(c) for c in frame.columns]
+    first_line = frame.attrs.get("privmtl_first_line")
     _check_unique_columns(frame.attrs.get("privmtl_header", columns), source)
+    # pandas deep-copies ``attrs`` into every column or sub-frame taken from a frame: with the
+    # header kept there, reading n columns one by one would cost n copies of n names
     frame = frame.set_axis(columns, axis=1)
+    frame.attrs = {}
     for col, what in ((task_column, task_role), (target_column, target_role)):
         if col not in columns:
             raise DataFormatError(
@@ -287,23 +334,10 @@ def dataset_from_frame(
     tasks = frame[task_column]
     if tasks.isna().any():
         raise DataFormatError(
-            f"{source}: missing {unit} in {_first_bad_row(frame, task_column, tasks.isna().to_numpy())}."
+            f"{source}: missing {unit} in "
+            f"{_first_bad_row(frame, task_column, tasks.isna().to_numpy(), first_line)}."
         )
-    for col in [*feats, target_column]:
-        s = frame[col]
-        if not (pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s)):
-            bad = pd.to_numeric(s, errors="coerce").isna().to_numpy() & s.notna().to_numpy()
-            where = _first_bad_row(frame, col, bad) if bad.any() else f"column {col!r}"
-            raise DataFormatError(f"{source}: non-numeric value in {where} (dtype {s.dtype}).")
-        vals = s.to_numpy(dtype=np.float64, na_value=np.nan)
-        bad = ~np.isfinite(vals)
-        if bad.any():
-            raise DataFormatError(
-                f"{source}: NaN or infinite value in {_first_bad_row(frame, col, bad)}."
-            )
-
-    X_all = frame[feats].to_numpy(dtype=np.float64)
-    y_all = frame[target_column].to_numpy(dtype=np.float64)
+    X_all, y_all = _numeric_block(frame, feats, target_column, source, first_line)
     y_all, kind = _resolve_task_type(y_all, task_type, f"{source}: column {target_column!r}")
 
     if isinstance(tasks.dtype, pd.CategoricalDtype):
@@ -389,8 +423,9 @@ def read_frame(path: str | os.PathLike[str]) -> pd.DataFrame:
     """Read a CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``) file into a frame.
 
     Raises :class:`~privmtl.exceptions.DataFormatError` for a missing file, an unknown suffix or
-    an unreadable file. A CSV file's header, as written, is kept in ``frame.attrs["privmtl_header"]``
-    (pandas renames a repeated column name, which :func:`dataset_from_frame` then refuses).
+    an unreadable file. When pandas renamed a repeated column name of a CSV file (``"a", "a"`` ->
+    ``"a", "a.1"``), the header as written is kept in ``frame.attrs["privmtl_header"]``, which
+    :func:`dataset_from_frame` then refuses.
     """
     import pandas as pd
 
@@ -407,13 +442,41 @@ def read_frame(path: str | os.PathLike[str]) -> pd.DataFrame:
         )
     if not p.is_file():
         raise DataFormatError(f"table file not found: {p}")
+    # pandas' chunked CSV parser reads about 2**20 cells per chunk and builds every column of
+    # every chunk: for a wide table that is time quadratic in the number of columns
+    options = {"low_memory": not _wide_csv(p)} if reader is pd.read_csv else {}
     try:
-        frame = reader(p)
+        frame = reader(p, **options)
     except Exception as exc:  # pandas/pyarrow raise many types for corrupt input
         raise DataFormatError(f"{p}: could not be read as a table ({exc}).") from exc
     if reader is pd.read_csv:
         frame.attrs["privmtl_first_line"] = 2  # line 1 is the header
-        # pandas renames a repeated name ("a", "a" -> "a", "a.1"): keep the header as written
-        header = pd.read_csv(p, header=None, nrows=1, dtype=str, keep_default_na=False)
-        frame.attrs["privmtl_header"] = [str(c) for c in header.iloc[0]] if len(header) else []
+        names = [str(c) for c in frame.columns]
+        present = set(names)
+        if any(m and m.group(1) in present for m in map(_RENAMED.fullmatch, names)):
+            # pandas renames a repeated name ("a", "a" -> "a", "a.1"): keep the header as written
+            header = pd.read_csv(p, header=None, nrows=1, dtype=str, keep_default_na=False)
+            frame.attrs["privmtl_header"] = [str(c) for c in header.iloc[0]] if len(header) else []
     return frame
+
+
+#: A column name pandas may have made from a repeated one (``"a.1"`` beside ``"a"``).
+_RENAMED = re.compile(r"(.*)\.[0-9]+", re.DOTALL)
+#: Bytes of a CSV file looked at, and fields its first line must reach there, for "wide".
+_WIDE_PEEK = 1 << 16
+_WIDE_FIELDS = 1024
+
+
+def _wide_csv(path: Path) -> bool:
+    """Whether a CSV file's first line has at least :data:`_WIDE_FIELDS` fields (or is longer
+    than :data:`_WIDE_PEEK` bytes); such a file is parsed in one piece."""
+    import gzip
+
+    opener: Any = gzip.open if path.name.lower().endswith(".gz") else open
+    try:
+        with opener(path, "rb") as fh:
+            head = fh.read(_WIDE_PEEK)
+    except Exception:  # an unreadable file: pandas reports it
+        return False
+    line, newline, _ = head.partition(b"\n")
+    return line.count(b",") + 1 >= _WIDE_FIELDS or (not newline and len(head) == _WIDE_PEEK)

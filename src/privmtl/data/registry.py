@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from privmtl._validation import check_choice, check_int, check_real
+from privmtl._validation import CLIENT_BYTES, check_choice, check_int, check_memory, check_real
 from privmtl.data.multitask import INTERCEPT, MultiTaskDataset
 from privmtl.data.readers import default_school_path, load_school, read_table
 from privmtl.data.synthetic import make_groupsparse_tasks, make_lowrank_tasks
@@ -397,6 +397,7 @@ def load_federated(
             raise InvalidParameterError(
                 f"The 'num_clients' parameter applies to data='synthetic' only; got data={data!r}."
             )
+        check_memory("num_clients", num_clients, CLIENT_BYTES, "clients")
     given: dict[str, Any] = {
         "data_path": data_path,
         "client_column": client_column,

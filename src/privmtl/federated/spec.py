@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
-from privmtl._validation import Interval, Options, validate_params
+from privmtl._validation import ROUND_BYTES, Interval, Options, check_memory, validate_params
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.methods import RUN_METHODS, MethodName, method_class
 from privmtl.federated.methods.base import DEFAULT_LAM_NONPRIVATE, DEFAULT_LAM_PRIVATE
@@ -391,6 +391,7 @@ class RunSpec:
             )
         for name, value in validate_params(self).items():
             object.__setattr__(self, name, value)
+        check_memory("rounds", self.rounds, ROUND_BYTES, "rounds")
         check_participation(self.sampling, self.groups, self.noise_mechanism)
         if self.shared_params is not None:
             object.__setattr__(self, "shared_params", check_param_names(self.shared_params))
