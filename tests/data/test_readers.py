@@ -162,9 +162,9 @@ def test_read_table_bad_input(tmp_path: Path) -> None:
         read_table(tmp_path / "missing.csv")
     path = tmp_path / "t.csv"
     _frame().to_csv(path, index=False)
-    with pytest.raises(DataFormatError, match="target column 'score'"):
+    with pytest.raises(DataFormatError, match=r"target column \(--target-column\) 'score'"):
         read_table(path, target_column="score")
-    with pytest.raises(DataFormatError, match="task column 'school'"):
+    with pytest.raises(DataFormatError, match=r"task column \(--task-column\) 'school'"):
         read_table(path, task_column="school")
     with pytest.raises(DataFormatError, match="'f9'"):
         read_table(path, feature_columns=["f1", "f9"])

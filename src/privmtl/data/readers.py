@@ -238,10 +238,16 @@ def _check_unique_columns(columns: Sequence[str], source: str) -> None:
 
 
 def _numeric_block(
-    frame: pd.DataFrame, feats: list[str], target: str, source: str, first_line: int | None
+    frame: pd.DataFrame,
+    feats: list[str],
+    target: str,
+    source: str,
+    first_line: int | None,
+    target_hint: str = "",
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """The feature matrix and the target column as float64, refusing the first column (in the
-    order features, target) that is not numeric or holds a NaN/infinite value.
+    order features, target) that is not numeric or holds a NaN/infinite value (``target_hint``:
+    what to do about a target that is not numeric).
 
     Column by column into one preallocated matrix: no copy of the frame (a CSV file read by
     pandas may hold one block per column, which makes every selection of many columns slow).
@@ -267,7 +273,10 @@ def _numeric_block(
         if not numeric[s.dtype]:
             bad = pd.to_numeric(s, errors="coerce").isna().to_numpy() & s.notna().to_numpy()
             where = _first_bad_row(frame, col, bad, first_line) if bad.any() else f"column {col!r}"
-            raise DataFormatError(f"{source}: non-numeric value in {where} (dtype {s.dtype}).")
+            hint = target_hint if col == target else ""
+            raise DataFormatError(
+                f"{source}: non-numeric value in {where} (dtype {s.dtype}){hint}."
+            )
         vals = block[:, j]
         vals[:] = s.to_numpy(dtype=np.float64, na_value=np.nan)
         bad = ~np.isfinite(vals)
@@ -278,6 +287,10 @@ def _numeric_block(
     return block[:, :-1], block[:, -1].copy()
 
 
+_TABLE_ROLES = ("task", "task column (--task-column)", "target column (--target-column)")
+"""What a multi-task table's rows are grouped by, and its two columns as errors name them."""
+
+
 def dataset_from_frame(
     frame: pd.DataFrame,
     *,
@@ -286,7 +299,7 @@ def dataset_from_frame(
     feature_columns: Sequence[str] | None = None,
     task_type: TaskType | None = None,
     source: str = "table",
-    roles: tuple[str, str, str] = ("task", "task column", "target column"),
+    roles: tuple[str, str, str] = _TABLE_ROLES,
 ) -> MultiTaskDataset:
     """Build a dataset from a long table with one row per sample.
 
@@ -337,7 +350,13 @@ def dataset_from_frame(
             f"{source}: missing {unit} in "
             f"{_first_bad_row(frame, task_column, tasks.isna().to_numpy(), first_line)}."
         )
-    X_all, y_all = _numeric_block(frame, feats, target_column, source, first_line)
+    hint = (
+        "; class labels must be the integers 0..C-1: map yours to them first (e.g. with "
+        "pandas.factorize)"
+        if unit == "client"
+        else "; the target must be a number (binary labels as 0/1 or -1/1)"
+    )
+    X_all, y_all = _numeric_block(frame, feats, target_column, source, first_line, hint)
     y_all, kind = _resolve_task_type(y_all, task_type, f"{source}: column {target_column!r}")
 
     if isinstance(tasks.dtype, pd.CategoricalDtype):
