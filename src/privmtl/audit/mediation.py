@@ -107,6 +107,7 @@ POPULATION_KEYS = frozenset(
         "seconds",
         "seconds_per_round",
         "data_seconds",
+        "baseline_seconds",
         "phases",
         "created",
         "timestamp",

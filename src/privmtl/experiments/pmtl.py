@@ -1014,8 +1014,10 @@ def run_pmtl(
     alone: dict[str, Any] = {}
     scored = None
     if baseline:
+        before = timer.seconds("scoring")
         with timer.phase("scoring"):  # the baseline: each client's training alone, scored
             alone, scored = _baseline(loaded, trained, finished)
+        alone["baseline_seconds"] = timer.seconds("scoring") - before
     out = _report(loaded, durability, trained, finished, diagnostics=diagnostics)
     out.update(alone)
     if per_client is not None or save_models is not None:
