@@ -18,7 +18,6 @@ scaled to unit ℓ2 norm. The privacy defaults follow DP practice instead of the
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections.abc import Sequence
@@ -46,8 +45,16 @@ from privmtl.data.registry import (
 )
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.gain import GAIN_LEVEL, gain_interval
+from privmtl.linear.loading import resolve_linear_method
+from privmtl.linear.methods import (
+    METHODS,
+    PRIVATE_METHODS,
+    LinearMethod,
+    linear_method,
+    method_names,
+)
 from privmtl.linear.metrics import aauc, nmse
-from privmtl.linear.selection import ISOLATED_METHODS, METHODS, PRIVATE_METHODS, estimator_class
+from privmtl.linear.selection import estimator_class
 from privmtl.linear.spec import SPEC, TUNE_MODES, MPMTLSpec, resolve_defaults
 from privmtl.locking import holding_directories
 from privmtl.privacy import PrivacyGuarantee
@@ -100,27 +107,16 @@ _NOTE_NONPRIVATE = (
 )
 _NOTE_UNTUNED = "no tuning (the estimator's defaults)"
 
-#: Methods whose estimator runs the MP-MTL protocol (ledger, checkpoints, budget).
-ESTIMATOR_PROTOCOL_METHODS = ("lowrank", "groupsparse", "lowrank-sparse")
-
-#: Methods with an output rule (``final_step``: the paper's projection or the local refit).
-_OUTPUT_RULE_METHODS = ("lowrank", "groupsparse")
-
 SEEDED_NOTE = (
     "seeded noise (--reproducible-noise): anyone who knows the seed can regenerate and subtract "
     "it; for research simulation only, it protects nobody"
 )
 
 
-def _supported(cls: Any, params: dict[str, Any]) -> dict[str, Any]:
-    names = set(inspect.signature(cls.__init__).parameters)
-    return {k: v for k, v in params.items() if k in names and v is not None}
-
-
 def _guarantee_of(method: str, est: Any) -> PrivacyGuarantee:
     from dataclasses import replace
 
-    if method in ISOLATED_METHODS:
+    if linear_method(method).isolated:
         return PrivacyGuarantee(
             epsilon=0.0,
             delta=0.0,
@@ -257,10 +253,10 @@ def _durability(spec: MPMTLSpec, checkpoint_dir: str | Path | None, resume: bool
         raise InvalidParameterError(
             "The 'resume' parameter needs a checkpoint_dir to resume from; got checkpoint_dir=None."
         )
-    if runtime and spec.method not in ESTIMATOR_PROTOCOL_METHODS:
+    if runtime and not linear_method(spec.method).protocol:
         raise InvalidParameterError(
             "The checkpoint/budget parameters apply to the MP-MTL methods "
-            f"{ESTIMATOR_PROTOCOL_METHODS}; got method={spec.method!r}."
+            f"{method_names(protocol=True)}; got method={spec.method!r}."
         )
     tuning_file = None if checkpoint_dir is None else Path(checkpoint_dir) / "tuning.json"
     if checkpoint_dir is not None and not resume:
@@ -281,7 +277,7 @@ def _load(
 ) -> LoadedData:
     """Load: the (train, test) split (``split``, or the registered data set loaded by the seed),
     its resolved scaling and training fraction, and every task's own intercept."""
-    req = request
+    req, unit_norm = request, linear_method(spec.method).unit_norm
     train, test = (
         split
         if split is not None
@@ -294,21 +290,23 @@ def _load(
             target_column=req.target_column,
             normalize=req.normalize,
             feature_columns=req.feature_columns,
-            method=spec.method,
+            unit_norm=unit_norm,
         )
     )
-    scaling, frac = data_protocol(req.data, req.normalize, req.train_fraction, method=spec.method)
+    scaling, frac = data_protocol(req.data, req.normalize, req.train_fraction, unit_norm=unit_norm)
     return LoadedData(req, train, test, scaling, frac, target_offsets(train, scaling))
 
 
 def _fixed_params(
     spec: MPMTLSpec, loaded: LoadedData, search: bool, extra_params: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The estimator keywords the run fixes: the resolved spec, the loss, the user's extras."""
-    method = spec.method
+    """The estimator keywords the run fixes: the run settings the method declares
+    (:meth:`~privmtl.linear.methods.LinearMethod.estimator_params`; None keeps the estimator's
+    default), then the user's extras, each checked to be a parameter of the estimator."""
+    cls = linear_method(spec.method)
     resolved = resolve_defaults(spec, loaded.train)
     classification = loaded.train.task_type == "classification"
-    fixed: dict[str, Any] = {
+    run: dict[str, Any] = {
         "epsilon": spec.epsilon,
         "delta": resolved.delta,
         "noise": spec.noise,
@@ -319,23 +317,22 @@ def _fixed_params(
         "noise_source": spec.noise_source,
         "eigen_floor": spec.eigen_floor,
         "refit_power": spec.refit_power,
-        "loss": "logistic" if classification and method != "dp-mtrl" else None,
+        "loss": "logistic" if classification else None,
     }
-    if not search and spec.final_step == "projection" and method in _OUTPUT_RULE_METHODS:
-        fixed["refit_lam"] = None  # the paper's projected output (the default is the refit)
-    fixed.update(extra_params or {})
-    return _supported(estimator_class(method), fixed)
+    extra: dict[str, Any] = {}
+    if not search and spec.final_step == "projection" and cls.output_rule:
+        extra["refit_lam"] = None  # the paper's projected output (the default is the refit)
+    extra.update(extra_params or {})
+    return cls.estimator_params(run, extra)
 
 
 def _search_grid(
     method: str, fixed: dict[str, Any], user_set: tuple[str, ...]
 ) -> list[dict[str, Any]] | None:
     """The pooled search's grid without the settings the user fixed (None: the default grid)."""
-    from privmtl.linear.selection import DEFAULT_GRIDS
-
     if not user_set:
         return None
-    raw = DEFAULT_GRIDS.get(method, [])
+    raw = linear_method(method).grid
     grid = [dict(g) for g in (raw if isinstance(raw, list) else [raw])]
     for sub in grid:
         for key in user_set:
@@ -356,9 +353,8 @@ def _fit(
     the ``setup``, ``tuning`` (a search over a grid) and ``fit`` phases."""
     timer = PhaseTimer(MPMTL_PHASES) if timer is None else timer
     method, tune_mode, seed = spec.method, spec.tune, spec.seed
-    search = tune_mode == "pooled" or (
-        tune_mode == "covered" and method not in PRIVATE_METHODS + ISOLATED_METHODS
-    )
+    cls = linear_method(method)
+    search = tune_mode == "pooled" or (tune_mode == "covered" and not (cls.private or cls.isolated))
     with timer.phase("setup"):
         fixed = _fixed_params(spec, loaded, search, extra_params)
     train, offsets = loaded.train, loaded.offsets
@@ -368,17 +364,17 @@ def _fit(
     tuned = False
     note = _NOTE_UNTUNED
     est: Any = None
-    if tune_mode == "covered" and method in ISOLATED_METHODS:
+    if tune_mode == "covered" and cls.isolated:
         tuned, note = True, _NOTE_PER_TASK
-        if method == "stl-l2":
-            best = {"lam": "cv"}  # every task: exact leave-one-out on its own samples
+        if cls.per_task_params is not None:
+            best = dict(cls.per_task_params)  # the estimator chooses per task on its own
         else:
             from privmtl.linear.selection import PerTaskSelected
 
             est = PerTaskSelected(
                 method=method, loss=fixed.get("loss") or "squared", random_state=seed
             )
-    elif tune_mode == "covered" and method in PRIVATE_METHODS:
+    elif tune_mode == "covered" and cls.private:
         note = _NOTE_PUBLIC
     elif search and durability.resume and tuning_file is not None and tuning_file.is_file():
         # the resumed run continues the configuration tuned (and checkpointed) before
@@ -405,7 +401,7 @@ def _fit(
                     n_splits=spec.n_splits,
                     random_state=seed,
                     grid=grid,
-                    final_step=spec.final_step if method in _OUTPUT_RULE_METHODS else "auto",
+                    final_step=spec.final_step if cls.output_rule else "auto",
                     **search_fixed,
                 )
                 tuned = True
@@ -414,7 +410,7 @@ def _fit(
     if tuned and search:
         note = TUNING_NOTE if tune_mode == "pooled" else _NOTE_NONPRIVATE
     if est is None:
-        est = estimator_class(method)(**{**fixed, **best, **durability.runtime})
+        est = cls.make(**{**fixed, **best, **durability.runtime})
     with timer.phase("fit"):
         est.fit(Xs, ys)
     guarantee = _guarantee_of(method, est)
@@ -435,7 +431,7 @@ def _finish(spec: MPMTLSpec, loaded: LoadedData, fitted: FittedRun) -> FinishedR
     )
     final_step = (
         ("refit" if est.get_params().get("refit_lam") is not None else "projection")
-        if spec.method in _OUTPUT_RULE_METHODS
+        if linear_method(spec.method).output_rule
         else None
     )
     baseline = _stl_baseline(loaded, pred, classification)
@@ -501,6 +497,7 @@ def _report(
 ) -> dict[str, Any]:
     """Report: the JSON-ready result dictionary of the run (without ``seconds`` and ``phases``)."""
     method, epsilon, est, guarantee = spec.method, spec.epsilon, fitted.est, fitted.guarantee
+    private = linear_method(method).private
     train = loaded.train
     out: dict[str, Any] = {
         "method": method,
@@ -510,7 +507,7 @@ def _report(
         "relation": guarantee.relation,
         "sampling": guarantee.sampling,
         "accountant": guarantee.accountant,
-        "noise": spec.noise if method in PRIVATE_METHODS and epsilon is not None else None,
+        "noise": spec.noise if private and epsilon is not None else None,
         "target_epsilon": epsilon,
         "seed": spec.seed,
         "n_tasks": train.n_tasks,
@@ -538,11 +535,7 @@ def _report(
         out["per_task_params"] = per_task
     out.update(_protocol_keys(method, est, spec.noise_source, durability.runtime))
     notes = out["guarantee"]["notes"]
-    if (
-        method in PRIVATE_METHODS
-        and epsilon is not None
-        and "noise_source" not in est.get_params(deep=False)
-    ):
+    if private and epsilon is not None and "noise_source" not in est.get_params(deep=False):
         notes.append(
             f"{method} draws its noise from the seed (seeded); secure noise is not implemented "
             "for this baseline: " + SEEDED_NOTE
@@ -571,7 +564,7 @@ def _report(
 def run_mpmtl(
     *,
     data: str,
-    method: str,
+    method: str | type[LinearMethod],
     data_path: str | Path | None = None,
     epsilon: float | None = SPEC.epsilon,
     delta: float | str | None = SPEC.delta,
@@ -600,6 +593,10 @@ def run_mpmtl(
     refit_power: float | str = SPEC.refit_power,
 ) -> dict[str, Any]:
     """Run one method at one ε and return a JSON-ready result dictionary.
+
+    ``method``: a name of :mod:`privmtl.linear.methods` (or a registered own method), a
+    :class:`~privmtl.linear.methods.LinearMethod` subclass, or ``PATH.py:NAME`` /
+    ``MODULE:NAME`` naming one (loaded, its file's SHA-256 recorded as ``method_source``).
 
     The run is four steps: load the data (:class:`DataRequest` → :class:`LoadedData`), fit the
     estimator and read its guarantee (:class:`FittedRun`), finish (output rule, test metric:
@@ -655,9 +652,10 @@ def run_mpmtl(
     added no noise.
     """
     timer = PhaseTimer(MPMTL_PHASES)  # the run's wall time starts here
+    method_obj, method_source = resolve_linear_method(method)
     spec = MPMTLSpec(
         tune=_tune_mode(tune),
-        method=method,
+        method=method_obj.name,
         noise=noise,
         epsilon=epsilon,
         delta=delta,
@@ -694,6 +692,8 @@ def run_mpmtl(
     with timer.phase("scoring"):
         finished = _finish(spec, loaded, fitted)
     out = _report(spec, loaded, fitted, finished, durability)
+    if method_source is not None:  # a user's method: its file and the file's SHA-256
+        out["method_source"] = method_source
     if save_models is not None:
         with timer.phase("saving"):
             record = loaded.record(spec.seed)
@@ -719,8 +719,9 @@ def _protocol_keys(
     method: str, est: Any, requested: str, runtime: dict[str, Any]
 ) -> dict[str, Any]:
     """``noise_source``, ``stopped_on_budget`` and the checkpoint/ledger keys of a result."""
+    cls = linear_method(method)
     params = est.get_params(deep=False) if hasattr(est, "get_params") else {}
-    private = method in PRIVATE_METHODS and params.get("epsilon") is not None
+    private = cls.private and params.get("epsilon") is not None
     if not private:
         source = "none"  # the run adds no noise
     elif "noise_source" in params:
@@ -731,7 +732,7 @@ def _protocol_keys(
         "noise_source": source,
         "stopped_on_budget": bool(getattr(est, "stopped_on_budget_", False)),
     }
-    if hasattr(est, "n_iter_") and method in ESTIMATOR_PROTOCOL_METHODS:
+    if hasattr(est, "n_iter_") and cls.protocol:
         out["iterations_run"] = int(est.n_iter_)
     if "checkpoint_dir" in runtime:
         out["checkpoint_dir"] = runtime["checkpoint_dir"]
@@ -783,6 +784,7 @@ def _save_models(
         "noise_source": out["noise_source"],
         "stopped_on_budget": out["stopped_on_budget"],
         "iterations_run": out.get("iterations_run"),
+        **({"method_source": out["method_source"]} if "method_source" in out else {}),
         "metrics": {metric: out[metric]},
     }
     ledger = getattr(est, "ledger_", None)

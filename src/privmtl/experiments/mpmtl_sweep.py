@@ -47,11 +47,7 @@ from privmtl._validation import check_choice, check_real
 from privmtl.data.multitask import MultiTaskDataset
 from privmtl.data.registry import data_protocol, load_mpmtl_data
 from privmtl.exceptions import InvalidParameterError
-from privmtl.experiments.mpmtl import (
-    ESTIMATOR_PROTOCOL_METHODS,
-    PRIVATE_METHODS,
-    run_mpmtl,
-)
+from privmtl.experiments.mpmtl import run_mpmtl
 from privmtl.experiments.runlog import RunLog
 from privmtl.experiments.sweep import (
     DEFAULT_VOTE_SHARE,
@@ -66,7 +62,13 @@ from privmtl.experiments.sweep import (
     selection_footnote,
 )
 from privmtl.io import atomic_output_dir, write_json_atomic
-from privmtl.linear.selection import DEFAULT_GRIDS, ISOLATED_METHODS, RELATIVE_KEYS, expand_grid
+from privmtl.linear.methods import (
+    DEFAULT_SWEEP_METHODS,
+    RELATIVE_KEYS,
+    VOTE_GRIDS,
+    linear_method,
+)
+from privmtl.linear.selection import expand_grid
 from privmtl.linear.spec import SPEC, resolve_defaults
 from privmtl.privacy.selection import SELECTION_METHODS
 
@@ -86,29 +88,23 @@ __all__ = [
 #: the others drawn as reference lines), the ε grid, how hyper-parameters are selected
 #: (:data:`~privmtl.privacy.selection.SELECTION_METHODS`) and, with ``select="pooled"``, how often
 #: the search runs (:data:`SWEEP_TUNE_MODES`).
-DEFAULT_SWEEP_METHODS: tuple[str, ...] = ("lowrank", "stl-l2", "mtl-trace")
 DEFAULT_SWEEP_EPSILONS: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0)
 DEFAULT_SELECT = "vote"
 SWEEP_TUNE_MODES = ("each", "once", "none")
 DEFAULT_SWEEP_TUNE = "each"
 
-#: Public candidate grids of the private MP-MTL estimators for a covered selection. Every
-#: candidate of a point is a training run: the point's target ε is split between them and the
-#: vote (:func:`~privmtl.privacy.selection.plan_candidates`), and each is fitted on the tasks'
-#: fit parts only, so a grid pays only where its candidates differ more than that costs. The
-#: low-rank and group-sparse grids are the estimator's public defaults alone (one release, the
-#: local refit, K = 1: a clip below the models' norms, where the release's signal is the largest
-#: its sensitivity allows, so that no other K does better): the point runs them on the whole
-#: training split with the whole target, and the low-rank refit's own recorded floor vote
-#: (:mod:`privmtl.linear.eigen_floor`, ``eigen_floor``) is the private choice inside it. The
-#: first point of a grid is the one run alone when no vote is held.
-VOTE_GRIDS: dict[str, list[dict[str, list[Any]]]] = {
-    "lowrank": [{"clip": [1.0]}],
-    "groupsparse": [{"clip": [1.0]}],
-    "lowrank-sparse": [
-        {"clip": [clip], "lam": [0.01 * clip], "iterations": [10]} for clip in (30.0, 100.0, 300.0)
-    ],
-}  # fmt: skip
+# The public candidate grids of the private MP-MTL estimators for a covered selection
+# (:data:`VOTE_GRIDS`) are declared by the methods
+# (:attr:`~privmtl.linear.methods.LinearMethod.vote_grid`). Every candidate of a point is a
+# training run: the point's target ε is split between them and the vote
+# (:func:`~privmtl.privacy.selection.plan_candidates`), and each is fitted on the tasks' fit
+# parts only, so a grid pays only where its candidates differ more than that costs. The
+# low-rank and group-sparse grids are the estimator's public defaults alone (one release, the
+# local refit, K = 1: a clip below the models' norms, where the release's signal is the largest
+# its sensitivity allows, so that no other K does better): the point runs them on the whole
+# training split with the whole target, and the low-rank refit's own recorded floor vote
+# (:mod:`privmtl.linear.eigen_floor`, ``eigen_floor``) is the private choice inside it. The
+# first point of a grid is the one run alone when no vote is held.
 
 #: A candidate is run only when its last covariance release, at its share of the budget, can
 #: carry signal: the largest eigenvalue its m clipped models can produce is at least this many
@@ -184,7 +180,10 @@ def run_mpmtl_sweep(
             "feature_columns": feature_columns,
         }
     # each method's resolved protocol (dp-aggr keeps unit-norm rows on a table: its proof needs them)
-    protocols = {m: data_protocol(data, normalize, train_fraction, method=m) for m in methods}
+    protocols = {
+        m: data_protocol(data, normalize, train_fraction, unit_norm=linear_method(m).unit_norm)
+        for m in methods
+    }
 
     def data_kwargs(method: str) -> dict[str, Any]:
         if data not in ("school", "table"):
@@ -306,7 +305,8 @@ def run_mpmtl_sweep(
     def plan_of(method: str, epsilon: float | None, seed: int) -> dict[str, Any] | None:
         """The private point's public plan (None: nothing to split, e.g. a non-private method)."""
         grid = candidates_of(method)
-        if epsilon is None or method not in VOTE_GRIDS or not grid or noise == "wishart":
+        no_vote_grid = linear_method(method).vote_grid is None
+        if epsilon is None or no_vote_grid or not grid or noise == "wishart":
             return None
         key = (method, epsilon, seed)
         if key not in plans:
@@ -332,7 +332,7 @@ def run_mpmtl_sweep(
     def runs_of(method: str, epsilon: float | None, seed: int) -> list[dict[str, Any]]:
         """The logged runs a covered point needs (its candidates, or the one run alone)."""
         plan = plan_of(method, epsilon, seed)
-        if method in ISOLATED_METHODS:
+        if linear_method(method).isolated:
             return [isolated_cfg(method, seed)]
         points = candidates_of(method) if plan is None else plan["points"]
         out = [candidate_cfg(method, epsilon, seed, p) for p in points]
@@ -363,7 +363,7 @@ def run_mpmtl_sweep(
         return {**config(method, None, seed), "select_inputs": {"point": point, "refit": True}}
 
     def covered_one(*, method: str, epsilon: float | None, seed: int) -> dict[str, Any]:
-        if method in ISOLATED_METHODS:
+        if linear_method(method).isolated:
             return isolated_logged(method=method, seed=seed)
         grid = candidates_of(method)
         if not grid or (noise == "wishart" and epsilon is not None):
@@ -489,7 +489,7 @@ def run_mpmtl_sweep(
         (m, e, s)
         for s in seeds
         for m in methods
-        for e in (epsilons if m in PRIVATE_METHODS else [None])
+        for e in (epsilons if linear_method(m).private else [None])
     ]
     if covered_mode:
         needed = [cfg for m, e, s in jobs for cfg in runs_of(m, e, s)]
@@ -503,7 +503,7 @@ def run_mpmtl_sweep(
         methods=methods,
         epsilons=epsilons,
         seeds=seeds,
-        private_methods=PRIVATE_METHODS,
+        private_methods=tuple(m for m in methods if linear_method(m).private),
         metric=metric,
         progress=progress,
         # "once" shares the tuned parameters between jobs: sequential only
@@ -511,7 +511,7 @@ def run_mpmtl_sweep(
     )
     summary = aggregate(rows)
     covered = all(r["covered"] for r in rows)
-    g = next((r for r in rows if r["method"] in PRIVATE_METHODS), rows[0])
+    g = next((r for r in rows if linear_method(r["method"]).private), rows[0])
     subtitle = (
         f"δ={g['delta']:.3g}, neighbours: {g['relation']} one task, sampling: all tasks, "
         f"accountant: {g['accountant']}, noise: {noise_source}; {len(seeds)} seed(s); "
@@ -558,16 +558,18 @@ def run_mpmtl_sweep(
 
 def _candidate_grid(method: str, iterations: int | None) -> list[dict[str, Any]]:
     """The public candidates of ``method`` for a covered selection ([] when it has none)."""
-    if method in VOTE_GRIDS:
-        points = expand_grid(VOTE_GRIDS[method])
-    elif method in PRIVATE_METHODS:
+    cls = linear_method(method)
+    if cls.vote_grid is not None:
+        points = expand_grid(cls.vote_grid)
+    elif cls.private:
         return []  # no ledger of accountable events to compose
     else:
-        raw = DEFAULT_GRIDS.get(method, [])
+        raw = cls.grid
         if any(k in g for g in raw for k in RELATIVE_KEYS):
             return []
         points = expand_grid(raw) if raw else []
-    if iterations is not None:  # the user's explicit T is kept out of the search
+    if iterations is not None and "iterations" in cls.settings:
+        # the user's explicit T is kept out of the search
         points = [{**p, "iterations": iterations} for p in points]
         points = list({tuple(sorted(p.items())): p for p in points}.values())
     return points
@@ -598,13 +600,12 @@ def _plan_point(
     and ``swamped`` (a lone candidate below the bound: it is run anyway, the grid's
     public default when every candidate is below).
     """
-    from privmtl.linear.selection import estimator_class
     from privmtl.privacy.covariance import plan_covariance_releases, signal_to_noise_bound
     from privmtl.privacy.selection import plan_candidates
 
     delta = float(resolve_defaults(SPEC, n_tasks).delta)  # type: ignore[arg-type]
     acc: dict[str, Any] = {"delta": delta, "accountant": SPEC.accountant, "relation": SPEC.relation}
-    defaults = estimator_class(method)().get_params()
+    defaults = linear_method(method).make().get_params()
 
     def ratio(point: dict[str, Any], eps: float) -> float:
         p = {**defaults, **point}
@@ -647,7 +648,7 @@ def _floor_for(method: str, eigen_floor: float | str, point: dict[str, Any]) -> 
     low-rank refit with the ``"denoise"`` or ``"clip"`` fix); elsewhere the spec's default, which
     holds no vote and spends nothing there."""
     acts = (
-        method == "lowrank"
+        linear_method(method).floor_vote
         and point.get("eigen_fix", "denoise") in ("denoise", "clip")
         and point.get("refit_lam", "cv") is not None
     )
@@ -711,7 +712,7 @@ def _candidate_run(
         t = Path(tmp)
         ckpt: dict[str, Any] = (
             {"checkpoint_dir": t / "run"}
-            if method in ESTIMATOR_PROTOCOL_METHODS and epsilon is not None
+            if linear_method(method).protocol and epsilon is not None
             else {}
         )
         row = run_mpmtl(
