@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from numbers import Real
 from pathlib import Path
 from typing import Any, ClassVar
@@ -74,6 +75,23 @@ SEEDED_NOISE_NOTE = (
     "seeded noise (noise_source='seeded', --reproducible-noise): anyone who knows the seed can "
     "regenerate and subtract it; for research simulation only, it protects nobody"
 )
+
+
+@dataclass(frozen=True)
+class _RunSetup:
+    """What a fit fixes before its first release (:meth:`_MPMTLBase._setup`)."""
+
+    strategy: Any
+    lips: FloatArray
+    eta: FloatArray
+    delta: float
+    schedule: Any
+    floor_plan: Any
+    inst_eps: FloatArray | None
+    beta: Callable[[int], float | FloatArray]
+    rng: np.random.Generator
+    noise: NoiseSource
+    accountant: str
 
 
 class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
@@ -254,10 +272,36 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.refit_lam_: FloatArray | None = None
         self.eigen_floor_: dict[str, Any] | None = None
         self.refit_power_: float | None = None
+        run = self._setup(prepared, p)
+        state, ledger = self._run_protocol(prepared, p, run)
+        self._output_rule(prepared, p, run, state, ledger)
+        d = prepared.batch.n_features
+        schedule = run.schedule
+        self.state_ = state
+        self.noise_to_signal_ = state.noise_to_signal
+        self.step_size_ = np.asarray(run.eta, dtype=np.float64)
+        self.lipschitz_ = np.asarray(run.lips, dtype=np.float64)
+        self.delta_ = float(run.delta)
+        self.n_iter_ = state.iteration
+        self.stopped_on_budget_ = bool(state.stopped_on_budget)
+        self.noise_source_ = "none" if schedule.noise == "none" else run.noise.kind
+        if isinstance(ledger, PrivacyLedger):
+            ledger.close()  # the run's releases are all on record (its closing line)
+        self.ledger_ = ledger
+        per = getattr(schedule, "per_release", None)
+        self.epsilons_ = None if per is None else np.asarray(per, dtype=np.float64)
+        self.privacy_ = self._guarantee(schedule, p, ledger=ledger, state=state)
+        self.instance_privacy_ = self._instance_guarantee(p, run.inst_eps)
+        self.n_features_in_ = d
+
+    def _setup(self, prepared: PreparedTasks, p: dict[str, Any]) -> _RunSetup:
+        """Everything fixed before the first release: the strategy, every task's step, δ, the
+        momentum and allocation, the release schedule, the refit floor's plan, Alg. 5's per-release
+        budgets and the noise source."""
         rng = check_rng(self.random_state)
         batch = prepared.batch
         m, d = batch.n_tasks, batch.n_features
-        T, K, lam, mu = p["iterations"], p["clip"], p["lam"], p["mu"]
+        T, K, mu = p["iterations"], p["clip"], p["mu"]
         strategy = _strategy(self._penalty, p["covariance"])
         # Every task's step comes from its own data (task_steps), never from the other tasks'.
         lips, eta = task_steps(prepared, mu, decomposed=strategy.decomposed)
@@ -318,13 +362,30 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             NumpySeededNoise(rng) if p["noise_source"] == "seeded" else SecureNoise()
         )
         accountant = self.accountant if self.accountant is not None else SPEC.accountant
+        return _RunSetup(
+            strategy, lips, eta, delta, schedule, floor_plan, inst_eps, beta, rng, noise, accountant
+        )
+
+    def _run_protocol(
+        self, prepared: PreparedTasks, p: dict[str, Any], run: _RunSetup
+    ) -> tuple[MPMTLState, Any]:
+        """The loop, once: messages -> release (write-ahead) -> local update -> checkpoint, from
+        the initial models or the checkpoint; returns the state reached and the run's ledger."""
+        batch, strategy, noise, T, K = (
+            prepared.batch,
+            run.strategy,
+            run.noise,
+            p["iterations"],
+            p["clip"],
+        )
+        m, d = batch.n_tasks, batch.n_features
         ckpt = _Checkpointer.create(
             self,
             p,
             prepared=prepared,
-            schedule=schedule,
-            delta=delta,
-            accountant=accountant,
+            schedule=run.schedule,
+            delta=run.delta,
+            accountant=run.accountant,
         )
         state = ckpt.restore(noise)  # checks the checkpoint is this run's; opens the ledger
         self.resumed_from_ = None if state is None else state.iteration
@@ -345,18 +406,18 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             batch,
             loss=p["loss"],
             clip=K,
-            eta=eta,
-            lam=lam,
-            mu=mu,
+            eta=run.eta,
+            lam=p["lam"],
+            mu=p["mu"],
             lam_sparse=p.get("lam_sparse", 0.0),
-            beta=beta,
+            beta=run.beta,
             iterations=T,
-            instance_epsilons=inst_eps,
+            instance_epsilons=run.inst_eps,
             noise=noise,
-            rng=rng,
+            rng=run.rng,
         )
         curator = CovarianceCurator(
-            schedule,
+            run.schedule,
             covariance=p["covariance"],
             clip=K,
             noise=noise,
@@ -383,7 +444,20 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                 self.callback("iteration", t)
             ckpt.maybe_save(state, noise)
         ckpt.save(state, noise)
+        return state, ledger
 
+    def _output_rule(
+        self,
+        prepared: PreparedTasks,
+        p: dict[str, Any],
+        run: _RunSetup,
+        state: MPMTLState,
+        ledger: Any,
+    ) -> None:
+        """The output rule on the state reached: Alg. 4's parts, the local refit against the last
+        release, or the last projected models (the paper's output); sets ``coef_``."""
+        batch, strategy, schedule, noise = prepared.batch, run.strategy, run.schedule, run.noise
+        m, d, K = batch.n_tasks, batch.n_features, p["clip"]
         # ---- output rule on the state reached
         if strategy.decomposed:
             assert state.Q_hat_prev is not None
@@ -402,7 +476,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             elif strategy.refit_penalty == "lowrank" and self._floor_applies(p):
                 # the floor of the cut, fixed or chosen by the tasks' recorded vote
                 A, voted, self.eigen_floor_ = refit_metric(
-                    floor_plan,
+                    run.floor_plan,
                     Sigma=state.last_release,
                     shift=state.last_shift,
                     batch=batch,
@@ -412,8 +486,8 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                     cv_seed=self._cv_seed(),
                     noise=noise,
                     ledger=ledger,
-                    delta=delta,
-                    accountant=accountant,
+                    delta=run.delta,
+                    accountant=run.accountant,
                     replay_ok=noise.kind == "seeded",
                 )
             else:
@@ -433,22 +507,6 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             self.coef_ = refit_with_metric(batch, p["loss"], rho, A)
         else:
             self.coef_ = state.W_hat_prev
-        self.state_ = state
-        self.noise_to_signal_ = state.noise_to_signal
-        self.step_size_ = np.asarray(eta, dtype=np.float64)
-        self.lipschitz_ = np.asarray(lips, dtype=np.float64)
-        self.delta_ = float(delta)
-        self.n_iter_ = state.iteration
-        self.stopped_on_budget_ = bool(state.stopped_on_budget)
-        self.noise_source_ = "none" if schedule.noise == "none" else noise.kind
-        if isinstance(ledger, PrivacyLedger):
-            ledger.close()  # the run's releases are all on record (its closing line)
-        self.ledger_ = ledger
-        per = getattr(schedule, "per_release", None)
-        self.epsilons_ = None if per is None else np.asarray(per, dtype=np.float64)
-        self.privacy_ = self._guarantee(schedule, p, ledger=ledger, state=state)
-        self.instance_privacy_ = self._instance_guarantee(p, inst_eps)
-        self.n_features_in_ = d
 
     @staticmethod
     def _refit_power(p: dict[str, Any], schedule: Any, t: int, m: int, d: int) -> float:
