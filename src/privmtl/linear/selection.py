@@ -260,6 +260,58 @@ def per_task_folds(
     return folds
 
 
+def _fold_splits(
+    Xl: Sequence[np.ndarray], yl: Sequence[np.ndarray], folds: list[list[np.ndarray]], k: int
+) -> list[tuple[list[Any], list[Any], list[Any], list[Any]]]:
+    """(train X, train y, validation X, validation y) of every split: split s validates on fold s
+    of every task and trains on the rest."""
+    splits = []
+    for s in range(k):
+        Xtr, ytr, Xva, yva = [], [], [], []
+        for x, y, f in zip(Xl, yl, folds, strict=True):
+            va = f[s]
+            tr = np.sort(np.concatenate([f[j] for j in range(k) if j != s]))
+            Xtr.append(x[tr])
+            ytr.append(y[tr])
+            Xva.append(x[va])
+            yva.append(y[va])
+        splits.append((Xtr, ytr, Xva, yva))
+    return splits
+
+
+def _fit_and_score(
+    est: Any,
+    params: dict[str, Any],
+    s: int,
+    split: tuple[list[Any], list[Any], list[Any], list[Any]],
+    prepared: dict[tuple[int, type, str], Any],
+) -> float:
+    """Fit ``est`` on split ``s``'s training part and score it on its validation part (NaN, with
+    a RuntimeWarning, when the fit or the score fails)."""
+    Xtr, ytr, Xva, yva = split
+    try:
+        train: Any = Xtr
+        if hasattr(est, "prepare_tasks"):
+            # validate/pad the split once per estimator type and loss (MP-MTL estimators)
+            pkey = (s, type(est), str(getattr(est, "loss", "")))
+            if pkey not in prepared:
+                prepared[pkey] = est.prepare_tasks(Xtr, ytr)
+            train = prepared[pkey]
+        est.fit(train, ytr)
+        # privmtl's estimators: the paper's nMSE / aAUC (score() is R² for regression)
+        scorer = getattr(est, "paper_score", est.score)
+        return float(scorer(Xva, yva))
+    except (DataFormatError, FloatingPointError, np.linalg.LinAlgError) as exc:
+        # e.g. a diverging fit whose predictions are not finite: score it as failed
+        # (like scikit-learn's error_score=nan) instead of aborting the search.
+        warnings.warn(
+            f"grid point {params} failed on split {s} and is ranked last: {exc}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return math.nan
+
+
 def _greater_is_better(estimator: Any) -> bool:
     return getattr(estimator, "loss", "squared") == "logistic"
 
@@ -328,17 +380,7 @@ def select_hyperparameters(
         int(s.generate_state(1)[0])
         for s in np.random.SeedSequence(int(rng.integers(0, 2**63 - 1))).spawn(k)
     ]
-    splits = []
-    for s in range(k):
-        Xtr, ytr, Xva, yva = [], [], [], []
-        for x, y, f in zip(Xl, yl, folds, strict=True):
-            va = f[s]
-            tr = np.sort(np.concatenate([f[j] for j in range(k) if j != s]))
-            Xtr.append(x[tr])
-            ytr.append(y[tr])
-            Xva.append(x[va])
-            yva.append(y[va])
-        splits.append((Xtr, ytr, Xva, yva))
+    splits = _fold_splits(Xl, yl, folds, k)
 
     rows = []
     direction: bool | None = greater_is_better
@@ -346,7 +388,7 @@ def select_hyperparameters(
     for params in points:
         scores = []
         elapsed = 0.0
-        for s, (Xtr, ytr, Xva, yva) in enumerate(splits):
+        for s in range(k):
             est = estimator_factory(**params)
             if "random_state" not in params and hasattr(est, "get_params"):
                 if "random_state" in est.get_params(deep=False):
@@ -354,27 +396,7 @@ def select_hyperparameters(
             if direction is None:
                 direction = _greater_is_better(est)
             t0 = time.perf_counter()
-            try:
-                train: Any = Xtr
-                if hasattr(est, "prepare_tasks"):
-                    # validate/pad the split once per estimator type and loss (MP-MTL estimators)
-                    pkey = (s, type(est), str(getattr(est, "loss", "")))
-                    if pkey not in prepared:
-                        prepared[pkey] = est.prepare_tasks(Xtr, ytr)
-                    train = prepared[pkey]
-                est.fit(train, ytr)
-                # privmtl's estimators: the paper's nMSE / aAUC (score() is R² for regression)
-                scorer = getattr(est, "paper_score", est.score)
-                scores.append(float(scorer(Xva, yva)))
-            except (DataFormatError, FloatingPointError, np.linalg.LinAlgError) as exc:
-                # e.g. a diverging fit whose predictions are not finite: score it as failed
-                # (like scikit-learn's error_score=nan) instead of aborting the search.
-                warnings.warn(
-                    f"grid point {params} failed on split {s} and is ranked last: {exc}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                scores.append(math.nan)
+            scores.append(_fit_and_score(est, params, s, splits[s], prepared))
             elapsed += time.perf_counter() - t0
         arr = np.asarray(scores)
         row = dict(params)
