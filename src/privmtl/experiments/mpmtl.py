@@ -29,22 +29,22 @@ import numpy as np
 from numpy.typing import NDArray
 
 from privmtl._timing import MPMTL_PHASES, PhaseTimer
-from privmtl._validation import check_choice, check_int
+from privmtl._validation import check_choice
 from privmtl.data.multitask import INTERCEPT, MultiTaskDataset
 from privmtl.data.registry import (
     MPMTL_SCALINGS as TABLE_SCALINGS,
 )
 from privmtl.data.registry import (
     PREPROCESSING,
-    SCHOOL_TRAIN_FRACTION,
     absolute_data_path,
     data_protocol,
     dataset_names,
     load_mpmtl_data,
     target_offsets,
 )
-from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.gain import GAIN_LEVEL, gain_interval
+from privmtl.exceptions import InvalidParameterError
+from privmtl.experiments.mpmtl_baseline import STL_BASELINE, _stl_baseline
+from privmtl.experiments.mpmtl_saved import _jsonable, _save_models, _write_json, evaluate_saved
 from privmtl.linear.loading import resolve_linear_method
 from privmtl.linear.methods import (
     METHODS,
@@ -64,6 +64,7 @@ __all__ = [
     "METHODS",
     "NOT_COVERED_POOLED",
     "PRIVATE_METHODS",
+    "STL_BASELINE",
     "TABLE_SCALINGS",
     "TUNE_MODES",
     "TUNING_NOTE",
@@ -440,54 +441,6 @@ def _finish(spec: MPMTLSpec, loaded: LoadedData, fitted: FittedRun) -> FinishedR
     return FinishedRun(final_step, "nmse", nmse(list(test.y), pred), baseline)
 
 
-STL_BASELINE = (
-    "every task alone: ridge on its own training rows, its penalty chosen on its own samples "
-    "(STLRidge(lam='cv'); the logistic loss for classification), no sharing and no privacy cost; "
-    f"gain_interval: {GAIN_LEVEL:.0%} normal interval over tasks"
-)
-"""How an MP-MTL result's baseline is computed (its ``stl_baseline`` key)."""
-
-
-def _stl_baseline(loaded: LoadedData, pred: list[Any], classification: bool) -> dict[str, Any]:
-    """Every task alone beside the run (:data:`STL_BASELINE`): ``stl_nmse`` (``stl_auc``),
-    ``gain_over_stl`` (positive: the run is better) and its ``gain_interval`` over tasks
-    (:func:`~privmtl.gain.gain_interval`: per-task squared errors over the pooled target
-    variance, as the pooled nMSE divides them; per-task AUCs for classification)."""
-    from privmtl.linear.metrics import per_task_auc
-    from privmtl.linear.stl import STLRidge
-
-    train, test = loaded.train, loaded.test
-    stl = STLRidge(lam="cv", loss="logistic" if classification else "squared")
-    stl.fit(list(train.X), list(train.y))
-    ys = [np.asarray(y, dtype=np.float64) for y in test.y]
-    if classification:
-        alone = stl.decision_function(list(test.X))
-        own, base = per_task_auc(list(test.y), pred), per_task_auc(list(test.y), alone)
-        has = ~(np.isnan(own) | np.isnan(base))
-        gain, (low, high) = gain_interval(own[has], base[has], np.ones(int(has.sum())))
-        return {
-            "stl_auc": aauc(list(test.y), alone),
-            "gain_over_stl": gain,
-            "gain_interval": [low, high],
-            "stl_baseline": STL_BASELINE,
-        }
-    alone = [p + o for p, o in zip(stl.predict(list(test.X)), loaded.offsets, strict=True)]
-    var = float(np.var(np.concatenate(ys))) if ys else 0.0
-    sse = np.array([float(((y - np.asarray(p)) ** 2).sum()) for y, p in zip(ys, pred, strict=True)])
-    sse_stl = np.array(
-        [float(((y - np.asarray(p)) ** 2).sum()) for y, p in zip(ys, alone, strict=True)]
-    )
-    n = np.array([len(y) for y in ys], dtype=np.float64)
-    scale = var if var > 0 else 1.0
-    gain, (low, high) = gain_interval(-sse / scale, -sse_stl / scale, n)
-    return {
-        "stl_nmse": nmse(list(test.y), alone),
-        "gain_over_stl": gain,
-        "gain_interval": [low, high],
-        "stl_baseline": STL_BASELINE,
-    }
-
-
 def _report(
     spec: MPMTLSpec,
     loaded: LoadedData,
@@ -603,36 +556,19 @@ def run_mpmtl(
     :class:`FinishedRun`; the models saved when asked), report (the result dictionary). The
     method and privacy settings are an :class:`~privmtl.linear.spec.MPMTLSpec`.
 
-    ``noise_source``: ``"secure"`` (OS entropy, the default) or ``"seeded"`` (reproducible from
-    ``seed``; research simulation only). It is passed to the estimator and to every fit of the
-    cross-validation. ``budget_epsilon``, ``checkpoint_dir``, ``checkpoint_every`` and ``resume``
-    go to the final fit of an MP-MTL estimator (the run's durable ledger is
-    ``checkpoint_dir/ledger.jsonl``; the tuned hyper-parameters are kept in
-    ``checkpoint_dir/tuning.json`` so that a resumed run continues the same configuration).
-    ``save_models`` writes the fitted ``W`` and its description (:mod:`privmtl.linear.saved`);
-    :func:`evaluate_saved` scores it again.
+    ``noise_source`` goes to the estimator and every fit of the cross-validation;
+    ``budget_epsilon``, ``checkpoint_dir``, ``checkpoint_every`` and ``resume`` to the final fit of
+    an MP-MTL estimator (durable ledger ``checkpoint_dir/ledger.jsonl``; the tuned
+    hyper-parameters kept in ``checkpoint_dir/tuning.json`` for a resumed run). ``save_models``
+    writes the fitted ``W`` (:mod:`privmtl.linear.saved`); :func:`evaluate_saved` scores it again.
 
-    ``delta``: None ⇒ min(1e-5, 1/(100·m)) on every data set; ``"paper"`` ⇒ the MP-MTL paper's
-    1/(m·log m) (benchmarks reproducing the paper pass it); a number ⇒ itself (warned when ≥ 1/m).
-
-    ``tune`` (:data:`TUNE_MODES`; ``True`` means ``"covered"``, ``False`` ``"none"``): see the
-    module docstring. ``"pooled"`` marks every private or single-task result ``covered: false``
-    with :data:`NOT_COVERED_POOLED`.
-
-    ``eigen_floor`` (MP-MTL low-rank with the refit): the floor τ of the refit's eigenvalue cut,
-    ``"vote"`` (the default: the tasks' recorded vote over a public grid, charged to ε, where it
-    can matter and carry signal) or a fixed multiple of the estimation-noise edge
-    (:mod:`privmtl.linear.eigen_floor`); the key ``eigen_floor`` of the result describes it (the
-    grid, the candidates voted on, the winner ``floor``, the ``cut``, the ``noisy_counts``, the
-    vote's own ``vote_epsilon`` and ``vote_share``, and the ``reason`` a vote was or was not held).
-    ``refit_power`` (MP-MTL low-rank with the refit): the power p of the refit's metric
-    ``D ∝ Λ^p``, ``"auto"`` (the default: 1 where the release's noise norm is under half the
-    estimation-noise edge, else 1/2; :func:`~privmtl.linear.eigen_floor.auto_refit_power`) or a
-    number; the key ``refit_power`` of the result is the power used.
-
-    ``final_step`` (MP-MTL low-rank / group-sparse): the paper's projected output
-    (``"projection"``) or the local variational refit (``"refit"``); ``"auto"``: the refit (the
-    estimators' default) unless a pooled search chooses (:func:`privmtl.linear.selection.tune_method`).
+    ``delta``, ``eigen_floor``, ``refit_power``, ``final_step`` and the other method and privacy
+    settings mean what :class:`~privmtl.linear.spec.MPMTLSpec` says (δ: None ⇒ min(1e-5,
+    1/(100·m)), ``"paper"`` ⇒ 1/(m·log m); ``final_step="auto"``: the refit unless a pooled search
+    chooses); the result's keys ``eigen_floor`` and ``refit_power`` describe the floor's vote and
+    the power used. ``tune`` (:data:`TUNE_MODES`; ``True`` means ``"covered"``, ``False``
+    ``"none"``): see the module docstring; ``"pooled"`` marks every private or single-task result
+    ``covered: false`` with :data:`NOT_COVERED_POOLED`.
 
     ``data`` names a data set of :data:`privmtl.data.registry.REGISTRY` (``"mpmtl"`` family);
     ``normalize``, ``train_fraction``, ``task_column``, ``target_column`` and
@@ -643,13 +579,11 @@ def run_mpmtl(
     Keys: ``method, data, epsilon, delta, relation, sampling, accountant, nmse | auc, seconds,
     params, tuned, tune, tuning_note, guarantee, covered, n_tasks, n_features, seed, noise_source,
     stopped_on_budget`` (and ``eigen_floor``, ``refit_power``, ``per_task_params``,
-    ``iterations_run``, ``checkpoint_dir``, ``ledger``, ``resumed_from``, ``models_dir`` when they
-    apply) and ``phases``. ``seconds`` is
-    the run's wall time, from the call to the finished result (saving the models included);
-    ``phases`` its seconds by phase (:data:`~privmtl._timing.MPMTL_PHASES`: ``data``, ``setup``,
-    ``tuning``, ``fit``, ``scoring``, ``saving`` and ``other``, which add up to ``seconds``). ``epsilon`` is what the ledger
-    recorded; ``covered`` is ``guarantee["covered"]``; ``noise_source`` is ``"none"`` when the run
-    added no noise.
+    ``iterations_run``, ``checkpoint_dir``, ``ledger``, ``resumed_from``, ``models_dir``,
+    ``method_source`` when they apply) and ``phases``. ``seconds`` is the run's wall time (saving
+    included), ``phases`` its seconds by phase (:data:`~privmtl._timing.MPMTL_PHASES`, adding up
+    to ``seconds``). ``epsilon`` is what the ledger recorded; ``covered`` is
+    ``guarantee["covered"]``; ``noise_source`` is ``"none"`` when the run added no noise.
     """
     timer = PhaseTimer(MPMTL_PHASES)  # the run's wall time starts here
     method_obj, method_source = resolve_linear_method(method)
@@ -740,151 +674,4 @@ def _protocol_keys(
         out["resumed_from"] = getattr(est, "resumed_from_", None)
     if "budget_epsilon" in runtime:
         out["budget_epsilon"] = runtime["budget_epsilon"]
-    return out
-
-
-def _jsonable(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    from privmtl.checkpoint import write_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
-
-
-def _save_models(
-    directory: str | Path, est: Any, out: dict[str, Any], *, data: dict[str, Any]
-) -> Path:
-    from privmtl.linear.saved import save_linear_models
-
-    metric = "nmse" if "nmse" in out else "auc"
-    meta = {
-        "family": "mpmtl",
-        "method": out["method"],
-        "estimator": f"{type(est).__module__}.{type(est).__name__}",
-        "loss": getattr(est, "loss", "squared"),
-        "params": _jsonable(out["params"]),
-        "data": _jsonable(data),
-        "guarantee": _jsonable(out["guarantee"]),
-        "summary": out["summary"],
-        "noise_source": out["noise_source"],
-        "stopped_on_budget": out["stopped_on_budget"],
-        "iterations_run": out.get("iterations_run"),
-        **({"method_source": out["method_source"]} if "method_source" in out else {}),
-        "metrics": {metric: out[metric]},
-    }
-    ledger = getattr(est, "ledger_", None)
-    if ledger is not None and ledger.path is not None:  # privmtl evaluate checks it
-        meta["ledger"] = {"path": str(Path(ledger.path).resolve()), **ledger.seen()}
-    return save_linear_models(directory, est.coef_, meta)
-
-
-def evaluate_saved(
-    models_dir: str | Path,
-    *,
-    data: str | None = None,
-    data_path: str | Path | None = None,
-    seed: int | None = None,
-    task_column: str | None = None,
-    target_column: str | None = None,
-    feature_columns: list[str] | tuple[str, ...] | None = None,
-    normalize: str | None = None,
-    train_fraction: float | None = None,
-) -> dict[str, Any]:
-    """Reload a model saved by ``run_mpmtl(save_models=...)`` and score it on the test split.
-
-    The data set, its absolute path, the table's columns, the scaling, the training fraction and
-    the split seed default to the run's (``model.json``); the same data and split give exactly the
-    run's ``nmse`` (regression) or ``auc`` (classification). Models saved before the scaling was
-    recorded were made with the paper's protocol (unit-norm rows, 30% training). The recorded data
-    path is followed only for a folder this user signed (:mod:`privmtl.trust`); otherwise pass
-    ``data_path``.
-    """
-    import numpy as np
-
-    from privmtl.linear.saved import load_linear_models
-    from privmtl.trust import followed_data_path, is_signed
-
-    meta, coef = load_linear_models(models_dir)
-    from privmtl.privacy.ledger import check_saved_ledger
-
-    checked = check_saved_ledger(
-        meta.get("ledger") if is_signed(meta) else None,  # outside paths: signed folders only
-        meta.get("guarantee"),
-        where=f"the saved model in {models_dir}",
-    )
-    if meta.get("family") != "mpmtl":
-        raise DataFormatError(
-            f"{models_dir} holds {meta.get('family')!r} models, not MP-MTL (linear) models."
-        )
-    saved = meta.get("data", {})
-    name = data if data is not None else saved.get("data")
-    path = followed_data_path(
-        saved.get("data_path"),
-        data_path,
-        folder=Path(models_dir),
-        signed=is_signed(meta),
-        where=str(Path(models_dir) / "model.json"),
-    )
-    sd = check_int("seed", seed if seed is not None else saved.get("seed", 0), low=0)
-    legacy = "scaling" not in saved  # written before scaling was recorded: the paper's protocol
-    _, test = load_mpmtl_data(
-        str(name),
-        data_path=path,
-        seed=sd,
-        task_column=task_column or saved.get("task_column", "task"),
-        target_column=target_column or saved.get("target_column", "y"),
-        feature_columns=(
-            feature_columns if feature_columns is not None else saved.get("feature_columns")
-        ),
-        normalize=normalize or ("unit-norm" if legacy else saved.get("scaling", "auto")),
-        train_fraction=(
-            train_fraction
-            if train_fraction is not None
-            else saved.get("train_fraction") or (SCHOOL_TRAIN_FRACTION if legacy else None)
-        ),
-    )
-    d, m = coef.shape
-    if (test.n_features, test.n_tasks) != (d, m):
-        raise DataFormatError(
-            f"The saved model has d={d} features and m={m} tasks; the data {name!r} has "
-            f"d={test.n_features}, m={test.n_tasks}. Pass the --data the run used."
-        )
-    offsets = saved.get("target_offsets") or [0.0] * m  # absent: saved without intercepts
-    scores = [
-        np.asarray(x @ coef[:, i] + offsets[i], dtype=np.float64) for i, x in enumerate(test.X)
-    ]
-    out: dict[str, Any] = {
-        "family": "mpmtl",
-        "method": meta.get("method"),
-        "data": name,
-        "seed": sd,
-        "models_dir": str(Path(models_dir).resolve()),
-        "n_tasks": m,
-        "n_features": d,
-        "noise_source": meta.get("noise_source"),
-        "stopped_on_budget": meta.get("stopped_on_budget"),
-        "guarantee": meta.get("guarantee"),
-        "covered": (meta.get("guarantee") or {}).get("covered"),
-        "ledger_checked": checked,
-        "summary": meta.get("summary"),
-    }
-    if test.task_type == "classification":
-        out["auc"] = aauc(list(test.y), scores)
-    else:
-        out["nmse"] = nmse(list(test.y), scores)
     return out
