@@ -301,7 +301,7 @@ class LowRank(LinearMethod):
     name = "lowrank"
     estimator = "privmtl.linear.mpmtl:MPMTLLowRank"
     private = protocol = output_rule = relative_grid = sweep_default = floor_vote = True
-    default_iterations = 1
+    default_iterations: ClassVar[int] = 1
     # MP-MTL (Alg. 2/3/4) — templates in relative units, resolved by resolve_grid/tune_method:
     # W^(0) = the tasks' own ridge models with the STL-l2-selected weight; K = {0.75, 1, 1.5, 2.5}
     # x their median norm; lam = {1e-4, 1e-3, 1e-2, 1e-1} x K; eigenvalue fix shift | clip;
@@ -333,7 +333,7 @@ class LowRankSparse(LinearMethod):
     name = "lowrank-sparse"
     estimator = "privmtl.linear.mpmtl:MPMTLLowRankSparse"
     private = protocol = relative_grid = True
-    default_iterations = 50
+    default_iterations: ClassVar[int] = 50
     # Alg. 4 also searches the l1 weight of the outlier part Q (accelerated schedules and the
     # shift fix only: 160 points).
     grid: ClassVar[Grid] = _mpmtl_template(
@@ -415,7 +415,7 @@ class DPMTRLMethod(LinearMethod):
     name = "dp-mtrl"
     estimator = "privmtl.linear.dp_baselines:DPMTRL"
     private = True
-    default_iterations = 1
+    default_iterations: ClassVar[int] = 1
     grid: ClassVar[Grid] = [
         {"lam1": _decades(-4, 2), "lam2": [1e-4, 1e-2], "iterations": [1, 2, 5]}
     ]

@@ -64,6 +64,7 @@ from privmtl.linear.common import (
 )
 from privmtl.linear.local import _apply_lowrank_left as _apply_lowrank_left
 from privmtl.linear.local import local_ridge
+from privmtl.linear.methods import LowRankSparse
 from privmtl.linear.mpmtl_base import (
     ALLOCATIONS,
     COVARIANCES,
@@ -80,7 +81,7 @@ from privmtl.linear.mpmtl_protocol import (
     MPMTLState,
     TaskStep,
 )
-from privmtl.linear.spec import DEFAULT_ITERATIONS, SPEC
+from privmtl.linear.spec import SPEC
 from privmtl.privacy.covariance import cached_covariance_plan as _cached_plan  # noqa: F401
 from privmtl.privacy.mechanisms import l2_laplace_noise as _l2_laplace  # noqa: F401
 from privmtl.privacy.mechanisms import sample_l2_laplace
@@ -406,7 +407,7 @@ class MPMTLLowRankSparse(_MPMTLBase):
         delta: float | str | None = SPEC.delta,
         noise: str = SPEC.noise,
         clip: float = 1.0,
-        iterations: int = DEFAULT_ITERATIONS["lowrank-sparse"],
+        iterations: int = LowRankSparse.default_iterations,
         step_size: float | None = None,
         accelerate: bool = True,
         mu: float = 0.0,

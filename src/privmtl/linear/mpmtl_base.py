@@ -48,6 +48,7 @@ from privmtl.linear.local import (
     variational_factor,
 )
 from privmtl.linear.losses import LOSSES, public_lipschitz_bound
+from privmtl.linear.methods import LowRank
 from privmtl.linear.mpmtl_checkpoint import _Checkpointer
 from privmtl.linear.mpmtl_protocol import (
     CovarianceCurator,
@@ -55,7 +56,7 @@ from privmtl.linear.mpmtl_protocol import (
     TaskStep,
     _strategy,
 )
-from privmtl.linear.spec import DEFAULT_ITERATIONS, SPEC, MPMTLSpec, spec_constraints
+from privmtl.linear.spec import SPEC, MPMTLSpec, spec_constraints
 from privmtl.privacy.covariance import cached_covariance_plan, task_covariance_clip
 from privmtl.privacy.ledger import PrivacyLedger, warn_budget_stop
 from privmtl.privacy.noise import NoiseSource, NumpySeededNoise, SecureNoise
@@ -105,7 +106,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         delta: float | str | None = SPEC.delta,
         noise: str = SPEC.noise,
         clip: float = 1.0,
-        iterations: int = DEFAULT_ITERATIONS["lowrank"],
+        iterations: int = LowRank.default_iterations,
         step_size: float | None = None,
         accelerate: bool = True,
         mu: float = 0.0,
