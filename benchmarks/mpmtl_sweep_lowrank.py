@@ -83,9 +83,9 @@ def run(args: argparse.Namespace) -> None:
     from privmtl.experiments.mpmtl_sweep import DEFAULT_SWEEP_METHODS, run_mpmtl_sweep
 
     if args.lowrank_grid:  # an attempt with another grid (the report names it by its tag)
-        from privmtl.experiments import mpmtl_sweep
+        from privmtl.linear.methods import linear_method
 
-        mpmtl_sweep.VOTE_GRIDS["lowrank"] = json.loads(args.lowrank_grid)
+        linear_method("lowrank").vote_grid = json.loads(args.lowrank_grid)
     table = write_table(_cache() / f"lowrank-table-{args.table_seed}.csv", args.table_seed)
     out = Path(args.out or _cache() / f"mpmtl-sweep-lowrank-{args.tag}")
     res = run_mpmtl_sweep(

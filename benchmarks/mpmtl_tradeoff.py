@@ -23,6 +23,7 @@ from _common import RESULTS, append_jsonl, load_jsonl, machine_info, markdown_ta
 
 from privmtl.experiments.mpmtl import PRIVATE_METHODS, load_mpmtl_data, run_mpmtl
 from privmtl.experiments.sweep import aggregate, plot_tradeoff
+from privmtl.linear.methods import linear_method
 
 DEFAULT_METHODS = "lowrank,stl-l2,mtl-trace,dp-mtrl,dp-aggr"
 EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> Path:
             eps_list = epsilons if method in PRIVATE_METHODS else [None]
             for eps in eps_list:
                 noise = args.noise if method in PRIVATE_METHODS else None
-                mode = args.final_step if method in ("lowrank", "groupsparse") else "auto"
+                mode = args.final_step if linear_method(method).output_rule else "auto"
                 if (method, eps, seed, noise, mode) in done:
                     continue
                 if split is None:

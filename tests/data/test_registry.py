@@ -119,7 +119,7 @@ def test_a_split_data_set_takes_its_protocol_from_its_entry(tmp_path):
     frame.to_csv(tmp_path / "t.csv", index=False)
     table = dataset_info("mpmtl", "table")
     assert data_protocol("table") == (table.scaling, table.train_fraction) == ("per-task", 0.7)
-    assert data_protocol("table", method="dp-aggr") == ("unit-norm", 0.7)
+    assert data_protocol("table", unit_norm=True) == ("unit-norm", 0.7)
     train, _ = load_mpmtl_data("table", data_path=tmp_path / "t.csv", seed=0)
     assert train.n_samples.tolist() == [28, 28]  # 70% of each task's 40 rows
     # per-task scaling: every task's features centred on its own training rows

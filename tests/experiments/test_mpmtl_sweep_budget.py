@@ -13,6 +13,7 @@ from dp_accounting import dp_event as dpe
 
 from privmtl.cli import main
 from privmtl.exceptions import InvalidParameterError
+from privmtl.linear.methods import linear_method
 from privmtl.privacy.covariance import plan_covariance_releases, signal_to_noise_bound
 from privmtl.privacy.selection import plan_candidates
 
@@ -87,7 +88,7 @@ def test_swamped_candidates_are_not_run_and_the_point_is_charged_its_target(tmp_
 
     grid = [{"clip": [1.0], "eigen_fix": ["denoise", "shift"]}, SWAMPED]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(mpmtl_sweep.VOTE_GRIDS, "lowrank", grid)
+        mp.setattr(linear_method("lowrank"), "vote_grid", grid)
         mpmtl_sweep.run_mpmtl_sweep(  # m = 320, d = 30: at ε = 0.5 the K = 100, T = 10 point
             # would have a signal-to-noise bound of 0.59 (the two others 2.3)
             data="synthetic-lowrank", data_path=None, methods=["lowrank"], epsilons=[0.5],
@@ -170,7 +171,8 @@ def test_plot_reads_at_the_target_and_labels_the_charged_epsilon(tmp_path, monke
 
     monkeypatch.setattr(ms, "plot_tradeoff", spy)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(ms.VOTE_GRIDS, "lowrank", [{"clip": [1.0], "eigen_fix": ["denoise", "shift"]}])
+        mp.setattr(linear_method("lowrank"), "vote_grid",
+                   [{"clip": [1.0], "eigen_fix": ["denoise", "shift"]}])  # fmt: skip
         ms.run_mpmtl_sweep(
             data="synthetic-lowrank", data_path=None, methods=["lowrank"], epsilons=[1.0],
             seeds=[0], noise="gaussian", tune_mode="each", out_dir=tmp_path,

@@ -112,7 +112,7 @@ _RUN_FUNCTIONS = (
     "privmtl.experiments.pmtl.run_pmtl",
     "privmtl.experiments.pmtl_sweep.run_pmtl",
     "privmtl.experiments.mpmtl.run_mpmtl",
-    "privmtl.experiments.mpmtl_sweep.run_mpmtl",
+    "privmtl.experiments.mpmtl_sweep_runs.run_mpmtl",
 )
 
 

@@ -13,6 +13,7 @@ from dp_accounting import dp_event as dpe
 from privmtl.experiments.pmtl_sweep import plot_rounds, run_pmtl_sweep, write_pmtl_sweep
 from privmtl.experiments.runlog import RunLog
 from privmtl.experiments.sweep import rows_to_csv, select_candidates
+from privmtl.linear.methods import linear_method
 from privmtl.privacy import compute_epsilon
 
 SMALL = {
@@ -234,10 +235,9 @@ TWO_POINTS = [{"clip": [1.0], "eigen_fix": ["denoise", "shift"]}]
 
 
 def _mpmtl_two(tmp_path, **kw):
-    from privmtl.experiments import mpmtl_sweep
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(mpmtl_sweep.VOTE_GRIDS, "lowrank", TWO_POINTS)
+        mp.setattr(linear_method("lowrank"), "vote_grid", TWO_POINTS)
         return _mpmtl(tmp_path, **kw)
 
 

@@ -24,6 +24,7 @@ from privmtl.cli.mpmtl import mpmtl_sweep as mpmtl_sweep_command
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.mpmtl import run_mpmtl
 from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
+from privmtl.linear.methods import BUILTIN_LINEAR_METHODS
 from privmtl.linear.selection import METHOD_ESTIMATORS, estimator_class
 from privmtl.linear.spec import (
     DEFAULT_ITERATIONS,
@@ -147,7 +148,7 @@ def _functions():
 @pytest.mark.parametrize(("where", "fn"), [pytest.param(w, f, id=w) for w, f in _functions()])
 def test_signatures_refer_to_the_spec_instead_of_restating_a_value(where, fn):
     """A setting's default is written ``SPEC.<name>`` (or the method's
-    ``DEFAULT_ITERATIONS[...]``), never a literal copy; a literal None is allowed where None
+    declared ``default_iterations``), never a literal copy; a literal None is allowed where None
     means "the spec's" or the spec's default is None itself."""
     for name, source in _default_sources(fn).items():
         if name not in FIELDS:
@@ -155,7 +156,7 @@ def test_signatures_refer_to_the_spec_instead_of_restating_a_value(where, fn):
         if source == "None" and (name in _NONE_MEANS_SPEC or getattr(SPEC, name) is None):
             continue
         allowed = {f"SPEC.{name}"} | (
-            {f"DEFAULT_ITERATIONS[{m!r}]" for m in DEFAULT_ITERATIONS}
+            {f"{c.__name__}.default_iterations" for c in BUILTIN_LINEAR_METHODS.values()}
             if name == "iterations"
             else set()
         )

@@ -319,20 +319,16 @@ def _run_flower_node(ctx: Workspace, replaced: bool) -> Any:
 
 def _mpmtl_runner(name: str, *, step_size: float | None) -> Callable[[Workspace, bool], Any]:
     def run(ctx: Workspace, replaced: bool) -> Any:
-        from privmtl.linear import mpmtl
+        from privmtl.linear.methods import linear_method
 
-        cls = {
-            "lowrank": mpmtl.MPMTLLowRank,
-            "groupsparse": mpmtl.MPMTLGroupSparse,
-            "lowrank-sparse": mpmtl.MPMTLLowRankSparse,
-        }[name]
+        method = linear_method(name)
         Xs, ys = make_tasks(ctx.seed, replaced)
         # the paper's iteration (zero start, projected output), where the step size acts; the
-        # default one-release refit of lowrank/groupsparse takes no gradient step
-        paper = {} if name == "lowrank-sparse" else {
+        # default one-release refit of a method with an output rule takes no gradient step
+        paper = {} if not method.output_rule else {
             "init": "zeros", "refit_lam": None, "eigen_fix": "shift",
         }  # fmt: skip
-        est = cls(
+        est = method.make(
             epsilon=2.0,
             delta=1e-5,
             iterations=5,
@@ -366,6 +362,8 @@ FIX_LINEAR_TUNING = "STL/MTL tuning: per task or by a private selection"
 
 def check_specs() -> list[CheckSpec]:
     """Every audited output path, in the order of the report."""
+    from privmtl.linear.methods import method_names
+
     cli = [
         CheckSpec("pmtl --finetune none", "cli", ("--finetune", "none")),
         CheckSpec("pmtl --finetune vanilla", "cli", ("--finetune", "vanilla")),
@@ -498,7 +496,7 @@ def check_specs() -> list[CheckSpec]:
                 "api",
                 runner=_mpmtl_runner(name, step_size=0.5),
             )
-            for name in ("lowrank", "groupsparse", "lowrank-sparse")
+            for name in method_names(protocol=True)
         ),
         CheckSpec(
             "MP-MTL lowrank (default step size)",

@@ -20,6 +20,7 @@ from privmtl.cli._common import (
 )
 from privmtl.gain import gain_verdict
 from privmtl.io import check_writable_dir
+from privmtl.linear.methods import DEFAULT_SWEEP_METHODS, linear_method
 
 __all__ = ["demo"]
 
@@ -103,7 +104,12 @@ def demo(
         res = run_mpmtl_sweep(
             data="synthetic-lowrank",
             data_path=None,
-            methods=["lowrank", "stl-l2"] if small else ["lowrank", "stl-l2", "mtl-trace"],
+            # the sweep's default methods; small: the private one and every task alone
+            methods=[
+                m
+                for m in DEFAULT_SWEEP_METHODS
+                if not small or linear_method(m).private or linear_method(m).isolated
+            ],
             epsilons=[1.0] if small else list(DEMO_EPSILONS),
             seeds=seeds,
             noise="gaussian",

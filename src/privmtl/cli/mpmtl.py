@@ -40,6 +40,7 @@ from privmtl.experiments.mpmtl_sweep import (
 from privmtl.gain import gain_verdict
 from privmtl.io import check_writable_dir
 from privmtl.linear.eigen_floor import FLOOR_GRID, FLOOR_VOTE, POWER_AUTO, VOTE_SHARE
+from privmtl.linear.methods import is_method_spec
 from privmtl.linear.selection import FINAL_STEPS
 from privmtl.linear.spec import DEFAULT_ITERATIONS, NOISES, SPEC
 from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
@@ -193,10 +194,34 @@ def _human(out: dict[str, Any]) -> None:
             click.echo(f"{key.replace('_', ' ')}: {out[key]}")
 
 
+class _LinearMethodType(click.ParamType):
+    """``--method``: one of the linear methods, or ``PATH.py:NAME`` / ``MODULE:NAME``."""
+
+    name = "method"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "[" + "|".join(METHODS) + "|PATH.py:NAME|MODULE:NAME]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value in METHODS or is_method_spec(value):
+            return value
+        self.fail(
+            f"{value!r} is not one of {', '.join(METHODS)}, nor PATH.py:NAME or MODULE:NAME.",
+            param,
+            ctx,
+        )
+
+
 @click.command()
 @_data_opt
 @mpmtl_data_options()
-@click.option("--method", type=click.Choice(list(METHODS)), required=True)
+@click.option(
+    "--method",
+    type=_LinearMethodType(),
+    required=True,
+    help="A method, or your own: PATH.py:NAME / MODULE:NAME naming a LinearMethod subclass "
+    "(its code runs; the result records the file's SHA-256 under method_source).",
+)
 @_noise_opt
 @click.option("--epsilon", type=float, help="Privacy budget ε (absent: non-private).")
 @click.option(

@@ -43,7 +43,6 @@ __all__ = [
     "REGISTRY",
     "SCHOOL_TRAIN_FRACTION",
     "TABLE_TRAIN_FRACTION",
-    "UNIT_NORM_METHODS",
     "DataSetInfo",
     "absolute_data_path",
     "data_protocol",
@@ -69,10 +68,6 @@ SCHOOL_TRAIN_FRACTION = 0.3
 
 TABLE_TRAIN_FRACTION = 0.7
 """A user's MP-MTL table's training fraction when none is given: the usual 70/30 split."""
-
-UNIT_NORM_METHODS = ("dp-aggr",)
-"""MP-MTL methods whose privacy proof assumes feature rows of norm at most 1: ``scaling="auto"``
-keeps unit-norm rows for them on every data set that is scaled."""
 
 PREPROCESSING = {
     "unit-norm": "every feature row scaled to unit l2 norm",
@@ -417,15 +412,15 @@ def data_protocol(
     normalize: str = "auto",
     train_fraction: float | None = None,
     *,
-    method: str | None = None,
+    unit_norm: bool = False,
 ) -> tuple[str, float | None]:
     """The scaling and training fraction an MP-MTL run uses: ``auto`` / ``None`` resolved for
     ``data``.
 
     School keeps the paper's protocol (unit-norm rows, 30% training); a table gets per-task
-    standardization and a 70/30 split, except for a method of :data:`UNIT_NORM_METHODS`
-    (``method="dp-aggr"``), whose sensitivity bound needs rows of norm at most 1 (unit-norm
-    rows); the synthetic generators have their own splits (``("none", None)``).
+    standardization and a 70/30 split, except with ``unit_norm=True`` (a method whose sensitivity
+    bound needs rows of norm at most 1, :attr:`~privmtl.linear.methods.LinearMethod.unit_norm`:
+    unit-norm rows); the synthetic generators have their own splits (``("none", None)``).
     """
     info = dataset_info("mpmtl", data)
     check_choice("normalize", normalize, MPMTL_SCALINGS)
@@ -433,7 +428,7 @@ def data_protocol(
         return "none", None
     if normalize == "auto":
         assert info.scaling is not None
-        normalize = "unit-norm" if method in UNIT_NORM_METHODS else info.scaling
+        normalize = "unit-norm" if unit_norm else info.scaling
     if train_fraction is None:
         train_fraction = info.train_fraction
     frac = check_real("train_fraction", train_fraction, low=0.0, high=1.0, closed="neither")
@@ -450,7 +445,7 @@ def load_mpmtl_data(
     target_column: str = "y",
     normalize: str = "auto",
     feature_columns: Sequence[str] | None = None,
-    method: str | None = None,
+    unit_norm: bool = False,
 ) -> tuple[MultiTaskDataset, MultiTaskDataset]:
     """(train, test) of an MP-MTL data set by name, preprocessed as :func:`data_protocol` says.
 
@@ -461,10 +456,11 @@ def load_mpmtl_data(
     intercept, and centred features alone could not fit a target's mean). ``normalize``
     (``"per-task"``, ``"unit-norm"``, ``"none"``) and ``train_fraction`` override either. A
     table's target with 3 to 10 distinct integer values is refused: it looks like a multi-class
-    label, which no MP-MTL method models. ``method`` lets :func:`data_protocol` resolve
-    ``"auto"`` for the method that will be fitted.
+    label, which no MP-MTL method models. ``unit_norm`` lets :func:`data_protocol` resolve
+    ``"auto"`` for the method that will be fitted (its
+    :attr:`~privmtl.linear.methods.LinearMethod.unit_norm`).
     """
-    scaling, frac = data_protocol(data, normalize, train_fraction, method=method)
+    scaling, frac = data_protocol(data, normalize, train_fraction, unit_norm=unit_norm)
     info = REGISTRY["mpmtl"][data]
     given: dict[str, Any] = {
         "data_path": data_path,

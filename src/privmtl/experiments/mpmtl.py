@@ -18,7 +18,6 @@ scaled to unit ℓ2 norm. The privacy defaults follow DP practice instead of the
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from collections.abc import Sequence
@@ -30,24 +29,32 @@ import numpy as np
 from numpy.typing import NDArray
 
 from privmtl._timing import MPMTL_PHASES, PhaseTimer
-from privmtl._validation import check_choice, check_int
+from privmtl._validation import check_choice
 from privmtl.data.multitask import INTERCEPT, MultiTaskDataset
 from privmtl.data.registry import (
     MPMTL_SCALINGS as TABLE_SCALINGS,
 )
 from privmtl.data.registry import (
     PREPROCESSING,
-    SCHOOL_TRAIN_FRACTION,
     absolute_data_path,
     data_protocol,
     dataset_names,
     load_mpmtl_data,
     target_offsets,
 )
-from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.gain import GAIN_LEVEL, gain_interval
+from privmtl.exceptions import InvalidParameterError
+from privmtl.experiments.mpmtl_baseline import STL_BASELINE, _stl_baseline
+from privmtl.experiments.mpmtl_saved import _jsonable, _save_models, _write_json, evaluate_saved
+from privmtl.linear.loading import resolve_linear_method
+from privmtl.linear.methods import (
+    METHODS,
+    PRIVATE_METHODS,
+    LinearMethod,
+    linear_method,
+    method_names,
+)
 from privmtl.linear.metrics import aauc, nmse
-from privmtl.linear.selection import ISOLATED_METHODS, METHODS, PRIVATE_METHODS, estimator_class
+from privmtl.linear.selection import estimator_class
 from privmtl.linear.spec import SPEC, TUNE_MODES, MPMTLSpec, resolve_defaults
 from privmtl.locking import holding_directories
 from privmtl.privacy import PrivacyGuarantee
@@ -57,6 +64,7 @@ __all__ = [
     "METHODS",
     "NOT_COVERED_POOLED",
     "PRIVATE_METHODS",
+    "STL_BASELINE",
     "TABLE_SCALINGS",
     "TUNE_MODES",
     "TUNING_NOTE",
@@ -100,27 +108,16 @@ _NOTE_NONPRIVATE = (
 )
 _NOTE_UNTUNED = "no tuning (the estimator's defaults)"
 
-#: Methods whose estimator runs the MP-MTL protocol (ledger, checkpoints, budget).
-ESTIMATOR_PROTOCOL_METHODS = ("lowrank", "groupsparse", "lowrank-sparse")
-
-#: Methods with an output rule (``final_step``: the paper's projection or the local refit).
-_OUTPUT_RULE_METHODS = ("lowrank", "groupsparse")
-
 SEEDED_NOTE = (
     "seeded noise (--reproducible-noise): anyone who knows the seed can regenerate and subtract "
     "it; for research simulation only, it protects nobody"
 )
 
 
-def _supported(cls: Any, params: dict[str, Any]) -> dict[str, Any]:
-    names = set(inspect.signature(cls.__init__).parameters)
-    return {k: v for k, v in params.items() if k in names and v is not None}
-
-
 def _guarantee_of(method: str, est: Any) -> PrivacyGuarantee:
     from dataclasses import replace
 
-    if method in ISOLATED_METHODS:
+    if linear_method(method).isolated:
         return PrivacyGuarantee(
             epsilon=0.0,
             delta=0.0,
@@ -260,10 +257,10 @@ def _durability(spec: MPMTLSpec, checkpoint_dir: str | Path | None, resume: bool
         raise InvalidParameterError(
             "The 'resume' parameter needs a checkpoint_dir to resume from; got checkpoint_dir=None."
         )
-    if runtime and spec.method not in ESTIMATOR_PROTOCOL_METHODS:
+    if runtime and not linear_method(spec.method).protocol:
         raise InvalidParameterError(
             "The checkpoint/budget parameters apply to the MP-MTL methods "
-            f"{ESTIMATOR_PROTOCOL_METHODS}; got method={spec.method!r}."
+            f"{method_names(protocol=True)}; got method={spec.method!r}."
         )
     tuning_file = None if checkpoint_dir is None else Path(checkpoint_dir) / "tuning.json"
     if checkpoint_dir is not None and not resume:
@@ -284,7 +281,7 @@ def _load(
 ) -> LoadedData:
     """Load: the (train, test) split (``split``, or the registered data set loaded by the seed),
     its resolved scaling and training fraction, and every task's own intercept."""
-    req = request
+    req, unit_norm = request, linear_method(spec.method).unit_norm
     train, test = (
         split
         if split is not None
@@ -297,21 +294,23 @@ def _load(
             target_column=req.target_column,
             normalize=req.normalize,
             feature_columns=req.feature_columns,
-            method=spec.method,
+            unit_norm=unit_norm,
         )
     )
-    scaling, frac = data_protocol(req.data, req.normalize, req.train_fraction, method=spec.method)
+    scaling, frac = data_protocol(req.data, req.normalize, req.train_fraction, unit_norm=unit_norm)
     return LoadedData(req, train, test, scaling, frac, target_offsets(train, scaling))
 
 
 def _fixed_params(
     spec: MPMTLSpec, loaded: LoadedData, search: bool, extra_params: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The estimator keywords the run fixes: the resolved spec, the loss, the user's extras."""
-    method = spec.method
+    """The estimator keywords the run fixes: the run settings the method declares
+    (:meth:`~privmtl.linear.methods.LinearMethod.estimator_params`; None keeps the estimator's
+    default), then the user's extras, each checked to be a parameter of the estimator."""
+    cls = linear_method(spec.method)
     resolved = resolve_defaults(spec, loaded.train)
     classification = loaded.train.task_type == "classification"
-    fixed: dict[str, Any] = {
+    run: dict[str, Any] = {
         "epsilon": spec.epsilon,
         "delta": resolved.delta,
         "noise": spec.noise,
@@ -322,23 +321,22 @@ def _fixed_params(
         "noise_source": spec.noise_source,
         "eigen_floor": spec.eigen_floor,
         "refit_power": spec.refit_power,
-        "loss": "logistic" if classification and method != "dp-mtrl" else None,
+        "loss": "logistic" if classification else None,
     }
-    if not search and spec.final_step == "projection" and method in _OUTPUT_RULE_METHODS:
-        fixed["refit_lam"] = None  # the paper's projected output (the default is the refit)
-    fixed.update(extra_params or {})
-    return _supported(estimator_class(method), fixed)
+    extra: dict[str, Any] = {}
+    if not search and spec.final_step == "projection" and cls.output_rule:
+        extra["refit_lam"] = None  # the paper's projected output (the default is the refit)
+    extra.update(extra_params or {})
+    return cls.estimator_params(run, extra)
 
 
 def _search_grid(
     method: str, fixed: dict[str, Any], user_set: tuple[str, ...]
 ) -> list[dict[str, Any]] | None:
     """The pooled search's grid without the settings the user fixed (None: the default grid)."""
-    from privmtl.linear.selection import DEFAULT_GRIDS
-
     if not user_set:
         return None
-    raw = DEFAULT_GRIDS.get(method, [])
+    raw = linear_method(method).grid
     grid = [dict(g) for g in (raw if isinstance(raw, list) else [raw])]
     for sub in grid:
         for key in user_set:
@@ -359,9 +357,8 @@ def _fit(
     the ``setup``, ``tuning`` (a search over a grid) and ``fit`` phases."""
     timer = PhaseTimer(MPMTL_PHASES) if timer is None else timer
     method, tune_mode, seed = spec.method, spec.tune, spec.seed
-    search = tune_mode == "pooled" or (
-        tune_mode == "covered" and method not in PRIVATE_METHODS + ISOLATED_METHODS
-    )
+    cls = linear_method(method)
+    search = tune_mode == "pooled" or (tune_mode == "covered" and not (cls.private or cls.isolated))
     with timer.phase("setup"):
         fixed = _fixed_params(spec, loaded, search, extra_params)
     train, offsets = loaded.train, loaded.offsets
@@ -371,17 +368,17 @@ def _fit(
     tuned = False
     note = _NOTE_UNTUNED
     est: Any = None
-    if tune_mode == "covered" and method in ISOLATED_METHODS:
+    if tune_mode == "covered" and cls.isolated:
         tuned, note = True, _NOTE_PER_TASK
-        if method == "stl-l2":
-            best = {"lam": "cv"}  # every task: exact leave-one-out on its own samples
+        if cls.per_task_params is not None:
+            best = dict(cls.per_task_params)  # the estimator chooses per task on its own
         else:
             from privmtl.linear.selection import PerTaskSelected
 
             est = PerTaskSelected(
                 method=method, loss=fixed.get("loss") or "squared", random_state=seed
             )
-    elif tune_mode == "covered" and method in PRIVATE_METHODS:
+    elif tune_mode == "covered" and cls.private:
         note = _NOTE_PUBLIC
     elif search and durability.resume and tuning_file is not None and tuning_file.is_file():
         # the resumed run continues the configuration tuned (and checkpointed) before
@@ -408,7 +405,7 @@ def _fit(
                     n_splits=spec.n_splits,
                     random_state=seed,
                     grid=grid,
-                    final_step=spec.final_step if method in _OUTPUT_RULE_METHODS else "auto",
+                    final_step=spec.final_step if cls.output_rule else "auto",
                     **search_fixed,
                 )
                 tuned = True
@@ -417,7 +414,7 @@ def _fit(
     if tuned and search:
         note = TUNING_NOTE if tune_mode == "pooled" else _NOTE_NONPRIVATE
     if est is None:
-        est = estimator_class(method)(**{**fixed, **best, **durability.runtime})
+        est = cls.make(**{**fixed, **best, **durability.runtime})
     with timer.phase("fit"):
         est.fit(Xs, ys)
     guarantee = _guarantee_of(method, est)
@@ -438,7 +435,7 @@ def _finish(spec: MPMTLSpec, loaded: LoadedData, fitted: FittedRun) -> FinishedR
     )
     final_step = (
         ("refit" if est.get_params().get("refit_lam") is not None else "projection")
-        if spec.method in _OUTPUT_RULE_METHODS
+        if linear_method(spec.method).output_rule
         else None
     )
     baseline = _stl_baseline(loaded, pred, classification)
@@ -446,56 +443,6 @@ def _finish(spec: MPMTLSpec, loaded: LoadedData, fitted: FittedRun) -> FinishedR
     if classification:
         return FinishedRun(final_step, "auc", aauc(list(test.y), pred), baseline, pred, alone)
     return FinishedRun(final_step, "nmse", nmse(list(test.y), pred), baseline, pred, alone)
-
-
-STL_BASELINE = (
-    "every task alone: ridge on its own training rows, its penalty chosen on its own samples "
-    "(STLRidge(lam='cv'); the logistic loss for classification), no sharing and no privacy cost; "
-    f"gain_interval: {GAIN_LEVEL:.0%} normal interval over tasks"
-)
-"""How an MP-MTL result's baseline is computed (its ``stl_baseline`` key)."""
-
-
-def _stl_baseline(loaded: LoadedData, pred: list[Any], classification: bool) -> dict[str, Any]:
-    """Every task alone beside the run (:data:`STL_BASELINE`): ``stl_nmse`` (``stl_auc``),
-    ``gain_over_stl`` (positive: the run is better) and its ``gain_interval`` over tasks
-    (:func:`~privmtl.gain.gain_interval`: per-task squared errors over the pooled target
-    variance, as the pooled nMSE divides them; per-task AUCs for classification)."""
-    from privmtl.linear.metrics import per_task_auc
-    from privmtl.linear.stl import STLRidge
-
-    train, test = loaded.train, loaded.test
-    stl = STLRidge(lam="cv", loss="logistic" if classification else "squared")
-    stl.fit(list(train.X), list(train.y))
-    ys = [np.asarray(y, dtype=np.float64) for y in test.y]
-    if classification:
-        alone = stl.decision_function(list(test.X))
-        own, base = per_task_auc(list(test.y), pred), per_task_auc(list(test.y), alone)
-        has = ~(np.isnan(own) | np.isnan(base))
-        gain, (low, high) = gain_interval(own[has], base[has], np.ones(int(has.sum())))
-        return {
-            "stl_auc": aauc(list(test.y), alone),
-            "gain_over_stl": gain,
-            "gain_interval": [low, high],
-            "stl_baseline": STL_BASELINE,
-            "_pred": alone,
-        }
-    alone = [p + o for p, o in zip(stl.predict(list(test.X)), loaded.offsets, strict=True)]
-    var = float(np.var(np.concatenate(ys))) if ys else 0.0
-    sse = np.array([float(((y - np.asarray(p)) ** 2).sum()) for y, p in zip(ys, pred, strict=True)])
-    sse_stl = np.array(
-        [float(((y - np.asarray(p)) ** 2).sum()) for y, p in zip(ys, alone, strict=True)]
-    )
-    n = np.array([len(y) for y in ys], dtype=np.float64)
-    scale = var if var > 0 else 1.0
-    gain, (low, high) = gain_interval(-sse / scale, -sse_stl / scale, n)
-    return {
-        "stl_nmse": nmse(list(test.y), alone),
-        "gain_over_stl": gain,
-        "gain_interval": [low, high],
-        "stl_baseline": STL_BASELINE,
-        "_pred": alone,
-    }
 
 
 def _report(
@@ -507,6 +454,7 @@ def _report(
 ) -> dict[str, Any]:
     """Report: the JSON-ready result dictionary of the run (without ``seconds`` and ``phases``)."""
     method, epsilon, est, guarantee = spec.method, spec.epsilon, fitted.est, fitted.guarantee
+    private = linear_method(method).private
     train = loaded.train
     out: dict[str, Any] = {
         "method": method,
@@ -516,7 +464,7 @@ def _report(
         "relation": guarantee.relation,
         "sampling": guarantee.sampling,
         "accountant": guarantee.accountant,
-        "noise": spec.noise if method in PRIVATE_METHODS and epsilon is not None else None,
+        "noise": spec.noise if private and epsilon is not None else None,
         "target_epsilon": epsilon,
         "seed": spec.seed,
         "n_tasks": train.n_tasks,
@@ -544,11 +492,7 @@ def _report(
         out["per_task_params"] = per_task
     out.update(_protocol_keys(method, est, spec.noise_source, durability.runtime))
     notes = out["guarantee"]["notes"]
-    if (
-        method in PRIVATE_METHODS
-        and epsilon is not None
-        and "noise_source" not in est.get_params(deep=False)
-    ):
+    if private and epsilon is not None and "noise_source" not in est.get_params(deep=False):
         notes.append(
             f"{method} draws its noise from the seed (seeded); secure noise is not implemented "
             "for this baseline: " + SEEDED_NOTE
@@ -577,7 +521,7 @@ def _report(
 def run_mpmtl(
     *,
     data: str,
-    method: str,
+    method: str | type[LinearMethod],
     data_path: str | Path | None = None,
     epsilon: float | None = SPEC.epsilon,
     delta: float | str | None = SPEC.delta,
@@ -608,41 +552,28 @@ def run_mpmtl(
 ) -> dict[str, Any]:
     """Run one method at one ε and return a JSON-ready result dictionary.
 
+    ``method``: a name of :mod:`privmtl.linear.methods` (or a registered own method), a
+    :class:`~privmtl.linear.methods.LinearMethod` subclass, or ``PATH.py:NAME`` /
+    ``MODULE:NAME`` naming one (loaded, its file's SHA-256 recorded as ``method_source``).
+
     The run is four steps: load the data (:class:`DataRequest` → :class:`LoadedData`), fit the
     estimator and read its guarantee (:class:`FittedRun`), finish (output rule, test metric:
     :class:`FinishedRun`; the models saved when asked), report (the result dictionary). The
     method and privacy settings are an :class:`~privmtl.linear.spec.MPMTLSpec`.
 
-    ``noise_source``: ``"secure"`` (OS entropy, the default) or ``"seeded"`` (reproducible from
-    ``seed``; research simulation only). It is passed to the estimator and to every fit of the
-    cross-validation. ``budget_epsilon``, ``checkpoint_dir``, ``checkpoint_every`` and ``resume``
-    go to the final fit of an MP-MTL estimator (the run's durable ledger is
-    ``checkpoint_dir/ledger.jsonl``; the tuned hyper-parameters are kept in
-    ``checkpoint_dir/tuning.json`` so that a resumed run continues the same configuration).
-    ``save_models`` writes the fitted ``W`` and its description (:mod:`privmtl.linear.saved`);
-    :func:`evaluate_saved` scores it again.
+    ``noise_source`` goes to the estimator and every fit of the cross-validation;
+    ``budget_epsilon``, ``checkpoint_dir``, ``checkpoint_every`` and ``resume`` to the final fit of
+    an MP-MTL estimator (durable ledger ``checkpoint_dir/ledger.jsonl``; the tuned
+    hyper-parameters kept in ``checkpoint_dir/tuning.json`` for a resumed run). ``save_models``
+    writes the fitted ``W`` (:mod:`privmtl.linear.saved`); :func:`evaluate_saved` scores it again.
 
-    ``delta``: None ⇒ min(1e-5, 1/(100·m)) on every data set; ``"paper"`` ⇒ the MP-MTL paper's
-    1/(m·log m) (benchmarks reproducing the paper pass it); a number ⇒ itself (warned when ≥ 1/m).
-
-    ``tune`` (:data:`TUNE_MODES`; ``True`` means ``"covered"``, ``False`` ``"none"``): see the
-    module docstring. ``"pooled"`` marks every private or single-task result ``covered: false``
-    with :data:`NOT_COVERED_POOLED`.
-
-    ``eigen_floor`` (MP-MTL low-rank with the refit): the floor τ of the refit's eigenvalue cut,
-    ``"vote"`` (the default: the tasks' recorded vote over a public grid, charged to ε, where it
-    can matter and carry signal) or a fixed multiple of the estimation-noise edge
-    (:mod:`privmtl.linear.eigen_floor`); the key ``eigen_floor`` of the result describes it (the
-    grid, the candidates voted on, the winner ``floor``, the ``cut``, the ``noisy_counts``, the
-    vote's own ``vote_epsilon`` and ``vote_share``, and the ``reason`` a vote was or was not held).
-    ``refit_power`` (MP-MTL low-rank with the refit): the power p of the refit's metric
-    ``D ∝ Λ^p``, ``"auto"`` (the default: 1 where the release's noise norm is under half the
-    estimation-noise edge, else 1/2; :func:`~privmtl.linear.eigen_floor.auto_refit_power`) or a
-    number; the key ``refit_power`` of the result is the power used.
-
-    ``final_step`` (MP-MTL low-rank / group-sparse): the paper's projected output
-    (``"projection"``) or the local variational refit (``"refit"``); ``"auto"``: the refit (the
-    estimators' default) unless a pooled search chooses (:func:`privmtl.linear.selection.tune_method`).
+    ``delta``, ``eigen_floor``, ``refit_power``, ``final_step`` and the other method and privacy
+    settings mean what :class:`~privmtl.linear.spec.MPMTLSpec` says (δ: None ⇒ min(1e-5,
+    1/(100·m)), ``"paper"`` ⇒ 1/(m·log m); ``final_step="auto"``: the refit unless a pooled search
+    chooses); the result's keys ``eigen_floor`` and ``refit_power`` describe the floor's vote and
+    the power used. ``tune`` (:data:`TUNE_MODES`; ``True`` means ``"covered"``, ``False``
+    ``"none"``): see the module docstring; ``"pooled"`` marks every private or single-task result
+    ``covered: false`` with :data:`NOT_COVERED_POOLED`.
 
     ``data`` names a data set of :data:`privmtl.data.registry.REGISTRY` (``"mpmtl"`` family);
     ``normalize``, ``train_fraction``, ``task_column``, ``target_column`` and
@@ -653,18 +584,17 @@ def run_mpmtl(
     Keys: ``method, data, epsilon, delta, relation, sampling, accountant, nmse | auc, seconds,
     params, tuned, tune, tuning_note, guarantee, covered, n_tasks, n_features, seed, noise_source,
     stopped_on_budget`` (and ``eigen_floor``, ``refit_power``, ``per_task_params``,
-    ``iterations_run``, ``checkpoint_dir``, ``ledger``, ``resumed_from``, ``models_dir`` when they
-    apply) and ``phases``. ``seconds`` is
-    the run's wall time, from the call to the finished result (saving the models included);
-    ``phases`` its seconds by phase (:data:`~privmtl._timing.MPMTL_PHASES`: ``data``, ``setup``,
-    ``tuning``, ``fit``, ``scoring``, ``saving`` and ``other``, which add up to ``seconds``). ``epsilon`` is what the ledger
-    recorded; ``covered`` is ``guarantee["covered"]``; ``noise_source`` is ``"none"`` when the run
-    added no noise.
+    ``iterations_run``, ``checkpoint_dir``, ``ledger``, ``resumed_from``, ``models_dir``,
+    ``method_source`` when they apply) and ``phases``. ``seconds`` is the run's wall time (saving
+    included), ``phases`` its seconds by phase (:data:`~privmtl._timing.MPMTL_PHASES`, adding up
+    to ``seconds``). ``epsilon`` is what the ledger recorded; ``covered`` is
+    ``guarantee["covered"]``; ``noise_source`` is ``"none"`` when the run added no noise.
     """
     timer = PhaseTimer(MPMTL_PHASES)  # the run's wall time starts here
+    method_obj, method_source = resolve_linear_method(method)
     spec = MPMTLSpec(
         tune=_tune_mode(tune),
-        method=method,
+        method=method_obj.name,
         noise=noise,
         epsilon=epsilon,
         delta=delta,
@@ -705,6 +635,8 @@ def run_mpmtl(
     with timer.phase("scoring"):
         finished = _finish(spec, loaded, fitted)
     out = _report(spec, loaded, fitted, finished, durability)
+    if method_source is not None:  # a user's method: its file and the file's SHA-256
+        out["method_source"] = method_source
     rows = _task_rows(spec, loaded, finished) if per_client or save_models else None
     if per_client is not None:
         from privmtl.per_client import write_rows
@@ -738,8 +670,9 @@ def _protocol_keys(
     method: str, est: Any, requested: str, runtime: dict[str, Any]
 ) -> dict[str, Any]:
     """``noise_source``, ``stopped_on_budget`` and the checkpoint/ledger keys of a result."""
+    cls = linear_method(method)
     params = est.get_params(deep=False) if hasattr(est, "get_params") else {}
-    private = method in PRIVATE_METHODS and params.get("epsilon") is not None
+    private = cls.private and params.get("epsilon") is not None
     if not private:
         source = "none"  # the run adds no noise
     elif "noise_source" in params:
@@ -750,7 +683,7 @@ def _protocol_keys(
         "noise_source": source,
         "stopped_on_budget": bool(getattr(est, "stopped_on_budget_", False)),
     }
-    if hasattr(est, "n_iter_") and method in ESTIMATOR_PROTOCOL_METHODS:
+    if hasattr(est, "n_iter_") and cls.protocol:
         out["iterations_run"] = int(est.n_iter_)
     if "checkpoint_dir" in runtime:
         out["checkpoint_dir"] = runtime["checkpoint_dir"]
@@ -759,29 +692,6 @@ def _protocol_keys(
     if "budget_epsilon" in runtime:
         out["budget_epsilon"] = runtime["budget_epsilon"]
     return out
-
-
-def _jsonable(value: Any) -> Any:
-    import numpy as np
-
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _write_json(path: Path, payload: Any) -> None:
-    from privmtl.checkpoint import write_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
 
 
 def _task_rows(spec: MPMTLSpec, loaded: LoadedData, finished: FinishedRun) -> Any:
@@ -795,176 +705,3 @@ def _task_rows(spec: MPMTLSpec, loaded: LoadedData, finished: FinishedRun) -> An
         train.task_names, [len(y) for y in train.y], list(test.y), finished.pred, spec.method,
         finished.stl_pred, classification=finished.metric == "auc",
     )  # fmt: skip
-
-
-def _save_models(
-    directory: str | Path,
-    est: Any,
-    out: dict[str, Any],
-    *,
-    data: dict[str, Any],
-    rows: Any = None,
-) -> Path:
-    from privmtl.linear.saved import save_linear_models
-
-    metric = "nmse" if "nmse" in out else "auc"
-    # the run's test metric and its baseline's (every task alone)
-    baseline = ("stl_nmse", "stl_auc", "gain_over_stl", "gain_interval")
-    metrics: dict[str, Any] = {metric: out[metric], **{k: out[k] for k in baseline if k in out}}
-    meta = {
-        "family": "mpmtl",
-        "method": out["method"],
-        "estimator": f"{type(est).__module__}.{type(est).__name__}",
-        "loss": getattr(est, "loss", "squared"),
-        "params": _jsonable(out["params"]),
-        "data": _jsonable(data),
-        "guarantee": _jsonable(out["guarantee"]),
-        "summary": out["summary"],
-        "noise_source": out["noise_source"],
-        "stopped_on_budget": out["stopped_on_budget"],
-        "iterations_run": out.get("iterations_run"),
-        "metrics": metrics,
-    }
-    ledger = getattr(est, "ledger_", None)
-    if ledger is not None and ledger.path is not None:  # privmtl evaluate checks it
-        meta["ledger"] = {"path": str(Path(ledger.path).resolve()), **ledger.seen()}
-    return save_linear_models(directory, est.coef_, meta, clients=rows)
-
-
-def evaluate_saved(
-    models_dir: str | Path,
-    *,
-    data: str | None = None,
-    data_path: str | Path | None = None,
-    seed: int | None = None,
-    task_column: str | None = None,
-    target_column: str | None = None,
-    feature_columns: list[str] | tuple[str, ...] | None = None,
-    normalize: str | None = None,
-    train_fraction: float | None = None,
-    per_client: str | Path | None = None,
-) -> dict[str, Any]:
-    """Reload a model saved by ``run_mpmtl(save_models=...)`` and score it on the test split.
-
-    The data set, its absolute path, the table's columns, the scaling, the training fraction and
-    the split seed default to the run's (``model.json``); the same data and split give exactly the
-    run's ``nmse`` (regression) or ``auc`` (classification). Models saved before the scaling was
-    recorded were made with the paper's protocol (unit-norm rows, 30% training). The recorded data
-    path is followed only for a folder this user signed (:mod:`privmtl.trust`); otherwise pass
-    ``data_path``. ``per_client`` (a ``.csv`` or ``.parquet`` file) receives every task's row
-    (:func:`~privmtl.per_client.mpmtl_rows`): its score now, beside its score alone as the run
-    recorded it in the folder's ``clients.csv``.
-    """
-    import numpy as np
-
-    from privmtl.linear.saved import load_linear_models
-
-    if per_client is not None:
-        from privmtl.per_client import check_rows_path
-
-        per_client = check_rows_path(per_client)
-    from privmtl.trust import followed_data_path, is_signed
-
-    meta, coef = load_linear_models(models_dir)
-    from privmtl.privacy.ledger import check_saved_ledger
-
-    checked = check_saved_ledger(
-        meta.get("ledger") if is_signed(meta) else None,  # outside paths: signed folders only
-        meta.get("guarantee"),
-        where=f"the saved model in {models_dir}",
-    )
-    if meta.get("family") != "mpmtl":
-        raise DataFormatError(
-            f"{models_dir} holds {meta.get('family')!r} models, not MP-MTL (linear) models."
-        )
-    saved = meta.get("data", {})
-    name = data if data is not None else saved.get("data")
-    path = followed_data_path(
-        saved.get("data_path"),
-        data_path,
-        folder=Path(models_dir),
-        signed=is_signed(meta),
-        where=str(Path(models_dir) / "model.json"),
-    )
-    sd = check_int("seed", seed if seed is not None else saved.get("seed", 0), low=0)
-    legacy = "scaling" not in saved  # written before scaling was recorded: the paper's protocol
-    train, test = load_mpmtl_data(
-        str(name),
-        data_path=path,
-        seed=sd,
-        task_column=task_column or saved.get("task_column", "task"),
-        target_column=target_column or saved.get("target_column", "y"),
-        feature_columns=(
-            feature_columns if feature_columns is not None else saved.get("feature_columns")
-        ),
-        normalize=normalize or ("unit-norm" if legacy else saved.get("scaling", "auto")),
-        train_fraction=(
-            train_fraction
-            if train_fraction is not None
-            else saved.get("train_fraction") or (SCHOOL_TRAIN_FRACTION if legacy else None)
-        ),
-    )
-    d, m = coef.shape
-    if (test.n_features, test.n_tasks) != (d, m):
-        raise DataFormatError(
-            f"The saved model has d={d} features and m={m} tasks; the data {name!r} has "
-            f"d={test.n_features}, m={test.n_tasks}. Pass the --data the run used."
-        )
-    offsets = saved.get("target_offsets") or [0.0] * m  # absent: saved without intercepts
-    scores = [
-        np.asarray(x @ coef[:, i] + offsets[i], dtype=np.float64) for i, x in enumerate(test.X)
-    ]
-    out: dict[str, Any] = {
-        "family": "mpmtl",
-        "method": meta.get("method"),
-        "data": name,
-        "seed": sd,
-        "models_dir": str(Path(models_dir).resolve()),
-        "n_tasks": m,
-        "n_features": d,
-        "noise_source": meta.get("noise_source"),
-        "stopped_on_budget": meta.get("stopped_on_budget"),
-        "guarantee": meta.get("guarantee"),
-        "covered": (meta.get("guarantee") or {}).get("covered"),
-        "ledger_checked": checked,
-        "summary": meta.get("summary"),
-    }
-    if test.task_type == "classification":
-        out["auc"] = aauc(list(test.y), scores)
-    else:
-        out["nmse"] = nmse(list(test.y), scores)
-    if per_client is not None:
-        from privmtl.per_client import write_rows
-
-        rows = _saved_task_rows(Path(models_dir), meta, train, test, scores)
-        out["per_client_file"] = str(write_rows(per_client, rows))
-    return out
-
-
-def _saved_task_rows(
-    models_dir: Path,
-    meta: dict[str, Any],
-    train: MultiTaskDataset,
-    test: MultiTaskDataset,
-    scores: list[Any],
-) -> Any:
-    """:func:`evaluate_saved`'s per-task rows: the scores now, each task alone as recorded in
-    the folder's ``clients.csv`` (NaN without one)."""
-    from privmtl.linear.saved import linear_clients_file
-    from privmtl.per_client import mpmtl_rows, read_rows, with_mpmtl_gain
-
-    classification = test.task_type == "classification"
-    rows = mpmtl_rows(
-        test.task_names, [len(y) for y in train.y], list(test.y), scores, str(meta.get("method")),
-        classification=classification,
-    )  # fmt: skip
-    name = linear_clients_file(models_dir, meta)  # inside the folder, its SHA-256 checked
-    if name is not None:
-        recorded = read_rows(name)
-        columns = [c for c in rows.columns if c.startswith("stl_")]
-        if list(recorded["client"]) != list(rows["client"]) or not set(columns) <= set(recorded):
-            raise DataFormatError(f"{name} does not hold the {test.n_tasks} tasks' rows.")
-        for column in columns:
-            rows[column] = recorded[column].to_numpy(np.float64)
-        rows = with_mpmtl_gain(rows)
-    return rows

@@ -76,7 +76,8 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.common import _LinearMTLMixin, check_tasks, resolve_delta
 from privmtl.linear.local import local_ridge
 from privmtl.linear.losses import LOSSES, TaskBatch
-from privmtl.linear.spec import DEFAULT_ITERATIONS, spec_constraints
+from privmtl.linear.methods import DPMTRLMethod
+from privmtl.linear.spec import spec_constraints
 from privmtl.privacy.mechanisms import sample_l2_laplace
 
 __all__ = [
@@ -244,7 +245,7 @@ class DPMTRL(_IPBase):
         lam2: float = 0.1,
         epsilon: float | None = None,
         delta: float | None = None,
-        iterations: int = DEFAULT_ITERATIONS["dp-mtrl"],
+        iterations: int = DPMTRLMethod.default_iterations,
         omega_eps: float = 1e-3,
         output: str = "perturbed",
         loss: str = "squared",

@@ -42,7 +42,19 @@ from sklearn.base import BaseEstimator
 from privmtl._validation import check_choice, check_int, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.common import _LinearMTLMixin, check_tasks
-from privmtl.linear.local import RIDGE_GRID
+from privmtl.linear.methods import (
+    DEFAULT_GRIDS,
+    ISOLATED_METHODS,
+    METHOD_ESTIMATORS,
+    METHODS,
+    MPMTL_METHODS,
+    PRIVATE_METHODS,
+    RELATIVE_KEYS,
+    STL_WEIGHT,
+    STLL2,
+    linear_method,
+    method_names,
+)
 
 __all__ = [
     "DEFAULT_GRIDS",
@@ -74,158 +86,6 @@ TUNING_NOT_CHARGED = (
     "covers one training run with the selected hyper-parameters, not the search."
 )
 
-#: CLI method names, in display order.
-METHODS: tuple[str, ...] = (
-    "lowrank",
-    "groupsparse",
-    "lowrank-sparse",
-    "stl-l2",
-    "stl-l1",
-    "mtl-trace",
-    "mtl-l21",
-    "mtrl",
-    "average",
-    "dp-mtrl",
-    "dp-aggr",
-)
-
-#: Module and class name of the estimator behind every method (imported lazily).
-METHOD_ESTIMATORS: dict[str, tuple[str, str]] = {
-    "lowrank": ("privmtl.linear.mpmtl", "MPMTLLowRank"),
-    "groupsparse": ("privmtl.linear.mpmtl", "MPMTLGroupSparse"),
-    "lowrank-sparse": ("privmtl.linear.mpmtl", "MPMTLLowRankSparse"),
-    "stl-l2": ("privmtl.linear.stl", "STLRidge"),
-    "stl-l1": ("privmtl.linear.regularized", "STLLasso"),
-    "mtl-trace": ("privmtl.linear.regularized", "TraceNormMTL"),
-    "mtl-l21": ("privmtl.linear.regularized", "L21MTL"),
-    "mtrl": ("privmtl.linear.mtrl", "MTRL"),
-    "average": ("privmtl.linear.stl", "ModelAveraging"),
-    "dp-mtrl": ("privmtl.linear.dp_baselines", "DPMTRL"),
-    "dp-aggr": ("privmtl.linear.dp_baselines", "DPAGGR"),
-}
-
-#: Methods whose estimator takes ``epsilon`` / ``delta`` / ``random_state``.
-PRIVATE_METHODS: tuple[str, ...] = (
-    "lowrank",
-    "groupsparse",
-    "lowrank-sparse",
-    "dp-mtrl",
-    "dp-aggr",
-)
-
-#: Methods that share nothing between tasks (epsilon = 0 towards every other task).
-ISOLATED_METHODS: tuple[str, ...] = ("stl-l2", "stl-l1")
-
-
-def _decades(lo: int, hi: int, per_decade: int = 1) -> list[float]:
-    n = (hi - lo) * per_decade
-    return [float(10.0 ** (lo + k / per_decade)) for k in range(n + 1)]
-
-
-# Optimization strategies searched for the MP-MTL estimators (paper §5.2: acceleration on/off,
-# strong convexity on/off, allocation alpha or Q). alpha/Q = None means the paper's optimum (§4.5).
-_NO_ACC = {"accelerate": False, "mu": 0.0, "allocation": "power", "alpha": 0.0}
-_ACC = {"accelerate": True, "mu": 0.0, "allocation": "power", "alpha": 0.4}
-_ACC_SC = {"accelerate": True, "mu": 1e-3, "allocation": "geometric", "Q": None}
-# (T, strategy) pairs. With T = 1 the output is M clip(W^(0)): no gradient step reaches it, so the
-# strategy is irrelevant there and only one is listed.
-_SCHEDULES: tuple[tuple[int, dict[str, Any]], ...] = (
-    (1, _NO_ACC),
-    (3, _NO_ACC),
-    (10, _NO_ACC),
-    (3, _ACC),
-    (5, _ACC),
-    (10, _ACC),
-    (20, _ACC),
-    (10, _ACC_SC),
-    (20, _ACC_SC),
-)
-
-#: Relative grid keys of the MP-MTL templates, resolved by :func:`resolve_grid`:
-#: ``clip = clip_factor * scale`` (scale: median norm of the tasks' own tuned ridge models),
-#: ``lam = lam_per_clip * clip``, ``lam_sparse = lam_sparse_per_clip * clip`` and
-#: ``init_alpha = "stl-l2"`` -> the ridge weight selected for the STL-l2 baseline, and
-#: ``refit_lam = refit_lam_per_stl * (that weight)``.
-RELATIVE_KEYS: tuple[str, ...] = (
-    "clip_factor",
-    "lam_per_clip",
-    "lam_sparse_per_clip",
-    "refit_lam_per_stl",
-)
-
-#: Grid points of the local variational refit (``refit_lam``): all the budget on ONE release of the
-#: STL models' covariance (T = 1), then every task refits on its own data; the denoise fix (drop
-#: eigenvalues below the noise edge) or the shift fix (STL limit); ``lam`` is irrelevant (the
-#: projected output is replaced) and fixed to 0.
-_REFIT_POINT: dict[str, list[Any]] = {
-    "clip_factor": [0.5, 1.0, 1.5, 2.5],
-    "lam_per_clip": [0.0],
-    "refit_lam_per_stl": [1.0, 3.0, 10.0, 30.0],
-    "eigen_fix": ["denoise", "shift"],
-    "iterations": [1],
-    "init": ["stl"],
-    "init_alpha": ["stl-l2"],
-    **{k: [v] for k, v in _NO_ACC.items()},
-}
-MPMTL_METHODS: tuple[str, ...] = ("lowrank", "groupsparse", "lowrank-sparse")
-
-
-def _mpmtl_template(
-    *,
-    extra: Mapping[str, Sequence[Any]] | None = None,
-    schedules: Sequence[tuple[int, dict[str, Any]]] = _SCHEDULES,
-    eigen_fixes: Sequence[str] = ("shift", "clip"),
-) -> list[dict[str, list[Any]]]:
-    grid: list[dict[str, list[Any]]] = []
-    for T, strat in schedules:
-        point: dict[str, list[Any]] = {
-            "clip_factor": [0.75, 1.0, 1.5, 2.5],
-            "lam_per_clip": [1e-4, 1e-3, 1e-2, 1e-1],
-            "eigen_fix": list(eigen_fixes),
-            "iterations": [T],
-            "init": ["stl"],
-            "init_alpha": ["stl-l2"],
-        }
-        point.update({k: [v] for k, v in strat.items()})
-        if extra:
-            point.update({k: list(v) for k, v in extra.items()})
-        grid.append(point)
-    return grid
-
-
-#: The documented default grid of every method (lists of dicts, ParameterGrid format).
-DEFAULT_GRIDS: dict[str, list[dict[str, list[Any]]]] = {
-    # MP-MTL (Alg. 2/3/4) — templates in relative units, resolved by resolve_grid/tune_method:
-    # W^(0) = the tasks' own ridge models with the STL-l2-selected weight; K = {0.75, 1, 1.5, 2.5}
-    # x their median norm; lam = {1e-4, 1e-3, 1e-2, 1e-1} x K; eigenvalue fix shift | clip;
-    # (T, strategy) in _SCHEDULES (no acceleration T = 1, 3, 10; acceleration T = 3, 5, 10, 20;
-    # acceleration + mu = 1e-3 with geometric allocation T = 10, 20). 288 points.
-    # Plus the local variational refit (_REFIT_POINT: 32 points); `final_step` in tune_method
-    # restricts the search to one of the two output rules.
-    # (the projection points pin refit_lam=None: the estimators' default is the refit)
-    "lowrank": [*_mpmtl_template(extra={"refit_lam": [None]}), _REFIT_POINT],
-    "groupsparse": [*_mpmtl_template(extra={"refit_lam": [None]}), _REFIT_POINT],
-    # Alg. 4 also searches the l1 weight of the outlier part Q (accelerated schedules and the
-    # shift fix only: 160 points).
-    "lowrank-sparse": _mpmtl_template(
-        extra={"lam_sparse_per_clip": [1e-4, 1e-2]},
-        schedules=[sc for sc in _SCHEDULES if sc[0] == 1 or sc[1] is _ACC],
-        eigen_fixes=("shift",),
-    ),
-    # Non-private baselines (solver tolerances left at their defaults: never weakened).
-    "stl-l2": [{"lam": list(RIDGE_GRID)}],  # closed form: cheap, so half-decades 1e-6..10
-    "stl-l1": [{"lam": _decades(-5, -2)}],
-    "mtl-trace": [{"lam": [0.03, 0.1, 0.3, 1.0, 3.0]}],
-    "mtl-l21": [{"lam": [0.03, 0.1, 0.3, 1.0, 3.0]}],
-    "mtrl": [{"lam1": [1e-5], "lam2": [1e-6, 1e-5, 1e-4]}],
-    "average": [{"lam": _decades(-5, 0)}],
-    # IP-MTL baselines made MP-MTL by group privacy.
-    "dp-mtrl": [
-        {"lam1": _decades(-4, 2), "lam2": [1e-4, 1e-2], "iterations": [1, 2, 5]},
-    ],
-    "dp-aggr": [{"lam": _decades(-4, 2)}],
-}
-
 
 def resolve_grid(
     grid: Sequence[Mapping[str, Sequence[Any]]], *, clip_scale: float, init_alpha: float
@@ -234,7 +94,7 @@ def resolve_grid(
 
     Each template dict becomes one dict per ``clip_factor`` with ``clip = clip_factor *
     clip_scale``, ``lam = [c * clip for c in lam_per_clip]`` (and ``lam_sparse`` likewise), and
-    ``init_alpha = "stl-l2"`` replaced by ``init_alpha``. Dicts without relative keys pass through.
+    ``init_alpha =`` :data:`~privmtl.linear.methods.STL_WEIGHT` replaced by ``init_alpha``. Dicts without relative keys pass through.
     """
     if not (clip_scale > 0 and math.isfinite(clip_scale)):
         raise InvalidParameterError(
@@ -243,7 +103,7 @@ def resolve_grid(
     out: list[dict[str, list[Any]]] = []
     for g in grid:
         base = {k: list(v) for k, v in g.items() if k not in RELATIVE_KEYS}
-        if base.get("init_alpha") == ["stl-l2"]:
+        if base.get("init_alpha") == [STL_WEIGHT]:
             base["init_alpha"] = [float(init_alpha)]
         if "clip_factor" not in g:
             out.append(base)
@@ -305,29 +165,30 @@ def tune_method(
     """
     import functools
 
-    factory = functools.partial(make_estimator, method, **fixed)
-    if method not in MPMTL_METHODS:
-        make_estimator(method, **fixed)  # validates the method name early
-        g = DEFAULT_GRIDS[method] if grid is None else grid
+    cls = linear_method(method)
+    factory = functools.partial(cls.make, **fixed)
+    if not cls.relative_grid:
+        cls.make(**fixed)  # validates the parameters early
+        g = cls.grid if grid is None else grid
         return select_hyperparameters(
             factory, g, Xs, ys, n_splits=n_splits, random_state=random_state
         )
     rng = check_rng(random_state)
     loss = fixed.get("loss", "squared")
     stl_best, _ = select_hyperparameters(
-        functools.partial(make_estimator, "stl-l2", loss=loss),
-        DEFAULT_GRIDS["stl-l2"],
+        functools.partial(STLL2.make, loss=loss),
+        STLL2.grid,
         Xs,
         ys,
         n_splits=n_splits,
         random_state=rng,
     )
-    W = make_estimator("stl-l2", loss=loss, **stl_best).fit(Xs, ys).coef_
+    W = STLL2.make(loss=loss, **stl_best).fit(Xs, ys).coef_
     norms = np.linalg.norm(W, axis=0)
     scale = float(np.median(norms))
     if not scale > 0:
         scale = 1.0  # all-zero ridge models (e.g. constant zero targets): any scale will do
-    template = DEFAULT_GRIDS[method] if grid is None else grid
+    template = cls.grid if grid is None else grid
     check_choice("final_step", final_step, FINAL_STEPS)
     if final_step != "auto":
         want = final_step == "refit"
@@ -346,18 +207,15 @@ def tune_method(
     return best, table
 
 
-def estimator_class(method: str) -> Any:
-    """The estimator class behind a CLI method name (its module is imported on use)."""
-    import importlib
-
-    check_choice("method", method, METHODS)
-    module, name = METHOD_ESTIMATORS[method]
-    return getattr(importlib.import_module(module), name)
+def estimator_class(method: Any) -> Any:
+    """The estimator class behind a method name or :class:`~privmtl.linear.methods.LinearMethod`
+    (its module is imported on use)."""
+    return linear_method(method).estimator_class()
 
 
-def make_estimator(method: str, **params: Any) -> Any:
-    """Instantiate the estimator of a CLI method name with ``params``."""
-    return estimator_class(method)(**params)
+def make_estimator(method: Any, **params: Any) -> Any:
+    """Instantiate the estimator of a method name with ``params``."""
+    return linear_method(method).make(**params)
 
 
 def expand_grid(
@@ -400,6 +258,58 @@ def per_task_folds(
             )
         folds.append([np.sort(f) for f in np.array_split(rng.permutation(n), n_splits)])
     return folds
+
+
+def _fold_splits(
+    Xl: Sequence[np.ndarray], yl: Sequence[np.ndarray], folds: list[list[np.ndarray]], k: int
+) -> list[tuple[list[Any], list[Any], list[Any], list[Any]]]:
+    """(train X, train y, validation X, validation y) of every split: split s validates on fold s
+    of every task and trains on the rest."""
+    splits = []
+    for s in range(k):
+        Xtr, ytr, Xva, yva = [], [], [], []
+        for x, y, f in zip(Xl, yl, folds, strict=True):
+            va = f[s]
+            tr = np.sort(np.concatenate([f[j] for j in range(k) if j != s]))
+            Xtr.append(x[tr])
+            ytr.append(y[tr])
+            Xva.append(x[va])
+            yva.append(y[va])
+        splits.append((Xtr, ytr, Xva, yva))
+    return splits
+
+
+def _fit_and_score(
+    est: Any,
+    params: dict[str, Any],
+    s: int,
+    split: tuple[list[Any], list[Any], list[Any], list[Any]],
+    prepared: dict[tuple[int, type, str], Any],
+) -> float:
+    """Fit ``est`` on split ``s``'s training part and score it on its validation part (NaN, with
+    a RuntimeWarning, when the fit or the score fails)."""
+    Xtr, ytr, Xva, yva = split
+    try:
+        train: Any = Xtr
+        if hasattr(est, "prepare_tasks"):
+            # validate/pad the split once per estimator type and loss (MP-MTL estimators)
+            pkey = (s, type(est), str(getattr(est, "loss", "")))
+            if pkey not in prepared:
+                prepared[pkey] = est.prepare_tasks(Xtr, ytr)
+            train = prepared[pkey]
+        est.fit(train, ytr)
+        # privmtl's estimators: the paper's nMSE / aAUC (score() is R² for regression)
+        scorer = getattr(est, "paper_score", est.score)
+        return float(scorer(Xva, yva))
+    except (DataFormatError, FloatingPointError, np.linalg.LinAlgError) as exc:
+        # e.g. a diverging fit whose predictions are not finite: score it as failed
+        # (like scikit-learn's error_score=nan) instead of aborting the search.
+        warnings.warn(
+            f"grid point {params} failed on split {s} and is ranked last: {exc}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return math.nan
 
 
 def _greater_is_better(estimator: Any) -> bool:
@@ -457,7 +367,7 @@ def select_hyperparameters(
     k = check_int("n_splits", n_splits, low=2)
     points = expand_grid(grid)
     relative = sorted({key for p in points for key in p if key in RELATIVE_KEYS})
-    if relative or any(p.get("init_alpha") == "stl-l2" for p in points):
+    if relative or any(p.get("init_alpha") == STL_WEIGHT for p in points):
         raise InvalidParameterError(
             f"The 'grid' parameter holds relative MP-MTL keys {relative or ['init_alpha']}: "
             "resolve it with resolve_grid() or use tune_method()."
@@ -470,17 +380,7 @@ def select_hyperparameters(
         int(s.generate_state(1)[0])
         for s in np.random.SeedSequence(int(rng.integers(0, 2**63 - 1))).spawn(k)
     ]
-    splits = []
-    for s in range(k):
-        Xtr, ytr, Xva, yva = [], [], [], []
-        for x, y, f in zip(Xl, yl, folds, strict=True):
-            va = f[s]
-            tr = np.sort(np.concatenate([f[j] for j in range(k) if j != s]))
-            Xtr.append(x[tr])
-            ytr.append(y[tr])
-            Xva.append(x[va])
-            yva.append(y[va])
-        splits.append((Xtr, ytr, Xva, yva))
+    splits = _fold_splits(Xl, yl, folds, k)
 
     rows = []
     direction: bool | None = greater_is_better
@@ -488,7 +388,7 @@ def select_hyperparameters(
     for params in points:
         scores = []
         elapsed = 0.0
-        for s, (Xtr, ytr, Xva, yva) in enumerate(splits):
+        for s in range(k):
             est = estimator_factory(**params)
             if "random_state" not in params and hasattr(est, "get_params"):
                 if "random_state" in est.get_params(deep=False):
@@ -496,27 +396,7 @@ def select_hyperparameters(
             if direction is None:
                 direction = _greater_is_better(est)
             t0 = time.perf_counter()
-            try:
-                train: Any = Xtr
-                if hasattr(est, "prepare_tasks"):
-                    # validate/pad the split once per estimator type and loss (MP-MTL estimators)
-                    pkey = (s, type(est), str(getattr(est, "loss", "")))
-                    if pkey not in prepared:
-                        prepared[pkey] = est.prepare_tasks(Xtr, ytr)
-                    train = prepared[pkey]
-                est.fit(train, ytr)
-                # privmtl's estimators: the paper's nMSE / aAUC (score() is R² for regression)
-                scorer = getattr(est, "paper_score", est.score)
-                scores.append(float(scorer(Xva, yva)))
-            except (DataFormatError, FloatingPointError, np.linalg.LinAlgError) as exc:
-                # e.g. a diverging fit whose predictions are not finite: score it as failed
-                # (like scikit-learn's error_score=nan) instead of aborting the search.
-                warnings.warn(
-                    f"grid point {params} failed on split {s} and is ranked last: {exc}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                scores.append(math.nan)
+            scores.append(_fit_and_score(est, params, s, splits[s], prepared))
             elapsed += time.perf_counter() - t0
         arr = np.asarray(scores)
         row = dict(params)
@@ -595,7 +475,7 @@ class PerTaskSelected(_LinearMTLMixin, BaseEstimator):  # type: ignore[misc]
         from privmtl.linear.local import task_fold_ids
         from privmtl.linear.losses import TaskBatch
 
-        check_choice("method", self.method, ISOLATED_METHODS)
+        check_choice("method", self.method, method_names(isolated=True))
         k = check_int("n_splits", self.n_splits, low=2)
         seed = check_int("random_state", self.random_state, low=0)
         Xl, yl = check_tasks(Xs, ys, loss=self.loss, need_y=True)
@@ -606,7 +486,7 @@ class PerTaskSelected(_LinearMTLMixin, BaseEstimator):  # type: ignore[misc]
                     f"task {i} has {x.shape[0]} training sample; per-task selection needs at "
                     "least 2 (one to train, one to validate)."
                 )
-        points = expand_grid(DEFAULT_GRIDS[self.method] if self.grid is None else self.grid)
+        points = expand_grid(linear_method(self.method).grid if self.grid is None else self.grid)
         folds = task_fold_ids(TaskBatch.from_tasks(Xl, yl), k, seed)
         errors = np.zeros((len(points), len(Xl)))
         for s in range(k):

@@ -17,7 +17,8 @@ Two defaults are not a single value:
 * ``delta`` depends on the number of tasks ``m``; :func:`resolve_defaults` is the one function that
   fills it in: None ⇒ min(1e-5, 1/(100 m)) (below 1/m, as DP practice asks), ``"paper"`` ⇒ the
   MP-MTL paper's 1/(m log m), a number ⇒ itself (warned when ≥ 1/m);
-* ``iterations`` depends on the method (:func:`default_iterations`, :data:`DEFAULT_ITERATIONS`):
+* ``iterations`` depends on the method (:func:`default_iterations`, declared by the method,
+  :attr:`~privmtl.linear.methods.LinearMethod.default_iterations`):
   one covariance release for the low-rank and group-sparse estimators (their local refit uses it),
   the paper's 50 for the low-rank + sparse one. None keeps it open: the method's default, or the
   searched value when hyper-parameters are tuned on pooled data (``tune="pooled"``).
@@ -38,7 +39,14 @@ from privmtl._validation import Interval, Options, validate_params
 from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.common import PAPER_DELTA
 from privmtl.linear.eigen_floor import FLOOR_VOTE, POWER_AUTO
-from privmtl.linear.selection import FINAL_STEPS, METHODS, PRIVATE_METHODS
+from privmtl.linear.methods import (
+    DEFAULT_ITERATIONS,
+    LinearMethodName,
+    is_method_spec,
+    linear_method,
+    method_names,
+)
+from privmtl.linear.selection import FINAL_STEPS
 from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.noise import NOISE_SOURCES
@@ -63,21 +71,12 @@ TUNE_MODES = ("covered", "pooled", "none")
 methods only — pooled), ``"pooled"`` (k-fold CV over all tasks for every method, not covered for
 private ones), ``"none"`` (the estimators' defaults)."""
 
-DEFAULT_ITERATIONS: dict[str, int] = {
-    "lowrank": 1,
-    "groupsparse": 1,
-    "lowrank-sparse": 50,
-    "dp-mtrl": 1,
-}
-"""T of every method that iterates over releases: the whole budget on one release of the tasks'
-own ridge models' covariance, which the local refit then uses (low-rank, group-sparse); the
-paper's Algorithm 4 (low-rank + sparse, no refit exists for it); one round of DP-MTRL."""
-
 
 def default_iterations(method: str) -> int | None:
-    """T of ``method`` when none is given (:data:`DEFAULT_ITERATIONS`); None for the methods
-    that have no iterations setting."""
-    return DEFAULT_ITERATIONS.get(method)
+    """T of ``method`` when none is given (its
+    :attr:`~privmtl.linear.methods.LinearMethod.default_iterations`); None for the methods that
+    have no iterations setting."""
+    return linear_method(method).default_iterations
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ class MPMTLSpec:
     Parameters
     ----------
     method : str, default "lowrank"
-        One of :data:`~privmtl.linear.selection.METHODS` (the CLI asks for it explicitly).
+        A method of :mod:`privmtl.linear.methods` (the CLI asks for it explicitly).
     noise : {"gaussian", "wishart"}, default "gaussian"
         Covariance mechanism (:data:`NOISES`).
     epsilon : float or None, default None
@@ -153,7 +152,7 @@ class MPMTLSpec:
 
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         "tune": Options(TUNE_MODES),
-        "method": Options(METHODS),
+        "method": LinearMethodName(),
         "noise": Options(NOISES),
         "seed": Interval(Integral, 0, None),
         "final_step": Options(FINAL_STEPS),
@@ -174,9 +173,11 @@ class MPMTLSpec:
     def __post_init__(self) -> None:
         for name, value in validate_params(self).items():
             object.__setattr__(self, name, value)
-        if self.epsilon is not None and self.method not in PRIVATE_METHODS:
+        private = is_method_spec(self.method) or linear_method(self.method).private
+        if self.epsilon is not None and not private:
             raise InvalidParameterError(
-                f"The 'epsilon' parameter applies to the private methods {PRIVATE_METHODS}; "
+                f"The 'epsilon' parameter applies to the private methods "
+                f"{method_names(private=True)}; "
                 f"method={self.method!r} is a non-private or single-task baseline (omit --epsilon)."
             )
 

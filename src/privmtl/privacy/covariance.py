@@ -24,8 +24,10 @@ models (‖w̃_i‖ ≤ K). Two noise distributions are offered:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -44,11 +46,13 @@ __all__ = [
     "COVARIANCE_NOISES",
     "EIGEN_FIXES",
     "CovarianceSchedule",
+    "cached_covariance_plan",
     "eigen_shift",
     "noise_norm",
     "plan_covariance_releases",
     "reserve_share",
     "signal_to_noise_bound",
+    "task_covariance_clip",
     "wishart_real_delta",
 ]
 
@@ -409,3 +413,27 @@ def signal_to_noise_bound(schedule: CovarianceSchedule, n_tasks: int) -> float:
             f"noise={schedule.noise!r}."
         )
     return m * schedule.clip**2 / noise_norm(schedule.per_release[-1], schedule.dim)
+
+
+def task_covariance_clip(clip: float, n_tasks: int, relation: str) -> float:
+    """The clip K' whose d x d covariance sensitivity equals that of the m x m task covariance
+    ``W~^T W~`` of models clipped to ``clip`` (the ``covariance="WtW"`` variant).
+
+    The m x m task covariance changes in a whole row and column when one task changes. The
+    Gaussian mechanism perturbs its upper triangle, whose change has squared norm
+    sum_{j != i} ((w_i - w_i')^T w_j)^2 + (||w_i||^2 - ||w_i'||^2)^2, i.e. at most m K^4
+    (add/remove, the task replaced by a zero column) or (4m - 3) K^4 (replace-one), instead of
+    K^4 / 2 K^4 for W W^T. The plan uses the clip K' whose d x d sensitivity (K'^2, resp.
+    sqrt(2) K'^2) equals that.
+    """
+    if relation == "add-remove":
+        return clip * float(n_tasks) ** 0.25
+    return clip * ((4.0 * n_tasks - 3.0) / 2.0) ** 0.25
+
+
+@functools.lru_cache(maxsize=512)
+def cached_covariance_plan(items: tuple[tuple[str, Any], ...]) -> CovarianceSchedule:
+    """:func:`plan_covariance_releases` of the keywords ``items`` (sorted pairs), cached. Plans
+    depend only on (ε, δ, T, K, dim, ...), not on data: calibrating the Gaussian noise takes
+    ~0.1-0.5 s, so cross-validation would otherwise recalibrate for every fold."""
+    return plan_covariance_releases(**dict(items))

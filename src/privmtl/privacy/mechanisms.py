@@ -7,15 +7,20 @@ MP-MTL) and composed by :mod:`privmtl.privacy.accounting`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from privmtl._validation import check_real
+
+if TYPE_CHECKING:
+    from privmtl.privacy.noise import NoiseSource
 
 __all__ = [
     "clip_columns",
     "clip_rows",
+    "l2_laplace_noise",
     "sample_l2_laplace",
     "symmetric_gaussian_noise",
     "wishart_noise",
@@ -95,4 +100,20 @@ def sample_l2_laplace(rng: np.random.Generator, dim: int, scale: float, size: in
     norms = np.linalg.norm(direction, axis=0)
     norms[norms == 0] = 1.0
     radius = rng.gamma(shape=float(dim), scale=float(scale), size=size)
+    return np.asarray(direction / norms * radius, dtype=np.float64)
+
+
+def l2_laplace_noise(
+    noise: NoiseSource, rng: np.random.Generator, dim: int, scale: float, size: int
+) -> NDArray[np.float64]:
+    """Alg. 5 noise, density ∝ exp(-||b|| / scale): from ``rng`` when seeded (the same draws as
+    :func:`~privmtl.privacy.mechanisms.sample_l2_laplace`), else from the secure source, with the
+    Gamma(dim, scale) radius as ``scale/2`` times a chi-square with ``2 dim`` degrees of freedom
+    (a sum of ``dim`` exponentials, each half the squared norm of two standard normals)."""
+    if noise.kind == "seeded":
+        return sample_l2_laplace(rng, dim, scale, size)
+    direction = noise.normal_numpy((dim, size), 1.0)
+    norms = np.linalg.norm(direction, axis=0)
+    norms[norms == 0] = 1.0
+    radius = 0.5 * scale * np.sum(noise.normal_numpy((2 * dim, size), 1.0) ** 2, axis=0)
     return np.asarray(direction / norms * radius, dtype=np.float64)
