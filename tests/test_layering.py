@@ -58,6 +58,50 @@ def test_relations_declared_once():
     assert homes == ["privacy/guarantee.py"]
 
 
+# The MP-MTL family's files still spell the two defaults out; they are to import them too.
+_LITERAL_DEFAULTS_PENDING = ("linear/", "experiments/mpmtl")
+
+
+def _literal_privacy_defaults(tree):
+    """Lines where a parameter, keyword or field named ``accountant``/``relation`` takes the
+    string ``"rdp"``/``"add-remove"`` as its default or value."""
+    wanted = {"accountant": "rdp", "relation": "add-remove"}
+
+    def literal(name, value):
+        return isinstance(value, ast.Constant) and name in wanted and value.value == wanted[name]
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            positional = a.posonlyargs + a.args
+            pairs = list(
+                zip(positional[len(positional) - len(a.defaults) :], a.defaults, strict=True)
+            )
+            pairs += [
+                (arg, d)
+                for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+                if d is not None
+            ]
+            yield from (node.lineno for arg, d in pairs if literal(arg.arg, d))
+        elif isinstance(node, ast.keyword) and node.arg and literal(node.arg, node.value):
+            yield node.value.lineno
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if node.value is not None and literal(node.target.id, node.value):
+                yield node.lineno
+
+
+def test_accountant_and_relation_defaults_have_one_home():
+    """``DEFAULT_ACCOUNTANT`` and ``DEFAULT_RELATION`` (privacy/guarantee.py) are the only
+    spellings of the two defaults: every signature, spec field and call imports them."""
+    found = [
+        f"{rel}:{line}"
+        for rel, tree in _modules()
+        if not str(rel).startswith(_LITERAL_DEFAULTS_PENDING)
+        for line in _literal_privacy_defaults(tree)
+    ]
+    assert found == []
+
+
 def _compared_strings(node):
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return {node.value}

@@ -41,7 +41,7 @@ from privmtl.federated.methods import RUN_METHODS, MethodName, method_class
 from privmtl.federated.methods.base import DEFAULT_LAM_NONPRIVATE, DEFAULT_LAM_PRIVATE
 from privmtl.federated.methods.fedavg import DEFAULT_FEDPROX_MU
 from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
-from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION, RELATIONS
 from privmtl.privacy.matrix_factorization import NOISE_MECHANISMS
 from privmtl.privacy.release import billboard_carries_signal
 from privmtl.privacy.sampling import cyclic_group_size
@@ -328,8 +328,8 @@ class RunSpec:
     sampling: str = "poisson"
     groups: int = 1
     noise_mechanism: str = "independent"
-    accountant: str = "rdp"
-    relation: str = "add-remove"
+    accountant: str = DEFAULT_ACCOUNTANT
+    relation: str = DEFAULT_RELATION
     finetune: str = "auto"
     noise_source: str = "secure"
     seed: int = 0
