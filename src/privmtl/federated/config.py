@@ -61,16 +61,6 @@ CLIENT_CHUNK = 8
 by-hand logistic step."""
 
 
-def __getattr__(name: str) -> Any:
-    # ``METHODS``: the engine's methods, from the one registry of method names (imported when
-    # asked for: the methods package imports the run spec, which this module imports)
-    if name == "METHODS":
-        from privmtl.federated.methods import ENGINE_METHODS
-
-        return ENGINE_METHODS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _method_class(name: str) -> Any:
     from privmtl.federated.methods import method_class
 

@@ -522,36 +522,10 @@ def train_config(resolved: RunSpec, **execution: Any) -> Any:
             f"delta={resolved.delta!r}."
         )
     method = method_class(resolved.method)
-    return TrainConfig(
-        method=method.engine_method or method.name,
-        rounds=resolved.rounds,
-        clients_per_round=resolved.clients_per_round,
-        local_steps=resolved.local_steps,
-        local_epochs=resolved.local_epochs,
-        batch_size=resolved.batch_size,
-        lr=resolved.lr,
-        lam=resolved.lam,
-        clip=resolved.clip,
-        epsilon=resolved.epsilon,
-        noise_std=resolved.noise_std or 0.0,
-        sampling=resolved.sampling,
-        groups=resolved.groups,
-        noise_mechanism=resolved.noise_mechanism,
-        seed=resolved.seed,
-        delta=delta,
-        accountant=resolved.accountant,
-        relation=resolved.relation,
-        server_update=resolved.server_update,
-        noise_source=resolved.noise_source,
-        server_optimizer=resolved.server_optimizer,
-        server_lr=resolved.server_lr,
-        server_momentum=resolved.server_momentum,
-        shared_params=resolved.shared_params,
-        head_epochs=resolved.head_epochs,
-        personal_init=resolved.personal_init,
-        subspace_dim=resolved.subspace_dim,
-        adaptive_clip_quantile=resolved.adaptive_clip_quantile,
-        adaptive_clip_lr=resolved.adaptive_clip_lr,
-        adaptive_clip_noise=resolved.adaptive_clip_noise,
-        **execution,
-    )
+    engine = {f.name for f in dataclasses.fields(TrainConfig)}
+    # every setting the engine has, by its name (the spec's fields are the engine's), but
+    # the method the engine runs and σ, whose "not given" is the engine's 0
+    shared = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
+    shared = {k: v for k, v in shared.items() if k in engine}
+    shared.update(method=method.engine_method or method.name, noise_std=resolved.noise_std or 0.0)
+    return TrainConfig(**shared, **execution)
