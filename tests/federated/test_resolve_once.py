@@ -55,6 +55,20 @@ def test_privmtl_pmtl_resolves_its_run_once(counted, capsys, privacy):
     assert counted == {"defaults": 1, "engine": 1}
 
 
+@pytest.mark.parametrize("method", ["fedavg", "local", "local-all", "joint-dp", "pp-sgd"])
+def test_every_method_of_run_pmtl_resolves_its_run_once(counted, method):
+    """The whole-run methods (joint-dp, pp-sgd) take the run's resolution along too."""
+    from privmtl.experiments.pmtl import run_pmtl
+
+    private = {} if method.startswith("local") else {"epsilon": 2.0}
+    run_pmtl(
+        data="synthetic", num_clients=12, model="logreg", rounds=2, clients_per_round=4,
+        method=method, finetune="none", show_progress=False, threads=1, baseline=False,
+        noise_source="seeded", **private,
+    )  # fmt: skip
+    assert counted == {"defaults": 1, "engine": 1}
+
+
 def test_the_flower_serverapp_resolves_its_run_once(counted):
     ds = make_synthetic_federated(random_state=0)
     opts = run_options({"rounds": 2, "clients-per-round": 5, "epsilon": 2.0, "seed": 1})

@@ -476,6 +476,11 @@ class ResolvedRun:
     spec: RunSpec | None = None
     notes: tuple[str, ...] = ()
 
+    def with_engine(self, **changes: Any) -> ResolvedRun:
+        """This run with engine settings the resolution did not read changed (the engine's name
+        of a whole-run method, its own options): still resolved, not resolved again."""
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
+
     @property
     def target(self) -> Any:
         """The :class:`~privmtl.privacy.calibration.PrivacyTarget` the release is calibrated to
