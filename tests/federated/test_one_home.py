@@ -111,6 +111,24 @@ def test_run_pmtl_keywords_are_the_fields_of_the_three_parts():
         run_pmtl(data="synthetic", roundz=3)
 
 
+def test_run_pmtl_from_a_spec_equals_run_pmtl_from_its_keywords():
+    """``run_pmtl(spec, **settings)``: the spec's settings, the keywords replacing them."""
+    from privmtl.experiments.pmtl import run_pmtl
+
+    small = {"data": "synthetic", "num_clients": 8, "model": "logreg", "show_progress": False,
+             "threads": 1, "baseline": False, "finetune": "none"}  # fmt: skip
+    spec = SPEC.replace(rounds=2, epsilon=1.0, noise_source="seeded", clients_per_round=3, seed=4)
+    by_spec = run_pmtl(spec, **small, seed=1)
+    by_keywords = run_pmtl(**{**spec.to_dict(), **small, "seed": 1})
+    timings = ("seconds", "seconds_per_round", "data_seconds", "phases")
+    assert by_spec["config"]["seed"] == 1 and by_spec["config"]["epsilon"] == 1.0
+    assert {k: v for k, v in by_spec.items() if k not in timings} == {
+        k: v for k, v in by_keywords.items() if k not in timings
+    }
+    with pytest.raises(InvalidParameterError, match=r"'spec' parameter of run_pmtl"):
+        run_pmtl({"rounds": 2})  # type: ignore[arg-type]
+
+
 def _part_defaults():
     from privmtl.federated.options import RunOptions
     from privmtl.federated.spec import Execution
