@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from privmtl.cli import main
-from privmtl.federated.spec import resolve_delta
+from privmtl.federated.spec import pmtl_delta
 
 DIAGNOSTIC_KEYS = (
     "signal_norm_per_round",
@@ -124,7 +124,7 @@ def test_human_summary_says_not_covered(capsys):
 
 @pytest.mark.parametrize("m", [1, 10, 105, 1000, 10**6])
 def test_default_delta_is_below_one_over_m(m):
-    delta, notes = resolve_delta(None, m)  # the default of every data set (one rule)
+    delta, notes = pmtl_delta(None, m)  # the default of every data set (one rule)
     assert delta < 1.0 / m and notes == ()
     assert delta == min(1e-5, 1.0 / (100 * m))
 

@@ -44,6 +44,8 @@ NOT_A_SETTING = {
     # the fine-tuning method of a call, not the run's method
     ("federated/finetune.py", "finetune.method"),
     ("federated/finetune_selection.py", "finetune_select.method"),
+    # the workshop's own fine-tuning epochs of its direct API (run_pmtl passes the run's)
+    ("federated/workshop.py", "train_workshop.finetune_epochs"),
 }
 
 SRC = Path(privmtl.__file__).parent
@@ -74,19 +76,64 @@ def test_train_config_takes_the_spec_defaults():
     assert engine["delta"] is None and engine["epsilon"] is None
 
 
-def test_run_pmtl_and_the_sweep_keywords_are_none_or_the_spec():
-    from privmtl.experiments.pmtl import run_pmtl
+def test_the_sweep_keywords_are_none_or_the_spec():
     from privmtl.experiments.pmtl_sweep import run_pmtl_sweep
 
-    for fn in (run_pmtl, run_pmtl_sweep):
-        params = inspect.signature(fn).parameters
-        checked = [n for n in params if n in SPEC_DEFAULTS]
-        assert checked, fn.__name__
-        for name in checked:
-            default = params[name].default
-            if default is inspect.Parameter.empty:
-                continue
-            assert default is None or default == SPEC_DEFAULTS[name], (fn.__name__, name)
+    params = inspect.signature(run_pmtl_sweep).parameters
+    checked = [n for n in params if n in SPEC_DEFAULTS]
+    assert checked
+    for name in checked:
+        default = params[name].default
+        if default is inspect.Parameter.empty:
+            continue
+        assert default is None or default == SPEC_DEFAULTS[name], name
+
+
+def test_run_pmtl_keywords_are_the_fields_of_the_three_parts():
+    """``run_pmtl(spec=None, /, **settings)``: at most 25 parameters, every keyword a field of
+    exactly one typed part (its default defined there only), an unknown one refused by name."""
+    from privmtl.experiments.pmtl import run_pmtl
+    from privmtl.federated.options import PMTL_PARAMETERS, RunOptions
+    from privmtl.federated.spec import Execution
+
+    assert len(inspect.signature(run_pmtl).parameters) <= 25
+    parts = (RunSpec, Execution, RunOptions)
+    homes: dict[str, list[str]] = {}
+    for part in parts:
+        for f in dataclasses.fields(part):
+            homes.setdefault(f.name, []).append(part.__name__)
+    assert {n: h for n, h in homes.items() if len(h) != 1} == {}
+    assert {n: c.__name__ for n, c in PMTL_PARAMETERS.items()} == {
+        n: h[0] for n, h in homes.items()
+    }
+    assert len(PMTL_PARAMETERS) >= 55  # every keyword run_pmtl took before it took parts
+    with pytest.raises(InvalidParameterError, match=r"Invalid parameter 'roundz' for run_pmtl"):
+        run_pmtl(data="synthetic", roundz=3)
+
+
+def test_run_pmtl_from_a_spec_equals_run_pmtl_from_its_keywords():
+    """``run_pmtl(spec, **settings)``: the spec's settings, the keywords replacing them."""
+    from privmtl.experiments.pmtl import run_pmtl
+
+    small = {"data": "synthetic", "num_clients": 8, "model": "logreg", "show_progress": False,
+             "threads": 1, "baseline": False, "finetune": "none"}  # fmt: skip
+    spec = SPEC.replace(rounds=2, epsilon=1.0, noise_source="seeded", clients_per_round=3, seed=4)
+    by_spec = run_pmtl(spec, **small, seed=1)
+    by_keywords = run_pmtl(**{**spec.to_dict(), **small, "seed": 1})
+    timings = ("seconds", "seconds_per_round", "data_seconds", "phases")
+    assert by_spec["config"]["seed"] == 1 and by_spec["config"]["epsilon"] == 1.0
+    assert {k: v for k, v in by_spec.items() if k not in timings} == {
+        k: v for k, v in by_keywords.items() if k not in timings
+    }
+    with pytest.raises(InvalidParameterError, match=r"'spec' parameter of run_pmtl"):
+        run_pmtl({"rounds": 2})  # type: ignore[arg-type]
+
+
+def _part_defaults():
+    from privmtl.federated.options import RunOptions
+    from privmtl.federated.spec import Execution
+
+    return {f.name: f.default for part in (Execution, RunOptions) for f in dataclasses.fields(part)}
 
 
 def test_cli_options_default_to_the_spec():
@@ -122,6 +169,78 @@ def test_flower_run_defaults_are_the_spec_or_not_given():
         assert RUN_DEFAULTS[key] == expected, name
 
 
+def test_cli_options_of_the_other_parts_default_to_their_part():
+    """The options of ``privmtl pmtl``, ``pmtl-sweep`` and ``flower local`` named like a field of
+    :class:`Execution` or :class:`RunOptions` take that field's default (or declare none)."""
+    from privmtl.cli import cli
+
+    parts = _part_defaults()
+    ctx = click.Context(cli)
+    flower = cli.get_command(ctx, "flower")
+    assert isinstance(flower, click.Group)
+    commands = [
+        cli.get_command(ctx, "pmtl"),
+        cli.get_command(ctx, "pmtl-sweep"),
+        flower.get_command(ctx, "local"),
+    ]
+    seen = 0
+    for cmd in commands:
+        assert cmd is not None
+        for p in cmd.params:
+            if p.name not in parts or p.name == "save_models":  # flower: a folder, not a flag
+                continue
+            seen += 1
+            default, expected = p.default, parts[p.name]
+            if _unset(expected) or _unset(default) or (p.is_flag and default is False):
+                assert _unset(default) or default is False or default == expected, p.name
+                continue
+            assert default == expected or default == str(expected), (cmd.name, p.name, default)
+    assert seen >= 20
+
+
+def test_flower_keys_of_the_other_parts_are_their_defaults_encoded():
+    from privmtl.flower._core import NONE, RUN_DEFAULTS
+
+    parts = _part_defaults()
+    keys = [k for k in RUN_DEFAULTS if k.replace("-", "_") in parts]
+    assert len(keys) >= 6
+    for key in keys:
+        name = key.replace("-", "_")
+        if name == "save_models":  # a flag on Flower: each machine saves in its own storage
+            assert RUN_DEFAULTS[key] is False
+            continue
+        expected = NONE if parts[name] is None else parts[name]
+        assert RUN_DEFAULTS[key] == expected, key
+
+
+def _option_name(call: ast.Call) -> str | None:
+    flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    plain = [f for f in flags if not f.startswith("-")]
+    if plain:
+        return plain[0]
+    long = [f for f in flags if f.startswith("--")]
+    return long[0][2:].split("/")[0].replace("-", "_") if long else None
+
+
+def test_the_cli_writes_no_default_of_a_run_parameter():
+    """No ``click.option`` of the run commands spells a run parameter's default as a literal:
+    each refers to its part's field (``OPTIONS.model``, ``EXECUTION.threads``, ``SPEC...``)."""
+    from privmtl.federated.options import PMTL_PARAMETERS
+
+    literal = []
+    for name in ("pmtl.py", "flower.py", "_spec_options.py"):
+        tree = ast.parse((SRC / "cli" / name).read_text())
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "option"):
+                continue
+            option = _option_name(node)
+            default = next((k.value for k in node.keywords if k.arg == "default"), None)
+            if option in PMTL_PARAMETERS and isinstance(default, ast.Constant):
+                if default.value is not None:
+                    literal.append(f"cli/{name}:{node.lineno} {option}={default.value!r}")
+    assert literal == []
+
+
 def _literal_defaults(path: Path):
     """(qualified name, parameter, value) of every literal non-None default in ``path``."""
     tree = ast.parse(path.read_text())
@@ -149,13 +268,20 @@ def _literal_defaults(path: Path):
 
 
 def test_no_setting_default_is_written_twice():
-    """Outside the spec, no module of the family writes a setting's default as a literal."""
+    """Outside the spec and the options (the parts' homes), no module of the family writes a
+    setting's default as a literal, nor an execution option's or a run option's default again."""
+    parts = _part_defaults()
     twice = []
     for path in FAMILY:
         rel = path.relative_to(SRC).as_posix()
-        if rel == "federated/spec.py":
+        if rel in ("federated/spec.py", "federated/options.py"):
             continue
         for owner, name, value in _literal_defaults(path):
+            if name in parts and (rel, f"{owner}.{name}") not in NOT_A_SETTING:
+                if value == parts[name] and not isinstance(value, bool | type(None)):
+                    twice.append(f"{rel}:{owner}({name}={value!r})")
+                elif isinstance(value, bool) and value is parts[name] and value:
+                    twice.append(f"{rel}:{owner}({name}={value!r})")
             if name not in SPEC_DEFAULTS or (rel, f"{owner}.{name}") in NOT_A_SETTING:
                 continue
             if (owner, name) == ("TrainConfig", "noise_std") and value == ENGINE_ENCODINGS[name]:

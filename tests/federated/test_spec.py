@@ -24,7 +24,14 @@ from privmtl.federated.spec import (
     default_lam,
     resolve_defaults,
 )
-from privmtl.flower._core import FLOWER_FIXED, NOT_GIVEN, RUN_DEFAULTS, run_options, run_spec
+from privmtl.flower._core import (
+    FLOWER_FIXED,
+    NONE,
+    NOT_GIVEN,
+    RUN_DEFAULTS,
+    run_options,
+    run_spec,
+)
 
 FIELDS = [f.name for f in dataclasses.fields(RunSpec)]
 
@@ -47,12 +54,12 @@ def _differing(defaults: dict[str, object]) -> dict[str, tuple[object, object]]:
     return {n: (v, getattr(SPEC, n)) for n, v in shared.items() if v != getattr(SPEC, n)}
 
 
-def test_run_pmtl_signature_defaults_are_the_spec():
-    sig = inspect.signature(run_pmtl).parameters
-    defaults = {n: p.default for n, p in sig.items()}
-    assert _differing(defaults) == {}
-    # every setting of the spec is an argument of run_pmtl (nothing resolved elsewhere)
-    assert set(FIELDS) <= set(defaults)
+def test_run_pmtl_keywords_are_the_spec():
+    from privmtl.federated.options import PMTL_PARAMETERS
+
+    # every setting of the spec is a keyword of run_pmtl, whose default is the spec's own
+    assert {n for n, part in PMTL_PARAMETERS.items() if part is RunSpec} == set(FIELDS)
+    assert list(inspect.signature(run_pmtl).parameters) == ["spec", "settings"]
 
 
 def test_privmtl_pmtl_click_defaults_are_the_spec():
@@ -133,14 +140,16 @@ def test_the_spec_options_are_declared_once_from_the_spec():
 def test_flower_run_defaults_are_the_spec():
     by_name = {k.replace("-", "_"): v for k, v in RUN_DEFAULTS.items()}
     given = _shared_defaults(by_name)
-    # "not given" encodings of the run configuration: the spec's rule decides
-    assert by_name["clients_per_round"] == 0 and by_name["lam"] < 0
-    assert by_name["epsilon"] < 0 and by_name["noise_std"] < 0 and by_name["paper_delta"] is False
-    assert by_name["local_steps"] == 0 and SPEC.local_steps is None  # 0: one local epoch
+    # "not given" is one encoding, the empty string, of every setting whose default is None
+    # (no number stands in for None): the spec's rule decides
+    assert by_name["clients_per_round"] == by_name["lam"] == NONE == ""
+    assert by_name["epsilon"] == by_name["noise_std"] == NONE and by_name["paper_delta"] is False
+    assert by_name["local_steps"] == NONE and SPEC.local_steps is None  # one local epoch
     # every setting of the spec is a run-configuration key; a None default is encoded
     assert set(FIELDS) <= set(by_name)
     assert {n: by_name[n] for n in NOT_GIVEN} == NOT_GIVEN
-    assert all(getattr(SPEC, n) is None for n in NOT_GIVEN)
+    assert set(NOT_GIVEN) == {n for n in FIELDS if getattr(SPEC, n) is None}
+    assert set(NOT_GIVEN.values()) == {NONE}
     plain = {n: v for n, v in given.items() if n not in NOT_GIVEN}
     assert {n: v for n, v in plain.items() if v != getattr(SPEC, n)} == {}
     assert len(plain) >= 10

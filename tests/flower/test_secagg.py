@@ -139,9 +139,9 @@ def test_round_shares_and_option_checks():
             {**opts, "secagg-quantization-range": 2**30, "clients-per-round": 6}, 3
         )
     with pytest.raises(InvalidParameterError, match=r"clients_per_round.*got 20"):
-        # not given (0): the spec's min(20, m) may reach 20
+        # not given (""): the spec's min(20, m) may reach 20
         check_secagg_options(
-            {**opts, "secagg-quantization-range": 2**30, "clients-per-round": 0}, 3
+            {**opts, "secagg-quantization-range": 2**30, "clients-per-round": ""}, 3
         )
     check_secagg_options({"secagg": False}, 1)
 

@@ -22,8 +22,9 @@ from privmtl.cli._spec_options import (
     trust_code_option,
 )
 from privmtl.data.registry import dataset_names, datasets_help
-from privmtl.federated.models import DEFAULT_MODEL
-from privmtl.federated.spec import SPEC
+from privmtl.federated.options import OPTIONS
+from privmtl.federated.spec import EXECUTION, SPEC
+from privmtl.flower._core import NONE
 from privmtl.io import check_writable_dir
 
 __all__ = ["flower"]
@@ -84,7 +85,7 @@ def flower() -> None:
 @click.option("--num-clients", type=int, help="--data synthetic: number of clients m (default 50).")
 @click.option(
     "--model",
-    default=DEFAULT_MODEL,
+    default=OPTIONS.model,
     show_default=True,
     metavar="[cnn|logreg|MODULE:FACTORY|PATH.py:FACTORY]",
     help="As for privmtl pmtl: cnn, logreg, or your own factory (MODULE:FACTORY, a module in the "
@@ -117,7 +118,7 @@ def flower() -> None:
 @click.option(
     "--checkpoint-every",
     type=int,
-    default=1,
+    default=EXECUTION.checkpoint_every,
     show_default=True,
     help="Rounds between checkpoints of the ServerApp (in WORK_DIR/server).",
 )
@@ -206,7 +207,7 @@ def local(**kw: Any) -> None:
     check_model_option(kw["model"])
     settings = pop_run_spec(click.get_current_context(), kw)
     budget = kw["budget_epsilon"]
-    if budget is not None and not budget > 0:  # the run config encodes "not given" as -1
+    if budget is not None and not budget > 0:
         raise click.BadParameter(f"must be > 0; got {budget}", param_hint="--budget-epsilon")
     if kw["resume"] and kw["work_dir"] is None:
         raise click.BadParameter("needs --work-dir", param_hint="--resume")
@@ -233,7 +234,7 @@ def local(**kw: Any) -> None:
     run_config: dict[str, Any] = {
         "data": kw["data"],
         "data-path": kw["data_path"] or "",
-        "num-clients": kw["num_clients"] or 0,
+        "num-clients": NONE if kw["num_clients"] is None else kw["num_clients"],
         "model": kw["model"],
         **spec_run_config(settings, given_settings(click.get_current_context())),
         "on-missing": kw["on_missing"],
@@ -243,7 +244,7 @@ def local(**kw: Any) -> None:
         "secagg-threshold": kw["secagg_threshold"],
         "secagg-quantization-range": kw["secagg_quantization_range"],
         "secagg-modulus-range": kw["secagg_modulus_range"],
-        "budget-epsilon": -1.0 if budget is None else float(budget),
+        "budget-epsilon": NONE if budget is None else float(budget),
         "checkpoint-every": kw["checkpoint_every"],
         "resume": bool(kw["resume"]),
     }

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from privmtl._device import DEFAULT_DEVICE, resolve_device
+from privmtl._device import resolve_device
 from privmtl._timing import describe_phases, with_startup
 from privmtl.cli._common import (
     abort_hint_for_checkpoint,
@@ -46,8 +46,8 @@ from privmtl.experiments.pmtl import (
 from privmtl.federated.baseline import describe_gain
 from privmtl.federated.finish import FINETUNE_SELECT_CHOICES, FINETUNE_VOTE_SHARE
 from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
-from privmtl.federated.models import DEFAULT_MODEL
-from privmtl.federated.spec import check_resume, check_vote_mechanism
+from privmtl.federated.options import OPTIONS
+from privmtl.federated.spec import EXECUTION, check_resume, check_vote_mechanism
 from privmtl.federated.user_model import is_factory_spec
 from privmtl.io import check_writable_dir
 from privmtl.privacy.selection import SELECTION_METHODS, VOTE_SIGNAL
@@ -124,7 +124,7 @@ def _device_option(help: str) -> Any:
     """``--device`` (:mod:`privmtl._device`): one declaration for the commands that run the engine."""
     return click.option(
         "--device",
-        default=DEFAULT_DEVICE,
+        default=EXECUTION.device,
         show_default=True,
         metavar="[auto|cpu|cuda|cuda:N]",
         help=help,
@@ -143,7 +143,7 @@ def _device_option(help: str) -> Any:
 @pmtl_data_options()
 @click.option(
     "--model",
-    default=DEFAULT_MODEL,
+    default=OPTIONS.model,
     show_default=True,
     metavar="[cnn|logreg|MODULE:FACTORY|PATH.py:FACTORY]",
     help=MODEL_HELP,
@@ -172,7 +172,7 @@ def _device_option(help: str) -> Any:
 @click.option(
     "--finetune-start",
     type=click.Choice(list(FINETUNE_STARTS)),
-    default="auto",
+    default=OPTIONS.finetune_start,
     show_default=True,
     help="auto: fine-tune each client's personalized model (the global model for global "
     "methods); billboard: every client starts from the released global model (vanilla only; "
@@ -180,14 +180,14 @@ def _device_option(help: str) -> Any:
 )
 @click.option(
     "--finetune-epochs",
-    default="1",
+    default=str(OPTIONS.finetune_epochs),
     show_default=True,
     help="Local fine-tuning epochs; a comma-separated grid with --finetune-start billboard.",
 )
 @click.option(
     "--finetune-select",
     type=click.Choice([*FINETUNE_SELECT_CHOICES, *LOCAL_SELECT[1:]]),
-    default=FINETUNE_SELECT_CHOICES[0],
+    default=OPTIONS.finetune_select,
     show_default=True,
     help="auto: vote where one can be held (--finetune auto, --model logreg, a private run with "
     "--epsilon, independent noise), else client; client: each client picks its grid point (--finetune auto: "
@@ -202,7 +202,7 @@ def _device_option(help: str) -> Any:
 @click.option(
     "--local-select",
     type=click.Choice(list(LOCAL_SELECT)),
-    default=LOCAL_SELECT[0],
+    default=OPTIONS.local_select,
     show_default=True,
     help="--method local-all: client = each client picks (epochs, lr) on its own validation "
     "split; pooled = one setting for all on the pooled validation accuracy of every client "
@@ -211,7 +211,7 @@ def _device_option(help: str) -> Any:
 @click.option(
     "--local-solver",
     type=click.Choice(list(LOCAL_SOLVER_CHOICES)),
-    default=LOCAL_SOLVER_CHOICES[0],
+    default=OPTIONS.local_solver,
     show_default=True,
     help="How local training (--method local-all, and --finetune auto's local and fine-tuned "
     "billboard candidates) is solved: sgd = the grid of minibatch-SGD runs; adam = the local "
@@ -243,7 +243,11 @@ def _device_option(help: str) -> Any:
     "ledger.jsonl); see --resume.",
 )
 @click.option(
-    "--checkpoint-every", type=int, default=1, show_default=True, help="Rounds between checkpoints."
+    "--checkpoint-every",
+    type=int,
+    default=EXECUTION.checkpoint_every,
+    show_default=True,
+    help="Rounds between checkpoints.",
 )
 @click.option("--resume", is_flag=True, help="Continue the run saved in --checkpoint-dir.")
 @click.option(
@@ -274,7 +278,7 @@ def _device_option(help: str) -> Any:
 @click.option(
     "--eval-every",
     type=click.IntRange(min=0),
-    default=0,
+    default=EXECUTION.eval_every,
     show_default=True,
     help="Record the validation accuracy every N rounds (the report's accuracy curve; 0: none).",
 )
@@ -284,7 +288,7 @@ def _device_option(help: str) -> Any:
 @click.option(
     "--threads",
     type=click.IntRange(min=1),
-    default=2,
+    default=EXECUTION.threads,
     show_default=True,
     help="Torch threads during training (logistic regression trains on one, its fastest), and "
     "blocks of clients the end of run computes at once (in forked worker processes on Linux; "
@@ -363,14 +367,14 @@ def pmtl(**kw: Any) -> None:
 @click.option(
     "--data",
     type=click.Choice(list(dataset_names("pmtl"))),
-    default="synthetic",
+    default=OPTIONS.data,
     show_default=True,
     help=datasets_help("pmtl"),
 )
 @pmtl_data_options()
 @click.option(
     "--model",
-    default=DEFAULT_MODEL,
+    default=OPTIONS.model,
     show_default=True,
     metavar="[cnn|logreg|MODULE:FACTORY|PATH.py:FACTORY]",
     help=MODEL_HELP,

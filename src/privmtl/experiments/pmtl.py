@@ -32,7 +32,6 @@ from privmtl._device import DEFAULT_DEVICE, resolve_device
 from privmtl._timing import PMTL_PHASES, PhaseTimer
 from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
-from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
 from privmtl.data.registry import (
     absolute_data_path,
     dataset_names,
@@ -41,7 +40,7 @@ from privmtl.data.registry import (
 )
 from privmtl.exceptions import DataFormatError, InvalidParameterError, PrivacyBudgetError
 from privmtl.federated.algorithms import Params
-from privmtl.federated.config import TrainResult, resolve_config
+from privmtl.federated.config import TrainResult, resolve
 from privmtl.federated.finetune import FINETUNE_METHODS
 from privmtl.federated.finetune_selection import SELECT_MODES
 from privmtl.federated.finish import (
@@ -70,7 +69,8 @@ from privmtl.federated.finish import (
 from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
 from privmtl.federated.methods import Method, get_method, method_class
 from privmtl.federated.methods.loading import resolve_method
-from privmtl.federated.models import DEFAULT_MODEL, MODELS, MultinomialLogReg, make_model
+from privmtl.federated.models import MODELS, MultinomialLogReg, make_model
+from privmtl.federated.options import RunOptions, split_settings
 from privmtl.federated.report import (
     DIAGNOSTICS_NOT_COVERED,
     FINETUNE_SELECT_POOLED,
@@ -89,16 +89,16 @@ from privmtl.federated.spec import (
     DEFAULT_FEDPROX_MU,
     DEFAULT_LAM_NONPRIVATE,
     DEFAULT_LAM_PRIVATE,
+    EXECUTION,
     RUN_METHODS,
     SPEC,
+    Execution,
     RunSpec,
     check_resume,
     check_vote_mechanism,
     default_clients_per_round,
     default_lam,
-    resolve_defaults,
-    resolve_delta,
-    train_config,
+    pmtl_delta,
 )
 from privmtl.locking import holding_directories
 from privmtl.privacy.ledger import PrivacyLedger
@@ -362,7 +362,7 @@ def _load(
     timer: PhaseTimer | None = None,
     device: str = DEFAULT_DEVICE,
     finetune_select: str = "client",
-    eval_every: int = 0,
+    eval_every: int = EXECUTION.eval_every,
 ) -> LoadedRun:
     """Load: the user's model factory (before any data is read), the data (``dataset``, or the
     registered data set loaded by the seed), the settings resolved on it, the model, and the
@@ -390,29 +390,29 @@ def _load(
         )
     with timer.phase("setup"):
         m = ds.n_clients
-        resolved = resolve_defaults(spec, m)
-        notes = tuple(resolve_delta(spec.delta, m)[1])
         net = make_model(model, ds, spec.seed, factory=factory)
         on = str(resolve_device(device))  # "auto" becomes the device the run computes on
-        config = train_config(
-            resolved, batched=batched, progress=progress, threads=threads, device=on,
-            eval_every=eval_every,
-        )  # fmt: skip
         vote = None
-        declared = get_method(method, config)
+        declared = method_class(method) if isinstance(method, str) else method
         samples = declared.communicates and not declared.every_client
         select = resolve_finetune_select(
             finetune_select, net, finetune=spec.finetune, samples=samples,
-            noise_mechanism=spec.noise_mechanism, epsilon=resolved.epsilon,
+            noise_mechanism=spec.noise_mechanism, epsilon=spec.epsilon,
         )  # fmt: skip
         if select == "vote" and samples:
-            vote = _vote_plan(resolved, m)
+            vote = _vote_plan(spec, m)
             if finetune_select == "auto" and not vote.held:
                 vote = None  # the default without a vote: every client's own choice, as asked
-        if declared.communicates:  # the target ε becomes the release's σ, once
-            reserve = None if vote is None else vote.event()
-            config = resolve_config(config, m, method=method, reserve=reserve)[0]
-        runner = get_method(method, config)  # bound to the calibrated noise
+        # the one resolution of the run: q, λ, δ, and the target ε calibrated to the release's σ
+        execution = {"batched": batched, "progress": progress, "threads": threads, "device": on}
+        execution["eval_every"] = eval_every
+        run = resolve(
+            spec, m, method=method, reserve=None if vote is None else vote.event(),
+            execution=execution,
+        )  # fmt: skip
+        resolved = run.spec
+        assert resolved is not None  # resolved from a RunSpec
+        runner = get_method(method, run.config).with_run(run)  # bound to the calibrated noise
     if runner.models is not None and model not in runner.models:
         raise InvalidParameterError(
             f"The 'method' parameter {spec.method!r} supports --model "
@@ -428,28 +428,28 @@ def _load(
         name=spec.method,
         method_source=method_source,
         factory=factory,
-        notes=notes,
+        notes=run.notes,
         seconds=timer.seconds("data"),
         vote=vote,
     )
 
 
-def _vote_plan(resolved: RunSpec, m: int) -> VotePlan:
+def _vote_plan(spec: RunSpec, m: int) -> VotePlan:
     """The public plan of the end-of-run vote (:func:`~privmtl.privacy.selection.plan_vote`):
     :data:`~privmtl.federated.finish.FINETUNE_VOTE_SHARE` of the target ε, among the ``m``
     clients or, in a larger population, the expected
     :data:`~privmtl.federated.finish.FINETUNE_VOTERS` of them
     (:func:`~privmtl.federated.finish.vote_voters`); a private run needs a target ε (its share
     is of that target)."""
-    if resolved.epsilon is None and resolved.noise_std:
+    if spec.epsilon is None and spec.noise_std:
         raise InvalidParameterError(
             "finetune_select='vote' takes its share of a target 'epsilon'; got noise_std="
-            f"{resolved.noise_std!r} without epsilon."
+            f"{spec.noise_std!r} without epsilon."
         )
-    delta = float(resolve_delta(resolved.delta, m)[0])
+    delta = pmtl_delta(spec.delta, m)[0]
     return plan_vote(
-        min(m, FINETUNE_VOTERS), epsilon=resolved.epsilon, delta=delta, share=FINETUNE_VOTE_SHARE,
-        accountant=resolved.accountant, relation=resolved.relation,
+        min(m, FINETUNE_VOTERS), epsilon=spec.epsilon, delta=delta, share=FINETUNE_VOTE_SHARE,
+        accountant=spec.accountant, relation=spec.relation,
     )  # fmt: skip
 
 
@@ -734,72 +734,18 @@ def _save(
 
 
 @holding_directories("checkpoint_dir", "save_models")
-def run_pmtl(
-    *,
-    data: str = "synthetic",
-    data_path: str | Path | None = None,
-    client_column: str | None = None,
-    label_column: str | None = None,
-    feature_columns: Sequence[str] | None = None,
-    model: str = DEFAULT_MODEL,
-    method: str | type[Method] | Method = SPEC.method,
-    epsilon: float | None = None,
-    noise_std: float | None = None,
-    clip: float = SPEC.clip,
-    rounds: int = SPEC.rounds,
-    clients_per_round: int | None = None,
-    local_steps: int | None = None,
-    local_epochs: int | None = None,
-    lam: float | None = None,
-    lr: float = SPEC.lr,
-    batch_size: int = SPEC.batch_size,
-    finetune: str = SPEC.finetune,
-    finetune_epochs: int | Sequence[int] = 1,
-    extra_finetunes: tuple[str, ...] | list[str] = (),
-    finetune_lrs: Sequence[float] | None = None,
-    finetune_lams: Sequence[float] | None = None,
-    finetune_start: str = "auto",
-    finetune_select: str = FINETUNE_SELECT_CHOICES[0],
-    seed: int = SPEC.seed,
-    sequential: bool = False,
-    sampling: str = SPEC.sampling,
-    groups: int = SPEC.groups,
-    noise_mechanism: str = SPEC.noise_mechanism,
-    accountant: str = SPEC.accountant,
-    relation: str = SPEC.relation,
-    delta: float | str | None = SPEC.delta,
-    server_update: str = SPEC.server_update,
-    show_progress: bool = True,
-    dataset: FederatedDataset | None = None,
-    threads: int = 2,
-    device: str = DEFAULT_DEVICE,
-    noise_source: str = SPEC.noise_source,
-    checkpoint_dir: str | Path | None = None,
-    checkpoint_every: int = 1,
-    resume: bool = False,
-    budget_epsilon: float | None = None,
-    save_models: str | Path | None = None,
-    num_clients: int | None = None,
-    server_optimizer: str = SPEC.server_optimizer,
-    server_lr: float = SPEC.server_lr,
-    server_momentum: float = SPEC.server_momentum,
-    shared_params: Sequence[str] | None = None,
-    head_epochs: int = SPEC.head_epochs,
-    personal_init: str = SPEC.personal_init,
-    subspace_dim: int | None = None,
-    adaptive_clip_quantile: float | None = None,
-    adaptive_clip_lr: float = SPEC.adaptive_clip_lr,
-    adaptive_clip_noise: float | None = None,
-    local_select: str = "client",
-    local_solver: str = LOCAL_SOLVER_CHOICES[0],
-    local_patience: int | None = None,
-    diagnostics: bool = False,
-    scaling: str = DEFAULT_CLIENT_SCALING,
-    baseline: bool = True,
-    per_client: str | Path | None = None,
-    eval_every: int = 0,
-) -> dict[str, Any]:
+def run_pmtl(spec: RunSpec | None = None, /, **settings: Any) -> dict[str, Any]:
     """Run one federated method and return a JSON-ready result dictionary (see the CLI contract).
+
+    ``run_pmtl(data="synthetic", rounds=50, epsilon=2.0)``, or ``run_pmtl(spec, **settings)`` from
+    a :class:`~privmtl.federated.spec.RunSpec` (``settings`` replace its values). Every keyword
+    is a field of one of the run's three typed parts, where its default is defined
+    (:data:`~privmtl.federated.options.PMTL_PARAMETERS`): the run spec (algorithm and
+    privacy), :class:`~privmtl.federated.spec.Execution` (``threads``, ``device``,
+    ``show_progress``, ``sequential``, checkpointing, ``save_models``) and
+    :class:`~privmtl.federated.options.RunOptions` (data, model, end of run, report); an
+    unknown keyword is an :class:`~privmtl.exceptions.InvalidParameterError` listing the valid
+    ones.
 
     The algorithm and privacy defaults are the run spec's (:data:`~privmtl.federated.spec.SPEC`,
     shared with ``privmtl pmtl``, the sweep and Flower); the settings are checked once by
@@ -848,7 +794,7 @@ def run_pmtl(
     and the privacy options do not apply (ε = 0 towards the others).
 
     ``delta``: None (default) is :func:`~privmtl.privacy.delta.user_data_delta`,
-    min(1e-5, 1/(100 m)) on every data set (:func:`~privmtl.federated.spec.resolve_delta`);
+    min(1e-5, 1/(100 m)) on every data set (:func:`~privmtl.federated.spec.pmtl_delta`);
     ``"paper"`` the PMTL paper's 1/m (reproductions); a float is checked (δ ≥ 1/m warns).
     ``diagnostics=True`` adds ``curator_diagnostics`` (per-round training loss and the norms of
     the un-noised mean, of the noise, and with ``subspace_dim`` of the full un-noised mean): they
@@ -903,56 +849,39 @@ def run_pmtl(
     ``seconds_per_round`` is the rounds' own time per round and ``data_seconds`` the ``data``
     phase.
     """
+    given, x, o = split_settings(spec, settings)
+    return _run(given, x, o)
+
+
+def _run(given: dict[str, Any], x: Execution, o: RunOptions) -> dict[str, Any]:
+    """:func:`run_pmtl` of the run spec's settings ``given`` (``method`` may be a user's method
+    object), the execution ``x`` and the run options ``o``."""
+    method = given.get("method", SPEC.method)
+    shared_params = given.get("shared_params")
+    finetune = given.get("finetune", SPEC.finetune)
     timer = PhaseTimer(PMTL_PHASES)  # the run's wall time starts here
-    if save_models is not None:  # its model.json is signed: a bad key stops the run now
+    if x.save_models is not None:  # its model.json is signed: a bad key stops the run now
         from privmtl.trust import check_signing_key
 
         check_signing_key()
     with timer.phase("setup"):
         own_method, method_source = resolve_method(method)
     spec = RunSpec(
+        **{k: v for k, v in given.items() if k not in ("method", "shared_params")},
         method=own_method if isinstance(own_method, str) else own_method.name,
-        server_update=server_update,
-        clip=clip,
-        clients_per_round=clients_per_round,
-        lam=lam,
-        personal_init=personal_init,
-        lr=lr,
-        batch_size=batch_size,
-        rounds=rounds,
-        local_steps=local_steps,
-        local_epochs=local_epochs,
-        epsilon=epsilon,
-        noise_std=noise_std,
-        delta=delta,
-        sampling=sampling,
-        groups=groups,
-        noise_mechanism=noise_mechanism,
-        accountant=accountant,
-        relation=relation,
-        finetune=finetune,
-        noise_source=noise_source,
-        seed=seed,
-        server_optimizer=server_optimizer,
-        server_lr=server_lr,
-        server_momentum=server_momentum,
         shared_params=None if shared_params is None else tuple(shared_params),
-        head_epochs=head_epochs,
-        subspace_dim=subspace_dim,
-        adaptive_clip_quantile=adaptive_clip_quantile,
-        adaptive_clip_lr=adaptive_clip_lr,
-        adaptive_clip_noise=adaptive_clip_noise,
     )
     finishing = _finish_request(
         finetune,
-        epochs=finetune_epochs,
-        lrs=finetune_lrs,
-        lams=finetune_lams,
-        start=finetune_start,
-        select=finetune_select,
-        extra=extra_finetunes,
+        epochs=o.finetune_epochs,
+        lrs=o.finetune_lrs,
+        lams=o.finetune_lams,
+        start=o.finetune_start,
+        select=o.finetune_select,
+        extra=o.extra_finetunes,
     )
-    check_choice("local_select", local_select, LOCAL_SELECT)
+    local_solver, local_patience = o.local_solver, o.local_patience
+    check_choice("local_select", o.local_select, LOCAL_SELECT)
     check_choice("local_solver", local_solver, LOCAL_SOLVER_CHOICES)
     if local_patience is not None:
         local_patience = check_int("local_patience", local_patience, low=1)
@@ -962,34 +891,35 @@ def run_pmtl(
                 "The 'local_patience' parameter stops SGD runs (local_solver='sgd'); got "
                 f"local_patience={local_patience} with local_solver={local_solver!r}."
             )
-    resolve_device(device)  # before any data is read: "cuda" without CUDA fails here
-    eval_every = check_int("eval_every", eval_every, low=0)
+    resolve_device(x.device)  # before any data is read: "cuda" without CUDA fails here
+    eval_every = check_int("eval_every", x.eval_every, low=0)
+    per_client = o.per_client
     if per_client is not None:
         from privmtl.per_client import check_rows_path
 
         per_client = check_rows_path(per_client)
-    for name, flag in (("diagnostics", diagnostics), ("baseline", baseline)):
+    for name, flag in (("diagnostics", o.diagnostics), ("baseline", o.baseline)):
         if not isinstance(flag, bool):
             raise InvalidParameterError(f"The '{name}' parameter must be a bool; got {flag!r}.")
     request = DataRequest(
-        data=data,
-        data_path=data_path,
-        model=model,
+        data=o.data,
+        data_path=o.data_path,
+        model=o.model,
         table={
-            "client_column": client_column,
-            "label_column": label_column,
-            "feature_columns": None if feature_columns is None else list(feature_columns),
+            "client_column": o.client_column,
+            "label_column": o.label_column,
+            "feature_columns": None if o.feature_columns is None else list(o.feature_columns),
         },
-        num_clients=num_clients,
-        scaling=scaling,
+        num_clients=o.num_clients,
+        scaling=o.scaling,
     )
-    check_resume(resume, spec.noise_mechanism, spec.noise_source)
-    check_vote_mechanism(finetune_select, spec.noise_mechanism)
-    durability = Durability(checkpoint_dir, checkpoint_every, resume, budget_epsilon)
+    check_resume(x.resume, spec.noise_mechanism, spec.noise_source)
+    check_vote_mechanism(o.finetune_select, spec.noise_mechanism)
+    durability = Durability(x.checkpoint_dir, x.checkpoint_every, x.resume, o.budget_epsilon)
     loaded = _load(
-        spec, own_method, request, method_source=method_source, dataset=dataset,
-        batched=not sequential, progress=show_progress, threads=threads, timer=timer,
-        device=device, finetune_select=finetune_select, eval_every=eval_every,
+        spec, own_method, request, method_source=method_source, dataset=o.dataset,
+        batched=not x.sequential, progress=x.show_progress, threads=x.threads, timer=timer,
+        device=x.device, finetune_select=o.finetune_select, eval_every=eval_every,
     )  # fmt: skip
     if local_solver == "ridge" and not isinstance(loaded.net, MultinomialLogReg):
         raise InvalidParameterError(
@@ -1003,7 +933,7 @@ def run_pmtl(
     fused = _scores_at_finish(loaded, finishing)
     with timer.phase("scoring"):  # the method's fit: its rounds, then the trained models' scores
         trained = _train(
-            loaded, durability, local_select, local_solver, local_patience, score=not fused
+            loaded, durability, o.local_select, local_solver, local_patience, score=not fused
         )
     timer.carve("scoring", "rounds", trained.result.seconds)  # the engine's own time of its rounds
     with timer.phase("end_of_run"):
@@ -1013,22 +943,22 @@ def run_pmtl(
     timer.carve("end_of_run", "scoring", finished.score_seconds)
     alone: dict[str, Any] = {}
     scored = None
-    if baseline:
+    if o.baseline:
         before = timer.seconds("scoring")
         with timer.phase("scoring"):  # the baseline: each client's training alone, scored
             alone, scored = _baseline(loaded, trained, finished)
         alone["baseline_seconds"] = timer.seconds("scoring") - before
-    out = _report(loaded, durability, trained, finished, diagnostics=diagnostics)
+    out = _report(loaded, durability, trained, finished, diagnostics=o.diagnostics)
     out.update(alone)
-    if per_client is not None or save_models is not None:
+    if per_client is not None or x.save_models is not None:
         from privmtl.per_client import write_rows
 
         with timer.phase("saving"):  # the per-client rows (the run's scores), then the files
             rows = _client_rows(loaded, trained, finished, scored)
             if per_client is not None:
                 out["per_client_file"] = str(write_rows(per_client, rows))
-            if save_models is not None:
-                out["models_dir"] = _save(save_models, loaded, trained, finished, out, rows)
+            if x.save_models is not None:
+                out["models_dir"] = _save(x.save_models, loaded, trained, finished, out, rows)
     return timer.record(out)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from privmtl.federated.algorithms import (
     Params,
 )
-from privmtl.federated.config import TrainConfig, TrainResult, resolve_config
+from privmtl.federated.config import ResolvedRun, TrainConfig, TrainResult, resolve
 from privmtl.federated.curator import Curator
 from privmtl.federated.methods import Method, get_method
 from privmtl.federated.server_optim import ServerOptimizer
@@ -133,7 +133,7 @@ class RunSetup:
 
 
 def setup_run(
-    config: TrainConfig,
+    config: TrainConfig | ResolvedRun,
     m: int,
     init: Params,
     *,
@@ -143,15 +143,20 @@ def setup_run(
     """The release, the billboard and the resolved configuration of a run on ``m`` clients.
 
     Written once for the in-process :class:`Trainer` and the Flower ServerApp: the resolved
-    config (:func:`~privmtl.federated.config.resolve_config`: ``q``, λ, δ, and σ calibrated to a
-    target ``epsilon``), the warning of Algorithm 1's message with partial
+    config (``config`` a :class:`~privmtl.federated.config.ResolvedRun`, used as it is, or a
+    configuration resolved here by :func:`~privmtl.federated.config.resolve`: ``q``, λ, δ, and σ
+    calibrated to a target ``epsilon``), the warning of Algorithm 1's message with partial
     participation, the :class:`~privmtl.privacy.release.GaussianMeanRelease` of the method, the
     split into shared and personal parameters and ``personal_init="auto"``'s resolution
     (:func:`~privmtl.federated.spec.resolve_personal_init`), all through the method object's
     server half (``method``: default ``config.method``).
     """
-    chosen = config.method if method is None else method
-    config = resolve_config(config, m, sampler=sampler, method=chosen)[0]
+    if isinstance(config, ResolvedRun):  # resolved once, by the caller
+        config = config.config
+        chosen = config.method if method is None else method
+    else:
+        chosen = config.method if method is None else method
+        config = resolve(config, m, sampler=sampler, method=chosen).config
     q = int(config.clients_per_round or m)
     spec = get_method(chosen, config)
     full = config.sampling == "all" or spec.full_participation

@@ -28,7 +28,14 @@ from privmtl._validation import check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params
-from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
+from privmtl.federated.config import (
+    ResolvedRun,
+    TrainConfig,
+    TrainResult,
+    check_inputs,
+    resolve,
+    resolve_config,
+)
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.trainer import Trainer
 
@@ -61,7 +68,7 @@ def config_for_epsilon(
 def train_joint_dp(
     dataset: FederatedDataset,
     model: nn.Module,
-    config: TrainConfig | None = None,
+    config: TrainConfig | ResolvedRun | None = None,
     *,
     sampler: Any = None,
     ledger: Any = None,
@@ -103,8 +110,13 @@ def train_joint_dp(
         ``extra["method"] = "joint-dp"``.
     """
     config = TrainConfig() if config is None else config
-    cfg = dataclasses.replace(config, method="joint-dp")
-    trainer = Trainer(dataset, model, cfg, sampler=sampler, ledger=ledger, **run)
+    if isinstance(config, ResolvedRun):  # resolved by the run: the Trainer takes it as it is
+        settings: TrainConfig | ResolvedRun = config.with_engine(method="joint-dp")
+        config = config.config
+    else:
+        settings = dataclasses.replace(config, method="joint-dp")
+    cfg = settings.config if isinstance(settings, ResolvedRun) else settings
+    trainer = Trainer(dataset, model, settings, sampler=sampler, ledger=ledger, **run)
     result = trainer.run()
     z = trainer.curator.release_mechanism.noise_multiplier
     block_std = z * float(cfg.clip) if z is not None and cfg.clip is not None else 0.0
@@ -125,7 +137,7 @@ Observer = Callable[[dict[str, Any]], None]
 
 def train_pp_sgd(
     dataset: FederatedDataset,
-    config: TrainConfig | None = None,
+    config: TrainConfig | ResolvedRun | None = None,
     *,
     model: MultinomialLogReg | None = None,
     alpha: float = 1.0,
@@ -193,7 +205,12 @@ def train_pp_sgd(
     """
     config = TrainConfig() if config is None else config
     check_inputs(dataset)
-    config = resolve_config(config, dataset.n_clients, sampler=sampler)[0]  # λ: theta_reg's default
+    run_ = (
+        config
+        if isinstance(config, ResolvedRun)
+        else resolve(config, dataset.n_clients, sampler=sampler)
+    )  # λ: theta_reg's default
+    config = run_.config
     alpha = check_real("alpha", alpha, low=0.0)
     mu = check_real("theta_reg", config.lam if theta_reg is None else theta_reg, low=0.0)
     if model is None:
@@ -217,7 +234,7 @@ def train_pp_sgd(
                     f"The 'theta_init' parameter must hold {n!r} of shape {(m, *p.shape)}."
                 )
         initial = {"theta": dict(theta_init)}
-    cfg = dataclasses.replace(config, method="pp-sgd", pp_alpha=alpha, pp_theta_reg=mu)
+    resolved = run_.with_engine(method="pp-sgd", pp_alpha=alpha, pp_theta_reg=mu)
     seen: dict[str, Any] = {}
 
     def capture(t: int, sampled: np.ndarray, messages: Params) -> Params:
@@ -227,7 +244,7 @@ def train_pp_sgd(
     trainer = Trainer(
         dataset,
         model,
-        cfg,
+        resolved,
         sampler=sampler,
         ledger=ledger,
         initial_state=initial,

@@ -18,18 +18,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from privmtl._device import DEFAULT_DEVICE, check_device
+from privmtl._device import check_device
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.spec import (
     DEFAULT_HEAD_EPOCHS,
+    EXECUTION,
     SPEC,
+    RunSpec,
     check_param_names,
     check_participation,
     check_vote_mechanism,
     default_lam,
+    pmtl_delta,
     resolve_clients_per_round,
-    resolve_delta,
+    resolve_defaults,
+    train_config,
 )
 from privmtl.privacy.matrix_factorization import (
     CyclicParticipation,
@@ -42,9 +46,11 @@ __all__ = [
     "CLIENT_CHUNK",
     "DEFAULT_HEAD_EPOCHS",
     "SAMPLINGS",
+    "ResolvedRun",
     "TrainConfig",
     "TrainResult",
     "check_param_names",
+    "resolve",
     "resolve_config",
 ]
 
@@ -53,16 +59,6 @@ SAMPLINGS = ("poisson", "fixed", "all", "cyclic")
 CLIENT_CHUNK = 8
 """Clients vectorised together in a round (``client_chunk="auto"``) for a model without the
 by-hand logistic step."""
-
-
-def __getattr__(name: str) -> Any:
-    # ``METHODS``: the engine's methods, from the one registry of method names (imported when
-    # asked for: the methods package imports the run spec, which this module imports)
-    if name == "METHODS":
-        from privmtl.federated.methods import ENGINE_METHODS
-
-        return ENGINE_METHODS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _method_class(name: str) -> Any:
@@ -162,7 +158,7 @@ class TrainConfig:
         Seeds three independent streams: client sampling (numpy), local minibatch draws (one numpy
         stream per client and round) and server noise (``torch.Generator``).
     delta : float or None
-        Target δ of the reported ε; None: :func:`~privmtl.federated.spec.resolve_delta`,
+        Target δ of the reported ε; None: :func:`~privmtl.federated.spec.pmtl_delta`,
         min(1e-5, 1/(100 m)) (below 1/m as DP practice asks; the paper's 1/m must be given
         explicitly), filled in by :func:`resolve_config`.
     accountant : str, default "rdp"
@@ -310,11 +306,11 @@ class TrainConfig:
     batched: bool = True
     vectorize: str = "auto"
     client_chunk: int | str | None = "auto"
-    eval_every: int = 0
-    progress: bool = True
-    threads: int = 2
+    eval_every: int = EXECUTION.eval_every
+    progress: bool = EXECUTION.show_progress
+    threads: int = EXECUTION.threads
     parallel_chunks: bool = True
-    device: str = DEFAULT_DEVICE
+    device: str = EXECUTION.device
     noise_source: str = SPEC.noise_source
     pp_alpha: float = 1.0
     pp_theta_reg: float | None = None
@@ -452,7 +448,104 @@ class TrainConfig:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A run resolved on its data, once: what :func:`resolve` returns and every backend takes.
+
+    A different type from the settings it was made from (a :class:`~privmtl.federated.spec.RunSpec`
+    or a :class:`TrainConfig`), so that nothing resolves a run twice: the in-process
+    :class:`~privmtl.federated.protocol.Trainer`, :func:`~privmtl.federated.backend.setup_run` and
+    Flower's ServerApp use a ``ResolvedRun`` as it is, and resolve only what is not one.
+
+    Attributes
+    ----------
+    config : TrainConfig
+        The engine configuration with ``clients_per_round``, ``lam`` and ``delta`` filled in and
+        ``noise_std`` calibrated to a target ``epsilon``.
+    calibration : ReleaseCalibration or None
+        The calibration made (None when σ was given, without a target or with banded noise).
+    spec : RunSpec or None
+        The resolved run spec, what a run reports under ``config`` (None when resolved from a
+        ``TrainConfig``).
+    notes : tuple of str
+        Notes the resolution leaves for the result (the paper's δ).
+    """
+
+    config: TrainConfig
+    calibration: Any = None
+    spec: RunSpec | None = None
+    notes: tuple[str, ...] = ()
+
+    def with_engine(self, **changes: Any) -> ResolvedRun:
+        """This run with engine settings the resolution did not read changed (the engine's name
+        of a whole-run method, its own options): still resolved, not resolved again."""
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
+
+    @property
+    def target(self) -> Any:
+        """The :class:`~privmtl.privacy.calibration.PrivacyTarget` the release is calibrated to
+        (ε, δ, accountant, relation), or None without a target ε."""
+        from privmtl.privacy.calibration import PrivacyTarget
+
+        c = self.config
+        if c.epsilon is None or c.delta is None:
+            return None
+        return PrivacyTarget(c.epsilon, c.delta)
+
+
+def resolve(
+    settings: RunSpec | TrainConfig,
+    num_clients: int,
+    *,
+    sampler: Any = None,
+    method: Any = None,
+    reserve: Any = None,
+    execution: dict[str, Any] | None = None,
+) -> ResolvedRun:
+    """The one resolution of a run on ``num_clients`` clients.
+
+    ``settings`` is a :class:`~privmtl.federated.spec.RunSpec` (its data-dependent defaults
+    filled in by :func:`~privmtl.federated.spec.resolve_defaults`, then the engine configuration
+    built with ``execution``'s options by :func:`~privmtl.federated.spec.train_config`) or an
+    engine :class:`TrainConfig`. Then σ is calibrated to a target ε (:func:`_resolve_engine`).
+    A :class:`ResolvedRun` is refused: it is resolved already.
+    """
+    if isinstance(settings, ResolvedRun):
+        raise InvalidParameterError(
+            "The 'settings' parameter must be an unresolved RunSpec or TrainConfig; got a "
+            "ResolvedRun (a run is resolved once)."
+        )
+    m = check_int("num_clients", num_clients, low=1)
+    spec: RunSpec | None = None
+    notes: tuple[str, ...] = ()
+    if isinstance(settings, RunSpec):
+        spec = resolve_defaults(settings, m)
+        notes = pmtl_delta(settings.delta, m)[1]
+        config = train_config(spec, **(execution or {}))
+    else:
+        config = settings
+        if execution:
+            config = dataclasses.replace(config, **execution)
+    config, calibration = _resolve_engine(
+        config, m, sampler=sampler, method=method, reserve=reserve
+    )
+    return ResolvedRun(config, calibration, spec, notes)
+
+
 def resolve_config(
+    config: TrainConfig,
+    num_clients: int,
+    *,
+    sampler: Any = None,
+    method: Any = None,
+    reserve: Any = None,
+) -> tuple[TrainConfig, Any]:
+    """:func:`resolve` of an engine configuration, as the pair (config, calibration)."""
+    run = resolve(config, num_clients, sampler=sampler, method=method, reserve=reserve)
+    return run.config, run.calibration
+
+
+def _resolve_engine(
     config: TrainConfig,
     num_clients: int,
     *,
@@ -466,7 +559,7 @@ def resolve_config(
     ``clients_per_round`` (:func:`~privmtl.federated.spec.resolve_clients_per_round`: ``m`` with
     ``sampling="all"`` and for ``workshop``, ``min(20, m)`` when None, above ``m`` an error),
     ``lam`` (:func:`~privmtl.federated.spec.default_lam`) and ``delta``
-    (:func:`~privmtl.federated.spec.resolve_delta`). With ``epsilon`` set and ``noise_std`` 0,
+    (:func:`~privmtl.federated.spec.pmtl_delta`). With ``epsilon`` set and ``noise_std`` 0,
     ``noise_std`` becomes the σ of :func:`~privmtl.privacy.calibration.calibrate_release` for
     the run's sampler (``sampler``, default the config's), rounds, clip and accountant, with
     adaptive clipping's count (:meth:`TrainConfig.count_noise_std_for`). Resolving a resolved
@@ -484,7 +577,7 @@ def resolve_config(
     from privmtl.privacy.calibration import PrivacyTarget, calibrate_release
     from privmtl.privacy.sampling import make_sampler
 
-    m = check_int("num_clients", num_clients, low=1)
+    m = int(num_clients)
     if method is None or isinstance(method, str):
         method = _method_class(config.method if method is None else method)
     q = resolve_clients_per_round(
@@ -498,7 +591,7 @@ def resolve_config(
     private = config.epsilon is not None or config.noise_std > 0
     lam = default_lam(config.method, private=private) if config.lam is None else config.lam
     # an explicit δ was checked when the config was built: only None is resolved here
-    delta = resolve_delta(None, m)[0] if config.delta is None else config.delta
+    delta = pmtl_delta(None, m)[0] if config.delta is None else config.delta
     config = dataclasses.replace(config, clients_per_round=q, lam=lam, delta=delta)
     calibration = None
     if config.epsilon is not None and config.noise_std == 0 and method.communicates:

@@ -16,7 +16,7 @@ function that fills them in:
   ``m`` is an error; ``method="local-all"`` trains every client);
 * ``lam``: :func:`default_lam` (λ chosen on FEMNIST validation accuracy: 0.001 for private runs, 1
   without noise, FedProx's μ = 0.01);
-* ``delta``: :func:`resolve_delta`, min(1e-5, 1/(100 m)) (below 1/m, as DP practice asks), or the
+* ``delta``: :func:`pmtl_delta`, min(1e-5, 1/(100 m)) (below 1/m, as DP practice asks), or the
   PMTL paper's 1/m with ``delta="paper"``;
 * ``sampling``: ``"all"`` when every client takes part in every round (``q = m``);
 * ``personal_init``: ``"auto"`` becomes ``"billboard"`` or ``"model"`` by
@@ -33,15 +33,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from numbers import Integral, Real
+from pathlib import Path
 from typing import Any, ClassVar
 
+from privmtl._device import DEFAULT_DEVICE
 from privmtl._validation import ROUND_BYTES, Interval, Options, check_memory, validate_params
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.methods import RUN_METHODS, MethodName, method_class
 from privmtl.federated.methods.base import DEFAULT_LAM_NONPRIVATE, DEFAULT_LAM_PRIVATE
 from privmtl.federated.methods.fedavg import DEFAULT_FEDPROX_MU
 from privmtl.privacy.delta import check_delta, pmtl_paper_delta, user_data_delta
-from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION, RELATIONS
 from privmtl.privacy.matrix_factorization import NOISE_MECHANISMS
 from privmtl.privacy.release import billboard_carries_signal
 from privmtl.privacy.sampling import cyclic_group_size
@@ -52,21 +54,23 @@ __all__ = [
     "DEFAULT_HEAD_EPOCHS",
     "DEFAULT_LAM_NONPRIVATE",
     "DEFAULT_LAM_PRIVATE",
+    "EXECUTION",
     "FINETUNE_CHOICES",
     "FINETUNE_METHODS",
     "PERSONAL_INITS",
     "RUN_METHODS",
     "SERVER_UPDATES",
     "SPEC",
+    "Execution",
     "RunSpec",
     "check_param_names",
     "check_participation",
     "check_resume",
     "default_clients_per_round",
     "default_lam",
+    "pmtl_delta",
     "resolve_clients_per_round",
     "resolve_defaults",
-    "resolve_delta",
     "resolve_personal_init",
     "train_config",
 ]
@@ -210,7 +214,7 @@ def default_lam(method: str, *, private: bool) -> float:
     return float(method_class(method).default_lam(private=private))
 
 
-def resolve_delta(delta: float | str | None, m: int) -> tuple[float, tuple[str, ...]]:
+def pmtl_delta(delta: float | str | None, m: int) -> tuple[float, tuple[str, ...]]:
     """δ of a run with ``m`` clients and the notes it needs.
 
     None: :func:`~privmtl.privacy.delta.user_data_delta`, min(1e-5, 1/(100 m)); ``"paper"``: the
@@ -278,7 +282,7 @@ class RunSpec:
     noise_std : float or None
         σ of the noise on the released mean.
     delta : float, "paper" or None, default None
-        δ; None: min(1e-5, 1/(100 m)); ``"paper"``: 1/m (:func:`resolve_delta`).
+        δ; None: min(1e-5, 1/(100 m)); ``"paper"``: 1/m (:func:`pmtl_delta`).
     sampling : {"poisson", "fixed", "all", "cyclic"}, default "poisson"
         Client sampling (``"all"`` when ``q = m``); ``"cyclic"``: ``groups`` public groups
         (client ``k`` in group ``k mod b``), group ``t mod b`` in round ``t``.
@@ -328,8 +332,8 @@ class RunSpec:
     sampling: str = "poisson"
     groups: int = 1
     noise_mechanism: str = "independent"
-    accountant: str = "rdp"
-    relation: str = "add-remove"
+    accountant: str = DEFAULT_ACCOUNTANT
+    relation: str = DEFAULT_RELATION
     finetune: str = "auto"
     noise_source: str = "secure"
     seed: int = 0
@@ -418,6 +422,53 @@ SPEC = RunSpec()
 """The product defaults (every setting at its default, before resolution)."""
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How a run executes, not what it computes: the same settings give the same result.
+
+    The one definition of these defaults (``run_pmtl``'s keywords of the same names, the options
+    of ``privmtl pmtl``, and :class:`~privmtl.federated.config.TrainConfig`'s ``threads``,
+    ``device`` and ``progress``).
+
+    Parameters
+    ----------
+    threads : int, default 2
+        Torch threads during training (and blocks of clients the end of run computes at once).
+    device : str, default "auto"
+        Where the in-process engine computes (:func:`privmtl._device.resolve_device`).
+    show_progress : bool, default True
+        Report progress on stderr.
+    sequential : bool, default False
+        Train the sampled clients one after another (the per-client reference loop) instead of
+        vectorised together (same math, same random draws).
+    checkpoint_dir : path or None
+        Where the run checkpoints (None: no checkpoint).
+    checkpoint_every : int, default 1
+        Rounds between checkpoints.
+    resume : bool, default False
+        Continue the run saved in ``checkpoint_dir``.
+    save_models : path or None
+        Where the trained models are written (None: not saved).
+    eval_every : int, default 0
+        Every this many rounds, record the validation accuracy of the method's model
+        (``val_accuracy_per_round``; 0: never).
+    """
+
+    threads: int = 2
+    device: str = DEFAULT_DEVICE
+    show_progress: bool = True
+    sequential: bool = False
+    checkpoint_dir: str | Path | None = None
+    checkpoint_every: int = 1
+    resume: bool = False
+    save_models: str | Path | None = None
+    eval_every: int = 0
+
+
+EXECUTION = Execution()
+"""Every execution option at its default."""
+
+
 def resolve_defaults(
     spec: RunSpec,
     num_clients: int,
@@ -430,7 +481,7 @@ def resolve_defaults(
     ``clients_per_round`` (:func:`default_clients_per_round`; ``m`` for ``local-all`` and for
     ``sampling="all"``, where an explicit other value is an error; an explicit value above ``m`` is
     an error), ``lam`` (:func:`default_lam`), ``delta``
-    (:func:`resolve_delta`) and ``sampling`` (``"all"`` when ``q = m``). With the calibrated
+    (:func:`pmtl_delta`) and ``sampling`` (``"all"`` when ``q = m``). With the calibrated
     ``noise_std`` of the release and its ``released_dim``, ``personal_init="auto"`` is resolved
     too (:func:`resolve_personal_init`); without them it stays ``"auto"``.
     """
@@ -443,7 +494,7 @@ def resolve_defaults(
         groups=spec.groups,
     )
     lam = default_lam(spec.method, private=spec.private) if spec.lam is None else spec.lam
-    delta, _ = resolve_delta(spec.delta, m)
+    delta, _ = pmtl_delta(spec.delta, m)
     personal_init = spec.personal_init
     if noise_std is not None and released_dim is not None:
         personal_init = resolve_personal_init(personal_init, noise_std, spec.clip, released_dim)
@@ -476,36 +527,10 @@ def train_config(resolved: RunSpec, **execution: Any) -> Any:
             f"delta={resolved.delta!r}."
         )
     method = method_class(resolved.method)
-    return TrainConfig(
-        method=method.engine_method or method.name,
-        rounds=resolved.rounds,
-        clients_per_round=resolved.clients_per_round,
-        local_steps=resolved.local_steps,
-        local_epochs=resolved.local_epochs,
-        batch_size=resolved.batch_size,
-        lr=resolved.lr,
-        lam=resolved.lam,
-        clip=resolved.clip,
-        epsilon=resolved.epsilon,
-        noise_std=resolved.noise_std or 0.0,
-        sampling=resolved.sampling,
-        groups=resolved.groups,
-        noise_mechanism=resolved.noise_mechanism,
-        seed=resolved.seed,
-        delta=delta,
-        accountant=resolved.accountant,
-        relation=resolved.relation,
-        server_update=resolved.server_update,
-        noise_source=resolved.noise_source,
-        server_optimizer=resolved.server_optimizer,
-        server_lr=resolved.server_lr,
-        server_momentum=resolved.server_momentum,
-        shared_params=resolved.shared_params,
-        head_epochs=resolved.head_epochs,
-        personal_init=resolved.personal_init,
-        subspace_dim=resolved.subspace_dim,
-        adaptive_clip_quantile=resolved.adaptive_clip_quantile,
-        adaptive_clip_lr=resolved.adaptive_clip_lr,
-        adaptive_clip_noise=resolved.adaptive_clip_noise,
-        **execution,
-    )
+    engine = {f.name for f in dataclasses.fields(TrainConfig)}
+    # every setting the engine has, by its name (the spec's fields are the engine's), but
+    # the method the engine runs and σ, whose "not given" is the engine's 0
+    shared = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
+    shared = {k: v for k, v in shared.items() if k in engine}
+    shared.update(method=method.engine_method or method.name, noise_std=resolved.noise_std or 0.0)
+    return TrainConfig(**shared, **execution)

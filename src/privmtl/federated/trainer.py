@@ -55,13 +55,15 @@ from privmtl.federated.backend import (
 from privmtl.federated.client import UpdateRule, local_sgd_batched, local_sgd_reference
 from privmtl.federated.config import (
     CLIENT_CHUNK,
+    ResolvedRun,
     TrainConfig,
     TrainResult,
     check_inputs,
-    resolve_config,
+    resolve,
 )
 from privmtl.federated.gradients import make_step_fn, tape_free
 from privmtl.federated.methods import Method, TrainFn
+from privmtl.federated.spec import EXECUTION
 from privmtl.federated.store import ClientStore
 from privmtl.locking import DirectoryLock
 from privmtl.privacy.ledger import PrivacyLedger, warn_budget_stop
@@ -148,13 +150,13 @@ class Trainer:
         self,
         dataset: FederatedDataset,
         model: nn.Module,
-        config: TrainConfig | None = None,
+        config: TrainConfig | ResolvedRun | None = None,
         *,
         noise_source: str | None = None,
         sampler: ClientSampler | None = None,
         ledger: PrivacyLedger | None = None,
         checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = 1,
+        checkpoint_every: int = EXECUTION.checkpoint_every,
         resume: bool = False,
         budget_epsilon: float | None = None,
         on_budget: str = "stop",
@@ -166,8 +168,13 @@ class Trainer:
         config = TrainConfig() if config is None else config
         check_inputs(dataset, model)
         _refuse_running_buffers(model)
-        # q, λ, δ and σ of a target ε, once (setup_run's own resolution then changes nothing)
-        config = resolve_config(config, dataset.n_clients, sampler=sampler)[0]
+        # q, λ, δ and σ of a target ε, once: a ResolvedRun is used as it is
+        run = (
+            config
+            if isinstance(config, ResolvedRun)
+            else resolve(config, dataset.n_clients, sampler=sampler)
+        )
+        config = run.config
         self.device = resolve_device(config.device)
         self.dataset, self.config = dataset, config
         self.model = copy.deepcopy(model).to(self.device)
@@ -195,7 +202,7 @@ class Trainer:
         self._dtype = next(iter(init.values())).dtype
 
         # ---- the release of this method, the billboard and the curator
-        setup = setup_run(config, m, init, sampler=sampler, method=method)
+        setup = setup_run(run, m, init, sampler=sampler, method=method)
         self.spec = self.method = spec = setup.spec
         config, q = setup.config, setup.q
         self.delta = float(config.delta or 0.0)  # resolved by setup_run

@@ -67,11 +67,11 @@ from privmtl.federated.backend import (
     setup_run,
 )
 from privmtl.federated.client import UpdateRule, local_sgd_batched
-from privmtl.federated.config import TrainConfig, TrainResult, resolve_config
+from privmtl.federated.config import ResolvedRun, TrainConfig, TrainResult, resolve
 from privmtl.federated.methods import BUILTIN_METHODS, Method, TrainFn, get_method, method_class
 from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
-from privmtl.federated.models import DEFAULT_MODEL
-from privmtl.federated.spec import SPEC, RunSpec, resolve_defaults, train_config
+from privmtl.federated.options import OPTIONS
+from privmtl.federated.spec import EXECUTION, SPEC, RunSpec, resolve_defaults
 from privmtl.federated.store import ClientStore
 from privmtl.flower.secagg import SECAGG_DEFAULTS
 from privmtl.locking import DirectoryLock
@@ -83,6 +83,7 @@ __all__ = [
     "FLOWER_FIXED",
     "FLOWER_METHODS",
     "MODELS_FILE",
+    "NONE",
     "NOT_GIVEN",
     "RUN_DEFAULTS",
     "SERVER_DIR",
@@ -92,9 +93,11 @@ __all__ = [
     "default_work_dir",
     "finish_timeout",
     "from_bytes",
+    "given",
     "given_spec",
     "load_node",
     "make_config",
+    "make_run",
     "partition",
     "read_run_info",
     "run_options",
@@ -102,51 +105,50 @@ __all__ = [
     "to_bytes",
 ]
 
-# run-config keys (pyproject [tool.flwr.app.config]) -> run_pmtl/RunSpec meaning; the algorithm
-# and privacy defaults are the run spec's (privmtl.federated.spec.SPEC), as run_pmtl's. Every
-# RunSpec field has a key (its name with "-" for "_"); a TOML value cannot be None, so a
-# data-dependent or absent default is encoded as "not given" (see NOT_GIVEN).
+
+def _key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+NONE = ""
+"""The run configuration's one encoding of None (a TOML value cannot be None): the empty string.
+
+A run-configuration key of a setting whose type admits None (a field of
+:class:`~privmtl.federated.spec.RunSpec` such as ``epsilon`` or ``clients_per_round``, and the
+run's ``num-clients``, ``data-path`` and ``budget-epsilon``) is ``""`` when not given: its
+default is the spec's rule (:func:`~privmtl.federated.spec.resolve_defaults`). No number stands
+in for None."""
+
+
+def _encode(value: Any) -> Any:
+    """A setting's value in the run configuration: None as :data:`NONE`, a tuple of names as
+    comma-separated names."""
+    if value is None:
+        return NONE
+    return ",".join(str(v) for v in value) if isinstance(value, tuple) else value
+
+
+def given(opts: dict[str, Any], key: str) -> Any:
+    """The value of run-configuration ``key``, None when it is :data:`NONE` (not given)."""
+    value = opts[key]
+    return None if isinstance(value, str) and value == NONE else value
+
+
+# run-config keys (pyproject [tool.flwr.app.config]) -> run_pmtl's meaning. Every RunSpec field
+# is a key (its name with "-" for "_"), its default the spec's, generated from the spec's fields;
+# the other keys' defaults are run_pmtl's (RunOptions, Execution) where it has the option.
 RUN_DEFAULTS: dict[str, Any] = {
-    "data": "synthetic",
-    "data-path": "",
-    "num-clients": 0,  # synthetic only; 0: the generator's default m
-    "model": DEFAULT_MODEL,  # or a user's MODULE:FACTORY / PATH.py:FACTORY (privmtl.flower.factory)
+    "data": OPTIONS.data,
+    "data-path": NONE,
+    "num-clients": NONE,  # synthetic only; not given: the generator's default m
+    "model": OPTIONS.model,  # or a user's MODULE:FACTORY / PATH.py:FACTORY (privmtl.flower.factory)
     "model-dir": "",  # where a factory resolves; "": the process's working directory
     "model-sha256": "",  # the SHA-256 of the factory's file every machine must load
-    "method": SPEC.method,  # or a user's PATH.py:NAME / MODULE:NAME (privmtl.flower.factory)
+    # the method may be a user's PATH.py:NAME / MODULE:NAME (privmtl.flower.factory)
+    **{_key(f.name): _encode(getattr(SPEC, f.name)) for f in dataclasses.fields(RunSpec)},
     "method-dir": "",  # where a user's method resolves; "": the process's working directory
     "method-sha256": "",  # the SHA-256 of the method's file every machine must load
-    "rounds": SPEC.rounds,
-    "clients-per-round": 0,  # 0: the spec's default, min(20, m)
-    "epsilon": -1.0,  # < 0: not given
-    "noise-std": -1.0,  # < 0: not given
-    "clip": SPEC.clip,
-    "lam": -1.0,  # < 0: the spec's default (default_lam: 0.001 when private, else 1)
-    "personal-init": SPEC.personal_init,
-    "lr": SPEC.lr,
-    "batch-size": SPEC.batch_size,
-    "local-steps": 0,  # 0: not given (one local epoch)
-    "local-epochs": 0,  # 0: not given
-    "seed": SPEC.seed,
-    "sampling": SPEC.sampling,
-    "groups": SPEC.groups,  # sampling "cyclic" only
-    "noise-mechanism": SPEC.noise_mechanism,
-    "accountant": SPEC.accountant,
-    "relation": SPEC.relation,
-    "server-update": SPEC.server_update,
-    "finetune": SPEC.finetune,
-    "noise-source": SPEC.noise_source,
-    "delta": -1.0,  # < 0: the spec's default (or the paper's with paper-delta)
     "paper-delta": False,  # True: the PMTL paper's delta = 1/m (reproductions); else DP practice
-    "server-optimizer": SPEC.server_optimizer,
-    "server-lr": SPEC.server_lr,
-    "server-momentum": SPEC.server_momentum,
-    "shared-params": "",  # "": every parameter is shared; else names separated by commas
-    "head-epochs": SPEC.head_epochs,  # fedrep only
-    "subspace-dim": 0,  # 0: every coordinate
-    "adaptive-clip-quantile": -1.0,  # < 0: a fixed clip
-    "adaptive-clip-lr": SPEC.adaptive_clip_lr,
-    "adaptive-clip-noise": -1.0,  # < 0: the spec's default (q/20)
     "num-supernodes": 1,
     "work-dir": "",  # "": default_work_dir() of the machine running the ServerApp
     "on-missing": "fail",  # "fail" | "proceed"
@@ -155,9 +157,9 @@ RUN_DEFAULTS: dict[str, Any] = {
     # evaluation, which trains all of a node's clients; 0: FINISH_TIMEOUT or round-timeout if longer
     "finish-timeout": 0.0,
     **SECAGG_DEFAULTS,
-    "budget-epsilon": -1.0,  # <= 0: no budget
-    "checkpoint-every": 1,
-    "resume": False,
+    "budget-epsilon": _encode(OPTIONS.budget_epsilon),  # not given: no budget
+    "checkpoint-every": EXECUTION.checkpoint_every,
+    "resume": EXECUTION.resume,
     # True: the ServerApp writes its released global model and every node its clients' final
     # models, each in its own storage (MODELS_FILE), for privmtl.flower.saved to assemble
     "save-models": False,
@@ -175,19 +177,9 @@ def finish_timeout(opts: dict[str, Any]) -> float:
 
 
 NOT_GIVEN: dict[str, Any] = {
-    "clients_per_round": 0,
-    "epsilon": -1.0,
-    "noise_std": -1.0,
-    "lam": -1.0,
-    "local_steps": 0,
-    "local_epochs": 0,
-    "delta": -1.0,
-    "shared_params": "",
-    "subspace_dim": 0,
-    "adaptive_clip_quantile": -1.0,
-    "adaptive_clip_noise": -1.0,
+    f.name: NONE for f in dataclasses.fields(RunSpec) if getattr(SPEC, f.name) is None
 }
-"""The run configuration's encoding of a RunSpec field's None (a TOML value cannot be None)."""
+"""The RunSpec fields whose default is None, each encoded as :data:`NONE` (not given)."""
 
 SERVER_DIR = "server"
 """The ServerApp's storage inside the work directory (ledger, checkpoint, billboards, result)."""
@@ -197,10 +189,6 @@ MODELS_FILE = "final-models.pt"
 """The end-of-run models a run with ``save-models`` leaves: the ServerApp's released global model
 in ``<work-dir>/server``, each SuperNode's own clients' final models in its ``state-dir``
 (:meth:`ServerRun.models_state`, :meth:`NodeClients.save_models`)."""
-
-
-def _key(name: str) -> str:
-    return name.replace("_", "-")
 
 
 def run_options(run_config: dict[str, Any]) -> dict[str, Any]:
@@ -220,7 +208,7 @@ def run_options(run_config: dict[str, Any]) -> dict[str, Any]:
         if value is None:  # not given: the default
             value = NOT_GIVEN.get(field, RUN_DEFAULTS[key])
         elif field == "delta" and value == "paper":
-            out["paper-delta"], value = True, NOT_GIVEN["delta"]
+            out["paper-delta"], value = True, NONE
         elif field == "shared_params" and not isinstance(value, str):
             value = ",".join(str(v) for v in value)
         out[key] = value
@@ -248,7 +236,7 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
     run_config = run_options(run_config)
     check_int("num_supernodes", num_supernodes, low=1)
     check_int("rounds", run_config["rounds"], low=1)
-    if run_config["clients-per-round"] != 0:  # 0: the spec's default
+    if given(run_config, "clients-per-round") is not None:  # not given: the spec's default
         check_int("clients_per_round", run_config["clients-per-round"], low=1)
     check_int("seed", run_config["seed"], low=0)
     spec = given_spec(run_config)  # every RunSpec setting, checked; other methods refused
@@ -258,7 +246,7 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
             "aggregation hides from the curator; give it without secagg, got "
             f"adaptive_clip_quantile={spec.adaptive_clip_quantile!r} with secagg=True."
         )
-    num = int(run_config.get("num-clients", 0))
+    num = int(given(run_config, "num-clients") or 0)
     if num:
         check_int("num_clients", num, low=num_supernodes)
         if run_config.get("data") != "synthetic":
@@ -266,23 +254,23 @@ def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
                 "The 'num_clients' parameter applies to --data synthetic only; got data="
                 f"{run_config.get('data')!r}."
             )
-        q = int(run_config["clients-per-round"])
+        q = int(given(run_config, "clients-per-round") or 0)
         if q > num:  # known here: no process starts for a run that every node would refuse
             raise InvalidParameterError(
                 "The 'clients_per_round' parameter must be at most the number of clients "
                 f"m={num} of the data; got {q}."
             )
     check_real("clip", run_config["clip"], low=0.0, closed="neither")
-    eps, std = float(run_config["epsilon"]), float(run_config["noise-std"])
-    if eps != -1.0:
+    eps, std = given(run_config, "epsilon"), given(run_config, "noise-std")
+    if eps is not None:
         check_real("epsilon", eps, low=0.0, closed="neither")
-    if std != -1.0:
+    if std is not None:
         check_real("noise_std", std, low=0.0)
     check_real("round_timeout", run_config["round-timeout"], low=0.0, closed="neither")
     check_real("finish_timeout", run_config["finish-timeout"], low=0.0)
     check_int("checkpoint_every", run_config["checkpoint-every"], low=1)
-    budget = float(run_config["budget-epsilon"])
-    if budget != -1.0:
+    budget = given(run_config, "budget-epsilon")
+    if budget is not None:
         check_real("budget_epsilon", budget, low=0.0, closed="neither")
     check_choice("on_missing", run_config["on-missing"], ("fail", "proceed"))
 
@@ -298,16 +286,9 @@ FLOWER_METHODS = _FLOWER_METHODS
 
 
 def _given(opts: dict[str, Any], field: str) -> Any:
-    """The value of RunSpec ``field`` in the run configuration, None when "not given"."""
-    value = opts[_key(field)]
-    if field in NOT_GIVEN:
-        if isinstance(value, str):
-            return value or None
-        if isinstance(value, bool):  # a flag is no number: let RunSpec refuse it
-            return value
-        if float(value) == float(NOT_GIVEN[field]):
-            return None
-    return value
+    """The value of RunSpec ``field`` in the run configuration, None when not given
+    (:data:`NONE`)."""
+    return given(opts, _key(field))
 
 
 def run_spec(opts: dict[str, Any], m: int) -> RunSpec:
@@ -360,15 +341,20 @@ def given_spec(opts: dict[str, Any]) -> RunSpec:
     return spec
 
 
-def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
-    """The :class:`TrainConfig` of a run with ``m`` clients, as ``run_pmtl`` builds it.
+def make_run(opts: dict[str, Any], m: int) -> ResolvedRun:
+    """The one resolution of a run with ``m`` clients (:func:`~privmtl.federated.config.resolve`
+    of the run configuration's :func:`given_spec`), as ``run_pmtl`` resolves it: the resolved
+    spec, and the engine configuration with the target ``epsilon`` kept and ``noise_std``
+    calibrated to it when one is given."""
+    return resolve(
+        given_spec(opts), m, execution={"batched": True, "progress": False, "threads": 1}
+    )
 
-    Returns the config (resolved by :func:`~privmtl.federated.config.resolve_config`: it keeps
-    the target ``epsilon``, and ``noise_std`` is calibrated to it when one is given) and the
-    noise standard deviation of the released mean.
-    """
-    config = train_config(run_spec(opts, m), batched=True, progress=False, threads=1)
-    config = resolve_config(config, m)[0]
+
+def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
+    """The resolved :class:`TrainConfig` of :func:`make_run` and the noise standard deviation of
+    the released mean."""
+    config = make_run(opts, m).config
     return config, float(config.noise_std)
 
 
@@ -874,13 +860,15 @@ class ServerRun:
     ) -> None:
         m = num_clients
         self.opts, self.m = opts, m
-        config, self.sigma = make_config(opts, m)
+        self.run = run = make_run(opts, m)  # resolved once
+        self.sigma = float(run.config.noise_std)
+        self.spec: RunSpec = run.spec  # type: ignore[assignment]  # resolved from a RunSpec
         # the release, billboard, shared parameters and personal_init as the Trainer sets them up
-        self.setup = setup = setup_run(config, m, init)
+        self.setup = setup = setup_run(run, m, init)
         self.config = cfg = setup.config
         self.q = setup.q
-        budget = float(opts["budget-epsilon"])
-        self.budget = budget if budget > 0 else None
+        budget = given(opts, "budget-epsilon")
+        self.budget = None if budget is None else float(budget)
         self.checkpoint_every = int(opts["checkpoint-every"])
         self.server_dir = None if server_dir is None else Path(server_dir)
         seen = None
@@ -1129,7 +1117,7 @@ class ServerRun:
         personalized = self.setup.spec.personalized
         return {
             "method": cfg.method,
-            "finetune": run_spec(self.opts, self.m).finetune,
+            "finetune": self.spec.finetune,
             "start": "personalized" if personalized else "global",
             "personal_init": cfg.personal_init,
             "shared_params": None if cfg.shared_params is None else list(cfg.shared_params),
@@ -1206,7 +1194,7 @@ class ServerRun:
         out.update({k: res.extra[k] for k in self.setup.spec.result_keys if k in res.extra})
         out.update(
             final_models_keys(
-                str(run_spec(self.opts, self.m).finetune),
+                str(self.spec.finetune),
                 self.m,
                 auto=part.get("finetune_auto"),
                 from_billboard=False,
@@ -1214,9 +1202,8 @@ class ServerRun:
             )
         )
         # the resolved settings (personal_init as the ServerApp resolved it), as run_pmtl's
-        resolved = run_spec(self.opts, self.m)
-        out["config"] = resolved.replace(personal_init=self.config.personal_init).to_dict()
-        out["clients_per_round_default"] = int(self.opts["clients-per-round"]) <= 0
+        out["config"] = self.spec.replace(personal_init=self.config.personal_init).to_dict()
+        out["clients_per_round_default"] = given(self.opts, "clients-per-round") is None
         out["scaling"] = "none"  # the built-in data sets of a Flower run are not rescaled
         out["engine"] = "flower-deployment"
         out["device"] = "cpu"  # the nodes train and score on their CPUs (no --device on Flower)
@@ -1272,7 +1259,7 @@ def load_node(
     load_checked_method(opts, who, method_dir)  # a user's method: this machine's copy, checked
 
     seed = int(opts["seed"])
-    num = int(opts.get("num-clients", 0)) or None
+    num = given({"num-clients": NONE, **opts}, "num-clients")
     ident = json.dumps([opts["data"], opts["data-path"], seed, pid, parts, num])
     cache = None
     if state_dir is not None:
@@ -1297,7 +1284,9 @@ def load_node(
             num_partitions=parts,
             state_dir=state_dir,
         )
-    ds = _population(str(opts["data"]), str(opts["data-path"]), seed, num)
+    ds = _population(
+        str(opts["data"]), str(opts["data-path"]), seed, None if num is None else int(num)
+    )
     net = make_model(str(opts["model"]), ds, seed, factory=user)
     node = NodeClients(ds, net, partition_id=pid, num_partitions=parts, state_dir=state_dir)
     if cache is not None:

@@ -133,7 +133,7 @@ def collect_models(
         data={
             "data": data,
             "data_path": absolute_data_path("pmtl", data, path),
-            "num_clients": int(opts["num-clients"]) or None,
+            "num_clients": None if opts["num-clients"] in ("", None) else int(opts["num-clients"]),
         },
         personalized=stacked if finetuned else None,
         factory=None if user is None else user.record(),

@@ -229,10 +229,11 @@ def check_secagg_options(opts: dict[str, Any], num_supernodes: int) -> None:
     )
     from privmtl.federated.spec import DEFAULT_CLIENTS_PER_ROUND
 
-    # 0: the spec's default, min(20, m) (resolve_clients_per_round, once m is known): checked
+    # not given: the spec's default, min(20, m) (resolve_clients_per_round, once m is known): checked
     # here before the data is loaded, at its largest, DEFAULT_CLIENTS_PER_ROUND, so that it holds
     # for every m; an explicit q is checked as given (above m it is refused when m is known)
-    q = int(opts.get("clients-per-round", 1)) or DEFAULT_CLIENTS_PER_ROUND
+    given = opts.get("clients-per-round", "")  # "": not given (the run configuration's None)
+    q = DEFAULT_CLIENTS_PER_ROUND if given in ("", None) else int(given)
     if q > params.max_clients:
         raise InvalidParameterError(
             "With secure aggregation 'clients_per_round' must be at most "

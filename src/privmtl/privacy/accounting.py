@@ -29,7 +29,7 @@ from dp_accounting import dp_event as dpe
 
 from privmtl._validation import check_choice, check_real
 from privmtl.exceptions import InvalidParameterError
-from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION, RELATIONS
 
 __all__ = [
     "TIGHT_ACCOUNTANTS",
@@ -88,7 +88,7 @@ class _CachedRdpAccountant(dp_accounting.rdp.RdpAccountant):  # type: ignore[mis
         return None
 
 
-def make_accountant(accountant: str = "rdp", relation: str = "add-remove") -> Any:
+def make_accountant(accountant: str = DEFAULT_ACCOUNTANT, relation: str = DEFAULT_RELATION) -> Any:
     """A fresh dp-accounting accountant for ``accountant`` in {"rdp", "pld"} and the relation."""
     _check(accountant, relation)
     rel = _REL.REPLACE_ONE if relation == "replace-one" else _REL.ADD_OR_REMOVE_ONE
@@ -146,8 +146,8 @@ def compute_epsilon(
     event: dpe.DpEvent,
     *,
     delta: float,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
 ) -> float:
     """ε of ``event`` at ``delta`` (``inf`` for a non-private event)."""
     check_real("delta", delta, low=0.0, high=1.0, closed="neither")

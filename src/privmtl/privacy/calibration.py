@@ -38,7 +38,7 @@ from dp_accounting import dp_event as dpe
 from privmtl._validation import check_choice, check_real
 from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
 from privmtl.privacy.accounting import _check, adapt_event, compute_epsilon, make_accountant
-from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION, RELATIONS
 
 __all__ = [
     "MAX_TARGET_EPSILON",
@@ -73,6 +73,7 @@ with this explanation; a run without a target ε (no noise) is the honest non-pr
 
 #: Smallest noise multiplier calibration searches; looser targets get this much noise.
 _MIN_NOISE_MULTIPLIER = 1e-3
+_BRACKET_ACCOUNTANT = "rdp"  # brackets PLD's search: cheap, and never tighter than PLD
 
 #: Adaptive clipping's default σ_b is the clients per round over this (Andrew et al. 2021).
 COUNT_NOISE_DIVISOR = 20.0
@@ -117,8 +118,8 @@ def calibrate_noise_multiplier(
     *,
     target_epsilon: float,
     delta: float,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
     rtol: float = 1e-4,
 ) -> float:
     """Smallest noise multiplier z (within ``rtol``) with ε(event_fn(z)) ≤ ``target_epsilon``.
@@ -143,15 +144,19 @@ def calibrate_noise_multiplier(
         # cheap and never tighter than PLD.
         try:
             z_hi = calibrate_noise_multiplier(
-                event_fn, target_epsilon=target, delta=delta, accountant="rdp", relation=relation
+                event_fn,
+                target_epsilon=target,
+                delta=delta,
+                accountant=_BRACKET_ACCOUNTANT,
+                relation=relation,
             )
         except InvalidParameterError:
             z_hi = 2.5 * calibrate_noise_multiplier(
                 event_fn,
                 target_epsilon=target,
                 delta=delta,
-                accountant="rdp",
-                relation="add-remove",
+                accountant=_BRACKET_ACCOUNTANT,
+                relation=DEFAULT_RELATION,
             )
         while eps_of(z_hi) > target:
             z_hi *= 1.5
@@ -239,8 +244,8 @@ def rounds_epsilon(
     rounds: int,
     *,
     delta: float,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
 ) -> float:
     """ε at ``delta`` of :func:`rounds_event` (``sampler``, ``multiplier``, ``rounds``)."""
     return compute_epsilon(
@@ -257,8 +262,8 @@ def calibrate_rounds_multiplier(
     rounds: int,
     target_epsilon: float,
     delta: float,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
     count_noise_std: float | None = None,
 ) -> float:
     r"""The mean release's noise multiplier ``z`` so that ``rounds`` releases meet
@@ -284,8 +289,8 @@ def calibrate_mean_noise_std(
     divisor: float,
     target_epsilon: float,
     delta: float,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
     count_noise_std: float | None = None,
 ) -> float:
     r""":math:`\sigma = z\gamma/q` (γ = ``clip``, q = ``divisor``): :attr:`ReleaseCalibration.noise_std`
@@ -366,8 +371,8 @@ def calibrate_release(
     rounds: int,
     clip: float,
     divisor: float,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
     count_noise_std: float | None = None,
     reserve: dpe.DpEvent | None = None,
 ) -> ReleaseCalibration:
@@ -469,8 +474,8 @@ def calibrate_covariance_noise(
     clip: float,
     target_epsilon: float,
     delta: float,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
 ) -> CovarianceCalibration:
     r"""Noise of the ``T`` covariance releases whose multipliers are :math:`z_0 r_t` (``r_t`` =
     ``inverse_weights[t]``, i.e. :math:`1/w_t`) with :math:`z_0` the smallest that meets

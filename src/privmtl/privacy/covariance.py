@@ -38,7 +38,12 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS, compute_epsilon
 from privmtl.privacy.calibration import calibrate_covariance_noise
 from privmtl.privacy.composition import allocate_budgets, allocation_weights, composition_bound
-from privmtl.privacy.guarantee import RELATIONS, PrivacyGuarantee
+from privmtl.privacy.guarantee import (
+    DEFAULT_ACCOUNTANT,
+    DEFAULT_RELATION,
+    RELATIONS,
+    PrivacyGuarantee,
+)
 from privmtl.privacy.mechanisms import symmetric_gaussian_noise, wishart_noise
 from privmtl.privacy.noise import NoiseSource, NumpySeededNoise
 
@@ -259,8 +264,8 @@ def plan_covariance_releases(
     iterations: int,
     clip: float,
     dim: int,
-    relation: str = "add-remove",
-    accountant: str = "rdp",
+    relation: str = DEFAULT_RELATION,
+    accountant: str = DEFAULT_ACCOUNTANT,
     allocation: str = "power",
     alpha: float = 0.0,
     Q: float | None = None,

@@ -13,6 +13,8 @@ from typing import Any
 
 __all__ = [
     "ACCOUNTANTS",
+    "DEFAULT_ACCOUNTANT",
+    "DEFAULT_RELATION",
     "RELATIONS",
     "SAMPLINGS",
     "PrivacyGuarantee",
@@ -21,6 +23,14 @@ __all__ = [
 #: Neighbouring relations between datasets of tasks/clients.
 #: ``add-remove``: one whole task is added or removed; ``replace-one``: one task's data is replaced.
 RELATIONS = ("add-remove", "replace-one")
+
+#: The neighbouring relation every guarantee is stated under unless a run asks for another: the one
+#: definition of this default (every signature, spec and option imports it).
+DEFAULT_RELATION = RELATIONS[0]
+
+#: The accountant every run and release uses unless it asks for another (Rényi DP, cheap and never
+#: tighter than PLD): the one definition of this default.
+DEFAULT_ACCOUNTANT = "rdp"
 
 #: Client-sampling schemes: Poisson (each client independently with rate q/m), fixed-size (exactly q
 #: of m without replacement), all (every task every round), cyclic (clients in b public groups, group
@@ -94,7 +104,7 @@ class PrivacyGuarantee:
 
     @classmethod
     def non_private(
-        cls, *, notion: str = "none", relation: str = "add-remove", sampling: str = "none"
+        cls, *, notion: str = "none", relation: str = DEFAULT_RELATION, sampling: str = "none"
     ) -> PrivacyGuarantee:
         """The guarantee of a method that releases its statistics without noise (ε = ∞)."""
         return cls(

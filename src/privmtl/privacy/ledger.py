@@ -99,6 +99,7 @@ from privmtl.privacy.accounting import (
     event_to_dict,
     make_accountant,
 )
+from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION
 
 __all__ = [
     "LEDGER_FORMAT",
@@ -280,8 +281,8 @@ class PrivacyLedger:
         self,
         *,
         delta: float,
-        accountant: str = "rdp",
-        relation: str = "add-remove",
+        accountant: str = DEFAULT_ACCOUNTANT,
+        relation: str = DEFAULT_RELATION,
         budget: float | None = None,
         path: str | os.PathLike[str] | None = None,
         target_epsilon: float | None = None,
@@ -426,8 +427,8 @@ class PrivacyLedger:
         path: str | os.PathLike[str],
         *,
         delta: float,
-        accountant: str = "rdp",
-        relation: str = "add-remove",
+        accountant: str = DEFAULT_ACCOUNTANT,
+        relation: str = DEFAULT_RELATION,
         budget: float | None = None,
         seen: dict[str, Any] | None = None,
         seen_by: str = "the checkpoint",

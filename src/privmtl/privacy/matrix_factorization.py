@@ -55,6 +55,7 @@ from privmtl._validation import check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.accounting import compute_epsilon
 from privmtl.privacy.calibration import calibrate_noise_multiplier
+from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION
 from privmtl.privacy.noise import NoiseSource
 
 __all__ = [
@@ -568,8 +569,8 @@ def banded_epsilon(
     *,
     delta: float,
     bound: float = 1.0,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
 ) -> float:
     """ε at ``delta`` of the run (:func:`banded_event`, composed by
     :func:`~privmtl.privacy.accounting.compute_epsilon`)."""
@@ -584,8 +585,8 @@ def banded_noise_std(
     target_epsilon: float,
     delta: float,
     bound: float = 1.0,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
 ) -> float:
     """The σ of :math:`z` that meets (``target_epsilon``, ``delta``): the calibrated multiplier
     of one Gaussian (:func:`~privmtl.privacy.calibration.calibrate_noise_multiplier`) times

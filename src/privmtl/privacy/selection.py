@@ -58,7 +58,7 @@ from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.accounting import compute_epsilon, event_from_dict
 from privmtl.privacy.calibration import calibrate_noise_multiplier
-from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION, RELATIONS
 from privmtl.privacy.noise import NoiseSource, SecureNoise
 
 __all__ = [
@@ -220,7 +220,7 @@ class ClientVote:
 
     n_candidates: int
     noise_std: float
-    relation: str = "add-remove"
+    relation: str = DEFAULT_RELATION
 
     def __post_init__(self) -> None:
         check_int("n_candidates", self.n_candidates, low=1)
@@ -234,8 +234,8 @@ class ClientVote:
         *,
         epsilon: float,
         delta: float,
-        accountant: str = "rdp",
-        relation: str = "add-remove",
+        accountant: str = DEFAULT_ACCOUNTANT,
+        relation: str = DEFAULT_RELATION,
     ) -> ClientVote:
         """The vote with the smallest σ whose own guarantee is (``epsilon``, ``delta``)."""
         check_real("epsilon", epsilon, low=0.0, closed="neither")
@@ -250,7 +250,7 @@ class ClientVote:
 
     @classmethod
     def for_multiplier(
-        cls, n_candidates: int, noise_multiplier: float, *, relation: str = "add-remove"
+        cls, n_candidates: int, noise_multiplier: float, *, relation: str = DEFAULT_RELATION
     ) -> ClientVote:
         """The vote whose event is ``GaussianDpEvent(noise_multiplier)`` under ``relation``."""
         z = check_real("noise_multiplier", noise_multiplier, low=0.0, closed="neither")
@@ -271,7 +271,7 @@ class ClientVote:
         z = self.noise_multiplier
         return dpe.NonPrivateDpEvent() if z is None else dpe.GaussianDpEvent(z)
 
-    def epsilon(self, delta: float, *, accountant: str = "rdp") -> float:
+    def epsilon(self, delta: float, *, accountant: str = DEFAULT_ACCOUNTANT) -> float:
         """The vote's own ε at ``delta`` (``inf`` when σ = 0)."""
         return compute_epsilon(
             self.event(), delta=delta, accountant=accountant, relation=self.relation
@@ -339,7 +339,7 @@ class ClientVote:
         release_id: str | None = None,
         replay_ok: bool = False,
         delta: float | None = None,
-        accountant: str = "rdp",
+        accountant: str = DEFAULT_ACCOUNTANT,
     ) -> VoteResult:
         """Histogram → noise → ledger record → argmax: the winner and the noisy counts.
 
@@ -436,7 +436,7 @@ class VotePlan:
     held: bool
     noise_std: float = 0.0
     share: float = 0.0
-    relation: str = "add-remove"
+    relation: str = DEFAULT_RELATION
     reason: str = ""
 
     def vote(self, n_candidates: int) -> ClientVote:
@@ -454,8 +454,8 @@ def plan_vote(
     epsilon: float | None,
     delta: float,
     share: float,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
 ) -> VotePlan:
     """The public plan of a vote among ``n_voters`` clients in a run of target ``epsilon``.
 
@@ -524,8 +524,8 @@ def plan_candidates(
     epsilon: float,
     delta: float,
     share: float,
-    accountant: str = "rdp",
-    relation: str = "add-remove",
+    accountant: str = DEFAULT_ACCOUNTANT,
+    relation: str = DEFAULT_RELATION,
     vote: bool = True,
 ) -> CandidateBudget:
     r"""Split a target (ε, δ) between ``n_candidates`` runs of Gaussian releases and their vote,

@@ -28,7 +28,7 @@ from privmtl.federated.store import ClientStore
 
 if TYPE_CHECKING:
     from privmtl.data.federated import FederatedDataset
-    from privmtl.federated.config import TrainConfig, TrainResult
+    from privmtl.federated.config import ResolvedRun, TrainConfig, TrainResult
 
 __all__ = [
     "DEFAULT_LAM_NONPRIVATE",
@@ -182,6 +182,11 @@ class Method:
     #: Run options :meth:`fit` reads besides the backend's (e.g. ``local_select``).
     fit_options: ClassVar[tuple[str, ...]] = ()
 
+    run: Any = None
+    """The :class:`~privmtl.federated.config.ResolvedRun` the method is bound to
+    (:meth:`with_run`), which :meth:`fit` hands to the backend as it is: None when bound to a
+    configuration only (the backend then resolves it)."""
+
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
 
@@ -193,6 +198,19 @@ class Method:
         out = copy.copy(self)
         out.config = config
         return out
+
+    def with_run(self, run: ResolvedRun) -> Method:
+        """A copy of this method bound to a resolved run (its configuration and the run itself,
+        which :meth:`fit` passes on so that the backend does not resolve it again)."""
+        out = self.with_config(run.config)
+        out.run = run
+        return out
+
+    def settings(self) -> TrainConfig | ResolvedRun:
+        """What the backend is given: the bound :class:`ResolvedRun` while the method's
+        configuration is its own, else the configuration (resolved by the backend)."""
+        run = self.run
+        return run if run is not None and run.config is self.config else self.config
 
     # ------------------------------------------------------------------ resolution
     @classmethod
@@ -395,7 +413,7 @@ class Method:
         from privmtl.federated.trainer import Trainer
 
         run.setdefault("on_budget", "raise")
-        return Trainer(dataset, model, self.config, method=self, **run).run()
+        return Trainer(dataset, model, self.settings(), method=self, **run).run()
 
 
 MethodFactory = Callable[["TrainConfig"], Method]

@@ -71,4 +71,4 @@ class JointDP(Method):
         """:func:`~privmtl.federated.baselines.train_joint_dp`."""
         from privmtl.federated.baselines import train_joint_dp
 
-        return train_joint_dp(dataset, model, self.config, **run)
+        return train_joint_dp(dataset, model, self.settings(), **run)

@@ -73,4 +73,4 @@ class PPSGD(Method):
         """:func:`~privmtl.federated.baselines.train_pp_sgd` (its own logistic model)."""
         from privmtl.federated.baselines import train_pp_sgd
 
-        return train_pp_sgd(dataset, self.config, **run)
+        return train_pp_sgd(dataset, self.settings(), **run)
