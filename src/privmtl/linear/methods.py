@@ -9,21 +9,21 @@ privacy proof needs unit-norm rows, which run settings its estimator takes. The 
 (:func:`~privmtl.linear.selection.tune_method`), the spec and the data protocol read these
 declarations and never compare method names; this module is the one place that names them.
 
-==============  ==========  =========  ==========  ===========  ===================
-method          private     isolated   protocol    output rule  default iterations
-==============  ==========  =========  ==========  ===========  ===================
-lowrank         yes                    yes         yes          1
-groupsparse     yes                    yes         yes          1
-lowrank-sparse  yes                    yes                      50
-stl-l2                      yes
-stl-l1                      yes
+==============  =====================  ========  ========  ===========  ==================
+method          private                isolated  protocol  output rule  default iterations
+==============  =====================  ========  ========  ===========  ==================
+lowrank         yes                              yes       yes          1
+groupsparse     yes                              yes       yes          1
+lowrank-sparse  yes                              yes                    50
+stl-l2                                 yes
+stl-l1                                 yes
 mtl-trace
 mtl-l21
 mtrl
 average
-dp-mtrl         yes                                             1
+dp-mtrl         yes                                                     1
 dp-aggr         yes (unit-norm rows)
-==============  ==========  =========  ==========  ===========  ===================
+==============  =====================  ========  ========  ===========  ==================
 
 Your own method: subclass :class:`LinearMethod`, set :attr:`~LinearMethod.name` and
 :attr:`~LinearMethod.estimator` (a scikit-learn style estimator class with ``fit(Xs, ys)``,

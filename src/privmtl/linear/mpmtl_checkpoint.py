@@ -1,6 +1,8 @@
-"""The ledger and checkpoints of an MP-MTL run: the run's :class:`~privmtl.privacy.ledger.
-PrivacyLedger` (durable under ``checkpoint_dir``) and its atomic checkpoints, which a resumed
-run checks are its own (same estimator parameters, data and release schedule)."""
+"""The ledger and checkpoints of an MP-MTL run.
+
+The run's :class:`~privmtl.privacy.ledger.PrivacyLedger` (durable under ``checkpoint_dir``) and its
+atomic checkpoints, which a resumed run checks are its own (same estimator parameters, data and
+release schedule)."""
 
 from __future__ import annotations
 
