@@ -78,3 +78,21 @@ def test_a_flower_population_is_checked_before_any_process_starts(capsys, sixtee
         capsys, ["flower", "local", "--data", "synthetic", "--num-clients", str(10**9)]
     )
     assert "'--num-clients'" in line and "149 GiB of memory" in line
+
+
+def test_an_impossible_population_is_refused_before_the_numerical_libraries_load():
+    """The size is checked from the command line before the run's modules (torch, the
+    accountant) are imported: the refusal costs a fraction of a second, not their import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from privmtl.cli import main\n"
+        "rc = main(['pmtl', '--data', 'synthetic', '--num-clients', str(10**13)])\n"
+        "print(rc, 'torch' in sys.modules, 'dp_accounting' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False", "False"], (done.stdout, done.stderr)
+    assert done.stderr.count("\n") == 1 and "'--num-clients'" in done.stderr
+    assert "of memory" in done.stderr

@@ -111,8 +111,44 @@ def run_cli(group: click.Group, argv: list[str], *, program: bool = False) -> in
 _NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
+#: Sizes a run's command line names, checked against the machine's memory before the command's
+#: module (and the numerical libraries it imports) is loaded, so that a run that cannot fit is
+#: refused at once: the commands that take them, and option -> (parameter, bytes each, what).
+#: The run checks the same bounds again where it allocates (:func:`privmtl._validation.check_memory`).
+UPFRONT_COMMANDS = (("pmtl",), ("pmtl-sweep",), ("flower", "local"))
+UPFRONT_SIZES = {"--num-clients": ("num_clients", "clients"), "--rounds": ("rounds", "rounds")}
+
+
+def check_sizes_upfront(argv: list[str]) -> None:
+    """Refuse (click's usage error, one line) a ``--num-clients`` or ``--rounds`` of a run
+    command whose memory exceeds the machine's; a value that is not an integer is left to the
+    command's own parsing."""
+    from privmtl import _validation
+
+    command = next((c for c in UPFRONT_COMMANDS if tuple(argv[: len(c)]) == c), None)
+    if command is None:
+        return
+    args = argv[len(command) :]
+    for i, arg in enumerate(args):
+        option, eq, value = arg.partition("=")
+        if option not in UPFRONT_SIZES:
+            continue
+        given = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        try:
+            count = int(given)
+        except ValueError:
+            continue
+        name, what = UPFRONT_SIZES[option]
+        each = _validation.CLIENT_BYTES if name == "num_clients" else _validation.ROUND_BYTES
+        try:
+            _validation.check_memory(name, count, each, what)
+        except PrivmtlError as exc:
+            raise click.BadParameter(str(exc), param_hint=f"'{option}'") from None
+
+
 def _run(group: click.Group, argv: list[str]) -> int:
     try:
+        check_sizes_upfront(argv)
         # Without standalone mode click returns the code of a command's ``Exit(code)``.
         code = group.main(args=argv, prog_name="privmtl", standalone_mode=False)
     except click.exceptions.Exit as exc:  # --help, --version
