@@ -58,10 +58,6 @@ def test_relations_declared_once():
     assert homes == ["privacy/guarantee.py"]
 
 
-# The MP-MTL family's files still spell the two defaults out; they are to import them too.
-_LITERAL_DEFAULTS_PENDING = ("linear/", "experiments/mpmtl")
-
-
 def _literal_privacy_defaults(tree):
     """Lines where a parameter, keyword or field named ``accountant``/``relation`` takes the
     string ``"rdp"``/``"add-remove"`` as its default or value."""
@@ -94,10 +90,7 @@ def test_accountant_and_relation_defaults_have_one_home():
     """``DEFAULT_ACCOUNTANT`` and ``DEFAULT_RELATION`` (privacy/guarantee.py) are the only
     spellings of the two defaults: every signature, spec field and call imports them."""
     found = [
-        f"{rel}:{line}"
-        for rel, tree in _modules()
-        if not str(rel).startswith(_LITERAL_DEFAULTS_PENDING)
-        for line in _literal_privacy_defaults(tree)
+        f"{rel}:{line}" for rel, tree in _modules() for line in _literal_privacy_defaults(tree)
     ]
     assert found == []
 

@@ -58,6 +58,7 @@ from privmtl.linear.selection import estimator_class
 from privmtl.linear.spec import SPEC, TUNE_MODES, MPMTLSpec, resolve_defaults
 from privmtl.locking import holding_directories
 from privmtl.privacy import PrivacyGuarantee
+from privmtl.privacy.guarantee import DEFAULT_RELATION
 
 __all__ = [
     "DATASETS",
@@ -121,7 +122,7 @@ def _guarantee_of(method: str, est: Any) -> PrivacyGuarantee:
         return PrivacyGuarantee(
             epsilon=0.0,
             delta=0.0,
-            relation="add-remove",
+            relation=DEFAULT_RELATION,
             sampling="none",
             accountant="none",
             notion="MP-MTL",
