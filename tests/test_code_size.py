@@ -19,9 +19,7 @@ MAX_PARAMETERS = 25
 LONG_FILES: dict[str, str] = {
     "flower/_core.py": "the Flower node is being rebuilt by concept on its own",
     "data/federated.py": "pending: the LEAF reader and the synthetic generator to their own modules",
-    "experiments/pmtl.py": "pending: the saved-model evaluation and the end of run to move out",
     "federated/config.py": "pending: split by concept",
-    "federated/finish.py": "pending: split by concept",
     "privacy/ledger.py": "pending: split by concept",
 }
 
@@ -33,14 +31,14 @@ LONG_FUNCTIONS: dict[str, str] = {
             "data/federated.py:load_leaf",
             "experiments/accounting.py:account_rounds",
             "experiments/mpmtl.py:run_mpmtl",
-            "experiments/pmtl.py:evaluate_saved",
+            "experiments/pmtl_saved.py:evaluate_saved",
             "experiments/pmtl_sweep.py:run_pmtl_sweep",
             "experiments/sweep.py:select_candidates",
             "federated/baselines.py:train_pp_sgd",
             "federated/clusters.py:train_clusters",
-            "federated/finetune.py:finetune",
-            "federated/finish.py:finish_clients",
-            "federated/local.py:train_local",
+            "federated/end_of_run/finetune.py:finetune",
+            "federated/end_of_run/finish.py:finish_clients",
+            "federated/end_of_run/local.py:train_local",
             "federated/report.py:result_parts",
             "federated/workshop.py:train_workshop",
         ),

@@ -176,7 +176,8 @@ def test_no_import_cycle_in_the_package():
 _PENDING_CIRCLE = {
     f"privmtl.federated.{name}"
     for name in (
-        "backend baselines clusters config curator engine finetune local methods methods.base "
+        "backend baselines clusters config curator end_of_run.finetune end_of_run.local engine methods "
+        "methods.base "
         "methods.clusters methods.fedavg methods.fedrep methods.joint_dp methods.local "
         "methods.pmtl methods.pp_sgd methods.workshop server_optim spec trainer"
     ).split()

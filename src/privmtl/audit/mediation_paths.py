@@ -238,7 +238,7 @@ def _config(**kw: Any) -> Any:
 
 
 def _run_local_client(ctx: Workspace, replaced: bool) -> Any:
-    from privmtl.federated import local
+    from privmtl.federated.end_of_run import local
 
     ds = ctx.dataset(replaced)
     model = _model(ds, ctx.seed)
@@ -512,7 +512,7 @@ def check_specs() -> list[CheckSpec]:
 @contextlib.contextmanager
 def _mutant_pooled_selection() -> Iterator[None]:
     """Every per-client selection becomes one pooled choice (train_local, finetune_select)."""
-    from privmtl.federated import finetune_selection, local
+    from privmtl.federated.end_of_run import finetune_selection, local
 
     train_local, finetune_select = local.train_local, finetune_selection.finetune_select
 

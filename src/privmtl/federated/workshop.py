@@ -17,7 +17,7 @@ Algorithm (all ``m`` tasks every round; :math:`\Pi_B` is the Euclidean projectio
 3. the server releases :math:`\tilde w^{t+1} = \frac1m\sum_{k=1}^m w_k + N(0, \sigma^2 I)`;
 4. after ``T`` rounds every task fine-tunes locally against :math:`\tilde w^T` (the paper's line 11:
    :math:`w_k \leftarrow w_k - \eta_l(\nabla l_k(w_k) + \lambda(w_k - \tilde w^T))`, no projection) —
-   :func:`privmtl.federated.finetune.finetune` with ``method="mr"`` — post-processing.
+   :func:`privmtl.federated.end_of_run.finetune.finetune` with ``method="mr"`` — post-processing.
 
 Privacy of the released sequence :math:`\tilde w^{1..T}` (then JDP by the billboard lemma):
 
@@ -55,7 +55,7 @@ from privmtl.federated.algorithms import (
     evaluate,
 )
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
-from privmtl.federated.finetune import finetune
+from privmtl.federated.end_of_run.finetune import finetune
 from privmtl.federated.projection import project_to_ball
 from privmtl.federated.spec import default_lam
 from privmtl.federated.trainer import Trainer
