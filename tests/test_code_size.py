@@ -27,7 +27,6 @@ LONG_FUNCTIONS: dict[str, str] = {
             "audit/mediation_paths.py:check_specs",
             "data/leaf.py:load_leaf",
             "experiments/accounting.py:account_rounds",
-            "experiments/mpmtl.py:run_mpmtl",
             "experiments/pmtl_saved.py:evaluate_saved",
             "experiments/pmtl_sweep.py:run_pmtl_sweep",
             "experiments/sweep.py:select_candidates",
@@ -50,7 +49,6 @@ WIDE_FUNCTIONS: dict[str, str] = {
         "set_params and clone read the signature"
     ),
     "linear/mpmtl.py:__init__": "the same scikit-learn contract as mpmtl_base.py:__init__",
-    "experiments/mpmtl.py:run_mpmtl": "pending: the typed parts run_pmtl takes",
 }
 
 
