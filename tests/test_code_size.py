@@ -24,8 +24,6 @@ LONG_FILES: dict[str, str] = {
 LONG_FUNCTIONS: dict[str, str] = {
     **dict.fromkeys(
         (
-            "audit/mediation_paths.py:check_specs",
-            "data/leaf.py:load_leaf",
             "experiments/accounting.py:account_rounds",
             "experiments/pmtl_saved.py:evaluate_saved",
             "experiments/pmtl_sweep.py:run_pmtl_sweep",

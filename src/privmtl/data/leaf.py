@@ -267,20 +267,7 @@ def load_leaf(
     if base < 0:
         raise InvalidParameterError(f"The 'random_state' parameter must be >= 0; got {base}.")
 
-    tx: list[torch.Tensor] = []
-    ty: list[torch.Tensor] = []
-    vx: list[torch.Tensor] = []
-    vy: list[torch.Tensor] = []
-    for u in users:
-        x, y = train[u]
-        n = len(y)
-        n_val = min(math.floor(val_fraction * n), n - 1)
-        perm = np.random.default_rng([base, zlib.crc32(u.encode())]).permutation(n)
-        val_idx, tr_idx = np.sort(perm[:n_val]), np.sort(perm[n_val:])
-        tx.append(torch.from_numpy(x[tr_idx]))
-        ty.append(torch.from_numpy(y[tr_idx]))
-        vx.append(torch.from_numpy(x[val_idx]))
-        vy.append(torch.from_numpy(y[val_idx]))
+    tx, ty, vx, vy = _carve_validation(train, users, val_fraction, base)
     return FederatedDataset(
         client_ids=users,
         train_x=tx,
@@ -296,3 +283,29 @@ def load_leaf(
 
 
 # ====================================================================== synthetic
+
+
+def _carve_validation(
+    train: dict[str, tuple[np.ndarray, np.ndarray]],
+    users: list[str],
+    val_fraction: float,
+    base: int,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Every writer's training rows split into train and validation (``val_fraction`` of them,
+    at least one training row kept), by a permutation seeded by ``base`` and the writer's id:
+    the train features, train labels, validation features and validation labels, per writer."""
+    tx: list[torch.Tensor] = []
+    ty: list[torch.Tensor] = []
+    vx: list[torch.Tensor] = []
+    vy: list[torch.Tensor] = []
+    for u in users:
+        x, y = train[u]
+        n = len(y)
+        n_val = min(math.floor(val_fraction * n), n - 1)
+        perm = np.random.default_rng([base, zlib.crc32(u.encode())]).permutation(n)
+        val_idx, tr_idx = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+        tx.append(torch.from_numpy(x[tr_idx]))
+        ty.append(torch.from_numpy(y[tr_idx]))
+        vx.append(torch.from_numpy(x[val_idx]))
+        vy.append(torch.from_numpy(y[val_idx]))
+    return tx, ty, vx, vy
