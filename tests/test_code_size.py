@@ -24,16 +24,12 @@ LONG_FILES: dict[str, str] = {
 LONG_FUNCTIONS: dict[str, str] = {
     **dict.fromkeys(
         (
-            "experiments/accounting.py:account_rounds",
             "experiments/pmtl_saved.py:evaluate_saved",
             "experiments/pmtl_sweep.py:run_pmtl_sweep",
             "experiments/sweep.py:select_candidates",
-            "federated/baselines.py:train_pp_sgd",
-            "federated/clusters.py:train_clusters",
             "federated/end_of_run/finetune.py:finetune",
             "federated/end_of_run/finish.py:finish_clients",
             "federated/end_of_run/local.py:train_local",
-            "federated/report.py:result_parts",
             "federated/workshop.py:train_workshop",
         ),
         "pending: to be cut into named steps",
