@@ -24,7 +24,6 @@ LONG_FILES: dict[str, str] = {
 LONG_FUNCTIONS: dict[str, str] = {
     **dict.fromkeys(
         (
-            "experiments/pmtl_saved.py:evaluate_saved",
             "experiments/pmtl_sweep.py:run_pmtl_sweep",
             "experiments/sweep.py:select_candidates",
             "federated/end_of_run/finetune.py:finetune",

@@ -64,7 +64,7 @@ def evaluate_saved(
         load_global,
         read_meta,
     )
-    from privmtl.trust import followed_data_path, is_signed
+    from privmtl.trust import is_signed
 
     if per_client is not None:
         from privmtl.per_client import check_rows_path
@@ -81,36 +81,12 @@ def evaluate_saved(
     has_pers = False
     for _ in iter_personalized(models_dir, meta, net=net, mmap=True):  # every file, mapped: cheap
         has_pers = True
-    name = data if data is not None else saved.get("data")
-    path = followed_data_path(
-        saved.get("data_path"),
-        data_path,
-        folder=Path(models_dir),
-        signed=is_signed(meta),
-        where=where,
-    )
-    given = {
-        "client_column": client_column,
-        "label_column": label_column,
-        "feature_columns": None if feature_columns is None else list(feature_columns),
-    }
-    table: dict[str, Any] = {k: v if v is not None else saved.get(k) for k, v in given.items()}
-    scale = scaling if scaling is not None else saved.get("scaling", "none")
-    if name == "table":
-        table["scaling"] = scale
-    ds = load_federated(
-        str(name), data_path=path, seed=sd, **table, num_clients=saved.get("num_clients")
-    )
-    if list(ds.client_ids) != list(meta["client_ids"]):
-        raise DataFormatError(
-            f"The data has other clients than the saved models ({ds.n_clients} vs "
-            f"{len(meta['client_ids'])}); pass the --data the run used."
-        )
-    if (ds.n_features, ds.n_classes) != (meta["model"]["n_features"], meta["model"]["n_classes"]):
-        raise DataFormatError(
-            f"The data has {ds.n_features} features and {ds.n_classes} classes; the saved models "
-            f"{meta['model']['n_features']} and {meta['model']['n_classes']}."
-        )
+    name, path, ds = _saved_data(
+        models_dir, meta, where, sd, data, data_path,
+        {"client_column": client_column, "label_column": label_column,
+         "feature_columns": None if feature_columns is None else list(feature_columns)},
+        scaling,
+    )  # fmt: skip
     personalized = meta["primary"] == "personalized" and has_pers
     released = meta.get("method") not in NO_RELEASE_METHODS
     scores, correct = _score_saved(
@@ -159,6 +135,50 @@ def evaluate_saved(
         rows = _saved_rows(models_dir, meta, ds, correct)
         out["per_client_file"] = str(write_rows(per_client, rows))
     return out
+
+
+def _saved_data(
+    models_dir: str | Path,
+    meta: dict[str, Any],
+    where: str,
+    sd: int,
+    data: str | None,
+    data_path: str | Path | None,
+    given: dict[str, Any],
+    scaling: str | None,
+) -> tuple[Any, Path | None, FederatedDataset]:
+    """The data a saved run is scored on: its recorded data set, path (followed as
+    :func:`~privmtl.trust.followed_data_path` allows), columns and scaling, each replaced by the
+    one given; checked to hold the saved models' clients, features and classes."""
+    from privmtl.trust import followed_data_path, is_signed
+
+    saved = meta.get("data", {})
+    name = data if data is not None else saved.get("data")
+    path = followed_data_path(
+        saved.get("data_path"),
+        data_path,
+        folder=Path(models_dir),
+        signed=is_signed(meta),
+        where=where,
+    )
+    table: dict[str, Any] = {k: v if v is not None else saved.get(k) for k, v in given.items()}
+    scale = scaling if scaling is not None else saved.get("scaling", "none")
+    if name == "table":
+        table["scaling"] = scale
+    ds = load_federated(
+        str(name), data_path=path, seed=sd, **table, num_clients=saved.get("num_clients")
+    )
+    if list(ds.client_ids) != list(meta["client_ids"]):
+        raise DataFormatError(
+            f"The data has other clients than the saved models ({ds.n_clients} vs "
+            f"{len(meta['client_ids'])}); pass the --data the run used."
+        )
+    if (ds.n_features, ds.n_classes) != (meta["model"]["n_features"], meta["model"]["n_classes"]):
+        raise DataFormatError(
+            f"The data has {ds.n_features} features and {ds.n_classes} classes; the saved models "
+            f"{meta['model']['n_features']} and {meta['model']['n_classes']}."
+        )
+    return name, path, ds
 
 
 def _saved_rows(
