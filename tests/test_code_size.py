@@ -29,7 +29,6 @@ LONG_FUNCTIONS: dict[str, str] = {
             "federated/end_of_run/finetune.py:finetune",
             "federated/end_of_run/finish.py:finish_clients",
             "federated/end_of_run/local.py:train_local",
-            "federated/workshop.py:train_workshop",
         ),
         "pending: to be cut into named steps",
     ),
