@@ -26,7 +26,6 @@ LONG_FUNCTIONS: dict[str, str] = {
         (
             "experiments/pmtl_sweep.py:run_pmtl_sweep",
             "experiments/sweep.py:select_candidates",
-            "federated/end_of_run/finetune.py:finetune",
             "federated/end_of_run/finish.py:finish_clients",
             "federated/end_of_run/local.py:train_local",
         ),

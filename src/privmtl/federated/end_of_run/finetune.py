@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -509,6 +510,49 @@ def finetune(
         model = copy.deepcopy(model).to(on)
         pers, glob = to_device(pers, on), to_device(glob, on)
 
+    lr, batch_size, lam, seed = _settings(config, lr, batch_size, lam, seed)
+
+    starts, anchor = _starts_and_anchor(method, start, pers, glob, shapes, m, on)
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+
+    was_training = model.training
+    model.train()
+    try:
+        fisher = (
+            empirical_fisher(model, anchor, dataset, batched=batched, chunk=fisher_chunk)
+            if method == "ewc"
+            else None
+        )
+        x_all, y_all, _ = dataset.concat("train")
+        x_all, y_all = x_all.to(on), y_all.to(on)
+        if epochs == 0:
+            out = starts
+        else:
+            run = _FinetuneRun(model, buffers, anchor, fisher, x_all, y_all, method, lam, lr)
+            if batched:
+                plan = _plan_arrays(dataset, epochs, batch_size, seed, client_index)
+                out = run.batched(starts, plan, client_chunk or m, batch_size, on)
+            else:
+                steps = finetune_plan(
+                    dataset, epochs=epochs, batch_size=batch_size, seed=seed,
+                    client_index=client_index,
+                )  # fmt: skip
+                out = run.reference(starts, steps)
+        accuracies = {}
+        for split in ("val", "test"):
+            xs, ys = dataset.split(split)
+            accuracies[split] = evaluate(model, out, buffers, xs, ys, personalized=True)
+    finally:
+        model.train(was_training)
+    return to_device(out, "cpu"), accuracies
+
+
+def _settings(
+    config: Any, lr: float | None, batch_size: int | None, lam: float | None, seed: int | None
+) -> tuple[float, int, float, int]:
+    """``lr``, ``batch_size``, ``lam`` and ``seed``, checked: each given one, else the trained
+    run's (``config``), else 0.1, 10, 0.1 and 0."""
+
     def default(value: Any, attr: str, fallback: Any) -> Any:
         if value is not None:
             return value
@@ -518,7 +562,20 @@ def finetune(
     batch_size = check_int("batch_size", default(batch_size, "batch_size", 10), low=1)
     lam = check_real("lam", default(lam, "lam", 0.1), low=0.0)
     seed = check_int("seed", default(seed, "seed", 0), low=0)
+    return lr, batch_size, lam, seed
 
+
+def _starts_and_anchor(
+    method: str,
+    start: str,
+    pers: Params | None,
+    glob: Params | None,
+    shapes: dict[str, torch.Size],
+    m: int,
+    on: torch.device,
+) -> tuple[Params, Params]:
+    """Every client's starting model (its personalized one, or the released global model
+    repeated) and the anchor the rules pull towards (the global model; zeros without one)."""
     needs_anchor = method != "vanilla" or start == "global"
     if needs_anchor and glob is None:
         raise InvalidParameterError(
@@ -540,71 +597,64 @@ def finetune(
         if glob is not None
         else {n: torch.zeros(s, device=on) for n, s in shapes.items()}
     )
-    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    return starts, anchor
 
-    was_training = model.training
-    model.train()
-    try:
-        fisher = (
-            empirical_fisher(model, anchor, dataset, batched=batched, chunk=fisher_chunk)
-            if method == "ewc"
-            else None
-        )
-        x_all, y_all, _ = dataset.concat("train")
-        x_all, y_all = x_all.to(on), y_all.to(on)
-        if epochs == 0:
-            out = starts
-        elif batched:
-            plan = _plan_arrays(dataset, epochs, batch_size, seed, client_index)
-            chunk = client_chunk or m
-            # chunks of clients with similar numbers of steps: a chunk runs as many steps as its
-            # busiest client, so mixing a 5-example and a 1000-example client wastes the steps
-            order = np.argsort([len(c) for _, c in plan], kind="stable")
-            out = {n: torch.empty_like(p) for n, p in starts.items()}
-            for c in range(0, m, chunk):
-                idx = order[c : c + chunk]
-                ti = torch.from_numpy(idx).to(on)
-                part = _finetune_batched(
-                    model,
-                    buffers,
-                    {n: p[ti] for n, p in starts.items()},
-                    anchor,
-                    None if fisher is None else {n: f[ti] for n, f in fisher.items()},
-                    [plan[int(k)] for k in idx],
-                    x_all,
-                    y_all,
-                    method=method,
-                    lam=lam,
-                    lr=lr,
-                    batch_size=batch_size,
-                )
-                for n in out:
-                    out[n][ti] = part[n]
-        else:
-            steps = finetune_plan(
-                dataset, epochs=epochs, batch_size=batch_size, seed=seed, client_index=client_index
+
+@dataclass(frozen=True)
+class _FinetuneRun:
+    """What every client's fine-tuning shares: the model, its buffers, the anchor, the EWC
+    weights (or None), the pooled training data and the rule with its ``lam`` and ``lr``."""
+
+    model: nn.Module
+    buffers: Params
+    anchor: Params
+    fisher: Params | None
+    x_all: torch.Tensor
+    y_all: torch.Tensor
+    method: str
+    lam: float
+    lr: float
+
+    def batched(
+        self, starts: Params, plan: list[Any], chunk: int, batch_size: int, on: torch.device
+    ) -> Params:
+        """All clients at once (``torch.func``), ``chunk`` clients at a time."""
+        m = len(plan)
+        fisher = self.fisher
+        # chunks of clients with similar numbers of steps: a chunk runs as many steps as its
+        # busiest client, so mixing a 5-example and a 1000-example client wastes the steps
+        order = np.argsort([len(c) for _, c in plan], kind="stable")
+        out = {n: torch.empty_like(p) for n, p in starts.items()}
+        for c in range(0, m, chunk):
+            idx = order[c : c + chunk]
+            ti = torch.from_numpy(idx).to(on)
+            part = _finetune_batched(
+                self.model, self.buffers, {n: p[ti] for n, p in starts.items()}, self.anchor,
+                None if fisher is None else {n: f[ti] for n, f in fisher.items()},
+                [plan[int(k)] for k in idx], self.x_all, self.y_all, method=self.method,
+                lam=self.lam, lr=self.lr, batch_size=batch_size,
+            )  # fmt: skip
+            for n in out:
+                out[n][ti] = part[n]
+        return out
+
+    def reference(self, starts: Params, steps: list[Any]) -> Params:
+        """One client after the other (the reference path)."""
+        fisher = self.fisher
+        outs = [
+            _finetune_reference(
+                self.model,
+                self.buffers,
+                {n: p[k] for n, p in starts.items()},
+                self.anchor,
+                None if fisher is None else {n: f[k] for n, f in fisher.items()},
+                steps[k],
+                self.x_all,
+                self.y_all,
+                method=self.method,
+                lam=self.lam,
+                lr=self.lr,
             )
-            outs = [
-                _finetune_reference(
-                    model,
-                    buffers,
-                    {n: p[k] for n, p in starts.items()},
-                    anchor,
-                    None if fisher is None else {n: f[k] for n, f in fisher.items()},
-                    steps[k],
-                    x_all,
-                    y_all,
-                    method=method,
-                    lam=lam,
-                    lr=lr,
-                )
-                for k in range(m)
-            ]
-            out = {n: torch.stack([o[n] for o in outs]) for n in starts}
-        accuracies = {}
-        for split in ("val", "test"):
-            xs, ys = dataset.split(split)
-            accuracies[split] = evaluate(model, out, buffers, xs, ys, personalized=True)
-    finally:
-        model.train(was_training)
-    return to_device(out, "cpu"), accuracies
+            for k in range(len(steps))
+        ]
+        return {n: torch.stack([o[n] for o in outs]) for n in starts}
