@@ -271,28 +271,8 @@ def finish_clients(
     block = check_int("block", block, low=1)
     if finetune == "none" and score is None:
         return ClientFinish({n: p.clone() for n, p in trained.items()})
-    check_choice("select", select, FINETUNE_SELECTS)
-    if finetune == "auto" and plan is None:
-        raise InvalidParameterError("finish_clients(finetune='auto') needs its 'plan' (auto_plan).")
-    if select == "vote" and (finetune != "auto" or vote is None):
-        raise InvalidParameterError(
-            "finish_clients(select='vote') needs finetune='auto' and its 'vote'; got "
-            f"finetune={finetune!r}, vote={vote!r}."
-        )
-    m = dataset.n_clients
-    # one step per client and trained candidate: the local trainings are the end's long part
-    trains = [n for n in plan.names if n != "trained"] if plan is not None else []
-    names: tuple[str, ...] = ()
-    if select == "vote":
-        assert plan is not None
-        names = vote_candidates(plan, local_solver)
-        trains = [n for n in names if n != "trained"] + ["winner"]
-    voters = vote_voters(m, voter_rng) if select == "vote" else np.arange(m)
-    bar = Progress(
-        total=(len(trains) - (select == "vote")) * len(voters) + (select == "vote") * m,
-        desc="end of run",
-        enabled=progress and finetune == "auto",
-        unit="client",
+    names, voters, bar = _vote_and_progress(
+        finetune, select, plan, vote, local_solver, dataset.n_clients, voter_rng, progress
     )
     kw: dict[str, Any] = {
         "batch_size": batch_size, "seed": seed, "lr": lr, "lam": lam, "start": start,
@@ -326,14 +306,47 @@ def finish_clients(
     fin.winner = winner
     fin.voters = len(voters) if select == "vote" else None
     if book is not None:
-        fin.scores, fin.score_seconds = book.scores.summary(), book.wall_seconds(blocks_wall)
-        fin.per_client = {
-            name: book.scores.per_client("test", name)
-            for name in ("final", "local")
-            if name in fin.scores["test"]
-        }
+        book.fill(fin, blocks_wall)
     fin.local = None
     return fin
+
+
+def _vote_and_progress(
+    finetune: str,
+    select: str,
+    plan: AutoPlan | None,
+    vote: Callable[[np.ndarray, tuple[str, ...]], int] | None,
+    local_solver: str,
+    m: int,
+    voter_rng: np.random.Generator | None,
+    progress: bool,
+) -> tuple[tuple[str, ...], np.ndarray, Progress]:
+    """:func:`finish_clients`' selection checked, and what it runs: the vote's candidates (none
+    without a vote), the clients who vote (every client without one) and the progress bar of
+    the end of run (one step per client and trained candidate: the local trainings are its
+    long part)."""
+    check_choice("select", select, FINETUNE_SELECTS)
+    if finetune == "auto" and plan is None:
+        raise InvalidParameterError("finish_clients(finetune='auto') needs its 'plan' (auto_plan).")
+    if select == "vote" and (finetune != "auto" or vote is None):
+        raise InvalidParameterError(
+            "finish_clients(select='vote') needs finetune='auto' and its 'vote'; got "
+            f"finetune={finetune!r}, vote={vote!r}."
+        )
+    trains = [n for n in plan.names if n != "trained"] if plan is not None else []
+    names: tuple[str, ...] = ()
+    if select == "vote":
+        assert plan is not None
+        names = vote_candidates(plan, local_solver)
+        trains = [n for n in names if n != "trained"] + ["winner"]
+    voters = vote_voters(m, voter_rng) if select == "vote" else np.arange(m)
+    bar = Progress(
+        total=(len(trains) - (select == "vote")) * len(voters) + (select == "vote") * m,
+        desc="end of run",
+        enabled=progress and finetune == "auto",
+        unit="client",
+    )
+    return names, voters, bar
 
 
 @dataclass
@@ -381,6 +394,16 @@ class _Book:
         self.scores.keep(scored[0])
         self.seconds += scored[1]
         self.block_seconds += scored[1] if block_seconds is None else block_seconds
+
+    def fill(self, fin: ClientFinish, blocks_wall: float) -> None:
+        """``fin``'s scores, the scoring's share of ``blocks_wall`` and every client's test
+        predictions of its final (and local) model."""
+        fin.scores, fin.score_seconds = self.scores.summary(), self.wall_seconds(blocks_wall)
+        fin.per_client = {
+            name: self.scores.per_client("test", name)
+            for name in ("final", "local")
+            if name in fin.scores["test"]
+        }
 
 
 _Scored = tuple[list[tuple[str, str, tuple[np.ndarray, np.ndarray, float]]], float]
