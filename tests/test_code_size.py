@@ -25,7 +25,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     **dict.fromkeys(
         (
             "experiments/pmtl_sweep.py:run_pmtl_sweep",
-            "experiments/sweep.py:select_candidates",
             "federated/end_of_run/finish.py:finish_clients",
             "federated/end_of_run/local.py:train_local",
         ),
