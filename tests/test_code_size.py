@@ -24,7 +24,6 @@ LONG_FILES: dict[str, str] = {
 LONG_FUNCTIONS: dict[str, str] = {
     **dict.fromkeys(
         (
-            "experiments/pmtl_sweep.py:run_pmtl_sweep",
             "federated/end_of_run/finish.py:finish_clients",
             "federated/end_of_run/local.py:train_local",
         ),
