@@ -17,11 +17,11 @@ from privmtl.federated.end_of_run.finetune import finetune_plan
 from privmtl.federated.end_of_run.local import (
     ADAM_EPOCHS,
     ADAM_LRS,
-    _train_grid,
     client_better,
     select_per_client,
     train_local,
 )
+from privmtl.federated.end_of_run.local_grid import _train_grid
 from privmtl.federated.models import FemnistCNN, MultinomialLogReg
 
 D, C, SEED, B = 5, 3, 4, 4

@@ -11,7 +11,8 @@ final model depends on the other clients only through them.
 - :mod:`~privmtl.federated.end_of_run.finetune` and
   :mod:`~privmtl.federated.end_of_run.finetune_selection`: one client's fine-tuning rules and the
   per-client choice of their hyper-parameters;
-- :mod:`~privmtl.federated.end_of_run.local`: every client trained alone from the initial model;
+- :mod:`~privmtl.federated.end_of_run.local`: every client trained alone from the initial model
+  (its grid of SGD or Adam trainings: :mod:`~privmtl.federated.end_of_run.local_grid`);
 - :mod:`~privmtl.federated.end_of_run.trained_run`: the end-of-run modes applied to a trained run,
   as entries of the run's result.
 """
