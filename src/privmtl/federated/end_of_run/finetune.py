@@ -211,7 +211,7 @@ def empirical_fisher(
 
 # ---------------------------------------------------------------------------- plan
 def check_client_index(client_index: Sequence[int] | None, m: int) -> np.ndarray:
-    """The population indices of a data set's ``m`` clients (default ``0 .. m-1``), checked."""
+    """The population indices of a data set's ``m`` clients (default ``range(m)``), checked."""
     if client_index is None:
         return np.arange(m)
     index = np.asarray(client_index, dtype=np.int64).reshape(-1)
@@ -550,8 +550,8 @@ def finetune(
 def _settings(
     config: Any, lr: float | None, batch_size: int | None, lam: float | None, seed: int | None
 ) -> tuple[float, int, float, int]:
-    """``lr``, ``batch_size``, ``lam`` and ``seed``, checked: each given one, else the trained
-    run's (``config``), else 0.1, 10, 0.1 and 0."""
+    """The step size, batch size, penalty weight and seed of the fine-tuning, checked: each
+    given one, else the trained run's (``config``), else 0.1, 10, 0.1 and 0."""
 
     def default(value: Any, attr: str, fallback: Any) -> Any:
         if value is not None:
@@ -602,8 +602,9 @@ def _starts_and_anchor(
 
 @dataclass(frozen=True)
 class _FinetuneRun:
-    """What every client's fine-tuning shares: the model, its buffers, the anchor, the EWC
-    weights (or None), the pooled training data and the rule with its ``lam`` and ``lr``."""
+    """What the fine-tuning of every client shares: the model, its buffers, the anchor, the EWC
+    weights (or None), the pooled training data, and the rule with its penalty weight and step
+    size."""
 
     model: nn.Module
     buffers: Params
