@@ -170,7 +170,7 @@ def test_end_of_run_on_cpu_matches_the_default(finetune):
 
 def test_train_local_takes_a_device_and_returns_cpu_models():
     from privmtl.data.registry import load_federated
-    from privmtl.federated.local import train_local
+    from privmtl.federated.end_of_run.local import train_local
     from privmtl.federated.models import make_model
 
     ds = load_federated("synthetic", num_clients=5, seed=0)
@@ -222,7 +222,7 @@ def test_sweep_refuses_a_bad_device_in_one_line_before_writing(capsys, tmp_path)
 
 def test_finetune_takes_a_device_and_returns_cpu_models():
     from privmtl.data.registry import load_federated
-    from privmtl.federated.finetune import finetune
+    from privmtl.federated.end_of_run.finetune import finetune
     from privmtl.federated.models import make_model
 
     ds = load_federated("synthetic", num_clients=5, seed=0)
@@ -277,8 +277,8 @@ def test_one_thread_per_worker_sets_one_thread_and_restores() -> None:
 def test_the_end_of_run_trains_with_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     from privmtl.data.federated import make_synthetic_federated
     from privmtl.federated import MultinomialLogReg
-    from privmtl.federated import finish as finish_module
-    from privmtl.federated.local import train_local
+    from privmtl.federated.end_of_run import finish as finish_module
+    from privmtl.federated.end_of_run.local import train_local
 
     seen: list[int] = []
     real = finish_module._finish_block

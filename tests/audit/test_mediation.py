@@ -181,7 +181,7 @@ def test_mechanism_audit_still_needs_its_options(capsys):
 
 def test_the_end_of_run_vote_is_replayed_and_mediates():
     from privmtl.audit.mediation_paths import NUM_CLIENTS
-    from privmtl.federated.finish import FINETUNE_VOTE_SHARE
+    from privmtl.federated.end_of_run.finish import FINETUNE_VOTE_SHARE
     from privmtl.privacy import plan_vote
 
     name = "pmtl --finetune auto --finetune-select vote (recorded vote)"

@@ -284,7 +284,7 @@ def _stand_ins(monkeypatch, fmt: str) -> None:
         original(self, resume)
         raise Reached
 
-    monkeypatch.setattr("privmtl.experiments.pmtl._score_saved", reached)
+    monkeypatch.setattr("privmtl.experiments.pmtl_saved._score_saved", reached)
     if fmt.endswith("-resume"):
         monkeypatch.setattr(Trainer, "_open_checkpoint", opened)
     else:

@@ -17,8 +17,8 @@ import pandas as pd
 import torch
 
 from privmtl.cli import main
-from privmtl.federated.finish import AUTO_FINETUNE_RIDGES
-from privmtl.federated.local import LOCAL_RIDGES
+from privmtl.federated.end_of_run.finish import AUTO_FINETUNE_RIDGES
+from privmtl.federated.end_of_run.local import LOCAL_RIDGES
 
 SYN = ["--data", "synthetic", "--num-clients", "20"]
 FAST = ["--model", "logreg", "--rounds", "3", "--clients-per-round", "5", "--json", "--quiet",

@@ -20,7 +20,7 @@ def sixteen_gib(monkeypatch):
     def no_draw(*args, **kwargs):
         raise AssertionError("the population was drawn before its size was checked")
 
-    monkeypatch.setattr("privmtl.data.federated.synthetic_client_sizes", no_draw)
+    monkeypatch.setattr("privmtl.data.synthetic_federated.synthetic_client_sizes", no_draw)
 
 
 def _error_line(capsys, args):

@@ -83,3 +83,33 @@ def test_the_durability_settings_are_checked_before_any_data_is_read(tmp_path):
         run_mpmtl(data="table", method="lowrank", resume=True)  # no data_path: not read
     with pytest.raises(InvalidParameterError, match="checkpoint/budget parameters apply"):
         run_mpmtl(data="table", method="stl-l2", budget_epsilon=1.0)
+
+
+def test_a_spec_and_settings_run_as_the_same_keywords(tmp_path):
+    """``run_mpmtl(spec, **settings)``: the spec's settings with the keywords replacing them."""
+    path = _table(tmp_path / "t.csv")
+    spec = MPMTLSpec(method="lowrank", epsilon=0.5, noise_source="seeded", iterations=5)
+    from_spec = run_mpmtl(spec, data="table", data_path=path, epsilon=2.0)
+    by_keywords = run_mpmtl(
+        data="table", data_path=path, method="lowrank", epsilon=2.0, noise_source="seeded",
+        iterations=5,
+    )  # fmt: skip
+    assert _without_seconds(from_spec) == _without_seconds(by_keywords)
+    assert from_spec["epsilon"] == pytest.approx(2.0)  # the keyword replaced the spec's 0.5
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        (dict(data="table", methd="lowrank"), "Invalid parameter 'methd' for run_mpmtl"),
+        (dict(method="lowrank"), "The 'data' parameter of run_mpmtl"),
+    ],
+)
+def test_an_unknown_keyword_or_no_data_is_refused_naming_it(settings, words):
+    with pytest.raises(InvalidParameterError, match=words):
+        run_mpmtl(**settings)
+
+
+def test_a_spec_of_the_other_family_is_refused():
+    with pytest.raises(InvalidParameterError, match="must be an MPMTLSpec"):
+        run_mpmtl({"method": "lowrank"}, data="table")  # type: ignore[arg-type]

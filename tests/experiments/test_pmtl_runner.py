@@ -83,7 +83,7 @@ def test_finetune_from_billboard_is_local_training_started_at_the_billboard(tmp_
     import torch
 
     from privmtl.data.federated import make_synthetic_federated
-    from privmtl.federated.local import train_local
+    from privmtl.federated.end_of_run.local import train_local
     from privmtl.federated.models import MultinomialLogReg
 
     ds = make_synthetic_federated(n_clients=30, random_state=4)

@@ -36,14 +36,14 @@ ENGINE_ENCODINGS = {"noise_std": 0.0}  # the engine's "no noise": RunSpec's None
 #: Parameters named like a setting whose literal default is not that setting's default.
 NOT_A_SETTING = {
     # the result's record of where the noise came from, not the run's setting
-    ("federated/config.py", "TrainResult.noise_source"),
+    ("federated/train_result.py", "TrainResult.noise_source"),
     # a curator's own stream seed, always given by its callers
     ("federated/curator.py", "__init__.seed"),
     # a node's final models: the resolved personal_init of the run is always passed
     ("flower/_core.py", "trained.personal_init"),
     # the fine-tuning method of a call, not the run's method
-    ("federated/finetune.py", "finetune.method"),
-    ("federated/finetune_selection.py", "finetune_select.method"),
+    ("federated/end_of_run/finetune.py", "finetune.method"),
+    ("federated/end_of_run/finetune_selection.py", "finetune_select.method"),
     # the workshop's own fine-tuning epochs of its direct API (run_pmtl passes the run's)
     ("federated/workshop.py", "train_workshop.finetune_epochs"),
 }
@@ -52,8 +52,11 @@ SRC = Path(privmtl.__file__).parent
 #: The modules of the PMTL family (MP-MTL and the privacy primitives have their own defaults).
 FAMILY = [
     *sorted((SRC / "federated").glob("*.py")),
+    *sorted((SRC / "federated" / "end_of_run").glob("*.py")),
     *sorted((SRC / "flower").glob("*.py")),
     SRC / "experiments" / "pmtl.py",
+    SRC / "experiments" / "pmtl_steps.py",
+    SRC / "experiments" / "pmtl_saved.py",
     SRC / "experiments" / "pmtl_sweep.py",
     SRC / "experiments" / "accounting.py",
 ]

@@ -11,7 +11,7 @@ from torch import nn
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated import ridge as ridge_module
-from privmtl.federated.local import train_local
+from privmtl.federated.end_of_run.local import train_local
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.ridge import padded_rows, ridge_logreg
 

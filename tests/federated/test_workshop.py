@@ -13,7 +13,7 @@ from engine_defaults import old_config
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.config import TrainConfig
-from privmtl.federated.finetune import finetune
+from privmtl.federated.end_of_run.finetune import finetune
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.workshop import project_to_ball, train_workshop
 from privmtl.privacy.accounting import compute_epsilon

@@ -496,7 +496,7 @@ VOTE = ["pmtl", "--data", "synthetic", "--num-clients", "100", "--model", "logre
 
 def test_a_seeded_resume_after_the_vote_does_not_record_it_again(capsys, tmp_path):
     """Killed right after the end-of-run vote is on record: the seeded resume replays it."""
-    from privmtl.federated.finish import FINETUNE_VOTE_ID
+    from privmtl.federated.end_of_run.finish import FINETUNE_VOTE_ID
     from privmtl.privacy.ledger import read_ledger
 
     whole = _ok(capsys, [*VOTE, "--checkpoint-dir", str(tmp_path / "whole")])

@@ -238,7 +238,7 @@ def _config(**kw: Any) -> Any:
 
 
 def _run_local_client(ctx: Workspace, replaced: bool) -> Any:
-    from privmtl.federated import local
+    from privmtl.federated.end_of_run import local
 
     ds = ctx.dataset(replaced)
     model = _model(ds, ctx.seed)
@@ -362,9 +362,12 @@ FIX_LINEAR_TUNING = "STL/MTL tuning: per task or by a private selection"
 
 def check_specs() -> list[CheckSpec]:
     """Every audited output path, in the order of the report."""
-    from privmtl.linear.methods import method_names
+    return [*_pmtl_cli_specs(), *_mpmtl_cli_specs(), *_api_specs()]
 
-    cli = [
+
+def _pmtl_cli_specs() -> list[CheckSpec]:
+    """The paths of ``privmtl pmtl``: every end of run, option and method."""
+    return [
         CheckSpec("pmtl --finetune none", "cli", ("--finetune", "none")),
         CheckSpec("pmtl --finetune vanilla", "cli", ("--finetune", "vanilla")),
         *(
@@ -465,7 +468,11 @@ def check_specs() -> list[CheckSpec]:
             files_only=("personalized.pt",),
         ),
     ]
-    cli += [
+
+
+def _mpmtl_cli_specs() -> list[CheckSpec]:
+    """The paths of ``privmtl mpmtl``: its default step size and its tuning."""
+    return [
         CheckSpec(
             "mpmtl --method lowrank --no-tune (default step size)",
             "cli",
@@ -481,7 +488,13 @@ def check_specs() -> list[CheckSpec]:
             command="mpmtl",
         ),
     ]
-    api = [
+
+
+def _api_specs() -> list[CheckSpec]:
+    """The paths of the Python API: the federated trainers, Flower's node and MP-MTL."""
+    from privmtl.linear.methods import method_names
+
+    return [
         CheckSpec("train_local(select='client')", "api", runner=_run_local_client),
         CheckSpec("train_clusters (two fixed clusters)", "api", runner=_run_clusters),
         CheckSpec("train_workshop", "api", runner=_run_workshop),
@@ -505,14 +518,13 @@ def check_specs() -> list[CheckSpec]:
             mediated_by=FIX_MPMTL_STEP,
         ),
     ]
-    return [*cli, *api]
 
 
 # ----------------------------------------------------------------------------------- mutants
 @contextlib.contextmanager
 def _mutant_pooled_selection() -> Iterator[None]:
     """Every per-client selection becomes one pooled choice (train_local, finetune_select)."""
-    from privmtl.federated import finetune_selection, local
+    from privmtl.federated.end_of_run import finetune_selection, local
 
     train_local, finetune_select = local.train_local, finetune_selection.finetune_select
 

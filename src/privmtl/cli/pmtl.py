@@ -44,8 +44,8 @@ from privmtl.experiments.pmtl import (
     run_pmtl,
 )
 from privmtl.federated.baseline import describe_gain
-from privmtl.federated.finish import FINETUNE_SELECT_CHOICES, FINETUNE_VOTE_SHARE
-from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
+from privmtl.federated.end_of_run.finish import FINETUNE_SELECT_CHOICES, FINETUNE_VOTE_SHARE
+from privmtl.federated.end_of_run.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
 from privmtl.federated.options import OPTIONS
 from privmtl.federated.spec import EXECUTION, check_resume, check_vote_mechanism
 from privmtl.federated.user_model import is_factory_spec

@@ -96,41 +96,9 @@ def account_rounds(
     if noise_mechanism == "banded":
         return _banded(g, m, q, T, dlt, noise_std, target_epsilon, accountant, relation,
                        sampler=make_sampler(sampled_kind, m, q, groups=groups))  # fmt: skip
-    notes: list[str] = []
     if accountant == "paper":
-        if q == m:
-            # Thm 1 of the PMTL paper (replace-one, all clients each round).
-            if noise_std is not None:
-                sigma = check_real("noise_std", noise_std, low=0.0, closed="neither")
-                eps = pmtl_theorem1_epsilon(sigma, g, m, T, dlt)
-            else:
-                eps = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
-                sigma = pmtl_theorem1_noise_std(eps, g, m, T, dlt)
-            notes.append("closed form of PMTL Thm 1: sigma = 4*clip*sqrt(T*log(1/delta))/(eps*m)")
-            if not pmtl_theorem1_valid(eps, dlt):
-                notes.append("Thm 1's proof needs eps <= 2*log(1/delta): this value is outside it")
-            if relation != "replace-one":
-                notes.append("Thm 1 is stated for replace-one; it also bounds add/remove")
-            eff_sampling = "all"
-        else:
-            eff_sampling = "poisson"
-            rel = "add-remove"
-            sampler = make_sampler("poisson", m, q)
-            sigma, eps = _tight(sampler, g, q, T, dlt, noise_std, target_epsilon, "rdp", rel)
-            notes.append(PAPER_CODE_NOTE)
-            if sampling != "poisson" or relation != "add-remove":
-                notes.append(
-                    f"MISMATCH: you asked for sampling={sampling!r}, relation={relation!r}, but the "
-                    "paper's accountant assumes Poisson sampling and add/remove"
-                )
-        z = noise_multiplier(sigma, q, g)
-        guarantee = PrivacyGuarantee(
-            epsilon=eps,
-            delta=dlt,
-            relation=relation,
-            sampling=eff_sampling,
-            accountant="paper",
-            notes=tuple(notes),
+        sigma, eps, z, guarantee = _paper(
+            g, m, q, T, dlt, noise_std, target_epsilon, sampling, relation
         )
     else:
         sampler = make_sampler(sampled_kind, m, q, groups=groups)
@@ -169,6 +137,58 @@ def account_rounds(
             for t in range(1, T + 1)
         ]
     return out
+
+
+def _paper(
+    g: float,
+    m: int,
+    q: int,
+    T: int,
+    dlt: float,
+    noise_std: float | None,
+    target_epsilon: float | None,
+    sampling: str,
+    relation: str,
+) -> tuple[float, float, float, PrivacyGuarantee]:
+    """``accountant="paper"``: σ, ε, the noise multiplier and the guarantee of the papers'
+    accounting (PMTL's Theorem 1 when every client takes part, else the paper code's Poisson
+    RDP), with notes where the asked sampling or relation differs from the paper's."""
+    notes: list[str] = []
+    if q == m:
+        # Thm 1 of the PMTL paper (replace-one, all clients each round).
+        if noise_std is not None:
+            sigma = check_real("noise_std", noise_std, low=0.0, closed="neither")
+            eps = pmtl_theorem1_epsilon(sigma, g, m, T, dlt)
+        else:
+            eps = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
+            sigma = pmtl_theorem1_noise_std(eps, g, m, T, dlt)
+        notes.append("closed form of PMTL Thm 1: sigma = 4*clip*sqrt(T*log(1/delta))/(eps*m)")
+        if not pmtl_theorem1_valid(eps, dlt):
+            notes.append("Thm 1's proof needs eps <= 2*log(1/delta): this value is outside it")
+        if relation != "replace-one":
+            notes.append("Thm 1 is stated for replace-one; it also bounds add/remove")
+        eff_sampling = "all"
+    else:
+        eff_sampling = "poisson"
+        rel = "add-remove"
+        sampler = make_sampler("poisson", m, q)
+        sigma, eps = _tight(sampler, g, q, T, dlt, noise_std, target_epsilon, "rdp", rel)
+        notes.append(PAPER_CODE_NOTE)
+        if sampling != "poisson" or relation != "add-remove":
+            notes.append(
+                f"MISMATCH: you asked for sampling={sampling!r}, relation={relation!r}, but the "
+                "paper's accountant assumes Poisson sampling and add/remove"
+            )
+    z = noise_multiplier(sigma, q, g)
+    guarantee = PrivacyGuarantee(
+        epsilon=eps,
+        delta=dlt,
+        relation=relation,
+        sampling=eff_sampling,
+        accountant="paper",
+        notes=tuple(notes),
+    )
+    return sigma, eps, z, guarantee
 
 
 def _tight(

@@ -49,15 +49,16 @@ from privmtl.linear.loading import resolve_linear_method
 from privmtl.linear.methods import (
     METHODS,
     PRIVATE_METHODS,
-    LinearMethod,
     linear_method,
     method_names,
 )
 from privmtl.linear.metrics import aauc, nmse
+from privmtl.linear.options import MPMTLExecution, MPMTLOptions, split_mpmtl_settings
 from privmtl.linear.selection import estimator_class
 from privmtl.linear.spec import SPEC, TUNE_MODES, MPMTLSpec, resolve_defaults
 from privmtl.locking import holding_directories
 from privmtl.privacy import PrivacyGuarantee
+from privmtl.privacy.guarantee import DEFAULT_RELATION
 
 __all__ = [
     "DATASETS",
@@ -121,7 +122,7 @@ def _guarantee_of(method: str, est: Any) -> PrivacyGuarantee:
         return PrivacyGuarantee(
             epsilon=0.0,
             delta=0.0,
-            relation="add-remove",
+            relation=DEFAULT_RELATION,
             sampling="none",
             accountant="none",
             notion="MP-MTL",
@@ -518,39 +519,17 @@ def _report(
 
 
 @holding_directories("checkpoint_dir", "save_models")
-def run_mpmtl(
-    *,
-    data: str,
-    method: str | type[LinearMethod],
-    data_path: str | Path | None = None,
-    epsilon: float | None = SPEC.epsilon,
-    delta: float | str | None = SPEC.delta,
-    noise: str = SPEC.noise,
-    iterations: int | None = SPEC.iterations,
-    seed: int = SPEC.seed,
-    tune: bool | str = SPEC.tune,
-    n_splits: int = SPEC.n_splits,
-    relation: str = SPEC.relation,
-    accountant: str = SPEC.accountant,
-    split: tuple[MultiTaskDataset, MultiTaskDataset] | None = None,
-    train_fraction: float | None = None,
-    task_column: str = "task",
-    target_column: str = "y",
-    normalize: str = "auto",
-    feature_columns: list[str] | tuple[str, ...] | None = None,
-    extra_params: dict[str, Any] | None = None,
-    final_step: str = SPEC.final_step,
-    noise_source: str = SPEC.noise_source,
-    budget_epsilon: float | None = SPEC.budget_epsilon,
-    checkpoint_dir: str | Path | None = None,
-    checkpoint_every: int = SPEC.checkpoint_every,
-    resume: bool = False,
-    save_models: str | Path | None = None,
-    eigen_floor: float | str = SPEC.eigen_floor,
-    refit_power: float | str = SPEC.refit_power,
-    per_client: str | Path | None = None,
-) -> dict[str, Any]:
+def run_mpmtl(spec: MPMTLSpec | None = None, /, **settings: Any) -> dict[str, Any]:
     """Run one method at one ε and return a JSON-ready result dictionary.
+
+    ``run_mpmtl(data="school", method="lowrank", epsilon=1.0)``, or ``run_mpmtl(spec,
+    **settings)`` from an :class:`~privmtl.linear.spec.MPMTLSpec` (``settings`` replace its
+    values). Every keyword is a field of one of the run's three typed parts, where its default is
+    defined (:data:`~privmtl.linear.options.MPMTL_PARAMETERS`): the spec (method and privacy),
+    :class:`~privmtl.linear.options.MPMTLExecution` (``checkpoint_dir``, ``resume``,
+    ``save_models``) and :class:`~privmtl.linear.options.MPMTLOptions` (the data,
+    ``extra_params``, ``per_client``); an unknown keyword, or no ``data``, is an
+    :class:`~privmtl.exceptions.InvalidParameterError`.
 
     ``method``: a name of :mod:`privmtl.linear.methods` (or a registered own method), a
     :class:`~privmtl.linear.methods.LinearMethod` subclass, or ``PATH.py:NAME`` /
@@ -590,26 +569,17 @@ def run_mpmtl(
     to ``seconds``). ``epsilon`` is what the ledger recorded; ``covered`` is
     ``guarantee["covered"]``; ``noise_source`` is ``"none"`` when the run added no noise.
     """
+    given, x, o = split_mpmtl_settings(spec, settings)
+    return _run(given, x, o)
+
+
+def _run(given: dict[str, Any], x: MPMTLExecution, o: MPMTLOptions) -> dict[str, Any]:
+    """:func:`run_mpmtl` of its settings split into the three parts."""
     timer = PhaseTimer(MPMTL_PHASES)  # the run's wall time starts here
-    method_obj, method_source = resolve_linear_method(method)
-    spec = MPMTLSpec(
-        tune=_tune_mode(tune),
-        method=method_obj.name,
-        noise=noise,
-        epsilon=epsilon,
-        delta=delta,
-        iterations=iterations,
-        seed=seed,
-        n_splits=n_splits,
-        relation=relation,
-        accountant=accountant,
-        final_step=final_step,
-        noise_source=noise_source,
-        budget_epsilon=budget_epsilon,
-        checkpoint_every=checkpoint_every,
-        eigen_floor=eigen_floor,
-        refit_power=refit_power,
-    )
+    method_obj, method_source = resolve_linear_method(given.pop("method", SPEC.method))
+    tune = _tune_mode(given.pop("tune", SPEC.tune))
+    spec = MPMTLSpec(**given, tune=tune, method=method_obj.name)
+    save_models, per_client = x.save_models, o.per_client
     if save_models is not None:  # its model.json is signed: a bad key stops the run now
         from privmtl.trust import check_signing_key
 
@@ -619,19 +589,20 @@ def run_mpmtl(
 
         per_client = check_rows_path(per_client)
     with timer.phase("setup"):
-        durability = _durability(spec, checkpoint_dir, resume)
+        durability = _durability(spec, x.checkpoint_dir, x.resume)
+    assert o.data is not None  # split_mpmtl_settings refuses a run without data
     request = DataRequest(
-        data=data,
-        data_path=data_path,
-        train_fraction=train_fraction,
-        task_column=task_column,
-        target_column=target_column,
-        normalize=normalize,
-        feature_columns=feature_columns,
+        data=o.data,
+        data_path=o.data_path,
+        train_fraction=o.train_fraction,
+        task_column=o.task_column,
+        target_column=o.target_column,
+        normalize=o.normalize,
+        feature_columns=o.feature_columns,
     )
     with timer.phase("data"):
-        loaded = _load(spec, request, split)
-    fitted = _fit(spec, loaded, durability, extra_params, timer=timer)
+        loaded = _load(spec, request, o.split)
+    fitted = _fit(spec, loaded, durability, o.extra_params, timer=timer)
     with timer.phase("scoring"):
         finished = _finish(spec, loaded, fitted)
     out = _report(spec, loaded, fitted, finished, durability)

@@ -18,56 +18,52 @@ The opt-ins that break this — a choice on pooled validation data (``local_sele
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from privmtl._device import DEFAULT_DEVICE, resolve_device
+from privmtl._device import resolve_device
 from privmtl._timing import PMTL_PHASES, PhaseTimer
 from privmtl._validation import check_choice, check_int
-from privmtl.data.federated import FederatedDataset
 from privmtl.data.registry import (
-    absolute_data_path,
     dataset_names,
     default_femnist_dir,
     load_federated,
 )
-from privmtl.exceptions import DataFormatError, InvalidParameterError, PrivacyBudgetError
+from privmtl.exceptions import InvalidParameterError
+from privmtl.experiments.pmtl_saved import NO_RELEASE_METHODS, evaluate_saved
+from privmtl.experiments.pmtl_steps import (
+    FINETUNE_STARTS,
+    DataRequest,
+    Durability,
+    FinishedRun,
+    FinishRequest,
+    LoadedRun,
+    TrainedRun,
+    _finish_request,
+    _load,
+)
 from privmtl.federated.algorithms import Params
-from privmtl.federated.config import TrainResult, resolve
-from privmtl.federated.finetune import FINETUNE_METHODS
-from privmtl.federated.finetune_selection import SELECT_MODES
-from privmtl.federated.finish import (
+from privmtl.federated.end_of_run.finish import (
     AUTO_CANDIDATES,
     AUTO_CLEAR_SIGNAL,
     AUTO_FINETUNE_EPOCHS,
     AUTO_FINETUNE_LRS,
     AUTO_NOTE,
     AUTO_ORDERS,
-    FINETUNE_NOTE,
-    FINETUNE_SELECT_CHOICES,
-    FINETUNE_VOTE_ID,
     FINETUNE_VOTE_NOTE,
-    FINETUNE_VOTE_SHARE,
-    FINETUNE_VOTE_STREAM,
-    FINETUNE_VOTERS,
-    FINETUNE_VOTERS_STREAM,
-    auto_info,
-    auto_plan,
     final_models_keys,
-    finish_clients,
-    resolve_finetune_select,
     resolve_local_solver,
-    stack_trained,
 )
-from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
-from privmtl.federated.methods import Method, get_method, method_class
+from privmtl.federated.end_of_run.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
+from privmtl.federated.end_of_run.trained_run import (
+    finetune_auto,
+    finetune_from_billboard,
+    finetune_trained,
+)
+from privmtl.federated.methods import Method
 from privmtl.federated.methods.loading import resolve_method
 from privmtl.federated.models import MODELS, MultinomialLogReg, make_model
 from privmtl.federated.options import RunOptions, split_settings
@@ -80,7 +76,6 @@ from privmtl.federated.report import (
     finish_guarantee,
     joint_dp,
     local_selection_summary,
-    released_dim,
     result_parts,
     scaling_note,
 )
@@ -89,7 +84,6 @@ from privmtl.federated.spec import (
     DEFAULT_FEDPROX_MU,
     DEFAULT_LAM_NONPRIVATE,
     DEFAULT_LAM_PRIVATE,
-    EXECUTION,
     RUN_METHODS,
     SPEC,
     Execution,
@@ -98,17 +92,13 @@ from privmtl.federated.spec import (
     check_vote_mechanism,
     default_clients_per_round,
     default_lam,
-    pmtl_delta,
 )
 from privmtl.locking import holding_directories
 from privmtl.privacy.ledger import PrivacyLedger
-from privmtl.privacy.noise import make_noise_source
-from privmtl.privacy.selection import VotePlan, plan_vote
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from privmtl.federated.user_model import UserFactory
 
 __all__ = [
     "AUTO_CANDIDATES",
@@ -143,314 +133,6 @@ __all__ = [
 FL_DATASETS = dataset_names("pmtl")
 FL_MODELS = MODELS
 FL_METHODS = RUN_METHODS
-NO_RELEASE_METHODS = tuple(n for n in RUN_METHODS if not method_class(n).communicates)
-"""The methods that train every client alone: nothing is released, there is no shared model."""
-FINETUNE_STARTS = ("auto", "billboard")
-"""Where fine-tuning starts: the personalized models when the method has them, else the released
-global model (auto), or the released global model (billboard)."""
-
-
-def _absolute_data_path(data: str, data_path: str | Path | None) -> str | None:
-    """The data's absolute path, so that saved models can be evaluated from anywhere."""
-    return absolute_data_path("pmtl", data, data_path)
-
-
-# ------------------------------------------------------------------ the steps of one run
-
-
-@dataclass(frozen=True)
-class DataRequest:
-    """The data and model a run asks for: a registered PMTL data set with
-    :func:`~privmtl.data.registry.load_federated`'s options (``table``: a table's
-    ``client_column``, ``label_column`` and ``feature_columns``) and the model's name or factory."""
-
-    data: str
-    data_path: str | Path | None
-    model: str
-    table: dict[str, Any]
-    num_clients: int | None
-    scaling: str
-
-    def record(self) -> dict[str, Any]:
-        """The data section of ``model.json`` (the saver adds the seed): enough to load the same
-        data again from anywhere."""
-        table = self.data == "table"
-        return {
-            "data": self.data,
-            "data_path": _absolute_data_path(self.data, self.data_path),
-            **(self.table if table else {}),
-            **({"scaling": self.scaling} if table else {}),
-            "num_clients": self.num_clients,
-        }
-
-
-@dataclass(frozen=True)
-class FinishRequest:
-    """How the run ends after training, checked by :func:`_finish_request`: fine-tuning's epochs
-    (a grid only from the billboard), its grids of step sizes and penalty weights (None: the
-    run's), where it starts, how the grid is chosen, and the extra variants scored beside it."""
-
-    epochs: tuple[int, ...]
-    lrs: tuple[float, ...] | None
-    lams: tuple[float, ...] | None
-    start: str
-    select: str
-    extra: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Durability:
-    """What keeps a run across interruptions, passed to the method's ``fit``: the checkpoint
-    folder and cadence, whether the run continues an earlier one, and the ε budget it stops at."""
-
-    checkpoint_dir: str | Path | None
-    checkpoint_every: int
-    resume: bool
-    budget_epsilon: float | None
-
-    def run_options(self) -> dict[str, Any]:
-        """The backend's run keywords (a spent budget stops the run)."""
-        return {
-            "checkpoint_dir": self.checkpoint_dir,
-            "checkpoint_every": self.checkpoint_every,
-            "resume": self.resume,
-            "budget_epsilon": self.budget_epsilon,
-            "on_budget": "stop",
-        }
-
-
-@dataclass(frozen=True)
-class LoadedRun:
-    """Load's output: the checked settings and the ones resolved on the data, the data, the model,
-    and the method bound to the calibrated engine configuration (the target ε already σ)."""
-
-    spec: RunSpec
-    resolved: RunSpec
-    request: DataRequest
-    dataset: FederatedDataset
-    net: torch.nn.Module
-    method: Method
-    name: str
-    method_source: dict[str, Any] | None
-    factory: UserFactory | None
-    notes: tuple[str, ...]
-    seconds: float
-    """The seconds of loading or generating the data (the run's ``data`` phase)."""
-    vote: VotePlan | None = None
-    """``finetune_select="vote"``: the end-of-run vote's public plan (its event is reserved in the
-    calibration of the rounds when it is held)."""
-
-    @property
-    def m(self) -> int:
-        """The number of clients."""
-        return self.dataset.n_clients
-
-    @property
-    def q(self) -> int:
-        """The clients per round, as resolved on the data."""
-        return int(self.resolved.clients_per_round or self.m)
-
-    @property
-    def lam(self) -> float:
-        """λ, as resolved on the data."""
-        return float(self.resolved.lam or 0.0)
-
-
-@dataclass(frozen=True)
-class TrainedRun:
-    """Train's output: the engine's result, the noise of the released mean and the clients per
-    round as reported (0 and m when nothing is released), and how local training chose."""
-
-    result: TrainResult
-    sigma: float
-    q: int
-    local_select: str
-    local_solver: str = "sgd"
-    local_patience: int | None = None
-
-
-@dataclass(frozen=True)
-class FinishedRun:
-    """Finish's output: the keys fine-tuning sets (``parts``; the trained run's accuracies are
-    replaced by the fine-tuned ones), the extra variants' results, the clients' final models
-    (None: the trained ones), the final-model keys, and what the guarantee adds: notes, reasons
-    not covered, and whether every client's model now reads its own data (joint DP)."""
-
-    parts: dict[str, Any]
-    finetune_results: dict[str, dict[str, Any]] | None
-    params: Params | None
-    final_models: dict[str, Any]
-    notes: tuple[str, ...]
-    not_covered: tuple[str, ...]
-    own_data: bool
-    score_seconds: float = 0.0
-    per_client: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
-    kept: np.ndarray | None = None
-    """``finetune="auto"``: the candidate every client kept (its name), in the clients' order."""
-
-
-def _finish_request(
-    finetune: str,
-    *,
-    epochs: int | Sequence[int],
-    lrs: Sequence[float] | None,
-    lams: Sequence[float] | None,
-    start: str,
-    select: str,
-    extra: Sequence[str],
-) -> FinishRequest:
-    """Check the fine-tuning settings against ``finetune`` (the run spec's) before any data is
-    read; the parameters are ``run_pmtl``'s ``finetune_*`` and ``extra_finetunes``."""
-    check_choice("finetune_start", start, FINETUNE_STARTS)
-    check_choice("finetune_select", select, (*SELECT_MODES, *FINETUNE_SELECT_CHOICES))
-    if select == "auto" and finetune != "auto":
-        select = "client"  # an explicit fine-tuning's own grid: every client chooses
-    if select == "vote" and finetune != "auto":
-        raise InvalidParameterError(
-            "finetune_select='vote' elects one candidate of finetune='auto' for every client; "
-            f"got finetune={finetune!r}."
-        )
-    if finetune == "auto":
-        fixed = {
-            "finetune_epochs": (epochs, 1),
-            "finetune_lrs": (lrs, None),
-            "finetune_lams": (lams, None),
-            "finetune_start": (start, "auto"),
-            "finetune_select": (select, select if select in FINETUNE_SELECT_CHOICES else "client"),
-        }
-        for name, (value, default) in fixed.items():
-            if value != default:
-                raise InvalidParameterError(
-                    f"finetune='auto' chooses its own grid and start; the '{name}' parameter "
-                    f"needs an explicit finetune method (e.g. 'vanilla'); got {name}={value!r}."
-                )
-    grid = _epochs_grid(epochs)
-    if start != "billboard" and (len(grid) > 1 or select == "pooled"):
-        raise InvalidParameterError(
-            "A grid of 'finetune_epochs' and finetune_select='pooled' need "
-            f"finetune_start='billboard'; got finetune_start={start!r}, "
-            f"finetune_epochs={epochs!r}, finetune_select={select!r}."
-        )
-    if start == "billboard" and (finetune not in ("none", "vanilla") or extra):
-        raise InvalidParameterError(
-            "finetune_start='billboard' supports finetune='vanilla' only (fine-tuning from the "
-            f"billboard, no penalty); got finetune={finetune!r}, "
-            f"extra_finetunes={list(extra)!r}."
-        )
-    for name in extra:
-        check_choice("extra_finetunes", name, FINETUNE_METHODS)
-    return FinishRequest(
-        epochs=tuple(grid),
-        lrs=None if lrs is None else tuple(lrs),
-        lams=None if lams is None else tuple(lams),
-        start=start,
-        select=select,
-        extra=tuple(extra),
-    )
-
-
-def _load(
-    spec: RunSpec,
-    method: str | type[Method] | Method,
-    request: DataRequest,
-    *,
-    method_source: dict[str, Any] | None,
-    dataset: FederatedDataset | None,
-    batched: bool,
-    progress: bool,
-    threads: int,
-    timer: PhaseTimer | None = None,
-    device: str = DEFAULT_DEVICE,
-    finetune_select: str = "client",
-    eval_every: int = EXECUTION.eval_every,
-) -> LoadedRun:
-    """Load: the user's model factory (before any data is read), the data (``dataset``, or the
-    registered data set loaded by the seed), the settings resolved on it, the model, and the
-    method bound to the engine configuration with the target ε calibrated to σ once (with
-    ``finetune_select="vote"``, the vote's event reserved: :func:`_vote_plan`). ``timer``
-    (the run's) measures the ``data`` and ``setup`` phases."""
-    from privmtl.federated.user_model import is_factory_spec, load_factory
-
-    timer = PhaseTimer(PMTL_PHASES) if timer is None else timer
-    model = request.model
-    with timer.phase("setup"):
-        factory = load_factory(model) if is_factory_spec(model) else None
-    with timer.phase("data"):
-        ds = (
-            dataset
-            if dataset is not None
-            else load_federated(
-                request.data,
-                data_path=request.data_path,
-                seed=spec.seed,
-                **request.table,
-                num_clients=request.num_clients,
-                scaling=request.scaling,
-            )
-        )
-    with timer.phase("setup"):
-        m = ds.n_clients
-        net = make_model(model, ds, spec.seed, factory=factory)
-        on = str(resolve_device(device))  # "auto" becomes the device the run computes on
-        vote = None
-        declared = method_class(method) if isinstance(method, str) else method
-        samples = declared.communicates and not declared.every_client
-        select = resolve_finetune_select(
-            finetune_select, net, finetune=spec.finetune, samples=samples,
-            noise_mechanism=spec.noise_mechanism, epsilon=spec.epsilon,
-        )  # fmt: skip
-        if select == "vote" and samples:
-            vote = _vote_plan(spec, m)
-            if finetune_select == "auto" and not vote.held:
-                vote = None  # the default without a vote: every client's own choice, as asked
-        # the one resolution of the run: q, λ, δ, and the target ε calibrated to the release's σ
-        execution = {"batched": batched, "progress": progress, "threads": threads, "device": on}
-        execution["eval_every"] = eval_every
-        run = resolve(
-            spec, m, method=method, reserve=None if vote is None else vote.event(),
-            execution=execution,
-        )  # fmt: skip
-        resolved = run.spec
-        assert resolved is not None  # resolved from a RunSpec
-        runner = get_method(method, run.config).with_run(run)  # bound to the calibrated noise
-    if runner.models is not None and model not in runner.models:
-        raise InvalidParameterError(
-            f"The 'method' parameter {spec.method!r} supports --model "
-            f"{', '.join(runner.models)} only; got model={model!r}."
-        )
-    return LoadedRun(
-        spec=spec,
-        resolved=resolved,
-        request=request,
-        dataset=ds,
-        net=net,
-        method=runner,
-        name=spec.method,
-        method_source=method_source,
-        factory=factory,
-        notes=run.notes,
-        seconds=timer.seconds("data"),
-        vote=vote,
-    )
-
-
-def _vote_plan(spec: RunSpec, m: int) -> VotePlan:
-    """The public plan of the end-of-run vote (:func:`~privmtl.privacy.selection.plan_vote`):
-    :data:`~privmtl.federated.finish.FINETUNE_VOTE_SHARE` of the target ε, among the ``m``
-    clients or, in a larger population, the expected
-    :data:`~privmtl.federated.finish.FINETUNE_VOTERS` of them
-    (:func:`~privmtl.federated.finish.vote_voters`); a private run needs a target ε (its share
-    is of that target)."""
-    if spec.epsilon is None and spec.noise_std:
-        raise InvalidParameterError(
-            "finetune_select='vote' takes its share of a target 'epsilon'; got noise_std="
-            f"{spec.noise_std!r} without epsilon."
-        )
-    delta = pmtl_delta(spec.delta, m)[0]
-    return plan_vote(
-        min(m, FINETUNE_VOTERS), epsilon=spec.epsilon, delta=delta, share=FINETUNE_VOTE_SHARE,
-        accountant=spec.accountant, relation=spec.relation,
-    )  # fmt: skip
 
 
 def _scores_at_finish(loaded: LoadedRun, request: FinishRequest) -> bool:
@@ -515,7 +197,7 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
         # Several fine-tuning variants of the SAME trained run (post-processing, no privacy cost):
         # cheaper and a fairer comparison than one training run per variant.
         results = {
-            name: _finetune(
+            name: finetune_trained(
                 result, ds, net, name, request.epochs[0], lr, batch_size, lam, seed, grid
             )
             for name in request.extra
@@ -532,7 +214,7 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
     finetune = spec.finetune
     if finetune == "auto" and not loaded.method.every_client:
         sigma = float(trained.sigma or 0.0)
-        parts = _finetune_auto(
+        parts = finetune_auto(
             result, ds, net, loaded.name, sigma, batch_size, seed, trained.local_solver,
             trained.local_patience, score_trained=_scores_at_finish(loaded, request),
             vote=loaded.vote,
@@ -554,12 +236,12 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
         }
     elif finetune != "none":
         parts = (
-            _finetune_from_billboard(
+            finetune_from_billboard(
                 result, ds, net, request.epochs, grid[0] if grid else [lr], batch_size, seed,
                 request.select,
             )
             if request.start == "billboard"
-            else _finetune(
+            else finetune_trained(
                 result, ds, net, finetune, request.epochs[0], lr, batch_size, lam, seed, grid
             )
         )  # fmt: skip
@@ -760,8 +442,8 @@ def run_pmtl(spec: RunSpec | None = None, /, **settings: Any) -> dict[str, Any]:
     fine-tuned on its data and its own local training).
 
     ``finetune_select="auto"`` and ``local_solver="auto"`` (the defaults) resolve once per run
-    (:func:`~privmtl.federated.finish.resolve_finetune_select`,
-    :func:`~privmtl.federated.finish.resolve_local_solver`): a private run of a logistic
+    (:func:`~privmtl.federated.end_of_run.finish.resolve_finetune_select`,
+    :func:`~privmtl.federated.end_of_run.finish.resolve_local_solver`): a private run of a logistic
     regression with a target ε holds the clients' recorded vote over exact ridge candidates where
     the vote can carry signal, every other run lets each client choose among the SGD grids.
 
@@ -770,11 +452,11 @@ def run_pmtl(spec: RunSpec | None = None, /, **settings: Any) -> dict[str, Any]:
     run and stores them under ``finetune_results[name]`` (benchmarks compare variants this way).
     ``finetune_lrs`` / ``finetune_lams`` turn fine-tuning into a per-client choice over that grid
     of step sizes and penalty weights (default: ``[lr]`` / ``[lam]``), each client choosing on its
-    own validation split (:func:`~privmtl.federated.finetune_selection.finetune_select`; the
+    own validation split (:func:`~privmtl.federated.end_of_run.finetune_selection.finetune_select`; the
     privacy guarantee is unchanged).
     ``finetune_start="billboard"`` (vanilla only) starts every client from the released global
     model instead of its personalized one (``"auto"``: personalized when the method has
-    personalized models); it runs :func:`~privmtl.federated.local.train_local` from the billboard,
+    personalized models); it runs :func:`~privmtl.federated.end_of_run.local.train_local` from the billboard,
     so ``finetune_epochs`` may be a grid, each client choosing on its own validation split;
     ``finetune_select="pooled"`` (opt-in, not covered by the guarantee) picks one ``(epochs, lr)``
     for all clients on the pooled validation accuracy.
@@ -787,7 +469,7 @@ def run_pmtl(spec: RunSpec | None = None, /, **settings: Any) -> dict[str, Any]:
     ``head_epochs``; ``released_dim`` is the representation's size.
 
     ``method="local-all"`` is the training-alone baseline of
-    :func:`~privmtl.federated.local.train_local`: every client (not only sampled ones) trains on its
+    :func:`~privmtl.federated.end_of_run.local.train_local`: every client (not only sampled ones) trains on its
     own data over a grid of epochs and step sizes, each client choosing on its own validation split
     (``local_select="client"``; ``"pooled"``: one setting for all on the pooled validation
     accuracy, opt-in and not covered by the guarantee); ``rounds``, ``clients_per_round``, ``lr``
@@ -960,436 +642,3 @@ def _run(given: dict[str, Any], x: Execution, o: RunOptions) -> dict[str, Any]:
             if x.save_models is not None:
                 out["models_dir"] = _save(x.save_models, loaded, trained, finished, out, rows)
     return timer.record(out)
-
-
-def evaluate_saved(
-    models_dir: str | Path,
-    *,
-    data: str | None = None,
-    data_path: str | Path | None = None,
-    seed: int | None = None,
-    client_column: str | None = None,
-    label_column: str | None = None,
-    feature_columns: Sequence[str] | None = None,
-    scaling: str | None = None,
-    model: str | None = None,
-    trust_code: bool = False,
-    per_client: str | Path | None = None,
-) -> dict[str, Any]:
-    """Reload models saved by ``run_pmtl(save_models=...)`` and score them on the test split.
-
-    The data set defaults to the one the run used (its name, absolute path, columns, scaling and
-    seed, recorded in ``model.json``); the same data and split give exactly the run's
-    ``test_accuracy``. A folder this user's privmtl saved (signed, :mod:`privmtl.trust`) is
-    followed as it is: its recorded data path, and a user's model rebuilt from the factory source
-    recorded in ``model.json`` (:func:`~privmtl.federated.saved.build_model`), so neither the
-    working directory nor ``PYTHONPATH`` matters. For a folder someone else wrote, a user's model
-    needs ``model`` (the factory named again, checked against the recorded SHA-256) or
-    ``trust_code``, and a recorded data path outside the folder needs ``data_path``.
-
-    ``per_client`` (a ``.csv`` or ``.parquet`` file) receives one row per client
-    (:mod:`privmtl.per_client`): its test accuracy as scored now, beside the model it kept and
-    its local-only accuracy as the run recorded them in the folder's ``clients.csv`` (blank for a
-    folder without one); the same data give the run's rows.
-    """
-    from privmtl.federated.saved import (
-        build_model,
-        check_params,
-        iter_personalized,
-        load_global,
-        read_meta,
-    )
-    from privmtl.trust import followed_data_path, is_signed
-
-    if per_client is not None:
-        from privmtl.per_client import check_rows_path
-
-        per_client = check_rows_path(per_client)
-    meta = read_meta(models_dir)
-    glob = load_global(models_dir, meta)
-    where = str(Path(models_dir) / "model.json")
-    saved = meta.get("data", {})
-    sd = int(seed if seed is not None else saved.get("seed") or 0)
-    # the model first: code this user did not allow is refused before any data is read
-    net, notes = build_model(meta, seed=sd, where=where, trust_code=trust_code, factory=model)
-    check_params(glob, net, where=where, key="files.global")
-    has_pers = False
-    for _ in iter_personalized(models_dir, meta, net=net, mmap=True):  # every file, mapped: cheap
-        has_pers = True
-    name = data if data is not None else saved.get("data")
-    path = followed_data_path(
-        saved.get("data_path"),
-        data_path,
-        folder=Path(models_dir),
-        signed=is_signed(meta),
-        where=where,
-    )
-    given = {
-        "client_column": client_column,
-        "label_column": label_column,
-        "feature_columns": None if feature_columns is None else list(feature_columns),
-    }
-    table: dict[str, Any] = {k: v if v is not None else saved.get(k) for k, v in given.items()}
-    scale = scaling if scaling is not None else saved.get("scaling", "none")
-    if name == "table":
-        table["scaling"] = scale
-    ds = load_federated(
-        str(name), data_path=path, seed=sd, **table, num_clients=saved.get("num_clients")
-    )
-    if list(ds.client_ids) != list(meta["client_ids"]):
-        raise DataFormatError(
-            f"The data has other clients than the saved models ({ds.n_clients} vs "
-            f"{len(meta['client_ids'])}); pass the --data the run used."
-        )
-    if (ds.n_features, ds.n_classes) != (meta["model"]["n_features"], meta["model"]["n_classes"]):
-        raise DataFormatError(
-            f"The data has {ds.n_features} features and {ds.n_classes} classes; the saved models "
-            f"{meta['model']['n_features']} and {meta['model']['n_classes']}."
-        )
-    personalized = meta["primary"] == "personalized" and has_pers
-    released = meta.get("method") not in NO_RELEASE_METHODS
-    scores, correct = _score_saved(
-        models_dir, meta, net, glob, ds, personalized=personalized, shared=has_pers or released
-    )
-    acc = scores["own"]
-    guarantee = meta.get("guarantee")
-    from privmtl.privacy.ledger import check_saved_ledger
-
-    # a recorded path outside the folder is followed only for a folder this user signed (trust)
-    record = meta.get("ledger") if is_signed(meta) else None
-    checked = check_saved_ledger(record, guarantee, where=f"the saved models in {models_dir}")
-    out = {
-        "family": "pmtl",
-        "method": meta.get("method"),
-        "data": name,
-        "data_path": None if path is None else str(path),
-        "scaling": ds.scaling,
-        "model": meta["model"]["name"],
-        "models_dir": str(Path(models_dir).resolve()),
-        "primary": meta["primary"],
-        "test_accuracy": acc["accuracy"],
-        "mean_client_accuracy": acc["mean_client_accuracy"],
-        "n_test": acc["n"],
-        "noise_source": meta.get("run", {}).get("noise_source"),
-        "guarantee": guarantee,
-        "covered": None if not isinstance(guarantee, dict) else guarantee.get("covered"),
-        "summary": meta.get("summary"),
-        "notes": notes,
-        "ledger_checked": checked,
-    }
-    if "shared" in scores:
-        shared = scores["shared"]
-        out["global_test_accuracy"] = shared["accuracy"]
-        if released:
-            # the released global model on every client's own test data, averaged over clients
-            out["global_mean_client_accuracy"] = shared["mean_client_accuracy"]
-            out["shared_params"] = meta.get("config", {}).get("shared_params")
-    run = meta.get("run", {})
-    for key in ("clients_per_final_model", "end_of_run"):  # recorded at training
-        if key in run:
-            out[key] = run[key]
-    if per_client is not None:
-        from privmtl.per_client import write_rows
-
-        rows = _saved_rows(models_dir, meta, ds, correct)
-        out["per_client_file"] = str(write_rows(per_client, rows))
-    return out
-
-
-def _saved_rows(
-    models_dir: str | Path, meta: dict[str, Any], ds: FederatedDataset, correct: np.ndarray
-) -> pd.DataFrame:
-    """:func:`evaluate_saved`'s per-client rows: the accuracies scored now (``correct``), the
-    kept models and local-only accuracies recorded in the folder's ``clients.csv``."""
-    from privmtl.federated.saved import verified_file
-    from privmtl.per_client import pmtl_rows, read_rows
-
-    m = ds.n_clients
-    kept: list[str] = [""] * m
-    local = np.full(m, np.nan)
-    path = verified_file(models_dir, meta, "clients")  # inside the folder, its SHA-256 checked
-    if path is not None:
-        recorded = read_rows(path)
-        if list(recorded["client"]) != list(ds.client_ids):
-            raise DataFormatError(
-                f"{path} lists other clients than the data ({len(recorded)} rows, {m} clients)."
-            )
-        kept = [str(k) for k in recorded["kept"]]
-        local = recorded["local_test_accuracy"].to_numpy(np.float64)
-    sizes = {split: ds.sizes(split) for split in ("train", "val", "test")}
-    return pmtl_rows(ds.client_ids, sizes, kept, correct, local)
-
-
-def _score_saved(
-    models_dir: str | Path,
-    meta: dict[str, Any],
-    net: torch.nn.Module,
-    glob: Params,
-    ds: FederatedDataset,
-    *,
-    personalized: bool,
-    shared: bool,
-) -> tuple[dict[str, dict[str, float]], np.ndarray]:
-    """:func:`evaluate_saved`'s test scores, streamed: ``"own"`` (each client's own model: its
-    personalized one when ``personalized``, else the global one) and, when ``shared``, ``"shared"``
-    (the global model on every client). A block of clients at a time is read from the saved files
-    (:func:`~privmtl.federated.saved.personalized_blocks`) and drawn from ``ds``
-    (:meth:`~privmtl.data.federated.FederatedDataset.subset`), so one file of models and one
-    block's test data are held at once; the sums equal scoring every client at once. Also
-    every client's correct test predictions of its own model."""
-    from privmtl.federated.algorithms import BlockScores
-    from privmtl.federated.blocks import client_blocks
-    from privmtl.federated.saved import personalized_blocks
-
-    buffers = {n: b.detach() for n, b in net.named_buffers()}
-    book = BlockScores(net, buffers, ("test",))
-    if personalized:
-        blocks: Any = personalized_blocks(models_dir, meta, net=net)
-    else:
-        blocks = ((pos, None) for pos in client_blocks(ds.n_clients))
-    with torch.no_grad():
-        for pos, own in blocks:
-            piece = ds if len(pos) == ds.n_clients else ds.subset(pos.tolist())
-            if own is not None:
-                book.add("own", own, True, piece)
-                if shared:
-                    book.add("shared", glob, False, piece)
-            else:
-                book.add("own", glob, False, piece)
-    scores = book.summary()["test"]
-    if shared and not personalized:  # the global model is the clients' own: scored once
-        scores["shared"] = scores["own"]
-    return scores, book.per_client("test", "own")[0]
-
-
-def _epochs_grid(epochs: int | Sequence[int]) -> list[int]:
-    values = [epochs] if isinstance(epochs, int) else list(epochs)
-    if not values or any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in values):
-        raise InvalidParameterError(
-            "The 'finetune_epochs' parameter must be an int >= 1 or a non-empty sequence of "
-            f"them; got {epochs!r}."
-        )
-    return values
-
-
-def _finetune_from_billboard(
-    result: Any,
-    ds: FederatedDataset,
-    net: torch.nn.Module,
-    epochs: Sequence[int],
-    lrs: Sequence[float],
-    batch_size: int,
-    seed: int,
-    select: str,
-) -> dict[str, Any]:
-    """Every client fine-tunes from the billboard: ``train_local`` started at the global model."""
-    import copy
-
-    from privmtl.federated.local import train_local
-
-    start = copy.deepcopy(net)
-    start.load_state_dict({**start.state_dict(), **result.global_params})
-    tuned = train_local(
-        ds, start, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select, seed=seed,
-        device=result.config.device,
-    )  # fmt: skip
-    sel = tuned.extra["local_selection"]
-    test = tuned.accuracies["test"]["personalized"]
-    return {
-        "finetune_selection": {
-            "select": sel["select"],
-            "grid": sel["grid"],
-            "grid_axes": ["epochs", "lr"],
-            "choice_counts": np.bincount(sel["choice"], minlength=len(sel["grid"])).tolist(),
-            "grid_test_accuracy": sel["grid_test_accuracy"],
-            "note": "every client fine-tuned from the billboard on its own data; "
-            + (
-                "each client chose (epochs, lr) on its own validation split: no privacy cost"
-                if select == "client"
-                else "one (epochs, lr) chosen on the pooled validation accuracy of all clients "
-                "(not covered by the guarantee)"
-            ),
-        },
-        "finetune": "vanilla",
-        "finetune_start": "global",
-        "pre_finetune_test_accuracy": float(result.test_accuracy),
-        "test_accuracy": float(test["accuracy"]),
-        "mean_client_accuracy": float(test["mean_client_accuracy"]),
-        "val_accuracy": float(tuned.accuracies["val"]["personalized"]["accuracy"]),
-        "finetune_note": FINETUNE_NOTE,
-        "_params": tuned.personalized_params,
-    }
-
-
-def _finetune_auto(
-    result: TrainResult,
-    ds: FederatedDataset,
-    net: torch.nn.Module,
-    method: str,
-    sigma: float,
-    batch_size: int,
-    seed: int,
-    local_solver: str = "sgd",
-    local_patience: int | None = None,
-    *,
-    score_trained: bool = False,
-    vote: VotePlan | None = None,
-) -> dict[str, Any]:
-    """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
-    validation split among the billboard fine-tuned on its data (where it carries signal), its own
-    local training and its trained model (:func:`~privmtl.federated.finish.finish_clients`).
-    Which candidates it compares depends on public parameters only: ``sigma`` (the released
-    mean's noise), the clip, one release's size and the releases made. The final models are
-    scored block by block as the clients finish; ``score_trained``: the trained models too
-    (``result.accuracies`` is filled in). ``vote`` (held): one candidate for every client by the
-    clients' noisy vote, recorded in the run's ledger before any final model exists; the
-    result's ε is then the ledger's, rounds and vote composed."""
-    cfg = result.config
-    shared = None if cfg.shared_params is None else list(cfg.shared_params)
-    dim = int(released_dim(result) or 0)
-    rounds = len(result.history) or cfg.rounds
-    plan = auto_plan(method, shared, sigma, cfg.clip, dim, rounds)
-    trained = stack_trained(result.personalized_params, result.global_params, ds.n_clients)
-    others: dict[str, tuple[Params, bool]] = {}
-    if score_trained:
-        others = {name: (result.global_params, False) for name in result.accuracies["test"]}
-        if "personalized" in others:
-            assert result.personalized_params is not None
-            others["personalized"] = (result.personalized_params, True)
-    record: dict[str, Any] | None = None
-    # a seeded vote is a deterministic function of the run: its replay after a resume is the
-    # recorded release (its recorded epsilon, not charged twice); a secure one is new noise
-    replay = result.noise_source == "seeded"
-    replayed = replay and result.ledger is not None and result.ledger.has_release(FINETUNE_VOTE_ID)
-    if vote is not None and vote.held and result.ledger is not None and not replayed:
-        try:  # a run stopped on its budget may have no room left for the vote
-            result.ledger.check(vote.vote(1).event())
-        except PrivacyBudgetError as exc:
-            vote = dataclasses.replace(vote, held=False, reason=f"no vote: {exc}")
-    if vote is not None:
-        record = {"id": FINETUNE_VOTE_ID, "held": vote.held, "reason": vote.reason}
-    elect = None
-    if vote is not None and vote.held:
-        assert record is not None
-
-        def elect(shares: np.ndarray, names: tuple[str, ...]) -> int:
-            ballot = vote.vote(len(names))
-            noise = make_noise_source(result.noise_source, seed, stream=(FINETUNE_VOTE_STREAM,))
-            ledger = result.ledger
-            res = ballot.select(
-                shares, noise if ballot.private else None, ledger=ledger,
-                release_id=FINETUNE_VOTE_ID, replay_ok=replay, delta=float(result.delta),
-                accountant=cfg.accountant,
-            )  # fmt: skip
-            if ledger is not None:
-                result.epsilon = res.epsilon  # rounds and vote, composed by the ledger
-            own = ballot.epsilon(float(result.delta), accountant=cfg.accountant)
-            record.update(
-                candidates=list(names), winner=names[res.winner],
-                noisy_counts=list(res.noisy_counts), noise_std=ballot.noise_std,
-                share=vote.share, epsilon=own if math.isfinite(own) else None,
-                noise_source=res.details["noise_source"],
-            )  # fmt: skip
-            return res.winner
-
-    fin = finish_clients(
-        "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
-        lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
-        device=cfg.device, score=others, workers=cfg.threads, local_solver=local_solver,
-        local_patience=local_patience, select="vote" if elect is not None else "client",
-        vote=elect, voter_rng=_voter_rng(result.noise_source, seed),
-    )  # fmt: skip
-    if record is not None and fin.voters is not None:
-        record["voters"] = fin.voters
-    assert fin.choice is not None and fin.scores is not None
-    if score_trained:  # the trained models' scores, from the same pass
-        result.accuracies = {
-            split: {name: fin.scores[split][name] for name in others} for split in fin.scores
-        }
-    acc = {split: fin.scores[split]["final"] for split in fin.scores}
-    counts = np.bincount(fin.choice, minlength=len(plan.names))
-    return {
-        "finetune": "auto",
-        "finetune_auto": {
-            **auto_info(plan, counts.tolist(), fin.grids, local_solver, record),
-            **({"patience": local_patience} if local_patience is not None else {}),
-        },
-        "pre_finetune_test_accuracy": float(result.test_accuracy),
-        "test_accuracy": float(acc["test"]["accuracy"]),
-        "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
-        "val_accuracy": float(acc["val"]["accuracy"]),
-        "_params": fin.params,
-        "_score_seconds": fin.score_seconds,
-        "_per_client": fin.per_client,
-        "_kept": np.asarray(plan.names, dtype=object)[fin.choice],
-    }
-
-
-def _voter_rng(noise_source: str, seed: int) -> np.random.Generator | None:
-    """The voters' coins (:func:`~privmtl.federated.finish.vote_voters`): the seeded stream
-    :data:`~privmtl.federated.finish.FINETUNE_VOTERS_STREAM` of a seeded run (a simulation),
-    else None (OS entropy: secret, as the rounds' sampling of a secure run)."""
-    if noise_source != "seeded":
-        return None
-    return np.random.default_rng([int(seed), FINETUNE_VOTERS_STREAM])
-
-
-def _finetune(
-    result: Any,
-    ds: FederatedDataset,
-    net: torch.nn.Module,
-    method: str,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    lam: float,
-    seed: int,
-    grid: tuple[list[float], list[float]] | None = None,
-) -> dict[str, Any]:
-    from privmtl.federated.finetune_selection import finetune_select
-
-    start = "personalized" if result.personalized_params is not None else "global"
-    extra: dict[str, Any] = {}
-    if grid is not None:
-        params, acc, sel = finetune_select(
-            result,
-            ds,
-            net,
-            method=method,
-            lrs=grid[0],
-            lams=grid[1],
-            start=start,
-            epochs=epochs,
-            batch_size=batch_size,
-            seed=seed,
-        )
-        extra["finetune_selection"] = {
-            "select": sel["select"],
-            "grid": sel["grid"],
-            "choice_counts": [sel["choice"].count(g) for g in range(len(sel["grid"]))],
-            "note": "each client chose (lr, lam) on its own validation split: no privacy cost",
-        }
-    else:
-        from privmtl.federated.algorithms import evaluate_dataset
-
-        fin = finish_clients(
-            method, ds, net,
-            stack_trained(result.personalized_params, result.global_params, ds.n_clients),
-            result.global_params, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start,
-            epochs=epochs, device=result.config.device, workers=result.config.threads,
-        )  # fmt: skip
-        params = fin.params
-        buffers = {n: b.detach() for n, b in net.named_buffers()}
-        scores = evaluate_dataset(net, {"final": (params, True)}, buffers, ds)
-        acc = {split: scores[split]["final"] for split in scores}
-    return {
-        **extra,
-        "finetune": method,
-        "finetune_start": start,
-        "pre_finetune_test_accuracy": float(result.test_accuracy),
-        "test_accuracy": float(acc["test"]["accuracy"]),
-        "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
-        "val_accuracy": float(acc.get("val", {}).get("accuracy", float("nan"))),
-        "finetune_note": FINETUNE_NOTE,
-        "_params": params,
-    }

@@ -104,37 +104,14 @@ def run_pmtl_sweep(
     """
     check_choice("select", select, SELECTION_METHODS)
     resolve_device(device)  # "cuda" without CUDA fails before any data is read
-    table: dict[str, Any] = {}
-    if data == "table":
-        table = {
-            "client_column": client_column,
-            "label_column": label_column,
-            "feature_columns": None if feature_columns is None else list(feature_columns),
-            "scaling": scaling,
-        }
+    table = _table_options(data, client_column, label_column, feature_columns, scaling)
     datasets = {s: load_federated(data, data_path=data_path, seed=s, **table) for s in seeds}
     # q of each seed's data (the spec's resolver, as run_pmtl's; an explicit q above m is an error)
     qs = {
         s: resolve_clients_per_round(clients_per_round, ds.n_clients, sampling=SPEC.sampling)
         for s, ds in datasets.items()
     }
-    lams: list[float | None] = (
-        [None]
-        if lam is None
-        else [float(lam)]
-        if isinstance(lam, int | float)
-        else [float(v) for v in lam]
-    )
-    jobs: list[tuple[int, str, float | None, float, int, float]] = []
-    for seed, method in itertools.product(seeds, methods):
-        declared = method_class(method)
-        eps_list: list[float | None] = [*epsilons, None] if declared.communicates else [None]
-        method_lams = lams if declared.tunes_lam else lams[:1]
-        for eps in eps_list:
-            for clip, T, lam_ in itertools.product(clips, rounds_grid, method_lams):
-                # None: the spec's λ of this method, private (an ε target) or not, as run_pmtl's
-                lam_ = default_lam(method, private=eps is not None) if lam_ is None else lam_
-                jobs.append((seed, method, eps, clip, T, lam_))
+    jobs = _sweep_jobs(seeds, methods, epsilons, clips, rounds_grid, lam)
     it: Iterable[Any] = jobs if progress is None else progress(jobs, len(jobs))
     candidates = []
     configs = []
@@ -185,6 +162,76 @@ def run_pmtl_sweep(
         )
         row["target_epsilon"] = eps
         candidates.append(row if log is None else log.add(cfg, row))
+    rows = _select_rows(candidates, configs, select, noise_source, vote_share, log)
+    return {
+        "rows": rows,
+        "candidates": [_public(c) for c in candidates],
+        "summary": aggregate(rows),
+        "select": select,
+        "vote_share": vote_share if select == "vote" else None,
+        "covered": all(r["covered"] for r in rows),
+    }
+
+
+def _table_options(
+    data: str,
+    client_column: str | None,
+    label_column: str | None,
+    feature_columns: Sequence[str] | None,
+    scaling: str,
+) -> dict[str, Any]:
+    """The options of a user's table (``data="table"``; none for a registered data set)."""
+    table: dict[str, Any] = {}
+    if data == "table":
+        table = {
+            "client_column": client_column,
+            "label_column": label_column,
+            "feature_columns": None if feature_columns is None else list(feature_columns),
+            "scaling": scaling,
+        }
+    return table
+
+
+def _sweep_jobs(
+    seeds: Sequence[int],
+    methods: Sequence[str],
+    epsilons: Sequence[float],
+    clips: Sequence[float],
+    rounds_grid: Sequence[int],
+    lam: float | Sequence[float] | None,
+) -> list[tuple[int, str, float | None, float, int, float]]:
+    """Every candidate run of the sweep, ``(seed, method, ε, clip, T, λ)``: each method at each
+    ε (and non-private; only non-private for a method that releases nothing) over the grid."""
+    lams: list[float | None] = (
+        [None]
+        if lam is None
+        else [float(lam)]
+        if isinstance(lam, int | float)
+        else [float(v) for v in lam]
+    )
+    jobs: list[tuple[int, str, float | None, float, int, float]] = []
+    for seed, method in itertools.product(seeds, methods):
+        declared = method_class(method)
+        eps_list: list[float | None] = [*epsilons, None] if declared.communicates else [None]
+        method_lams = lams if declared.tunes_lam else lams[:1]
+        for eps in eps_list:
+            for clip, T, lam_ in itertools.product(clips, rounds_grid, method_lams):
+                # None: the spec's λ of this method, private (an ε target) or not, as run_pmtl's
+                lam_ = default_lam(method, private=eps is not None) if lam_ is None else lam_
+                jobs.append((seed, method, eps, clip, T, lam_))
+    return jobs
+
+
+def _select_rows(
+    candidates: list[dict[str, Any]],
+    configs: list[dict[str, Any]],
+    select: str,
+    noise_source: str,
+    vote_share: float,
+    log: RunLog | None,
+) -> list[dict[str, Any]]:
+    """One row per (seed, method, ε): the candidate its selection chose (or every client's own
+    choice), with the selection's accounting; the log's counters keep counting runs only."""
     groups: dict[tuple[int, str, float | None], list[int]] = {}
     for i, row in enumerate(candidates):
         groups.setdefault((row["seed"], row["method"], row["target_epsilon"]), []).append(i)
@@ -224,14 +271,7 @@ def run_pmtl_sweep(
     if log is not None:  # the counters count runs
         log.reused -= vote_logs[0]
         log.computed -= vote_logs[1]
-    return {
-        "rows": rows,
-        "candidates": [_public(c) for c in candidates],
-        "summary": aggregate(rows),
-        "select": select,
-        "vote_share": vote_share if select == "vote" else None,
-        "covered": all(r["covered"] for r in rows),
-    }
+    return rows
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:

@@ -306,23 +306,7 @@ def select_candidates(
         )
     base = {"candidates": k, "delta": delta, "accountant": accountant, "relation": relation}
     if select == "pooled" and k > 1:
-        vals = np.array([np.nan if v is None else float(v) for v in pooled])
-        signed = vals if higher_is_better else -vals
-        best = 0 if np.all(np.isnan(signed)) else int(np.nanargmax(signed))
-        return {
-            **base,
-            "method": "pooled",
-            "covered": False,
-            "chosen": best,
-            "epsilon": None,
-            "candidates_epsilon": None,
-            "vote": None,
-            "note": f"{what} chosen on the pooled validation score of every client: NOT covered",
-            "reason": (
-                f"{what} was chosen on the pooled validation score of every client (--select "
-                "pooled): a statistic of every client's data that is not a recorded release"
-            ),
-        }
+        return _pooled_choice(base, pooled, higher_is_better, what)
     s = np.asarray(scores, dtype=float)
     if s.ndim != 2 or s.shape[1] != k:
         raise InvalidParameterError(
@@ -334,32 +318,7 @@ def select_candidates(
     votes = client_votes(s, higher_is_better=higher_is_better)
     method = "none" if k == 1 else select if releases else "client"
     if method != "vote":
-        choices = np.where(votes < 0, 0, votes)  # no validation data: the first (public) point
-        chosen: int | None = 0 if k == 1 else None
-        if k == 1:
-            note = f"one candidate: {what} was not chosen"
-        elif releases:
-            note = (
-                f"{what} chosen by every client on its own validation split (no release); ε "
-                f"composes all {k} candidate runs each client read: {eps_c:.4g}"
-            )
-        else:
-            note = (
-                f"{what} chosen by every client on its own validation split among its own {k} "
-                "candidate runs; nothing is released (ε = 0 towards the others)"
-            )
-        base["delta"] = delta if releases else None
-        return {
-            **base,
-            "method": method,
-            "covered": True,
-            "chosen": chosen,
-            "choices": choices,
-            "epsilon": _finite_or_none(eps_c),
-            "candidates_epsilon": _finite_or_none(eps_c),
-            "vote": None,
-            "note": note,
-        }
+        return _own_choice(base, method, votes, k, releases, eps_c, delta, what)
     if target_epsilon is None:
         vote = ClientVote(k, 0.0, relation)
     else:
@@ -385,6 +344,91 @@ def select_candidates(
         winner, noisy, vote_source = res.winner, list(res.noisy_counts), res.details["noise_source"]
         if log is not None:
             log.add(key, {"winner": winner, "noisy_counts": noisy, "noise_source": vote_source})
+    return _vote_choice(
+        base, vote, ledger, eps_c, s.shape[0], winner, noisy, vote_source, what,
+        share=vote_share if target_epsilon is not None else None,
+    )  # fmt: skip
+
+
+def _pooled_choice(
+    base: dict[str, Any], pooled: Sequence[float | None], higher_is_better: bool, what: str
+) -> dict[str, Any]:
+    """``select="pooled"``: the candidate with the best pooled validation score (not covered)."""
+    vals = np.array([np.nan if v is None else float(v) for v in pooled])
+    signed = vals if higher_is_better else -vals
+    best = 0 if np.all(np.isnan(signed)) else int(np.nanargmax(signed))
+    return {
+        **base,
+        "method": "pooled",
+        "covered": False,
+        "chosen": best,
+        "epsilon": None,
+        "candidates_epsilon": None,
+        "vote": None,
+        "note": f"{what} chosen on the pooled validation score of every client: NOT covered",
+        "reason": (
+            f"{what} was chosen on the pooled validation score of every client (--select "
+            "pooled): a statistic of every client's data that is not a recorded release"
+        ),
+    }
+
+
+def _own_choice(
+    base: dict[str, Any],
+    method: str,
+    votes: np.ndarray,
+    k: int,
+    releases: bool,
+    eps_c: float,
+    delta: float,
+    what: str,
+) -> dict[str, Any]:
+    """Every client's own choice on its own validation split (``method`` "client"), or the one
+    candidate (``"none"``): ε composes the candidates' runs it read."""
+    choices = np.where(votes < 0, 0, votes)  # no validation data: the first (public) point
+    chosen: int | None = 0 if k == 1 else None
+    if k == 1:
+        note = f"one candidate: {what} was not chosen"
+    elif releases:
+        note = (
+            f"{what} chosen by every client on its own validation split (no release); ε "
+            f"composes all {k} candidate runs each client read: {eps_c:.4g}"
+        )
+    else:
+        note = (
+            f"{what} chosen by every client on its own validation split among its own {k} "
+            "candidate runs; nothing is released (ε = 0 towards the others)"
+        )
+    base["delta"] = delta if releases else None
+    return {
+        **base,
+        "method": method,
+        "covered": True,
+        "chosen": chosen,
+        "choices": choices,
+        "epsilon": _finite_or_none(eps_c),
+        "candidates_epsilon": _finite_or_none(eps_c),
+        "vote": None,
+        "note": note,
+    }
+
+
+def _vote_choice(
+    base: dict[str, Any],
+    vote: Any,
+    ledger: Any,
+    eps_c: float,
+    n_clients: int,
+    winner: int,
+    noisy: Sequence[float],
+    vote_source: str,
+    what: str,
+    *,
+    share: float | None,
+) -> dict[str, Any]:
+    """The noisy client vote's result: its winner for every client, ε of the candidates and the
+    vote composed by ``ledger``, the vote's own ε, noise and counts."""
+    k, delta, accountant = base["candidates"], base["delta"], base["accountant"]
     total = ledger.epsilon()
     vote_eps = vote.epsilon(delta, accountant=accountant)
     return {
@@ -392,14 +436,14 @@ def select_candidates(
         "method": "vote",
         "covered": True,
         "chosen": int(winner),
-        "choices": np.full(s.shape[0], int(winner)),
+        "choices": np.full(n_clients, int(winner)),
         "epsilon": _finite_or_none(total),
         "candidates_epsilon": _finite_or_none(eps_c),
         "vote": {
             "noise_std": vote.noise_std,
             "noise_multiplier": vote.noise_multiplier,
             "epsilon": _finite_or_none(vote_eps),
-            "share": vote_share if target_epsilon is not None else None,
+            "share": share,
             "noisy_counts": [float(c) for c in noisy],
             "noise_source": vote_source,
         },

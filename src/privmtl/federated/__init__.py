@@ -10,9 +10,9 @@ baselines ``"fedavg"``, ``"fedprox"`` and ``"local"`` with all sampled clients t
 from privmtl.federated.baselines import config_for_epsilon, train_joint_dp, train_pp_sgd
 from privmtl.federated.clusters import ClusteredTrainResult, train_clusters
 from privmtl.federated.config import TrainConfig, TrainResult
+from privmtl.federated.end_of_run.finetune import FINETUNE_METHODS, finetune
+from privmtl.federated.end_of_run.finetune_selection import finetune_select
 from privmtl.federated.engine import train
-from privmtl.federated.finetune import FINETUNE_METHODS, finetune
-from privmtl.federated.finetune_selection import finetune_select
 from privmtl.federated.methods import ENGINE_METHODS as METHODS
 from privmtl.federated.methods import Method, get_method
 from privmtl.federated.models import FemnistCNN, MultinomialLogReg, count_parameters

@@ -2,7 +2,7 @@ r"""Did sharing help? Every client's final model against its own training alone.
 
 A private run's accuracy means little without the accuracy each client reaches with no sharing
 at all: its own local training, the ``local`` candidate of the end of run
-(:func:`~privmtl.federated.local.train_local`'s default grid, each client choosing its setting on
+(:func:`~privmtl.federated.end_of_run.local.train_local`'s default grid, each client choosing its setting on
 its own validation split; what ``method="local-all"`` gives). :func:`local_baseline` trains it for
 the clients of :func:`baseline_sample` and scores both models of each of them on its own test
 split, so the comparison is paired client by client (:mod:`privmtl.gain`: the gain pooled over
@@ -77,7 +77,7 @@ def local_baseline(
     final : dict of str to Tensor
         The final models: stacked ``(m, ...)`` when ``personalized``, else one shared model.
     seed, batch_size, solver, patience, device, workers
-        Local training's (:func:`~privmtl.federated.local.train_local`): the run's, so that the
+        Local training's (:func:`~privmtl.federated.end_of_run.local.train_local`): the run's, so that the
         baseline is the end of run's ``local`` candidate.
     local : dict of str to Tensor, optional
         The local models of every client, stacked ``(m, ...)``, when the run computed them already
@@ -114,7 +114,7 @@ def local_scores(
     """:func:`local_baseline`'s per-client scores (same parameters): the clients of
     :func:`baseline_sample`, and their correct test predictions of the final and the local models
     and their test examples (what the per-client rows, :mod:`privmtl.per_client`, read)."""
-    from privmtl.federated.local import train_local
+    from privmtl.federated.end_of_run.local import train_local
 
     m = dataset.n_clients
     idx = baseline_sample(m, seed)

@@ -213,27 +213,7 @@ def train_pp_sgd(
     config = run_.config
     alpha = check_real("alpha", alpha, low=0.0)
     mu = check_real("theta_reg", config.lam if theta_reg is None else theta_reg, low=0.0)
-    if model is None:
-        model = MultinomialLogReg(dataset.n_features, dataset.n_classes)
-    if not isinstance(model, MultinomialLogReg):
-        raise InvalidParameterError(
-            "PP-SGD is defined for linear models only: the 'model' parameter must be a "
-            f"MultinomialLogReg; got {type(model).__name__}."
-        )
-    if model.n_features != dataset.n_features or model.n_classes != dataset.n_classes:
-        raise InvalidParameterError(
-            f"The model has {model.n_features} features and {model.n_classes} classes; the data "
-            f"has {dataset.n_features} and {dataset.n_classes}."
-        )
-    m = dataset.n_clients
-    initial = None
-    if theta_init is not None:
-        for n, p in model.named_parameters():
-            if n not in theta_init or tuple(theta_init[n].shape) != (m, *p.shape):
-                raise InvalidParameterError(
-                    f"The 'theta_init' parameter must hold {n!r} of shape {(m, *p.shape)}."
-                )
-        initial = {"theta": dict(theta_init)}
+    model, initial = _pp_sgd_start(dataset, model, theta_init)
     resolved = run_.with_engine(method="pp-sgd", pp_alpha=alpha, pp_theta_reg=mu)
     seen: dict[str, Any] = {}
 
@@ -265,3 +245,34 @@ def train_pp_sgd(
     result.config = config
     result.extra.update({"method": "pp-sgd", "alpha": alpha, "theta_reg": mu})
     return result
+
+
+def _pp_sgd_start(
+    dataset: FederatedDataset,
+    model: MultinomialLogReg | None,
+    theta_init: Mapping[str, torch.Tensor] | None,
+) -> tuple[MultinomialLogReg, dict[str, Any] | None]:
+    """PP-SGD's model (a linear one matching the data; default: a fresh one) and its initial
+    state (``theta_init``: every client's own model, stacked, its shapes checked)."""
+    if model is None:
+        model = MultinomialLogReg(dataset.n_features, dataset.n_classes)
+    if not isinstance(model, MultinomialLogReg):
+        raise InvalidParameterError(
+            "PP-SGD is defined for linear models only: the 'model' parameter must be a "
+            f"MultinomialLogReg; got {type(model).__name__}."
+        )
+    if model.n_features != dataset.n_features or model.n_classes != dataset.n_classes:
+        raise InvalidParameterError(
+            f"The model has {model.n_features} features and {model.n_classes} classes; the data "
+            f"has {dataset.n_features} and {dataset.n_classes}."
+        )
+    m = dataset.n_clients
+    initial = None
+    if theta_init is not None:
+        for n, p in model.named_parameters():
+            if n not in theta_init or tuple(theta_init[n].shape) != (m, *p.shape):
+                raise InvalidParameterError(
+                    f"The 'theta_init' parameter must hold {n!r} of shape {(m, *p.shape)}."
+                )
+        initial = {"theta": dict(theta_init)}
+    return model, initial

@@ -223,22 +223,7 @@ def train_clusters(
             }
         )
 
-    cluster_of = np.empty(m, dtype=np.int64)
-    for c, idx in enumerate(groups):
-        cluster_of[idx] = c
-    names = list(results[0].global_params)
-    cluster_params = {n: torch.stack([r.global_params[n] for r in results]) for n in names}
-    of = torch.from_numpy(cluster_of)
-    per_client_board = {n: p.index_select(0, of) for n, p in cluster_params.items()}
-    personal: Params | None = None
-    if all(r.personalized_params is not None for r in results):
-        first = results[0].personalized_params
-        assert first is not None
-        personal = {n: torch.empty((m, *p.shape[1:]), dtype=p.dtype) for n, p in first.items()}
-        for idx, r in zip(groups, results, strict=True):
-            assert r.personalized_params is not None
-            for n in personal:
-                personal[n][torch.from_numpy(idx)] = r.personalized_params[n]
+    cluster_of, cluster_params, per_client_board, personal = _client_models(results, groups, m)
 
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     accuracies: dict[str, dict[str, dict[str, float]]] = {}
@@ -279,6 +264,31 @@ def train_clusters(
         cluster_params=cluster_params,
         cluster_results=results,
     )
+
+
+def _client_models(
+    results: list[TrainResult], groups: list[np.ndarray], m: int
+) -> tuple[np.ndarray, Params, Params, Params | None]:
+    """The clusters' runs as models of the ``m`` clients: every client's cluster, the clusters'
+    billboards stacked, every client's cluster billboard and (when every cluster has them) every
+    client's personalized model."""
+    cluster_of = np.empty(m, dtype=np.int64)
+    for c, idx in enumerate(groups):
+        cluster_of[idx] = c
+    names = list(results[0].global_params)
+    cluster_params = {n: torch.stack([r.global_params[n] for r in results]) for n in names}
+    of = torch.from_numpy(cluster_of)
+    per_client_board = {n: p.index_select(0, of) for n, p in cluster_params.items()}
+    personal: Params | None = None
+    if all(r.personalized_params is not None for r in results):
+        first = results[0].personalized_params
+        assert first is not None
+        personal = {n: torch.empty((m, *p.shape[1:]), dtype=p.dtype) for n, p in first.items()}
+        for idx, r in zip(groups, results, strict=True):
+            assert r.personalized_params is not None
+            for n in personal:
+                personal[n][torch.from_numpy(idx)] = r.personalized_params[n]
+    return cluster_of, cluster_params, per_client_board, personal
 
 
 def _merge_histories(results: list[TrainResult], groups: list[np.ndarray]) -> list[dict[str, Any]]:

@@ -28,8 +28,8 @@ from typing import Any
 from privmtl.data.federated import FederatedDataset
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.finish import FINETUNE_SELECT_CHOICES
-from privmtl.federated.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
+from privmtl.federated.end_of_run.finish import FINETUNE_SELECT_CHOICES
+from privmtl.federated.end_of_run.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
 from privmtl.federated.models import DEFAULT_MODEL
 from privmtl.federated.spec import EXECUTION, Execution, RunSpec
 

@@ -194,65 +194,10 @@ def result_parts(
     cfg = result.config
     declared = method_class(method)
     released = declared.communicates
-    eps = float(result.epsilon)
     z = noise_multiplier(sigma, q, cfg.clip) if cfg.clip else None
     private = sigma > 0 and released
     noise_source = result.noise_source if private else "none"
-    if not released:
-        guarantee = PrivacyGuarantee(
-            epsilon=0.0,
-            delta=0.0,
-            relation=cfg.relation,
-            sampling="none",
-            accountant="none",
-            notes=("local training: nothing leaves a client, epsilon = 0 towards the others",),
-            noise_source="none",
-        )
-    elif not private:
-        guarantee = replace(
-            PrivacyGuarantee.non_private(
-                notion=JOINT_DP_NOTION, relation=cfg.relation, sampling=cfg.sampling
-            ),
-            noise_source="none",
-        )
-    else:
-        details: dict[str, Any] = {"noise_multiplier": z, "rounds": cfg.rounds, "rate": q / m}
-        notes = noise_notes(result.noise_source)
-        if cfg.noise_mechanism == "banded":
-            notes += (
-                "banded matrix-factorization noise: the whole run is one Gaussian mechanism, "
-                "charged in full before its first round (details.run_noise_multiplier; "
-                "noise_multiplier is sigma*q/clip of the strategy's z)",
-            )
-            run = banded_summary(result.ledger, None)
-            if run is not None:
-                details["run_noise_multiplier"] = run["run_noise_multiplier"]
-        if result.ledger is not None:
-            # ε composes every release the ledger holds, which is not always one per round run;
-            # an end-of-run vote is a release of its own, counted apart
-            votes = sum(r.get("mechanism") == VOTE_MECHANISM for r in result.ledger.records)
-            releases = len(result.ledger.records) - votes
-            details.update(releases=releases, rounds_run=len(result.history))
-            if votes:
-                details.update(votes=votes)
-            if releases != len(result.history):
-                notes += (
-                    f"the ledger holds {releases} releases for {len(result.history)} rounds run, "
-                    "and epsilon composes all of them (a run resumed with secure noise repeats "
-                    "the releases made after its checkpoint with fresh noise, each charged; a "
-                    "continued Flower work directory also holds its earlier runs' releases)",
-                )
-        guarantee = PrivacyGuarantee(
-            epsilon=eps,
-            delta=float(result.delta),
-            relation=cfg.relation,
-            sampling=cfg.sampling,
-            accountant=cfg.accountant,
-            notion=declared.notion,
-            details=details,
-            noise_source=result.noise_source,
-            notes=notes,
-        )
+    guarantee = _run_guarantee(result, declared, private=private, rate=q / m, z=z)
     per_round = [h.get("epsilon") for h in result.history]
     out = {
         "method": method,
@@ -308,6 +253,74 @@ def result_parts(
         out["noise_mechanism"] = cfg.noise_mechanism
         out["banded"] = banded_summary(result.ledger, guarantee)
     return out, guarantee
+
+
+def _run_guarantee(
+    result: Any, declared: Any, *, private: bool, rate: float, z: float | None
+) -> PrivacyGuarantee:
+    """The guarantee of a trained run: ε = 0 when nothing is released (``declared``, the method's
+    class, does not communicate), non-private without noise, else the ledger's (ε, δ) with the
+    details of its releases (``rate``: the clients per round over the population; ``z``: the
+    noise multiplier)."""
+    cfg = result.config
+    eps = float(result.epsilon)
+    released = declared.communicates
+    if not released:
+        guarantee = PrivacyGuarantee(
+            epsilon=0.0,
+            delta=0.0,
+            relation=cfg.relation,
+            sampling="none",
+            accountant="none",
+            notes=("local training: nothing leaves a client, epsilon = 0 towards the others",),
+            noise_source="none",
+        )
+    elif not private:
+        guarantee = replace(
+            PrivacyGuarantee.non_private(
+                notion=JOINT_DP_NOTION, relation=cfg.relation, sampling=cfg.sampling
+            ),
+            noise_source="none",
+        )
+    else:
+        details: dict[str, Any] = {"noise_multiplier": z, "rounds": cfg.rounds, "rate": rate}
+        notes = noise_notes(result.noise_source)
+        if cfg.noise_mechanism == "banded":
+            notes += (
+                "banded matrix-factorization noise: the whole run is one Gaussian mechanism, "
+                "charged in full before its first round (details.run_noise_multiplier; "
+                "noise_multiplier is sigma*q/clip of the strategy's z)",
+            )
+            run = banded_summary(result.ledger, None)
+            if run is not None:
+                details["run_noise_multiplier"] = run["run_noise_multiplier"]
+        if result.ledger is not None:
+            # ε composes every release the ledger holds, which is not always one per round run;
+            # an end-of-run vote is a release of its own, counted apart
+            votes = sum(r.get("mechanism") == VOTE_MECHANISM for r in result.ledger.records)
+            releases = len(result.ledger.records) - votes
+            details.update(releases=releases, rounds_run=len(result.history))
+            if votes:
+                details.update(votes=votes)
+            if releases != len(result.history):
+                notes += (
+                    f"the ledger holds {releases} releases for {len(result.history)} rounds run, "
+                    "and epsilon composes all of them (a run resumed with secure noise repeats "
+                    "the releases made after its checkpoint with fresh noise, each charged; a "
+                    "continued Flower work directory also holds its earlier runs' releases)",
+                )
+        guarantee = PrivacyGuarantee(
+            epsilon=eps,
+            delta=float(result.delta),
+            relation=cfg.relation,
+            sampling=cfg.sampling,
+            accountant=cfg.accountant,
+            notion=declared.notion,
+            details=details,
+            noise_source=result.noise_source,
+            notes=notes,
+        )
+    return guarantee
 
 
 def banded_summary(ledger: Any, guarantee: PrivacyGuarantee | None) -> dict[str, Any] | None:

@@ -1,6 +1,6 @@
 r"""Every client's L2-regularised multinomial logistic regression, solved in batches.
 
-The ``solver="ridge"`` of :func:`~privmtl.federated.local.train_local`: instead of a grid of
+The ``solver="ridge"`` of :func:`~privmtl.federated.end_of_run.local.train_local`: instead of a grid of
 minibatch-SGD runs (one Python step per minibatch of every client), client ``k`` minimises, on
 its own training split of ``n_k`` examples,
 

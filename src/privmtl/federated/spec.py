@@ -79,14 +79,14 @@ SERVER_UPDATES = ("ditto", "offset", "delta")
 """The client messages (:class:`~privmtl.federated.config.TrainConfig`'s ``server_update``)."""
 PERSONAL_INITS = ("auto", "model", "billboard")
 FINETUNE_METHODS = ("vanilla", "mr", "skl", "ewc")
-"""The local fine-tuning methods of :func:`~privmtl.federated.finetune.finetune`."""
+"""The local fine-tuning methods of :func:`~privmtl.federated.end_of_run.finetune.finetune`."""
 #: ``fedrep``: local epochs of head training per round (the representation frozen) and at the end.
 DEFAULT_HEAD_EPOCHS = 5
 """Where a client's persistent model starts (``personal_init``)."""
 FINETUNE_CHOICES = ("auto", "none", *FINETUNE_METHODS)
 """The values of the ``finetune`` setting (local fine-tuning after training): ``auto`` (each
-client's choice on its own validation split, :data:`~privmtl.federated.finish.AUTO_FINETUNE_EPOCHS`),
-``none``, or one of :func:`~privmtl.federated.finetune.finetune`'s methods
+client's choice on its own validation split, :data:`~privmtl.federated.end_of_run.finish.AUTO_FINETUNE_EPOCHS`),
+``none``, or one of :func:`~privmtl.federated.end_of_run.finetune.finetune`'s methods
 (:data:`FINETUNE_METHODS`)."""
 _SAMPLINGS = ("poisson", "fixed", "all", "cyclic")
 _ACCOUNTANTS = ("rdp", "pld")

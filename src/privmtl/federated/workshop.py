@@ -17,7 +17,7 @@ Algorithm (all ``m`` tasks every round; :math:`\Pi_B` is the Euclidean projectio
 3. the server releases :math:`\tilde w^{t+1} = \frac1m\sum_{k=1}^m w_k + N(0, \sigma^2 I)`;
 4. after ``T`` rounds every task fine-tunes locally against :math:`\tilde w^T` (the paper's line 11:
    :math:`w_k \leftarrow w_k - \eta_l(\nabla l_k(w_k) + \lambda(w_k - \tilde w^T))`, no projection) —
-   :func:`privmtl.federated.finetune.finetune` with ``method="mr"`` — post-processing.
+   :func:`privmtl.federated.end_of_run.finetune.finetune` with ``method="mr"`` — post-processing.
 
 Privacy of the released sequence :math:`\tilde w^{1..T}` (then JDP by the billboard lemma):
 
@@ -51,11 +51,9 @@ from torch import nn
 from privmtl._validation import check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import (
-    evaluate,
-)
+from privmtl.federated.algorithms import Params, evaluate
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
-from privmtl.federated.finetune import finetune
+from privmtl.federated.end_of_run.finetune import finetune
 from privmtl.federated.projection import project_to_ball
 from privmtl.federated.spec import default_lam
 from privmtl.federated.trainer import Trainer
@@ -146,15 +144,7 @@ def train_workshop(
         m,
     )[0]
     delta = float(config.delta or 0.0)
-    if epsilon is not None:
-        sigma = workshop_noise_std(epsilon, bound, m, max(T, 1), delta)
-    elif noise_std is not None:
-        sigma = check_real("noise_std", noise_std, low=0.0)
-    else:
-        sigma = float(config.noise_std)
-    eps_closed = (
-        workshop_epsilon_closed_form(sigma, bound, m, T, delta) if sigma > 0 and T > 0 else math.inf
-    )
+    sigma, eps_closed = _ball_noise(config, epsilon, noise_std, bound, m, T, delta)
     cfg = dataclasses.replace(
         config, method="workshop", ball=bound, noise_std=sigma, epsilon=epsilon
     )
@@ -165,36 +155,9 @@ def train_workshop(
     w, glob = trained.personalized_params, trained.global_params
     assert w is not None
     z = trainer.curator.release_mechanism.noise_multiplier
-    buffers = {n: b.detach() for n, b in model.named_buffers()}
-    was_training = model.training
-    try:
-        pre = {}
-        for split in ("val", "test"):
-            xs, ys = dataset.split(split)
-            pre[split] = evaluate(model, w, buffers, xs, ys, personalized=True)
-        tuned, acc = finetune(
-            w,
-            dataset,
-            model,
-            method="mr",
-            start="personalized",
-            global_params=glob,
-            epochs=finetune_epochs,
-            lr=config.lr if finetune_lr is None else finetune_lr,
-            batch_size=config.batch_size,
-            lam=config.lam,
-            seed=config.seed,
-            batched=config.batched,
-        )
-        accuracies: dict[str, dict[str, dict[str, float]]] = {}
-        for split in ("val", "test"):
-            xs, ys = dataset.split(split)
-            accuracies[split] = {
-                "personalized": acc[split],
-                "global": evaluate(model, glob, buffers, xs, ys, personalized=False),
-            }
-    finally:
-        model.train(was_training)
+    pre, tuned, accuracies = _finetune_and_score(
+        dataset, model, w, glob, config, finetune_epochs, finetune_lr
+    )
     history, eps = trained.history, trained.epsilon
     seconds = trained.seconds
     factor = 2.0 if config.relation == "replace-one" else 1.0
@@ -229,3 +192,72 @@ def train_workshop(
         noise_source=trained.noise_source,
         stopped_on_budget=trained.stopped_on_budget,
     )
+
+
+def _ball_noise(
+    config: TrainConfig,
+    epsilon: float | None,
+    noise_std: float | None,
+    bound: float,
+    m: int,
+    T: int,
+    delta: float,
+) -> tuple[float, float]:
+    """The noise of the ball's releases (calibrated to ``epsilon``, or ``noise_std``, or the
+    config's) and the closed-form ε it gives over ``T`` rounds (∞ without noise)."""
+    if epsilon is not None:
+        sigma = workshop_noise_std(epsilon, bound, m, max(T, 1), delta)
+    elif noise_std is not None:
+        sigma = check_real("noise_std", noise_std, low=0.0)
+    else:
+        sigma = float(config.noise_std)
+    eps_closed = (
+        workshop_epsilon_closed_form(sigma, bound, m, T, delta) if sigma > 0 and T > 0 else math.inf
+    )
+    return sigma, eps_closed
+
+
+def _finetune_and_score(
+    dataset: FederatedDataset,
+    model: nn.Module,
+    w: Params,
+    glob: Params,
+    config: TrainConfig,
+    finetune_epochs: int,
+    finetune_lr: float | None,
+) -> tuple[dict[str, Any], Params, dict[str, dict[str, dict[str, float]]]]:
+    """The workshop's end of run: every client's trained model scored, then fine-tuned towards
+    the released model (``"mr"``) and scored with the released model; ``model`` is left in the
+    mode it was in. Returns the scores before fine-tuning, the fine-tuned models and the
+    accuracies."""
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    was_training = model.training
+    try:
+        pre = {}
+        for split in ("val", "test"):
+            xs, ys = dataset.split(split)
+            pre[split] = evaluate(model, w, buffers, xs, ys, personalized=True)
+        tuned, acc = finetune(
+            w,
+            dataset,
+            model,
+            method="mr",
+            start="personalized",
+            global_params=glob,
+            epochs=finetune_epochs,
+            lr=config.lr if finetune_lr is None else finetune_lr,
+            batch_size=config.batch_size,
+            lam=config.lam,
+            seed=config.seed,
+            batched=config.batched,
+        )
+        accuracies: dict[str, dict[str, dict[str, float]]] = {}
+        for split in ("val", "test"):
+            xs, ys = dataset.split(split)
+            accuracies[split] = {
+                "personalized": acc[split],
+                "global": evaluate(model, glob, buffers, xs, ys, personalized=False),
+            }
+    finally:
+        model.train(was_training)
+    return pre, tuned, accuracies

@@ -63,6 +63,7 @@ from privmtl.linear.local import (
 )
 from privmtl.linear.losses import TaskBatch
 from privmtl.privacy.covariance import eigen_shift, noise_norm, reserve_share
+from privmtl.privacy.guarantee import DEFAULT_RELATION
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.selection import VOTE_SIGNAL, ClientVote, client_votes
 
@@ -174,7 +175,7 @@ class FloorPlan:
     candidates: tuple[int, ...] = ()
     vote_noise_std: float = 0.0
     share: float = 0.0
-    relation: str = "add-remove"
+    relation: str = DEFAULT_RELATION
     reason: str = ""
 
     def vote(self) -> ClientVote:

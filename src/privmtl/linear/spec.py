@@ -48,7 +48,7 @@ from privmtl.linear.methods import (
 )
 from privmtl.linear.selection import FINAL_STEPS
 from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
-from privmtl.privacy.guarantee import RELATIONS
+from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION, RELATIONS
 from privmtl.privacy.noise import NOISE_SOURCES
 
 __all__ = [
@@ -141,8 +141,8 @@ class MPMTLSpec:
     seed: int = 0
     tune: str = "covered"
     n_splits: int = 5
-    relation: str = "add-remove"
-    accountant: str = "rdp"
+    relation: str = DEFAULT_RELATION
+    accountant: str = DEFAULT_ACCOUNTANT
     final_step: str = "auto"
     noise_source: str = "secure"
     budget_epsilon: float | None = None

@@ -22,7 +22,7 @@ fedrep        (w̃, its own head)   head, then w̃'s part   φ − w̃ (φ = rep
 
 ``pmtl``'s message is Δw (``server_update="delta"``), w − w̃ (``"offset"``) or, with ``"ditto"``,
 v − w̃ for a copy v of w̃ trained on the same minibatches with ProxStep(0). ``local-all`` (every
-client trains alone, :func:`~privmtl.federated.local.train_local`) and ``clusters`` (one billboard
+client trains alone, :func:`~privmtl.federated.end_of_run.local.train_local`) and ``clusters`` (one billboard
 per fixed cluster, :func:`~privmtl.federated.clusters.train_clusters`) are whole runs of their
 own (:meth:`~privmtl.federated.methods.base.Method.fit`).
 

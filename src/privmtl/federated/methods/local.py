@@ -1,6 +1,6 @@
 """Methods without communication: ``local`` (sampled clients train their own model, nothing
 leaves them) and ``local-all`` (every client trains alone with its own model selection,
-:func:`~privmtl.federated.local.train_local`)."""
+:func:`~privmtl.federated.end_of_run.local.train_local`)."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ class LocalAll(Local):
     fit_options: ClassVar[tuple[str, ...]] = ("local_select", "local_solver", "local_patience")
 
     def fit(self, dataset: FederatedDataset, model: Any, **run: Any) -> TrainResult:
-        """:func:`~privmtl.federated.local.train_local` (``run``'s ``local_select``,
+        """:func:`~privmtl.federated.end_of_run.local.train_local` (``run``'s ``local_select``,
         ``local_solver`` and ``local_patience``; no rounds, no checkpoint)."""
-        from privmtl.federated.local import train_local
+        from privmtl.federated.end_of_run.local import train_local
 
         cfg = self.config
         return train_local(

@@ -11,7 +11,7 @@ import torch
 from finish_inputs import finish_inputs
 
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.finish import auto_plan, finish_clients
+from privmtl.federated.end_of_run.finish import auto_plan, finish_clients
 
 
 @pytest.mark.parametrize("finetune", ["auto", "mr", "vanilla"])
@@ -80,7 +80,7 @@ def test_finish_none_keeps_the_trained_models_and_auto_needs_its_plan():
 
 
 def test_final_model_counts_and_their_words():
-    from privmtl.federated.finish import describe_final_models, final_model_counts
+    from privmtl.federated.end_of_run.finish import describe_final_models, final_model_counts
 
     auto = final_model_counts("auto", 20, auto_counts={"trained": 0, "local": 20})
     assert auto == {"trained": 0, "local": 20}
@@ -144,7 +144,7 @@ def test_the_scoring_share_of_concurrent_blocks_is_a_share_of_their_wall_time():
     """Blocks computed at once: their summed times exceed the wall time they took, and the
     scoring is carved as its fraction of the blocks' summed time; one block after another: the
     scoring's own seconds."""
-    from privmtl.federated.finish import _Book
+    from privmtl.federated.end_of_run.finish import _Book
 
     book = _Book(scores=None, others={})  # type: ignore[arg-type]
     book.seconds, book.block_seconds = 10.0, 40.0

@@ -9,8 +9,8 @@ import torch
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import client_scores
-from privmtl.federated.finetune import finetune
-from privmtl.federated.finetune_selection import finetune_select
+from privmtl.federated.end_of_run.finetune import finetune
+from privmtl.federated.end_of_run.finetune_selection import finetune_select
 from privmtl.federated.models import MultinomialLogReg
 
 D, C = 6, 3

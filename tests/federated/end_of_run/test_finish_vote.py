@@ -14,8 +14,9 @@ from finish_inputs import finish_inputs
 from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import run_pmtl
-from privmtl.federated import finish
-from privmtl.federated.finish import (
+from privmtl.federated.end_of_run import finish
+from privmtl.federated.end_of_run import plan as end_plan
+from privmtl.federated.end_of_run.finish import (
     FINETUNE_VOTE_ID,
     FINETUNE_VOTE_SHARE,
     FINETUNE_VOTERS,
@@ -123,8 +124,8 @@ def test_voters_are_everyone_up_to_the_cap_then_each_client_by_its_own_coin():
 
 def test_above_the_cap_only_the_voters_vote_and_every_client_takes_the_winner(monkeypatch):
     ds, net, trained, board, plan = _inputs(m=12)
-    monkeypatch.setattr(finish, "FINETUNE_VOTERS", 5)
-    voters = finish.vote_voters(12, np.random.default_rng(0))
+    monkeypatch.setattr(end_plan, "FINETUNE_VOTERS", 5)
+    voters = end_plan.vote_voters(12, np.random.default_rng(0))
     assert 0 < len(voters) < 12
     seen = {}
 
@@ -142,7 +143,7 @@ def test_above_the_cap_only_the_voters_vote_and_every_client_takes_the_winner(mo
     assert (seen["shares"][others] == 0).all()  # the others abstain: their data are not read
     has_val = np.array([len(y) > 0 for y in ds.split("val")[1]])
     assert np.allclose(seen["shares"][voters].sum(1), has_val[voters].astype(float))
-    monkeypatch.setattr(finish, "FINETUNE_VOTERS", 100)  # everyone votes: the same models
+    monkeypatch.setattr(end_plan, "FINETUNE_VOTERS", 100)  # everyone votes: the same models
     whole = finish_clients("auto", ds, net, trained, board, select="vote", vote=vote, **kw)
     assert whole.voters == 12
     for n, p in fin.params.items():

@@ -13,15 +13,15 @@ from torch import nn
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import client_scores
-from privmtl.federated.finetune import finetune_plan
-from privmtl.federated.local import (
+from privmtl.federated.end_of_run.finetune import finetune_plan
+from privmtl.federated.end_of_run.local import (
     ADAM_EPOCHS,
     ADAM_LRS,
-    _train_grid,
     client_better,
     select_per_client,
     train_local,
 )
+from privmtl.federated.end_of_run.local_grid import _train_grid
 from privmtl.federated.models import FemnistCNN, MultinomialLogReg
 
 D, C, SEED, B = 5, 3, 4, 4

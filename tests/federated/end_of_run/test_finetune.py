@@ -9,7 +9,7 @@ from engine_defaults import old_config
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.config import TrainResult
-from privmtl.federated.finetune import (
+from privmtl.federated.end_of_run.finetune import (
     FINETUNE_METHODS,
     empirical_fisher,
     finetune,

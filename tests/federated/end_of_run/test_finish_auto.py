@@ -9,7 +9,7 @@ from torch import nn
 
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import run_pmtl
-from privmtl.federated.finish import resolve_finetune_select, resolve_local_solver
+from privmtl.federated.end_of_run.finish import resolve_finetune_select, resolve_local_solver
 from privmtl.federated.models import MultinomialLogReg
 
 KW = {"noise_source": "seeded", "seed": 0, "show_progress": False, "threads": 1}

@@ -1,0 +1,407 @@
+"""A synthetic federated classification problem in the spirit of LEAF's ``synthetic(alpha, beta)``
+(Li et al., FedProx): :func:`make_synthetic_federated` draws per-client softmax models scattered
+around a shared one, per-client feature shifts and unequal client sizes, so that both federation
+(shared part) and personalization (client part) help; :func:`synthetic_law` is the law it draws
+from. (MP-MTL's synthetic regression data are :mod:`privmtl.data.synthetic`.)"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from privmtl._validation import (
+    CLIENT_BYTES,
+    check_choice,
+    check_int,
+    check_memory,
+    check_real,
+    check_rng,
+)
+from privmtl.data.federated_dataset import FederatedDataset
+from privmtl.exceptions import InvalidParameterError
+
+__all__ = [
+    "FEATURE_COVS",
+    "LEAF_SIZE_BOUNDS",
+    "LEAF_SIZE_LOGNORMAL",
+    "SyntheticLaw",
+    "make_synthetic_federated",
+    "synthetic_client_ids",
+    "synthetic_client_sizes",
+    "synthetic_law",
+]
+
+
+LEAF_SIZE_LOGNORMAL = (3.0, 2.0)
+"""``(mu, s)`` of LEAF's law of examples per client (``data/synthetic/main.py``)."""
+FEATURE_COVS = ("isotropic", "leaf")
+"""Within-client feature covariances of :func:`make_synthetic_federated`."""
+LEAF_SIZE_BOUNDS = (5, 1000)
+"""Smallest and largest client of LEAF's law: ``n_k = min(5 + floor(LogNormal(3, 2)), 1000)``."""
+
+
+def synthetic_client_sizes(
+    n_clients: int,
+    samples_per_client: int | tuple[int, int] | None = None,
+    *,
+    size_lognormal: tuple[float, float] = LEAF_SIZE_LOGNORMAL,
+    random_state: int | np.random.Generator | None = None,
+) -> np.ndarray:
+    r"""Examples per client (before the train/validation/test split) of the synthetic federation.
+
+    Parameters
+    ----------
+    n_clients : int
+        ``m``.
+    samples_per_client : int, (int, int) or None, default None
+        ``None``: LEAF's law, :math:`n_k = \min(5 + \lfloor e^{Z_k} \rfloor, 1000)` with
+        :math:`Z_k \sim N(\mu, s^2)` and :math:`(\mu, s)` = ``size_lognormal`` (LEAF's
+        ``synthetic``: (3, 2): median 24 examples, a third of the clients below 15, about 3 %
+        at the cap of 1000). An int: every client has that many. ``(lo, hi)``: log-uniform on
+        ``[lo, hi]``.
+    size_lognormal : (float, float), default (3.0, 2.0)
+        :math:`(\mu, s)` of the lognormal law (``s >= 0``), used when ``samples_per_client`` is
+        None.
+    random_state : int, numpy Generator or None
+
+    Returns
+    -------
+    ndarray of int64, shape (n_clients,)
+    """
+    m = check_int("n_clients", n_clients, low=1)
+    rng = check_rng(random_state)
+    if samples_per_client is None:
+        if not isinstance(size_lognormal, tuple | list) or len(size_lognormal) != 2:
+            raise InvalidParameterError(
+                f"The 'size_lognormal' parameter must be a (mu, s) pair; got {size_lognormal!r}."
+            )
+        mu = check_real("size_lognormal[0]", size_lognormal[0])
+        s = check_real("size_lognormal[1]", size_lognormal[1], low=0.0)
+        lo, hi = LEAF_SIZE_BOUNDS
+        raw = (
+            np.floor(rng.lognormal(mu, s, size=m))
+            if s > 0
+            else np.full(m, math.floor(math.exp(mu)))
+        )
+        return np.asarray(np.minimum(lo + np.minimum(raw, hi), hi), dtype=np.int64)
+    if isinstance(samples_per_client, tuple | list):
+        if len(samples_per_client) != 2:
+            raise InvalidParameterError(
+                "The 'samples_per_client' parameter must be None, an int or a (low, high) pair; "
+                f"got {samples_per_client!r}."
+            )
+        lo = check_int("samples_per_client[0]", samples_per_client[0], low=3)
+        hi = check_int("samples_per_client[1]", samples_per_client[1], low=lo)
+    else:
+        lo = hi = check_int("samples_per_client", samples_per_client, low=3)
+    if lo == hi:
+        return np.full(m, lo, dtype=np.int64)
+    sizes = np.floor(np.exp(rng.uniform(np.log(lo), np.log(hi + 1), size=m))).astype(np.int64)
+    return np.asarray(np.clip(sizes, lo, hi), dtype=np.int64)
+
+
+def make_synthetic_federated(
+    *,
+    n_clients: int = 50,
+    n_features: int = 60,
+    n_classes: int = 10,
+    samples_per_client: int | tuple[int, int] | None = None,
+    size_lognormal: tuple[float, float] = LEAF_SIZE_LOGNORMAL,
+    heterogeneity: float = 0.5,
+    feature_shift: float = 0.5,
+    feature_spread: float = 0.5,
+    feature_cov: str = "isotropic",
+    label_noise: float = 0.0,
+    test_fraction: float = 0.2,
+    val_fraction: float = 0.1,
+    random_state: int | np.random.Generator | None = None,
+) -> FederatedDataset:
+    r"""Heterogeneous synthetic federated classification (LEAF-style; softmax models around a shared one).
+
+    For client :math:`k` (all draws independent):
+
+    * shared model :math:`W_0 \in \mathbb{R}^{C \times d}, b_0 \in \mathbb{R}^C` with i.i.d.
+      :math:`N(0, 1)` entries (drawn once);
+    * client model :math:`W_k = W_0 + \tau A_k`, :math:`b_k = b_0 + \tau a_k`, :math:`A_k, a_k`
+      i.i.d. :math:`N(0, 1)`, :math:`\tau` = ``heterogeneity``;
+    * features :math:`x \sim N(v_k, \Sigma)` with :math:`\Sigma = I` (``feature_cov="isotropic"``)
+      or :math:`\Sigma = \mathrm{diag}(j^{-1.2})_{j=1..d}` (``"leaf"``, LEAF's and FedProx's law);
+      client mean :math:`v_k \sim N(\beta_k \mathbf 1, s^2 I)` with :math:`s` =
+      ``feature_spread`` and :math:`\beta_k \sim N(0,` ``feature_shift``:math:`^2)`;
+    * label :math:`y = \arg\max_c (W_k x + b_k)_c`, then, with probability ``label_noise``,
+      replaced by a class drawn uniformly (it may draw the same class);
+    * size :math:`n_k` from :func:`synthetic_client_sizes` (default: LEAF's lognormal law, many
+      clients with a few examples and a few with hundreds); ``round(test_fraction * n_k)``
+      examples go to test, then ``floor(val_fraction * rest)`` to validation (at least one
+      training example is always kept, so the smallest clients have no validation example).
+
+    The defaults follow the federated-learning literature where it describes a learning problem:
+    ``d = 60`` features and ``C = 10`` classes as in FedProx's synthetic(alpha, beta), LEAF's law
+    of examples per client (many clients with a few examples, a few with hundreds), a feature
+    shift :math:`\beta_k` of spread 0.5 (FedProx's synthetic(0.5, 0.5)) and noise-free labels.
+    Unlike FedProx's generator, whose client models share nothing but a scalar mean, and LEAF's,
+    whose client models are all multiples of one matrix, the client models here share
+    :math:`W_0` and keep a part of their own: :math:`\tau = 0.5` puts a fifth of the variance of
+    a client's model in its own part (:math:`\tau^2 / (1 + \tau^2) = 0.2`).
+
+    The feature law departs from LEAF's on purpose. With LEAF's covariance (small variance
+    :math:`j^{-1.2}` within a client) and unit spread of client means (``feature_cov="leaf",
+    feature_spread=1``), a client's examples sit in a small region where one class dominates:
+    predicting each client's majority class is right on 84 % of the examples (m = 1 000, seed 0),
+    so a client with ten examples needs nobody and the data measure class priors, not learning.
+    The default (isotropic features, client means spread by half the within-client standard
+    deviation) keeps a per-client feature shift while a client's labels need its model: the
+    majority class covers 33 % of the examples. ``benchmarks/results/pmtl_population.md``
+    measures collaboration against training alone under both laws and other settings.
+
+    With ``heterogeneity = 0`` all clients share one labelling rule (a global model suffices); as it
+    grows, client models diverge and personalization helps, while the shared :math:`W_0` keeps
+    federation useful for clients with few samples.
+
+    Parameters
+    ----------
+    n_clients, n_features, n_classes : int
+        ``m``, ``d`` (>= 1) and ``C`` (>= 2).
+    samples_per_client : int, (int, int) or None, default None
+        Total examples per client before splitting (see :func:`synthetic_client_sizes`; >= 3 each
+        for an int or a pair). None: LEAF's lognormal law.
+    size_lognormal : (float, float), default (3.0, 2.0)
+        :math:`(\mu, s)` of the lognormal law (LEAF: (3, 2)).
+    heterogeneity : float >= 0, default 0.5
+        Spread :math:`\tau` of client models around the shared model.
+    feature_shift : float >= 0, default 0.5
+        Standard deviation of the per-client feature offset :math:`\beta_k`.
+    feature_spread : float >= 0, default 0.5
+        Standard deviation :math:`s` of a client's feature mean around :math:`\beta_k \mathbf 1`
+        (LEAF and FedProx: 1).
+    feature_cov : {"isotropic", "leaf"}, default "isotropic"
+        Within-client feature covariance: :math:`I`, or LEAF's :math:`\mathrm{diag}(j^{-1.2})`.
+    label_noise : float in [0, 1], default 0.0
+        Probability that a label is redrawn uniformly.
+    test_fraction, val_fraction : float in [0, 1)
+    random_state : int, numpy Generator or None
+
+    Returns
+    -------
+    FederatedDataset
+        ``client_ids`` ``"synthetic_000"``, ...; ``feature_shape = (d,)``.
+    """
+    law, sizes, rng = synthetic_law(
+        n_clients=n_clients, n_features=n_features, n_classes=n_classes,
+        samples_per_client=samples_per_client, size_lognormal=size_lognormal,
+        heterogeneity=heterogeneity, feature_shift=feature_shift,
+        feature_spread=feature_spread, feature_cov=feature_cov, label_noise=label_noise,
+        test_fraction=test_fraction, val_fraction=val_fraction, random_state=random_state,
+    )  # fmt: skip
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("tx", "ty", "vx", "vy", "sx", "sy")}
+    for n in sizes:
+        drawn = law.draw_client(rng, int(n))
+        assert drawn is not None
+        for key, arr in zip(parts, drawn, strict=True):
+            parts[key].append(torch.from_numpy(arr))
+    m = len(sizes)
+    return FederatedDataset(
+        client_ids=synthetic_client_ids(m),
+        train_x=parts["tx"],
+        train_y=parts["ty"],
+        val_x=parts["vx"],
+        val_y=parts["vy"],
+        test_x=parts["sx"],
+        test_y=parts["sy"],
+        n_classes=law.n_classes,
+        feature_shape=(law.n_features,),
+        name=law.name(m),
+    )
+
+
+def synthetic_client_ids(m: int) -> list[str]:
+    """The client ids of the synthetic federation: ``"synthetic_000"``, ..."""
+    return [f"synthetic_{k:03d}" for k in range(m)]
+
+
+@dataclass(frozen=True)
+class SyntheticLaw:
+    """The law of one client of :func:`make_synthetic_federated` (its parameters and shared model).
+
+    :meth:`draw_client` draws one client from a generator in the order the generator of the
+    whole federation does, so that the clients drawn one after another from one generator are
+    the federation's.
+    """
+
+    n_features: int
+    n_classes: int
+    heterogeneity: float
+    feature_shift: float
+    feature_spread: float
+    feature_cov: str
+    label_noise: float
+    test_fraction: float
+    val_fraction: float
+    w0: np.ndarray = field(repr=False)
+    b0: np.ndarray = field(repr=False)
+
+    def name(self, m: int) -> str:
+        """The data set's name for ``m`` clients."""
+        return (
+            f"synthetic(m={m}, d={self.n_features}, C={self.n_classes}, "
+            f"tau={self.heterogeneity:g}, shift={self.feature_shift:g}, "
+            f"spread={self.feature_spread:g}, cov={self.feature_cov}, noise={self.label_noise:g})"
+        )
+
+    def split_sizes(self, n: np.ndarray) -> dict[str, np.ndarray]:
+        """Examples of each split (``"train"``, ``"val"``, ``"test"``) of clients of ``n``
+        examples, without drawing them."""
+        n = np.asarray(n, dtype=np.int64)
+        n_test = np.minimum(np.round(self.test_fraction * n).astype(np.int64), n - 1)
+        n_val = np.minimum(
+            np.floor(self.val_fraction * (n - n_test)).astype(np.int64), n - n_test - 1
+        )
+        return {"train": n - n_test - n_val, "val": n_val, "test": n_test}
+
+    def draw_client(
+        self, rng: np.random.Generator, n: int, *, keep: bool = True
+    ) -> tuple[np.ndarray, ...] | None:
+        """Draw one client of ``n`` examples: ``(train_x, train_y, val_x, val_y, test_x,
+        test_y)`` as ``float32`` / ``int64`` arrays; with ``keep=False`` only advance ``rng``
+        past the client's draws and return None."""
+        if not keep:
+            self.skip_client(rng, n)
+            return None
+        d = self.n_features
+        out = {
+            split: (np.empty((hi - lo, d), np.float32), np.empty(hi - lo, np.int64))
+            for split, (lo, hi) in self._split_rows(n).items()
+        }
+        self.draw_rows(rng, n, out)
+        return tuple(a for split in ("train", "val", "test") for a in out[split])
+
+    def _split_rows(self, n: int) -> dict[str, tuple[int, int]]:
+        """Where each split's rows lie in the permutation of a client of ``n`` examples: test
+        first, then validation, then training (sizes of :meth:`split_sizes`)."""
+        n_test = min(round(self.test_fraction * n), n - 1)
+        n_val = min(math.floor(self.val_fraction * (n - n_test)), n - n_test - 1)
+        return {"test": (0, n_test), "val": (n_test, n_test + n_val), "train": (n_test + n_val, n)}
+
+    def n_normals(self, n: int) -> int:
+        """How many standard normal draws a client of ``n`` examples takes (:meth:`draw_client`
+        draws them in this order: the client model ``(C, d)`` and bias ``(C,)``, the feature
+        shift when ``feature_shift > 0``, the feature mean ``(d,)`` and the features ``(n, d)``)."""
+        c, d = self.n_classes, self.n_features
+        return c * d + c + (self.feature_shift > 0) + d + n * d
+
+    def skip_client(
+        self, rng: np.random.Generator, n: int, buffer: np.ndarray | None = None
+    ) -> None:
+        """Advance ``rng`` past one client of ``n`` examples exactly as :meth:`draw_client` does,
+        computing nothing from the draws.
+
+        A ``normal(loc, scale)`` draw takes one standard normal draw, so the client's normal
+        draws are one call; ``buffer`` (float64, at least :meth:`n_normals` long) receives them
+        without an allocation per client.
+        """
+        k = self.n_normals(n)
+        if buffer is None or len(buffer) < k:
+            buffer = np.empty(k)
+        rng.standard_normal(out=buffer[:k])
+        if self.label_noise > 0:
+            rng.random(n)
+            rng.integers(0, self.n_classes, size=n)
+        rng.permutation(n)
+
+    def draw_rows(
+        self,
+        rng: np.random.Generator,
+        n: int,
+        out: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        work: np.ndarray | None = None,
+    ) -> None:
+        """Draw one client of ``n`` examples and write its rows of each split of ``out``
+        (``"train"``, ``"val"`` or ``"test"`` to ``(x, y)``: float32 ``(n_split, d)`` and int64
+        ``(n_split,)``, the split's size of :meth:`split_sizes`).
+
+        The client's draws: its model ``W_k = W_0 + tau A_k`` and bias, its feature shift and
+        mean, its standard normal features ``z`` (``(n, d)``), the label noise's coins, then a
+        permutation of its examples, whose first rows go to test, the next to validation and
+        the rest to training (:meth:`_split_rows`). Every label is computed from the client's
+        whole feature matrix ``v_k + z * scale`` (one product for every split asked for, so a
+        client's rows are the same whatever splits are asked); the splits not asked for are not
+        copied. ``work`` (float64, at least ``n * d`` long) holds the features without an
+        allocation per client. :meth:`draw_client` and :meth:`skip_client` take the same draws.
+        """
+        c, d, tau, flip = self.n_classes, self.n_features, self.heterogeneity, self.label_noise
+        wk = self.w0 + tau * rng.standard_normal((c, d))
+        bk = self.b0 + tau * rng.standard_normal(c)
+        shift = self.feature_shift
+        vk = rng.normal(rng.normal(0.0, shift) if shift > 0 else 0.0, self.feature_spread, size=d)
+        if work is None or len(work) < n * d:
+            work = np.empty(n * d)
+        x = work[: n * d].reshape(n, d)
+        rng.standard_normal(out=x)
+        if flip > 0:
+            redraw = rng.random(n) < flip
+            noise = rng.integers(0, c, size=n)
+        perm = rng.permutation(n)
+        if self.feature_cov != "isotropic":  # z * 1 is z: isotropic features skip the product
+            x *= self._scale()
+        x += vk  # vk + z * scale, element by element
+        y = np.argmax(x @ wk.T + bk, axis=1)
+        if flip > 0:
+            y = np.where(redraw, noise, y)
+        bounds = self._split_rows(n)
+        for split, (out_x, out_y) in out.items():
+            lo, hi = bounds[split]
+            rows = perm[lo:hi]
+            out_x[...] = x[rows]  # the float32 cast of astype
+            out_y[...] = y[rows]
+
+    def _scale(self) -> np.ndarray:
+        """Square root of the diagonal within-client covariance."""
+        d = self.n_features
+        if self.feature_cov == "leaf":
+            return np.asarray(np.arange(1, d + 1, dtype=np.float64) ** -0.6)
+        return np.ones(d)
+
+
+def synthetic_law(
+    *,
+    n_clients: int,
+    n_features: int,
+    n_classes: int,
+    samples_per_client: int | tuple[int, int] | None,
+    size_lognormal: tuple[float, float],
+    heterogeneity: float,
+    feature_shift: float,
+    feature_spread: float,
+    feature_cov: str,
+    label_noise: float,
+    test_fraction: float,
+    val_fraction: float,
+    random_state: int | np.random.Generator | None,
+) -> tuple[SyntheticLaw, np.ndarray, np.random.Generator]:
+    """Check :func:`make_synthetic_federated`'s parameters and draw its shared part: the law of a
+    client, every client's number of examples, and the generator positioned at client 0."""
+    m = check_int("n_clients", n_clients, low=1)
+    check_memory("n_clients", m, CLIENT_BYTES, "clients")
+    d = check_int("n_features", n_features, low=1)
+    c = check_int("n_classes", n_classes, low=2)
+    tau = check_real("heterogeneity", heterogeneity, low=0.0)
+    shift = check_real("feature_shift", feature_shift, low=0.0)
+    spread = check_real("feature_spread", feature_spread, low=0.0)
+    check_choice("feature_cov", feature_cov, FEATURE_COVS)
+    flip = check_real("label_noise", label_noise, low=0.0, high=1.0)
+    test_fraction = check_real("test_fraction", test_fraction, low=0.0, high=1.0, closed="left")
+    val_fraction = check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="left")
+    rng = check_rng(random_state)
+    w0 = rng.standard_normal((c, d))
+    b0 = rng.standard_normal(c)
+    sizes = synthetic_client_sizes(
+        m, samples_per_client, size_lognormal=size_lognormal, random_state=rng
+    )
+    law = SyntheticLaw(
+        d, c, tau, shift, spread, feature_cov, flip, test_fraction, val_fraction, w0, b0
+    )
+    return law, sizes, rng

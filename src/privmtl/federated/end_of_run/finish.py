@@ -1,0 +1,680 @@
+r"""Each client's end of a run: the per-client post-processing of the recorded releases.
+
+After the last round every client holds its trained model (its personalized model, or the
+billboard for methods without one) and the released billboard. :func:`finish_clients` computes
+what each client keeps, from these, its own data and public parameters of the releases only:
+
+``finetune="none"``
+    the trained model;
+``finetune="vanilla" | "mr" | "skl" | "ewc"``
+    the trained model fine-tuned on the client's own data
+    (:func:`~privmtl.federated.end_of_run.finetune.finetune`, one epoch at the training step size);
+``finetune="auto"``
+    the client's own choice on its own validation split (:func:`auto_plan`,
+    :data:`AUTO_FINETUNE_EPOCHS`) among its trained model, its own local training from the initial
+    model and, where the billboard carries signal, the billboard fine-tuned on its data;
+``finetune="auto", select="vote"``
+    one candidate for every client, elected by a recorded noisy vote (:func:`vote_candidates`):
+    every client shares its vote among the candidates that validate best on its own split
+    (:func:`~privmtl.privacy.selection.client_vote_shares`), the caller's ``vote`` releases the
+    noisy histogram (write-ahead in the run's ledger) and every client then takes the winner.
+    The one choice made from other clients' data, through a recorded release.
+
+It takes any subset of the population (``client_index``: the clients' indices in the whole), and
+a client's outcome depends on nothing but its own data, its own trained model, the billboard and
+the public parameters: computed for the whole population at once (``privmtl pmtl``,
+:func:`~privmtl.experiments.pmtl.run_pmtl`) or by each Flower node for its own clients, every
+client ends with the same model (``select="vote"``: given the vote's winner). Post-processing of
+the releases (and, with ``select="vote"``, of the recorded vote).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from privmtl._device import one_thread_per_worker
+from privmtl._progress import Progress
+from privmtl._validation import check_choice, check_int
+from privmtl.data.federated import FederatedDataset
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.algorithms import BlockScores, Params, block_rows
+from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks, concurrent_blocks
+from privmtl.federated.end_of_run.final_models import (
+    FINAL_MODEL_WORDS,
+    describe_final_models,
+    final_model_counts,
+    final_models_keys,
+    stack_trained,
+)
+from privmtl.federated.end_of_run.finetune import FINETUNE_METHODS as _FINETUNE_RULES
+from privmtl.federated.end_of_run.plan import (
+    AUTO_CANDIDATES,
+    AUTO_CLEAR_SIGNAL,
+    AUTO_FINETUNE_EPOCHS,
+    AUTO_FINETUNE_LRS,
+    AUTO_FINETUNE_RIDGES,
+    AUTO_METHODS,
+    AUTO_NOTE,
+    AUTO_ORDERS,
+    AUTO_PARTIAL,
+    FINETUNE_NOTE,
+    FINETUNE_SELECT_CHOICES,
+    FINETUNE_SELECTS,
+    FINETUNE_VOTE_ID,
+    FINETUNE_VOTE_NOTE,
+    FINETUNE_VOTE_SHARE,
+    FINETUNE_VOTE_STREAM,
+    FINETUNE_VOTERS,
+    FINETUNE_VOTERS_STREAM,
+    AutoPlan,
+    auto_info,
+    auto_plan,
+    resolve_finetune_select,
+    resolve_local_solver,
+    vote_candidates,
+    vote_voters,
+)
+
+__all__ = [
+    "AUTO_CANDIDATES",
+    "AUTO_CLEAR_SIGNAL",
+    "AUTO_FINETUNE_EPOCHS",
+    "AUTO_FINETUNE_LRS",
+    "AUTO_FINETUNE_RIDGES",
+    "AUTO_METHODS",
+    "AUTO_NOTE",
+    "AUTO_ORDERS",
+    "AUTO_PARTIAL",
+    "FINAL_MODEL_WORDS",
+    "FINETUNE_NOTE",
+    "FINETUNE_SELECTS",
+    "FINETUNE_SELECT_CHOICES",
+    "FINETUNE_VOTERS",
+    "FINETUNE_VOTERS_STREAM",
+    "FINETUNE_VOTE_ID",
+    "FINETUNE_VOTE_NOTE",
+    "FINETUNE_VOTE_SHARE",
+    "FINETUNE_VOTE_STREAM",
+    "AutoPlan",
+    "ClientFinish",
+    "auto_info",
+    "auto_plan",
+    "describe_final_models",
+    "final_model_counts",
+    "final_models_keys",
+    "finish_clients",
+    "resolve_finetune_select",
+    "resolve_local_solver",
+    "stack_trained",
+    "vote_candidates",
+    "vote_voters",
+]
+
+
+def _point(name: str) -> dict[str, Any]:
+    """The grid of one :func:`vote_candidates` name of the fine-tuned billboard (``{}``: its whole
+    grid, :func:`finish_clients`' per-client candidate)."""
+    parts = name.split()[1:]
+    if not parts:
+        return {}
+    if parts[0].startswith("c"):
+        return {"ridges": (float(parts[0][1:]),)}
+    return {"epochs": (int(parts[0][1:]),), "lrs": (float(parts[1][2:]),)}
+
+
+@dataclass
+class ClientFinish:
+    """What :func:`finish_clients` gives: every client's final model and how it was chosen.
+
+    ``params`` are stacked ``(k, ...)`` in the order of the clients; ``choice`` is the index in
+    ``plan.names`` of every client's choice (``finetune="auto"``; else None); ``grids`` the
+    public grids of the candidates (``local_grid``, ``billboard_grid``); ``scores``, when asked
+    for, ``{split: {name: evaluate(...)}}`` of the final models (``"final"``) and the other models
+    given, and ``score_seconds`` the wall time spent scoring (blocks computed at once: the
+    scoring's share of their wall time); ``winner`` the candidate every client
+    took and ``voters`` how many clients voted (``select="vote"``, :func:`vote_candidates`,
+    :func:`vote_voters`). ``per_client``, when scores were asked for: every client's correct test
+    predictions and test examples of its final model (``"final"``) and, where every client
+    computed it (``select="client"``), of its ``"local"`` candidate (scored, then dropped).
+    """
+
+    params: Params
+    choice: np.ndarray | None = None
+    plan: AutoPlan | None = None
+    grids: dict[str, list[list[float]]] = field(default_factory=dict)
+    scores: dict[str, dict[str, dict[str, float]]] | None = None
+    score_seconds: float = 0.0
+    winner: str | None = None
+    voters: int | None = None
+    local: Params | None = None
+    per_client: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+def finish_clients(
+    finetune: str,
+    dataset: FederatedDataset,
+    model: nn.Module,
+    trained: Params,
+    billboard: Params,
+    *,
+    batch_size: int,
+    seed: int,
+    lr: float,
+    lam: float,
+    start: str = "personalized",
+    epochs: int = 1,
+    plan: AutoPlan | None = None,
+    client_index: Sequence[int] | None = None,
+    block: int = END_OF_RUN_BLOCK,
+    progress: bool = False,
+    device: str = "cpu",
+    score: Mapping[str, tuple[Params, bool]] | None = None,
+    workers: int = 1,
+    local_solver: str = "sgd",
+    local_patience: int | None = None,
+    select: str = "client",
+    vote: Callable[[np.ndarray, tuple[str, ...]], int] | None = None,
+    voter_rng: np.random.Generator | None = None,
+) -> ClientFinish:
+    """Every client's final model (module docstring), for the clients of ``dataset``.
+
+    The clients are finished in blocks of at most ``block`` (:mod:`~privmtl.federated.blocks`):
+    the candidates and minibatch plans of one block are held at a time, and a client's final
+    model does not depend on the block it is computed in.
+
+    Parameters
+    ----------
+    finetune : {"none", "auto", "vanilla", "mr", "skl", "ewc"}
+    dataset : FederatedDataset
+        The clients' own data (all of the population, or a part of it).
+    model : nn.Module
+        Architecture and initial parameters (the start of ``"auto"``'s local training).
+    trained : dict of str to Tensor
+        The clients' trained models, stacked ``(k, ...)`` (for a method without personalized
+        models: the billboard, stacked).
+    billboard : dict of str to Tensor
+        The released global model (the whole model: with partial sharing its personal layers
+        are the initial ones).
+    batch_size, seed, lr, lam
+        Minibatch size, seed, step size and penalty weight of fine-tuning (``"auto"``'s grids
+        are :data:`AUTO_FINETUNE_EPOCHS` and :data:`AUTO_FINETUNE_LRS`).
+    start : {"personalized", "global"}
+        Where an explicit fine-tuning method starts: the trained models or the billboard.
+    epochs : int, default 1
+        Epochs of an explicit fine-tuning method.
+    plan : AutoPlan
+        ``"auto"`` only: its candidates (:func:`auto_plan`).
+    client_index : sequence of int, optional
+        The clients' indices in the whole population (they seed the minibatches; default: their
+        positions in ``dataset``).
+    block : int, default :data:`~privmtl.federated.blocks.END_OF_RUN_BLOCK`
+        The most clients finished at once.
+    progress : bool, default False
+        ``"auto"`` only: report the local trainings of its candidates, client by client (a
+        :class:`~privmtl._progress.Progress`: a bar on a terminal, plain lines elsewhere).
+    device : str, default "cpu"
+        Where the clients fine-tune and are scored (``"auto"``'s grids:
+        :func:`~privmtl.federated.end_of_run.local.train_local`; the explicit methods:
+        :func:`~privmtl.federated.end_of_run.finetune.finetune`); the final models are CPU tensors. On the
+        CPU the clients are finished with one torch thread
+        (:func:`~privmtl._device.one_thread_per_worker`).
+    score : dict of str to (params, personalized), optional
+        Also score, on the validation and test splits, the final models (``"final"``) and these
+        models (stacked ``(m, ...)`` when personalized), block by block while each block's data
+        are at hand (:class:`~privmtl.federated.algorithms.BlockScores`): the scores are
+        :func:`~privmtl.federated.algorithms.evaluate`'s, in :attr:`ClientFinish.scores`.
+    workers : int, default 1
+        Blocks computed at once on the CPU (threads, one torch thread each:
+        :func:`~privmtl.federated.blocks.concurrent_blocks`); the results do not depend on it.
+    local_solver : {"sgd", "ridge"}, default "sgd"
+        ``"auto"`` only: how its local training and billboard fine-tuning are solved
+        (:func:`~privmtl.federated.end_of_run.local.train_local`'s ``solver``): the SGD grids
+        (:data:`~privmtl.federated.end_of_run.local.LOCAL_EPOCHS`, :data:`AUTO_FINETUNE_EPOCHS`), or, for
+        logistic regression, the batched ridge solves around the initial model
+        (:data:`~privmtl.federated.end_of_run.local.LOCAL_RIDGES`) and around the billboard
+        (:data:`AUTO_FINETUNE_RIDGES`).
+    local_patience : int, optional
+        ``"auto"`` with ``local_solver="sgd"`` only: every SGD run of the local and billboard
+        candidates stops once its count of correct predictions on the client's own validation
+        split has not improved for this many epochs (:func:`~privmtl.federated.end_of_run.local.train_local`'s
+        ``patience``; None: all epochs).
+    select : {"client", "vote"}, default "client"
+        ``"auto"`` only: every client's own choice, or one candidate for all by a vote. With
+        ``"vote"`` every client first scores every candidate of :func:`vote_candidates` on its
+        own validation split and shares its vote among the best
+        (:func:`~privmtl.privacy.selection.client_vote_shares`); ``vote`` is then called once
+        with the shares ``(k, K)`` of all clients and the candidates' names, and returns the
+        winner's index (the caller releases the noisy histogram and records it before it returns:
+        no final model exists before); every client then takes the winner. The clients must be
+        the whole population; above :data:`FINETUNE_VOTERS` clients only the subsample
+        :func:`vote_voters` votes (the others' shares are zero: they abstain) and the others
+        compute the winner only.
+    vote : callable, optional
+        ``select="vote"``: the vote (above).
+    voter_rng : numpy.random.Generator, optional
+        ``select="vote"`` above :data:`FINETUNE_VOTERS` clients: the voters' coins
+        (:func:`vote_voters`; default OS entropy).
+    """
+    from privmtl.federated.end_of_run.local import LOCAL_SOLVERS
+
+    check_choice("finetune", finetune, ("none", "auto", *_FINETUNE_RULES))
+    check_choice("local_solver", local_solver, LOCAL_SOLVERS)
+    block = check_int("block", block, low=1)
+    if finetune == "none" and score is None:
+        return ClientFinish({n: p.clone() for n, p in trained.items()})
+    names, voters, bar = _vote_and_progress(
+        finetune, select, plan, vote, local_solver, dataset.n_clients, voter_rng, progress
+    )
+    kw: dict[str, Any] = {
+        "batch_size": batch_size, "seed": seed, "lr": lr, "lam": lam, "start": start,
+        "epochs": epochs, "plan": plan, "bar": bar, "device": device,
+        "local_solver": local_solver, "local_patience": local_patience,
+    }  # fmt: skip
+    book = None
+    if score is not None:
+        buffers = {n: b.detach() for n, b in model.named_buffers()}
+        book = _Book(BlockScores(model, buffers, ("val", "test")), dict(score))
+    winner = None
+    n_workers = check_int("workers", workers, low=1) if device == "cpu" else 1
+    try:
+        with one_thread_per_worker():
+            if select == "vote":
+                assert vote is not None
+                shares = _vote_shares(
+                    dataset, model, trained, billboard, client_index, block, names, kw, voters,
+                    n_workers,
+                )  # fmt: skip
+                winner = names[int(vote(shares, names))]  # recorded by the caller: then the models
+                kw["only"] = winner
+            t0 = time.perf_counter()
+            fin = _finish_all(
+                finetune, dataset, model, trained, billboard, client_index, block, kw, book,
+                n_workers,
+            )  # fmt: skip
+            blocks_wall = time.perf_counter() - t0
+    finally:
+        bar.close()
+    fin.winner = winner
+    fin.voters = len(voters) if select == "vote" else None
+    if book is not None:
+        book.fill(fin, blocks_wall)
+    fin.local = None
+    return fin
+
+
+def _vote_and_progress(
+    finetune: str,
+    select: str,
+    plan: AutoPlan | None,
+    vote: Callable[[np.ndarray, tuple[str, ...]], int] | None,
+    local_solver: str,
+    m: int,
+    voter_rng: np.random.Generator | None,
+    progress: bool,
+) -> tuple[tuple[str, ...], np.ndarray, Progress]:
+    """:func:`finish_clients`' selection checked, and what it runs: the vote's candidates (none
+    without a vote), the clients who vote (every client without one) and the progress bar of
+    the end of run (one step per client and trained candidate: the local trainings are its
+    long part)."""
+    check_choice("select", select, FINETUNE_SELECTS)
+    if finetune == "auto" and plan is None:
+        raise InvalidParameterError("finish_clients(finetune='auto') needs its 'plan' (auto_plan).")
+    if select == "vote" and (finetune != "auto" or vote is None):
+        raise InvalidParameterError(
+            "finish_clients(select='vote') needs finetune='auto' and its 'vote'; got "
+            f"finetune={finetune!r}, vote={vote!r}."
+        )
+    trains = [n for n in plan.names if n != "trained"] if plan is not None else []
+    names: tuple[str, ...] = ()
+    if select == "vote":
+        assert plan is not None
+        names = vote_candidates(plan, local_solver)
+        trains = [n for n in names if n != "trained"] + ["winner"]
+    voters = vote_voters(m, voter_rng) if select == "vote" else np.arange(m)
+    bar = Progress(
+        total=(len(trains) - (select == "vote")) * len(voters) + (select == "vote") * m,
+        desc="end of run",
+        enabled=progress and finetune == "auto",
+        unit="client",
+    )
+    return names, voters, bar
+
+
+@dataclass
+class _Book:
+    """The scores :func:`finish_clients` keeps block by block, and the time they took: the
+    blocks' scoring ``seconds`` and whole ``block_seconds``, each summed over the blocks (over
+    the threads that computed them)."""
+
+    scores: BlockScores
+    others: dict[str, tuple[Params, bool]]
+    seconds: float = 0.0
+    block_seconds: float = 0.0
+
+    def wall_seconds(self, wall: float) -> float:
+        """The scoring's share of ``wall``, the wall time of the blocks: with blocks computed
+        at once in several threads the summed seconds exceed the wall time they took, so the
+        scoring gets its fraction of the blocks' summed time."""
+        if self.block_seconds <= 0.0:
+            return self.seconds
+        return self.seconds * min(1.0, wall / self.block_seconds)
+
+    def score(
+        self,
+        final: Params,
+        piece: FederatedDataset,
+        pos: np.ndarray | None,
+        model: nn.Module | None = None,
+        local: Params | None = None,
+    ) -> _Scored:
+        """The scores of one block's final and other models (``pos``: the block's positions,
+        None for the whole population; ``model``: the thread's copy of the architecture;
+        ``local``: the block's local candidates, where computed), and the seconds they took."""
+        t0 = time.perf_counter()
+        out = self.scores.score("final", final, True, piece, model)
+        if local is not None:
+            out += self.scores.score("local", local, True, piece, model)
+        for name, (params, personal) in self.others.items():
+            own = block_rows(params, pos) if personal and pos is not None else params
+            out += self.scores.score(name, own, personal, piece, model)
+        return out, time.perf_counter() - t0
+
+    def keep(self, scored: _Scored, block_seconds: float | None = None) -> None:
+        """Keep one block's scores, after the blocks before it (``block_seconds``: the whole
+        block's time, its scoring included; default the scoring's)."""
+        self.scores.keep(scored[0])
+        self.seconds += scored[1]
+        self.block_seconds += scored[1] if block_seconds is None else block_seconds
+
+    def fill(self, fin: ClientFinish, blocks_wall: float) -> None:
+        """``fin``'s scores, the scoring's share of ``blocks_wall`` and every client's test
+        predictions of its final (and local) model."""
+        fin.scores, fin.score_seconds = self.scores.summary(), self.wall_seconds(blocks_wall)
+        fin.per_client = {
+            name: self.scores.per_client("test", name)
+            for name in ("final", "local")
+            if name in fin.scores["test"]
+        }
+
+
+_Scored = tuple[list[tuple[str, str, tuple[np.ndarray, np.ndarray, float]]], float]
+
+
+def _finish_all(
+    finetune: str,
+    dataset: FederatedDataset,
+    model: nn.Module,
+    trained: Params,
+    billboard: Params,
+    client_index: Sequence[int] | None,
+    block: int,
+    kw: dict[str, Any],
+    book: _Book | None = None,
+    workers: int = 1,
+) -> ClientFinish:
+    """:func:`finish_clients`'s blocks (each scored into ``book``), ``workers`` at a time."""
+    from privmtl.federated.end_of_run.finetune import check_client_index
+
+    m = dataset.n_clients
+    if m <= block:  # one block: a network's grids use the workers inside it
+        fin = _finish_block(
+            finetune, dataset, model, trained, billboard, client_index, **kw, workers=workers
+        )
+        if book is not None:
+            book.keep(book.score(fin.params, dataset, None, local=fin.local))
+        fin.local = None
+        return fin
+    index = check_client_index(client_index, m)  # one block at a time, population indices
+    own_model = _model_per_thread(model)
+
+    def one(pos: np.ndarray) -> tuple[ClientFinish, _Scored | None, float, _Tally]:
+        t0 = time.perf_counter()
+        net = own_model()
+        part = dataset.subset(pos.tolist())
+        tally = _Tally()
+        piece = _finish_block(
+            finetune, part, net, block_rows(trained, pos), billboard, index[pos].tolist(),
+            **{**kw, "bar": tally},
+        )  # fmt: skip
+        scored = None if book is None else book.score(piece.params, part, pos, net, piece.local)
+        piece.local = None  # scored: not carried back
+        return piece, scored, time.perf_counter() - t0, tally
+
+    blocks = list(client_blocks(m, block))
+    params: Params = {}
+    choices: list[np.ndarray] = []
+    piece = ClientFinish({})
+    with concurrent_blocks(workers, len(blocks)) as run:
+        for pos, (piece, scored, seconds, tally) in zip(blocks, run(one, blocks), strict=True):
+            kw["bar"].update(tally.n, **tally.postfix)
+            if book is not None and scored is not None:
+                book.keep(scored, seconds)  # in the blocks' order, whatever finished first
+            if not params:
+                params = {n: p.new_empty((m, *p.shape[1:])) for n, p in piece.params.items()}
+            rows = torch.from_numpy(pos)
+            for n, p in piece.params.items():
+                params[n][rows] = p
+            if piece.choice is not None:
+                choices.append(piece.choice)
+    choice = np.concatenate(choices) if choices else None
+    return ClientFinish(params, choice, piece.plan, piece.grids)
+
+
+def _finish_block(
+    finetune: str,
+    dataset: FederatedDataset,
+    model: nn.Module,
+    trained: Params,
+    billboard: Params,
+    client_index: Sequence[int] | None,
+    *,
+    batch_size: int,
+    seed: int,
+    lr: float,
+    lam: float,
+    start: str,
+    epochs: int,
+    plan: AutoPlan | None,
+    bar: Progress | _Tally,
+    device: str,
+    local_solver: str,
+    local_patience: int | None,
+    only: str | None = None,
+    workers: int = 1,
+) -> ClientFinish:
+    """:func:`finish_clients` of the clients of ``dataset`` at once (one block); ``only``: every
+    client takes this candidate of :func:`vote_candidates` (the vote's winner); ``workers``: the
+    threads of a network's grids (:func:`~privmtl.federated.end_of_run.local.train_local`)."""
+    from privmtl.federated.end_of_run.finetune import finetune as finetune_models
+    from privmtl.federated.end_of_run.local import select_per_client
+
+    if finetune == "none":
+        return ClientFinish({n: p.clone() for n, p in trained.items()})
+    if finetune != "auto":
+        params, _ = finetune_models(
+            trained, dataset, model, method=finetune, start=start, epochs=epochs, lr=lr,
+            batch_size=batch_size, lam=lam, seed=seed, global_params=billboard,
+            client_index=client_index, device=device,
+        )  # fmt: skip
+        return ClientFinish(params)
+    assert plan is not None
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    grids: dict[str, list[list[float]]] = {}
+    cand = _Candidates(
+        dataset, model, trained, billboard, client_index, batch_size, seed, bar, device,
+        local_solver, local_patience, grids, workers,
+    )  # fmt: skip
+    if only is not None:  # the vote's winner, for every client
+        kind = only.split()[0]
+        choice = np.full(dataset.n_clients, plan.names.index(kind), dtype=np.int64)
+        params = cand(only)
+        return ClientFinish({n: p.clone() for n, p in params.items()}, choice, plan, grids)
+
+    kept: dict[str, Params] = {}
+
+    def candidates() -> Iterator[Params]:  # generated one at a time, in the public order
+        for name in plan.names:
+            params = cand(name)
+            if name == "local":  # the client's training alone: its baseline, scored later
+                kept[name] = params
+            yield params
+
+    val_x, val_y = dataset.split("val")
+    chosen, choice, _ = select_per_client(candidates(), model, buffers, val_x, val_y)
+    return ClientFinish(chosen, choice, plan, grids, local=kept.get("local"))
+
+
+@dataclass
+class _Candidates:
+    """The candidates of ``finetune="auto"`` for the clients of one block, by name: ``"trained"``,
+    ``"local"`` (the client's own choice on local-all's grid), ``"billboard-finetune"`` (the
+    client's own choice on the billboard's grid) or one point of that grid
+    (:func:`vote_candidates`)."""
+
+    dataset: FederatedDataset
+    model: nn.Module
+    trained: Params
+    billboard: Params
+    client_index: Sequence[int] | None
+    batch_size: int
+    seed: int
+    bar: Progress | _Tally
+    device: str
+    local_solver: str
+    local_patience: int | None
+    grids: dict[str, list[list[float]]]
+    workers: int = 1
+
+    def __call__(self, name: str) -> Params:
+        from privmtl.federated.end_of_run.local import train_local
+
+        if name == "trained":
+            return self.trained
+        kw: dict[str, Any] = {
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "select": "client",
+            "client_index": self.client_index,
+            "device": self.device,
+            "solver": self.local_solver,
+            "patience": self.local_patience,
+            "workers": self.workers,
+            "scores": False,  # the candidates' models only: the choice scores them
+            "on_clients": lambda k: self.bar.update(k, candidate=name),
+        }
+        if name == "local":
+            alone = train_local(self.dataset, self.model, **kw)
+            self.grids["local_grid"] = alone.extra["local_selection"]["grid"]
+            assert alone.personalized_params is not None
+            return alone.personalized_params
+        begin = copy.deepcopy(self.model)
+        begin.load_state_dict({**begin.state_dict(), **self.billboard})
+        grid: dict[str, Any] = {
+            "epochs": AUTO_FINETUNE_EPOCHS, "lrs": AUTO_FINETUNE_LRS, "ridges": AUTO_FINETUNE_RIDGES,
+        }  # fmt: skip
+        point = _point(name)
+        # fine-tuning a trained billboard takes SGD's small steps (Adam's grid trains from scratch)
+        if kw["solver"] == "adam":
+            kw["solver"] = "sgd"
+        tuned = train_local(self.dataset, begin, **{**grid, **point}, **kw)
+        self.grids["billboard_grid"] = (
+            [list(g) for g in _grid_of(grid, kw["solver"])]  # the whole public grid
+            if point
+            else tuned.extra["local_selection"]["grid"]
+        )
+        assert tuned.personalized_params is not None
+        return tuned.personalized_params
+
+
+def _grid_of(grid: dict[str, Any], solver: str) -> list[tuple[float, ...]]:
+    if solver == "ridge":
+        return [(float(c),) for c in grid["ridges"]]
+    return [(e, lr) for e in grid["epochs"] for lr in grid["lrs"]]
+
+
+def _vote_shares(
+    dataset: FederatedDataset,
+    model: nn.Module,
+    trained: Params,
+    billboard: Params,
+    client_index: Sequence[int] | None,
+    block: int,
+    names: tuple[str, ...],
+    kw: dict[str, Any],
+    voters: np.ndarray,
+    workers: int = 1,
+) -> np.ndarray:
+    """Every client's shares of its vote among ``names`` (:func:`vote_candidates`), from its own
+    validation split: correct predictions of each candidate, a client without validation data
+    (or with a diverged candidate only) abstaining; a block of the ``voters`` (positions) at a
+    time, ``workers`` blocks at once, every other client abstaining."""
+    from privmtl.federated.algorithms import client_scores
+    from privmtl.federated.end_of_run.finetune import check_client_index
+    from privmtl.privacy.selection import client_vote_shares
+
+    m = dataset.n_clients
+    index = check_client_index(client_index, m)
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    own_model = _model_per_thread(model)
+
+    def shares_of(pos: np.ndarray) -> tuple[np.ndarray, _Tally]:
+        net = own_model()
+        part = dataset if len(pos) == m else dataset.subset(pos.tolist())
+        sub = trained if len(pos) == m else block_rows(trained, pos)
+        tally = _Tally()
+        cand = _Candidates(
+            part, net, sub, billboard, index[pos].tolist(), kw["batch_size"], kw["seed"],
+            tally, kw["device"], kw["local_solver"], kw["local_patience"], {},
+        )  # fmt: skip
+        val_x, val_y = part.split("val")
+        has = np.array([len(y) > 0 for y in val_y])
+        scores = np.empty((len(pos), len(names)))
+        for j, name in enumerate(names):
+            correct, loss = client_scores(net, cand(name), buffers, val_x, val_y)
+            scores[:, j] = np.where(has & np.isfinite(loss), correct, np.nan)
+        return client_vote_shares(scores), tally
+
+    out = np.zeros((m, len(names)))
+    blocks = [voters[at] for at in client_blocks(len(voters), block)]
+    with concurrent_blocks(workers, len(blocks)) as run:
+        for pos, (shares, tally) in zip(blocks, run(shares_of, blocks), strict=True):
+            kw["bar"].update(tally.n, **tally.postfix)
+            out[pos] = shares
+    return out
+
+
+class _Tally:
+    """The progress steps of one block, handed to the run's bar by whoever consumes the block
+    (the block may run in another process, whose copy of the bar is not the one shown)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.postfix: dict[str, Any] = {}
+
+    def update(self, n: int = 1, **postfix: Any) -> None:
+        self.n += n
+        self.postfix = postfix
+
+
+def _model_per_thread(model: nn.Module) -> Callable[[], nn.Module]:
+    """``model`` in the calling thread, a copy of it in every other thread (computing swaps a
+    module's parameters: one module per thread)."""
+    local = threading.local()
+
+    def own() -> nn.Module:
+        net = getattr(local, "net", None)
+        if net is None:
+            main = threading.current_thread() is threading.main_thread()
+            local.net = net = model if main else copy.deepcopy(model)
+        return net
+
+    return own

@@ -1,0 +1,274 @@
+"""The end-of-run modes applied to a trained run (a :class:`~privmtl.federated.config.TrainResult`):
+each function fine-tunes or chooses every client's final model and gives the entries the run's
+result reports (``test_accuracy``, ``finetune_auto``, ``finetune_selection``, ...), with the final
+parameters under ``_params``. :func:`~privmtl.experiments.pmtl.run_pmtl` calls them after
+training; all of them are post-processing of the recorded releases."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from privmtl.data.federated import FederatedDataset
+from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
+from privmtl.federated.algorithms import Params
+from privmtl.federated.config import TrainResult
+from privmtl.federated.end_of_run.final_models import stack_trained
+from privmtl.federated.end_of_run.finish import finish_clients
+from privmtl.federated.end_of_run.plan import (
+    FINETUNE_NOTE,
+    FINETUNE_VOTE_ID,
+    FINETUNE_VOTE_STREAM,
+    FINETUNE_VOTERS_STREAM,
+    auto_info,
+    auto_plan,
+)
+from privmtl.federated.report import released_dim
+from privmtl.privacy.noise import make_noise_source
+from privmtl.privacy.selection import VotePlan
+
+__all__ = [
+    "epochs_grid",
+    "finetune_auto",
+    "finetune_from_billboard",
+    "finetune_trained",
+    "voter_rng",
+]
+
+
+def epochs_grid(epochs: int | Sequence[int]) -> list[int]:
+    values = [epochs] if isinstance(epochs, int) else list(epochs)
+    if not values or any(isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in values):
+        raise InvalidParameterError(
+            "The 'finetune_epochs' parameter must be an int >= 1 or a non-empty sequence of "
+            f"them; got {epochs!r}."
+        )
+    return values
+
+
+def finetune_from_billboard(
+    result: Any,
+    ds: FederatedDataset,
+    net: torch.nn.Module,
+    epochs: Sequence[int],
+    lrs: Sequence[float],
+    batch_size: int,
+    seed: int,
+    select: str,
+) -> dict[str, Any]:
+    """Every client fine-tunes from the billboard: ``train_local`` started at the global model."""
+    import copy
+
+    from privmtl.federated.end_of_run.local import train_local
+
+    start = copy.deepcopy(net)
+    start.load_state_dict({**start.state_dict(), **result.global_params})
+    tuned = train_local(
+        ds, start, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select, seed=seed,
+        device=result.config.device,
+    )  # fmt: skip
+    sel = tuned.extra["local_selection"]
+    test = tuned.accuracies["test"]["personalized"]
+    return {
+        "finetune_selection": {
+            "select": sel["select"],
+            "grid": sel["grid"],
+            "grid_axes": ["epochs", "lr"],
+            "choice_counts": np.bincount(sel["choice"], minlength=len(sel["grid"])).tolist(),
+            "grid_test_accuracy": sel["grid_test_accuracy"],
+            "note": "every client fine-tuned from the billboard on its own data; "
+            + (
+                "each client chose (epochs, lr) on its own validation split: no privacy cost"
+                if select == "client"
+                else "one (epochs, lr) chosen on the pooled validation accuracy of all clients "
+                "(not covered by the guarantee)"
+            ),
+        },
+        "finetune": "vanilla",
+        "finetune_start": "global",
+        "pre_finetune_test_accuracy": float(result.test_accuracy),
+        "test_accuracy": float(test["accuracy"]),
+        "mean_client_accuracy": float(test["mean_client_accuracy"]),
+        "val_accuracy": float(tuned.accuracies["val"]["personalized"]["accuracy"]),
+        "finetune_note": FINETUNE_NOTE,
+        "_params": tuned.personalized_params,
+    }
+
+
+def finetune_auto(
+    result: TrainResult,
+    ds: FederatedDataset,
+    net: torch.nn.Module,
+    method: str,
+    sigma: float,
+    batch_size: int,
+    seed: int,
+    local_solver: str = "sgd",
+    local_patience: int | None = None,
+    *,
+    score_trained: bool = False,
+    vote: VotePlan | None = None,
+) -> dict[str, Any]:
+    """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
+    validation split among the billboard fine-tuned on its data (where it carries signal), its own
+    local training and its trained model (:func:`~privmtl.federated.end_of_run.finish.finish_clients`).
+    Which candidates it compares depends on public parameters only: ``sigma`` (the released
+    mean's noise), the clip, one release's size and the releases made. The final models are
+    scored block by block as the clients finish; ``score_trained``: the trained models too
+    (``result.accuracies`` is filled in). ``vote`` (held): one candidate for every client by the
+    clients' noisy vote, recorded in the run's ledger before any final model exists; the
+    result's ε is then the ledger's, rounds and vote composed."""
+    cfg = result.config
+    shared = None if cfg.shared_params is None else list(cfg.shared_params)
+    dim = int(released_dim(result) or 0)
+    rounds = len(result.history) or cfg.rounds
+    plan = auto_plan(method, shared, sigma, cfg.clip, dim, rounds)
+    trained = stack_trained(result.personalized_params, result.global_params, ds.n_clients)
+    others: dict[str, tuple[Params, bool]] = {}
+    if score_trained:
+        others = {name: (result.global_params, False) for name in result.accuracies["test"]}
+        if "personalized" in others:
+            assert result.personalized_params is not None
+            others["personalized"] = (result.personalized_params, True)
+    record: dict[str, Any] | None = None
+    # a seeded vote is a deterministic function of the run: its replay after a resume is the
+    # recorded release (its recorded epsilon, not charged twice); a secure one is new noise
+    replay = result.noise_source == "seeded"
+    replayed = replay and result.ledger is not None and result.ledger.has_release(FINETUNE_VOTE_ID)
+    if vote is not None and vote.held and result.ledger is not None and not replayed:
+        try:  # a run stopped on its budget may have no room left for the vote
+            result.ledger.check(vote.vote(1).event())
+        except PrivacyBudgetError as exc:
+            vote = dataclasses.replace(vote, held=False, reason=f"no vote: {exc}")
+    if vote is not None:
+        record = {"id": FINETUNE_VOTE_ID, "held": vote.held, "reason": vote.reason}
+    elect = None
+    if vote is not None and vote.held:
+        assert record is not None
+
+        def elect(shares: np.ndarray, names: tuple[str, ...]) -> int:
+            ballot = vote.vote(len(names))
+            noise = make_noise_source(result.noise_source, seed, stream=(FINETUNE_VOTE_STREAM,))
+            ledger = result.ledger
+            res = ballot.select(
+                shares, noise if ballot.private else None, ledger=ledger,
+                release_id=FINETUNE_VOTE_ID, replay_ok=replay, delta=float(result.delta),
+                accountant=cfg.accountant,
+            )  # fmt: skip
+            if ledger is not None:
+                result.epsilon = res.epsilon  # rounds and vote, composed by the ledger
+            own = ballot.epsilon(float(result.delta), accountant=cfg.accountant)
+            record.update(
+                candidates=list(names), winner=names[res.winner],
+                noisy_counts=list(res.noisy_counts), noise_std=ballot.noise_std,
+                share=vote.share, epsilon=own if math.isfinite(own) else None,
+                noise_source=res.details["noise_source"],
+            )  # fmt: skip
+            return res.winner
+
+    fin = finish_clients(
+        "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
+        lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
+        device=cfg.device, score=others, workers=cfg.threads, local_solver=local_solver,
+        local_patience=local_patience, select="vote" if elect is not None else "client",
+        vote=elect, voter_rng=voter_rng(result.noise_source, seed),
+    )  # fmt: skip
+    if record is not None and fin.voters is not None:
+        record["voters"] = fin.voters
+    assert fin.choice is not None and fin.scores is not None
+    if score_trained:  # the trained models' scores, from the same pass
+        result.accuracies = {
+            split: {name: fin.scores[split][name] for name in others} for split in fin.scores
+        }
+    acc = {split: fin.scores[split]["final"] for split in fin.scores}
+    counts = np.bincount(fin.choice, minlength=len(plan.names))
+    return {
+        "finetune": "auto",
+        "finetune_auto": {
+            **auto_info(plan, counts.tolist(), fin.grids, local_solver, record),
+            **({"patience": local_patience} if local_patience is not None else {}),
+        },
+        "pre_finetune_test_accuracy": float(result.test_accuracy),
+        "test_accuracy": float(acc["test"]["accuracy"]),
+        "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
+        "val_accuracy": float(acc["val"]["accuracy"]),
+        "_params": fin.params,
+        "_score_seconds": fin.score_seconds,
+        "_per_client": fin.per_client,
+        "_kept": np.asarray(plan.names, dtype=object)[fin.choice],
+    }
+
+
+def voter_rng(noise_source: str, seed: int) -> np.random.Generator | None:
+    """The voters' coins (:func:`~privmtl.federated.end_of_run.finish.vote_voters`): the seeded stream
+    :data:`~privmtl.federated.end_of_run.finish.FINETUNE_VOTERS_STREAM` of a seeded run (a simulation),
+    else None (OS entropy: secret, as the rounds' sampling of a secure run)."""
+    if noise_source != "seeded":
+        return None
+    return np.random.default_rng([int(seed), FINETUNE_VOTERS_STREAM])
+
+
+def finetune_trained(
+    result: Any,
+    ds: FederatedDataset,
+    net: torch.nn.Module,
+    method: str,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    lam: float,
+    seed: int,
+    grid: tuple[list[float], list[float]] | None = None,
+) -> dict[str, Any]:
+    from privmtl.federated.end_of_run.finetune_selection import finetune_select
+
+    start = "personalized" if result.personalized_params is not None else "global"
+    extra: dict[str, Any] = {}
+    if grid is not None:
+        params, acc, sel = finetune_select(
+            result,
+            ds,
+            net,
+            method=method,
+            lrs=grid[0],
+            lams=grid[1],
+            start=start,
+            epochs=epochs,
+            batch_size=batch_size,
+            seed=seed,
+        )
+        extra["finetune_selection"] = {
+            "select": sel["select"],
+            "grid": sel["grid"],
+            "choice_counts": [sel["choice"].count(g) for g in range(len(sel["grid"]))],
+            "note": "each client chose (lr, lam) on its own validation split: no privacy cost",
+        }
+    else:
+        from privmtl.federated.algorithms import evaluate_dataset
+
+        fin = finish_clients(
+            method, ds, net,
+            stack_trained(result.personalized_params, result.global_params, ds.n_clients),
+            result.global_params, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start,
+            epochs=epochs, device=result.config.device, workers=result.config.threads,
+        )  # fmt: skip
+        params = fin.params
+        buffers = {n: b.detach() for n, b in net.named_buffers()}
+        scores = evaluate_dataset(net, {"final": (params, True)}, buffers, ds)
+        acc = {split: scores[split]["final"] for split in scores}
+    return {
+        **extra,
+        "finetune": method,
+        "finetune_start": start,
+        "pre_finetune_test_accuracy": float(result.test_accuracy),
+        "test_accuracy": float(acc["test"]["accuracy"]),
+        "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
+        "val_accuracy": float(acc.get("val", {}).get("accuracy", float("nan"))),
+        "finetune_note": FINETUNE_NOTE,
+        "_params": params,
+    }
