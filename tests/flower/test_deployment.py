@@ -15,8 +15,9 @@ pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmt
 from privmtl.data.federated import make_synthetic_federated
 from privmtl.experiments.pmtl import make_model, run_pmtl
 from privmtl.federated.protocol import Trainer
-from privmtl.flower._core import from_bytes, run_options
+from privmtl.flower._core import run_options
 from privmtl.flower.launcher import run_local
+from privmtl.flower.node_state import read_personal
 from privmtl.privacy.ledger import reaccount
 
 pytestmark = pytest.mark.slow
@@ -41,8 +42,8 @@ CONFIG = {
 
 def _personal(state: Path) -> dict:
     out = {}
-    for f in sorted(state.glob("node-*/personal.pt")):
-        out.update(from_bytes(f.read_bytes())["models"])
+    for f in sorted(state.glob("node-*/personal")):
+        out.update(read_personal(f))
     return out
 
 

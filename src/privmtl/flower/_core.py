@@ -73,6 +73,7 @@ from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
 from privmtl.federated.options import OPTIONS
 from privmtl.federated.spec import EXECUTION, SPEC, RunSpec, resolve_defaults
 from privmtl.federated.store import ClientStore
+from privmtl.flower.node_state import NodeState
 from privmtl.flower.secagg import SECAGG_DEFAULTS
 from privmtl.locking import DirectoryLock
 from privmtl.privacy.ledger import PrivacyLedger
@@ -373,6 +374,10 @@ def partition(m: int, partition_id: int, num_partitions: int) -> np.ndarray:
     return np.array_split(np.arange(m), num_partitions)[partition_id]
 
 
+#: The sub-folder of a node's storage that holds its clients' personalized models.
+PERSONAL_DIR = "personal"
+
+
 def to_bytes(obj: Any) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -396,8 +401,9 @@ class NodeClients:
         the in-process engine start from the same parameters).
     partition_id, num_partitions : int
     state_dir : path or None
-        The node's own storage: ``personal.pt`` holds the personalized models of its clients by
-        client id (written atomically after every round). None keeps them in memory only.
+        The node's own storage: ``personal/`` holds the personalized models of its clients
+        (:class:`~privmtl.flower.node_state.NodeState`: a row per client, a round writes only
+        its sampled clients' rows). None keeps them in memory only.
     """
 
     def __init__(
@@ -474,38 +480,43 @@ class NodeClients:
         self.pos = {int(k): j for j, k in enumerate(self.clients)}
         self.step_fn = make_step_fn(model, self.buffers)
         self.state_dir = None if state_dir is None else Path(state_dir)
-        self.personal: dict[str, Params] = {}
-        self.rounds_trained = 0
-        # the round trained last (its key) and its clients' models before it: a server resumed
-        # from a checkpoint may ask for that round again, which then starts from the same models
-        self.last_key: str | None = None
-        self.before: dict[str, Params | None] = {}
+        # the clients' personalized models: rows on disk, written O(sampled clients) per round
+        self.personal = NodeState(
+            self.client_ids,
+            self.init,
+            None if self.state_dir is None else self.state_dir / PERSONAL_DIR,
+        )
         # the models this node's clients keep at the end of the run (set by evaluate)
         self.final: Params | None = None
         self.finetuned = False
-        if self.state_dir is not None and (self.state_dir / "personal.pt").exists():
-            saved = from_bytes((self.state_dir / "personal.pt").read_bytes())
-            self.personal = {cid: saved["models"][cid] for cid in saved["models"]}
-            self.rounds_trained = int(saved.get("rounds_trained", 0))
-            self.last_key = saved.get("last_key") or None
-            self.before = dict.fromkeys(saved.get("fresh", []))
-            self.before.update(saved.get("before", {}))
+
+    @property
+    def rounds_trained(self) -> int:
+        return self.personal.rounds_trained
+
+    @property
+    def last_key(self) -> str | None:
+        """The round trained last (its key): a server resumed from a checkpoint may ask for that
+        round again, which then starts from the same models."""
+        return self.personal.last_key
 
     def data_state(self) -> dict[str, Any]:
-        """This node's data as tensors (cached in the node's storage by the ClientApp)."""
-        return {
+        """This node's data as contiguous tensors (cached in the node's storage by the
+        ClientApp, which maps them: :func:`node_dataset`)."""
+        out: dict[str, Any] = {
             "clients": torch.from_numpy(self.clients),
             "full_offsets": torch.from_numpy(self.full_offsets),
             "client_ids": self.client_ids,
             "n_classes": int(self.local.n_classes),
             "feature_shape": [int(v) for v in self.local.feature_shape],
             "name": str(self.local.name),
-            **{
-                f"{split}_{a}": getattr(self.local, f"{split}_{a}")
-                for split in ("train", "val", "test")
-                for a in "xy"
-            },
+            "scaling": str(self.local.scaling),
         }
+        for split in ("train", "val", "test"):
+            x, y, offsets = self.local.concat(split)
+            out[f"{split}_x"], out[f"{split}_y"] = x.contiguous(), y.contiguous()
+            out[f"{split}_offsets"] = torch.from_numpy(offsets)
+        return out
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -514,12 +525,12 @@ class NodeClients:
             "num_clients": self.m,
             "n_features": int(self.local.n_features),
             "n_classes": int(self.local.n_classes),
-            "continued": sum(cid in self.personal for cid in self.client_ids),
+            "continued": len(self.personal),
         }
 
     def model_of(self, k: int) -> Params:
-        cid = self.client_ids[self.pos[k]]
-        return self.personal.get(cid, self.init)
+        j = self.pos[k]
+        return self.personal.row(j) if self.personal.written([j])[0] else self.init
 
     def train(
         self,
@@ -537,17 +548,9 @@ class NodeClients:
         repeated round starts where the first attempt did.
         """
         if key is not None and key == self.last_key:
-            for cid, prev in self.before.items():
-                if prev is None:
-                    self.personal.pop(cid, None)
-                else:
-                    self.personal[cid] = prev
-            if self.before:
-                self.rounds_trained -= 1
-        self.last_key = key
-        self.before = {}
+            self.personal.undo()
         if not clients:
-            self.save()
+            self.personal.write_round(key, [], None)
             return {n: p.new_zeros((0, *p.shape)) for n, p in billboard.items()}, []
         method = get_method(config.method, config)
         for k in clients:
@@ -555,32 +558,36 @@ class NodeClients:
                 raise InvalidParameterError(
                     f"Client {k} is not served by node partition {self.partition_id}."
                 )
-        cids = [self.client_ids[self.pos[k]] for k in clients]
-        state = self._store(method, cids)
+        rows = [self.pos[k] for k in clients]
+        state = self._store(method, rows)
         sel = torch.arange(len(clients))
         starts, anchor = method.starts(billboard, sel, state)
         train = self._train_fn(clients, round_index, config)
         done = method.client_update(billboard, list(billboard), starts, anchor, train)
         method.keep(state, sel, done.kept)
-        if "personal" in state:  # the clients keep their models
+        self.personal.rounds_trained += 1
+        if "personal" in state:  # the clients keep their models: only their rows are written
             kept = state.gather("personal", sel)
-            for j, cid in enumerate(cids):
-                self.before[cid] = self.personal.get(cid)
-                self.personal[cid] = {n: p[j].clone() for n, p in kept.items()}
-        self.rounds_trained += 1
-        self.save()
+            full = {
+                n: kept.get(n, self.init[n].expand(len(rows), *self.init[n].shape))
+                for n in self.init
+            }
+            self.personal.write_round(key, rows, full)
+        else:
+            self.personal.write_round(key, [], None)
         return done.messages, [float(v) for v in done.losses]
 
-    def _store(self, method: Method, cids: list[str]) -> ClientStore:
-        """The stored state of the clients ``cids`` (rows ``0 .. len(cids)-1``) for ``method``:
-        the models this node keeps written, every other client at the initial model."""
-        store = method.initial_state(self.init, len(cids))
+    def _store(self, method: Method, rows: list[int]) -> ClientStore:
+        """The stored state of the node's clients at ``rows`` (store rows ``0 .. len(rows)-1``)
+        for ``method``: the models this node keeps written, every other client at the initial
+        model."""
+        store = method.initial_state(self.init, len(rows))
         if "personal" in store:
-            rows = [j for j, cid in enumerate(cids) if cid in self.personal]
-            if rows:
-                models = [self.personal[cids[j]] for j in rows]
-                values = {n: torch.stack([p[n] for p in models]) for n in store.names("personal")}
-                store.scatter("personal", torch.tensor(rows, dtype=torch.int64), values)
+            had = np.flatnonzero(self.personal.written(rows))
+            if len(had):
+                models = self.personal.gather([rows[j] for j in had])
+                values = {n: models[n] for n in store.names("personal")}
+                store.scatter("personal", torch.from_numpy(had.astype(np.int64)), values)
         return store
 
     def _train_fn(self, clients: list[int], round_index: int, config: TrainConfig) -> TrainFn:
@@ -627,18 +634,7 @@ class NodeClients:
         )  # fmt: skip
 
     def save(self) -> None:
-        """Write the personalized models to the node's storage (atomic replace)."""
-        if self.state_dir is None:
-            return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        data = {
-            "models": self.personal,
-            "rounds_trained": self.rounds_trained,
-            "last_key": self.last_key or "",
-            "before": {cid: p for cid, p in self.before.items() if p is not None},
-            "fresh": [cid for cid, p in self.before.items() if p is None],
-        }
-        write_atomic(self.state_dir / "personal.pt", to_bytes(data))
+        """Nothing to do: every round's models are written when the round is trained."""
 
     def global_model(self, billboard: Params) -> Params:
         """The released global model: the billboard, and the initial values of the parameters
@@ -661,10 +657,12 @@ class NodeClients:
             if personal is not None:
                 return personal
         never = self.global_model(billboard) if personal_init == "billboard" else self.init
-        return {
-            n: torch.stack([self.personal.get(cid, never)[n] for cid in self.client_ids])
-            for n in self.init
-        }
+        rows = list(range(len(self.client_ids)))
+        out = self.personal.gather(rows)
+        fresh = torch.from_numpy(~self.personal.written(rows))
+        for n, p in out.items():
+            p[fresh] = never[n].to(p.dtype)
+        return out
 
     def outputs(
         self, billboard: Params, config: TrainConfig, round: int = 0
@@ -676,7 +674,7 @@ class NodeClients:
         heads come from the minibatches the in-process engine draws for the same clients).
         """
         method = get_method(config.method, config)
-        state = self._store(method, self.client_ids)
+        state = self._store(method, list(range(len(self.client_ids))))
         return method.outputs(
             billboard,
             state,
@@ -1232,6 +1230,26 @@ def _population(data: str, data_path: str, seed: int, num_clients: int | None) -
     return load_federated(data, data_path=data_path or None, seed=seed, num_clients=num_clients)
 
 
+def node_dataset(d: dict[str, Any]) -> FederatedDataset:
+    """A node's clients from its cached :meth:`NodeClients.data_state` (``d``: tensors mapped
+    from the cache file): each client's tensors are views of the contiguous ones, and the
+    dataset's stacked train data is those tensors themselves (nothing is copied)."""
+    kw: dict[str, list[torch.Tensor]] = {}
+    for s in ("train", "val", "test"):
+        sizes = np.diff(d[f"{s}_offsets"].numpy()).tolist()
+        kw[f"{s}_x"] = list(torch.split(d[f"{s}_x"], sizes))
+        kw[f"{s}_y"] = list(torch.split(d[f"{s}_y"], sizes))
+    local = FederatedDataset._unchecked(  # checked when the node cached it
+        list(d["client_ids"]), kw, int(d["n_classes"]), tuple(d["feature_shape"]),
+        str(d["name"]), str(d.get("scaling", "none")),
+    )  # fmt: skip
+    xs, ys = local.split("train")
+    key = tuple((id(t), t._version) for t in (*xs, *ys))
+    offsets = d["train_offsets"].numpy().astype(np.int64)
+    local._concat_cache["train"] = (key, (d["train_x"], d["train_y"], offsets))
+    return local
+
+
 def load_node(
     opts: dict[str, Any],
     pid: int,
@@ -1264,16 +1282,10 @@ def load_node(
     cache = None
     if state_dir is not None:
         digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
-        cache = Path(state_dir) / f"data-{digest}.pt"
+        cache = Path(state_dir) / f"data-{digest}-v2.pt"
     if cache is not None and cache.exists():
-        d = from_bytes(cache.read_bytes())
-        local = FederatedDataset(
-            client_ids=list(d["client_ids"]),
-            n_classes=int(d["n_classes"]),
-            feature_shape=tuple(d["feature_shape"]),
-            name=str(d["name"]),
-            **{f"{s}_{a}": list(d[f"{s}_{a}"]) for s in ("train", "val", "test") for a in "xy"},
-        )
+        d = torch.load(cache, weights_only=True, mmap=True)  # mapped, not read
+        local = node_dataset(d)
         net = make_model(str(opts["model"]), local, seed, factory=user)
         return NodeClients.from_parts(
             local,

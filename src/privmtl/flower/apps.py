@@ -87,14 +87,19 @@ _SEP = "\x1f"
 
 
 def _restore(node: NodeClients, context: Context) -> None:
-    """Take the personalized models from Context.state when this run already holds them."""
-    if _STATE not in context.state.array_records:
+    """A node without storage: take the personalized models from Context.state when this run
+    already holds them (a node with storage keeps them on its disk, written per round)."""
+    if node.state_dir is not None or _STATE not in context.state.array_records:
         return
     personal: dict[str, dict[str, torch.Tensor]] = {}
     for key, p in _params(context.state.array_records[_STATE]).items():
         cid, name = key.split(_SEP, 1)
         personal.setdefault(cid, {})[name] = p
-    node.personal.update(personal)
+    cids = [cid for cid in personal if cid not in node.personal]
+    if cids:
+        rows = [node.personal.pos[cid] for cid in cids]
+        models = {n: torch.stack([personal[cid][n] for cid in cids]) for n in node.init}
+        node.personal.put(rows, models)
 
 
 def _node(context: Context) -> NodeClients:
@@ -147,10 +152,10 @@ def _train(msg: Message, context: Context) -> tuple[NodeClients, dict, dict, lis
     _restore(node, context)
     clients = [int(k) for k in spec["clients"]]
     msgs, losses = node.train(clients, board, int(spec["round"]), config, key=spec.get("key"))
-    # within a run the personalized models also live in the node's Context.state
-    context.state[_STATE] = _arrays(
-        {f"{cid}{_SEP}{n}": p for cid, ps in node.personal.items() for n, p in ps.items()}
-    )
+    if node.state_dir is None:  # without storage, the models live in Context.state
+        context.state[_STATE] = _arrays(
+            {f"{cid}{_SEP}{n}": p for cid, ps in node.personal.items() for n, p in ps.items()}
+        )
     return node, spec, msgs, losses
 
 

@@ -269,7 +269,7 @@ def run_local(
         with the SHA-256 of its file (:func:`privmtl.flower.factory.announce`): every SuperNode
         and the ServerApp load their own copy and refuse another version.
     state_dir : path, optional
-        Root of the nodes' own storage (``node-<i>/personal.pt``); default ``work_dir/nodes``.
+        Root of the nodes' own storage (``node-<i>/personal/``); default ``work_dir/nodes``.
     work_dir : path, optional
         The run's durable directory (default: a new :func:`~privmtl.flower._core.default_work_dir`;
         it is never deleted). ``server/``: the write-ahead ledger ``ledger.jsonl``, the
