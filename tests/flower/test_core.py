@@ -343,6 +343,10 @@ def _run_pmtl_reference(ds, **flags):
 def _flower_result(ds, flags, n_nodes=3):
     opts = run_options({k.replace("_", "-"): v for k, v in flags.items()})
     run, nodes = _split_run(ds, {**opts, "noise-source": "seeded"}, n_nodes=n_nodes)
+    if run.vote is not None:  # the ServerApp's vote: the nodes' summed shares, released
+        settings = run.finish_settings()
+        shares = sum(np.asarray(n.vote_shares(run.curator.billboard, settings)) for n in nodes)
+        run.elect(shares)
     return run.result_dict(
         [n.evaluate(run.curator.billboard, run.finish_settings()) for n in nodes], 0.0
     )
@@ -361,6 +365,8 @@ _SAME = ("epsilon", "delta", "noise_std", "clients_per_round", "lam", "personal_
     [
         # a scale run's flags, fewer rounds; everything else at the product defaults
         {"rounds": 3, "clients_per_round": 6, "epsilon": 2.0},
+        # the clients' vote held (at 50 clients from epsilon 8 on): released by the server
+        {"rounds": 3, "clients_per_round": 6, "epsilon": 8.0},
         # the other personal start, an explicit fine-tuning method, the authors' message
         {"rounds": 2, "clients_per_round": 5, "noise_std": 0.01, "personal_init": "billboard",
          "finetune": "mr", "server_update": "offset"},
@@ -396,8 +402,17 @@ def test_flower_run_equals_run_pmtl_at_the_product_defaults(flags):
     for key in (k for k in _SAME if k in ref):
         if isinstance(ref[key], float):
             assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+        elif key == "finetune_auto" and "vote" in ref[key]:
+            # the vote released from the nodes' sums: its noisy counts to the last bits
+            got, want = dict(res[key]), dict(ref[key])
+            got_vote, want_vote = dict(got.pop("vote")), dict(want.pop("vote"))
+            counts = got_vote.pop("noisy_counts")
+            assert counts == pytest.approx(want_vote.pop("noisy_counts"), rel=1e-12)
+            assert (got, got_vote) == (want, want_vote)
         else:
             assert res[key] == ref[key], key
+    if flags.get("epsilon") == 8.0:  # the vote was held, on both transports
+        assert ref["finetune_auto"]["vote"]["held"] and res["finetune_auto"]["vote"]["held"]
     assert res["guarantee"]["notes"] == ref["guarantee"]["notes"]
     if flags.get("noise_mechanism") == "banded":  # the same one event, bands and groups
         assert res["banded"] == ref["banded"] and ref["banded"]["mechanism"] == "banded"

@@ -18,7 +18,7 @@ from privmtl.federated.protocol import Trainer
 from privmtl.flower._core import run_options
 from privmtl.flower.launcher import run_local
 from privmtl.flower.node_state import read_personal
-from privmtl.privacy.ledger import reaccount
+from privmtl.privacy.ledger import reaccount, read_ledger
 
 pytestmark = pytest.mark.slow
 
@@ -255,3 +255,24 @@ def test_own_method_and_fedrep_on_supernodes_equal_privmtl_pmtl(
     assert res.get("method_source", {}).get("sha256") == ref.get("method_source", {}).get("sha256")
     for key in ("epsilon", "test_accuracy", "mean_client_accuracy"):
         assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+
+
+def test_the_clients_vote_on_three_supernodes_equals_privmtl_pmtl(tmp_path, capsys):
+    """At the defaults where the vote is held (50 clients, epsilon 8): the ServerApp releases the
+    nodes' summed shares through the ledger and the nodes finish with its winner, as privmtl
+    pmtl does in process (same epsilon, same accuracy, same winner)."""
+    from privmtl.cli import main
+
+    flags = ["--data", "synthetic", "--rounds", "3", "--clients-per-round", "6", "--epsilon", "8",
+             "--reproducible-noise", "--seed", "3", "--json"]  # fmt: skip
+    assert main(["pmtl", *flags]) == 0
+    ref = json.loads(capsys.readouterr().out)
+    argv = ["flower", "local", "--num-supernodes", "3", *flags, "--work-dir", str(tmp_path / "w")]
+    assert main(argv) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert ref["finetune_auto"]["vote"]["held"]
+    assert res["finetune_auto"]["vote"]["winner"] == ref["finetune_auto"]["vote"]["winner"]
+    for key in ("epsilon", "test_accuracy", "mean_client_accuracy", "global_test_accuracy"):
+        assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+    _, entries = read_ledger(tmp_path / "w" / "server" / "ledger.jsonl")
+    assert entries[-1]["release_id"] == "finetune-vote:0"

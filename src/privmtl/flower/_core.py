@@ -342,14 +342,15 @@ def given_spec(opts: dict[str, Any]) -> RunSpec:
     return spec
 
 
-def make_run(opts: dict[str, Any], m: int) -> ResolvedRun:
+def make_run(opts: dict[str, Any], m: int, reserve: Any = None) -> ResolvedRun:
     """The one resolution of a run with ``m`` clients (:func:`~privmtl.federated.config.resolve`
     of the run configuration's :func:`given_spec`), as ``run_pmtl`` resolves it: the resolved
     spec, and the engine configuration with the target ``epsilon`` kept and ``noise_std``
-    calibrated to it when one is given."""
+    calibrated to it when one is given (``reserve``: the end-of-run vote's event, composed in)."""
     return resolve(
-        given_spec(opts), m, execution={"batched": True, "progress": False, "threads": 1}
-    )
+        given_spec(opts), m, reserve=reserve,
+        execution={"batched": True, "progress": False, "threads": 1},
+    )  # fmt: skip
 
 
 def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
@@ -684,6 +685,59 @@ class NodeClients:
             train_all=self._train_fn(self.clients.tolist(), 0, config),
         )
 
+    def _finish_start(self, billboard: Params, finish: dict[str, Any]) -> tuple[Params, Params]:
+        """The global model and the models the clients' end of run starts from."""
+        glob_model = self.global_model(billboard)
+        method = str(finish.get("method", "pmtl"))
+        config = TrainConfig(**finish["config"]) if "config" in finish else None
+        if method_class(method).personalized:
+            personal = self.trained(
+                billboard, str(finish.get("personal_init", "model")), config=config
+            )
+        else:  # a global-model method: every client's trained model is the billboard
+            personal = {
+                n: p.unsqueeze(0).expand((len(self.clients), *p.shape))
+                for n, p in glob_model.items()
+            }
+        return glob_model, personal
+
+    def _voters(self, finish: dict[str, Any]) -> np.ndarray:
+        """The positions of this node's clients that vote (the population's coins)."""
+        from privmtl.flower.vote import node_voters
+
+        return node_voters(
+            int(finish.get("num_clients", self.m)), self.clients,
+            str(finish.get("noise_source", "secure")), int(finish["seed"]),
+        )  # fmt: skip
+
+    def vote_shares(self, billboard: Params, finish: dict[str, Any]) -> list[float]:
+        """This node's clients' vote shares summed over them, one per candidate of
+        :func:`~privmtl.federated.finish.vote_candidates` (the ServerApp sums the nodes' and
+        releases the vote, :meth:`ServerRun.elect`)."""
+        from privmtl.federated.finish import auto_plan, finish_clients
+        from privmtl.flower.vote import node_vote_shares
+
+        glob_model, personal = self._finish_start(billboard, finish)
+        plan = auto_plan(
+            str(finish.get("method", "pmtl")), finish["shared_params"],
+            float(finish["noise_std"]), finish["clip"], int(finish["released_dim"]),
+            int(finish["rounds"]),
+        )  # fmt: skip
+        voters = self._voters(finish)
+        self.model.train()
+
+        def call(vote: Any) -> Any:
+            return finish_clients(
+                "auto", self.local, self.model, personal, glob_model,
+                batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
+                lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
+                start=str(finish.get("start", "personalized")),
+                client_index=self.clients.tolist(), local_solver="ridge", select="vote",
+                vote=vote, voters=voters,
+            )  # fmt: skip
+
+        return [float(v) for v in node_vote_shares(call)]
+
     def evaluate(
         self, billboard: Params, finish: dict[str, Any] | None = None
     ) -> dict[str, list[float]]:
@@ -697,18 +751,7 @@ class NodeClients:
         ``grids`` the candidates' public grids.
         """
         finish = finish or {}
-        glob_model = self.global_model(billboard)
-        method = str(finish.get("method", "pmtl"))
-        config = TrainConfig(**finish["config"]) if "config" in finish else None
-        if method_class(method).personalized:
-            personal = self.trained(
-                billboard, str(finish.get("personal_init", "model")), config=config
-            )
-        else:  # a global-model method: every client's trained model is the billboard
-            personal = {
-                n: p.unsqueeze(0).expand((len(self.clients), *p.shape))
-                for n, p in glob_model.items()
-            }
+        glob_model, personal = self._finish_start(billboard, finish)
         final = None
         out: dict[str, Any] = {}
         finetune = str(finish.get("finetune", "none"))
@@ -720,15 +763,23 @@ class NodeClients:
             plan = None
             if finetune == "auto":
                 plan = auto_plan(
-                    method, finish["shared_params"], float(finish["noise_std"]),
+                    str(finish.get("method", "pmtl")), finish["shared_params"],
+                    float(finish["noise_std"]),
                     finish["clip"], int(finish["released_dim"]), int(finish["rounds"]),
                 )  # fmt: skip
+            winner = finish.get("winner") if finetune == "auto" else None
+            vote: dict[str, Any] = {}
+            if winner is not None:  # the clients' vote elected one candidate for all
+                voters = self._voters(finish)
+                vote = {"select": "vote", "winner": str(winner), "voters": voters}
+                out["voters"] = len(voters)
             done = finish_clients(
                 finetune, self.local, self.model, personal, glob_model,
                 batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
                 lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
                 start=str(finish.get("start", "personalized")), client_index=self.clients.tolist(),
-                local_solver=resolve_local_solver("auto", self.model, vote_held=False),
+                local_solver=resolve_local_solver("auto", self.model, vote_held=bool(vote)),
+                **vote,
             )  # fmt: skip
             final = done.params  # (finish_clients trains the model as run_pmtl does: train mode)
             if done.choice is not None:
@@ -856,9 +907,16 @@ class ServerRun:
         ledger_path: str | Path | None = None,
         server_dir: str | Path | None = None,
     ) -> None:
+        from privmtl.flower.vote import vote_plan
+
         m = num_clients
         self.opts, self.m = opts, m
-        self.run = run = make_run(opts, m)  # resolved once
+        # the clients' end-of-run vote where run_pmtl holds it: its event reserved in the budget
+        self.vote = vote_plan(given_spec(opts), m, str(opts["model"]))
+        self.vote_record: dict[str, Any] | None = None
+        self.winner: str | None = None
+        reserve = None if self.vote is None else self.vote.event()
+        self.run = run = make_run(opts, m, reserve)  # resolved once
         self.sigma = float(run.config.noise_std)
         self.spec: RunSpec = run.spec  # type: ignore[assignment]  # resolved from a RunSpec
         # the release, billboard, shared parameters and personal_init as the Trainer sets them up
@@ -1129,13 +1187,47 @@ class ServerRun:
             "lam": float(cfg.lam or 0.0),
             # the resolved TrainConfig: the method's end of run on the nodes (NodeClients.outputs)
             "config": cfg.to_dict(),
+            # the vote: held (the nodes first count their clients' shares), then its winner
+            "vote": self.vote is not None,
+            "winner": self.winner,
+            "num_clients": self.m,
+            "noise_source": self.noise_source,
         }
+
+    def elect(self, shares: np.ndarray) -> str | None:
+        """Release the clients' vote from the nodes' summed ``shares`` (the candidates of
+        :func:`~privmtl.federated.finish.vote_candidates`) through the ledger, as ``run_pmtl``
+        does; returns the winner (None: no room left in the budget, every client chooses)."""
+        from privmtl.federated.finish import auto_plan, vote_candidates
+        from privmtl.flower.vote import elect
+
+        assert self.vote is not None
+        fin = self.finish_settings()
+        plan = auto_plan(
+            fin["method"], fin["shared_params"], fin["noise_std"], fin["clip"],
+            fin["released_dim"], fin["rounds"],
+        )  # fmt: skip
+        names = vote_candidates(plan, "ridge")
+        won, self.vote_record, _ = elect(
+            self.vote, shares, names, ledger=self.ledger, noise_source=self.noise_source,
+            seed=int(self.config.seed), delta=self.delta, accountant=self.config.accountant,
+        )  # fmt: skip
+        if won is None:
+            self.vote = None  # every client chooses on its own
+        self.winner = None if won is None else names[won]
+        return self.winner
 
     def _finish_part(
         self, evaluations: list[dict[str, Any]], pre_test_accuracy: float
     ) -> tuple[dict[str, Any], list[str]]:
         """The result keys of the clients' end of the run (as ``run_pmtl``'s) and its notes."""
-        from privmtl.federated.finish import AUTO_NOTE, FINETUNE_NOTE, auto_info, auto_plan
+        from privmtl.federated.finish import (
+            AUTO_NOTE,
+            FINETUNE_NOTE,
+            FINETUNE_VOTE_NOTE,
+            auto_info,
+            auto_plan,
+        )
 
         fin = self.finish_settings()
         if fin["finetune"] == "none":
@@ -1155,8 +1247,14 @@ class ServerRun:
             choice = np.concatenate([np.asarray(e["choice"], dtype=np.int64) for e in evaluations])
             counts = np.bincount(choice, minlength=len(plan.names)).tolist()
             grids: dict[str, Any] = next((e["grids"] for e in evaluations if e.get("grids")), {})
-            part["finetune_auto"] = auto_info(plan, counts, grids)
-            notes.append(AUTO_NOTE)
+            held = self.winner is not None
+            record = self.vote_record
+            if record is not None and held:
+                record = {**record, "voters": int(sum(e.get("voters", 0) for e in evaluations))}
+            part["finetune_auto"] = auto_info(
+                plan, counts, grids, "ridge" if held else "sgd", record
+            )
+            notes.append(FINETUNE_VOTE_NOTE if held else AUTO_NOTE)
         else:
             part["finetune_start"] = fin["start"]
         part.update(

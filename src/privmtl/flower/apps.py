@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -188,6 +189,13 @@ def evaluate(msg: Message, context: Context) -> Message:
     node = _node(context)
     _restore(node, context)
     records = msg.content.config_records
+    if "vote" in records:  # the clients' vote: this node's summed shares, nothing else
+        shares = node.vote_shares(
+            _params(msg.content.array_records["billboard"]),
+            json.loads(str(records["vote"]["json"])),
+        )
+        content = RecordDict({"shares": ConfigRecord({"json": json.dumps(shares)})})
+        return Message(content, reply_to=msg)
     finish = json.loads(str(records["finish"]["json"])) if "finish" in records else None
     scores = node.evaluate(_params(msg.content.array_records["billboard"]), finish)
     if "save" in records:  # the clients' final models stay in the node's own storage
@@ -332,9 +340,21 @@ def _evaluate(
     """Every node runs its clients' end of the run (fine-tuning, their choice) and scores their
     models and the final billboard."""
     board = _arrays(run.curator.billboard)
-    finish = ConfigRecord({"json": json.dumps(run.finish_settings())})
     online = set(grid.get_node_ids())
     asked = [nid for nid in fed.nodes if nid in online]
+    if run.vote is not None:  # the clients' vote first: the nodes' summed shares, released here
+        settings = ConfigRecord({"json": json.dumps(run.finish_settings())})
+        ask = {nid: RecordDict({"billboard": board, "vote": settings}) for nid in asked}
+        got = _ask(grid, "evaluate", ask, timeout)
+        if len(got) < len(fed.nodes) and (opts["on-missing"] == "fail" or not got):
+            raise RuntimeError(f"only {len(got)} of {len(fed.nodes)} nodes counted the vote")
+        shares = sum(
+            np.asarray(json.loads(str(got[nid].config_records["shares"]["json"])))
+            for nid in fed.nodes
+            if nid in got
+        )
+        run.elect(np.asarray(shares, dtype=np.float64))
+    finish = ConfigRecord({"json": json.dumps(run.finish_settings())})
     records: dict[str, Any] = {"billboard": board, "finish": finish}
     if opts["save-models"]:
         records["save"] = ConfigRecord({"token": run.token})
