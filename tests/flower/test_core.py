@@ -357,7 +357,8 @@ _SAME = ("epsilon", "delta", "noise_std", "clients_per_round", "lam", "personal_
          "global_test_accuracy", "test_accuracy", "mean_client_accuracy", "val_accuracy",
          "pre_finetune_test_accuracy", "finetune", "finetune_auto", "released_dim",
          "rounds_run", "covered", "global_mean_client_accuracy", "clients_per_final_model",
-         "end_of_run")  # fmt: skip
+         "end_of_run", "local_test_accuracy", "local_mean_client_accuracy", "gain_over_local",
+         "gain_interval", "baseline_clients", "baseline")  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,15 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import check_save_dir, echo_final_models, echo_json, on_abort, to_jsonable
+from privmtl._timing import with_startup
+from privmtl.cli._common import (
+    check_save_dir,
+    echo_final_models,
+    echo_json,
+    on_abort,
+    startup_seconds,
+    to_jsonable,
+)
 from privmtl.cli._spec_options import (
     check_config_code,
     config_option,
@@ -272,6 +280,7 @@ def local(**kw: Any) -> None:
         raise click.ClickException("privmtl flower needs Flower: pip install 'privmtl[flower]'")
     click.echo(f"privmtl: work directory {work} (ledger: server/ledger.jsonl)", err=True)
     on_abort(f"continue the run with the same command and --work-dir {work} --resume")
+    startup = startup_seconds()  # before the launcher's clock starts
     out = run_local(
         num_supernodes=kw["num_supernodes"],
         run_config=run_config,
@@ -280,6 +289,8 @@ def local(**kw: Any) -> None:
         progress=None if get_verbosity() == QUIET else (lambda line: click.echo(line, err=True)),
         save_models=kw["save_models"],
     )
+    if startup is not None and "phases" in out:  # seconds: the command's wall time
+        with_startup(out, startup)
     if as_json:
         code = code or is_factory_spec(str(out.get("model"))) or "method_source" in out
         echo_json(sign(to_jsonable(out)) if code else out)

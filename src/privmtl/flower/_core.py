@@ -785,6 +785,7 @@ class NodeClients:
             if done.choice is not None:
                 out["choice"] = [int(v) for v in done.choice]
             out["grids"] = done.grids
+        scoring = time.perf_counter()
         for split in ("val", "test"):
             xs, ys = self.local.split(split)
             xs = [x.to(self.x_all.dtype) for x in xs]
@@ -799,7 +800,54 @@ class NodeClients:
                 fc, _ = client_scores(self.model, final, self.buffers, xs, ys)
                 out[f"{split}_final"] = [float(v) for v in fc]
         self.final = personal if final is None else final
+        if finish.get("baseline"):  # the clients' training alone, beside their final models
+            t0 = time.perf_counter()
+            held = finish.get("winner") is not None
+            out["baseline"] = self.baseline_scores(finish, vote_held=held)
+            out["baseline_seconds"] = time.perf_counter() - t0
+        out["score_seconds"] = time.perf_counter() - scoring
         return out
+
+    def baseline_scores(self, finish: dict[str, Any], *, vote_held: bool) -> dict[str, list[float]]:
+        """This node's part of the run's baseline
+        (:func:`~privmtl.federated.baseline.local_scores`): for its clients among the
+        population's :func:`~privmtl.federated.baseline.baseline_sample`, their correct test
+        predictions of the final and of the local model (each client's own training, solved as
+        ``run_pmtl`` solves it) and their test examples, in population order."""
+        from privmtl.federated.algorithms import BlockScores, block_rows
+        from privmtl.federated.baseline import baseline_sample
+        from privmtl.federated.finish import resolve_local_solver
+        from privmtl.federated.local import train_local
+
+        assert self.final is not None
+        seed = int(finish["seed"])
+        sample = baseline_sample(int(finish.get("num_clients", self.m)), seed)
+        mine = np.flatnonzero(np.isin(self.clients, sample))
+        if not len(mine):
+            return {"clients": [], "final": [], "local": [], "n": []}
+        part = self.local if len(mine) == len(self.clients) else self.local.subset(mine.tolist())
+        solver = resolve_local_solver("auto", self.model, vote_held=vote_held)
+        alone = train_local(
+            part, self.model, batch_size=int(finish["batch_size"]), seed=seed, select="client",
+            client_index=self.clients[mine].tolist(), solver=solver, scores=False,
+        )  # fmt: skip
+        assert alone.personalized_params is not None
+        book = BlockScores(self.model, self.buffers, ("test",))
+        with torch.no_grad():
+            own = self.final if len(mine) == len(self.clients) else block_rows(self.final, mine)
+            book.add("final", own, True, part)
+            book.add(
+                "local", {k: v.cpu() for k, v in alone.personalized_params.items()}, True, part
+            )
+        final_c, n = book.per_client("test", "final")
+        local_c, _ = book.per_client("test", "local")
+        return {
+            "clients": [int(k) for k in self.clients[mine]],
+            "final": [float(v) for v in final_c],
+            "local": [float(v) for v in local_c],
+            "n": [float(v) for v in n],
+            "solver": solver,  # type: ignore[dict-item]
+        }
 
     def save_models(self, token: str) -> Path | None:
         """Write the final models of this node's clients (as :meth:`evaluate` scored them) to
@@ -1192,7 +1240,30 @@ class ServerRun:
             "winner": self.winner,
             "num_clients": self.m,
             "noise_source": self.noise_source,
+            "baseline": True,  # every run reports the clients' training alone beside its result
         }
+
+    def baseline_keys(self, evaluations: list[dict[str, Any]]) -> dict[str, Any]:
+        """The result's baseline keys (:func:`~privmtl.federated.baseline.local_keys`) from the
+        nodes' parts (:meth:`NodeClients.baseline_scores`), in population order; ``{}`` where no
+        node sent one."""
+        from privmtl.federated.baseline import local_keys
+
+        parts = [e["baseline"] for e in evaluations if e.get("baseline")]
+        if not parts:
+            return {}
+        cat = {
+            k: np.concatenate([np.asarray(p[k], dtype=np.float64) for p in parts])
+            for k in ("clients", "final", "local", "n")
+        }
+        order = np.argsort(cat["clients"], kind="stable")
+        solver = next((str(p["solver"]) for p in parts if "solver" in p), "sgd")
+        keys = local_keys(
+            cat["final"][order], cat["local"][order], cat["n"][order], m=self.m, solver=solver
+        )
+        # the nodes train their clients alone in parallel: the slowest node's time
+        keys["baseline_seconds"] = max(float(e.get("baseline_seconds", 0.0)) for e in evaluations)
+        return keys
 
     def elect(self, shares: np.ndarray) -> str | None:
         """Release the clients' vote from the nodes' summed ``shares`` (the candidates of
@@ -1301,6 +1372,7 @@ class ServerRun:
         out["config"] = self.spec.replace(personal_init=self.config.personal_init).to_dict()
         out["clients_per_round_default"] = given(self.opts, "clients-per-round") is None
         out["scaling"] = "none"  # the built-in data sets of a Flower run are not rescaled
+        out.update(self.baseline_keys(evaluations))
         out["engine"] = "flower-deployment"
         out["device"] = "cpu"  # the nodes train and score on their CPUs (no --device on Flower)
         if self.opts.get("model-sha256"):  # the factory code every machine checked it ran

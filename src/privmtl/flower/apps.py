@@ -51,6 +51,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from privmtl._timing import PMTL_PHASES, PhaseTimer
 from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import InvalidParameterError, PrivmtlError
 from privmtl.flower._core import (
@@ -378,11 +379,13 @@ def main(grid: Grid, context: Context) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     timeout = float(opts["round-timeout"])
     started = time.perf_counter()
+    timer = PhaseTimer(PMTL_PHASES)  # the ServerApp's share of the run's phases
     try:
         # this machine's copy of a user's factory is the announced code, or the run stops here
         user = load_checked(opts, "the ServerApp")
         load_checked_method(opts, "the ServerApp")  # and of a user's method
-        fed = _discover(grid, opts, timeout)
+        with timer.phase("data"):  # the nodes load their clients and describe them
+            fed = _discover(grid, opts, timeout)
         if user is not None:  # the ServerApp builds the model the nodes report
             info = fed.data_shape
             check_shapes(user, info[0], info[1], fed.init)
@@ -391,15 +394,17 @@ def main(grid: Grid, context: Context) -> None:
             f"({time.perf_counter() - started:.1f} s)",
             flush=True,
         )
-        run = ServerRun(opts, fed.init, fed.num_clients, server_dir=out_dir)
-        if run.curator.round:
-            print(f"privmtl-flower resumed at round {run.curator.round}", flush=True)
-        secure = _secagg_setup(opts, run) if opts["secagg"] else None
+        with timer.phase("setup"):
+            run = ServerRun(opts, fed.init, fed.num_clients, server_dir=out_dir)
+            if run.curator.round:
+                print(f"privmtl-flower resumed at round {run.curator.round}", flush=True)
+            secure = _secagg_setup(opts, run) if opts["secagg"] else None
         while not run.finished and not run.stop_on_budget():
-            if secure is None:
-                _train_round(grid, run, fed, opts, timeout)
-            else:
-                _secure_round(grid, run, fed, secure)
+            with timer.phase("rounds"):
+                if secure is None:
+                    _train_round(grid, run, fed, opts, timeout)
+                else:
+                    _secure_round(grid, run, fed, secure)
             _progress(run)
         if run.stopped_on_budget:
             print(
@@ -407,8 +412,14 @@ def main(grid: Grid, context: Context) -> None:
                 f"epsilon {run.epsilon:.4g} <= {run.budget}",
                 flush=True,
             )
-        torch.save(run.billboards, out_dir / "billboards.pt")
-        scores = _evaluate(grid, run, fed, opts, finish_timeout(opts))
+        with timer.phase("saving"):
+            torch.save(run.billboards, out_dir / "billboards.pt")
+        with timer.phase("end_of_run"):  # the vote, the nodes' end of run and their scoring
+            scores = _evaluate(grid, run, fed, opts, finish_timeout(opts))
+        # the nodes score in parallel: the slowest node's scoring is the run's
+        timer.carve(
+            "end_of_run", "scoring", max(float(str(e.get("score_seconds", 0.0))) for e in scores)
+        )
         result = run.result_dict(scores, started)
         result["nodes_evaluated"] = len(scores)
         bounds = [h["secagg_error_bound"] for h in run.history if "secagg_error_bound" in h]
@@ -416,8 +427,10 @@ def main(grid: Grid, context: Context) -> None:
             None if secure is None else _secagg_describe(secure, len(fed.nodes), bounds)
         )
         if opts["save-models"]:  # the released global model (no personalized model)
-            write_atomic(out_dir / MODELS_FILE, to_bytes(run.models_state()))
+            with timer.phase("saving"):
+                write_atomic(out_dir / MODELS_FILE, to_bytes(run.models_state()))
         run.finish()  # before the result: the launcher stops every process once it sees it
+        timer.record(result)  # seconds and phases of the ServerApp (the launcher adds its own)
         _write(out_dir / "result.json", json.dumps(result))
     except Exception as exc:  # the launcher reports it
         _write(out_dir / "error.txt", f"{type(exc).__name__}: {exc}")
