@@ -667,3 +667,33 @@ def test_a_malformed_run_json_is_one_line_before_anything_starts(tmp_path, capsy
                "--model", "logreg", "--resume", "--json"])  # fmt: skip
     err_lines = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err_lines) == 1 and "run.json" in err_lines[0], err_lines
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"rounds": 3, "clients_per_round": 6, "epsilon": 8.0},  # the vote held
+        {"rounds": 2, "clients_per_round": 6, "epsilon": 2.0},  # every client's own choice
+        {"rounds": 2, "clients_per_round": 6, "epsilon": 2.0, "finetune": "none"},
+    ],
+)  # fmt: skip
+def test_flower_per_client_rows_equal_run_pmtls(flags, tmp_path):
+    """The rows of a seeded Flower run (the nodes' scores, their baseline) are run_pmtl's."""
+    from privmtl.per_client import read_rows
+
+    ds = make_synthetic_federated(random_state=0)
+    _run_pmtl_reference(ds, per_client=tmp_path / "ref.csv", **flags)
+    opts = run_options({k.replace("_", "-"): v for k, v in flags.items()})
+    run, nodes = _split_run(ds, {**opts, "noise-source": "seeded"}, n_nodes=3)
+    if run.vote is not None:
+        settings = run.finish_settings()
+        run.elect(sum(np.asarray(n.vote_shares(run.curator.billboard, settings)) for n in nodes))
+    evals = [n.evaluate(run.curator.billboard, run.finish_settings()) for n in nodes]
+    rows = run.client_rows(evals, run.result_dict(evals, 0.0))
+    ref = read_rows(tmp_path / "ref.csv")
+    assert list(rows.columns) == list(ref.columns) and len(rows) == ds.n_clients
+    for col in rows.columns:
+        if rows[col].dtype.kind == "f":
+            np.testing.assert_allclose(rows[col], ref[col], rtol=1e-9, atol=1e-12)
+        else:
+            assert rows[col].astype(str).tolist() == ref[col].astype(str).tolist(), col

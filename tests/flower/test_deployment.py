@@ -268,9 +268,10 @@ def test_the_clients_vote_on_three_supernodes_equals_privmtl_pmtl(tmp_path, caps
 
     flags = ["--data", "synthetic", "--rounds", "3", "--clients-per-round", "6", "--epsilon", "8",
              "--reproducible-noise", "--seed", "3", "--json"]  # fmt: skip
-    assert main(["pmtl", *flags]) == 0
+    assert main(["pmtl", *flags, "--per-client", str(tmp_path / "ref.csv")]) == 0
     ref = json.loads(capsys.readouterr().out)
-    argv = ["flower", "local", "--num-supernodes", "3", *flags, "--work-dir", str(tmp_path / "w")]
+    argv = ["flower", "local", "--num-supernodes", "3", *flags, "--work-dir", str(tmp_path / "w"),
+            "--per-client", str(tmp_path / "rows.csv")]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     res = json.loads(capsys.readouterr().out)
     assert ref["finetune_auto"]["vote"]["held"]
@@ -279,3 +280,5 @@ def test_the_clients_vote_on_three_supernodes_equals_privmtl_pmtl(tmp_path, caps
         assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
     _, entries = read_ledger(tmp_path / "w" / "server" / "ledger.jsonl")
     assert entries[-1]["release_id"] == "finetune-vote:0"
+    assert res["per_client_file"] == str(tmp_path / "rows.csv")
+    assert (tmp_path / "rows.csv").read_text() == (tmp_path / "ref.csv").read_text()

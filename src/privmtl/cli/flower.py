@@ -198,6 +198,12 @@ def flower() -> None:
     "--overwrite", is_flag=True, help="Let --save-models write into a folder that is not empty."
 )
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Whole run, seconds.")
+@click.option(
+    "--per-client",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one row per client here (.csv or .parquet): its sizes, the model it kept, its "
+    "test accuracy, its local-only accuracy and the gain (the rows privmtl pmtl writes).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def local(**kw: Any) -> None:
     """Run PMTL on a SuperLink and N SuperNodes started on 127.0.0.1 (insecure loopback only).
@@ -225,6 +231,10 @@ def local(**kw: Any) -> None:
     for name in ("save_models", "work_dir"):
         if kw[name] is not None:  # checked before any process starts
             check_writable_dir(kw[name], name=name)
+    if kw["per_client"] is not None:
+        from privmtl.per_client import check_rows_path
+
+        check_rows_path(kw["per_client"])
     if kw["num_clients"] is not None:  # the ServerApp's population, before any process starts
         from privmtl._validation import CLIENT_BYTES, check_int, check_memory
 
@@ -255,6 +265,7 @@ def local(**kw: Any) -> None:
         "budget-epsilon": NONE if budget is None else float(budget),
         "checkpoint-every": kw["checkpoint_every"],
         "resume": bool(kw["resume"]),
+        "per-client": "" if kw["per_client"] is None else str(Path(kw["per_client"]).absolute()),
     }
     from privmtl.flower._core import check_options, run_options
     from privmtl.flower.factory import announce

@@ -164,6 +164,8 @@ RUN_DEFAULTS: dict[str, Any] = {
     # True: the ServerApp writes its released global model and every node its clients' final
     # models, each in its own storage (MODELS_FILE), for privmtl.flower.saved to assemble
     "save-models": False,
+    # a file (.csv or .parquet) the ServerApp writes one row per client to; "": none
+    "per-client": "",
 }
 
 FINISH_TIMEOUT = 600.0
@@ -794,6 +796,9 @@ class NodeClients:
             glob = {n: p.unsqueeze(0).expand(len(ys), *p.shape) for n, p in glob_model.items()}
             gc, _ = client_scores(self.model, glob, self.buffers, xs, ys)
             out[f"{split}_n"] = counts
+            if split == "val":  # the clients' train sizes (their per-client rows)
+                out["train_n"] = [float(v) for v in self.local.sizes("train")]
+                out["client_ids"] = list(self.client_ids)
             out[f"{split}_personal"] = [float(v) for v in pc]
             out[f"{split}_global"] = [float(v) for v in gc]
             if final is not None:
@@ -1242,6 +1247,43 @@ class ServerRun:
             "noise_source": self.noise_source,
             "baseline": True,  # every run reports the clients' training alone beside its result
         }
+
+    def client_rows(self, evaluations: list[dict[str, Any]], result: dict[str, Any]) -> Any:
+        """The run's per-client rows (:func:`~privmtl.per_client.pmtl_rows`) from the nodes'
+        evaluations (in partition order: the population's) and the run's ``result``."""
+        from privmtl.federated.finish import auto_plan
+        from privmtl.per_client import pmtl_rows, ratio
+
+        def cat(key: str) -> np.ndarray:
+            return np.concatenate([np.asarray(e[key], dtype=np.float64) for e in evaluations])
+
+        ids = [cid for e in evaluations for cid in e["client_ids"]]
+        sizes = {s: cat(f"{s}_n").astype(np.int64) for s in ("train", "val", "test")}
+        if all("test_final" in e for e in evaluations):
+            correct = cat("test_final")
+        elif self.setup.spec.personalized:
+            correct = cat("test_personal")
+        else:
+            correct = cat("test_global")
+        if all("choice" in e for e in evaluations):
+            fin = self.finish_settings()
+            plan = auto_plan(
+                fin["method"], fin["shared_params"], fin["noise_std"], fin["clip"],
+                fin["released_dim"], fin["rounds"],
+            )  # fmt: skip
+            choice = np.concatenate([np.asarray(e["choice"], dtype=np.int64) for e in evaluations])
+            kept = [str(v) for v in np.asarray(plan.names, dtype=object)[choice]]
+        else:
+            (name,) = result["clients_per_final_model"]
+            kept = [str(name)] * len(ids)
+        local = None
+        parts = [e["baseline"] for e in evaluations if e.get("baseline")]
+        if parts:
+            local = np.full(len(ids), np.nan)
+            for p in parts:
+                idx = np.asarray(p["clients"], dtype=np.int64)
+                local[idx] = ratio(np.asarray(p["local"]), np.asarray(p["n"]))
+        return pmtl_rows(ids, sizes, kept, correct, local)
 
     def baseline_keys(self, evaluations: list[dict[str, Any]]) -> dict[str, Any]:
         """The result's baseline keys (:func:`~privmtl.federated.baseline.local_keys`) from the

@@ -422,6 +422,12 @@ def main(grid: Grid, context: Context) -> None:
         )
         result = run.result_dict(scores, started)
         result["nodes_evaluated"] = len(scores)
+        if opts["per-client"]:  # one row per client, from the nodes' scores
+            from privmtl.per_client import write_rows
+
+            with timer.phase("saving"):
+                rows = run.client_rows(scores, result)
+                result["per_client_file"] = str(write_rows(str(opts["per-client"]), rows))
         bounds = [h["secagg_error_bound"] for h in run.history if "secagg_error_bound" in h]
         result["secure_aggregation"] = (
             None if secure is None else _secagg_describe(secure, len(fed.nodes), bounds)
