@@ -57,16 +57,15 @@ from privmtl.exceptions import InvalidParameterError, PrivmtlError
 from privmtl.flower._core import (
     MODELS_FILE,
     SERVER_DIR,
-    NodeClients,
     ServerRun,
     default_work_dir,
     finish_timeout,
-    load_node,
     run_options,
     to_bytes,
 )
 from privmtl.flower._waits import send_and_receive, shorten_object_waits
 from privmtl.flower.factory import check_shapes, load_checked, load_checked_method
+from privmtl.flower.node_clients import NodeClients, load_node
 
 __all__ = ["check_refusals", "client_app", "describe_node", "server_app"]
 
