@@ -697,3 +697,17 @@ def test_flower_per_client_rows_equal_run_pmtls(flags, tmp_path):
             np.testing.assert_allclose(rows[col], ref[col], rtol=1e-9, atol=1e-12)
         else:
             assert rows[col].astype(str).tolist() == ref[col].astype(str).tolist(), col
+
+
+def test_discovery_waits_for_the_populations_work_and_names_the_slow_partition():
+    """The nodes' data work grows with the population: the wait for them does too (not the
+    round timeout that failed large populations), and a timeout names the partitions missing."""
+    from privmtl.flower._core import discovery_timeout, slow_nodes_line
+
+    small = discovery_timeout(run_options({"num-clients": 1_000}))
+    large = discovery_timeout(run_options({"num-clients": 100_000}))
+    assert small == run_options({})["round-timeout"] and large >= 500.0
+    assert discovery_timeout(run_options({"num-clients": 100_000, "discovery-timeout": 30})) == 30
+    line = slow_nodes_line({7: {"partition": 0}, 9: {"partition": 2}}, 3, 560.0)
+    assert "only 2 of 3" in line and "partition-id=1" in line and "partition-id=0" not in line
+    assert "\n" not in line and "discovery-timeout" in line

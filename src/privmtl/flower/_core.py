@@ -85,6 +85,7 @@ __all__ = [
     "ServerRun",
     "check_options",
     "default_work_dir",
+    "discovery_timeout",
     "finish_timeout",
     "from_bytes",
     "given",
@@ -158,6 +159,9 @@ RUN_DEFAULTS: dict[str, Any] = {
     "save-models": False,
     # a file (.csv or .parquet) the ServerApp writes one row per client to; "": none
     "per-client": "",
+    # seconds to wait for the nodes to load their data and describe themselves; 0: derived
+    # from the population's size (discovery_timeout)
+    "discovery-timeout": 0.0,
 }
 
 FINISH_TIMEOUT = 600.0
@@ -169,6 +173,39 @@ def finish_timeout(opts: dict[str, Any]) -> float:
     """The seconds to wait for the nodes' end of the run and evaluation."""
     given = float(opts["finish-timeout"])
     return given if given > 0 else max(FINISH_TIMEOUT, float(opts["round-timeout"]))
+
+
+DISCOVERY_SECONDS_PER_CLIENT = 5e-3
+"""Seconds a node may take per client of the population to load (or generate) its data before it
+describes itself: a generous bound (the synthetic population takes about 1 ms per client on a
+loaded 2-core machine), so that a large population is waited for instead of failing."""
+
+
+def discovery_timeout(opts: dict[str, Any]) -> float:
+    """The seconds the ServerApp waits for the nodes to connect and describe themselves: the
+    run configuration's ``discovery-timeout`` when given (> 0), else derived from the work, the
+    population's size (``num-clients``; the built-in default population when not given) times
+    :data:`DISCOVERY_SECONDS_PER_CLIENT`, and at least ``round-timeout``."""
+    explicit = float(opts.get("discovery-timeout", 0.0) or 0.0)
+    if explicit > 0:
+        return explicit
+    num = given({"num-clients": NONE, **opts}, "num-clients")
+    m = 10_000 if num is None else int(num)
+    return max(float(opts["round-timeout"]), 60.0 + DISCOVERY_SECONDS_PER_CLIENT * m)
+
+
+def slow_nodes_line(described: dict[int, Any], num_nodes: int, timeout: float) -> str:
+    """The one line of a discovery that timed out: which partitions did not describe themselves
+    (``described``: node id to its description, a dict with ``partition``) and what they were
+    doing."""
+    seen = {int(d["partition"]) for d in described.values() if "partition" in d}
+    missing = [p for p in range(num_nodes) if p not in seen]
+    which = ", ".join(f"partition-id={p}" for p in missing) or "unknown"
+    return (
+        f"only {len(described)} of {num_nodes} SuperNodes described themselves within "
+        f"{timeout:.0f} s; slow: {which} (still loading its clients' data; set the run "
+        "configuration's discovery-timeout in seconds)"
+    )
 
 
 NOT_GIVEN: dict[str, Any] = {

@@ -59,8 +59,10 @@ from privmtl.flower._core import (
     SERVER_DIR,
     ServerRun,
     default_work_dir,
+    discovery_timeout,
     finish_timeout,
     run_options,
+    slow_nodes_line,
     to_bytes,
 )
 from privmtl.flower._waits import send_and_receive, shorten_object_waits
@@ -248,7 +250,11 @@ def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
     described = _ask(grid, "query", {nid: RecordDict() for nid in nodes}, timeout)
     check_refusals(described, len(nodes))
     if len(described) < len(nodes):
-        raise RuntimeError(f"only {len(described)} of {len(nodes)} nodes described themselves")
+        infos = {
+            nid: json.loads(str(c.config_records["node"]["describe"]))
+            for nid, c in described.items()
+        }
+        raise RuntimeError(slow_nodes_line(infos, len(nodes), timeout))
     owner: dict[int, int] = {}
     m = None
     init = None
@@ -384,7 +390,7 @@ def main(grid: Grid, context: Context) -> None:
         user = load_checked(opts, "the ServerApp")
         load_checked_method(opts, "the ServerApp")  # and of a user's method
         with timer.phase("data"):  # the nodes load their clients and describe them
-            fed = _discover(grid, opts, timeout)
+            fed = _discover(grid, opts, discovery_timeout(opts))
         if user is not None:  # the ServerApp builds the model the nodes report
             info = fed.data_shape
             check_shapes(user, info[0], info[1], fed.init)

@@ -185,6 +185,7 @@ class NodeClients:
             "n_features": int(self.local.n_features),
             "n_classes": int(self.local.n_classes),
             "continued": len(self.personal),
+            "partition": int(self.partition_id),
         }
 
     def model_of(self, k: int) -> Params:
