@@ -147,3 +147,16 @@ def test_the_launcher_adds_its_own_time_to_the_serverapps_phases():
     out = with_launch({"seconds": 6.0, "phases": dict(phases)}, 8.5)
     assert out["seconds"] == 8.5 and out["phases"]["setup"] == 3.0
     assert sum(out["phases"].values()) == pytest.approx(out["seconds"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--data", "table", "--data-path", "t.csv", "--label-column", "y"], "--client-column"),
+        (["--data", "synthetic", "--client-column", "user"], "--client-column"),
+    ],
+)
+def test_a_table_on_flower_needs_its_columns_and_they_need_a_table(argv, flag, capsys):
+    rc = main(["flower", "local", *argv, "--rounds", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("privmtl: error:") and flag in err[0]

@@ -711,3 +711,55 @@ def test_discovery_waits_for_the_populations_work_and_names_the_slow_partition()
     line = slow_nodes_line({7: {"partition": 0}, 9: {"partition": 2}}, 3, 560.0)
     assert "only 2 of 3" in line and "partition-id=1" in line and "partition-id=0" not in line
     assert "\n" not in line and "discovery-timeout" in line
+
+
+def _client_table(path, n_clients=12, rows=30, seed=0):
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(3, 4)) * 2
+    frames = []
+    for c in range(n_clients):
+        y = rng.integers(0, 3, size=rows)
+        f = pd.DataFrame(centers[y] + rng.normal(size=(rows, 4)), columns=list("abcd"))
+        f.insert(0, "user", f"u{c:02d}")
+        f["label"] = y
+        frames.append(f)
+    pd.concat(frames, ignore_index=True).to_csv(path, index=False)
+
+
+def test_flower_reads_the_users_table_as_run_pmtl_does(tmp_path):
+    """--data table on Flower: each node keeps its own clients' rows (cached, mapped) and the
+    seeded run equals run_pmtl on the same table (epsilon, accuracy, scaling, notes)."""
+    from privmtl.experiments.pmtl import run_pmtl
+    from privmtl.flower.node_clients import load_node
+
+    _client_table(tmp_path / "t.csv")
+    flags = {"rounds": 2, "clients_per_round": 4, "epsilon": 4.0}
+    ref = run_pmtl(
+        data="table", data_path=str(tmp_path / "t.csv"), client_column="user",
+        label_column="label", model="logreg", noise_source="seeded", show_progress=False,
+        threads=1, **flags,
+    )  # fmt: skip
+    opts = run_options(
+        {
+            **{k.replace("_", "-"): v for k, v in flags.items()},
+            "data": "table", "data-path": str(tmp_path / "t.csv"), "client-column": "user",
+            "label-column": "label", "noise-source": "seeded",
+        }
+    )  # fmt: skip
+    nodes = [load_node(opts, i, 3, str(tmp_path / f"node-{i}")) for i in range(3)]
+    assert [len(n.client_ids) for n in nodes] == [4, 4, 4]
+    assert nodes[1].client_ids == ["u04", "u05", "u06", "u07"]
+    run = ServerRun(opts, nodes[0].init, 12)
+    run.data_scaling = nodes[0].describe()["scaling"]
+    _drive(run, nodes)
+    res = run.result_dict(
+        [n.evaluate(run.curator.billboard, run.finish_settings()) for n in nodes], 0.0
+    )
+    for key in ("epsilon", "test_accuracy", "mean_client_accuracy", "local_test_accuracy"):
+        assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+    assert res["scaling"] == ref["scaling"] != "none"
+    assert res["guarantee"]["notes"] == ref["guarantee"]["notes"]
+    again = load_node(opts, 1, 3, str(tmp_path / "node-1"))  # from the node's cache
+    assert again.client_ids == nodes[1].client_ids and torch.equal(again.x_all, nodes[1].x_all)

@@ -282,3 +282,34 @@ def test_the_clients_vote_on_three_supernodes_equals_privmtl_pmtl(tmp_path, caps
     assert entries[-1]["release_id"] == "finetune-vote:0"
     assert res["per_client_file"] == str(tmp_path / "rows.csv")
     assert (tmp_path / "rows.csv").read_text() == (tmp_path / "ref.csv").read_text()
+
+
+def test_a_users_table_on_three_supernodes_equals_privmtl_pmtl(tmp_path, capsys):
+    """privmtl flower local --data table: every SuperNode reads the user's file and keeps its own
+    clients' rows; the seeded run equals privmtl pmtl on the same table."""
+    import numpy as np
+    import pandas as pd
+
+    from privmtl.cli import main
+
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(3, 4)) * 2
+    frames = []
+    for c in range(12):
+        y = rng.integers(0, 3, size=30)
+        f = pd.DataFrame(centers[y] + rng.normal(size=(30, 4)), columns=list("abcd"))
+        f.insert(0, "user", f"u{c:02d}")
+        f["label"] = y
+        frames.append(f)
+    pd.concat(frames, ignore_index=True).to_csv(tmp_path / "t.csv", index=False)
+    flags = ["--data", "table", "--data-path", str(tmp_path / "t.csv"), "--client-column", "user",
+             "--label-column", "label", "--rounds", "2", "--clients-per-round", "4",
+             "--epsilon", "4", "--reproducible-noise", "--json"]  # fmt: skip
+    assert main(["pmtl", *flags]) == 0
+    ref = json.loads(capsys.readouterr().out)
+    argv = ["flower", "local", "--num-supernodes", "3", *flags, "--work-dir", str(tmp_path / "w")]
+    assert main(argv) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert res["num_clients"] == 12 and res["scaling"] == ref["scaling"]
+    for key in ("epsilon", "test_accuracy", "mean_client_accuracy", "local_test_accuracy"):
+        assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key

@@ -21,6 +21,7 @@ from privmtl.cli._common import (
     startup_seconds,
     to_jsonable,
 )
+from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
 from privmtl.cli._spec_options import (
     check_config_code,
     config_option,
@@ -89,7 +90,7 @@ def flower() -> None:
     required=True,
     help=datasets_help("pmtl", flower=True),
 )
-@click.option("--data-path", type=click.Path(file_okay=False), help="LEAF FEMNIST directory.")
+@pmtl_data_options()
 @click.option("--num-clients", type=int, help="--data synthetic: number of clients m (default 50).")
 @click.option(
     "--model",
@@ -249,9 +250,22 @@ def local(**kw: Any) -> None:
     from privmtl.flower.launcher import check_work_dir, run_local
 
     as_json = kw["as_json"]
+    table = pmtl_data_kwargs(kw, kw["data"])
+    if kw["data"] == "table":  # every SuperNode reads the file from this absolute path
+        table["data_path"] = Path(table["data_path"]).absolute()
     run_config: dict[str, Any] = {
         "data": kw["data"],
-        "data-path": kw["data_path"] or "",
+        "data-path": str(table["data_path"] or ""),
+        **(
+            {
+                "client-column": table["client_column"],
+                "label-column": table["label_column"],
+                "feature-columns": ",".join(table["feature_columns"] or ()),
+                "scaling": table["scaling"],
+            }
+            if kw["data"] == "table"
+            else {}
+        ),
         "num-clients": NONE if kw["num_clients"] is None else kw["num_clients"],
         "model": kw["model"],
         **spec_run_config(settings, given_settings(click.get_current_context())),

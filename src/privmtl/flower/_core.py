@@ -135,6 +135,12 @@ RUN_DEFAULTS: dict[str, Any] = {
     "data": OPTIONS.data,
     "data-path": NONE,
     "num-clients": NONE,  # synthetic only; not given: the generator's default m
+    # a table (data "table"): its columns ("feature-columns" comma-separated; "": every other)
+    # and its per-client scaling ("": the default); every node reads its own copy of the file
+    "client-column": "",
+    "label-column": "",
+    "feature-columns": "",
+    "scaling": "",
     "model": OPTIONS.model,  # or a user's MODULE:FACTORY / PATH.py:FACTORY (privmtl.flower.factory)
     "model-dir": "",  # where a factory resolves; "": the process's working directory
     "model-sha256": "",  # the SHA-256 of the factory's file every machine must load
@@ -509,6 +515,8 @@ class ServerRun:
         # the clients' end-of-run vote where run_pmtl holds it: its event reserved in the budget
         self.vote = vote_plan(given_spec(opts), m, str(opts["model"]))
         self.vote_record: dict[str, Any] | None = None
+        # the clients' feature scaling, as the nodes describe their data (a table's)
+        self.data_scaling = "none"
         self.winner: str | None = None
         reserve = None if self.vote is None else self.vote.event()
         self.run = run = make_run(opts, m, reserve)  # resolved once
@@ -927,10 +935,11 @@ class ServerRun:
     def result_dict(self, evaluations: list[dict[str, Any]], started: float) -> dict:
         """The JSON of ``privmtl pmtl`` for this run, plus ``engine``."""
         from privmtl.federated.finish import final_models_keys
-        from privmtl.federated.report import result_dict
+        from privmtl.federated.report import result_dict, scaling_note
 
         res = self.result(evaluations, started)
         part, notes = self._finish_part(evaluations, float(res.test_accuracy))
+        notes = [*scaling_note(self.data_scaling), *notes]
         out = result_dict(
             res,
             method=self.config.method,
@@ -955,7 +964,7 @@ class ServerRun:
         # the resolved settings (personal_init as the ServerApp resolved it), as run_pmtl's
         out["config"] = self.spec.replace(personal_init=self.config.personal_init).to_dict()
         out["clients_per_round_default"] = given(self.opts, "clients-per-round") is None
-        out["scaling"] = "none"  # the built-in data sets of a Flower run are not rescaled
+        out["scaling"] = self.data_scaling  # as the nodes describe their data
         out.update(self.baseline_keys(evaluations))
         out["engine"] = "flower-deployment"
         out["device"] = "cpu"  # the nodes train and score on their CPUs (no --device on Flower)

@@ -242,6 +242,7 @@ class _Federation:
     num_clients: int
     init: dict[str, torch.Tensor]
     data_shape: tuple[int, int]  # (n_features, n_classes) of the nodes' data
+    scaling: str = "none"  # the clients' feature scaling (a table's), as the nodes describe it
 
 
 def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
@@ -272,7 +273,7 @@ def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
             f"the nodes serve {len(owner)} distinct clients of {m}: check each node's "
             "partition-id and num-partitions"
         )
-    return _Federation(nodes, owner, m, init, shape)
+    return _Federation(nodes, owner, m, init, shape, str(info.get("scaling", "none")))
 
 
 def check_refusals(described: dict[int, RecordDict], num_nodes: int) -> None:
@@ -401,6 +402,7 @@ def main(grid: Grid, context: Context) -> None:
         )
         with timer.phase("setup"):
             run = ServerRun(opts, fed.init, fed.num_clients, server_dir=out_dir)
+            run.data_scaling = fed.scaling
             if run.curator.round:
                 print(f"privmtl-flower resumed at round {run.curator.round}", flush=True)
             secure = _secagg_setup(opts, run) if opts["secagg"] else None

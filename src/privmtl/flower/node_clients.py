@@ -186,6 +186,7 @@ class NodeClients:
             "n_classes": int(self.local.n_classes),
             "continued": len(self.personal),
             "partition": int(self.partition_id),
+            "scaling": str(self.local.scaling),
         }
 
     def model_of(self, k: int) -> Params:
@@ -535,12 +536,34 @@ class NodeClients:
         return path
 
 
+def table_options(opts: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of :func:`~privmtl.data.registry.load_federated` that a table's run
+    configuration gives (none for another data set)."""
+    if str(opts["data"]) != "table":
+        return {}
+    features = [c.strip() for c in str(opts.get("feature-columns", "")).split(",") if c.strip()]
+    return {
+        "client_column": str(opts["client-column"]),
+        "label_column": str(opts["label-column"]),
+        "feature_columns": tuple(features) or None,
+        "scaling": str(opts.get("scaling", "")) or None,
+    }
+
+
 @functools.lru_cache(maxsize=2)
-def _population(data: str, data_path: str, seed: int, num_clients: int | None) -> FederatedDataset:
-    """The whole population, loaded once per process (a simulation's actor serves many nodes)."""
+def _population(
+    data: str, data_path: str, seed: int, num_clients: int | None, table: str = "{}"
+) -> FederatedDataset:
+    """The whole population, loaded once per process (a simulation's actor serves many nodes);
+    ``table``: a table's options as JSON (:func:`table_options`)."""
     from privmtl.data.registry import load_federated
 
-    return load_federated(data, data_path=data_path or None, seed=seed, num_clients=num_clients)
+    kw = json.loads(table)
+    if kw.get("feature_columns") is not None:
+        kw["feature_columns"] = list(kw["feature_columns"])
+    return load_federated(
+        data, data_path=data_path or None, seed=seed, num_clients=num_clients, **kw
+    )
 
 
 def node_dataset(d: dict[str, Any]) -> FederatedDataset:
@@ -591,7 +614,8 @@ def load_node(
 
     seed = int(opts["seed"])
     num = given({"num-clients": NONE, **opts}, "num-clients")
-    ident = json.dumps([opts["data"], opts["data-path"], seed, pid, parts, num])
+    table = json.dumps(table_options(opts), sort_keys=True)
+    ident = json.dumps([opts["data"], opts["data-path"], seed, pid, parts, num, table])
     cache = None
     if state_dir is not None:
         digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
@@ -610,7 +634,7 @@ def load_node(
             state_dir=state_dir,
         )
     ds = _population(
-        str(opts["data"]), str(opts["data-path"]), seed, None if num is None else int(num)
+        str(opts["data"]), str(opts["data-path"]), seed, None if num is None else int(num), table
     )
     net = make_model(str(opts["model"]), ds, seed, factory=user)
     node = NodeClients(ds, net, partition_id=pid, num_partitions=parts, state_dir=state_dir)
