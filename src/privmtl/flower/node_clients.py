@@ -457,6 +457,7 @@ class NodeClients:
             if split == "val":  # the clients' train sizes (their per-client rows)
                 out["train_n"] = [float(v) for v in self.local.sizes("train")]
                 out["client_ids"] = list(self.client_ids)
+                out["clients"] = [int(k) for k in self.clients]
             out[f"{split}_personal"] = [float(v) for v in pc]
             out[f"{split}_global"] = [float(v) for v in gc]
             if final is not None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from privmtl.privacy.ledger import PrivacyLedger
     from privmtl.privacy.selection import VotePlan
 
-__all__ = ["elect", "node_vote_shares", "vote_plan", "voter_rng"]
+__all__ = ["elect", "node_vote_shares", "node_voters", "vote_plan", "voter_rng"]
 
 
 def vote_plan(spec: RunSpec, m: int, model: str) -> VotePlan | None:
