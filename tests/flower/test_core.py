@@ -16,7 +16,8 @@ from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import make_model
 from privmtl.federated.protocol import Trainer
-from privmtl.flower._core import NodeClients, ServerRun, partition, run_options
+from privmtl.flower._core import ServerRun, partition, run_options
+from privmtl.flower.node_clients import NodeClients
 from privmtl.privacy.ledger import reaccount, read_ledger
 
 
@@ -168,7 +169,7 @@ def test_missing_node_release_keeps_accounted_sensitivity(tmp_path):
 
 
 def test_node_data_cache_rebuilds_the_same_node(tmp_path):
-    from privmtl.flower._core import load_node
+    from privmtl.flower.node_clients import load_node
 
     opts = _opts()
     first = load_node(opts, 1, 3, str(tmp_path))
@@ -305,7 +306,8 @@ def test_a_second_run_in_the_same_directory_continues_the_ledger(tmp_path):
 
 
 def test_num_clients_sets_the_synthetic_population_of_every_node():
-    from privmtl.flower._core import check_options, load_node
+    from privmtl.flower._core import check_options
+    from privmtl.flower.node_clients import load_node
 
     opts = _opts(**{"num-clients": 12})
     node = load_node(opts, 1, 3, None)
@@ -466,8 +468,8 @@ def test_a_user_factory_on_flower_nodes_equals_run_pmtl(models_dir, spec, monkey
     import hashlib
 
     from privmtl.experiments.pmtl import run_pmtl
-    from privmtl.flower._core import load_node
     from privmtl.flower.factory import announce
+    from privmtl.flower.node_clients import load_node
 
     flags = {"rounds": 3, "clients_per_round": 6, "epsilon": 2.0, "finetune": "none"}
     ref = run_pmtl(data="synthetic", model=spec, noise_source="seeded", show_progress=False,
@@ -494,8 +496,8 @@ def test_a_user_factory_on_flower_nodes_equals_run_pmtl(models_dir, spec, monkey
 
 
 def test_a_node_whose_factory_file_differs_is_refused_naming_both_hashes(models_dir, tmp_path):
-    from privmtl.flower._core import load_node
     from privmtl.flower.factory import announce
+    from privmtl.flower.node_clients import load_node
 
     opts = run_options(announce({"model": "mymodels:make_mlp", "seed": 0}))
     other = tmp_path / "node1"
@@ -560,7 +562,8 @@ def _saved_run(opts, root, n_nodes=3):
     """A run with save-models as the apps drive it: the ServerApp keeps the released global model
     in server/, each node its clients' final models in its own storage; returns the result."""
     from privmtl.checkpoint import write_atomic
-    from privmtl.flower._core import MODELS_FILE, SERVER_DIR, load_node, to_bytes
+    from privmtl.flower._core import MODELS_FILE, SERVER_DIR, to_bytes
+    from privmtl.flower.node_clients import load_node
 
     dirs = [root / "nodes" / f"node-{i}" for i in range(n_nodes)]
     nodes = [load_node(opts, i, n_nodes, str(d)) for i, d in enumerate(dirs)]

@@ -136,11 +136,11 @@ RUN_DEFAULTS: dict[str, Any] = {
     "data-path": NONE,
     "num-clients": NONE,  # synthetic only; not given: the generator's default m
     # a table (data "table"): its columns ("feature-columns" comma-separated; "": every other)
-    # and its per-client scaling ("": the default); every node reads its own copy of the file
+    # and its per-client scaling; every node reads its own copy of the file
     "client-column": "",
     "label-column": "",
     "feature-columns": "",
-    "scaling": "",
+    "scaling": OPTIONS.scaling,
     "model": OPTIONS.model,  # or a user's MODULE:FACTORY / PATH.py:FACTORY (privmtl.flower.factory)
     "model-dir": "",  # where a factory resolves; "": the process's working directory
     "model-sha256": "",  # the SHA-256 of the factory's file every machine must load
@@ -986,12 +986,3 @@ class ServerRun:
         if self.server_dir is not None:
             out["server_dir"] = str(self.server_dir)
         return json.loads(json.dumps(out, default=float))
-
-
-def __getattr__(name: str) -> Any:
-    """The node's half, moved to :mod:`privmtl.flower.node_clients` (read from there)."""
-    if name in ("NodeClients", "load_node", "node_dataset"):
-        from privmtl.flower import node_clients
-
-        return getattr(node_clients, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
