@@ -40,7 +40,7 @@ NOT_A_SETTING = {
     # a curator's own stream seed, always given by its callers
     ("federated/curator.py", "__init__.seed"),
     # a node's final models: the resolved personal_init of the run is always passed
-    ("flower/_core.py", "trained.personal_init"),
+    ("flower/node_clients.py", "trained.personal_init"),
     # the fine-tuning method of a call, not the run's method
     ("federated/end_of_run/finetune.py", "finetune.method"),
     ("federated/end_of_run/finetune_selection.py", "finetune_select.method"),

@@ -135,3 +135,28 @@ def test_save_models_refuses_a_folder_that_is_not_empty_before_any_process_start
     argv = _local("--save-models", str(models), "--overwrite", "--work-dir", str(tmp_path / "w"))
     assert main([*argv, "--json"]) == 0, capsys.readouterr().err
     assert seen[0]["save_models"] == models
+
+
+def test_the_launcher_adds_its_own_time_to_the_serverapps_phases():
+    """A Flower run's seconds is the launcher's wall time; what the ServerApp did not measure
+    (starting the processes, collecting the result) is set-up."""
+    from privmtl.flower.launcher import with_launch
+
+    phases = {"data": 1.0, "setup": 0.5, "rounds": 3.0, "end_of_run": 1.0, "scoring": 0.25,
+              "saving": 0.0, "other": 0.25}  # fmt: skip
+    out = with_launch({"seconds": 6.0, "phases": dict(phases)}, 8.5)
+    assert out["seconds"] == 8.5 and out["phases"]["setup"] == 3.0
+    assert sum(out["phases"].values()) == pytest.approx(out["seconds"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--data", "table", "--data-path", "t.csv", "--label-column", "y"], "--client-column"),
+        (["--data", "synthetic", "--client-column", "user"], "--client-column"),
+    ],
+)
+def test_a_table_on_flower_needs_its_columns_and_they_need_a_table(argv, flag, capsys):
+    rc = main(["flower", "local", *argv, "--rounds", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("privmtl: error:") and flag in err[0]

@@ -16,7 +16,8 @@ from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import make_model
 from privmtl.federated.protocol import Trainer
-from privmtl.flower._core import NodeClients, ServerRun, partition, run_options
+from privmtl.flower._core import ServerRun, partition, run_options
+from privmtl.flower.node_clients import NodeClients
 from privmtl.privacy.ledger import reaccount, read_ledger
 
 
@@ -168,7 +169,7 @@ def test_missing_node_release_keeps_accounted_sensitivity(tmp_path):
 
 
 def test_node_data_cache_rebuilds_the_same_node(tmp_path):
-    from privmtl.flower._core import load_node
+    from privmtl.flower.node_clients import load_node
 
     opts = _opts()
     first = load_node(opts, 1, 3, str(tmp_path))
@@ -305,7 +306,8 @@ def test_a_second_run_in_the_same_directory_continues_the_ledger(tmp_path):
 
 
 def test_num_clients_sets_the_synthetic_population_of_every_node():
-    from privmtl.flower._core import check_options, load_node
+    from privmtl.flower._core import check_options
+    from privmtl.flower.node_clients import load_node
 
     opts = _opts(**{"num-clients": 12})
     node = load_node(opts, 1, 3, None)
@@ -343,6 +345,10 @@ def _run_pmtl_reference(ds, **flags):
 def _flower_result(ds, flags, n_nodes=3):
     opts = run_options({k.replace("_", "-"): v for k, v in flags.items()})
     run, nodes = _split_run(ds, {**opts, "noise-source": "seeded"}, n_nodes=n_nodes)
+    if run.vote is not None:  # the ServerApp's vote: the nodes' summed shares, released
+        settings = run.finish_settings()
+        shares = sum(np.asarray(n.vote_shares(run.curator.billboard, settings)) for n in nodes)
+        run.elect(shares)
     return run.result_dict(
         [n.evaluate(run.curator.billboard, run.finish_settings()) for n in nodes], 0.0
     )
@@ -353,7 +359,8 @@ _SAME = ("epsilon", "delta", "noise_std", "clients_per_round", "lam", "personal_
          "global_test_accuracy", "test_accuracy", "mean_client_accuracy", "val_accuracy",
          "pre_finetune_test_accuracy", "finetune", "finetune_auto", "released_dim",
          "rounds_run", "covered", "global_mean_client_accuracy", "clients_per_final_model",
-         "end_of_run")  # fmt: skip
+         "end_of_run", "local_test_accuracy", "local_mean_client_accuracy", "gain_over_local",
+         "gain_interval", "baseline_clients", "baseline")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -361,6 +368,8 @@ _SAME = ("epsilon", "delta", "noise_std", "clients_per_round", "lam", "personal_
     [
         # a scale run's flags, fewer rounds; everything else at the product defaults
         {"rounds": 3, "clients_per_round": 6, "epsilon": 2.0},
+        # the clients' vote held (at 50 clients from epsilon 8 on): released by the server
+        {"rounds": 3, "clients_per_round": 6, "epsilon": 8.0},
         # the other personal start, an explicit fine-tuning method, the authors' message
         {"rounds": 2, "clients_per_round": 5, "noise_std": 0.01, "personal_init": "billboard",
          "finetune": "mr", "server_update": "offset"},
@@ -396,8 +405,17 @@ def test_flower_run_equals_run_pmtl_at_the_product_defaults(flags):
     for key in (k for k in _SAME if k in ref):
         if isinstance(ref[key], float):
             assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+        elif key == "finetune_auto" and "vote" in ref[key]:
+            # the vote released from the nodes' sums: its noisy counts to the last bits
+            got, want = dict(res[key]), dict(ref[key])
+            got_vote, want_vote = dict(got.pop("vote")), dict(want.pop("vote"))
+            counts = got_vote.pop("noisy_counts")
+            assert counts == pytest.approx(want_vote.pop("noisy_counts"), rel=1e-12)
+            assert (got, got_vote) == (want, want_vote)
         else:
             assert res[key] == ref[key], key
+    if flags.get("epsilon") == 8.0:  # the vote was held, on both transports
+        assert ref["finetune_auto"]["vote"]["held"] and res["finetune_auto"]["vote"]["held"]
     assert res["guarantee"]["notes"] == ref["guarantee"]["notes"]
     if flags.get("noise_mechanism") == "banded":  # the same one event, bands and groups
         assert res["banded"] == ref["banded"] and ref["banded"]["mechanism"] == "banded"
@@ -450,8 +468,8 @@ def test_a_user_factory_on_flower_nodes_equals_run_pmtl(models_dir, spec, monkey
     import hashlib
 
     from privmtl.experiments.pmtl import run_pmtl
-    from privmtl.flower._core import load_node
     from privmtl.flower.factory import announce
+    from privmtl.flower.node_clients import load_node
 
     flags = {"rounds": 3, "clients_per_round": 6, "epsilon": 2.0, "finetune": "none"}
     ref = run_pmtl(data="synthetic", model=spec, noise_source="seeded", show_progress=False,
@@ -478,8 +496,8 @@ def test_a_user_factory_on_flower_nodes_equals_run_pmtl(models_dir, spec, monkey
 
 
 def test_a_node_whose_factory_file_differs_is_refused_naming_both_hashes(models_dir, tmp_path):
-    from privmtl.flower._core import load_node
     from privmtl.flower.factory import announce
+    from privmtl.flower.node_clients import load_node
 
     opts = run_options(announce({"model": "mymodels:make_mlp", "seed": 0}))
     other = tmp_path / "node1"
@@ -544,7 +562,8 @@ def _saved_run(opts, root, n_nodes=3):
     """A run with save-models as the apps drive it: the ServerApp keeps the released global model
     in server/, each node its clients' final models in its own storage; returns the result."""
     from privmtl.checkpoint import write_atomic
-    from privmtl.flower._core import MODELS_FILE, SERVER_DIR, load_node, to_bytes
+    from privmtl.flower._core import MODELS_FILE, SERVER_DIR, to_bytes
+    from privmtl.flower.node_clients import load_node
 
     dirs = [root / "nodes" / f"node-{i}" for i in range(n_nodes)]
     nodes = [load_node(opts, i, n_nodes, str(d)) for i, d in enumerate(dirs)]
@@ -651,3 +670,100 @@ def test_a_malformed_run_json_is_one_line_before_anything_starts(tmp_path, capsy
                "--model", "logreg", "--resume", "--json"])  # fmt: skip
     err_lines = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err_lines) == 1 and "run.json" in err_lines[0], err_lines
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"rounds": 3, "clients_per_round": 6, "epsilon": 8.0},  # the vote held
+        {"rounds": 2, "clients_per_round": 6, "epsilon": 2.0},  # every client's own choice
+        {"rounds": 2, "clients_per_round": 6, "epsilon": 2.0, "finetune": "none"},
+    ],
+)  # fmt: skip
+def test_flower_per_client_rows_equal_run_pmtls(flags, tmp_path):
+    """The rows of a seeded Flower run (the nodes' scores, their baseline) are run_pmtl's."""
+    from privmtl.per_client import read_rows
+
+    ds = make_synthetic_federated(random_state=0)
+    _run_pmtl_reference(ds, per_client=tmp_path / "ref.csv", **flags)
+    opts = run_options({k.replace("_", "-"): v for k, v in flags.items()})
+    run, nodes = _split_run(ds, {**opts, "noise-source": "seeded"}, n_nodes=3)
+    if run.vote is not None:
+        settings = run.finish_settings()
+        run.elect(sum(np.asarray(n.vote_shares(run.curator.billboard, settings)) for n in nodes))
+    evals = [n.evaluate(run.curator.billboard, run.finish_settings()) for n in nodes]
+    # the nodes answer in any order (the ServerApp lists them by node id, not by partition)
+    rows = run.client_rows(evals[::-1], run.result_dict(evals, 0.0))
+    ref = read_rows(tmp_path / "ref.csv")
+    assert list(rows.columns) == list(ref.columns) and len(rows) == ds.n_clients
+    for col in rows.columns:
+        if rows[col].dtype.kind == "f":
+            np.testing.assert_allclose(rows[col], ref[col], rtol=1e-9, atol=1e-12)
+        else:
+            assert rows[col].astype(str).tolist() == ref[col].astype(str).tolist(), col
+
+
+def test_discovery_waits_for_the_populations_work_and_names_the_slow_partition():
+    """The nodes' data work grows with the population: the wait for them does too (not the
+    round timeout that failed large populations), and a timeout names the partitions missing."""
+    from privmtl.flower._core import discovery_timeout, slow_nodes_line
+
+    small = discovery_timeout(run_options({"num-clients": 1_000}))
+    large = discovery_timeout(run_options({"num-clients": 100_000}))
+    assert small == run_options({})["round-timeout"] and large >= 500.0
+    assert discovery_timeout(run_options({"num-clients": 100_000, "discovery-timeout": 30})) == 30
+    line = slow_nodes_line({7: {"partition": 0}, 9: {"partition": 2}}, 3, 560.0)
+    assert "only 2 of 3" in line and "partition-id=1" in line and "partition-id=0" not in line
+    assert "\n" not in line and "discovery-timeout" in line
+
+
+def _client_table(path, n_clients=12, rows=30, seed=0):
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(3, 4)) * 2
+    frames = []
+    for c in range(n_clients):
+        y = rng.integers(0, 3, size=rows)
+        f = pd.DataFrame(centers[y] + rng.normal(size=(rows, 4)), columns=list("abcd"))
+        f.insert(0, "user", f"u{c:02d}")
+        f["label"] = y
+        frames.append(f)
+    pd.concat(frames, ignore_index=True).to_csv(path, index=False)
+
+
+def test_flower_reads_the_users_table_as_run_pmtl_does(tmp_path):
+    """--data table on Flower: each node keeps its own clients' rows (cached, mapped) and the
+    seeded run equals run_pmtl on the same table (epsilon, accuracy, scaling, notes)."""
+    from privmtl.experiments.pmtl import run_pmtl
+    from privmtl.flower.node_clients import load_node
+
+    _client_table(tmp_path / "t.csv")
+    flags = {"rounds": 2, "clients_per_round": 4, "epsilon": 4.0}
+    ref = run_pmtl(
+        data="table", data_path=str(tmp_path / "t.csv"), client_column="user",
+        label_column="label", model="logreg", noise_source="seeded", show_progress=False,
+        threads=1, **flags,
+    )  # fmt: skip
+    opts = run_options(
+        {
+            **{k.replace("_", "-"): v for k, v in flags.items()},
+            "data": "table", "data-path": str(tmp_path / "t.csv"), "client-column": "user",
+            "label-column": "label", "noise-source": "seeded",
+        }
+    )  # fmt: skip
+    nodes = [load_node(opts, i, 3, str(tmp_path / f"node-{i}")) for i in range(3)]
+    assert [len(n.client_ids) for n in nodes] == [4, 4, 4]
+    assert nodes[1].client_ids == ["u04", "u05", "u06", "u07"]
+    run = ServerRun(opts, nodes[0].init, 12)
+    run.data_scaling = nodes[0].describe()["scaling"]
+    _drive(run, nodes)
+    res = run.result_dict(
+        [n.evaluate(run.curator.billboard, run.finish_settings()) for n in nodes], 0.0
+    )
+    for key in ("epsilon", "test_accuracy", "mean_client_accuracy", "local_test_accuracy"):
+        assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+    assert res["scaling"] == ref["scaling"] != "none"
+    assert res["guarantee"]["notes"] == ref["guarantee"]["notes"]
+    again = load_node(opts, 1, 3, str(tmp_path / "node-1"))  # from the node's cache
+    assert again.client_ids == nodes[1].client_ids and torch.equal(again.x_all, nodes[1].x_all)

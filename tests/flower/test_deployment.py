@@ -15,9 +15,10 @@ pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmt
 from privmtl.data.federated import make_synthetic_federated
 from privmtl.experiments.pmtl import make_model, run_pmtl
 from privmtl.federated.protocol import Trainer
-from privmtl.flower._core import from_bytes, run_options
+from privmtl.flower._core import run_options
 from privmtl.flower.launcher import run_local
-from privmtl.privacy.ledger import reaccount
+from privmtl.flower.node_state import read_personal
+from privmtl.privacy.ledger import reaccount, read_ledger
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +42,8 @@ CONFIG = {
 
 def _personal(state: Path) -> dict:
     out = {}
-    for f in sorted(state.glob("node-*/personal.pt")):
-        out.update(from_bytes(f.read_bytes())["models"])
+    for f in sorted(state.glob("node-*/personal")):
+        out.update(read_personal(f))
     return out
 
 
@@ -54,8 +55,11 @@ def test_three_supernodes_match_in_process_engine_and_continue(tmp_path, alive_w
     ref_keys = run_pmtl(  # the Flower run does no fine-tuning
         rounds=1, clients_per_round=2, noise_std=0.05, show_progress=False, finetune="none"
     ).keys()
-    # Flower reports the rounds' time and its own wall_seconds, not the in-process run's phases
-    assert set(ref_keys) - {"data_seconds", "phases"} <= set(res)
+    # Flower reports the same keys, the phases of the run and its wall time included
+    assert set(ref_keys) - {"data_seconds"} <= set(res)
+    assert list(res["phases"]) == ["data", "setup", "rounds", "end_of_run", "scoring", "saving",
+                                   "other"]  # fmt: skip
+    assert sum(res["phases"].values()) == pytest.approx(res["seconds"], rel=1e-9)
     assert res["engine"] == "flower-deployment" and res["work_dir"] == str(work.absolute())
 
     # seeded: every billboard equals the in-process engine's, and so do ε and the accuracy
@@ -253,4 +257,59 @@ def test_own_method_and_fedrep_on_supernodes_equal_privmtl_pmtl(
     assert res["ledger_releases"] == 3
     assert res.get("method_source", {}).get("sha256") == ref.get("method_source", {}).get("sha256")
     for key in ("epsilon", "test_accuracy", "mean_client_accuracy"):
+        assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+
+
+def test_the_clients_vote_on_three_supernodes_equals_privmtl_pmtl(tmp_path, capsys):
+    """At the defaults where the vote is held (50 clients, epsilon 8): the ServerApp releases the
+    nodes' summed shares through the ledger and the nodes finish with its winner, as privmtl
+    pmtl does in process (same epsilon, same accuracy, same winner)."""
+    from privmtl.cli import main
+
+    flags = ["--data", "synthetic", "--rounds", "3", "--clients-per-round", "6", "--epsilon", "8",
+             "--reproducible-noise", "--seed", "3", "--json"]  # fmt: skip
+    assert main(["pmtl", *flags, "--per-client", str(tmp_path / "ref.csv")]) == 0
+    ref = json.loads(capsys.readouterr().out)
+    argv = ["flower", "local", "--num-supernodes", "3", *flags, "--work-dir", str(tmp_path / "w"),
+            "--per-client", str(tmp_path / "rows.csv")]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert ref["finetune_auto"]["vote"]["held"]
+    assert res["finetune_auto"]["vote"]["winner"] == ref["finetune_auto"]["vote"]["winner"]
+    for key in ("epsilon", "test_accuracy", "mean_client_accuracy", "global_test_accuracy"):
+        assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+    _, entries = read_ledger(tmp_path / "w" / "server" / "ledger.jsonl")
+    assert entries[-1]["release_id"] == "finetune-vote:0"
+    assert res["per_client_file"] == str(tmp_path / "rows.csv")
+    assert (tmp_path / "rows.csv").read_text() == (tmp_path / "ref.csv").read_text()
+
+
+def test_a_users_table_on_three_supernodes_equals_privmtl_pmtl(tmp_path, capsys):
+    """privmtl flower local --data table: every SuperNode reads the user's file and keeps its own
+    clients' rows; the seeded run equals privmtl pmtl on the same table."""
+    import numpy as np
+    import pandas as pd
+
+    from privmtl.cli import main
+
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(3, 4)) * 2
+    frames = []
+    for c in range(12):
+        y = rng.integers(0, 3, size=30)
+        f = pd.DataFrame(centers[y] + rng.normal(size=(30, 4)), columns=list("abcd"))
+        f.insert(0, "user", f"u{c:02d}")
+        f["label"] = y
+        frames.append(f)
+    pd.concat(frames, ignore_index=True).to_csv(tmp_path / "t.csv", index=False)
+    flags = ["--data", "table", "--data-path", str(tmp_path / "t.csv"), "--client-column", "user",
+             "--label-column", "label", "--rounds", "2", "--clients-per-round", "4",
+             "--epsilon", "4", "--reproducible-noise", "--json"]  # fmt: skip
+    assert main(["pmtl", *flags]) == 0
+    ref = json.loads(capsys.readouterr().out)
+    argv = ["flower", "local", "--num-supernodes", "3", *flags, "--work-dir", str(tmp_path / "w")]
+    assert main(argv) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert res["num_clients"] == 12 and res["scaling"] == ref["scaling"]
+    for key in ("epsilon", "test_accuracy", "mean_client_accuracy", "local_test_accuracy"):
         assert res[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key

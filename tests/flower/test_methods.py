@@ -17,7 +17,8 @@ from privmtl.experiments.pmtl import make_model, run_pmtl
 from privmtl.federated.config import TrainConfig
 from privmtl.federated.methods import FLOWER_METHODS, ClientStep, Method
 from privmtl.federated.protocol import Trainer
-from privmtl.flower._core import NodeClients, ServerRun, check_options, run_options
+from privmtl.flower._core import ServerRun, check_options, run_options
+from privmtl.flower.node_clients import NodeClients
 
 
 def _drive(run, nodes):
@@ -185,8 +186,8 @@ def test_the_example_method_file_runs_on_flower_as_run_pmtl_does(tmp_path, monke
     and accuracy as the in-process run."""
     import hashlib
 
-    from privmtl.flower._core import load_node
     from privmtl.flower.factory import announce
+    from privmtl.flower.node_clients import load_node
 
     spec = "examples/own_method.py:OwnMethod"
     monkeypatch.chdir(EXAMPLE.parents[1])
@@ -216,8 +217,8 @@ def test_the_example_method_file_runs_on_flower_as_run_pmtl_does(tmp_path, monke
 def test_a_node_whose_method_file_differs_is_refused_naming_both_hashes(tmp_path, monkeypatch):
     import hashlib
 
-    from privmtl.flower._core import load_node
     from privmtl.flower.factory import announce
+    from privmtl.flower.node_clients import load_node
 
     monkeypatch.chdir(EXAMPLE.parents[1])
     opts = run_options(announce({"method": "examples/own_method.py:OwnMethod", "num-clients": 9}))

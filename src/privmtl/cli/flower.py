@@ -12,7 +12,16 @@ from typing import Any
 
 import click
 
-from privmtl.cli._common import check_save_dir, echo_final_models, echo_json, on_abort, to_jsonable
+from privmtl._timing import with_startup
+from privmtl.cli._common import (
+    check_save_dir,
+    echo_final_models,
+    echo_json,
+    on_abort,
+    startup_seconds,
+    to_jsonable,
+)
+from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
 from privmtl.cli._spec_options import (
     check_config_code,
     config_option,
@@ -22,6 +31,7 @@ from privmtl.cli._spec_options import (
     trust_code_option,
 )
 from privmtl.data.registry import dataset_names, datasets_help
+from privmtl.federated.baseline import describe_gain
 from privmtl.federated.options import OPTIONS
 from privmtl.federated.spec import EXECUTION, SPEC
 from privmtl.flower._core import NONE
@@ -81,7 +91,7 @@ def flower() -> None:
     required=True,
     help=datasets_help("pmtl", flower=True),
 )
-@click.option("--data-path", type=click.Path(file_okay=False), help="LEAF FEMNIST directory.")
+@pmtl_data_options()
 @click.option("--num-clients", type=int, help="--data synthetic: number of clients m (default 50).")
 @click.option(
     "--model",
@@ -190,6 +200,12 @@ def flower() -> None:
     "--overwrite", is_flag=True, help="Let --save-models write into a folder that is not empty."
 )
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Whole run, seconds.")
+@click.option(
+    "--per-client",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write one row per client here (.csv or .parquet): its sizes, the model it kept, its "
+    "test accuracy, its local-only accuracy and the gain (the rows privmtl pmtl writes).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def local(**kw: Any) -> None:
     """Run PMTL on a SuperLink and N SuperNodes started on 127.0.0.1 (insecure loopback only).
@@ -217,6 +233,10 @@ def local(**kw: Any) -> None:
     for name in ("save_models", "work_dir"):
         if kw[name] is not None:  # checked before any process starts
             check_writable_dir(kw[name], name=name)
+    if kw["per_client"] is not None:
+        from privmtl.per_client import check_rows_path
+
+        check_rows_path(kw["per_client"])
     if kw["num_clients"] is not None:  # the ServerApp's population, before any process starts
         from privmtl._validation import CLIENT_BYTES, check_int, check_memory
 
@@ -231,23 +251,7 @@ def local(**kw: Any) -> None:
     from privmtl.flower.launcher import check_work_dir, run_local
 
     as_json = kw["as_json"]
-    run_config: dict[str, Any] = {
-        "data": kw["data"],
-        "data-path": kw["data_path"] or "",
-        "num-clients": NONE if kw["num_clients"] is None else kw["num_clients"],
-        "model": kw["model"],
-        **spec_run_config(settings, given_settings(click.get_current_context())),
-        "on-missing": kw["on_missing"],
-        "round-timeout": kw["round_timeout"],
-        "secagg": kw["secagg"],
-        "secagg-num-shares": kw["secagg_num_shares"],
-        "secagg-threshold": kw["secagg_threshold"],
-        "secagg-quantization-range": kw["secagg_quantization_range"],
-        "secagg-modulus-range": kw["secagg_modulus_range"],
-        "budget-epsilon": NONE if budget is None else float(budget),
-        "checkpoint-every": kw["checkpoint_every"],
-        "resume": bool(kw["resume"]),
-    }
+    run_config = _run_config(kw, settings, budget)
     from privmtl.flower._core import check_options, run_options
     from privmtl.flower.factory import announce
     from privmtl.flower.secagg import check_secagg_options
@@ -272,6 +276,7 @@ def local(**kw: Any) -> None:
         raise click.ClickException("privmtl flower needs Flower: pip install 'privmtl[flower]'")
     click.echo(f"privmtl: work directory {work} (ledger: server/ledger.jsonl)", err=True)
     on_abort(f"continue the run with the same command and --work-dir {work} --resume")
+    startup = startup_seconds()  # before the launcher's clock starts
     out = run_local(
         num_supernodes=kw["num_supernodes"],
         run_config=run_config,
@@ -280,10 +285,55 @@ def local(**kw: Any) -> None:
         progress=None if get_verbosity() == QUIET else (lambda line: click.echo(line, err=True)),
         save_models=kw["save_models"],
     )
+    if startup is not None and "phases" in out:  # seconds: the command's wall time
+        with_startup(out, startup)
     if as_json:
         code = code or is_factory_spec(str(out.get("model"))) or "method_source" in out
         echo_json(sign(to_jsonable(out)) if code else out)
         return
+    _human(out)
+
+
+def _run_config(
+    kw: dict[str, Any], settings: dict[str, Any], budget: float | None
+) -> dict[str, Any]:
+    """The Flower run configuration of ``privmtl flower local``'s options (the run spec's
+    settings encoded by :func:`spec_run_config`, None as :data:`NONE`)."""
+    table = pmtl_data_kwargs(kw, kw["data"])
+    if kw["data"] == "table":  # every SuperNode reads the file from this absolute path
+        table["data_path"] = Path(table["data_path"]).absolute()
+    return {
+        "data": kw["data"],
+        "data-path": str(table["data_path"] or ""),
+        **(
+            {
+                "client-column": table["client_column"],
+                "label-column": table["label_column"],
+                "feature-columns": ",".join(table["feature_columns"] or ()),
+                "scaling": table["scaling"],
+            }
+            if kw["data"] == "table"
+            else {}
+        ),
+        "num-clients": NONE if kw["num_clients"] is None else kw["num_clients"],
+        "model": kw["model"],
+        **spec_run_config(settings, given_settings(click.get_current_context())),
+        "on-missing": kw["on_missing"],
+        "round-timeout": kw["round_timeout"],
+        "secagg": kw["secagg"],
+        "secagg-num-shares": kw["secagg_num_shares"],
+        "secagg-threshold": kw["secagg_threshold"],
+        "secagg-quantization-range": kw["secagg_quantization_range"],
+        "secagg-modulus-range": kw["secagg_modulus_range"],
+        "budget-epsilon": NONE if budget is None else float(budget),
+        "checkpoint-every": kw["checkpoint_every"],
+        "resume": bool(kw["resume"]),
+        "per-client": "" if kw["per_client"] is None else str(Path(kw["per_client"]).absolute()),
+    }
+
+
+def _human(out: dict[str, Any]) -> None:
+    """The human lines of a finished ``privmtl flower local`` run."""
     click.echo(
         f"{out['method']} ({out['model']}) on {out['data']} via {out['engine']}: "
         f"m={out['num_clients']}, "
@@ -293,6 +343,9 @@ def local(**kw: Any) -> None:
         f"test accuracy (pooled) = {out['test_accuracy']:.4f}; mean client accuracy = "
         f"{out['mean_client_accuracy']:.4f}"
     )
+    gain = describe_gain(out)
+    if gain is not None:
+        click.echo(gain)
     echo_final_models(out)
     click.echo(f"privacy: {out['summary']}")
     if out.get("secure_aggregation"):

@@ -280,6 +280,7 @@ REGISTRY: dict[str, dict[str, DataSetInfo]] = {
                     "scaling",
                 ),
                 required=("data_path", "client_column", "label_column"),
+                flower=True,
             ),
         )
     },

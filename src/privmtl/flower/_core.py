@@ -3,7 +3,8 @@
 Both sides are thin: the protocol itself is :mod:`privmtl.federated.protocol`'s, written once for
 the in-process :class:`~privmtl.federated.protocol.Trainer` and for Flower.
 
-:class:`NodeClients` is what one SuperNode runs: it holds the data of its clients (a partition
+:class:`~privmtl.flower.node_clients.NodeClients` (:mod:`privmtl.flower.node_clients`) is what
+one SuperNode runs: it holds the data of its clients (a partition
 of the population chosen by ``partition-id``/``num-partitions``) and their persistent
 personalized models, and drives the method object's client half as the in-process engine does
 (:meth:`~privmtl.federated.methods.base.Method.starts`, ``client_update`` and ``keep``: starts,
@@ -17,7 +18,8 @@ end of the run it runs its clients' end of the run on their own data
 :func:`~privmtl.federated.protocol.make_curator` as the Trainer sets it up, with the Trainer's
 ledger, checkpoint fingerprint, budget stop and round record, so a seeded run releases the same
 billboards. The server never sees a personalized model: it receives the clients' messages and
-per-client evaluation counts (and, with ``finetune="auto"``, each client's choice).
+per-client evaluation counts (and, with ``finetune="auto"``, each client's choice), and releases the
+clients' end-of-run vote from the nodes' summed shares (:mod:`privmtl.flower.vote`).
 
 The settings of a run are :class:`~privmtl.federated.spec.RunSpec`'s, every one a key of the run
 configuration (:data:`RUN_DEFAULTS`, :func:`run_options`, :func:`run_spec`).
@@ -29,7 +31,6 @@ The Flower apps (:mod:`privmtl.flower.apps`) only move these objects' inputs and
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 import json
 import math
@@ -49,13 +50,9 @@ from privmtl.checkpoint import (
     save_checkpoint,
     write_atomic,
 )
-from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.algorithms import (
-    LOCAL_TRAINING_STREAM,
     Params,
-    client_scores,
-    draw_round_plan,
 )
 from privmtl.federated.backend import (
     budget_stops,
@@ -66,13 +63,11 @@ from privmtl.federated.backend import (
     run_result,
     setup_run,
 )
-from privmtl.federated.client import UpdateRule, local_sgd_batched
 from privmtl.federated.config import ResolvedRun, TrainConfig, TrainResult, resolve
-from privmtl.federated.methods import BUILTIN_METHODS, Method, TrainFn, get_method, method_class
+from privmtl.federated.methods import BUILTIN_METHODS, method_class
 from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
 from privmtl.federated.options import OPTIONS
 from privmtl.federated.spec import EXECUTION, SPEC, RunSpec, resolve_defaults
-from privmtl.federated.store import ClientStore
 from privmtl.flower.secagg import SECAGG_DEFAULTS
 from privmtl.locking import DirectoryLock
 from privmtl.privacy.ledger import PrivacyLedger
@@ -87,15 +82,14 @@ __all__ = [
     "NOT_GIVEN",
     "RUN_DEFAULTS",
     "SERVER_DIR",
-    "NodeClients",
     "ServerRun",
     "check_options",
     "default_work_dir",
+    "discovery_timeout",
     "finish_timeout",
     "from_bytes",
     "given",
     "given_spec",
-    "load_node",
     "make_config",
     "make_run",
     "partition",
@@ -141,6 +135,12 @@ RUN_DEFAULTS: dict[str, Any] = {
     "data": OPTIONS.data,
     "data-path": NONE,
     "num-clients": NONE,  # synthetic only; not given: the generator's default m
+    # a table (data "table"): its columns ("feature-columns" comma-separated; "": every other)
+    # and its per-client scaling; every node reads its own copy of the file
+    "client-column": "",
+    "label-column": "",
+    "feature-columns": "",
+    "scaling": OPTIONS.scaling,
     "model": OPTIONS.model,  # or a user's MODULE:FACTORY / PATH.py:FACTORY (privmtl.flower.factory)
     "model-dir": "",  # where a factory resolves; "": the process's working directory
     "model-sha256": "",  # the SHA-256 of the factory's file every machine must load
@@ -163,6 +163,11 @@ RUN_DEFAULTS: dict[str, Any] = {
     # True: the ServerApp writes its released global model and every node its clients' final
     # models, each in its own storage (MODELS_FILE), for privmtl.flower.saved to assemble
     "save-models": False,
+    # a file (.csv or .parquet) the ServerApp writes one row per client to; "": none
+    "per-client": "",
+    # seconds to wait for the nodes to load their data and describe themselves; 0: derived
+    # from the population's size (discovery_timeout)
+    "discovery-timeout": 0.0,
 }
 
 FINISH_TIMEOUT = 600.0
@@ -174,6 +179,39 @@ def finish_timeout(opts: dict[str, Any]) -> float:
     """The seconds to wait for the nodes' end of the run and evaluation."""
     given = float(opts["finish-timeout"])
     return given if given > 0 else max(FINISH_TIMEOUT, float(opts["round-timeout"]))
+
+
+DISCOVERY_SECONDS_PER_CLIENT = 5e-3
+"""Seconds a node may take per client of the population to load (or generate) its data before it
+describes itself: a generous bound (the synthetic population takes about 1 ms per client on a
+loaded 2-core machine), so that a large population is waited for instead of failing."""
+
+
+def discovery_timeout(opts: dict[str, Any]) -> float:
+    """The seconds the ServerApp waits for the nodes to connect and describe themselves: the
+    run configuration's ``discovery-timeout`` when given (> 0), else derived from the work, the
+    population's size (``num-clients``; the built-in default population when not given) times
+    :data:`DISCOVERY_SECONDS_PER_CLIENT`, and at least ``round-timeout``."""
+    explicit = float(opts.get("discovery-timeout", 0.0) or 0.0)
+    if explicit > 0:
+        return explicit
+    num = given({"num-clients": NONE, **opts}, "num-clients")
+    m = 10_000 if num is None else int(num)
+    return max(float(opts["round-timeout"]), 60.0 + DISCOVERY_SECONDS_PER_CLIENT * m)
+
+
+def slow_nodes_line(described: dict[int, Any], num_nodes: int, timeout: float) -> str:
+    """The one line of a discovery that timed out: which partitions did not describe themselves
+    (``described``: node id to its description, a dict with ``partition``) and what they were
+    doing."""
+    seen = {int(d["partition"]) for d in described.values() if "partition" in d}
+    missing = [p for p in range(num_nodes) if p not in seen]
+    which = ", ".join(f"partition-id={p}" for p in missing) or "unknown"
+    return (
+        f"only {len(described)} of {num_nodes} SuperNodes described themselves within "
+        f"{timeout:.0f} s; slow: {which} (still loading its clients' data; set the run "
+        "configuration's discovery-timeout in seconds)"
+    )
 
 
 NOT_GIVEN: dict[str, Any] = {
@@ -341,14 +379,15 @@ def given_spec(opts: dict[str, Any]) -> RunSpec:
     return spec
 
 
-def make_run(opts: dict[str, Any], m: int) -> ResolvedRun:
+def make_run(opts: dict[str, Any], m: int, reserve: Any = None) -> ResolvedRun:
     """The one resolution of a run with ``m`` clients (:func:`~privmtl.federated.config.resolve`
     of the run configuration's :func:`given_spec`), as ``run_pmtl`` resolves it: the resolved
     spec, and the engine configuration with the target ``epsilon`` kept and ``noise_std``
-    calibrated to it when one is given."""
+    calibrated to it when one is given (``reserve``: the end-of-run vote's event, composed in)."""
     return resolve(
-        given_spec(opts), m, execution={"batched": True, "progress": False, "threads": 1}
-    )
+        given_spec(opts), m, reserve=reserve,
+        execution={"batched": True, "progress": False, "threads": 1},
+    )  # fmt: skip
 
 
 def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
@@ -373,6 +412,10 @@ def partition(m: int, partition_id: int, num_partitions: int) -> np.ndarray:
     return np.array_split(np.arange(m), num_partitions)[partition_id]
 
 
+#: The sub-folder of a node's storage that holds its clients' personalized models.
+PERSONAL_DIR = "personal"
+
+
 def to_bytes(obj: Any) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -381,399 +424,6 @@ def to_bytes(obj: Any) -> bytes:
 
 def from_bytes(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True)
-
-
-class NodeClients:
-    """The clients one SuperNode serves: data, persistent personalized models, client step.
-
-    Parameters
-    ----------
-    dataset : FederatedDataset
-        The whole population as every node loads it (same data and seed); the node keeps only
-        ``partition(m, partition_id, num_partitions)``.
-    model : torch.nn.Module
-        Architecture and initial parameters (``make_model`` with the run's seed: every node and
-        the in-process engine start from the same parameters).
-    partition_id, num_partitions : int
-    state_dir : path or None
-        The node's own storage: ``personal.pt`` holds the personalized models of its clients by
-        client id (written atomically after every round). None keeps them in memory only.
-    """
-
-    def __init__(
-        self,
-        dataset: FederatedDataset,
-        model: torch.nn.Module,
-        *,
-        partition_id: int,
-        num_partitions: int,
-        state_dir: str | Path | None = None,
-    ) -> None:
-        clients = partition(dataset.n_clients, partition_id, num_partitions)
-        full_offsets = dataset.offsets("train")
-        self._setup(
-            dataset.subset(clients.tolist()),
-            model,
-            clients=clients,
-            full_offsets=full_offsets,
-            partition_id=partition_id,
-            num_partitions=num_partitions,
-            state_dir=state_dir,
-        )
-
-    @classmethod
-    def from_parts(
-        cls,
-        local: FederatedDataset,
-        model: torch.nn.Module,
-        *,
-        clients: np.ndarray,
-        full_offsets: np.ndarray,
-        partition_id: int,
-        num_partitions: int,
-        state_dir: str | Path | None = None,
-    ) -> NodeClients:
-        """A node from its own clients' data only (``full_offsets``: the population's sizes)."""
-        self = cls.__new__(cls)
-        self._setup(
-            local,
-            model,
-            clients=clients,
-            full_offsets=full_offsets,
-            partition_id=partition_id,
-            num_partitions=num_partitions,
-            state_dir=state_dir,
-        )
-        return self
-
-    def _setup(
-        self,
-        local: FederatedDataset,
-        model: torch.nn.Module,
-        *,
-        clients: np.ndarray,
-        full_offsets: np.ndarray,
-        partition_id: int,
-        num_partitions: int,
-        state_dir: str | Path | None,
-    ) -> None:
-        from privmtl.federated.engine import make_step_fn
-
-        self.m = len(full_offsets) - 1
-        self.clients = np.asarray(clients, dtype=np.int64)
-        self.partition_id, self.num_partitions = partition_id, num_partitions
-        self.local = local
-        self.client_ids = list(local.client_ids)
-        self.full_offsets = np.asarray(full_offsets, dtype=np.int64)
-        self.model = model
-        self.init = {n: p.detach().clone() for n, p in model.named_parameters()}
-        self.buffers = {n: b.detach() for n, b in model.named_buffers()}
-        x, y, offsets = local.concat("train")
-        self.x_all = x.to(next(iter(self.init.values())).dtype)
-        self.y_all, self.offsets = y, offsets
-        self.pos = {int(k): j for j, k in enumerate(self.clients)}
-        self.step_fn = make_step_fn(model, self.buffers)
-        self.state_dir = None if state_dir is None else Path(state_dir)
-        self.personal: dict[str, Params] = {}
-        self.rounds_trained = 0
-        # the round trained last (its key) and its clients' models before it: a server resumed
-        # from a checkpoint may ask for that round again, which then starts from the same models
-        self.last_key: str | None = None
-        self.before: dict[str, Params | None] = {}
-        # the models this node's clients keep at the end of the run (set by evaluate)
-        self.final: Params | None = None
-        self.finetuned = False
-        if self.state_dir is not None and (self.state_dir / "personal.pt").exists():
-            saved = from_bytes((self.state_dir / "personal.pt").read_bytes())
-            self.personal = {cid: saved["models"][cid] for cid in saved["models"]}
-            self.rounds_trained = int(saved.get("rounds_trained", 0))
-            self.last_key = saved.get("last_key") or None
-            self.before = dict.fromkeys(saved.get("fresh", []))
-            self.before.update(saved.get("before", {}))
-
-    def data_state(self) -> dict[str, Any]:
-        """This node's data as tensors (cached in the node's storage by the ClientApp)."""
-        return {
-            "clients": torch.from_numpy(self.clients),
-            "full_offsets": torch.from_numpy(self.full_offsets),
-            "client_ids": self.client_ids,
-            "n_classes": int(self.local.n_classes),
-            "feature_shape": [int(v) for v in self.local.feature_shape],
-            "name": str(self.local.name),
-            **{
-                f"{split}_{a}": getattr(self.local, f"{split}_{a}")
-                for split in ("train", "val", "test")
-                for a in "xy"
-            },
-        }
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "clients": [int(k) for k in self.clients],
-            "client_ids": self.client_ids,
-            "num_clients": self.m,
-            "n_features": int(self.local.n_features),
-            "n_classes": int(self.local.n_classes),
-            "continued": sum(cid in self.personal for cid in self.client_ids),
-        }
-
-    def model_of(self, k: int) -> Params:
-        cid = self.client_ids[self.pos[k]]
-        return self.personal.get(cid, self.init)
-
-    def train(
-        self,
-        clients: list[int],
-        billboard: Params,
-        round_index: int,
-        config: TrainConfig,
-        key: str | None = None,
-    ) -> tuple[Params, list[float]]:
-        """One PMTL client step for each of ``clients``; returns their stacked messages.
-
-        ``key`` names the round (the server's run token and round index). Asked again for the
-        round it trained last (a server resumed from a checkpoint taken before that round's
-        release), the node first puts back its clients' models from before that round, so the
-        repeated round starts where the first attempt did.
-        """
-        if key is not None and key == self.last_key:
-            for cid, prev in self.before.items():
-                if prev is None:
-                    self.personal.pop(cid, None)
-                else:
-                    self.personal[cid] = prev
-            if self.before:
-                self.rounds_trained -= 1
-        self.last_key = key
-        self.before = {}
-        if not clients:
-            self.save()
-            return {n: p.new_zeros((0, *p.shape)) for n, p in billboard.items()}, []
-        method = get_method(config.method, config)
-        for k in clients:
-            if k not in self.pos:
-                raise InvalidParameterError(
-                    f"Client {k} is not served by node partition {self.partition_id}."
-                )
-        cids = [self.client_ids[self.pos[k]] for k in clients]
-        state = self._store(method, cids)
-        sel = torch.arange(len(clients))
-        starts, anchor = method.starts(billboard, sel, state)
-        train = self._train_fn(clients, round_index, config)
-        done = method.client_update(billboard, list(billboard), starts, anchor, train)
-        method.keep(state, sel, done.kept)
-        if "personal" in state:  # the clients keep their models
-            kept = state.gather("personal", sel)
-            for j, cid in enumerate(cids):
-                self.before[cid] = self.personal.get(cid)
-                self.personal[cid] = {n: p[j].clone() for n, p in kept.items()}
-        self.rounds_trained += 1
-        self.save()
-        return done.messages, [float(v) for v in done.losses]
-
-    def _store(self, method: Method, cids: list[str]) -> ClientStore:
-        """The stored state of the clients ``cids`` (rows ``0 .. len(cids)-1``) for ``method``:
-        the models this node keeps written, every other client at the initial model."""
-        store = method.initial_state(self.init, len(cids))
-        if "personal" in store:
-            rows = [j for j, cid in enumerate(cids) if cid in self.personal]
-            if rows:
-                models = [self.personal[cids[j]] for j in rows]
-                values = {n: torch.stack([p[n] for p in models]) for n in store.names("personal")}
-                store.scatter("personal", torch.tensor(rows, dtype=torch.int64), values)
-        return store
-
-    def _train_fn(self, clients: list[int], round_index: int, config: TrainConfig) -> TrainFn:
-        """Local SGD of this node's ``clients`` in round ``round_index``
-        (:class:`~privmtl.federated.methods.base.TrainFn`): the minibatches the in-process engine
-        draws for them (the round's plan, or another ``stream`` / number of ``epochs``)."""
-
-        def train(
-            starts: Params,
-            rule: UpdateRule,
-            *,
-            stream: int | None = None,
-            epochs: int | None = None,
-        ) -> tuple[Params, list[float]]:
-            return local_sgd_batched(
-                self.step_fn,
-                starts,
-                rule,
-                self.x_all,
-                self.y_all,
-                self._plan(clients, round_index, config, stream=stream, epochs=epochs),
-                config.batch_size,
-            )
-
-        return train
-
-    def _plan(
-        self,
-        clients: list[int],
-        round_index: int,
-        config: TrainConfig,
-        *,
-        stream: int | None = None,
-        epochs: int | None = None,
-    ) -> list[list[np.ndarray]]:
-        """The minibatches of ``clients`` in round ``round_index`` as rows of this node's data:
-        each client's draws are those of the in-process engine (the population's offsets)."""
-        if epochs is not None:
-            config = dataclasses.replace(config, local_epochs=epochs, local_steps=None)
-        starts = np.array([int(self.offsets[self.pos[k]]) for k in clients], dtype=np.int64)
-        return draw_round_plan(
-            clients, self.full_offsets, round_index, config,
-            stream=LOCAL_TRAINING_STREAM if stream is None else stream, starts=starts,
-        )  # fmt: skip
-
-    def save(self) -> None:
-        """Write the personalized models to the node's storage (atomic replace)."""
-        if self.state_dir is None:
-            return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        data = {
-            "models": self.personal,
-            "rounds_trained": self.rounds_trained,
-            "last_key": self.last_key or "",
-            "before": {cid: p for cid, p in self.before.items() if p is not None},
-            "fresh": [cid for cid, p in self.before.items() if p is None],
-        }
-        write_atomic(self.state_dir / "personal.pt", to_bytes(data))
-
-    def global_model(self, billboard: Params) -> Params:
-        """The released global model: the billboard, and the initial values of the parameters
-        that are not shared (partial sharing), as the in-process engine reports it."""
-        return {n: billboard[n] if n in billboard else p for n, p in self.init.items()}
-
-    def trained(
-        self, billboard: Params, personal_init: str = "model", config: TrainConfig | None = None
-    ) -> Params:
-        """The trained models of this node's clients, stacked in the order of ``clients``.
-
-        With the run's ``config`` they are the method's end of run
-        (:meth:`~privmtl.federated.methods.base.Method.outputs`, :meth:`outputs`: FedRep's final
-        heads). Without it, or for a method whose clients keep no model, a client never sampled
-        holds what it would start from: the billboard (the global model) with
-        ``personal_init="billboard"``, else the initial model.
-        """
-        if config is not None:
-            personal, _ = self.outputs(billboard, config)
-            if personal is not None:
-                return personal
-        never = self.global_model(billboard) if personal_init == "billboard" else self.init
-        return {
-            n: torch.stack([self.personal.get(cid, never)[n] for cid in self.client_ids])
-            for n in self.init
-        }
-
-    def outputs(
-        self, billboard: Params, config: TrainConfig, round: int = 0
-    ) -> tuple[Params | None, Params]:
-        """The method's end of run for this node's clients: ``(their models or None, the global
-        model)``, from :meth:`~privmtl.federated.methods.base.Method.outputs` as the in-process
-        engine calls it, with this node's clients' stored models and a local training function
-        over all of them (round 0; the method picks the stream and the epochs: FedRep's final
-        heads come from the minibatches the in-process engine draws for the same clients).
-        """
-        method = get_method(config.method, config)
-        state = self._store(method, self.client_ids)
-        return method.outputs(
-            billboard,
-            state,
-            personal_init={n: p for n, p in self.init.items() if n not in billboard},
-            names=list(self.init),
-            round=round,
-            train_all=self._train_fn(self.clients.tolist(), 0, config),
-        )
-
-    def evaluate(
-        self, billboard: Params, finish: dict[str, Any] | None = None
-    ) -> dict[str, list[float]]:
-        """Per-client correct counts and sizes of the personalized and the global model.
-
-        ``finish`` (the run's public end-of-run settings: ``finetune``, ``personal_init``, the
-        run's ``config`` and what :func:`~privmtl.federated.finish.finish_clients` and
-        :func:`~privmtl.federated.finish.auto_plan` read) makes every client of the node run the
-        method's end of the run (:meth:`outputs`) and its fine-tuning on its own data; then ``{split}_final`` holds the counts of the models
-        the clients keep, ``choice`` the candidate each chose (``finetune="auto"``) and
-        ``grids`` the candidates' public grids.
-        """
-        finish = finish or {}
-        glob_model = self.global_model(billboard)
-        method = str(finish.get("method", "pmtl"))
-        config = TrainConfig(**finish["config"]) if "config" in finish else None
-        if method_class(method).personalized:
-            personal = self.trained(
-                billboard, str(finish.get("personal_init", "model")), config=config
-            )
-        else:  # a global-model method: every client's trained model is the billboard
-            personal = {
-                n: p.unsqueeze(0).expand((len(self.clients), *p.shape))
-                for n, p in glob_model.items()
-            }
-        final = None
-        out: dict[str, Any] = {}
-        finetune = str(finish.get("finetune", "none"))
-        self.finetuned = finetune != "none"
-        if finetune != "none":
-            from privmtl.federated.finish import auto_plan, finish_clients, resolve_local_solver
-
-            self.model.train()
-            plan = None
-            if finetune == "auto":
-                plan = auto_plan(
-                    method, finish["shared_params"], float(finish["noise_std"]),
-                    finish["clip"], int(finish["released_dim"]), int(finish["rounds"]),
-                )  # fmt: skip
-            done = finish_clients(
-                finetune, self.local, self.model, personal, glob_model,
-                batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
-                lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
-                start=str(finish.get("start", "personalized")), client_index=self.clients.tolist(),
-                local_solver=resolve_local_solver("auto", self.model, vote_held=False),
-            )  # fmt: skip
-            final = done.params  # (finish_clients trains the model as run_pmtl does: train mode)
-            if done.choice is not None:
-                out["choice"] = [int(v) for v in done.choice]
-            out["grids"] = done.grids
-        for split in ("val", "test"):
-            xs, ys = self.local.split(split)
-            xs = [x.to(self.x_all.dtype) for x in xs]
-            counts = [float(y.shape[0]) for y in ys]
-            pc, _ = client_scores(self.model, personal, self.buffers, xs, ys)
-            glob = {n: p.unsqueeze(0).expand(len(ys), *p.shape) for n, p in glob_model.items()}
-            gc, _ = client_scores(self.model, glob, self.buffers, xs, ys)
-            out[f"{split}_n"] = counts
-            out[f"{split}_personal"] = [float(v) for v in pc]
-            out[f"{split}_global"] = [float(v) for v in gc]
-            if final is not None:
-                fc, _ = client_scores(self.model, final, self.buffers, xs, ys)
-                out[f"{split}_final"] = [float(v) for v in fc]
-        self.final = personal if final is None else final
-        return out
-
-    def save_models(self, token: str) -> Path | None:
-        """Write the final models of this node's clients (as :meth:`evaluate` scored them) to
-        ``state_dir/MODELS_FILE``, tagged with the run's ``token``; None without storage.
-
-        They are per-client outputs: they stay in the node's own storage (on its own machine in a
-        real deployment) and are never sent to the ServerApp.
-        """
-        if self.state_dir is None or self.final is None:
-            return None
-        data = {
-            "token": token,
-            "clients": torch.from_numpy(self.clients),
-            "client_ids": list(self.client_ids),
-            "finetuned": self.finetuned,
-            "n_classes": int(self.local.n_classes),
-            "feature_shape": [int(v) for v in self.local.feature_shape],
-            "models": {n: p.detach().contiguous().clone() for n, p in self.final.items()},
-        }
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        path = self.state_dir / MODELS_FILE
-        write_atomic(path, to_bytes(data))
-        return path
 
 
 def _accuracy(correct: np.ndarray, counts: np.ndarray) -> dict[str, float]:
@@ -858,9 +508,18 @@ class ServerRun:
         ledger_path: str | Path | None = None,
         server_dir: str | Path | None = None,
     ) -> None:
+        from privmtl.flower.vote import vote_plan
+
         m = num_clients
         self.opts, self.m = opts, m
-        self.run = run = make_run(opts, m)  # resolved once
+        # the clients' end-of-run vote where run_pmtl holds it: its event reserved in the budget
+        self.vote = vote_plan(given_spec(opts), m, str(opts["model"]))
+        self.vote_record: dict[str, Any] | None = None
+        # the clients' feature scaling, as the nodes describe their data (a table's)
+        self.data_scaling = "none"
+        self.winner: str | None = None
+        reserve = None if self.vote is None else self.vote.event()
+        self.run = run = make_run(opts, m, reserve)  # resolved once
         self.sigma = float(run.config.noise_std)
         self.spec: RunSpec = run.spec  # type: ignore[assignment]  # resolved from a RunSpec
         # the release, billboard, shared parameters and personal_init as the Trainer sets them up
@@ -1131,13 +790,110 @@ class ServerRun:
             "lam": float(cfg.lam or 0.0),
             # the resolved TrainConfig: the method's end of run on the nodes (NodeClients.outputs)
             "config": cfg.to_dict(),
+            # the vote: held (the nodes first count their clients' shares), then its winner
+            "vote": self.vote is not None,
+            "winner": self.winner,
+            "num_clients": self.m,
+            "noise_source": self.noise_source,
+            "baseline": True,  # every run reports the clients' training alone beside its result
         }
+
+    def client_rows(self, evaluations: list[dict[str, Any]], result: dict[str, Any]) -> Any:
+        """The run's per-client rows (:func:`~privmtl.per_client.pmtl_rows`) from the nodes'
+        evaluations (in partition order: the population's) and the run's ``result``."""
+        from privmtl.federated.finish import auto_plan
+        from privmtl.per_client import pmtl_rows, ratio
+
+        # the nodes' evaluations in population order (they come in the order nodes answered)
+        evaluations = sorted(evaluations, key=lambda e: int(e["clients"][0]) if e["clients"] else 0)
+
+        def cat(key: str) -> np.ndarray:
+            return np.concatenate([np.asarray(e[key], dtype=np.float64) for e in evaluations])
+
+        ids = [cid for e in evaluations for cid in e["client_ids"]]
+        sizes = {s: cat(f"{s}_n").astype(np.int64) for s in ("train", "val", "test")}
+        if all("test_final" in e for e in evaluations):
+            correct = cat("test_final")
+        elif self.setup.spec.personalized:
+            correct = cat("test_personal")
+        else:
+            correct = cat("test_global")
+        if all("choice" in e for e in evaluations):
+            fin = self.finish_settings()
+            plan = auto_plan(
+                fin["method"], fin["shared_params"], fin["noise_std"], fin["clip"],
+                fin["released_dim"], fin["rounds"],
+            )  # fmt: skip
+            choice = np.concatenate([np.asarray(e["choice"], dtype=np.int64) for e in evaluations])
+            kept = [str(v) for v in np.asarray(plan.names, dtype=object)[choice]]
+        else:
+            (name,) = result["clients_per_final_model"]
+            kept = [str(name)] * len(ids)
+        local = None
+        parts = [e["baseline"] for e in evaluations if e.get("baseline")]
+        if parts:
+            local = np.full(len(ids), np.nan)
+            for p in parts:
+                idx = np.asarray(p["clients"], dtype=np.int64)
+                local[idx] = ratio(np.asarray(p["local"]), np.asarray(p["n"]))
+        return pmtl_rows(ids, sizes, kept, correct, local)
+
+    def baseline_keys(self, evaluations: list[dict[str, Any]]) -> dict[str, Any]:
+        """The result's baseline keys (:func:`~privmtl.federated.baseline.local_keys`) from the
+        nodes' parts (:meth:`NodeClients.baseline_scores`), in population order; ``{}`` where no
+        node sent one."""
+        from privmtl.federated.baseline import local_keys
+
+        parts = [e["baseline"] for e in evaluations if e.get("baseline")]
+        if not parts:
+            return {}
+        cat = {
+            k: np.concatenate([np.asarray(p[k], dtype=np.float64) for p in parts])
+            for k in ("clients", "final", "local", "n")
+        }
+        order = np.argsort(cat["clients"], kind="stable")
+        solver = next((str(p["solver"]) for p in parts if "solver" in p), "sgd")
+        keys = local_keys(
+            cat["final"][order], cat["local"][order], cat["n"][order], m=self.m, solver=solver
+        )
+        # the nodes train their clients alone in parallel: the slowest node's time
+        keys["baseline_seconds"] = max(float(e.get("baseline_seconds", 0.0)) for e in evaluations)
+        return keys
+
+    def elect(self, shares: np.ndarray) -> str | None:
+        """Release the clients' vote from the nodes' summed ``shares`` (the candidates of
+        :func:`~privmtl.federated.finish.vote_candidates`) through the ledger, as ``run_pmtl``
+        does; returns the winner (None: no room left in the budget, every client chooses)."""
+        from privmtl.federated.finish import auto_plan, vote_candidates
+        from privmtl.flower.vote import elect
+
+        assert self.vote is not None
+        fin = self.finish_settings()
+        plan = auto_plan(
+            fin["method"], fin["shared_params"], fin["noise_std"], fin["clip"],
+            fin["released_dim"], fin["rounds"],
+        )  # fmt: skip
+        names = vote_candidates(plan, "ridge")
+        won, self.vote_record, _ = elect(
+            self.vote, shares, names, ledger=self.ledger, noise_source=self.noise_source,
+            seed=int(self.config.seed), delta=self.delta, accountant=self.config.accountant,
+        )  # fmt: skip
+        if won is None:
+            self.vote = None  # every client chooses on its own
+        self.winner = None if won is None else names[won]
+        return self.winner
 
     def _finish_part(
         self, evaluations: list[dict[str, Any]], pre_test_accuracy: float
     ) -> tuple[dict[str, Any], list[str]]:
         """The result keys of the clients' end of the run (as ``run_pmtl``'s) and its notes."""
-        from privmtl.federated.finish import AUTO_NOTE, FINETUNE_NOTE, auto_info, auto_plan
+        from privmtl.federated.finish import (
+            AUTO_NOTE,
+            FINETUNE_NOTE,
+            FINETUNE_VOTE_NOTE,
+            auto_info,
+            auto_plan,
+        )
 
         fin = self.finish_settings()
         if fin["finetune"] == "none":
@@ -1157,8 +913,14 @@ class ServerRun:
             choice = np.concatenate([np.asarray(e["choice"], dtype=np.int64) for e in evaluations])
             counts = np.bincount(choice, minlength=len(plan.names)).tolist()
             grids: dict[str, Any] = next((e["grids"] for e in evaluations if e.get("grids")), {})
-            part["finetune_auto"] = auto_info(plan, counts, grids)
-            notes.append(AUTO_NOTE)
+            held = self.winner is not None
+            record = self.vote_record
+            if record is not None and held:
+                record = {**record, "voters": int(sum(e.get("voters", 0) for e in evaluations))}
+            part["finetune_auto"] = auto_info(
+                plan, counts, grids, "ridge" if held else "sgd", record
+            )
+            notes.append(FINETUNE_VOTE_NOTE if held else AUTO_NOTE)
         else:
             part["finetune_start"] = fin["start"]
         part.update(
@@ -1176,10 +938,11 @@ class ServerRun:
     def result_dict(self, evaluations: list[dict[str, Any]], started: float) -> dict:
         """The JSON of ``privmtl pmtl`` for this run, plus ``engine``."""
         from privmtl.federated.finish import final_models_keys
-        from privmtl.federated.report import result_dict
+        from privmtl.federated.report import result_dict, scaling_note
 
         res = self.result(evaluations, started)
         part, notes = self._finish_part(evaluations, float(res.test_accuracy))
+        notes = [*scaling_note(self.data_scaling), *notes]
         out = result_dict(
             res,
             method=self.config.method,
@@ -1204,7 +967,8 @@ class ServerRun:
         # the resolved settings (personal_init as the ServerApp resolved it), as run_pmtl's
         out["config"] = self.spec.replace(personal_init=self.config.personal_init).to_dict()
         out["clients_per_round_default"] = given(self.opts, "clients-per-round") is None
-        out["scaling"] = "none"  # the built-in data sets of a Flower run are not rescaled
+        out["scaling"] = self.data_scaling  # as the nodes describe their data
+        out.update(self.baseline_keys(evaluations))
         out["engine"] = "flower-deployment"
         out["device"] = "cpu"  # the nodes train and score on their CPUs (no --device on Flower)
         if self.opts.get("model-sha256"):  # the factory code every machine checked it ran
@@ -1222,74 +986,3 @@ class ServerRun:
         if self.server_dir is not None:
             out["server_dir"] = str(self.server_dir)
         return json.loads(json.dumps(out, default=float))
-
-
-@functools.lru_cache(maxsize=2)
-def _population(data: str, data_path: str, seed: int, num_clients: int | None) -> FederatedDataset:
-    """The whole population, loaded once per process (a simulation's actor serves many nodes)."""
-    from privmtl.data.registry import load_federated
-
-    return load_federated(data, data_path=data_path or None, seed=seed, num_clients=num_clients)
-
-
-def load_node(
-    opts: dict[str, Any],
-    pid: int,
-    parts: int,
-    state_dir: str | None,
-    model_dir: str | None = None,
-    method_dir: str | None = None,
-) -> NodeClients:
-    """Build the node's clients; their data is cached as tensors in the node's storage.
-
-    Each message runs in a fresh ClientApp process: reading the node's own shard back is much
-    cheaper than loading (or generating) the population again. A user's model factory is loaded
-    from this machine's ``model_dir`` (default: the run configuration's ``model-dir``) and
-    refused unless its file is the code the run announces
-    (:func:`privmtl.flower.factory.load_checked`); a user's method likewise from ``method_dir``
-    (:func:`privmtl.flower.factory.load_checked_method`).
-    """
-    import hashlib
-
-    from privmtl.federated.models import make_model
-    from privmtl.flower.factory import load_checked, load_checked_method
-
-    who = f"SuperNode partition {pid}"
-    user = load_checked(opts, who, model_dir)
-    load_checked_method(opts, who, method_dir)  # a user's method: this machine's copy, checked
-
-    seed = int(opts["seed"])
-    num = given({"num-clients": NONE, **opts}, "num-clients")
-    ident = json.dumps([opts["data"], opts["data-path"], seed, pid, parts, num])
-    cache = None
-    if state_dir is not None:
-        digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
-        cache = Path(state_dir) / f"data-{digest}.pt"
-    if cache is not None and cache.exists():
-        d = from_bytes(cache.read_bytes())
-        local = FederatedDataset(
-            client_ids=list(d["client_ids"]),
-            n_classes=int(d["n_classes"]),
-            feature_shape=tuple(d["feature_shape"]),
-            name=str(d["name"]),
-            **{f"{s}_{a}": list(d[f"{s}_{a}"]) for s in ("train", "val", "test") for a in "xy"},
-        )
-        net = make_model(str(opts["model"]), local, seed, factory=user)
-        return NodeClients.from_parts(
-            local,
-            net,
-            clients=d["clients"].numpy(),
-            full_offsets=d["full_offsets"].numpy(),
-            partition_id=pid,
-            num_partitions=parts,
-            state_dir=state_dir,
-        )
-    ds = _population(
-        str(opts["data"]), str(opts["data-path"]), seed, None if num is None else int(num)
-    )
-    net = make_model(str(opts["model"]), ds, seed, factory=user)
-    node = NodeClients(ds, net, partition_id=pid, num_partitions=parts, state_dir=state_dir)
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cache, to_bytes(node.data_state()))
-    return node

@@ -45,26 +45,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from privmtl._timing import PMTL_PHASES, PhaseTimer
 from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import InvalidParameterError, PrivmtlError
 from privmtl.flower._core import (
     MODELS_FILE,
     SERVER_DIR,
-    NodeClients,
     ServerRun,
     default_work_dir,
+    discovery_timeout,
     finish_timeout,
-    load_node,
     run_options,
+    slow_nodes_line,
     to_bytes,
 )
 from privmtl.flower._waits import send_and_receive, shorten_object_waits
 from privmtl.flower.factory import check_shapes, load_checked, load_checked_method
+from privmtl.flower.node_clients import NodeClients, load_node
 
 __all__ = ["check_refusals", "client_app", "describe_node", "server_app"]
 
@@ -87,14 +90,19 @@ _SEP = "\x1f"
 
 
 def _restore(node: NodeClients, context: Context) -> None:
-    """Take the personalized models from Context.state when this run already holds them."""
-    if _STATE not in context.state.array_records:
+    """A node without storage: take the personalized models from Context.state when this run
+    already holds them (a node with storage keeps them on its disk, written per round)."""
+    if node.state_dir is not None or _STATE not in context.state.array_records:
         return
     personal: dict[str, dict[str, torch.Tensor]] = {}
     for key, p in _params(context.state.array_records[_STATE]).items():
         cid, name = key.split(_SEP, 1)
         personal.setdefault(cid, {})[name] = p
-    node.personal.update(personal)
+    cids = [cid for cid in personal if cid not in node.personal]
+    if cids:
+        rows = [node.personal.pos[cid] for cid in cids]
+        models = {n: torch.stack([personal[cid][n] for cid in cids]) for n in node.init}
+        node.personal.put(rows, models)
 
 
 def _node(context: Context) -> NodeClients:
@@ -147,10 +155,10 @@ def _train(msg: Message, context: Context) -> tuple[NodeClients, dict, dict, lis
     _restore(node, context)
     clients = [int(k) for k in spec["clients"]]
     msgs, losses = node.train(clients, board, int(spec["round"]), config, key=spec.get("key"))
-    # within a run the personalized models also live in the node's Context.state
-    context.state[_STATE] = _arrays(
-        {f"{cid}{_SEP}{n}": p for cid, ps in node.personal.items() for n, p in ps.items()}
-    )
+    if node.state_dir is None:  # without storage, the models live in Context.state
+        context.state[_STATE] = _arrays(
+            {f"{cid}{_SEP}{n}": p for cid, ps in node.personal.items() for n, p in ps.items()}
+        )
     return node, spec, msgs, losses
 
 
@@ -183,6 +191,13 @@ def evaluate(msg: Message, context: Context) -> Message:
     node = _node(context)
     _restore(node, context)
     records = msg.content.config_records
+    if "vote" in records:  # the clients' vote: this node's summed shares, nothing else
+        shares = node.vote_shares(
+            _params(msg.content.array_records["billboard"]),
+            json.loads(str(records["vote"]["json"])),
+        )
+        content = RecordDict({"shares": ConfigRecord({"json": json.dumps(shares)})})
+        return Message(content, reply_to=msg)
     finish = json.loads(str(records["finish"]["json"])) if "finish" in records else None
     scores = node.evaluate(_params(msg.content.array_records["billboard"]), finish)
     if "save" in records:  # the clients' final models stay in the node's own storage
@@ -227,6 +242,7 @@ class _Federation:
     num_clients: int
     init: dict[str, torch.Tensor]
     data_shape: tuple[int, int]  # (n_features, n_classes) of the nodes' data
+    scaling: str = "none"  # the clients' feature scaling (a table's), as the nodes describe it
 
 
 def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
@@ -235,7 +251,11 @@ def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
     described = _ask(grid, "query", {nid: RecordDict() for nid in nodes}, timeout)
     check_refusals(described, len(nodes))
     if len(described) < len(nodes):
-        raise RuntimeError(f"only {len(described)} of {len(nodes)} nodes described themselves")
+        infos = {
+            nid: json.loads(str(c.config_records["node"]["describe"]))
+            for nid, c in described.items()
+        }
+        raise RuntimeError(slow_nodes_line(infos, len(nodes), timeout))
     owner: dict[int, int] = {}
     m = None
     init = None
@@ -253,7 +273,7 @@ def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
             f"the nodes serve {len(owner)} distinct clients of {m}: check each node's "
             "partition-id and num-partitions"
         )
-    return _Federation(nodes, owner, m, init, shape)
+    return _Federation(nodes, owner, m, init, shape, str(info.get("scaling", "none")))
 
 
 def check_refusals(described: dict[int, RecordDict], num_nodes: int) -> None:
@@ -327,9 +347,21 @@ def _evaluate(
     """Every node runs its clients' end of the run (fine-tuning, their choice) and scores their
     models and the final billboard."""
     board = _arrays(run.curator.billboard)
-    finish = ConfigRecord({"json": json.dumps(run.finish_settings())})
     online = set(grid.get_node_ids())
     asked = [nid for nid in fed.nodes if nid in online]
+    if run.vote is not None:  # the clients' vote first: the nodes' summed shares, released here
+        settings = ConfigRecord({"json": json.dumps(run.finish_settings())})
+        ask = {nid: RecordDict({"billboard": board, "vote": settings}) for nid in asked}
+        got = _ask(grid, "evaluate", ask, timeout)
+        if len(got) < len(fed.nodes) and (opts["on-missing"] == "fail" or not got):
+            raise RuntimeError(f"only {len(got)} of {len(fed.nodes)} nodes counted the vote")
+        shares = sum(
+            np.asarray(json.loads(str(got[nid].config_records["shares"]["json"])))
+            for nid in fed.nodes
+            if nid in got
+        )
+        run.elect(np.asarray(shares, dtype=np.float64))
+    finish = ConfigRecord({"json": json.dumps(run.finish_settings())})
     records: dict[str, Any] = {"billboard": board, "finish": finish}
     if opts["save-models"]:
         records["save"] = ConfigRecord({"token": run.token})
@@ -353,11 +385,13 @@ def main(grid: Grid, context: Context) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     timeout = float(opts["round-timeout"])
     started = time.perf_counter()
+    timer = PhaseTimer(PMTL_PHASES)  # the ServerApp's share of the run's phases
     try:
         # this machine's copy of a user's factory is the announced code, or the run stops here
         user = load_checked(opts, "the ServerApp")
         load_checked_method(opts, "the ServerApp")  # and of a user's method
-        fed = _discover(grid, opts, timeout)
+        with timer.phase("data"):  # the nodes load their clients and describe them
+            fed = _discover(grid, opts, discovery_timeout(opts))
         if user is not None:  # the ServerApp builds the model the nodes report
             info = fed.data_shape
             check_shapes(user, info[0], info[1], fed.init)
@@ -366,15 +400,18 @@ def main(grid: Grid, context: Context) -> None:
             f"({time.perf_counter() - started:.1f} s)",
             flush=True,
         )
-        run = ServerRun(opts, fed.init, fed.num_clients, server_dir=out_dir)
-        if run.curator.round:
-            print(f"privmtl-flower resumed at round {run.curator.round}", flush=True)
-        secure = _secagg_setup(opts, run) if opts["secagg"] else None
+        with timer.phase("setup"):
+            run = ServerRun(opts, fed.init, fed.num_clients, server_dir=out_dir)
+            run.data_scaling = fed.scaling
+            if run.curator.round:
+                print(f"privmtl-flower resumed at round {run.curator.round}", flush=True)
+            secure = _secagg_setup(opts, run) if opts["secagg"] else None
         while not run.finished and not run.stop_on_budget():
-            if secure is None:
-                _train_round(grid, run, fed, opts, timeout)
-            else:
-                _secure_round(grid, run, fed, secure)
+            with timer.phase("rounds"):
+                if secure is None:
+                    _train_round(grid, run, fed, opts, timeout)
+                else:
+                    _secure_round(grid, run, fed, secure)
             _progress(run)
         if run.stopped_on_budget:
             print(
@@ -382,17 +419,31 @@ def main(grid: Grid, context: Context) -> None:
                 f"epsilon {run.epsilon:.4g} <= {run.budget}",
                 flush=True,
             )
-        torch.save(run.billboards, out_dir / "billboards.pt")
-        scores = _evaluate(grid, run, fed, opts, finish_timeout(opts))
+        with timer.phase("saving"):
+            torch.save(run.billboards, out_dir / "billboards.pt")
+        with timer.phase("end_of_run"):  # the vote, the nodes' end of run and their scoring
+            scores = _evaluate(grid, run, fed, opts, finish_timeout(opts))
+        # the nodes score in parallel: the slowest node's scoring is the run's
+        timer.carve(
+            "end_of_run", "scoring", max(float(str(e.get("score_seconds", 0.0))) for e in scores)
+        )
         result = run.result_dict(scores, started)
         result["nodes_evaluated"] = len(scores)
+        if opts["per-client"]:  # one row per client, from the nodes' scores
+            from privmtl.per_client import write_rows
+
+            with timer.phase("saving"):
+                rows = run.client_rows(scores, result)
+                result["per_client_file"] = str(write_rows(str(opts["per-client"]), rows))
         bounds = [h["secagg_error_bound"] for h in run.history if "secagg_error_bound" in h]
         result["secure_aggregation"] = (
             None if secure is None else _secagg_describe(secure, len(fed.nodes), bounds)
         )
         if opts["save-models"]:  # the released global model (no personalized model)
-            write_atomic(out_dir / MODELS_FILE, to_bytes(run.models_state()))
+            with timer.phase("saving"):
+                write_atomic(out_dir / MODELS_FILE, to_bytes(run.models_state()))
         run.finish()  # before the result: the launcher stops every process once it sees it
+        timer.record(result)  # seconds and phases of the ServerApp (the launcher adds its own)
         _write(out_dir / "result.json", json.dumps(result))
     except Exception as exc:  # the launcher reports it
         _write(out_dir / "error.txt", f"{type(exc).__name__}: {exc}")

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from privmtl import _timing
 from privmtl.exceptions import DataFormatError, InvalidParameterError, PrivmtlError
 from privmtl.flower._core import SERVER_DIR, read_run_info
 from privmtl.locking import hold_directory
@@ -269,7 +270,7 @@ def run_local(
         with the SHA-256 of its file (:func:`privmtl.flower.factory.announce`): every SuperNode
         and the ServerApp load their own copy and refuse another version.
     state_dir : path, optional
-        Root of the nodes' own storage (``node-<i>/personal.pt``); default ``work_dir/nodes``.
+        Root of the nodes' own storage (``node-<i>/personal/``); default ``work_dir/nodes``.
     work_dir : path, optional
         The run's durable directory (default: a new :func:`~privmtl.flower._core.default_work_dir`;
         it is never deleted). ``server/``: the write-ahead ledger ``ledger.jsonl``, the
@@ -306,13 +307,14 @@ def run_local(
     from privmtl.flower._core import default_work_dir
     from privmtl.flower.factory import announce
 
+    started = _timing.clock()
     run_config = announce(run_config)  # a factory that does not load: refused before any process
     work = (default_work_dir() if work_dir is None else Path(work_dir)).absolute()
     # one launcher per work directory for the whole run (the ServerApp locks work/server)
     # and one writer of the models folder, from the run's start to its assembly
     with hold_directory(work, name="work_dir"), hold_directory(save_models, name="save_models"):
         check_work_dir(work, resume=bool(run_config.get("resume", False)))
-        return _run_local(
+        out = _run_local(
             work,
             num_supernodes,
             run_config,
@@ -323,6 +325,19 @@ def run_local(
             node_configs,
             save_models,
         )
+    return with_launch(out, _timing.clock() - started)
+
+
+def with_launch(out: dict[str, Any], wall: float) -> dict[str, Any]:
+    """The ServerApp's result with the launcher's ``wall`` seconds: ``seconds`` becomes the
+    run's wall time and the time the ServerApp did not measure (starting the SuperLink, the
+    SuperNodes and the run, collecting the result) is added to the ``setup`` phase."""
+    phases = out.get("phases")
+    if phases is None:
+        return out
+    phases["setup"] = float(phases.get("setup", 0.0)) + max(0.0, wall - float(out["seconds"]))
+    out["seconds"] = max(float(wall), float(out["seconds"]))
+    return out
 
 
 def _run_local(

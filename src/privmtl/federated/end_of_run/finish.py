@@ -184,6 +184,8 @@ def finish_clients(
     select: str = "client",
     vote: Callable[[np.ndarray, tuple[str, ...]], int] | None = None,
     voter_rng: np.random.Generator | None = None,
+    voters: np.ndarray | None = None,
+    winner: str | None = None,
 ) -> ClientFinish:
     """Every client's final model (module docstring), for the clients of ``dataset``.
 
@@ -263,6 +265,14 @@ def finish_clients(
     voter_rng : numpy.random.Generator, optional
         ``select="vote"`` above :data:`FINETUNE_VOTERS` clients: the voters' coins
         (:func:`vote_voters`; default OS entropy).
+    voters : array of int, optional
+        ``select="vote"``: the positions of the clients of ``dataset`` that vote, instead of
+        :func:`vote_voters` over them (a part of a population whose voters were drawn over the
+        whole population: a Flower node's clients).
+    winner : str, optional
+        ``select="vote"``: the vote's winner, known already (elected over several parts of the
+        population: a Flower node's clients finish with the winner the server announced); the
+        shares are then not computed and ``vote`` not called.
     """
     from privmtl.federated.end_of_run.local import LOCAL_SOLVERS
 
@@ -272,8 +282,9 @@ def finish_clients(
     if finetune == "none" and score is None:
         return ClientFinish({n: p.clone() for n, p in trained.items()})
     names, voters, bar = _vote_and_progress(
-        finetune, select, plan, vote, local_solver, dataset.n_clients, voter_rng, progress
-    )
+        finetune, select, plan, vote, local_solver, dataset.n_clients, voter_rng, progress,
+        voters=voters, known=winner is not None,
+    )  # fmt: skip
     kw: dict[str, Any] = {
         "batch_size": batch_size, "seed": seed, "lr": lr, "lam": lam, "start": start,
         "epochs": epochs, "plan": plan, "bar": bar, "device": device,
@@ -283,11 +294,13 @@ def finish_clients(
     if score is not None:
         buffers = {n: b.detach() for n, b in model.named_buffers()}
         book = _Book(BlockScores(model, buffers, ("val", "test")), dict(score))
-    winner = None
+    winner = winner if select == "vote" else None
     n_workers = check_int("workers", workers, low=1) if device == "cpu" else 1
     try:
         with one_thread_per_worker():
-            if select == "vote":
+            if select == "vote" and winner is not None:  # elected elsewhere: finish with it
+                kw["only"] = winner
+            elif select == "vote":
                 assert vote is not None
                 shares = _vote_shares(
                     dataset, model, trained, billboard, client_index, block, names, kw, voters,
@@ -320,6 +333,9 @@ def _vote_and_progress(
     m: int,
     voter_rng: np.random.Generator | None,
     progress: bool,
+    *,
+    voters: np.ndarray | None = None,
+    known: bool = False,
 ) -> tuple[tuple[str, ...], np.ndarray, Progress]:
     """:func:`finish_clients`' selection checked, and what it runs: the vote's candidates (none
     without a vote), the clients who vote (every client without one) and the progress bar of
@@ -328,7 +344,7 @@ def _vote_and_progress(
     check_choice("select", select, FINETUNE_SELECTS)
     if finetune == "auto" and plan is None:
         raise InvalidParameterError("finish_clients(finetune='auto') needs its 'plan' (auto_plan).")
-    if select == "vote" and (finetune != "auto" or vote is None):
+    if select == "vote" and (finetune != "auto" or (vote is None and not known)):
         raise InvalidParameterError(
             "finish_clients(select='vote') needs finetune='auto' and its 'vote'; got "
             f"finetune={finetune!r}, vote={vote!r}."
@@ -339,7 +355,10 @@ def _vote_and_progress(
         assert plan is not None
         names = vote_candidates(plan, local_solver)
         trains = [n for n in names if n != "trained"] + ["winner"]
-    voters = vote_voters(m, voter_rng) if select == "vote" else np.arange(m)
+    if select != "vote":
+        voters = np.arange(m)
+    elif voters is None:
+        voters = vote_voters(m, voter_rng)
     bar = Progress(
         total=(len(trains) - (select == "vote")) * len(voters) + (select == "vote") * m,
         desc="end of run",

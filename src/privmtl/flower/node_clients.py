@@ -1,0 +1,645 @@
+"""A SuperNode's half of the PMTL protocol: the clients it serves (:class:`NodeClients`).
+
+A node holds its clients' data (cached once as contiguous tensors that a fresh ClientApp maps,
+:func:`load_node`, :func:`node_dataset`) and their personalized models
+(:class:`~privmtl.flower.node_state.NodeState`: a round writes its sampled clients' rows only),
+runs the method's client step for the clients a round samples, counts their end-of-run vote
+(:meth:`NodeClients.vote_shares`) and finishes and scores them as
+:func:`~privmtl.federated.finish.finish_clients` does in process. The ServerApp's half is
+:class:`privmtl.flower._core.ServerRun`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from privmtl.checkpoint import write_atomic
+from privmtl.data.federated import FederatedDataset
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.algorithms import (
+    LOCAL_TRAINING_STREAM,
+    Params,
+    client_scores,
+    draw_round_plan,
+)
+from privmtl.federated.client import UpdateRule, local_sgd_batched
+from privmtl.federated.config import TrainConfig
+from privmtl.federated.methods import Method, TrainFn, get_method, method_class
+from privmtl.federated.store import ClientStore
+from privmtl.flower._core import (
+    MODELS_FILE,
+    NONE,
+    PERSONAL_DIR,
+    given,
+    partition,
+    to_bytes,
+)
+from privmtl.flower.node_state import NodeState
+
+__all__ = ["NodeClients", "load_node", "node_dataset"]
+
+
+class NodeClients:
+    """The clients one SuperNode serves: data, persistent personalized models, client step.
+
+    Parameters
+    ----------
+    dataset : FederatedDataset
+        The whole population as every node loads it (same data and seed); the node keeps only
+        ``partition(m, partition_id, num_partitions)``.
+    model : torch.nn.Module
+        Architecture and initial parameters (``make_model`` with the run's seed: every node and
+        the in-process engine start from the same parameters).
+    partition_id, num_partitions : int
+    state_dir : path or None
+        The node's own storage: ``personal/`` holds the personalized models of its clients
+        (:class:`~privmtl.flower.node_state.NodeState`: a row per client, a round writes only
+        its sampled clients' rows). None keeps them in memory only.
+    """
+
+    def __init__(
+        self,
+        dataset: FederatedDataset,
+        model: torch.nn.Module,
+        *,
+        partition_id: int,
+        num_partitions: int,
+        state_dir: str | Path | None = None,
+    ) -> None:
+        clients = partition(dataset.n_clients, partition_id, num_partitions)
+        full_offsets = dataset.offsets("train")
+        self._setup(
+            dataset.subset(clients.tolist()),
+            model,
+            clients=clients,
+            full_offsets=full_offsets,
+            partition_id=partition_id,
+            num_partitions=num_partitions,
+            state_dir=state_dir,
+        )
+
+    @classmethod
+    def from_parts(
+        cls,
+        local: FederatedDataset,
+        model: torch.nn.Module,
+        *,
+        clients: np.ndarray,
+        full_offsets: np.ndarray,
+        partition_id: int,
+        num_partitions: int,
+        state_dir: str | Path | None = None,
+    ) -> NodeClients:
+        """A node from its own clients' data only (``full_offsets``: the population's sizes)."""
+        self = cls.__new__(cls)
+        self._setup(
+            local,
+            model,
+            clients=clients,
+            full_offsets=full_offsets,
+            partition_id=partition_id,
+            num_partitions=num_partitions,
+            state_dir=state_dir,
+        )
+        return self
+
+    def _setup(
+        self,
+        local: FederatedDataset,
+        model: torch.nn.Module,
+        *,
+        clients: np.ndarray,
+        full_offsets: np.ndarray,
+        partition_id: int,
+        num_partitions: int,
+        state_dir: str | Path | None,
+    ) -> None:
+        from privmtl.federated.engine import make_step_fn
+
+        self.m = len(full_offsets) - 1
+        self.clients = np.asarray(clients, dtype=np.int64)
+        self.partition_id, self.num_partitions = partition_id, num_partitions
+        self.local = local
+        self.client_ids = list(local.client_ids)
+        self.full_offsets = np.asarray(full_offsets, dtype=np.int64)
+        self.model = model
+        self.init = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.buffers = {n: b.detach() for n, b in model.named_buffers()}
+        x, y, offsets = local.concat("train")
+        self.x_all = x.to(next(iter(self.init.values())).dtype)
+        self.y_all, self.offsets = y, offsets
+        self.pos = {int(k): j for j, k in enumerate(self.clients)}
+        self.step_fn = make_step_fn(model, self.buffers)
+        self.state_dir = None if state_dir is None else Path(state_dir)
+        # the clients' personalized models: rows on disk, written O(sampled clients) per round
+        self.personal = NodeState(
+            self.client_ids,
+            self.init,
+            None if self.state_dir is None else self.state_dir / PERSONAL_DIR,
+        )
+        # the models this node's clients keep at the end of the run (set by evaluate)
+        self.final: Params | None = None
+        self.finetuned = False
+
+    @property
+    def rounds_trained(self) -> int:
+        return self.personal.rounds_trained
+
+    @property
+    def last_key(self) -> str | None:
+        """The round trained last (its key): a server resumed from a checkpoint may ask for that
+        round again, which then starts from the same models."""
+        return self.personal.last_key
+
+    def data_state(self) -> dict[str, Any]:
+        """This node's data as contiguous tensors (cached in the node's storage by the
+        ClientApp, which maps them: :func:`node_dataset`)."""
+        out: dict[str, Any] = {
+            "clients": torch.from_numpy(self.clients),
+            "full_offsets": torch.from_numpy(self.full_offsets),
+            "client_ids": self.client_ids,
+            "n_classes": int(self.local.n_classes),
+            "feature_shape": [int(v) for v in self.local.feature_shape],
+            "name": str(self.local.name),
+            "scaling": str(self.local.scaling),
+        }
+        for split in ("train", "val", "test"):
+            x, y, offsets = self.local.concat(split)
+            out[f"{split}_x"], out[f"{split}_y"] = x.contiguous(), y.contiguous()
+            out[f"{split}_offsets"] = torch.from_numpy(offsets)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "clients": [int(k) for k in self.clients],
+            "client_ids": self.client_ids,
+            "num_clients": self.m,
+            "n_features": int(self.local.n_features),
+            "n_classes": int(self.local.n_classes),
+            "continued": len(self.personal),
+            "partition": int(self.partition_id),
+            "scaling": str(self.local.scaling),
+        }
+
+    def model_of(self, k: int) -> Params:
+        j = self.pos[k]
+        return self.personal.row(j) if self.personal.written([j])[0] else self.init
+
+    def train(
+        self,
+        clients: list[int],
+        billboard: Params,
+        round_index: int,
+        config: TrainConfig,
+        key: str | None = None,
+    ) -> tuple[Params, list[float]]:
+        """One PMTL client step for each of ``clients``; returns their stacked messages.
+
+        ``key`` names the round (the server's run token and round index). Asked again for the
+        round it trained last (a server resumed from a checkpoint taken before that round's
+        release), the node first puts back its clients' models from before that round, so the
+        repeated round starts where the first attempt did.
+        """
+        if key is not None and key == self.last_key:
+            self.personal.undo()
+        if not clients:
+            self.personal.write_round(key, [], None)
+            return {n: p.new_zeros((0, *p.shape)) for n, p in billboard.items()}, []
+        method = get_method(config.method, config)
+        for k in clients:
+            if k not in self.pos:
+                raise InvalidParameterError(
+                    f"Client {k} is not served by node partition {self.partition_id}."
+                )
+        rows = [self.pos[k] for k in clients]
+        state = self._store(method, rows)
+        sel = torch.arange(len(clients))
+        starts, anchor = method.starts(billboard, sel, state)
+        train = self._train_fn(clients, round_index, config)
+        done = method.client_update(billboard, list(billboard), starts, anchor, train)
+        method.keep(state, sel, done.kept)
+        self.personal.rounds_trained += 1
+        if "personal" in state:  # the clients keep their models: only their rows are written
+            kept = state.gather("personal", sel)
+            full = {
+                n: kept.get(n, self.init[n].expand(len(rows), *self.init[n].shape))
+                for n in self.init
+            }
+            self.personal.write_round(key, rows, full)
+        else:
+            self.personal.write_round(key, [], None)
+        return done.messages, [float(v) for v in done.losses]
+
+    def _store(self, method: Method, rows: list[int]) -> ClientStore:
+        """The stored state of the node's clients at ``rows`` (store rows ``0 .. len(rows)-1``)
+        for ``method``: the models this node keeps written, every other client at the initial
+        model."""
+        store = method.initial_state(self.init, len(rows))
+        if "personal" in store:
+            had = np.flatnonzero(self.personal.written(rows))
+            if len(had):
+                models = self.personal.gather([rows[j] for j in had])
+                values = {n: models[n] for n in store.names("personal")}
+                store.scatter("personal", torch.from_numpy(had.astype(np.int64)), values)
+        return store
+
+    def _train_fn(self, clients: list[int], round_index: int, config: TrainConfig) -> TrainFn:
+        """Local SGD of this node's ``clients`` in round ``round_index``
+        (:class:`~privmtl.federated.methods.base.TrainFn`): the minibatches the in-process engine
+        draws for them (the round's plan, or another ``stream`` / number of ``epochs``)."""
+
+        def train(
+            starts: Params,
+            rule: UpdateRule,
+            *,
+            stream: int | None = None,
+            epochs: int | None = None,
+        ) -> tuple[Params, list[float]]:
+            return local_sgd_batched(
+                self.step_fn,
+                starts,
+                rule,
+                self.x_all,
+                self.y_all,
+                self._plan(clients, round_index, config, stream=stream, epochs=epochs),
+                config.batch_size,
+            )
+
+        return train
+
+    def _plan(
+        self,
+        clients: list[int],
+        round_index: int,
+        config: TrainConfig,
+        *,
+        stream: int | None = None,
+        epochs: int | None = None,
+    ) -> list[list[np.ndarray]]:
+        """The minibatches of ``clients`` in round ``round_index`` as rows of this node's data:
+        each client's draws are those of the in-process engine (the population's offsets)."""
+        if epochs is not None:
+            config = dataclasses.replace(config, local_epochs=epochs, local_steps=None)
+        starts = np.array([int(self.offsets[self.pos[k]]) for k in clients], dtype=np.int64)
+        return draw_round_plan(
+            clients, self.full_offsets, round_index, config,
+            stream=LOCAL_TRAINING_STREAM if stream is None else stream, starts=starts,
+        )  # fmt: skip
+
+    def save(self) -> None:
+        """Nothing to do: every round's models are written when the round is trained."""
+
+    def global_model(self, billboard: Params) -> Params:
+        """The released global model: the billboard, and the initial values of the parameters
+        that are not shared (partial sharing), as the in-process engine reports it."""
+        return {n: billboard[n] if n in billboard else p for n, p in self.init.items()}
+
+    def trained(
+        self, billboard: Params, personal_init: str = "model", config: TrainConfig | None = None
+    ) -> Params:
+        """The trained models of this node's clients, stacked in the order of ``clients``.
+
+        With the run's ``config`` they are the method's end of run
+        (:meth:`~privmtl.federated.methods.base.Method.outputs`, :meth:`outputs`: FedRep's final
+        heads). Without it, or for a method whose clients keep no model, a client never sampled
+        holds what it would start from: the billboard (the global model) with
+        ``personal_init="billboard"``, else the initial model.
+        """
+        if config is not None:
+            personal, _ = self.outputs(billboard, config)
+            if personal is not None:
+                return personal
+        never = self.global_model(billboard) if personal_init == "billboard" else self.init
+        rows = list(range(len(self.client_ids)))
+        out = self.personal.gather(rows)
+        fresh = torch.from_numpy(~self.personal.written(rows))
+        for n, p in out.items():
+            p[fresh] = never[n].to(p.dtype)
+        return out
+
+    def outputs(
+        self, billboard: Params, config: TrainConfig, round: int = 0
+    ) -> tuple[Params | None, Params]:
+        """The method's end of run for this node's clients: ``(their models or None, the global
+        model)``, from :meth:`~privmtl.federated.methods.base.Method.outputs` as the in-process
+        engine calls it, with this node's clients' stored models and a local training function
+        over all of them (round 0; the method picks the stream and the epochs: FedRep's final
+        heads come from the minibatches the in-process engine draws for the same clients).
+        """
+        method = get_method(config.method, config)
+        state = self._store(method, list(range(len(self.client_ids))))
+        return method.outputs(
+            billboard,
+            state,
+            personal_init={n: p for n, p in self.init.items() if n not in billboard},
+            names=list(self.init),
+            round=round,
+            train_all=self._train_fn(self.clients.tolist(), 0, config),
+        )
+
+    def _finish_start(self, billboard: Params, finish: dict[str, Any]) -> tuple[Params, Params]:
+        """The global model and the models the clients' end of run starts from."""
+        glob_model = self.global_model(billboard)
+        method = str(finish.get("method", "pmtl"))
+        config = TrainConfig(**finish["config"]) if "config" in finish else None
+        if method_class(method).personalized:
+            personal = self.trained(
+                billboard, str(finish.get("personal_init", "model")), config=config
+            )
+        else:  # a global-model method: every client's trained model is the billboard
+            personal = {
+                n: p.unsqueeze(0).expand((len(self.clients), *p.shape))
+                for n, p in glob_model.items()
+            }
+        return glob_model, personal
+
+    def _voters(self, finish: dict[str, Any]) -> np.ndarray:
+        """The positions of this node's clients that vote (the population's coins)."""
+        from privmtl.flower.vote import node_voters
+
+        return node_voters(
+            int(finish.get("num_clients", self.m)), self.clients,
+            str(finish.get("noise_source", "secure")), int(finish["seed"]),
+        )  # fmt: skip
+
+    def vote_shares(self, billboard: Params, finish: dict[str, Any]) -> list[float]:
+        """This node's clients' vote shares summed over them, one per candidate of
+        :func:`~privmtl.federated.finish.vote_candidates` (the ServerApp sums the nodes' and
+        releases the vote, :meth:`ServerRun.elect`)."""
+        from privmtl.federated.finish import auto_plan, finish_clients
+        from privmtl.flower.vote import node_vote_shares
+
+        glob_model, personal = self._finish_start(billboard, finish)
+        plan = auto_plan(
+            str(finish.get("method", "pmtl")), finish["shared_params"],
+            float(finish["noise_std"]), finish["clip"], int(finish["released_dim"]),
+            int(finish["rounds"]),
+        )  # fmt: skip
+        voters = self._voters(finish)
+        self.model.train()
+
+        def call(vote: Any) -> Any:
+            return finish_clients(
+                "auto", self.local, self.model, personal, glob_model,
+                batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
+                lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
+                start=str(finish.get("start", "personalized")),
+                client_index=self.clients.tolist(), local_solver="ridge", select="vote",
+                vote=vote, voters=voters,
+            )  # fmt: skip
+
+        return [float(v) for v in node_vote_shares(call)]
+
+    def evaluate(
+        self, billboard: Params, finish: dict[str, Any] | None = None
+    ) -> dict[str, list[float]]:
+        """Per-client correct counts and sizes of the personalized and the global model.
+
+        ``finish`` (the run's public end-of-run settings: ``finetune``, ``personal_init``, the
+        run's ``config`` and what :func:`~privmtl.federated.finish.finish_clients` and
+        :func:`~privmtl.federated.finish.auto_plan` read) makes every client of the node run the
+        method's end of the run (:meth:`outputs`) and its fine-tuning on its own data; then ``{split}_final`` holds the counts of the models
+        the clients keep, ``choice`` the candidate each chose (``finetune="auto"``) and
+        ``grids`` the candidates' public grids.
+        """
+        finish = finish or {}
+        glob_model, personal = self._finish_start(billboard, finish)
+        final = None
+        out: dict[str, Any] = {}
+        finetune = str(finish.get("finetune", "none"))
+        self.finetuned = finetune != "none"
+        if finetune != "none":
+            from privmtl.federated.finish import auto_plan, finish_clients, resolve_local_solver
+
+            self.model.train()
+            plan = None
+            if finetune == "auto":
+                plan = auto_plan(
+                    str(finish.get("method", "pmtl")), finish["shared_params"],
+                    float(finish["noise_std"]),
+                    finish["clip"], int(finish["released_dim"]), int(finish["rounds"]),
+                )  # fmt: skip
+            winner = finish.get("winner") if finetune == "auto" else None
+            vote: dict[str, Any] = {}
+            if winner is not None:  # the clients' vote elected one candidate for all
+                voters = self._voters(finish)
+                vote = {"select": "vote", "winner": str(winner), "voters": voters}
+                out["voters"] = len(voters)
+            done = finish_clients(
+                finetune, self.local, self.model, personal, glob_model,
+                batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
+                lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
+                start=str(finish.get("start", "personalized")), client_index=self.clients.tolist(),
+                local_solver=resolve_local_solver("auto", self.model, vote_held=bool(vote)),
+                **vote,
+            )  # fmt: skip
+            final = done.params  # (finish_clients trains the model as run_pmtl does: train mode)
+            if done.choice is not None:
+                out["choice"] = [int(v) for v in done.choice]
+            out["grids"] = done.grids
+        scoring = time.perf_counter()
+        for split in ("val", "test"):
+            xs, ys = self.local.split(split)
+            xs = [x.to(self.x_all.dtype) for x in xs]
+            counts = [float(y.shape[0]) for y in ys]
+            pc, _ = client_scores(self.model, personal, self.buffers, xs, ys)
+            glob = {n: p.unsqueeze(0).expand(len(ys), *p.shape) for n, p in glob_model.items()}
+            gc, _ = client_scores(self.model, glob, self.buffers, xs, ys)
+            out[f"{split}_n"] = counts
+            if split == "val":  # the clients' train sizes (their per-client rows)
+                out["train_n"] = [float(v) for v in self.local.sizes("train")]
+                out["client_ids"] = list(self.client_ids)
+                out["clients"] = [int(k) for k in self.clients]
+            out[f"{split}_personal"] = [float(v) for v in pc]
+            out[f"{split}_global"] = [float(v) for v in gc]
+            if final is not None:
+                fc, _ = client_scores(self.model, final, self.buffers, xs, ys)
+                out[f"{split}_final"] = [float(v) for v in fc]
+        self.final = personal if final is None else final
+        if finish.get("baseline"):  # the clients' training alone, beside their final models
+            t0 = time.perf_counter()
+            held = finish.get("winner") is not None
+            out["baseline"] = self.baseline_scores(finish, vote_held=held)
+            out["baseline_seconds"] = time.perf_counter() - t0
+        out["score_seconds"] = time.perf_counter() - scoring
+        return out
+
+    def baseline_scores(self, finish: dict[str, Any], *, vote_held: bool) -> dict[str, list[float]]:
+        """This node's part of the run's baseline
+        (:func:`~privmtl.federated.baseline.local_scores`): for its clients among the
+        population's :func:`~privmtl.federated.baseline.baseline_sample`, their correct test
+        predictions of the final and of the local model (each client's own training, solved as
+        ``run_pmtl`` solves it) and their test examples, in population order."""
+        from privmtl.federated.algorithms import BlockScores, block_rows
+        from privmtl.federated.baseline import baseline_sample
+        from privmtl.federated.finish import resolve_local_solver
+        from privmtl.federated.local import train_local
+
+        assert self.final is not None
+        seed = int(finish["seed"])
+        sample = baseline_sample(int(finish.get("num_clients", self.m)), seed)
+        mine = np.flatnonzero(np.isin(self.clients, sample))
+        if not len(mine):
+            return {"clients": [], "final": [], "local": [], "n": []}
+        part = self.local if len(mine) == len(self.clients) else self.local.subset(mine.tolist())
+        solver = resolve_local_solver("auto", self.model, vote_held=vote_held)
+        alone = train_local(
+            part, self.model, batch_size=int(finish["batch_size"]), seed=seed, select="client",
+            client_index=self.clients[mine].tolist(), solver=solver, scores=False,
+        )  # fmt: skip
+        assert alone.personalized_params is not None
+        book = BlockScores(self.model, self.buffers, ("test",))
+        with torch.no_grad():
+            own = self.final if len(mine) == len(self.clients) else block_rows(self.final, mine)
+            book.add("final", own, True, part)
+            book.add(
+                "local", {k: v.cpu() for k, v in alone.personalized_params.items()}, True, part
+            )
+        final_c, n = book.per_client("test", "final")
+        local_c, _ = book.per_client("test", "local")
+        return {
+            "clients": [int(k) for k in self.clients[mine]],
+            "final": [float(v) for v in final_c],
+            "local": [float(v) for v in local_c],
+            "n": [float(v) for v in n],
+            "solver": solver,  # type: ignore[dict-item]
+        }
+
+    def save_models(self, token: str) -> Path | None:
+        """Write the final models of this node's clients (as :meth:`evaluate` scored them) to
+        ``state_dir/MODELS_FILE``, tagged with the run's ``token``; None without storage.
+
+        They are per-client outputs: they stay in the node's own storage (on its own machine in a
+        real deployment) and are never sent to the ServerApp.
+        """
+        if self.state_dir is None or self.final is None:
+            return None
+        data = {
+            "token": token,
+            "clients": torch.from_numpy(self.clients),
+            "client_ids": list(self.client_ids),
+            "finetuned": self.finetuned,
+            "n_classes": int(self.local.n_classes),
+            "feature_shape": [int(v) for v in self.local.feature_shape],
+            "models": {n: p.detach().contiguous().clone() for n, p in self.final.items()},
+        }
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        path = self.state_dir / MODELS_FILE
+        write_atomic(path, to_bytes(data))
+        return path
+
+
+def table_options(opts: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of :func:`~privmtl.data.registry.load_federated` that a table's run
+    configuration gives (none for another data set)."""
+    if str(opts["data"]) != "table":
+        return {}
+    features = [c.strip() for c in str(opts.get("feature-columns", "")).split(",") if c.strip()]
+    return {
+        "client_column": str(opts["client-column"]),
+        "label_column": str(opts["label-column"]),
+        "feature_columns": tuple(features) or None,
+        "scaling": str(opts.get("scaling", "")) or None,
+    }
+
+
+@functools.lru_cache(maxsize=2)
+def _population(
+    data: str, data_path: str, seed: int, num_clients: int | None, table: str = "{}"
+) -> FederatedDataset:
+    """The whole population, loaded once per process (a simulation's actor serves many nodes);
+    ``table``: a table's options as JSON (:func:`table_options`)."""
+    from privmtl.data.registry import load_federated
+
+    kw = json.loads(table)
+    if kw.get("feature_columns") is not None:
+        kw["feature_columns"] = list(kw["feature_columns"])
+    return load_federated(
+        data, data_path=data_path or None, seed=seed, num_clients=num_clients, **kw
+    )
+
+
+def node_dataset(d: dict[str, Any]) -> FederatedDataset:
+    """A node's clients from its cached :meth:`NodeClients.data_state` (``d``: tensors mapped
+    from the cache file): each client's tensors are views of the contiguous ones, and the
+    dataset's stacked train data is those tensors themselves (nothing is copied)."""
+    kw: dict[str, list[torch.Tensor]] = {}
+    for s in ("train", "val", "test"):
+        sizes = np.diff(d[f"{s}_offsets"].numpy()).tolist()
+        kw[f"{s}_x"] = list(torch.split(d[f"{s}_x"], sizes))
+        kw[f"{s}_y"] = list(torch.split(d[f"{s}_y"], sizes))
+    local = FederatedDataset._unchecked(  # checked when the node cached it
+        list(d["client_ids"]), kw, int(d["n_classes"]), tuple(d["feature_shape"]),
+        str(d["name"]), str(d.get("scaling", "none")),
+    )  # fmt: skip
+    xs, ys = local.split("train")
+    key = tuple((id(t), t._version) for t in (*xs, *ys))
+    offsets = d["train_offsets"].numpy().astype(np.int64)
+    local._concat_cache["train"] = (key, (d["train_x"], d["train_y"], offsets))
+    return local
+
+
+def load_node(
+    opts: dict[str, Any],
+    pid: int,
+    parts: int,
+    state_dir: str | None,
+    model_dir: str | None = None,
+    method_dir: str | None = None,
+) -> NodeClients:
+    """Build the node's clients; their data is cached as tensors in the node's storage.
+
+    Each message runs in a fresh ClientApp process: reading the node's own shard back is much
+    cheaper than loading (or generating) the population again. A user's model factory is loaded
+    from this machine's ``model_dir`` (default: the run configuration's ``model-dir``) and
+    refused unless its file is the code the run announces
+    (:func:`privmtl.flower.factory.load_checked`); a user's method likewise from ``method_dir``
+    (:func:`privmtl.flower.factory.load_checked_method`).
+    """
+    import hashlib
+
+    from privmtl.federated.models import make_model
+    from privmtl.flower.factory import load_checked, load_checked_method
+
+    who = f"SuperNode partition {pid}"
+    user = load_checked(opts, who, model_dir)
+    load_checked_method(opts, who, method_dir)  # a user's method: this machine's copy, checked
+
+    seed = int(opts["seed"])
+    num = given({"num-clients": NONE, **opts}, "num-clients")
+    table = json.dumps(table_options(opts), sort_keys=True)
+    ident = json.dumps([opts["data"], opts["data-path"], seed, pid, parts, num, table])
+    cache = None
+    if state_dir is not None:
+        digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+        cache = Path(state_dir) / f"data-{digest}-v2.pt"
+    if cache is not None and cache.exists():
+        d = torch.load(cache, weights_only=True, mmap=True)  # mapped, not read
+        local = node_dataset(d)
+        net = make_model(str(opts["model"]), local, seed, factory=user)
+        return NodeClients.from_parts(
+            local,
+            net,
+            clients=d["clients"].numpy(),
+            full_offsets=d["full_offsets"].numpy(),
+            partition_id=pid,
+            num_partitions=parts,
+            state_dir=state_dir,
+        )
+    ds = _population(
+        str(opts["data"]), str(opts["data-path"]), seed, None if num is None else int(num), table
+    )
+    net = make_model(str(opts["model"]), ds, seed, factory=user)
+    node = NodeClients(ds, net, partition_id=pid, num_partitions=parts, state_dir=state_dir)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(cache, to_bytes(node.data_state()))
+    return node
