@@ -86,3 +86,10 @@ def test_an_edited_clients_file_is_refused(run, tmp_path):
     (folder / "clients.csv").write_text(rows.replace(",0.", ",1.", 1))
     with pytest.raises(DataFormatError, match=r"clients\.csv"):
         evaluate_saved(folder, per_client=tmp_path / "again.csv")
+
+
+def test_evaluate_reports_the_runs_baseline_beside_the_models_it_scores(run):
+    out, _, d = run
+    again = evaluate_saved(d / "models")
+    for key in ("local_test_accuracy", "gain_over_local", "gain_interval"):
+        assert again[key] == pytest.approx(out[key], abs=1e-12), key

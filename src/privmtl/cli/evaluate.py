@@ -148,6 +148,11 @@ def evaluate(
     metric = next(k for k in ("test_accuracy", "nmse", "auc") if k in out)
     click.echo(f"{out.get('method')} ({family}) from {models_dir}: {metric} = {out[metric]:.4f}")
     if family == "pmtl":
+        from privmtl.federated.baseline import describe_gain
+
+        gain = describe_gain(out)
+        if gain is not None:
+            click.echo(gain)
         echo_final_models(out, recorded=True)
     if out.get("summary"):
         click.echo(f"privacy: {out['summary']}")

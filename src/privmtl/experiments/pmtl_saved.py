@@ -129,12 +129,41 @@ def evaluate_saved(
     for key in ("clients_per_final_model", "end_of_run"):  # recorded at training
         if key in run:
             out[key] = run[key]
+    rows = _saved_rows(models_dir, meta, ds, correct)
+    out.update(_saved_baseline(rows))
     if per_client is not None:
         from privmtl.per_client import write_rows
 
-        rows = _saved_rows(models_dir, meta, ds, correct)
         out["per_client_file"] = str(write_rows(per_client, rows))
     return out
+
+
+def _saved_baseline(rows: pd.DataFrame) -> dict[str, Any]:
+    """The baseline keys of a reloaded folder: its clients' local-only accuracies recorded at
+    training (``clients.csv``) beside their models scored now; none without recorded ones."""
+    from privmtl.gain import GAIN_LEVEL, gain_interval
+
+    local = rows["local_test_accuracy"].to_numpy(np.float64)
+    has = np.isfinite(local)
+    if not has.any():
+        return {}
+    n = rows["n_test"].to_numpy(np.float64)[has]
+    final = rows["test_accuracy"].to_numpy(np.float64)[has] * n
+    alone = np.round(local[has] * n)  # the correct predictions the recorded accuracy counts
+    final = np.round(np.nan_to_num(final))
+    gain, (low, high) = gain_interval(final, alone, n)
+    total = float(n.sum())
+    return {
+        "local_test_accuracy": float(alone.sum() / total) if total else float("nan"),
+        "gain_over_local": gain,
+        "gain_interval": [low, high],
+        "baseline_clients": int(has.sum()),
+        "baseline": (
+            "each client's local training alone as recorded at training (clients.csv), beside "
+            f"its saved model scored now; gain_interval: {GAIN_LEVEL:.0%} normal interval over "
+            "clients"
+        ),
+    }
 
 
 def _saved_data(
