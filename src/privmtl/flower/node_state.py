@@ -53,6 +53,10 @@ def _np_dtype(dtype: torch.dtype) -> np.dtype:
 class NodeState(Mapping[str, "Params"]):
     """The personalized models of a node's clients ``client_ids``, by client id.
 
+    A read-only mapping of the clients that hold a model of their own to it (``state[cid]``;
+    ``len``, ``in`` and iteration as a dict's). :meth:`write_round` stores a round's models,
+    :meth:`undo` puts back the models from before the last round.
+
     Parameters
     ----------
     client_ids : sequence of str
@@ -61,10 +65,6 @@ class NodeState(Mapping[str, "Params"]):
         The initial model: the names, shapes and dtypes of a row.
     directory : path or None
         Where the rows live (created); None holds them in memory.
-
-    A read-only mapping of the clients that hold a model of their own to it (``state[cid]``;
-    ``len``, ``in`` and iteration as a dict's). :meth:`write_round` stores a round's models,
-    :meth:`undo` puts back the models from before the last round.
     """
 
     def __init__(
