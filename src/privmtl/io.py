@@ -34,6 +34,7 @@ __all__ = [
     "append_jsonl",
     "arrays_sha256",
     "atomic_output_dir",
+    "check_output_file",
     "check_writable_dir",
     "fsync_dir",
     "load_jsonl",
@@ -185,6 +186,32 @@ def check_writable_dir(path: Path, *, name: str, create: bool = False) -> Path:
             f"({exc.strerror or exc})."
         ) from None
     return path
+
+
+def check_output_file(
+    path: str | os.PathLike[str], *, name: str, suffixes: tuple[str, ...], kind: str
+) -> Path:
+    """``path`` as a :class:`~pathlib.Path`, checked before any computation: a file name ending
+    in one of ``suffixes`` (``kind`` names them in the error), not a folder, in a folder that
+    exists or can be created and is writable. Raises
+    :class:`~privmtl.exceptions.InvalidParameterError` naming the parameter ``name``."""
+    p = Path(path)
+    if p.suffix.lower() not in suffixes:
+        raise InvalidParameterError(
+            f"The '{name}' parameter must name {kind} file; got {str(p)!r}."
+        )
+    if p.is_dir():
+        raise InvalidParameterError(
+            f"The '{name}' parameter must name a file; got {str(p)!r}, which is a folder."
+        )
+    try:
+        check_writable_dir(p.parent, name=name)
+    except InvalidParameterError:
+        raise InvalidParameterError(
+            f"The '{name}' parameter must name a file in a writable folder; got {str(p)!r} "
+            f"(cannot write in {str(p.parent)!r})."
+        ) from None
+    return p
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.io import check_writable_dir, write_atomic
+from privmtl.exceptions import DataFormatError
+from privmtl.io import check_output_file, write_atomic
 
 __all__ = [
     "CLIENTS_FILE",
@@ -66,23 +66,9 @@ def check_rows_path(path: str | Path, *, name: str = "per_client") -> Path:
     """``path`` as a :class:`~pathlib.Path`, checked before any computation: a ``.csv`` or
     ``.parquet`` file name whose folder exists or can be created and is writable. Raises
     :class:`~privmtl.exceptions.InvalidParameterError` naming ``name`` otherwise."""
-    p = Path(path)
-    if p.suffix.lower() not in PER_CLIENT_SUFFIXES:
-        raise InvalidParameterError(
-            f"The '{name}' parameter must name a .csv or .parquet file; got {str(p)!r}."
-        )
-    if p.is_dir():
-        raise InvalidParameterError(
-            f"The '{name}' parameter must name a file; got {str(p)!r}, which is a folder."
-        )
-    try:
-        check_writable_dir(p.parent, name=name)
-    except InvalidParameterError:
-        raise InvalidParameterError(
-            f"The '{name}' parameter must name a file in a writable folder; got {str(p)!r} "
-            f"(cannot write in {str(p.parent)!r})."
-        ) from None
-    return p
+    return check_output_file(
+        path, name=name, suffixes=PER_CLIENT_SUFFIXES, kind="a .csv or .parquet"
+    )
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.io import check_writable_dir, write_atomic
+from privmtl.exceptions import DataFormatError
+from privmtl.io import check_output_file, write_atomic
 
 __all__ = [
     "SERIES",
@@ -61,23 +61,7 @@ border-radius:6px;padding:10px;flex:1 1 460px;max-width:490px}.card h2{margin-to
 
 def check_report_path(path: str | Path, *, name: str = "report") -> Path:
     """``path`` checked before any computation: an ``.html`` file name in a writable folder."""
-    p = Path(path)
-    if p.suffix.lower() not in (".html", ".htm"):
-        raise InvalidParameterError(
-            f"The '{name}' parameter must name an .html file; got {str(p)!r}."
-        )
-    if p.is_dir():
-        raise InvalidParameterError(
-            f"The '{name}' parameter must name a file; got {str(p)!r}, which is a folder."
-        )
-    try:
-        check_writable_dir(p.parent, name=name)
-    except InvalidParameterError:
-        raise InvalidParameterError(
-            f"The '{name}' parameter must name a file in a writable folder; got {str(p)!r} "
-            f"(cannot write in {str(p.parent)!r})."
-        ) from None
-    return p
+    return check_output_file(path, name=name, suffixes=(".html", ".htm"), kind="an .html")
 
 
 def load_report_input(path: str | Path) -> tuple[dict[str, Any], Any]:
