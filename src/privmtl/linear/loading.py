@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.user_model import load_factory
+from privmtl.federated.methods.loading import load_method_code, method_record
 from privmtl.linear.methods import LinearMethod, is_method_spec, linear_method
 
 __all__ = ["load_linear_method", "resolve_linear_method"]
@@ -32,14 +32,7 @@ def load_linear_method(
         The spec cannot be loaded, or does not name a LinearMethod subclass (one line naming
         ``--method``).
     """
-    try:
-        user = load_factory(spec, cwd=cwd)
-    except InvalidParameterError as exc:
-        raise InvalidParameterError(
-            str(exc)
-            .replace("The 'model' parameter (--model)", "The 'method' parameter (--method)")
-            .replace("FACTORY", "NAME")
-        ) from None
+    user = load_method_code(spec, cwd=cwd)
     found: Any = user.factory
     if not (isinstance(found, type) and issubclass(found, LinearMethod)):
         raise InvalidParameterError(
@@ -47,15 +40,7 @@ def load_linear_method(
             f"privmtl.linear.methods.LinearMethod; got {found!r}."
         )
     cls = linear_method(found)  # registers it
-    record = {
-        "spec": spec,
-        "name": cls.name,
-        "class": cls.__qualname__,
-        "module": user.module,
-        "path": user.path,
-        "sha256": user.sha256,
-    }
-    return cls, record
+    return cls, method_record(spec, cls, user)
 
 
 def resolve_linear_method(

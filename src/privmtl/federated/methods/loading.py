@@ -14,9 +14,36 @@ from typing import Any
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.methods import register_method
 from privmtl.federated.methods.base import Method
-from privmtl.federated.user_model import is_factory_spec, load_factory
+from privmtl.federated.user_model import UserFactory, is_factory_spec, load_factory
 
-__all__ = ["load_method", "resolve_method"]
+__all__ = ["load_method", "load_method_code", "method_record", "resolve_method"]
+
+
+def load_method_code(spec: str, *, cwd: str | Path | None = None) -> UserFactory:
+    """The code ``spec`` names (``PATH.py:NAME`` or ``MODULE:NAME``), loaded as a user's model
+    factory is (:func:`~privmtl.federated.user_model.load_factory`), its errors naming
+    ``--method``; a method of either family."""
+    try:
+        return load_factory(spec, cwd=cwd)
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(
+            str(exc)
+            .replace("The 'model' parameter (--model)", "The 'method' parameter (--method)")
+            .replace("FACTORY", "NAME")
+        ) from None
+
+
+def method_record(spec: str, cls: type, user: UserFactory) -> dict[str, Any]:
+    """Where a loaded method came from (a result's ``method_source``): its spec, its name and
+    class, its module, its file and the file's SHA-256."""
+    return {
+        "spec": spec,
+        "name": getattr(cls, "name", None),
+        "class": cls.__qualname__,
+        "module": user.module,
+        "path": user.path,
+        "sha256": user.sha256,
+    }
 
 
 def load_method(
@@ -37,14 +64,7 @@ def load_method(
         The spec cannot be loaded, or does not name a Method subclass or instance (one line
         naming ``--method``).
     """
-    try:
-        user = load_factory(spec, cwd=cwd)
-    except InvalidParameterError as exc:
-        raise InvalidParameterError(
-            str(exc)
-            .replace("The 'model' parameter (--model)", "The 'method' parameter (--method)")
-            .replace("FACTORY", "NAME")
-        ) from None
+    user = load_method_code(spec, cwd=cwd)
     found: Any = user.factory
     is_class = isinstance(found, type) and issubclass(found, Method)
     if not is_class and not isinstance(found, Method):
@@ -54,15 +74,7 @@ def load_method(
         )
     method: type[Method] | Method = found
     cls: type[Method] = register_method(method) if register else found if is_class else type(found)
-    record = {
-        "spec": spec,
-        "name": cls.name,
-        "class": cls.__qualname__,
-        "module": user.module,
-        "path": user.path,
-        "sha256": user.sha256,
-    }
-    return method, record
+    return method, method_record(spec, cls, user)
 
 
 def resolve_method(
