@@ -23,7 +23,12 @@ from privmtl.cli._common import (
     vote_share_option,
 )
 from privmtl.cli._data_options import mpmtl_data_kwargs, mpmtl_data_options
-from privmtl.cli.report import check_output_files, rows_for_report, write_run_report
+from privmtl.cli.report import (
+    check_output_files,
+    report_option,
+    rows_for_report,
+    write_run_report,
+)
 from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.experiments.mpmtl import (
     METHODS,
@@ -309,11 +314,7 @@ class _LinearMethodType(click.ParamType):
     help="Write one row per task here (.csv or .parquet): its sizes, its test nMSE (AUC), the "
     "same of the task alone and the gain (also clients.csv in --save-models).",
 )
-@click.option(
-    "--report",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the run's report here: one self-contained HTML file (see privmtl report).",
-)
+@report_option
 @_floor_opt
 @_power_opt
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

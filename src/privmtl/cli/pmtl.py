@@ -34,7 +34,12 @@ from privmtl.cli._spec_options import (
     spec_options,
     trust_code_option,
 )
-from privmtl.cli.report import check_output_files, rows_for_report, write_run_report
+from privmtl.cli.report import (
+    check_output_files,
+    report_option,
+    rows_for_report,
+    write_run_report,
+)
 from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import (
@@ -270,11 +275,7 @@ def _device_option(help: str) -> Any:
     help="Write one row per client here (.csv or .parquet): its sizes, the model it kept, its "
     "test accuracy, its local-only accuracy and the gain (also clients.csv in --save-models).",
 )
-@click.option(
-    "--report",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the run's report here: one self-contained HTML file (see privmtl report).",
-)
+@report_option
 @click.option(
     "--eval-every",
     type=click.IntRange(min=0),

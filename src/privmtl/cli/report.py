@@ -12,7 +12,13 @@ import click
 
 from privmtl.exceptions import InvalidParameterError
 
-__all__ = ["check_output_files", "report", "rows_for_report", "write_run_report"]
+__all__ = [
+    "check_output_files",
+    "report",
+    "report_option",
+    "rows_for_report",
+    "write_run_report",
+]
 
 
 @click.command()
@@ -43,6 +49,14 @@ def report(source: Path, output: Path | None, as_json: bool) -> None:
         echo_json({"report": str(written), "per_client_rows": None if rows is None else len(rows)})
     else:
         click.echo(f"report: {written}")
+
+
+report_option = click.option(
+    "--report",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the run's report here: one self-contained HTML file (see privmtl report).",
+)
+"""``--report FILE`` of the run commands (``privmtl pmtl``, ``privmtl mpmtl``)."""
 
 
 def write_run_report(path: Path, out: dict[str, Any], rows_file: Path | None) -> Path:
