@@ -63,8 +63,8 @@ class SyntheticFederation(FederatedDataset):
 
     Notes
     -----
-    Building it costs the shared part's draws (one vectorised draw of the sizes) and about 100
-    bytes per client (sizes, stream index, id); drawing a client costs its own draws alone,
+    Building it costs the shared part's draws (one vectorised draw of the sizes) and a few
+    scalars per client (sizes, stream index, id); drawing a client costs its own draws alone,
     whichever clients are drawn before or with it. :meth:`content_sha256` fingerprints what
     determines every example (the law's parameters and stream, its shared model and stream
     entropy, the clients' stream indices and sizes): it differs from the eager data set's

@@ -2,7 +2,24 @@
 (Li et al., FedProx): :func:`make_synthetic_federated` draws per-client softmax models scattered
 around a shared one, per-client feature shifts and unequal client sizes, so that both federation
 (shared part) and personalization (client part) help; :func:`synthetic_law` is the law it draws
-from. (MP-MTL's synthetic regression data are :mod:`privmtl.data.synthetic`.)"""
+from. (MP-MTL's synthetic regression data are :mod:`privmtl.data.synthetic`.)
+
+Random streams: the shared part (:math:`W_0`, then :math:`b_0`, then every client's size in one
+vectorised draw) comes from the generator of ``random_state`` (``numpy.random.default_rng(seed)``
+for an int). Client :math:`k`'s draws (its model, feature mean, features, label noise and the
+permutation that splits its examples) come from a generator of its own,
+``Generator(PCG64(SeedSequence(entropy, spawn_key=(k,))))`` (:meth:`SyntheticLaw.client_rng`): for
+an int seed ``entropy`` is the seed, so client :math:`k`'s generator is the :math:`k`-th child of
+``SeedSequence(seed).spawn``; for a Generator (or None) ``entropy`` is 128 bits drawn from it once,
+after the shared part. A client is therefore drawn from ``(seed, k)`` and its size alone, without
+drawing any other client: the first :math:`m'` clients of a federation of :math:`m > m'` clients
+are those of the federation of :math:`m'` clients for the same seed, and
+:class:`~privmtl.data.streamed.SyntheticFederation` draws any client directly. SeedSequence's spawn
+keys give statistically independent streams; PCG64 is numpy's default bit generator and draws
+normals faster than Philox, whose keyed construction is slightly cheaper but a small part of a
+client's draw. The stream is named by :data:`SYNTHETIC_STREAM`, which the lazy federation's
+fingerprint includes.
+"""
 
 from __future__ import annotations
 
@@ -199,24 +216,8 @@ def make_synthetic_federated(
 
     Notes
     -----
-    **Random streams.** The shared part (:math:`W_0`, then :math:`b_0`, then every client's size
-    in one vectorised draw) comes from the generator of ``random_state``
-    (``numpy.random.default_rng(seed)`` for an int). Client :math:`k`'s draws (its model, feature
-    mean, features, label noise and the permutation that splits its examples) come from a
-    generator of its own, ``Generator(PCG64(SeedSequence(entropy, spawn_key=(k,))))``
-    (:meth:`SyntheticLaw.client_rng`): for an int seed ``entropy`` is the seed, so client
-    :math:`k`'s generator is the :math:`k`-th child of ``SeedSequence(seed).spawn``; for a
-    Generator (or None) ``entropy`` is 128 bits drawn from it once, after the shared part. A
-    client is therefore drawn from ``(seed, k)`` and its size alone, without drawing any other
-    client: the first :math:`m'` clients of a federation of :math:`m > m'` clients are those of
-    the federation of :math:`m'` clients for the same seed, and
-    :class:`~privmtl.data.streamed.SyntheticFederation` draws any client directly. SeedSequence's
-    spawn keys give statistically independent streams; PCG64 is numpy's default bit generator
-    and draws normals faster than Philox, whose keyed construction is cheaper by a microsecond
-    or two, a small part of a client's draw. This per-client stream (:data:`SYNTHETIC_STREAM`)
-    replaced a single stream that drew every client in turn from the shared generator: the
-    client sizes are unchanged, the clients' examples differ, so seeded results computed with
-    the single stream are not reproduced by this version.
+    The shared part comes from the generator of ``random_state``, each client from a random
+    stream of its own (:data:`SYNTHETIC_STREAM`, described in the module's documentation).
     """
     law, sizes = synthetic_law(
         n_clients=n_clients, n_features=n_features, n_classes=n_classes,
@@ -274,7 +275,7 @@ class SyntheticLaw:
 
     def client_rng(self, k: int) -> np.random.Generator:
         """Client ``k``'s own generator, ``Generator(PCG64(SeedSequence(entropy,
-        spawn_key=(k,))))``: a function of ``(entropy, k)`` only (about ten microseconds)."""
+        spawn_key=(k,))))``: a function of ``(entropy, k)`` only."""
         seq = np.random.SeedSequence(self.entropy, spawn_key=(int(k),))
         return np.random.Generator(np.random.PCG64(seq))
 
