@@ -135,11 +135,22 @@ def test_a_generator_argument_gives_the_same_clients() -> None:
     assert by_int.content_sha256() != eager.content_sha256()
 
 
-def test_nothing_is_drawn_until_asked() -> None:
+def test_nothing_is_drawn_until_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from privmtl.data.federated import SyntheticLaw
+
+    asked: list[int] = []
+    stream = SyntheticLaw.client_rng
+    monkeypatch.setattr(
+        SyntheticLaw, "client_rng", lambda law, k: asked.append(k) or stream(law, k)
+    )
     lazy = SyntheticFederation(n_clients=5000, random_state=0)
-    assert lazy._whole is None
-    lazy.sizes("train"), lazy.summary(), lazy.content_sha256(), lazy.take([3, 4999])
-    assert lazy._whole is None  # none of these held the federation
+    mine = lazy.partition(np.arange(4000, 5000))
+    assert asked == [] and lazy._whole is None  # building walks no client's stream
+    lazy.sizes("train"), lazy.summary(), lazy.content_sha256(), mine.content_sha256()
+    lazy.take([3, 4999])
+    mine.take([10])
+    assert asked == [3, 4999, 4010]  # only the clients asked for, straight from their streams
+    assert lazy._whole is None and mine._whole is None  # none of these held the federation
 
 
 def test_fingerprint_follows_the_data() -> None:
