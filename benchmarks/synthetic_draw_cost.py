@@ -1,8 +1,8 @@
 """CPU cost per client of the streamed synthetic federation (one thread, process CPU time).
 
 Usage: ``OMP_NUM_THREADS=1 python benchmarks/synthetic_draw_cost.py [m] [repeats]``. Prints, per
-client of the population: building :class:`~privmtl.data.streamed.SyntheticFederation` (the walk
-recording every client's generator state), ``take(range(m), "test")`` (the scoring pass's draw)
+client of the population: building :class:`~privmtl.data.streamed.SyntheticFederation` (the
+shared part and the size draw; each client has its own random stream), ``take(range(m), "test")`` (the scoring pass's draw)
 ``subset`` of a block of 1 024 clients (the
 scoring pass's blocks, all three splits), scoring that block (random personalized and global
 logistic regressions on its validation and test splits) and a round's draw of 200 clients at random positions (``take(..., "train")``), the fastest of

@@ -110,7 +110,7 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
 
 
 #: Bytes each client of a population costs before any of its data is drawn: the synthetic
-#: federation's sizes, generator state and id (128 measured) and the run's index of client
+#: federation's sizes, stream index and id (112 measured) and the run's index of client
 #: states and sampling draws.
 CLIENT_BYTES = 160
 #: Bytes each round costs in memory: the privacy ledger's record of its release (about 1.2 KiB

@@ -361,8 +361,9 @@ def _majority_fraction(ds: FederatedDataset) -> float:
 
 def test_synthetic_feature_law_leaf_is_the_old_generator() -> None:
     # an independent re-implementation of LEAF's feature law (covariance diag(j^-1.2), client
-    # means N(beta_k 1, I)) with the generator's draw order: W_0, b_0, sizes, then per client
-    # A_k, a_k, beta_k, v_k, the examples, the split permutation
+    # means N(beta_k 1, I)) with the generator's streams and draw order: W_0, b_0 (then the
+    # sizes) from the seed's generator; client k's A_k, a_k, beta_k, v_k, examples and split
+    # permutation from its own, PCG64(SeedSequence(seed, spawn_key=(k,)))
     m, d, c = 6, 8, 4
     ds = make_synthetic_federated(
         n_clients=m, n_features=d, n_classes=c, samples_per_client=30, feature_cov="leaf",
@@ -371,6 +372,7 @@ def test_synthetic_feature_law_leaf_is_the_old_generator() -> None:
     rng = np.random.default_rng(5)
     w0, b0 = rng.standard_normal((c, d)), rng.standard_normal(c)
     for k in range(m):
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(5, spawn_key=(k,))))
         wk, bk = w0 + 0.5 * rng.standard_normal((c, d)), b0 + 0.5 * rng.standard_normal(c)
         beta = rng.normal(0.0, 0.5)
         v = rng.normal(beta, 1.0, size=d)

@@ -18,18 +18,19 @@ CASES = [
 ]
 
 
-# make_synthetic_federated(**CASES[i]).content_sha256(): the clients every seed gives, pinned
-# (numpy's PCG64 streams of standard normals, permutations and integers are fixed by its
-# version); a faster draw must give these same bytes
+# make_synthetic_federated(**CASES[i]).content_sha256(): the clients every seed gives with the
+# per-client streams (SYNTHETIC_STREAM), pinned (numpy's SeedSequence and PCG64 streams of
+# standard normals, permutations and integers are fixed by its version); a faster draw must give
+# these same bytes
 PINNED = [
-    "fcd723bf430b8f6b65959ca30dd8e5f0feb876011d690082f9aed02288f28523",
-    "d9c1c0e21dba63bd4a41f740591aedcb8066386efe3fd7535f2ab51e727b9740",
-    "07e4c59256b1477b6b7892f2635db88761cfde6e54286e7ba65bc4f065688ab4",
-    "7eaa2fed2c444ce7c5c472439648d6b335b542c802e1318a98847ba678cc512d",
+    "c79c20647db04c806abcb0bbd1db8767ae0a722745e1262b672eb872350220a4",
+    "725343548a23a91a4bb461ac55111b2cdfceb67bd43c67ac5bece5f98dc2c260",
+    "79be7725e715ea6d575f1848f6b71287cd471831998f3581bbf311e07cfea198",
+    "9f9f1b44f97291468d4bd9ba27890eb43fcd95e9c6b34cd79fc853fb47e6632b",
 ]
 
 
-@pytest.mark.parametrize(("kw", "pinned"), zip(CASES, PINNED, strict=True))
+@pytest.mark.parametrize(("kw", "pinned"), list(zip(CASES, PINNED, strict=True)))
 def test_the_seeded_clients_are_pinned(kw: dict, pinned: str) -> None:
     assert make_synthetic_federated(**kw).content_sha256() == pinned
     assert SyntheticFederation(**kw).materialize().content_sha256() == pinned
@@ -63,8 +64,7 @@ def test_clients_are_the_eager_generators(kw: dict) -> None:
 
 @pytest.mark.parametrize("kw", CASES)
 def test_runs_of_consecutive_clients_are_the_eager_generators(kw: dict) -> None:
-    # a run of consecutive clients continues the generator from one client to the next, a jump
-    # sets the recorded state: both give the eager clients, in every split
+    # runs of consecutive clients and jumps, in any order: the eager clients, in every split
     eager = make_synthetic_federated(**kw)
     lazy = SyntheticFederation(**kw)
     m = eager.n_clients
@@ -77,30 +77,80 @@ def test_runs_of_consecutive_clients_are_the_eager_generators(kw: dict) -> None:
 
 
 @pytest.mark.parametrize("kw", CASES)
-def test_skipping_a_client_takes_the_draws_of_drawing_it(kw: dict) -> None:
+def test_client_k_is_drawn_from_its_own_stream(kw: dict) -> None:
+    # client k: Generator(PCG64(SeedSequence(seed, spawn_key=(k,)))), the k-th child of
+    # SeedSequence(seed).spawn, whatever other clients are drawn
     from privmtl.data.federated import synthetic_law
     from privmtl.data.streamed import _GENERATOR_DEFAULTS
 
-    law, sizes, rng = synthetic_law(**{**_GENERATOR_DEFAULTS, **kw})
-    other = np.random.default_rng()
-    other.bit_generator.state = rng.bit_generator.state
-    for n in sizes[:10].tolist():
-        law.draw_client(rng, n)
-        law.skip_client(other, n)
-        assert other.bit_generator.state == rng.bit_generator.state
+    law, sizes = synthetic_law(**{**_GENERATOR_DEFAULTS, **kw})
+    eager = make_synthetic_federated(**kw)
+    children = np.random.SeedSequence(kw["random_state"]).spawn(len(sizes))
+    for k in (0, 7, len(sizes) - 1):
+        drawn = law.draw_client(np.random.Generator(np.random.PCG64(children[k])), int(sizes[k]))
+        mine = [getattr(eager, f"{s}_{a}")[k] for s in ("train", "val", "test") for a in "xy"]
+        for arr, t in zip(drawn, mine, strict=True):
+            np.testing.assert_array_equal(arr, t.numpy())
+
+
+def test_a_larger_population_begins_with_the_smaller_one() -> None:
+    # the shared part draws the sizes in one vectorised call and each client has its own stream:
+    # the first 40 clients of 300 are the federation of 40 for the same seed
+    small = SyntheticFederation(n_clients=40, label_noise=0.1, random_state=8)
+    large = SyntheticFederation(n_clients=300, label_noise=0.1, random_state=8)
+    first = large.subset(range(40))
+    assert first.content_sha256() == small.materialize().content_sha256()
+
+
+def test_a_partition_is_those_clients_drawn_on_demand() -> None:
+    whole = SyntheticFederation(n_clients=200, random_state=4)
+    own = np.array([150, 3, 77, 199, 0])
+    part = whole.partition(own)
+    assert part.n_clients == 5 and part.client_ids == [whole.client_ids[i] for i in own]
+    assert part._whole is None  # nothing drawn
+    for split in ("train", "val", "test"):
+        np.testing.assert_array_equal(part.sizes(split), whole.sizes(split)[own])
+        a, b = part.take([4, 1, 2], split), whole.take(own[[4, 1, 2]], split)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        np.testing.assert_array_equal(a[2], b[2])
+    assert part.materialize().content_sha256() == whole.subset(own).content_sha256()
+    again = whole.partition(own)
+    assert part.content_sha256() == again.content_sha256() != whole.content_sha256()
+    assert part.content_sha256() != whole.partition(own[::-1]).content_sha256()
+    with pytest.raises(InvalidParameterError, match=r"'clients'.*\[0, 200\).*got 200"):
+        whole.partition([200])
+    with pytest.raises(InvalidParameterError, match=r"'clients'.*repeat"):
+        whole.partition([3, 3])
+    with pytest.raises(InvalidParameterError, match=r"'clients'.*at least one"):
+        whole.partition([])
 
 
 def test_a_generator_argument_gives_the_same_clients() -> None:
-    eager = make_synthetic_federated(n_clients=25, random_state=np.random.default_rng(9))
-    lazy = SyntheticFederation(n_clients=25, random_state=np.random.default_rng(9))
-    assert lazy.materialize().content_sha256() == eager.content_sha256()
+    # the streams' entropy is drawn once from the Generator, whatever its bit generator
+    for bits in (np.random.PCG64, np.random.MT19937):
+        eager = make_synthetic_federated(n_clients=25, random_state=np.random.Generator(bits(9)))
+        lazy = SyntheticFederation(n_clients=25, random_state=np.random.Generator(bits(9)))
+        assert lazy.materialize().content_sha256() == eager.content_sha256()
+    by_int = make_synthetic_federated(n_clients=25, random_state=9)
+    assert by_int.content_sha256() != eager.content_sha256()
 
 
-def test_nothing_is_drawn_until_asked() -> None:
+def test_nothing_is_drawn_until_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from privmtl.data.federated import SyntheticLaw
+
+    asked: list[int] = []
+    stream = SyntheticLaw.client_rng
+    monkeypatch.setattr(
+        SyntheticLaw, "client_rng", lambda law, k: asked.append(k) or stream(law, k)
+    )
     lazy = SyntheticFederation(n_clients=5000, random_state=0)
-    assert lazy._whole is None
-    lazy.sizes("train"), lazy.summary(), lazy.content_sha256(), lazy.take([3, 4999])
-    assert lazy._whole is None  # none of these held the federation
+    mine = lazy.partition(np.arange(4000, 5000))
+    assert asked == [] and lazy._whole is None  # building walks no client's stream
+    lazy.sizes("train"), lazy.summary(), lazy.content_sha256(), mine.content_sha256()
+    lazy.take([3, 4999])
+    mine.take([10])
+    assert asked == [3, 4999, 4010]  # only the clients asked for, straight from their streams
+    assert lazy._whole is None and mine._whole is None  # none of these held the federation
 
 
 def test_fingerprint_follows_the_data() -> None:
@@ -125,9 +175,8 @@ def test_bad_input_names_the_parameter() -> None:
         InvalidParameterError, match=r"make_synthetic_federated's parameters.*'n_tasks'"
     ):
         SyntheticFederation(n_tasks=3)
-    mt = np.random.Generator(np.random.MT19937(0))
-    with pytest.raises(InvalidParameterError, match=r"'random_state'.*PCG64.*MT19937"):
-        SyntheticFederation(n_clients=3, random_state=mt)
+    with pytest.raises(InvalidParameterError, match=r"'random_state'.*got -1"):
+        SyntheticFederation(n_clients=3, random_state=-1)
 
 
 def test_take_of_a_data_set_in_memory() -> None:

@@ -1,24 +1,27 @@
 """A synthetic federation whose clients are drawn when they are needed.
 
 :class:`SyntheticFederation` is :func:`~privmtl.data.federated.make_synthetic_federated`'s data
-without holding them: it draws the shared part once, then walks the generator through every
-client once, keeping only the generator's state at the start of each client (a few bytes per
-client, never the examples). Client ``k``'s data are drawn again from its recorded state whenever
-they are needed, so they are exactly the clients the eager generator gives for the same seed,
-while the memory held grows with the clients asked for at once (a round's sampled clients, a
-block of the end of run), not with the population.
+without holding them: it draws the shared part (the shared model and every client's size, one
+vectorised draw) and nothing else. Client ``k`` is drawn from its own random stream, a function
+of the seed and ``k`` only (:meth:`~privmtl.data.federated.SyntheticLaw.client_rng`), whenever it
+is needed, so any client or set of clients is drawn directly, exactly as the eager generator
+draws it for the same seed, and the memory held grows with the clients asked for at once (a
+round's sampled clients, a block of the end of run), not with the population.
+:meth:`SyntheticFederation.partition` keeps some of the clients (a Flower node's own) without
+drawing any.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from privmtl.data.federated import (
+    SYNTHETIC_STREAM,
     FederatedDataset,
     SyntheticLaw,
     make_synthetic_federated,
@@ -30,7 +33,6 @@ from privmtl.io import arrays_sha256
 
 __all__ = ["SyntheticFederation"]
 
-_MASK64 = (1 << 64) - 1
 # the generator's parameters and defaults have one home: make_synthetic_federated's signature
 _GENERATOR_DEFAULTS = {
     name: p.default for name, p in inspect.signature(make_synthetic_federated).parameters.items()
@@ -54,17 +56,19 @@ class SyntheticFederation(FederatedDataset):
 
     Takes the parameters of :func:`~privmtl.data.federated.make_synthetic_federated` (keyword
     only) and holds the same clients: :meth:`subset` and :meth:`take` draw the clients asked for
-    from their recorded generator states, :meth:`sizes` needs no draw, and every other use of
-    the per-client tensors (``train_x``, :meth:`split`, :meth:`concat`) draws the whole
-    federation once and keeps it, as the eager data set would.
+    from their own random streams, :meth:`sizes` needs no draw, :meth:`partition` keeps some of
+    the clients without drawing them, and every other use of the per-client tensors
+    (``train_x``, :meth:`split`, :meth:`concat`) draws the whole federation once and keeps it,
+    as the eager data set would.
 
     Notes
     -----
-    Building it costs one pass of the generator over every client (the draws, not the labels or
-    the copies) and 32 bytes per client. The generator must be numpy's default bit generator
-    (PCG64), as for an ``int`` seed. :meth:`content_sha256` fingerprints the generator's law,
-    its shared model, the clients' sizes and their generator states, which determine every
-    example: it differs from the eager data set's content hash of the same data.
+    Building it costs the shared part's draws (one vectorised draw of the sizes) and a few
+    scalars per client (sizes, stream index, id); drawing a client costs its own draws alone,
+    whichever clients are drawn before or with it. :meth:`content_sha256` fingerprints what
+    determines every example (the law's parameters and stream, its shared model and stream
+    entropy, the clients' stream indices and sizes): it differs from the eager data set's
+    content hash of the same data.
     """
 
     def __init__(self, **params: Any) -> None:
@@ -74,71 +78,56 @@ class SyntheticFederation(FederatedDataset):
                 f"SyntheticFederation takes make_synthetic_federated's parameters "
                 f"{sorted(_GENERATOR_DEFAULTS)}; got {unknown}."
             )
-        law, sizes, rng = synthetic_law(**{**_GENERATOR_DEFAULTS, **params})
-        if not isinstance(rng.bit_generator, np.random.PCG64):
-            raise InvalidParameterError(
-                "The 'random_state' parameter of SyntheticFederation must be an int, None or a "
-                f"Generator on PCG64; got a Generator on {type(rng.bit_generator).__name__}."
-            )
+        law, sizes = synthetic_law(**{**_GENERATOR_DEFAULTS, **params})
         m = len(sizes)
+        self._hold(law, np.arange(m, dtype=np.int64), sizes, synthetic_client_ids(m), law.name(m))
+
+    def _hold(
+        self, law: SyntheticLaw, keys: np.ndarray, sizes: np.ndarray, ids: list[str], name: str
+    ) -> None:
+        """Set the clients held: client ``j`` is the population's client ``keys[j]`` (its
+        stream index), of ``sizes[j]`` examples, named ``ids[j]``."""
         self.law: SyntheticLaw = law
+        self._keys = np.asarray(keys, dtype=np.int64)
         self._n = np.asarray(sizes, dtype=np.int64)
         self._split_sizes = law.split_sizes(self._n)
-        self._hi = np.empty(m, dtype=np.uint64)
-        self._lo = np.empty(m, dtype=np.uint64)
-        self._has32 = np.empty(m, dtype=np.uint8)
-        self._u32 = np.empty(m, dtype=np.uint32)
-        inc = None
-        bg = rng.bit_generator
-        # one buffer for the normal draws of the largest client: no allocation per client
-        buffer = np.empty(law.n_normals(int(self._n.max())) if m else 0)
-        for k, n in enumerate(self._n.tolist()):
-            st = bg.state
-            s = int(st["state"]["state"])
-            self._hi[k], self._lo[k] = s >> 64, s & _MASK64
-            self._has32[k], self._u32[k] = st["has_uint32"], st["uinteger"]
-            inc = st["state"]["inc"] if inc is None else inc
-            law.skip_client(rng, n, buffer)
-        self._inc = int(inc or 0)
-        self.client_ids = synthetic_client_ids(m)
+        self.client_ids = ids
         self.n_classes = law.n_classes
         self.feature_shape = (law.n_features,)
-        self.name = law.name(m)
+        self.name = name
         self.scaling = "none"
         self._concat_cache = {}
         self._whole: FederatedDataset | None = None
 
+    def partition(self, clients: Sequence[int] | np.ndarray) -> SyntheticFederation:
+        """The clients at positions ``clients`` (distinct, in that order) as a federation drawn
+        on demand, drawing nothing now: its client ``j`` is this federation's client
+        ``clients[j]``, with its id, size and examples. Costs O(len(clients)) beside an index
+        check: a Flower node builds the population (the size draw) and keeps its own clients."""
+        idx = np.asarray(clients, dtype=np.int64).reshape(-1)
+        if idx.size == 0:
+            raise InvalidParameterError("The 'clients' parameter must hold at least one index.")
+        bad = idx[(idx < 0) | (idx >= self.n_clients)]
+        if bad.size:
+            raise InvalidParameterError(
+                f"The 'clients' parameter must hold indices in [0, {self.n_clients}); "
+                f"got {int(bad[0])}."
+            )
+        if np.unique(idx).size != idx.size:
+            raise InvalidParameterError("The 'clients' parameter must not repeat a client.")
+        out = SyntheticFederation.__new__(SyntheticFederation)
+        ids = [self.client_ids[i] for i in idx.tolist()]
+        out._hold(self.law, self._keys[idx], self._n[idx], ids, self.name)
+        return out
+
     # ------------------------------------------------------------------ drawing clients
-    def _walk(self, idx: list[int]) -> Iterator[tuple[np.random.Generator, int]]:
-        """``(rng, n)`` for each client of ``idx`` in turn, ``rng`` at the client's first draw.
-
-        The recorded state is set only where ``idx`` does not continue the client drawn before:
-        drawing client ``k`` whole leaves the generator at client ``k + 1``'s state.
-        """
-        bg = np.random.PCG64(0)
-        rng = np.random.Generator(bg)
-        prev = -2
-        for k in idx:
-            if k != prev + 1:
-                bg.state = {
-                    "bit_generator": "PCG64",
-                    "state": {
-                        "state": (int(self._hi[k]) << 64) | int(self._lo[k]),
-                        "inc": self._inc,
-                    },
-                    "has_uint32": int(self._has32[k]),
-                    "uinteger": int(self._u32[k]),
-                }
-            prev = k
-            yield rng, int(self._n[k])
-
     def _draw(
         self, idx: list[int], splits: Sequence[str]
     ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """The ``splits`` of the clients at positions ``idx`` (checked), drawn once each:
-        ``{split: (x (N, d) float32, y (N,) int64, offsets (len(idx) + 1,))``, the ``j``-th
-        client owning rows ``offsets[j]:offsets[j + 1]``. One allocation per split for the whole
-        block, none per client."""
+        """The ``splits`` of the clients at positions ``idx`` (checked), drawn once each from
+        their own streams: ``{split: (x (N, d) float32, y (N,) int64, offsets (len(idx) +
+        1,))``, the ``j``-th client owning rows ``offsets[j]:offsets[j + 1]``. One allocation
+        per split for the whole block, none per client."""
         d = self.law.n_features
         stacked = {}
         for split in splits:
@@ -151,12 +140,13 @@ class SyntheticFederation(FederatedDataset):
                 offsets,
             )
         work = np.empty(int(self._n[idx].max()) * d if idx else 0)
-        for j, (rng, n) in enumerate(self._walk(idx)):
+        keys, sizes = self._keys[idx].tolist(), self._n[idx].tolist()
+        for j, (k, n) in enumerate(zip(keys, sizes, strict=True)):
             out = {}
             for split, (x, y, offsets) in stacked.items():
                 a, b = offsets[j], offsets[j + 1]
                 out[split] = (x[a:b], y[a:b])
-            self.law.draw_rows(rng, n, out, work)
+            self.law.draw_rows(self.law.client_rng(k), n, out, work)
         return stacked
 
     def subset(self, clients: Sequence[int]) -> FederatedDataset:
@@ -201,19 +191,19 @@ class SyntheticFederation(FederatedDataset):
         return self._split_sizes[split].copy()
 
     def content_sha256(self) -> str:
-        """SHA-256 of what determines every example: the law's parameters, its shared model, the
-        clients' sizes and generator states (not equal to the eager data set's content hash)."""
+        """SHA-256 of what determines every example: the law's parameters and random stream
+        (:data:`~privmtl.data.federated.SYNTHETIC_STREAM`), its shared model and the streams'
+        entropy, the population's name and the clients' stream indices and sizes (not equal to
+        the eager data set's content hash)."""
         law = self.law
         params = repr(
             (law.n_features, law.n_classes, law.heterogeneity, law.feature_shift,
              law.feature_spread, law.feature_cov, law.label_noise, law.test_fraction,
-             law.val_fraction, self._inc)
+             law.val_fraction, law.entropy, SYNTHETIC_STREAM, self.name)
         ).encode()  # fmt: skip
-        ids = np.frombuffer("\n".join(self.client_ids).encode(), dtype=np.uint8)
         return arrays_sha256(
-            iter([np.frombuffer(params, np.uint8), ids, law.w0, law.b0, self._n, self._hi,
-                  self._lo, self._has32, self._u32])
-        )  # fmt: skip
+            iter([np.frombuffer(params, np.uint8), law.w0, law.b0, self._keys, self._n])
+        )
 
     # ------------------------------------------------------------------ the whole federation
     def materialize(self) -> FederatedDataset:

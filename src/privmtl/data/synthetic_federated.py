@@ -2,11 +2,29 @@
 (Li et al., FedProx): :func:`make_synthetic_federated` draws per-client softmax models scattered
 around a shared one, per-client feature shifts and unequal client sizes, so that both federation
 (shared part) and personalization (client part) help; :func:`synthetic_law` is the law it draws
-from. (MP-MTL's synthetic regression data are :mod:`privmtl.data.synthetic`.)"""
+from. (MP-MTL's synthetic regression data are :mod:`privmtl.data.synthetic`.)
+
+Random streams: the shared part (:math:`W_0`, then :math:`b_0`, then every client's size in one
+vectorised draw) comes from the generator of ``random_state`` (``numpy.random.default_rng(seed)``
+for an int). Client :math:`k`'s draws (its model, feature mean, features, label noise and the
+permutation that splits its examples) come from a generator of its own,
+``Generator(PCG64(SeedSequence(entropy, spawn_key=(k,))))`` (:meth:`SyntheticLaw.client_rng`): for
+an int seed ``entropy`` is the seed, so client :math:`k`'s generator is the :math:`k`-th child of
+``SeedSequence(seed).spawn``; for a Generator (or None) ``entropy`` is 128 bits drawn from it once,
+after the shared part. A client is therefore drawn from ``(seed, k)`` and its size alone, without
+drawing any other client: the first :math:`m'` clients of a federation of :math:`m > m'` clients
+are those of the federation of :math:`m'` clients for the same seed, and
+:class:`~privmtl.data.streamed.SyntheticFederation` draws any client directly. SeedSequence's spawn
+keys give statistically independent streams; PCG64 is numpy's default bit generator and draws
+normals faster than Philox, whose keyed construction is slightly cheaper but a small part of a
+client's draw. The stream is named by :data:`SYNTHETIC_STREAM`, which the lazy federation's
+fingerprint includes.
+"""
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -28,6 +46,7 @@ __all__ = [
     "FEATURE_COVS",
     "LEAF_SIZE_BOUNDS",
     "LEAF_SIZE_LOGNORMAL",
+    "SYNTHETIC_STREAM",
     "SyntheticLaw",
     "make_synthetic_federated",
     "synthetic_client_ids",
@@ -42,6 +61,10 @@ FEATURE_COVS = ("isotropic", "leaf")
 """Within-client feature covariances of :func:`make_synthetic_federated`."""
 LEAF_SIZE_BOUNDS = (5, 1000)
 """Smallest and largest client of LEAF's law: ``n_k = min(5 + floor(LogNormal(3, 2)), 1000)``."""
+SYNTHETIC_STREAM = "per-client PCG64 (SeedSequence spawn key k), version 2"
+"""The random streams :func:`make_synthetic_federated` draws from (see its Notes): part of
+:meth:`~privmtl.data.streamed.SyntheticFederation.content_sha256`, so that data drawn by another
+stream never share a fingerprint."""
 
 
 def synthetic_client_sizes(
@@ -184,13 +207,19 @@ def make_synthetic_federated(
         Probability that a label is redrawn uniformly.
     test_fraction, val_fraction : float in [0, 1)
     random_state : int, numpy Generator or None
+        Seed of the federation's random streams (see Notes).
 
     Returns
     -------
     FederatedDataset
         ``client_ids`` ``"synthetic_000"``, ...; ``feature_shape = (d,)``.
+
+    Notes
+    -----
+    The shared part comes from the generator of ``random_state``, each client from a random
+    stream of its own (:data:`SYNTHETIC_STREAM`, described in the module's documentation).
     """
-    law, sizes, rng = synthetic_law(
+    law, sizes = synthetic_law(
         n_clients=n_clients, n_features=n_features, n_classes=n_classes,
         samples_per_client=samples_per_client, size_lognormal=size_lognormal,
         heterogeneity=heterogeneity, feature_shift=feature_shift,
@@ -198,9 +227,8 @@ def make_synthetic_federated(
         test_fraction=test_fraction, val_fraction=val_fraction, random_state=random_state,
     )  # fmt: skip
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("tx", "ty", "vx", "vy", "sx", "sy")}
-    for n in sizes:
-        drawn = law.draw_client(rng, int(n))
-        assert drawn is not None
+    for k, n in enumerate(sizes.tolist()):
+        drawn = law.draw_client(law.client_rng(k), n)
         for key, arr in zip(parts, drawn, strict=True):
             parts[key].append(torch.from_numpy(arr))
     m = len(sizes)
@@ -225,11 +253,11 @@ def synthetic_client_ids(m: int) -> list[str]:
 
 @dataclass(frozen=True)
 class SyntheticLaw:
-    """The law of one client of :func:`make_synthetic_federated` (its parameters and shared model).
+    """The law of one client of :func:`make_synthetic_federated`: its parameters, the shared
+    model and the entropy of the clients' random streams.
 
-    :meth:`draw_client` draws one client from a generator in the order the generator of the
-    whole federation does, so that the clients drawn one after another from one generator are
-    the federation's.
+    Client ``k`` of ``n`` examples is ``draw_client(client_rng(k), n)``: it needs no other
+    client's draws.
     """
 
     n_features: int
@@ -243,6 +271,13 @@ class SyntheticLaw:
     val_fraction: float
     w0: np.ndarray = field(repr=False)
     b0: np.ndarray = field(repr=False)
+    entropy: int = field(repr=False)
+
+    def client_rng(self, k: int) -> np.random.Generator:
+        """Client ``k``'s own generator, ``Generator(PCG64(SeedSequence(entropy,
+        spawn_key=(k,))))``: a function of ``(entropy, k)`` only."""
+        seq = np.random.SeedSequence(self.entropy, spawn_key=(int(k),))
+        return np.random.Generator(np.random.PCG64(seq))
 
     def name(self, m: int) -> str:
         """The data set's name for ``m`` clients."""
@@ -262,15 +297,10 @@ class SyntheticLaw:
         )
         return {"train": n - n_test - n_val, "val": n_val, "test": n_test}
 
-    def draw_client(
-        self, rng: np.random.Generator, n: int, *, keep: bool = True
-    ) -> tuple[np.ndarray, ...] | None:
-        """Draw one client of ``n`` examples: ``(train_x, train_y, val_x, val_y, test_x,
-        test_y)`` as ``float32`` / ``int64`` arrays; with ``keep=False`` only advance ``rng``
-        past the client's draws and return None."""
-        if not keep:
-            self.skip_client(rng, n)
-            return None
+    def draw_client(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
+        """Draw one client of ``n`` examples from ``rng`` (client ``k``'s is
+        :meth:`client_rng`): ``(train_x, train_y, val_x, val_y, test_x, test_y)`` as
+        ``float32`` / ``int64`` arrays."""
         d = self.n_features
         out = {
             split: (np.empty((hi - lo, d), np.float32), np.empty(hi - lo, np.int64))
@@ -285,32 +315,6 @@ class SyntheticLaw:
         n_test = min(round(self.test_fraction * n), n - 1)
         n_val = min(math.floor(self.val_fraction * (n - n_test)), n - n_test - 1)
         return {"test": (0, n_test), "val": (n_test, n_test + n_val), "train": (n_test + n_val, n)}
-
-    def n_normals(self, n: int) -> int:
-        """How many standard normal draws a client of ``n`` examples takes (:meth:`draw_client`
-        draws them in this order: the client model ``(C, d)`` and bias ``(C,)``, the feature
-        shift when ``feature_shift > 0``, the feature mean ``(d,)`` and the features ``(n, d)``)."""
-        c, d = self.n_classes, self.n_features
-        return c * d + c + (self.feature_shift > 0) + d + n * d
-
-    def skip_client(
-        self, rng: np.random.Generator, n: int, buffer: np.ndarray | None = None
-    ) -> None:
-        """Advance ``rng`` past one client of ``n`` examples exactly as :meth:`draw_client` does,
-        computing nothing from the draws.
-
-        A ``normal(loc, scale)`` draw takes one standard normal draw, so the client's normal
-        draws are one call; ``buffer`` (float64, at least :meth:`n_normals` long) receives them
-        without an allocation per client.
-        """
-        k = self.n_normals(n)
-        if buffer is None or len(buffer) < k:
-            buffer = np.empty(k)
-        rng.standard_normal(out=buffer[:k])
-        if self.label_noise > 0:
-            rng.random(n)
-            rng.integers(0, self.n_classes, size=n)
-        rng.permutation(n)
 
     def draw_rows(
         self,
@@ -330,7 +334,7 @@ class SyntheticLaw:
         whole feature matrix ``v_k + z * scale`` (one product for every split asked for, so a
         client's rows are the same whatever splits are asked); the splits not asked for are not
         copied. ``work`` (float64, at least ``n * d`` long) holds the features without an
-        allocation per client. :meth:`draw_client` and :meth:`skip_client` take the same draws.
+        allocation per client. :meth:`draw_client` takes the same draws.
         """
         c, d, tau, flip = self.n_classes, self.n_features, self.heterogeneity, self.label_noise
         wk = self.w0 + tau * rng.standard_normal((c, d))
@@ -381,9 +385,10 @@ def synthetic_law(
     test_fraction: float,
     val_fraction: float,
     random_state: int | np.random.Generator | None,
-) -> tuple[SyntheticLaw, np.ndarray, np.random.Generator]:
+) -> tuple[SyntheticLaw, np.ndarray]:
     """Check :func:`make_synthetic_federated`'s parameters and draw its shared part: the law of a
-    client, every client's number of examples, and the generator positioned at client 0."""
+    client (with the entropy of the clients' streams) and every client's number of examples
+    (vectorised: no work per client beyond the size draw)."""
     m = check_int("n_clients", n_clients, low=1)
     check_memory("n_clients", m, CLIENT_BYTES, "clients")
     d = check_int("n_features", n_features, low=1)
@@ -401,7 +406,13 @@ def synthetic_law(
     sizes = synthetic_client_sizes(
         m, samples_per_client, size_lognormal=size_lognormal, random_state=rng
     )
-    law = SyntheticLaw(
-        d, c, tau, shift, spread, feature_cov, flip, test_fraction, val_fraction, w0, b0
+    # an int seed is the clients' entropy; a Generator (or None) gives 128 bits, drawn once
+    entropy = (
+        int(random_state)
+        if isinstance(random_state, numbers.Integral)
+        else int.from_bytes(rng.bytes(16), "little")
     )
-    return law, sizes, rng
+    law = SyntheticLaw(
+        d, c, tau, shift, spread, feature_cov, flip, test_fraction, val_fraction, w0, b0, entropy
+    )
+    return law, sizes
