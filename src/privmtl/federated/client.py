@@ -168,7 +168,7 @@ def local_sgd_batched(
     weights = torch.from_numpy(packed.weights).to(device=device, dtype=dtype)
     row_bytes = x_all[:1].numel() * x_all.element_size() + y_all.element_size()
     gathered = rows.numel() * row_bytes <= GATHER_BYTES
-    x_rows, y_rows = (x_all[rows], y_all[rows]) if gathered else (x_all, y_all)
+    x_rows, y_rows = _gather(x_all, y_all, rows) if gathered else (x_all, y_all)
     loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
     bounds = packed.bounds.tolist()
     with torch.no_grad():
@@ -178,8 +178,7 @@ def local_sgd_batched(
             if gathered:
                 x, y = x_rows[a:b], y_rows[a:b]
             else:
-                r = rows[a:b]
-                x, y = x_all[r], y_all[r]
+                x, y = _gather(x_all, y_all, rows[a:b])
             grads, loss = step_fn(rule.params_at(cur), x, y, weights[a:b])
             rule.apply_(cur, grads)
             if n == k:
@@ -193,6 +192,16 @@ def local_sgd_batched(
     back = torch.from_numpy(np.argsort(packed.order)).to(device)
     news = {n: p.index_select(0, back) for n, p in state.items()}
     return news, losses.index_select(0, back).tolist()
+
+
+def _gather(
+    x_all: torch.Tensor, y_all: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x_all[rows], y_all[rows])`` by whole rows (``index_select``: a row is one copy,
+    where advanced indexing copies it element by element)."""
+    flat = rows.reshape(-1)
+    x = x_all.index_select(0, flat).view(*rows.shape, *x_all.shape[1:])
+    return x, y_all.index_select(0, flat).view(rows.shape)
 
 
 def local_sgd_reference(
