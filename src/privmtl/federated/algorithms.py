@@ -241,7 +241,7 @@ def pack_plan(plan: list[list[np.ndarray]], batch_size: int) -> PackedPlan:
     """:class:`PackedPlan` of ``plan``, built with one concatenation and array arithmetic (no
     loop over clients or minibatches beyond listing them)."""
     k = len(plan)
-    steps = np.fromiter((len(p) for p in plan), dtype=np.int64, count=k)
+    steps = np.fromiter(map(len, plan), dtype=np.int64, count=k)
     order = np.argsort(-steps, kind="stable")
     rank = np.empty(k, dtype=np.int64)
     rank[order] = np.arange(k)
@@ -250,7 +250,7 @@ def pack_plan(plan: list[list[np.ndarray]], batch_size: int) -> PackedPlan:
     active = np.bincount(steps, minlength=n_steps + 1)[::-1].cumsum()[::-1][1:]
     bounds = np.concatenate([[0], np.cumsum(active)]).astype(np.int64)
     batches = [b for p in plan for b in p]
-    lengths = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+    lengths = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
     if len(lengths) and int(lengths.max()) > batch_size:
         raise InvalidParameterError(
             f"A minibatch of the plan has {int(lengths.max())} rows, more than the "
