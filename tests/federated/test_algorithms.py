@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-from privmtl.federated.algorithms import partition_plan
+from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.algorithms import (
+    client_generators,
+    pack_plan,
+    pad_plan,
+    partition_plan,
+    seed_sequence_states,
+)
+from privmtl.federated.client import ProxStep, local_sgd_batched
+from privmtl.federated.gradients import make_step_fn
+from privmtl.federated.models import MultinomialLogReg
 
 
 def _plan(steps: list[int]) -> list[list[np.ndarray]]:
@@ -36,3 +47,88 @@ def test_partition_fewer_clients_than_groups() -> None:
     assert sorted(np.concatenate(groups).tolist()) == [0, 1]
     assert len(groups) == 2
     assert partition_plan([], 2, 8) == []
+
+
+def test_seed_sequence_states_are_numpys_for_every_word() -> None:
+    rng = np.random.default_rng(7)
+    entropy = rng.integers(0, 2**32, size=(300, 4), dtype=np.uint64)
+    entropy[:3] = 0
+    entropy[3:6] = 2**32 - 1
+    ours = seed_sequence_states(entropy)
+    for row, words in zip(entropy, ours, strict=True):
+        want = np.random.SeedSequence([int(v) for v in row]).generate_state(4, np.uint64)
+        assert np.array_equal(words, want)
+
+
+def test_seed_sequence_states_refuses_words_over_32_bits() -> None:
+    with pytest.raises(InvalidParameterError, match="entropy"):
+        seed_sequence_states(np.array([[0, 1, 2, 2**32]], dtype=np.uint64))
+
+
+@pytest.mark.parametrize("seed", [0, 12345, 2**32 - 1, 2**40, 2**70])
+def test_client_generators_are_default_rng_of_each_client(seed: int) -> None:
+    """The round plan's generators draw what ``default_rng([seed, stream, t, k])`` draws: the
+    vectorised seeding for 32-bit words, numpy's own beyond."""
+    clients = np.array([0, 5, 9999, 2**31 + 3])
+    for k, rng in zip(clients, client_generators(seed, 1, 17, clients), strict=True):
+        want = np.random.default_rng([seed, 1, 17, int(k)])
+        assert np.array_equal(rng.permutation(50), want.permutation(50))
+        assert np.array_equal(rng.random(3), want.random(3))
+
+
+def _random_plan(seed: int, batch: int) -> list[list[np.ndarray]]:
+    g = np.random.default_rng(seed)
+    plan = []
+    for _ in range(int(g.integers(1, 12))):
+        steps = int(g.integers(0, 6))
+        plan.append([g.integers(0, 90, int(g.integers(1, batch + 1))) for _ in range(steps)])
+    return plan
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pack_plan_holds_every_minibatch_once_with_active_clients_first(seed: int) -> None:
+    plan = _random_plan(seed, 4)
+    packed = pack_plan(plan, 4)
+    rows, weights, active = (t.numpy() for t in pad_plan(plan, 4))
+    steps = np.array([len(p) for p in plan])
+    assert np.array_equal(packed.steps, steps)
+    assert np.array_equal(packed.order, np.argsort(-steps, kind="stable"))
+    for s in range(packed.n_steps):
+        a, b = packed.bounds[s], packed.bounds[s + 1]
+        clients = packed.order[: b - a]
+        assert active[s, clients].all() and active[s].sum() == b - a
+        assert np.array_equal(packed.rows[a:b], rows[s, clients])
+        assert np.array_equal(packed.weights[a:b], weights[s, clients])
+    assert packed.bounds[-1] == len(packed.rows) == steps.sum()
+
+
+def test_pack_plan_refuses_minibatches_over_the_batch_size() -> None:
+    with pytest.raises(InvalidParameterError, match="batch_size"):
+        pack_plan([[np.arange(5)]], 4)
+
+
+def test_a_clients_training_does_not_depend_on_the_others_or_their_order() -> None:
+    """Clients of different numbers of steps trained together, alone and in reverse order end
+    bit for bit equal (the packed loop computes on leading slices of the stacked state)."""
+    g = torch.Generator().manual_seed(0)
+    d, c, n = 6, 3, 90
+    x, y = torch.randn(n, d, generator=g), torch.randint(0, c, (n,), generator=g)
+    plan = _random_plan(3, 5)
+    k = len(plan)
+    starts = {"linear.weight": torch.randn(k, c, d, generator=g), "linear.bias": torch.zeros(k, c)}
+    anchor = {"linear.weight": torch.randn(c, d, generator=g), "linear.bias": torch.ones(c)}
+    rule = ProxStep(lr=0.1, anchor=anchor, weight=0.5)
+    step = make_step_fn(MultinomialLogReg(d, c), {})
+    together, losses = local_sgd_batched(step, starts, rule, x, y, plan, 5)
+    back = list(range(k))[::-1]
+    rev = {nm: p[back] for nm, p in starts.items()}
+    reversed_, rev_losses = local_sgd_batched(step, rev, rule, x, y, plan[::-1], 5)
+    assert np.array_equal(rev_losses[::-1], losses, equal_nan=True)
+    for j in range(k):
+        one = {nm: p[j : j + 1] for nm, p in starts.items()}
+        alone, loss = local_sgd_batched(step, one, rule, x, y, [plan[j]], 5)
+        for nm in starts:
+            assert torch.equal(alone[nm][0], together[nm][j])
+            assert torch.equal(reversed_[nm][k - 1 - j], together[nm][j])
+        assert np.isnan(loss[0]) == np.isnan(losses[j])
+        assert np.isnan(loss[0]) or loss[0] == losses[j]

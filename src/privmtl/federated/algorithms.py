@@ -14,17 +14,20 @@ Everything random is drawn here, in a fixed order, so that both paths consume id
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from numpy.random.bit_generator import ISeedSequence
 from torch import nn
 from torch.func import functional_call
 
 from privmtl._device import one_thread_per_worker
 from privmtl.data.federated import FederatedDataset
+from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.privacy.noise import seeded_torch_generator
 from privmtl.privacy.release import clip_factors
@@ -35,8 +38,10 @@ if TYPE_CHECKING:  # annotations only: the run's configuration sits above this m
 __all__ = [
     "LOCAL_TRAINING_STREAM",
     "BlockScores",
+    "PackedPlan",
     "Params",
     "block_rows",
+    "client_generators",
     "client_scores",
     "clip_factors",
     "draw_noise",
@@ -44,9 +49,11 @@ __all__ = [
     "evaluate",
     "evaluate_dataset",
     "noise_generator",
+    "pack_plan",
     "pad_plan",
     "partition_plan",
     "sampling_rng",
+    "seed_sequence_states",
 ]
 
 Params = dict[str, torch.Tensor]
@@ -67,16 +74,109 @@ def noise_generator(seed: int) -> torch.Generator:
     return seeded_torch_generator(seed, (2,))
 
 
-def _client_batches(n: int, rng: np.random.Generator, config: TrainConfig) -> list[np.ndarray]:
+def _client_batches(
+    n: int, base: int, rng: np.random.Generator, config: TrainConfig
+) -> list[np.ndarray]:
+    """One client's minibatches (rows ``base + i`` of its ``n`` rows): one draw per epoch, the
+    epoch's minibatches are views of it."""
     b = config.batch_size
     if not config.epochs_mode:
         size = min(b, n)
-        return [rng.choice(n, size=size, replace=False) for _ in range(config.n_local_steps)]
+        return [rng.choice(n, size=size, replace=False) + base for _ in range(config.n_local_steps)]
     out: list[np.ndarray] = []
     for _ in range(config.n_local_epochs):
-        perm = rng.permutation(n)
+        perm = rng.permutation(n) + base
         out.extend(perm[i : i + b] for i in range(0, n, b))
     return out
+
+
+# SeedSequence's hash constants (numpy/random/bit_generator.pyx)
+_INIT_A, _MULT_A = 0x43B0D7E5, 0x931E8875
+_INIT_B, _MULT_B = 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+_WORD = (1 << 32) - 1
+
+
+def seed_sequence_states(entropy: np.ndarray) -> np.ndarray:
+    """``SeedSequence(list(row)).generate_state(4, np.uint64)`` of every row of ``entropy``
+    (``(K, 4)``, each entry in ``[0, 2**32)``), computed for all rows at once.
+
+    numpy's :class:`~numpy.random.SeedSequence` hashes each entropy word, mixes the four pool
+    words and hashes the pool out; its hash constants do not depend on the entropy, so the same
+    uint32 arithmetic runs on a column per word. The words seed a PCG64 exactly as
+    ``default_rng(list(row))`` does (:func:`client_generators`).
+    """
+    e = np.asarray(entropy, dtype=np.uint64)
+    if e.ndim != 2 or e.shape[1] != 4 or (e.size and int(e.max()) > _WORD):
+        raise InvalidParameterError(
+            f"The 'entropy' parameter must be (K, 4) words in [0, 2**32); got shape {e.shape}."
+        )
+    words = e.astype(np.uint32)
+    const = [_INIT_A]
+
+    def hashmix(v: np.ndarray) -> np.ndarray:
+        v = v ^ np.uint32(const[0])
+        const[0] = (const[0] * _MULT_A) & _WORD
+        v = v * np.uint32(const[0])
+        return v ^ (v >> np.uint32(16))
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        r: np.ndarray = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
+        return r ^ (r >> np.uint32(16))
+
+    with np.errstate(over="ignore"):
+        pool = [hashmix(words[:, i]) for i in range(4)]
+        for src in range(4):
+            for dst in range(4):
+                if src != dst:
+                    pool[dst] = mix(pool[dst], hashmix(pool[src]))
+        out = np.empty((len(words), 8), dtype=np.uint32)
+        const_b = _INIT_B
+        for i in range(8):
+            v = pool[i % 4] ^ np.uint32(const_b)
+            const_b = (const_b * _MULT_B) & _WORD
+            v = v * np.uint32(const_b)
+            out[:, i] = v ^ (v >> np.uint32(16))
+    return out.astype("<u4").view("<u8").astype(np.uint64)
+
+
+class _StateWords(ISeedSequence):
+    """A seed sequence whose PCG64 state words are already computed
+    (:func:`seed_sequence_states`)."""
+
+    def __init__(self, words: np.ndarray) -> None:
+        self.words = words
+
+    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
+        if n_words != 4 or np.dtype(dtype) != np.dtype(np.uint64):
+            raise InvalidParameterError(
+                f"Precomputed PCG64 state words answer 4 uint64 words; got {n_words} {dtype}."
+            )
+        return self.words
+
+
+def client_generators(
+    seed: int, stream: int, round_index: int, clients: np.ndarray
+) -> Iterator[np.random.Generator]:
+    """``default_rng([seed, stream, round_index, k])`` for every client ``k`` of ``clients``, in
+    order: the same generators, their seed sequences hashed for all clients in one vectorised
+    call (:func:`seed_sequence_states`) where every entropy value is one 32-bit word, else one
+    by one."""
+    ks = np.asarray(clients, dtype=np.int64).reshape(-1)
+    head = (seed, stream, round_index)
+    words_ok = all(type(v) is int or isinstance(v, np.integer) for v in head) and all(
+        0 <= int(v) <= _WORD for v in head
+    )
+    if not (words_ok and (ks.size == 0 or (int(ks.min()) >= 0 and int(ks.max()) <= _WORD))):
+        for k in ks.tolist():
+            yield np.random.default_rng([seed, stream, round_index, k])
+        return
+    entropy = np.empty((ks.size, 4), dtype=np.uint64)
+    entropy[:, :3] = [int(v) for v in head]
+    entropy[:, 3] = ks
+    for words in seed_sequence_states(entropy):
+        # numpy takes any ISeedSequence (its stubs name only its own SeedSequence)
+        yield np.random.Generator(np.random.PCG64(_StateWords(words)))  # type: ignore[arg-type]
 
 
 def draw_round_plan(
@@ -95,18 +195,78 @@ def draw_round_plan(
     ``dataset.take(sampled)``) of step ``s`` of the ``j``-th sampled client; see
     :class:`~privmtl.federated.config.TrainConfig` for how steps are defined. ``offsets`` are
     the population's (client ``k``'s size is ``offsets[k + 1] - offsets[k]``).
-    Client ``k``'s draws come from ``default_rng([seed, stream, round_index, k])``: ``stream`` 1
-    is the local training of every method; other streams are independent draws (``fedrep``'s
-    head training uses 3 in its rounds and 4 at the end).
+    Client ``k``'s draws come from ``default_rng([seed, stream, round_index, k])``
+    (:func:`client_generators`): ``stream`` 1 is the local training of every method; other
+    streams are independent draws (``fedrep``'s head training uses 3 in its rounds and 4 at
+    the end).
     """
-    plan = []
-    for j, k in enumerate(sampled):
-        k = int(k)
-        n = int(offsets[k + 1] - offsets[k])
-        base = offsets[k] if starts is None else starts[j]
-        rng = np.random.default_rng([config.seed, stream, round_index, k])
-        plan.append([base + idx for idx in _client_batches(n, rng, config)])
-    return plan
+    ks = np.fromiter((int(k) for k in sampled), dtype=np.int64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    sizes = (offsets[ks + 1] - offsets[ks]).tolist()
+    bases = (offsets[ks] if starts is None else np.asarray(starts)[: len(ks)]).tolist()
+    gens = client_generators(config.seed, stream, round_index, ks)
+    return [
+        _client_batches(int(n), int(base), rng, config)
+        for n, base, rng in zip(sizes, bases, gens, strict=True)
+    ]
+
+
+@dataclass(frozen=True)
+class PackedPlan:
+    """A round plan (:func:`draw_round_plan`) as arrays, for :func:`pack_plan`'s loop.
+
+    The clients are taken in ``order`` (by decreasing number of steps, ties in plan order), so
+    that the clients still training at step ``s`` are the first ``bounds[s + 1] - bounds[s]``
+    of that order; ``rows[bounds[s]:bounds[s + 1]]`` are their minibatches of step ``s`` (in
+    that order, padded to the batch size with row 0) and ``weights`` the rows' weights
+    (``1 / |batch|``, 0 for padding). ``steps[j]`` is the ``j``-th client's number of steps.
+    """
+
+    order: np.ndarray
+    steps: np.ndarray
+    bounds: np.ndarray
+    rows: np.ndarray
+    weights: np.ndarray
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.steps)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.bounds) - 1
+
+
+def pack_plan(plan: list[list[np.ndarray]], batch_size: int) -> PackedPlan:
+    """:class:`PackedPlan` of ``plan``, built with one concatenation and array arithmetic (no
+    loop over clients or minibatches beyond listing them)."""
+    k = len(plan)
+    steps = np.fromiter(map(len, plan), dtype=np.int64, count=k)
+    order = np.argsort(-steps, kind="stable")
+    rank = np.empty(k, dtype=np.int64)
+    rank[order] = np.arange(k)
+    n_steps = int(steps.max(initial=0))
+    # clients still training at step s: those with more than s steps (a prefix of the order)
+    active = np.bincount(steps, minlength=n_steps + 1)[::-1].cumsum()[::-1][1:]
+    bounds = np.concatenate([[0], np.cumsum(active)]).astype(np.int64)
+    batches = [b for p in plan for b in p]
+    lengths = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+    if len(lengths) and int(lengths.max()) > batch_size:
+        raise InvalidParameterError(
+            f"A minibatch of the plan has {int(lengths.max())} rows, more than the "
+            f"'batch_size' {batch_size}."
+        )
+    client = np.repeat(np.arange(k), steps)
+    step = np.arange(len(batches)) - np.repeat(np.cumsum(steps) - steps, steps)
+    slot = bounds[step] + rank[client]
+    rows = np.zeros((len(batches), batch_size), dtype=np.int64)
+    weights = np.zeros((len(batches), batch_size), dtype=np.float64)
+    if batches:
+        at = np.repeat(slot, lengths)
+        col = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        rows[at, col] = np.concatenate(batches)
+        weights[at, col] = np.repeat(1.0 / np.maximum(lengths, 1), lengths)
+    return PackedPlan(order, steps, bounds, rows, weights)
 
 
 def pad_plan(

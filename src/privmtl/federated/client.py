@@ -25,6 +25,7 @@ autograd, the oracle the batched path is tested against. Both consume the same m
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,9 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from privmtl.federated.algorithms import Params, pad_plan
+from privmtl.federated.algorithms import PackedPlan, Params, pack_plan
 
 __all__ = [
+    "GATHER_BYTES",
     "ProxStep",
     "SplitStep",
     "UpdateRule",
@@ -47,6 +49,10 @@ __all__ = [
 ]
 
 StepFn = Callable[..., tuple[Params, torch.Tensor]]
+
+#: The most bytes of minibatch rows :func:`local_sgd_batched` gathers at once for a whole plan
+#: (beyond it, each step gathers its own rows).
+GATHER_BYTES = 64 << 20
 
 #: Prefix of the local part's entries in a :class:`SplitStep` state.
 _LOCAL = "local::"
@@ -134,7 +140,7 @@ def local_sgd_batched(
     rule: UpdateRule,
     x_all: torch.Tensor,
     y_all: torch.Tensor,
-    plan: list[list[np.ndarray]],
+    plan: list[list[np.ndarray]] | PackedPlan,
     batch_size: int,
 ) -> tuple[Params, list[float]]:
     """Local SGD of all clients of ``plan`` at once (module docstring).
@@ -144,31 +150,58 @@ def local_sgd_batched(
     Minibatches shorter than ``batch_size`` are padded with zero-weight rows. Everything runs on
     the device of ``starts`` (and of ``x_all``, ``y_all``); the plan is drawn on the CPU and
     moved there.
+
+    The clients train in the plan's packed order (:func:`~privmtl.federated.algorithms.pack_plan`:
+    by decreasing number of steps), so that those still training at a step are a leading slice
+    of the stacked state: each step computes on views of it, in place, and reads its minibatches
+    from rows gathered once for the whole plan (when they fit :data:`GATHER_BYTES`; else one
+    gather a step). A client's arithmetic is the same whichever clients train beside it.
     """
-    rows, weights, active = pad_plan(plan, batch_size)
+    packed = plan if isinstance(plan, PackedPlan) else pack_plan(plan, batch_size)
     names = list(starts)
-    state = {n: starts[n].clone() for n in names}
-    device = state[names[0]].device
-    rows, active = rows.to(device), active.to(device)
-    weights = weights.to(device=device, dtype=state[names[0]].dtype)
-    loss_sum = torch.zeros(len(plan), dtype=torch.float64, device=device)
+    first = starts[names[0]]
+    device, dtype, k = first.device, first.dtype, packed.n_clients
+    identity = bool((packed.order == np.arange(k)).all())
+    order = torch.from_numpy(packed.order).to(device)
+    state = {n: starts[n].clone() if identity else starts[n].index_select(0, order) for n in names}
+    rows = torch.from_numpy(packed.rows).to(device)
+    weights = torch.from_numpy(packed.weights).to(device=device, dtype=dtype)
+    row_bytes = x_all[:1].numel() * x_all.element_size() + y_all.element_size()
+    gathered = rows.numel() * row_bytes <= GATHER_BYTES
+    x_rows, y_rows = _gather(x_all, y_all, rows) if gathered else (x_all, y_all)
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
+    bounds = packed.bounds.tolist()
     with torch.no_grad():
-        for s in range(rows.shape[0]):
-            a = active[s]
-            idx = None if bool(a.all()) else torch.nonzero(a).flatten()
-            cur = state if idx is None else {n: p.index_select(0, idx) for n, p in state.items()}
-            r, wts = (rows[s], weights[s]) if idx is None else (rows[s][idx], weights[s][idx])
-            grads, loss = step_fn(rule.params_at(cur), x_all[r], y_all[r], wts)
+        for a, b in itertools.pairwise(bounds):
+            n = b - a
+            cur = state if n == k else {name: p[:n] for name, p in state.items()}
+            if gathered:
+                x, y = x_rows[a:b], y_rows[a:b]
+            else:
+                x, y = _gather(x_all, y_all, rows[a:b])
+            grads, loss = step_fn(rule.params_at(cur), x, y, weights[a:b])
             rule.apply_(cur, grads)
-            if idx is None:
+            if n == k:
                 loss_sum += loss.double()
             else:
-                for n in names:
-                    state[n].index_copy_(0, idx, cur[n])
-                loss_sum.index_add_(0, idx, loss.double())
-    n_steps = active.sum(0).double()
+                loss_sum[:n] += loss.double()
+    n_steps = torch.from_numpy(packed.steps[packed.order]).to(device).double()
     losses = torch.where(n_steps > 0, loss_sum / n_steps.clamp_min(1), torch.nan)
-    return state, losses.tolist()
+    if identity:
+        return state, losses.tolist()
+    back = torch.from_numpy(np.argsort(packed.order)).to(device)
+    news = {n: p.index_select(0, back) for n, p in state.items()}
+    return news, losses.index_select(0, back).tolist()
+
+
+def _gather(
+    x_all: torch.Tensor, y_all: torch.Tensor, rows: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x_all[rows], y_all[rows])`` by whole rows (``index_select``: a row is one copy,
+    where advanced indexing copies it element by element)."""
+    flat = rows.reshape(-1)
+    x = x_all.index_select(0, flat).view(*rows.shape, *x_all.shape[1:])
+    return x, y_all.index_select(0, flat).view(rows.shape)
 
 
 def local_sgd_reference(

@@ -37,9 +37,11 @@ from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import (
     LOCAL_TRAINING_STREAM,
+    PackedPlan,
     Params,
     draw_round_plan,
     evaluate_dataset,
+    pack_plan,
     partition_plan,
 )
 from privmtl.federated.backend import (
@@ -227,6 +229,7 @@ class Trainer:
         self._train_seconds = 0.0
         self._data_sha256: str | None = None
         self._step_fn: Any = None
+        self._last_packed: tuple[list[list[np.ndarray]], PackedPlan] | None = None
         self._local = threading.local()
         if self.checkpoint_dir is not None:
             self._open_checkpoint(resume)
@@ -393,6 +396,11 @@ class Trainer:
             )
 
         per_chunk = self._client_chunk()
+        if pool is None and (per_chunk is None or per_chunk >= k):  # the round in one pass
+            return local_sgd_batched(
+                self._thread_step_fn(), starts, rule, data.x, data.y,
+                self._packed(plan), cfg.batch_size,
+            )  # fmt: skip
         if pool is not None:  # groups of equal work, one per thread at a time
             groups = partition_plan(plan, cfg.threads, per_chunk)
             results = list(pool.map(train_group, groups))
@@ -405,6 +413,14 @@ class Trainer:
         losses: list[float] = [v for _, ls in results for v in ls]
         news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, at) for n in starts}
         return news, [losses[int(i)] for i in order]
+
+    def _packed(self, plan: list[list[np.ndarray]]) -> PackedPlan:
+        """``pack_plan(plan)``, packed once for the methods that train twice on one plan."""
+        held = self._last_packed
+        if held is None or held[0] is not plan:
+            held = (plan, pack_plan(plan, self.config.batch_size))
+            self._last_packed = held
+        return held[1]
 
     def _client_chunk(self) -> int | None:
         """The configuration's ``client_chunk``, ``"auto"`` resolved for this model."""
