@@ -19,7 +19,7 @@ Messages (all ``RecordDict`` contents):
     its masked, quantized sum of clipped client messages instead of the messages.
 ``evaluate`` (server → every node)
     ``ArrayRecord "billboard"`` and ``ConfigRecord "finish"`` (the public settings of the
-    clients' end of the run, :meth:`~privmtl.flower._core.ServerRun.finish_settings`: each node
+    clients' end of the run, :meth:`~privmtl.flower.server_run.ServerRun.finish_settings`: each node
     fine-tunes or lets its clients choose, on their own data, as ``run_pmtl`` does); reply:
     ``ConfigRecord "scores"`` (per-client correct counts and sizes of the trained, the final and
     the global model on val and test, and each client's choice). With ``save-models`` also
@@ -57,24 +57,30 @@ from privmtl.exceptions import InvalidParameterError, PrivmtlError
 from privmtl.flower._core import (
     MODELS_FILE,
     SERVER_DIR,
-    ServerRun,
     default_work_dir,
-    discovery_timeout,
     finish_timeout,
     run_options,
-    slow_nodes_line,
     to_bytes,
 )
 from privmtl.flower._waits import send_and_receive, shorten_object_waits
+from privmtl.flower.discovery import (
+    QUERY_WAIT_SECONDS,
+    NodeLoader,
+    data_fingerprint,
+    discover,
+    discovery_timeout,
+    refusal_line,
+)
 from privmtl.flower.factory import check_shapes, load_checked, load_checked_method
 from privmtl.flower.node_clients import NodeClients, load_node
+from privmtl.flower.server_run import ServerRun
 
 __all__ = ["check_refusals", "client_app", "describe_node", "server_app"]
 
 server_app = ServerApp()
 client_app = ClientApp()
 
-_NODES: dict[tuple[Any, ...], NodeClients] = {}
+_NODES: dict[tuple[Any, ...], NodeLoader[NodeClients]] = {}
 
 
 def _arrays(params: dict[str, torch.Tensor]) -> ArrayRecord:
@@ -105,8 +111,9 @@ def _restore(node: NodeClients, context: Context) -> None:
         node.personal.put(rows, models)
 
 
-def _node(context: Context) -> NodeClients:
-    """This node's clients, kept for the life of the process (and their models on disk)."""
+def _loader(context: Context) -> tuple[NodeLoader[NodeClients], int]:
+    """This node's clients, loading (in a thread) or loaded, kept for the life of the process
+    (and their models on disk); and the node's partition."""
     opts = run_options(dict(context.run_config))
     nc = context.node_config
     pid, parts = int(nc.get("partition-id", 0)), int(nc.get("num-partitions", 1))
@@ -115,22 +122,41 @@ def _node(context: Context) -> NodeClients:
     method_dir = str(nc.get("method-dir", "")) or None  # and of a user's method
     key = (
         opts["data"], opts["data-path"], opts["model"], opts["model-dir"], opts["model-sha256"],
-        opts["method"], opts["method-dir"], opts["method-sha256"],
+        opts["method"], opts["method-dir"], opts["method-sha256"], opts["device"],
         opts["seed"], pid, parts, state_dir, model_dir, method_dir,
     )  # fmt: skip
-    node = _NODES.get(key)
-    if node is None:
-        node = load_node(opts, pid, parts, state_dir, model_dir, method_dir)
-        _NODES[key] = node
+    loader = _NODES.get(key)
+    if loader is None or (loader.done and loader._error is not None):  # a failed load: again
+        loader = NodeLoader(
+            lambda report: load_node(
+                opts, pid, parts, state_dir, model_dir, method_dir, report=report
+            ),
+            name=f"privmtl-node-{pid}-load",
+        )
+        _NODES[key] = loader
+    return loader, pid
+
+
+def _node(context: Context) -> NodeClients:
+    """This node's clients (waiting for them if they are still loading)."""
+    node = _loader(context)[0].result()
+    assert node is not None
     return node
 
 
-def describe_node(context: Context) -> RecordDict:
-    """The reply to ``query``: the node's clients and initial model, or why it cannot serve."""
+def describe_node(context: Context, wait: float | None = None) -> RecordDict:
+    """The reply to ``query``: the node's clients and initial model, or why it cannot serve, or
+    (still loading after ``wait`` seconds; None: wait until loaded) what it is doing."""
+    loader, pid = _loader(context)
     try:
-        node = _node(context)
+        node = loader.result(wait)
     except PrivmtlError as exc:  # a user's error: one line the ServerApp fails the run with
         return RecordDict({"node": ConfigRecord({"error": str(exc)})})
+    except Exception as exc:  # one line too, naming the node and what it was doing
+        line = f"SuperNode partition-id={pid} failed while {loader.stage}: {type(exc).__name__}: "
+        return RecordDict({"node": ConfigRecord({"error": line + " ".join(str(exc).split())})})
+    if node is None:
+        return RecordDict({"node": ConfigRecord({"loading": json.dumps(loader.progress(pid))})})
     return RecordDict(
         {
             "node": ConfigRecord({"describe": json.dumps(node.describe())}),
@@ -141,7 +167,7 @@ def describe_node(context: Context) -> RecordDict:
 
 @client_app.query()
 def query(msg: Message, context: Context) -> Message:
-    return Message(describe_node(context), reply_to=msg)
+    return Message(describe_node(context, QUERY_WAIT_SECONDS), reply_to=msg)
 
 
 def _train(msg: Message, context: Context) -> tuple[NodeClients, dict, dict, list[float]]:
@@ -243,37 +269,44 @@ class _Federation:
     init: dict[str, torch.Tensor]
     data_shape: tuple[int, int]  # (n_features, n_classes) of the nodes' data
     scaling: str = "none"  # the clients' feature scaling (a table's), as the nodes describe it
+    data_sha256: str = ""  # the nodes' data fingerprint (data_fingerprint of their own hashes)
+    devices: tuple[str, ...] = ()  # where each node runs its clients' step
 
 
 def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
-    """Wait for the SuperNodes and ask each which clients it serves (and the initial model)."""
+    """Wait for the SuperNodes and ask each which clients it serves (and the initial model),
+    as long as each is still loading within ``timeout`` seconds (:func:`discover`)."""
     nodes = _wait_nodes(grid, int(opts["num-supernodes"]), timeout)
-    described = _ask(grid, "query", {nid: RecordDict() for nid in nodes}, timeout)
-    check_refusals(described, len(nodes))
-    if len(described) < len(nodes):
-        infos = {
-            nid: json.loads(str(c.config_records["node"]["describe"]))
-            for nid, c in described.items()
-        }
-        raise RuntimeError(slow_nodes_line(infos, len(nodes), timeout))
+    answer = float(opts["round-timeout"])
+    replies: dict[int, RecordDict] = {}
+
+    def ask(pending: list[int]) -> dict[int, Any]:
+        got = _ask(grid, "query", {nid: RecordDict() for nid in pending}, answer)
+        replies.update(got)
+        return {nid: c.config_records["node"] for nid, c in got.items()}
+
+    derived = not float(opts.get("discovery-timeout", 0.0) or 0.0) > 0
+    infos = discover(ask, nodes, timeout, answer_timeout=answer, derived=derived)
     owner: dict[int, int] = {}
     m = None
     init = None
     shape = (0, 0)
-    for nid, content in described.items():
-        info = json.loads(str(content.config_records["node"]["describe"]))
+    for nid, info in infos.items():
         m = int(info["num_clients"])
         shape = (int(info["n_features"]), int(info["n_classes"]))
         for k in info["clients"]:
             owner[int(k)] = nid
-        init = _params(content.array_records["init"])
+        init = _params(replies[nid].array_records["init"])
     assert m is not None and init is not None
     if sorted(owner) != list(range(m)):
         raise RuntimeError(
             f"the nodes serve {len(owner)} distinct clients of {m}: check each node's "
             "partition-id and num-partitions"
         )
-    return _Federation(nodes, owner, m, init, shape, str(info.get("scaling", "none")))
+    return _Federation(
+        nodes, owner, m, init, shape, str(info.get("scaling", "none")),
+        data_fingerprint(infos), tuple(str(i.get("device", "cpu")) for i in infos.values()),
+    )  # fmt: skip
 
 
 def check_refusals(described: dict[int, RecordDict], num_nodes: int) -> None:
@@ -284,14 +317,9 @@ def check_refusals(described: dict[int, RecordDict], num_nodes: int) -> None:
     InvalidParameterError
         A node refused: its line, and how many of the nodes refused.
     """
-    refused = [
-        str(c.config_records["node"]["error"])
-        for _, c in sorted(described.items())
-        if "error" in c.config_records["node"]
-    ]
-    if refused:
-        more = f" ({len(refused)} of {num_nodes} SuperNodes refused)" if len(refused) > 1 else ""
-        raise InvalidParameterError(refused[0] + more)
+    line = refusal_line({n: c.config_records["node"] for n, c in described.items()}, num_nodes)
+    if line is not None:
+        raise InvalidParameterError(line)
 
 
 def _train_round(
@@ -401,8 +429,10 @@ def main(grid: Grid, context: Context) -> None:
             flush=True,
         )
         with timer.phase("setup"):
-            run = ServerRun(opts, fed.init, fed.num_clients, server_dir=out_dir)
-            run.data_scaling = fed.scaling
+            run = ServerRun(
+                opts, fed.init, fed.num_clients, server_dir=out_dir, data_sha256=fed.data_sha256
+            )
+            run.data_scaling, run.node_devices = fed.scaling, list(fed.devices)
             if run.curator.round:
                 print(f"privmtl-flower resumed at round {run.curator.round}", flush=True)
             secure = _secagg_setup(opts, run) if opts["secagg"] else None
