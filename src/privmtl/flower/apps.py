@@ -12,7 +12,9 @@ Messages (all ``RecordDict`` contents):
 ``train`` (server → nodes serving this round's sampled clients)
     ``ArrayRecord "billboard"`` and ``ConfigRecord "round"`` (round index, round key, the node's
     sampled clients, the TrainConfig as JSON); reply: ``ArrayRecord "messages"`` (stacked
-    ``(K, ...)`` client messages in the order asked) and ``ConfigRecord "losses"``.
+    ``(K, ...)`` client messages in the order asked) and ``ConfigRecord "losses"``. Up to
+    :data:`PACKED_BYTES`, the billboard travels as bytes in ``"round"`` (key ``billboard``) and
+    the messages in ``"losses"`` (key ``messages``), which saves Flower a request per array.
 ``train.secagg`` (server → every node, four times per round, with ``--secagg``)
     ``ConfigRecord "secagg"``: one SecAgg+ stage (:mod:`privmtl.flower.secagg`); the collect
     stage also carries the ``train`` records and runs the client step, and the node answers with
@@ -59,6 +61,7 @@ from privmtl.flower._core import (
     SERVER_DIR,
     default_work_dir,
     finish_timeout,
+    from_bytes,
     run_options,
     to_bytes,
 )
@@ -89,6 +92,25 @@ def _arrays(params: dict[str, torch.Tensor]) -> ArrayRecord:
 
 def _params(record: ArrayRecord) -> dict[str, torch.Tensor]:
     return {n: torch.as_tensor(p) for n, p in record.to_torch_state_dict().items()}
+
+
+PACKED_BYTES = 4 << 20
+"""A round's billboard and the nodes' stacked messages up to this size travel as bytes inside the
+round's ``ConfigRecord`` (:func:`_pack`) instead of an ``ArrayRecord``: Flower moves every array of
+a message as an object of its own (one request per object, each hop), so one record instead of
+``2 + len(arrays)`` objects cuts a round's requests; larger ones keep Flower's ``ArrayRecord``, whose
+arrays it sends in chunks."""
+
+
+def _pack(params: dict[str, torch.Tensor]) -> bytes | None:
+    """``params`` as bytes for a ``ConfigRecord`` when small enough (:data:`PACKED_BYTES`)."""
+    if sum(p.numel() * p.element_size() for p in params.values()) > PACKED_BYTES:
+        return None
+    return to_bytes({n: p.detach().contiguous() for n, p in params.items()})
+
+
+def _unpack(record: Any) -> dict[str, torch.Tensor]:
+    return {n: torch.as_tensor(p) for n, p in from_bytes(bytes(record)).items()}
 
 
 _STATE = "privmtl-personal"
@@ -170,14 +192,18 @@ def query(msg: Message, context: Context) -> Message:
     return Message(describe_node(context, QUERY_WAIT_SECONDS), reply_to=msg)
 
 
-def _train(msg: Message, context: Context) -> tuple[NodeClients, dict, dict, list[float]]:
+def _train(content: RecordDict, context: Context) -> tuple[NodeClients, dict, dict, list[float]]:
     """Run the client step of the node's clients named in a train message."""
     from privmtl.federated.config import TrainConfig
 
     node = _node(context)
-    spec = json.loads(str(msg.content.config_records["round"]["json"]))
+    record = content.config_records["round"]
+    spec = json.loads(str(record["json"]))
     config = TrainConfig(**spec["config"])
-    board = _params(msg.content.array_records["billboard"])
+    if "billboard" in record:  # packed with the round's settings (_pack)
+        board = _unpack(record["billboard"])
+    else:
+        board = _params(content.array_records["billboard"])
     _restore(node, context)
     clients = [int(k) for k in spec["clients"]]
     msgs, losses = node.train(clients, board, int(spec["round"]), config, key=spec.get("key"))
@@ -190,13 +216,13 @@ def _train(msg: Message, context: Context) -> tuple[NodeClients, dict, dict, lis
 
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
-    _, _, msgs, losses = _train(msg, context)
-    content = RecordDict(
-        {
-            "messages": _arrays(msgs),
-            "losses": ConfigRecord({"json": json.dumps([float(v) for v in losses])}),
-        }
-    )
+    _, _, msgs, losses = _train(msg.content, context)
+    ls = json.dumps([float(v) for v in losses])
+    packed = _pack(msgs)
+    if packed is not None:  # one record: the stacked messages as bytes and the losses
+        content = RecordDict({"losses": ConfigRecord({"json": ls, "messages": packed})})
+    else:
+        content = RecordDict({"messages": _arrays(msgs), "losses": ConfigRecord({"json": ls})})
     return Message(content, reply_to=msg)
 
 
@@ -206,7 +232,7 @@ def train_secagg(msg: Message, context: Context) -> Message:
     from privmtl.flower import secagg
 
     def vector(m: Message) -> Any:
-        node, spec, msgs, _ = _train(m, context)
+        node, spec, msgs, _ = _train(m.content, context)
         return secagg.node_vector(msgs, spec, node.partition_id)
 
     return secagg.client_message(msg, context, vector)
@@ -338,24 +364,28 @@ def _train_round(
     for k in sampled:
         per_node.setdefault(fed.owner[int(k)], []).append(int(k))
     online = set(grid.get_node_ids())
-    board = _arrays(run.curator.billboard)
+    packed = _pack(run.curator.billboard)  # the billboard inside the round's record, if small
+    board = None if packed is not None else _arrays(run.curator.billboard)
     spec = {"round": t, "key": run.round_key(), "config": _config_fields(run.config)}
-    contents = {
-        nid: RecordDict(
-            {
-                "billboard": board,
-                "round": ConfigRecord({"json": json.dumps({**spec, "clients": ks})}),
-            }
-        )
-        for nid, ks in per_node.items()
-        if nid in online
-    }
+
+    def round_content(ks: list[int]) -> RecordDict:
+        text = json.dumps({**spec, "clients": ks})
+        if packed is not None:
+            return RecordDict({"round": ConfigRecord({"json": text, "billboard": packed})})
+        assert board is not None
+        return RecordDict({"billboard": board, "round": ConfigRecord({"json": text})})
+
+    contents = {nid: round_content(ks) for nid, ks in per_node.items() if nid in online}
     replies = _ask(grid, "train", contents, timeout) if contents else {}
     messages: dict[int, dict[str, torch.Tensor]] = {}
     losses: dict[int, float] = {}
     for nid, content in replies.items():
-        stacked = _params(content.array_records["messages"])
-        ls = json.loads(str(content.config_records["losses"]["json"]))
+        got = content.config_records["losses"]
+        if "messages" in got:  # packed (_pack)
+            stacked = _unpack(got["messages"])
+        else:
+            stacked = _params(content.array_records["messages"])
+        ls = json.loads(str(got["json"]))
         for j, k in enumerate(per_node[nid]):
             messages[k] = {n: p[j] for n, p in stacked.items()}
             losses[k] = float(ls[j])
