@@ -13,7 +13,7 @@ from privmtl.checkpoint import CheckpointError
 from privmtl.exceptions import InvalidParameterError
 from privmtl.flower._core import run_options
 from privmtl.flower.discovery import NodeLoader, data_fingerprint, discover
-from privmtl.flower.node_clients import load_node
+from privmtl.flower.node_clients import data_sha256_of, load_node
 from privmtl.flower.server_run import ServerRun
 
 flwr = pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
@@ -75,7 +75,7 @@ def test_a_slow_node_answers_while_it_loads_and_the_derived_wait_holds(fresh_nod
 
     infos = discover(recording, sorted(contexts), discovery_timeout(opts), answer_timeout=0.5)
     assert sorted(int(i["partition"]) for i in infos.values()) == [0, 1, 2]
-    assert answers and all("drawing its 3 clients" in a for a in answers)
+    assert any("drawing its 3 clients" in a for a in answers)  # what it was doing
     assert len(stages) == 3  # each node loaded once
 
 
@@ -170,7 +170,7 @@ def test_each_node_hashes_its_own_data_and_its_cache_keeps_the_hash(tmp_path):
     hashes = [n.data_sha256 for n in first]
     assert len(set(hashes)) == 3 and [n.data_sha256 for n in again] == hashes
     assert other.data_sha256 != hashes[0]
-    assert first[0].data_sha256 == first[0].local.content_sha256()
+    assert first[0].data_sha256 == data_sha256_of(first[0].local)
     infos = {i: n.describe() for i, n in enumerate(first)}
     swapped = {0: infos[1], 1: infos[0], 2: infos[2]}  # node ids do not matter, partitions do
     assert data_fingerprint(infos) == data_fingerprint(swapped)

@@ -45,7 +45,19 @@ from privmtl.flower._core import (
 )
 from privmtl.flower.node_state import NodeState
 
-__all__ = ["NodeClients", "load_node", "node_dataset"]
+__all__ = ["NodeClients", "data_sha256_of", "load_node", "node_dataset"]
+
+
+def data_sha256_of(local: FederatedDataset) -> str:
+    """The fingerprint of a node's data: SHA-256 of its clients' ids and of each split's stacked
+    features, labels and offsets (a few arrays, whatever the number of clients)."""
+    from privmtl.io import arrays_sha256
+
+    parts: list[Any] = [np.frombuffer("\n".join(local.client_ids).encode(), dtype=np.uint8)]
+    for split in ("train", "val", "test"):
+        x, y, offsets = local.concat(split)
+        parts += [x.detach().cpu(), y.detach().cpu(), np.asarray(offsets)]
+    return arrays_sha256(parts)
 
 
 class NodeClients:
@@ -152,7 +164,7 @@ class NodeClients:
         self.device = torch.device(device)
         self._on_device: tuple[Any, torch.Tensor, torch.Tensor] | None = None
         # the fingerprint of this node's data: a resumed run must see the same
-        self.data_sha256 = data_sha256 or local.content_sha256()
+        self.data_sha256 = data_sha256 or data_sha256_of(local)
         self.state_dir = None if state_dir is None else Path(state_dir)
         # the clients' personalized models: rows on disk, written O(sampled clients) per round
         self.personal = NodeState(
