@@ -191,3 +191,12 @@ def test_a_resume_whose_nodes_hold_other_data_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(err.value) and "data_sha256" in str(err.value)
     ok = ServerRun(resume, node.init, node.m, server_dir=tmp_path, data_sha256="a" * 64)
     assert ok.data_sha256 == "a" * 64
+
+
+def test_the_end_of_run_wait_grows_with_the_largest_nodes_clients():
+    from privmtl.flower._core import FINISH_TIMEOUT, finish_timeout
+
+    opts = run_options({})
+    assert finish_timeout(opts) == finish_timeout(opts, 100) == FINISH_TIMEOUT
+    assert finish_timeout(opts, 250_000) > 10 * FINISH_TIMEOUT  # a node of a million's quarter
+    assert finish_timeout(run_options({"finish-timeout": 30}), 250_000) == 30

@@ -149,11 +149,22 @@ FINISH_TIMEOUT = 600.0
 """Seconds the ServerApp waits at least for the nodes' end of the run when ``finish-timeout`` is 0
 (a node fine-tunes every one of its clients: far more work than one round's client step)."""
 
+FINISH_SECONDS_PER_CLIENT = 0.05
+"""Seconds a node may take per client it serves for its end of the run (fine-tuning, the vote,
+scoring) when ``finish-timeout`` is 0: a generous bound (the in-process end of run takes a few
+ms per client on a loaded 2-core machine), so that a large node is waited for instead of failing."""
 
-def finish_timeout(opts: dict[str, Any]) -> float:
-    """The seconds to wait for the nodes' end of the run and evaluation."""
+
+def finish_timeout(opts: dict[str, Any], clients_per_node: int = 0) -> float:
+    """The seconds to wait for the nodes' end of the run and evaluation: the run configuration's
+    ``finish-timeout`` when given (> 0), else derived from the work, :data:`FINISH_SECONDS_PER_CLIENT`
+    times the clients of the largest node, and at least :data:`FINISH_TIMEOUT` and
+    ``round-timeout``."""
     given = float(opts["finish-timeout"])
-    return given if given > 0 else max(FINISH_TIMEOUT, float(opts["round-timeout"]))
+    if given > 0:
+        return given
+    work = FINISH_SECONDS_PER_CLIENT * max(0, int(clients_per_node))
+    return max(FINISH_TIMEOUT, float(opts["round-timeout"]), work)
 
 
 NOT_GIVEN: dict[str, Any] = {

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -482,7 +483,8 @@ def main(grid: Grid, context: Context) -> None:
         with timer.phase("saving"):
             torch.save(run.billboards, out_dir / "billboards.pt")
         with timer.phase("end_of_run"):  # the vote, the nodes' end of run and their scoring
-            scores = _evaluate(grid, run, fed, opts, finish_timeout(opts))
+            largest = max(Counter(fed.owner.values()).values(), default=0)  # node ids are large
+            scores = _evaluate(grid, run, fed, opts, finish_timeout(opts, largest))
         # the nodes score in parallel: the slowest node's scoring is the run's
         timer.carve(
             "end_of_run", "scoring", max(float(str(e.get("score_seconds", 0.0))) for e in scores)
