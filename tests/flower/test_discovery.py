@@ -200,3 +200,19 @@ def test_the_end_of_run_wait_grows_with_the_largest_nodes_clients():
     assert finish_timeout(opts) == finish_timeout(opts, 100) == FINISH_TIMEOUT
     assert finish_timeout(opts, 250_000) > 10 * FINISH_TIMEOUT  # a node of a million's quarter
     assert finish_timeout(run_options({"finish-timeout": 30}), 250_000) == 30
+
+
+def test_flower_local_hands_its_device_to_the_apps(tmp_path, monkeypatch, capsys):
+    import privmtl.flower.launcher as launcher
+    from privmtl.cli import main
+
+    seen: list[dict] = []
+    monkeypatch.setattr(
+        launcher, "run_local", lambda *, run_config, **kw: seen.append(run_config) or {}
+    )
+    for device in ("cpu", "cuda:1"):  # a node resolves it on its own machine
+        argv = ["flower", "local", "--data", "synthetic", "--device", device, "--json",
+                "--work-dir", str(tmp_path / device.replace(":", "-"))]  # fmt: skip
+        assert main(argv) == 0, capsys.readouterr().err
+        assert seen.pop()["device"] == device
+    assert run_options({})["device"] == "auto"  # privmtl pmtl's default
