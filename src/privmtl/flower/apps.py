@@ -149,7 +149,7 @@ def _loader(context: Context) -> tuple[NodeLoader[NodeClients], int]:
         opts["seed"], pid, parts, state_dir, model_dir, method_dir,
     )  # fmt: skip
     loader = _NODES.get(key)
-    if loader is None or (loader.done and loader._error is not None):  # a failed load: again
+    if loader is None or loader.failed:  # a failed load (a refusal, an error): load again
         loader = NodeLoader(
             lambda report: load_node(
                 opts, pid, parts, state_dir, model_dir, method_dir, report=report

@@ -102,6 +102,11 @@ class NodeLoader(Generic[T]):
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def failed(self) -> bool:
+        """The load finished with an exception (a later query may try again)."""
+        return self._done.is_set() and self._error is not None
+
     def result(self, wait: float | None = None) -> T | None:
         """The loaded node; None while it still loads after ``wait`` seconds (None: no limit).
         The load's exception is raised here."""
