@@ -187,9 +187,10 @@ def test_flower_progress_line_carries_the_full_guarantee(noise_std):
     pytest.importorskip("flwr")
     from privmtl.data.federated import make_synthetic_federated
     from privmtl.experiments.pmtl import make_model
-    from privmtl.flower._core import ServerRun, run_options
+    from privmtl.flower._core import run_options
     from privmtl.flower.apps import progress_line
     from privmtl.flower.node_clients import NodeClients
+    from privmtl.flower.server_run import ServerRun
 
     ds = make_synthetic_federated(random_state=0)
     opts = run_options({"rounds": 2, "clients-per-round": 6, "noise-std": noise_std,

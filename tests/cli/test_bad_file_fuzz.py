@@ -213,7 +213,7 @@ def valid_run(tmp_path_factory):
     directory (``server/run.json`` as the ServerApp writes it at the end of a run)."""
     from types import SimpleNamespace
 
-    from privmtl.flower._core import ServerRun
+    from privmtl.flower.server_run import ServerRun
 
     root = tmp_path_factory.mktemp("fuzz-run")
     with contextlib.redirect_stdout(open(root / "result.json", "w")):

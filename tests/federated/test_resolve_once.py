@@ -15,8 +15,9 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import make_model
 from privmtl.federated.config import ResolvedRun, TrainConfig, resolve
 from privmtl.federated.spec import SPEC, RunSpec
-from privmtl.flower._core import ServerRun, run_options
+from privmtl.flower._core import run_options
 from privmtl.flower.node_clients import NodeClients
+from privmtl.flower.server_run import ServerRun
 
 
 @pytest.fixture

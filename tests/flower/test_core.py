@@ -16,8 +16,9 @@ from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.pmtl import make_model
 from privmtl.federated.protocol import Trainer
-from privmtl.flower._core import ServerRun, partition, run_options
+from privmtl.flower._core import partition, run_options
 from privmtl.flower.node_clients import NodeClients
+from privmtl.flower.server_run import ServerRun
 from privmtl.privacy.ledger import reaccount, read_ledger
 
 
@@ -706,7 +707,7 @@ def test_flower_per_client_rows_equal_run_pmtls(flags, tmp_path):
 def test_discovery_waits_for_the_populations_work_and_names_the_slow_partition():
     """The nodes' data work grows with the population: the wait for them does too (not the
     round timeout that failed large populations), and a timeout names the partitions missing."""
-    from privmtl.flower._core import discovery_timeout, slow_nodes_line
+    from privmtl.flower.discovery import discovery_timeout, slow_nodes_line
 
     small = discovery_timeout(run_options({"num-clients": 1_000}))
     large = discovery_timeout(run_options({"num-clients": 100_000}))

@@ -17,8 +17,9 @@ from privmtl.experiments.pmtl import make_model, run_pmtl
 from privmtl.federated.config import TrainConfig
 from privmtl.federated.methods import FLOWER_METHODS, ClientStep, Method
 from privmtl.federated.protocol import Trainer
-from privmtl.flower._core import ServerRun, check_options, run_options
+from privmtl.flower._core import check_options, run_options
 from privmtl.flower.node_clients import NodeClients
+from privmtl.flower.server_run import ServerRun
 
 
 def _drive(run, nodes):

@@ -138,3 +138,26 @@ def test_supernode_without_the_flower_internals_is_plain_flower_supernode(monkey
     with pytest.raises(SystemExit):
         node.run_supernode(["--insecure", "--port", "1"])
     assert calls == [("flower-supernode", ["flower-supernode", "--insecure", "--port", "1"])]
+
+
+def test_idle_supernode_polls_back_off_and_a_message_makes_them_short_again(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(_flwr_compat, "time", clock)
+    shim = _flwr_compat._ShortSleeps(0.05, 0.25)
+    for _ in range(8):
+        shim.sleep(3)  # Flower's idle poll: no message
+    idle = list(clock.waits)
+    assert idle[0] == 0.05 and idle == sorted(idle) and max(idle) == 0.25
+    shim.sleep(0.5)  # waiting for the ClientApp's reply: a message came
+    shim.sleep(3)
+    assert clock.waits[-2:] == [0.05, 0.05]
+
+
+def test_executor_backoff_grows_to_its_cap_and_resets(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(_waits, "time", clock)
+    idle = _waits.Backoff(0.05, 0.25)
+    waits = [idle.wait() for _ in range(8)]
+    assert waits[0] == 0.05 and waits == sorted(waits) and waits[-1] == 0.25
+    idle.reset()
+    assert idle.wait() == 0.05

@@ -14,9 +14,10 @@ from engine_defaults import old_config
 
 from privmtl.data.federated import make_synthetic_federated
 from privmtl.experiments.pmtl import make_model
-from privmtl.flower._core import ServerRun, run_options
+from privmtl.flower._core import run_options
 from privmtl.flower.node_clients import NodeClients, load_node
 from privmtl.flower.node_state import NodeState, read_personal
+from privmtl.flower.server_run import ServerRun
 
 _IO = Path("/proc/self/io")
 

@@ -12,9 +12,10 @@ pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmt
 
 from privmtl.data.federated import make_synthetic_federated
 from privmtl.experiments.pmtl import make_model
-from privmtl.flower._core import ServerRun, run_options
+from privmtl.flower._core import run_options
 from privmtl.flower.launcher import run_local
 from privmtl.flower.node_clients import NodeClients
+from privmtl.flower.server_run import ServerRun
 
 pytestmark = pytest.mark.slow
 

@@ -270,8 +270,9 @@ def _run_workshop(ctx: Workspace, replaced: bool) -> Any:
 
 def _run_flower_node(ctx: Workspace, replaced: bool) -> Any:
     """Two Flower nodes' client steps (NodeClients) under the server's curator, in process."""
-    from privmtl.flower._core import ServerRun, run_options
+    from privmtl.flower._core import run_options
     from privmtl.flower.node_clients import NodeClients
+    from privmtl.flower.server_run import ServerRun
 
     ds = ctx.dataset(replaced)
     model = _model(ds, ctx.seed)

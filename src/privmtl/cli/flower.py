@@ -30,6 +30,7 @@ from privmtl.cli._spec_options import (
     spec_options,
     trust_code_option,
 )
+from privmtl.cli.pmtl import _device_option
 from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.federated.baseline import describe_gain
 from privmtl.federated.options import OPTIONS
@@ -206,6 +207,10 @@ def flower() -> None:
     help="Write one row per client here (.csv or .parquet): its sizes, the model it kept, its "
     "test accuracy, its local-only accuracy and the gain (the rows privmtl pmtl writes).",
 )
+@_device_option(
+    "Where every SuperNode runs its clients' step (as privmtl pmtl's --device; a node without "
+    "that device refuses the run in one line)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def local(**kw: Any) -> None:
     """Run PMTL on a SuperLink and N SuperNodes started on 127.0.0.1 (insecure loopback only).
@@ -221,6 +226,9 @@ def local(**kw: Any) -> None:
     if kw.get("method") is not None:  # a user's method is code too: the same trust rules
         check_config_code(ctx, str(kw["method"]), trust_code=trust, param="method")
     check_model_option(kw["model"])
+    from privmtl._device import check_device
+
+    check_device(kw["device"])  # its name here; whether a node has it, on that node
     settings = pop_run_spec(click.get_current_context(), kw)
     budget = kw["budget_epsilon"]
     if budget is not None and not budget > 0:
@@ -329,6 +337,7 @@ def _run_config(
         "checkpoint-every": kw["checkpoint_every"],
         "resume": bool(kw["resume"]),
         "per-client": "" if kw["per_client"] is None else str(Path(kw["per_client"]).absolute()),
+        "device": kw["device"],
     }
 
 

@@ -270,31 +270,47 @@ def _public_secagg_primitives() -> Any:
 
 
 class _ShortSleeps:
-    """Stands in for the ``time`` module of a Flower module: sleeps at most ``cap`` seconds."""
+    """Stands in for the ``time`` module of a Flower module: sleeps at most ``cap`` seconds.
 
-    def __init__(self, cap: float) -> None:
+    With ``idle_cap`` (> ``cap``), a long wait (Flower's idle poll for a message, ``sleep(3)``)
+    backs off: ``cap`` after any short wait (the node waits for its ClientApp's reply, i.e. it
+    just got a message), then 1.5 times longer on every idle poll that finds nothing, up to
+    ``idle_cap``. An idle node then asks the SuperLink a few times a second instead of every
+    ``cap`` seconds, which on a machine shared by many processes is most of a round's work.
+    """
+
+    def __init__(self, cap: float, idle_cap: float | None = None) -> None:
         self.cap = cap
+        self.idle_cap = cap if idle_cap is None else max(cap, idle_cap)
+        self._next = cap
 
     def sleep(self, seconds: float) -> None:
-        time.sleep(min(float(seconds), self.cap))
+        seconds = float(seconds)
+        if seconds >= 1.0 and self.idle_cap > self.cap:  # idle: back off
+            wait, self._next = self._next, min(self.idle_cap, self._next * 1.5)
+        else:  # busy: the next idle poll starts short again
+            wait, self._next = min(seconds, self.cap), self.cap
+        time.sleep(wait)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(time, name)
 
 
-def _shorten_module_sleeps(module: ModuleType, cap: float) -> None:
-    """Cap ``module``'s ``time.sleep`` at ``cap`` seconds (left alone without a ``time`` module)."""
+def _shorten_module_sleeps(module: ModuleType, cap: float, idle_cap: float | None = None) -> None:
+    """Cap ``module``'s ``time.sleep`` at ``cap`` seconds, idle waits backing off to
+    ``idle_cap`` (:class:`_ShortSleeps`; left alone without a ``time`` module)."""
     if isinstance(getattr(module, "time", None), ModuleType):
-        module.time = _ShortSleeps(cap)  # type: ignore[attr-defined]
+        module.time = _ShortSleeps(cap, idle_cap)  # type: ignore[attr-defined]
 
 
-def shorten_supernode_polling(cap: float) -> bool:
+def shorten_supernode_polling(cap: float, idle_cap: float | None = None) -> bool:
     """Cap the SuperNode loop's waits (``time.sleep(3)`` idle, ``time.sleep(0.5)`` for a reply)
-    at ``cap`` seconds; False (nothing changed) without :func:`runtime`."""
+    at ``cap`` seconds, the idle one backing off to ``idle_cap`` (:class:`_ShortSleeps`); False
+    (nothing changed) without :func:`runtime`."""
     fl = runtime()
     if fl is None:
         return False
-    _shorten_module_sleeps(fl.start_client_internal, cap)
+    _shorten_module_sleeps(fl.start_client_internal, cap, idle_cap)
     return True
 
 

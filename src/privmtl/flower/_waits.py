@@ -13,10 +13,45 @@ from typing import Any
 
 from privmtl.flower import _flwr_compat
 
-__all__ = ["POLL_SECONDS", "send_and_receive", "shorten_object_waits"]
+__all__ = [
+    "IDLE_POLL_SECONDS",
+    "POLL_SECONDS",
+    "Backoff",
+    "send_and_receive",
+    "shorten_object_waits",
+]
 
 POLL_SECONDS = 0.05
-"""Idle polling interval (seconds) of the SuperNode and of its ClientApp executor."""
+"""Polling interval (seconds) of the SuperNode and of its ClientApp executor when they have just
+had work, and of the ServerApp waiting for replies."""
+
+IDLE_POLL_SECONDS = 0.25
+"""The longest wait of an idle SuperNode or ClientApp executor between two polls
+(:class:`Backoff`)."""
+
+
+class Backoff:
+    """Waits between polls: ``first`` seconds after work, then 1.5 times longer on every poll
+    that finds nothing, up to ``cap``.
+
+    Every poll is a request that another process on the machine serves; polling an idle link
+    every ``first`` seconds costs more CPU than the work of a round when many processes share a
+    few cores.
+    """
+
+    def __init__(self, first: float = POLL_SECONDS, cap: float = IDLE_POLL_SECONDS) -> None:
+        self.first, self.cap = first, max(first, cap)
+        self.next = first
+
+    def reset(self) -> None:
+        """Work was found: the next wait is ``first`` again."""
+        self.next = self.first
+
+    def wait(self) -> float:
+        """Sleep before the next poll; returns the seconds slept."""
+        seconds, self.next = self.next, min(self.cap, self.next * 1.5)
+        time.sleep(seconds)
+        return seconds
 
 
 def send_and_receive(grid: Any, messages: list[Any], timeout: float) -> list[Any]:

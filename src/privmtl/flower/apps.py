@@ -12,14 +12,16 @@ Messages (all ``RecordDict`` contents):
 ``train`` (server → nodes serving this round's sampled clients)
     ``ArrayRecord "billboard"`` and ``ConfigRecord "round"`` (round index, round key, the node's
     sampled clients, the TrainConfig as JSON); reply: ``ArrayRecord "messages"`` (stacked
-    ``(K, ...)`` client messages in the order asked) and ``ConfigRecord "losses"``.
+    ``(K, ...)`` client messages in the order asked) and ``ConfigRecord "losses"``. Up to
+    :data:`PACKED_BYTES`, the billboard travels as bytes in ``"round"`` (key ``billboard``) and
+    the messages in ``"losses"`` (key ``messages``), which saves Flower a request per array.
 ``train.secagg`` (server → every node, four times per round, with ``--secagg``)
     ``ConfigRecord "secagg"``: one SecAgg+ stage (:mod:`privmtl.flower.secagg`); the collect
     stage also carries the ``train`` records and runs the client step, and the node answers with
     its masked, quantized sum of clipped client messages instead of the messages.
 ``evaluate`` (server → every node)
     ``ArrayRecord "billboard"`` and ``ConfigRecord "finish"`` (the public settings of the
-    clients' end of the run, :meth:`~privmtl.flower._core.ServerRun.finish_settings`: each node
+    clients' end of the run, :meth:`~privmtl.flower.server_run.ServerRun.finish_settings`: each node
     fine-tunes or lets its clients choose, on their own data, as ``run_pmtl`` does); reply:
     ``ConfigRecord "scores"`` (per-client correct counts and sizes of the trained, the final and
     the global model on val and test, and each client's choice). With ``save-models`` also
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,24 +60,31 @@ from privmtl.exceptions import InvalidParameterError, PrivmtlError
 from privmtl.flower._core import (
     MODELS_FILE,
     SERVER_DIR,
-    ServerRun,
     default_work_dir,
-    discovery_timeout,
     finish_timeout,
+    from_bytes,
     run_options,
-    slow_nodes_line,
     to_bytes,
 )
 from privmtl.flower._waits import send_and_receive, shorten_object_waits
+from privmtl.flower.discovery import (
+    QUERY_WAIT_SECONDS,
+    NodeLoader,
+    data_fingerprint,
+    discover,
+    discovery_timeout,
+    refusal_line,
+)
 from privmtl.flower.factory import check_shapes, load_checked, load_checked_method
 from privmtl.flower.node_clients import NodeClients, load_node
+from privmtl.flower.server_run import ServerRun
 
 __all__ = ["check_refusals", "client_app", "describe_node", "server_app"]
 
 server_app = ServerApp()
 client_app = ClientApp()
 
-_NODES: dict[tuple[Any, ...], NodeClients] = {}
+_NODES: dict[tuple[Any, ...], NodeLoader[NodeClients]] = {}
 
 
 def _arrays(params: dict[str, torch.Tensor]) -> ArrayRecord:
@@ -83,6 +93,25 @@ def _arrays(params: dict[str, torch.Tensor]) -> ArrayRecord:
 
 def _params(record: ArrayRecord) -> dict[str, torch.Tensor]:
     return {n: torch.as_tensor(p) for n, p in record.to_torch_state_dict().items()}
+
+
+PACKED_BYTES = 4 << 20
+"""A round's billboard and the nodes' stacked messages up to this size travel as bytes inside the
+round's ``ConfigRecord`` (:func:`_pack`) instead of an ``ArrayRecord``: Flower moves every array of
+a message as an object of its own (one request per object, each hop), so one record instead of
+``2 + len(arrays)`` objects cuts a round's requests; larger ones keep Flower's ``ArrayRecord``, whose
+arrays it sends in chunks."""
+
+
+def _pack(params: dict[str, torch.Tensor]) -> bytes | None:
+    """``params`` as bytes for a ``ConfigRecord`` when small enough (:data:`PACKED_BYTES`)."""
+    if sum(p.numel() * p.element_size() for p in params.values()) > PACKED_BYTES:
+        return None
+    return to_bytes({n: p.detach().contiguous() for n, p in params.items()})
+
+
+def _unpack(record: Any) -> dict[str, torch.Tensor]:
+    return {n: torch.as_tensor(p) for n, p in from_bytes(bytes(record)).items()}
 
 
 _STATE = "privmtl-personal"
@@ -105,8 +134,9 @@ def _restore(node: NodeClients, context: Context) -> None:
         node.personal.put(rows, models)
 
 
-def _node(context: Context) -> NodeClients:
-    """This node's clients, kept for the life of the process (and their models on disk)."""
+def _loader(context: Context) -> tuple[NodeLoader[NodeClients], int]:
+    """This node's clients, loading (in a thread) or loaded, kept for the life of the process
+    (and their models on disk); and the node's partition."""
     opts = run_options(dict(context.run_config))
     nc = context.node_config
     pid, parts = int(nc.get("partition-id", 0)), int(nc.get("num-partitions", 1))
@@ -115,22 +145,41 @@ def _node(context: Context) -> NodeClients:
     method_dir = str(nc.get("method-dir", "")) or None  # and of a user's method
     key = (
         opts["data"], opts["data-path"], opts["model"], opts["model-dir"], opts["model-sha256"],
-        opts["method"], opts["method-dir"], opts["method-sha256"],
+        opts["method"], opts["method-dir"], opts["method-sha256"], opts["device"],
         opts["seed"], pid, parts, state_dir, model_dir, method_dir,
     )  # fmt: skip
-    node = _NODES.get(key)
-    if node is None:
-        node = load_node(opts, pid, parts, state_dir, model_dir, method_dir)
-        _NODES[key] = node
+    loader = _NODES.get(key)
+    if loader is None or loader.failed:  # a failed load (a refusal, an error): load again
+        loader = NodeLoader(
+            lambda report: load_node(
+                opts, pid, parts, state_dir, model_dir, method_dir, report=report
+            ),
+            name=f"privmtl-node-{pid}-load",
+        )
+        _NODES[key] = loader
+    return loader, pid
+
+
+def _node(context: Context) -> NodeClients:
+    """This node's clients (waiting for them if they are still loading)."""
+    node = _loader(context)[0].result()
+    assert node is not None
     return node
 
 
-def describe_node(context: Context) -> RecordDict:
-    """The reply to ``query``: the node's clients and initial model, or why it cannot serve."""
+def describe_node(context: Context, wait: float | None = None) -> RecordDict:
+    """The reply to ``query``: the node's clients and initial model, or why it cannot serve, or
+    (still loading after ``wait`` seconds; None: wait until loaded) what it is doing."""
+    loader, pid = _loader(context)
     try:
-        node = _node(context)
+        node = loader.result(wait)
     except PrivmtlError as exc:  # a user's error: one line the ServerApp fails the run with
         return RecordDict({"node": ConfigRecord({"error": str(exc)})})
+    except Exception as exc:  # one line too, naming the node and what it was doing
+        line = f"SuperNode partition-id={pid} failed while {loader.stage}: {type(exc).__name__}: "
+        return RecordDict({"node": ConfigRecord({"error": line + " ".join(str(exc).split())})})
+    if node is None:
+        return RecordDict({"node": ConfigRecord({"loading": json.dumps(loader.progress(pid))})})
     return RecordDict(
         {
             "node": ConfigRecord({"describe": json.dumps(node.describe())}),
@@ -141,17 +190,21 @@ def describe_node(context: Context) -> RecordDict:
 
 @client_app.query()
 def query(msg: Message, context: Context) -> Message:
-    return Message(describe_node(context), reply_to=msg)
+    return Message(describe_node(context, QUERY_WAIT_SECONDS), reply_to=msg)
 
 
-def _train(msg: Message, context: Context) -> tuple[NodeClients, dict, dict, list[float]]:
+def _train(content: RecordDict, context: Context) -> tuple[NodeClients, dict, dict, list[float]]:
     """Run the client step of the node's clients named in a train message."""
     from privmtl.federated.config import TrainConfig
 
     node = _node(context)
-    spec = json.loads(str(msg.content.config_records["round"]["json"]))
+    record = content.config_records["round"]
+    spec = json.loads(str(record["json"]))
     config = TrainConfig(**spec["config"])
-    board = _params(msg.content.array_records["billboard"])
+    if "billboard" in record:  # packed with the round's settings (_pack)
+        board = _unpack(record["billboard"])
+    else:
+        board = _params(content.array_records["billboard"])
     _restore(node, context)
     clients = [int(k) for k in spec["clients"]]
     msgs, losses = node.train(clients, board, int(spec["round"]), config, key=spec.get("key"))
@@ -164,13 +217,13 @@ def _train(msg: Message, context: Context) -> tuple[NodeClients, dict, dict, lis
 
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
-    _, _, msgs, losses = _train(msg, context)
-    content = RecordDict(
-        {
-            "messages": _arrays(msgs),
-            "losses": ConfigRecord({"json": json.dumps([float(v) for v in losses])}),
-        }
-    )
+    _, _, msgs, losses = _train(msg.content, context)
+    ls = json.dumps([float(v) for v in losses])
+    packed = _pack(msgs)
+    if packed is not None:  # one record: the stacked messages as bytes and the losses
+        content = RecordDict({"losses": ConfigRecord({"json": ls, "messages": packed})})
+    else:
+        content = RecordDict({"messages": _arrays(msgs), "losses": ConfigRecord({"json": ls})})
     return Message(content, reply_to=msg)
 
 
@@ -180,7 +233,7 @@ def train_secagg(msg: Message, context: Context) -> Message:
     from privmtl.flower import secagg
 
     def vector(m: Message) -> Any:
-        node, spec, msgs, _ = _train(m, context)
+        node, spec, msgs, _ = _train(m.content, context)
         return secagg.node_vector(msgs, spec, node.partition_id)
 
     return secagg.client_message(msg, context, vector)
@@ -243,37 +296,44 @@ class _Federation:
     init: dict[str, torch.Tensor]
     data_shape: tuple[int, int]  # (n_features, n_classes) of the nodes' data
     scaling: str = "none"  # the clients' feature scaling (a table's), as the nodes describe it
+    data_sha256: str = ""  # the nodes' data fingerprint (data_fingerprint of their own hashes)
+    devices: tuple[str, ...] = ()  # where each node runs its clients' step
 
 
 def _discover(grid: Grid, opts: dict[str, Any], timeout: float) -> _Federation:
-    """Wait for the SuperNodes and ask each which clients it serves (and the initial model)."""
+    """Wait for the SuperNodes and ask each which clients it serves (and the initial model),
+    as long as each is still loading within ``timeout`` seconds (:func:`discover`)."""
     nodes = _wait_nodes(grid, int(opts["num-supernodes"]), timeout)
-    described = _ask(grid, "query", {nid: RecordDict() for nid in nodes}, timeout)
-    check_refusals(described, len(nodes))
-    if len(described) < len(nodes):
-        infos = {
-            nid: json.loads(str(c.config_records["node"]["describe"]))
-            for nid, c in described.items()
-        }
-        raise RuntimeError(slow_nodes_line(infos, len(nodes), timeout))
+    answer = float(opts["round-timeout"])
+    replies: dict[int, RecordDict] = {}
+
+    def ask(pending: list[int]) -> dict[int, Any]:
+        got = _ask(grid, "query", {nid: RecordDict() for nid in pending}, answer)
+        replies.update(got)
+        return {nid: c.config_records["node"] for nid, c in got.items()}
+
+    derived = not float(opts.get("discovery-timeout", 0.0) or 0.0) > 0
+    infos = discover(ask, nodes, timeout, answer_timeout=answer, derived=derived)
     owner: dict[int, int] = {}
     m = None
     init = None
     shape = (0, 0)
-    for nid, content in described.items():
-        info = json.loads(str(content.config_records["node"]["describe"]))
+    for nid, info in infos.items():
         m = int(info["num_clients"])
         shape = (int(info["n_features"]), int(info["n_classes"]))
         for k in info["clients"]:
             owner[int(k)] = nid
-        init = _params(content.array_records["init"])
+        init = _params(replies[nid].array_records["init"])
     assert m is not None and init is not None
     if sorted(owner) != list(range(m)):
         raise RuntimeError(
             f"the nodes serve {len(owner)} distinct clients of {m}: check each node's "
             "partition-id and num-partitions"
         )
-    return _Federation(nodes, owner, m, init, shape, str(info.get("scaling", "none")))
+    return _Federation(
+        nodes, owner, m, init, shape, str(info.get("scaling", "none")),
+        data_fingerprint(infos), tuple(str(i.get("device", "cpu")) for i in infos.values()),
+    )  # fmt: skip
 
 
 def check_refusals(described: dict[int, RecordDict], num_nodes: int) -> None:
@@ -284,14 +344,9 @@ def check_refusals(described: dict[int, RecordDict], num_nodes: int) -> None:
     InvalidParameterError
         A node refused: its line, and how many of the nodes refused.
     """
-    refused = [
-        str(c.config_records["node"]["error"])
-        for _, c in sorted(described.items())
-        if "error" in c.config_records["node"]
-    ]
-    if refused:
-        more = f" ({len(refused)} of {num_nodes} SuperNodes refused)" if len(refused) > 1 else ""
-        raise InvalidParameterError(refused[0] + more)
+    line = refusal_line({n: c.config_records["node"] for n, c in described.items()}, num_nodes)
+    if line is not None:
+        raise InvalidParameterError(line)
 
 
 def _train_round(
@@ -310,24 +365,28 @@ def _train_round(
     for k in sampled:
         per_node.setdefault(fed.owner[int(k)], []).append(int(k))
     online = set(grid.get_node_ids())
-    board = _arrays(run.curator.billboard)
+    packed = _pack(run.curator.billboard)  # the billboard inside the round's record, if small
+    board = None if packed is not None else _arrays(run.curator.billboard)
     spec = {"round": t, "key": run.round_key(), "config": _config_fields(run.config)}
-    contents = {
-        nid: RecordDict(
-            {
-                "billboard": board,
-                "round": ConfigRecord({"json": json.dumps({**spec, "clients": ks})}),
-            }
-        )
-        for nid, ks in per_node.items()
-        if nid in online
-    }
+
+    def round_content(ks: list[int]) -> RecordDict:
+        text = json.dumps({**spec, "clients": ks})
+        if packed is not None:
+            return RecordDict({"round": ConfigRecord({"json": text, "billboard": packed})})
+        assert board is not None
+        return RecordDict({"billboard": board, "round": ConfigRecord({"json": text})})
+
+    contents = {nid: round_content(ks) for nid, ks in per_node.items() if nid in online}
     replies = _ask(grid, "train", contents, timeout) if contents else {}
     messages: dict[int, dict[str, torch.Tensor]] = {}
     losses: dict[int, float] = {}
     for nid, content in replies.items():
-        stacked = _params(content.array_records["messages"])
-        ls = json.loads(str(content.config_records["losses"]["json"]))
+        got = content.config_records["losses"]
+        if "messages" in got:  # packed (_pack)
+            stacked = _unpack(got["messages"])
+        else:
+            stacked = _params(content.array_records["messages"])
+        ls = json.loads(str(got["json"]))
         for j, k in enumerate(per_node[nid]):
             messages[k] = {n: p[j] for n, p in stacked.items()}
             losses[k] = float(ls[j])
@@ -401,8 +460,10 @@ def main(grid: Grid, context: Context) -> None:
             flush=True,
         )
         with timer.phase("setup"):
-            run = ServerRun(opts, fed.init, fed.num_clients, server_dir=out_dir)
-            run.data_scaling = fed.scaling
+            run = ServerRun(
+                opts, fed.init, fed.num_clients, server_dir=out_dir, data_sha256=fed.data_sha256
+            )
+            run.data_scaling, run.node_devices = fed.scaling, list(fed.devices)
             if run.curator.round:
                 print(f"privmtl-flower resumed at round {run.curator.round}", flush=True)
             secure = _secagg_setup(opts, run) if opts["secagg"] else None
@@ -422,7 +483,8 @@ def main(grid: Grid, context: Context) -> None:
         with timer.phase("saving"):
             torch.save(run.billboards, out_dir / "billboards.pt")
         with timer.phase("end_of_run"):  # the vote, the nodes' end of run and their scoring
-            scores = _evaluate(grid, run, fed, opts, finish_timeout(opts))
+            largest = max(Counter(fed.owner.values()).values(), default=0)  # node ids are large
+            scores = _evaluate(grid, run, fed, opts, finish_timeout(opts, largest))
         # the nodes score in parallel: the slowest node's scoring is the run's
         timer.carve(
             "end_of_run", "scoring", max(float(str(e.get("score_seconds", 0.0))) for e in scores)

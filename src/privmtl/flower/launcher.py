@@ -23,7 +23,8 @@ from typing import Any
 
 from privmtl import _timing
 from privmtl.exceptions import DataFormatError, InvalidParameterError, PrivmtlError
-from privmtl.flower._core import SERVER_DIR, read_run_info
+from privmtl.flower._core import SERVER_DIR
+from privmtl.flower.server_run import read_run_info
 from privmtl.locking import hold_directory
 
 __all__ = ["FlowerRunError", "check_work_dir", "run_local", "write_app"]

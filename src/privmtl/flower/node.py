@@ -13,9 +13,11 @@ stay in memory between messages.
     ``flower-supernode --isolation process`` with the same arguments, plus the node's executor
     (``clientapp``) as its child, so that the node is still one process group. The SuperNode's
     fixed idle waits (it asks the SuperLink for a message every 3 s, and for its ClientApp's reply
-    every 0.5 s) are shortened to :data:`POLL_SECONDS`.
+    every 0.5 s) are shortened to :data:`POLL_SECONDS`, the idle one backing off to
+    :data:`IDLE_POLL_SECONDS` while no message comes (:class:`~privmtl.flower._waits.Backoff`).
 ``clientapp``
-    The executor: asks the Runtime API for a task every :data:`POLL_SECONDS` while idle and exits
+    The executor: asks the Runtime API for a task (every :data:`POLL_SECONDS` after a task, backing
+    off to :data:`IDLE_POLL_SECONDS` while idle) and exits
     with its SuperNode (``--parent-pid``).
 
 The ServerApp's side of the same waits is :func:`send_and_receive`.
@@ -33,11 +35,16 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from typing import Any
 
 from privmtl.flower import _flwr_compat
-from privmtl.flower._waits import POLL_SECONDS, send_and_receive, shorten_object_waits
+from privmtl.flower._waits import (
+    IDLE_POLL_SECONDS,
+    POLL_SECONDS,
+    Backoff,
+    send_and_receive,
+    shorten_object_waits,
+)
 
 __all__ = ["POLL_SECONDS", "send_and_receive", "shorten_object_waits", "supported"]
 
@@ -78,7 +85,7 @@ def run_supernode(argv: list[str], poll: float = POLL_SECONDS) -> None:
     if not supported():
         os.execvp("flower-supernode", ["flower-supernode", *argv])
     fl = _flwr_compat.runtime()
-    _flwr_compat.shorten_supernode_polling(poll)
+    _flwr_compat.shorten_supernode_polling(poll, max(poll, IDLE_POLL_SECONDS))
     shorten_object_waits(poll)
     child = [sys.executable, "-m", "privmtl.flower.node", "clientapp", "--runtime-api-address"]
     child += [_runtime_address(argv), "--parent-pid", str(os.getpid()), "--poll", str(poll)]
@@ -129,13 +136,15 @@ def run_clientapp(
     )
     request = fl.AcquireTaskRequest(supported_task_types=[fl.TaskType.CLIENT_APP])
     installed: set[str] = set()
+    idle = Backoff(poll, max(poll, IDLE_POLL_SECONDS))
     try:
         while True:
             res = executor.AcquireTask(request)
             if res.HasField("task") and res.token:
                 _run_task(runtime_api_address, tls, res.token, installed)
+                idle.reset()
             else:
-                time.sleep(poll)
+                idle.wait()
     except KeyboardInterrupt:  # the SuperNode exited, or SIGINT
         pass
     finally:

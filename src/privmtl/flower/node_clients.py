@@ -6,7 +6,7 @@ A node holds its clients' data (cached once as contiguous tensors that a fresh C
 runs the method's client step for the clients a round samples, counts their end-of-run vote
 (:meth:`NodeClients.vote_shares`) and finishes and scores them as
 :func:`~privmtl.federated.finish.finish_clients` does in process. The ServerApp's half is
-:class:`privmtl.flower._core.ServerRun`.
+:class:`privmtl.flower.server_run.ServerRun`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,19 @@ from privmtl.flower._core import (
 )
 from privmtl.flower.node_state import NodeState
 
-__all__ = ["NodeClients", "load_node", "node_dataset"]
+__all__ = ["NodeClients", "data_sha256_of", "load_node", "node_dataset"]
+
+
+def data_sha256_of(local: FederatedDataset) -> str:
+    """The fingerprint of a node's data: SHA-256 of its clients' ids and of each split's stacked
+    features, labels and offsets (a few arrays, whatever the number of clients)."""
+    from privmtl.io import arrays_sha256
+
+    parts: list[Any] = [np.frombuffer("\n".join(local.client_ids).encode(), dtype=np.uint8)]
+    for split in ("train", "val", "test"):
+        x, y, offsets = local.concat(split)
+        parts += [x.detach().cpu(), y.detach().cpu(), np.asarray(offsets)]
+    return arrays_sha256(parts)
 
 
 class NodeClients:
@@ -73,6 +86,7 @@ class NodeClients:
         partition_id: int,
         num_partitions: int,
         state_dir: str | Path | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         clients = partition(dataset.n_clients, partition_id, num_partitions)
         full_offsets = dataset.offsets("train")
@@ -84,6 +98,7 @@ class NodeClients:
             partition_id=partition_id,
             num_partitions=num_partitions,
             state_dir=state_dir,
+            device=device,
         )
 
     @classmethod
@@ -97,8 +112,11 @@ class NodeClients:
         partition_id: int,
         num_partitions: int,
         state_dir: str | Path | None = None,
+        device: str | torch.device = "cpu",
+        data_sha256: str | None = None,
     ) -> NodeClients:
-        """A node from its own clients' data only (``full_offsets``: the population's sizes)."""
+        """A node from its own clients' data only (``full_offsets``: the population's sizes;
+        ``data_sha256``: the data's fingerprint when known, e.g. from the node's cache)."""
         self = cls.__new__(cls)
         self._setup(
             local,
@@ -108,6 +126,8 @@ class NodeClients:
             partition_id=partition_id,
             num_partitions=num_partitions,
             state_dir=state_dir,
+            device=device,
+            data_sha256=data_sha256,
         )
         return self
 
@@ -121,6 +141,8 @@ class NodeClients:
         partition_id: int,
         num_partitions: int,
         state_dir: str | Path | None,
+        device: str | torch.device = "cpu",
+        data_sha256: str | None = None,
     ) -> None:
         from privmtl.federated.engine import make_step_fn
 
@@ -138,6 +160,11 @@ class NodeClients:
         self.y_all, self.offsets = y, offsets
         self.pos = {int(k): j for j, k in enumerate(self.clients)}
         self.step_fn = make_step_fn(model, self.buffers)
+        # where the rounds' client step runs (the end of the run stays on the CPU)
+        self.device = torch.device(device)
+        self._on_device: tuple[Any, torch.Tensor, torch.Tensor] | None = None
+        # the fingerprint of this node's data: a resumed run must see the same
+        self.data_sha256 = data_sha256 or data_sha256_of(local)
         self.state_dir = None if state_dir is None else Path(state_dir)
         # the clients' personalized models: rows on disk, written O(sampled clients) per round
         self.personal = NodeState(
@@ -170,6 +197,7 @@ class NodeClients:
             "feature_shape": [int(v) for v in self.local.feature_shape],
             "name": str(self.local.name),
             "scaling": str(self.local.scaling),
+            "sha256": self.data_sha256,
         }
         for split in ("train", "val", "test"):
             x, y, offsets = self.local.concat(split)
@@ -187,6 +215,8 @@ class NodeClients:
             "continued": len(self.personal),
             "partition": int(self.partition_id),
             "scaling": str(self.local.scaling),
+            "data_sha256": self.data_sha256,
+            "device": str(self.device),
         }
 
     def model_of(self, k: int) -> Params:
@@ -220,15 +250,17 @@ class NodeClients:
                     f"Client {k} is not served by node partition {self.partition_id}."
                 )
         rows = [self.pos[k] for k in clients]
-        state = self._store(method, rows)
-        sel = torch.arange(len(clients))
-        starts, anchor = method.starts(billboard, sel, state)
-        train = self._train_fn(clients, round_index, config)
-        done = method.client_update(billboard, list(billboard), starts, anchor, train)
+        dev = self.device
+        board = billboard if dev.type == "cpu" else {n: p.to(dev) for n, p in billboard.items()}
+        state = self._store(method, rows, dev)
+        sel = torch.arange(len(clients), device=dev)
+        starts, anchor = method.starts(board, sel, state)
+        train = self._train_fn(clients, round_index, config, on_device=True)
+        done = method.client_update(board, list(board), starts, anchor, train)
         method.keep(state, sel, done.kept)
         self.personal.rounds_trained += 1
         if "personal" in state:  # the clients keep their models: only their rows are written
-            kept = state.gather("personal", sel)
+            kept = {n: p.cpu() for n, p in state.gather("personal", sel).items()}
             full = {
                 n: kept.get(n, self.init[n].expand(len(rows), *self.init[n].shape))
                 for n in self.init
@@ -236,25 +268,52 @@ class NodeClients:
             self.personal.write_round(key, rows, full)
         else:
             self.personal.write_round(key, [], None)
-        return done.messages, [float(v) for v in done.losses]
+        messages = {n: p.cpu() for n, p in done.messages.items()}
+        return messages, [float(v) for v in done.losses]
 
-    def _store(self, method: Method, rows: list[int]) -> ClientStore:
+    def _store(
+        self, method: Method, rows: list[int], device: torch.device | None = None
+    ) -> ClientStore:
         """The stored state of the node's clients at ``rows`` (store rows ``0 .. len(rows)-1``)
         for ``method``: the models this node keeps written, every other client at the initial
-        model."""
-        store = method.initial_state(self.init, len(rows))
+        model; on ``device`` (default: the CPU)."""
+        dev = torch.device("cpu") if device is None else device
+        init = self.init if dev.type == "cpu" else {n: p.to(dev) for n, p in self.init.items()}
+        store = method.initial_state(init, len(rows))
         if "personal" in store:
             had = np.flatnonzero(self.personal.written(rows))
             if len(had):
                 models = self.personal.gather([rows[j] for j in had])
-                values = {n: models[n] for n in store.names("personal")}
-                store.scatter("personal", torch.from_numpy(had.astype(np.int64)), values)
+                values = {n: models[n].to(dev) for n in store.names("personal")}
+                index = torch.from_numpy(had.astype(np.int64)).to(dev)
+                store.scatter("personal", index, values)
         return store
 
-    def _train_fn(self, clients: list[int], round_index: int, config: TrainConfig) -> TrainFn:
+    def _device_data(self) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """The client step and the training data on :attr:`device` (moved once, kept)."""
+        if self.device.type == "cpu":
+            return self.step_fn, self.x_all, self.y_all
+        if self._on_device is None:
+            import copy
+
+            from privmtl.federated.engine import make_step_fn
+
+            net = copy.deepcopy(self.model).to(self.device)
+            buffers = {n: b.detach() for n, b in net.named_buffers()}
+            x, y = self.x_all.to(self.device), self.y_all.to(self.device)
+            self._on_device = (make_step_fn(net, buffers), x, y)
+        return self._on_device
+
+    def _train_fn(
+        self, clients: list[int], round_index: int, config: TrainConfig, on_device: bool = False
+    ) -> TrainFn:
         """Local SGD of this node's ``clients`` in round ``round_index``
         (:class:`~privmtl.federated.methods.base.TrainFn`): the minibatches the in-process engine
-        draws for them (the round's plan, or another ``stream`` / number of ``epochs``)."""
+        draws for them (the round's plan, or another ``stream`` / number of ``epochs``); on the
+        node's :attr:`device` with ``on_device``, else on the CPU."""
+        step_fn, x_all, y_all = (
+            self._device_data() if on_device else (self.step_fn, self.x_all, self.y_all)
+        )
 
         def train(
             starts: Params,
@@ -264,11 +323,11 @@ class NodeClients:
             epochs: int | None = None,
         ) -> tuple[Params, list[float]]:
             return local_sgd_batched(
-                self.step_fn,
+                step_fn,
                 starts,
                 rule,
-                self.x_all,
-                self.y_all,
+                x_all,
+                y_all,
                 self._plan(clients, round_index, config, stream=stream, epochs=epochs),
                 config.batch_size,
             )
@@ -594,22 +653,37 @@ def load_node(
     state_dir: str | None,
     model_dir: str | None = None,
     method_dir: str | None = None,
+    *,
+    device: str | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> NodeClients:
     """Build the node's clients; their data is cached as tensors in the node's storage.
 
-    Each message runs in a fresh ClientApp process: reading the node's own shard back is much
-    cheaper than loading (or generating) the population again. A user's model factory is loaded
-    from this machine's ``model_dir`` (default: the run configuration's ``model-dir``) and
-    refused unless its file is the code the run announces
+    The node draws or reads only its own clients (a synthetic population is drawn lazily:
+    :meth:`~privmtl.data.streamed.SyntheticFederation.subset` of its partition), and caches them
+    once, so that a later process maps them instead (:func:`node_dataset`). A user's model
+    factory is loaded from this machine's ``model_dir`` (default: the run configuration's
+    ``model-dir``) and refused unless its file is the code the run announces
     (:func:`privmtl.flower.factory.load_checked`); a user's method likewise from ``method_dir``
-    (:func:`privmtl.flower.factory.load_checked_method`).
+    (:func:`privmtl.flower.factory.load_checked_method`). ``device`` (default: the run
+    configuration's ``device``) is where the rounds' client step runs; one that is not available
+    on this machine is refused in one line naming the node. ``report(stage)`` is told what the
+    node is doing (:class:`~privmtl.flower.discovery.NodeLoader`).
     """
     import hashlib
 
+    from privmtl._device import resolve_device
     from privmtl.federated.models import make_model
     from privmtl.flower.factory import load_checked, load_checked_method
 
+    say = report or (lambda stage: None)
     who = f"SuperNode partition {pid}"
+    say("checking the run's code and device")
+    where = str(opts.get("device", "cpu")) if device is None else device
+    try:
+        dev = resolve_device(where, name="device")
+    except InvalidParameterError as exc:
+        raise InvalidParameterError(f"{who}: {exc}") from None
     user = load_checked(opts, who, model_dir)
     load_checked_method(opts, who, method_dir)  # a user's method: this machine's copy, checked
 
@@ -620,11 +694,13 @@ def load_node(
     cache = None
     if state_dir is not None:
         digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
-        cache = Path(state_dir) / f"data-{digest}-v2.pt"
+        cache = Path(state_dir) / f"data-{digest}-v3.pt"
     if cache is not None and cache.exists():
+        say("mapping its cached data")
         d = torch.load(cache, weights_only=True, mmap=True)  # mapped, not read
         local = node_dataset(d)
         net = make_model(str(opts["model"]), local, seed, factory=user)
+        say("opening its clients' stored models")
         return NodeClients.from_parts(
             local,
             net,
@@ -633,13 +709,20 @@ def load_node(
             partition_id=pid,
             num_partitions=parts,
             state_dir=state_dir,
+            device=dev,
+            data_sha256=str(d["sha256"]),
         )
+    say(f"loading the population's {opts['data']} data")
     ds = _population(
         str(opts["data"]), str(opts["data-path"]), seed, None if num is None else int(num), table
     )
     net = make_model(str(opts["model"]), ds, seed, factory=user)
-    node = NodeClients(ds, net, partition_id=pid, num_partitions=parts, state_dir=state_dir)
+    say(f"drawing its {len(partition(ds.n_clients, pid, parts))} clients' data")
+    node = NodeClients(
+        ds, net, partition_id=pid, num_partitions=parts, state_dir=state_dir, device=dev
+    )
     if cache is not None:
+        say("caching its data")
         cache.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(cache, to_bytes(node.data_state()))
     return node

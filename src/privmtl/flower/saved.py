@@ -4,7 +4,7 @@ A run with the run-config key ``save-models`` leaves its end-of-run models where
 
 ``<work-dir>/server/final-models.pt`` (:data:`~privmtl.flower._core.MODELS_FILE`)
     The ServerApp's released global model (the billboard; what every node received), the run's
-    token and its resolved configuration (:meth:`~privmtl.flower._core.ServerRun.models_state`).
+    token and its resolved configuration (:meth:`~privmtl.flower.server_run.ServerRun.models_state`).
 ``<state-dir of node i>/final-models.pt``
     SuperNode ``i``'s clients' final models (personalized, fine-tuned at the end of the run when
     the run fine-tunes), tagged with the run's token
