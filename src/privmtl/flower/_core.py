@@ -59,6 +59,7 @@ from privmtl.federated.backend import (
     fingerprint_base,
     make_curator,
     new_ledger,
+    release_noise,
     round_record,
     run_result,
     setup_run,
@@ -393,8 +394,9 @@ def make_run(opts: dict[str, Any], m: int, reserve: Any = None) -> ResolvedRun:
 def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
     """The resolved :class:`TrainConfig` of :func:`make_run` and the noise standard deviation of
     the released mean."""
-    config = make_run(opts, m).config
-    return config, float(config.noise_std)
+    run = make_run(opts, m)
+    sigma = release_noise(run, m)  # the release's σ for the run's target (or the σ given)
+    return dataclasses.replace(run.config, noise_std=sigma), sigma
 
 
 def partition(m: int, partition_id: int, num_partitions: int) -> np.ndarray:
@@ -520,10 +522,11 @@ class ServerRun:
         self.winner: str | None = None
         reserve = None if self.vote is None else self.vote.event()
         self.run = run = make_run(opts, m, reserve)  # resolved once
-        self.sigma = float(run.config.noise_std)
         self.spec: RunSpec = run.spec  # type: ignore[assignment]  # resolved from a RunSpec
-        # the release, billboard, shared parameters and personal_init as the Trainer sets them up
+        # the release (calibrated to the run's target), billboard, shared parameters and
+        # personal_init as the Trainer sets them up
         self.setup = setup = setup_run(run, m, init)
+        self.sigma = float(setup.config.noise_std)
         self.config = cfg = setup.config
         self.q = setup.q
         budget = given(opts, "budget-epsilon")
