@@ -232,7 +232,7 @@ def make_release(
     strategy = None
     if config.noise_mechanism == "banded" and spec.communicates:
         strategy = run_strategy(config.rounds, banded_groups(sampler))
-    release = {
+    release: dict[str, Any] = {
         "sampler": sampler,
         "subspace_dim": config.subspace_dim,
         "subspace_seed": config.seed,
