@@ -116,7 +116,8 @@ CYCLIC = ["--clip", "0.5", "--num-clients", "100", "--rounds", "50", "--delta", 
 
 
 def test_account_cyclic_banded_matches_a_training_runs_calibration_and_dp_accounting(capsys):
-    from privmtl.federated.config import TrainConfig, resolve_config
+    from privmtl.federated.backend import release_noise
+    from privmtl.federated.config import TrainConfig, resolve
 
     args = [*CYCLIC, "--sampling", "cyclic", "--groups", "5", "--noise-mechanism", "banded"]
     code, out, err = _run(capsys, ["account", *args, "--target-epsilon", "1", "--json"])
@@ -127,8 +128,8 @@ def test_account_cyclic_banded_matches_a_training_runs_calibration_and_dp_accoun
         sampling="cyclic", groups=5, noise_mechanism="banded", epsilon=1.0, clip=0.5,
         rounds=50, delta=1e-5,
     )  # fmt: skip
-    run = resolve_config(cfg, 100)[0]
-    assert res["noise_std"] == pytest.approx(run.noise_std, rel=1e-12)  # the run's own σ
+    sigma = release_noise(resolve(cfg, 100), 100)
+    assert res["noise_std"] == pytest.approx(sigma, rel=1e-12)  # the run's own σ
     banded = res["banded"]
     assert (banded["bands"], banded["groups"], banded["rounds"]) == (5, 5, 50)
     # independently: one Gaussian of multiplier σ / sensitivity, by dp-accounting's RDP
@@ -144,7 +145,8 @@ def test_account_cyclic_banded_matches_a_training_runs_calibration_and_dp_accoun
 
 
 def test_account_cyclic_independent_noise_is_the_runs_sigma(capsys):
-    from privmtl.federated.config import TrainConfig, resolve_config
+    from privmtl.federated.backend import release_noise
+    from privmtl.federated.config import TrainConfig, resolve
 
     args = ["account", *CYCLIC, "--sampling", "cyclic", "--groups", "4", "--target-epsilon", "2"]
     code, out, err = _run(capsys, [*args, "--json"])
@@ -153,7 +155,7 @@ def test_account_cyclic_independent_noise_is_the_runs_sigma(capsys):
         sampling="cyclic", groups=4, epsilon=2.0, clip=0.5, rounds=50, delta=1e-5
     )  # fmt: skip
     assert json.loads(out)["noise_std"] == pytest.approx(
-        resolve_config(cfg, 100)[0].noise_std, rel=1e-12
+        release_noise(resolve(cfg, 100), 100), rel=1e-12
     )
 
 

@@ -340,11 +340,12 @@ def test_product_defaults_are_the_spec_and_unchanged():
     assert SPEC.clip == 0.5 and SPEC.server_update == "ditto" and SPEC.personal_init == "auto"
 
 
-def test_a_target_is_calibrated_once_and_only_for_the_mean_release():
-    cfg, cal = resolve_config(TrainConfig(rounds=5, epsilon=2.0), 30)
-    assert cal is not None and cfg.noise_std == cal.noise_std and cfg.epsilon == 2.0
+def test_a_target_is_resolved_once_and_only_for_the_mean_release():
+    cfg, target = resolve_config(TrainConfig(rounds=5, epsilon=2.0), 30)
+    assert target is not None and target.epsilon == 2.0 and target.delta == cfg.delta
+    assert cfg.noise_std == 0.0  # the release calibrates σ to the target, not the resolution
     assert cfg.lam == 0.001  # a target makes the run private: the private λ
-    again, none = resolve_config(cfg, 30)
-    assert again == cfg and none is None  # resolving a resolved config changes nothing
+    again, same = resolve_config(cfg, 30)
+    assert again == cfg and same == target  # resolving a resolved config changes nothing
     with pytest.raises(InvalidParameterError, match=r"method='workshop'.*'noise_std'"):
         resolve_config(TrainConfig(method="workshop", ball=1.0, epsilon=2.0), 30)

@@ -560,3 +560,26 @@ def test_task_steps_read_only_the_own_task():
     np.testing.assert_array_equal(np.delete(lips2[:6], 2), np.delete(lips, 2))
     _, half = task_steps(PreparedTasks(Xs, ys, loss="squared"), 0.1, decomposed=True)
     np.testing.assert_allclose(half, eta / 2)
+
+
+# ---------------------------------------------------- the covariance releases' typed target
+def test_covariance_releases_are_calibrated_to_the_runs_privacy_target():
+    from privmtl.privacy.calibration import PrivacyTarget
+    from privmtl.privacy.covariance import plan_covariance_releases
+
+    Xs, ys, _ = make_lowrank()
+    est = MPMTLLowRank(clip=2.0, iterations=3, epsilon=1.0, noise_source="seeded").fit(Xs, ys)
+    target = PrivacyTarget(1.0, est.delta_, "rdp", "add-remove", sampling="all")
+    first, *rest = est.ledger_.records
+    assert first["params"]["target"] == target.to_dict()  # recorded with release 0 only
+    assert all("target" not in r["params"] for r in rest)
+    # the target object plans exactly what its keywords plan
+    kw = {"iterations": 3, "clip": 2.0, "dim": 5}
+    typed = plan_covariance_releases(target=target, **kw)
+    assert typed.target == target
+    assert (
+        typed.per_release
+        == plan_covariance_releases(epsilon=1.0, delta=est.delta_, **kw).per_release
+    )
+    with pytest.raises(InvalidParameterError, match=r"'target'.*not both"):
+        plan_covariance_releases(target=target, epsilon=1.0, **kw)

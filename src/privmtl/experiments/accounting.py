@@ -3,8 +3,9 @@
 The released statistic is the server's mean of q clipped client updates plus N(0, σ²I); its add/remove
 sensitivity is γ/q, so the noise multiplier is z = σ·q/γ
 (:func:`~privmtl.privacy.calibration.noise_multiplier`). T rounds are composed. A target ε is
-calibrated by :func:`~privmtl.privacy.calibration.calibrate_release`, the function every training
-run calibrates with.
+a :class:`~privmtl.privacy.calibration.PrivacyTarget` calibrated by
+:func:`~privmtl.privacy.release.plan_mean_release`, as every training run's release calibrates
+itself.
 """
 
 from __future__ import annotations
@@ -22,12 +23,8 @@ from privmtl.privacy import (
     pmtl_theorem1_noise_std,
     pmtl_theorem1_valid,
 )
-from privmtl.privacy.calibration import (
-    PrivacyTarget,
-    calibrate_release,
-    noise_multiplier,
-    rounds_epsilon,
-)
+from privmtl.privacy.calibration import PrivacyTarget, noise_multiplier, rounds_epsilon
+from privmtl.privacy.release import plan_mean_release
 
 __all__ = ["account_rounds"]
 
@@ -211,17 +208,11 @@ def _tight(
             sampler, z, T, delta=delta, accountant=accountant, relation=relation
         )
     target = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
-    # the calibration every training run uses (run_pmtl, the sweep, Flower's ServerApp)
-    cal = calibrate_release(
-        PrivacyTarget(target, delta),
-        sampler,
-        rounds=T,
-        clip=clip,
-        divisor=q,
-        accountant=accountant,
-        relation=relation,
-    )
-    return cal.noise_std, cal.epsilon
+    # the calibration every training run's release makes (run_pmtl, the sweep, Flower's ServerApp)
+    goal = PrivacyTarget(target, delta, accountant, relation, sampling=sampler.kind)
+    plan = plan_mean_release(goal, sampler, rounds=T, clip=clip, divisor=q)
+    assert plan.calibration is not None  # independent noise
+    return plan.noise_std, plan.calibration.epsilon
 
 
 def _banded(
@@ -238,12 +229,12 @@ def _banded(
     sampler: Any,
 ) -> dict[str, Any]:
     """:func:`account_rounds` of banded noise: the run's one Gaussian event, as
-    :func:`~privmtl.federated.config.resolve_config` calibrates it and the release records it."""
+    :meth:`~privmtl.privacy.release.GaussianMeanRelease.for_target` calibrates it and the release
+    records it."""
     from privmtl.privacy.matrix_factorization import (
         CyclicParticipation,
         banded_epsilon,
         banded_event,
-        banded_noise_std,
         run_strategy,
     )
     from privmtl.privacy.release import banded_groups
@@ -256,7 +247,10 @@ def _banded(
         eps = banded_epsilon(strategy, sigma, part, relation=relation, **kw)
     else:
         eps = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
-        sigma = banded_noise_std(strategy, part, target_epsilon=eps, relation=relation, **kw)
+        goal = PrivacyTarget(eps, delta, accountant, relation, sampling=sampler.kind)
+        sigma = plan_mean_release(
+            goal, sampler, rounds=T, clip=clip, divisor=q, strategy=strategy
+        ).noise_std  # the σ the run's release calibrates itself to
         eps = banded_epsilon(strategy, sigma, part, relation=relation, **kw)
     run_z = float(banded_event(strategy, sigma, part, bound=bound).noise_multiplier)
     banded = {

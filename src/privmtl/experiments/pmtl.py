@@ -175,7 +175,7 @@ def _train(
     )
     if runner.every_client:  # nothing released: no noise, every client trains
         return TrainedRun(result, 0.0, loaded.m, local_select, local_solver, local_patience)
-    sigma = runner.config.noise_std
+    sigma = result.config.noise_std  # the σ the run's release calibrated to its target
     return TrainedRun(result, sigma, loaded.q, local_select, local_solver, local_patience)
 
 

@@ -43,7 +43,9 @@ __all__ = [
     "budget_stops",
     "fingerprint_base",
     "make_curator",
+    "make_release",
     "new_ledger",
+    "release_noise",
     "round_record",
     "run_result",
     "setup_run",
@@ -144,44 +146,23 @@ def setup_run(
 
     Written once for the in-process :class:`Trainer` and the Flower ServerApp: the resolved
     config (``config`` a :class:`~privmtl.federated.config.ResolvedRun`, used as it is, or a
-    configuration resolved here by :func:`~privmtl.federated.config.resolve`: ``q``, λ, δ, and σ
-    calibrated to a target ``epsilon``), the warning of Algorithm 1's message with partial
-    participation, the :class:`~privmtl.privacy.release.GaussianMeanRelease` of the method, the
-    split into shared and personal parameters and ``personal_init="auto"``'s resolution
+    configuration resolved here by :func:`~privmtl.federated.config.resolve`: ``q``, λ, δ and the
+    target), the :class:`~privmtl.privacy.release.GaussianMeanRelease` of the method calibrated
+    to the run's target by itself (:meth:`~privmtl.privacy.release.GaussianMeanRelease.
+    for_target`, the returned ``config`` then reports its σ), the warning of Algorithm 1's message with partial
+    participation, the split into shared and personal parameters and ``personal_init="auto"``'s resolution
     (:func:`~privmtl.federated.spec.resolve_personal_init`), all through the method object's
     server half (``method``: default ``config.method``).
     """
     if isinstance(config, ResolvedRun):  # resolved once, by the caller
-        config = config.config
-        chosen = config.method if method is None else method
+        run = config
+        chosen = run.config.method if method is None else method
     else:
         chosen = config.method if method is None else method
-        config = resolve(config, m, sampler=sampler, method=chosen).config
+        run = resolve(config, m, sampler=sampler, method=chosen)
+    config, spec, mech = make_release(run, m, sampler=sampler, method=chosen)
     q = int(config.clients_per_round or m)
-    spec = get_method(chosen, config)
-    full = config.sampling == "all" or spec.full_participation
     spec.setup_warnings(q, m)
-    sampler = (
-        sampler
-        if sampler is not None
-        else make_sampler(
-            "all" if full else config.sampling, m, q, groups=None if full else config.groups
-        )
-    )
-    clip, sigma, divisor = spec.release_settings(config.clip, config.noise_std, q)
-    strategy = None
-    if config.noise_mechanism == "banded" and spec.communicates:
-        strategy = run_strategy(config.rounds, banded_groups(sampler))
-    mech = GaussianMeanRelease(
-        clip=clip,
-        noise_std=sigma,
-        sampler=sampler,
-        divisor=divisor,
-        subspace_dim=config.subspace_dim,
-        subspace_seed=config.seed,
-        count_noise_std=config.count_noise_std_for(q) if spec.communicates else None,
-        strategy=strategy,
-    )
     init = spec.prepare_init(init)
     shared = spec.shared_names(init)
     shared_init = {n: init[n] for n in shared}
@@ -222,6 +203,67 @@ def make_curator(
         if config.adaptive_clip_quantile is None
         else AdaptiveClip(config.adaptive_clip_quantile, config.adaptive_clip_lr),
     )
+
+
+def make_release(
+    run: ResolvedRun,
+    m: int,
+    *,
+    sampler: ClientSampler | None = None,
+    method: Method | type[Method] | str | None = None,
+) -> tuple[TrainConfig, Method, GaussianMeanRelease]:
+    """The release of a resolved run on ``m`` clients, built once for :func:`setup_run` and
+    :func:`release_noise`: the method's :class:`~privmtl.privacy.release.GaussianMeanRelease`,
+    calibrated to the run's target by itself
+    (:meth:`~privmtl.privacy.release.GaussianMeanRelease.for_target`) or with the σ given, and
+    the configuration and method bound to the σ it adds."""
+    config = run.config
+    sampler = run.sampler if sampler is None else sampler
+    q = int(config.clients_per_round or m)
+    spec = get_method(config.method if method is None else method, config)
+    full = config.sampling == "all" or spec.full_participation
+    sampler = (
+        sampler
+        if sampler is not None
+        else make_sampler(
+            "all" if full else config.sampling, m, q, groups=None if full else config.groups
+        )
+    )
+    strategy = None
+    if config.noise_mechanism == "banded" and spec.communicates:
+        strategy = run_strategy(config.rounds, banded_groups(sampler))
+    release: dict[str, Any] = {
+        "sampler": sampler,
+        "subspace_dim": config.subspace_dim,
+        "subspace_seed": config.seed,
+        "count_noise_std": config.count_noise_std_for(q) if spec.communicates else None,
+        "strategy": strategy,
+    }
+    if run.target is not None and spec.communicates:
+        # the release calibrates itself to the run's target (the mean of messages clipped to γ
+        # over q); the configuration then reports the σ it adds
+        assert config.clip is not None  # a target needs a clip: refused by the resolution
+        mech = GaussianMeanRelease.for_target(
+            run.target, rounds=config.rounds, clip=config.clip, divisor=q, reserve=run.reserve,
+            **release,
+        )  # fmt: skip
+        config = dataclasses.replace(config, noise_std=mech.noise_std)
+        clip, sigma, divisor = spec.release_settings(config.clip, mech.noise_std, q)
+        mech = dataclasses.replace(mech, clip=clip, noise_std=sigma, divisor=divisor)
+        spec = spec.with_config(config)
+    else:
+        clip, sigma, divisor = spec.release_settings(config.clip, config.noise_std, q)
+        mech = GaussianMeanRelease(clip=clip, noise_std=sigma, divisor=divisor, **release)
+    return config, spec, mech
+
+
+def release_noise(run: ResolvedRun, m: int, *, sampler: ClientSampler | None = None) -> float:
+    """σ of the mean release of ``run`` on ``m`` clients, for a caller that needs it before the
+    run (a plan, a calibrated configuration): the σ given, or the one the release calibrates to
+    the run's target (:func:`setup_run`'s release, asked with the same target object)."""
+    if run.target is None:
+        return float(run.config.noise_std)
+    return float(make_release(run, m, sampler=sampler)[0].noise_std)
 
 
 def new_ledger(

@@ -28,13 +28,13 @@ from privmtl._validation import check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params
+from privmtl.federated.backend import release_noise
 from privmtl.federated.config import (
     ResolvedRun,
     TrainConfig,
     TrainResult,
     check_inputs,
     resolve,
-    resolve_config,
 )
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.trainer import Trainer
@@ -49,7 +49,8 @@ def config_for_epsilon(
     r"""``config`` resolved for ``num_clients`` clients with the target ``target_epsilon`` and
     ``noise_std`` calibrated to it so that ``config.rounds`` rounds meet it.
 
-    :func:`~privmtl.federated.config.resolve_config` of ``config`` with ``epsilon`` set: σ is
+    :func:`~privmtl.federated.config.resolve` of ``config`` with ``epsilon`` set, and σ the
+    run's release calibrates to its target (:func:`~privmtl.federated.backend.release_noise`):
     :func:`~privmtl.privacy.calibration.calibrate_release`'s for the sampler's event composed
     ``config.rounds`` times, with ``config.accountant``, ``config.relation``, the resolved δ,
     γ = ``config.clip`` and q the clients per round (the PMTL convention: σ is the std of the
@@ -60,8 +61,12 @@ def config_for_epsilon(
     if config.clip is None:
         raise InvalidParameterError("config_for_epsilon needs a finite 'clip'; got clip=None.")
     target = check_real("target_epsilon", target_epsilon, low=0.0, closed="neither")
-    config = dataclasses.replace(config, epsilon=target, noise_std=0.0)
-    return resolve_config(config, num_clients, sampler=sampler)[0]
+    run = resolve(
+        dataclasses.replace(config, epsilon=target, noise_std=0.0), num_clients, sampler=sampler
+    )  # the σ the run's release calibrates to its target, asked of the release
+    return dataclasses.replace(
+        run.config, noise_std=release_noise(run, num_clients, sampler=sampler)
+    )
 
 
 # ---------------------------------------------------------------------------- joint-model DP
@@ -120,7 +125,7 @@ def train_joint_dp(
     result = trainer.run()
     z = trainer.curator.release_mechanism.noise_multiplier
     block_std = z * float(cfg.clip) if z is not None and cfg.clip is not None else 0.0
-    result.config = config
+    result.config = dataclasses.replace(config, noise_std=trainer.config.noise_std)
     result.extra.update(
         {
             "method": "joint-dp",
@@ -242,7 +247,7 @@ def train_pp_sgd(
                 }
             )
     result = trainer.run()
-    result.config = config
+    result.config = dataclasses.replace(config, noise_std=trainer.config.noise_std)
     result.extra.update({"method": "pp-sgd", "alpha": alpha, "theta_reg": mu})
     return result
 

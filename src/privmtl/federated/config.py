@@ -2,8 +2,9 @@
 
 :class:`TrainConfig` takes every algorithm and privacy default from the run spec
 (:data:`~privmtl.federated.spec.SPEC`); the data-dependent ones (clients per round, λ, δ) are None
-until :func:`resolve_config` fills them in with the spec's resolvers, and a target ``epsilon``
-is turned into the release's σ there too (:func:`~privmtl.privacy.calibration.calibrate_release`).
+until :func:`resolve_config` fills them in with the spec's resolvers; a target ``epsilon`` becomes
+the run's :class:`~privmtl.privacy.calibration.PrivacyTarget`, which the release calibrates
+itself to (:func:`~privmtl.federated.backend.setup_run`).
 The engine and Flower's ServerApp resolve every configuration they are given this way.
 """
 
@@ -33,12 +34,6 @@ from privmtl.federated.spec import (
     train_config,
 )
 from privmtl.federated.train_result import TrainResult
-from privmtl.privacy.matrix_factorization import (
-    CyclicParticipation,
-    banded_noise_std,
-    run_strategy,
-)
-from privmtl.privacy.release import banded_groups
 
 __all__ = [
     "CLIENT_CHUNK",
@@ -128,10 +123,10 @@ class TrainConfig:
         ``γ``: each update ``g_k`` is scaled by ``min(1, γ / ‖g_k‖₂)`` (norm over all
         parameters). ``None`` disables clipping (then the run is not private).
     epsilon : float or None
-        Target ε: :func:`resolve_config` (which the engine and Flower's ServerApp call) calibrates
-        ``noise_std`` to it when ``noise_std`` is 0
-        (:func:`~privmtl.privacy.calibration.calibrate_release`), and the ledger records it with
-        the run. A ``noise_std`` given with it is taken as calibrated; the ε reported is always
+        Target ε: with ``noise_std`` 0, :func:`resolve` makes it the run's
+        :class:`~privmtl.privacy.calibration.PrivacyTarget`, the release calibrates its σ to it
+        (:meth:`~privmtl.privacy.release.GaussianMeanRelease.for_target`) and the ledger records
+        it with the run. A ``noise_std`` given with it is taken as calibrated; the ε reported is always
         the ledger's. None: no target.
     noise_std : float, default 0.0
         ``σ``: standard deviation of the Gaussian noise added to the *mean* update (0: no noise,
@@ -462,21 +457,29 @@ class ResolvedRun:
     Attributes
     ----------
     config : TrainConfig
-        The engine configuration with ``clients_per_round``, ``lam`` and ``delta`` filled in and
-        ``noise_std`` calibrated to a target ``epsilon``.
-    calibration : ReleaseCalibration or None
-        The calibration made (None when σ was given, without a target or with banded noise).
+        The engine configuration with ``clients_per_round``, ``lam`` and ``delta`` filled in.
+        Its ``noise_std`` is the σ given (0 while a target is to be met: the release calibrates
+        itself to :attr:`target`, :func:`~privmtl.federated.backend.setup_run`).
+    target : PrivacyTarget or None
+        The target ε the run's mean release is calibrated to (ε, δ, accountant, relation and the
+        sampling it is charged under); None when σ was given or the method releases nothing.
     spec : RunSpec or None
         The resolved run spec, what a run reports under ``config`` (None when resolved from a
         ``TrainConfig``).
     notes : tuple of str
         Notes the resolution leaves for the result (the paper's δ).
+    reserve : DpEvent or None
+        A release after the rounds (the end-of-run vote) that the target covers too.
+    sampler : ClientSampler or None
+        The sampler the run was resolved with (None: the configuration's).
     """
 
     config: TrainConfig
-    calibration: Any = None
+    target: Any = None
     spec: RunSpec | None = None
     notes: tuple[str, ...] = ()
+    reserve: Any = None
+    sampler: Any = None
 
     def with_engine(self, **changes: Any) -> ResolvedRun:
         """This run with engine settings the resolution did not read changed (the engine's name
@@ -484,15 +487,14 @@ class ResolvedRun:
         return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
 
     @property
-    def target(self) -> Any:
-        """The :class:`~privmtl.privacy.calibration.PrivacyTarget` the release is calibrated to
-        (ε, δ, accountant, relation), or None without a target ε."""
-        from privmtl.privacy.calibration import PrivacyTarget
+    def privacy(self) -> Any:
+        """How the run sets its noise: its :attr:`target`, the σ given
+        (:class:`~privmtl.privacy.calibration.GivenNoise`), or None without noise."""
+        from privmtl.privacy.calibration import GivenNoise
 
-        c = self.config
-        if c.epsilon is None or c.delta is None:
-            return None
-        return PrivacyTarget(c.epsilon, c.delta)
+        if self.target is not None:
+            return self.target
+        return GivenNoise(self.config.noise_std) if self.config.noise_std > 0 else None
 
 
 def resolve(
@@ -509,8 +511,9 @@ def resolve(
     ``settings`` is a :class:`~privmtl.federated.spec.RunSpec` (its data-dependent defaults
     filled in by :func:`~privmtl.federated.spec.resolve_defaults`, then the engine configuration
     built with ``execution``'s options by :func:`~privmtl.federated.spec.train_config`) or an
-    engine :class:`TrainConfig`. Then σ is calibrated to a target ε (:func:`_resolve_engine`).
-    A :class:`ResolvedRun` is refused: it is resolved already.
+    engine :class:`TrainConfig`. A target ε becomes the run's
+    :class:`~privmtl.privacy.calibration.PrivacyTarget` (:func:`_resolve_engine`), which the
+    release calibrates itself to. A :class:`ResolvedRun` is refused: it is resolved already.
     """
     if isinstance(settings, ResolvedRun):
         raise InvalidParameterError(
@@ -528,10 +531,8 @@ def resolve(
         config = settings
         if execution:
             config = dataclasses.replace(config, **execution)
-    config, calibration = _resolve_engine(
-        config, m, sampler=sampler, method=method, reserve=reserve
-    )
-    return ResolvedRun(config, calibration, spec, notes)
+    config, target = _resolve_engine(config, m, method=method, reserve=reserve)
+    return ResolvedRun(config, target, spec, notes, reserve, sampler)
 
 
 def resolve_config(
@@ -542,42 +543,39 @@ def resolve_config(
     method: Any = None,
     reserve: Any = None,
 ) -> tuple[TrainConfig, Any]:
-    """:func:`resolve` of an engine configuration, as the pair (config, calibration)."""
+    """:func:`resolve` of an engine configuration, as the pair (config, target)."""
     run = resolve(config, num_clients, sampler=sampler, method=method, reserve=reserve)
-    return run.config, run.calibration
+    return run.config, run.target
 
 
 def _resolve_engine(
     config: TrainConfig,
     num_clients: int,
     *,
-    sampler: Any = None,
     method: Any = None,
     reserve: Any = None,
 ) -> tuple[TrainConfig, Any]:
     """``config`` with every data-dependent default of a run on ``num_clients`` clients filled in,
-    and σ calibrated to its target ε: the one resolution of the engine and Flower's ServerApp.
+    and its target: the one resolution of the engine and Flower's ServerApp.
 
     ``clients_per_round`` (:func:`~privmtl.federated.spec.resolve_clients_per_round`: ``m`` with
     ``sampling="all"`` and for ``workshop``, ``min(20, m)`` when None, above ``m`` an error),
     ``lam`` (:func:`~privmtl.federated.spec.default_lam`) and ``delta``
-    (:func:`~privmtl.federated.spec.pmtl_delta`). With ``epsilon`` set and ``noise_std`` 0,
-    ``noise_std`` becomes the σ of :func:`~privmtl.privacy.calibration.calibrate_release` for
-    the run's sampler (``sampler``, default the config's), rounds, clip and accountant, with
-    adaptive clipping's count (:meth:`TrainConfig.count_noise_std_for`). Resolving a resolved
+    (:func:`~privmtl.federated.spec.pmtl_delta`). With ``epsilon`` set and ``noise_std`` 0 the
+    target is the :class:`~privmtl.privacy.calibration.PrivacyTarget` (ε, the resolved δ, the
+    accountant, the relation and the sampling); σ is not computed here: the release calibrates
+    itself to the target (:func:`~privmtl.federated.backend.setup_run`). Resolving a resolved
     config changes nothing.
 
     ``method``: the method (name, class or object) whose declarations apply; default
     ``config.method``'s. ``reserve``: an event released after the rounds (the end-of-run vote),
-    composed into the calibration (:func:`~privmtl.privacy.calibration.calibrate_release`).
+    which banded noise cannot take.
 
     Returns
     -------
-    (TrainConfig, ReleaseCalibration or None)
-        The resolved config, and the calibration when one was made here.
+    (TrainConfig, PrivacyTarget or None)
     """
-    from privmtl.privacy.calibration import PrivacyTarget, calibrate_release
-    from privmtl.privacy.sampling import make_sampler
+    from privmtl.privacy.calibration import PrivacyTarget
 
     m = int(num_clients)
     if method is None or isinstance(method, str):
@@ -595,49 +593,22 @@ def _resolve_engine(
     # an explicit δ was checked when the config was built: only None is resolved here
     delta = pmtl_delta(None, m)[0] if config.delta is None else config.delta
     config = dataclasses.replace(config, clients_per_round=q, lam=lam, delta=delta)
-    calibration = None
-    if config.epsilon is not None and config.noise_std == 0 and method.communicates:
-        if not method.calibrates_mean_release:  # e.g. workshop: models in the ball, not clipped
-            raise InvalidParameterError(
-                f"method={config.method!r} calibrates its noise to its own release (e.g. "
-                "train_workshop's 'epsilon'); give its σ as 'noise_std' with a target "
-                f"'epsilon'; got epsilon={config.epsilon!r}, noise_std=0."
-            )
-        if config.clip is None:
-            raise InvalidParameterError("A target 'epsilon' needs a finite 'clip'; got clip=None.")
-        full = config.sampling == "all"
-        sampler = (
-            sampler
-            if sampler is not None
-            else make_sampler("all" if full else config.sampling, m, q, groups=config.groups)
+    if not (config.epsilon is not None and config.noise_std == 0 and method.communicates):
+        return config, None
+    if not method.calibrates_mean_release:  # e.g. workshop: models in the ball, not clipped
+        raise InvalidParameterError(
+            f"method={config.method!r} calibrates its noise to its own release (e.g. "
+            "train_workshop's 'epsilon'); give its σ as 'noise_std' with a target "
+            f"'epsilon'; got epsilon={config.epsilon!r}, noise_std=0."
         )
-        if config.noise_mechanism == "banded":
-            if reserve is not None:  # the run's one event is charged whole, before round 1
-                check_vote_mechanism("vote", "banded")
-            groups = banded_groups(sampler)
-            sigma = banded_noise_std(
-                run_strategy(config.rounds, groups),
-                CyclicParticipation(groups),
-                target_epsilon=config.epsilon,
-                delta=delta,
-                bound=config.clip / q,
-                accountant=config.accountant,
-                relation=config.relation,
-            )
-            return dataclasses.replace(config, noise_std=sigma), None
-        calibration = calibrate_release(
-            PrivacyTarget(config.epsilon, delta),
-            sampler,
-            rounds=config.rounds,
-            clip=config.clip,
-            divisor=q,
-            accountant=config.accountant,
-            relation=config.relation,
-            count_noise_std=config.count_noise_std_for(q),
-            reserve=reserve,
-        )
-        config = dataclasses.replace(config, noise_std=calibration.noise_std)
-    return config, calibration
+    if config.clip is None:
+        raise InvalidParameterError("A target 'epsilon' needs a finite 'clip'; got clip=None.")
+    if config.noise_mechanism == "banded" and reserve is not None:
+        check_vote_mechanism("vote", "banded")  # the run's one event is charged whole, up front
+    target = PrivacyTarget(
+        config.epsilon, delta, config.accountant, config.relation, sampling=config.sampling
+    )
+    return config, target
 
 
 def check_inputs(dataset: Any, model: Any = None) -> None:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.backend import release_noise
 from privmtl.federated.config import ResolvedRun, TrainConfig, resolve
 from privmtl.federated.methods import BUILTIN_METHODS, method_class
 from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
@@ -345,8 +346,9 @@ def make_run(opts: dict[str, Any], m: int, reserve: Any = None) -> ResolvedRun:
 def make_config(opts: dict[str, Any], m: int) -> tuple[TrainConfig, float]:
     """The resolved :class:`TrainConfig` of :func:`make_run` and the noise standard deviation of
     the released mean."""
-    config = make_run(opts, m).config
-    return config, float(config.noise_std)
+    run = make_run(opts, m)
+    sigma = release_noise(run, m)  # the release's σ for the run's target (or the σ given)
+    return dataclasses.replace(run.config, noise_std=sigma), sigma
 
 
 def partition(m: int, partition_id: int, num_partitions: int) -> np.ndarray:

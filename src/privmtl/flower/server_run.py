@@ -154,10 +154,10 @@ class ServerRun:
         self.winner: str | None = None
         reserve = None if self.vote is None else self.vote.event()
         self.run = run = make_run(opts, m, reserve)  # resolved once
-        self.sigma = float(run.config.noise_std)
         self.spec: RunSpec = run.spec  # type: ignore[assignment]  # resolved from a RunSpec
         # the release, billboard, shared parameters and personal_init as the Trainer sets them up
-        self.setup = setup = setup_run(run, m, init)
+        self.setup = setup = setup_run(run, m, init)  # the release calibrated to the target
+        self.sigma = float(setup.config.noise_std)
         self.config = cfg = setup.config
         self.q = setup.q
         budget = given(opts, "budget-epsilon")

@@ -57,6 +57,7 @@ from privmtl.linear.mpmtl_protocol import (
     _strategy,
 )
 from privmtl.linear.spec import SPEC, MPMTLSpec, spec_constraints
+from privmtl.privacy.calibration import PrivacyTarget
 from privmtl.privacy.covariance import cached_covariance_plan, task_covariance_clip
 from privmtl.privacy.ledger import PrivacyLedger, warn_budget_stop
 from privmtl.privacy.noise import NoiseSource, NumpySeededNoise, SecureNoise
@@ -325,7 +326,14 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         ratio = np.minimum(mu / lips, 1.0)  # per task: each task's own momentum
 
         dim = m if p["covariance"] == "WtW" else d
-        schedule = self._plan(p, delta=delta, dim=dim, alpha=alpha, Q=Q, n_tasks=m)
+        # the run's privacy, typed once: the covariance releases are calibrated to it
+        accountant = self.accountant if self.accountant is not None else SPEC.accountant
+        target = (
+            None
+            if p["epsilon"] is None
+            else PrivacyTarget(p["epsilon"], delta, accountant, p["relation"], sampling="all")
+        )
+        schedule = self._plan(p, target, delta=delta, dim=dim, alpha=alpha, Q=Q, n_tasks=m)
         # the refit's floor: a public plan, and the budget share of its vote (eigen_floor.py)
         floor_plan, schedule = plan_floor(
             p["eigen_floor"],
@@ -548,16 +556,28 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         return W0.copy()
 
     def _plan(
-        self, p: dict[str, Any], *, delta: float, dim: int, alpha: float, Q: float, n_tasks: int
+        self,
+        p: dict[str, Any],
+        target: PrivacyTarget | None,
+        *,
+        delta: float,
+        dim: int,
+        alpha: float,
+        Q: float,
+        n_tasks: int,
     ) -> Any:
+        """The covariance releases' schedule, calibrated to ``target`` (None: not private)."""
+        privacy: dict[str, Any] = (
+            {"target": target}
+            if target is not None
+            else {"epsilon": None, "delta": delta, "relation": p["relation"]}
+        )
         kwargs: dict[str, Any] = {
-            "noise": "none" if p["epsilon"] is None else p["noise"],
-            "epsilon": p["epsilon"],
-            "delta": delta,
+            "noise": "none" if target is None else p["noise"],
+            **privacy,
             "iterations": p["iterations"],
             "clip": p["clip"],
             "dim": dim,
-            "relation": p["relation"],
             "allocation": p["allocation"],
             "alpha": alpha,
             "Q": Q if p["allocation"] == "geometric" else None,
@@ -565,10 +585,11 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             # iteration (identical post-processing, see _eigen_shift)
             "eigen_fix": "none",
         }
-        if p["covariance"] == "WtW" and p["epsilon"] is not None and p["noise"] == "gaussian":
+        if p["covariance"] == "WtW" and target is not None and p["noise"] == "gaussian":
             # the m x m task covariance's sensitivity, as the clip of a d x d one
-            kwargs["clip"] = task_covariance_clip(p["clip"], n_tasks, p["relation"])
-        kwargs["accountant"] = self.accountant if self.accountant is not None else SPEC.accountant
+            kwargs["clip"] = task_covariance_clip(p["clip"], n_tasks, target.relation)
+        if target is None:
+            kwargs["accountant"] = SPEC.accountant if self.accountant is None else self.accountant
         return cached_covariance_plan(tuple(sorted(kwargs.items())))
 
     @staticmethod

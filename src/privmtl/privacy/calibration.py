@@ -38,11 +38,17 @@ from dp_accounting import dp_event as dpe
 from privmtl._validation import check_choice, check_real
 from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
 from privmtl.privacy.accounting import _check, adapt_event, compute_epsilon, make_accountant
-from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION, RELATIONS
+from privmtl.privacy.guarantee import (
+    ACCOUNTANTS,
+    DEFAULT_ACCOUNTANT,
+    DEFAULT_RELATION,
+    RELATIONS,
+)
 
 __all__ = [
     "MAX_TARGET_EPSILON",
     "CovarianceCalibration",
+    "GivenNoise",
     "PrivacyTarget",
     "ReleaseCalibration",
     "calibrate_covariance_noise",
@@ -81,8 +87,14 @@ COUNT_NOISE_DIVISOR = 20.0
 
 @dataclass(frozen=True)
 class PrivacyTarget:
-    """The (ε, δ) a run is calibrated to: kept with the resolved settings and recorded by the
-    ledger, so that the ε reported can be read against the ε asked for.
+    """The privacy a run is calibrated to: (ε, δ), the accountant and neighbouring relation ε
+    is computed with, and the sampling its releases are charged under.
+
+    The one object that carries a target ε from the run's settings to the release that meets it
+    (:class:`~privmtl.privacy.release.GaussianMeanRelease`, MP-MTL's covariance releases): the
+    release calibrates its noise to it (:func:`calibrate_release`) and the ledger records it, so
+    that the ε reported can be read against the ε asked for. Serialized with :meth:`to_dict` and
+    read back with :meth:`from_dict`.
 
     Parameters
     ----------
@@ -90,10 +102,19 @@ class PrivacyTarget:
         Target ε, in (0, :data:`MAX_TARGET_EPSILON`].
     delta : float
         δ in (0, 1) at which ε is stated.
+    accountant : {"rdp", "pld"}, default :data:`~privmtl.privacy.guarantee.DEFAULT_ACCOUNTANT`
+    relation : {"add-remove", "replace-one"}, default :data:`~privmtl.privacy.guarantee.DEFAULT_RELATION`
+    sampling : str or None
+        The client sampling the releases are charged under (``"poisson"``, ``"fixed"``,
+        ``"all"``, ``"cyclic"``; the sampler's ``kind``), None where the release samples no
+        clients (MP-MTL's covariance releases see every task).
     """
 
     epsilon: float
     delta: float
+    accountant: str = DEFAULT_ACCOUNTANT
+    relation: str = DEFAULT_RELATION
+    sampling: str | None = None
 
     def __post_init__(self) -> None:
         eps = check_real("target_epsilon", self.epsilon, low=0.0, closed="neither")
@@ -107,9 +128,53 @@ class PrivacyTarget:
         object.__setattr__(self, "epsilon", eps)
         dlt = check_real("delta", self.delta, low=0.0, high=1.0, closed="neither")
         object.__setattr__(self, "delta", dlt)
+        check_choice("accountant", self.accountant, ACCOUNTANTS)
+        check_choice("relation", self.relation, RELATIONS)
+        if self.sampling is not None and not isinstance(self.sampling, str):
+            raise InvalidParameterError(
+                f"The 'sampling' parameter must be a str or None; got {self.sampling!r}."
+            )
 
-    def to_dict(self) -> dict[str, float]:
-        return {"epsilon": self.epsilon, "delta": self.delta}
+    def to_dict(self) -> dict[str, Any]:
+        """The target by name (JSON-ready): what the ledger records with the first release."""
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "relation": self.relation,
+            "sampling": self.sampling,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PrivacyTarget:
+        """The target :meth:`to_dict` wrote (a record with only ε and δ takes the defaults)."""
+        return cls(
+            float(data["epsilon"]),
+            float(data["delta"]),
+            accountant=data.get("accountant", DEFAULT_ACCOUNTANT),
+            relation=data.get("relation", DEFAULT_RELATION),
+            sampling=data.get("sampling"),
+        )
+
+
+@dataclass(frozen=True)
+class GivenNoise:
+    """The other way a run sets its privacy: the noise σ of the release given by the user, no
+    target ε (the release adds it as it is; the ledger reports the ε it gives).
+
+    Parameters
+    ----------
+    noise_std : float
+        σ ≥ 0 of the released mean (0: no noise, not private).
+    """
+
+    noise_std: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_std", check_real("noise_std", self.noise_std, low=0.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"noise_std": self.noise_std}
 
 
 # ------------------------------------------------------------------------------- the search
@@ -371,8 +436,8 @@ def calibrate_release(
     rounds: int,
     clip: float,
     divisor: float,
-    accountant: str = DEFAULT_ACCOUNTANT,
-    relation: str = DEFAULT_RELATION,
+    accountant: str | None = None,
+    relation: str | None = None,
     count_noise_std: float | None = None,
     reserve: dpe.DpEvent | None = None,
 ) -> ReleaseCalibration:
@@ -396,8 +461,10 @@ def calibrate_release(
         γ, the clip of every message.
     divisor : float
         ``q``, the fixed divisor of the mean.
-    accountant : {"rdp", "pld"}, default "rdp"
-    relation : {"add-remove", "replace-one"}, default "add-remove"
+    accountant : {"rdp", "pld"}, optional
+        Default: ``target.accountant``.
+    relation : {"add-remove", "replace-one"}, optional
+        Default: ``target.relation``.
     count_noise_std : float or None
     reserve : DpEvent, optional
         A later release of the same run (e.g. a vote, :meth:`~privmtl.privacy.selection.VotePlan.
@@ -414,6 +481,8 @@ def calibrate_release(
         )
     check_real("clip", clip, low=0.0, closed="neither")
     check_real("divisor", divisor, low=0.0, closed="neither")
+    accountant = target.accountant if accountant is None else accountant
+    relation = target.relation if relation is None else relation
     joint = calibrate_noise_multiplier(
         lambda zz: (
             rounds_event(sampler, zz, rounds)

@@ -36,7 +36,7 @@ import scipy.linalg
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS, compute_epsilon
-from privmtl.privacy.calibration import calibrate_covariance_noise
+from privmtl.privacy.calibration import PrivacyTarget, calibrate_covariance_noise
 from privmtl.privacy.composition import allocate_budgets, allocation_weights, composition_bound
 from privmtl.privacy.guarantee import (
     DEFAULT_ACCOUNTANT,
@@ -116,6 +116,9 @@ class CovarianceSchedule:
     guarantee : PrivacyGuarantee
     eigen_fix : {"shift", "clip", "none"}
     shift_scale : float
+    target : PrivacyTarget or None
+        The target the releases were calibrated to (recorded with release 0); None when not
+        private.
     """
 
     noise: str
@@ -125,6 +128,7 @@ class CovarianceSchedule:
     guarantee: PrivacyGuarantee
     eigen_fix: str = "shift"
     shift_scale: float = 3.0
+    target: PrivacyTarget | None = None
 
     @property
     def iterations(self) -> int:
@@ -170,10 +174,10 @@ class CovarianceSchedule:
             return dp_accounting.GaussianDpEvent(float(z))
         return dp_accounting.NonPrivateDpEvent()
 
-    def params(self, t: int) -> dict[str, float | int | str | None]:
-        """JSON parameters of release ``t`` as written to the ledger."""
+    def params(self, t: int) -> dict[str, Any]:
+        """JSON parameters of release ``t`` as written to the ledger (release 0 also the target)."""
         self._check_index(t)
-        out: dict[str, float | int | str | None] = {
+        out: dict[str, Any] = {
             "iteration": t,
             "iterations": self.iterations,
             "dim": self.dim,
@@ -188,6 +192,8 @@ class CovarianceSchedule:
             out["scale"] = self.clip**2 / (2.0 * self.per_release[t])
             out["dof"] = self.dim + 1
             out["note"] = "published Wishart step: not epsilon-DP, no RDP/PLD bound (ledger: inf)"
+        if t == 0 and self.target is not None:
+            out["target"] = self.target.to_dict()
         return out
 
     def eigen_shift(self, t: int, fix: str | None = None) -> float | None:
@@ -259,8 +265,8 @@ class CovarianceSchedule:
 def plan_covariance_releases(
     *,
     noise: str = "gaussian",
-    epsilon: float | None,
-    delta: float,
+    epsilon: float | None = None,
+    delta: float | None = None,
     iterations: int,
     clip: float,
     dim: int,
@@ -271,14 +277,30 @@ def plan_covariance_releases(
     Q: float | None = None,
     eigen_fix: str = "shift",
     shift_scale: float = 3.0,
+    target: PrivacyTarget | None = None,
 ) -> CovarianceSchedule:
     """Plan T covariance releases meeting (ε, δ) for m tasks with models clipped to ``clip``.
 
-    ``epsilon=None`` or ``noise="none"`` plans non-private releases (the covariance is used as is).
-    See the module docstring for the two mechanisms. ``accountant`` applies to the Gaussian
-    mechanism ("rdp" or "pld"); the Wishart mechanism is reported with the paper's composition bound
-    ("kairouz-cb") and its real δ.
+    The privacy is either ``target`` (a :class:`~privmtl.privacy.calibration.PrivacyTarget`: ε,
+    δ, accountant and relation, the same type the federated release is calibrated to; the
+    schedule keeps it and its release 0 records it) or the keywords ``epsilon``, ``delta``,
+    ``accountant`` and ``relation``. ``epsilon=None`` (no target) or ``noise="none"`` plans
+    non-private releases (the covariance is used as is). See the module docstring for the two
+    mechanisms. ``accountant`` applies to the Gaussian mechanism ("rdp" or "pld"); the Wishart
+    mechanism is reported with the paper's composition bound ("kairouz-cb") and its real δ.
     """
+    if target is not None:
+        if not isinstance(target, PrivacyTarget):
+            raise InvalidParameterError(
+                f"The 'target' parameter must be a PrivacyTarget or None; got {target!r}."
+            )
+        if epsilon is not None or delta is not None:
+            raise InvalidParameterError(
+                "Give the privacy as 'target' or as 'epsilon' and 'delta', not both; got "
+                f"target={target!r}, epsilon={epsilon!r}, delta={delta!r}."
+            )
+        epsilon, delta = target.epsilon, target.delta
+        accountant, relation = target.accountant, target.relation
     check_choice("noise", noise, COVARIANCE_NOISES)
     T = check_int("iterations", iterations, low=1)
     K = check_real("clip", clip, low=0.0, closed="neither")
@@ -310,7 +332,7 @@ def plan_covariance_releases(
             details={"claimed_delta": dlt, "epsilon_t": budgets.tolist(), "iterations": T},
         )
         return CovarianceSchedule(
-            "wishart", tuple(budgets.tolist()), K, d, g, eigen_fix, shift_scale
+            "wishart", tuple(budgets.tolist()), K, d, g, eigen_fix, shift_scale, target
         )
     check_choice("accountant", accountant, TIGHT_ACCOUNTANTS)
     weights = allocation_weights(T, strategy=allocation, alpha=alpha, Q=Q)
@@ -339,7 +361,7 @@ def plan_covariance_releases(
             "sensitivity": sens,
         },
     )
-    return CovarianceSchedule("gaussian", cal.stds, K, d, g, eigen_fix, shift_scale)
+    return CovarianceSchedule("gaussian", cal.stds, K, d, g, eigen_fix, shift_scale, target)
 
 
 def reserve_share(schedule: CovarianceSchedule, share: float) -> tuple[CovarianceSchedule, float]:

@@ -79,6 +79,9 @@ from dp_accounting import dp_event as dpe
 from privmtl._validation import check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.privacy.calibration import (
+    PrivacyTarget,
+    ReleaseCalibration,
+    calibrate_release,
     combined_noise_multiplier,
     count_noise_multiplier,
     mean_multiplier_for,
@@ -91,6 +94,7 @@ from privmtl.privacy.matrix_factorization import (
     BandedStrategy,
     CyclicParticipation,
     banded_event,
+    banded_noise_std,
 )
 from privmtl.privacy.noise import NoiseSource
 from privmtl.privacy.sampling import ClientSampler
@@ -101,6 +105,7 @@ __all__ = [
     "AdaptiveClip",
     "BandedMeanNoise",
     "GaussianMeanRelease",
+    "MeanReleasePlan",
     "Release",
     "banded_groups",
     "billboard_carries_signal",
@@ -113,6 +118,7 @@ __all__ = [
     "mean_multiplier_for",
     "noise_multiplier",
     "noise_std_for",
+    "plan_mean_release",
     "signal_noise",
     "update_norms",
 ]
@@ -307,6 +313,61 @@ class Release:
 
 
 @dataclass(frozen=True)
+class MeanReleasePlan:
+    """What :func:`plan_mean_release` found: the ``target``, σ of the released mean (of the banded
+    strategy's :math:`z` with banded noise) and, with independent noise, the ``calibration``
+    (multiplier, event, predicted ε; None with banded noise, whose run is one event)."""
+
+    target: PrivacyTarget
+    noise_std: float
+    calibration: ReleaseCalibration | None = None
+
+
+def plan_mean_release(
+    target: PrivacyTarget,
+    sampler: ClientSampler,
+    *,
+    rounds: int,
+    clip: float,
+    divisor: float,
+    count_noise_std: float | None = None,
+    strategy: BandedStrategy | None = None,
+    reserve: dpe.DpEvent | None = None,
+) -> MeanReleasePlan:
+    """σ of the mean release (clip γ, fixed divisor q) whose ``rounds`` releases meet ``target``.
+
+    The one place the federated family turns a target into noise: independent noise through
+    :func:`~privmtl.privacy.calibration.calibrate_release` (``reserve``, a later release of the
+    run, composed in; ``count_noise_std``, adaptive clipping's count), banded noise
+    (``strategy``) through :func:`~privmtl.privacy.matrix_factorization.banded_noise_std` with
+    bound γ/q. The release (:meth:`GaussianMeanRelease.for_target`) and every caller that needs
+    σ before a run (a plan, ``privmtl account``) ask it with the same target object.
+    """
+    if not isinstance(target, PrivacyTarget):
+        raise InvalidParameterError(
+            f"The 'target' parameter must be a PrivacyTarget; got {type(target).__name__}."
+        )
+    if strategy is not None:
+        if reserve is not None:  # the run's one event is charged whole, before round 1
+            raise InvalidParameterError("Banded noise takes no 'reserve'; got one.")
+        sigma = banded_noise_std(
+            strategy,
+            CyclicParticipation(banded_groups(sampler)),
+            target_epsilon=target.epsilon,
+            delta=target.delta,
+            bound=clip / divisor,
+            accountant=target.accountant,
+            relation=target.relation,
+        )
+        return MeanReleasePlan(target, sigma)
+    cal = calibrate_release(
+        target, sampler, rounds=rounds, clip=clip, divisor=divisor,
+        count_noise_std=count_noise_std, reserve=reserve,
+    )  # fmt: skip
+    return MeanReleasePlan(target, cal.noise_std, cal)
+
+
+@dataclass(frozen=True)
 class GaussianMeanRelease:
     """Clipped mean of client messages over a fixed divisor plus Gaussian noise (module docstring).
 
@@ -333,6 +394,9 @@ class GaussianMeanRelease:
         Banded noise of this strategy over the run's rounds (module docstring); ``noise_std`` is
         then σ of its :math:`z`. Needs a sampler of every client or of cyclic groups. None:
         independent noise.
+    target : PrivacyTarget, optional
+        The target ``noise_std`` was calibrated to (:meth:`for_target`): recorded with the first
+        release (round 0) and with a banded run's one event. None: σ was given.
     """
 
     clip: float | None
@@ -343,6 +407,7 @@ class GaussianMeanRelease:
     subspace_seed: int = 0
     count_noise_std: float | None = None
     strategy: BandedStrategy | None = None
+    target: PrivacyTarget | None = None
 
     def __post_init__(self) -> None:
         if self.strategy is not None:
@@ -367,6 +432,38 @@ class GaussianMeanRelease:
             check_int("subspace_dim", self.subspace_dim, low=1)
         if self.count_noise_std is not None:
             check_real("count_noise_std", self.count_noise_std, low=0.0, closed="neither")
+        if self.target is not None and not isinstance(self.target, PrivacyTarget):
+            raise InvalidParameterError(
+                "The 'target' parameter must be a PrivacyTarget or None; got "
+                f"{type(self.target).__name__}."
+            )
+
+    @classmethod
+    def for_target(
+        cls,
+        target: PrivacyTarget,
+        sampler: ClientSampler,
+        *,
+        rounds: int,
+        clip: float,
+        divisor: float | None = None,
+        subspace_dim: int | None = None,
+        subspace_seed: int = 0,
+        count_noise_std: float | None = None,
+        strategy: BandedStrategy | None = None,
+        reserve: dpe.DpEvent | None = None,
+    ) -> GaussianMeanRelease:
+        """The release of ``rounds`` rounds calibrated to ``target`` (:func:`plan_mean_release`):
+        it carries the target, which the ledger records with its first release."""
+        q = float(sampler.clients_per_round if divisor is None else divisor)
+        plan = plan_mean_release(
+            target, sampler, rounds=rounds, clip=clip, divisor=q,
+            count_noise_std=count_noise_std, strategy=strategy, reserve=reserve,
+        )  # fmt: skip
+        return cls(
+            clip, plan.noise_std, sampler, divisor, subspace_dim, subspace_seed,
+            count_noise_std, strategy, target,
+        )  # fmt: skip
 
     @property
     def q(self) -> float:
@@ -434,6 +531,7 @@ class GaussianMeanRelease:
             "sensitivity": sens * self.clip / self.q,
             "run_noise_multiplier": self.noise_std / (sens * self.clip / self.q),
             "strategy": self.strategy.to_dict(),
+            **({} if self.target is None else {"target": self.target.to_dict()}),
         }
 
     def params(self) -> dict[str, Any]:
@@ -491,10 +589,13 @@ class GaussianMeanRelease:
         event = self.event(round)
         if event is None or ledger is None:
             return (float("inf") if event is None else float("nan")), event
+        params = self.params()
+        if self.target is not None and round == 0 and self.strategy is None:
+            params["target"] = self.target.to_dict()  # the first release: what σ was meant for
         if isinstance(ledger, ReleaseCurator):  # the curator's gate: its ids and replay policy
             assert release_id is not None
             eps = ledger.record(
-                event, release_id=release_id, round=round, mechanism=kind, params=self.params()
+                event, release_id=release_id, round=round, mechanism=kind, params=params
             )
             return eps, event
         from privmtl.privacy.ledger import PrivacyLedger
@@ -505,7 +606,7 @@ class GaussianMeanRelease:
             event,
             round=round,
             mechanism=kind,
-            params=self.params(),
+            params=params,
             release_id=release_id,
             replay_ok=replay_ok,
         )
