@@ -258,7 +258,7 @@ def load_leaf(
 
     train_users = [str(u) for u in arrays["train_users"].tolist()]
     test_at = {str(u): i for i, u in enumerate(arrays["test_users"].tolist())}
-    tr_off, te_off = arrays["train_offsets"], arrays["test_offsets"]
+    tr_off, te_off = np.array(arrays["train_offsets"]), np.array(arrays["test_offsets"])
     dims = {int(arrays[f"{s}_x"].shape[1]) for s in ("train", "test") if arrays[f"{s}_x"].shape[0]}
     if len(dims) > 1:
         raise DataFormatError(f"train and test shards have different feature sizes {sorted(dims)}.")
