@@ -26,7 +26,14 @@ from privmtl.data.federated_dataset import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.io import arrays_sha256
 
-__all__ = ["ContiguousFederation", "RowFederation", "row_ranges", "stacked_dataset"]
+__all__ = [
+    "SPLITS",
+    "ContiguousFederation",
+    "RowFederation",
+    "check_split",
+    "row_ranges",
+    "stacked_dataset",
+]
 
 SPLITS = ("train", "val", "test")
 _FIELDS = frozenset(f"{s}_{a}" for s in SPLITS for a in "xy")
@@ -43,8 +50,8 @@ def check_split(split: str) -> None:
 
 
 def row_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The rows ``starts[j] .. starts[j] + lengths[j] - 1`` of every ``j``, concatenated in
-    order (int64), built in one vectorised call."""
+    """Rows ``starts[j]`` up to (without) ``starts[j] + lengths[j]`` for every ``j``, one range
+    after the other (int64), built in one vectorised call."""
     lengths = np.asarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
     if total == 0:
