@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -101,14 +102,12 @@ def test_validation_split_is_seeded_per_writer(tiny_leaf: Path, tmp_path: Path) 
 def test_cache_hit_and_invalidation(tiny_leaf: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     load_leaf(tiny_leaf, cache_dir=cache)
-    files = list(cache.glob("leaf-*.npz"))
-    assert len(files) == 1
-    # a hit reads the cache, not the JSON: make the shards unreadable-looking by poisoning the
-    # cached arrays and check that the poison comes back
-    with np.load(files[0]) as npz:
-        arrs = {k: npz[k] for k in npz.files}
-    arrs["train_x"] = arrs["train_x"] + 100.0
-    np.savez(files[0], **arrs)
+    folders = list(cache.glob("leaf-*"))
+    assert len(folders) == 1 and folders[0].is_dir()
+    # a hit reads the cache, not the JSON: poison the cached features and check that the poison
+    # comes back
+    x_file = folders[0] / "train_x.npy"
+    np.save(x_file, np.load(x_file) + 100.0)
     hit = load_leaf(tiny_leaf, cache_dir=cache)
     assert float(torch.cat(hit.train_x).min()) >= 100.0
     # touching an input (new mtime and size) changes the key: rebuilt from JSON
@@ -119,19 +118,45 @@ def test_cache_hit_and_invalidation(tiny_leaf: Path, tmp_path: Path) -> None:
     os.utime(shard, ns=(1, 1))
     fresh = load_leaf(tiny_leaf, cache_dir=cache)
     assert float(torch.cat(fresh.train_x).max()) <= 1.0
-    assert len(list(cache.glob("leaf-*.npz"))) == 2
+    assert len(list(cache.glob("leaf-*"))) == 2
     # use_cache=False writes nothing
     nocache = tmp_path / "none"
     load_leaf(tiny_leaf, cache_dir=nocache, use_cache=False)
     assert not nocache.exists()
 
 
-def test_default_cache_dir_from_env(
-    tiny_leaf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_cache_is_memory_mapped_and_rebuilt_when_broken(tiny_leaf: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = load_leaf(tiny_leaf, cache_dir=cache, random_state=4)
+    (folder,) = cache.glob("leaf-*")
+    hit = load_leaf(tiny_leaf, cache_dir=cache, random_state=4)
+    assert isinstance(hit._sources["train"][0], np.memmap)
+    assert hit.content_sha256() == first.content_sha256()
+    # a truncated or missing array: the cache is written again from the JSON
+    (folder / "train_offsets.npy").write_bytes(b"broken")
+    (folder / "test_y.npy").unlink()
+    again = load_leaf(tiny_leaf, cache_dir=cache, random_state=4)
+    assert again.content_sha256() == first.content_sha256()
+    assert sorted(p.name for p in cache.iterdir()) == [folder.name]
+    assert np.load(folder / "test_y.npy").dtype == np.int64
+
+
+def test_a_cache_of_the_single_file_format_is_converted_once(
+    tiny_leaf: Path, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("PRIVMTL_CACHE_DIR", str(tmp_path / "envcache"))
-    load_leaf(tiny_leaf)
-    assert len(list((tmp_path / "envcache" / "leaf").glob("leaf-*.npz"))) == 1
+    cache = tmp_path / "cache"
+    want = load_leaf(tiny_leaf, cache_dir=cache, random_state=2)
+    (folder,) = cache.glob("leaf-*")
+    # the earlier format: the same arrays in one .npz named by the same key, poisoned so that a
+    # read of it shows
+    arrays = {p.stem: np.load(p) for p in folder.glob("*.npy")}
+    arrays["test_x"] = arrays["test_x"] + 50.0
+    np.savez(cache / f"{folder.name}.npz", **arrays)
+    shutil.rmtree(folder)
+    got = load_leaf(tiny_leaf, cache_dir=cache, random_state=2)
+    assert sorted(p.name for p in cache.iterdir()) == [folder.name]  # converted, .npz removed
+    assert torch.equal(got.test_x[0], want.test_x[0] + 50.0)
+    assert torch.equal(got.train_x[1], want.train_x[1])
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ Two sources:
 
 * :func:`load_leaf` reads LEAF's JSON shards (``path/train/*.json[.gz]`` and
   ``path/test/*.json[.gz]``), keeps the writers present in both splits, carves a seeded per-client
-  validation split out of each writer's training data, and caches the parsed arrays as ``.npz``
-  outside the repository (parsing FEMNIST's JSON takes seconds, loading the cache milliseconds).
+  validation split out of each writer's training data, and caches the parsed arrays outside the
+  repository as memory-mapped ``.npy`` files (parsing FEMNIST's JSON takes seconds, opening the
+  cache reads no example: a writer's rows are read when asked for).
 * :func:`make_synthetic_federated` draws a heterogeneous federated problem in the spirit of LEAF's
   ``synthetic(alpha, beta)`` (Li et al., FedProx): per-client softmax models scattered around a
   shared one, per-client feature shifts and unequal client sizes, so that both federation (shared

@@ -13,19 +13,17 @@ like its personalized model, and leave the guarantee unchanged.
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 import zlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import torch
 
 from privmtl._validation import check_choice, check_int, check_real
-from privmtl.data.federated import FederatedDataset
 from privmtl.data.multitask import standardization
-from privmtl.data.readers import dataset_from_frame, read_frame
+from privmtl.data.readers import grouped_frame, read_frame
+from privmtl.data.row_federation import ContiguousFederation
 from privmtl.exceptions import DataFormatError, PrivmtlWarning
 
 __all__ = [
@@ -147,8 +145,8 @@ def load_federated_table(
     val_fraction: float = 0.1,
     random_state: int = 0,
     scaling: str = DEFAULT_CLIENT_SCALING,
-) -> FederatedDataset:
-    """Read a CSV/Parquet table into a :class:`~privmtl.data.federated.FederatedDataset`.
+) -> ContiguousFederation:
+    """Read a CSV/Parquet table into a federation stored client after client.
 
     Parameters
     ----------
@@ -182,6 +180,15 @@ def load_federated_table(
         column that barely varies on a client's training rows cannot blow up on its other rows.
         ``"none"``: as in the file.
 
+    Returns
+    -------
+    ContiguousFederation
+        A :class:`~privmtl.data.federated.FederatedDataset` whose clients (in the order of their
+        first row, or the category order) own ranges of one array per split; the file is read
+        and sorted by client once (one stable sort, no pass per client over the rows), and
+        :meth:`~privmtl.data.row_federation.RowFederation.partition` keeps some of the clients
+        (a Flower node's own) in arrays of their own.
+
     Raises
     ------
     DataFormatError
@@ -195,7 +202,7 @@ def load_federated_table(
     val_fraction = check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="left")
     seed = check_int("random_state", random_state, low=0)
     check_choice("scaling", scaling, CLIENT_SCALINGS)
-    tasks = dataset_from_frame(
+    g = grouped_frame(
         read_frame(path),
         task_column=client_column,
         target_column=label_column,
@@ -204,38 +211,43 @@ def load_federated_table(
         source=src,
         roles=("client", "client column (--client-column)", "label column (--label-column)"),
     )
-    n_classes = _label_space(np.concatenate(tasks.y), n_classes, src, label_column)
-    tx: list[torch.Tensor] = []
-    ty: list[torch.Tensor] = []
-    vx: list[torch.Tensor] = []
-    vy: list[torch.Tensor] = []
-    sx: list[torch.Tensor] = []
-    sy: list[torch.Tensor] = []
-    for name, x, y in zip(tasks.task_names, tasks.X, tasks.y, strict=True):
-        n = len(y)
-        if n < MIN_CLIENT_ROWS:
-            raise DataFormatError(
-                f"{src}: client {name!r} (--client-column {client_column!r}) has {n} row(s); every client "
-                f"needs at least {MIN_CLIENT_ROWS} (one training and one test example)."
-            )
-        n_test = min(max(1, round(test_fraction * n)), n - 1)
-        n_val = min(math.floor(val_fraction * (n - n_test)), n - n_test - 1)
-        perm = np.random.default_rng([seed, zlib.crc32(name.encode())]).permutation(n)
-        parts = [np.sort(p) for p in np.split(perm, [n_test, n_test + n_val])]
-        transform = client_scaling(x[parts[2]], scaling)  # the client's own training rows only
-        for idx, xs, ys in zip(parts, (sx, vx, tx), (sy, vy, ty), strict=True):
-            xs.append(torch.from_numpy(np.ascontiguousarray(transform(x[idx]), np.float32)))
-            ys.append(torch.from_numpy(y[idx].astype(np.int64)))
-    ds = FederatedDataset(
-        client_ids=list(tasks.task_names),
-        train_x=tx,
-        train_y=ty,
-        val_x=vx,
-        val_y=vy,
-        test_x=sx,
-        test_y=sy,
-        n_classes=n_classes,
-        name=os.path.basename(src),
+    n_classes = _label_space(g.y, n_classes, src, label_column)
+    n = np.diff(g.offsets)
+    small = np.flatnonzero(n < MIN_CLIENT_ROWS)
+    if small.size:
+        name, count = g.names[small[0]], int(n[small[0]])
+        raise DataFormatError(
+            f"{src}: client {name!r} (--client-column {client_column!r}) has {count} row(s); every "
+            f"client needs at least {MIN_CLIENT_ROWS} (one training and one test example)."
+        )
+    # every client's rows split into test / val / train (sizes as one vectorised rule) and
+    # scaled with its own training rows, written client after client into one array per split
+    n_test = np.minimum(np.maximum(1, np.round(test_fraction * n)), n - 1).astype(np.int64)
+    n_val = np.minimum(np.floor(val_fraction * (n - n_test)), n - n_test - 1).astype(np.int64)
+    sizes = {"test": n_test, "val": n_val, "train": n - n_test - n_val}
+    offsets = {k: np.concatenate([[0], np.cumsum(v)]).astype(np.int64) for k, v in sizes.items()}
+    d = g.X.shape[1]
+    blocks = {
+        k: (np.empty((int(o[-1]), d), np.float32), np.empty(int(o[-1]), np.int64), o)
+        for k, o in offsets.items()
+    }
+    labels = g.y.astype(np.int64)
+    for k, name in enumerate(g.names):
+        a, b = int(g.offsets[k]), int(g.offsets[k + 1])
+        perm = np.random.default_rng([seed, zlib.crc32(name.encode())]).permutation(b - a)
+        cut = int(n_test[k]), int(n_test[k] + n_val[k])
+        parts = dict(zip(("test", "val", "train"), np.split(perm, cut), strict=True))
+        parts = {split: a + np.sort(rows) for split, rows in parts.items()}
+        transform = client_scaling(g.X[parts["train"]], scaling)  # its own training rows only
+        for split, rows in parts.items():
+            x, y, o = blocks[split]
+            x[o[k] : o[k + 1]] = transform(g.X[rows])
+            y[o[k] : o[k + 1]] = labels[rows]
+    return ContiguousFederation(
+        list(g.names),
+        {k: blocks[k] for k in ("train", "val", "test")},
+        n_classes,
+        (d,),
+        os.path.basename(src),
+        SCALING_DESCRIPTIONS[scaling],
     )
-    ds.scaling = SCALING_DESCRIPTIONS[scaling]
-    return ds

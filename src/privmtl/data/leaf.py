@@ -1,7 +1,10 @@
 """LEAF's federated data: :func:`load_leaf` reads LEAF's JSON shards (``path/train/*.json[.gz]`` and
 ``path/test/*.json[.gz]``), keeps the writers present in both splits, carves a seeded per-client
-validation split out of each writer's training data, and caches the parsed arrays as ``.npz``
-outside the repository (parsing FEMNIST's JSON takes seconds, loading the cache milliseconds)."""
+validation split out of each writer's training data, and caches the parsed arrays outside the
+repository, one ``.npy`` file per array (parsing FEMNIST's JSON takes seconds). The cache is
+memory-mapped, every writer's rows a range of it: :class:`LeafFederation` reads a writer's
+examples only when they are asked for, and :meth:`LeafFederation.partition` keeps some writers
+(a Flower node's own) without reading any."""
 
 from __future__ import annotations
 
@@ -10,24 +13,31 @@ import hashlib
 import json
 import math
 import os
+import shutil
+import tempfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from privmtl._validation import (
     check_int,
     check_real,
     check_rng,
 )
-from privmtl.data.federated_dataset import FederatedDataset
+from privmtl.data.row_federation import RowFederation, row_ranges
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 
-__all__ = ["default_cache_dir", "load_leaf"]
+__all__ = ["LeafFederation", "default_cache_dir", "load_leaf"]
 
+# the key of the cached arrays' contents (not of the files' format: a cache of the earlier
+# single-file format under the same key is converted, not parsed again)
 _CACHE_VERSION = 1
+#: The arrays cached per split: writer ids, features, labels, where each writer's rows begin,
+#: and each writer's largest label (-1 for none: the classes are known without reading a label).
+_CACHE_FIELDS = ("users", "x", "y", "offsets", "top")
 
 
 def default_cache_dir() -> Path:
@@ -157,17 +167,24 @@ def _pack(parsed: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndar
     xs = [parsed[u][0] for u in users]
     ys = [parsed[u][1] for u in users]
     dim = next((x.shape[1] for x in xs if x.ndim == 2), 0)
+    y = np.concatenate(ys) if ys else np.zeros(0, np.int64)
+    offsets = np.concatenate([[0], np.cumsum([len(y) for y in ys])]).astype(np.int64)
     return {
         "users": np.array(users, dtype=np.str_),
         "x": np.concatenate(xs) if xs else np.zeros((0, dim), np.float32),
-        "y": np.concatenate(ys) if ys else np.zeros(0, np.int64),
-        "offsets": np.concatenate([[0], np.cumsum([len(y) for y in ys])]).astype(np.int64),
+        "y": y,
+        "offsets": offsets,
+        "top": _tops(y, offsets),
     }
 
 
-def _unpack(arrs: dict[str, np.ndarray], prefix: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    users, x, y, off = (arrs[f"{prefix}_{k}"] for k in ("users", "x", "y", "offsets"))
-    return {str(u): (x[off[i] : off[i + 1]], y[off[i] : off[i + 1]]) for i, u in enumerate(users)}
+def _tops(y: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Each writer's largest label (-1 for a writer without rows), in one vectorised call."""
+    top = np.full(len(offsets) - 1, -1, dtype=np.int64)
+    rows = np.flatnonzero(np.diff(offsets) > 0)
+    if rows.size:
+        top[rows] = np.maximum.reduceat(y, offsets[rows])
+    return top
 
 
 def load_leaf(
@@ -178,8 +195,8 @@ def load_leaf(
     val_fraction: float = 0.1,
     random_state: int | np.random.Generator | None = 0,
     use_cache: bool = True,
-) -> FederatedDataset:
-    """Read a LEAF classification data set (e.g. FEMNIST) as a :class:`FederatedDataset`.
+) -> LeafFederation:
+    """Read a LEAF classification data set (e.g. FEMNIST) as a federation read by offsets.
 
     Parameters
     ----------
@@ -188,10 +205,11 @@ def load_leaf(
         ``*.json.gz``): ``{"users": [...], "num_samples": [...], "user_data": {user: {"x": [[...],
         ...], "y": [...]}}}``, ``x`` rows being flattened numeric feature vectors.
     cache_dir : path-like, optional
-        Where to keep the parsed copy (``leaf-<key>.npz``); default :func:`default_cache_dir`
-        (``$PRIVMTL_CACHE_DIR/leaf`` or ``~/.cache/privmtl/leaf``, outside the repository). The
-        key hashes the shard names, sizes and modification times, so the cache is rebuilt when
-        any input changes.
+        Where to keep the parsed copy (a folder ``leaf-<key>`` of ``.npy`` files, memory-mapped
+        when read); default :func:`default_cache_dir` (``$PRIVMTL_CACHE_DIR/leaf`` or
+        ``~/.cache/privmtl/leaf``, outside the repository). The key hashes the shard names,
+        sizes and modification times, so the cache is rebuilt when any input changes; a cache
+        of the earlier single-file format (``leaf-<key>.npz``) is converted once.
     min_train : int, default 1
         Keep only writers with at least this many training examples (before the validation split).
     val_fraction : float in [0, 1), default 0.1
@@ -203,12 +221,16 @@ def load_leaf(
         ``(seed, crc32(writer id))``, so it does not change when other writers are added or
         removed.
     use_cache : bool, default True
-        ``False`` always parses the JSON and writes no cache.
+        ``False`` always parses the JSON, holds it in memory and writes no cache.
 
     Returns
     -------
-    FederatedDataset
-        One client per writer present in both ``train`` and ``test`` (sorted by writer id),
+    LeafFederation
+        A :class:`FederatedDataset` that reads a writer's examples only when asked for
+        (:meth:`~LeafFederation.take`, :meth:`~LeafFederation.subset`,
+        :meth:`~LeafFederation.partition`; the per-client tensors such as ``train_x`` read every
+        writer once). One client per writer present in both ``train`` and ``test`` (sorted by
+        writer id),
         ``n_classes = 1 + max label``, ``feature_shape = (1, 28, 28)`` for 784 features and
         ``(d,)`` otherwise. For ``/work/shared/data/femnist-leaf`` that is 105 writers with
         14 708 training (train + val) and 1 685 test images.
@@ -226,38 +248,38 @@ def load_leaf(
     min_train = check_int("min_train", min_train, low=1)
     val_fraction = check_real("val_fraction", val_fraction, low=0.0, high=1.0, closed="left")
     train_files, test_files = _shards(root / "train"), _shards(root / "test")
-
-    arrays: dict[str, np.ndarray] | None = None
-    cache_file: Path | None = None
     if use_cache:
         folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-        cache_file = folder / f"leaf-{_cache_key(train_files + test_files)}.npz"
-        if cache_file.is_file():
-            try:
-                with np.load(cache_file, allow_pickle=False) as npz:
-                    arrays = {k: npz[k] for k in npz.files}
-            except (OSError, ValueError, EOFError, zlib.error):
-                arrays = None  # corrupt cache: rebuild
-    if arrays is None:
-        tr, te = _pack(_parse_split(train_files)), _pack(_parse_split(test_files))
-        arrays = {f"train_{k}": v for k, v in tr.items()} | {f"test_{k}": v for k, v in te.items()}
-        if cache_file is not None:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache_file.with_suffix(f".tmp{os.getpid()}.npz")
-            np.savez(tmp, **arrays)  # type: ignore[arg-type]
-            os.replace(tmp, cache_file)
+        arrays = _cached_arrays(
+            folder, _cache_key(train_files + test_files), train_files, test_files
+        )
+    else:
+        arrays = _parsed_arrays(train_files, test_files)
 
-    train, test = _unpack(arrays, "train"), _unpack(arrays, "test")
-    dims = {a.shape[1] for a, _ in (*train.values(), *test.values()) if a.size}
+    train_users = [str(u) for u in arrays["train_users"].tolist()]
+    test_at = {str(u): i for i, u in enumerate(arrays["test_users"].tolist())}
+    tr_off, te_off = np.array(arrays["train_offsets"]), np.array(arrays["test_offsets"])
+    dims = {int(arrays[f"{s}_x"].shape[1]) for s in ("train", "test") if arrays[f"{s}_x"].shape[0]}
     if len(dims) > 1:
         raise DataFormatError(f"train and test shards have different feature sizes {sorted(dims)}.")
-    users = sorted(u for u in train if u in test and len(train[u][1]) >= min_train)
-    if not users:
+    kept = sorted(
+        (u, i, test_at[u])
+        for i, u in enumerate(train_users)
+        if u in test_at and int(tr_off[i + 1] - tr_off[i]) >= min_train
+    )
+    if not kept:
         raise DataFormatError(
             f"No LEAF writer in {root} has both train and test data (min_train={min_train})."
         )
-    labels = [y for u in users for y in (train[u][1], test[u][1]) if y.size]
-    n_classes = int(max(int(y.max()) for y in labels)) + 1
+    users = [u for u, _, _ in kept]
+    tr_pos = np.array([i for _, i, _ in kept], dtype=np.int64)
+    te_pos = np.array([j for _, _, j in kept], dtype=np.int64)
+    starts = {"train": tr_off[tr_pos], "test": te_off[te_pos]}
+    counts = {
+        "train": tr_off[tr_pos + 1] - starts["train"],
+        "test": te_off[te_pos + 1] - starts["test"],
+    }
+    top = max(int(arrays["train_top"][tr_pos].max()), int(arrays["test_top"][te_pos].max()))
     dim = dims.pop()
     base = (
         int(check_rng(random_state).integers(2**63))
@@ -266,46 +288,218 @@ def load_leaf(
     )
     if base < 0:
         raise InvalidParameterError(f"The 'random_state' parameter must be >= 0; got {base}.")
-
-    tx, ty, vx, vy = _carve_validation(train, users, val_fraction, base)
-    return FederatedDataset(
-        client_ids=users,
-        train_x=tx,
-        train_y=ty,
-        val_x=vx,
-        val_y=vy,
-        test_x=[torch.from_numpy(np.ascontiguousarray(test[u][0])) for u in users],
-        test_y=[torch.from_numpy(np.ascontiguousarray(test[u][1])) for u in users],
-        n_classes=n_classes,
-        feature_shape=(1, 28, 28) if dim == 784 else (dim,),
-        name=root.name,
+    out = LeafFederation.__new__(LeafFederation)
+    out._keep(
+        _Writers(users, starts["train"], counts["train"], starts["test"], counts["test"]),
+        {s: (arrays[f"{s}_x"], arrays[f"{s}_y"]) for s in ("train", "test")},
+        _LeafSplit(val_fraction, base),
+        top + 1,
+        (1, 28, 28) if dim == 784 else (dim,),
+        root.name,
     )
+    return out
 
 
-# ====================================================================== synthetic
+# ====================================================================== the cache
 
 
-def _carve_validation(
-    train: dict[str, tuple[np.ndarray, np.ndarray]],
-    users: list[str],
-    val_fraction: float,
-    base: int,
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Every writer's training rows split into train and validation (``val_fraction`` of them,
-    at least one training row kept), by a permutation seeded by ``base`` and the writer's id:
-    the train features, train labels, validation features and validation labels, per writer."""
-    tx: list[torch.Tensor] = []
-    ty: list[torch.Tensor] = []
-    vx: list[torch.Tensor] = []
-    vy: list[torch.Tensor] = []
-    for u in users:
-        x, y = train[u]
-        n = len(y)
-        n_val = min(math.floor(val_fraction * n), n - 1)
-        perm = np.random.default_rng([base, zlib.crc32(u.encode())]).permutation(n)
-        val_idx, tr_idx = np.sort(perm[:n_val]), np.sort(perm[n_val:])
-        tx.append(torch.from_numpy(x[tr_idx]))
-        ty.append(torch.from_numpy(y[tr_idx]))
-        vx.append(torch.from_numpy(x[val_idx]))
-        vy.append(torch.from_numpy(y[val_idx]))
-    return tx, ty, vx, vy
+def _parsed_arrays(train_files: list[Path], test_files: list[Path]) -> dict[str, np.ndarray]:
+    """Both splits parsed from JSON and packed: ``{"train_x": ..., "test_offsets": ...}``."""
+    tr, te = _pack(_parse_split(train_files)), _pack(_parse_split(test_files))
+    return {f"train_{k}": v for k, v in tr.items()} | {f"test_{k}": v for k, v in te.items()}
+
+
+def _cached_arrays(
+    folder: Path, key: str, train_files: list[Path], test_files: list[Path]
+) -> dict[str, np.ndarray]:
+    """The packed arrays of both splits, memory-mapped from the cache folder ``leaf-<key>``
+    (one ``.npy`` file per array), which is written first if absent or unreadable: from a cache
+    of the earlier single-file format (``leaf-<key>.npz``, read once, then removed) or from
+    the JSON shards."""
+    target = folder / f"leaf-{key}"
+    arrays = _read_cache(target)
+    if arrays is not None:
+        return arrays
+    arrays = _read_npz(folder / f"leaf-{key}.npz")
+    old = arrays is not None
+    if arrays is None:
+        arrays = _parsed_arrays(train_files, test_files)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"leaf-{key}.tmp", dir=folder))
+    try:
+        for name, arr in arrays.items():
+            np.save(tmp / f"{name}.npy", arr, allow_pickle=False)
+        if target.exists():  # unreadable: replaced
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process wrote it first: use that one
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if old:
+        (folder / f"leaf-{key}.npz").unlink(missing_ok=True)
+    return _read_cache(target) or arrays
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray] | None:
+    """A cache of the single-file format, or None if absent or unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, EOFError, zlib.error):
+        return None
+    for split in ("train", "test"):
+        y, off = arrays.get(f"{split}_y"), arrays.get(f"{split}_offsets")
+        if y is not None and off is not None and f"{split}_top" not in arrays:
+            try:
+                arrays[f"{split}_top"] = _tops(y, off)
+            except (ValueError, IndexError, TypeError):
+                return None
+    return arrays if _consistent(arrays) else None
+
+
+def _read_cache(folder: Path) -> dict[str, np.ndarray] | None:
+    """The cache folder's arrays, memory-mapped read-only (no example is read), or None if it
+    is absent, incomplete or inconsistent."""
+    if not folder.is_dir():
+        return None
+    arrays = {}
+    try:
+        for split in ("train", "test"):
+            for field in _CACHE_FIELDS:
+                name = f"{split}_{field}"
+                arrays[name] = np.load(folder / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    return arrays if _consistent(arrays) else None
+
+
+def _consistent(arrays: dict[str, np.ndarray]) -> bool:
+    """Whether the packed arrays of both splits fit together (kinds, shapes and offsets)."""
+    for split in ("train", "test"):
+        try:
+            users, x, y, off, top = (arrays[f"{split}_{k}"] for k in _CACHE_FIELDS)
+        except KeyError:
+            return False
+        if (
+            users.ndim != 1
+            or users.dtype.kind != "U"
+            or x.ndim != 2
+            or x.dtype != np.float32
+            or y.shape != (x.shape[0],)
+            or y.dtype != np.int64
+            or off.shape != (users.shape[0] + 1,)
+            or off.dtype != np.int64
+            or top.shape != users.shape
+            or top.dtype != np.int64
+            or int(off[0]) != 0
+            or int(off[-1]) != x.shape[0]
+            or bool(np.any(np.diff(off) < 0))
+        ):
+            return False
+    return True
+
+
+# ====================================================================== the federation
+
+
+@dataclass(frozen=True)
+class _Writers:
+    """The writers held: ids, and where each one's rows begin and how many there are in the
+    training and test sources."""
+
+    ids: list[str]
+    train_start: np.ndarray
+    train_n: np.ndarray
+    test_start: np.ndarray
+    test_n: np.ndarray
+
+    def select(self, idx: np.ndarray) -> _Writers:
+        return _Writers(
+            [self.ids[i] for i in idx.tolist()],
+            self.train_start[idx],
+            self.train_n[idx],
+            self.test_start[idx],
+            self.test_n[idx],
+        )
+
+
+@dataclass(frozen=True)
+class _LeafSplit:
+    """How a writer's training rows are split into train and validation."""
+
+    val_fraction: float
+    base: int
+
+    def n_val(self, n: np.ndarray) -> np.ndarray:
+        """``floor(val_fraction * n)``, at least one training row kept."""
+        return np.minimum(np.floor(self.val_fraction * n).astype(np.int64), n - 1)
+
+    def parts(self, writer: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The writer's train and validation rows (sorted, within its ``n`` training rows), by a
+        permutation seeded by ``base`` and the writer's id: the same whichever writers are
+        held."""
+        n_val = min(math.floor(self.val_fraction * n), n - 1)
+        perm = np.random.default_rng([self.base, zlib.crc32(writer.encode())]).permutation(n)
+        return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+class LeafFederation(RowFederation):
+    """A LEAF data set read by offsets: :func:`load_leaf`'s result.
+
+    Every writer's training and test rows are a range of the cached arrays (memory-mapped);
+    its train / validation split is drawn, when the writer is first read, from its own seeded
+    permutation. :meth:`partition` keeps some writers without reading any example, and
+    :meth:`take` / :meth:`subset` read only the rows of the writers asked for; the examples are
+    byte for byte those of the eager data set (:meth:`materialize`).
+    """
+
+    def _keep(
+        self,
+        writers: _Writers,
+        sources: dict[str, tuple[Any, Any]],
+        rule: _LeafSplit,
+        n_classes: int,
+        feature_shape: tuple[int, ...],
+        name: str,
+    ) -> None:
+        n_val = rule.n_val(writers.train_n)
+        self._writers, self._rule = writers, rule
+        self._parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._hold(
+            writers.ids,
+            {"train": sources["train"], "val": sources["train"], "test": sources["test"]},
+            {"train": writers.train_n - n_val, "val": n_val, "test": writers.test_n},
+            n_classes,
+            feature_shape,
+            name,
+        )
+
+    def _rows(self, idx: np.ndarray, split: str) -> np.ndarray:
+        w = self._writers
+        if split == "test":
+            return row_ranges(w.test_start[idx], w.test_n[idx])
+        side = 0 if split == "train" else 1
+        pieces = []
+        for j in idx.tolist():
+            parts = self._parts.get(j)
+            if parts is None:
+                parts = self._parts[j] = self._rule.parts(w.ids[j], int(w.train_n[j]))
+            pieces.append(int(w.train_start[j]) + parts[side])
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+
+    def _select(self, idx: np.ndarray) -> LeafFederation:
+        out = LeafFederation.__new__(LeafFederation)
+        sources = {"train": self._sources["train"], "test": self._sources["test"]}
+        out._keep(
+            self._writers.select(idx),
+            sources,
+            self._rule,
+            self.n_classes,
+            self.feature_shape,
+            self.name,
+        )
+        return out

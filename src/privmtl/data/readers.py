@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,8 +24,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SCHOOL_ENV_VAR",
+    "GroupedRows",
     "dataset_from_frame",
     "default_school_path",
+    "group_rows",
+    "grouped_frame",
     "load_malsar_mat",
     "load_school",
     "read_frame",
@@ -291,6 +294,26 @@ _TABLE_ROLES = ("task", "task column (--task-column)", "target column (--target-
 """What a multi-task table's rows are grouped by, and its two columns as errors name them."""
 
 
+class GroupedRows(NamedTuple):
+    """A long table's rows sorted by group (task or client), stably: group ``k`` owns rows
+    ``offsets[k]:offsets[k + 1]`` of ``X`` and ``y``, in the order they appear in the table."""
+
+    X: NDArray[np.float64]
+    y: NDArray[np.float64]
+    offsets: NDArray[np.int64]
+    names: tuple[str, ...]
+    feature_names: tuple[str, ...]
+    task_type: TaskType
+
+
+def group_rows(codes: NDArray[np.integer[Any]], n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of each group one after the other: ``(order, offsets)``, group ``k`` being rows
+    ``order[offsets[k]:offsets[k + 1]]`` (increasing), from one stable sort of the codes."""
+    order = np.argsort(codes, kind="stable")
+    counts = np.bincount(codes, minlength=n_groups)
+    return order, np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
 def dataset_from_frame(
     frame: pd.DataFrame,
     *,
@@ -308,6 +331,37 @@ def dataset_from_frame(
     group is and how the task and target columns are called (``("client", "--client-column",
     "--label-column")`` for a federated table read by the CLI).
     """
+    g = grouped_frame(
+        frame,
+        task_column=task_column,
+        target_column=target_column,
+        feature_columns=feature_columns,
+        task_type=task_type,
+        source=source,
+        roles=roles,
+    )
+    cuts = g.offsets[1:-1]
+    return MultiTaskDataset(
+        X=tuple(np.split(g.X, cuts)),
+        y=tuple(np.split(g.y, cuts)),
+        task_names=g.names,
+        task_type=g.task_type,
+        feature_names=g.feature_names,
+    )
+
+
+def grouped_frame(
+    frame: pd.DataFrame,
+    *,
+    task_column: str,
+    target_column: str,
+    feature_columns: Sequence[str] | None = None,
+    task_type: TaskType | None = None,
+    source: str = "table",
+    roles: tuple[str, str, str] = _TABLE_ROLES,
+) -> GroupedRows:
+    """A long table's rows checked and sorted by group, contiguous (:class:`GroupedRows`):
+    :func:`dataset_from_frame`'s rules and errors, one vectorised sort, no copy per group."""
     import pandas as pd
 
     unit, task_role, target_role = roles
@@ -362,7 +416,8 @@ def dataset_from_frame(
     if isinstance(tasks.dtype, pd.CategoricalDtype):
         order = list(tasks.cat.categories)
         codes = tasks.cat.codes.to_numpy()
-        empty = [str(c) for k, c in enumerate(order) if not np.any(codes == k)]
+        present = np.bincount(codes, minlength=len(order)) > 0
+        empty = [str(c) for k, c in enumerate(order) if not present[k]]
         if empty:
             raise DataFormatError(
                 f"{source}: {unit}(s) {empty[:5]} have 0 rows in {task_role} {task_column!r}."
@@ -375,18 +430,8 @@ def dataset_from_frame(
         raise DataFormatError(
             f"{source}: {unit} labels in {task_role} {task_column!r} collide as strings."
         )
-    Xs, ys = [], []
-    for k in range(len(order)):
-        rows = np.flatnonzero(codes == k)
-        Xs.append(X_all[rows])
-        ys.append(y_all[rows])
-    return MultiTaskDataset(
-        X=tuple(Xs),
-        y=tuple(ys),
-        task_names=tuple(names),
-        task_type=kind,
-        feature_names=tuple(feats),
-    )
+    rows, offsets = group_rows(np.asarray(codes, dtype=np.int64), len(order))
+    return GroupedRows(X_all[rows], y_all[rows], offsets, tuple(names), tuple(feats), kind)
 
 
 def read_table(
