@@ -26,6 +26,7 @@ from torch.func import functional_call
 from privmtl._device import one_thread_per_worker
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
+from privmtl.federated.client_models import model_rows
 from privmtl.privacy.noise import seeded_torch_generator
 from privmtl.privacy.release import clip_factors
 
@@ -331,9 +332,9 @@ def _evaluate_blocks(
 
 
 def block_rows(params: Params, pos: np.ndarray) -> Params:
-    """The rows ``pos`` of stacked models (a block of clients' own models)."""
-    rows = torch.from_numpy(np.asarray(pos, dtype=np.int64))
-    return {n: p.index_select(0, rows.to(p.device)) for n, p in params.items()}
+    """The rows ``pos`` of stacked models (a block of clients' own models; of a
+    :class:`~privmtl.federated.client_models.ClientModels`, without stacking the others)."""
+    return model_rows(params, pos)
 
 
 class BlockScores:

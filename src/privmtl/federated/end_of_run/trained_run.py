@@ -17,9 +17,10 @@ import torch
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
 from privmtl.federated.algorithms import Params
+from privmtl.federated.client_models import SpilledModels
 from privmtl.federated.config import TrainResult
 from privmtl.federated.end_of_run.final_models import stack_trained
-from privmtl.federated.end_of_run.finish import finish_clients
+from privmtl.federated.end_of_run.finish import FinishOptions, finish_clients, finish_pass
 from privmtl.federated.end_of_run.plan import (
     FINETUNE_NOTE,
     FINETUNE_VOTE_ID,
@@ -113,6 +114,7 @@ def finetune_auto(
     *,
     score_trained: bool = False,
     vote: VotePlan | None = None,
+    keep_models: bool = True,
 ) -> dict[str, Any]:
     """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
     validation split among the billboard fine-tuned on its data (where it carries signal), its own
@@ -122,7 +124,12 @@ def finetune_auto(
     scored block by block as the clients finish; ``score_trained``: the trained models too
     (``result.accuracies`` is filled in). ``vote`` (held): one candidate for every client by the
     clients' noisy vote, recorded in the run's ledger before any final model exists; the
-    result's ε is then the ledger's, rounds and vote composed."""
+    result's ε is then the ledger's, rounds and vote composed.
+
+    The clients are finished in one pass (:func:`~privmtl.federated.end_of_run.finish.finish_pass`):
+    ``_params``, the final models, are written to disk block by block and read back by rows
+    (:class:`~privmtl.federated.client_models.SpilledModels`); ``keep_models=False`` drops each
+    block once scored (``_params`` is None): no step holds every client's model."""
     cfg = result.config
     shared = None if cfg.shared_params is None else list(cfg.shared_params)
     dim = int(released_dim(result) or 0)
@@ -171,12 +178,17 @@ def finetune_auto(
             )  # fmt: skip
             return res.winner
 
-    fin = finish_clients(
-        "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
-        lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
-        device=cfg.device, score=others, workers=cfg.threads, local_solver=local_solver,
-        local_patience=local_patience, select="vote" if elect is not None else "client",
-        vote=elect, voter_rng=voter_rng(result.noise_source, seed),
+    options = FinishOptions(
+        "auto", batch_size=batch_size, seed=seed, lr=float(cfg.lr), lam=float(cfg.lam or 0.0),
+        plan=plan, progress=bool(cfg.progress), device=cfg.device, score=others,
+        workers=cfg.threads, local_solver=local_solver, local_patience=local_patience,
+        select="vote" if elect is not None else "client", vote=elect,
+        voter_rng=voter_rng(result.noise_source, seed),
+    )  # fmt: skip
+    models = SpilledModels(ds.n_clients) if keep_models else None
+    fin = finish_pass(
+        options, ds, net, trained, result.global_params,
+        on_block=None if models is None else models.append,
     )  # fmt: skip
     if record is not None and fin.voters is not None:
         record["voters"] = fin.voters
@@ -197,7 +209,7 @@ def finetune_auto(
         "test_accuracy": float(acc["test"]["accuracy"]),
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
         "val_accuracy": float(acc["val"]["accuracy"]),
-        "_params": fin.params,
+        "_params": models,
         "_score_seconds": fin.score_seconds,
         "_per_client": fin.per_client,
         "_kept": np.asarray(plan.names, dtype=object)[fin.choice],
