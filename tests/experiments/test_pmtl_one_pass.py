@@ -35,3 +35,20 @@ def test_the_run_without_saving_keeps_no_final_model(monkeypatch):
     monkeypatch.setattr(ClientModels, "_stack", _no_stack)
     out = run_pmtl(**RUN, **SETTINGS, show_progress=False, threads=1, finetune_select="vote")
     assert out["finetune"] == "auto" and 0.0 < out["test_accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("finetune", ["vanilla", "auto"])
+def test_the_run_never_assembles_the_final_models(finetune, monkeypatch):
+    """finish_clients stacks every client's final model: the run finishes with finish_pass."""
+    from privmtl.federated.end_of_run import finish
+
+    def assembled(*args, **kwargs):
+        pytest.fail("finish_clients assembled every client's final model")
+
+    monkeypatch.setattr(finish, "finish_clients", assembled)
+    monkeypatch.setattr(ClientModels, "_stack", _no_stack)
+    out = run_pmtl(
+        **RUN, **SETTINGS, show_progress=False, threads=1, finetune=finetune,
+        extra_finetunes=["mr"] if finetune == "vanilla" else [],
+    )  # fmt: skip
+    assert out["finetune"] == finetune and 0.0 < out["test_accuracy"] <= 1.0

@@ -203,16 +203,28 @@ def _finish(
         # cheaper and a fairer comparison than one training run per variant.
         results = {
             name: finetune_trained(
-                result, ds, net, name, request.epochs[0], lr, batch_size, lam, seed, grid
+                result,
+                ds,
+                net,
+                name,
+                request.epochs[0],
+                lr,
+                batch_size,
+                lam,
+                seed,
+                grid,
+                keep_models=False,
             )
             for name in request.extra
         }
         for res in results.values():
             res.pop("_params")
+            res.pop("_per_client", None)
     parts: dict[str, Any] = {}
     params = None
     per_client = None
     kept = None
+    dropped = False
     notes: tuple[str, ...] = ()
     not_covered: tuple[str, ...] = ()
     own_data = False
@@ -228,6 +240,7 @@ def _finish(
         score_seconds = float(parts.pop("_score_seconds"))
         per_client = parts.pop("_per_client")
         kept = parts.pop("_kept")
+        dropped = params is None
         held = parts["finetune_auto"]["select"] == "vote"
         notes, own_data = (FINETUNE_VOTE_NOTE if held else AUTO_NOTE,), True
     elif finetune == "auto":
@@ -247,10 +260,13 @@ def _finish(
             )
             if request.start == "billboard"
             else finetune_trained(
-                result, ds, net, finetune, request.epochs[0], lr, batch_size, lam, seed, grid
+                result, ds, net, finetune, request.epochs[0], lr, batch_size, lam, seed, grid,
+                keep_models=keep_models,
             )
         )  # fmt: skip
         params = parts.pop("_params")
+        per_client = parts.pop("_per_client", None)
+        dropped = params is None
         if request.start == "billboard" and request.select == "pooled":
             not_covered = (FINETUNE_SELECT_POOLED,)
         own_data = True  # each client's fine-tuned model reads its own data
@@ -263,7 +279,7 @@ def _finish(
     )
     return FinishedRun(
         parts, results, params, final, notes, not_covered, own_data, score_seconds, per_client,
-        kept,
+        kept, dropped,
     )  # fmt: skip
 
 
@@ -273,7 +289,7 @@ def _final_params(trained: TrainedRun, finished: FinishedRun) -> tuple[Params, b
     result = trained.result
     if finished.params is not None:
         return finished.params, True
-    if finished.kept is not None:  # finished in one pass, the models dropped once scored
+    if finished.dropped:  # finished in one pass, the models dropped once scored
         raise RuntimeError("the end of run kept no final models (finish with keep_models=True)")
     if result.primary == "personalized" and result.personalized_params is not None:
         return result.personalized_params, True

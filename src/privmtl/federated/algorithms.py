@@ -26,7 +26,7 @@ from torch.func import functional_call
 from privmtl._device import one_thread_per_worker
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
-from privmtl.federated.client_models import model_rows
+from privmtl.federated.client_models import ClientModels, model_rows
 from privmtl.privacy.noise import seeded_torch_generator
 from privmtl.privacy.release import clip_factors
 
@@ -322,6 +322,8 @@ def _evaluate_blocks(
     book = BlockScores(model, buffers, splits)
     if m <= block:
         for name, (params, personal) in models.items():
+            if isinstance(params, ClientModels):  # its rows: a store's models are not stacked
+                params = params.rows(np.arange(m))
             book.add(name, params, personal, dataset)
         return book.summary()
     for pos in client_blocks(m, block):

@@ -56,3 +56,20 @@ def test_the_pass_scores_as_finish_clients_does():
     for name, (correct, n) in whole.per_client.items():
         assert np.array_equal(fin.per_client[name][0], correct)
         assert np.array_equal(fin.per_client[name][1], n)
+
+
+def test_without_a_sink_the_workers_send_back_scores_and_choices_only():
+    """Blocks in worker processes: without a sink no block's models come back, and the scores
+    and choices are those of a pass that takes them."""
+    ds, net, trained, board = finish_inputs(36)
+    dim = sum(p.numel() for p in board.values())
+    plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3)
+    options = FinishOptions(
+        "auto", batch_size=10, seed=0, lr=0.1, lam=0.1, plan=plan, block=4, workers=2,
+        score={"global": (board, False)},
+    )  # fmt: skip
+    seen = []
+    taken = finish_pass(options, ds, net, trained, board, on_block=lambda pos, p: seen.append(p))
+    dropped = finish_pass(options, ds, net, trained, board)
+    assert len(seen) == 9 and all(block for block in seen)
+    assert dropped.scores == taken.scores and dropped.choice.tolist() == taken.choice.tolist()

@@ -277,12 +277,13 @@ def finish_pass(
     check_choice("finetune", o.finetune, ("none", "auto", *_FINETUNE_RULES))
     check_choice("local_solver", o.local_solver, LOCAL_SOLVERS)
     block = check_int("block", o.block, low=1)
-    sink: BlockSink = on_block if on_block is not None else (lambda pos, params: None)
+    sink: BlockSink | None = on_block
     if isinstance(trained, ClientModels) and dataset.n_clients <= block:  # one block: its rows
         trained = trained.rows(np.arange(dataset.n_clients))
     if o.finetune == "none" and o.score is None:
         for pos in client_blocks(dataset.n_clients, block):
-            sink(pos, {n: p.clone() for n, p in block_rows(trained, pos).items()})
+            if sink is not None:
+                sink(pos, {n: p.clone() for n, p in block_rows(trained, pos).items()})
         return ClientFinish({})
     names, voters, bar = _vote_and_progress(
         o.finetune, o.select, o.plan, o.vote, o.local_solver, dataset.n_clients, o.voter_rng,
@@ -442,10 +443,12 @@ def _finish_all(
     kw: dict[str, Any],
     book: _Book | None,
     workers: int,
-    sink: BlockSink,
+    sink: BlockSink | None,
 ) -> ClientFinish:
     """:func:`finish_pass`'s blocks (each scored into ``book``, then handed to ``sink``),
-    ``workers`` at a time; the clients' choices, not their models."""
+    ``workers`` at a time; the clients' choices, not their models. Without a sink a block's
+    models are dropped where they were computed (a worker process sends back its scores and
+    choices only)."""
     from privmtl.federated.end_of_run.finetune import check_client_index
 
     m = dataset.n_clients
@@ -455,7 +458,8 @@ def _finish_all(
         )
         if book is not None:
             book.keep(book.score(fin.params, dataset, np.arange(m), local=fin.local))
-        sink(np.arange(m, dtype=np.int64), fin.params)
+        if sink is not None:
+            sink(np.arange(m, dtype=np.int64), fin.params)
         fin.params, fin.local = {}, None
         return fin
     index = check_client_index(client_index, m)  # one block at a time, population indices
@@ -472,6 +476,8 @@ def _finish_all(
         )  # fmt: skip
         scored = None if book is None else book.score(piece.params, part, pos, net, piece.local)
         piece.local = None  # scored: not carried back
+        if sink is None:
+            piece.params = {}  # nor the models nobody takes
         return piece, scored, time.perf_counter() - t0, tally
 
     blocks = list(client_blocks(m, block))
@@ -482,7 +488,8 @@ def _finish_all(
             kw["bar"].update(tally.n, **tally.postfix)
             if book is not None and scored is not None:
                 book.keep(scored, seconds)  # in the blocks' order, whatever finished first
-            sink(pos, piece.params)  # then dropped: no stack of every client's model
+            if sink is not None:
+                sink(pos, piece.params)  # then dropped: no stack of every client's model
             if piece.choice is not None:
                 choices.append(piece.choice)
     choice = np.concatenate(choices) if choices else None

@@ -20,7 +20,7 @@ from privmtl.federated.algorithms import Params
 from privmtl.federated.client_models import SpilledModels
 from privmtl.federated.config import TrainResult
 from privmtl.federated.end_of_run.final_models import stack_trained
-from privmtl.federated.end_of_run.finish import FinishOptions, finish_clients, finish_pass
+from privmtl.federated.end_of_run.finish import FinishOptions, finish_pass
 from privmtl.federated.end_of_run.plan import (
     FINETUNE_NOTE,
     FINETUNE_VOTE_ID,
@@ -236,11 +236,19 @@ def finetune_trained(
     lam: float,
     seed: int,
     grid: tuple[list[float], list[float]] | None = None,
+    *,
+    keep_models: bool = True,
 ) -> dict[str, Any]:
+    """An explicit fine-tuning ``method`` of every client's trained model (or of the billboard,
+    for a method without personalized models); ``grid``: each client's choice of ``(lr, lam)``
+    on its own validation split. Without a grid the clients are finished and scored in one pass
+    (:func:`~privmtl.federated.end_of_run.finish.finish_pass`): ``_params`` are spilled to disk
+    block by block, or None with ``keep_models=False``."""
     from privmtl.federated.end_of_run.finetune_selection import finetune_select
 
     start = "personalized" if result.personalized_params is not None else "global"
     extra: dict[str, Any] = {}
+    params: Params | None
     if grid is not None:
         params, acc, sel = finetune_select(
             result,
@@ -261,18 +269,20 @@ def finetune_trained(
             "note": "each client chose (lr, lam) on its own validation split: no privacy cost",
         }
     else:
-        from privmtl.federated.algorithms import evaluate_dataset
-
-        fin = finish_clients(
-            method, ds, net,
-            stack_trained(result.personalized_params, result.global_params, ds.n_clients),
-            result.global_params, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start,
-            epochs=epochs, device=result.config.device, workers=result.config.threads,
+        options = FinishOptions(
+            method, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start, epochs=epochs,
+            device=result.config.device, workers=result.config.threads, score={},
         )  # fmt: skip
-        params = fin.params
-        buffers = {n: b.detach() for n, b in net.named_buffers()}
-        scores = evaluate_dataset(net, {"final": (params, True)}, buffers, ds)
-        acc = {split: scores[split]["final"] for split in scores}
+        models = SpilledModels(ds.n_clients) if keep_models else None
+        fin = finish_pass(
+            options, ds, net,
+            stack_trained(result.personalized_params, result.global_params, ds.n_clients),
+            result.global_params, on_block=None if models is None else models.append,
+        )  # fmt: skip
+        params = models
+        assert fin.scores is not None
+        acc = {split: fin.scores[split]["final"] for split in fin.scores}
+        extra["_per_client"] = fin.per_client
     return {
         **extra,
         "finetune": method,
