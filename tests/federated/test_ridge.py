@@ -13,7 +13,7 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.federated import ridge as ridge_module
 from privmtl.federated.end_of_run.local import train_local
 from privmtl.federated.models import MultinomialLogReg
-from privmtl.federated.ridge import padded_rows, ridge_logreg
+from privmtl.federated.ridge import RIDGE_BUCKET_ROWS, bucket_clients, padded_rows, ridge_logreg
 
 D, C = 5, 3
 WIDE = 24  # features of the dual-solved clients (their padded rows are at most 24 < 25)
@@ -31,6 +31,14 @@ def wide() -> FederatedDataset:
     """Clients with fewer training rows than features: solved in the dual."""
     return make_synthetic_federated(
         n_clients=7, n_features=WIDE, n_classes=C, samples_per_client=(3, 30), random_state=3
+    )
+
+
+@pytest.fixture(scope="module")
+def sixty() -> FederatedDataset:
+    """The synthetic federation's width (60 features: 61 with the bias, padded to 64)."""
+    return make_synthetic_federated(
+        n_clients=8, n_features=60, n_classes=C, samples_per_client=(3, 200), random_state=4
     )
 
 
@@ -98,19 +106,39 @@ def test_default_iterations_are_close_to_the_minimum(ds: FederatedDataset) -> No
     assert min(gaps) > -1e-5  # nothing below the minimum: the objective is the documented one
 
 
-def test_a_client_model_does_not_depend_on_the_others(ds: FederatedDataset) -> None:
-    """A client's solve has shapes set by its own size only (padded_rows); the batched kernels
-    may round its values differently with the clients beside it (float32: a few ulps)."""
-    start = _start(torch.float32)
-    (together,) = ridge_logreg(start, ds, (2.0,))
-    for k in (0, 4, 8):
-        (alone,) = ridge_logreg(start, ds.subset([k]), (2.0,))
-        for n in together:
-            torch.testing.assert_close(alone[n][0], together[n][k], rtol=1e-5, atol=1e-6)
-    # the bucket size changes which clients are solved together, not their models
-    (small,) = ridge_logreg(start, ds, (2.0,), bucket_rows=8)
-    for n in together:
-        torch.testing.assert_close(small[n], together[n], rtol=1e-5, atol=1e-6)
+def _bytes(models: dict[str, torch.Tensor], k: int) -> list[bytes]:
+    return [models[n][k].numpy().tobytes() for n in sorted(models)]
+
+
+@pytest.mark.parametrize("fixture", ["ds", "wide", "sixty"])
+def test_a_client_model_is_the_same_bytes_alone_or_in_any_batch(fixture, request) -> None:
+    """A client's solve runs in a batch of a fixed number of slots for its padded length
+    (bucket_clients), its rows padded to an aligned width: solved alone, beside every client or
+    beside any other clients, its model is bit for bit the same (float32)."""
+    data: FederatedDataset = request.getfixturevalue(fixture)
+    m = data.n_clients
+    start = _start(torch.float32, d=data.n_features)
+    together = ridge_logreg(start, data, (2.0, 0.5))
+    rng = np.random.default_rng(0)
+    for k in range(m):
+        alone = ridge_logreg(start, data.subset([k]), (2.0, 0.5))
+        others = rng.choice([j for j in range(m) if j != k], size=int(rng.integers(1, m)))
+        mixed = sorted({k, *others.tolist()})
+        beside = ridge_logreg(start, data.subset(mixed), (2.0, 0.5))
+        for r in range(2):
+            want = _bytes(alone[r], 0)
+            assert _bytes(together[r], k) == want, (k, r)
+            assert _bytes(beside[r], mixed.index(k)) == want, (k, r, mixed)
+    # the bucket size is a public constant: another one changes the slots, not the models
+    (small,) = ridge_logreg(start, data, (2.0,), bucket_rows=8)
+    for n in together[0]:
+        torch.testing.assert_close(small[n], together[0][n], rtol=1e-5, atol=1e-6)
+
+
+def test_a_bucket_has_slots_set_by_public_constants() -> None:
+    assert bucket_clients(8, 2) == RIDGE_BUCKET_ROWS // 16
+    assert bucket_clients(8, 2, bucket_rows=64) == 4
+    assert bucket_clients(10_000, 3) == 1  # at least one client
 
 
 def test_the_dual_iterates_are_the_primal_iterates(wide: FederatedDataset) -> None:
@@ -131,16 +159,6 @@ def test_the_dual_iterates_are_the_primal_iterates(wide: FederatedDataset) -> No
         ridge_module._solve_bucket_dual(*args), ridge_module._solve_bucket(*args),
         rtol=0, atol=1e-10,
     )  # fmt: skip
-
-
-def test_a_dual_client_model_does_not_depend_on_the_others(wide: FederatedDataset) -> None:
-    """Up to rounding: a batched product may round differently with the batch's size."""
-    start = _start(d=WIDE)
-    (together,) = ridge_logreg(start, wide, (2.0,))
-    for k in (0, 3, 6):
-        (alone,) = ridge_logreg(start, wide.subset([k]), (2.0,))
-        for n in together:
-            torch.testing.assert_close(alone[n][0], together[n][k], rtol=0, atol=1e-12)
 
 
 def test_padded_rows_is_a_ladder_of_the_own_size() -> None:

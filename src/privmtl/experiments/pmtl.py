@@ -179,10 +179,15 @@ def _train(
     return TrainedRun(result, sigma, loaded.q, local_select, local_solver, local_patience)
 
 
-def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> FinishedRun:
+def _finish(
+    loaded: LoadedRun, trained: TrainedRun, request: FinishRequest, *, keep_models: bool = True
+) -> FinishedRun:
     """Finish: the extra fine-tuning variants, then the run's end (``finetune``: the clients'
     automatic choice, fine-tuning from their models or from the billboard, or none) and the keys
-    describing the final models. Everything here is post-processing of the releases."""
+    describing the final models. Everything here is post-processing of the releases.
+    ``keep_models=False``: ``finetune="auto"`` drops every block's final models once scored (the
+    per-client scores and the result do not need them; a run that saves them keeps them, on
+    disk: :func:`~privmtl.federated.end_of_run.trained_run.finetune_auto`)."""
     spec, result, ds, net = loaded.spec, trained.result, loaded.dataset, loaded.net
     seed, lr, batch_size, lam = spec.seed, spec.lr, spec.batch_size, loaded.lam
     grid = None
@@ -198,16 +203,28 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
         # cheaper and a fairer comparison than one training run per variant.
         results = {
             name: finetune_trained(
-                result, ds, net, name, request.epochs[0], lr, batch_size, lam, seed, grid
+                result,
+                ds,
+                net,
+                name,
+                request.epochs[0],
+                lr,
+                batch_size,
+                lam,
+                seed,
+                grid,
+                keep_models=False,
             )
             for name in request.extra
         }
         for res in results.values():
             res.pop("_params")
+            res.pop("_per_client", None)
     parts: dict[str, Any] = {}
     params = None
     per_client = None
     kept = None
+    dropped = False
     notes: tuple[str, ...] = ()
     not_covered: tuple[str, ...] = ()
     own_data = False
@@ -217,12 +234,13 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
         parts = finetune_auto(
             result, ds, net, loaded.name, sigma, batch_size, seed, trained.local_solver,
             trained.local_patience, score_trained=_scores_at_finish(loaded, request),
-            vote=loaded.vote,
+            vote=loaded.vote, keep_models=keep_models,
         )  # fmt: skip
         params = parts.pop("_params")
         score_seconds = float(parts.pop("_score_seconds"))
         per_client = parts.pop("_per_client")
         kept = parts.pop("_kept")
+        dropped = params is None
         held = parts["finetune_auto"]["select"] == "vote"
         notes, own_data = (FINETUNE_VOTE_NOTE if held else AUTO_NOTE,), True
     elif finetune == "auto":
@@ -242,10 +260,13 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
             )
             if request.start == "billboard"
             else finetune_trained(
-                result, ds, net, finetune, request.epochs[0], lr, batch_size, lam, seed, grid
+                result, ds, net, finetune, request.epochs[0], lr, batch_size, lam, seed, grid,
+                keep_models=keep_models,
             )
         )  # fmt: skip
         params = parts.pop("_params")
+        per_client = parts.pop("_per_client", None)
+        dropped = params is None
         if request.start == "billboard" and request.select == "pooled":
             not_covered = (FINETUNE_SELECT_POOLED,)
         own_data = True  # each client's fine-tuned model reads its own data
@@ -258,7 +279,7 @@ def _finish(loaded: LoadedRun, trained: TrainedRun, request: FinishRequest) -> F
     )
     return FinishedRun(
         parts, results, params, final, notes, not_covered, own_data, score_seconds, per_client,
-        kept,
+        kept, dropped,
     )  # fmt: skip
 
 
@@ -268,6 +289,8 @@ def _final_params(trained: TrainedRun, finished: FinishedRun) -> tuple[Params, b
     result = trained.result
     if finished.params is not None:
         return finished.params, True
+    if finished.dropped:  # finished in one pass, the models dropped once scored
+        raise RuntimeError("the end of run kept no final models (finish with keep_models=True)")
     if result.primary == "personalized" and result.personalized_params is not None:
         return result.personalized_params, True
     return result.global_params, False
@@ -291,14 +314,18 @@ def _baseline(
     if "local" in per_client and "final" in per_client:
         (final_c, n), (local_c, _) = per_client["final"], per_client["local"]
         idx = np.arange(loaded.m)
-    else:
-        final, personalized = _final_params(trained, finished)
+    else:  # the final models scored already by the end of run's pass: not read again
+        scored = per_client.get("final")
+        final, personalized = (
+            _final_params(trained, finished) if scored is None else (result.global_params, False)
+        )
         idx, final_c, local_c, n = local_scores(
             loaded.dataset, loaded.net, final, personalized=personalized, seed=spec.seed,
             batch_size=spec.batch_size, solver=trained.local_solver,
             patience=trained.local_patience, device=result.config.device,
             workers=result.config.threads,
             local=result.personalized_params if loaded.method.every_client else None,
+            final_correct=scored,
         )  # fmt: skip
     keys = local_keys(final_c, local_c, n, m=loaded.m, solver=trained.local_solver)
     return keys, (idx, final_c, local_c, n)
@@ -619,7 +646,7 @@ def _run(given: dict[str, Any], x: Execution, o: RunOptions) -> dict[str, Any]:
         )
     timer.carve("scoring", "rounds", trained.result.seconds)  # the engine's own time of its rounds
     with timer.phase("end_of_run"):
-        finished = _finish(loaded, trained, finishing)
+        finished = _finish(loaded, trained, finishing, keep_models=x.save_models is not None)
         if isinstance(trained.result.ledger, PrivacyLedger):
             trained.result.ledger.close()  # after the end-of-run vote, when there was one
     timer.carve("end_of_run", "scoring", finished.score_seconds)

@@ -198,6 +198,9 @@ class FinishedRun:
     per_client: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     kept: np.ndarray | None = None
     """``finetune="auto"``: the candidate every client kept (its name), in the clients' order."""
+    dropped: bool = False
+    """Whether the clients' final models were dropped once scored (``params`` is then None, and
+    the per-client scores are in ``per_client``)."""
 
 
 def _finish_request(

@@ -29,6 +29,7 @@ from privmtl._device import one_thread_per_worker
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
+from privmtl.federated.client_models import ClientModels, model_rows
 from privmtl.privacy.noise import seeded_torch_generator
 from privmtl.privacy.release import clip_factors
 
@@ -481,6 +482,8 @@ def _evaluate_blocks(
     book = BlockScores(model, buffers, splits)
     if m <= block:
         for name, (params, personal) in models.items():
+            if isinstance(params, ClientModels):  # its rows: a store's models are not stacked
+                params = params.rows(np.arange(m))
             book.add(name, params, personal, dataset)
         return book.summary()
     for pos in client_blocks(m, block):
@@ -491,9 +494,9 @@ def _evaluate_blocks(
 
 
 def block_rows(params: Params, pos: np.ndarray) -> Params:
-    """The rows ``pos`` of stacked models (a block of clients' own models)."""
-    rows = torch.from_numpy(np.asarray(pos, dtype=np.int64))
-    return {n: p.index_select(0, rows.to(p.device)) for n, p in params.items()}
+    """The rows ``pos`` of stacked models (a block of clients' own models; of a
+    :class:`~privmtl.federated.client_models.ClientModels`, without stacking the others)."""
+    return model_rows(params, pos)
 
 
 class BlockScores:

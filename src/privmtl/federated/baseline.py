@@ -110,10 +110,13 @@ def local_scores(
     device: str = "cpu",
     workers: int = 1,
     local: Params | None = None,
+    final_correct: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`local_baseline`'s per-client scores (same parameters): the clients of
     :func:`baseline_sample`, and their correct test predictions of the final and the local models
-    and their test examples (what the per-client rows, :mod:`privmtl.per_client`, read)."""
+    and their test examples (what the per-client rows, :mod:`privmtl.per_client`, read).
+    ``final_correct``: every client's correct test predictions and test examples of its final
+    model, scored already (the end of run's pass): ``final`` is then not read."""
     from privmtl.federated.end_of_run.local import train_local
 
     m = dataset.n_clients
@@ -132,11 +135,14 @@ def local_scores(
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     book = BlockScores(model, buffers, ("test",))
     with torch.no_grad():
-        own = block_rows(final, idx) if personalized and len(idx) != m else final
-        book.add("final", own, personalized, part)
+        if final_correct is None:
+            own = block_rows(final, idx) if personalized and len(idx) != m else final
+            book.add("final", own, personalized, part)
         book.add("local", {k: v.cpu() for k, v in local.items()}, True, part)
+    local_c, n = book.per_client("test", "local")
+    if final_correct is not None:
+        return idx, np.asarray(final_correct[0])[idx], local_c, n
     final_c, n = book.per_client("test", "final")
-    local_c, _ = book.per_client("test", "local")
     return idx, final_c, local_c, n
 
 

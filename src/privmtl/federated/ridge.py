@@ -31,7 +31,13 @@ span of the client's rows), so with :math:`K = \tilde X \tilde X^\top` and
 The clients are sorted by size and solved in buckets of one padded length (:func:`padded_rows`;
 examples padded with zero weight), every prior strength of a bucket in the same vectorised call:
 :data:`RIDGE_ITERATIONS` Python steps per bucket, not one per minibatch of every client. Client
-``k``'s model reads its own training data, the start model and public constants only.
+``k``'s model reads its own training data, the start model and public constants only, down to
+the last bit: every bucket of a padded length has the same number of slots
+(:func:`bucket_clients`, empty slots solved for a placeholder and dropped), and the width
+``d + 1`` is padded with zero features to a multiple of :data:`RIDGE_WIDTH_STEP`, so that every
+batched call that involves client ``k`` has the same shapes and the same memory alignment of its
+slot whoever the other clients are (a batched inverse rounds by alignment). A client solved
+alone or beside any others gets the same bytes (``tests/federated/test_ridge.py``).
 """
 
 from __future__ import annotations
@@ -44,26 +50,43 @@ import torch
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.algorithms import Params
 
-__all__ = ["RIDGE_BUCKET_ROWS", "RIDGE_ITERATIONS", "padded_rows", "ridge_logreg"]
+__all__ = [
+    "RIDGE_BUCKET_ROWS",
+    "RIDGE_ITERATIONS",
+    "bucket_clients",
+    "padded_rows",
+    "ridge_logreg",
+]
 
 RIDGE_ITERATIONS = 30
 """Iterations of :func:`ridge_logreg`: the objective ends near its minimum, closer the stronger
 the prior (``tests/federated/test_ridge.py`` bounds the gap)."""
-RIDGE_BUCKET_ROWS = 1 << 12
+RIDGE_WIDTH_STEP = 4
+"""The width of a client's rows with the bias (``d + 1``) is padded with zero features to a
+multiple of this: ``(d + 1)^2`` floats then fill whole 64-byte lines, so that the matrices of a
+batch all start at one alignment (a batched inverse rounds by alignment)."""
+RIDGE_BUCKET_ROWS = 1 << 11
 """The most padded training rows (times the prior strengths) of one bucket of :func:`ridge_logreg`."""
 
 
 def padded_rows(sizes: np.ndarray) -> np.ndarray:
     """The rows a client of each size is padded to: multiples of 8 up to 64, then steps of
     about a quarter (a public ladder of its own size: the shapes of a client's solve never depend
-    on the other clients; its values do not either, except that a batched matrix product may
-    round differently with the number of clients solved beside it)."""
+    on the other clients)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     ladder = [8]
     while ladder[-1] < max(int(sizes.max(initial=0)), 1):
         step = 8 if ladder[-1] < 64 else -(-ladder[-1] // 4 // 8) * 8
         ladder.append(ladder[-1] + step)
     return np.asarray(ladder, dtype=np.int64)[np.searchsorted(ladder, sizes)]
+
+
+def bucket_clients(rows: int, n_ridges: int, bucket_rows: int = RIDGE_BUCKET_ROWS) -> int:
+    """How many clients every bucket of padded length ``rows`` holds, for ``n_ridges`` prior
+    strengths: as many as fit in ``bucket_rows`` padded rows (times the strengths), at least one.
+    A function of public constants only: a client is solved in a batch of this many, whoever
+    the others are (fewer clients of its length: the empty slots hold placeholders)."""
+    return max(1, bucket_rows // (rows * n_ridges))
 
 
 def ridge_logreg(
@@ -88,9 +111,9 @@ def ridge_logreg(
         Prior strengths ``c`` (each > 0), in the order of the returned models.
     iterations : int, default :data:`RIDGE_ITERATIONS`
     bucket_rows : int, default :data:`RIDGE_BUCKET_ROWS`
-        Clients of one padded length are solved together up to this many padded rows (times the
-        prior strengths); the models do not depend on it, nor on the other clients (up to the
-        rounding of batched products, which can change with the number of clients in a batch).
+        Clients of one padded length are solved together in :func:`bucket_clients` slots: this
+        many padded rows (times the prior strengths). A client's model does not depend on the
+        other clients, bit for bit; another value may round it differently in its last bits.
 
     Returns
     -------
@@ -100,36 +123,43 @@ def ridge_logreg(
     weight, bias = start["linear.weight"], start["linear.bias"]
     dtype, device = weight.dtype, weight.device
     n_classes, d = weight.shape
-    w0 = torch.cat([weight, bias.unsqueeze(1)], 1)  # (C, d + 1)
+    # the features padded with zero columns to a width where d + 1 is a multiple of
+    # RIDGE_WIDTH_STEP: every (d + 1)-square matrix of a batch then starts at the same memory
+    # alignment, and the batched kernels that round by alignment round every slot alike
+    extra = -(d + 1) % RIDGE_WIDTH_STEP
+    zeros = weight.new_zeros(n_classes, extra)
+    w0 = torch.cat([weight, zeros, bias.unsqueeze(1)], 1)  # (C, d + extra + 1): bias last
     m = dataset.n_clients
     x_all, y_all, offsets = dataset.concat("train")
     x_all = x_all.reshape(x_all.shape[0], -1).to(device=device, dtype=dtype)
+    x_all = torch.cat([x_all, x_all.new_zeros(x_all.shape[0], extra)], 1)
     y_all = y_all.to(device)
     n = np.diff(offsets).astype(np.int64)
     cs = torch.tensor([float(c) for c in ridges], dtype=dtype, device=device)
-    out = w0.expand(len(ridges), m, n_classes, d + 1).clone()
+    out = w0.expand(len(ridges), m, *w0.shape).clone()
     top = padded_rows(n)
     order = np.lexsort((np.arange(m), top))  # by padded length, then position
     i = 0
     while i < len(order):
         rows_of = int(top[order[i]])  # a bucket: clients of one padded length
+        slots = bucket_clients(rows_of, len(ridges), bucket_rows)
         j = i + 1
-        while (
-            j < len(order)
-            and top[order[j]] == rows_of
-            and (j + 1 - i) * rows_of * len(ridges) <= max(bucket_rows, rows_of * len(ridges))
-        ):
+        while j < len(order) and top[order[j]] == rows_of and j - i < slots:
             j += 1
         idx = order[i:j]
-        own = np.minimum(np.arange(rows_of)[None, :], n[idx][:, None] - 1) + offsets[idx][:, None]
+        # every bucket of this length has the same number of slots, those left empty filled
+        # with copies of its first client (solved, then dropped): no call's shape depends on
+        # how many clients of this length there are
+        full = np.concatenate([idx, np.full(slots - len(idx), idx[0], dtype=idx.dtype)])
+        own = np.minimum(np.arange(rows_of)[None, :], n[full][:, None] - 1) + offsets[full][:, None]
         rows = torch.from_numpy(own).to(device)
-        sizes = torch.from_numpy(n[idx]).to(device=device, dtype=dtype)
+        sizes = torch.from_numpy(n[full]).to(device=device, dtype=dtype)
         solve = _solve_bucket_dual if rows_of < d + 1 else _solve_bucket
         solved = solve(x_all[rows], y_all[rows], sizes, w0, cs, iterations)
-        out[:, torch.from_numpy(idx).to(device)] = solved
+        out[:, torch.from_numpy(idx).to(device)] = solved[:, : len(idx)]
         i = j
     return [
-        {"linear.weight": o[..., :d].contiguous(), "linear.bias": o[..., d].contiguous()}
+        {"linear.weight": o[..., :d].contiguous(), "linear.bias": o[..., -1].contiguous()}
         for o in out
     ]
 

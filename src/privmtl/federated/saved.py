@@ -64,6 +64,7 @@ import torch
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.algorithms import block_rows
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
+from privmtl.federated.client_models import ClientModels
 from privmtl.federated.spec import SPEC
 from privmtl.io import StagedFolder, read_json, staged_folder
 from privmtl.trust import check_signing_key, folder_file, is_signed, sign, untrusted_code
@@ -103,6 +104,9 @@ def _write_tensors(
     """``torch.save`` of ``params`` (rows ``start:stop`` of each, when ``stop`` is given) straight
     into the staged file ``name``; its SHA-256. Each tensor is copied first, so that the file
     holds its values alone (``torch.save`` of a view writes the whole storage under it)."""
+    if isinstance(params, ClientModels):  # read by rows: never every client's model at once
+        rows = params.rows(np.arange(start, params.m if stop is None else stop))
+        return staged.write(name, lambda fh: torch.save(rows, fh))
     rows = {
         n: (p if stop is None else p[start:stop]).detach().clone().contiguous()
         for n, p in params.items()

@@ -9,8 +9,11 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
+
+from privmtl.federated.client_models import ClientModels
 
 if TYPE_CHECKING:
     from privmtl.federated.config import TrainConfig
@@ -28,6 +31,10 @@ class TrainResult:
     client_ids : list of str
     personalized_params : dict of str to Tensor, or None
         Stacked per-client parameters ``(m, *shape)`` (pmtl, local); ``None`` for fedavg/fedprox.
+        A method whose clients keep their models in a store gives a
+        :class:`~privmtl.federated.client_models.StoredModels`: read a block of clients at a time
+        (:meth:`~privmtl.federated.client_models.ClientModels.rows`), it never holds every
+        client's model; read as a dict, it stacks them once.
     global_params : dict of str to Tensor
         The released global model :math:`\tilde w^T` (unchanged initial model for ``local``).
     history : list of dict
@@ -130,6 +137,8 @@ class TrainResult:
         """Parameters used by client ``k`` (its personalized model, or the global model)."""
         if self.personalized_params is None:
             return dict(self.global_params)
+        if isinstance(self.personalized_params, ClientModels):  # its row only, nothing stacked
+            return {n: p[0] for n, p in self.personalized_params.rows(np.array([k])).items()}
         return {name: p[k] for name, p in self.personalized_params.items()}
 
     def client_model(self, model: nn.Module, k: int) -> nn.Module:

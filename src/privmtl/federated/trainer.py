@@ -55,6 +55,7 @@ from privmtl.federated.backend import (
     setup_run,
 )
 from privmtl.federated.client import UpdateRule, local_sgd_batched, local_sgd_reference
+from privmtl.federated.client_models import ClientModels
 from privmtl.federated.config import (
     CLIENT_CHUNK,
     ResolvedRun,
@@ -628,7 +629,9 @@ class Trainer:
             if self.score_at_end
             else self._unscored(outputs)
         )
-        personal, glob = to_device(outputs, "cpu")
+        personal, glob = outputs[0], to_device(outputs[1], "cpu")
+        if not isinstance(personal, ClientModels):  # a store's models are read by rows, on the CPU
+            personal = to_device(personal, "cpu")
         return run_result(
             self.config,
             self.history,

@@ -48,6 +48,7 @@ from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import BlockScores, Params, block_rows
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks, concurrent_blocks
+from privmtl.federated.client_models import ClientModels
 from privmtl.federated.end_of_run.final_models import (
     FINAL_MODEL_WORDS,
     describe_final_models,
@@ -76,6 +77,8 @@ from privmtl.federated.end_of_run.plan import (
     FINETUNE_VOTERS,
     FINETUNE_VOTERS_STREAM,
     AutoPlan,
+    BlockSink,
+    FinishOptions,
     auto_info,
     auto_plan,
     resolve_finetune_select,
@@ -105,13 +108,16 @@ __all__ = [
     "FINETUNE_VOTE_SHARE",
     "FINETUNE_VOTE_STREAM",
     "AutoPlan",
+    "BlockSink",
     "ClientFinish",
+    "FinishOptions",
     "auto_info",
     "auto_plan",
     "describe_final_models",
     "final_model_counts",
     "final_models_keys",
     "finish_clients",
+    "finish_pass",
     "resolve_finetune_select",
     "resolve_local_solver",
     "stack_trained",
@@ -135,7 +141,8 @@ def _point(name: str) -> dict[str, Any]:
 class ClientFinish:
     """What :func:`finish_clients` gives: every client's final model and how it was chosen.
 
-    ``params`` are stacked ``(k, ...)`` in the order of the clients; ``choice`` is the index in
+    ``params`` are stacked ``(k, ...)`` in the order of the clients (:func:`finish_clients`;
+    empty from :func:`finish_pass`, whose blocks went to its sink); ``choice`` is the index in
     ``plan.names`` of every client's choice (``finetune="auto"``; else None); ``grids`` the
     public grids of the candidates (``local_grid``, ``billboard_grid``); ``scores``, when asked
     for, ``{split: {name: evaluate(...)}}`` of the final models (``"final"``) and the other models
@@ -187,137 +194,134 @@ def finish_clients(
     voters: np.ndarray | None = None,
     winner: str | None = None,
 ) -> ClientFinish:
-    """Every client's final model (module docstring), for the clients of ``dataset``.
+    """Every client's final model (module docstring), for the clients of ``dataset``, stacked in
+    :attr:`ClientFinish.params`: :func:`finish_pass`, its blocks' models assembled.
 
-    The clients are finished in blocks of at most ``block`` (:mod:`~privmtl.federated.blocks`):
-    the candidates and minibatch plans of one block are held at a time, and a client's final
-    model does not depend on the block it is computed in.
+    The keywords are the fields of :class:`FinishOptions` (documented there). Every client's
+    model is held at once: a population too large for that is finished by :func:`finish_pass`,
+    whose blocks go to the caller's sink (``privmtl pmtl`` writes them to disk when it saves
+    them, and else drops them once scored).
 
     Parameters
     ----------
-    finetune : {"none", "auto", "vanilla", "mr", "skl", "ewc"}
+    finetune, dataset, model, trained, billboard
+        As :func:`finish_pass` (``finetune``: :attr:`FinishOptions.finetune`).
+    batch_size, seed, lr, lam, start, epochs, plan, client_index, block, progress, device, \
+score, workers, local_solver, local_patience, select, vote, voter_rng, voters, winner
+        The fields of :class:`FinishOptions`.
+    """
+    options = FinishOptions(
+        finetune, batch_size, seed, lr, lam, start, epochs, plan, client_index, block, progress,
+        device, score, workers, local_solver, local_patience, select, vote, voter_rng, voters,
+        winner,
+    )  # fmt: skip
+    if finetune == "none" and score is None:
+        return ClientFinish({n: p.clone() for n, p in trained.items()})
+    blocks: list[tuple[np.ndarray, Params]] = []
+    fin = finish_pass(
+        options, dataset, model, trained, billboard,
+        on_block=lambda pos, params: blocks.append((pos, params)),
+    )  # fmt: skip
+    if len(blocks) == 1:
+        fin.params = blocks[0][1]
+        return fin
+    m = dataset.n_clients
+    first = blocks[0][1]
+    fin.params = {n: p.new_empty((m, *p.shape[1:])) for n, p in first.items()}
+    for pos, params in blocks:
+        rows = torch.from_numpy(pos)
+        for n, p in params.items():
+            fin.params[n][rows] = p
+    return fin
+
+
+def finish_pass(
+    options: FinishOptions,
+    dataset: FederatedDataset,
+    model: nn.Module,
+    trained: Params,
+    billboard: Params,
+    *,
+    on_block: BlockSink | None = None,
+) -> ClientFinish:
+    """Every client's end of run (module docstring) in one pass over the clients of ``dataset``.
+
+    The clients are finished in blocks of at most ``options.block``
+    (:mod:`~privmtl.federated.blocks`): a block's data are drawn once, its clients finished,
+    scored (``options.score``) and handed to ``on_block`` (in the clients' order), then dropped.
+    No step holds every client's model: :attr:`ClientFinish.params` is empty, and the result's
+    choices and scores are accumulated block by block (``O(k)`` numbers). A client's final model
+    does not depend on the block it is computed in.
+
+    Parameters
+    ----------
+    options : FinishOptions
+        How the clients end the run.
     dataset : FederatedDataset
         The clients' own data (all of the population, or a part of it).
     model : nn.Module
         Architecture and initial parameters (the start of ``"auto"``'s local training).
     trained : dict of str to Tensor
-        The clients' trained models, stacked ``(k, ...)`` (for a method without personalized
-        models: the billboard, stacked).
+        The clients' trained models, stacked ``(k, ...)`` or a
+        :class:`~privmtl.federated.client_models.ClientModels` (read a block at a time); for a
+        method without personalized models: the billboard, stacked.
     billboard : dict of str to Tensor
         The released global model (the whole model: with partial sharing its personal layers
         are the initial ones).
-    batch_size, seed, lr, lam
-        Minibatch size, seed, step size and penalty weight of fine-tuning (``"auto"``'s grids
-        are :data:`AUTO_FINETUNE_EPOCHS` and :data:`AUTO_FINETUNE_LRS`).
-    start : {"personalized", "global"}
-        Where an explicit fine-tuning method starts: the trained models or the billboard.
-    epochs : int, default 1
-        Epochs of an explicit fine-tuning method.
-    plan : AutoPlan
-        ``"auto"`` only: its candidates (:func:`auto_plan`).
-    client_index : sequence of int, optional
-        The clients' indices in the whole population (they seed the minibatches; default: their
-        positions in ``dataset``).
-    block : int, default :data:`~privmtl.federated.blocks.END_OF_RUN_BLOCK`
-        The most clients finished at once.
-    progress : bool, default False
-        ``"auto"`` only: report the local trainings of its candidates, client by client (a
-        :class:`~privmtl._progress.Progress`: a bar on a terminal, plain lines elsewhere).
-    device : str, default "cpu"
-        Where the clients fine-tune and are scored (``"auto"``'s grids:
-        :func:`~privmtl.federated.end_of_run.local.train_local`; the explicit methods:
-        :func:`~privmtl.federated.end_of_run.finetune.finetune`); the final models are CPU tensors. On the
-        CPU the clients are finished with one torch thread
-        (:func:`~privmtl._device.one_thread_per_worker`).
-    score : dict of str to (params, personalized), optional
-        Also score, on the validation and test splits, the final models (``"final"``) and these
-        models (stacked ``(m, ...)`` when personalized), block by block while each block's data
-        are at hand (:class:`~privmtl.federated.algorithms.BlockScores`): the scores are
-        :func:`~privmtl.federated.algorithms.evaluate`'s, in :attr:`ClientFinish.scores`.
-    workers : int, default 1
-        Blocks computed at once on the CPU (threads, one torch thread each:
-        :func:`~privmtl.federated.blocks.concurrent_blocks`); the results do not depend on it.
-    local_solver : {"sgd", "ridge"}, default "sgd"
-        ``"auto"`` only: how its local training and billboard fine-tuning are solved
-        (:func:`~privmtl.federated.end_of_run.local.train_local`'s ``solver``): the SGD grids
-        (:data:`~privmtl.federated.end_of_run.local.LOCAL_EPOCHS`, :data:`AUTO_FINETUNE_EPOCHS`), or, for
-        logistic regression, the batched ridge solves around the initial model
-        (:data:`~privmtl.federated.end_of_run.local.LOCAL_RIDGES`) and around the billboard
-        (:data:`AUTO_FINETUNE_RIDGES`).
-    local_patience : int, optional
-        ``"auto"`` with ``local_solver="sgd"`` only: every SGD run of the local and billboard
-        candidates stops once its count of correct predictions on the client's own validation
-        split has not improved for this many epochs (:func:`~privmtl.federated.end_of_run.local.train_local`'s
-        ``patience``; None: all epochs).
-    select : {"client", "vote"}, default "client"
-        ``"auto"`` only: every client's own choice, or one candidate for all by a vote. With
-        ``"vote"`` every client first scores every candidate of :func:`vote_candidates` on its
-        own validation split and shares its vote among the best
-        (:func:`~privmtl.privacy.selection.client_vote_shares`); ``vote`` is then called once
-        with the shares ``(k, K)`` of all clients and the candidates' names, and returns the
-        winner's index (the caller releases the noisy histogram and records it before it returns:
-        no final model exists before); every client then takes the winner. The clients must be
-        the whole population; above :data:`FINETUNE_VOTERS` clients only the subsample
-        :func:`vote_voters` votes (the others' shares are zero: they abstain) and the others
-        compute the winner only.
-    vote : callable, optional
-        ``select="vote"``: the vote (above).
-    voter_rng : numpy.random.Generator, optional
-        ``select="vote"`` above :data:`FINETUNE_VOTERS` clients: the voters' coins
-        (:func:`vote_voters`; default OS entropy).
-    voters : array of int, optional
-        ``select="vote"``: the positions of the clients of ``dataset`` that vote, instead of
-        :func:`vote_voters` over them (a part of a population whose voters were drawn over the
-        whole population: a Flower node's clients).
-    winner : str, optional
-        ``select="vote"``: the vote's winner, known already (elected over several parts of the
-        population: a Flower node's clients finish with the winner the server announced); the
-        shares are then not computed and ``vote`` not called.
+    on_block : callable, optional
+        Called with every block's positions and final models (:data:`BlockSink`).
     """
     from privmtl.federated.end_of_run.local import LOCAL_SOLVERS
 
-    check_choice("finetune", finetune, ("none", "auto", *_FINETUNE_RULES))
-    check_choice("local_solver", local_solver, LOCAL_SOLVERS)
-    block = check_int("block", block, low=1)
-    if finetune == "none" and score is None:
-        return ClientFinish({n: p.clone() for n, p in trained.items()})
+    o = options
+    check_choice("finetune", o.finetune, ("none", "auto", *_FINETUNE_RULES))
+    check_choice("local_solver", o.local_solver, LOCAL_SOLVERS)
+    block = check_int("block", o.block, low=1)
+    sink: BlockSink | None = on_block
+    if isinstance(trained, ClientModels) and dataset.n_clients <= block:  # one block: its rows
+        trained = trained.rows(np.arange(dataset.n_clients))
+    if o.finetune == "none" and o.score is None:
+        for pos in client_blocks(dataset.n_clients, block):
+            if sink is not None:
+                sink(pos, {n: p.clone() for n, p in block_rows(trained, pos).items()})
+        return ClientFinish({})
     names, voters, bar = _vote_and_progress(
-        finetune, select, plan, vote, local_solver, dataset.n_clients, voter_rng, progress,
-        voters=voters, known=winner is not None,
+        o.finetune, o.select, o.plan, o.vote, o.local_solver, dataset.n_clients, o.voter_rng,
+        o.progress, voters=o.voters, known=o.winner is not None,
     )  # fmt: skip
     kw: dict[str, Any] = {
-        "batch_size": batch_size, "seed": seed, "lr": lr, "lam": lam, "start": start,
-        "epochs": epochs, "plan": plan, "bar": bar, "device": device,
-        "local_solver": local_solver, "local_patience": local_patience,
+        "batch_size": o.batch_size, "seed": o.seed, "lr": o.lr, "lam": o.lam, "start": o.start,
+        "epochs": o.epochs, "plan": o.plan, "bar": bar, "device": o.device,
+        "local_solver": o.local_solver, "local_patience": o.local_patience,
     }  # fmt: skip
     book = None
-    if score is not None:
+    if o.score is not None:
         buffers = {n: b.detach() for n, b in model.named_buffers()}
-        book = _Book(BlockScores(model, buffers, ("val", "test")), dict(score))
-    winner = winner if select == "vote" else None
-    n_workers = check_int("workers", workers, low=1) if device == "cpu" else 1
+        book = _Book(BlockScores(model, buffers, ("val", "test")), dict(o.score))
+    winner = o.winner if o.select == "vote" else None
+    n_workers = check_int("workers", o.workers, low=1) if o.device == "cpu" else 1
     try:
         with one_thread_per_worker():
-            if select == "vote" and winner is not None:  # elected elsewhere: finish with it
+            if o.select == "vote" and winner is not None:  # elected elsewhere: finish with it
                 kw["only"] = winner
-            elif select == "vote":
-                assert vote is not None
+            elif o.select == "vote":
+                assert o.vote is not None
                 shares = _vote_shares(
-                    dataset, model, trained, billboard, client_index, block, names, kw, voters,
+                    dataset, model, trained, billboard, o.client_index, block, names, kw, voters,
                     n_workers,
                 )  # fmt: skip
-                winner = names[int(vote(shares, names))]  # recorded by the caller: then the models
+                winner = names[int(o.vote(shares, names))]  # recorded by the caller: then models
                 kw["only"] = winner
             t0 = time.perf_counter()
             fin = _finish_all(
-                finetune, dataset, model, trained, billboard, client_index, block, kw, book,
-                n_workers,
+                o.finetune, dataset, model, trained, billboard, o.client_index, block, kw, book,
+                n_workers, sink,
             )  # fmt: skip
             blocks_wall = time.perf_counter() - t0
     finally:
         bar.close()
     fin.winner = winner
-    fin.voters = len(voters) if select == "vote" else None
+    fin.voters = len(voters) if o.select == "vote" else None
     if book is not None:
         book.fill(fin, blocks_wall)
     fin.local = None
@@ -437,10 +441,14 @@ def _finish_all(
     client_index: Sequence[int] | None,
     block: int,
     kw: dict[str, Any],
-    book: _Book | None = None,
-    workers: int = 1,
+    book: _Book | None,
+    workers: int,
+    sink: BlockSink | None,
 ) -> ClientFinish:
-    """:func:`finish_clients`'s blocks (each scored into ``book``), ``workers`` at a time."""
+    """:func:`finish_pass`'s blocks (each scored into ``book``, then handed to ``sink``),
+    ``workers`` at a time; the clients' choices, not their models. Without a sink a block's
+    models are dropped where they were computed (a worker process sends back its scores and
+    choices only)."""
     from privmtl.federated.end_of_run.finetune import check_client_index
 
     m = dataset.n_clients
@@ -449,8 +457,10 @@ def _finish_all(
             finetune, dataset, model, trained, billboard, client_index, **kw, workers=workers
         )
         if book is not None:
-            book.keep(book.score(fin.params, dataset, None, local=fin.local))
-        fin.local = None
+            book.keep(book.score(fin.params, dataset, np.arange(m), local=fin.local))
+        if sink is not None:
+            sink(np.arange(m, dtype=np.int64), fin.params)
+        fin.params, fin.local = {}, None
         return fin
     index = check_client_index(client_index, m)  # one block at a time, population indices
     own_model = _model_per_thread(model)
@@ -466,10 +476,11 @@ def _finish_all(
         )  # fmt: skip
         scored = None if book is None else book.score(piece.params, part, pos, net, piece.local)
         piece.local = None  # scored: not carried back
+        if sink is None:
+            piece.params = {}  # nor the models nobody takes
         return piece, scored, time.perf_counter() - t0, tally
 
     blocks = list(client_blocks(m, block))
-    params: Params = {}
     choices: list[np.ndarray] = []
     piece = ClientFinish({})
     with concurrent_blocks(workers, len(blocks)) as run:
@@ -477,15 +488,12 @@ def _finish_all(
             kw["bar"].update(tally.n, **tally.postfix)
             if book is not None and scored is not None:
                 book.keep(scored, seconds)  # in the blocks' order, whatever finished first
-            if not params:
-                params = {n: p.new_empty((m, *p.shape[1:])) for n, p in piece.params.items()}
-            rows = torch.from_numpy(pos)
-            for n, p in piece.params.items():
-                params[n][rows] = p
+            if sink is not None:
+                sink(pos, piece.params)  # then dropped: no stack of every client's model
             if piece.choice is not None:
                 choices.append(piece.choice)
     choice = np.concatenate(choices) if choices else None
-    return ClientFinish(params, choice, piece.plan, piece.grids)
+    return ClientFinish({}, choice, piece.plan, piece.grids)
 
 
 def _finish_block(

@@ -6,7 +6,7 @@ client's data; :mod:`~privmtl.federated.end_of_run.finish` carries the plan out.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +14,8 @@ import numpy as np
 from torch import nn
 
 from privmtl._validation import check_choice, check_int
+from privmtl.federated.algorithms import Params
+from privmtl.federated.blocks import END_OF_RUN_BLOCK
 from privmtl.privacy.release import billboard_carries_signal, billboard_noise_and_bound
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
     "FINETUNE_VOTE_SHARE",
     "FINETUNE_VOTE_STREAM",
     "AutoPlan",
+    "BlockSink",
+    "FinishOptions",
     "auto_info",
     "auto_plan",
     "resolve_finetune_select",
@@ -294,3 +298,113 @@ def auto_info(
         "signal_bound": plan.signal_bound,
         "clip": plan.clip,
     }
+
+
+@dataclass(frozen=True)
+class FinishOptions:
+    """How every client ends the run: the settings of :func:`~privmtl.federated.end_of_run.finish.finish_pass`, and the keywords of
+    :func:`~privmtl.federated.end_of_run.finish.finish_clients` (each keyword is the field of its
+    name).
+
+    Attributes
+    ----------
+    finetune : {"none", "auto", "vanilla", "mr", "skl", "ewc"}
+        The end of run (module docstring).
+    batch_size, seed, lr, lam
+        Minibatch size, seed, step size and penalty weight of fine-tuning (``"auto"``'s grids
+        are :data:`AUTO_FINETUNE_EPOCHS` and :data:`AUTO_FINETUNE_LRS`).
+    start : {"personalized", "global"}
+        Where an explicit fine-tuning method starts: the trained models or the billboard.
+    epochs : int, default 1
+        Epochs of an explicit fine-tuning method.
+    plan : AutoPlan
+        ``"auto"`` only: its candidates (:func:`auto_plan`).
+    client_index : sequence of int, optional
+        The clients' indices in the whole population (they seed the minibatches; default: their
+        positions in the dataset).
+    block : int, default :data:`~privmtl.federated.blocks.END_OF_RUN_BLOCK`
+        The most clients finished at once.
+    progress : bool, default False
+        ``"auto"`` only: report the local trainings of its candidates, client by client (a
+        :class:`~privmtl._progress.Progress`: a bar on a terminal, plain lines elsewhere).
+    device : str, default "cpu"
+        Where the clients fine-tune and are scored (``"auto"``'s grids:
+        :func:`~privmtl.federated.end_of_run.local.train_local`; the explicit methods:
+        :func:`~privmtl.federated.end_of_run.finetune.finetune`); the final models are CPU
+        tensors. On the CPU the clients are finished with one torch thread
+        (:func:`~privmtl._device.one_thread_per_worker`).
+    score : dict of str to (params, personalized), optional
+        Also score, on the validation and test splits, the final models (``"final"``) and these
+        models (stacked ``(m, ...)`` when personalized, or a
+        :class:`~privmtl.federated.client_models.ClientModels` read by rows), block by block
+        while each block's data are at hand (:class:`~privmtl.federated.algorithms.BlockScores`):
+        the scores are :func:`~privmtl.federated.algorithms.evaluate`'s, in
+        :attr:`~privmtl.federated.end_of_run.finish.ClientFinish.scores`.
+    workers : int, default 1
+        Blocks computed at once on the CPU (worker processes or threads, one torch thread each:
+        :func:`~privmtl.federated.blocks.concurrent_blocks`); the results do not depend on it.
+    local_solver : {"sgd", "ridge"}, default "sgd"
+        ``"auto"`` only: how its local training and billboard fine-tuning are solved
+        (:func:`~privmtl.federated.end_of_run.local.train_local`'s ``solver``): the SGD grids
+        (:data:`~privmtl.federated.end_of_run.local.LOCAL_EPOCHS`,
+        :data:`AUTO_FINETUNE_EPOCHS`), or, for logistic regression, the batched ridge solves
+        around the initial model (:data:`~privmtl.federated.end_of_run.local.LOCAL_RIDGES`) and
+        around the billboard (:data:`AUTO_FINETUNE_RIDGES`).
+    local_patience : int, optional
+        ``"auto"`` with ``local_solver="sgd"`` only: every SGD run of the local and billboard
+        candidates stops once its count of correct predictions on the client's own validation
+        split has not improved for this many epochs
+        (:func:`~privmtl.federated.end_of_run.local.train_local`'s ``patience``; None: all
+        epochs).
+    select : {"client", "vote"}, default "client"
+        ``"auto"`` only: every client's own choice, or one candidate for all by a vote. With
+        ``"vote"`` every client first scores every candidate of :func:`vote_candidates` on its
+        own validation split and shares its vote among the best
+        (:func:`~privmtl.privacy.selection.client_vote_shares`); ``vote`` is then called once
+        with the shares ``(k, K)`` of all clients and the candidates' names, and returns the
+        winner's index (the caller releases the noisy histogram and records it before it returns:
+        no final model exists before); every client then takes the winner. The clients must be
+        the whole population; above :data:`FINETUNE_VOTERS` clients only the subsample
+        :func:`vote_voters` votes (the others' shares are zero: they abstain) and the others
+        compute the winner only.
+    vote : callable, optional
+        ``select="vote"``: the vote (above).
+    voter_rng : numpy.random.Generator, optional
+        ``select="vote"`` above :data:`FINETUNE_VOTERS` clients: the voters' coins
+        (:func:`vote_voters`; default OS entropy).
+    voters : array of int, optional
+        ``select="vote"``: the positions of the clients of the dataset that vote, instead of
+        :func:`vote_voters` over them (a part of a population whose voters were drawn over the
+        whole population: a Flower node's clients).
+    winner : str, optional
+        ``select="vote"``: the vote's winner, known already (elected over several parts of the
+        population: a Flower node's clients finish with the winner the server announced); the
+        shares are then not computed and ``vote`` not called.
+    """
+
+    finetune: str
+    batch_size: int
+    seed: int
+    lr: float
+    lam: float
+    start: str = "personalized"
+    epochs: int = 1
+    plan: AutoPlan | None = None
+    client_index: Sequence[int] | None = None
+    block: int = END_OF_RUN_BLOCK
+    progress: bool = False
+    device: str = "cpu"
+    score: Mapping[str, tuple[Params, bool]] | None = None
+    workers: int = 1
+    local_solver: str = "sgd"
+    local_patience: int | None = None
+    select: str = "client"
+    vote: Callable[[np.ndarray, tuple[str, ...]], int] | None = None
+    voter_rng: np.random.Generator | None = None
+    voters: np.ndarray | None = None
+    winner: str | None = None
+
+
+BlockSink = Callable[[np.ndarray, Params], None]
+"""What :func:`~privmtl.federated.end_of_run.finish.finish_pass` hands every block's final models to: ``(positions, models)``, the
+blocks in the clients' order."""

@@ -17,9 +17,10 @@ import torch
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
 from privmtl.federated.algorithms import Params
+from privmtl.federated.client_models import SpilledModels
 from privmtl.federated.config import TrainResult
 from privmtl.federated.end_of_run.final_models import stack_trained
-from privmtl.federated.end_of_run.finish import finish_clients
+from privmtl.federated.end_of_run.finish import FinishOptions, finish_pass
 from privmtl.federated.end_of_run.plan import (
     FINETUNE_NOTE,
     FINETUNE_VOTE_ID,
@@ -113,6 +114,7 @@ def finetune_auto(
     *,
     score_trained: bool = False,
     vote: VotePlan | None = None,
+    keep_models: bool = True,
 ) -> dict[str, Any]:
     """``finetune="auto"`` (:data:`AUTO_FINETUNE_EPOCHS`): every client chooses on its own
     validation split among the billboard fine-tuned on its data (where it carries signal), its own
@@ -122,7 +124,12 @@ def finetune_auto(
     scored block by block as the clients finish; ``score_trained``: the trained models too
     (``result.accuracies`` is filled in). ``vote`` (held): one candidate for every client by the
     clients' noisy vote, recorded in the run's ledger before any final model exists; the
-    result's ε is then the ledger's, rounds and vote composed."""
+    result's ε is then the ledger's, rounds and vote composed.
+
+    The clients are finished in one pass (:func:`~privmtl.federated.end_of_run.finish.finish_pass`):
+    ``_params``, the final models, are written to disk block by block and read back by rows
+    (:class:`~privmtl.federated.client_models.SpilledModels`); ``keep_models=False`` drops each
+    block once scored (``_params`` is None): no step holds every client's model."""
     cfg = result.config
     shared = None if cfg.shared_params is None else list(cfg.shared_params)
     dim = int(released_dim(result) or 0)
@@ -171,12 +178,17 @@ def finetune_auto(
             )  # fmt: skip
             return res.winner
 
-    fin = finish_clients(
-        "auto", ds, net, trained, result.global_params, batch_size=batch_size, seed=seed,
-        lr=float(cfg.lr), lam=float(cfg.lam or 0.0), plan=plan, progress=bool(cfg.progress),
-        device=cfg.device, score=others, workers=cfg.threads, local_solver=local_solver,
-        local_patience=local_patience, select="vote" if elect is not None else "client",
-        vote=elect, voter_rng=voter_rng(result.noise_source, seed),
+    options = FinishOptions(
+        "auto", batch_size=batch_size, seed=seed, lr=float(cfg.lr), lam=float(cfg.lam or 0.0),
+        plan=plan, progress=bool(cfg.progress), device=cfg.device, score=others,
+        workers=cfg.threads, local_solver=local_solver, local_patience=local_patience,
+        select="vote" if elect is not None else "client", vote=elect,
+        voter_rng=voter_rng(result.noise_source, seed),
+    )  # fmt: skip
+    models = SpilledModels(ds.n_clients) if keep_models else None
+    fin = finish_pass(
+        options, ds, net, trained, result.global_params,
+        on_block=None if models is None else models.append,
     )  # fmt: skip
     if record is not None and fin.voters is not None:
         record["voters"] = fin.voters
@@ -197,7 +209,7 @@ def finetune_auto(
         "test_accuracy": float(acc["test"]["accuracy"]),
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
         "val_accuracy": float(acc["val"]["accuracy"]),
-        "_params": fin.params,
+        "_params": models,
         "_score_seconds": fin.score_seconds,
         "_per_client": fin.per_client,
         "_kept": np.asarray(plan.names, dtype=object)[fin.choice],
@@ -224,11 +236,19 @@ def finetune_trained(
     lam: float,
     seed: int,
     grid: tuple[list[float], list[float]] | None = None,
+    *,
+    keep_models: bool = True,
 ) -> dict[str, Any]:
+    """An explicit fine-tuning ``method`` of every client's trained model (or of the billboard,
+    for a method without personalized models); ``grid``: each client's choice of ``(lr, lam)``
+    on its own validation split. Without a grid the clients are finished and scored in one pass
+    (:func:`~privmtl.federated.end_of_run.finish.finish_pass`): ``_params`` are spilled to disk
+    block by block, or None with ``keep_models=False``."""
     from privmtl.federated.end_of_run.finetune_selection import finetune_select
 
     start = "personalized" if result.personalized_params is not None else "global"
     extra: dict[str, Any] = {}
+    params: Params | None
     if grid is not None:
         params, acc, sel = finetune_select(
             result,
@@ -249,18 +269,20 @@ def finetune_trained(
             "note": "each client chose (lr, lam) on its own validation split: no privacy cost",
         }
     else:
-        from privmtl.federated.algorithms import evaluate_dataset
-
-        fin = finish_clients(
-            method, ds, net,
-            stack_trained(result.personalized_params, result.global_params, ds.n_clients),
-            result.global_params, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start,
-            epochs=epochs, device=result.config.device, workers=result.config.threads,
+        options = FinishOptions(
+            method, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start, epochs=epochs,
+            device=result.config.device, workers=result.config.threads, score={},
         )  # fmt: skip
-        params = fin.params
-        buffers = {n: b.detach() for n, b in net.named_buffers()}
-        scores = evaluate_dataset(net, {"final": (params, True)}, buffers, ds)
-        acc = {split: scores[split]["final"] for split in scores}
+        models = SpilledModels(ds.n_clients) if keep_models else None
+        fin = finish_pass(
+            options, ds, net,
+            stack_trained(result.personalized_params, result.global_params, ds.n_clients),
+            result.global_params, on_block=None if models is None else models.append,
+        )  # fmt: skip
+        params = models
+        assert fin.scores is not None
+        acc = {split: fin.scores[split]["final"] for split in fin.scores}
+        extra["_per_client"] = fin.per_client
     return {
         **extra,
         "finetune": method,

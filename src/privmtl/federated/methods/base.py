@@ -24,6 +24,7 @@ import torch
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params
 from privmtl.federated.client import ProxStep, UpdateRule
+from privmtl.federated.client_models import StoredModels
 from privmtl.federated.store import ClientStore
 
 if TYPE_CHECKING:
@@ -390,12 +391,9 @@ class Method:
             board = {n: board[n] if n in board else personal_init[n] for n in names}
         if "personal" not in state:
             return None, board
-        personal = state.dense("personal")
-        if self.joins_billboard:
-            never = ~state.written(torch.arange(state.m))
-            for n, p in personal.items():
-                p[never] = board[n]
-        return personal, board
+        # read a block of clients at a time by the end of run: never every client's model at once
+        fill = {n: board[n] for n in state.names("personal")} if self.joins_billboard else None
+        return StoredModels(state, "personal", fill), board
 
     def extra(self, shared: Sequence[str], names: Sequence[str]) -> dict[str, Any]:
         """What the run's result reports beyond the common keys."""

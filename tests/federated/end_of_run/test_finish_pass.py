@@ -1,0 +1,75 @@
+"""The end of run in one pass (finish_pass): every block of clients finished, scored and handed
+to the caller's sink in the clients' order, no stack of every client's final model kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from finish_inputs import finish_inputs
+
+from privmtl.federated.client_models import ClientModels, StoredModels
+from privmtl.federated.end_of_run.finish import (
+    FinishOptions,
+    auto_plan,
+    finish_clients,
+    finish_pass,
+)
+from privmtl.federated.store import ClientStore
+
+
+@pytest.mark.parametrize("finetune", ["auto", "vanilla", "none"])
+def test_the_pass_hands_over_the_blocks_of_finish_clients(finetune, monkeypatch):
+    ds, net, trained, board = finish_inputs()
+    m = ds.n_clients
+    dim = sum(p.numel() for p in board.values())
+    plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3) if finetune == "auto" else None
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan, "block": 4}
+    whole = finish_clients(finetune, ds, net, trained, board, **kw)
+    # the trained models as a store's rows: the pass reads them a block at a time, never stacked
+    store = ClientStore(m, {"personal": {n: p[0] for n, p in trained.items()}})
+    store.scatter("personal", torch.arange(m), trained)
+    stored = StoredModels(store, "personal")
+    monkeypatch.setattr(ClientModels, "_stack", lambda self: pytest.fail("stacked every client"))
+    seen: list[tuple[np.ndarray, dict[str, torch.Tensor]]] = []
+    fin = finish_pass(
+        FinishOptions(finetune, **kw), ds, net, stored, board, on_block=lambda pos, p: seen.append((pos, p))
+    )  # fmt: skip
+    assert fin.params == {}
+    assert np.concatenate([pos for pos, _ in seen]).tolist() == list(range(m))
+    assert max(len(pos) for pos, _ in seen) == 4
+    for n, p in whole.params.items():
+        assert torch.equal(torch.cat([block[n] for _, block in seen]), p), n
+    if finetune == "auto":
+        assert fin.choice is not None and fin.choice.tolist() == whole.choice.tolist()
+
+
+def test_the_pass_scores_as_finish_clients_does():
+    ds, net, trained, board = finish_inputs()
+    dim = sum(p.numel() for p in board.values())
+    plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3)
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan, "block": 4}
+    score = {"trained": (trained, True), "global": (board, False)}
+    whole = finish_clients("auto", ds, net, trained, board, score=score, **kw)
+    fin = finish_pass(FinishOptions("auto", score=score, **kw), ds, net, trained, board)
+    assert fin.scores == whole.scores
+    for name, (correct, n) in whole.per_client.items():
+        assert np.array_equal(fin.per_client[name][0], correct)
+        assert np.array_equal(fin.per_client[name][1], n)
+
+
+def test_without_a_sink_the_workers_send_back_scores_and_choices_only():
+    """Blocks in worker processes: without a sink no block's models come back, and the scores
+    and choices are those of a pass that takes them."""
+    ds, net, trained, board = finish_inputs(36)
+    dim = sum(p.numel() for p in board.values())
+    plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3)
+    options = FinishOptions(
+        "auto", batch_size=10, seed=0, lr=0.1, lam=0.1, plan=plan, block=4, workers=2,
+        score={"global": (board, False)},
+    )  # fmt: skip
+    seen = []
+    taken = finish_pass(options, ds, net, trained, board, on_block=lambda pos, p: seen.append(p))
+    dropped = finish_pass(options, ds, net, trained, board)
+    assert len(seen) == 9 and all(block for block in seen)
+    assert dropped.scores == taken.scores and dropped.choice.tolist() == taken.choice.tolist()
