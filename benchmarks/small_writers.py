@@ -132,6 +132,34 @@ def run_one(folder: Path, seed: int, run: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def grid_steps(data_path: str, seed: int, threads: int) -> dict[str, int]:
+    """Rows x steps of the local grid's vectorised calls (each call runs its longest client's
+    steps for every row; blocks of ``ceil(m / threads)`` clients by position, chunks of 64 by
+    size) for the SGD grid, Adam's grid without and with the step budget: the cost, machine
+    load aside."""
+    from privmtl.data.leaf import load_leaf
+    from privmtl.federated.end_of_run.local import ADAM_EPOCHS, LOCAL_EPOCHS, LOCAL_LRS
+    from privmtl.federated.end_of_run.local_budget import ADAM_EPOCH_STEPS, client_epochs
+
+    b = -(-load_leaf(data_path, random_state=seed).sizes("train").astype(np.int64) // 10)
+    block = -(-len(b) // threads)
+
+    def cost(epochs: np.ndarray, n_lr: int) -> int:
+        total = 0
+        for lo in range(0, len(b), block):
+            steps = np.sort(epochs[lo : lo + block] * b[lo : lo + block])
+            total += sum(int(steps[c : c + 64].max()) * len(steps[c : c + 64]) * n_lr
+                         for c in range(0, len(steps), 64))  # fmt: skip
+        return total
+
+    e_sgd, e_adam = max(LOCAL_EPOCHS), max(ADAM_EPOCHS)
+    return {
+        "sgd": cost(client_epochs(e_sgd, b, None), len(LOCAL_LRS)),
+        "adam_epochs": cost(client_epochs(e_adam, b, None), 1),
+        "adam_budget": cost(client_epochs(e_adam, b, ADAM_EPOCH_STEPS), 1),
+    }
+
+
 def report() -> str:
     rows = load_jsonl(OUT) if OUT.is_file() else []
     by: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -159,6 +187,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--runs", default=",".join(RUNS))
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--steps", action="store_true", help="print the grids' vectorised row-steps")
     ap.add_argument("--rerun", action="store_true", help="run again what another commit recorded")
     args = ap.parse_args()
     if args.report:
@@ -166,6 +195,15 @@ def main() -> None:
         return
     if not args.data_path:
         ap.error("--data-path is required to run")
+    if args.steps:
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for name, path, threads in (
+                ("femnist-105", args.data_path, 2),
+                ("small-writers", str(build(args.data_path, seed)), 1),
+            ):
+                print(json.dumps({"data": name, "seed": seed, "threads": threads}
+                                 | grid_steps(path, seed, threads)))  # fmt: skip
+        return
     here = commit()
     rows = load_jsonl(OUT) if OUT.is_file() else []
     done = {(r["commit"] if args.rerun else here, r["run"], r["seed"]) for r in rows}
