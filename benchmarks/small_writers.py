@@ -129,6 +129,7 @@ def run_one(folder: Path, seed: int, run: str) -> dict[str, Any]:
         "cpu_seconds": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
         "phases": res.get("phases"), "solver": sel.get("solver") or res.get("local_solver"),
         "n_clients": res.get("n_clients"), "commit": commit(),
+        "clients_per_candidate": (res.get("finetune_auto") or {}).get("clients_per_candidate"),
     }  # fmt: skip
 
 
@@ -202,26 +203,30 @@ def femnist_affected(data_path: str, seed: int) -> dict[str, Any]:
 
 
 def report() -> str:
+    """The markdown table of the recorded CLI runs: one row per run kind, the seeds side by side
+    (the commits they ran at in the last column)."""
     rows = load_jsonl(OUT) if OUT.is_file() else []
-    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    by: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        if r["run"] not in RUNS:
-            continue
-        by.setdefault((r["commit"], r["run"]), []).append(r)
+        if r["run"] in RUNS:
+            by.setdefault(r["run"], []).append(r)
     table = []
-    for (c, run), rs in by.items():
-        rs = sorted(rs, key=lambda r: r["seed"])
+    for run in RUNS:
+        rs = sorted(by.get(run, []), key=lambda r: r["seed"])
+        if not rs:
+            continue
         acc = {r["seed"]: r["test_accuracy"] for r in rs}
         m, sd, n = mean_std(acc.values())
         mc, _, _ = mean_std(r["mean_client_accuracy"] for r in rs)
         cpu, _, _ = mean_std(r["cpu_seconds"] for r in rs)
         table.append([
-            c, run, *(f"{acc[s]:.4f}" if s in acc else "–" for s in (0, 1, 2)),
+            f"`{run}`", *(f"{acc[s]:.4f}" if s in acc else "–" for s in (0, 1, 2)),
             f"{m:.4f} ± {sd:.4f} (n={n})", f"{mc:.4f}", f"{cpu:.0f}",
+            ", ".join(sorted({r["commit"] for r in rs})),
         ])  # fmt: skip
     return markdown_table(
-        ["commit", "run", "seed 0", "seed 1", "seed 2", "mean ± sd", "mean client acc.",
-         "CPU s (mean)"], table)  # fmt: skip
+        ["run", "seed 0", "seed 1", "seed 2", "mean ± sd", "mean client acc.",
+         "CPU s (mean)", "commit"], table)  # fmt: skip
 
 
 def main() -> None:
