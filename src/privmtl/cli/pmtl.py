@@ -220,7 +220,8 @@ def _device_option(help: str) -> Any:
     show_default=True,
     help="How local training (--method local-all, and --finetune auto's local and fine-tuned "
     "billboard candidates) is solved: sgd = the grid of minibatch-SGD runs; adam = the local "
-    "candidate's grid with Adam's steps (15 and 20 epochs at 0.003; the billboard is still "
+    "candidate's grid with Adam's steps (15 and 20 epochs at 0.003, and at least 8 steps per "
+    "epoch: a client with few examples trains more epochs; the billboard is still "
     "fine-tuned by SGD); ridge = (--model logreg only) every client's cross-entropy with an L2 "
     "penalty towards the start model, solved for many clients at once: several times faster, "
     "one candidate of each kind; auto = ridge for --model logreg when the end of run holds a "

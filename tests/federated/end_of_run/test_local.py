@@ -21,6 +21,7 @@ from privmtl.federated.end_of_run.local import (
     select_per_client,
     train_local,
 )
+from privmtl.federated.end_of_run.local_budget import ADAM_EPOCH_STEPS
 from privmtl.federated.end_of_run.local_grid import _train_grid
 from privmtl.federated.models import FemnistCNN, MultinomialLogReg
 
@@ -164,7 +165,8 @@ def test_a_networks_blocks_in_threads_give_the_models_of_one_block(
 
 def test_adam_grid_is_torch_adam_on_each_clients_own_minibatches(images: FederatedDataset) -> None:
     """Oracle: one client at a time, ``torch.optim.Adam`` on the mean cross-entropy of the
-    minibatches of ``finetune_plan`` (the SGD grid's), from the initial model."""
+    minibatches of ``finetune_plan`` (the SGD grid's), from the initial model, for the client's
+    own epochs of the step budget (at least ``ADAM_EPOCH_STEPS`` steps per epoch of the grid)."""
     epochs, lr = 3, 0.01
     net = FemnistCNN(n_classes=5, random_state=0)
     res = train_local(
@@ -173,8 +175,11 @@ def test_adam_grid_is_torch_adam_on_each_clients_own_minibatches(images: Federat
     assert res.personalized_params is not None
     assert res.extra["local_selection"]["solver"] == "adam"
     x_all, y_all, _ = images.concat("train")
-    plan = finetune_plan(images, epochs=epochs, batch_size=4, seed=SEED)
-    for k, steps in enumerate(plan):
+    per_epoch = -(-images.sizes("train") // 4)
+    own_epochs = np.maximum(epochs, -(-epochs * ADAM_EPOCH_STEPS // per_epoch))
+    assert (own_epochs > epochs).any()  # the budget stretches the fixture's clients
+    for k in range(images.n_clients):
+        steps = finetune_plan(images, epochs=int(own_epochs[k]), batch_size=4, seed=SEED)[k]
         own = copy.deepcopy(net)
         opt = torch.optim.Adam(own.parameters(), lr=lr)
         for rows in steps:

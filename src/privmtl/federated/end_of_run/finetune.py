@@ -247,18 +247,22 @@ def finetune_plan(
 
 def _plan_arrays(
     dataset: FederatedDataset,
-    epochs: int,
+    epochs: int | np.ndarray,
     batch_size: int,
     seed: int,
     client_index: Sequence[int] | None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """:func:`finetune_plan` as arrays: per client, its steps' rows ``(S, batch_size)`` (a short
-    last minibatch of an epoch padded with the client's first row) and their sizes ``(S,)``."""
+    last minibatch of an epoch padded with the client's first row) and their sizes ``(S,)``
+    (``epochs``: one count for all, or every client's; a client's first epochs do not depend on
+    it)."""
     offsets = dataset.offsets("train")
     index = check_client_index(client_index, dataset.n_clients)
+    each = np.broadcast_to(np.asarray(epochs, dtype=np.int64), (dataset.n_clients,))
     out = []
     for k in range(dataset.n_clients):
         first, n = int(offsets[k]), int(offsets[k + 1] - offsets[k])
+        epochs = int(each[k])
         rng = np.random.default_rng([seed, 3, int(index[k])])
         per_epoch = -(-n // batch_size)
         rows = np.full((epochs, per_epoch * batch_size), first, dtype=np.int64)

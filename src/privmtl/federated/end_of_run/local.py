@@ -61,6 +61,7 @@ from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.end_of_run.finetune import (
     check_client_index,
 )
+from privmtl.federated.end_of_run.local_budget import ADAM_EPOCH_STEPS
 from privmtl.federated.end_of_run.local_grid import _train_grid
 from privmtl.federated.gradients import tape_free
 from privmtl.federated.models import MultinomialLogReg
@@ -314,7 +315,11 @@ def train_local(
         ``"sgd"``: the grid of ``epochs`` x ``lrs`` of minibatch SGD. ``"adam"``: the same grid
         and minibatches with Adam's steps (:mod:`~privmtl.federated.end_of_run.local_grid`'s
         ``ADAM_BETAS`` and ``ADAM_EPS``, moments from zero for every run; always batched), which train a network from its initial model in a
-        few epochs where SGD needs many: :data:`ADAM_EPOCHS` against :data:`LOCAL_EPOCHS`.
+        few epochs where SGD needs many: :data:`ADAM_EPOCHS` against :data:`LOCAL_EPOCHS`;
+        a grid point of ``e`` epochs is at least ``e`` epochs and at least the steps of ``e``
+        epochs of a client with :data:`~privmtl.federated.end_of_run.local_budget.ADAM_EPOCH_STEPS`
+        minibatches, so a small client trains more epochs
+        (:mod:`~privmtl.federated.end_of_run.local_budget`).
         ``"ridge"`` (a
         :class:`~privmtl.federated.models.MultinomialLogReg` only): every client's cross-entropy
         with an L2 penalty towards ``model``'s parameters, worth ``c`` examples, for each ``c`` of
@@ -419,6 +424,7 @@ def train_local(
             models = _train_grid(
                 net, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci,
                 progress, patience, solver == "adam",
+                ADAM_EPOCH_STEPS if solver == "adam" else None,
             )  # fmt: skip
         return _choose(net, buffers, part, models, n_grid, scores=scores, select=select, on=on)
 

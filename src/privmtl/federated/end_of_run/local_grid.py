@@ -20,6 +20,7 @@ from privmtl.federated.end_of_run.finetune import (
     finetune,
     finetune_objective,
 )
+from privmtl.federated.end_of_run.local_budget import client_epochs
 from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.models import MultinomialLogReg
 
@@ -120,10 +121,13 @@ def _train_grid(
     on_clients: Callable[[int], None] | None = None,
     patience: int | None = None,
     adam: bool = False,
+    epoch_steps: int | None = None,
 ) -> list[Params]:
     """The models of every grid point, stacked ``(m, ...)``, in grid order (``on_clients`` is
     called with the number of clients done after each chunk of them; ``patience``:
-    :func:`_early_stopping`; ``adam``: Adam's steps instead of SGD's, :class:`_Adam`, batched).
+    :func:`_early_stopping`; ``adam``: Adam's steps instead of SGD's, :class:`_Adam`, batched;
+    ``epoch_steps``: a grid point's ``e`` epochs are every client's
+    :func:`~privmtl.federated.end_of_run.local_budget.client_epochs`, batched).
 
     The model of ``(e, lr)`` is the state after the first ``e`` epochs of one run of
     ``max(epochs)`` epochs at step size ``lr`` (the first ``e`` epochs of
@@ -149,13 +153,14 @@ def _train_grid(
     device = next(iter(init.values())).device  # the grid trains where init lives
     x_all, y_all, _ = dataset.concat("train")
     x_all, y_all = x_all.to(device), y_all.to(device)
-    plan = _plan_arrays(dataset, e_max, batch_size, seed, client_index)
-    per_epoch = np.array([len(c) // e_max for _, c in plan], dtype=np.int64)
+    per_epoch = -(-dataset.sizes("train").astype(np.int64) // batch_size)
+    epochs_wanted = sorted({e for e, _ in grid})
+    each = {e: client_epochs(e, per_epoch, epoch_steps) for e in epochs_wanted}
+    plan = _plan_arrays(dataset, each[e_max], batch_size, seed, client_index)
     snaps = {
         (e, lr): {n: p.unsqueeze(0).repeat((m,) + (1,) * p.ndim) for n, p in init.items()}
         for e, lr in grid
     }
-    epochs_wanted = sorted({e for e, _ in grid})
     n_lr = len(lr_list)
     lr_row = torch.tensor(lr_list, dtype=next(iter(init.values())).dtype, device=device)
 
@@ -189,7 +194,7 @@ def _train_grid(
             # the steps after which some clients have done e epochs: (e, those clients)
             snap_at: dict[int, list[tuple[int, np.ndarray]]] = {}
             for e in epochs_wanted:
-                ends = per_epoch[idx] * e
+                ends = per_epoch[idx] * each[e][idx]
                 for s_end in np.unique(ends[ends > 0]):
                     snap_at.setdefault(int(s_end), []).append((e, np.flatnonzero(ends == s_end)))
             steps = (active * lr_vec).to(lr_row.dtype)  # each row's step size, 0 once done
