@@ -130,6 +130,8 @@ def test_a_lazy_node_gives_the_eager_nodes_messages_and_scores(monkeypatch, flag
                 lazy[key], sort_keys=True, default=str
             ), key
     assert asked and max(blocks) <= max(5, int(opts["clients-per-round"]))
+    if not flags:  # the CLI defaults: the vote and the baseline ran on the lazy nodes too
+        assert all("voters" in e and "baseline" in e for e in lazy_evals)
 
 
 def test_load_node_keeps_a_lazy_partition_and_caches_no_data(tmp_path, monkeypatch):
