@@ -274,8 +274,8 @@ def test_flower_and_federated_import_nothing_from_experiments():
 
 
 def test_flower_reads_its_data_from_the_registry():
-    # the nodes load their clients' data (privmtl.flower.node_clients)
-    node = ast.parse((SRC / "flower" / "node_clients.py").read_text())
+    # the nodes load their clients' data (privmtl.flower.node_data)
+    node = ast.parse((SRC / "flower" / "node_data.py").read_text())
     assert ("privmtl.data.registry", "load_federated") in set(_imported_names(node))
 
 

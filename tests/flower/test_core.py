@@ -169,17 +169,20 @@ def test_missing_node_release_keeps_accounted_sensitivity(tmp_path):
     assert run.history[0]["answered"] == kept
 
 
-def test_node_data_cache_rebuilds_the_same_node(tmp_path):
+def test_a_synthetic_node_caches_nothing_and_rebuilds_the_same_node(tmp_path):
     from privmtl.flower.node_clients import load_node
 
     opts = _opts()
     first = load_node(opts, 1, 3, str(tmp_path))
-    assert list(tmp_path.glob("data-*.pt"))  # cached in the node's storage
-    again = load_node(opts, 1, 3, str(tmp_path))  # from the cache
+    assert not list(tmp_path.glob("data-*.pt"))  # drawn when needed: nothing cached
+    again = load_node(opts, 1, 3, str(tmp_path))
     assert again.client_ids == first.client_ids and again.m == first.m
     assert np.array_equal(again.clients, first.clients)
     assert np.array_equal(again.full_offsets, first.full_offsets)
-    assert torch.equal(again.x_all, first.x_all) and torch.equal(again.y_all, first.y_all)
+    every = range(len(first.clients))
+    for a, b in zip(again.local.take(every), first.local.take(every), strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert again.data_sha256 == first.data_sha256
     for n in first.init:
         assert torch.equal(again.init[n], first.init[n])
     board = {n: p.clone() for n, p in first.init.items()}
@@ -767,4 +770,6 @@ def test_flower_reads_the_users_table_as_run_pmtl_does(tmp_path):
     assert res["scaling"] == ref["scaling"] != "none"
     assert res["guarantee"]["notes"] == ref["guarantee"]["notes"]
     again = load_node(opts, 1, 3, str(tmp_path / "node-1"))  # from the node's cache
-    assert again.client_ids == nodes[1].client_ids and torch.equal(again.x_all, nodes[1].x_all)
+    assert again.client_ids == nodes[1].client_ids and torch.equal(
+        again.local.concat("train")[0], nodes[1].local.concat("train")[0]
+    )

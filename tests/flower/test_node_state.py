@@ -105,18 +105,34 @@ def test_a_round_cut_between_its_journal_and_its_rows_is_completed_on_open(tmp_p
     assert torch.equal(back["c5"]["w"], torch.ones(3, 2)) and back.rounds_trained == 1
 
 
+def _table(path: Path, n_clients: int = 9, rows: int = 12) -> None:
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(n_clients * rows, 3)), columns=list("abc"))
+    frame.insert(0, "user", [f"u{c}" for c in range(n_clients) for _ in range(rows)])
+    frame["label"] = rng.integers(0, 2, size=n_clients * rows)
+    frame.to_csv(path, index=False)
+
+
 def test_a_fresh_client_app_maps_the_node_cache_without_copying(tmp_path):
-    opts = {**_opts(), "data": "synthetic", "data-path": "", "model": "logreg"}
+    _table(tmp_path / "t.csv")
+    opts = {
+        **_opts(), "data": "table", "data-path": str(tmp_path / "t.csv"), "model": "logreg",
+        "client-column": "user", "label-column": "label",
+    }  # fmt: skip
     first = load_node(opts, 1, 3, str(tmp_path))
     cache = next(tmp_path.glob("data-*.pt"))
     again = load_node(opts, 1, 3, str(tmp_path))
     assert again.client_ids == first.client_ids
-    assert torch.equal(again.x_all, first.x_all) and torch.equal(again.y_all, first.y_all)
+    x_again, y_again, _ = again.local.concat("train")
+    x_first, y_first, _ = first.local.concat("train")
+    assert torch.equal(x_again, x_first) and torch.equal(y_again, y_first)
     np.testing.assert_array_equal(again.offsets, first.offsets)
     for split in ("val", "test"):
         for a, b in zip(again.local.split(split)[0], first.local.split(split)[0], strict=True):
             assert torch.equal(a, b)
     # each client's tensors are views of the stacked (mapped) ones: nothing was re-stacked
-    ptr = again.x_all.untyped_storage().data_ptr()
+    ptr = x_again.untyped_storage().data_ptr()
     assert all(x.untyped_storage().data_ptr() == ptr for x in again.local.split("train")[0])
     assert os.path.getsize(cache) > 0

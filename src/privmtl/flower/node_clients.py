@@ -1,7 +1,10 @@
 """A SuperNode's half of the PMTL protocol: the clients it serves (:class:`NodeClients`).
 
-A node holds its clients' data (cached once as contiguous tensors that a fresh ClientApp maps,
-:func:`load_node`, :func:`node_dataset`) and their personalized models
+A node holds its clients' data (a synthetic node its lazy partition of the population,
+:meth:`~privmtl.data.streamed.SyntheticFederation.partition`: a round draws its sampled clients
+only, the end of run and the scoring a block at a time; other data cached once as contiguous
+tensors that a fresh ClientApp maps, :func:`load_node`, :func:`node_dataset`) and their
+personalized models
 (:class:`~privmtl.flower.node_state.NodeState`: a round writes its sampled clients' rows only),
 runs the method's client step for the clients a round samples, counts their end-of-run vote
 (:meth:`NodeClients.vote_shares`) and finishes and scores them as
@@ -12,7 +15,6 @@ runs the method's client step for the clients a round samples, counts their end-
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import time
 from collections.abc import Callable
@@ -31,6 +33,7 @@ from privmtl.federated.algorithms import (
     client_scores,
     draw_round_plan,
 )
+from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.client import UpdateRule, local_sgd_batched
 from privmtl.federated.config import TrainConfig
 from privmtl.federated.methods import Method, TrainFn, get_method, method_class
@@ -43,21 +46,18 @@ from privmtl.flower._core import (
     partition,
     to_bytes,
 )
+from privmtl.flower.node_data import (
+    STREAMED_DATA,
+    data_sha256_of,
+    is_lazy,
+    node_dataset,
+    node_partition,
+    population,
+    table_options,
+)
 from privmtl.flower.node_state import NodeState
 
 __all__ = ["NodeClients", "data_sha256_of", "load_node", "node_dataset"]
-
-
-def data_sha256_of(local: FederatedDataset) -> str:
-    """The fingerprint of a node's data: SHA-256 of its clients' ids and of each split's stacked
-    features, labels and offsets (a few arrays, whatever the number of clients)."""
-    from privmtl.io import arrays_sha256
-
-    parts: list[Any] = [np.frombuffer("\n".join(local.client_ids).encode(), dtype=np.uint8)]
-    for split in ("train", "val", "test"):
-        x, y, offsets = local.concat(split)
-        parts += [x.detach().cpu(), y.detach().cpu(), np.asarray(offsets)]
-    return arrays_sha256(parts)
 
 
 class NodeClients:
@@ -90,8 +90,9 @@ class NodeClients:
     ) -> None:
         clients = partition(dataset.n_clients, partition_id, num_partitions)
         full_offsets = dataset.offsets("train")
+        lazy = node_partition(dataset, clients)
         self._setup(
-            dataset.subset(clients.tolist()),
+            dataset.subset(clients.tolist()) if lazy is None else lazy,
             model,
             clients=clients,
             full_offsets=full_offsets,
@@ -155,14 +156,14 @@ class NodeClients:
         self.model = model
         self.init = {n: p.detach().clone() for n, p in model.named_parameters()}
         self.buffers = {n: b.detach() for n, b in model.named_buffers()}
-        x, y, offsets = local.concat("train")
-        self.x_all = x.to(next(iter(self.init.values())).dtype)
-        self.y_all, self.offsets = y, offsets
+        self.dtype = next(iter(self.init.values())).dtype
+        # where each client's training rows begin in the node's stacked data (no data read)
+        self.offsets = np.concatenate([[0], np.cumsum(local.sizes("train"))]).astype(np.int64)
         self.pos = {int(k): j for j, k in enumerate(self.clients)}
         self.step_fn = make_step_fn(model, self.buffers)
         # where the rounds' client step runs (the end of the run stays on the CPU)
         self.device = torch.device(device)
-        self._on_device: tuple[Any, torch.Tensor, torch.Tensor] | None = None
+        self._device_step: Any = None
         # the fingerprint of this node's data: a resumed run must see the same
         self.data_sha256 = data_sha256 or data_sha256_of(local)
         self.state_dir = None if state_dir is None else Path(state_dir)
@@ -289,20 +290,29 @@ class NodeClients:
                 store.scatter("personal", index, values)
         return store
 
-    def _device_data(self) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """The client step and the training data on :attr:`device` (moved once, kept)."""
-        if self.device.type == "cpu":
-            return self.step_fn, self.x_all, self.y_all
-        if self._on_device is None:
+    def _step_on(self, device: torch.device) -> Any:
+        """The client step on ``device`` (a copy of the model moved there once, kept)."""
+        if device.type == "cpu":
+            return self.step_fn
+        if self._device_step is None:
             import copy
 
             from privmtl.federated.engine import make_step_fn
 
-            net = copy.deepcopy(self.model).to(self.device)
+            net = copy.deepcopy(self.model).to(device)
             buffers = {n: b.detach() for n, b in net.named_buffers()}
-            x, y = self.x_all.to(self.device), self.y_all.to(self.device)
-            self._on_device = (make_step_fn(net, buffers), x, y)
-        return self._on_device
+            self._device_step = make_step_fn(net, buffers)
+        return self._device_step
+
+    def _rows(
+        self, clients: list[int], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """The training rows of this node's ``clients`` (population indices), stacked on
+        ``device``, and where each one's rows begin: only these clients are drawn or read
+        (:meth:`~privmtl.data.federated.FederatedDataset.take`, as the in-process engine takes a
+        round's sampled clients)."""
+        x, y, offsets = self.local.take([self.pos[k] for k in clients], "train")
+        return x.to(device, self.dtype), y.to(device), offsets[:-1]
 
     def _train_fn(
         self, clients: list[int], round_index: int, config: TrainConfig, on_device: bool = False
@@ -310,10 +320,10 @@ class NodeClients:
         """Local SGD of this node's ``clients`` in round ``round_index``
         (:class:`~privmtl.federated.methods.base.TrainFn`): the minibatches the in-process engine
         draws for them (the round's plan, or another ``stream`` / number of ``epochs``); on the
-        node's :attr:`device` with ``on_device``, else on the CPU."""
-        step_fn, x_all, y_all = (
-            self._device_data() if on_device else (self.step_fn, self.x_all, self.y_all)
-        )
+        node's :attr:`device` with ``on_device``, else on the CPU. The clients' rows are taken
+        when first trained on, and dropped with the function."""
+        dev = self.device if on_device else torch.device("cpu")
+        held: list[tuple[torch.Tensor, torch.Tensor, np.ndarray]] = []
 
         def train(
             starts: Params,
@@ -322,13 +332,16 @@ class NodeClients:
             stream: int | None = None,
             epochs: int | None = None,
         ) -> tuple[Params, list[float]]:
+            if not held:
+                held.append(self._rows(clients, dev))
+            x, y, begins = held[0]
             return local_sgd_batched(
-                step_fn,
+                self._step_on(dev),
                 starts,
                 rule,
-                x_all,
-                y_all,
-                self._plan(clients, round_index, config, stream=stream, epochs=epochs),
+                x,
+                y,
+                self._plan(clients, round_index, config, begins, stream=stream, epochs=epochs),
                 config.batch_size,
             )
 
@@ -339,15 +352,16 @@ class NodeClients:
         clients: list[int],
         round_index: int,
         config: TrainConfig,
+        starts: np.ndarray,
         *,
         stream: int | None = None,
         epochs: int | None = None,
     ) -> list[list[np.ndarray]]:
-        """The minibatches of ``clients`` in round ``round_index`` as rows of this node's data:
-        each client's draws are those of the in-process engine (the population's offsets)."""
+        """The minibatches of ``clients`` in round ``round_index`` as rows of their stacked
+        data (the ``j``-th client's beginning at ``starts[j]``): each client's draws are those of
+        the in-process engine (the population's offsets)."""
         if epochs is not None:
             config = dataclasses.replace(config, local_epochs=epochs, local_steps=None)
-        starts = np.array([int(self.offsets[self.pos[k]]) for k in clients], dtype=np.int64)
         return draw_round_plan(
             clients, self.full_offsets, round_index, config,
             stream=LOCAL_TRAINING_STREAM if stream is None else stream, starts=starts,
@@ -447,12 +461,12 @@ class NodeClients:
 
         def call(vote: Any) -> Any:
             return finish_clients(
-                "auto", self.local, self.model, personal, glob_model,
+                "auto", self._end_data(), self.model, personal, glob_model,
                 batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
                 lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
                 start=str(finish.get("start", "personalized")),
                 client_index=self.clients.tolist(), local_solver="ridge", select="vote",
-                vote=vote, voters=voters,
+                vote=vote, voters=voters, block=END_OF_RUN_BLOCK,
             )  # fmt: skip
 
         return [float(v) for v in node_vote_shares(call)]
@@ -493,35 +507,19 @@ class NodeClients:
                 vote = {"select": "vote", "winner": str(winner), "voters": voters}
                 out["voters"] = len(voters)
             done = finish_clients(
-                finetune, self.local, self.model, personal, glob_model,
+                finetune, self._end_data(), self.model, personal, glob_model,
                 batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
                 lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
                 start=str(finish.get("start", "personalized")), client_index=self.clients.tolist(),
                 local_solver=resolve_local_solver("auto", self.model, vote_held=bool(vote)),
-                **vote,
+                block=END_OF_RUN_BLOCK, **vote,
             )  # fmt: skip
             final = done.params  # (finish_clients trains the model as run_pmtl does: train mode)
             if done.choice is not None:
                 out["choice"] = [int(v) for v in done.choice]
             out["grids"] = done.grids
         scoring = time.perf_counter()
-        for split in ("val", "test"):
-            xs, ys = self.local.split(split)
-            xs = [x.to(self.x_all.dtype) for x in xs]
-            counts = [float(y.shape[0]) for y in ys]
-            pc, _ = client_scores(self.model, personal, self.buffers, xs, ys)
-            glob = {n: p.unsqueeze(0).expand(len(ys), *p.shape) for n, p in glob_model.items()}
-            gc, _ = client_scores(self.model, glob, self.buffers, xs, ys)
-            out[f"{split}_n"] = counts
-            if split == "val":  # the clients' train sizes (their per-client rows)
-                out["train_n"] = [float(v) for v in self.local.sizes("train")]
-                out["client_ids"] = list(self.client_ids)
-                out["clients"] = [int(k) for k in self.clients]
-            out[f"{split}_personal"] = [float(v) for v in pc]
-            out[f"{split}_global"] = [float(v) for v in gc]
-            if final is not None:
-                fc, _ = client_scores(self.model, final, self.buffers, xs, ys)
-                out[f"{split}_final"] = [float(v) for v in fc]
+        out.update(self._scores(personal, glob_model, final))
         self.final = personal if final is None else final
         if finish.get("baseline"):  # the clients' training alone, beside their final models
             t0 = time.perf_counter()
@@ -530,6 +528,58 @@ class NodeClients:
             out["baseline_seconds"] = time.perf_counter() - t0
         out["score_seconds"] = time.perf_counter() - scoring
         return out
+
+    def _end_data(self) -> FederatedDataset:
+        """The data :func:`~privmtl.federated.finish.finish_clients` finishes this node's
+        clients on: a lazy partition is drawn a block at a time there (its own blocks when it
+        holds more than one; drawn now, as one block, when it holds fewer), never kept whole."""
+        if is_lazy(self.local) and len(self.clients) <= END_OF_RUN_BLOCK:
+            return self.local.subset(range(len(self.clients)))
+        return self.local
+
+    def _pieces(self) -> Any:
+        """This node's clients a block at a time: ``(positions, their data)``; a data set held
+        in memory in one piece, a lazy partition in blocks of
+        :data:`~privmtl.federated.blocks.END_OF_RUN_BLOCK` drawn one after the other."""
+        n = len(self.clients)
+        if not is_lazy(self.local):
+            yield np.arange(n), self.local
+            return
+        for pos in client_blocks(n, END_OF_RUN_BLOCK):
+            yield pos, self.local.subset(pos.tolist())
+
+    def _scores(self, personal: Params, glob_model: Params, final: Params | None) -> dict[str, Any]:
+        """Per-client correct counts on the validation and test splits of the personalized,
+        global and (where computed) final models, and the splits' sizes, scored a block of
+        clients at a time (:meth:`_pieces`)."""
+        from privmtl.federated.algorithms import block_rows
+
+        names = {"personal": personal, "global": None, "final": final}
+        got: dict[str, list[float]] = {}
+        for pos, piece in self._pieces():
+            whole = len(pos) == len(self.clients)
+            for split in ("val", "test"):
+                xs, ys = piece.split(split)
+                xs = [x.to(self.dtype) for x in xs]
+                got.setdefault(f"{split}_n", []).extend(float(y.shape[0]) for y in ys)
+                for name, params in names.items():
+                    if name == "global":
+                        own = {
+                            n: p.unsqueeze(0).expand(len(ys), *p.shape)
+                            for n, p in glob_model.items()
+                        }
+                    elif params is None:
+                        continue
+                    else:
+                        own = params if whole else block_rows(params, pos)
+                    correct, _ = client_scores(self.model, own, self.buffers, xs, ys)
+                    got.setdefault(f"{split}_{name}", []).extend(float(v) for v in correct)
+        got["train_n"] = [float(v) for v in self.local.sizes("train")]
+        return {
+            **got,
+            "client_ids": list(self.client_ids),
+            "clients": [int(k) for k in self.clients],
+        }
 
     def baseline_scores(self, finish: dict[str, Any], *, vote_held: bool) -> dict[str, list[float]]:
         """This node's part of the run's baseline
@@ -548,20 +598,30 @@ class NodeClients:
         mine = np.flatnonzero(np.isin(self.clients, sample))
         if not len(mine):
             return {"clients": [], "final": [], "local": [], "n": []}
-        part = self.local if len(mine) == len(self.clients) else self.local.subset(mine.tolist())
         solver = resolve_local_solver("auto", self.model, vote_held=vote_held)
-        alone = train_local(
-            part, self.model, batch_size=int(finish["batch_size"]), seed=seed, select="client",
-            client_index=self.clients[mine].tolist(), solver=solver, scores=False,
-        )  # fmt: skip
-        assert alone.personalized_params is not None
         book = BlockScores(self.model, self.buffers, ("test",))
-        with torch.no_grad():
-            own = self.final if len(mine) == len(self.clients) else block_rows(self.final, mine)
-            book.add("final", own, True, part)
-            book.add(
-                "local", {k: v.cpu() for k, v in alone.personalized_params.items()}, True, part
+        if is_lazy(self.local):  # drawn a block at a time
+            blocks = [mine[at] for at in client_blocks(len(mine), END_OF_RUN_BLOCK)]
+        else:
+            blocks = [mine]
+        for pos in blocks:
+            everyone = len(pos) == len(self.clients)
+            part = (
+                self.local
+                if everyone and not is_lazy(self.local)
+                else self.local.subset(pos.tolist())
             )
+            alone = train_local(
+                part, self.model, batch_size=int(finish["batch_size"]), seed=seed,
+                select="client", client_index=self.clients[pos].tolist(), solver=solver,
+                scores=False,
+            )  # fmt: skip
+            assert alone.personalized_params is not None
+            with torch.no_grad():
+                own = self.final if everyone else block_rows(self.final, pos)
+                book.add("final", own, True, part)
+                local = {k: v.cpu() for k, v in alone.personalized_params.items()}
+                book.add("local", local, True, part)
         final_c, n = book.per_client("test", "final")
         local_c, _ = book.per_client("test", "local")
         return {
@@ -596,56 +656,6 @@ class NodeClients:
         return path
 
 
-def table_options(opts: dict[str, Any]) -> dict[str, Any]:
-    """The keywords of :func:`~privmtl.data.registry.load_federated` that a table's run
-    configuration gives (none for another data set)."""
-    if str(opts["data"]) != "table":
-        return {}
-    features = [c.strip() for c in str(opts.get("feature-columns", "")).split(",") if c.strip()]
-    return {
-        "client_column": str(opts["client-column"]),
-        "label_column": str(opts["label-column"]),
-        "feature_columns": tuple(features) or None,
-        "scaling": str(opts.get("scaling", "")) or None,
-    }
-
-
-@functools.lru_cache(maxsize=2)
-def _population(
-    data: str, data_path: str, seed: int, num_clients: int | None, table: str = "{}"
-) -> FederatedDataset:
-    """The whole population, loaded once per process (a simulation's actor serves many nodes);
-    ``table``: a table's options as JSON (:func:`table_options`)."""
-    from privmtl.data.registry import load_federated
-
-    kw = json.loads(table)
-    if kw.get("feature_columns") is not None:
-        kw["feature_columns"] = list(kw["feature_columns"])
-    return load_federated(
-        data, data_path=data_path or None, seed=seed, num_clients=num_clients, **kw
-    )
-
-
-def node_dataset(d: dict[str, Any]) -> FederatedDataset:
-    """A node's clients from its cached :meth:`NodeClients.data_state` (``d``: tensors mapped
-    from the cache file): each client's tensors are views of the contiguous ones, and the
-    dataset's stacked train data is those tensors themselves (nothing is copied)."""
-    kw: dict[str, list[torch.Tensor]] = {}
-    for s in ("train", "val", "test"):
-        sizes = np.diff(d[f"{s}_offsets"].numpy()).tolist()
-        kw[f"{s}_x"] = list(torch.split(d[f"{s}_x"], sizes))
-        kw[f"{s}_y"] = list(torch.split(d[f"{s}_y"], sizes))
-    local = FederatedDataset._unchecked(  # checked when the node cached it
-        list(d["client_ids"]), kw, int(d["n_classes"]), tuple(d["feature_shape"]),
-        str(d["name"]), str(d.get("scaling", "none")),
-    )  # fmt: skip
-    xs, ys = local.split("train")
-    key = tuple((id(t), t._version) for t in (*xs, *ys))
-    offsets = d["train_offsets"].numpy().astype(np.int64)
-    local._concat_cache["train"] = (key, (d["train_x"], d["train_y"], offsets))
-    return local
-
-
 def load_node(
     opts: dict[str, Any],
     pid: int,
@@ -657,11 +667,14 @@ def load_node(
     device: str | None = None,
     report: Callable[[str], None] | None = None,
 ) -> NodeClients:
-    """Build the node's clients; their data is cached as tensors in the node's storage.
+    """Build the node's clients.
 
-    The node draws or reads only its own clients (a synthetic population is drawn lazily:
-    :meth:`~privmtl.data.streamed.SyntheticFederation.subset` of its partition), and caches them
-    once, so that a later process maps them instead (:func:`node_dataset`). A user's model
+    A synthetic node (:data:`STREAMED_DATA`) builds the population without drawing it (the
+    clients' sizes) and keeps its own clients as a lazy partition
+    (:meth:`~privmtl.data.streamed.SyntheticFederation.partition`): nothing is drawn or cached
+    here, a round draws its sampled clients and the end of run a block at a time. Any other
+    node reads its own clients once and caches them as tensors in the node's storage, so that
+    a later process maps them instead (:func:`node_dataset`). A user's model
     factory is loaded from this machine's ``model_dir`` (default: the run configuration's
     ``model-dir``) and refused unless its file is the code the run announces
     (:func:`privmtl.flower.factory.load_checked`); a user's method likewise from ``method_dir``
@@ -692,7 +705,8 @@ def load_node(
     table = json.dumps(table_options(opts), sort_keys=True)
     ident = json.dumps([opts["data"], opts["data-path"], seed, pid, parts, num, table])
     cache = None
-    if state_dir is not None:
+    streamed = str(opts["data"]) in STREAMED_DATA
+    if state_dir is not None and not streamed:
         digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
         cache = Path(state_dir) / f"data-{digest}-v3.pt"
     if cache is not None and cache.exists():
@@ -713,15 +727,18 @@ def load_node(
             data_sha256=str(d["sha256"]),
         )
     say(f"loading the population's {opts['data']} data")
-    ds = _population(
+    ds = population(
         str(opts["data"]), str(opts["data-path"]), seed, None if num is None else int(num), table
     )
     net = make_model(str(opts["model"]), ds, seed, factory=user)
-    say(f"drawing its {len(partition(ds.n_clients, pid, parts))} clients' data")
+    if streamed:
+        say("keeping its clients (drawn when a round or the end of run needs them)")
+    else:
+        say(f"drawing its {len(partition(ds.n_clients, pid, parts))} clients' data")
     node = NodeClients(
         ds, net, partition_id=pid, num_partitions=parts, state_dir=state_dir, device=dev
     )
-    if cache is not None:
+    if cache is not None and not is_lazy(node.local):
         say("caching its data")
         cache.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(cache, to_bytes(node.data_state()))
