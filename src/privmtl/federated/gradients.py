@@ -42,7 +42,8 @@ def make_step_fn(model: nn.Module, buffers: Params, vectorize: str = "auto") -> 
     per-client losses (client ``k``'s gradient is the gradient of that sum with respect to its
     slice); ``"auto"`` picks ``"model"`` when the model has ``forward_batched``. For a
     :class:`~privmtl.federated.models.MultinomialLogReg`, ``"model"`` computes that gradient
-    without the autograd tape, in closed form (:func:`_logreg_step`).
+    without the autograd tape (:func:`_logreg_step`): the same operations as autograd's backward
+    pass, hence the same bits.
     """
     if vectorize == "auto":
         vectorize = "model" if callable(getattr(model, "forward_batched", None)) else "vmap"
@@ -78,22 +79,24 @@ def _logreg_step(
 ) -> tuple[Params, torch.Tensor]:
     r""":func:`make_step_fn`'s ``"model"`` step of a multinomial logistic regression, by hand.
 
-    With logits :math:`z = x W^\top + b`, log-probabilities :math:`z - \log\sum e^{z}` and
-    :math:`g_i = w_i\,(\mathrm{softmax}(z_i) - e_{y_i})` (the gradient of
-    :math:`\sum_i w_i \mathrm{CE}_i` with respect to the logits), the gradients are
-    :math:`g^\top x` and :math:`\sum_i g_i`. The kernels are chosen for a round's shapes (rows of a
-    few classes, many clients): ``logsumexp`` rather than ``log_softmax`` and its backward, and the
-    product :math:`g^\top x` in the weight's own layout; the values equal autograd's up to float
-    rounding, without building and walking a tape every step.
+    The operations are those autograd runs for ``forward_batched`` (``baddbmm``), the
+    cross-entropy (``log_softmax`` then the negative log-likelihood) and the weighted sum: the
+    log-softmax backward kernel on :math:`g = -w \, e_y` (the gradient of
+    :math:`\sum_i w_i \mathrm{CE}_i` with respect to the log-probabilities), then the batched
+    products of ``baddbmm``'s backward, so the gradients and losses equal the autograd path's bit
+    for bit, without building and walking a tape every step.
     """
     weight, bias = params["linear.weight"], params["linear.bias"]
     k, b = x.shape[:2]
     xf = x.reshape(k, b, weight.shape[-1])
     logits = torch.baddbmm(bias.unsqueeze(1), xf, weight.transpose(1, 2))
-    logp = logits - logits.logsumexp(-1, keepdim=True)
+    logp = torch.log_softmax(logits, -1)
     at = y.unsqueeze(-1)
     losses = (-logp.gather(-1, at).squeeze(-1) * w).sum(1)
-    wd = w.to(logp.dtype).unsqueeze(-1)
-    grad = logp.exp_().mul_(wd).scatter_add_(-1, at, -wd)
-    grads = {"linear.weight": torch.bmm(grad.transpose(1, 2), xf), "linear.bias": grad.sum(1)}
+    grad_logp = torch.zeros_like(logp).scatter_(-1, at, (-w).unsqueeze(-1).to(logp.dtype))
+    grad = torch.ops.aten._log_softmax_backward_data(grad_logp, logp, -1, logp.dtype)
+    grads = {
+        "linear.weight": torch.bmm(xf.transpose(1, 2), grad).transpose(1, 2),
+        "linear.bias": grad.sum(1),
+    }
     return grads, losses
