@@ -30,6 +30,7 @@ __all__ = [
     "SPLITS",
     "ContiguousFederation",
     "RowFederation",
+    "check_positions",
     "check_split",
     "row_ranges",
     "stacked_dataset",
@@ -39,6 +40,22 @@ SPLITS = ("train", "val", "test")
 _FIELDS = frozenset(f"{s}_{a}" for s in SPLITS for a in "xy")
 #: Clients gathered at once when the whole held federation is hashed.
 _HASH_BLOCK = 256
+
+
+def check_positions(clients: Sequence[int] | np.ndarray, n_clients: int) -> np.ndarray:
+    """``clients`` as an int64 array of distinct positions in ``[0, n_clients)``, at least one
+    (the ``partition`` of a federation); InvalidParameterError naming ``clients`` otherwise."""
+    idx = np.asarray(clients, dtype=np.int64).reshape(-1)
+    if idx.size == 0:
+        raise InvalidParameterError("The 'clients' parameter must hold at least one index.")
+    bad = idx[(idx < 0) | (idx >= n_clients)]
+    if bad.size:
+        raise InvalidParameterError(
+            f"The 'clients' parameter must hold indices in [0, {n_clients}); got {int(bad[0])}."
+        )
+    if np.unique(idx).size != idx.size:
+        raise InvalidParameterError("The 'clients' parameter must not repeat a client.")
+    return idx
 
 
 def check_split(split: str) -> None:
@@ -143,17 +160,7 @@ class RowFederation(FederatedDataset):
         on demand: its client ``j`` is this federation's client ``clients[j]``, with its id,
         sizes and examples. Reads no example of a memory-mapped source (a node's own clients
         of a cached LEAF set); an in-memory source keeps only these clients' rows."""
-        idx = np.asarray(clients, dtype=np.int64).reshape(-1)
-        if idx.size == 0:
-            raise InvalidParameterError("The 'clients' parameter must hold at least one index.")
-        bad = idx[(idx < 0) | (idx >= self.n_clients)]
-        if bad.size:
-            raise InvalidParameterError(
-                f"The 'clients' parameter must hold indices in [0, {self.n_clients}); "
-                f"got {int(bad[0])}."
-            )
-        if np.unique(idx).size != idx.size:
-            raise InvalidParameterError("The 'clients' parameter must not repeat a client.")
+        idx = check_positions(clients, self.n_clients)
         return self._select(idx)
 
     def _gather(self, idx: np.ndarray, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

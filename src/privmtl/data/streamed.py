@@ -28,6 +28,7 @@ from privmtl.data.federated import (
     synthetic_client_ids,
     synthetic_law,
 )
+from privmtl.data.row_federation import check_positions
 from privmtl.exceptions import InvalidParameterError
 from privmtl.io import arrays_sha256
 
@@ -104,17 +105,7 @@ class SyntheticFederation(FederatedDataset):
         on demand, drawing nothing now: its client ``j`` is this federation's client
         ``clients[j]``, with its id, size and examples. Costs O(len(clients)) beside an index
         check: a Flower node builds the population (the size draw) and keeps its own clients."""
-        idx = np.asarray(clients, dtype=np.int64).reshape(-1)
-        if idx.size == 0:
-            raise InvalidParameterError("The 'clients' parameter must hold at least one index.")
-        bad = idx[(idx < 0) | (idx >= self.n_clients)]
-        if bad.size:
-            raise InvalidParameterError(
-                f"The 'clients' parameter must hold indices in [0, {self.n_clients}); "
-                f"got {int(bad[0])}."
-            )
-        if np.unique(idx).size != idx.size:
-            raise InvalidParameterError("The 'clients' parameter must not repeat a client.")
+        idx = check_positions(clients, self.n_clients)
         out = SyntheticFederation.__new__(SyntheticFederation)
         ids = [self.client_ids[i] for i in idx.tolist()]
         out._hold(self.law, self._keys[idx], self._n[idx], ids, self.name)
