@@ -1,4 +1,4 @@
-"""Issue 10's deployment acceptance: the exact ``privmtl flower local`` command, timed.
+"""The deployment acceptance of Flower's local mode: the exact ``privmtl flower local`` command, timed.
 
 Runs ``privmtl flower local --num-supernodes 3 --data synthetic --model logreg --rounds 3
 --clients-per-round 6 --epsilon 2 --server-update delta --lam 0.1 --json`` (secure noise, the
@@ -103,7 +103,7 @@ def report(rows: list[dict[str, Any]]) -> bool:
     ok = bool(rows) and all(row[-1] == "PASS" for row in table)
     cpus = rows[0]["machine"]["cpus"] if rows else "?"
     lines = [
-        "# privmtl flower local: deployment acceptance (issue 10)",
+        "# privmtl flower local: deployment acceptance",
         "",
         f"`{rows[0]['command'] if rows else 'privmtl ' + ' '.join(COMMAND)}` in a fresh work "
         "directory: a SuperLink and 3 SuperNodes as separate processes on 127.0.0.1, the app "

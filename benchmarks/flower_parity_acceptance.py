@@ -1,4 +1,4 @@
-"""Issue 23's parity acceptance: ``privmtl pmtl`` and ``privmtl flower local`` with the same flags.
+"""The parity acceptance of the two transports: ``privmtl pmtl`` and ``privmtl flower local`` with the same flags.
 
 Runs ``privmtl pmtl --json`` and ``privmtl flower local --num-supernodes 3 --json`` with the flags
 of the acceptance (``--data synthetic --model logreg --clients-per-round 6 --epsilon 2 --seed 0
@@ -86,7 +86,7 @@ def report(rows: list[dict[str, Any]]) -> bool:
     ]
     ok = bool(rows) and all(_ok(r) for r in rows)
     lines = [
-        "# privmtl pmtl and privmtl flower local: one protocol, two transports (issue 23)",
+        "# privmtl pmtl and privmtl flower local: one protocol, two transports",
         "",
         f"`{rows[0]['command'] if rows else ''}`; Flower on 3 SuperNodes (loopback). Every other "
         "setting at the product default (`finetune=auto`: on Flower each node runs its clients' "

@@ -306,7 +306,7 @@ def _marginal_report(runs: list[dict[str, Any]]) -> list[str]:
 
     cmd = " ".join(["privmtl flower local --num-supernodes 3", *MARGINAL_FLAGS, "--rounds R"])
     lines = [
-        "## Marginal seconds per round (issue 23 item 4)",
+        "## Marginal seconds per round",
         "",
         "Produced by `python benchmarks/flower_speed.py marginal --before-src <main>/src "
         f"--pairs N`. Command: `{cmd}` for R = {short} and R = {long_}, and `privmtl pmtl` with "

@@ -1,4 +1,4 @@
-"""Issue 2's accuracy acceptance checks, computed from the trade-off benchmark's runs.
+"""The MP-MTL accuracy acceptance checks, computed from the trade-off benchmark's runs.
 
 Reads ``results/mpmtl_school.jsonl`` and ``results/mpmtl_synthetic-lowrank.jsonl`` (written by
 ``mpmtl_tradeoff.py``: 5-fold CV tuning on each run's training split, Gaussian covariance
@@ -71,7 +71,7 @@ def main() -> None:
     all_seeds = sorted({r["seed"] for r in load_jsonl(RESULTS / "mpmtl_school.jsonl")})
     info = checks(all_seeds) if all_seeds != main_seeds else []
     lines = [
-        "# MP-MTL acceptance checks (issue 2)",
+        "# MP-MTL acceptance checks",
         "",
         "nMSE means over seeds 0–4 of the runs in `mpmtl_school.jsonl` and "
         "`mpmtl_synthetic-lowrank.jsonl` (5-fold CV tuning on each training split, not charged to ε; "

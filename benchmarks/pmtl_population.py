@@ -660,7 +660,7 @@ def report(args: argparse.Namespace) -> None:
             seen.add(r["summary"])
             out.append(f"* m = {r['m']}, {r['method']}: {r['summary']}")
     if ms:
-        out += ["", "## Acceptance (issue 24, synthetic, ε = 1, covered defaults)", ""]
+        out += ["", "## Acceptance: synthetic, ε = 1, covered defaults", ""]
         out += [
             "| m | PMTL | local | private FedAvg | non-private PMTL | PMTL − max(local, FedAvg) |"
         ]
@@ -714,7 +714,7 @@ def report(args: argparse.Namespace) -> None:
         if any(r.get("variant") in DELTA_VARIANTS for r in allrows):
             out += [
                 "",
-                "## The covered study at ε = 1 at three δ (issue 24: anchor-comparable reporting)",
+                "## The covered study at ε = 1 at three δ: anchor-comparable reporting",
                 "",
                 "The same commands with `--delta 1e-5` (the δ of the published anchors) or "
                 "`--paper-delta` (δ = 1/m, the PMTL paper's) added; every other option at the "

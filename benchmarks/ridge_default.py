@@ -303,7 +303,7 @@ def report_lines(rows: list[dict[str, Any]]) -> list[str]:
         out += ["Ridge is at least as accurate as sgd within noise in every measured cell."]
     out += [
         "",
-        "## Acceptance line (issue 32): each solver, every other option at its default, ε = 1",
+        "## Acceptance line: each solver, every other option at its default, ε = 1",
         "",
         "| solver | m | seeds | PMTL | local | FedAvg | PMTL − max(local, FedAvg) | target |",
         "|---|---|---|---|---|---|---|---|",

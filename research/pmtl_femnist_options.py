@@ -567,7 +567,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         if s["subspace_ratio"] is not None and s["dim"]
     ]
     lines = [
-        "# FEMNIST-105 at ε = 1: the options of issue 11 alone and combined vs local training",
+        "# FEMNIST-105 at ε = 1: the population options alone and combined vs local training",
         "",
         "`research/pmtl_femnist_options.py`. Every row is an exact `privmtl pmtl` argument list "
         "(in `pmtl_femnist_options.jsonl`, key `argv`); common to all: CNN, 20 clients per round "

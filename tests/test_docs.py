@@ -16,8 +16,12 @@ README = ROOT / "README.md"
 #: Most lines the README may have: a tour, with everything else on the documentation pages.
 README_MAX_LINES = 150
 
+#: The tracker's word, spelt in parts so that this file's own pattern is no reference.
+_TRACKER_WORD = "iss" + "ue"
+
 #: A reference to the project's issue tracker: the word, then a number (with or without "#").
-ISSUE_REFERENCE = re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)
+#: No word boundary in front, so that it finds everything ``grep -iE "<word> ?#?[0-9]"`` finds.
+ISSUE_REFERENCE = re.compile(_TRACKER_WORD + r"s?\s*#?\d+", re.IGNORECASE)
 
 
 def _generated_pages() -> set[str]:
@@ -79,15 +83,44 @@ def test_no_page_mentions_an_issue_number(page):
     assert not hits, "pages describe the software, not how it was built:\n" + "\n".join(hits)
 
 
+#: What the documentation build writes or copies into docs/: not scanned there, but at its source.
+_DOCS_BUILD_OUTPUT = ("_build", "_generated", "_autosummary")
+
+#: The results pages of the documentation include every table of these folders (docs/conf.py
+#: copies their ``*.md`` into docs/_generated), so they are part of the documentation.
+_RESULTS_COPIED_INTO_DOCS = ("benchmarks/results", "research/results")
+
+
 def _code_files() -> list[Path]:
-    return sorted(
+    """Every text file of the product: the package, its tests, examples and CI, the documentation
+    folder (its sources, not its build output), the maintained benchmark scripts and their README,
+    and the result tables the documentation build copies. The research scripts keep their notes."""
+    suffixes = (".py", ".sh", ".md", ".rst", ".toml", "")
+    generated = _generated_pages()
+    files = [
         p
-        for folder in ("src", "tests", "examples", ".ci")  # research notes keep their history
+        for folder in ("src", "tests", "examples", ".ci", "docs")
         for p in (ROOT / folder).rglob("*")
         if p.is_file()
-        and p.suffix in (".py", ".sh", ".md", ".toml", "")
+        and p.suffix in suffixes
         and "__pycache__" not in p.parts
-    )
+        and not (folder == "docs" and set(p.relative_to(DOCS).parts) & set(_DOCS_BUILD_OUTPUT))
+        and not (folder == "docs" and p.parent == DOCS and p.name in generated)
+    ]
+    files += [p for p in (ROOT / "benchmarks").glob("*") if p.is_file() and p.suffix in suffixes]
+    files += [p for folder in _RESULTS_COPIED_INTO_DOCS for p in (ROOT / folder).glob("*.md")]
+    return sorted({README, *files})
+
+
+def test_the_scan_covers_what_the_docs_show():
+    scanned = {p.relative_to(ROOT).as_posix() for p in _code_files()}
+    assert {"README.md", "docs/conf.py", "docs/index.md", "benchmarks/README.md"} <= scanned
+    assert "benchmarks/pmtl_population.py" in scanned
+    assert "benchmarks/results/pmtl_population.md" in scanned
+    assert "tests/test_docs.py" in scanned
+    assert any(name.startswith("src/privmtl/") for name in scanned)
+    assert any(name.startswith("research/results/") for name in scanned)
+    assert not any(name.startswith("docs/_generated/") for name in scanned)
 
 
 def test_no_source_test_or_script_mentions_an_issue_number():
@@ -101,10 +134,13 @@ def test_no_source_test_or_script_mentions_an_issue_number():
 
 
 def test_issue_pattern_catches_what_it_should():
-    word = "issue"  # spelt apart: this file is scanned too
+    word = _TRACKER_WORD  # spelt apart: this file is scanned too
     assert ISSUE_REFERENCE.search(f"the paths {word} 21's other items make mediated")
     assert ISSUE_REFERENCE.search(f"({word.title()} #10)")
+    assert ISSUE_REFERENCE.search(f"({word}#10)")
+    assert ISSUE_REFERENCE.search(f"before {word}s 24 and 32")
     assert not ISSUE_REFERENCE.search("an issue with 3 clients")
+    assert not ISSUE_REFERENCE.search(ISSUE_REFERENCE.pattern), "the pattern names itself"
 
 
 def test_cli_reference_is_generated_from_every_command():
