@@ -45,6 +45,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -351,6 +352,63 @@ def train_local(
         accuracy of every grid point used for all clients).
     """
     check_inputs(dataset, model)
+    run = _check_local(
+        dataset.n_clients, model, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select,
+        seed=seed, client_chunk=client_chunk, batched=batched, client_index=client_index,
+        block=block, workers=workers, device=device, solver=solver, ridges=ridges,
+        patience=patience, scores=scores,
+    )  # fmt: skip
+    return _train_local(dataset, model, run, on_clients)
+
+
+@dataclass(frozen=True)
+class _LocalRun:
+    """The checked settings of one :func:`train_local` call."""
+
+    solver: str
+    select: str
+    grid: list[tuple[int, float]]
+    ridge_grid: list[float]
+    batch_size: int
+    seed: int
+    client_chunk: int | None
+    batched: bool
+    patience: int | None
+    scores: bool
+    on: torch.device
+    #: the population index of every client, and whether the caller gave it
+    index: np.ndarray
+    indexed: bool
+    #: the most clients of a block, and the blocks trained at once (threads)
+    block: int
+    threads: int
+
+    @property
+    def n_grid(self) -> int:
+        return len(self.ridge_grid) if self.solver == "ridge" else len(self.grid)
+
+
+def _check_local(
+    m: int,
+    model: nn.Module,
+    *,
+    epochs: Sequence[int] | None,
+    lrs: Sequence[float] | None,
+    batch_size: int,
+    select: str,
+    seed: int,
+    client_chunk: int | None,
+    batched: bool,
+    client_index: Sequence[int] | None,
+    block: int,
+    workers: int,
+    device: str | torch.device,
+    solver: str,
+    ridges: Sequence[float],
+    patience: int | None,
+    scores: bool,
+) -> _LocalRun:
+    """:func:`train_local`'s parameters checked and its defaults resolved, for ``m`` clients."""
     check_choice("select", select, LOCAL_SELECT)
     batch_size = check_int("batch_size", batch_size, low=1)
     seed = check_int("seed", seed, low=0)
@@ -381,17 +439,7 @@ def train_local(
             )
     grid = _grid(epochs, lrs)
     on = resolve_device(device) if batched else torch.device("cpu")
-    t0 = time.perf_counter()
-    m = dataset.n_clients
-    if on.type != "cpu":  # the caller's module stays where it is
-        model = copy.deepcopy(model).to(on)
-    init = {n: p.detach().clone() for n, p in model.named_parameters()}
-    buffers = {n: b.detach() for n, b in model.named_buffers()}
     index = check_client_index(client_index, m)
-    chosen: Params = {}
-    choice = np.zeros(m, dtype=np.int64)
-    n_grid = len(ridge_grid) if solver == "ridge" else len(grid)
-    val_correct, test_correct = np.zeros(n_grid), np.zeros(n_grid)
     # each client chooses on its own validation split: the population is trained a block at a
     # time; one pooled choice reads every client's validation data: one block
     block = check_int("block", block, low=1) if select == "client" else m
@@ -404,33 +452,79 @@ def train_local(
     )  # fmt: skip
     if threads > 1:  # every worker gets clients
         block = min(block, -(-m // threads))
-    lock = threading.Lock()
+    return _LocalRun(
+        solver=solver, select=select, grid=grid, ridge_grid=ridge_grid, batch_size=batch_size,
+        seed=seed, client_chunk=client_chunk, batched=batched, patience=patience, scores=scores,
+        on=on, index=index, indexed=client_index is not None, block=block, threads=threads,
+    )  # fmt: skip
 
-    def progress(k: int) -> None:
-        if on_clients is not None:
-            with lock:
-                on_clients(k)
 
-    def one(pos: np.ndarray) -> tuple[Params, np.ndarray, np.ndarray, np.ndarray]:
-        """One block: its grid, each client's choice, the grid's correct counts in it."""
+class _BlockStep:
+    """The step :func:`train_local` runs once per block of clients (in threads when
+    ``run.threads`` > 1): the block's grid of models, each client's choice among them, and the
+    grid's correct counts in the block."""
+
+    def __init__(
+        self,
+        run: _LocalRun,
+        dataset: FederatedDataset,
+        model: nn.Module,
+        on_clients: Callable[[int], None] | None,
+    ) -> None:
+        self.run, self.dataset, self.model = run, dataset, model
+        self.init = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.buffers = {n: b.detach() for n, b in model.named_buffers()}
+        self._on_clients = on_clients
+        self._lock = threading.Lock()
+
+    def progress(self, k: int) -> None:
+        """Report ``k`` more clients trained (under a lock: blocks may run in threads)."""
+        if self._on_clients is not None:
+            with self._lock:
+                self._on_clients(k)
+
+    def __call__(self, pos: np.ndarray) -> tuple[Params, np.ndarray, np.ndarray, np.ndarray]:
+        run, m = self.run, self.dataset.n_clients
         # scoring swaps a module's parameters while it runs: a module per thread
-        net = model if threads == 1 else copy.deepcopy(model)
-        part = dataset if len(pos) == m else dataset.subset(pos.tolist())
-        ci = None if client_index is None and len(pos) == m else index[pos].tolist()
-        if solver == "ridge":
-            models = ridge_logreg(init, part, ridge_grid)
-            progress(len(pos))
+        net = self.model if run.threads == 1 else copy.deepcopy(self.model)
+        part = self.dataset if len(pos) == m else self.dataset.subset(pos.tolist())
+        ci = None if not run.indexed and len(pos) == m else run.index[pos].tolist()
+        if run.solver == "ridge":
+            models = ridge_logreg(self.init, part, run.ridge_grid)
+            self.progress(len(pos))
         else:
+            adam = run.solver == "adam"
             models = _train_grid(
-                net, buffers, init, part, grid, batch_size, seed, client_chunk, batched, ci,
-                progress, patience, solver == "adam",
-                ADAM_EPOCH_STEPS if solver == "adam" else None,
+                net, self.buffers, self.init, part, run.grid, run.batch_size, run.seed,
+                run.client_chunk, run.batched, ci, self.progress, run.patience, adam,
+                ADAM_EPOCH_STEPS if adam else None,
             )  # fmt: skip
-        return _choose(net, buffers, part, models, n_grid, scores=scores, select=select, on=on)
+        return _choose(
+            net, self.buffers, part, models, run.n_grid, scores=run.scores, select=run.select,
+            on=run.on,
+        )  # fmt: skip
 
-    blocks = list(client_blocks(m, block))
-    with concurrent_blocks(threads, len(blocks), processes=False) as run:
-        for pos, (mine, part_choice, vc, tc) in zip(blocks, run(one, blocks), strict=True):
+
+def _train_local(
+    dataset: FederatedDataset,
+    model: nn.Module,
+    run: _LocalRun,
+    on_clients: Callable[[int], None] | None,
+) -> TrainResult:
+    """:func:`train_local` on checked settings: every block trained and chosen, the choices put
+    together, and the result."""
+    t0 = time.perf_counter()
+    m = dataset.n_clients
+    if run.on.type != "cpu":  # the caller's module stays where it is
+        model = copy.deepcopy(model).to(run.on)
+    step = _BlockStep(run, dataset, model, on_clients)
+    init, buffers = step.init, step.buffers
+    chosen: Params = {}
+    choice = np.zeros(m, dtype=np.int64)
+    val_correct, test_correct = np.zeros(run.n_grid), np.zeros(run.n_grid)
+    blocks = list(client_blocks(m, run.block))
+    with concurrent_blocks(run.threads, len(blocks), processes=False) as map_blocks:
+        for pos, (mine, part_choice, vc, tc) in zip(blocks, map_blocks(step, blocks), strict=True):
             val_correct += vc
             test_correct += tc
             if len(pos) == m:
@@ -439,22 +533,23 @@ def train_local(
                 if not chosen:
                     chosen = {n: p.new_empty((m, *p.shape[1:])) for n, p in mine.items()}
                 for n, p in mine.items():
-                    chosen[n][torch.from_numpy(pos).to(on)] = p
+                    chosen[n][torch.from_numpy(pos).to(run.on)] = p
             choice[pos] = part_choice
     n_val = max(int(dataset.sizes("val").sum()), 1)
     n_test = int(dataset.sizes("test").sum())
     grid_val = [float(c / n_val) for c in val_correct]
     grid_test = [float(c / n_test) if n_test else float("nan") for c in test_correct]
     accuracies: dict[str, dict[str, dict[str, float]]] = {}
-    for split in ("val", "test") if scores else ():
+    for split in ("val", "test") if run.scores else ():
         xs, ys = dataset.split(split)
         accuracies[split] = {
             "personalized": evaluate(model, chosen, buffers, xs, ys, personalized=True),
             "global": evaluate(model, init, buffers, xs, ys, personalized=False),
         }
+    grid, solver = run.grid, run.solver
     # the configuration reports a public step size: the pooled choice's, else the grid's first
     # (the ridge solver: its preconditioned step of 1, over its iterations)
-    first = grid[int(choice[0])] if select == "pooled" else grid[0]
+    first = grid[int(choice[0])] if run.select == "pooled" else grid[0]
     if solver == "ridge":
         first = (RIDGE_ITERATIONS, 1.0)
     config = TrainConfig(
@@ -463,20 +558,20 @@ def train_local(
         clients_per_round=m,
         sampling="all",
         local_epochs=1,
-        batch_size=batch_size,
+        batch_size=run.batch_size,
         lr=first[1],
         lam=0.0,
         clip=None,
         personal_init="model",  # every client starts from the initial model
-        seed=seed,
+        seed=run.seed,
         progress=False,
-        device=str(on),
+        device=str(run.on),
     )
     selection: dict[str, Any] = {
-        "grid": [[c] for c in ridge_grid] if solver == "ridge" else [[e, lr] for e, lr in grid],
+        "grid": [[c] for c in run.ridge_grid] if solver == "ridge" else [[e, lr] for e, lr in grid],
         "solver": solver,
-        "patience": patience,
-        "select": select,
+        "patience": run.patience,
+        "select": run.select,
         "choice": choice.tolist(),
         "grid_val_accuracy": grid_val,
         "grid_test_accuracy": grid_test,
