@@ -1,4 +1,4 @@
-"""Empirical privacy audit of every mechanism across ε ∈ {0.5, 1, 2, 4, 8} (issue: audit).
+"""Empirical privacy audit of every mechanism across ε ∈ {0.5, 1, 2, 4, 8}.
 
 Runs ``privmtl.audit.run_audit`` with the default number of trials and secure noise (what users
 run) for every mechanism and claimed ε, appends one JSON line per audit to

@@ -247,7 +247,7 @@ def report() -> str:
         "method at α = 0.5 (and again at α = 0.1, run after the choice), and a bound on every "
         "feature whatever its unit.",
         "",
-        "Neither table reproduces the issue's split, where `none` beat `per-client` by about 4 "
+        "Neither table reproduces the split first reported, where `none` beat `per-client` by about 4 "
         "points (0.894 against 0.851 to 0.857); its skew rule is not recorded. On both tables here "
         "`per-client` is at least as good as `none`, and the clipped default is at least as good "
         "as both. The clip's mechanism is measurable on the α = 0.5 table: with `per-client`, "

@@ -17,7 +17,7 @@ holds) with its full JSON result, the machine's load average before and after, a
     500-client population. The SuperLink runs with ``--simulation``; the run is submitted with
     ``flwr run ... --federation-config "num-supernodes=500 ..."``.
 ``acceptance``
-    Wall seconds of the issue's command ``privmtl flower local --num-supernodes 3 --data synthetic
+    Wall seconds of the acceptance command ``privmtl flower local --num-supernodes 3 --data synthetic
     --model logreg --rounds 3 --clients-per-round 6 --epsilon 2 --json`` (process start to exit).
 
 ``marginal`` (subcommand)
@@ -729,7 +729,7 @@ def _report(summary: dict[str, Any], table: str, runs: list[dict[str, Any]]) -> 
         acc_loads = [r["load_before"] for r in ok if r["arm"] == "acceptance"]
         under = sum(v < 180 for v in acc)
         lines.append(
-            "- **The issue's acceptance command** (`privmtl flower local --num-supernodes 3 "
+            "- **The acceptance command** (`privmtl flower local --num-supernodes 3 "
             "--data synthetic --model logreg --rounds 3 --clients-per-round 6 --epsilon 2 "
             f"--json`, process start to exit): "
             f"{', '.join(f'{v:.0f}' for v in acc)} s at a load average of "

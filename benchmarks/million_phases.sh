@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The m-client run without the end of run, one thread, its phases and peak memory:
+# The population-scale m-client run without the end of run, one thread, its phases and peak memory:
 #   benchmarks/million_phases.sh M OUT_PREFIX [PYTHONPATH of another checkout's src]
 # writes OUT_PREFIX.json (the run's JSON) and OUT_PREFIX.time (/usr/bin/time -v).
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Kill and --resume at scale: the command, seeded (--reproducible-noise), with a checkpoint,
+# Kill and --resume at scale: the population-scale command, seeded (--reproducible-noise), with a checkpoint,
 # run twice side by side: once uninterrupted, once killed (SIGKILL) after KILL_AFTER_S seconds and
 # resumed from its checkpoint. The two JSON answers must agree on every key but the timings and the
 # checkpoint directory, and the two write-ahead ledgers must be the same bytes.

@@ -6,7 +6,7 @@ script is run again; ``--report`` rebuilds ``results/pmtl_femnist<tag>.md`` and 
 Suites (``--suite``):
 
 ``acceptance``
-    The issue's checks: CNN, 20 clients per round, 100 rounds, ε = 2, PMTL vs private FedAvg
+    The acceptance checks: CNN, 20 clients per round, 100 rounds, ε = 2, PMTL vs private FedAvg
     (seeds 0, 1); non-private PMTL with 300 rounds.
 ``tradeoff``
     PMTL, private FedAvg, FedProx and local training (+ mean-regularized fine-tuning of PMTL) at

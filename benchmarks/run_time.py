@@ -31,7 +31,7 @@ ARMS = {
     "200 clients, finetune auto (default)": ["--num-clients", "200"],
     "6000 clients, finetune auto (default)": ["--num-clients", "6000"],
 }
-"""The issue's command (200 clients) with and without the end of run, and a run of a minute or
+"""The reference command (200 clients) with and without the end of run, and a run of a minute or
 more, where start-up is a small part of the wall time."""
 TOLERANCE = 0.05
 """The acceptance: printed seconds within 5 % of the process's wall time."""
