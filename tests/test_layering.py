@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import privmtl
 
 SRC = Path(privmtl.__file__).parent
@@ -58,13 +60,40 @@ def test_relations_declared_once():
     assert homes == ["privacy/guarantee.py"]
 
 
+#: The two privacy defaults, and the one module that spells them (the rest import them).
+_PRIVACY_DEFAULTS = {"accountant": "rdp", "relation": "add-remove"}
+_PRIVACY_DEFAULTS_HOME = Path("privacy/guarantee.py")
+
+
+def _holder(name):
+    """The privacy setting a name holds (``accountant``, ``ACCOUNTANT``, ``DEFAULT_RELATION``,
+    the option ``--relation``), or None (``_BRACKET_ACCOUNTANT``, ``ACCOUNTANTS``: other things)."""
+    if not isinstance(name, str):
+        return None
+    n = name.lower().lstrip("-_").removeprefix("default_")
+    return n if n in _PRIVACY_DEFAULTS else None
+
+
+def _carried(node, wanted):
+    """Whether ``node`` yields the literal ``wanted`` as a value: a comparison or a tuple, list or
+    set of choices only names it."""
+    if isinstance(node, ast.Constant):
+        return node.value == wanted
+    if isinstance(node, ast.Compare | ast.Tuple | ast.List | ast.Set):
+        return False
+    return any(_carried(child, wanted) for child in ast.iter_child_nodes(node))
+
+
 def _literal_privacy_defaults(tree):
-    """Lines where a parameter, keyword or field named ``accountant``/``relation`` takes the
-    string ``"rdp"``/``"add-remove"`` as its default or value."""
-    wanted = {"accountant": "rdp", "relation": "add-remove"}
+    """Lines where an ``accountant``/``relation`` takes the string ``"rdp"``/``"add-remove"`` as
+    its default or value: a parameter's default, a keyword argument, a variable or constant
+    holding it (``ACCOUNTANT = "rdp"``, ``accountant = next(..., "rdp")``), a dict's entry (a
+    table of option defaults), a ``.get``/``.pop``/``.setdefault`` fallback, or an option's
+    ``default=`` (``click.option("--accountant", default=...)``, ``add_argument``)."""
 
     def literal(name, value):
-        return isinstance(value, ast.Constant) and name in wanted and value.value == wanted[name]
+        key = _holder(name)
+        return key is not None and _carried(value, _PRIVACY_DEFAULTS[key])
 
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -81,18 +110,105 @@ def _literal_privacy_defaults(tree):
             yield from (node.lineno for arg, d in pairs if literal(arg.arg, d))
         elif isinstance(node, ast.keyword) and node.arg and literal(node.arg, node.value):
             yield node.value.lineno
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if node.value is not None and literal(node.target.id, node.value):
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [t.id if isinstance(t, ast.Name) else getattr(t, "attr", None) for t in targets]
+            if any(literal(name, node.value) for name in names):
                 yield node.lineno
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and literal(key.value, value):
+                    yield value.lineno
+        elif isinstance(node, ast.Call):
+            args = node.args
+            names = [x.value for x in args if isinstance(x, ast.Constant)]
+            fallback = isinstance(node.func, ast.Attribute) and node.func.attr in (
+                "get", "pop", "setdefault"
+            )  # fmt: skip
+            if fallback and len(args) == 2 and isinstance(args[0], ast.Constant):
+                if literal(args[0].value, args[1]):
+                    yield node.lineno
+            options = [n for n in names if isinstance(n, str) and n.startswith("--")]
+            for kw in node.keywords:
+                if kw.arg == "default" and any(literal(o, kw.value) for o in options):
+                    yield node.lineno
 
 
 def test_accountant_and_relation_defaults_have_one_home():
     """``DEFAULT_ACCOUNTANT`` and ``DEFAULT_RELATION`` (privacy/guarantee.py) are the only
-    spellings of the two defaults: every signature, spec field and call imports them."""
-    found = [
-        f"{rel}:{line}" for rel, tree in _modules() for line in _literal_privacy_defaults(tree)
-    ]
+    spellings of the two defaults: every signature, spec field, option and call imports them
+    (every module of the package is read; the CLI options and Flower's run-config keys are
+    generated from the spec, whose fields import them)."""
+    found, home = [], []
+    for rel, tree in _modules():
+        lines = [f"{rel}:{line}" for line in _literal_privacy_defaults(tree)]
+        (home if rel == _PRIVACY_DEFAULTS_HOME else found).extend(lines)
     assert found == []
+    assert len(home) <= 2, home  # DEFAULT_ACCOUNTANT and DEFAULT_RELATION, at most once each
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        'def f(accountant="rdp"): ...',
+        'def f(*, relation="add-remove"): ...',
+        'f(accountant="rdp")',
+        'ACCOUNTANT = "rdp"',
+        'DEFAULT_RELATION: str = "add-remove"',
+        'accountant = next((c for c in cs), "rdp")',
+        'self.relation = relation or "add-remove"',
+        'RUN_DEFAULTS = {"accountant": "rdp"}',
+        'opts.get("relation", "add-remove")',
+        'click.option("--accountant", type=str, default="rdp")',
+    ],
+)
+def test_a_literal_privacy_default_is_found(code):
+    assert list(_literal_privacy_defaults(ast.parse(code))) == [1]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        'if accountant == "rdp": ...',
+        'ACCOUNTANTS = ("rdp", "pld")',
+        'click.option("--accountant", type=click.Choice(["rdp", "pld"]))',
+        '_BRACKET_ACCOUNTANT = "rdp"',  # a fixed choice, not the default
+        'rel = "add-remove"',
+        "accountant = DEFAULT_ACCOUNTANT",
+    ],
+)
+def test_a_use_of_the_names_is_no_default(code):
+    assert list(_literal_privacy_defaults(ast.parse(code))) == []
+
+
+def test_cli_and_flower_privacy_defaults_are_the_homes():
+    """Every command's ``--accountant``/``--relation`` with a default, and Flower's run-config
+    keys, default to the two constants."""
+    import click
+
+    from privmtl.cli import cli
+    from privmtl.flower._core import RUN_DEFAULTS
+    from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION
+
+    homes = {"accountant": DEFAULT_ACCOUNTANT, "relation": DEFAULT_RELATION}
+    ctx = click.Context(cli)
+
+    def commands(cmd, path):
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                yield from commands(cmd.get_command(ctx, name), [*path, name])
+        else:
+            yield " ".join(path), cmd
+
+    seen = {}
+    for path, cmd in commands(cli, []):
+        for param in cmd.params:
+            if param.name in homes and isinstance(param.default, str):
+                seen[f"{path} --{param.name}"] = param.default == homes[param.name]
+    assert {"pmtl --accountant", "pmtl --relation", "mpmtl --accountant"} <= set(seen)
+    assert {"flower local --accountant", "account --relation"} <= set(seen)
+    assert all(seen.values()), seen
+    assert {k: RUN_DEFAULTS[k] for k in homes} == homes
 
 
 def _compared_strings(node):

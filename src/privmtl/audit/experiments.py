@@ -73,6 +73,7 @@ from privmtl.privacy import mechanisms as _mechanisms
 from privmtl.privacy import release as _release
 from privmtl.privacy.calibration import calibrate_mean_noise_std
 from privmtl.privacy.covariance import plan_covariance_releases
+from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION
 from privmtl.privacy.noise import NoiseSource, SecureNoise, SeededNoise
 from privmtl.privacy.release import GaussianMeanRelease
 from privmtl.privacy.sampling import FullParticipation
@@ -115,8 +116,9 @@ DEFAULT_TRIALS = {
 WEAK_NOISE_FACTOR = 0.25
 #: Fraction of the canaries guessed "in" (top scores) and, separately, "out" (bottom scores).
 GUESS_FRACTION = 0.1
-RELATION = "add-remove"
-ACCOUNTANT = "rdp"
+#: The audits' guarantee: the product's default relation and accountant (what users run).
+RELATION = DEFAULT_RELATION
+ACCOUNTANT = DEFAULT_ACCOUNTANT
 
 
 class ScaledNoise(NoiseSource):

@@ -44,6 +44,7 @@ import numpy as np
 from privmtl._validation import check_choice, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.runlog import run_key
+from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT
 
 __all__ = [
     "DEFAULT_VOTE_SHARE",
@@ -227,7 +228,8 @@ def candidates_accounting(candidates: Sequence[dict[str, Any]]) -> dict[str, Any
     """
     delta = next((c["delta"] for c in candidates if c.get("delta")), 1e-5)
     accountant = next(
-        (c["accountant"] for c in candidates if c.get("accountant") in ("rdp", "pld")), "rdp"
+        (c["accountant"] for c in candidates if c.get("accountant") in ("rdp", "pld")),
+        DEFAULT_ACCOUNTANT,
     )
     return {
         "delta": float(delta),
