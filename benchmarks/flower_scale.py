@@ -17,7 +17,9 @@ one after the other, their order alternating between sizes, and records for each
   1/n in each, so the tree's PSS is the memory it takes, its RSS an upper bound;
 - ``processes``: each process's peak resident memory (MB) by its role (``launcher``,
   ``superlink``, ``superexec``, ``serverapp``, ``flwr-run``, ``supernode``, ``clientapp``,
-  ``worker``), the processes of a role listed;
+  ``worker``), the processes of a role listed; ``processes_at_peak``: their resident memory
+  when the tree's sum peaked (the launcher of ``flower local`` peaks while it checks the
+  options, before it replaces itself with a process without torch);
 - ``cpu_seconds``: user + system seconds of the tree (from the same samples: the last value seen
   for each process);
 - test accuracy and ε.
@@ -128,6 +130,7 @@ class TreeMonitor:
         self.peak_pss = 0
         self.cpu: dict[int, float] = {}
         self.rss: dict[int, int] = {}
+        self.at_peak: dict[int, int] = {}
         self.role: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -136,6 +139,7 @@ class TreeMonitor:
     def _run(self) -> None:
         while not self._stop.is_set():
             total = pss = 0
+            now: dict[int, int] = {}
             for pid in _tree(self.root):
                 got = _sample(pid)
                 if got is not None:
@@ -143,8 +147,11 @@ class TreeMonitor:
                     pss += _pss(pid)
                     self.cpu[pid] = got[1]
                     self.rss[pid] = max(self.rss.get(pid, 0), got[0])
+                    now[pid] = got[0]
                     if pid not in self.role:
                         self.role[pid] = _role(pid, self.root)
+            if total > self.peak:
+                self.at_peak = now
             self.peak = max(self.peak, total)
             self.peak_pss = max(self.peak_pss, pss)
             self._stop.wait(self.every)
@@ -153,10 +160,11 @@ class TreeMonitor:
         self._stop.set()
         self._thread.join()
 
-    def processes(self) -> dict[str, list[float]]:
-        """Each role's processes' peak resident memory in MB (largest first)."""
+    def processes(self, at_peak: bool = False) -> dict[str, list[float]]:
+        """Each role's processes' peak resident memory in MB (largest first); ``at_peak``: their
+        resident memory when the tree's sum peaked instead."""
         out: dict[str, list[float]] = {}
-        for pid, rss in self.rss.items():
+        for pid, rss in (self.at_peak if at_peak else self.rss).items():
             out.setdefault(self.role.get(pid, "worker"), []).append(round(rss / 2**20, 1))
         return {role: sorted(v, reverse=True) for role, v in sorted(out.items())}
 
@@ -189,6 +197,7 @@ def run_one(engine: str, m: int, rounds: int, flags: list[str], work: Path) -> d
         "peak_rss_gb": monitor.peak / 2**30,
         "peak_pss_gb": monitor.peak_pss / 2**30,
         "processes": monitor.processes(),
+        "processes_at_peak": monitor.processes(at_peak=True),
         "cpu_seconds": sum(monitor.cpu.values()),
         "load_average_1min": load,
     }
