@@ -24,7 +24,7 @@ from privmtl.flower.node_data import is_lazy
 if TYPE_CHECKING:
     from privmtl.flower.node_clients import NodeClients
 
-__all__ = ["finish_and_score", "stacked"]
+__all__ = ["Stack", "finish_and_score"]
 
 
 def finish_and_score(
@@ -51,7 +51,7 @@ def finish_and_score(
 
         data.subset = subset  # type: ignore[method-assign]
     got: dict[str, list[float]] = {}
-    blocks: list[tuple[np.ndarray, Params]] = []
+    final = Stack(len(node.clients))
     seconds = [0.0]
 
     def sink(pos: np.ndarray, params: Params) -> None:
@@ -64,24 +64,30 @@ def finish_and_score(
         drawn.clear()
         whole = len(pos) == len(node.clients)
         node._score_block(pos, piece, personal, glob_model, params, got, whole)
-        blocks.append((pos, params))
+        final.add(pos, params)
         seconds[0] += time.perf_counter() - t0
 
     done = finish_pass(
         FinishOptions(**options), data, node.model, personal, glob_model, on_block=sink
     )
-    final = stacked(blocks, len(node.clients))
-    return done, final, node._score_result(got), seconds[0]
+    return done, final.params, node._score_result(got), seconds[0]
 
 
-def stacked(blocks: list[tuple[np.ndarray, Params]], k: int) -> Params:
-    """The blocks' models ``(positions, models)`` stacked ``(k, ...)`` in the clients' order."""
-    if len(blocks) == 1 and len(blocks[0][0]) == k:
-        return blocks[0][1]
-    first = blocks[0][1]
-    out = {n: p.new_empty((k, *p.shape[1:])) for n, p in first.items()}
-    for pos, params in blocks:
+class Stack:
+    """The final models of ``k`` clients, stacked ``(k, ...)`` in the clients' order as the
+    blocks ``(positions, models)`` come (:meth:`add`): one stack, the blocks copied in and
+    dropped (a block holding every client is kept as it is)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.params: Params = {}
+
+    def add(self, pos: np.ndarray, params: Params) -> None:
+        if not self.params and len(pos) == self.k:
+            self.params = params
+            return
+        if not self.params:
+            self.params = {n: p.new_empty((self.k, *p.shape[1:])) for n, p in params.items()}
         rows = torch.from_numpy(np.asarray(pos, dtype=np.int64))
         for n, p in params.items():
-            out[n][rows] = p
-    return out
+            self.params[n][rows] = p
