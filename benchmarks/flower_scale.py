@@ -12,6 +12,14 @@ one after the other, their order alternating between sizes, and records for each
 - ``peak_rss_gb``: the summed resident memory of the command's whole process tree (the
   SuperLink, every SuperNode and its ClientApp, the ServerApp), sampled every second from
   ``/proc`` (Linux), its maximum;
+- ``peak_pss_gb``: the same for the summed proportional set size (``/proc/PID/smaps_rollup``'s
+  ``Pss``): a page shared by n processes (torch's libraries, mapped by each of them) counts
+  1/n in each, so the tree's PSS is the memory it takes, its RSS an upper bound;
+- ``processes``: each process's peak resident memory (MB) by its role (``launcher``,
+  ``superlink``, ``superexec``, ``serverapp``, ``flwr-run``, ``supernode``, ``clientapp``,
+  ``worker``), the processes of a role listed; ``processes_at_peak``: their resident memory
+  when the tree's sum peaked (the launcher of ``flower local`` peaks while it checks the
+  options, before it replaces itself with a process without torch);
 - ``cpu_seconds``: user + system seconds of the tree (from the same samples: the last value seen
   for each process);
 - test accuracy and ε.
@@ -67,6 +75,41 @@ def _tree(root: int) -> list[int]:
     return out
 
 
+def _pss(pid: int) -> int:
+    """The proportional set size of one process in bytes (0 where unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _role(pid: int, root: int) -> str:
+    """What a process of the tree is, from its command line."""
+    if pid == root:
+        return "launcher"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return "gone"
+    text = " ".join(argv)
+    for word, role in (
+        ("privmtl.flower.node clientapp", "clientapp"),
+        ("privmtl.flower.node supernode", "supernode"),
+        ("flower-supernode", "supernode"),
+        ("flower-superlink", "superlink"),
+        ("flwr-serverapp", "serverapp"),
+        ("flwr-clientapp", "clientapp"),
+        ("flower-superexec", "superexec"),
+        ("flwr run", "flwr-run"),
+    ):
+        if word in text:
+            return role
+    return "worker"
+
+
 def _sample(pid: int) -> tuple[int, float] | None:
     """(resident bytes, cpu seconds) of one process, or None once it is gone."""
     try:
@@ -77,31 +120,53 @@ def _sample(pid: int) -> tuple[int, float] | None:
 
 
 class TreeMonitor:
-    """Samples a process tree every ``every`` seconds: the peak of its summed resident memory and
-    each process's last CPU seconds."""
+    """Samples a process tree every ``every`` seconds: the peaks of its summed resident memory
+    and proportional set size, each process's peak resident memory and role, and its last CPU
+    seconds."""
 
     def __init__(self, root: int, every: float = 1.0) -> None:
         self.root, self.every = root, every
         self.peak = 0
+        self.peak_pss = 0
         self.cpu: dict[int, float] = {}
+        self.rss: dict[int, int] = {}
+        self.at_peak: dict[int, int] = {}
+        self.role: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            total = 0
+            total = pss = 0
+            now: dict[int, int] = {}
             for pid in _tree(self.root):
                 got = _sample(pid)
                 if got is not None:
                     total += got[0]
+                    pss += _pss(pid)
                     self.cpu[pid] = got[1]
+                    self.rss[pid] = max(self.rss.get(pid, 0), got[0])
+                    now[pid] = got[0]
+                    if pid not in self.role:
+                        self.role[pid] = _role(pid, self.root)
+            if total > self.peak:
+                self.at_peak = now
             self.peak = max(self.peak, total)
+            self.peak_pss = max(self.peak_pss, pss)
             self._stop.wait(self.every)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def processes(self, at_peak: bool = False) -> dict[str, list[float]]:
+        """Each role's processes' peak resident memory in MB (largest first); ``at_peak``: their
+        resident memory when the tree's sum peaked instead."""
+        out: dict[str, list[float]] = {}
+        for pid, rss in (self.at_peak if at_peak else self.rss).items():
+            out.setdefault(self.role.get(pid, "worker"), []).append(round(rss / 2**20, 1))
+        return {role: sorted(v, reverse=True) for role, v in sorted(out.items())}
 
 
 def run_one(engine: str, m: int, rounds: int, flags: list[str], work: Path) -> dict[str, Any]:
@@ -130,6 +195,9 @@ def run_one(engine: str, m: int, rounds: int, flags: list[str], work: Path) -> d
         "exit_code": proc.returncode,
         "wall": wall,
         "peak_rss_gb": monitor.peak / 2**30,
+        "peak_pss_gb": monitor.peak_pss / 2**30,
+        "processes": monitor.processes(),
+        "processes_at_peak": monitor.processes(at_peak=True),
         "cpu_seconds": sum(monitor.cpu.values()),
         "load_average_1min": load,
     }
@@ -158,35 +226,42 @@ def _f(v: Any, spec: str) -> str:
     return "–" if v is None else format(v, spec)
 
 
+def _flags(row: dict[str, Any]) -> str:
+    """The flags a run added to the defaults (after ``--json``)."""
+    return row.get("command", " --json").split(" --json", 1)[1].strip()
+
+
 def report() -> None:
     rows = load_jsonl(JSONL)
     table = [
         [
-            r.get("finished", "")[:19], r["m"], r["rounds"], r["engine"], r["exit_code"],
+            r.get("finished", "")[:19], r["m"], r["rounds"], _flags(r), r["engine"], r["exit_code"],
             _f(r.get("wall"), ".1f"), _f(r.get("seconds"), ".1f"),
             _f(r.get("seconds_over_wall"), ".3f"), _f(r.get("per_round"), ".2f"),
             _f(r.get("engine_seconds_per_round"), ".2f"), _f(r.get("peak_rss_gb"), ".2f"),
+            _f(r.get("peak_pss_gb"), ".2f"),
             _f(r.get("cpu_seconds"), ".0f"), _f(r.get("test_accuracy"), ".4f"),
             _f(r.get("epsilon"), ".4g"), _f(r.get("load_average_1min"), ".1f"),
         ]
         for r in rows
     ]  # fmt: skip
     head = [
-        "finished (UTC)", "m", "rounds", "engine", "exit", "wall s", "JSON seconds",
+        "finished (UTC)", "m", "rounds", "flags", "engine", "exit", "wall s", "JSON seconds",
         "seconds / wall", "per round s (rounds phase)", "engine s/round", "peak RSS GB (tree)",
+        "peak PSS GB (tree)",
         "CPU s (tree)", "test accuracy", "ε", "load (1 min)",
     ]  # fmt: skip
-    flags = sorted({r["command"].split(" --json", 1)[1].strip() for r in rows if "command" in r})
     text = f"""# PMTL at scale: `privmtl pmtl` beside `privmtl flower local --num-supernodes {NODES}`
 
 Produced by `python benchmarks/flower_scale.py --m M ... --rounds R` (both engines in one
 invocation, same flags: synthetic logreg, `--num-clients M --rounds R --seed 0`, the CLI defaults
-otherwise{", plus " + "; ".join(f"`{f}`" for f in flags if f) if any(flags) else ""}). *wall*: the
+otherwise, plus the row's *flags*). *wall*: the
 command, start to exit. *JSON seconds*: the `seconds` the command prints (its own wall time).
 *per round*: the JSON's `rounds` phase / rounds run; *engine s/round*: the engine's own
 `seconds_per_round` (sampling to release). *peak RSS*: the summed resident memory of the whole
-process tree (SuperLink, SuperNodes and their ClientApps, ServerApp), sampled every second.
-*CPU s*: user + system seconds of the tree. Test accuracy and ε differ between the engines by
+process tree (SuperLink, SuperNodes and their ClientApps, ServerApp), sampled every second;
+*peak PSS*: the same for the proportional set size, where a page shared by several processes
+(torch's and Flower's libraries, mapped by each) counts once in all. *CPU s*: user + system seconds of the tree. Test accuracy and ε differ between the engines by
 their secure noise (each run draws its own).
 
 {markdown_table(head, table)}

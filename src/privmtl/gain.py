@@ -19,10 +19,11 @@ clients like them, so that a gain whose interval holds 0 is not one a user can c
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-__all__ = ["GAIN_LEVEL", "gain_interval", "gain_verdict"]
+__all__ = ["GAIN_LEVEL", "describe_gain", "gain_interval", "gain_verdict"]
 
 GAIN_LEVEL = 0.95
 """The coverage of every ``gain_interval``."""
@@ -65,3 +66,22 @@ def gain_verdict(low: float, high: float, *, alone: str = "training alone") -> s
     if high < 0:
         return f"collaboration hurt: on average the clients did better with {alone}"
     return f"no clear gain from collaboration over {alone}"
+
+
+def describe_gain(out: dict[str, Any]) -> str | None:
+    """The human line of a result's baseline (None without one): the local accuracy, the gain
+    with its interval, and plainly whether collaboration helped."""
+    if "gain_over_local" not in out:
+        return None
+    gain = float(out["gain_over_local"])
+    low, high = (float(v) for v in out["gain_interval"])
+    where = (
+        f" ({out['baseline_clients']} sampled clients)"
+        if out.get("baseline_clients", 0) < out.get("num_clients", 0)
+        else ""
+    )
+    text = (
+        f"local training alone: test accuracy {out['local_test_accuracy']:.4f}{where}; "
+        f"gain {gain * 100:+.1f} points [{low * 100:+.1f}, {high * 100:+.1f}]"
+    )
+    return f"{text}: {gain_verdict(low, high)}"

@@ -134,7 +134,7 @@ def test_supernode_without_the_flower_internals_is_plain_flower_supernode(monkey
 
     monkeypatch.setattr(node, "supported", lambda: False)
     monkeypatch.setattr(node.os, "execvp", execvp)
-    monkeypatch.setattr(node.subprocess, "Popen", lambda *a, **k: pytest.fail("no executor"))
+    monkeypatch.setattr(node, "executor_thread", lambda *a, **k: pytest.fail("no executor"))
     with pytest.raises(SystemExit):
         node.run_supernode(["--insecure", "--port", "1"])
     assert calls == [("flower-supernode", ["flower-supernode", "--insecure", "--port", "1"])]
@@ -161,3 +161,56 @@ def test_executor_backoff_grows_to_its_cap_and_resets(monkeypatch):
     assert waits[0] == 0.05 and waits == sorted(waits) and waits[-1] == 0.25
     idle.reset()
     assert idle.wait() == 0.05
+
+
+def test_supernode_runs_its_executor_as_a_thread_of_its_own_process(monkeypatch):
+    import os
+    import threading
+
+    ran = []
+    done = threading.Event()
+
+    def run_clientapp(address, **kw):
+        ran.append((address, kw, os.getpid(), threading.current_thread().daemon))
+        done.set()
+
+    def flower_supernode():  # Flower's SuperNode: in the main thread, with its signal handlers
+        assert threading.current_thread() is threading.main_thread()
+        assert done.wait(10)
+        ran.append(list(node.sys.argv))
+
+    fl = SimpleNamespace(flower_supernode=flower_supernode)
+    monkeypatch.setattr(node, "supported", lambda: True)
+    monkeypatch.setattr(_flwr_compat, "runtime", lambda: fl)
+    monkeypatch.setattr(_flwr_compat, "shorten_supernode_polling", lambda *a: None)
+    monkeypatch.setattr(node, "run_clientapp", run_clientapp)
+    monkeypatch.setattr(node.os, "execvp", lambda *a: pytest.fail("no other process"))
+    monkeypatch.setattr(node.sys, "argv", list(node.sys.argv))
+    node.run_supernode(["--insecure", "--port", "9123"], poll=0.05)
+    (address, kw, pid, daemon), argv = ran
+    assert (address, pid, daemon) == ("127.0.0.1:9123", os.getpid(), True)
+    assert kw == {"insecure": True, "root_certificates": None, "poll": 0.05}
+    assert argv[-2:] == ["--isolation", "process"]
+
+
+def test_executor_thread_over_tls_verifies_with_the_nodes_ca():
+    argv = ["--ssl-certfile", "c.pem", "--ssl-ca-certfile", "ca.pem", "--host", "0.0.0.0"]
+    thread = node.executor_thread(argv, poll=0.1)
+    assert thread.daemon and not thread.is_alive()
+    assert thread._args == ("0.0.0.0:9094",)  # type: ignore[attr-defined]
+    assert thread._kwargs == {"insecure": False, "root_certificates": "ca.pem", "poll": 0.1}  # type: ignore[attr-defined]
+
+
+def test_an_executor_that_fails_ends_its_node(monkeypatch, capsys):
+    import os
+    import signal
+
+    def broken(address, **kw):
+        raise RuntimeError("runtime API gone")
+
+    killed = []
+    monkeypatch.setattr(node, "run_clientapp", broken)
+    monkeypatch.setattr(node.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    node._run_or_end_node("127.0.0.1:1", insecure=True)
+    assert killed == [(os.getpid(), signal.SIGTERM)]
+    assert "runtime API gone" in capsys.readouterr().err

@@ -142,3 +142,31 @@ def test_load_node_keeps_a_lazy_partition_and_caches_no_data(tmp_path, monkeypat
     assert not list(tmp_path.glob("data-*.pt"))
     again = load_node(_opts(**{"num-clients": M}), 2, 3, str(tmp_path))
     assert again.data_sha256 == node.data_sha256 and asked == []
+
+
+@pytest.mark.parametrize("flags", [{}, {"finetune": "mr"}])
+def test_a_lazy_nodes_end_of_run_draws_each_of_its_clients_once(monkeypatch, flags):
+    """The end of run and the scores in one pass: each block drawn once for both (the run's
+    baseline, with the CLI defaults, draws its sample's clients again for their own training)."""
+    from privmtl.federated.baseline import baseline_sample
+
+    opts = _opts(**flags)
+    monkeypatch.setattr(node_clients, "END_OF_RUN_BLOCK", 5)  # a node's 15 clients: 3 blocks
+    asked, _ = _count_draws(monkeypatch)
+    nodes = _nodes(SyntheticFederation(n_clients=M, random_state=SEED))
+    run = ServerRun(opts, nodes[0].init, M)
+    while not run.finished and not run.stop_on_budget():
+        _round(run, nodes)
+    run.finish()
+    settings = run.finish_settings()
+    if run.vote is not None:
+        run.elect(sum(np.asarray(n.vote_shares(run.curator.billboard, settings)) for n in nodes))
+        settings = run.finish_settings()
+    again = set(baseline_sample(M, SEED).tolist()) if settings.get("baseline") else set()
+    for node in nodes:
+        asked.clear()
+        node.evaluate(run.curator.billboard, settings)
+        counts = np.bincount(asked, minlength=M)
+        mine = [int(k) for k in node.clients]
+        assert all(counts[k] == 1 + (k in again) for k in mine), counts[mine]
+        assert counts.sum() == len(mine) + len(again & set(mine))

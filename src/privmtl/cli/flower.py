@@ -7,19 +7,16 @@ the extra installed.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from privmtl._timing import with_startup
 from privmtl.cli._common import (
     check_save_dir,
-    echo_final_models,
-    echo_json,
     on_abort,
     startup_seconds,
-    to_jsonable,
 )
 from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
 from privmtl.cli._spec_options import (
@@ -30,9 +27,9 @@ from privmtl.cli._spec_options import (
     spec_options,
     trust_code_option,
 )
+from privmtl.cli.flower_run import report_local
 from privmtl.cli.pmtl import _device_option
 from privmtl.data.registry import dataset_names, datasets_help
-from privmtl.federated.baseline import describe_gain
 from privmtl.federated.options import OPTIONS
 from privmtl.federated.spec import EXECUTION, SPEC
 from privmtl.flower._core import NONE
@@ -273,7 +270,7 @@ def local(**kw: Any) -> None:
     work = kw["work_dir"] if kw["work_dir"] is not None else default_work_dir()
     check_work_dir(work, resume=kw["resume"])
     from privmtl.federated.user_model import is_factory_spec
-    from privmtl.trust import check_signing_key, sign
+    from privmtl.trust import check_signing_key
 
     # a result naming code (a model or a method) is signed, so that this user's --config FILE can
     # load it again; the saved models always are: a bad key stops the run before it starts
@@ -285,21 +282,39 @@ def local(**kw: Any) -> None:
     click.echo(f"privmtl: work directory {work} (ledger: server/ledger.jsonl)", err=True)
     on_abort(f"continue the run with the same command and --work-dir {work} --resume")
     startup = startup_seconds()  # before the launcher's clock starts
+    quiet = get_verbosity() == QUIET
+    if startup is not None and os.name == "posix":  # the program: wait without torch
+        from privmtl.flower.launcher import launch_request
+
+        request = launch_request(
+            num_supernodes=kw["num_supernodes"], run_config=run_config, work_dir=work,
+            timeout=kw["timeout"], save_models=kw["save_models"],
+        )  # fmt: skip
+        request["output"] = {"as_json": as_json, "code": code, "quiet": quiet}
+        exec_launcher(request)
     out = run_local(
         num_supernodes=kw["num_supernodes"],
         run_config=run_config,
         work_dir=work,
         timeout=kw["timeout"],
-        progress=None if get_verbosity() == QUIET else (lambda line: click.echo(line, err=True)),
+        progress=None if quiet else (lambda line: click.echo(line, err=True)),
         save_models=kw["save_models"],
     )
-    if startup is not None and "phases" in out:  # seconds: the command's wall time
-        with_startup(out, startup)
-    if as_json:
-        code = code or is_factory_spec(str(out.get("model"))) or "method_source" in out
-        echo_json(sign(to_jsonable(out)) if code else out)
-        return
-    _human(out)
+    code = code or is_factory_spec(str(out.get("model")))
+    report_local(out, as_json=as_json, code=code, startup=startup)
+
+
+def exec_launcher(request: dict[str, Any]) -> None:
+    """Replace this process with ``python -m privmtl.cli.flower_run REQUEST``: the same process
+    (its id, its start time, its output streams and its parent) waits for the deployment
+    without PyTorch, SciPy or Flower (:mod:`privmtl.cli.flower_run`)."""
+    import json
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = [sys.executable, "-m", "privmtl.cli.flower_run", json.dumps(request)]
+    os.execv(sys.executable, argv)
 
 
 def _run_config(
@@ -339,35 +354,3 @@ def _run_config(
         "per-client": "" if kw["per_client"] is None else str(Path(kw["per_client"]).absolute()),
         "device": kw["device"],
     }
-
-
-def _human(out: dict[str, Any]) -> None:
-    """The human lines of a finished ``privmtl flower local`` run."""
-    click.echo(
-        f"{out['method']} ({out['model']}) on {out['data']} via {out['engine']}: "
-        f"m={out['num_clients']}, "
-        f"q={out['clients_per_round']}, T={out['rounds']}, σ={out['noise_std']:.4g}"
-    )
-    click.echo(
-        f"test accuracy (pooled) = {out['test_accuracy']:.4f}; mean client accuracy = "
-        f"{out['mean_client_accuracy']:.4f}"
-    )
-    gain = describe_gain(out)
-    if gain is not None:
-        click.echo(gain)
-    echo_final_models(out)
-    click.echo(f"privacy: {out['summary']}")
-    if out.get("secure_aggregation"):
-        sa = out["secure_aggregation"]
-        click.echo(
-            f"secure aggregation: {sa['protocol']}, {sa['clipping']} clipping, max quantization "
-            f"error {sa['max_quantization_error']:.3g} per coordinate"
-        )
-    if out.get("stopped_on_budget"):
-        click.echo(
-            f"stopped on budget after {out['rounds_run']} of {out['rounds']} rounds "
-            f"(ε spent {out['epsilon']:.4g})"
-        )
-    if out.get("models_dir"):
-        click.echo(f"models: {out['models_dir']}")
-    click.echo(f"work directory: {out['work_dir']}")

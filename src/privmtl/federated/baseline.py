@@ -23,7 +23,7 @@ from torch import nn
 
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.algorithms import BlockScores, Params, block_rows
-from privmtl.gain import GAIN_LEVEL, gain_interval, gain_verdict
+from privmtl.gain import GAIN_LEVEL, describe_gain, gain_interval
 
 __all__ = [
     "BASELINE_STREAM",
@@ -173,25 +173,6 @@ def local_keys(
             + f"; gain_interval: {GAIN_LEVEL:.0%} normal interval over clients"
         ),
     }
-
-
-def describe_gain(out: dict[str, Any]) -> str | None:
-    """The human line of a result's baseline (None without one): the local accuracy, the gain
-    with its interval, and plainly whether collaboration helped."""
-    if "gain_over_local" not in out:
-        return None
-    gain = float(out["gain_over_local"])
-    low, high = (float(v) for v in out["gain_interval"])
-    where = (
-        f" ({out['baseline_clients']} sampled clients)"
-        if out.get("baseline_clients", 0) < out.get("num_clients", 0)
-        else ""
-    )
-    text = (
-        f"local training alone: test accuracy {out['local_test_accuracy']:.4f}{where}; "
-        f"gain {gain * 100:+.1f} points [{low * 100:+.1f}, {high * 100:+.1f}]"
-    )
-    return f"{text}: {gain_verdict(low, high)}"
 
 
 def per_client_correct(

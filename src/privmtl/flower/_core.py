@@ -47,6 +47,7 @@ from privmtl.federated.methods import BUILTIN_METHODS, method_class
 from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
 from privmtl.federated.options import OPTIONS
 from privmtl.federated.spec import EXECUTION, SPEC, RunSpec, resolve_defaults
+from privmtl.flower.run_info import SERVER_DIR
 from privmtl.flower.secagg import SECAGG_DEFAULTS
 
 __all__ = [
@@ -172,9 +173,6 @@ NOT_GIVEN: dict[str, Any] = {
     f.name: NONE for f in dataclasses.fields(RunSpec) if getattr(SPEC, f.name) is None
 }
 """The RunSpec fields whose default is None, each encoded as :data:`NONE` (not given)."""
-
-SERVER_DIR = "server"
-"""The ServerApp's storage inside the work directory (ledger, checkpoint, billboards, result)."""
 
 
 MODELS_FILE = "final-models.pt"

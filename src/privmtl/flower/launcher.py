@@ -23,11 +23,17 @@ from typing import Any
 
 from privmtl import _timing
 from privmtl.exceptions import DataFormatError, InvalidParameterError, PrivmtlError
-from privmtl.flower._core import SERVER_DIR
-from privmtl.flower.server_run import read_run_info
+from privmtl.flower.run_info import SERVER_DIR, read_run_info
 from privmtl.locking import hold_directory
 
-__all__ = ["FlowerRunError", "check_work_dir", "run_local", "write_app"]
+__all__ = [
+    "FlowerRunError",
+    "check_work_dir",
+    "launch_request",
+    "run_local",
+    "run_request",
+    "write_app",
+]
 
 LOOPBACK = "127.0.0.1"
 
@@ -62,11 +68,21 @@ def _toml_value(v: Any) -> str:
     return json.dumps(str(v))
 
 
-def write_app(directory: Path, run_config: dict[str, Any]) -> Path:
-    """Write the Flower app directory (a ``pyproject.toml`` naming privmtl's apps)."""
+def app_config(run_config: dict[str, Any]) -> dict[str, str]:
+    """The Flower app's run configuration: every key of ``run_config`` with the Flower run's
+    defaults of what was not given (RunSpec names accepted, None as "not given"), as TOML
+    values."""
     from privmtl.flower._core import run_options
 
-    cfg = run_options(run_config)  # every key, RunSpec names accepted, None as "not given"
+    return {k: _toml_value(v) for k, v in run_options(run_config).items()}
+
+
+def write_app(
+    directory: Path, run_config: dict[str, Any], *, config: dict[str, str] | None = None
+) -> Path:
+    """Write the Flower app directory (a ``pyproject.toml`` naming privmtl's apps);
+    ``config``: :func:`app_config` of ``run_config``, when computed already."""
+    cfg = app_config(run_config) if config is None else config
     lines = [
         "[build-system]",
         'requires = ["hatchling"]',
@@ -87,7 +103,7 @@ def write_app(directory: Path, run_config: dict[str, Any]) -> Path:
         'clientapp = "privmtl.flower.apps:client_app"',
         "",
         "[tool.flwr.app.config]",
-        *[f"{k} = {_toml_value(v)}" for k, v in cfg.items()],
+        *[f"{k} = {v}" for k, v in cfg.items()],
         "",
     ]
     directory.mkdir(parents=True, exist_ok=True)
@@ -329,6 +345,71 @@ def run_local(
     return with_launch(out, _timing.clock() - started)
 
 
+def _app_run_config(
+    run_config: dict[str, Any], n: int, work: Path, save_models: str | Path | None
+) -> dict[str, Any]:
+    """The Flower app's run configuration: ``run_config`` and the launch's own keys."""
+    cfg = dict(run_config)
+    cfg["num-supernodes"] = int(n)
+    cfg["work-dir"] = str(work)
+    cfg["save-models"] = save_models is not None
+    return cfg
+
+
+def launch_request(
+    *,
+    num_supernodes: int,
+    run_config: dict[str, Any],
+    work_dir: str | Path,
+    timeout: float = 900.0,
+    save_models: str | Path | None = None,
+) -> dict[str, Any]:
+    """What :func:`run_request` needs to run :func:`run_local`'s deployment, as JSON values,
+    computed here (where the run's options were checked, with PyTorch and Flower loaded): the
+    announced run configuration, the Flower app's configuration (:func:`app_config`) and the
+    SuperNode command. ``privmtl flower local`` computes it, then replaces its process with
+    one that imports neither (``python -m privmtl.cli.flower_run``): the process that waits
+    for the deployment holds no numerical library while the SuperNodes compute."""
+    from privmtl.flower.factory import announce
+
+    if int(num_supernodes) < 1:
+        raise InvalidParameterError(
+            f"The 'num_supernodes' parameter must be >= 1; got {num_supernodes!r}."
+        )
+    run_config = announce(run_config)
+    work = Path(work_dir).absolute()
+    cfg = _app_run_config(run_config, num_supernodes, work, save_models)
+    return {
+        "num_supernodes": int(num_supernodes),
+        "run_config": run_config,
+        "work_dir": str(work),
+        "timeout": float(timeout),
+        "save_models": None if save_models is None else str(save_models),
+        "app": app_config(cfg),
+        "supernode": _supernode(),
+    }
+
+
+def run_request(
+    request: dict[str, Any], progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """:func:`run_local` of a :func:`launch_request`: the same deployment and result, from a
+    process that imported neither PyTorch nor Flower (the run's configuration was checked and
+    its app's computed where the request was)."""
+    started = _timing.clock()
+    work = Path(request["work_dir"])
+    save_models = request.get("save_models")
+    run_config = dict(request["run_config"])
+    with hold_directory(work, name="work_dir"), hold_directory(save_models, name="save_models"):
+        check_work_dir(work, resume=bool(run_config.get("resume", False)))
+        out = _run_local(
+            work, int(request["num_supernodes"]), run_config, None, float(request["timeout"]),
+            progress, None, None, save_models,
+            prepared={"app": request["app"], "supernode": request["supernode"]},
+        )  # fmt: skip
+    return with_launch(out, _timing.clock() - started)
+
+
 def with_launch(out: dict[str, Any], wall: float) -> dict[str, Any]:
     """The ServerApp's result with the launcher's ``wall`` seconds: ``seconds`` becomes the
     run's wall time and the time the ServerApp did not measure (starting the SuperLink, the
@@ -351,6 +432,7 @@ def _run_local(
     on_started: Callable[[list[int]], None] | None,
     node_configs: Sequence[dict[str, Any]] | None,
     save_models: str | Path | None,
+    prepared: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     states = Path(state_dir).absolute() if state_dir is not None else work / "nodes"
     out_dir = work / SERVER_DIR
@@ -374,11 +456,10 @@ def _run_local(
         f'[superlink]\ndefault = "local"\n\n[superlink.local]\n'
         f'address = "{LOOPBACK}:{port}"\ninsecure = true\n'
     )
-    cfg = dict(run_config)
-    cfg["num-supernodes"] = int(num_supernodes)
-    cfg["work-dir"] = str(work)
-    cfg["save-models"] = save_models is not None
-    app = write_app(work / "app", cfg)
+    cfg = _app_run_config(run_config, num_supernodes, work, save_models)
+    ready = prepared or {}
+    app = write_app(work / "app", cfg, config=ready.get("app"))
+    supernode = list(ready.get("supernode") or _supernode())
     procs = _Procs(logs, env)
     try:
         with _sigterm_as_interrupt():
@@ -394,6 +475,7 @@ def _run_local(
                 progress,
                 on_started,
                 list(node_configs or []),
+                supernode,
             )
     finally:
         procs.stop_all()
@@ -422,6 +504,7 @@ def _run(
     progress: Callable[[str], None] | None,
     on_started: Callable[[list[int]], None] | None,
     node_configs: list[dict[str, Any]],
+    supernode: list[str],
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     procs.start(
@@ -445,7 +528,7 @@ def _run(
         extra = node_configs[i] if i < len(node_configs) else {}
         node_cfg += "".join(f" {k}={_toml_value(v)}" for k, v in extra.items())
         args = ["--insecure", "--superlink", f"{LOOPBACK}:{port}", "--port", str(_free_port())]
-        p = procs.start(f"supernode-{i}", [*_supernode(), *args, "--node-config", node_cfg])
+        p = procs.start(f"supernode-{i}", [*supernode, *args, "--node-config", node_cfg])
         pids.append(p.pid)
     if on_started is not None:
         on_started(pids)

@@ -10,15 +10,18 @@ context). Imports, the loaded app and the node's clients (:func:`privmtl.flower.
 stay in memory between messages.
 
 ``supernode``
-    ``flower-supernode --isolation process`` with the same arguments, plus the node's executor
-    (``clientapp``) as its child, so that the node is still one process group. The SuperNode's
+    ``flower-supernode --isolation process`` with the same arguments, and the node's executor
+    (:func:`run_clientapp`) as a daemon thread of the same process: one process per SuperNode
+    (one interpreter, one copy of torch, Flower and privmtl), which ends with the node. Flower's
+    signal handlers stay in the main thread (the SuperNode's); the executor takes its tasks
+    from the SuperNode's Runtime API over loopback HTTP as a separate process would. The SuperNode's
     fixed idle waits (it asks the SuperLink for a message every 3 s, and for its ClientApp's reply
     every 0.5 s) are shortened to :data:`POLL_SECONDS`, the idle one backing off to
     :data:`IDLE_POLL_SECONDS` while no message comes (:class:`~privmtl.flower._waits.Backoff`).
 ``clientapp``
-    The executor: asks the Runtime API for a task (every :data:`POLL_SECONDS` after a task, backing
-    off to :data:`IDLE_POLL_SECONDS` while idle) and exits
-    with its SuperNode (``--parent-pid``).
+    The same executor as a process of its own (e.g. beside a SuperNode started otherwise): asks
+    the Runtime API for a task (every :data:`POLL_SECONDS` after a task, backing off to
+    :data:`IDLE_POLL_SECONDS` while idle) and exits with its SuperNode (``--parent-pid``).
 
 The ServerApp's side of the same waits is :func:`send_and_receive`.
 
@@ -33,8 +36,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
+import threading
 from typing import Any
 
 from privmtl.flower import _flwr_compat
@@ -78,7 +81,8 @@ def _runtime_tls(argv: list[str]) -> list[str]:
 
 
 def run_supernode(argv: list[str], poll: float = POLL_SECONDS) -> None:
-    """``flower-supernode --isolation process ARGV`` with this module's executor as its child.
+    """``flower-supernode --isolation process ARGV`` with this module's executor as a thread of
+    the same process (:func:`executor_thread`).
 
     Without the Flower internals this needs (:func:`supported`), ``flower-supernode ARGV``.
     """
@@ -87,12 +91,46 @@ def run_supernode(argv: list[str], poll: float = POLL_SECONDS) -> None:
     fl = _flwr_compat.runtime()
     _flwr_compat.shorten_supernode_polling(poll, max(poll, IDLE_POLL_SECONDS))
     shorten_object_waits(poll)
-    child = [sys.executable, "-m", "privmtl.flower.node", "clientapp", "--runtime-api-address"]
-    child += [_runtime_address(argv), "--parent-pid", str(os.getpid()), "--poll", str(poll)]
-    child += _runtime_tls(argv)
-    subprocess.Popen(child, stdin=subprocess.DEVNULL)
+    executor_thread(argv, poll).start()
     sys.argv = ["flower-supernode", *argv, "--isolation", "process"]
     fl.flower_supernode()
+
+
+def executor_thread(argv: list[str], poll: float = POLL_SECONDS) -> threading.Thread:
+    """The ClientApp executor (:func:`run_clientapp`) of the SuperNode started with ``argv``, as
+    a daemon thread of the SuperNode's process (not started): it needs no parent-process
+    monitor (it ends with the process) and installs no signal handler (those stay the main
+    thread's). It asks for tasks until the process exits; the Runtime API it asks is served by
+    the SuperNode's own thread, and a task asked before that server is up is retried."""
+    tls = _runtime_tls(argv)
+    insecure = tls == ["--insecure"]
+    kwargs: dict[str, Any] = {
+        "insecure": insecure,
+        "root_certificates": None if insecure or not tls else tls[1],
+        "poll": poll,
+    }
+    return threading.Thread(
+        target=_run_or_end_node,
+        args=(_runtime_address(argv),),
+        kwargs=kwargs,
+        name="privmtl-clientapp",
+        daemon=True,
+    )
+
+
+def _run_or_end_node(address: str, **kwargs: Any) -> None:
+    """:func:`run_clientapp` in the SuperNode's process; should the executor itself fail (not a
+    task: a task's error is the ServerApp's reply), the node ends (SIGTERM to its own process,
+    Flower's handler), as a separate executor process's exit would leave it without one."""
+    import signal
+    import traceback
+
+    try:
+        run_clientapp(address, **kwargs)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _runtime_client(address: str, tls: tuple[bool, str | None], interceptors: list[Any]) -> Any:

@@ -489,8 +489,10 @@ class NodeClients:
         out: dict[str, Any] = {}
         finetune = str(finish.get("finetune", "none"))
         self.finetuned = finetune != "none"
+        scored: dict[str, Any] | None = None
+        sink_seconds = 0.0
         if finetune != "none":
-            from privmtl.federated.finish import auto_plan, finish_clients, resolve_local_solver
+            from privmtl.federated.finish import auto_plan, resolve_local_solver
 
             self.model.train()
             plan = None
@@ -506,27 +508,30 @@ class NodeClients:
                 voters = self._voters(finish)
                 vote = {"select": "vote", "winner": str(winner), "voters": voters}
                 out["voters"] = len(voters)
-            done = finish_clients(
-                finetune, self._end_data(), self.model, personal, glob_model,
-                batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
+            options = dict(
+                finetune=finetune, batch_size=int(finish["batch_size"]), seed=int(finish["seed"]),
                 lr=float(finish["lr"]), lam=float(finish["lam"]), plan=plan,
                 start=str(finish.get("start", "personalized")), client_index=self.clients.tolist(),
                 local_solver=resolve_local_solver("auto", self.model, vote_held=bool(vote)),
                 block=END_OF_RUN_BLOCK, **vote,
             )  # fmt: skip
-            final = done.params  # (finish_clients trains the model as run_pmtl does: train mode)
+            from privmtl.flower.node_finish import finish_and_score
+
+            done, final, scored, sink_seconds = finish_and_score(
+                self, options, personal, glob_model
+            )  # (the pass trains the model as run_pmtl does: train mode)
             if done.choice is not None:
                 out["choice"] = [int(v) for v in done.choice]
             out["grids"] = done.grids
         scoring = time.perf_counter()
-        out.update(self._scores(personal, glob_model, final))
+        out.update(self._scores(personal, glob_model, final) if scored is None else scored)
         self.final = personal if final is None else final
         if finish.get("baseline"):  # the clients' training alone, beside their final models
             t0 = time.perf_counter()
             held = finish.get("winner") is not None
             out["baseline"] = self.baseline_scores(finish, vote_held=held)
             out["baseline_seconds"] = time.perf_counter() - t0
-        out["score_seconds"] = time.perf_counter() - scoring
+        out["score_seconds"] = time.perf_counter() - scoring + sink_seconds
         return out
 
     def _end_data(self) -> FederatedDataset:
@@ -554,26 +559,47 @@ class NodeClients:
         clients at a time (:meth:`_pieces`)."""
         from privmtl.federated.algorithms import block_rows
 
-        names = {"personal": personal, "global": None, "final": final}
         got: dict[str, list[float]] = {}
         for pos, piece in self._pieces():
             whole = len(pos) == len(self.clients)
-            for split in ("val", "test"):
-                xs, ys = piece.split(split)
-                xs = [x.to(self.dtype) for x in xs]
-                got.setdefault(f"{split}_n", []).extend(float(y.shape[0]) for y in ys)
-                for name, params in names.items():
-                    if name == "global":
-                        own = {
-                            n: p.unsqueeze(0).expand(len(ys), *p.shape)
-                            for n, p in glob_model.items()
-                        }
-                    elif params is None:
+            own = None if final is None or whole else block_rows(final, pos)
+            self._score_block(pos, piece, personal, glob_model, final if whole else own, got, whole)
+        return self._score_result(got)
+
+    def _score_block(
+        self,
+        pos: np.ndarray,
+        piece: FederatedDataset,
+        personal: Params,
+        glob_model: Params,
+        final: Params | None,
+        got: dict[str, list[float]],
+        whole: bool,
+    ) -> None:
+        """Add to ``got`` the correct counts of the clients at ``pos`` (their data ``piece``)
+        on the validation and test splits of their personalized, the global and their final
+        models (``final``: the block's own rows, or None), and the splits' sizes."""
+        from privmtl.federated.algorithms import block_rows
+
+        for split in ("val", "test"):
+            xs, ys = piece.split(split)
+            xs = [x.to(self.dtype) for x in xs]
+            got.setdefault(f"{split}_n", []).extend(float(y.shape[0]) for y in ys)
+            for name in ("personal", "global", "final"):
+                if name == "global":
+                    own = {
+                        n: p.unsqueeze(0).expand(len(ys), *p.shape) for n, p in glob_model.items()
+                    }
+                elif name == "final":
+                    if final is None:
                         continue
-                    else:
-                        own = params if whole else block_rows(params, pos)
-                    correct, _ = client_scores(self.model, own, self.buffers, xs, ys)
-                    got.setdefault(f"{split}_{name}", []).extend(float(v) for v in correct)
+                    own = final
+                else:
+                    own = personal if whole else block_rows(personal, pos)
+                correct, _ = client_scores(self.model, own, self.buffers, xs, ys)
+                got.setdefault(f"{split}_{name}", []).extend(float(v) for v in correct)
+
+    def _score_result(self, got: dict[str, list[float]]) -> dict[str, Any]:
         got["train_n"] = [float(v) for v in self.local.sizes("train")]
         return {
             **got,

@@ -31,7 +31,7 @@ from privmtl.checkpoint import (
     save_checkpoint,
     write_atomic,
 )
-from privmtl.exceptions import DataFormatError, InvalidParameterError
+from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import Params
 from privmtl.federated.backend import (
     budget_stops,
@@ -45,6 +45,7 @@ from privmtl.federated.backend import (
 from privmtl.federated.config import TrainResult
 from privmtl.federated.spec import RunSpec
 from privmtl.flower._core import given, given_spec, make_run
+from privmtl.flower.run_info import read_run_info
 from privmtl.locking import DirectoryLock
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import make_noise_source
@@ -59,39 +60,6 @@ def _accuracy(correct: np.ndarray, counts: np.ndarray) -> dict[str, float]:
         "mean_client_accuracy": float(np.mean(correct[has] / counts[has])),
         "n": float(counts.sum()),
     }
-
-
-def read_run_info(path: str | Path) -> dict[str, Any] | None:
-    """The ServerApp's ``run.json`` at ``path`` (``run``, ``token``, ``finished``); None if absent.
-
-    Raises
-    ------
-    DataFormatError
-        Not a JSON object of those three keys with their types (a list, text that is not UTF-8,
-        deep nesting, ...): one line naming the file.
-    """
-    from privmtl.io import read_json
-
-    p = Path(path)
-    if not p.exists() and not p.is_symlink():
-        return None
-    info = read_json(p)
-    ok = (
-        isinstance(info, dict)
-        and isinstance(info.get("run"), int)
-        and not isinstance(info.get("run"), bool)
-        and info["run"] >= 0
-        and isinstance(info.get("token"), str)
-        and isinstance(info.get("finished"), bool)
-    )
-    if not ok:
-        shown = json.dumps(info)[:80] if isinstance(info, dict | list) else repr(info)[:80]
-        raise DataFormatError(
-            f"{p} must be the ServerApp's JSON object {{run: integer >= 0, token: string, "
-            f"finished: true or false}}; got {shown}. Remove the work directory's server/ or "
-            "choose another --work-dir."
-        )
-    return info
 
 
 class ServerRun:
