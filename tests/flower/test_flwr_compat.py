@@ -131,7 +131,7 @@ def test_the_supernode_outside_the_range_is_plain_flower_supernode(fresh_compat,
 
     monkeypatch.setattr(_flwr_compat, "flwr_version", lambda: "3.0")
     monkeypatch.setattr(node.os, "execvp", execvp)
-    monkeypatch.setattr(node.subprocess, "Popen", lambda *a, **k: pytest.fail("no executor"))
+    monkeypatch.setattr(node, "executor_thread", lambda *a, **k: pytest.fail("no executor"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(SystemExit):

@@ -44,7 +44,6 @@ import numpy as np
 from privmtl._validation import check_choice, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.runlog import run_key
-from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT
 
 __all__ = [
     "DEFAULT_VOTE_SHARE",
@@ -226,6 +225,9 @@ def candidates_accounting(candidates: Sequence[dict[str, Any]]) -> dict[str, Any
     Those of the private candidates (every candidate of a sweep point shares them). A point
     without a private candidate composes nothing finite, and any δ states that (1e-5 is used).
     """
+    # deferred: the privacy package imports torch, and the CLI's light paths import this module
+    from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT
+
     delta = next((c["delta"] for c in candidates if c.get("delta")), 1e-5)
     accountant = next(
         (c["accountant"] for c in candidates if c.get("accountant") in ("rdp", "pld")),
