@@ -229,3 +229,15 @@ def test_a_drawn_block_concatenates_without_a_copy() -> None:
         np.testing.assert_array_equal(offsets, np.cumsum([0, *(len(t) for t in ys)]))
     part.train_y[1][0] = 1 - part.train_y[1][0]  # written in place: the cache follows
     assert torch.equal(part.concat("train")[1], torch.cat(part.train_y))
+
+
+def test_split_sizes_are_held_small_and_read_as_int64() -> None:
+    ds = SyntheticFederation(n_clients=400, random_state=5)
+    eager = make_synthetic_federated(n_clients=400, random_state=5)
+    for split in ("train", "val", "test"):
+        assert ds._split_sizes[split].dtype == np.int32
+        got = ds.sizes(split)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, eager.sizes(split))
+        got[0] = -1  # a copy: the federation's sizes do not change
+        assert ds.sizes(split)[0] >= 0

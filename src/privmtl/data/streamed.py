@@ -92,7 +92,10 @@ class SyntheticFederation(FederatedDataset):
         self.law: SyntheticLaw = law
         self._keys = np.asarray(keys, dtype=np.int64)
         self._n = np.asarray(sizes, dtype=np.int64)
-        self._split_sizes = law.split_sizes(self._n)
+        # held as 32-bit counts where they fit (a forked worker's copy counts again), read as int64
+        split_sizes = law.split_sizes(self._n)
+        small = all(int(a.max(initial=0)) < 2**31 for a in split_sizes.values())
+        self._split_sizes = {k: a.astype(np.int32) if small else a for k, a in split_sizes.items()}
         self.client_ids = ids
         self.n_classes = law.n_classes
         self.feature_shape = (law.n_features,)
@@ -186,7 +189,7 @@ class SyntheticFederation(FederatedDataset):
     def sizes(self, split: str = "train") -> np.ndarray:
         """Per-client number of examples of ``split``, without drawing any example."""
         _check_split(split)
-        return self._split_sizes[split].copy()
+        return self._split_sizes[split].astype(np.int64)
 
     def content_sha256(self) -> str:
         """SHA-256 of what determines every example: the law's parameters and random stream
