@@ -191,3 +191,53 @@ def test_take_of_a_data_set_in_memory() -> None:
         ds.take([-1])
     with pytest.raises(InvalidParameterError, match="'split'"):
         ds.take([0], "dev")
+
+
+def test_client_ids_are_made_when_read() -> None:
+    # a population's ids are not m strings held (nor in a forked worker's copy): they read as
+    # the list of ids, and a result keeps them as they are
+    from privmtl.data.federated import synthetic_client_ids
+    from privmtl.data.synthetic_federated import SyntheticClientIds, client_id_list
+
+    ds = SyntheticFederation(n_clients=1500, random_state=2)
+    ids = ds.client_ids
+    assert isinstance(ids, SyntheticClientIds) and not isinstance(ids, list)
+    expected = synthetic_client_ids(1500)
+    assert ids == expected and expected == ids and list(ids) == expected and len(ids) == 1500
+    assert ids[7] == "synthetic_007" and ids[-1] == "synthetic_1499" and ids[3:6] == expected[3:6]
+    assert ids.index("synthetic_1200") == 1200 and "synthetic_1500" not in ids
+    assert client_id_list(ids) is ids and client_id_list(["a", "b"]) == ["a", "b"]
+    assert ids != expected[:-1] and ids != SyntheticClientIds(1499)
+    with pytest.raises(IndexError):
+        ids[1500]
+    import pickle
+
+    assert pickle.loads(pickle.dumps(ids)) == ids
+    assert ds.subset([4, 2]).client_ids == ["synthetic_004", "synthetic_002"]
+
+
+def test_a_drawn_block_concatenates_without_a_copy() -> None:
+    # the clients of a block are views of one drawn tensor per split: concat() is that tensor
+    ds = SyntheticFederation(n_clients=50, random_state=3)
+    part = ds.subset([9, 4, 30])
+    for split in ("train", "val", "test"):
+        x, y, offsets = part.concat(split)
+        xs, ys = part.split(split)
+        for whole, views in ((x, xs), (y, ys)):
+            assert all(v.untyped_storage().data_ptr() == whole.data_ptr() for v in views)
+        assert torch.equal(x, torch.cat(xs)) and torch.equal(y, torch.cat(ys))
+        np.testing.assert_array_equal(offsets, np.cumsum([0, *(len(t) for t in ys)]))
+    part.train_y[1][0] = 1 - part.train_y[1][0]  # written in place: the cache follows
+    assert torch.equal(part.concat("train")[1], torch.cat(part.train_y))
+
+
+def test_split_sizes_are_held_small_and_read_as_int64() -> None:
+    ds = SyntheticFederation(n_clients=400, random_state=5)
+    eager = make_synthetic_federated(n_clients=400, random_state=5)
+    for split in ("train", "val", "test"):
+        assert ds._split_sizes[split].dtype == np.int32
+        got = ds.sizes(split)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, eager.sizes(split))
+        got[0] = -1  # a copy: the federation's sizes do not change
+        assert ds.sizes(split)[0] >= 0

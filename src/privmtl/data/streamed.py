@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -25,10 +25,10 @@ from privmtl.data.federated import (
     FederatedDataset,
     SyntheticLaw,
     make_synthetic_federated,
-    synthetic_client_ids,
     synthetic_law,
 )
 from privmtl.data.row_federation import check_positions
+from privmtl.data.synthetic_federated import SyntheticClientIds
 from privmtl.exceptions import InvalidParameterError
 from privmtl.io import arrays_sha256
 
@@ -81,7 +81,8 @@ class SyntheticFederation(FederatedDataset):
             )
         law, sizes = synthetic_law(**{**_GENERATOR_DEFAULTS, **params})
         m = len(sizes)
-        self._hold(law, np.arange(m, dtype=np.int64), sizes, synthetic_client_ids(m), law.name(m))
+        ids = cast(list[str], SyntheticClientIds(m))  # read as a list, made when read
+        self._hold(law, np.arange(m, dtype=np.int64), sizes, ids, law.name(m))
 
     def _hold(
         self, law: SyntheticLaw, keys: np.ndarray, sizes: np.ndarray, ids: list[str], name: str
@@ -91,7 +92,10 @@ class SyntheticFederation(FederatedDataset):
         self.law: SyntheticLaw = law
         self._keys = np.asarray(keys, dtype=np.int64)
         self._n = np.asarray(sizes, dtype=np.int64)
-        self._split_sizes = law.split_sizes(self._n)
+        # held as 32-bit counts where they fit (a forked worker's copy counts again), read as int64
+        split_sizes = law.split_sizes(self._n)
+        small = all(int(a.max(initial=0)) < 2**31 for a in split_sizes.values())
+        self._split_sizes = {k: a.astype(np.int32) if small else a for k, a in split_sizes.items()}
         self.client_ids = ids
         self.n_classes = law.n_classes
         self.feature_shape = (law.n_features,)
@@ -150,15 +154,21 @@ class SyntheticFederation(FederatedDataset):
         if len(set(ids)) != len(ids):
             raise InvalidParameterError("The 'clients' parameter must not repeat a client.")
         kw: dict[str, list[torch.Tensor]] = {}
+        stacked = {}
         for split, (x, y, offsets) in self._draw(idx, tuple(_SPLIT_KEYS)).items():
             sizes = np.diff(offsets).tolist()
             kx, ky = _SPLIT_KEYS[split]
-            kw[kx] = list(torch.from_numpy(x).split(sizes))
-            kw[ky] = list(torch.from_numpy(y).split(sizes))
+            tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+            kw[kx], kw[ky] = list(tx.split(sizes)), list(ty.split(sizes))
+            stacked[split] = (tx, ty, offsets)
         # drawn by the law: float32 / int64 tensors of consistent shapes, nothing to check again
-        return FederatedDataset._unchecked(
+        out = FederatedDataset._unchecked(
             ids, kw, self.n_classes, self.feature_shape, self.name, self.scaling
         )
+        for split, block in stacked.items():  # concat() is the drawn block itself, not a copy
+            xs, ys = kw[_SPLIT_KEYS[split][0]], kw[_SPLIT_KEYS[split][1]]
+            out._concat_cache[split] = (tuple((id(t), t._version) for t in (*xs, *ys)), block)
+        return out
 
     def take(
         self, clients: Sequence[int] | np.ndarray, split: str = "train"
@@ -179,7 +189,7 @@ class SyntheticFederation(FederatedDataset):
     def sizes(self, split: str = "train") -> np.ndarray:
         """Per-client number of examples of ``split``, without drawing any example."""
         _check_split(split)
-        return self._split_sizes[split].copy()
+        return self._split_sizes[split].astype(np.int64)
 
     def content_sha256(self) -> str:
         """SHA-256 of what determines every example: the law's parameters and random stream

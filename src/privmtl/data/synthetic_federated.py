@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+import operator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -47,7 +49,9 @@ __all__ = [
     "LEAF_SIZE_BOUNDS",
     "LEAF_SIZE_LOGNORMAL",
     "SYNTHETIC_STREAM",
+    "SyntheticClientIds",
     "SyntheticLaw",
+    "client_id_list",
     "make_synthetic_federated",
     "synthetic_client_ids",
     "synthetic_client_sizes",
@@ -248,7 +252,56 @@ def make_synthetic_federated(
 
 def synthetic_client_ids(m: int) -> list[str]:
     """The client ids of the synthetic federation: ``"synthetic_000"``, ..."""
-    return [f"synthetic_{k:03d}" for k in range(m)]
+    return list(SyntheticClientIds(m))
+
+
+class SyntheticClientIds(Sequence[str]):
+    """The ids ``"synthetic_000"``, ... of ``m`` synthetic clients, each made when read.
+
+    Reads as the list :func:`synthetic_client_ids` gives (length, index, slice, iteration, and
+    equal to that list) without holding ``m`` strings: a list of them costs about 70 bytes a
+    client, more than the rest of a drawn-on-demand federation's per-client state, and a forked
+    worker's copy of it is counted again in every worker's resident memory.
+    """
+
+    __slots__ = ("_m",)
+
+    def __init__(self, m: int) -> None:
+        self._m = int(m)
+
+    def __len__(self) -> int:
+        return self._m
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [f"synthetic_{i:03d}" for i in range(*k.indices(self._m))]
+        i = operator.index(k)
+        if i < 0:
+            i += self._m
+        if not 0 <= i < self._m:
+            raise IndexError(f"client position {k} out of range for {self._m} clients")
+        return f"synthetic_{i:03d}"
+
+    def __iter__(self) -> Iterator[str]:
+        return (f"synthetic_{k:03d}" for k in range(self._m))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SyntheticClientIds):
+            return self._m == other._m
+        if isinstance(other, list | tuple):
+            return len(other) == self._m and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SyntheticClientIds({self._m})"
+
+
+def client_id_list(ids: Sequence[str]) -> list[str]:
+    """A copy of a data set's client ids that a result may keep: a list, or the same
+    :class:`SyntheticClientIds` (immutable, and made when read: no ``m`` strings held)."""
+    return cast(list[str], ids) if isinstance(ids, SyntheticClientIds) else list(ids)
 
 
 @dataclass(frozen=True)

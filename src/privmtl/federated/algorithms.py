@@ -507,6 +507,7 @@ class BlockScores:
     def __init__(self, model: nn.Module, buffers: Params, splits: Sequence[str]) -> None:
         self.model, self.buffers, self.splits = model, buffers, tuple(splits)
         self._parts: dict[tuple[str, str], list[tuple[np.ndarray, np.ndarray, float]]] = {}
+        self._dtypes: dict[tuple[str, str], tuple[np.dtype[Any], np.dtype[Any]]] = {}
         self._names: list[str] = []
 
     def add(self, name: str, params: Params, personalized: bool, piece: FederatedDataset) -> None:
@@ -533,17 +534,25 @@ class BlockScores:
         return out
 
     def keep(self, scored: list[tuple[str, str, tuple[np.ndarray, np.ndarray, float]]]) -> None:
-        """Keep the scores of one block (:meth:`score`), after those kept before."""
-        for split, name, part in scored:
+        """Keep the scores of one block (:meth:`score`), after those kept before: the counts
+        as 32-bit integers where they are such (a few bytes a client and model, whatever the
+        population), read back in their own type."""
+        for split, name, (correct, counts, loss) in scored:
             if name not in self._names:
                 self._names.append(name)
+            self._dtypes[(split, name)] = (correct.dtype, counts.dtype)
+            part = (_as_int32(correct), _as_int32(counts), loss)
             self._parts.setdefault((split, name), []).append(part)
 
     def per_client(self, split: str, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Every client's correct predictions and examples of ``name`` on ``split``, in the
         order the blocks were kept."""
         parts = self._parts[(split, name)]
-        return np.concatenate([c for c, _, _ in parts]), np.concatenate([n for _, n, _ in parts])
+        dc, dn = self._dtypes[(split, name)]
+        return (
+            np.concatenate([c for c, _, _ in parts]).astype(dc, copy=False),
+            np.concatenate([n for _, n, _ in parts]).astype(dn, copy=False),
+        )
 
     def summary(self) -> dict[str, dict[str, dict[str, float]]]:
         """``{split: {name: evaluate(...)}}`` over every block added."""
@@ -553,11 +562,20 @@ class BlockScores:
             for name in self._names:
                 parts = self._parts[(split, name)]
                 out[split][name] = _summary(
-                    np.concatenate([c for c, _, _ in parts]),
-                    np.concatenate([n for _, n, _ in parts]),
-                    sum(lo for _, _, lo in parts),
+                    *self.per_client(split, name), sum(lo for _, _, lo in parts)
                 )
         return out
+
+
+def _as_int32(a: np.ndarray) -> np.ndarray:
+    """``a`` as 32-bit integers where that holds every value exactly, else ``a``."""
+    if a.dtype == np.int32 or not a.size or not np.issubdtype(a.dtype, np.number):
+        return a
+    if np.all(np.isfinite(a)) and np.abs(a).max() < 2**31:
+        small = a.astype(np.int32)
+        if np.array_equal(small, a):
+            return small
+    return a
 
 
 def _correct_and_loss(

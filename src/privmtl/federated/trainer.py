@@ -34,6 +34,7 @@ from privmtl._progress import Progress
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from privmtl.data.federated import FederatedDataset
+from privmtl.data.synthetic_federated import client_id_list
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import (
     LOCAL_TRAINING_STREAM,
@@ -644,7 +645,7 @@ class Trainer:
             ledger=self.ledger,
             noise_source=self.noise_source,
             stopped_on_budget=self.stopped_on_budget,
-            client_ids=list(self.dataset.client_ids),
+            client_ids=client_id_list(self.dataset.client_ids),
             extra=self._extra(),
         )
 

@@ -312,6 +312,7 @@ def finish_pass(
                 )  # fmt: skip
                 winner = names[int(o.vote(shares, names))]  # recorded by the caller: then models
                 kw["only"] = winner
+                del shares  # (m, candidates): not carried into the workers of the pass
             t0 = time.perf_counter()
             fin = _finish_all(
                 o.finetune, dataset, model, trained, billboard, o.client_index, block, kw, book,
