@@ -169,23 +169,6 @@ def test_no_import_cycle_in_the_package():
     assert cycles == []
 
 
-#: The one import circle left, counting imports deferred into functions: the federated engine's
-#: method objects run the backends that run them (``Method.fit`` builds a ``Trainer``, which takes
-#: ``Method`` objects), and the spec and engine configuration still ask the method registry for
-#: method-dependent defaults (``end_of_run.local_grid`` is a part of ``end_of_run.local``, split
-#: off for size, not a new member). The set may only shrink.
-_PENDING_CIRCLE = {
-    f"privmtl.federated.{name}"
-    for name in (
-        "backend baselines clusters config curator end_of_run.finetune end_of_run.local "
-        "end_of_run.local_grid engine methods "
-        "methods.base "
-        "methods.clusters methods.fedavg methods.fedrep methods.joint_dp methods.local "
-        "methods.pmtl methods.pp_sgd methods.workshop server_optim spec trainer"
-    ).split()
-}
-
-
 class _WithoutTypeChecking(ast.NodeTransformer):
     def visit_If(self, node):
         if "TYPE_CHECKING" in ast.unparse(node.test):
@@ -226,8 +209,7 @@ def _circles(graph):
 
 def test_no_import_circle_inside_a_package_counting_deferred_imports():
     """Imports deferred into functions count too (they hide a circle, they do not break it):
-    inside a package, no module imports, at any depth, one that imports it back, but the
-    pending federated circle, which may only shrink."""
+    inside a package, no module imports, at any depth, one that imports it back."""
     modules = {_module_name(rel): _WithoutTypeChecking().visit(tree) for rel, tree in _modules()}
     graph: dict[str, set[str]] = {}
     for name, tree in modules.items():
@@ -244,8 +226,7 @@ def test_no_import_circle_inside_a_package_counting_deferred_imports():
                 if m in modules and m != name and m.split(".")[1:2] == [package]
             )  # fmt: skip
         graph[name] = deps
-    circles = _circles(graph)
-    assert [sorted(c - _PENDING_CIRCLE) for c in circles if c - _PENDING_CIRCLE] == []
+    assert [sorted(c) for c in _circles(graph)] == []
 
 
 def _imported_names(tree):

@@ -63,7 +63,6 @@ from privmtl.federated.end_of_run.trained_run import (
     finetune_from_billboard,
     finetune_trained,
 )
-from privmtl.federated.methods import Method
 from privmtl.federated.methods.loading import resolve_method
 from privmtl.federated.models import MODELS, MultinomialLogReg, make_model
 from privmtl.federated.options import RunOptions, split_settings
@@ -79,6 +78,7 @@ from privmtl.federated.report import (
     result_parts,
     scaling_note,
 )
+from privmtl.federated.runner import fit, runs_rounds
 from privmtl.federated.spec import (
     DEFAULT_CLIENTS_PER_ROUND,
     DEFAULT_FEDPROX_MU,
@@ -138,13 +138,13 @@ FL_METHODS = RUN_METHODS
 def _scores_at_finish(loaded: LoadedRun, request: FinishRequest) -> bool:
     """Whether the end of run scores the trained models while it finishes the clients (one pass
     over the clients' data instead of two): ``finetune="auto"`` of a method the in-process
-    engine runs as it is (:meth:`Method.fit <privmtl.federated.methods.base.Method.fit>`)."""
+    engine runs as it is, round by round (:func:`~privmtl.federated.runner.runs_rounds`)."""
     runner = loaded.method
     return (
         loaded.spec.finetune == "auto"
         and not runner.every_client
         and not request.extra
-        and type(runner).fit is Method.fit
+        and runs_rounds(runner)
     )
 
 
@@ -157,16 +157,18 @@ def _train(
     *,
     score: bool = True,
 ) -> TrainedRun:
-    """Train: the method's ``fit`` with the run's checkpoint and budget; a method that releases
-    nothing reports no noise and every client. ``score=False``: the trained models' scores are
-    left to the end of run (:func:`_scores_at_finish`)."""
+    """Train: the method's run (:func:`~privmtl.federated.runner.fit`) with the run's checkpoint
+    and budget; a method that releases nothing reports no noise and every client.
+    ``score=False``: the trained models' scores are left to the end of run
+    (:func:`_scores_at_finish`)."""
     runner = loaded.method
     options = {
         "local_select": local_select,
         "local_solver": local_solver,
         "local_patience": local_patience,
     }
-    result = runner.fit(
+    result = fit(
+        runner,
         loaded.dataset,
         loaded.net,
         **{k: options[k] for k in runner.fit_options},

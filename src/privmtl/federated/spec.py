@@ -25,7 +25,7 @@ function that fills them in:
 The resolved spec is what a run reports under ``config`` in its JSON result
 (:meth:`RunSpec.to_dict`). The engine's low-level :class:`~privmtl.federated.config.TrainConfig`
 keeps its own neutral defaults; a run builds it from a resolved spec with
-:func:`train_config`.
+:func:`~privmtl.federated.config.train_config`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ __all__ = [
     "resolve_clients_per_round",
     "resolve_defaults",
     "resolve_personal_init",
-    "train_config",
 ]
 
 SERVER_UPDATES = ("ditto", "offset", "delta")
@@ -506,31 +505,3 @@ def resolve_defaults(
         groups=1 if q == m else spec.groups,
         personal_init=personal_init,
     )
-
-
-def train_config(resolved: RunSpec, **execution: Any) -> Any:
-    """The engine's :class:`~privmtl.federated.config.TrainConfig` of a resolved spec.
-
-    ``execution`` sets the options that change how a run executes, not its result (``batched``,
-    ``progress``, ``threads``, ...). Methods the engine does not have itself (``joint-dp``,
-    ``pp-sgd``, ``local-all``) are configured as ``pmtl``; their trainers read the same fields.
-    The config keeps the target ``epsilon``; ``noise_std`` is 0 until
-    :func:`~privmtl.federated.config.resolve_config` calibrates it to that target.
-    """
-    from privmtl.federated.config import TrainConfig
-
-    delta = resolved.delta
-    if resolved.clients_per_round is None or resolved.lam is None or not isinstance(delta, float):
-        raise InvalidParameterError(
-            "train_config needs a resolved spec (resolve_defaults); got "
-            f"clients_per_round={resolved.clients_per_round!r}, lam={resolved.lam!r}, "
-            f"delta={resolved.delta!r}."
-        )
-    method = method_class(resolved.method)
-    engine = {f.name for f in dataclasses.fields(TrainConfig)}
-    # every setting the engine has, by its name (the spec's fields are the engine's), but
-    # the method the engine runs and σ, whose "not given" is the engine's 0
-    shared = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
-    shared = {k: v for k, v in shared.items() if k in engine}
-    shared.update(method=method.engine_method or method.name, noise_std=resolved.noise_std or 0.0)
-    return TrainConfig(**shared, **execution)
