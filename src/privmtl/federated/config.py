@@ -18,6 +18,7 @@ from torch import nn
 
 from privmtl._device import check_device
 from privmtl._validation import check_choice, check_int, check_real
+from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.methods import engine_method_class, method_class
 from privmtl.federated.spec import (
@@ -34,6 +35,7 @@ from privmtl.federated.spec import (
     resolve_defaults,
 )
 from privmtl.federated.train_result import TrainResult
+from privmtl.privacy.calibration import GivenNoise, PrivacyTarget, default_count_noise_std
 
 __all__ = [
     "CLIENT_CHUNK",
@@ -417,8 +419,6 @@ class TrainConfig:
     def count_noise_std_for(self, clients_per_round: int) -> float | None:
         """σ_b of adaptive clipping (``adaptive_clip_noise``, or
         :func:`~privmtl.privacy.calibration.default_count_noise_std`); None without it."""
-        from privmtl.privacy.calibration import default_count_noise_std
-
         if self.adaptive_clip_quantile is None:
             return None
         if self.adaptive_clip_noise is not None:
@@ -483,8 +483,6 @@ class ResolvedRun:
     def privacy(self) -> Any:
         """How the run sets its noise: its :attr:`target`, the σ given
         (:class:`~privmtl.privacy.calibration.GivenNoise`), or None without noise."""
-        from privmtl.privacy.calibration import GivenNoise
-
         if self.target is not None:
             return self.target
         return GivenNoise(self.config.noise_std) if self.config.noise_std > 0 else None
@@ -595,8 +593,6 @@ def _resolve_engine(
     -------
     (TrainConfig, PrivacyTarget or None)
     """
-    from privmtl.privacy.calibration import PrivacyTarget
-
     m = int(num_clients)
     if method is None or isinstance(method, str):
         method = method_class(config.method if method is None else method)
@@ -634,8 +630,6 @@ def _resolve_engine(
 def check_inputs(dataset: Any, model: Any = None) -> None:
     """Raise InvalidParameterError unless ``dataset`` is a FederatedDataset (and ``model``, when
     given, a ``torch.nn.Module``): the shared guard of every federated training entry point."""
-    from privmtl.data.federated import FederatedDataset
-
     if not isinstance(dataset, FederatedDataset):
         raise InvalidParameterError(
             f"The 'dataset' parameter must be a FederatedDataset; got {type(dataset).__name__}."

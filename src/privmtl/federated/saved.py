@@ -65,8 +65,11 @@ from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.algorithms import block_rows
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.client_models import ClientModels
+from privmtl.federated.models import MODELS, FemnistCNN, MultinomialLogReg
 from privmtl.federated.spec import SPEC
+from privmtl.federated.user_model import factory_from_record, is_factory_spec, load_factory
 from privmtl.io import StagedFolder, read_json, staged_folder
+from privmtl.per_client import CLIENTS_FILE, encode_rows
 from privmtl.trust import check_signing_key, folder_file, is_signed, sign, untrusted_code
 
 __all__ = [
@@ -184,8 +187,6 @@ def _save_files(
     if pers is not None:
         files.update(_save_personalized(staged, pers, len(result.client_ids), hashes))
     if clients is not None:
-        from privmtl.per_client import CLIENTS_FILE, encode_rows
-
         rows = encode_rows(clients, CLIENTS_FILE)
         hashes[CLIENTS_FILE] = staged.write(CLIENTS_FILE, lambda fh: fh.write(rows))
         files["clients"] = CLIENTS_FILE
@@ -650,9 +651,6 @@ def build_model(
         Code this user did not sign and did not allow, a recorded source that was changed, a
         named factory whose source differs from the recorded one.
     """
-    from privmtl.federated.models import MODELS, FemnistCNN, MultinomialLogReg
-    from privmtl.federated.user_model import factory_from_record, is_factory_spec, load_factory
-
     spec = meta["model"]
     name, d, c = str(spec["name"]), int(spec["n_features"]), int(spec["n_classes"])
     notes: list[str] = []

@@ -37,7 +37,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from privmtl._device import DEFAULT_DEVICE
-from privmtl._validation import ROUND_BYTES, Interval, Options, check_memory, validate_params
+from privmtl._validation import (
+    ROUND_BYTES,
+    Interval,
+    Options,
+    check_choice,
+    check_int,
+    check_memory,
+    validate_params,
+)
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.methods import RUN_METHODS, MethodName, method_class
 from privmtl.federated.methods.base import DEFAULT_LAM_NONPRIVATE, DEFAULT_LAM_PRIVATE
@@ -108,8 +116,6 @@ def check_participation(sampling: str, groups: int, noise_mechanism: str) -> Non
     ``groups`` (an integer >= 1) other than 1 needs ``sampling="cyclic"``;
     ``noise_mechanism="banded"`` needs ``sampling`` ``"all"`` or ``"cyclic"`` (the participation
     patterns its sensitivity is computed for)."""
-    from privmtl._validation import check_choice, check_int
-
     check_int("groups", groups, low=1)
     check_choice("noise_mechanism", noise_mechanism, NOISE_MECHANISMS)
     if groups != 1 and sampling != "cyclic":

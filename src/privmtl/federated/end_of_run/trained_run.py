@@ -20,7 +20,9 @@ from privmtl.federated.algorithms import Params
 from privmtl.federated.client_models import SpilledModels
 from privmtl.federated.config import TrainResult
 from privmtl.federated.end_of_run.final_models import stack_trained
+from privmtl.federated.end_of_run.finetune_selection import finetune_select
 from privmtl.federated.end_of_run.finish import FinishOptions, finish_pass
+from privmtl.federated.end_of_run.local import train_local
 from privmtl.federated.end_of_run.plan import (
     FINETUNE_NOTE,
     FINETUNE_VOTE_ID,
@@ -64,8 +66,6 @@ def finetune_from_billboard(
 ) -> dict[str, Any]:
     """Every client fine-tunes from the billboard: ``train_local`` started at the global model."""
     import copy
-
-    from privmtl.federated.end_of_run.local import train_local
 
     start = copy.deepcopy(net)
     start.load_state_dict({**start.state_dict(), **result.global_params})
@@ -244,8 +244,6 @@ def finetune_trained(
     on its own validation split. Without a grid the clients are finished and scored in one pass
     (:func:`~privmtl.federated.end_of_run.finish.finish_pass`): ``_params`` are spilled to disk
     block by block, or None with ``keep_models=False``."""
-    from privmtl.federated.end_of_run.finetune_selection import finetune_select
-
     start = "personalized" if result.personalized_params is not None else "global"
     extra: dict[str, Any] = {}
     params: Params | None
