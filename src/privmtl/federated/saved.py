@@ -69,7 +69,6 @@ from privmtl.federated.models import MODELS, FemnistCNN, MultinomialLogReg
 from privmtl.federated.spec import SPEC
 from privmtl.federated.user_model import factory_from_record, is_factory_spec, load_factory
 from privmtl.io import StagedFolder, read_json, staged_folder
-from privmtl.per_client import CLIENTS_FILE, encode_rows
 from privmtl.trust import check_signing_key, folder_file, is_signed, sign, untrusted_code
 
 __all__ = [
@@ -187,6 +186,9 @@ def _save_files(
     if pers is not None:
         files.update(_save_personalized(staged, pers, len(result.client_ids), hashes))
     if clients is not None:
+        # the rows' module loads pandas: only a run that writes per-client rows pays for it
+        from privmtl.per_client import CLIENTS_FILE, encode_rows
+
         rows = encode_rows(clients, CLIENTS_FILE)
         hashes[CLIENTS_FILE] = staged.write(CLIENTS_FILE, lambda fh: fh.write(rows))
         files["clients"] = CLIENTS_FILE
