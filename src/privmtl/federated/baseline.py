@@ -24,7 +24,7 @@ from torch import nn
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.algorithms import BlockScores, Params, block_rows
 from privmtl.federated.blocks import client_blocks
-from privmtl.federated.end_of_run.local import train_local
+from privmtl.federated.end_of_run import local as end_of_run_local
 from privmtl.gain import GAIN_LEVEL, gain_interval, gain_verdict
 
 __all__ = [
@@ -123,7 +123,8 @@ def local_scores(
     idx = baseline_sample(m, seed)
     part = dataset if len(idx) == m else dataset.subset(idx.tolist())
     if local is None:
-        alone = train_local(
+        # through its module: the mediation audit's mutants replace it there
+        alone = end_of_run_local.train_local(
             part, model, batch_size=batch_size, seed=seed, select="client",
             client_index=idx.tolist(), device=device, solver=solver, patience=patience,
             workers=workers, scores=False,

@@ -49,6 +49,7 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import BlockScores, Params, block_rows, client_scores
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks, concurrent_blocks
 from privmtl.federated.client_models import ClientModels
+from privmtl.federated.end_of_run import local as end_of_run_local
 from privmtl.federated.end_of_run.final_models import (
     FINAL_MODEL_WORDS,
     describe_final_models,
@@ -59,7 +60,7 @@ from privmtl.federated.end_of_run.final_models import (
 from privmtl.federated.end_of_run.finetune import FINETUNE_METHODS as _FINETUNE_RULES
 from privmtl.federated.end_of_run.finetune import check_client_index
 from privmtl.federated.end_of_run.finetune import finetune as finetune_models
-from privmtl.federated.end_of_run.local import LOCAL_SOLVERS, select_per_client, train_local
+from privmtl.federated.end_of_run.local import LOCAL_SOLVERS, select_per_client
 from privmtl.federated.end_of_run.plan import (
     AUTO_CANDIDATES,
     AUTO_CLEAR_SIGNAL,
@@ -594,7 +595,8 @@ class _Candidates:
             "on_clients": lambda k: self.bar.update(k, candidate=name),
         }
         if name == "local":
-            alone = train_local(self.dataset, self.model, **kw)
+            # through its module: the mediation audit's mutants replace it there
+            alone = end_of_run_local.train_local(self.dataset, self.model, **kw)
             self.grids["local_grid"] = alone.extra["local_selection"]["grid"]
             assert alone.personalized_params is not None
             return alone.personalized_params
@@ -607,7 +609,7 @@ class _Candidates:
         # fine-tuning a trained billboard takes SGD's small steps (Adam's grid trains from scratch)
         if kw["solver"] == "adam":
             kw["solver"] = "sgd"
-        tuned = train_local(self.dataset, begin, **{**grid, **point}, **kw)
+        tuned = end_of_run_local.train_local(self.dataset, begin, **{**grid, **point}, **kw)
         self.grids["billboard_grid"] = (
             [list(g) for g in _grid_of(grid, kw["solver"])]  # the whole public grid
             if point

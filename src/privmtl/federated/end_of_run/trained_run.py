@@ -19,10 +19,10 @@ from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
 from privmtl.federated.algorithms import Params
 from privmtl.federated.client_models import SpilledModels
 from privmtl.federated.config import TrainResult
+from privmtl.federated.end_of_run import finetune_selection
+from privmtl.federated.end_of_run import local as end_of_run_local
 from privmtl.federated.end_of_run.final_models import stack_trained
-from privmtl.federated.end_of_run.finetune_selection import finetune_select
 from privmtl.federated.end_of_run.finish import FinishOptions, finish_pass
-from privmtl.federated.end_of_run.local import train_local
 from privmtl.federated.end_of_run.plan import (
     FINETUNE_NOTE,
     FINETUNE_VOTE_ID,
@@ -69,7 +69,8 @@ def finetune_from_billboard(
 
     start = copy.deepcopy(net)
     start.load_state_dict({**start.state_dict(), **result.global_params})
-    tuned = train_local(
+    # through its module: the mediation audit's mutants replace it there
+    tuned = end_of_run_local.train_local(
         ds, start, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select, seed=seed,
         device=result.config.device,
     )  # fmt: skip
@@ -248,7 +249,8 @@ def finetune_trained(
     extra: dict[str, Any] = {}
     params: Params | None
     if grid is not None:
-        params, acc, sel = finetune_select(
+        # through its module: the mediation audit's mutants replace it there
+        params, acc, sel = finetune_selection.finetune_select(
             result,
             ds,
             net,
