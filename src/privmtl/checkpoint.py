@@ -50,6 +50,7 @@ from privmtl import trust
 from privmtl.exceptions import PrivmtlError
 from privmtl.io import fsync_dir as _fsync_dir
 from privmtl.io import write_atomic
+from privmtl.locking import check_held
 
 __all__ = [
     "FORMAT",
@@ -101,8 +102,6 @@ def save_checkpoint(
     ``ledger`` is what the run's durable ledger holds now
     (:meth:`~privmtl.privacy.ledger.PrivacyLedger.seen`; None: the run has no ledger).
     """
-    from privmtl.locking import check_held
-
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     check_held(d)  # a run whose directory lock was taken from it writes no checkpoint

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from privmtl.exceptions import DataFormatError
+from privmtl.gain import gain_verdict
 from privmtl.io import check_output_file, write_atomic
 
 __all__ = [
@@ -211,8 +212,6 @@ def _references(result: dict[str, Any], mpmtl: bool) -> str:
                 )
             )
             if low is not None and high is not None:
-                from privmtl.gain import gain_verdict
-
                 pairs.append(("verdict", _fmt(gain_verdict(float(low), float(high)))))
     pairs = [(k, v) for k, v in pairs if v != "—"]
     if not pairs:

@@ -101,7 +101,8 @@ def test_a_resolved_run_is_not_resolved_again():
 
 def test_resolving_a_spec_equals_resolving_its_engine_config():
     """The spec path and the engine-config path give the same engine configuration."""
-    from privmtl.federated.spec import resolve_defaults, train_config
+    from privmtl.federated.config import train_config
+    from privmtl.federated.spec import resolve_defaults
 
     spec = SPEC.replace(rounds=3, epsilon=2.0)
     by_spec = resolve(spec, 40).config

@@ -97,7 +97,8 @@ def test_seeded_split_run_equals_in_process_engine_every_round():
     opts = _opts()
     run, _ = _split_run(ds, opts, n_nodes=3)
     # the reference is configured from the run spec (the product's path), not from Flower's config
-    from privmtl.federated.spec import RunSpec, resolve_defaults, train_config
+    from privmtl.federated.config import train_config
+    from privmtl.federated.spec import RunSpec, resolve_defaults
 
     spec = RunSpec(rounds=3, clients_per_round=6, noise_std=0.05, seed=3, local_steps=3,
                    noise_source="seeded")  # fmt: skip

@@ -68,15 +68,24 @@ import torch
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.audit.stats import one_run_epsilon, threshold_audit
+from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.config import TrainConfig
+from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.trainer import Trainer
 from privmtl.privacy import mechanisms as _mechanisms
 from privmtl.privacy import release as _release
 from privmtl.privacy.calibration import calibrate_mean_noise_std
 from privmtl.privacy.covariance import plan_covariance_releases
 from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION
+from privmtl.privacy.matrix_factorization import (
+    CyclicParticipation,
+    banded_noise_std,
+    run_strategy,
+)
 from privmtl.privacy.noise import NoiseSource, SecureNoise, SeededNoise
-from privmtl.privacy.release import GaussianMeanRelease
-from privmtl.privacy.sampling import FullParticipation
+from privmtl.privacy.release import BandedMeanNoise, GaussianMeanRelease
+from privmtl.privacy.sampling import CyclicSampler, FullParticipation
 
 __all__ = [
     "AUDIT_MECHANISMS",
@@ -321,11 +330,6 @@ _RUN_CLASSES = 10
 
 
 def _pmtl_run(s: _Setting, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    from privmtl.data.federated import make_synthetic_federated
-    from privmtl.federated.config import TrainConfig
-    from privmtl.federated.models import MultinomialLogReg
-    from privmtl.federated.trainer import Trainer
-
     M, g, T = s.trials, _PMTL_CLIP, _RUN_ROUNDS
     C = _RUN_CLASSES
     F = max(2, math.ceil((M + 1) / C))  # C·F + C parameters: one coordinate per canary
@@ -440,14 +444,6 @@ def _banded_mf(s: _Setting) -> dict[str, Any]:
     """Every trial's run at once: coordinate ``i`` of the released means is trial ``i``'s
     (its own noise: the banded noise of a ``(trials,)`` tensor draws independent ``z`` per
     coordinate), each trial's sum of clipped updates formed with the library's clipping."""
-    from privmtl.privacy.matrix_factorization import (
-        CyclicParticipation,
-        banded_noise_std,
-        run_strategy,
-    )
-    from privmtl.privacy.release import BandedMeanNoise
-    from privmtl.privacy.sampling import CyclicSampler
-
     q, d, g, T, b = _PMTL_Q, _PMTL_DIM, _PMTL_CLIP, _BANDED_ROUNDS, _BANDED_GROUPS
     strategy = run_strategy(T, b)
     part = CyclicParticipation(b)

@@ -18,6 +18,21 @@ from unittest import mock
 import numpy as np
 import torch
 
+from privmtl.data.federated_table import load_federated_table
+from privmtl.federated.algorithms import client_scores
+from privmtl.federated.clusters import train_clusters
+from privmtl.federated.config import TrainConfig
+from privmtl.federated.end_of_run import finetune_selection, local
+from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.workshop import train_workshop
+from privmtl.flower._core import run_options
+from privmtl.flower.node_clients import NodeClients
+from privmtl.flower.server_run import ServerRun
+from privmtl.io import to_jsonable
+from privmtl.linear import mpmtl
+from privmtl.linear.methods import linear_method, method_names
+from privmtl.privacy import release as rel
+
 __all__ = [
     "MUTANTS",
     "NUM_CLIENTS",
@@ -82,8 +97,6 @@ def make_tables(seed: int = 0) -> tuple[Any, Any, Any]:
 
 
 def _federated(path: Path) -> Any:
-    from privmtl.data.federated_table import load_federated_table
-
     # The API paths read the table as given: D''s feature scale (x -3 on client c0) is what makes
     # a pooled choice flip; the command-line paths use the default per-client standardization.
     return load_federated_table(path, client_column="client", label_column="label", scaling="none")
@@ -183,15 +196,11 @@ class Workspace:
 
 # ----------------------------------------------------------------------------------- API paths
 def _model(ds: Any, seed: int) -> torch.nn.Module:
-    from privmtl.federated.models import MultinomialLogReg
-
     return MultinomialLogReg(ds.n_features, ds.n_classes, random_state=seed)
 
 
 def _per_client_numbers(model: torch.nn.Module, params: dict[str, Any], ds: Any) -> dict[str, Any]:
     """Per-client correct counts and losses of stacked models on validation and test."""
-    from privmtl.federated.algorithms import client_scores
-
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     out: dict[str, Any] = {}
     for split in ("val", "test"):
@@ -203,8 +212,6 @@ def _per_client_numbers(model: torch.nn.Module, params: dict[str, Any], ds: Any)
 
 
 def _train_result_outputs(result: Any, model: torch.nn.Module, ds: Any) -> Any:
-    from privmtl.io import to_jsonable
-
     params = result.personalized_params
     if params is None:  # a global method: every client's output is the released model
         m = len(result.client_ids)
@@ -215,8 +222,6 @@ def _train_result_outputs(result: Any, model: torch.nn.Module, ds: Any) -> Any:
 
 
 def _config(**kw: Any) -> Any:
-    from privmtl.federated.config import TrainConfig
-
     base: dict[str, Any] = {
         "method": "pmtl",
         "rounds": 3,
@@ -238,8 +243,6 @@ def _config(**kw: Any) -> Any:
 
 
 def _run_local_client(ctx: Workspace, replaced: bool) -> Any:
-    from privmtl.federated.end_of_run import local
-
     ds = ctx.dataset(replaced)
     model = _model(ds, ctx.seed)
     res = local.train_local(
@@ -249,8 +252,6 @@ def _run_local_client(ctx: Workspace, replaced: bool) -> Any:
 
 
 def _run_clusters(ctx: Workspace, replaced: bool) -> Any:
-    from privmtl.federated.clusters import train_clusters
-
     ds = ctx.dataset(replaced)
     model = _model(ds, ctx.seed)
     labels = [k % 2 for k in range(ds.n_clients)]
@@ -260,8 +261,6 @@ def _run_clusters(ctx: Workspace, replaced: bool) -> Any:
 
 
 def _run_workshop(ctx: Workspace, replaced: bool) -> Any:
-    from privmtl.federated.workshop import train_workshop
-
     ds = ctx.dataset(replaced)
     model = _model(ds, ctx.seed)
     res = train_workshop(ds, model, _config(), bound=2.0, noise_std=0.2)
@@ -270,10 +269,6 @@ def _run_workshop(ctx: Workspace, replaced: bool) -> Any:
 
 def _run_flower_node(ctx: Workspace, replaced: bool) -> Any:
     """Two Flower nodes' client steps (NodeClients) under the server's curator, in process."""
-    from privmtl.flower._core import run_options
-    from privmtl.flower.node_clients import NodeClients
-    from privmtl.flower.server_run import ServerRun
-
     ds = ctx.dataset(replaced)
     model = _model(ds, ctx.seed)
     opts = run_options(
@@ -321,8 +316,6 @@ def _run_flower_node(ctx: Workspace, replaced: bool) -> Any:
 
 def _mpmtl_runner(name: str, *, step_size: float | None) -> Callable[[Workspace, bool], Any]:
     def run(ctx: Workspace, replaced: bool) -> Any:
-        from privmtl.linear.methods import linear_method
-
         method = linear_method(name)
         Xs, ys = make_tasks(ctx.seed, replaced)
         # the paper's iteration (zero start, projected output), where the step size acts; the
@@ -494,8 +487,6 @@ def _mpmtl_cli_specs() -> list[CheckSpec]:
 
 def _api_specs() -> list[CheckSpec]:
     """The paths of the Python API: the federated trainers, Flower's node and MP-MTL."""
-    from privmtl.linear.methods import method_names
-
     return [
         CheckSpec("train_local(select='client')", "api", runner=_run_local_client),
         CheckSpec("train_clusters (two fixed clusters)", "api", runner=_run_clusters),
@@ -526,8 +517,6 @@ def _api_specs() -> list[CheckSpec]:
 @contextlib.contextmanager
 def _mutant_pooled_selection() -> Iterator[None]:
     """Every per-client selection becomes one pooled choice (train_local, finetune_select)."""
-    from privmtl.federated.end_of_run import finetune_selection, local
-
     train_local, finetune_select = local.train_local, finetune_selection.finetune_select
 
     def pooled_local(*args: Any, **kw: Any) -> Any:
@@ -548,8 +537,6 @@ def _mutant_pooled_selection() -> Iterator[None]:
 @contextlib.contextmanager
 def _mutant_global_step() -> Iterator[None]:
     """MP-MTL's step size from the largest Lipschitz constant over all tasks' raw features."""
-    from privmtl.linear import mpmtl
-
     fit_batch = mpmtl._MPMTLBase._fit_batch
 
     def global_step(self: Any, prepared: Any, p: dict[str, Any]) -> None:
@@ -565,8 +552,6 @@ def _mutant_global_step() -> Iterator[None]:
 def _mutant_unnoised_diagnostic() -> Iterator[None]:
     """The clients receive an un-noised diagnostic: every release is rescaled by the signal norm
     of the clipped mean (block releases: by the curator's sum of message norms)."""
-    from privmtl.privacy import release as rel
-
     release, blocks = rel.GaussianMeanRelease.release, rel.GaussianMeanRelease.release_blocks
 
     def leak(out: Any, diagnostic: float) -> Any:

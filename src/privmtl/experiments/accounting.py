@@ -15,7 +15,7 @@ from typing import Any
 
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.spec import SPEC
+from privmtl.federated.spec import SPEC, check_participation
 from privmtl.privacy import (
     PrivacyGuarantee,
     make_sampler,
@@ -24,7 +24,14 @@ from privmtl.privacy import (
     pmtl_theorem1_valid,
 )
 from privmtl.privacy.calibration import PrivacyTarget, noise_multiplier, rounds_epsilon
-from privmtl.privacy.release import plan_mean_release
+from privmtl.privacy.matrix_factorization import (
+    CyclicParticipation,
+    banded_epsilon,
+    banded_event,
+    run_strategy,
+)
+from privmtl.privacy.release import banded_groups, plan_mean_release
+from privmtl.privacy.sampling import cyclic_group_size
 
 __all__ = ["account_rounds"]
 
@@ -61,9 +68,6 @@ def account_rounds(
     the full :class:`~privmtl.privacy.PrivacyGuarantee` under ``guarantee`` (banded: also
     ``banded``, its bands, groups, sensitivity and the run's noise multiplier).
     """
-    from privmtl.federated.spec import check_participation
-    from privmtl.privacy.sampling import cyclic_group_size
-
     g = check_real("clip", clip, low=0.0, closed="neither")
     m = check_int("num_clients", num_clients, low=1)
     check_choice("sampling", sampling, ("poisson", "fixed", "cyclic"))
@@ -231,14 +235,6 @@ def _banded(
     """:func:`account_rounds` of banded noise: the run's one Gaussian event, as
     :meth:`~privmtl.privacy.release.GaussianMeanRelease.for_target` calibrates it and the release
     records it."""
-    from privmtl.privacy.matrix_factorization import (
-        CyclicParticipation,
-        banded_epsilon,
-        banded_event,
-        run_strategy,
-    )
-    from privmtl.privacy.release import banded_groups
-
     groups = banded_groups(sampler)
     strategy, part, bound = run_strategy(T, groups), CyclicParticipation(groups), clip / q
     kw: dict[str, Any] = {"delta": delta, "bound": bound, "accountant": accountant}

@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 
 from privmtl._timing import MPMTL_PHASES, PhaseTimer
 from privmtl._validation import check_choice
+from privmtl.checkpoint import has_checkpoint
 from privmtl.data.multitask import INTERCEPT, MultiTaskDataset
 from privmtl.data.registry import (
     MPMTL_SCALINGS as TABLE_SCALINGS,
@@ -45,6 +46,7 @@ from privmtl.data.registry import (
 from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.mpmtl_baseline import STL_BASELINE, _stl_baseline
 from privmtl.experiments.mpmtl_saved import _jsonable, _save_models, _write_json, evaluate_saved
+from privmtl.linear import selection
 from privmtl.linear.loading import resolve_linear_method
 from privmtl.linear.methods import (
     METHODS,
@@ -54,11 +56,13 @@ from privmtl.linear.methods import (
 )
 from privmtl.linear.metrics import aauc, nmse
 from privmtl.linear.options import MPMTLExecution, MPMTLOptions, split_mpmtl_settings
-from privmtl.linear.selection import estimator_class
+from privmtl.linear.selection import PerTaskSelected, estimator_class
 from privmtl.linear.spec import SPEC, TUNE_MODES, MPMTLSpec, resolve_defaults
 from privmtl.locking import holding_directories
+from privmtl.per_client import check_rows_path, mpmtl_rows, write_rows
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.guarantee import DEFAULT_RELATION
+from privmtl.trust import check_signing_key
 
 __all__ = [
     "DATASETS",
@@ -265,8 +269,6 @@ def _durability(spec: MPMTLSpec, checkpoint_dir: str | Path | None, resume: bool
         )
     tuning_file = None if checkpoint_dir is None else Path(checkpoint_dir) / "tuning.json"
     if checkpoint_dir is not None and not resume:
-        from privmtl.checkpoint import has_checkpoint
-
         if has_checkpoint(checkpoint_dir) or (Path(checkpoint_dir) / "ledger.jsonl").exists():
             raise InvalidParameterError(
                 f"The 'checkpoint_dir' {checkpoint_dir} holds a run already; pass resume=True "
@@ -374,8 +376,6 @@ def _fit(
         if cls.per_task_params is not None:
             best = dict(cls.per_task_params)  # the estimator chooses per task on its own
         else:
-            from privmtl.linear.selection import PerTaskSelected
-
             est = PerTaskSelected(
                 method=method, loss=fixed.get("loss") or "squared", random_state=seed
             )
@@ -387,8 +387,6 @@ def _fit(
         tuned = True
     elif search:
         with timer.phase("tuning"):
-            from privmtl.linear.selection import tune_method
-
             # Keep the user's explicit choices out of the search.
             user_set = (
                 ("iterations", *(extra_params or {}))
@@ -399,7 +397,8 @@ def _fit(
             if grid is None or grid:
                 # Fold splits and per-fold estimator seeds derive from ``seed``.
                 search_fixed = {k: v for k, v in fixed.items() if k != "random_state"}
-                best, _ = tune_method(
+                # through its module: a test replaces it there
+                best, _ = selection.tune_method(
                     method,
                     Xs,
                     ys,
@@ -581,12 +580,8 @@ def _run(given: dict[str, Any], x: MPMTLExecution, o: MPMTLOptions) -> dict[str,
     spec = MPMTLSpec(**given, tune=tune, method=method_obj.name)
     save_models, per_client = x.save_models, o.per_client
     if save_models is not None:  # its model.json is signed: a bad key stops the run now
-        from privmtl.trust import check_signing_key
-
         check_signing_key()
     if per_client is not None:  # checked before any data is read
-        from privmtl.per_client import check_rows_path
-
         per_client = check_rows_path(per_client)
     with timer.phase("setup"):
         durability = _durability(spec, x.checkpoint_dir, x.resume)
@@ -610,8 +605,6 @@ def _run(given: dict[str, Any], x: MPMTLExecution, o: MPMTLOptions) -> dict[str,
         out["method_source"] = method_source
     rows = _task_rows(spec, loaded, finished) if per_client or save_models else None
     if per_client is not None:
-        from privmtl.per_client import write_rows
-
         with timer.phase("saving"):
             out["per_client_file"] = str(write_rows(per_client, rows))
     if save_models is not None:
@@ -668,8 +661,6 @@ def _protocol_keys(
 def _task_rows(spec: MPMTLSpec, loaded: LoadedData, finished: FinishedRun) -> Any:
     """The run's per-client (per-task) rows (:func:`~privmtl.per_client.mpmtl_rows`): every
     task's test score beside its score alone."""
-    from privmtl.per_client import mpmtl_rows
-
     train, test = loaded.train, loaded.test
     assert finished.pred is not None
     return mpmtl_rows(

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from privmtl.gain import GAIN_LEVEL, gain_interval
-from privmtl.linear.metrics import aauc, nmse
+from privmtl.linear.metrics import aauc, nmse, per_task_auc
+from privmtl.linear.stl import STLRidge
 
 if TYPE_CHECKING:
     from privmtl.experiments.mpmtl import LoadedData
@@ -27,9 +28,6 @@ def _stl_baseline(loaded: LoadedData, pred: list[Any], classification: bool) -> 
     ``gain_over_stl`` (positive: the run is better) and its ``gain_interval`` over tasks
     (:func:`~privmtl.gain.gain_interval`: per-task squared errors over the pooled target
     variance, as the pooled nMSE divides them; per-task AUCs for classification)."""
-    from privmtl.linear.metrics import per_task_auc
-    from privmtl.linear.stl import STLRidge
-
     train, test = loaded.train, loaded.test
     stl = STLRidge(lam="cv", loss="logistic" if classification else "squared")
     stl.fit(list(train.X), list(train.y))

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from privmtl._validation import check_int
+from privmtl.checkpoint import write_atomic
 from privmtl.data.multitask import MultiTaskDataset
 from privmtl.data.registry import (
     SCHOOL_TRAIN_FRACTION,
@@ -22,6 +23,10 @@ from privmtl.data.registry import (
 )
 from privmtl.exceptions import DataFormatError
 from privmtl.linear.metrics import aauc, nmse
+from privmtl.linear.saved import linear_clients_file, load_linear_models, save_linear_models
+from privmtl.per_client import check_rows_path, mpmtl_rows, read_rows, with_mpmtl_gain, write_rows
+from privmtl.privacy.ledger import check_saved_ledger
+from privmtl.trust import followed_data_path, is_signed
 
 __all__ = ["evaluate_saved"]
 
@@ -42,8 +47,6 @@ def _jsonable(value: Any) -> Any:
 
 
 def _write_json(path: Path, payload: Any) -> None:
-    from privmtl.checkpoint import write_atomic
-
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode())
 
@@ -56,8 +59,6 @@ def _save_models(
     data: dict[str, Any],
     rows: Any = None,
 ) -> Path:
-    from privmtl.linear.saved import save_linear_models
-
     metric = "nmse" if "nmse" in out else "auc"
     # the run's test metric and its baseline's (every task alone)
     baseline = ("stl_nmse", "stl_auc", "gain_over_stl", "gain_interval")
@@ -109,16 +110,10 @@ def evaluate_saved(
     """
     import numpy as np
 
-    from privmtl.linear.saved import load_linear_models
-
     if per_client is not None:
-        from privmtl.per_client import check_rows_path
-
         per_client = check_rows_path(per_client)
-    from privmtl.trust import followed_data_path, is_signed
 
     meta, coef = load_linear_models(models_dir)
-    from privmtl.privacy.ledger import check_saved_ledger
 
     checked = check_saved_ledger(
         meta.get("ledger") if is_signed(meta) else None,  # outside paths: signed folders only
@@ -186,8 +181,6 @@ def evaluate_saved(
     else:
         out["nmse"] = nmse(list(test.y), scores)
     if per_client is not None:
-        from privmtl.per_client import write_rows
-
         rows = _saved_task_rows(Path(models_dir), meta, train, test, scores)
         out["per_client_file"] = str(write_rows(per_client, rows))
     return out
@@ -202,9 +195,6 @@ def _saved_task_rows(
 ) -> Any:
     """:func:`evaluate_saved`'s per-task rows: the scores now, each task alone as recorded in
     the folder's ``clients.csv`` (NaN without one)."""
-    from privmtl.linear.saved import linear_clients_file
-    from privmtl.per_client import mpmtl_rows, read_rows, with_mpmtl_gain
-
     classification = test.task_type == "classification"
     rows = mpmtl_rows(
         test.task_names, [len(y) for y in train.y], list(test.y), scores, str(meta.get("method")),

@@ -25,8 +25,12 @@ from privmtl.linear.methods import (
     RELATIVE_KEYS,
     linear_method,
 )
+from privmtl.linear.metrics import aauc, nmse, per_task_auc, per_task_mse
+from privmtl.linear.saved import load_linear_models
 from privmtl.linear.selection import expand_grid
 from privmtl.linear.spec import SPEC, resolve_defaults
+from privmtl.privacy.covariance import plan_covariance_releases, signal_to_noise_bound
+from privmtl.privacy.selection import plan_candidates
 
 __all__ = ["MIN_SIGNAL_TO_NOISE", "SweepRuns"]
 
@@ -492,9 +496,6 @@ def _plan_point(
     and ``swamped`` (a lone candidate below the bound: it is run anyway, the grid's
     public default when every candidate is below).
     """
-    from privmtl.privacy.covariance import plan_covariance_releases, signal_to_noise_bound
-    from privmtl.privacy.selection import plan_candidates
-
     delta = float(resolve_defaults(SPEC, n_tasks).delta)  # type: ignore[arg-type]
     acc: dict[str, Any] = {"delta": delta, "accountant": SPEC.accountant, "relation": SPEC.relation}
     defaults = linear_method(method).make().get_params()
@@ -597,8 +598,6 @@ def _candidate_run(
     common: dict[str, Any], epsilon: float | None, point: dict[str, Any]
 ) -> dict[str, Any]:
     """One candidate: the run on the fit parts, its ledger's events and its ``W`` (``coef``)."""
-    from privmtl.linear.saved import load_linear_models
-
     method = common["method"]
     with tempfile.TemporaryDirectory(prefix="privmtl-candidate-") as tmp:
         t = Path(tmp)
@@ -641,8 +640,6 @@ def _task_val_scores(
     Mean squared error (regression) or AUC (classification); NaN without validation samples
     (or with one class only).
     """
-    from privmtl.linear.metrics import per_task_auc, per_task_mse
-
     m, k = len(val), len(coefs)
     out = np.full((m, k), np.nan)
     has = [i for i, (_, yv) in enumerate(val) if yv.size]
@@ -664,7 +661,5 @@ def _per_task_metric(
 ) -> float:
     """The sweep metric of the per-task choice: task ``i`` predicts with ``W_{choices[i]}[:, i]``
     plus that candidate's intercept of task ``i``."""
-    from privmtl.linear.metrics import aauc, nmse
-
     preds = [test.X[i] @ coefs[int(c)][:, i] + offsets[int(c)][i] for i, c in enumerate(choices)]
     return aauc(list(test.y), preds) if classification else nmse(list(test.y), preds)

@@ -46,6 +46,7 @@ from privmtl.experiments.pmtl_steps import (
     _load,
 )
 from privmtl.federated.algorithms import Params
+from privmtl.federated.baseline import local_keys, local_scores, per_client_correct
 from privmtl.federated.end_of_run.finish import (
     AUTO_CANDIDATES,
     AUTO_CLEAR_SIGNAL,
@@ -63,7 +64,6 @@ from privmtl.federated.end_of_run.trained_run import (
     finetune_from_billboard,
     finetune_trained,
 )
-from privmtl.federated.methods import Method
 from privmtl.federated.methods.loading import resolve_method
 from privmtl.federated.models import MODELS, MultinomialLogReg, make_model
 from privmtl.federated.options import RunOptions, split_settings
@@ -79,6 +79,8 @@ from privmtl.federated.report import (
     result_parts,
     scaling_note,
 )
+from privmtl.federated.runner import fit, runs_rounds
+from privmtl.federated.saved import save_models
 from privmtl.federated.spec import (
     DEFAULT_CLIENTS_PER_ROUND,
     DEFAULT_FEDPROX_MU,
@@ -95,6 +97,7 @@ from privmtl.federated.spec import (
 )
 from privmtl.locking import holding_directories
 from privmtl.privacy.ledger import PrivacyLedger
+from privmtl.trust import check_signing_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -138,13 +141,13 @@ FL_METHODS = RUN_METHODS
 def _scores_at_finish(loaded: LoadedRun, request: FinishRequest) -> bool:
     """Whether the end of run scores the trained models while it finishes the clients (one pass
     over the clients' data instead of two): ``finetune="auto"`` of a method the in-process
-    engine runs as it is (:meth:`Method.fit <privmtl.federated.methods.base.Method.fit>`)."""
+    engine runs as it is, round by round (:func:`~privmtl.federated.runner.runs_rounds`)."""
     runner = loaded.method
     return (
         loaded.spec.finetune == "auto"
         and not runner.every_client
         and not request.extra
-        and type(runner).fit is Method.fit
+        and runs_rounds(runner)
     )
 
 
@@ -157,16 +160,18 @@ def _train(
     *,
     score: bool = True,
 ) -> TrainedRun:
-    """Train: the method's ``fit`` with the run's checkpoint and budget; a method that releases
-    nothing reports no noise and every client. ``score=False``: the trained models' scores are
-    left to the end of run (:func:`_scores_at_finish`)."""
+    """Train: the method's run (:func:`~privmtl.federated.runner.fit`) with the run's checkpoint
+    and budget; a method that releases nothing reports no noise and every client.
+    ``score=False``: the trained models' scores are left to the end of run
+    (:func:`_scores_at_finish`)."""
     runner = loaded.method
     options = {
         "local_select": local_select,
         "local_solver": local_solver,
         "local_patience": local_patience,
     }
-    result = runner.fit(
+    result = fit(
+        runner,
         loaded.dataset,
         loaded.net,
         **{k: options[k] for k in runner.fit_options},
@@ -307,8 +312,6 @@ def _baseline(
     client's final model against its own local training, the end of run's ``local`` candidate
     where every client computed it, else trained for :func:`baseline_sample`'s clients; and the
     per-client scores they come from."""
-    from privmtl.federated.baseline import local_keys, local_scores
-
     result, spec = trained.result, loaded.spec
     per_client = finished.per_client or {}
     if "local" in per_client and "final" in per_client:
@@ -338,7 +341,6 @@ def _client_rows(
     model, its test accuracy and its local-only accuracy (NaN outside the baseline's sample).
     The correct predictions are the end of run's or the baseline's where they cover every
     client, else one scoring pass a block of clients at a time."""
-    from privmtl.federated.baseline import per_client_correct
     from privmtl.per_client import pmtl_rows, ratio
 
     ds, m = loaded.dataset, loaded.m
@@ -425,8 +427,6 @@ def _save(
     """Finish's last part, once the report exists (``model.json`` records it): write the
     trained models, the fine-tuned ones as the clients', and the per-client ``rows``
     (:func:`privmtl.federated.saved.save_models`)."""
-    from privmtl.federated.saved import save_models
-
     return str(
         save_models(
             directory,
@@ -570,8 +570,6 @@ def _run(given: dict[str, Any], x: Execution, o: RunOptions) -> dict[str, Any]:
     finetune = given.get("finetune", SPEC.finetune)
     timer = PhaseTimer(PMTL_PHASES)  # the run's wall time starts here
     if x.save_models is not None:  # its model.json is signed: a bad key stops the run now
-        from privmtl.trust import check_signing_key
-
         check_signing_key()
     with timer.phase("setup"):
         own_method, method_source = resolve_method(method)

@@ -14,9 +14,22 @@ import torch
 from privmtl.data.federated import FederatedDataset
 from privmtl.data.registry import load_federated
 from privmtl.exceptions import DataFormatError
-from privmtl.federated.algorithms import Params
+from privmtl.federated.algorithms import BlockScores, Params
+from privmtl.federated.blocks import client_blocks
 from privmtl.federated.methods import method_class
+from privmtl.federated.saved import (
+    build_model,
+    check_params,
+    iter_personalized,
+    load_global,
+    personalized_blocks,
+    read_meta,
+    verified_file,
+)
 from privmtl.federated.spec import RUN_METHODS
+from privmtl.gain import GAIN_LEVEL, gain_interval
+from privmtl.privacy.ledger import check_saved_ledger
+from privmtl.trust import followed_data_path, is_signed
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,15 +70,6 @@ def evaluate_saved(
     its local-only accuracy as the run recorded them in the folder's ``clients.csv`` (blank for a
     folder without one); the same data give the run's rows.
     """
-    from privmtl.federated.saved import (
-        build_model,
-        check_params,
-        iter_personalized,
-        load_global,
-        read_meta,
-    )
-    from privmtl.trust import is_signed
-
     if per_client is not None:
         from privmtl.per_client import check_rows_path
 
@@ -94,7 +98,6 @@ def evaluate_saved(
     )
     acc = scores["own"]
     guarantee = meta.get("guarantee")
-    from privmtl.privacy.ledger import check_saved_ledger
 
     # a recorded path outside the folder is followed only for a folder this user signed (trust)
     record = meta.get("ledger") if is_signed(meta) else None
@@ -141,8 +144,6 @@ def evaluate_saved(
 def _saved_baseline(rows: pd.DataFrame) -> dict[str, Any]:
     """The baseline keys of a reloaded folder: its clients' local-only accuracies recorded at
     training (``clients.csv``) beside their models scored now; none without recorded ones."""
-    from privmtl.gain import GAIN_LEVEL, gain_interval
-
     local = rows["local_test_accuracy"].to_numpy(np.float64)
     has = np.isfinite(local)
     if not has.any():
@@ -179,8 +180,6 @@ def _saved_data(
     """The data a saved run is scored on: its recorded data set, path (followed as
     :func:`~privmtl.trust.followed_data_path` allows), columns and scaling, each replaced by the
     one given; checked to hold the saved models' clients, features and classes."""
-    from privmtl.trust import followed_data_path, is_signed
-
     saved = meta.get("data", {})
     name = data if data is not None else saved.get("data")
     path = followed_data_path(
@@ -215,7 +214,6 @@ def _saved_rows(
 ) -> pd.DataFrame:
     """:func:`evaluate_saved`'s per-client rows: the accuracies scored now (``correct``), the
     kept models and local-only accuracies recorded in the folder's ``clients.csv``."""
-    from privmtl.federated.saved import verified_file
     from privmtl.per_client import pmtl_rows, read_rows
 
     m = ds.n_clients
@@ -251,10 +249,6 @@ def _score_saved(
     (:meth:`~privmtl.data.federated.FederatedDataset.subset`), so one file of models and one
     block's test data are held at once; the sums equal scoring every client at once. Also
     every client's correct test predictions of its own model."""
-    from privmtl.federated.algorithms import BlockScores
-    from privmtl.federated.blocks import client_blocks
-    from privmtl.federated.saved import personalized_blocks
-
     buffers = {n: b.detach() for n, b in net.named_buffers()}
     book = BlockScores(net, buffers, ("test",))
     if personalized:

@@ -41,6 +41,7 @@ from privmtl.federated.spec import (
     RunSpec,
     pmtl_delta,
 )
+from privmtl.federated.user_model import is_factory_spec, load_factory
 from privmtl.privacy.selection import VotePlan, plan_vote
 
 if TYPE_CHECKING:
@@ -283,8 +284,6 @@ def _load(
     method bound to the engine configuration with the target ε calibrated to σ once (with
     ``finetune_select="vote"``, the vote's event reserved: :func:`_vote_plan`). ``timer``
     (the run's) measures the ``data`` and ``setup`` phases."""
-    from privmtl.federated.user_model import is_factory_spec, load_factory
-
     timer = PhaseTimer(PMTL_PHASES) if timer is None else timer
     model = request.model
     with timer.phase("setup"):

@@ -31,7 +31,7 @@ from privmtl._timing import added_phase
 from privmtl._validation import check_choice
 from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING
 from privmtl.data.registry import load_federated
-from privmtl.experiments.pmtl import run_pmtl
+from privmtl.experiments.pmtl import make_model, run_pmtl
 from privmtl.experiments.runlog import RunLog
 from privmtl.experiments.sweep import (
     DEFAULT_VOTE_SHARE,
@@ -44,8 +44,11 @@ from privmtl.experiments.sweep import (
     select_candidates,
     selection_footnote,
 )
+from privmtl.federated.algorithms import client_scores
 from privmtl.federated.methods import method_class
+from privmtl.federated.saved import load_models
 from privmtl.federated.spec import SPEC, default_lam, resolve_clients_per_round
+from privmtl.io import write_json_atomic
 from privmtl.privacy.selection import SELECTION_METHODS
 
 __all__ = ["PMTL_SWEEP_FILES", "plot_rounds", "run_pmtl_sweep", "write_pmtl_sweep"]
@@ -358,10 +361,6 @@ def _client_scores(models_dir: Path, dataset: Any) -> dict[str, list[float]]:
     """Per client: correct predictions and examples on its validation and test splits."""
     import torch
 
-    from privmtl.experiments.pmtl import make_model
-    from privmtl.federated.algorithms import client_scores
-    from privmtl.federated.saved import load_models
-
     meta, glob, pers = load_models(models_dir)
     net = make_model(meta["model"]["name"], dataset, 0)
     buffers = {n: b.detach() for n, b in net.named_buffers()}
@@ -382,8 +381,6 @@ def _client_scores(models_dir: Path, dataset: Any) -> dict[str, list[float]]:
 
 def write_pmtl_sweep(result: dict[str, Any], out_dir: Path, *, title: str) -> list[Path]:
     """CSV + JSON + accuracy-vs-ε PNG + per-round loss/ε PNG into ``out_dir`` (already atomic)."""
-    from privmtl.io import write_json_atomic
-
     files = [
         out_dir / "pmtl_sweep.csv",
         out_dir / "pmtl_sweep.json",

@@ -23,6 +23,8 @@ from torch import nn
 
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.algorithms import BlockScores, Params, block_rows
+from privmtl.federated.blocks import client_blocks
+from privmtl.federated.end_of_run import local as end_of_run_local
 from privmtl.gain import GAIN_LEVEL, describe_gain, gain_interval
 
 __all__ = [
@@ -117,13 +119,12 @@ def local_scores(
     and their test examples (what the per-client rows, :mod:`privmtl.per_client`, read).
     ``final_correct``: every client's correct test predictions and test examples of its final
     model, scored already (the end of run's pass): ``final`` is then not read."""
-    from privmtl.federated.end_of_run.local import train_local
-
     m = dataset.n_clients
     idx = baseline_sample(m, seed)
     part = dataset if len(idx) == m else dataset.subset(idx.tolist())
     if local is None:
-        alone = train_local(
+        # through its module: the mediation audit's mutants replace it there
+        alone = end_of_run_local.train_local(
             part, model, batch_size=batch_size, seed=seed, select="client",
             client_index=idx.tolist(), device=device, solver=solver, patience=patience,
             workers=workers, scores=False,
@@ -181,8 +182,6 @@ def per_client_correct(
     """Every client's correct test predictions and test examples of its model (``params``:
     stacked ``(m, ...)`` when ``personalized``, else one shared model), scored a block of clients
     at a time (:func:`~privmtl.federated.blocks.client_blocks`): no stack beyond ``params``."""
-    from privmtl.federated.blocks import client_blocks
-
     m = dataset.n_clients
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     book = BlockScores(model, buffers, ("test",))

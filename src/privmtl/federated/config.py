@@ -18,7 +18,9 @@ from torch import nn
 
 from privmtl._device import check_device
 from privmtl._validation import check_choice, check_int, check_real
+from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.methods import engine_method_class, method_class
 from privmtl.federated.spec import (
     DEFAULT_HEAD_EPOCHS,
     EXECUTION,
@@ -31,9 +33,9 @@ from privmtl.federated.spec import (
     pmtl_delta,
     resolve_clients_per_round,
     resolve_defaults,
-    train_config,
 )
 from privmtl.federated.train_result import TrainResult
+from privmtl.privacy.calibration import GivenNoise, PrivacyTarget, default_count_noise_std
 
 __all__ = [
     "CLIENT_CHUNK",
@@ -45,6 +47,7 @@ __all__ = [
     "check_param_names",
     "resolve",
     "resolve_config",
+    "train_config",
 ]
 
 SAMPLINGS = ("poisson", "fixed", "all", "cyclic")
@@ -52,12 +55,6 @@ SAMPLINGS = ("poisson", "fixed", "all", "cyclic")
 CLIENT_CHUNK = 8
 """Clients vectorised together in a round (``client_chunk="auto"``) for a model without the
 by-hand logistic step."""
-
-
-def _method_class(name: str) -> Any:
-    from privmtl.federated.methods import method_class
-
-    return method_class(name)
 
 
 @dataclass(frozen=True)
@@ -322,9 +319,7 @@ class TrainConfig:
     adaptive_clip_noise: float | None = SPEC.adaptive_clip_noise
 
     def __post_init__(self) -> None:
-        from privmtl.federated.methods import engine_method_names
-
-        check_choice("method", self.method, engine_method_names())
+        method = engine_method_class(self.method)  # the registry checks the name
         check_int("rounds", self.rounds, low=0)
         if self.clients_per_round is not None:
             check_int("clients_per_round", self.clients_per_round, low=1)
@@ -404,7 +399,7 @@ class TrainConfig:
         if self.adaptive_clip_noise is not None:
             check_real("adaptive_clip_noise", self.adaptive_clip_noise, low=0.0, closed="neither")
         # the options the method takes are its declarations (Method.check_config)
-        _method_class(self.method).check_config(self)
+        method.check_config(self)
 
     @property
     def epochs_mode(self) -> bool:
@@ -424,8 +419,6 @@ class TrainConfig:
     def count_noise_std_for(self, clients_per_round: int) -> float | None:
         """σ_b of adaptive clipping (``adaptive_clip_noise``, or
         :func:`~privmtl.privacy.calibration.default_count_noise_std`); None without it."""
-        from privmtl.privacy.calibration import default_count_noise_std
-
         if self.adaptive_clip_quantile is None:
             return None
         if self.adaptive_clip_noise is not None:
@@ -434,12 +427,12 @@ class TrainConfig:
 
     def method_class(self) -> Any:
         """The registered class of :attr:`method` (:func:`~privmtl.federated.methods.method_class`)."""
-        return _method_class(self.method)
+        return method_class(self.method)
 
     @property
     def is_private(self) -> bool:
         """True when the server release is a Gaussian mechanism (noise > 0 and finite clip)."""
-        return bool(_method_class(self.method).is_private(self))
+        return bool(method_class(self.method).is_private(self))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -490,11 +483,36 @@ class ResolvedRun:
     def privacy(self) -> Any:
         """How the run sets its noise: its :attr:`target`, the σ given
         (:class:`~privmtl.privacy.calibration.GivenNoise`), or None without noise."""
-        from privmtl.privacy.calibration import GivenNoise
-
         if self.target is not None:
             return self.target
         return GivenNoise(self.config.noise_std) if self.config.noise_std > 0 else None
+
+
+def train_config(resolved: RunSpec, **execution: Any) -> TrainConfig:
+    """The engine's :class:`TrainConfig` of a resolved spec
+    (:func:`~privmtl.federated.spec.resolve_defaults`).
+
+    ``execution`` sets the options that change how a run executes, not its result (``batched``,
+    ``progress``, ``threads``, ...). Methods the engine does not have itself (``joint-dp``,
+    ``pp-sgd``, ``local-all``) are configured as ``pmtl``; their trainers read the same fields.
+    The config keeps the target ``epsilon``; ``noise_std`` is 0 until
+    :func:`resolve_config` calibrates it to that target.
+    """
+    delta = resolved.delta
+    if resolved.clients_per_round is None or resolved.lam is None or not isinstance(delta, float):
+        raise InvalidParameterError(
+            "train_config needs a resolved spec (resolve_defaults); got "
+            f"clients_per_round={resolved.clients_per_round!r}, lam={resolved.lam!r}, "
+            f"delta={resolved.delta!r}."
+        )
+    method = method_class(resolved.method)
+    engine = {f.name for f in dataclasses.fields(TrainConfig)}
+    # every setting the engine has, by its name (the spec's fields are the engine's), but
+    # the method the engine runs and σ, whose "not given" is the engine's 0
+    shared = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
+    shared = {k: v for k, v in shared.items() if k in engine}
+    shared.update(method=method.engine_method or method.name, noise_std=resolved.noise_std or 0.0)
+    return TrainConfig(**shared, **execution)
 
 
 def resolve(
@@ -510,7 +528,7 @@ def resolve(
 
     ``settings`` is a :class:`~privmtl.federated.spec.RunSpec` (its data-dependent defaults
     filled in by :func:`~privmtl.federated.spec.resolve_defaults`, then the engine configuration
-    built with ``execution``'s options by :func:`~privmtl.federated.spec.train_config`) or an
+    built with ``execution``'s options by :func:`train_config`) or an
     engine :class:`TrainConfig`. A target ε becomes the run's
     :class:`~privmtl.privacy.calibration.PrivacyTarget` (:func:`_resolve_engine`), which the
     release calibrates itself to. A :class:`ResolvedRun` is refused: it is resolved already.
@@ -575,11 +593,9 @@ def _resolve_engine(
     -------
     (TrainConfig, PrivacyTarget or None)
     """
-    from privmtl.privacy.calibration import PrivacyTarget
-
     m = int(num_clients)
     if method is None or isinstance(method, str):
-        method = _method_class(config.method if method is None else method)
+        method = method_class(config.method if method is None else method)
     q = resolve_clients_per_round(
         config.clients_per_round,
         m,
@@ -614,8 +630,6 @@ def _resolve_engine(
 def check_inputs(dataset: Any, model: Any = None) -> None:
     """Raise InvalidParameterError unless ``dataset`` is a FederatedDataset (and ``model``, when
     given, a ``torch.nn.Module``): the shared guard of every federated training entry point."""
-    from privmtl.data.federated import FederatedDataset
-
     if not isinstance(dataset, FederatedDataset):
         raise InvalidParameterError(
             f"The 'dataset' parameter must be a FederatedDataset; got {type(dataset).__name__}."

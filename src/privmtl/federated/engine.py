@@ -45,6 +45,7 @@ from privmtl.federated.algorithms import Params
 from privmtl.federated.client import ProxStep, local_sgd_batched
 from privmtl.federated.config import TrainConfig, TrainResult
 from privmtl.federated.gradients import StepFn, make_step_fn
+from privmtl.federated.trainer import Trainer
 from privmtl.privacy.release import clipped_mean
 
 __all__ = ["aggregate_batched", "local_train_batched", "make_step_fn", "train"]
@@ -115,8 +116,6 @@ def train(
     -------
     TrainResult
     """
-    from privmtl.federated.trainer import Trainer
-
     run.setdefault("on_budget", "raise")
     trainer = Trainer(dataset, model, config, sampler=sampler, ledger=ledger, **run)
     return trainer.run()

@@ -39,6 +39,7 @@ from torch import nn
 
 from privmtl._validation import check_choice, check_int
 from privmtl.exceptions import InvalidParameterError
+from privmtl.federated.user_model import is_factory_spec, load_factory
 
 if TYPE_CHECKING:
     from privmtl.data.federated import FederatedDataset
@@ -245,8 +246,6 @@ def make_model(
     ``seed``) and must return a :class:`torch.nn.Module` mapping ``(batch, n_features)`` float
     inputs to ``(batch, n_classes)`` logits; one dummy forward pass checks it before training.
     """
-    from privmtl.federated.user_model import is_factory_spec, load_factory
-
     torch.manual_seed(seed)
     if factory is not None or is_factory_spec(name):
         user = factory if factory is not None else load_factory(name)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from privmtl.federated.algorithms import Params
+from privmtl.federated.client import ProxStep, local_sgd_reference
 
 __all__ = ["aggregate_reference", "local_train_reference"]
 
@@ -41,8 +42,6 @@ def local_train_reference(
     Returns the final parameters of every client and its mean minibatch loss (data term only,
     measured before each step; NaN for a client without steps).
     """
-    from privmtl.federated.client import ProxStep, local_sgd_reference
-
     if not starts:
         return [], []
     stacked = {n: torch.stack([s[n] for s in starts]) for n in starts[0]}

@@ -65,7 +65,9 @@ from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.algorithms import block_rows
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.client_models import ClientModels
+from privmtl.federated.models import MODELS, FemnistCNN, MultinomialLogReg
 from privmtl.federated.spec import SPEC
+from privmtl.federated.user_model import factory_from_record, is_factory_spec, load_factory
 from privmtl.io import StagedFolder, read_json, staged_folder
 from privmtl.trust import check_signing_key, folder_file, is_signed, sign, untrusted_code
 
@@ -184,6 +186,7 @@ def _save_files(
     if pers is not None:
         files.update(_save_personalized(staged, pers, len(result.client_ids), hashes))
     if clients is not None:
+        # the rows' module loads pandas: only a run that writes per-client rows pays for it
         from privmtl.per_client import CLIENTS_FILE, encode_rows
 
         rows = encode_rows(clients, CLIENTS_FILE)
@@ -650,9 +653,6 @@ def build_model(
         Code this user did not sign and did not allow, a recorded source that was changed, a
         named factory whose source differs from the recorded one.
     """
-    from privmtl.federated.models import MODELS, FemnistCNN, MultinomialLogReg
-    from privmtl.federated.user_model import factory_from_record, is_factory_spec, load_factory
-
     spec = meta["model"]
     name, d, c = str(spec["name"]), int(spec["n_features"]), int(spec["n_classes"])
     notes: list[str] = []

@@ -25,7 +25,7 @@ function that fills them in:
 The resolved spec is what a run reports under ``config`` in its JSON result
 (:meth:`RunSpec.to_dict`). The engine's low-level :class:`~privmtl.federated.config.TrainConfig`
 keeps its own neutral defaults; a run builds it from a resolved spec with
-:func:`train_config`.
+:func:`~privmtl.federated.config.train_config`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from privmtl._device import DEFAULT_DEVICE
-from privmtl._validation import ROUND_BYTES, Interval, Options, check_memory, validate_params
+from privmtl._validation import (
+    ROUND_BYTES,
+    Interval,
+    Options,
+    check_choice,
+    check_int,
+    check_memory,
+    validate_params,
+)
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.methods import RUN_METHODS, MethodName, method_class
 from privmtl.federated.methods.base import DEFAULT_LAM_NONPRIVATE, DEFAULT_LAM_PRIVATE
@@ -72,7 +80,6 @@ __all__ = [
     "resolve_clients_per_round",
     "resolve_defaults",
     "resolve_personal_init",
-    "train_config",
 ]
 
 SERVER_UPDATES = ("ditto", "offset", "delta")
@@ -109,8 +116,6 @@ def check_participation(sampling: str, groups: int, noise_mechanism: str) -> Non
     ``groups`` (an integer >= 1) other than 1 needs ``sampling="cyclic"``;
     ``noise_mechanism="banded"`` needs ``sampling`` ``"all"`` or ``"cyclic"`` (the participation
     patterns its sensitivity is computed for)."""
-    from privmtl._validation import check_choice, check_int
-
     check_int("groups", groups, low=1)
     check_choice("noise_mechanism", noise_mechanism, NOISE_MECHANISMS)
     if groups != 1 and sampling != "cyclic":
@@ -506,31 +511,3 @@ def resolve_defaults(
         groups=1 if q == m else spec.groups,
         personal_init=personal_init,
     )
-
-
-def train_config(resolved: RunSpec, **execution: Any) -> Any:
-    """The engine's :class:`~privmtl.federated.config.TrainConfig` of a resolved spec.
-
-    ``execution`` sets the options that change how a run executes, not its result (``batched``,
-    ``progress``, ``threads``, ...). Methods the engine does not have itself (``joint-dp``,
-    ``pp-sgd``, ``local-all``) are configured as ``pmtl``; their trainers read the same fields.
-    The config keeps the target ``epsilon``; ``noise_std`` is 0 until
-    :func:`~privmtl.federated.config.resolve_config` calibrates it to that target.
-    """
-    from privmtl.federated.config import TrainConfig
-
-    delta = resolved.delta
-    if resolved.clients_per_round is None or resolved.lam is None or not isinstance(delta, float):
-        raise InvalidParameterError(
-            "train_config needs a resolved spec (resolve_defaults); got "
-            f"clients_per_round={resolved.clients_per_round!r}, lam={resolved.lam!r}, "
-            f"delta={resolved.delta!r}."
-        )
-    method = method_class(resolved.method)
-    engine = {f.name for f in dataclasses.fields(TrainConfig)}
-    # every setting the engine has, by its name (the spec's fields are the engine's), but
-    # the method the engine runs and σ, whose "not given" is the engine's 0
-    shared = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
-    shared = {k: v for k, v in shared.items() if k in engine}
-    shared.update(method=method.engine_method or method.name, noise_std=resolved.noise_std or 0.0)
-    return TrainConfig(**shared, **execution)

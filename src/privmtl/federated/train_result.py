@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from privmtl.federated.client_models import ClientModels
+from privmtl.privacy.guarantee import PrivacyGuarantee
 
 if TYPE_CHECKING:
     from privmtl.federated.config import TrainConfig
@@ -92,8 +93,6 @@ class TrainResult:
         source; ``notion`` is billboard privacy (joint DP of the personalized models). ``local``
         has ε = 0 towards the others; a run without noise is non-private (ε = ∞).
         """
-        from privmtl.privacy.guarantee import PrivacyGuarantee
-
         method = self.config.method_class()
         if not method.communicates:
             return PrivacyGuarantee(

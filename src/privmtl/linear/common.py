@@ -14,10 +14,13 @@ from numpy.typing import ArrayLike, NDArray
 from sklearn.base import BaseEstimator
 
 from privmtl._validation import check_choice
+from privmtl.data.multitask import MultiTaskDataset
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.local import local_ridge
-from privmtl.linear.losses import LOSSES, TaskBatch, task_lipschitz
+from privmtl.linear.losses import LOSSES, TaskBatch, lipschitz, task_lipschitz
+from privmtl.linear.metrics import aauc, nmse, r2
 from privmtl.privacy.delta import user_data_delta
+from privmtl.privacy.mechanisms import clip_columns
 
 __all__ = [
     "PAPER_DELTA",
@@ -77,8 +80,6 @@ def check_tasks(
     :class:`~privmtl.data.MultiTaskDataset` (its targets are used when ``ys`` is None); with
     ``need_y`` the targets are required; with ``loss="logistic"`` they must be 0/1 labels.
     """
-    from privmtl.data.multitask import MultiTaskDataset
-
     if isinstance(Xs, MultiTaskDataset):
         if ys is None:
             ys = Xs.y
@@ -129,8 +130,6 @@ def check_tasks(
 
 
 def _clip_columns(W: FloatArray, bound: float) -> FloatArray:
-    from privmtl.privacy.mechanisms import clip_columns
-
     return np.asarray(clip_columns(W, bound), dtype=np.float64)
 
 
@@ -210,8 +209,6 @@ def task_steps(
     DataFormatError
         If a task's constant is zero (all its features are zero) or not finite.
     """
-    from privmtl.linear.losses import lipschitz
-
     kind: Any = prepared.loss
     lips = np.array([lipschitz(kind, X, mu=mu) for X in prepared.Xl], dtype=np.float64)
     bad = np.flatnonzero(~(np.isfinite(lips) & (lips > 0)))
@@ -282,8 +279,6 @@ class _LinearMTLMixin:
         (lower is better) is :meth:`paper_score`. ``Xs`` may be a
         :class:`~privmtl.data.MultiTaskDataset` (then ``ys`` defaults to its targets).
         """
-        from privmtl.linear.metrics import aauc, r2
-
         yl, scores = self._targets_and_scores(Xs, ys)
         if self._is_classifier():
             return float(aauc(yl, scores))
@@ -295,8 +290,6 @@ class _LinearMTLMixin:
         See :func:`privmtl.linear.metrics.nmse` (global pooling) and
         :func:`privmtl.linear.metrics.aauc`; :meth:`score` is the higher-is-better form.
         """
-        from privmtl.linear.metrics import aauc, nmse
-
         yl, scores = self._targets_and_scores(Xs, ys)
         if self._is_classifier():
             return float(aauc(yl, scores))

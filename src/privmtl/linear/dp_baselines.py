@@ -78,6 +78,13 @@ from privmtl.linear.local import local_ridge
 from privmtl.linear.losses import LOSSES, TaskBatch
 from privmtl.linear.methods import DPMTRLMethod
 from privmtl.linear.spec import spec_constraints
+from privmtl.privacy.composition import (
+    allocate_budgets,
+    composition_bound,
+    ip_to_mp,
+    mp_budget_for_ip,
+)
+from privmtl.privacy.guarantee import PrivacyGuarantee
 from privmtl.privacy.mechanisms import sample_l2_laplace
 
 __all__ = [
@@ -109,8 +116,6 @@ def _budgets(
     epsilon: float, delta: float | str | None, m: int, n_max: int
 ) -> tuple[float, float, float, float]:
     """MP target (ε, δ) and the IP budget (ε/n, δ/(n e^ε)) of Prop. 3."""
-    from privmtl.privacy.composition import mp_budget_for_ip
-
     dlt = resolve_delta(delta, m)
     eps_ip, delta_ip = mp_budget_for_ip(epsilon, dlt, n_max)
     return epsilon, dlt, eps_ip, delta_ip
@@ -127,9 +132,6 @@ def _guarantees(
     not_covered: tuple[str, ...] = (NOT_COVERED_GROUP_FACTOR,),
 ) -> tuple[Any, Any]:
     """(MP-MTL guarantee via group privacy, IP-MTL guarantee) of T pure-ε releases."""
-    from privmtl.privacy.composition import composition_bound, ip_to_mp
-    from privmtl.privacy.guarantee import PrivacyGuarantee
-
     eps_ip = composition_bound(eps_t, delta_ip) if len(eps_t) > 1 else float(eps_t[0])
     dlt_ip = delta_ip if len(eps_t) > 1 else 0.0
     eps_mp, dlt_mp = ip_to_mp(eps_ip, dlt_ip, n_max)
@@ -284,8 +286,6 @@ class DPMTRL(_IPBase):
         eps_t: FloatArray | None = None
         delta_ip = 0.0
         if eps is not None:
-            from privmtl.privacy.composition import allocate_budgets
-
             _, _, eps_ip, delta_ip = _budgets(eps, dlt, m, n_max)
             eps_t = (
                 np.array([eps_ip])
@@ -345,8 +345,6 @@ class DPMTRL(_IPBase):
         self.n_iter_ = T
         self.n_features_in_ = d
         if eps_t is None:
-            from privmtl.privacy.guarantee import PrivacyGuarantee
-
             self.privacy_ = PrivacyGuarantee.non_private(
                 notion=GROUP_PRIVACY_NOTION, relation="replace-one", sampling="all"
             )
@@ -481,8 +479,6 @@ class DPAGGR(_IPBase):
                 not_covered=(NOT_COVERED_GROUP_FACTOR, NOT_COVERED_AGGR_SCALE),
             )
         else:
-            from privmtl.privacy.guarantee import PrivacyGuarantee
-
             self.privacy_ = PrivacyGuarantee.non_private(
                 notion=GROUP_PRIVACY_NOTION, relation="replace-one", sampling="all"
             )

@@ -58,7 +58,9 @@ from privmtl.linear.mpmtl_protocol import (
 )
 from privmtl.linear.spec import SPEC, MPMTLSpec, spec_constraints
 from privmtl.privacy.calibration import PrivacyTarget
-from privmtl.privacy.covariance import cached_covariance_plan, task_covariance_clip
+from privmtl.privacy.composition import allocation_weights
+from privmtl.privacy.covariance import cached_covariance_plan, eigen_shift, task_covariance_clip
+from privmtl.privacy.guarantee import PrivacyGuarantee
 from privmtl.privacy.ledger import PrivacyLedger, warn_budget_stop
 from privmtl.privacy.noise import NoiseSource, NumpySeededNoise, SecureNoise
 from privmtl.privacy.selection import VOTE_MECHANISM
@@ -354,8 +356,6 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
 
         inst_eps = None
         if p["instance_epsilon"] is not None:
-            from privmtl.privacy.composition import allocation_weights
-
             w = allocation_weights(T, strategy=p["allocation"], alpha=alpha, Q=Q)
             inst_eps = np.asarray(p["instance_epsilon"] * w / float(w.sum()), dtype=np.float64)
 
@@ -596,8 +596,6 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
     def _eigen_shift(schedule: Any, t: int, fix: str, dim: int) -> float | None:
         """Shift of the PSD fix ``fix`` for release ``t`` (one home: :func:`~privmtl.privacy.
         covariance.eigen_shift`; ``dim`` is the released matrix's dimension)."""
-        from privmtl.privacy.covariance import eigen_shift
-
         return eigen_shift(schedule.noise, schedule.per_release[t], dim, fix, schedule.shift_scale)
 
     def _guarantee(
@@ -667,7 +665,6 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
     def _instance_guarantee(self, p: dict[str, Any], inst_eps: FloatArray | None) -> Any:
         if p["instance_epsilon"] is None or inst_eps is None:
             return None
-        from privmtl.privacy.guarantee import PrivacyGuarantee
 
         return PrivacyGuarantee(
             epsilon=float(p["instance_epsilon"]),

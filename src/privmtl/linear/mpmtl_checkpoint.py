@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from privmtl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from privmtl.exceptions import InvalidParameterError
 from privmtl.io import arrays_sha256
 from privmtl.linear.common import (
@@ -108,7 +109,6 @@ class _Checkpointer:
         }
         if est.checkpoint_dir is None:
             return cls(None, config={}, ledger_kw=ledger_kw, **common)
-        from privmtl.checkpoint import has_checkpoint
 
         directory = Path(est.checkpoint_dir)
         params = {
@@ -150,7 +150,6 @@ class _Checkpointer:
         """
         if self.directory is None:
             return None
-        from privmtl.checkpoint import has_checkpoint, load_checkpoint
 
         state: MPMTLState | None = None
         seen = None
@@ -179,7 +178,6 @@ class _Checkpointer:
         """Write the checkpoint of ``state`` (atomic), unless it was just written."""
         if self.directory is None or self._saved_at == state.iteration:
             return
-        from privmtl.checkpoint import save_checkpoint
 
         save_checkpoint(
             self.directory,

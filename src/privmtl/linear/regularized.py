@@ -32,6 +32,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from privmtl._validation import Boolean, Interval, Options, validate_params
+from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.common import PreparedTasks, _LinearMTLBase
 from privmtl.linear.losses import LOSSES
 from privmtl.linear.prox import PENALTIES, Penalty
@@ -87,8 +88,6 @@ class _PenalizedMTL(_LinearMTLBase):
         if solver == "auto":
             solver = "admm" if p["loss"] == "squared" else "proximal-gradient"
         if solver == "admm" and p["loss"] != "squared":
-            from privmtl.exceptions import InvalidParameterError
-
             raise InvalidParameterError(
                 "The 'solver' parameter 'admm' needs loss='squared'; got loss="
                 f"{p['loss']!r} (use solver='auto' or 'proximal-gradient')."

@@ -42,6 +42,7 @@ import numpy as np
 
 from privmtl.exceptions import DataFormatError
 from privmtl.io import read_json, staged_folder
+from privmtl.per_client import CLIENTS_FILE, encode_rows
 from privmtl.trust import check_signing_key, folder_file, sign
 
 __all__ = [
@@ -73,8 +74,6 @@ def save_linear_models(
         }
         extra: dict[str, Any] = {}
         if clients is not None:
-            from privmtl.per_client import CLIENTS_FILE, encode_rows
-
             rows = encode_rows(clients, CLIENTS_FILE)
             hashes[CLIENTS_FILE] = staged.write(CLIENTS_FILE, lambda fh: fh.write(rows))
             extra["clients"] = {"file": CLIENTS_FILE}

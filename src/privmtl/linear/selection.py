@@ -42,6 +42,8 @@ from sklearn.base import BaseEstimator
 from privmtl._validation import check_choice, check_int, check_rng
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.linear.common import _LinearMTLMixin, check_tasks
+from privmtl.linear.local import task_fold_ids
+from privmtl.linear.losses import TaskBatch
 from privmtl.linear.methods import (
     DEFAULT_GRIDS,
     ISOLATED_METHODS,
@@ -472,9 +474,6 @@ class PerTaskSelected(_LinearMTLMixin, BaseEstimator):  # type: ignore[misc]
 
     def fit(self, Xs: Any, ys: Sequence[ArrayLike] | None = None) -> PerTaskSelected:
         """Select every task's point on its own folds, then fit."""
-        from privmtl.linear.local import task_fold_ids
-        from privmtl.linear.losses import TaskBatch
-
         check_choice("method", self.method, method_names(isolated=True))
         k = check_int("n_splits", self.n_splits, low=2)
         seed = check_int("random_state", self.random_state, low=0)

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 from privmtl._validation import Interval, Options, validate_params
 from privmtl.exceptions import InvalidParameterError
-from privmtl.linear.common import PAPER_DELTA
+from privmtl.linear.common import PAPER_DELTA, resolve_delta
 from privmtl.linear.eigen_floor import FLOOR_VOTE, POWER_AUTO
 from privmtl.linear.methods import (
     DEFAULT_ITERATIONS,
@@ -48,6 +48,7 @@ from privmtl.linear.methods import (
 )
 from privmtl.linear.selection import FINAL_STEPS
 from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
+from privmtl.privacy.delta import check_delta
 from privmtl.privacy.guarantee import DEFAULT_ACCOUNTANT, DEFAULT_RELATION, RELATIONS
 from privmtl.privacy.noise import NOISE_SOURCES
 
@@ -225,9 +226,6 @@ def resolve_defaults(spec: MPMTLSpec, data: Any) -> MPMTLSpec:
     ⇒ itself, checked by :func:`~privmtl.privacy.delta.check_delta` (a warning when ≥ 1/m).
     ``iterations`` stays as given (None: the method's, see :func:`default_iterations`).
     """
-    from privmtl.linear.common import resolve_delta
-    from privmtl.privacy.delta import check_delta
-
     m = int(data if isinstance(data, Integral) else data.n_tasks)
     delta = spec.delta
     if delta is None or isinstance(delta, str):

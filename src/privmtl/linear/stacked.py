@@ -29,6 +29,8 @@ from numpy.typing import ArrayLike, NDArray
 from sklearn.base import BaseEstimator, clone
 
 from privmtl.exceptions import DataFormatError
+from privmtl.linear.common import check_tasks
+from privmtl.linear.metrics import aauc, nmse, r2
 
 __all__ = ["StackedTasks", "stack_tasks"]
 
@@ -44,8 +46,6 @@ def stack_tasks(Xs: Any, ys: Any = None) -> tuple[FloatArray, FloatArray | None]
     block of consecutive rows, such as one of scikit-learn's default ``KFold`` folds, holds about
     the same share of every task.
     """
-    from privmtl.linear.common import check_tasks
-
     Xl, yl = check_tasks(Xs, ys)
     X = np.vstack([np.column_stack([np.full(x.shape[0], float(i)), x]) for i, x in enumerate(Xl)])
     where = np.concatenate([(np.arange(x.shape[0]) + 0.5) / x.shape[0] for x in Xl])
@@ -154,14 +154,10 @@ class StackedTasks(BaseEstimator):  # type: ignore[misc]
 
     def score(self, X: ArrayLike, y: ArrayLike) -> float:
         """Pooled R² (regression) or average per-task AUC (classification): higher is better."""
-        from privmtl.linear.metrics import aauc, r2
-
         yl, sl, clf = self._per_task(X, y)
         return float(aauc(yl, sl) if clf else r2(yl, sl))
 
     def paper_score(self, X: ArrayLike, y: ArrayLike) -> float:
         """nMSE (regression, lower is better) or average per-task AUC (classification)."""
-        from privmtl.linear.metrics import aauc, nmse
-
         yl, sl, clf = self._per_task(X, y)
         return float(aauc(yl, sl) if clf else nmse(yl, sl))

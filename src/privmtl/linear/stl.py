@@ -17,7 +17,8 @@ from numpy.typing import ArrayLike, NDArray
 
 from privmtl._validation import Interval, Options, validate_params
 from privmtl.linear.common import PreparedTasks, _LinearMTLBase
-from privmtl.linear.losses import LOSSES
+from privmtl.linear.local import select_ridge_per_task
+from privmtl.linear.losses import LOSSES, loss_grad, loss_value
 from privmtl.linear.prox import PENALTIES
 from privmtl.linear.solvers import duality_gap
 
@@ -44,7 +45,6 @@ def _ridge_stl(
             else:
                 W[:, i] = np.linalg.solve(X.T @ X / n + lam * np.eye(d), X.T @ y / n)
         return W, 1, True
-    from privmtl.linear.losses import loss_grad, loss_value
 
     n_iter, ok = 0, True
     for i, (X, y) in enumerate(zip(tasks.Xl, tasks.yl, strict=True)):
@@ -129,8 +129,6 @@ class STLRidge(_LinearMTLBase):
         p = validate_params(self)
         tasks = self._prepare_fit(Xs, ys)
         if p["lam"] == "cv":
-            from privmtl.linear.local import select_ridge_per_task
-
             lams = select_ridge_per_task(tasks.batch, self.loss)
         else:
             lams = np.full(tasks.m, float(p["lam"]))

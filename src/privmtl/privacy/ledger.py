@@ -89,6 +89,7 @@ from dp_accounting import dp_event as dpe
 
 from privmtl._validation import check_real
 from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError, PrivmtlWarning
+from privmtl.locking import check_held
 from privmtl.privacy.accounting import (
     TIGHT_ACCOUNTANTS,
     _check,
@@ -109,6 +110,7 @@ from privmtl.privacy.ledger_format import (
     _scan_ledger,
     check_event_dict,
 )
+from privmtl.trust import user_key
 
 __all__ = [
     "LEDGER_FORMAT",
@@ -267,8 +269,6 @@ class PrivacyLedger:
 
     def _append(self, entry: dict[str, Any]) -> None:
         assert self.path is not None
-        from privmtl.locking import check_held
-        from privmtl.trust import user_key
 
         check_held(self.path.parent)  # a run whose directory lock was taken from it stops here
         row = json.loads(json.dumps(entry))  # as a reader parses it: what the MAC covers

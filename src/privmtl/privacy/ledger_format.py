@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from privmtl.exceptions import InvalidParameterError
+from privmtl.trust import user_key
 
 __all__ = [
     "LEDGER_FORMAT",
@@ -149,8 +150,6 @@ def _parse_line(p: Path, i: int, line: bytes) -> dict[str, Any]:
 def _scan_ledger(path: str | os.PathLike[str], *, repair: bool) -> _Scan:
     """The lines of a ledger file, their digests (what :meth:`PrivacyLedger.check_seen`
     compares), whether the MAC chain verifies and whether the file is complete (module doc)."""
-    from privmtl.trust import user_key
-
     p = Path(path)
     if p.is_dir():
         p = p / "ledger.jsonl"

@@ -89,6 +89,7 @@ from privmtl.privacy.calibration import (
     noise_std_for,
 )
 from privmtl.privacy.curator import ReleaseCurator
+from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.matrix_factorization import (
     BandedNoise,
     BandedStrategy,
@@ -598,7 +599,6 @@ class GaussianMeanRelease:
                 event, release_id=release_id, round=round, mechanism=kind, params=params
             )
             return eps, event
-        from privmtl.privacy.ledger import PrivacyLedger
 
         if not isinstance(ledger, PrivacyLedger):  # a stand-in with record(event, round=...)
             return float(ledger.record(event, round=round)), event

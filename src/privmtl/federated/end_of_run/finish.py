@@ -46,9 +46,10 @@ from privmtl._progress import Progress
 from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import BlockScores, Params, block_rows
+from privmtl.federated.algorithms import BlockScores, Params, block_rows, client_scores
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks, concurrent_blocks
 from privmtl.federated.client_models import ClientModels
+from privmtl.federated.end_of_run import local as end_of_run_local
 from privmtl.federated.end_of_run.final_models import (
     FINAL_MODEL_WORDS,
     describe_final_models,
@@ -57,6 +58,9 @@ from privmtl.federated.end_of_run.final_models import (
     stack_trained,
 )
 from privmtl.federated.end_of_run.finetune import FINETUNE_METHODS as _FINETUNE_RULES
+from privmtl.federated.end_of_run.finetune import check_client_index
+from privmtl.federated.end_of_run.finetune import finetune as finetune_models
+from privmtl.federated.end_of_run.local import LOCAL_SOLVERS, select_per_client
 from privmtl.federated.end_of_run.plan import (
     AUTO_CANDIDATES,
     AUTO_CLEAR_SIGNAL,
@@ -86,6 +90,7 @@ from privmtl.federated.end_of_run.plan import (
     vote_candidates,
     vote_voters,
 )
+from privmtl.privacy.selection import client_vote_shares
 
 __all__ = [
     "AUTO_CANDIDATES",
@@ -271,8 +276,6 @@ def finish_pass(
     on_block : callable, optional
         Called with every block's positions and final models (:data:`BlockSink`).
     """
-    from privmtl.federated.end_of_run.local import LOCAL_SOLVERS
-
     o = options
     check_choice("finetune", o.finetune, ("none", "auto", *_FINETUNE_RULES))
     check_choice("local_solver", o.local_solver, LOCAL_SOLVERS)
@@ -450,8 +453,6 @@ def _finish_all(
     ``workers`` at a time; the clients' choices, not their models. Without a sink a block's
     models are dropped where they were computed (a worker process sends back its scores and
     choices only)."""
-    from privmtl.federated.end_of_run.finetune import check_client_index
-
     m = dataset.n_clients
     if m <= block:  # one block: a network's grids use the workers inside it
         fin = _finish_block(
@@ -522,9 +523,6 @@ def _finish_block(
     """:func:`finish_clients` of the clients of ``dataset`` at once (one block); ``only``: every
     client takes this candidate of :func:`vote_candidates` (the vote's winner); ``workers``: the
     threads of a network's grids (:func:`~privmtl.federated.end_of_run.local.train_local`)."""
-    from privmtl.federated.end_of_run.finetune import finetune as finetune_models
-    from privmtl.federated.end_of_run.local import select_per_client
-
     if finetune == "none":
         return ClientFinish({n: p.clone() for n, p in trained.items()})
     if finetune != "auto":
@@ -583,8 +581,6 @@ class _Candidates:
     workers: int = 1
 
     def __call__(self, name: str) -> Params:
-        from privmtl.federated.end_of_run.local import train_local
-
         if name == "trained":
             return self.trained
         kw: dict[str, Any] = {
@@ -600,7 +596,8 @@ class _Candidates:
             "on_clients": lambda k: self.bar.update(k, candidate=name),
         }
         if name == "local":
-            alone = train_local(self.dataset, self.model, **kw)
+            # through its module: the mediation audit's mutants replace it there
+            alone = end_of_run_local.train_local(self.dataset, self.model, **kw)
             self.grids["local_grid"] = alone.extra["local_selection"]["grid"]
             assert alone.personalized_params is not None
             return alone.personalized_params
@@ -613,7 +610,7 @@ class _Candidates:
         # fine-tuning a trained billboard takes SGD's small steps (Adam's grid trains from scratch)
         if kw["solver"] == "adam":
             kw["solver"] = "sgd"
-        tuned = train_local(self.dataset, begin, **{**grid, **point}, **kw)
+        tuned = end_of_run_local.train_local(self.dataset, begin, **{**grid, **point}, **kw)
         self.grids["billboard_grid"] = (
             [list(g) for g in _grid_of(grid, kw["solver"])]  # the whole public grid
             if point
@@ -645,10 +642,6 @@ def _vote_shares(
     validation split: correct predictions of each candidate, a client without validation data
     (or with a diverged candidate only) abstaining; a block of the ``voters`` (positions) at a
     time, ``workers`` blocks at once, every other client abstaining."""
-    from privmtl.federated.algorithms import client_scores
-    from privmtl.federated.end_of_run.finetune import check_client_index
-    from privmtl.privacy.selection import client_vote_shares
-
     m = dataset.n_clients
     index = check_client_index(client_index, m)
     buffers = {n: b.detach() for n, b in model.named_buffers()}

@@ -16,6 +16,8 @@ from torch import nn
 from privmtl._validation import check_choice, check_int
 from privmtl.federated.algorithms import Params
 from privmtl.federated.blocks import END_OF_RUN_BLOCK
+from privmtl.federated.end_of_run.local import LOCAL_SOLVER_CHOICES
+from privmtl.federated.models import MultinomialLogReg
 from privmtl.privacy.release import billboard_carries_signal, billboard_noise_and_bound
 
 __all__ = [
@@ -207,8 +209,6 @@ def resolve_finetune_select(
     and a target ``epsilon`` for the vote to take its share of — and ``"client"`` otherwise
     (the vote's plan may still decline to hold it, :func:`~privmtl.privacy.selection.plan_vote`:
     then every client chooses). Any other value is returned as given. Public parameters only."""
-    from privmtl.federated.models import MultinomialLogReg
-
     check_choice("finetune_select", select, (*FINETUNE_SELECT_CHOICES, "pooled"))
     if select != "auto":
         return select
@@ -235,9 +235,6 @@ def resolve_local_solver(
     tenth of the SGD grid's epochs, with the same accuracy on FEMNIST's writers:
     ``benchmarks/results/end_of_run_cnn.md``), unless ``patience`` is given (early stopping
     stops the SGD grid). Any other value is returned as given."""
-    from privmtl.federated.end_of_run.local import LOCAL_SOLVER_CHOICES
-    from privmtl.federated.models import MultinomialLogReg
-
     check_choice("local_solver", solver, LOCAL_SOLVER_CHOICES)
     if solver != "auto":
         return solver

@@ -19,6 +19,8 @@ from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
 from privmtl.federated.algorithms import Params
 from privmtl.federated.client_models import SpilledModels
 from privmtl.federated.config import TrainResult
+from privmtl.federated.end_of_run import finetune_selection
+from privmtl.federated.end_of_run import local as end_of_run_local
 from privmtl.federated.end_of_run.final_models import stack_trained
 from privmtl.federated.end_of_run.finish import FinishOptions, finish_pass
 from privmtl.federated.end_of_run.plan import (
@@ -65,11 +67,10 @@ def finetune_from_billboard(
     """Every client fine-tunes from the billboard: ``train_local`` started at the global model."""
     import copy
 
-    from privmtl.federated.end_of_run.local import train_local
-
     start = copy.deepcopy(net)
     start.load_state_dict({**start.state_dict(), **result.global_params})
-    tuned = train_local(
+    # through its module: the mediation audit's mutants replace it there
+    tuned = end_of_run_local.train_local(
         ds, start, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select, seed=seed,
         device=result.config.device,
     )  # fmt: skip
@@ -244,13 +245,12 @@ def finetune_trained(
     on its own validation split. Without a grid the clients are finished and scored in one pass
     (:func:`~privmtl.federated.end_of_run.finish.finish_pass`): ``_params`` are spilled to disk
     block by block, or None with ``keep_models=False``."""
-    from privmtl.federated.end_of_run.finetune_selection import finetune_select
-
     start = "personalized" if result.personalized_params is not None else "global"
     extra: dict[str, Any] = {}
     params: Params | None
     if grid is not None:
-        params, acc, sel = finetune_select(
+        # through its module: the mediation audit's mutants replace it there
+        params, acc, sel = finetune_selection.finetune_select(
             result,
             ds,
             net,

@@ -24,7 +24,8 @@ fedrep        (w̃, its own head)   head, then w̃'s part   φ − w̃ (φ = rep
 v − w̃ for a copy v of w̃ trained on the same minibatches with ProxStep(0). ``local-all`` (every
 client trains alone, :func:`~privmtl.federated.end_of_run.local.train_local`) and ``clusters`` (one billboard
 per fixed cluster, :func:`~privmtl.federated.clusters.train_clusters`) are whole runs of their
-own (:meth:`~privmtl.federated.methods.base.Method.fit`).
+own, which the runner above the backends runs (:func:`~privmtl.federated.runner.fit`): the
+methods import no backend.
 
 Your own method: subclass :class:`~privmtl.federated.methods.base.Method` and pass the class (or
 an instance) as ``run_pmtl(method=...)``, or ``privmtl pmtl --method FILE.py:NAME``; it runs
@@ -59,6 +60,7 @@ __all__ = [
     "Method",
     "MethodName",
     "TrainFn",
+    "engine_method_class",
     "engine_method_names",
     "get_method",
     "method_class",
@@ -118,6 +120,13 @@ def register_method(method: type[Method] | Method) -> type[Method]:
         )
     _OWN[name] = method
     return cls
+
+
+def engine_method_class(name: str) -> type[Method]:
+    """The class of engine method ``name`` (``TrainConfig.method``), the name checked against
+    :func:`engine_method_names`."""
+    check_choice("method", name, engine_method_names())
+    return method_class(name)
 
 
 def method_class(name: str) -> type[Method]:

@@ -28,8 +28,7 @@ from privmtl.federated.client_models import StoredModels
 from privmtl.federated.store import ClientStore
 
 if TYPE_CHECKING:
-    from privmtl.data.federated import FederatedDataset
-    from privmtl.federated.config import ResolvedRun, TrainConfig, TrainResult
+    from privmtl.federated.config import ResolvedRun, TrainConfig
 
 __all__ = [
     "DEFAULT_LAM_NONPRIVATE",
@@ -144,6 +143,13 @@ class Method:
     gathers the sampled clients' rows, :meth:`keep` scatters their new ones and :meth:`outputs`
     materializes them at the end of the run. Only the clients written hold rows of their own, so
     a method never holds ``(m, ...)`` state for clients that were never sampled.
+
+    Whole run
+    ---------
+    A method imports no backend: :func:`privmtl.federated.runner.fit` runs it (the in-process
+    backend round by round, or the whole-run loop of joint-dp, pp-sgd, local-all and clusters).
+    A method of your own with a loop of its own defines ``fit(dataset, model, **run) ->
+    TrainResult``, which the runner then calls instead.
     """
 
     name: ClassVar[str] = ""
@@ -180,13 +186,14 @@ class Method:
     notion: ClassVar[str] = "JDP (billboard)"
     #: Keys of :meth:`extra` that a run's JSON reports.
     result_keys: ClassVar[tuple[str, ...]] = ()
-    #: Run options :meth:`fit` reads besides the backend's (e.g. ``local_select``).
+    #: Run options its whole run reads besides the backend's (e.g. ``local_select``;
+    #: :func:`privmtl.federated.runner.fit`).
     fit_options: ClassVar[tuple[str, ...]] = ()
 
     run: Any = None
     """The :class:`~privmtl.federated.config.ResolvedRun` the method is bound to
-    (:meth:`with_run`), which :meth:`fit` hands to the backend as it is: None when bound to a
-    configuration only (the backend then resolves it)."""
+    (:meth:`with_run`), which the runner (:func:`~privmtl.federated.runner.fit`) hands to the
+    backend as it is: None when bound to a configuration only (the backend then resolves it)."""
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
@@ -202,7 +209,7 @@ class Method:
 
     def with_run(self, run: ResolvedRun) -> Method:
         """A copy of this method bound to a resolved run (its configuration and the run itself,
-        which :meth:`fit` passes on so that the backend does not resolve it again)."""
+        which the runner passes on so that the backend does not resolve it again)."""
         out = self.with_config(run.config)
         out.run = run
         return out
@@ -398,20 +405,6 @@ class Method:
     def extra(self, shared: Sequence[str], names: Sequence[str]) -> dict[str, Any]:
         """What the run's result reports beyond the common keys."""
         return {}
-
-    # ------------------------------------------------------------------ whole run
-    def fit(self, dataset: FederatedDataset, model: Any, **run: Any) -> TrainResult:
-        """Run the method on ``dataset`` from ``model``'s parameters and return its result.
-
-        The default builds the in-process backend (:class:`~privmtl.federated.protocol.Trainer`)
-        and runs every round; ``run`` is passed to it (checkpointing, budget, ...). Like
-        :func:`~privmtl.federated.engine.train` it raises on an exceeded budget unless
-        ``on_budget="stop"``.
-        """
-        from privmtl.federated.trainer import Trainer
-
-        run.setdefault("on_budget", "raise")
-        return Trainer(dataset, model, self.settings(), method=self, **run).run()
 
 
 MethodFactory = Callable[["TrainConfig"], Method]

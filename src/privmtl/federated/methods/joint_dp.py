@@ -13,8 +13,7 @@ from privmtl.federated.methods.base import Method, State, TrainFn, stack
 from privmtl.federated.store import ClientStore
 
 if TYPE_CHECKING:
-    from privmtl.data.federated import FederatedDataset
-    from privmtl.federated.config import TrainResult
+    pass
 
 __all__ = ["JointDP"]
 
@@ -66,9 +65,3 @@ class JointDP(Method):
         train_all: TrainFn,
     ) -> tuple[Params | None, Params]:
         return billboard, {n: p.mean(0) for n, p in billboard.items()}
-
-    def fit(self, dataset: FederatedDataset, model: Any, **run: Any) -> TrainResult:
-        """:func:`~privmtl.federated.baselines.train_joint_dp`."""
-        from privmtl.federated.baselines import train_joint_dp
-
-        return train_joint_dp(dataset, model, self.settings(), **run)

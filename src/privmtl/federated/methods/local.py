@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from privmtl.federated.methods.base import Method
 
 if TYPE_CHECKING:
-    from privmtl.data.federated import FederatedDataset
-    from privmtl.federated.config import TrainConfig, TrainResult
+    from privmtl.federated.config import TrainConfig
 
 __all__ = ["Local", "LocalAll"]
 
@@ -41,21 +40,3 @@ class LocalAll(Local):
     every_client: ClassVar[bool] = True
     result_keys: ClassVar[tuple[str, ...]] = ("local_selection",)
     fit_options: ClassVar[tuple[str, ...]] = ("local_select", "local_solver", "local_patience")
-
-    def fit(self, dataset: FederatedDataset, model: Any, **run: Any) -> TrainResult:
-        """:func:`~privmtl.federated.end_of_run.local.train_local` (``run``'s ``local_select``,
-        ``local_solver`` and ``local_patience``; no rounds, no checkpoint)."""
-        from privmtl.federated.end_of_run.local import train_local
-
-        cfg = self.config
-        return train_local(
-            dataset,
-            model,
-            batch_size=cfg.batch_size,
-            seed=cfg.seed,
-            select=run.get("local_select", "client"),
-            solver=run.get("local_solver", "sgd"),
-            patience=run.get("local_patience"),
-            device=cfg.device,
-            workers=cfg.threads,
-        )

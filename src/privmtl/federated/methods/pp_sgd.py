@@ -14,8 +14,7 @@ from privmtl.federated.methods.base import Method, State, TrainFn
 from privmtl.federated.store import ClientStore
 
 if TYPE_CHECKING:
-    from privmtl.data.federated import FederatedDataset
-    from privmtl.federated.config import TrainResult
+    pass
 
 __all__ = ["PPSGD"]
 
@@ -68,9 +67,3 @@ class PPSGD(Method):
     ) -> tuple[Params | None, Params]:
         theta = state.dense("theta")
         return {n: billboard[n].unsqueeze(0) + theta[n] for n in billboard}, billboard
-
-    def fit(self, dataset: FederatedDataset, model: Any, **run: Any) -> TrainResult:
-        """:func:`~privmtl.federated.baselines.train_pp_sgd` (its own logistic model)."""
-        from privmtl.federated.baselines import train_pp_sgd
-
-        return train_pp_sgd(dataset, self.settings(), **run)
