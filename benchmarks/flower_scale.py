@@ -32,6 +32,7 @@ many processes, and on a shared machine its wall time is an upper bound.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shlex
@@ -231,11 +232,41 @@ def _flags(row: dict[str, Any]) -> str:
     return row.get("command", " --json").split(" --json", 1)[1].strip()
 
 
+def _noise(row: dict[str, Any]) -> str:
+    """``seeded`` where the run's noise came from the seed (``--reproducible-noise``), else
+    ``secure`` (each run draws its own)."""
+    return "seeded" if "--reproducible-noise" in row.get("command", "") else "secure"
+
+
+def parity_lines(rows: list[dict[str, Any]], tol: float = 1e-6) -> list[str]:
+    """One line per seeded pair (the two engines' adjacent rows of one size, rounds and flags):
+    whether their ε and test accuracy agree within ``tol``."""
+    out = []
+    for a, b in itertools.pairwise(rows):
+        if {a["engine"], b["engine"]} != {"flower", "pmtl"} or _noise(a) != "seeded":
+            continue
+        if (a["m"], a["rounds"], _flags(a)) != (b["m"], b["rounds"], _flags(b)):
+            continue
+        if a.get("exit_code") or b.get("exit_code"):
+            continue
+        de = abs(a["epsilon"] - b["epsilon"])
+        da = abs(a["test_accuracy"] - b["test_accuracy"])
+        same = de <= tol and da <= tol
+        out.append(
+            f"- m = {a['m']}, {a['rounds']} rounds, `{_flags(a)}` ({b.get('finished', '')[:19]}): "
+            f"**{'agree' if same else 'DIFFER'}** to {tol:g}: |Δε| = {de:.3g}, "
+            f"|Δ test accuracy| = {da:.3g} (ε {a['epsilon']:.12g} / {b['epsilon']:.12g}, "
+            f"test accuracy {a['test_accuracy']:.12g} / {b['test_accuracy']:.12g})"
+        )
+    return out
+
+
 def report() -> None:
     rows = load_jsonl(JSONL)
     table = [
         [
-            r.get("finished", "")[:19], r["m"], r["rounds"], _flags(r), r["engine"], r["exit_code"],
+            r.get("finished", "")[:19], r["m"], r["rounds"], _flags(r), _noise(r), r["engine"],
+            r["exit_code"],
             _f(r.get("wall"), ".1f"), _f(r.get("seconds"), ".1f"),
             _f(r.get("seconds_over_wall"), ".3f"), _f(r.get("per_round"), ".2f"),
             _f(r.get("engine_seconds_per_round"), ".2f"), _f(r.get("peak_rss_gb"), ".2f"),
@@ -246,7 +277,7 @@ def report() -> None:
         for r in rows
     ]  # fmt: skip
     head = [
-        "finished (UTC)", "m", "rounds", "flags", "engine", "exit", "wall s", "JSON seconds",
+        "finished (UTC)", "m", "rounds", "flags", "noise", "engine", "exit", "wall s", "JSON seconds",
         "seconds / wall", "per round s (rounds phase)", "engine s/round", "peak RSS GB (tree)",
         "peak PSS GB (tree)",
         "CPU s (tree)", "test accuracy", "ε", "load (1 min)",
@@ -262,9 +293,14 @@ command, start to exit. *JSON seconds*: the `seconds` the command prints (its ow
 process tree (SuperLink, SuperNodes and their ClientApps, ServerApp), sampled every second;
 *peak PSS*: the same for the proportional set size, where a page shared by several processes
 (torch's and Flower's libraries, mapped by each) counts once in all. *CPU s*: user + system seconds of the tree. Test accuracy and ε differ between the engines by
-their secure noise (each run draws its own).
+their secure noise (each run draws its own) unless the row's *noise* is `seeded`
+(`--reproducible-noise`): then the two transports must give the same numbers.
 
 {markdown_table(head, table)}
+
+Seeded pairs, ε and test accuracy compared (flower's row first or second as run):
+
+{chr(10).join(parity_lines(rows)) or "(none)"}
 
 Machine: {rows[-1]["machine"]["cpus"] if rows else "?"} CPUs, shared with other jobs (the 1-minute
 load average at each run's start is in the table): walls are upper bounds; read the pairs.
