@@ -57,3 +57,30 @@ def test_a_node_trains_from_a_packed_round_as_from_an_array_record(monkeypatch):
     for n in out[0][0]:
         assert torch.equal(out[0][0][n], out[1][0][n])
     assert asdict(config)  # the TrainConfig round-trips through the message as JSON
+
+
+def test_a_nodes_per_client_scores_travel_as_arrays_and_come_back_equal():
+    """The evaluation reply carries a node's per-client lists as arrays (the ServerApp holds
+    numpy arrays, not Python lists of its clients' numbers); the rest stays JSON."""
+    import numpy as np
+
+    scores = {
+        "val_n": [3.0, 4.0], "test_personal": [1.0, 0.1 + 0.2], "test_final": [2.0, 1.0 / 3.0],
+        "train_n": [5.0, 6.0], "clients": [7, 9], "choice": [0, 2], "client_ids": ["a", "bb"],
+        "grids": {"ridge": [0.1, 1.0]}, "score_seconds": 0.5, "voters": 2,
+        "baseline": {"clients": [7], "final": [1.0], "local": [0.0], "n": [1.0]},
+    }  # fmt: skip
+    arrays, rest = apps._split_scores(scores)
+    assert set(arrays) == {"val_n", "test_personal", "test_final", "train_n", "clients", "choice",
+                           "client_ids"}  # fmt: skip
+    assert set(rest) == {"grids", "score_seconds", "voters", "baseline"}
+    reply = RecordDict({"scores": ConfigRecord({"json": json.dumps(rest)}), "score_arrays": arrays})
+    back = apps._joined_scores(reply)
+    assert back.keys() == scores.keys()
+    for key, value in scores.items():
+        if key in arrays:
+            assert isinstance(back[key], np.ndarray)
+            assert back[key].tolist() == value  # bit for bit: the same floats, ints and ids
+        else:
+            assert back[key] == value
+    assert back["clients"].dtype == np.int64 and back["test_final"].dtype == np.float64

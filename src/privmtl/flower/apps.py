@@ -23,8 +23,9 @@ Messages (all ``RecordDict`` contents):
     ``ArrayRecord "billboard"`` and ``ConfigRecord "finish"`` (the public settings of the
     clients' end of the run, :meth:`~privmtl.flower.server_run.ServerRun.finish_settings`: each node
     fine-tunes or lets its clients choose, on their own data, as ``run_pmtl`` does); reply:
-    ``ConfigRecord "scores"`` (per-client correct counts and sizes of the trained, the final and
-    the global model on val and test, and each client's choice). With ``save-models`` also
+    ``ArrayRecord "score_arrays"`` (per-client correct counts and sizes of the trained, the final
+    and the global model on val and test, the clients' indices, ids and choices: one array each)
+    and ``ConfigRecord "scores"`` (the rest, as JSON). With ``save-models`` also
     ``ConfigRecord "save"`` (the run's token): the node writes its clients' final models to its
     own storage (:meth:`~privmtl.flower._core.NodeClients.save_models`); they are not sent.
 
@@ -50,7 +51,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -255,8 +256,41 @@ def evaluate(msg: Message, context: Context) -> Message:
     scores = node.evaluate(_params(msg.content.array_records["billboard"]), finish)
     if "save" in records:  # the clients' final models stay in the node's own storage
         node.save_models(str(records["save"]["token"]))
-    content = RecordDict({"scores": ConfigRecord({"json": json.dumps(scores)})})
+    arrays, rest = _split_scores(scores)
+    content = RecordDict(
+        {"scores": ConfigRecord({"json": json.dumps(rest)}), "score_arrays": arrays}
+    )
     return Message(content, reply_to=msg)
+
+
+def _split_scores(scores: dict[str, Any]) -> tuple[ArrayRecord, dict[str, Any]]:
+    """A node's scores as the reply carries them: every per-client list (counts, sizes, client
+    indices and ids, choices) as one array of an ``ArrayRecord``, the rest (grids, seconds, the
+    baseline's part) as JSON. The ServerApp then holds numpy arrays, not Python lists of its
+    clients' numbers (:func:`_joined_scores`)."""
+    arrays: dict[str, Array] = {}
+    rest: dict[str, Any] = {}
+    for key, value in scores.items():
+        if isinstance(value, list) and key in _SCORE_DTYPES:
+            arrays[key] = Array(np.asarray(value, dtype=_SCORE_DTYPES[key]))
+        elif isinstance(value, list) and key.endswith(_SCORE_SUFFIXES):
+            arrays[key] = Array(np.asarray(value, dtype=np.float64))
+        else:
+            rest[key] = value
+    return ArrayRecord(arrays), rest
+
+
+_SCORE_DTYPES: dict[str, Any] = {"clients": np.int64, "choice": np.int64, "client_ids": np.str_}
+_SCORE_SUFFIXES = ("_n", "_personal", "_global", "_final")
+
+
+def _joined_scores(reply: RecordDict) -> dict[str, Any]:
+    """A node's scores from its reply (:func:`_split_scores`): the per-client arrays as numpy
+    arrays beside the JSON's keys."""
+    scores = json.loads(str(reply.config_records["scores"]["json"]))
+    if "score_arrays" in reply.array_records:
+        scores.update({k: a.numpy() for k, a in reply.array_records["score_arrays"].items()})
+    return scores
 
 
 def _ask(grid: Grid, kind: str, contents: dict[int, RecordDict], timeout: float) -> dict:
@@ -428,11 +462,7 @@ def _evaluate(
     evals = _ask(grid, "evaluate", contents, timeout)
     if len(evals) < len(fed.nodes) and (opts["on-missing"] == "fail" or not evals):
         raise RuntimeError(f"only {len(evals)} of {len(fed.nodes)} nodes answered the evaluation")
-    return [
-        json.loads(str(evals[nid].config_records["scores"]["json"]))
-        for nid in fed.nodes
-        if nid in evals
-    ]
+    return [_joined_scores(evals[nid]) for nid in fed.nodes if nid in evals]
 
 
 @server_app.main()

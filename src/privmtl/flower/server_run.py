@@ -408,7 +408,9 @@ class ServerRun:
         from privmtl.per_client import pmtl_rows, ratio
 
         # the nodes' evaluations in population order (they come in the order nodes answered)
-        evaluations = sorted(evaluations, key=lambda e: int(e["clients"][0]) if e["clients"] else 0)
+        evaluations = sorted(
+            evaluations, key=lambda e: int(e["clients"][0]) if len(e["clients"]) else 0
+        )
 
         def cat(key: str) -> np.ndarray:
             return np.concatenate([np.asarray(e[key], dtype=np.float64) for e in evaluations])
