@@ -84,3 +84,5 @@ def test_a_nodes_per_client_scores_travel_as_arrays_and_come_back_equal():
         else:
             assert back[key] == value
     assert back["clients"].dtype == np.int64 and back["test_final"].dtype == np.float64
+    assert arrays["val_n"].numpy().dtype == np.int32  # whole numbers: 4 bytes each
+    assert arrays["test_final"].numpy().dtype == np.float64  # 1/3: kept whole

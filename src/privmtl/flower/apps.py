@@ -267,29 +267,43 @@ def _split_scores(scores: dict[str, Any]) -> tuple[ArrayRecord, dict[str, Any]]:
     """A node's scores as the reply carries them: every per-client list (counts, sizes, client
     indices and ids, choices) as one array of an ``ArrayRecord``, the rest (grids, seconds, the
     baseline's part) as JSON. The ServerApp then holds numpy arrays, not Python lists of its
-    clients' numbers (:func:`_joined_scores`)."""
+    clients' numbers (:func:`_joined_scores`). Whole numbers (the counts and sizes, the indices)
+    travel as 32-bit integers and ASCII ids as bytes, which :func:`_joined_scores` reads back
+    exactly: the reply is no larger than its JSON was."""
     arrays: dict[str, Array] = {}
     rest: dict[str, Any] = {}
     for key, value in scores.items():
-        if isinstance(value, list) and key in _SCORE_DTYPES:
-            arrays[key] = Array(np.asarray(value, dtype=_SCORE_DTYPES[key]))
-        elif isinstance(value, list) and key.endswith(_SCORE_SUFFIXES):
-            arrays[key] = Array(np.asarray(value, dtype=np.float64))
-        else:
+        if not isinstance(value, list) or not (
+            key in _SCORE_KINDS or key.endswith(_SCORE_SUFFIXES)
+        ):
             rest[key] = value
+        elif key == "client_ids":
+            ids = np.asarray(value, dtype=np.str_)
+            ascii_ids = all(str(v).isascii() for v in value)
+            arrays[key] = Array(np.char.encode(ids, "ascii") if ascii_ids else ids)
+        else:
+            arr = np.asarray(value, dtype=_SCORE_KINDS.get(key, np.float64))
+            small = not arr.size or (np.abs(arr).max() < 2**31 and np.all(arr == np.rint(arr)))
+            arrays[key] = Array(arr.astype(np.int32) if small else arr)
     return ArrayRecord(arrays), rest
 
 
-_SCORE_DTYPES: dict[str, Any] = {"clients": np.int64, "choice": np.int64, "client_ids": np.str_}
+_SCORE_KINDS: dict[str, Any] = {"clients": np.int64, "choice": np.int64, "client_ids": np.str_}
 _SCORE_SUFFIXES = ("_n", "_personal", "_global", "_final")
 
 
 def _joined_scores(reply: RecordDict) -> dict[str, Any]:
     """A node's scores from its reply (:func:`_split_scores`): the per-client arrays as numpy
-    arrays beside the JSON's keys."""
+    arrays (float64 counts and sizes, int64 indices, str ids) beside the JSON's keys."""
     scores = json.loads(str(reply.config_records["scores"]["json"]))
-    if "score_arrays" in reply.array_records:
-        scores.update({k: a.numpy() for k, a in reply.array_records["score_arrays"].items()})
+    if "score_arrays" not in reply.array_records:
+        return scores
+    for key, item in reply.array_records["score_arrays"].items():
+        arr = item.numpy()
+        if key == "client_ids":
+            scores[key] = np.char.decode(arr, "ascii") if arr.dtype.kind == "S" else arr
+        else:
+            scores[key] = arr.astype(_SCORE_KINDS.get(key, np.float64))
     return scores
 
 
