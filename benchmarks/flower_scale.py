@@ -241,12 +241,13 @@ def _noise(row: dict[str, Any]) -> str:
 def parity_lines(rows: list[dict[str, Any]], tol: float = 1e-6) -> list[str]:
     """One line per seeded pair (the two engines' adjacent rows of one size, rounds and flags):
     whether their ε and test accuracy agree within ``tol``."""
-    out = []
-    for a, b in itertools.pairwise(rows):
-        if {a["engine"], b["engine"]} != {"flower", "pmtl"} or _noise(a) != "seeded":
+    out, used = [], -1
+    for i, (a, b) in enumerate(itertools.pairwise(rows)):
+        if i <= used or {a["engine"], b["engine"]} != {"flower", "pmtl"} or _noise(a) != "seeded":
             continue
         if (a["m"], a["rounds"], _flags(a)) != (b["m"], b["rounds"], _flags(b)):
             continue
+        used = i + 1  # a row belongs to one pair (its invocation's)
         if a.get("exit_code") or b.get("exit_code"):
             continue
         de = abs(a["epsilon"] - b["epsilon"])
