@@ -34,7 +34,7 @@ def test_a_large_population_takes_larger_blocks_and_keeps_its_process_blocks():
 
     assert end_of_run_block(10_000) == END_OF_RUN_BLOCK
     assert end_of_run_block(1_000_000) == LARGE_END_OF_RUN_BLOCK > END_OF_RUN_BLOCK
-    for m in (0, 1, 10_000, 32_767, 32_768, 300_000):
+    for m in (0, 1, 10_000, 16_383, 16_384, 300_000):
         block = end_of_run_block(m)
         assert block == END_OF_RUN_BLOCK or -(-m // block) >= blocks.PROCESS_MIN_BLOCKS
     with pytest.raises(InvalidParameterError, match="'m'"):
