@@ -27,6 +27,20 @@ def test_client_blocks_cover_every_position_once_in_order():
         list(client_blocks(10, 0))
 
 
+def test_a_large_population_takes_larger_blocks_and_keeps_its_process_blocks():
+    """The end of run's block grows with the public population size, never below the blocks that
+    keep the forked workers busy."""
+    from privmtl.federated.blocks import END_OF_RUN_BLOCK, LARGE_END_OF_RUN_BLOCK, end_of_run_block
+
+    assert end_of_run_block(10_000) == END_OF_RUN_BLOCK
+    assert end_of_run_block(1_000_000) == LARGE_END_OF_RUN_BLOCK > END_OF_RUN_BLOCK
+    for m in (0, 1, 10_000, 16_383, 16_384, 300_000):
+        block = end_of_run_block(m)
+        assert block == END_OF_RUN_BLOCK or -(-m // block) >= blocks.PROCESS_MIN_BLOCKS
+    with pytest.raises(InvalidParameterError, match="'m'"):
+        end_of_run_block(-1)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_few_blocks_map_in_this_process(workers):
     parts = list(client_blocks(10, 4))  # 3 blocks: under PROCESS_MIN_BLOCKS

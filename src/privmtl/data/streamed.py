@@ -125,23 +125,29 @@ class SyntheticFederation(FederatedDataset):
         per split for the whole block, none per client."""
         d = self.law.n_features
         stacked = {}
+        # where each split's rows lie in every client's permutation (the law's _split_rows, for
+        # the whole block at once): test first, then validation, then training
+        n_test = self._split_sizes["test"][idx].astype(np.int64)
+        first = {"test": 0 * n_test, "val": n_test, "train": n_test + self._split_sizes["val"][idx]}
+        places = []
         for split in splits:
             sizes = self._split_sizes[split][idx]
             offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             n_rows = int(offsets[-1])
-            stacked[split] = (
-                np.empty((n_rows, d), np.float32),
-                np.empty(n_rows, np.int64),
-                offsets,
-            )
+            x, y = np.empty((n_rows, d), np.float32), np.empty(n_rows, np.int64)
+            stacked[split] = (x, y, offsets)
+            places.append((x, y, offsets.tolist(), (first[split] - offsets[:-1]).tolist()))
         work = np.empty(int(self._n[idx].max()) * d if idx else 0)
+        law = self.law
         keys, sizes = self._keys[idx].tolist(), self._n[idx].tolist()
         for j, (k, n) in enumerate(zip(keys, sizes, strict=True)):
-            out = {}
-            for split, (x, y, offsets) in stacked.items():
-                a, b = offsets[j], offsets[j + 1]
-                out[split] = (x[a:b], y[a:b])
-            self.law.draw_rows(self.law.client_rng(k), n, out, work)
+            # the client's rows offsets[j]:offsets[j + 1] of each split take its examples
+            # perm[lo:hi], lo = offsets[j] + shift[j]
+            targets = [
+                (x[o[j] : o[j + 1]], y[o[j] : o[j + 1]], o[j] + sh[j], o[j + 1] + sh[j])
+                for x, y, o, sh in places
+            ]
+            law.draw_into(law.client_rng(k), n, targets, work)
         return stacked
 
     def subset(self, clients: Sequence[int]) -> FederatedDataset:

@@ -389,9 +389,28 @@ class SyntheticLaw:
         copied. ``work`` (float64, at least ``n * d`` long) holds the features without an
         allocation per client. :meth:`draw_client` takes the same draws.
         """
+        bounds = self._split_rows(n)
+        targets = [(out_x, out_y, *bounds[split]) for split, (out_x, out_y) in out.items()]
+        self.draw_into(rng, n, targets, work)
+
+    def draw_into(
+        self,
+        rng: np.random.Generator,
+        n: int,
+        targets: Sequence[tuple[np.ndarray, np.ndarray, int, int]],
+        work: np.ndarray | None = None,
+    ) -> None:
+        """:meth:`draw_rows` with the rows of each split given by their place in the client's
+        permutation: ``(x, y, lo, hi)`` receives the examples ``perm[lo:hi]`` (the bounds of
+        :meth:`_split_rows`, which a caller drawing many clients computes for all of them at once
+        from :meth:`split_sizes`). The same draws, in the same order, as :meth:`draw_rows`."""
         c, d, tau, flip = self.n_classes, self.n_features, self.heterogeneity, self.label_noise
-        wk = self.w0 + tau * rng.standard_normal((c, d))
-        bk = self.b0 + tau * rng.standard_normal(c)
+        wk = rng.standard_normal((c, d))
+        wk *= tau
+        wk += self.w0  # w0 + tau * a, element by element
+        bk = rng.standard_normal(c)
+        bk *= tau
+        bk += self.b0
         shift = self.feature_shift
         vk = rng.normal(rng.normal(0.0, shift) if shift > 0 else 0.0, self.feature_spread, size=d)
         if work is None or len(work) < n * d:
@@ -405,12 +424,12 @@ class SyntheticLaw:
         if self.feature_cov != "isotropic":  # z * 1 is z: isotropic features skip the product
             x *= self._scale()
         x += vk  # vk + z * scale, element by element
-        y = np.argmax(x @ wk.T + bk, axis=1)
+        logits = x @ wk.T
+        logits += bk
+        y = logits.argmax(axis=1)
         if flip > 0:
             y = np.where(redraw, noise, y)
-        bounds = self._split_rows(n)
-        for split, (out_x, out_y) in out.items():
-            lo, hi = bounds[split]
+        for out_x, out_y, lo, hi in targets:
             rows = perm[lo:hi]
             out_x[...] = x[rows]  # the float32 cast of astype
             out_y[...] = y[rows]

@@ -30,9 +30,11 @@ from privmtl._validation import check_int
 __all__ = [
     "END_OF_RUN_BLOCK",
     "FORKED_WORKERS",
+    "LARGE_END_OF_RUN_BLOCK",
     "PROCESS_MIN_BLOCKS",
     "client_blocks",
     "concurrent_blocks",
+    "end_of_run_block",
 ]
 
 T = TypeVar("T")
@@ -41,12 +43,28 @@ R = TypeVar("R")
 END_OF_RUN_BLOCK = 1024
 """Most clients whose end of run is computed at once (vectorised within the block)."""
 
+LARGE_END_OF_RUN_BLOCK = 2048
+"""The block of a large population (:func:`end_of_run_block`): the ridge solves' buckets of one
+padded length are then fuller (fewer slots solved for placeholders), for one block's memory."""
+
 
 def client_blocks(m: int, block: int = END_OF_RUN_BLOCK) -> Iterator[np.ndarray]:
     """The positions 0 to m - 1 in consecutive blocks of at most ``block`` clients."""
     block = check_int("block", block, low=1)
     for start in range(0, m, block):
         yield np.arange(start, min(start + block, m), dtype=np.int64)
+
+
+def end_of_run_block(m: int) -> int:
+    """The block of a population of ``m`` clients: :data:`LARGE_END_OF_RUN_BLOCK` once it still
+    makes :data:`PROCESS_MIN_BLOCKS` blocks, else :data:`END_OF_RUN_BLOCK`. A function of the
+    public population size only; a client's outcome does not depend on its block."""
+    m = check_int("m", m, low=0)
+    return (
+        LARGE_END_OF_RUN_BLOCK
+        if m >= PROCESS_MIN_BLOCKS * LARGE_END_OF_RUN_BLOCK
+        else END_OF_RUN_BLOCK
+    )
 
 
 #: The fewest blocks computed in worker processes rather than threads (where

@@ -73,3 +73,31 @@ def test_without_a_sink_the_workers_send_back_scores_and_choices_only():
     dropped = finish_pass(options, ds, net, trained, board)
     assert len(seen) == 9 and all(block for block in seen)
     assert dropped.scores == taken.scores and dropped.choice.tolist() == taken.choice.tolist()
+
+
+def test_the_candidates_train_in_the_pass_blocks_and_a_model_is_the_same_bytes(monkeypatch):
+    """A pass's block reaches its candidates' training (a large block solves fuller ridge
+    buckets), and a client's final model is the same bytes whatever the block."""
+    from privmtl.federated.end_of_run import local as end_of_run_local
+
+    ds, net, trained, board = finish_inputs(12)
+    dim = sum(p.numel() for p in board.values())
+    plan = auto_plan("pmtl", None, 0.001, 0.5, dim, 3)
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "plan": plan, "local_solver": "ridge"}
+    seen: list[tuple[int, int]] = []
+    train_local = end_of_run_local.train_local
+
+    def spy(dataset, model, **kwargs):
+        seen.append((dataset.n_clients, kwargs["block"]))
+        return train_local(dataset, model, **kwargs)
+
+    monkeypatch.setattr(end_of_run_local, "train_local", spy)
+    small = finish_clients("auto", ds, net, trained, board, block=3, **kw)
+    assert seen and all(block == 3 and n <= 3 for n, block in seen)
+    seen.clear()
+    large = finish_clients("auto", ds, net, trained, board, block=12, **kw)
+    assert seen and all(block == 12 and n == 12 for n, block in seen)
+    assert small.choice is not None and large.choice is not None
+    assert small.choice.tolist() == large.choice.tolist()
+    for n, p in large.params.items():
+        assert small.params[n].numpy().tobytes() == p.numpy().tobytes(), n

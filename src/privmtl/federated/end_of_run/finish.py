@@ -47,7 +47,12 @@ from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import BlockScores, Params, block_rows, client_scores
-from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks, concurrent_blocks
+from privmtl.federated.blocks import (
+    END_OF_RUN_BLOCK,
+    client_blocks,
+    concurrent_blocks,
+    end_of_run_block,
+)
 from privmtl.federated.client_models import ClientModels
 from privmtl.federated.end_of_run import local as end_of_run_local
 from privmtl.federated.end_of_run.final_models import (
@@ -456,7 +461,15 @@ def _finish_all(
     m = dataset.n_clients
     if m <= block:  # one block: a network's grids use the workers inside it
         fin = _finish_block(
-            finetune, dataset, model, trained, billboard, client_index, **kw, workers=workers
+            finetune,
+            dataset,
+            model,
+            trained,
+            billboard,
+            client_index,
+            **kw,
+            workers=workers,
+            block=block,
         )
         if book is not None:
             book.keep(book.score(fin.params, dataset, np.arange(m), local=fin.local))
@@ -474,7 +487,7 @@ def _finish_all(
         tally = _Tally()
         piece = _finish_block(
             finetune, part, net, block_rows(trained, pos), billboard, index[pos].tolist(),
-            **{**kw, "bar": tally},
+            **{**kw, "bar": tally}, block=block,
         )  # fmt: skip
         scored = None if book is None else book.score(piece.params, part, pos, net, piece.local)
         piece.local = None  # scored: not carried back
@@ -519,10 +532,12 @@ def _finish_block(
     local_patience: int | None,
     only: str | None = None,
     workers: int = 1,
+    block: int = END_OF_RUN_BLOCK,
 ) -> ClientFinish:
     """:func:`finish_clients` of the clients of ``dataset`` at once (one block); ``only``: every
     client takes this candidate of :func:`vote_candidates` (the vote's winner); ``workers``: the
-    threads of a network's grids (:func:`~privmtl.federated.end_of_run.local.train_local`)."""
+    threads of a network's grids (:func:`~privmtl.federated.end_of_run.local.train_local`);
+    ``block``: the most clients its candidates train at once (the pass's block)."""
     if finetune == "none":
         return ClientFinish({n: p.clone() for n, p in trained.items()})
     if finetune != "auto":
@@ -537,7 +552,7 @@ def _finish_block(
     grids: dict[str, list[list[float]]] = {}
     cand = _Candidates(
         dataset, model, trained, billboard, client_index, batch_size, seed, bar, device,
-        local_solver, local_patience, grids, workers,
+        local_solver, local_patience, grids, workers, block,
     )  # fmt: skip
     if only is not None:  # the vote's winner, for every client
         kind = only.split()[0]
@@ -579,6 +594,7 @@ class _Candidates:
     local_patience: int | None
     grids: dict[str, list[list[float]]]
     workers: int = 1
+    block: int = END_OF_RUN_BLOCK
 
     def __call__(self, name: str) -> Params:
         if name == "trained":
@@ -592,6 +608,7 @@ class _Candidates:
             "solver": self.local_solver,
             "patience": self.local_patience,
             "workers": self.workers,
+            "block": self.block,
             "scores": False,  # the candidates' models only: the choice scores them
             "on_clients": lambda k: self.bar.update(k, candidate=name),
         }
@@ -665,6 +682,8 @@ def _vote_shares(
         return client_vote_shares(scores), tally
 
     out = np.zeros((m, len(names)))
+    # the voters are a bounded sample: their blocks sized by their number, not the population's
+    block = min(block, end_of_run_block(len(voters)))
     blocks = [voters[at] for at in client_blocks(len(voters), block)]
     with concurrent_blocks(workers, len(blocks)) as run:
         for pos, (shares, tally) in zip(blocks, run(shares_of, blocks), strict=True):

@@ -17,6 +17,7 @@ import torch
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
 from privmtl.federated.algorithms import Params
+from privmtl.federated.blocks import end_of_run_block
 from privmtl.federated.client_models import SpilledModels
 from privmtl.federated.config import TrainResult
 from privmtl.federated.end_of_run import finetune_selection
@@ -184,7 +185,7 @@ def finetune_auto(
         plan=plan, progress=bool(cfg.progress), device=cfg.device, score=others,
         workers=cfg.threads, local_solver=local_solver, local_patience=local_patience,
         select="vote" if elect is not None else "client", vote=elect,
-        voter_rng=voter_rng(result.noise_source, seed),
+        voter_rng=voter_rng(result.noise_source, seed), block=end_of_run_block(ds.n_clients),
     )  # fmt: skip
     models = SpilledModels(ds.n_clients) if keep_models else None
     fin = finish_pass(
