@@ -187,12 +187,8 @@ class RowFederation(FederatedDataset):
     def subset(self, clients: Sequence[int]) -> FederatedDataset:
         """A data set (in memory) of the clients at positions ``clients``, read now (each
         client's tensors are views of one tensor per split and field)."""
-        idx = self._positions(clients)
-        if not idx:
-            raise InvalidParameterError("The 'clients' parameter must hold at least one index.")
+        idx = check_positions(clients, self.n_clients).tolist()
         ids = [self.client_ids[i] for i in idx]
-        if len(set(ids)) != len(ids):
-            raise InvalidParameterError("The 'clients' parameter must not repeat a client.")
         pos = np.asarray(idx, dtype=np.int64)
         blocks = {split: self._gather(pos, split) for split in SPLITS}
         return stacked_dataset(

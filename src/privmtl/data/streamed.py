@@ -153,12 +153,8 @@ class SyntheticFederation(FederatedDataset):
     def subset(self, clients: Sequence[int]) -> FederatedDataset:
         """A data set (in memory) of the clients at positions ``clients``, drawn now (each
         client's tensors are views of one tensor per split and field)."""
-        idx = self._positions(clients)
-        if not idx:
-            raise InvalidParameterError("The 'clients' parameter must hold at least one index.")
+        idx = check_positions(clients, self.n_clients).tolist()
         ids = [self.client_ids[i] for i in idx]
-        if len(set(ids)) != len(ids):
-            raise InvalidParameterError("The 'clients' parameter must not repeat a client.")
         kw: dict[str, list[torch.Tensor]] = {}
         stacked = {}
         for split, (x, y, offsets) in self._draw(idx, tuple(_SPLIT_KEYS)).items():
