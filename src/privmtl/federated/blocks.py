@@ -32,6 +32,7 @@ __all__ = [
     "FORKED_WORKERS",
     "LARGE_END_OF_RUN_BLOCK",
     "PROCESS_MIN_BLOCKS",
+    "blocks_fork",
     "client_blocks",
     "concurrent_blocks",
     "end_of_run_block",
@@ -82,6 +83,12 @@ _JOBS: dict[int, Callable[[Any], Any]] = {}
 _TOKENS = itertools.count()
 
 
+def blocks_fork(workers: int, n_blocks: int, *, processes: bool = True) -> bool:
+    """Whether :func:`concurrent_blocks` computes ``n_blocks`` blocks in forked worker
+    processes (whose results come back pickled) rather than in the calling process."""
+    return processes and workers > 1 and FORKED_WORKERS and n_blocks >= PROCESS_MIN_BLOCKS
+
+
 @contextmanager
 def concurrent_blocks(
     workers: int, n_blocks: int, *, processes: bool = True
@@ -104,7 +111,7 @@ def concurrent_blocks(
     if workers == 1 or n_blocks <= 1:
         yield map
         return
-    if processes and FORKED_WORKERS and n_blocks >= PROCESS_MIN_BLOCKS:
+    if blocks_fork(workers, n_blocks, processes=processes):
         yield lambda fn, items: _in_processes(fn, items, min(workers, n_blocks))
         return
     from concurrent.futures import ThreadPoolExecutor

@@ -155,9 +155,10 @@ class SpilledModels(ClientModels):
         self._starts: list[int] = []
         self._n = 0
 
-    def append(self, pos: np.ndarray, params: Params) -> None:
+    def append(self, pos: np.ndarray, params: Params, data: object = None) -> None:
         """Write the models of the next block of clients ``pos`` (consecutive, from where the
-        last block stopped)."""
+        last block stopped); a :data:`~privmtl.federated.end_of_run.plan.BlockSink` (the
+        block's ``data`` are not needed)."""
         pos = np.asarray(pos, dtype=np.int64)
         if len(pos) and (int(pos[0]) != self._n or int(pos[-1]) != self._n + len(pos) - 1):
             raise InvalidParameterError(

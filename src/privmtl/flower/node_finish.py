@@ -8,7 +8,6 @@ for its end of run and its scores, as ``privmtl pmtl`` does in process.
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +16,6 @@ import torch
 
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.algorithms import Params
-from privmtl.federated.blocks import END_OF_RUN_BLOCK
 from privmtl.federated.finish import ClientFinish, FinishOptions, finish_pass
 from privmtl.flower.node_data import is_lazy
 
@@ -33,35 +31,20 @@ def finish_and_score(
     """The clients' end of run in one pass (:func:`~privmtl.federated.finish.finish_pass`,
     ``options``: the fields of its :class:`~privmtl.federated.finish.FinishOptions`), each
     block scored by the pass's sink while its data are at hand: a lazy partition's block is
-    drawn once, for its finishing and its scores (the pass's draw kept for the sink, a
-    block drawn again only where the pass did not draw it through ``subset``). Returns the
-    pass's result, the final models stacked in the clients' order, the scores
+    drawn once, for its finishing and its scores (the sink takes the block's data the pass
+    drew; a block is drawn again only where a worker process drew it). Returns the pass's
+    result, the final models stacked in the clients' order, the scores
     (:meth:`NodeClients._scores`' keys) and the seconds the sink scored."""
     data = node._end_data()
-    drawn: dict[bytes, FederatedDataset] = {}
-    draw = data.subset
-    if is_lazy(data) and data.n_clients > int(options.get("block", END_OF_RUN_BLOCK)):
-        data = copy.copy(data)  # the node's partition, whose blocks are kept for the sink
-
-        def subset(clients: Any) -> FederatedDataset:
-            piece = draw(clients)
-            drawn.clear()  # the last block only: the sink takes it before the next one
-            drawn[np.asarray(clients, dtype=np.int64).tobytes()] = piece
-            return piece
-
-        data.subset = subset  # type: ignore[method-assign]
     got: dict[str, list[float]] = {}
     final = Stack(len(node.clients))
     seconds = [0.0]
 
-    def sink(pos: np.ndarray, params: Params) -> None:
+    def sink(pos: np.ndarray, params: Params, piece: FederatedDataset | None) -> None:
         t0 = time.perf_counter()
-        if len(pos) == data.n_clients and not is_lazy(data):
-            piece = data
-        else:
-            kept = drawn.pop(pos.astype(np.int64).tobytes(), None)
-            piece = draw(pos.tolist()) if kept is None else kept
-        drawn.clear()
+        if piece is None:
+            whole_data = len(pos) == data.n_clients and not is_lazy(data)
+            piece = data if whole_data else data.subset(pos.tolist())
         whole = len(pos) == len(node.clients)
         node._score_block(pos, piece, personal, glob_model, params, got, whole)
         final.add(pos, params)

@@ -33,7 +33,7 @@ def test_the_pass_hands_over_the_blocks_of_finish_clients(finetune, monkeypatch)
     monkeypatch.setattr(ClientModels, "_stack", lambda self: pytest.fail("stacked every client"))
     seen: list[tuple[np.ndarray, dict[str, torch.Tensor]]] = []
     fin = finish_pass(
-        FinishOptions(finetune, **kw), ds, net, stored, board, on_block=lambda pos, p: seen.append((pos, p))
+        FinishOptions(finetune, **kw), ds, net, stored, board, on_block=lambda pos, p, _: seen.append((pos, p))
     )  # fmt: skip
     assert fin.params == {}
     assert np.concatenate([pos for pos, _ in seen]).tolist() == list(range(m))
@@ -69,7 +69,7 @@ def test_without_a_sink_the_workers_send_back_scores_and_choices_only():
         score={"global": (board, False)},
     )  # fmt: skip
     seen = []
-    taken = finish_pass(options, ds, net, trained, board, on_block=lambda pos, p: seen.append(p))
+    taken = finish_pass(options, ds, net, trained, board, on_block=lambda pos, p, _: seen.append(p))
     dropped = finish_pass(options, ds, net, trained, board)
     assert len(seen) == 9 and all(block for block in seen)
     assert dropped.scores == taken.scores and dropped.choice.tolist() == taken.choice.tolist()
@@ -101,3 +101,48 @@ def test_the_candidates_train_in_the_pass_blocks_and_a_model_is_the_same_bytes(m
     assert small.choice.tolist() == large.choice.tolist()
     for n, p in large.params.items():
         assert small.params[n].numpy().tobytes() == p.numpy().tobytes(), n
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_sink_takes_each_block_s_data_as_the_pass_drew_it(workers, monkeypatch):
+    """A sink that scores a block needs its data: the pass hands over the block it drew in this
+    process (the whole data set when one block holds every client), so nothing draws a block
+    twice; from worker processes it hands over None."""
+    ds, net, trained, board = finish_inputs()
+    m = ds.n_clients
+    drawn = []
+    real_subset = type(ds).subset
+
+    def subset(self, clients):
+        drawn.append(list(clients))
+        return real_subset(self, clients)
+
+    monkeypatch.setattr(type(ds), "subset", subset)
+    kw = {"batch_size": 10, "seed": 0, "lr": 0.1, "lam": 0.1, "workers": workers}
+    seen = []
+    finish_pass(
+        FinishOptions("vanilla", block=m, **kw), ds, net, trained, board,
+        on_block=lambda pos, p, data: seen.append((pos, data)),
+    )  # fmt: skip
+    assert len(seen) == 1 and seen[0][1] is ds and drawn == []
+    seen.clear()
+    finish_pass(
+        FinishOptions("vanilla", block=4, **kw), ds, net, trained, board,
+        on_block=lambda pos, p, data: seen.append((pos, data)),
+    )  # fmt: skip
+    assert [pos.tolist() for pos, _ in seen] == drawn == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    for pos, data in seen:
+        assert data.n_clients == len(pos)
+        for split in ("train", "test"):
+            for mine, theirs in zip(
+                data.split(split)[0], ds.split(split)[0][pos[0] :], strict=False
+            ):
+                assert torch.equal(mine, theirs)
+
+
+def test_blocks_from_worker_processes_reach_the_sink_without_their_data():
+    ds, net, trained, board = finish_inputs(36)
+    options = FinishOptions("vanilla", batch_size=10, seed=0, lr=0.1, lam=0.1, block=4, workers=2)
+    seen = []
+    finish_pass(options, ds, net, trained, board, on_block=lambda pos, p, data: seen.append(data))
+    assert len(seen) == 9 and all(data is None for data in seen)

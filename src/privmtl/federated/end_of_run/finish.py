@@ -49,6 +49,7 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import BlockScores, Params, block_rows, client_scores
 from privmtl.federated.blocks import (
     END_OF_RUN_BLOCK,
+    blocks_fork,
     client_blocks,
     concurrent_blocks,
     end_of_run_block,
@@ -230,7 +231,7 @@ score, workers, local_solver, local_patience, select, vote, voter_rng, voters, w
     blocks: list[tuple[np.ndarray, Params]] = []
     fin = finish_pass(
         options, dataset, model, trained, billboard,
-        on_block=lambda pos, params: blocks.append((pos, params)),
+        on_block=lambda pos, params, _: blocks.append((pos, params)),
     )  # fmt: skip
     if len(blocks) == 1:
         fin.params = blocks[0][1]
@@ -291,7 +292,7 @@ def finish_pass(
     if o.finetune == "none" and o.score is None:
         for pos in client_blocks(dataset.n_clients, block):
             if sink is not None:
-                sink(pos, {n: p.clone() for n, p in block_rows(trained, pos).items()})
+                sink(pos, {n: p.clone() for n, p in block_rows(trained, pos).items()}, None)
         return ClientFinish({})
     names, voters, bar = _vote_and_progress(
         o.finetune, o.select, o.plan, o.vote, o.local_solver, dataset.n_clients, o.voter_rng,
@@ -474,13 +475,18 @@ def _finish_all(
         if book is not None:
             book.keep(book.score(fin.params, dataset, np.arange(m), local=fin.local))
         if sink is not None:
-            sink(np.arange(m, dtype=np.int64), fin.params)
+            sink(np.arange(m, dtype=np.int64), fin.params, dataset)
         fin.params, fin.local = {}, None
         return fin
     index = check_client_index(client_index, m)  # one block at a time, population indices
     own_model = _model_per_thread(model)
+    blocks = list(client_blocks(m, block))
+    # a block's data go to the sink where they were drawn here, never pickled back from a worker
+    hand_data = sink is not None and not blocks_fork(workers, len(blocks))
 
-    def one(pos: np.ndarray) -> tuple[ClientFinish, _Scored | None, float, _Tally]:
+    def one(
+        pos: np.ndarray,
+    ) -> tuple[ClientFinish, _Scored | None, float, _Tally, FederatedDataset | None]:
         t0 = time.perf_counter()
         net = own_model()
         part = dataset.subset(pos.tolist())
@@ -493,18 +499,19 @@ def _finish_all(
         piece.local = None  # scored: not carried back
         if sink is None:
             piece.params = {}  # nor the models nobody takes
-        return piece, scored, time.perf_counter() - t0, tally
+        return piece, scored, time.perf_counter() - t0, tally, part if hand_data else None
 
-    blocks = list(client_blocks(m, block))
     choices: list[np.ndarray] = []
     piece = ClientFinish({})
     with concurrent_blocks(workers, len(blocks)) as run:
-        for pos, (piece, scored, seconds, tally) in zip(blocks, run(one, blocks), strict=True):
+        for pos, (piece, scored, seconds, tally, part) in zip(
+            blocks, run(one, blocks), strict=True
+        ):
             kw["bar"].update(tally.n, **tally.postfix)
             if book is not None and scored is not None:
                 book.keep(scored, seconds)  # in the blocks' order, whatever finished first
             if sink is not None:
-                sink(pos, piece.params)  # then dropped: no stack of every client's model
+                sink(pos, piece.params, part)  # then dropped: no stack of every client's model
             if piece.choice is not None:
                 choices.append(piece.choice)
     choice = np.concatenate(choices) if choices else None

@@ -14,6 +14,7 @@ import numpy as np
 from torch import nn
 
 from privmtl._validation import check_choice, check_int
+from privmtl.data.federated import FederatedDataset
 from privmtl.federated.algorithms import Params
 from privmtl.federated.blocks import END_OF_RUN_BLOCK
 from privmtl.federated.end_of_run.local import LOCAL_SOLVER_CHOICES
@@ -402,6 +403,9 @@ class FinishOptions:
     winner: str | None = None
 
 
-BlockSink = Callable[[np.ndarray, Params], None]
-"""What :func:`~privmtl.federated.end_of_run.finish.finish_pass` hands every block's final models to: ``(positions, models)``, the
-blocks in the clients' order."""
+BlockSink = Callable[[np.ndarray, Params, FederatedDataset | None], None]
+"""What :func:`~privmtl.federated.end_of_run.finish.finish_pass` hands every block's final
+models to, the blocks in the clients' order: ``(positions, models, data)``, ``data`` the block's
+clients' data where the pass drew them in this process (the whole data set for one block; None
+where a worker process drew them, or the pass drew no data), so that a sink scoring the block
+need not draw it again."""
