@@ -116,7 +116,7 @@ def demo(
             iterations=3 if small else None,
             n_splits=3,
             out_dir=tmp,
-            n_jobs=min(2, os.cpu_count() or 1),  # forked workers: before torch is imported
+            n_jobs=min(2, os.cpu_count() or 1),  # forked workers: before the PMTL part runs torch
             noise_source="seeded",
             progress=lambda jobs, n: progress(jobs, desc="mpmtl sweep", enabled=True, total=n),
         )
