@@ -350,12 +350,6 @@ def test_no_import_circle_inside_a_package_counting_deferred_imports():
 #: entry is lowered (or removed at zero). A circle is never a reason.
 DEFERRED_IMPORTS: dict[str, tuple[int, str]] = {
     "_progress": (1, "the progress bar loads with every command: _validation would add numpy"),
-    "cli": (
-        62,
-        "a sub-command imports its run's modules when it runs: `privmtl --help` and the up-front "
-        "checks load neither torch nor the accountant, and `privmtl flower local`'s waiting "
-        "process (privmtl.cli.flower_run) loads neither torch, SciPy nor Flower",
-    ),
     "data": (
         4,
         "the package's module __getattr__ and the registry's readers load the torch-backed "

@@ -14,32 +14,37 @@ from typing import Any
 import click
 
 from privmtl import __version__
+from privmtl._progress import QUIET, VERBOSE, get_verbosity, set_verbosity
 from privmtl.cli._common import name_options_in_errors, run_cli
 
 __all__ = ["cli", "main"]
 
-# Sub-commands are imported when they run, not when the group is built: `privmtl --help` then
-# loads neither PyTorch nor SciPy. name -> (module, attribute); the listing in --help comes from
-# the group's docstring below.
+#: The sub-commands, each by ``"module:attribute"`` of its click command: the one place where the
+#: CLI defers an import. A command's module is imported when the command is resolved (run, or its
+#: own --help), never when the group is built, so `privmtl --help` and the up-front checks
+#: (:func:`~privmtl.cli._common.check_sizes_upfront`) load neither PyTorch, SciPy nor the
+#: accountant. The command modules import everything they use at their top. The listing in
+#: `privmtl --help` is the group's docstring below (it names exactly these commands).
 _LAZY_COMMANDS = {
-    "account": ("privmtl.cli.account", "account"),
-    "flower": ("privmtl.cli.flower", "flower"),
-    "mpmtl": ("privmtl.cli.mpmtl", "mpmtl"),
-    "mpmtl-sweep": ("privmtl.cli.mpmtl", "mpmtl_sweep"),
-    "pmtl": ("privmtl.cli.pmtl", "pmtl"),
-    "pmtl-sweep": ("privmtl.cli.pmtl", "pmtl_sweep"),
-    "demo": ("privmtl.cli.demo", "demo"),
-    "ledger": ("privmtl.cli.ledger", "ledger"),
-    "evaluate": ("privmtl.cli.evaluate", "evaluate"),
-    "report": ("privmtl.cli.report", "report"),
-    "audit": ("privmtl.cli.audit", "audit"),
+    "account": "privmtl.cli.account:account",
+    "flower": "privmtl.cli.flower:flower",
+    "mpmtl": "privmtl.cli.mpmtl:mpmtl",
+    "mpmtl-sweep": "privmtl.cli.mpmtl:mpmtl_sweep",
+    "pmtl": "privmtl.cli.pmtl:pmtl",
+    "pmtl-sweep": "privmtl.cli.pmtl:pmtl_sweep",
+    "demo": "privmtl.cli.demo:demo",
+    "ledger": "privmtl.cli.ledger:ledger",
+    "evaluate": "privmtl.cli.evaluate:evaluate",
+    "report": "privmtl.cli.report:report",
+    "audit": "privmtl.cli.audit:audit",
 }
 
 
 class _LazyGroup(click.Group):
-    """A click group that imports a sub-command's module only when that command is used."""
+    """A click group that imports a sub-command's module only when that command is resolved
+    (click's lazy loading of sub-commands): ``lazy`` maps a name to ``"module:attribute"``."""
 
-    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lazy = dict(lazy)
 
@@ -52,7 +57,7 @@ class _LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in self._lazy:
-            module, attr = self._lazy[cmd_name]
+            module, _, attr = self._lazy[cmd_name].partition(":")
             command = getattr(importlib.import_module(module), attr)
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
@@ -68,8 +73,6 @@ _JSON_KEY = "privmtl.json"
 
 def _set_verbosity(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     if value:
-        from privmtl._progress import QUIET, VERBOSE, set_verbosity
-
         set_verbosity(QUIET if param.name in ("_quiet", "quiet") else VERBOSE)
     return value
 
@@ -88,8 +91,6 @@ def _own_flag(callback: Any, kind: str) -> Any:
             value = callback(ctx, param, value)
         if kind == "json":
             return bool(value) or bool(ctx.meta.get(_JSON_KEY))
-        from privmtl._progress import QUIET, get_verbosity, set_verbosity
-
         if value:
             set_verbosity(QUIET)
         return bool(value) or get_verbosity() == QUIET

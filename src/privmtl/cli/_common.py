@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
+from pathlib import Path
 from typing import Any
 
 import click
 
+from privmtl import _timing, _validation
+from privmtl._progress import VERBOSE, get_verbosity, set_verbosity, summarize_warnings
+from privmtl._progress import progress as _progress
 from privmtl.exceptions import PrivmtlError, PrivmtlWarning
 from privmtl.experiments.sweep import DEFAULT_VOTE_SHARE
 from privmtl.io import atomic_output_dir, to_jsonable, write_json_atomic
+from privmtl.locking import LOCK_NAME, is_stale_temporary
 
 __all__ = [
     "atomic_output_dir",
@@ -51,8 +57,6 @@ def startup_seconds() -> float | None:
     """The seconds from the start of the process to now when the running command is the program
     (``privmtl ...``, ``python -m privmtl``), else ``None`` (a command called from Python, as the
     tests do, is not its process's start)."""
-    from privmtl import _timing
-
     return _timing.clock() - _program_start[0] if _program_start else None
 
 
@@ -64,9 +68,6 @@ def run_cli(group: click.Group, argv: list[str], *, program: bool = False) -> in
     ``argv`` is the process's own command line, so a run's time counts from the process's start
     (:func:`startup_seconds`).
     """
-    from privmtl import _timing
-    from privmtl._progress import get_verbosity, set_verbosity
-
     age = _timing.process_seconds() if program else None
     _program_start[:] = [] if age is None else [_timing.clock() - age]
 
@@ -81,8 +82,6 @@ def run_cli(group: click.Group, argv: list[str], *, program: bool = False) -> in
         if issubclass(category, PrivmtlWarning):
             click.echo(f"privmtl: warning: {_one_line(str(message))}", err=True)
         elif issubclass(category, RuntimeWarning):
-            from privmtl._progress import VERBOSE, get_verbosity
-
             if get_verbosity() < VERBOSE:
                 numerical.append((category.__name__, str(message)))
             elif (str(message), filename, lineno) not in seen:
@@ -98,8 +97,6 @@ def run_cli(group: click.Group, argv: list[str], *, program: bool = False) -> in
         try:
             return _run(group, argv)
         finally:
-            from privmtl._progress import summarize_warnings
-
             line = summarize_warnings(numerical)
             if line is not None:
                 click.echo(f"privmtl: warning: {line}", err=True)
@@ -123,8 +120,6 @@ def check_sizes_upfront(argv: list[str]) -> None:
     """Refuse (click's usage error, one line) a ``--num-clients`` or ``--rounds`` of a run
     command whose memory exceeds the machine's; a value that is not an integer is left to the
     command's own parsing."""
-    from privmtl import _validation
-
     command = next((c for c in UPFRONT_COMMANDS if tuple(argv[: len(c)]) == c), None)
     if command is None:
         return
@@ -242,8 +237,6 @@ def number_list(
     ``integer``, a whole number (returned as ``int``: ``2.5`` is refused, never rounded).
     Anything else is a usage error naming ``flag``, the rule and the text given.
     """
-    import math
-
     rule = "integers" if integer else "numbers"
     if low is not None:
         rule += f" {'>' if open_low else '>='} {low:g}"
@@ -272,10 +265,6 @@ def check_save_dir(path: Any, *, overwrite: bool, flag: str = "--save-models") -
     lock file ``.privmtl.lock`` and its temporary files left by a killed write
     (``.privmtl-*.tmp``, :mod:`privmtl.locking`) do not count; other tools' files do.
     """
-    from pathlib import Path
-
-    from privmtl.locking import LOCK_NAME, is_stale_temporary
-
     if path is None or overwrite:
         return
     folder = Path(path)
@@ -318,8 +307,6 @@ def echo_json(payload: dict[str, Any]) -> None:
 
 def progress(iterable: Any, *, desc: str, enabled: bool, total: int | None = None) -> Any:
     """Report finished runs on stderr: a bar on a terminal, a line per run in logs and pipes."""
-    from privmtl._progress import progress as _progress
-
     return _progress(iterable, desc=desc, total=total, enabled=enabled, unit="run", every=1)
 
 

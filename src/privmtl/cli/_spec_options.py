@@ -33,10 +33,12 @@ import click
 from click.core import ParameterSource
 
 from privmtl._validation import Interval, Options, validate_params
-from privmtl.exceptions import InvalidParameterError
+from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.methods import RUN_METHODS
 from privmtl.federated.spec import SPEC, RunSpec
 from privmtl.federated.user_model import is_factory_spec
+from privmtl.io import read_json
+from privmtl.trust import is_signed, untrusted_code
 
 __all__ = [
     "SPEC_FIELDS",
@@ -356,10 +358,6 @@ def _load_config(ctx: click.Context, param: click.Parameter, value: Path | None)
     """Read ``--config FILE``: its settings become the options' defaults (the command line wins)."""
     if value is None:
         return None
-    from privmtl.exceptions import DataFormatError
-    from privmtl.io import read_json
-    from privmtl.trust import is_signed
-
     try:
         doc = read_json(value)
     except DataFormatError as exc:
@@ -432,9 +430,6 @@ def check_config_code(
     ``--trust-code``; otherwise exit 2 in one line, before anything is imported. A recorded data
     path is followed as :func:`privmtl.trust.followed_data_path` follows an evaluated folder's.
     """
-    from privmtl.federated.user_model import is_factory_spec
-    from privmtl.trust import untrusted_code
-
     seen = ctx.meta.get(_CONFIG_KEY)
     refused = ctx.meta.get(_DATA_PATH_KEY)
     if seen is not None and refused is not None and param == "model":

@@ -10,7 +10,9 @@ from typing import Any
 
 import click
 
+from privmtl.audit import mediation as mediation_audit
 from privmtl.audit.experiments import AUDIT_MECHANISMS, MUTATIONS, run_audit
+from privmtl.cli import cli
 from privmtl.cli._common import echo_json
 
 __all__ = ["audit"]
@@ -114,8 +116,6 @@ def audit(
 
 def _run_command(argv: list[str]) -> dict[str, Any]:
     """Run one ``privmtl`` command in process with ``--json --quiet``; return its JSON object."""
-    from privmtl.cli import cli
-
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         cli.main(args=[*argv, "--json", "--quiet"], prog_name="privmtl", standalone_mode=False)
@@ -144,9 +144,7 @@ def mediation(seed: int, no_mutants: bool, only: tuple[str, ...], as_json: bool)
     (pooled selection, an MP-MTL step size from all tasks, an un-noised diagnostic) must each
     make a check fail. Exit code 0 only when every check holds and every mutant is caught.
     """
-    from privmtl.audit.mediation import run_mediation_audit
-
-    out = run_mediation_audit(
+    out = mediation_audit.run_mediation_audit(
         _run_command, seed=seed, mutants=not no_mutants, only=list(only) or None
     )
     if as_json:

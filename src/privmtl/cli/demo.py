@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from privmtl.cli._common import (
     spread,
     write_json_atomic,
 )
+from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
+from privmtl.experiments.pmtl import run_pmtl
+from privmtl.experiments.sweep import selection_footnote
 from privmtl.gain import gain_verdict
 from privmtl.io import check_writable_dir
 from privmtl.linear.methods import DEFAULT_SWEEP_METHODS, linear_method
@@ -86,11 +90,6 @@ def demo(
     same numbers (timings go to stderr), and every output says noise_source 'seeded'. δ is the
     library's default for each data set.
     """
-    import os
-
-    from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
-    from privmtl.experiments.sweep import selection_footnote
-
     check_writable_dir(out_dir, name="out")
     say = (lambda text: None) if as_json else click.echo
     t0 = time.perf_counter()
@@ -117,7 +116,7 @@ def demo(
             iterations=3 if small else None,
             n_splits=3,
             out_dir=tmp,
-            n_jobs=min(2, os.cpu_count() or 1),  # forked workers: before torch is imported
+            n_jobs=min(2, os.cpu_count() or 1),  # forked workers: before the PMTL part runs torch
             noise_source="seeded",
             progress=lambda jobs, n: progress(jobs, desc="mpmtl sweep", enabled=True, total=n),
         )
@@ -134,8 +133,6 @@ def demo(
         )
         t1 = time.perf_counter()
         click.echo(f"privmtl demo: MP-MTL part {t1 - t0:.0f}s", err=True)
-        from privmtl.experiments.pmtl import run_pmtl
-
         m, rounds, q = (10, 3, 5) if small else (50, 40, 10)
         say(f"[2/2] PMTL vs private FedAvg, synthetic federation ({m} clients, logreg, ε=2)")
         runs = {}

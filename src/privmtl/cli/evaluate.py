@@ -9,7 +9,11 @@ import click
 
 from privmtl.cli._common import echo_final_models, echo_json
 from privmtl.cli._data_options import evaluate_data_options
-from privmtl.cli.report import check_output_files
+from privmtl.cli._output_files import check_output_files
+from privmtl.exceptions import DataFormatError
+from privmtl.experiments import mpmtl, pmtl
+from privmtl.federated.baseline import describe_gain
+from privmtl.io import read_json
 
 __all__ = ["evaluate"]
 
@@ -85,9 +89,6 @@ def evaluate(
     meta_path = models_dir / "model.json"
     if not meta_path.is_file():
         raise click.BadParameter(f"{models_dir} has no model.json", param_hint="DIRECTORY")
-    from privmtl.exceptions import DataFormatError
-    from privmtl.io import read_json
-
     try:
         doc = read_json(meta_path)
     except DataFormatError as exc:
@@ -116,9 +117,7 @@ def evaluate(
             )
     out: dict[str, Any]
     if family == "pmtl":
-        from privmtl.experiments.pmtl import evaluate_saved
-
-        out = evaluate_saved(
+        out = pmtl.evaluate_saved(
             models_dir,
             **common,
             client_column=opts["client_column"],
@@ -129,9 +128,7 @@ def evaluate(
             trust_code=trust_code,
         )
     elif family == "mpmtl":
-        from privmtl.experiments import mpmtl as mp
-
-        out = mp.evaluate_saved(
+        out = mpmtl.evaluate_saved(
             models_dir,
             **common,
             task_column=opts["task_column"],
@@ -148,8 +145,6 @@ def evaluate(
     metric = next(k for k in ("test_accuracy", "nmse", "auc") if k in out)
     click.echo(f"{out.get('method')} ({family}) from {models_dir}: {metric} = {out[metric]:.4f}")
     if family == "pmtl":
-        from privmtl.federated.baseline import describe_gain
-
         gain = describe_gain(out)
         if gain is not None:
             click.echo(gain)

@@ -1,18 +1,24 @@
 """``privmtl flower``: PMTL on Flower's Deployment Engine (needs ``pip install 'privmtl[flower]'``).
 
-The Flower modules are imported only when a sub-command runs, so the rest of the CLI works without
-the extra installed.
+Flower itself (``flwr``) is imported only by the processes a run starts (the SuperLink, the
+SuperNodes and their apps), never by this command: the rest of the CLI, and this command's checks of
+its options, work without the extra installed.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from privmtl._device import check_device
+from privmtl._progress import QUIET, get_verbosity
+from privmtl._validation import CLIENT_BYTES, check_int, check_memory
 from privmtl.cli._common import (
     check_save_dir,
     on_abort,
@@ -28,12 +34,18 @@ from privmtl.cli._spec_options import (
     trust_code_option,
 )
 from privmtl.cli.flower_run import report_local
-from privmtl.cli.pmtl import _device_option
+from privmtl.cli.pmtl import _device_option, check_model_option
 from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.federated.options import OPTIONS
 from privmtl.federated.spec import EXECUTION, SPEC
-from privmtl.flower._core import NONE
+from privmtl.federated.user_model import is_factory_spec
+from privmtl.flower import _core, launcher
+from privmtl.flower._core import NONE, check_options, default_work_dir, run_options
+from privmtl.flower.factory import announce
+from privmtl.flower.secagg import check_secagg_options
 from privmtl.io import check_writable_dir
+from privmtl.per_client import check_rows_path
+from privmtl.trust import check_signing_key
 
 __all__ = ["flower"]
 
@@ -48,8 +60,6 @@ def spec_run_config(settings: dict[str, Any], given: set[str]) -> dict[str, Any]
     :data:`~privmtl.flower._core.RUN_DEFAULTS`) is refused unless it is what they run anyway, so
     that no option is silently ignored.
     """
-    from privmtl.flower import _core
-
     known: dict[str, Any] = _core.RUN_DEFAULTS
     fixed: dict[str, Any] = getattr(_core, "FLOWER_FIXED", {})
     out: dict[str, Any] = {}
@@ -215,16 +225,12 @@ def local(**kw: Any) -> None:
     Everything the run writes stays in --work-dir (the privacy ledger first of all); every
     process started is stopped at the end, also on failure and on Ctrl-C.
     """
-    from privmtl.cli.pmtl import check_model_option
-
     ctx = click.get_current_context()
     trust = kw.pop("trust_code")
     check_config_code(ctx, kw["model"], trust_code=trust)
     if kw.get("method") is not None:  # a user's method is code too: the same trust rules
         check_config_code(ctx, str(kw["method"]), trust_code=trust, param="method")
     check_model_option(kw["model"])
-    from privmtl._device import check_device
-
     check_device(kw["device"])  # its name here; whether a node has it, on that node
     settings = pop_run_spec(click.get_current_context(), kw)
     budget = kw["budget_epsilon"]
@@ -239,28 +245,16 @@ def local(**kw: Any) -> None:
         if kw[name] is not None:  # checked before any process starts
             check_writable_dir(kw[name], name=name)
     if kw["per_client"] is not None:
-        from privmtl.per_client import check_rows_path
-
         check_rows_path(kw["per_client"])
     if kw["num_clients"] is not None:  # the ServerApp's population, before any process starts
-        from privmtl._validation import CLIENT_BYTES, check_int, check_memory
-
         check_memory(
             "num_clients",
             check_int("num_clients", kw["num_clients"], low=1),
             CLIENT_BYTES,
             "clients",
         )
-    from privmtl._progress import QUIET, get_verbosity
-    from privmtl.flower._core import default_work_dir
-    from privmtl.flower.launcher import check_work_dir, run_local
-
     as_json = kw["as_json"]
     run_config = _run_config(kw, settings, budget)
-    from privmtl.flower._core import check_options, run_options
-    from privmtl.flower.factory import announce
-    from privmtl.flower.secagg import check_secagg_options
-
     # a user's factory or method: loaded here (refused in one line before any process starts);
     # the apps get this directory and its file's SHA-256, and load their own copy
     run_config = announce(run_config, cwd=Path.cwd())
@@ -268,10 +262,7 @@ def local(**kw: Any) -> None:
     check_options(full, kw["num_supernodes"])
     check_secagg_options(full, kw["num_supernodes"])
     work = kw["work_dir"] if kw["work_dir"] is not None else default_work_dir()
-    check_work_dir(work, resume=kw["resume"])
-    from privmtl.federated.user_model import is_factory_spec
-    from privmtl.trust import check_signing_key
-
+    launcher.check_work_dir(work, resume=kw["resume"])
     # a result naming code (a model or a method) is signed, so that this user's --config FILE can
     # load it again; the saved models always are: a bad key stops the run before it starts
     code = is_factory_spec(str(kw["model"])) or is_factory_spec(str(settings.get("method")))
@@ -284,15 +275,13 @@ def local(**kw: Any) -> None:
     startup = startup_seconds()  # before the launcher's clock starts
     quiet = get_verbosity() == QUIET
     if startup is not None and os.name == "posix":  # the program: wait without torch
-        from privmtl.flower.launcher import launch_request
-
-        request = launch_request(
+        request = launcher.launch_request(
             num_supernodes=kw["num_supernodes"], run_config=run_config, work_dir=work,
             timeout=kw["timeout"], save_models=kw["save_models"],
         )  # fmt: skip
         request["output"] = {"as_json": as_json, "code": code, "quiet": quiet}
         exec_launcher(request)
-    out = run_local(
+    out = launcher.run_local(
         num_supernodes=kw["num_supernodes"],
         run_config=run_config,
         work_dir=work,
@@ -308,9 +297,6 @@ def exec_launcher(request: dict[str, Any]) -> None:
     """Replace this process with ``python -m privmtl.cli.flower_run REQUEST``: the same process
     (its id, its start time, its output streams and its parent) waits for the deployment
     without PyTorch, SciPy or Flower (:mod:`privmtl.cli.flower_run`)."""
-    import json
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     argv = [sys.executable, "-m", "privmtl.cli.flower_run", json.dumps(request)]

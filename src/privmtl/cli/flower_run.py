@@ -15,6 +15,15 @@ import json
 import sys
 from typing import Any
 
+import click
+
+from privmtl import _timing
+from privmtl.cli._common import cli_terms, echo_final_models, echo_json, to_jsonable
+from privmtl.exceptions import PrivmtlError
+from privmtl.flower import launcher
+from privmtl.gain import describe_gain
+from privmtl.trust import sign
+
 __all__ = ["main", "report_local"]
 
 
@@ -28,17 +37,13 @@ def _one_line(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the request (the one argument, JSON) and print its result; the exit code."""
-    from privmtl import _timing
-    from privmtl.exceptions import PrivmtlError
-    from privmtl.flower.launcher import run_request
-
     startup = _timing.process_seconds()  # since the command started (the process before exec)
     args = sys.argv[1:] if argv is None else argv
     request: dict[str, Any] = json.loads(args[0])
     output = dict(request.pop("output", {}))
     work = request["work_dir"]
     try:
-        out = run_request(request, progress=None if output.get("quiet") else _say)
+        out = launcher.run_request(request, progress=None if output.get("quiet") else _say)
     except KeyboardInterrupt:
         _say(
             "privmtl: aborted; continue the run with the same command and "
@@ -46,8 +51,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 130
     except PrivmtlError as exc:
-        from privmtl.cli._common import cli_terms
-
         _say(f"privmtl: error: {_one_line(cli_terms(str(exc)))}")
         return 2
     except OSError as exc:
@@ -65,12 +68,8 @@ def report_local(out: dict[str, Any], *, as_json: bool, code: bool, startup: flo
     """Print a finished ``privmtl flower local`` run: its JSON (signed when it names code,
     ``code``, or carries a method's source) or its human lines; ``startup``: the seconds its
     process spent before the launch (added to its ``phases`` and ``seconds``)."""
-    from privmtl._timing import with_startup
-    from privmtl.cli._common import echo_json, to_jsonable
-    from privmtl.trust import sign
-
     if startup is not None and "phases" in out:  # seconds: the command's wall time
-        with_startup(out, startup)
+        _timing.with_startup(out, startup)
     if as_json:
         echo_json(sign(to_jsonable(out)) if code or "method_source" in out else out)
         return
@@ -79,11 +78,6 @@ def report_local(out: dict[str, Any], *, as_json: bool, code: bool, startup: flo
 
 def _human(out: dict[str, Any]) -> None:
     """The human lines of a finished ``privmtl flower local`` run."""
-    import click
-
-    from privmtl.cli._common import echo_final_models
-    from privmtl.gain import describe_gain
-
     click.echo(
         f"{out['method']} ({out['model']}) on {out['data']} via {out['engine']}: "
         f"m={out['num_clients']}, "

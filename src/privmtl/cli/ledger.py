@@ -7,7 +7,10 @@ from typing import Any
 
 import click
 
+from privmtl.checkpoint import ledger_seen
 from privmtl.cli._common import echo_json
+from privmtl.exceptions import DataFormatError
+from privmtl.privacy.ledger import reaccount
 
 __all__ = ["ledger"]
 
@@ -41,10 +44,6 @@ def ledger(
     A ledger without the closing line of a finished run is reported incomplete (``complete:
     false``): its releases and ε are then lower bounds.
     """
-    from privmtl.checkpoint import ledger_seen
-    from privmtl.exceptions import DataFormatError
-    from privmtl.privacy.ledger import reaccount
-
     if delta is not None and not 0 < delta < 1:
         raise click.BadParameter(f"must be in (0, 1); got {delta}", param_hint="--delta")
     run_dir = path if path.is_dir() else path.parent

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from privmtl.cli._common import (
     vote_share_option,
 )
 from privmtl.cli._data_options import mpmtl_data_kwargs, mpmtl_data_options
-from privmtl.cli.report import (
+from privmtl.cli._output_files import (
     check_output_files,
     report_option,
     rows_for_report,
@@ -41,6 +42,7 @@ from privmtl.experiments.mpmtl_sweep import (
     DEFAULT_SWEEP_METHODS,
     DEFAULT_SWEEP_TUNE,
     SWEEP_TUNE_MODES,
+    run_mpmtl_sweep,
 )
 from privmtl.gain import gain_verdict
 from privmtl.io import check_writable_dir
@@ -51,6 +53,7 @@ from privmtl.linear.spec import DEFAULT_ITERATIONS, NOISES, SPEC
 from privmtl.privacy.accounting import TIGHT_ACCOUNTANTS
 from privmtl.privacy.guarantee import RELATIONS
 from privmtl.privacy.selection import SELECTION_METHODS
+from privmtl.trust import check_signing_key
 
 __all__ = ["mpmtl", "mpmtl_sweep"]
 
@@ -362,8 +365,6 @@ def mpmtl(
         if folder is not None:  # checked before any computation
             check_writable_dir(folder, name=name)
     if save_models is not None:  # model.json is signed: a bad key stops the run before it starts
-        from privmtl.trust import check_signing_key
-
         check_signing_key()
     files = {"per_client": per_client, "report": report, "save_models": save_models}
     report = check_output_files(files)
@@ -484,8 +485,6 @@ def mpmtl_sweep(
             )
     eps = number_list(epsilons, "--epsilons", low=0, open_low=True)
     seed_list = number_list(seeds, "--seeds", integer=True, low=0)
-    from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
-
     on_abort(f"finished runs are kept in {out_dir / 'runs.jsonl'}: the same command continues")
 
     res = run_mpmtl_sweep(
@@ -509,8 +508,6 @@ def mpmtl_sweep(
     if as_json:
         echo_json(res)
         return
-    import json
-
     rows = json.loads((out_dir / "mpmtl_sweep.json").read_text())["rows"]
     metric = "nMSE" if rows[0]["metric"] == "nmse" else "aAUC"
     for row in res["summary"]:

@@ -26,6 +26,12 @@ from privmtl.cli._common import (
     vote_share_option,
 )
 from privmtl.cli._data_options import pmtl_data_kwargs, pmtl_data_options
+from privmtl.cli._output_files import (
+    check_output_files,
+    report_option,
+    rows_for_report,
+    write_run_report,
+)
 from privmtl.cli._spec_options import (
     check_config_code,
     config_option,
@@ -33,12 +39,6 @@ from privmtl.cli._spec_options import (
     spec_option,
     spec_options,
     trust_code_option,
-)
-from privmtl.cli.report import (
-    check_output_files,
-    report_option,
-    rows_for_report,
-    write_run_report,
 )
 from privmtl.data.registry import dataset_names, datasets_help
 from privmtl.exceptions import InvalidParameterError
@@ -48,6 +48,8 @@ from privmtl.experiments.pmtl import (
     FL_MODELS,
     run_pmtl,
 )
+from privmtl.experiments.pmtl_sweep import PMTL_SWEEP_FILES, run_pmtl_sweep, write_pmtl_sweep
+from privmtl.experiments.runlog import RunLog
 from privmtl.federated.baseline import describe_gain
 from privmtl.federated.end_of_run.finish import FINETUNE_SELECT_CHOICES, FINETUNE_VOTE_SHARE
 from privmtl.federated.end_of_run.local import LOCAL_SELECT, LOCAL_SOLVER_CHOICES
@@ -426,9 +428,6 @@ def pmtl_sweep(**kw: Any) -> None:
     Every finished run (and every vote) is appended to OUT/runs.jsonl; re-running the sweep into
     the same --out reuses those of the same configuration (an interrupted sweep resumes).
     """
-    from privmtl.experiments.pmtl_sweep import PMTL_SWEEP_FILES, run_pmtl_sweep, write_pmtl_sweep
-    from privmtl.experiments.runlog import RunLog
-
     check_model_option(kw["model"])
     resolve_device(kw["device"])  # before the output folder is touched
     table = pmtl_data_kwargs(kw, kw["data"])
