@@ -356,6 +356,22 @@ vote_share_option = click.option(
 )
 
 
+def echo_run_privacy(out: dict[str, Any]) -> None:
+    """Print a federated run's privacy lines: its guarantee's summary, where its noise came
+    from, where a budget stopped it, and the folder of its models (``privmtl pmtl`` and
+    ``privmtl flower local`` alike)."""
+    click.echo(f"privacy: {out['summary']}")
+    noisy = bool(out.get("noise_std"))
+    click.echo(f"noise source: {out.get('noise_source') if noisy else 'none (no noise added)'}")
+    if out.get("stopped_on_budget"):
+        click.echo(
+            f"stopped on budget after {out['rounds_run']} of {out['rounds']} rounds "
+            f"(ε spent {out['epsilon']:.4g})"
+        )
+    if out.get("models_dir"):
+        click.echo(f"models: {out['models_dir']}")
+
+
 def echo_final_models(out: dict[str, Any], *, recorded: bool = False) -> None:
     """Print which model the clients ended the run with and what the shared model alone scores.
 

@@ -18,7 +18,13 @@ from typing import Any
 import click
 
 from privmtl import _timing
-from privmtl.cli._common import cli_terms, echo_final_models, echo_json, to_jsonable
+from privmtl.cli._common import (
+    cli_terms,
+    echo_final_models,
+    echo_json,
+    echo_run_privacy,
+    to_jsonable,
+)
 from privmtl.exceptions import PrivmtlError
 from privmtl.flower import launcher
 from privmtl.gain import describe_gain
@@ -91,20 +97,13 @@ def _human(out: dict[str, Any]) -> None:
     if gain is not None:
         click.echo(gain)
     echo_final_models(out)
-    click.echo(f"privacy: {out['summary']}")
     if out.get("secure_aggregation"):
         sa = out["secure_aggregation"]
         click.echo(
             f"secure aggregation: {sa['protocol']}, {sa['clipping']} clipping, max quantization "
             f"error {sa['max_quantization_error']:.3g} per coordinate"
         )
-    if out.get("stopped_on_budget"):
-        click.echo(
-            f"stopped on budget after {out['rounds_run']} of {out['rounds']} rounds "
-            f"(ε spent {out['epsilon']:.4g})"
-        )
-    if out.get("models_dir"):
-        click.echo(f"models: {out['models_dir']}")
+    echo_run_privacy(out)
     click.echo(f"work directory: {out['work_dir']}")
 
 

@@ -15,6 +15,7 @@ from privmtl.cli._common import (
     check_save_dir,
     echo_final_models,
     echo_json,
+    echo_run_privacy,
     number_list,
     on_abort,
     privacy_label,
@@ -110,16 +111,7 @@ def _human(out: dict[str, Any]) -> None:
         click.echo(gain)
     echo_final_models(out)
     click.echo(f"time: {describe_phases(out, per_round=out.get('seconds_per_round'))}")
-    click.echo(f"privacy: {out['summary']}")
-    noisy = bool(out.get("noise_std"))
-    click.echo(f"noise source: {out['noise_source'] if noisy else 'none (no noise added)'}")
-    if out.get("stopped_on_budget"):
-        click.echo(
-            f"stopped on budget after {out['rounds_run']} of {out['rounds']} rounds "
-            f"(ε spent {out['epsilon']:.4g})"
-        )
-    if out.get("models_dir"):
-        click.echo(f"models: {out['models_dir']}")
+    echo_run_privacy(out)
     for key, words in (("per_client_file", "per-client rows"), ("report", "report")):
         if out.get(key):
             click.echo(f"{words}: {out[key]}")
