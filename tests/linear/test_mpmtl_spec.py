@@ -25,6 +25,7 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.mpmtl import run_mpmtl
 from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
 from privmtl.linear.methods import BUILTIN_LINEAR_METHODS
+from privmtl.linear.options import MPMTLExecution, MPMTLPrivacy, MPMTLRefit
 from privmtl.linear.selection import METHOD_ESTIMATORS, estimator_class
 from privmtl.linear.spec import (
     DEFAULT_ITERATIONS,
@@ -252,8 +253,17 @@ def test_estimators_check_shared_settings_with_the_specs_constraints():
     from privmtl.linear.mpmtl import MPMTLLowRank, MPMTLLowRankSparse
 
     for cls in (MPMTLLowRank, MPMTLLowRankSparse):
-        for name in ("epsilon", "delta", "noise", "relation", "noise_source", "budget_epsilon"):
+        for name in ("epsilon", "delta", "noise", "noise_source"):
             assert cls._parameter_constraints[name] == MPMTLSpec._parameter_constraints[name]
+    # the grouped settings: their group declares the spec's constraint
+    for group, name in (
+        (MPMTLPrivacy, "relation"),
+        (MPMTLPrivacy, "budget_epsilon"),
+        (MPMTLRefit, "eigen_floor"),
+        (MPMTLRefit, "refit_power"),
+        (MPMTLExecution, "checkpoint_every"),
+    ):
+        assert group._parameter_constraints[name] == MPMTLSpec._parameter_constraints[name]
     assert (
         DPMTRL._parameter_constraints["iterations"]
         == spec_constraints("iterations", required=("iterations",))["iterations"]
@@ -262,7 +272,7 @@ def test_estimators_check_shared_settings_with_the_specs_constraints():
     Xs = [rng.standard_normal((12, 3)) for _ in range(4)]
     ys = [x @ np.ones(3) for x in Xs]
     with pytest.raises(InvalidParameterError, match=r"'accountant'.*got 'prv'"):
-        MPMTLLowRank(accountant="prv").fit(Xs, ys)
+        MPMTLLowRank(privacy=MPMTLPrivacy(accountant="prv")).fit(Xs, ys)
     # accountant=None is the spec's accountant
     est = MPMTLLowRank(epsilon=1.0, noise_source="seeded", random_state=0).fit(Xs, ys)
     assert est.privacy_.accountant == SPEC.accountant
