@@ -70,6 +70,7 @@ from privmtl.linear.mpmtl_base import (
     EIGEN_FIXES,
     SEEDED_NOISE_NOTE,
     _MPMTLBase,
+    _refuse_moved,
 )
 from privmtl.linear.mpmtl_checkpoint import CHECKPOINT_KIND
 from privmtl.linear.mpmtl_protocol import (
@@ -387,6 +388,8 @@ class MPMTLLowRankSparse(_MPMTLBase):
         execution: MPMTLExecution | None = None,
         **moved: Any,
     ) -> None:
+        if moved:  # (the base's refit is not this estimator's)
+            _refuse_moved(type(self), moved)
         super().__init__(
             lam=lam,
             epsilon=epsilon,
@@ -410,7 +413,6 @@ class MPMTLLowRankSparse(_MPMTLBase):
             noise_source=noise_source,
             privacy=privacy,
             execution=execution,
-            **moved,
         )
         self.lam_sparse = lam_sparse
 
