@@ -98,6 +98,11 @@ class _RunSetup:
     accountant: str
 
 
+def _fields(group: Any) -> dict[str, Any]:
+    """A grouped parameter's fields by name."""
+    return {f.name: getattr(group, f.name) for f in dataclasses.fields(group)}
+
+
 def _refuse_moved(estimator: type, moved: dict[str, Any]) -> None:
     """Refuse keywords ``estimator`` does not take, naming the grouped parameter that holds a
     setting given by its field's name (``relation=...`` is ``privacy=MPMTLPrivacy(relation=...)``)."""
@@ -218,15 +223,16 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         params = self.get_params(deep=False)
         for name, group in self._groups().items():
             params.pop(name, None)
-            params.update({f.name: getattr(group, f.name) for f in dataclasses.fields(group)})
+            params.update(_fields(group))
         return params
 
     def _validate(self) -> dict[str, Any]:
+        """The checked parameters by name, every group's fields among them (checked against
+        the group's constraints)."""
         p: dict[str, Any] = validate_params(self)
         for name, group in self._groups().items():
             p.pop(name, None)
-            p.update({f.name: getattr(group, f.name) for f in dataclasses.fields(group)})
-            p.update(validate_params(group))
+            p.update(_fields(group), **validate_params(group))
         if p["covariance"] == "WtW" and self._penalty == "groupsparse":
             raise InvalidParameterError(
                 "The 'covariance' parameter must be 'WWt' for the group-sparse estimator (the l2,1 "
