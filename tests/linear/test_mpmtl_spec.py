@@ -125,6 +125,14 @@ def test_estimator_defaults_are_the_specs(method):
             assert default == getattr(SPEC, name), (method, name)
     if "iterations" in params:
         assert method in DEFAULT_ITERATIONS
+    # the settings the estimator takes in a grouped parameter (privacy, refit, execution)
+    for group in getattr(estimator_class(method), "_param_groups", {}).values():
+        for field in dataclasses.fields(group):
+            if field.name not in FIELDS or (
+                field.default is None and field.name in _NONE_MEANS_SPEC
+            ):
+                continue
+            assert field.default == getattr(SPEC, field.name), (method, group.__name__, field.name)
 
 
 def _default_sources(fn) -> dict[str, str]:
@@ -163,6 +171,24 @@ def test_signatures_refer_to_the_spec_instead_of_restating_a_value(where, fn):
             else set()
         )
         assert source.replace('"', "'") in allowed, f"{where}: {name} = {source}"
+
+
+@pytest.mark.parametrize("group", [MPMTLPrivacy, MPMTLRefit, MPMTLExecution])
+def test_the_groups_refer_to_the_spec_instead_of_restating_a_value(group):
+    """The grouped parameters' fields named like a setting default to ``SPEC.<name>`` (or None
+    where None means the spec's), never a literal copy."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(group)))
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef))
+    checked = 0
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        name, source = stmt.target.id, ast.unparse(stmt.value) if stmt.value else ""
+        if name not in FIELDS or (source == "None" and name in _NONE_MEANS_SPEC):
+            continue
+        assert source == f"SPEC.{name}", f"{group.__name__}: {name} = {source}"
+        checked += 1
+    assert checked >= 1
 
 
 def _help_records(command: click.Command) -> tuple[str, dict[str, str]]:
