@@ -48,7 +48,8 @@ __all__ = [
     "split_mpmtl_settings",
 ]
 
-#: The low-rank refit's floor ``tau`` of the metric, in units of ``K sqrt(m)``.
+#: The floor ``tau`` of the local refit's metric ``D`` (so that ``D > 0``), in units of
+#: ``K sqrt(m)``.
 REFIT_FLOOR = 1e-3
 
 
