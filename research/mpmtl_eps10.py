@@ -54,7 +54,7 @@ from privmtl.linear.local import (
     variational_factor,
 )
 from privmtl.linear.metrics import nmse
-from privmtl.linear.mpmtl import MPMTLLowRank
+from privmtl.linear.mpmtl import MPMTLLowRank, MPMTLRefit
 from privmtl.linear.spec import SPEC
 from privmtl.privacy.covariance import plan_covariance_releases
 from privmtl.privacy.noise import NumpySeededNoise
@@ -158,7 +158,10 @@ def run_product(data, seeds, powers, eps_list, noise_source):
             for p in powers:
                 t0 = time.time()
                 est = MPMTLLowRank(
-                    epsilon=eps, refit_power=p, random_state=seed, noise_source=noise_source
+                    epsilon=eps,
+                    random_state=seed,
+                    noise_source=noise_source,
+                    refit=MPMTLRefit(refit_power=p),
                 ).fit(prepared)
                 f = est.eigen_floor_
                 row = {
@@ -243,9 +246,9 @@ def run_rule(data, seeds, eps_list):
         prepared = _prepared(batch)
         for eps in eps_list:
             kw = {"epsilon": eps, "random_state": seed, "noise_source": "seeded"}
-            probe = MPMTLLowRank(refit_power=0.5, **kw).fit(prepared)
+            probe = MPMTLLowRank(**kw, refit=MPMTLRefit(refit_power=0.5)).fit(prepared)
             p, r = linear_rule_power(probe)
-            est = MPMTLLowRank(refit_power=p, **kw).fit(prepared)
+            est = MPMTLLowRank(**kw, refit=MPMTLRefit(refit_power=p)).fit(prepared)
             row = {
                 "data": data,
                 "seed": seed,

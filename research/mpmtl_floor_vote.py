@@ -42,7 +42,7 @@ from privmtl.linear.local import (
     variational_factor,
 )
 from privmtl.linear.metrics import nmse
-from privmtl.linear.mpmtl import MPMTLLowRank
+from privmtl.linear.mpmtl import MPMTLLowRank, MPMTLRefit
 
 OUT = RESULTS / "mpmtl_floor_vote.jsonl"
 EPSILONS = (0.01, 0.1, 0.3, 1.0, 3.0, 10.0)
@@ -108,9 +108,9 @@ def run(data: str, seeds: int, *, share: float | None = None, secure: bool = Fal
                 kw["noise_source"] = "secure"
             for name, floor in variants:
                 t0 = time.time()
-                est = MPMTLLowRank(epsilon=eps, random_state=seed, eigen_floor=floor, **kw).fit(
-                    Xs, ys
-                )
+                est = MPMTLLowRank(
+                    epsilon=eps, random_state=seed, **kw, refit=MPMTLRefit(eigen_floor=floor)
+                ).fit(Xs, ys)
                 row = {
                     "variant": name,
                     "eps": eps,

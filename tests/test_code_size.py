@@ -22,13 +22,7 @@ LONG_FILES: dict[str, str] = {}
 LONG_FUNCTIONS: dict[str, str] = {}
 
 #: ``module:function`` → why it still takes more than ``MAX_PARAMETERS`` parameters
-WIDE_FUNCTIONS: dict[str, str] = {
-    "linear/mpmtl_base.py:__init__": (
-        "a scikit-learn estimator declares every hyper-parameter in __init__: get_params, "
-        "set_params and clone read the signature"
-    ),
-    "linear/mpmtl.py:__init__": "the same scikit-learn contract as mpmtl_base.py:__init__",
-}
+WIDE_FUNCTIONS: dict[str, str] = {}
 
 
 def _sizes():

@@ -8,7 +8,14 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from privmtl._validation import Boolean, Interval, Options, RandomState, validate_params
+from privmtl._validation import (
+    Boolean,
+    InstanceOf,
+    Interval,
+    Options,
+    RandomState,
+    validate_params,
+)
 from privmtl.exceptions import InvalidParameterError
 
 
@@ -22,11 +29,13 @@ class _Est:
         "alpha": [Interval(Real, 0.0, 1.0), Options(("auto",))],
         "accelerate": Boolean(),
         "random_state": RandomState(),
+        "group": [None, InstanceOf(dict)],
     }
 
     def __init__(self, **kw: object) -> None:
         self.lam, self.tol, self.max_iter, self.loss = 1, 1e-6, 10, "squared"
         self.step, self.alpha, self.accelerate, self.random_state = None, "auto", True, 0
+        self.group = None
         self.__dict__.update(kw)
 
 
@@ -36,6 +45,8 @@ def test_valid_values_are_converted() -> None:
     assert out["max_iter"] == 10 and type(out["max_iter"]) is int
     assert out["accelerate"] is False
     assert out["step"] is None and out["alpha"] == 0.5 and out["random_state"] == 0
+    group = {"a": 1}
+    assert validate_params(_Est(group=group))["group"] is group  # an instance is kept as given
 
 
 @pytest.mark.parametrize(
@@ -49,6 +60,7 @@ def test_valid_values_are_converted() -> None:
         ("alpha", 2.0, r"The 'alpha' parameter must be a real number in \[0, 1\] or one of"),
         ("accelerate", 1, r"The 'accelerate' parameter must be a bool; got 1"),
         ("random_state", -3, r"The 'random_state' parameter must be a non-negative int"),
+        ("group", [1], r"The 'group' parameter must be a dict; got \[1\]"),
     ],
 )
 def test_invalid_values_name_parameter_constraint_and_value(

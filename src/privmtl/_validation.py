@@ -32,6 +32,7 @@ from privmtl.exceptions import InvalidParameterError
 
 __all__ = [
     "Boolean",
+    "InstanceOf",
     "Interval",
     "Options",
     "RandomState",
@@ -254,7 +255,26 @@ class RandomState:
         return "a non-negative int, a numpy Generator or None"
 
 
-Constraint = Interval | Options | Boolean | RandomState | None
+@dataclass(frozen=True)
+class InstanceOf:
+    """An instance of ``kind`` (a parameter that groups settings in a typed object)."""
+
+    kind: type
+
+    def check(self, name: str, value: Any) -> Any:
+        """Return the value unchanged or raise InvalidParameterError."""
+        if not isinstance(value, self.kind):
+            raise InvalidParameterError(
+                f"The '{name}' parameter must be {self.describe()}; got {_shown(value)}."
+            )
+        return value
+
+    def describe(self) -> str:
+        """Human-readable form used when several constraints are allowed."""
+        return f"a {self.kind.__name__}"
+
+
+Constraint = Interval | Options | Boolean | RandomState | InstanceOf | None
 
 
 def _check_one(name: str, value: Any, constraint: Constraint) -> Any:

@@ -76,6 +76,10 @@ def test_a_seeded_run_keeps_its_numbers(tmp_path):
     assert meta["data"]["scaling"] == out["scaling"] == "per-task"
     assert meta["data"]["feature_columns"] == ["a", "b", "c"]
     assert meta["data"]["data_path"] == str(path.resolve())
+    # the saved parameters are the run's settings by their own names, not the estimator's
+    # grouped parameters: a models folder reads the same whichever way the estimator groups them
+    assert {"relation", "accountant", "eigen_floor", "refit_power"} <= set(meta["params"])
+    assert not {"privacy", "refit", "execution"} & set(meta["params"])
 
 
 def test_the_durability_settings_are_checked_before_any_data_is_read(tmp_path):

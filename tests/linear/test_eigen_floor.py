@@ -20,6 +20,7 @@ from privmtl.linear.eigen_floor import (
     median_winner,
 )
 from privmtl.linear.mpmtl import MPMTLGroupSparse, MPMTLLowRank
+from privmtl.linear.options import MPMTLExecution, MPMTLRefit
 from privmtl.privacy.covariance import plan_covariance_releases, reserve_share
 from privmtl.privacy.selection import VOTE_MECHANISM
 
@@ -27,7 +28,11 @@ from privmtl.privacy.selection import VOTE_MECHANISM
 def _fit(eps, floor="vote", **kw):
     Xs, ys = lowrank_tasks()
     return MPMTLLowRank(
-        epsilon=eps, random_state=0, noise_source="seeded", eigen_floor=floor, **kw
+        epsilon=eps,
+        random_state=0,
+        noise_source="seeded",
+        **kw,
+        refit=MPMTLRefit(eigen_floor=floor),
     ).fit(Xs, ys)
 
 
@@ -122,9 +127,9 @@ def test_where_the_vote_cannot_matter_nothing_is_spent_and_today_s_fit_stays():
 def test_a_vote_without_signal_is_not_held():
     """Few tasks: the vote's noise std would exceed m / 4, so nothing is spent on it."""
     Xs, ys = lowrank_tasks(m=8)
-    est = MPMTLLowRank(epsilon=3.0, random_state=0, noise_source="seeded", eigen_floor="vote").fit(
-        Xs, ys
-    )
+    est = MPMTLLowRank(
+        epsilon=3.0, random_state=0, noise_source="seeded", refit=MPMTLRefit(eigen_floor="vote")
+    ).fit(Xs, ys)
     assert est.eigen_floor_["mode"] == "fixed"
     assert "could not carry signal" in est.eigen_floor_["reason"]
     assert len(est.ledger_.records) == 1
@@ -163,8 +168,8 @@ def test_a_non_private_run_takes_the_exact_vote():
 
 
 def test_a_seeded_resume_replays_the_vote_without_charging_it(tmp_path):
-    a = _fit(10.0, checkpoint_dir=tmp_path / "run")
-    b = _fit(10.0, checkpoint_dir=tmp_path / "run", resume=True)
+    a = _fit(10.0, execution=MPMTLExecution(checkpoint_dir=tmp_path / "run"))
+    b = _fit(10.0, execution=MPMTLExecution(checkpoint_dir=tmp_path / "run", resume=True))
     np.testing.assert_array_equal(a.coef_, b.coef_)
     assert b.privacy_.epsilon == a.privacy_.epsilon
     assert len(b.ledger_.records) == 2
@@ -193,7 +198,7 @@ def test_bad_floor_settings_name_the_parameter(kw, match):
 def test_group_sparse_default_has_no_floor():
     Xs, ys = lowrank_tasks(m=10)
     est = MPMTLGroupSparse(
-        epsilon=10.0, random_state=0, noise_source="seeded", eigen_floor="vote"
+        epsilon=10.0, random_state=0, noise_source="seeded", refit=MPMTLRefit(eigen_floor="vote")
     ).fit(Xs, ys)
     assert est.eigen_floor_ is None and len(est.ledger_.records) == 1
 

@@ -9,6 +9,7 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.linear.local import local_ridge, refit_with_metric, variational_factor
 from privmtl.linear.losses import TaskBatch
 from privmtl.linear.mpmtl import MPMTLGroupSparse, MPMTLLowRank, MPMTLLowRankSparse
+from privmtl.linear.options import MPMTLRefit
 
 
 def _tasks(m=8, d=5, n=12, seed=0, logistic=False):
@@ -99,7 +100,9 @@ def test_refit_recovers_the_subspace_without_noise():
     Xt = [rng.standard_normal((200, 8)) / np.sqrt(8) for _ in range(30)]
     err = lambda C: np.mean([np.mean((x @ (C[:, i] - W[:, i])) ** 2) for i, x in enumerate(Xt)])  # noqa: E731
     stl = local_ridge(TaskBatch.from_tasks(Xs, ys), "squared", 1e-2)
-    est = MPMTLLowRank(clip=1e3, iterations=1, init=W, refit_lam=1e-2, refit_floor=0.0).fit(Xs, ys)
+    est = MPMTLLowRank(
+        clip=1e3, iterations=1, init=W, refit_lam=1e-2, refit=MPMTLRefit(refit_floor=0.0)
+    ).fit(Xs, ys)
     assert err(est.coef_) < 0.5 * err(stl)
 
 
@@ -108,7 +111,7 @@ def test_refit_validation():
     with pytest.raises(InvalidParameterError, match="refit_lam"):
         MPMTLLowRank(refit_lam=-1.0).fit(Xs, ys)
     with pytest.raises(InvalidParameterError, match="refit_floor"):
-        MPMTLGroupSparse(refit_lam=1.0, refit_floor=-1.0).fit(Xs, ys)
+        MPMTLGroupSparse(refit_lam=1.0, refit=MPMTLRefit(refit_floor=-1.0)).fit(Xs, ys)
     assert "refit_lam" not in MPMTLLowRankSparse().get_params()  # no refit for Alg. 4
     with pytest.raises(InvalidParameterError, match="refit_lam"):
         MPMTLLowRank(refit_lam=1.0, covariance="WtW").fit(Xs, ys)

@@ -14,6 +14,7 @@ from privmtl.linear.losses import task_gradients
 from privmtl.linear.metrics import nmse
 from privmtl.linear.mpmtl import (
     MPMTLLowRankSparse,
+    MPMTLPrivacy,
     local_ridge,
     sample_l2_laplace,
 )
@@ -259,7 +260,7 @@ def test_determinism_by_seed():
         "clip": 5.0,
         "iterations": 5,
         "epsilon": 0.5,
-        "instance_epsilon": 5.0,
+        "privacy": MPMTLPrivacy(instance_epsilon=5.0),
         "noise_source": "seeded",
     }
     a = MPMTLLowRank(random_state=7, **kw).fit(Xs, ys).coef_
@@ -291,7 +292,12 @@ def test_l2_laplace_noise_distribution():
 def test_instance_protection_wiring_and_guarantee():
     Xs, ys, _ = make_lowrank()
     est = MPMTLLowRank(
-        lam=0.05, clip=5.0, iterations=6, epsilon=1.0, instance_epsilon=3.0, random_state=0
+        lam=0.05,
+        clip=5.0,
+        iterations=6,
+        epsilon=1.0,
+        random_state=0,
+        privacy=MPMTLPrivacy(instance_epsilon=3.0),
     ).fit(Xs, ys)
     ip = est.instance_privacy_
     assert ip.notion == "IP-MTL" and ip.delta == 0.0 and ip.epsilon == pytest.approx(3.0)
@@ -301,7 +307,12 @@ def test_instance_protection_wiring_and_guarantee():
     # tiny instance budget: the shared models are pure noise (clipped to K), so the projection is
     # learned from noise, but every task still projects its own clean model
     noisy = MPMTLLowRank(
-        lam=0.05, clip=5.0, iterations=6, epsilon=None, instance_epsilon=1e-6, random_state=0
+        lam=0.05,
+        clip=5.0,
+        iterations=6,
+        epsilon=None,
+        random_state=0,
+        privacy=MPMTLPrivacy(instance_epsilon=1e-6),
     ).fit(Xs, ys)
     clean = MPMTLLowRank(lam=0.05, clip=5.0, iterations=6).fit(Xs, ys)
     assert np.all(np.isfinite(noisy.coef_))

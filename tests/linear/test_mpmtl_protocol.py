@@ -20,7 +20,9 @@ from privmtl.exceptions import InvalidParameterError, PrivmtlWarning
 from privmtl.linear import mpmtl as _mpmtl
 from privmtl.linear.mpmtl import (
     CovarianceCurator,
+    MPMTLExecution,
     MPMTLLowRankSparse,
+    MPMTLPrivacy,
     MPMTLState,
 )
 from privmtl.privacy.accounting import event_from_dict
@@ -73,7 +75,9 @@ def test_every_release_is_recorded_before_it_is_used(tmp_path):
             seen.append((t, len(lines) - 1, json.loads(lines[-1])["release_id"]))
 
     est = MPMTLLowRank(
-        **KW, noise_source="seeded", checkpoint_dir=tmp_path / "ck", callback=callback
+        **KW,
+        noise_source="seeded",
+        execution=MPMTLExecution(checkpoint_dir=tmp_path / "ck", callback=callback),
     ).fit(Xs, ys)
     assert seen == [(t, t + 1, f"covariance:{t}") for t in range(8)]
     records = est.ledger_.records
@@ -104,7 +108,10 @@ def test_every_release_is_recorded_before_it_is_used(tmp_path):
 def test_wishart_releases_are_recorded_and_reported_honestly(tmp_path):
     Xs, ys = make_tasks()
     est = MPMTLLowRank(
-        **{**KW, "iterations": 4}, noise="wishart", noise_source="seeded", checkpoint_dir=tmp_path
+        **{**KW, "iterations": 4},
+        noise="wishart",
+        noise_source="seeded",
+        execution=MPMTLExecution(checkpoint_dir=tmp_path),
     ).fit(Xs, ys)
     assert [r["mechanism"] for r in est.ledger_.records] == ["wishart"] * 4
     claimed = [r["params"]["claimed_epsilon_t"] for r in est.ledger_.records]
@@ -117,7 +124,7 @@ def test_wishart_releases_are_recorded_and_reported_honestly(tmp_path):
     assert not g.valid and g.delta >= 1 - math.exp(-sum(claimed)) - 1e-12
     assert any("Wishart" in n and "inf" in n for n in g.notes)
     with pytest.raises(InvalidParameterError, match="budget_epsilon"):
-        MPMTLLowRank(**KW, noise="wishart", budget_epsilon=5.0).fit(Xs, ys)
+        MPMTLLowRank(**KW, noise="wishart", privacy=MPMTLPrivacy(budget_epsilon=5.0)).fit(Xs, ys)
 
 
 # ------------------------------------------------------------------------------- noise source
@@ -189,7 +196,11 @@ def test_budget_stops_before_the_release_that_would_exceed_it(tmp_path):
     full = MPMTLLowRank(**kw).fit(Xs, ys)
     assert full.privacy_.epsilon == pytest.approx(2.0, rel=1e-6)
     with pytest.warns(PrivmtlWarning, match="stopped on the privacy budget") as caught:
-        est = MPMTLLowRank(**kw, budget_epsilon=1.0, checkpoint_dir=tmp_path).fit(Xs, ys)
+        est = MPMTLLowRank(
+            **kw,
+            privacy=MPMTLPrivacy(budget_epsilon=1.0),
+            execution=MPMTLExecution(checkpoint_dir=tmp_path),
+        ).fit(Xs, ys)
     assert f"{est.n_iter_} of 10 iterations ran" in str(caught[0].message)
     assert est.stopped_on_budget_ and est.privacy_.epsilon <= 1.0
     t = est.n_iter_
@@ -204,7 +215,11 @@ def test_budget_stops_before_the_release_that_would_exceed_it(tmp_path):
     np.testing.assert_array_equal(est.coef_, est.state_.W_hat_prev)
     assert reaccount(tmp_path)["epsilon"] == pytest.approx(est.privacy_.epsilon, rel=1e-12)
     # a resumed run with a larger budget continues from the state reached
-    more = MPMTLLowRank(**kw, budget_epsilon=3.0, checkpoint_dir=tmp_path, resume=True).fit(Xs, ys)
+    more = MPMTLLowRank(
+        **kw,
+        privacy=MPMTLPrivacy(budget_epsilon=3.0),
+        execution=MPMTLExecution(checkpoint_dir=tmp_path, resume=True),
+    ).fit(Xs, ys)
     assert not more.stopped_on_budget_ and more.n_iter_ == 10
     np.testing.assert_array_equal(more.coef_, full.coef_)
     assert more.privacy_.epsilon == pytest.approx(full.privacy_.epsilon, rel=1e-12)
@@ -229,13 +244,16 @@ _CHILD = textwrap.dedent(
 )
 
 
-def estimator(name: str, source: str, **kw):
+def estimator(name: str, source: str, **execution):
+    """The estimator ``name`` with seeded or secure noise; ``execution``: its
+    :class:`MPMTLExecution`'s fields (checkpoint directory, resume, callback)."""
+    kw = {"noise_source": source, "execution": MPMTLExecution(**execution)}
     if name == "lowrank":
-        return MPMTLLowRank(**KW, noise_source=source, **kw)
+        return MPMTLLowRank(**KW, **kw)
     if name == "groupsparse-refit":
-        return MPMTLGroupSparse(**{**KW, "lam": 0.3}, refit_lam=0.1, noise_source=source, **kw)
+        return MPMTLGroupSparse(**{**KW, "lam": 0.3}, refit_lam=0.1, **kw)
     return MPMTLLowRankSparse(
-        **KW, lam_sparse=0.02, instance_epsilon=3.0, mu=1e-2, noise_source=source, **kw
+        **KW, lam_sparse=0.02, mu=1e-2, privacy=MPMTLPrivacy(instance_epsilon=3.0), **kw
     )
 
 
@@ -304,30 +322,50 @@ def test_sigkill_then_resume_in_secure_mode_charges_every_release(tmp_path):
 
 def test_resume_refuses_another_configuration_or_a_corrupt_file(tmp_path):
     Xs, ys = make_tasks()
-    MPMTLLowRank(**KW, noise_source="seeded", checkpoint_dir=tmp_path).fit(Xs, ys)
+    MPMTLLowRank(
+        **KW, noise_source="seeded", execution=MPMTLExecution(checkpoint_dir=tmp_path)
+    ).fit(Xs, ys)
     with pytest.raises(InvalidParameterError, match="holds a run already"):
-        MPMTLLowRank(**KW, noise_source="seeded", checkpoint_dir=tmp_path).fit(Xs, ys)
+        MPMTLLowRank(
+            **KW, noise_source="seeded", execution=MPMTLExecution(checkpoint_dir=tmp_path)
+        ).fit(Xs, ys)
     with pytest.raises(CheckpointError, match=r"param\.lam: 0\.05 \(checkpoint\) vs 0\.1"):
         MPMTLLowRank(
-            **{**KW, "lam": 0.1}, noise_source="seeded", checkpoint_dir=tmp_path, resume=True
+            **{**KW, "lam": 0.1},
+            noise_source="seeded",
+            execution=MPMTLExecution(checkpoint_dir=tmp_path, resume=True),
         ).fit(Xs, ys)
     with pytest.raises(CheckpointError, match="noise_source"):
-        MPMTLLowRank(**KW, checkpoint_dir=tmp_path, resume=True).fit(Xs, ys)
+        MPMTLLowRank(**KW, execution=MPMTLExecution(checkpoint_dir=tmp_path, resume=True)).fit(
+            Xs, ys
+        )
     Xs2 = [x.copy() for x in Xs]
     Xs2[0][0, 0] += 1e-3
     with pytest.raises(CheckpointError, match="data_sha256"):
-        MPMTLLowRank(**KW, noise_source="seeded", checkpoint_dir=tmp_path, resume=True).fit(Xs2, ys)
+        MPMTLLowRank(
+            **KW,
+            noise_source="seeded",
+            execution=MPMTLExecution(checkpoint_dir=tmp_path, resume=True),
+        ).fit(Xs2, ys)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     state = tmp_path / manifest["state_file"]
     state.write_bytes(state.read_bytes()[:-5] + b"xxxxx")
     with pytest.raises(CheckpointError, match="corrupt"):
-        MPMTLLowRank(**KW, noise_source="seeded", checkpoint_dir=tmp_path, resume=True).fit(Xs, ys)
+        MPMTLLowRank(
+            **KW,
+            noise_source="seeded",
+            execution=MPMTLExecution(checkpoint_dir=tmp_path, resume=True),
+        ).fit(Xs, ys)
     manifest["version"] = 99
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="version 99"):
-        MPMTLLowRank(**KW, noise_source="seeded", checkpoint_dir=tmp_path, resume=True).fit(Xs, ys)
+        MPMTLLowRank(
+            **KW,
+            noise_source="seeded",
+            execution=MPMTLExecution(checkpoint_dir=tmp_path, resume=True),
+        ).fit(Xs, ys)
     with pytest.raises(InvalidParameterError, match="resume"):
-        MPMTLLowRank(resume=True).fit(Xs, ys)
+        MPMTLLowRank(execution=MPMTLExecution(resume=True)).fit(Xs, ys)
 
 
 def test_state_round_trip_and_curator_replay():

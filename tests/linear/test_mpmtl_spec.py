@@ -25,6 +25,7 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.experiments.mpmtl import run_mpmtl
 from privmtl.experiments.mpmtl_sweep import run_mpmtl_sweep
 from privmtl.linear.methods import BUILTIN_LINEAR_METHODS
+from privmtl.linear.options import MPMTLExecution, MPMTLPrivacy, MPMTLRefit
 from privmtl.linear.selection import METHOD_ESTIMATORS, estimator_class
 from privmtl.linear.spec import (
     DEFAULT_ITERATIONS,
@@ -124,6 +125,14 @@ def test_estimator_defaults_are_the_specs(method):
             assert default == getattr(SPEC, name), (method, name)
     if "iterations" in params:
         assert method in DEFAULT_ITERATIONS
+    # the settings the estimator takes in a grouped parameter (privacy, refit, execution)
+    for group in getattr(estimator_class(method), "_param_groups", {}).values():
+        for field in dataclasses.fields(group):
+            if field.name not in FIELDS or (
+                field.default is None and field.name in _NONE_MEANS_SPEC
+            ):
+                continue
+            assert field.default == getattr(SPEC, field.name), (method, group.__name__, field.name)
 
 
 def _default_sources(fn) -> dict[str, str]:
@@ -162,6 +171,24 @@ def test_signatures_refer_to_the_spec_instead_of_restating_a_value(where, fn):
             else set()
         )
         assert source.replace('"', "'") in allowed, f"{where}: {name} = {source}"
+
+
+@pytest.mark.parametrize("group", [MPMTLPrivacy, MPMTLRefit, MPMTLExecution])
+def test_the_groups_refer_to_the_spec_instead_of_restating_a_value(group):
+    """The grouped parameters' fields named like a setting default to ``SPEC.<name>`` (or None
+    where None means the spec's), never a literal copy."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(group)))
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef))
+    checked = 0
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        name, source = stmt.target.id, ast.unparse(stmt.value) if stmt.value else ""
+        if name not in FIELDS or (source == "None" and name in _NONE_MEANS_SPEC):
+            continue
+        assert source == f"SPEC.{name}", f"{group.__name__}: {name} = {source}"
+        checked += 1
+    assert checked >= 1
 
 
 def _help_records(command: click.Command) -> tuple[str, dict[str, str]]:
@@ -252,8 +279,17 @@ def test_estimators_check_shared_settings_with_the_specs_constraints():
     from privmtl.linear.mpmtl import MPMTLLowRank, MPMTLLowRankSparse
 
     for cls in (MPMTLLowRank, MPMTLLowRankSparse):
-        for name in ("epsilon", "delta", "noise", "relation", "noise_source", "budget_epsilon"):
+        for name in ("epsilon", "delta", "noise", "noise_source"):
             assert cls._parameter_constraints[name] == MPMTLSpec._parameter_constraints[name]
+    # the grouped settings: their group declares the spec's constraint
+    for group, name in (
+        (MPMTLPrivacy, "relation"),
+        (MPMTLPrivacy, "budget_epsilon"),
+        (MPMTLRefit, "eigen_floor"),
+        (MPMTLRefit, "refit_power"),
+        (MPMTLExecution, "checkpoint_every"),
+    ):
+        assert group._parameter_constraints[name] == MPMTLSpec._parameter_constraints[name]
     assert (
         DPMTRL._parameter_constraints["iterations"]
         == spec_constraints("iterations", required=("iterations",))["iterations"]
@@ -262,7 +298,7 @@ def test_estimators_check_shared_settings_with_the_specs_constraints():
     Xs = [rng.standard_normal((12, 3)) for _ in range(4)]
     ys = [x @ np.ones(3) for x in Xs]
     with pytest.raises(InvalidParameterError, match=r"'accountant'.*got 'prv'"):
-        MPMTLLowRank(accountant="prv").fit(Xs, ys)
+        MPMTLLowRank(privacy=MPMTLPrivacy(accountant="prv")).fit(Xs, ys)
     # accountant=None is the spec's accountant
     est = MPMTLLowRank(epsilon=1.0, noise_source="seeded", random_state=0).fit(Xs, ys)
     assert est.privacy_.accountant == SPEC.accountant

@@ -27,6 +27,7 @@ from privmtl.linear.local import (
 )
 from privmtl.linear.losses import TaskBatch
 from privmtl.linear.mpmtl import MPMTLGroupSparse, MPMTLLowRank
+from privmtl.linear.options import MPMTLRefit
 from privmtl.privacy.selection import VOTE_MECHANISM
 
 
@@ -81,21 +82,21 @@ def test_power_one_refit_is_the_posterior_mean_of_the_covariance_prior():
 def test_default_is_auto_and_follows_the_rule_at_the_release_noise():
     """At ε = 10 the release's noise norm is under e/2: power 1; at ε = 0.3 it is above: 1/2, and
     the fit is then the power-1/2 fit bit for bit."""
-    assert MPMTLLowRank().refit_power == POWER_AUTO
+    assert MPMTLLowRank().refit is None and MPMTLRefit().refit_power == POWER_AUTO
     high = _fit(10.0)
     std = high.ledger_.records[0]["params"]["noise_std"]
     assert 2 * std * math.sqrt(6) <= 0.5 * estimation_noise_edge(1.0, 40, 6)
     assert high.refit_power_ == COVARIANCE_POWER
-    one = _fit(10.0, refit_power=1.0)
+    one = _fit(10.0, refit=MPMTLRefit(refit_power=1.0))
     np.testing.assert_array_equal(high.coef_, one.coef_)
-    half = _fit(10.0, refit_power=0.5)
+    half = _fit(10.0, refit=MPMTLRefit(refit_power=0.5))
     assert half.refit_power_ == 0.5 and not np.allclose(half.coef_, high.coef_)
 
     low = _fit(0.3)
     std = low.ledger_.records[0]["params"]["noise_std"]
     assert 2 * std * math.sqrt(6) > 0.5 * estimation_noise_edge(1.0, 40, 6)
     assert low.refit_power_ == TRACE_POWER
-    np.testing.assert_array_equal(low.coef_, _fit(0.3, refit_power=0.5).coef_)
+    np.testing.assert_array_equal(low.coef_, _fit(0.3, refit=MPMTLRefit(refit_power=0.5)).coef_)
     # between e/2 and e the release is still too noisy for power 1
     mid = _fit(3.0)
     std = mid.ledger_.records[0]["params"]["noise_std"]
@@ -120,7 +121,7 @@ def test_the_power_rule_spends_nothing():
     """The rule reads public quantities only: the ledger holds the same release and vote as with
     the power fixed, and the reported ε is the independent composition of the two, the target."""
     auto = _fit(10.0)
-    fixed = _fit(10.0, refit_power=0.5)
+    fixed = _fit(10.0, refit=MPMTLRefit(refit_power=0.5))
     assert auto.refit_power_ == 1.0
     assert [r["mechanism"] for r in auto.ledger_.records] == [
         "gaussian-covariance",
@@ -143,7 +144,7 @@ def test_the_group_sparse_refit_keeps_its_metric():
     Xs, ys = lowrank_tasks(m=10)
     kw = {"epsilon": 10.0, "random_state": 0, "noise_source": "seeded"}
     a = MPMTLGroupSparse(**kw).fit(Xs, ys)
-    b = MPMTLGroupSparse(refit_power=1.0, **kw).fit(Xs, ys)
+    b = MPMTLGroupSparse(**kw, refit=MPMTLRefit(refit_power=1.0)).fit(Xs, ys)
     assert a.refit_power_ is None and b.refit_power_ is None
     np.testing.assert_array_equal(a.coef_, b.coef_)
 
@@ -152,7 +153,7 @@ def test_the_group_sparse_refit_keeps_its_metric():
 def test_a_bad_refit_power_names_the_parameter(value):
     Xs, ys = lowrank_tasks(m=5)
     with pytest.raises(InvalidParameterError, match="refit_power"):
-        MPMTLLowRank(epsilon=1.0, refit_power=value).fit(Xs, ys)
+        MPMTLLowRank(epsilon=1.0, refit=MPMTLRefit(refit_power=value)).fit(Xs, ys)
 
 
 @pytest.mark.parametrize("value", [0.0, -0.5, float("inf"), True])

@@ -34,6 +34,7 @@ class as ``run_mpmtl(method=...)`` or ``privmtl mpmtl --method FILE.py:NAME``
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Mapping, Sequence
@@ -61,6 +62,7 @@ __all__ = [
     "VOTE_GRIDS",
     "LinearMethod",
     "LinearMethodName",
+    "grouped_params",
     "is_method_spec",
     "linear_method",
     "method_names",
@@ -256,18 +258,26 @@ class LinearMethod:
 
     @classmethod
     def make(cls, **params: Any) -> Any:
-        """An unfitted estimator with ``params``."""
-        return cls.estimator_class()(**params)
+        """An unfitted estimator with ``params``: its own parameters, or the fields of a grouped
+        parameter by their names (:func:`grouped_params`), as a run's settings come."""
+        est = cls.estimator_class()
+        return est(**grouped_params(est, params))
 
     @classmethod
     def parameters(cls) -> tuple[str, ...]:
-        """The estimator's parameter names (its ``__init__``'s keywords)."""
+        """The names :meth:`make` takes: the estimator's parameters (its ``__init__``'s
+        keywords) and the fields of its grouped parameters."""
         est = cls.estimator_class()
         names = getattr(est, "_get_param_names", None)
         if callable(names):
-            return tuple(names())
-        sig = inspect.signature(est.__init__)
-        return tuple(n for n in sig.parameters if n != "self")
+            own = tuple(names())
+        else:
+            sig = inspect.signature(est.__init__)
+            own = tuple(
+                n for n, p in sig.parameters.items() if n != "self" and p.kind != p.VAR_KEYWORD
+            )
+        groups = getattr(est, "_param_groups", {})
+        return own + tuple(f.name for g in groups.values() for f in dataclasses.fields(g))
 
     @classmethod
     def estimator_params(
@@ -293,6 +303,24 @@ class LinearMethod:
                 )
             out.update(extra)
         return out
+
+
+def grouped_params(estimator: type, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` for ``estimator`` with the fields of its grouped parameters gathered.
+
+    An estimator may group settings in typed parameters: its class attribute ``_param_groups``
+    maps each such parameter to its frozen dataclass (the MP-MTL estimators' ``privacy``,
+    ``refit`` and ``execution``). A setting named by a group's field is moved into that group,
+    on top of the group given in ``params`` (None: the group's defaults); the others are kept.
+    """
+    out = dict(params)
+    for name, group in getattr(estimator, "_param_groups", {}).items():
+        fields = {f.name for f in dataclasses.fields(group)}
+        flat = {k: out.pop(k) for k in list(out) if k in fields}
+        if flat:
+            given = out.get(name)
+            out[name] = dataclasses.replace(group() if given is None else given, **flat)
+    return out
 
 
 class LowRank(LinearMethod):

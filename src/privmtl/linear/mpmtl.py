@@ -47,9 +47,7 @@ restricted to the cheaper of the kept or shrunk eigenvectors; BLAS) and the batc
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from numbers import Real
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -72,6 +70,7 @@ from privmtl.linear.mpmtl_base import (
     EIGEN_FIXES,
     SEEDED_NOISE_NOTE,
     _MPMTLBase,
+    _refuse_moved,
 )
 from privmtl.linear.mpmtl_checkpoint import CHECKPOINT_KIND
 from privmtl.linear.mpmtl_protocol import (
@@ -81,6 +80,7 @@ from privmtl.linear.mpmtl_protocol import (
     MPMTLState,
     TaskStep,
 )
+from privmtl.linear.options import MPMTLExecution, MPMTLPrivacy, MPMTLRefit
 from privmtl.linear.spec import SPEC
 from privmtl.privacy.covariance import cached_covariance_plan as _cached_plan  # noqa: F401
 from privmtl.privacy.mechanisms import l2_laplace_noise as _l2_laplace  # noqa: F401
@@ -96,9 +96,12 @@ __all__ = [
     "SEEDED_NOISE_NOTE",
     "CovarianceCurator",
     "CovarianceRelease",
+    "MPMTLExecution",
     "MPMTLGroupSparse",
     "MPMTLLowRank",
     "MPMTLLowRankSparse",
+    "MPMTLPrivacy",
+    "MPMTLRefit",
     "MPMTLState",
     "PreparedTasks",
     "TaskStep",
@@ -163,10 +166,6 @@ _COMMON_PARAMS_DOC = """
         (``privacy_.valid`` is False), whatever the noise on the covariance.
     loss : {"squared", "logistic"}, default="squared"
         Per-sample loss; logistic labels are in {0, 1}.
-    relation : {"add-remove", "replace-one"}, default="add-remove"
-        Neighbouring relation of the guarantee (one whole task added/removed or replaced).
-    accountant : str or None, default=None
-        Passed to the covariance planner (e.g. ``"rdp"``, ``"pld"``); None ⇒ the planner's default.
     eigen_fix : {"denoise", "shift", "clip", "none"}, default="denoise"
         Post-processing of a released Gaussian covariance (the planner's PSD fix, applied here to
         the eigenvalues of the one eigendecomposition per iteration): ``"denoise"`` drops the
@@ -176,16 +175,6 @@ _COMMON_PARAMS_DOC = """
         at 0, so that under high noise M -> I (single-task learning, Prop. 1); ``"clip"`` only
         clips negative eigenvalues (less shrinkage bias at moderate noise, but no STL limit);
         ``"none"``: raw. Ignored for Wishart noise (positive definite already).
-    instance_epsilon : float or None, default=None
-        Alg. 5 (appendix B): each task additionally perturbs its clipped model before the covariance
-        step, ``w-_i = clip(w~_i + b_i, K)`` with density ``p(b_i) ∝ exp(-ε_dp,t ||b_i|| / (2K))``
-        (ℓ2 sensitivity 2K); ε_dp,t follow the same allocation shape and sum to ``instance_epsilon``
-        (pure ε, basic composition = CB with δ = 0). ``instance_privacy_`` reports the IP-MTL
-        guarantee. The perturbed models are clipped to K again before the covariance step: the
-        paper's proof of Prop. 4 bounds the covariance density ratio at perturbed models, whose
-        norm is not bounded by K, so without re-clipping the covariance release would have
-        unbounded sensitivity. Only the shared (curator-side) copy is perturbed; each task projects
-        its own clean clipped model (its own state is never released unperturbed). None ⇒ off.
     refit_lam : float, "cv" or None, default="cv"
         ``None``: the output is the paper's, ``W^(T)`` (projected clipped models). A float ``rho > 0``
         or ``"cv"`` replaces it by a *local variational refit* against the last release ``S``
@@ -201,33 +190,6 @@ _COMMON_PARAMS_DOC = """
         unclipped data, so clipping biases nothing, and it keeps the STL limit (pure noise ⇒
         ``D = I`` ⇒ ridge with weight ``rho``). Not available for the low-rank + sparse estimator
         or ``covariance="WtW"`` (pass ``refit_lam=None`` there).
-    refit_floor : float, default=1e-3
-        ``tau = refit_floor * K * sqrt(m)`` (``K sqrt(m)`` bounds ``sqrt(Lambda)``), so that ``D > 0``.
-    refit_power : "auto" or float > 0, default="auto"
-        Low-rank refit only (the group-sparse refit keeps the l2,1 metric, power 1/2): the power
-        p of the refit's metric ``D ∝ max(Lambda + c_T, 0)^p`` (:func:`~privmtl.linear.local.
-        variational_factor`). 0.5 is the trace norm's variational W-step; 1 makes ``D`` the
-        denoised released covariance itself, i.e. the refit is each task's posterior mean under
-        the Gaussian prior that covariance describes (empirical-Bayes generalized ridge), which
-        leans harder on the top released directions. ``"auto"``: 1 where the last release's
-        noise norm ``2 sigma sqrt(d)`` is at most half the estimation-noise edge
-        ``e = K^2 (sqrt(m) + sqrt(d))^2 / d`` (non-private runs included), else 0.5
-        (:func:`~privmtl.linear.eigen_floor.auto_refit_power`; public quantities only, no budget
-        spent). ``refit_power_`` holds the power used.
-    eigen_floor : "vote" or float >= 0, default="vote"
-        Low-rank refit only: the refit keeps the eigen-directions of the release above
-        ``max(2 sigma sqrt(d), eigen_floor * e)`` with ``e = K^2 (sqrt(m) + sqrt(d))^2 / d``, the
-        top eigenvalue of m random clipped models (:mod:`privmtl.linear.eigen_floor`). A number
-        fixes the floor (0: the privacy cut alone). ``"vote"``: the tasks choose it from
-        ``floor_grid`` by a noisy vote recorded in the ledger (each task scores every distinct cut
-        of the same release on its own samples; the median of the noisy counts wins), which takes
-        ``vote_share`` of the budget from the releases so that ε stays the target; no vote, and
-        the floor 0, where the grid's floors are all under the privacy cut or the vote's noise
-        would exceed m/4. ``eigen_floor_`` describes the choice.
-    floor_grid : sequence of float, default=(0.0, 0.5, 1.0, 2.0)
-        The public grid of the vote (multiples of ``e``; strictly increasing).
-    vote_share : float in (0, 1), default=0.05
-        The vote's share of the budget (of the precision of the Gaussian releases).
     init : {"zeros", "stl"} or array of shape (d, m), default="stl"
         Initial task models W^(0). ``"stl"``: every task's own ridge solution
         ``argmin L_i(w) + ((init_alpha + mu)/2)||w||^2`` (local, no privacy cost; the paper allows
@@ -244,25 +206,21 @@ _COMMON_PARAMS_DOC = """
         reproducible, never checkpointed); ``"seeded"`` from ``random_state`` — reproducible
         bit for bit, for research simulation only (anyone who knows the seed can subtract the
         noise). ``privacy_.noise_source`` states it.
-    budget_epsilon : float or None, default=None
-        Stop before the covariance release that would take the ledger's ε above this budget; the
-        model is then the output rule applied to the state reached (``stopped_on_budget_``).
-        Gaussian releases only (the ledger cannot account the Wishart step).
-    checkpoint_dir : str, path or None, default=None
-        Directory of the run's durable privacy ledger (``ledger.jsonl``, every release recorded
-        before it is used) and of its atomic checkpoints (:mod:`privmtl.checkpoint`): iteration,
-        models, momentum and sparse state, and the noise generator's state in seeded mode.
-    checkpoint_every : int, default=1
-        Iterations between checkpoints (the starting point and the end are always saved).
-    resume : bool, default=False
-        Continue the run checkpointed in ``checkpoint_dir``; a checkpoint of another configuration,
-        data or format version is refused naming what differs. A seeded run resumed after a crash
-        ends exactly as the uninterrupted one, its repeated releases not charged twice; a secure
-        run charges the repeated releases again (fresh noise).
-    callback : callable or None, default=None
-        ``callback(stage, t)`` at ``"recorded"`` (release ``t`` is in the ledger and not yet
-        used), ``"iteration"`` (iteration ``t`` applied) and ``"checkpoint"`` (state of ``t``
-        releases saved): lets a caller observe or interrupt the run between its steps.
+    privacy : MPMTLPrivacy or None, default=None
+        The privacy settings beside ε and δ (:class:`~privmtl.linear.options.MPMTLPrivacy`): the
+        neighbouring ``relation`` and the ``accountant`` of the guarantee, the ``budget_epsilon``
+        stop and Alg. 5's ``instance_epsilon``; None: their defaults.
+    refit : MPMTLRefit or None, default=None
+        How the local refit builds its metric (:class:`~privmtl.linear.options.MPMTLRefit`:
+        ``refit_floor``, ``refit_power``, ``eigen_floor``, ``floor_grid``, ``vote_share``); None:
+        their defaults. The low-rank + sparse estimator, which has no refit, does not take it.
+    execution : MPMTLExecution or None, default=None
+        How the fit executes, not what it computes (:class:`~privmtl.linear.options.
+        MPMTLExecution`: ``checkpoint_dir``, ``checkpoint_every``, ``resume``, ``callback``);
+        None: no checkpoint, no callback.
+
+    A setting of a grouped parameter given by its own name (``relation="replace-one"``) is
+    refused, naming the parameter that holds it.
 """
 
 _FITTED_DOC = """
@@ -398,6 +356,11 @@ class MPMTLLowRankSparse(_MPMTLBase):
 
     _penalty = "lowrank-sparse"
 
+    _param_groups: ClassVar[dict[str, type]] = {
+        "privacy": MPMTLPrivacy,
+        "execution": MPMTLExecution,
+    }
+
     def __init__(
         self,
         *,
@@ -416,20 +379,17 @@ class MPMTLLowRankSparse(_MPMTLBase):
         Q: float | None = None,
         covariance: str = "WWt",
         loss: str = "squared",
-        relation: str = SPEC.relation,
-        accountant: str | None = None,
         eigen_fix: str = "shift",
-        instance_epsilon: float | None = None,
         init: Any = "zeros",
         init_alpha: float = 1e-3,
         random_state: Any = None,
         noise_source: str = SPEC.noise_source,
-        budget_epsilon: float | None = SPEC.budget_epsilon,
-        checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = SPEC.checkpoint_every,
-        resume: bool = False,
-        callback: Callable[[str, int], None] | None = None,
+        privacy: MPMTLPrivacy | None = None,
+        execution: MPMTLExecution | None = None,
+        **moved: Any,
     ) -> None:
+        if moved:  # (the base's refit is not this estimator's)
+            _refuse_moved(type(self), moved)
         super().__init__(
             lam=lam,
             epsilon=epsilon,
@@ -445,20 +405,14 @@ class MPMTLLowRankSparse(_MPMTLBase):
             Q=Q,
             covariance=covariance,
             loss=loss,
-            relation=relation,
-            accountant=accountant,
             eigen_fix=eigen_fix,
-            instance_epsilon=instance_epsilon,
             init=init,
             init_alpha=init_alpha,
             refit_lam=None,
             random_state=random_state,
             noise_source=noise_source,
-            budget_epsilon=budget_epsilon,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            resume=resume,
-            callback=callback,
+            privacy=privacy,
+            execution=execution,
         )
         self.lam_sparse = lam_sparse
 

@@ -3,11 +3,11 @@ their checks, the privacy plan, the protocol's loop and the output rule."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Real
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -16,6 +16,7 @@ from sklearn.base import BaseEstimator
 
 from privmtl._validation import (
     Boolean,
+    InstanceOf,
     Interval,
     Options,
     check_choice,
@@ -31,10 +32,8 @@ from privmtl.linear.common import (
     task_steps,
 )
 from privmtl.linear.eigen_floor import (
-    FLOOR_GRID,
     FLOOR_VOTE,
     POWER_AUTO,
-    VOTE_SHARE,
     auto_refit_power,
     check_grid,
     plan_floor,
@@ -56,7 +55,8 @@ from privmtl.linear.mpmtl_protocol import (
     TaskStep,
     _strategy,
 )
-from privmtl.linear.spec import SPEC, MPMTLSpec, spec_constraints
+from privmtl.linear.options import MPMTLExecution, MPMTLPrivacy, MPMTLRefit
+from privmtl.linear.spec import SPEC, spec_constraints
 from privmtl.privacy.calibration import PrivacyTarget
 from privmtl.privacy.composition import allocation_weights
 from privmtl.privacy.covariance import cached_covariance_plan, eigen_shift, task_covariance_clip
@@ -98,8 +98,36 @@ class _RunSetup:
     accountant: str
 
 
+def _fields(group: Any) -> dict[str, Any]:
+    """A grouped parameter's fields by name."""
+    return {f.name: getattr(group, f.name) for f in dataclasses.fields(group)}
+
+
+def _refuse_moved(estimator: type, moved: dict[str, Any]) -> None:
+    """Refuse keywords ``estimator`` does not take, naming the grouped parameter that holds a
+    setting given by its field's name (``relation=...`` is ``privacy=MPMTLPrivacy(relation=...)``)."""
+    for key, value in moved.items():
+        for name, group in estimator._param_groups.items():  # type: ignore[attr-defined]
+            if key in {f.name for f in dataclasses.fields(group)}:
+                raise InvalidParameterError(
+                    f"The '{key}' parameter of {estimator.__name__} is a field of its '{name}' "
+                    f"parameter: pass {name}={group.__name__}({key}={value!r}); got "
+                    f"{key}={value!r}."
+                )
+        raise TypeError(
+            f"{estimator.__name__}.__init__() got an unexpected keyword argument {key!r}"
+        )
+
+
 class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
     _penalty = "lowrank"
+
+    _param_groups: ClassVar[dict[str, type]] = {
+        "privacy": MPMTLPrivacy,
+        "refit": MPMTLRefit,
+        "execution": MPMTLExecution,
+    }
+    """The grouped parameters and their types (:func:`~privmtl.linear.methods.grouped_params`)."""
 
     def __init__(
         self,
@@ -118,26 +146,19 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         Q: float | None = None,
         covariance: str = "WWt",
         loss: str = "squared",
-        relation: str = SPEC.relation,
-        accountant: str | None = None,
         eigen_fix: str = "denoise",
-        instance_epsilon: float | None = None,
         init: Any = "stl",
         init_alpha: float | str = CV,
         refit_lam: float | str | None = CV,
-        refit_floor: float = 1e-3,
-        refit_power: float | str = SPEC.refit_power,
-        eigen_floor: float | str = SPEC.eigen_floor,
-        floor_grid: Sequence[float] = FLOOR_GRID,
-        vote_share: float = VOTE_SHARE,
         random_state: Any = None,
         noise_source: str = SPEC.noise_source,
-        budget_epsilon: float | None = SPEC.budget_epsilon,
-        checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = SPEC.checkpoint_every,
-        resume: bool = False,
-        callback: Callable[[str, int], None] | None = None,
+        privacy: MPMTLPrivacy | None = None,
+        refit: MPMTLRefit | None = None,
+        execution: MPMTLExecution | None = None,
+        **moved: Any,
     ) -> None:
+        if moved:
+            _refuse_moved(type(self), moved)
         self.lam = lam
         self.epsilon = epsilon
         self.delta = delta
@@ -152,25 +173,15 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         self.Q = Q
         self.covariance = covariance
         self.loss = loss
-        self.relation = relation
-        self.accountant = accountant
         self.eigen_fix = eigen_fix
-        self.instance_epsilon = instance_epsilon
         self.init = init
         self.init_alpha = init_alpha
         self.refit_lam = refit_lam
-        self.refit_floor = refit_floor
-        self.refit_power = refit_power
-        self.eigen_floor = eigen_floor
-        self.floor_grid = floor_grid
-        self.vote_share = vote_share
         self.random_state = random_state
         self.noise_source = noise_source
-        self.budget_epsilon = budget_epsilon
-        self.checkpoint_dir = checkpoint_dir
-        self.checkpoint_every = checkpoint_every
-        self.resume = resume
-        self.callback = callback
+        self.privacy = privacy
+        self.refit = refit
+        self.execution = execution
 
     # ---------------------------------------------------------------------------------- checks
     _parameter_constraints: ClassVar[dict[str, Any]] = {
@@ -187,24 +198,41 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         "covariance": Options(COVARIANCES),
         "loss": Options(LOSSES),
         "eigen_fix": Options(EIGEN_FIXES),
-        **spec_constraints("relation"),
-        # None: the spec's accountant (SPEC.accountant)
-        "accountant": [None, MPMTLSpec._parameter_constraints["accountant"]],
-        "instance_epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
         "init_alpha": [Options((CV,)), Interval(Real, 0.0, None, closed="neither")],
         "refit_lam": [None, Options((CV,)), Interval(Real, 0.0, None, closed="neither")],
-        "refit_floor": Interval(Real, 0.0, None),
-        **spec_constraints("eigen_floor", "refit_power"),
-        "vote_share": Interval(Real, 0.0, 1.0, closed="neither"),
-        **spec_constraints("noise_source", "budget_epsilon", "checkpoint_every"),
-        "resume": Boolean(),
+        **spec_constraints("noise_source"),
+        **{name: [None, InstanceOf(group)] for name, group in _param_groups.items()},
     }
     """The declared constraint of every checked parameter (the settings an MP-MTL run shares
-    with :class:`~privmtl.linear.spec.MPMTLSpec` are the spec's); ``init``, ``checkpoint_dir``,
-    ``callback``, ``random_state`` and the combinations are checked in :meth:`_validate`."""
+    with :class:`~privmtl.linear.spec.MPMTLSpec` are the spec's); the fields of the grouped
+    parameters are checked against their group's constraints; ``init``, ``random_state``,
+    ``checkpoint_dir``, ``callback`` and the combinations are checked in :meth:`_validate`."""
+
+    def _groups(self) -> dict[str, Any]:
+        """Every grouped parameter's object (its defaults where the parameter is None, or where
+        the estimator does not take it)."""
+        out: dict[str, Any] = {}
+        for name, group in _MPMTLBase._param_groups.items():
+            given = getattr(self, name, None)
+            out[name] = group() if given is None else given
+        return out
+
+    def _flat_params(self) -> dict[str, Any]:
+        """The parameters with every group's fields by their own names (what a checkpoint
+        identifies a run by)."""
+        params = self.get_params(deep=False)
+        for name, group in self._groups().items():
+            params.pop(name, None)
+            params.update(_fields(group))
+        return params
 
     def _validate(self) -> dict[str, Any]:
+        """The checked parameters by name, every group's fields among them (checked against
+        the group's constraints)."""
         p: dict[str, Any] = validate_params(self)
+        for name, group in self._groups().items():
+            p.pop(name, None)
+            p.update(_fields(group), **validate_params(group))
         if p["covariance"] == "WtW" and self._penalty == "groupsparse":
             raise InvalidParameterError(
                 "The 'covariance' parameter must be 'WWt' for the group-sparse estimator (the l2,1 "
@@ -214,26 +242,32 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             p["init"] = check_choice("init", self.init, ("zeros", "stl"))
         else:
             p["init"] = self.init
-        if p["resume"] and self.checkpoint_dir is None:
+        if p["resume"] and p["checkpoint_dir"] is None:
             raise InvalidParameterError(
                 "The 'resume' parameter needs a checkpoint_dir to resume from; got "
                 "checkpoint_dir=None."
             )
-        if self.callback is not None and not callable(self.callback):
+        if p["callback"] is not None and not callable(p["callback"]):
             raise InvalidParameterError(
-                f"The 'callback' parameter must be callable or None; got {self.callback!r}."
+                f"The 'callback' parameter must be callable or None; got {p['callback']!r}."
+            )
+        if p["save_models"] is not None:
+            raise InvalidParameterError(
+                "The 'save_models' field of the 'execution' parameter must be None for an "
+                "estimator (run_mpmtl saves the models, the estimator does not); got "
+                f"{p['save_models']!r}."
             )
         if p["refit_lam"] is not None and p["covariance"] == "WtW":
             raise InvalidParameterError(
                 "The 'refit_lam' parameter must be None with covariance='WtW' (the refit needs the "
                 f"d x d feature covariance); got {self.refit_lam!r}."
             )
-        p["floor_grid"] = check_grid(self.floor_grid)
+        p["floor_grid"] = check_grid(p["floor_grid"])
         if p["eigen_floor"] != FLOOR_VOTE and p["eigen_floor"] > 0 and not self._floor_applies(p):
             raise InvalidParameterError(
                 "The 'eigen_floor' parameter must be 0 or 'vote' without a low-rank refit with "
                 "eigen_fix 'denoise' or 'clip' (the floor cuts the refit's eigenvalues); got "
-                f"{self.eigen_floor!r} with refit_lam={self.refit_lam!r}, "
+                f"{p['eigen_floor']!r} with refit_lam={self.refit_lam!r}, "
                 f"eigen_fix={self.eigen_fix!r}, covariance={self.covariance!r}."
             )
         return p
@@ -329,7 +363,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
 
         dim = m if p["covariance"] == "WtW" else d
         # the run's privacy, typed once: the covariance releases are calibrated to it
-        accountant = self.accountant if self.accountant is not None else SPEC.accountant
+        accountant = SPEC.accountant if p["accountant"] is None else p["accountant"]
         target = (
             None
             if p["epsilon"] is None
@@ -370,7 +404,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
         noise: NoiseSource = (
             NumpySeededNoise(rng) if p["noise_source"] == "seeded" else SecureNoise()
         )
-        accountant = self.accountant if self.accountant is not None else SPEC.accountant
+        accountant = SPEC.accountant if p["accountant"] is None else p["accountant"]
         return _RunSetup(
             strategy, lips, eta, delta, schedule, floor_plan, inst_eps, beta, rng, noise, accountant
         )
@@ -432,7 +466,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             noise=noise,
             ledger=ledger,
             eigen_fix=p["eigen_fix"],
-            notify=self.callback,
+            notify=p["callback"],
         )
 
         # ---- the loop, once: messages -> release (write-ahead) -> local update -> checkpoint
@@ -449,8 +483,8 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
                 break
             release = curator.release(t, messages)
             tasks.update(state, release)
-            if self.callback is not None:
-                self.callback("iteration", t)
+            if p["callback"] is not None:
+                p["callback"]("iteration", t)
             ckpt.maybe_save(state, noise)
         ckpt.save(state, noise)
         return state, ledger
@@ -589,7 +623,7 @@ class _MPMTLBase(_LinearMTLMixin, BaseEstimator):
             # the m x m task covariance's sensitivity, as the clip of a d x d one
             kwargs["clip"] = task_covariance_clip(p["clip"], n_tasks, target.relation)
         if target is None:
-            kwargs["accountant"] = SPEC.accountant if self.accountant is None else self.accountant
+            kwargs["accountant"] = SPEC.accountant if p["accountant"] is None else p["accountant"]
         return cached_covariance_plan(tuple(sorted(kwargs.items())))
 
     @staticmethod

@@ -33,7 +33,14 @@ CHECKPOINT_KIND = "mpmtl"
 
 
 # checkpoint of an MP-MTL run: parameters that say where and how often, not what is computed
-_RUNTIME_PARAMS = ("budget_epsilon", "callback", "checkpoint_dir", "checkpoint_every", "resume")
+_RUNTIME_PARAMS = (
+    "budget_epsilon",
+    "callback",
+    "checkpoint_dir",
+    "checkpoint_every",
+    "resume",
+    "save_models",
+)
 
 
 def _jsonable_param(value: Any) -> Any:
@@ -105,15 +112,17 @@ class _Checkpointer:
             "every": p["checkpoint_every"],
             "resume": p["resume"],
             "noise_source": p["noise_source"],
-            "notify": est.callback,
+            "notify": p["callback"],
         }
-        if est.checkpoint_dir is None:
+        if p["checkpoint_dir"] is None:
             return cls(None, config={}, ledger_kw=ledger_kw, **common)
 
-        directory = Path(est.checkpoint_dir)
+        directory = Path(p["checkpoint_dir"])
+        # by every setting's own name (the grouped ones too): the identity of checkpoints
+        # written before the settings were grouped
         params = {
             f"param.{k}": _jsonable_param(v)
-            for k, v in est.get_params(deep=False).items()
+            for k, v in est._flat_params().items()
             if k not in _RUNTIME_PARAMS
         }
         ident = dict(schedule.identity())

@@ -14,30 +14,181 @@ the product's:
 :data:`MPMTL_PARAMETERS` maps every keyword ``run_mpmtl`` accepts to the part it belongs to;
 :func:`split_mpmtl_settings` checks the names (an unknown one is an
 :class:`~privmtl.exceptions.InvalidParameterError` listing the valid ones) and splits them.
+
+The MP-MTL estimators (:mod:`privmtl.linear.mpmtl`) take the settings a user rarely changes as
+three grouped parameters, each a frozen dataclass of this module: ``execution``
+(:class:`MPMTLExecution`), ``privacy`` (:class:`MPMTLPrivacy`: the settings of the guarantee beside
+ε and δ) and ``refit`` (:class:`MPMTLRefit`: how the local refit's metric is built). The estimator
+checks their fields when it fits, against the constraints each group declares. A run hands them
+by their field names (:meth:`~privmtl.linear.methods.LinearMethod.make` gathers them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from privmtl._validation import Boolean, Interval
 from privmtl.data.multitask import MultiTaskDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.linear.spec import MPMTLSpec
+from privmtl.linear.eigen_floor import FLOOR_GRID, VOTE_SHARE
+from privmtl.linear.spec import SPEC, MPMTLSpec, spec_constraints
 
-__all__ = ["MPMTL_PARAMETERS", "MPMTLExecution", "MPMTLOptions", "split_mpmtl_settings"]
+__all__ = [
+    "MPMTL_PARAMETERS",
+    "REFIT_FLOOR",
+    "MPMTLExecution",
+    "MPMTLOptions",
+    "MPMTLPrivacy",
+    "MPMTLRefit",
+    "split_mpmtl_settings",
+]
+
+#: The floor ``tau`` of the local refit's metric ``D`` (so that ``D > 0``), in units of
+#: ``K sqrt(m)``.
+REFIT_FLOOR = 1e-3
 
 
 @dataclass(frozen=True)
 class MPMTLExecution:
-    """Where an MP-MTL run checkpoints (``checkpoint_dir``, ``resume``) and saves its models
-    (``save_models``); documented in :func:`~privmtl.experiments.mpmtl.run_mpmtl`."""
+    """How an MP-MTL run or fit executes, not what it computes.
+
+    ``run_mpmtl`` takes ``checkpoint_dir``, ``resume`` and ``save_models`` by name (its checkpoint
+    interval is the spec's ``checkpoint_every``); an MP-MTL estimator's ``execution`` parameter
+    takes the whole object but ``save_models`` (the run saves the models, not the estimator).
+
+    Parameters
+    ----------
+    checkpoint_dir : str, path or None, default=None
+        Directory of the run's durable privacy ledger (``ledger.jsonl``, every release recorded
+        before it is used) and of its atomic checkpoints (:mod:`privmtl.checkpoint`): iteration,
+        models, momentum and sparse state, and the noise generator's state in seeded mode.
+    resume : bool, default=False
+        Continue the run checkpointed in ``checkpoint_dir``; a checkpoint of another
+        configuration, data or format version is refused naming what differs. A seeded run resumed
+        after a crash ends exactly as the uninterrupted one, its repeated releases not charged
+        twice; a secure run charges the repeated releases again (fresh noise).
+    save_models : str, path or None, default=None
+        Where ``run_mpmtl`` writes the fitted models (:mod:`privmtl.linear.saved`).
+    checkpoint_every : int, default=1
+        Iterations between checkpoints (the starting point and the end are always saved).
+    callback : callable or None, default=None
+        ``callback(stage, t)`` at ``"recorded"`` (release ``t`` is in the ledger and not yet
+        used), ``"iteration"`` (iteration ``t`` applied) and ``"checkpoint"`` (state of ``t``
+        releases saved): lets a caller observe or interrupt the fit between its steps.
+    """
 
     checkpoint_dir: str | Path | None = None
     resume: bool = False
     save_models: str | Path | None = None
+    checkpoint_every: int = SPEC.checkpoint_every
+    callback: Callable[[str, int], None] | None = None
+
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        **spec_constraints("checkpoint_every"),
+        "resume": Boolean(),
+    }
+    """The declared constraint of the checked fields (``checkpoint_dir``, ``callback`` and
+    ``save_models`` are checked by the estimator's fit)."""
+
+
+@dataclass(frozen=True)
+class MPMTLPrivacy:
+    """The privacy settings of an MP-MTL estimator beside ε and δ: the neighbouring relation and
+    accountant of the guarantee, the budget stop and Algorithm 5's instance-level budget.
+
+    Parameters
+    ----------
+    relation : {"add-remove", "replace-one"}, default="add-remove"
+        Neighbouring relation of the guarantee (one whole task added/removed or replaced).
+    accountant : {"rdp", "pld"} or None, default=None
+        Accountant of the covariance releases; None: the spec's
+        (:data:`~privmtl.linear.spec.SPEC`'s ``accountant``).
+    budget_epsilon : float or None, default=None
+        Stop before the covariance release that would take the ledger's ε above this budget; the
+        model is then the output rule applied to the state reached (``stopped_on_budget_``).
+        Gaussian releases only (the ledger cannot account the Wishart step).
+    instance_epsilon : float or None, default=None
+        Alg. 5 (appendix B): each task additionally perturbs its clipped model before the
+        covariance step, ``w-_i = clip(w~_i + b_i, K)`` with density
+        ``p(b_i) ∝ exp(-ε_dp,t ||b_i|| / (2K))`` (ℓ2 sensitivity 2K); ε_dp,t follow the same
+        allocation shape and sum to ``instance_epsilon`` (pure ε, basic composition = CB with
+        δ = 0). ``instance_privacy_`` reports the IP-MTL guarantee. The perturbed models are
+        clipped to K again before the covariance step: the paper's proof of Prop. 4 bounds the
+        covariance density ratio at perturbed models, whose norm is not bounded by K, so without
+        re-clipping the covariance release would have unbounded sensitivity. Only the shared
+        (curator-side) copy is perturbed; each task projects its own clean clipped model (its own
+        state is never released unperturbed). None ⇒ off.
+    """
+
+    relation: str = SPEC.relation
+    accountant: str | None = None
+    budget_epsilon: float | None = SPEC.budget_epsilon
+    instance_epsilon: float | None = None
+
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        **spec_constraints("relation", "budget_epsilon"),
+        # None: the spec's accountant (SPEC.accountant)
+        "accountant": [None, MPMTLSpec._parameter_constraints["accountant"]],
+        "instance_epsilon": [None, Interval(Real, 0.0, None, closed="neither")],
+    }
+    """The declared constraint of every field."""
+
+
+@dataclass(frozen=True)
+class MPMTLRefit:
+    """How the low-rank and group-sparse estimators' local refit builds its metric from the last
+    release (the refit itself, and its weight, is the estimator's ``refit_lam``).
+
+    Parameters
+    ----------
+    refit_floor : float, default=1e-3
+        ``tau = refit_floor * K * sqrt(m)`` (``K sqrt(m)`` bounds ``sqrt(Lambda)``), so that
+        ``D > 0`` (:data:`REFIT_FLOOR`).
+    refit_power : "auto" or float > 0, default="auto"
+        Low-rank refit only (the group-sparse refit keeps the l2,1 metric, power 1/2): the power
+        p of the refit's metric ``D ∝ max(Lambda + c_T, 0)^p`` (:func:`~privmtl.linear.local.
+        variational_factor`). 0.5 is the trace norm's variational W-step; 1 makes ``D`` the
+        denoised released covariance itself, i.e. the refit is each task's posterior mean under
+        the Gaussian prior that covariance describes (empirical-Bayes generalized ridge), which
+        leans harder on the top released directions. ``"auto"``: 1 where the last release's
+        noise norm ``2 sigma sqrt(d)`` is at most half the estimation-noise edge
+        ``e = K^2 (sqrt(m) + sqrt(d))^2 / d`` (non-private runs included), else 0.5
+        (:func:`~privmtl.linear.eigen_floor.auto_refit_power`; public quantities only, no budget
+        spent). ``refit_power_`` holds the power used.
+    eigen_floor : "vote" or float >= 0, default="vote"
+        Low-rank refit only: the refit keeps the eigen-directions of the release above
+        ``max(2 sigma sqrt(d), eigen_floor * e)`` with ``e = K^2 (sqrt(m) + sqrt(d))^2 / d``, the
+        top eigenvalue of m random clipped models (:mod:`privmtl.linear.eigen_floor`). A number
+        fixes the floor (0: the privacy cut alone). ``"vote"``: the tasks choose it from
+        ``floor_grid`` by a noisy vote recorded in the ledger (each task scores every distinct cut
+        of the same release on its own samples; the median of the noisy counts wins), which takes
+        ``vote_share`` of the budget from the releases so that ε stays the target; no vote, and
+        the floor 0, where the grid's floors are all under the privacy cut or the vote's noise
+        would exceed m/4. ``eigen_floor_`` describes the choice.
+    floor_grid : sequence of float, default=(0.0, 0.5, 1.0, 2.0)
+        The public grid of the vote (multiples of ``e``; strictly increasing).
+    vote_share : float in (0, 1), default=0.05
+        The vote's share of the budget (of the precision of the Gaussian releases).
+    """
+
+    refit_floor: float = REFIT_FLOOR
+    refit_power: float | str = SPEC.refit_power
+    eigen_floor: float | str = SPEC.eigen_floor
+    floor_grid: Sequence[float] = FLOOR_GRID
+    vote_share: float = VOTE_SHARE
+
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        "refit_floor": Interval(Real, 0.0, None),
+        **spec_constraints("eigen_floor", "refit_power"),
+        "vote_share": Interval(Real, 0.0, 1.0, closed="neither"),
+    }
+    """The declared constraint of the checked fields (``floor_grid`` is checked by
+    :func:`~privmtl.linear.eigen_floor.check_grid` when the estimator fits)."""
 
 
 @dataclass(frozen=True)
@@ -58,15 +209,19 @@ class MPMTLOptions:
     per_client: str | Path | None = None
 
 
+#: The fields of :class:`MPMTLExecution` that ``run_mpmtl`` takes by name (the checkpoint
+#: interval is the spec's; a callback is the estimator's alone).
+_RUN_EXECUTION = ("checkpoint_dir", "resume", "save_models")
+
 MPMTL_PARAMETERS: dict[str, type] = {
     **{f.name: MPMTLSpec for f in dataclasses.fields(MPMTLSpec)},
-    **{f.name: MPMTLExecution for f in dataclasses.fields(MPMTLExecution)},
+    **{name: MPMTLExecution for name in _RUN_EXECUTION},
     **{f.name: MPMTLOptions for f in dataclasses.fields(MPMTLOptions)},
 }
 """Every keyword of ``run_mpmtl``, mapped to the part that defines it (and its default)."""
 
-if len(MPMTL_PARAMETERS) != sum(
-    len(dataclasses.fields(c)) for c in (MPMTLSpec, MPMTLExecution, MPMTLOptions)
+if len(MPMTL_PARAMETERS) != len(dataclasses.fields(MPMTLSpec)) + len(_RUN_EXECUTION) + len(
+    dataclasses.fields(MPMTLOptions)
 ):
     raise AssertionError("the three parts of an MP-MTL run must not share a name")
 
