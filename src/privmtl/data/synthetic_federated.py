@@ -473,24 +473,30 @@ class SyntheticLaw:
         starts = np.concatenate([[0], np.cumsum(n)])
         bounds = starts.tolist()
         x = work[: total * d].reshape(total, d)
-        wk, bk, vk = np.empty((k, c, d)), np.empty((k, c)), np.empty((k, d))
-        perm = np.empty(total, dtype=np.int64)
-        redraw, noise = np.empty(total, dtype=bool), np.empty(total, dtype=np.int64)
         shift, spread = self.feature_shift, self.feature_spread
+        # a client's model, bias, feature shift (if any) and mean: one call of standard normals,
+        # the same draws as one call each (numpy's normal(loc, scale) is loc + scale * z)
+        n_shift = 1 if shift > 0 else 0
+        head = np.empty((k, c * d + c + n_shift + d))
+        # the block's row of each permuted example: a client's permutation(n) is shuffle(arange(n)),
+        # and shuffling its rows' block indices in place takes the same draws
+        place = np.arange(total, dtype=np.int64)
+        redraw, noise = np.empty(total, dtype=bool), np.empty(total, dtype=np.int64)
         for j, rng in zip(range(k), rngs, strict=False):
             a, b = bounds[j], bounds[j + 1]
-            rng.standard_normal(out=wk[j])
-            rng.standard_normal(out=bk[j])
-            vk[j] = rng.normal(rng.normal(0.0, shift) if shift > 0 else 0.0, spread, size=d)
+            rng.standard_normal(out=head[j])
             rng.standard_normal(out=x[a:b])
             if flip > 0:
                 redraw[a:b] = rng.random(b - a) < flip
                 noise[a:b] = rng.integers(0, c, size=b - a)
-            perm[a:b] = rng.permutation(b - a)
-        wk *= tau
+            rng.shuffle(place[a:b])
+        wk = head[:, : c * d].reshape(k, c, d) * tau
         wk += self.w0  # w0 + tau * a, element by element
-        bk *= tau
+        bk = head[:, c * d : c * d + c] * tau
         bk += self.b0
+        loc = 0.0 + shift * head[:, c * d + c] if n_shift else np.zeros(k)
+        vk = spread * head[:, c * d + c + n_shift :]
+        vk += loc[:, None]  # normal(loc, spread): loc + spread * z
         if self.feature_cov != "isotropic":  # z * 1 is z: isotropic features skip the product
             x *= self._scale()
         logits = np.empty((total, c))
@@ -502,7 +508,6 @@ class SyntheticLaw:
         y = logits.argmax(axis=1)
         if flip > 0:
             y = np.where(redraw, noise, y)
-        place = perm + np.repeat(starts[:-1], n)  # the block's row of each permuted example
         for out_x, out_y, lo, hi in outs:
             count = hi - lo
             first = np.concatenate([[0], np.cumsum(count)])
