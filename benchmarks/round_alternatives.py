@@ -23,6 +23,7 @@ change" (and other kernels) would give. Results: ``benchmarks/results/round_spee
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -128,6 +129,44 @@ def _other_kernels_step(
     return {"linear.weight": torch.bmm(grad.transpose(1, 2), x), "linear.bias": grad.sum(1)}, losses
 
 
+def _ditto_sharing_rows(starts, anchor, x_all, y_all, packed, cfg):  # type: ignore[no-untyped-def]
+    """Ditto's two trainings with other kernels and the minibatch rows shared: the personal
+    model and the billboard's copy of a client held as one ``(2C, d)`` model, so that one
+    ``baddbmm`` gives both sets' logits and one ``bmm`` (``grad^T x``) both gradients, each
+    row read once (no doubled gather); the pull applies to the first ``C`` rows."""
+    lr, lam = cfg.lr, float(cfg.lam or 0.0)
+    w, b = starts["linear.weight"], starts["linear.bias"]
+    c = w.shape[1]
+    order = torch.from_numpy(packed.order)
+    state_w = torch.cat([w, w], 1).index_select(0, order)  # (K, 2C, d)
+    state_b = torch.cat([b, b], 1).index_select(0, order)
+    anchor_w, anchor_b = anchor["linear.weight"], anchor["linear.bias"]
+    rows = torch.from_numpy(packed.rows)
+    weights = torch.from_numpy(packed.weights).float()
+    flat = rows.reshape(-1)
+    x_rows = x_all.index_select(0, flat).view(*rows.shape, -1)
+    y_rows = y_all.index_select(0, flat).view(rows.shape)
+    bounds = packed.bounds.tolist()
+    for a, e in itertools.pairwise(bounds):
+        n = e - a
+        sw, sb = state_w[:n], state_b[:n]
+        x, y, wt = x_rows[a:e], y_rows[a:e], weights[a:e]
+        logits = torch.baddbmm(sb.unsqueeze(1), x, sw.transpose(1, 2)).view(n, -1, 2, c)
+        lse = torch.logsumexp(logits, -1, keepdim=True)
+        at = y.view(n, -1, 1, 1).expand(n, -1, 2, 1)
+        grad = torch.exp(logits - lse).mul_(wt.view(n, -1, 1, 1))
+        grad.scatter_add_(-1, at, (-wt).view(n, -1, 1, 1).expand(n, -1, 2, 1))
+        grad = grad.view(n, -1, 2 * c)
+        gw = torch.bmm(grad.transpose(1, 2), x)
+        gb = grad.sum(1)
+        gw[:, :c].add_(sw[:, :c] - anchor_w, alpha=lam)
+        gb[:, :c].add_(sb[:, :c] - anchor_b, alpha=lam)
+        sw.add_(gw, alpha=-lr)
+        sb.add_(gb, alpha=-lr)
+    back = torch.from_numpy(np.argsort(packed.order))
+    return state_w.index_select(0, back), state_b.index_select(0, back)
+
+
 def _training_inputs(n_rounds: int) -> list[tuple]:
     ds = SyntheticFederation(n_clients=M, random_state=0)
     model = make_model("logreg", ds, 0)
@@ -159,6 +198,9 @@ def _train(which: str, inputs: list[tuple]) -> None:
         sets = (
             [(starts, pulled)] if which == "one training" else [(starts, pulled), (copies, plain)]
         )
+        if which == "other kernels, rows shared":
+            _ditto_sharing_rows(starts, anchor, x, y, packed, cfg)
+            continue
         if which == "two trainings, one after the other":  # the base's way
             for one in sets:
                 local_sgd_sets(fn, [one], x, y, packed, cfg.batch_size)
@@ -190,7 +232,7 @@ def main() -> None:
     inputs = _training_inputs(args.rounds)
     trains = [
         "two trainings (stage 1)", "two trainings, one after the other", "one training",
-        "other kernels",
+        "other kernels", "other kernels, rows shared",
     ]  # fmt: skip
     got: dict[str, list[float]] = {k: [] for k in (*takes, *trains)}
     for _ in range(args.repeats):
