@@ -69,7 +69,8 @@ LEAF_SIZE_BOUNDS = (5, 1000)
 """Smallest and largest client of LEAF's law: ``n_k = min(5 + floor(LogNormal(3, 2)), 1000)``."""
 DRAW_CHUNK_ROWS = 1 << 10
 """The most examples :meth:`SyntheticLaw.draw_block` draws at once (a client larger than it
-alone): its float64 features and their shifts, a few MB, whatever the number of clients."""
+alone): its float64 features (half a MB at 60 features) stay in the core's cache between their
+draw and the labels' product, whatever the number of clients."""
 SYNTHETIC_STREAM = "per-client PCG64 (SeedSequence spawn key k), version 2"
 """The random streams :func:`make_synthetic_federated` draws from (see its Notes): part of
 :meth:`~privmtl.data.streamed.SyntheticFederation.content_sha256`, so that data drawn by another
