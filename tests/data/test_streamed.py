@@ -36,6 +36,18 @@ def test_the_seeded_clients_are_pinned(kw: dict, pinned: str) -> None:
     assert SyntheticFederation(**kw).materialize().content_sha256() == pinned
 
 
+@pytest.mark.parametrize("chunk_rows", [1, 50, 1 << 20])
+def test_clients_drawn_in_chunks_are_the_pinned_clients(
+    chunk_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a block's clients are drawn a chunk of clients at a time (their seed sequences hashed
+    # together, the labels' argmax and the copies once a chunk): the same bytes whatever the
+    # chunk, from one client a chunk to the whole federation in one
+    monkeypatch.setattr("privmtl.data.synthetic_federated.DRAW_CHUNK_ROWS", chunk_rows)
+    for kw, pinned in zip(CASES[:2], PINNED[:2], strict=True):
+        assert SyntheticFederation(**kw).materialize().content_sha256() == pinned
+
+
 @pytest.mark.parametrize("kw", CASES)
 def test_clients_are_the_eager_generators(kw: dict) -> None:
     eager = make_synthetic_federated(**kw)
@@ -139,9 +151,9 @@ def test_nothing_is_drawn_until_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     from privmtl.data.federated import SyntheticLaw
 
     asked: list[int] = []
-    stream = SyntheticLaw.client_rng
+    stream = SyntheticLaw.client_rngs
     monkeypatch.setattr(
-        SyntheticLaw, "client_rng", lambda law, k: asked.append(k) or stream(law, k)
+        SyntheticLaw, "client_rngs", lambda law, ks: asked.extend(ks.tolist()) or stream(law, ks)
     )
     lazy = SyntheticFederation(n_clients=5000, random_state=0)
     mine = lazy.partition(np.arange(4000, 5000))

@@ -39,9 +39,9 @@ def _count_draws(monkeypatch):
     """Every client drawn from its stream (population index), and the clients of each draw."""
     asked: list[int] = []
     blocks: list[int] = []
-    stream, draw = SyntheticLaw.client_rng, SyntheticFederation._draw
+    stream, draw = SyntheticLaw.client_rngs, SyntheticFederation._draw
     monkeypatch.setattr(
-        SyntheticLaw, "client_rng", lambda law, k: asked.append(k) or stream(law, k)
+        SyntheticLaw, "client_rngs", lambda law, ks: asked.extend(ks.tolist()) or stream(law, ks)
     )
     monkeypatch.setattr(
         SyntheticFederation, "_draw", lambda self, idx, splits: blocks.append(len(idx)) or draw(

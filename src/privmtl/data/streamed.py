@@ -129,25 +129,17 @@ class SyntheticFederation(FederatedDataset):
         # the whole block at once): test first, then validation, then training
         n_test = self._split_sizes["test"][idx].astype(np.int64)
         first = {"test": 0 * n_test, "val": n_test, "train": n_test + self._split_sizes["val"][idx]}
-        places = []
+        outs = []
         for split in splits:
-            sizes = self._split_sizes[split][idx]
+            sizes = self._split_sizes[split][idx].astype(np.int64)
             offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             n_rows = int(offsets[-1])
             x, y = np.empty((n_rows, d), np.float32), np.empty(n_rows, np.int64)
             stacked[split] = (x, y, offsets)
-            places.append((x, y, offsets.tolist(), (first[split] - offsets[:-1]).tolist()))
-        work = np.empty(int(self._n[idx].max()) * d if idx else 0)
+            # the j-th client's rows of the split take its examples perm[lo:lo + size]
+            outs.append((x, y, first[split], first[split] + sizes))
         law = self.law
-        keys, sizes = self._keys[idx].tolist(), self._n[idx].tolist()
-        for j, (k, n) in enumerate(zip(keys, sizes, strict=True)):
-            # the client's rows offsets[j]:offsets[j + 1] of each split take its examples
-            # perm[lo:hi], lo = offsets[j] + shift[j]
-            targets = [
-                (x[o[j] : o[j + 1]], y[o[j] : o[j + 1]], o[j] + sh[j], o[j + 1] + sh[j])
-                for x, y, o, sh in places
-            ]
-            law.draw_into(law.client_rng(k), n, targets, work)
+        law.draw_block(law.client_rngs(self._keys[idx]), self._n[idx], outs)
         return stacked
 
     def subset(self, clients: Sequence[int]) -> FederatedDataset:

@@ -33,6 +33,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from privmtl._seeding import spawned_generators
 from privmtl._validation import (
     CLIENT_BYTES,
     check_choice,
@@ -45,6 +46,7 @@ from privmtl.data.federated_dataset import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 
 __all__ = [
+    "DRAW_CHUNK_ROWS",
     "FEATURE_COVS",
     "LEAF_SIZE_BOUNDS",
     "LEAF_SIZE_LOGNORMAL",
@@ -65,6 +67,10 @@ FEATURE_COVS = ("isotropic", "leaf")
 """Within-client feature covariances of :func:`make_synthetic_federated`."""
 LEAF_SIZE_BOUNDS = (5, 1000)
 """Smallest and largest client of LEAF's law: ``n_k = min(5 + floor(LogNormal(3, 2)), 1000)``."""
+DRAW_CHUNK_ROWS = 1 << 10
+"""The most examples :meth:`SyntheticLaw.draw_block` draws at once (a client larger than it
+alone): its float64 features (half a MB at 60 features) stay in the core's cache between their
+draw and the labels' product, whatever the number of clients."""
 SYNTHETIC_STREAM = "per-client PCG64 (SeedSequence spawn key k), version 2"
 """The random streams :func:`make_synthetic_federated` draws from (see its Notes): part of
 :meth:`~privmtl.data.streamed.SyntheticFederation.content_sha256`, so that data drawn by another
@@ -332,6 +338,12 @@ class SyntheticLaw:
         seq = np.random.SeedSequence(self.entropy, spawn_key=(int(k),))
         return np.random.Generator(np.random.PCG64(seq))
 
+    def client_rngs(self, keys: np.ndarray) -> Iterator[np.random.Generator]:
+        """:meth:`client_rng` of every client of ``keys``, in order: the same generators, their
+        seed sequences hashed in one vectorised call
+        (:func:`~privmtl._seeding.spawned_generators`)."""
+        return spawned_generators(self.entropy, keys)
+
     def name(self, m: int) -> str:
         """The data set's name for ``m`` clients."""
         return (
@@ -402,35 +414,106 @@ class SyntheticLaw:
     ) -> None:
         """:meth:`draw_rows` with the rows of each split given by their place in the client's
         permutation: ``(x, y, lo, hi)`` receives the examples ``perm[lo:hi]`` (the bounds of
-        :meth:`_split_rows`, which a caller drawing many clients computes for all of them at once
-        from :meth:`split_sizes`). The same draws, in the same order, as :meth:`draw_rows`."""
+        :meth:`_split_rows`). The same draws, in the same order, as :meth:`draw_rows`."""
+        outs = [(x, y, np.array([lo]), np.array([hi])) for x, y, lo, hi in targets]
+        self.draw_block(iter([rng]), [n], outs, work)
+
+    def draw_block(
+        self,
+        rngs: Iterator[np.random.Generator],
+        sizes: Sequence[int] | np.ndarray,
+        outs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        work: np.ndarray | None = None,
+    ) -> None:
+        """:meth:`draw_into` of many clients: the ``j``-th, of ``sizes[j]`` examples, from the
+        ``j``-th generator of ``rngs``. Each ``(x, y, lo, hi)`` of ``outs`` receives every
+        client's examples ``perm_j[lo[j]:hi[j]]``, client after client (the bounds of
+        :meth:`_split_rows`, which a caller computes for all clients at once from
+        :meth:`split_sizes`).
+
+        Each client takes the same draws in the same order as alone, and its rows are the same
+        bits; only the element-wise steps (its model's and feature mean's shift, the bias, the
+        labels' argmax and the copies into ``outs``) run once for a chunk of clients instead of
+        once per client: every client's draws and its labels' product stay its own. Clients
+        are drawn in chunks of at most :data:`DRAW_CHUNK_ROWS` examples (a larger client
+        alone), whose features ``work`` (float64, at least the chunk's ``rows * d`` long)
+        holds without an allocation per chunk.
+        """
+        n = np.asarray(sizes, dtype=np.int64)
+        counts = [np.asarray(hi) - np.asarray(lo) for _, _, lo, hi in outs]
+        firsts = [np.concatenate([[0], np.cumsum(c)]).tolist() for c in counts]
+        rows_needed = min(int(n.sum()), max(DRAW_CHUNK_ROWS, int(n.max(initial=0))))
+        if work is None or len(work) < rows_needed * self.n_features:
+            work = np.empty(rows_needed * self.n_features)
+        start = 0
+        while start < len(n):
+            ends = np.cumsum(n[start:])
+            stop = start + max(1, int(np.searchsorted(ends, DRAW_CHUNK_ROWS, side="right")))
+            chunk = [
+                (x[f[start] : f[stop]], y[f[start] : f[stop]], lo[start:stop], hi[start:stop])
+                for (x, y, lo, hi), f in zip(outs, firsts, strict=True)
+            ]
+            self._draw_chunk(rngs, n[start:stop], chunk, work)
+            start = stop
+
+    def _draw_chunk(
+        self,
+        rngs: Iterator[np.random.Generator],
+        n: np.ndarray,
+        outs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        work: np.ndarray,
+    ) -> None:
+        """One chunk of :meth:`draw_block`. A client's draws: its model ``W_k = W_0 + tau A_k``
+        and bias, its feature shift and mean, its standard normal features ``z`` (``(n, d)``),
+        the label noise's coins, then a permutation of its examples, whose first rows go to
+        test, the next to validation and the rest to training (:meth:`_split_rows`). Every
+        label is computed from the client's whole feature matrix ``v_k + z * scale`` (so a
+        client's rows are the same whatever splits are asked)."""
         c, d, tau, flip = self.n_classes, self.n_features, self.heterogeneity, self.label_noise
-        wk = rng.standard_normal((c, d))
-        wk *= tau
+        k, total = len(n), int(n.sum())
+        starts = np.concatenate([[0], np.cumsum(n)])
+        bounds = starts.tolist()
+        x = work[: total * d].reshape(total, d)
+        shift, spread = self.feature_shift, self.feature_spread
+        # a client's model, bias, feature shift (if any) and mean: one call of standard normals,
+        # the same draws as one call each (numpy's normal(loc, scale) is loc + scale * z)
+        n_shift = 1 if shift > 0 else 0
+        head = np.empty((k, c * d + c + n_shift + d))
+        # the block's row of each permuted example: a client's permutation(n) is shuffle(arange(n)),
+        # and shuffling its rows' block indices in place takes the same draws
+        place = np.arange(total, dtype=np.int64)
+        redraw, noise = np.empty(total, dtype=bool), np.empty(total, dtype=np.int64)
+        for j, rng in zip(range(k), rngs, strict=False):
+            a, b = bounds[j], bounds[j + 1]
+            rng.standard_normal(out=head[j])
+            rng.standard_normal(out=x[a:b])
+            if flip > 0:
+                redraw[a:b] = rng.random(b - a) < flip
+                noise[a:b] = rng.integers(0, c, size=b - a)
+            rng.shuffle(place[a:b])
+        wk = head[:, : c * d].reshape(k, c, d) * tau
         wk += self.w0  # w0 + tau * a, element by element
-        bk = rng.standard_normal(c)
-        bk *= tau
+        bk = head[:, c * d : c * d + c] * tau
         bk += self.b0
-        shift = self.feature_shift
-        vk = rng.normal(rng.normal(0.0, shift) if shift > 0 else 0.0, self.feature_spread, size=d)
-        if work is None or len(work) < n * d:
-            work = np.empty(n * d)
-        x = work[: n * d].reshape(n, d)
-        rng.standard_normal(out=x)
-        if flip > 0:
-            redraw = rng.random(n) < flip
-            noise = rng.integers(0, c, size=n)
-        perm = rng.permutation(n)
+        loc = 0.0 + shift * head[:, c * d + c] if n_shift else np.zeros(k)
+        vk = spread * head[:, c * d + c + n_shift :]
+        vk += loc[:, None]  # normal(loc, spread): loc + spread * z
         if self.feature_cov != "isotropic":  # z * 1 is z: isotropic features skip the product
             x *= self._scale()
-        x += vk  # vk + z * scale, element by element
-        logits = x @ wk.T
-        logits += bk
+        logits = np.empty((total, c))
+        for j in range(k):  # each client's features and their product, while in cache
+            xj = x[bounds[j] : bounds[j + 1]]
+            xj += vk[j]  # vk + z * scale, element by element
+            np.matmul(xj, wk[j].T, out=logits[bounds[j] : bounds[j + 1]])
+        logits += np.repeat(bk, n, axis=0)
         y = logits.argmax(axis=1)
         if flip > 0:
             y = np.where(redraw, noise, y)
-        for out_x, out_y, lo, hi in targets:
-            rows = perm[lo:hi]
+        for out_x, out_y, lo, hi in outs:
+            count = hi - lo
+            first = np.concatenate([[0], np.cumsum(count)])
+            at = np.repeat(starts[:-1] + lo - first[:-1], count) + np.arange(int(first[-1]))
+            rows = place[at]
             out_x[...] = x[rows]  # the float32 cast of astype
             out_y[...] = y[rows]
 

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from numpy.random.bit_generator import ISeedSequence
 from torch import nn
 from torch.func import functional_call
 
 from privmtl._device import one_thread_per_worker
+from privmtl._seeding import WORD_MAX, generators_from_states, seed_sequence_states
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
@@ -54,7 +54,6 @@ __all__ = [
     "pad_plan",
     "partition_plan",
     "sampling_rng",
-    "seed_sequence_states",
 ]
 
 Params = dict[str, torch.Tensor]
@@ -91,93 +90,26 @@ def _client_batches(
     return out
 
 
-# SeedSequence's hash constants (numpy/random/bit_generator.pyx)
-_INIT_A, _MULT_A = 0x43B0D7E5, 0x931E8875
-_INIT_B, _MULT_B = 0x8B51F9DD, 0x58F38DED
-_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
-_WORD = (1 << 32) - 1
-
-
-def seed_sequence_states(entropy: np.ndarray) -> np.ndarray:
-    """``SeedSequence(list(row)).generate_state(4, np.uint64)`` of every row of ``entropy``
-    (``(K, 4)``, each entry in ``[0, 2**32)``), computed for all rows at once.
-
-    numpy's :class:`~numpy.random.SeedSequence` hashes each entropy word, mixes the four pool
-    words and hashes the pool out; its hash constants do not depend on the entropy, so the same
-    uint32 arithmetic runs on a column per word. The words seed a PCG64 exactly as
-    ``default_rng(list(row))`` does (:func:`client_generators`).
-    """
-    e = np.asarray(entropy, dtype=np.uint64)
-    if e.ndim != 2 or e.shape[1] != 4 or (e.size and int(e.max()) > _WORD):
-        raise InvalidParameterError(
-            f"The 'entropy' parameter must be (K, 4) words in [0, 2**32); got shape {e.shape}."
-        )
-    words = e.astype(np.uint32)
-    const = [_INIT_A]
-
-    def hashmix(v: np.ndarray) -> np.ndarray:
-        v = v ^ np.uint32(const[0])
-        const[0] = (const[0] * _MULT_A) & _WORD
-        v = v * np.uint32(const[0])
-        return v ^ (v >> np.uint32(16))
-
-    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        r: np.ndarray = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
-        return r ^ (r >> np.uint32(16))
-
-    with np.errstate(over="ignore"):
-        pool = [hashmix(words[:, i]) for i in range(4)]
-        for src in range(4):
-            for dst in range(4):
-                if src != dst:
-                    pool[dst] = mix(pool[dst], hashmix(pool[src]))
-        out = np.empty((len(words), 8), dtype=np.uint32)
-        const_b = _INIT_B
-        for i in range(8):
-            v = pool[i % 4] ^ np.uint32(const_b)
-            const_b = (const_b * _MULT_B) & _WORD
-            v = v * np.uint32(const_b)
-            out[:, i] = v ^ (v >> np.uint32(16))
-    return out.astype("<u4").view("<u8").astype(np.uint64)
-
-
-class _StateWords(ISeedSequence):
-    """A seed sequence whose PCG64 state words are already computed
-    (:func:`seed_sequence_states`)."""
-
-    def __init__(self, words: np.ndarray) -> None:
-        self.words = words
-
-    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
-        if n_words != 4 or np.dtype(dtype) != np.dtype(np.uint64):
-            raise InvalidParameterError(
-                f"Precomputed PCG64 state words answer 4 uint64 words; got {n_words} {dtype}."
-            )
-        return self.words
-
-
 def client_generators(
     seed: int, stream: int, round_index: int, clients: np.ndarray
 ) -> Iterator[np.random.Generator]:
     """``default_rng([seed, stream, round_index, k])`` for every client ``k`` of ``clients``, in
     order: the same generators, their seed sequences hashed for all clients in one vectorised
-    call (:func:`seed_sequence_states`) where every entropy value is one 32-bit word, else one
+    call (:func:`~privmtl._seeding.seed_sequence_states`) where every entropy value is one 32-bit word, else one
     by one."""
     ks = np.asarray(clients, dtype=np.int64).reshape(-1)
     head = (seed, stream, round_index)
     words_ok = all(type(v) is int or isinstance(v, np.integer) for v in head) and all(
-        0 <= int(v) <= _WORD for v in head
+        0 <= int(v) <= WORD_MAX for v in head
     )
-    if not (words_ok and (ks.size == 0 or (int(ks.min()) >= 0 and int(ks.max()) <= _WORD))):
+    if not (words_ok and (ks.size == 0 or (int(ks.min()) >= 0 and int(ks.max()) <= WORD_MAX))):
         for k in ks.tolist():
             yield np.random.default_rng([seed, stream, round_index, k])
         return
     entropy = np.empty((ks.size, 4), dtype=np.uint64)
     entropy[:, :3] = [int(v) for v in head]
     entropy[:, 3] = ks
-    for words in seed_sequence_states(entropy):
-        # numpy takes any ISeedSequence (its stubs name only its own SeedSequence)
-        yield np.random.Generator(np.random.PCG64(_StateWords(words)))  # type: ignore[arg-type]
+    yield from generators_from_states(seed_sequence_states(entropy))
 
 
 def draw_round_plan(
