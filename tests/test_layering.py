@@ -357,13 +357,12 @@ DEFERRED_IMPORTS: dict[str, tuple[int, str]] = {
     ),
     "data": (
         4,
-        "`privmtl --help`, the CLI's up-front checks and MP-MTL runs load no torch, yet the data "
-        "sets' one registry (privmtl.data.registry, imported by the CLI at start-up) and the "
-        "package (privmtl.data, whose import every data module's runs) name the torch-backed "
-        "federations: each of the registry's three PMTL loaders loads its federation module "
-        "(federated, streamed, federated_table) when its data set is loaded, and the package's "
-        "module __getattr__ loads privmtl.data.federated for FederatedDataset, load_leaf and "
-        "make_synthetic_federated",
+        "privmtl.data.registry, the one table of data sets, is imported by the CLI at start-up, "
+        "whose `privmtl --help` and up-front checks load no torch (tests/data/test_registry.py): "
+        "each of its three PMTL loaders loads its torch-backed federation module (federated, "
+        "streamed, federated_table) when its data set is loaded; and since importing any data "
+        "module runs privmtl.data's __init__, the package's module __getattr__ serves "
+        "FederatedDataset, load_leaf and make_synthetic_federated from privmtl.data.federated",
     ),
     "flower": (
         5,
