@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -43,6 +45,22 @@ def test_nothing_is_loaded_at_view_time(pmtl_run):
     page = render_report(*load_report_input(folder))
     assert "http://" not in page and "https://" not in page
     assert not re.search(r"<(script|link|img|iframe)\b|@import|url\(", page)
+
+
+def test_a_saved_folder_with_rows_is_read_and_rendered_without_torch(pmtl_run):
+    """``privmtl report`` checks the folder's per-client rows against its model.json without
+    the saved-model modules."""
+    _, folder = pmtl_run
+    code = (
+        "import sys\n"
+        "from privmtl.report_html import load_report_input, render_report\n"
+        "result, rows = load_report_input(sys.argv[1])\n"
+        "assert rows is not None and 'holds no per-client rows' not in render_report(result, rows)\n"
+        "print([m for m in ('torch', 'scipy', 'sklearn') if m in sys.modules])\n"
+    )
+    run = [sys.executable, "-c", code, str(folder)]
+    out = subprocess.run(run, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_a_saved_folder_shows_every_series(pmtl_run):

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO, TypeVar
 
+from privmtl._validation import check_choice
+
 __all__ = [
     "NORMAL",
     "QUIET",
@@ -46,7 +48,6 @@ T = TypeVar("T")
 def set_verbosity(level: int) -> None:
     """Set the process-wide verbosity (:data:`QUIET`, :data:`NORMAL` or :data:`VERBOSE`)."""
     global _verbosity
-    from privmtl._validation import check_choice
 
     _verbosity = check_choice("level", level, (QUIET, NORMAL, VERBOSE))
 

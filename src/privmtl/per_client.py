@@ -12,6 +12,11 @@ rows of two runs on neighbouring data, :mod:`privmtl.audit.mediation`). The loca
 (NaN) for a client outside the baseline's sample (:func:`~privmtl.federated.baseline.baseline_sample`).
 
 Files are written atomically (:func:`privmtl.io.write_atomic`): a file at the path is complete.
+
+pandas loads when rows are built (:func:`pmtl_rows`) or read (:func:`read_rows`), not when this
+module is imported: a run imports it at its top to check its ``per_client`` path up front and
+writes rows only when asked, and every Flower SuperNode imports it with the ServerApp's module.
+MP-MTL's rows are built by :func:`privmtl.linear.rows.mpmtl_rows`.
 """
 
 from __future__ import annotations
@@ -19,13 +24,15 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from privmtl.exceptions import DataFormatError
 from privmtl.io import check_output_file, write_atomic
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "CLIENTS_FILE",
@@ -35,7 +42,6 @@ __all__ = [
     "PMTL_COLUMNS",
     "check_rows_path",
     "encode_rows",
-    "mpmtl_rows",
     "pmtl_rows",
     "ratio",
     "read_rows",
@@ -89,6 +95,8 @@ def pmtl_rows(
     """PMTL rows (:data:`PMTL_COLUMNS`) from every client's correct test predictions of its final
     model (``correct``), its local-only test accuracy (NaN where not computed; None: none) and its
     split ``sizes`` (``{"train", "val", "test"}``)."""
+    import pandas as pd
+
     n_test = np.asarray(sizes["test"])
     acc = ratio(correct, n_test)
     local = (
@@ -109,53 +117,6 @@ def pmtl_rows(
         },
         columns=list(PMTL_COLUMNS),
     )
-
-
-def mpmtl_rows(
-    task_names: Sequence[str],
-    n_train: Sequence[int],
-    y_test: Sequence[Any],
-    pred: Sequence[Any],
-    kept: str,
-    stl_pred: Sequence[Any] | None = None,
-    *,
-    classification: bool = False,
-) -> pd.DataFrame:
-    """MP-MTL rows (:data:`MPMTL_COLUMNS`; :data:`MPMTL_AUC_COLUMNS` for ``classification``):
-    every task's test score of the method's predictions ``pred`` and, given ``stl_pred`` (each
-    task alone), the same of it and the gain. Every number reads the task's own test rows only
-    (its nMSE divides by its own targets' variance, never the pooled one)."""
-    from privmtl.linear.metrics import per_task_auc
-
-    ys = [np.ravel(np.asarray(t, np.float64)) for t in y_test]
-    m = len(ys)
-    var = np.array([float(np.var(y)) if y.size else 0.0 for y in ys])
-
-    def scores(p: Sequence[Any] | None) -> dict[str, np.ndarray]:
-        if p is None:
-            nan = np.full(m, np.nan)
-            return {"auc": nan} if classification else {"mse": nan, "nmse": nan}
-        if classification:
-            return {"auc": np.asarray(per_task_auc(list(y_test), list(p)), np.float64)}
-        mse = np.array(
-            [
-                float(np.mean((np.ravel(q) - y) ** 2)) if y.size else np.nan
-                for q, y in zip(p, ys, strict=True)
-            ]
-        )
-        return {"mse": mse, "nmse": ratio(mse, var)}
-
-    own, alone = scores(pred), scores(stl_pred)
-    table: dict[str, Any] = {
-        "client": [str(t) for t in task_names],
-        "n_train": np.asarray(n_train, np.int64),
-        "n_test": np.array([y.size for y in ys], np.int64),
-        "kept": [kept] * m,
-    }
-    table.update({f"test_{k}": v for k, v in own.items()})
-    table.update({f"stl_{k}": v for k, v in alone.items()})
-    rows = pd.DataFrame(table)
-    return with_mpmtl_gain(rows)
 
 
 def with_mpmtl_gain(rows: pd.DataFrame) -> pd.DataFrame:
@@ -189,6 +150,8 @@ def write_rows(path: str | Path, rows: pd.DataFrame) -> Path:
 def read_rows(path: str | Path) -> pd.DataFrame:
     """Rows written by :func:`write_rows` (the ``client`` column read as text). Raises
     :class:`~privmtl.exceptions.DataFormatError` for a file that is not such a table."""
+    import pandas as pd
+
     p = Path(path)
     try:
         if p.suffix.lower() == ".parquet":

@@ -28,6 +28,8 @@ import numpy as np
 from privmtl.exceptions import DataFormatError
 from privmtl.gain import gain_verdict
 from privmtl.io import check_output_file, write_atomic
+from privmtl.per_client import read_rows
+from privmtl.saved_files import linear_clients_file, verified_file
 
 __all__ = [
     "SERIES",
@@ -68,8 +70,6 @@ def check_report_path(path: str | Path, *, name: str = "report") -> Path:
 def load_report_input(path: str | Path) -> tuple[dict[str, Any], Any]:
     """``(result, rows)`` of a result JSON file or a folder of saved models (its ``model.json``
     and, where listed, its ``clients.csv``); ``rows`` is None without per-client rows."""
-    from privmtl.per_client import read_rows
-
     p = Path(path)
     if p.is_dir():
         meta_path = p / "model.json"
@@ -88,12 +88,8 @@ def load_report_input(path: str | Path) -> tuple[dict[str, Any], Any]:
         result["data"] = (doc.get("data") or {}).get("data")
         rows = None
         if family == "pmtl":  # inside the folder, with the SHA-256 its model.json records
-            from privmtl.federated.saved import verified_file
-
             listed = verified_file(p, doc, "clients", where=str(meta_path))
         else:
-            from privmtl.linear.saved import linear_clients_file
-
             listed = linear_clients_file(p, doc)
         if listed is not None:
             rows = read_rows(listed)

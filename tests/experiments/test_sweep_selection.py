@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +14,8 @@ from dp_accounting import dp_event as dpe
 
 from privmtl.experiments.pmtl_sweep import plot_rounds, run_pmtl_sweep, write_pmtl_sweep
 from privmtl.experiments.runlog import RunLog
-from privmtl.experiments.sweep import rows_to_csv, select_candidates
+from privmtl.experiments.sweep import rows_to_csv
+from privmtl.experiments.sweep_selection import select_candidates
 from privmtl.linear.methods import linear_method
 from privmtl.privacy import compute_epsilon
 
@@ -384,3 +387,10 @@ def test_mpmtl_per_task_choice_of_a_private_method_composes_the_candidates(tmp_p
     assert row["epsilon"] == pytest.approx(expected, rel=1e-9)
     assert row["epsilon"] == pytest.approx(1.0, rel=1e-6)  # the candidates share the target
     assert not any('"mpmtl-selection"' in e["key"] for e in logged)  # no vote was released
+
+
+def test_the_sweep_module_the_cli_imports_at_start_up_loads_no_torch():
+    """The selection, which needs the privacy package, is a module of its own."""
+    code = "import sys, privmtl.experiments.sweep; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -56,10 +56,11 @@ from privmtl.linear.methods import (
 )
 from privmtl.linear.metrics import aauc, nmse
 from privmtl.linear.options import MPMTLExecution, MPMTLOptions, split_mpmtl_settings
+from privmtl.linear.rows import mpmtl_rows
 from privmtl.linear.selection import PerTaskSelected, estimator_class
 from privmtl.linear.spec import SPEC, TUNE_MODES, MPMTLSpec, resolve_defaults
 from privmtl.locking import holding_directories
-from privmtl.per_client import check_rows_path, mpmtl_rows, write_rows
+from privmtl.per_client import check_rows_path, write_rows
 from privmtl.privacy import PrivacyGuarantee
 from privmtl.privacy.guarantee import DEFAULT_RELATION
 from privmtl.trust import check_signing_key
@@ -659,7 +660,7 @@ def _protocol_keys(
 
 
 def _task_rows(spec: MPMTLSpec, loaded: LoadedData, finished: FinishedRun) -> Any:
-    """The run's per-client (per-task) rows (:func:`~privmtl.per_client.mpmtl_rows`): every
+    """The run's per-client (per-task) rows (:func:`~privmtl.linear.rows.mpmtl_rows`): every
     task's test score beside its score alone."""
     train, test = loaded.train, loaded.test
     assert finished.pred is not None

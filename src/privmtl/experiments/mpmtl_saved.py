@@ -23,8 +23,9 @@ from privmtl.data.registry import (
 )
 from privmtl.exceptions import DataFormatError
 from privmtl.linear.metrics import aauc, nmse
+from privmtl.linear.rows import mpmtl_rows
 from privmtl.linear.saved import linear_clients_file, load_linear_models, save_linear_models
-from privmtl.per_client import check_rows_path, mpmtl_rows, read_rows, with_mpmtl_gain, write_rows
+from privmtl.per_client import check_rows_path, read_rows, with_mpmtl_gain, write_rows
 from privmtl.privacy.ledger import check_saved_ledger
 from privmtl.trust import followed_data_path, is_signed
 
@@ -105,7 +106,7 @@ def evaluate_saved(
     recorded were made with the paper's protocol (unit-norm rows, 30% training). The recorded data
     path is followed only for a folder this user signed (:mod:`privmtl.trust`); otherwise pass
     ``data_path``. ``per_client`` (a ``.csv`` or ``.parquet`` file) receives every task's row
-    (:func:`~privmtl.per_client.mpmtl_rows`): its score now, beside its score alone as the run
+    (:func:`~privmtl.linear.rows.mpmtl_rows`): its score now, beside its score alone as the run
     recorded it in the folder's ``clients.csv``.
     """
     import numpy as np

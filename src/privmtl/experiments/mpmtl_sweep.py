@@ -1,7 +1,7 @@
 """MP-MTL ε sweep: every (method, ε, seed), a table, a trade-off plot; resumable (``runs.jsonl``).
 
 This is what ``privmtl mpmtl-sweep`` and ``privmtl demo`` run. How each row's hyper-parameters are
-chosen (``select``; :func:`~privmtl.experiments.sweep.select_candidates`):
+chosen (``select``; :func:`~privmtl.experiments.sweep_selection.select_candidates`):
 
 ``"vote"`` (default, covered)
     Every task's training split is cut into a fit part and a validation part (a fraction

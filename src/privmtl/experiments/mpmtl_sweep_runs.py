@@ -15,8 +15,8 @@ from privmtl.data.multitask import MultiTaskDataset
 from privmtl.data.registry import data_protocol, load_mpmtl_data
 from privmtl.experiments.mpmtl import run_mpmtl
 from privmtl.experiments.runlog import RunLog
-from privmtl.experiments.sweep import (
-    apply_selection,
+from privmtl.experiments.sweep import apply_selection
+from privmtl.experiments.sweep_selection import (
     candidates_accounting,
     ledger_events,
     select_candidates,

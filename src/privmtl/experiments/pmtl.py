@@ -96,6 +96,7 @@ from privmtl.federated.spec import (
     default_lam,
 )
 from privmtl.locking import holding_directories
+from privmtl.per_client import check_rows_path, pmtl_rows, ratio, write_rows
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.trust import check_signing_key
 
@@ -341,8 +342,6 @@ def _client_rows(
     model, its test accuracy and its local-only accuracy (NaN outside the baseline's sample).
     The correct predictions are the end of run's or the baseline's where they cover every
     client, else one scoring pass a block of clients at a time."""
-    from privmtl.per_client import pmtl_rows, ratio
-
     ds, m = loaded.dataset, loaded.m
     if finished.kept is not None:
         kept: Sequence[str] = [str(k) for k in finished.kept]
@@ -602,8 +601,6 @@ def _run(given: dict[str, Any], x: Execution, o: RunOptions) -> dict[str, Any]:
     eval_every = check_int("eval_every", x.eval_every, low=0)
     per_client = o.per_client
     if per_client is not None:
-        from privmtl.per_client import check_rows_path
-
         per_client = check_rows_path(per_client)
     for name, flag in (("diagnostics", o.diagnostics), ("baseline", o.baseline)):
         if not isinstance(flag, bool):
@@ -658,8 +655,6 @@ def _run(given: dict[str, Any], x: Execution, o: RunOptions) -> dict[str, Any]:
     out = _report(loaded, durability, trained, finished, diagnostics=o.diagnostics)
     out.update(alone)
     if per_client is not None or x.save_models is not None:
-        from privmtl.per_client import write_rows
-
         with timer.phase("saving"):  # the per-client rows (the run's scores), then the files
             rows = _client_rows(loaded, trained, finished, scored)
             if per_client is not None:

@@ -24,11 +24,12 @@ from privmtl.federated.saved import (
     load_global,
     personalized_blocks,
     read_meta,
-    verified_file,
 )
 from privmtl.federated.spec import RUN_METHODS
 from privmtl.gain import GAIN_LEVEL, gain_interval
+from privmtl.per_client import check_rows_path, pmtl_rows, read_rows, write_rows
 from privmtl.privacy.ledger import check_saved_ledger
+from privmtl.saved_files import verified_file
 from privmtl.trust import followed_data_path, is_signed
 
 if TYPE_CHECKING:
@@ -71,8 +72,6 @@ def evaluate_saved(
     folder without one); the same data give the run's rows.
     """
     if per_client is not None:
-        from privmtl.per_client import check_rows_path
-
         per_client = check_rows_path(per_client)
     meta = read_meta(models_dir)
     glob = load_global(models_dir, meta)
@@ -135,8 +134,6 @@ def evaluate_saved(
     rows = _saved_rows(models_dir, meta, ds, correct)
     out.update(_saved_baseline(rows))
     if per_client is not None:
-        from privmtl.per_client import write_rows
-
         out["per_client_file"] = str(write_rows(per_client, rows))
     return out
 
@@ -214,8 +211,6 @@ def _saved_rows(
 ) -> pd.DataFrame:
     """:func:`evaluate_saved`'s per-client rows: the accuracies scored now (``correct``), the
     kept models and local-only accuracies recorded in the folder's ``clients.csv``."""
-    from privmtl.per_client import pmtl_rows, read_rows
-
     m = ds.n_clients
     kept: list[str] = [""] * m
     local = np.full(m, np.nan)

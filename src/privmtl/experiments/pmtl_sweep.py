@@ -1,10 +1,11 @@
 """PMTL ε sweep with per-ε model selection on validation accuracy, as in the PMTL paper (§5).
 
 For every target ε and method, each (γ, T, λ) of the grid gets the σ that meets (ε, δ) exactly, and
-one candidate is chosen per (seed, method, ε) with :func:`~privmtl.experiments.sweep.select_candidates`:
-by default a noisy **client vote** (every client votes on its own validation split; the noisy
-histogram is a recorded release), and the reported ε composes every candidate run's recorded
-releases with the vote — the ε that covers training *and* selection. ``select="client"`` lets every
+one candidate is chosen per (seed, method, ε) with
+:func:`~privmtl.experiments.sweep_selection.select_candidates`: by default a noisy **client
+vote** (every client votes on its own validation split; the noisy histogram is a recorded
+release), and the reported ε composes every candidate run's recorded releases with the vote — the
+ε that covers training *and* selection. ``select="client"`` lets every
 client keep its own best candidate; ``select="pooled"`` (the paper's protocol: best pooled validation
 accuracy) is opt-in and its rows say ``"covered": false``. The chosen configuration's *test*
 accuracy is reported. Non-private runs (ε = ∞) and purely local training (ε = 0; its candidates
@@ -37,12 +38,14 @@ from privmtl.experiments.sweep import (
     DEFAULT_VOTE_SHARE,
     aggregate,
     apply_selection,
-    candidates_accounting,
-    ledger_events,
     plot_tradeoff,
     rows_to_csv,
-    select_candidates,
     selection_footnote,
+)
+from privmtl.experiments.sweep_selection import (
+    candidates_accounting,
+    ledger_events,
+    select_candidates,
 )
 from privmtl.federated.algorithms import client_scores
 from privmtl.federated.methods import method_class
@@ -88,8 +91,8 @@ def run_pmtl_sweep(
 
     Per (seed, method, ε) one run among ``clips`` × ``rounds_grid`` (× ``lam`` when it is a list,
     for the methods that use λ: pmtl, fedprox) is chosen by ``select`` (module docstring;
-    :func:`~privmtl.experiments.sweep.select_candidates`): ``"vote"`` (default; the vote alone
-    spends ``vote_share`` · ε), ``"client"`` or ``"pooled"`` (not covered). Every row states
+    :func:`~privmtl.experiments.sweep_selection.select_candidates`): ``"vote"`` (default; the
+    vote alone spends ``vote_share`` · ε), ``"client"`` or ``"pooled"`` (not covered). Every row states
     ``covered``, ``selection_method``, ``selection`` (its cost and the budget split) and, for a
     covered selection, ``epsilon`` = training of every candidate + selection
     (``training_epsilon``: the chosen run's own). With a ``log``

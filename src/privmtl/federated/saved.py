@@ -49,8 +49,6 @@ the tensors (one shard's copy at a time), never assembled in memory for the whol
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -69,6 +67,8 @@ from privmtl.federated.models import MODELS, FemnistCNN, MultinomialLogReg
 from privmtl.federated.spec import SPEC
 from privmtl.federated.user_model import factory_from_record, is_factory_spec, load_factory
 from privmtl.io import StagedFolder, read_json, staged_folder
+from privmtl.per_client import CLIENTS_FILE, encode_rows
+from privmtl.saved_files import check_file_digest, recorded_digest
 from privmtl.trust import check_signing_key, folder_file, is_signed, sign, untrusted_code
 
 __all__ = [
@@ -187,7 +187,6 @@ def _save_files(
         files.update(_save_personalized(staged, pers, len(result.client_ids), hashes))
     if clients is not None:
         # the rows' module loads pandas: only a run that writes per-client rows pays for it
-        from privmtl.per_client import CLIENTS_FILE, encode_rows
 
         rows = encode_rows(clients, CLIENTS_FILE)
         hashes[CLIENTS_FILE] = staged.write(CLIENTS_FILE, lambda fh: fh.write(rows))
@@ -308,39 +307,12 @@ def check_meta(meta: Any, where: str) -> dict[str, Any]:
     return meta
 
 
-_HASH_CHUNK = 1 << 20
-
-# files whose SHA-256 this process checked: (path, device, inode, size, mtime) -> digest
-_VERIFIED: dict[tuple[str, int, int, int, int], str] = {}
-
-
-def _verify(path: Path, digest: str, where: str, key: str) -> None:
-    """Refuse ``path`` unless its SHA-256 is ``digest`` (streamed; a file checked before and not
-    changed since is not read again)."""
-    st = path.stat()
-    seen = (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if _VERIFIED.get(seen) == digest:
-        return
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            h.update(chunk)
-    now = h.hexdigest()
-    if not hmac.compare_digest(now, digest):
-        raise DataFormatError(
-            f"{path} ({where} {key}) is not the file model.json was written with: its SHA-256 "
-            f"{now[:12]}... differs from the recorded {digest[:12]}... (files_sha256); "
-            "refusing to use it."
-        )
-    _VERIFIED[seen] = digest
-
-
 def _load_params(path: Path, where: str, key: str, digest: str, *, mmap: bool = False) -> Params:
     """A dict of tensors saved by :func:`save_models`, loaded without unpickling any object,
     after its SHA-256 is checked against ``digest`` (the one ``model.json`` records)."""
     if not path.is_file():
         raise DataFormatError(f"{where}: {key} names {path.name!r}, which is not in {path.parent}.")
-    _verify(path, digest, where, key)
+    check_file_digest(path, digest, where, key)
     try:
         params = torch.load(path, weights_only=True, mmap=mmap)
     except Exception as exc:  # not a torch file, or a pickle of objects other than tensors
@@ -412,19 +384,7 @@ def _check_hashes(meta: dict[str, Any], where: str) -> None:
     if not isinstance(hashes, dict):
         raise _malformed(where, "files_sha256", "an object {file: sha256}", hashes)
     for key, name in _named_files(meta["files"]):
-        _digest(meta, name, where, key)
-
-
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def _digest(meta: dict[str, Any], name: str, where: str, key: str) -> str:
-    """The SHA-256 ``meta`` records for file ``name`` (refused when there is none)."""
-    hashes = meta.get("files_sha256")
-    digest = hashes.get(name) if isinstance(hashes, dict) else None
-    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-        raise _malformed(where, f"files_sha256[{name!r}]", f"the SHA-256 of {key}", digest)
-    return digest
+        recorded_digest(meta, name, where, key)
 
 
 def _check_shards(shards: Any, m: int, where: str) -> None:
@@ -456,34 +416,13 @@ def _check_shards(shards: Any, m: int, where: str) -> None:
         )
 
 
-def verified_file(
-    directory: str | os.PathLike[str], meta: dict[str, Any], key: str, *, where: str | None = None
-) -> Path | None:
-    """The file ``files[key]`` of a folder whose ``model.json`` is ``meta``, inside the folder and
-    with the SHA-256 the signed ``model.json`` records; None when ``files`` names none.
-
-    Raises
-    ------
-    DataFormatError
-        A name outside the folder, no recorded SHA-256, or a file that is not the one written.
-    """
-    d = Path(directory)
-    where = where or str(d / "model.json")
-    name = meta.get("files", {}).get(key)
-    if name is None:
-        return None
-    path = folder_file(d, name, where=where, key=f"files.{key}")
-    _verify(path, _digest(meta, name, where, f"files.{key}"), where, f"files.{key}")
-    return path
-
-
 def load_global(directory: str | os.PathLike[str], meta: dict[str, Any]) -> Params:
     """The released global model of a folder whose ``model.json`` is ``meta`` (:func:`read_meta`)."""
     d = Path(directory)
     where = str(d / "model.json")
     key, name = "files.global", meta["files"]["global"]
     path = folder_file(d, name, where=where, key=key)
-    return _load_params(path, where, key, _digest(meta, name, where, key))
+    return _load_params(path, where, key, recorded_digest(meta, name, where, key))
 
 
 def iter_personalized(
@@ -523,7 +462,7 @@ def iter_personalized(
     first: dict[str, tuple[int, ...]] | None = None
     for key, name, start, stop in items:
         path = folder_file(d, name, where=where, key=key)
-        params = _load_params(path, where, key, _digest(meta, name, where, key), mmap=mmap)
+        params = _load_params(path, where, key, recorded_digest(meta, name, where, key), mmap=mmap)
         if net is not None:
             check_params(params, net, where=where, key=key, clients=stop - start)
         else:

@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import secrets
-import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from privmtl._validation import check_choice, check_int, check_real
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.backend import release_noise
 from privmtl.federated.config import ResolvedRun, TrainConfig, resolve
@@ -47,7 +45,8 @@ from privmtl.federated.methods import BUILTIN_METHODS, method_class
 from privmtl.federated.methods import FLOWER_METHODS as _FLOWER_METHODS
 from privmtl.federated.options import OPTIONS
 from privmtl.federated.spec import EXECUTION, SPEC, RunSpec, resolve_defaults
-from privmtl.flower.run_info import SERVER_DIR
+from privmtl.flower.factory import checked_method
+from privmtl.flower.run_info import SERVER_DIR, default_work_dir
 from privmtl.flower.secagg import SECAGG_DEFAULTS
 
 __all__ = [
@@ -205,23 +204,8 @@ def run_options(run_config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def default_work_dir() -> Path:
-    """A new durable work directory for a run: ``$XDG_STATE_HOME/privmtl/flower/run-<time>-<id>``.
-
-    ``$XDG_STATE_HOME`` defaults to ``~/.local/state``: the ledger of a private run is a record of
-    what was released and is never put in a temporary directory.
-    """
-    import os
-
-    root = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    return root / "privmtl" / "flower" / f"run-{stamp}-{secrets.token_hex(3)}"
-
-
 def check_options(run_config: dict[str, Any], num_supernodes: int) -> None:
     """Refuse invalid run options before any process starts (InvalidParameterError)."""
-    from privmtl._validation import check_choice, check_int, check_real
-
     run_config = run_options(run_config)
     check_int("num_supernodes", num_supernodes, low=1)
     check_int("rounds", run_config["rounds"], low=1)
@@ -297,8 +281,6 @@ def run_spec(opts: dict[str, Any], m: int) -> RunSpec:
 def given_spec(opts: dict[str, Any]) -> RunSpec:
     """The :class:`~privmtl.federated.spec.RunSpec` the run configuration gives (checked, before
     the data-dependent defaults are resolved); a method a Flower run does not have is refused."""
-    from privmtl.flower.factory import checked_method
-
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(RunSpec):
         fields[f.name] = _given(opts, f.name)

@@ -33,7 +33,7 @@ Node configuration: ``partition-id``, ``num-partitions``, ``state-dir`` (the nod
 for the personalized models) and, optionally, ``model-dir`` and ``method-dir`` (where this machine
 keeps the file of a user's ``--model`` factory and ``--method``, :mod:`privmtl.flower.factory`). Run configuration:
 :data:`privmtl.flower._core.RUN_DEFAULTS`; the ServerApp keeps its ledger, checkpoint and result in
-``<work-dir>/server`` (``work-dir`` empty: a new :func:`~privmtl.flower._core.default_work_dir` on
+``<work-dir>/server`` (``work-dir`` empty: a new :func:`~privmtl.flower.run_info.default_work_dir` on
 the machine running it).
 
 The ServerApp's loop is ``_discover`` (which node serves which clients), then
@@ -58,6 +58,8 @@ from flwr.serverapp import Grid, ServerApp
 from privmtl._timing import PMTL_PHASES, PhaseTimer
 from privmtl.checkpoint import write_atomic
 from privmtl.exceptions import InvalidParameterError, PrivmtlError
+from privmtl.federated.config import TrainConfig
+from privmtl.flower import secagg
 from privmtl.flower._core import (
     MODELS_FILE,
     SERVER_DIR,
@@ -78,7 +80,17 @@ from privmtl.flower.discovery import (
 )
 from privmtl.flower.factory import check_shapes, load_checked, load_checked_method
 from privmtl.flower.node_clients import NodeClients, load_node
+from privmtl.flower.secagg import (
+    SecAggParams,
+    SecAggServer,
+    SecureAggregationError,
+    dequantize_sum,
+    describe,
+    grid_exchange,
+    unflatten,
+)
 from privmtl.flower.server_run import ServerRun
+from privmtl.per_client import write_rows
 
 __all__ = ["check_refusals", "client_app", "describe_node", "server_app"]
 
@@ -196,8 +208,6 @@ def query(msg: Message, context: Context) -> Message:
 
 def _train(content: RecordDict, context: Context) -> tuple[NodeClients, dict, dict, list[float]]:
     """Run the client step of the node's clients named in a train message."""
-    from privmtl.federated.config import TrainConfig
-
     node = _node(context)
     record = content.config_records["round"]
     spec = json.loads(str(record["json"]))
@@ -231,7 +241,6 @@ def train(msg: Message, context: Context) -> Message:
 @client_app.train("secagg")
 def train_secagg(msg: Message, context: Context) -> Message:
     """One SecAgg+ stage; the collect stage runs the client step (:mod:`privmtl.flower.secagg`)."""
-    from privmtl.flower import secagg
 
     def vector(m: Message) -> Any:
         node, spec, msgs, _ = _train(m.content, context)
@@ -536,8 +545,6 @@ def main(grid: Grid, context: Context) -> None:
         result = run.result_dict(scores, started)
         result["nodes_evaluated"] = len(scores)
         if opts["per-client"]:  # one row per client, from the nodes' scores
-            from privmtl.per_client import write_rows
-
             with timer.phase("saving"):
                 rows = run.client_rows(scores, result)
                 result["per_client_file"] = str(write_rows(str(opts["per-client"]), rows))
@@ -582,8 +589,6 @@ def _progress(run: ServerRun) -> None:
 
 
 def _secagg_setup(opts: dict[str, Any], run: ServerRun) -> Any:
-    from privmtl.flower.secagg import SecAggParams, SecAggServer
-
     params = SecAggParams(
         clip=float(opts["clip"]),
         dim=sum(int(p.numel()) for p in run.curator.billboard.values()),
@@ -598,8 +603,6 @@ def _secagg_setup(opts: dict[str, Any], run: ServerRun) -> Any:
 
 
 def _secagg_describe(server: Any, num_nodes: int, bounds: list[float]) -> dict[str, Any]:
-    from privmtl.flower.secagg import describe
-
     return describe(server.params, server, num_nodes, bounds)
 
 
@@ -609,13 +612,6 @@ def _secure_round(grid: Grid, run: ServerRun, fed: _Federation, server: Any) -> 
     The round's documented quantization error bound goes into its history
     (``secagg_error_bound``).
     """
-    from privmtl.flower.secagg import (
-        SecureAggregationError,
-        dequantize_sum,
-        grid_exchange,
-        unflatten,
-    )
-
     t0 = time.perf_counter()
     t = run.curator.round
     nodes, owner = fed.nodes, fed.owner

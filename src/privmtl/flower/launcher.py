@@ -23,7 +23,8 @@ from typing import Any
 
 from privmtl import _timing
 from privmtl.exceptions import DataFormatError, InvalidParameterError, PrivmtlError
-from privmtl.flower.run_info import SERVER_DIR, read_run_info
+from privmtl.flower import node
+from privmtl.flower.run_info import SERVER_DIR, default_work_dir, read_run_info
 from privmtl.locking import hold_directory
 
 __all__ = [
@@ -289,13 +290,13 @@ def run_local(
     state_dir : path, optional
         Root of the nodes' own storage (``node-<i>/personal/``); default ``work_dir/nodes``.
     work_dir : path, optional
-        The run's durable directory (default: a new :func:`~privmtl.flower._core.default_work_dir`;
-        it is never deleted). ``server/``: the write-ahead ledger ``ledger.jsonl``, the
-        checkpoint, ``run.json``, ``billboards.pt`` and ``result.json``; ``nodes/node-<i>/``: each
-        SuperNode's storage (personalized models, data cache); ``logs/<time>/``: every process's
-        output; ``app/`` and ``flwr-home/``: the Flower app and CLI configuration. A second run in
-        the same directory continues the personalized models and the ledger; ``resume`` in
-        ``run_config`` continues a run that did not finish.
+        The run's durable directory (default: a new
+        :func:`~privmtl.flower.run_info.default_work_dir`; it is never deleted). ``server/``: the
+        write-ahead ledger ``ledger.jsonl``, the checkpoint, ``run.json``, ``billboards.pt`` and
+        ``result.json``; ``nodes/node-<i>/``: each SuperNode's storage (personalized models, data
+        cache); ``logs/<time>/``: every process's output; ``app/`` and ``flwr-home/``: the Flower
+        app and CLI configuration. A second run in the same directory continues the personalized
+        models and the ledger; ``resume`` in ``run_config`` continues a run that did not finish.
     timeout : float
         Seconds the whole run may take.
     progress : callable, optional
@@ -321,7 +322,6 @@ def run_local(
         raise InvalidParameterError(
             f"The 'num_supernodes' parameter must be >= 1; got {num_supernodes!r}."
         )
-    from privmtl.flower._core import default_work_dir
     from privmtl.flower.factory import announce
 
     started = _timing.clock()
@@ -580,8 +580,6 @@ def _supernode() -> list[str]:
     process per node, kept between messages; without the Flower internals it needs, Flower's
     own ``flower-supernode`` (a new ClientApp process per message).
     """
-    from privmtl.flower import node
-
     if node.supported():
         return [sys.executable, "-m", "privmtl.flower.node", "supernode"]
     return [_bin("flower-supernode")]

@@ -24,19 +24,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmtl._device import resolve_device
 from privmtl.checkpoint import write_atomic
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import (
     LOCAL_TRAINING_STREAM,
+    BlockScores,
     Params,
+    block_rows,
     client_scores,
     draw_round_plan,
 )
+from privmtl.federated.baseline import baseline_sample
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.client import UpdateRule, local_sgd_batched
 from privmtl.federated.config import TrainConfig
+from privmtl.federated.engine import make_step_fn
+from privmtl.federated.finish import auto_plan, finish_clients, resolve_local_solver
+from privmtl.federated.local import train_local
 from privmtl.federated.methods import Method, TrainFn, get_method, method_class
+from privmtl.federated.models import make_model
 from privmtl.federated.store import ClientStore
 from privmtl.flower._core import (
     MODELS_FILE,
@@ -46,6 +54,7 @@ from privmtl.flower._core import (
     partition,
     to_bytes,
 )
+from privmtl.flower.factory import load_checked, load_checked_method
 from privmtl.flower.node_data import (
     STREAMED_DATA,
     data_sha256_of,
@@ -55,7 +64,9 @@ from privmtl.flower.node_data import (
     population,
     table_options,
 )
+from privmtl.flower.node_finish import finish_and_score
 from privmtl.flower.node_state import NodeState
+from privmtl.flower.vote import node_vote_shares, node_voters
 
 __all__ = ["NodeClients", "data_sha256_of", "load_node", "node_dataset"]
 
@@ -145,8 +156,6 @@ class NodeClients:
         device: str | torch.device = "cpu",
         data_sha256: str | None = None,
     ) -> None:
-        from privmtl.federated.engine import make_step_fn
-
         self.m = len(full_offsets) - 1
         self.clients = np.asarray(clients, dtype=np.int64)
         self.partition_id, self.num_partitions = partition_id, num_partitions
@@ -297,8 +306,6 @@ class NodeClients:
         if self._device_step is None:
             import copy
 
-            from privmtl.federated.engine import make_step_fn
-
             net = copy.deepcopy(self.model).to(device)
             buffers = {n: b.detach() for n, b in net.named_buffers()}
             self._device_step = make_step_fn(net, buffers)
@@ -436,8 +443,6 @@ class NodeClients:
 
     def _voters(self, finish: dict[str, Any]) -> np.ndarray:
         """The positions of this node's clients that vote (the population's coins)."""
-        from privmtl.flower.vote import node_voters
-
         return node_voters(
             int(finish.get("num_clients", self.m)), self.clients,
             str(finish.get("noise_source", "secure")), int(finish["seed"]),
@@ -447,9 +452,6 @@ class NodeClients:
         """This node's clients' vote shares summed over them, one per candidate of
         :func:`~privmtl.federated.finish.vote_candidates` (the ServerApp sums the nodes' and
         releases the vote, :meth:`ServerRun.elect`)."""
-        from privmtl.federated.finish import auto_plan, finish_clients
-        from privmtl.flower.vote import node_vote_shares
-
         glob_model, personal = self._finish_start(billboard, finish)
         plan = auto_plan(
             str(finish.get("method", "pmtl")), finish["shared_params"],
@@ -492,8 +494,6 @@ class NodeClients:
         scored: dict[str, Any] | None = None
         sink_seconds = 0.0
         if finetune != "none":
-            from privmtl.federated.finish import auto_plan, resolve_local_solver
-
             self.model.train()
             plan = None
             if finetune == "auto":
@@ -515,7 +515,6 @@ class NodeClients:
                 local_solver=resolve_local_solver("auto", self.model, vote_held=bool(vote)),
                 block=END_OF_RUN_BLOCK, **vote,
             )  # fmt: skip
-            from privmtl.flower.node_finish import finish_and_score
 
             done, final, scored, sink_seconds = finish_and_score(
                 self, options, personal, glob_model
@@ -557,8 +556,6 @@ class NodeClients:
         """Per-client correct counts on the validation and test splits of the personalized,
         global and (where computed) final models, and the splits' sizes, scored a block of
         clients at a time (:meth:`_pieces`)."""
-        from privmtl.federated.algorithms import block_rows
-
         got: dict[str, list[float]] = {}
         for pos, piece in self._pieces():
             whole = len(pos) == len(self.clients)
@@ -579,8 +576,6 @@ class NodeClients:
         """Add to ``got`` the correct counts of the clients at ``pos`` (their data ``piece``)
         on the validation and test splits of their personalized, the global and their final
         models (``final``: the block's own rows, or None), and the splits' sizes."""
-        from privmtl.federated.algorithms import block_rows
-
         for split in ("val", "test"):
             xs, ys = piece.split(split)
             xs = [x.to(self.dtype) for x in xs]
@@ -613,11 +608,6 @@ class NodeClients:
         population's :func:`~privmtl.federated.baseline.baseline_sample`, their correct test
         predictions of the final and of the local model (each client's own training, solved as
         ``run_pmtl`` solves it) and their test examples, in population order."""
-        from privmtl.federated.algorithms import BlockScores, block_rows
-        from privmtl.federated.baseline import baseline_sample
-        from privmtl.federated.finish import resolve_local_solver
-        from privmtl.federated.local import train_local
-
         assert self.final is not None
         seed = int(finish["seed"])
         sample = baseline_sample(int(finish.get("num_clients", self.m)), seed)
@@ -710,10 +700,6 @@ def load_node(
     node is doing (:class:`~privmtl.flower.discovery.NodeLoader`).
     """
     import hashlib
-
-    from privmtl._device import resolve_device
-    from privmtl.federated.models import make_model
-    from privmtl.flower.factory import load_checked, load_checked_method
 
     say = report or (lambda stage: None)
     who = f"SuperNode partition {pid}"

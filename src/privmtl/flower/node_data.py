@@ -16,7 +16,9 @@ import numpy as np
 import torch
 
 from privmtl.data.federated import FederatedDataset
+from privmtl.data.registry import load_federated
 from privmtl.data.streamed import SyntheticFederation
+from privmtl.io import arrays_sha256
 
 __all__ = [
     "STREAMED_DATA",
@@ -57,8 +59,6 @@ def data_sha256_of(local: FederatedDataset) -> str:
     partition (:func:`node_partition`) the fingerprint of what determines its examples (the
     law, its clients' streams and sizes: :meth:`SyntheticFederation.content_sha256`), drawing
     nothing."""
-    from privmtl.io import arrays_sha256
-
     if isinstance(local, SyntheticFederation):
         return local.content_sha256()
 
@@ -89,8 +89,6 @@ def population(
 ) -> FederatedDataset:
     """The whole population, loaded once per process (a simulation's actor serves many nodes);
     ``table``: a table's options as JSON (:func:`table_options`)."""
-    from privmtl.data.registry import load_federated
-
     kw = json.loads(table)
     if kw.get("feature_columns") is not None:
         kw["feature_columns"] = list(kw["feature_columns"])

@@ -1,22 +1,39 @@
-"""The ServerApp's storage in a work directory and its ``run.json``, readable without PyTorch.
+"""The ServerApp's storage in a work directory, its ``run.json`` and a run's default work
+directory, readable without PyTorch.
 
 The launcher of ``privmtl flower local`` (:mod:`privmtl.flower.launcher`) watches a run's work
 directory while the SuperNodes and the ServerApp compute: it imports this module, not the
-ServerApp's (:mod:`privmtl.flower.server_run`), so that it holds no numerical library.
+ServerApp's (:mod:`privmtl.flower.server_run`), so that it holds no numerical library (``run.json``
+is read by :mod:`privmtl.jsonfile`, which needs the standard library only).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import time
 from pathlib import Path
 from typing import Any
 
 from privmtl.exceptions import DataFormatError
+from privmtl.jsonfile import read_json
 
-__all__ = ["SERVER_DIR", "read_run_info"]
+__all__ = ["SERVER_DIR", "default_work_dir", "read_run_info"]
 
 SERVER_DIR = "server"
 """The ServerApp's storage inside the work directory (ledger, checkpoint, billboards, result)."""
+
+
+def default_work_dir() -> Path:
+    """A new durable work directory for a run: ``$XDG_STATE_HOME/privmtl/flower/run-<time>-<id>``.
+
+    ``$XDG_STATE_HOME`` defaults to ``~/.local/state``: the ledger of a private run is a record of
+    what was released and is never put in a temporary directory.
+    """
+    root = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return root / "privmtl" / "flower" / f"run-{stamp}-{secrets.token_hex(3)}"
 
 
 def read_run_info(path: str | Path) -> dict[str, Any] | None:
@@ -28,8 +45,6 @@ def read_run_info(path: str | Path) -> dict[str, Any] | None:
         Not a JSON object of those three keys with their types (a list, text that is not UTF-8,
         deep nesting, ...): one line naming the file.
     """
-    from privmtl.io import read_json
-
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         return None

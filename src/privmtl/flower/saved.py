@@ -31,9 +31,13 @@ from typing import Any
 
 import torch
 
+from privmtl.data.registry import absolute_data_path
 from privmtl.exceptions import DataFormatError
 from privmtl.federated.config import TrainConfig
+from privmtl.federated.saved import save_models
+from privmtl.federated.user_model import is_factory_spec
 from privmtl.flower._core import MODELS_FILE, SERVER_DIR, from_bytes, run_options
+from privmtl.flower.factory import load_checked
 
 __all__ = ["collect_models"]
 
@@ -83,11 +87,6 @@ def collect_models(
         A node's or the ServerApp's models file is missing or belongs to another run (one line;
         nothing is written).
     """
-    from privmtl.data.registry import absolute_data_path
-    from privmtl.federated.saved import save_models
-    from privmtl.federated.user_model import is_factory_spec
-    from privmtl.flower.factory import load_checked
-
     server = _read(Path(work_dir) / SERVER_DIR / MODELS_FILE, "the ServerApp", None)
     token = str(server["token"])
     shards = [

@@ -74,8 +74,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmtl._validation import check_int, check_real
 from privmtl.exceptions import InvalidParameterError, PrivmtlError
+from privmtl.federated.spec import DEFAULT_CLIENTS_PER_ROUND
 from privmtl.flower import _flwr_compat
+from privmtl.flower._waits import send_and_receive
 from privmtl.privacy.release import clip_factors, drop_nonfinite, update_norms
 
 __all__ = [
@@ -137,8 +140,6 @@ class SecAggParams:
     modulus_range: int = 2**32
 
     def __post_init__(self) -> None:
-        from privmtl._validation import check_int, check_real
-
         check_real("clip", self.clip, low=0.0, closed="neither")
         check_int("dim", self.dim, low=1)
         check_int("quantization_range", self.quantization_range, low=2)
@@ -197,8 +198,6 @@ class SecAggParams:
 
 def check_secagg_options(opts: dict[str, Any], num_supernodes: int) -> None:
     """Refuse invalid SecAgg+ run options before any process starts (InvalidParameterError)."""
-    from privmtl._validation import check_int
-
     if not opts.get("secagg"):
         return
     if num_supernodes < 3:
@@ -227,7 +226,6 @@ def check_secagg_options(opts: dict[str, Any], num_supernodes: int) -> None:
         quantization_range=int(opts.get("secagg-quantization-range", 2**22)),
         modulus_range=int(opts.get("secagg-modulus-range", 2**32)),
     )
-    from privmtl.federated.spec import DEFAULT_CLIENTS_PER_ROUND
 
     # not given: the spec's default, min(20, m) (resolve_clients_per_round, once m is known): checked
     # here before the data is loaded, at its largest, DEFAULT_CLIENTS_PER_ROUND, so that it holds
@@ -663,8 +661,6 @@ def grid_exchange(grid: Any, collect: dict[int, dict[str, Any]], timeout: float)
     """An :data:`Exchange` over Flower's ``Grid``; ``collect`` holds each node's train records
     (billboard and round), sent along with the collect stage."""
     from flwr.app import ConfigRecord, Message, RecordDict
-
-    from privmtl.flower._waits import send_and_receive
 
     def exchange(stage: str, payloads: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         msgs = []

@@ -42,11 +42,25 @@ from privmtl.federated.backend import (
     run_result,
     setup_run,
 )
+from privmtl.federated.baseline import local_keys
 from privmtl.federated.config import TrainResult
+from privmtl.federated.finish import (
+    AUTO_NOTE,
+    FINETUNE_NOTE,
+    FINETUNE_VOTE_NOTE,
+    auto_info,
+    auto_plan,
+    final_models_keys,
+    vote_candidates,
+)
+from privmtl.federated.report import result_dict, scaling_note
 from privmtl.federated.spec import RunSpec
 from privmtl.flower._core import given, given_spec, make_run
+from privmtl.flower.factory import checked_method
 from privmtl.flower.run_info import read_run_info
+from privmtl.flower.vote import elect, vote_plan
 from privmtl.locking import DirectoryLock
+from privmtl.per_client import pmtl_rows, ratio
 from privmtl.privacy.ledger import PrivacyLedger
 from privmtl.privacy.noise import make_noise_source
 
@@ -107,8 +121,6 @@ class ServerRun:
         server_dir: str | Path | None = None,
         data_sha256: str | None = None,
     ) -> None:
-        from privmtl.flower.vote import vote_plan
-
         m = num_clients
         self.opts, self.m = opts, m
         # the fingerprint of the nodes' data (each node hashes its own): a resume must match it
@@ -404,9 +416,6 @@ class ServerRun:
     def client_rows(self, evaluations: list[dict[str, Any]], result: dict[str, Any]) -> Any:
         """The run's per-client rows (:func:`~privmtl.per_client.pmtl_rows`) from the nodes'
         evaluations (in partition order: the population's) and the run's ``result``."""
-        from privmtl.federated.finish import auto_plan
-        from privmtl.per_client import pmtl_rows, ratio
-
         # the nodes' evaluations in population order (they come in the order nodes answered)
         evaluations = sorted(
             evaluations, key=lambda e: int(e["clients"][0]) if len(e["clients"]) else 0
@@ -447,8 +456,6 @@ class ServerRun:
         """The result's baseline keys (:func:`~privmtl.federated.baseline.local_keys`) from the
         nodes' parts (:meth:`NodeClients.baseline_scores`), in population order; ``{}`` where no
         node sent one."""
-        from privmtl.federated.baseline import local_keys
-
         parts = [e["baseline"] for e in evaluations if e.get("baseline")]
         if not parts:
             return {}
@@ -469,9 +476,6 @@ class ServerRun:
         """Release the clients' vote from the nodes' summed ``shares`` (the candidates of
         :func:`~privmtl.federated.finish.vote_candidates`) through the ledger, as ``run_pmtl``
         does; returns the winner (None: no room left in the budget, every client chooses)."""
-        from privmtl.federated.finish import auto_plan, vote_candidates
-        from privmtl.flower.vote import elect
-
         assert self.vote is not None
         fin = self.finish_settings()
         plan = auto_plan(
@@ -492,14 +496,6 @@ class ServerRun:
         self, evaluations: list[dict[str, Any]], pre_test_accuracy: float
     ) -> tuple[dict[str, Any], list[str]]:
         """The result keys of the clients' end of the run (as ``run_pmtl``'s) and its notes."""
-        from privmtl.federated.finish import (
-            AUTO_NOTE,
-            FINETUNE_NOTE,
-            FINETUNE_VOTE_NOTE,
-            auto_info,
-            auto_plan,
-        )
-
         fin = self.finish_settings()
         if fin["finetune"] == "none":
             return {}, []
@@ -542,9 +538,6 @@ class ServerRun:
 
     def result_dict(self, evaluations: list[dict[str, Any]], started: float) -> dict:
         """The JSON of ``privmtl pmtl`` for this run, plus ``engine``."""
-        from privmtl.federated.finish import final_models_keys
-        from privmtl.federated.report import result_dict, scaling_note
-
         res = self.result(evaluations, started)
         part, notes = self._finish_part(evaluations, float(res.test_accuracy))
         notes = [*scaling_note(self.data_scaling), *notes]
@@ -581,7 +574,6 @@ class ServerRun:
             out["data_sha256"] = self.data_sha256
         if self.opts.get("model-sha256"):  # the factory code every machine checked it ran
             out["model_sha256"] = str(self.opts["model-sha256"])
-        from privmtl.flower.factory import checked_method
 
         _, source = checked_method(self.opts)
         if source is not None:  # a user's method: its file, as run_pmtl records it

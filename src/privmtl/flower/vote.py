@@ -21,6 +21,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from privmtl.exceptions import PrivacyBudgetError
+from privmtl.federated.finish import (
+    FINETUNE_VOTE_ID,
+    FINETUNE_VOTE_SHARE,
+    FINETUNE_VOTE_STREAM,
+    FINETUNE_VOTERS,
+    FINETUNE_VOTERS_STREAM,
+    resolve_finetune_select,
+    vote_voters,
+)
+from privmtl.federated.methods import method_class
+from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.options import RunOptions
+from privmtl.federated.spec import pmtl_delta
+from privmtl.privacy.noise import make_noise_source
+from privmtl.privacy.selection import plan_vote
 
 if TYPE_CHECKING:
     from privmtl.federated.spec import RunSpec
@@ -34,17 +49,6 @@ def vote_plan(spec: RunSpec, m: int, model: str) -> VotePlan | None:
     """The vote ``run_pmtl`` plans for the same run at its default selection (``"auto"``), or
     None where no vote is held. ``model`` is the run's model name: the built-in ``"logreg"``
     is the multinomial logistic regression whose candidates are solved exactly."""
-    from privmtl.federated.finish import (
-        FINETUNE_VOTE_SHARE,
-        FINETUNE_VOTERS,
-        resolve_finetune_select,
-    )
-    from privmtl.federated.methods import method_class
-    from privmtl.federated.models import MultinomialLogReg
-    from privmtl.federated.options import RunOptions
-    from privmtl.federated.spec import pmtl_delta
-    from privmtl.privacy.selection import plan_vote
-
     declared = method_class(spec.method)
     samples = declared.communicates and not declared.every_client
     # the model class is all resolve_finetune_select asks of the model
@@ -66,8 +70,6 @@ def vote_plan(spec: RunSpec, m: int, model: str) -> VotePlan | None:
 def voter_rng(noise_source: str, seed: int) -> np.random.Generator | None:
     """The voters' coins as ``run_pmtl`` draws them: the seeded stream of a seeded run, else
     None (OS entropy)."""
-    from privmtl.federated.finish import FINETUNE_VOTERS_STREAM
-
     if noise_source != "seeded":
         return None
     return np.random.default_rng([int(seed), FINETUNE_VOTERS_STREAM])
@@ -76,8 +78,6 @@ def voter_rng(noise_source: str, seed: int) -> np.random.Generator | None:
 def node_voters(m: int, clients: np.ndarray, noise_source: str, seed: int) -> np.ndarray:
     """The positions among a node's ``clients`` (population indices) of those that vote: the
     population's :func:`~privmtl.federated.finish.vote_voters` (each client's coin its own)."""
-    from privmtl.federated.finish import vote_voters
-
     voters = vote_voters(m, voter_rng(noise_source, seed))
     return np.flatnonzero(np.isin(clients, voters))
 
@@ -124,9 +124,6 @@ def elect(
     """Release the vote of the summed ``shares`` over ``names`` as ``run_pmtl`` does:
     ``(winner index or None where the budget leaves no room for it, the record reported as
     ``finetune_auto["vote"]``, the ledger's ε after it or None)``."""
-    from privmtl.federated.finish import FINETUNE_VOTE_ID, FINETUNE_VOTE_STREAM
-    from privmtl.privacy.noise import make_noise_source
-
     replay = noise_source == "seeded"
     replayed = replay and ledger is not None and ledger.has_release(FINETUNE_VOTE_ID)
     if ledger is not None and not replayed:

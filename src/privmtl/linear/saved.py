@@ -43,6 +43,7 @@ import numpy as np
 from privmtl.exceptions import DataFormatError
 from privmtl.io import read_json, staged_folder
 from privmtl.per_client import CLIENTS_FILE, encode_rows
+from privmtl.saved_files import linear_clients_file
 from privmtl.trust import check_signing_key, folder_file, sign
 
 __all__ = [
@@ -143,34 +144,3 @@ def load_linear_models(directory: str | os.PathLike[str]) -> tuple[dict[str, Any
             f"{meta.get('coef', {}).get('shape')}."
         )
     return meta, np.asarray(coef, dtype=np.float64)
-
-
-def linear_clients_file(directory: str | os.PathLike[str], meta: dict[str, Any]) -> Path | None:
-    """The per-task rows file (``clients.file``) of a folder whose ``model.json`` is ``meta``,
-    inside the folder and with the SHA-256 the signed ``model.json`` records; None without one.
-
-    Raises
-    ------
-    DataFormatError
-        A name outside the folder, no recorded SHA-256, or a file that is not the one written.
-    """
-    d = Path(directory)
-    where = str(d / "model.json")
-    record = meta.get("clients")
-    if not isinstance(record, dict):
-        return None
-    path = folder_file(d, record.get("file"), where=where, key="clients.file")
-    hashes = meta.get("files_sha256")
-    digest = hashes.get(path.name) if isinstance(hashes, dict) else None
-    if not isinstance(digest, str) or len(digest) != 64:
-        raise DataFormatError(f"{where}: files_sha256[{path.name!r}] must be its SHA-256.")
-    try:
-        now = hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError as exc:
-        raise DataFormatError(f"{path} cannot be read: {exc.strerror or exc}.") from None
-    if not hmac.compare_digest(now, digest):
-        raise DataFormatError(
-            f"{path} is not the file model.json was written with (its SHA-256 differs from "
-            "files_sha256); refusing to use it."
-        )
-    return path
