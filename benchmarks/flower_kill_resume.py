@@ -30,7 +30,8 @@ from typing import Any
 
 from _common import RESULTS, append_jsonl, load_jsonl, machine_info, markdown_table
 
-from privmtl.flower.launcher import FlowerRunError, _descendants, run_local
+from privmtl.flower.deploy import FlowerRunError, _descendants
+from privmtl.flower.launcher import run_local
 
 JSONL = RESULTS / "flower_kill_resume.jsonl"
 MD = RESULTS / "flower_kill_resume.md"

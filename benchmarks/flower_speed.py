@@ -380,7 +380,8 @@ def _simulation(spec: str) -> None:
     import tempfile
 
     from privmtl.flower._core import SERVER_DIR
-    from privmtl.flower.launcher import _bin, _free_port, _Procs, write_app
+    from privmtl.flower.deploy import _bin, _free_port, _Procs
+    from privmtl.flower.launcher import write_app
 
     cfg = json.loads(spec)
     n = int(cfg["num_clients"])

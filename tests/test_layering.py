@@ -359,15 +359,13 @@ DEFERRED_IMPORTS: dict[str, tuple[int, str]] = {
         "FederatedDataset, load_leaf and make_synthetic_federated from privmtl.data.federated",
     ),
     "flower": (
-        5,
-        "privmtl.flower.launcher is also the module of `privmtl flower local`'s waiting process "
-        "(privmtl.cli.flower_run, which calls run_request), which loads neither torch, SciPy nor "
-        "Flower: app_config, run_local and launch_request, which run in the command's own "
-        "process, load the run options (_core: torch) and the user's model factory (factory: "
-        "torch) when called, and collect_models (privmtl.flower.saved: torch) runs once the "
-        "SuperNodes stopped; privmtl.flower.node, which that launcher imports, loads the apps "
-        "(Flower, torch) when its ClientApp executor starts. Moving run_local, launch_request "
-        "and app_config to a module of their own needs the CLI to import them from there",
+        2,
+        "privmtl.flower.deploy is the module of `privmtl flower local`'s waiting process "
+        "(privmtl.cli.flower_run), which loads neither torch, SciPy nor Flower while the "
+        "SuperNodes compute: with --save-models it assembles the models folder "
+        "(privmtl.flower.saved: torch) once they stopped; privmtl.flower.node, which it "
+        "imports, loads the apps (Flower, an optional dependency, and torch) when its ClientApp "
+        "executor starts",
     ),
 }
 

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmtl[flower]')")
 
 import privmtl.cli.flower as cli_flower
+import privmtl.flower.deploy as deploy
 import privmtl.flower.launcher as launcher
 from privmtl import _timing
 from privmtl.cli import flower_run, main
@@ -20,7 +21,7 @@ from privmtl.cli import flower_run, main
 
 def test_the_launcher_process_imports_neither_torch_nor_flower():
     code = (
-        "import sys; import privmtl.cli.flower_run, privmtl.flower.launcher; "
+        "import sys; import privmtl.cli.flower_run, privmtl.flower.deploy; "
         "from privmtl.cli._common import echo_json, echo_final_models; "
         "import privmtl.gain, privmtl.trust; "
         "print([m for m in ('torch', 'scipy', 'flwr') if m in sys.modules])"
@@ -64,9 +65,7 @@ def _result():
 
 def test_the_launcher_prints_the_commands_json_with_its_start_up(monkeypatch, capsys):
     seen = []
-    monkeypatch.setattr(
-        launcher, "run_request", lambda req, progress: seen.append(req) or _result()
-    )
+    monkeypatch.setattr(deploy, "run_request", lambda req, progress: seen.append(req) or _result())
     monkeypatch.setattr(_timing, "process_seconds", lambda: 2.0)
     request = {"work_dir": "/w", "output": {"as_json": True, "code": False, "quiet": True}}
     assert flower_run.main([json.dumps(request)]) == 0
@@ -77,9 +76,9 @@ def test_the_launcher_prints_the_commands_json_with_its_start_up(monkeypatch, ca
 
 def test_a_failed_run_is_one_line_and_exit_2_with_the_resume_hint_on_ctrl_c(monkeypatch, capsys):
     def failed(req, progress):
-        raise launcher.FlowerRunError("the ServerApp failed: boom\n  details")
+        raise deploy.FlowerRunError("the ServerApp failed: boom\n  details")
 
-    monkeypatch.setattr(launcher, "run_request", failed)
+    monkeypatch.setattr(deploy, "run_request", failed)
     request = json.dumps({"work_dir": "/w", "output": {"as_json": True}})
     assert flower_run.main([request]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -88,6 +87,6 @@ def test_a_failed_run_is_one_line_and_exit_2_with_the_resume_hint_on_ctrl_c(monk
     def interrupted(req, progress):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(launcher, "run_request", interrupted)
+    monkeypatch.setattr(deploy, "run_request", interrupted)
     assert flower_run.main([request]) == 130
     assert "--work-dir /w --resume" in capsys.readouterr().err

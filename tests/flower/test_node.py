@@ -113,10 +113,10 @@ def test_runtime_address_follows_the_supernode_flags():
 
 
 def test_installed_flower_is_supported_and_the_launcher_uses_the_long_lived_node():
-    from privmtl.flower.launcher import _supernode
+    from privmtl.flower.deploy import supernode_command
 
     assert node.supported()
-    assert _supernode()[-3:] == ["-m", "privmtl.flower.node", "supernode"]
+    assert supernode_command()[-3:] == ["-m", "privmtl.flower.node", "supernode"]
 
 
 def test_main_refuses_an_unknown_command():

@@ -19,7 +19,8 @@ pytest.importorskip("flwr", reason="Flower is not installed (pip install 'privmt
 
 from privmtl.cli import main
 from privmtl.flower._core import partition
-from privmtl.flower.launcher import FlowerRunError, _descendants, run_local
+from privmtl.flower.deploy import FlowerRunError, _descendants
+from privmtl.flower.launcher import run_local
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from privmtl.cli._common import (
     to_jsonable,
 )
 from privmtl.exceptions import PrivmtlError
-from privmtl.flower import launcher
+from privmtl.flower import deploy
 from privmtl.gain import describe_gain
 from privmtl.trust import sign
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     output = dict(request.pop("output", {}))
     work = request["work_dir"]
     try:
-        out = launcher.run_request(request, progress=None if output.get("quiet") else _say)
+        out = deploy.run_request(request, progress=None if output.get("quiet") else _say)
     except KeyboardInterrupt:
         _say(
             "privmtl: aborted; continue the run with the same command and "
