@@ -350,13 +350,13 @@ def test_no_import_circle_inside_a_package_counting_deferred_imports():
 #: entry is lowered (or removed at zero). A circle is never a reason.
 DEFERRED_IMPORTS: dict[str, tuple[int, str]] = {
     "data": (
-        4,
-        "privmtl.data.registry, the one table of data sets, is imported by the CLI at start-up, "
-        "whose `privmtl --help` and up-front checks load no torch (tests/data/test_registry.py): "
-        "each of its three PMTL loaders loads its torch-backed federation module (federated, "
-        "streamed, federated_table) when its data set is loaded; and since importing any data "
-        "module runs privmtl.data's __init__, the package's module __getattr__ serves "
-        "FederatedDataset, load_leaf and make_synthetic_federated from privmtl.data.federated",
+        1,
+        "privmtl.data's module __getattr__ serves FederatedDataset, load_leaf and "
+        "make_synthetic_federated from privmtl.data.federated, torch-backed, when first asked "
+        "for: importing any data module runs the package's __init__, and privmtl.data.registry, "
+        "the table of data sets the CLI reads at start-up, loads no torch "
+        "(tests/data/test_registry.py); the registry names its torch-backed loaders by "
+        "'module:function' instead of importing them",
     ),
     "flower": (
         2,

@@ -43,7 +43,7 @@ def test_every_entry_is_filed_under_its_family_and_name():
 def test_every_declared_option_is_a_keyword_of_its_loader():
     for family, entries in REGISTRY.items():
         for info in entries.values():
-            signature = inspect.signature(info.load).parameters
+            signature = inspect.signature(info.loader()).parameters
             if any(p.kind is p.VAR_KEYWORD for p in signature.values()):
                 continue  # generators: seed only
             extra = {"seed"} | ({"scaling", "train_fraction"} if info.split else set())
@@ -139,3 +139,18 @@ def test_importing_the_registry_does_not_import_torch():
     code = "import sys, privmtl.data.registry; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_pmtl_loaders_are_named_not_imported_with_the_registry():
+    """The registry names its torch-backed loaders (``module:function``): reading it loads none
+    of their modules, and each name resolves to a loader of that module."""
+    code = (
+        "import sys, privmtl.data.registry as r\n"
+        "names = [i.load for i in r.REGISTRY['pmtl'].values()]\n"
+        "print(all(isinstance(n, str) for n in names), 'privmtl.data.federated_loaders' in "
+        "sys.modules, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False", "False"]
+    for info in REGISTRY["pmtl"].values():
+        assert info.loader().__module__ == "privmtl.data.federated_loaders"

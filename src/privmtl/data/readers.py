@@ -23,9 +23,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "FEMNIST_ENV_VAR",
     "SCHOOL_ENV_VAR",
     "GroupedRows",
     "dataset_from_frame",
+    "default_femnist_dir",
     "default_school_path",
     "group_rows",
     "grouped_frame",
@@ -153,6 +155,15 @@ def load_malsar_mat(
         task_names=tuple(task_names) if task_names is not None else (),
         task_type=kind,
     )
+
+
+FEMNIST_ENV_VAR = "PRIVMTL_FEMNIST_DIR"
+
+
+def default_femnist_dir() -> Path:
+    """``$PRIVMTL_FEMNIST_DIR``, else ``../shared/data/femnist-leaf`` relative to the CWD."""
+    env = os.environ.get(FEMNIST_ENV_VAR)
+    return Path(env) if env else Path("..") / "shared" / "data" / "femnist-leaf"
 
 
 def default_school_path() -> Path:

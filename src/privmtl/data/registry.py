@@ -18,18 +18,18 @@ Importing this module does not import PyTorch: the federated loaders import it w
 
 from __future__ import annotations
 
-import os
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from privmtl._validation import CLIENT_BYTES, check_choice, check_int, check_memory, check_real
 from privmtl.data.multitask import INTERCEPT, MultiTaskDataset
-from privmtl.data.readers import default_school_path, load_school, read_table
+from privmtl.data.readers import default_femnist_dir, default_school_path, load_school, read_table
 from privmtl.data.synthetic import make_groupsparse_tasks, make_lowrank_tasks
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 
@@ -79,14 +79,6 @@ PREPROCESSING = {
 }
 """What each resolved MP-MTL scaling does, as results and saved models describe it."""
 
-_FEMNIST_ENV_VAR = "PRIVMTL_FEMNIST_DIR"
-
-
-def default_femnist_dir() -> Path:
-    """``$PRIVMTL_FEMNIST_DIR``, else ``../shared/data/femnist-leaf`` relative to the CWD."""
-    env = os.environ.get(_FEMNIST_ENV_VAR)
-    return Path(env) if env else Path("..") / "shared" / "data" / "femnist-leaf"
-
 
 @dataclass(frozen=True)
 class DataSetInfo:
@@ -100,10 +92,12 @@ class DataSetInfo:
         The family whose runs read it (:data:`FAMILIES`).
     description : str
         One line for ``--help`` and the documentation.
-    load : callable
+    load : callable or str
         The loader: called with ``seed`` and the options in :attr:`options` (as keywords). A
         PMTL loader returns a :class:`~privmtl.data.federated.FederatedDataset`; an MP-MTL loader
-        also takes the resolved ``scaling`` and ``train_fraction`` and returns (train, test).
+        also takes the resolved ``scaling`` and ``train_fraction`` and returns (train, test). A
+        ``"module:function"`` string names a loader whose module is imported when the data set
+        is loaded (:meth:`loader`): the PMTL loaders, which build torch-backed federations.
     options : tuple of str
         The loader options this data set takes (beyond ``seed``).
     required : tuple of str
@@ -123,7 +117,7 @@ class DataSetInfo:
     name: str
     family: str
     description: str
-    load: Callable[..., Any]
+    load: Callable[..., Any] | str
     options: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
     default_path: Callable[[], Path] | None = None
@@ -131,56 +125,18 @@ class DataSetInfo:
     scaling: str | None = None
     train_fraction: float | None = None
 
+    def loader(self) -> Callable[..., Any]:
+        """The loader :attr:`load` is or names (its module imported now)."""
+        if callable(self.load):
+            return self.load
+        module, _, name = self.load.partition(":")
+        return cast(Callable[..., Any], getattr(importlib.import_module(module), name))
+
     @property
     def split(self) -> bool:
         """MP-MTL: True when the data set is split and scaled by :func:`data_protocol` (a file),
         False when its generator draws train and test itself."""
         return self.train_fraction is not None
-
-
-# ----------------------------------------------------------------------------- PMTL loaders
-
-
-def _load_leaf(*, seed: int, data_path: str | Path | None = None) -> FederatedDataset:
-    from privmtl.data.federated import load_leaf
-
-    path = Path(data_path) if data_path is not None else default_femnist_dir()
-    if not path.is_dir():
-        raise DataFormatError(
-            f"LEAF FEMNIST directory not found: {path} (pass --data-path or set "
-            f"{_FEMNIST_ENV_VAR})."
-        )
-    return load_leaf(path, random_state=seed)
-
-
-def _load_synthetic_federated(*, seed: int, num_clients: int | None = None) -> FederatedDataset:
-    from privmtl.data.streamed import SyntheticFederation
-
-    # the clients are drawn when needed (the same data as make_synthetic_federated's)
-    if num_clients is None:
-        return SyntheticFederation(random_state=seed)
-    return SyntheticFederation(n_clients=num_clients, random_state=seed)
-
-
-def _load_federated_table(
-    *,
-    seed: int,
-    data_path: str | Path,
-    client_column: str,
-    label_column: str,
-    feature_columns: Sequence[str] | None = None,
-    scaling: str | None = None,
-) -> FederatedDataset:
-    from privmtl.data.federated_table import DEFAULT_CLIENT_SCALING, load_federated_table
-
-    return load_federated_table(
-        data_path,
-        client_column=client_column,
-        label_column=label_column,
-        feature_columns=feature_columns,
-        random_state=seed,
-        scaling=DEFAULT_CLIENT_SCALING if scaling is None else scaling,
-    )
 
 
 # --------------------------------------------------------------------------- MP-MTL loaders
@@ -254,7 +210,7 @@ REGISTRY: dict[str, dict[str, DataSetInfo]] = {
                 "femnist-leaf",
                 "pmtl",
                 "FEMNIST writers in LEAF's layout (a folder with train/ and test/), as published",
-                _load_leaf,
+                "privmtl.data.federated_loaders:load_leaf_data",
                 options=("data_path",),
                 default_path=default_femnist_dir,
                 flower=True,
@@ -263,7 +219,7 @@ REGISTRY: dict[str, dict[str, DataSetInfo]] = {
                 "synthetic",
                 "pmtl",
                 "built-in federation of m clients (--num-clients, default 50), drawn from the seed",
-                _load_synthetic_federated,
+                "privmtl.data.federated_loaders:load_synthetic",
                 options=("num_clients",),
                 flower=True,
             ),
@@ -271,7 +227,7 @@ REGISTRY: dict[str, dict[str, DataSetInfo]] = {
                 "table",
                 "pmtl",
                 f"a user's {_TABLE_PATH} with one row per example (client and label columns)",
-                _load_federated_table,
+                "privmtl.data.federated_loaders:load_table",
                 options=(
                     "data_path",
                     "client_column",
@@ -405,7 +361,7 @@ def load_federated(
     for name in info.required:
         if given[name] is None:
             raise InvalidParameterError(f"data={data!r} needs the '{name}' parameter.")
-    return info.load(seed=seed, **{k: given[k] for k in info.options})
+    return info.loader()(seed=seed, **{k: given[k] for k in info.options})
 
 
 def data_protocol(
@@ -476,8 +432,8 @@ def load_mpmtl_data(
             )
     options = {k: given[k] for k in info.options}
     if not info.split:
-        return info.load(seed=seed, **options)
-    return info.load(seed=seed, scaling=scaling, train_fraction=frac, **options)
+        return info.loader()(seed=seed, **options)
+    return info.loader()(seed=seed, scaling=scaling, train_fraction=frac, **options)
 
 
 def target_offsets(train: MultiTaskDataset, scaling: str | None) -> NDArray[np.float64]:
