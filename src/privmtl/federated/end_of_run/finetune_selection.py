@@ -33,12 +33,15 @@ from privmtl.federated.algorithms import Params, client_scores, evaluate
 from privmtl.federated.config import TrainResult
 from privmtl.federated.end_of_run.finetune import finetune
 
-__all__ = ["SELECT_MODES", "finetune_select"]
+__all__ = ["SELECT_MODES", "finetune_select", "selection_grid"]
 
 SELECT_MODES = ("client", "pooled")
 
 
-def _grid(method: str, lrs: Sequence[float], lams: Sequence[float]) -> list[tuple[float, float]]:
+def selection_grid(
+    method: str, lrs: Sequence[float], lams: Sequence[float]
+) -> list[tuple[float, float]]:
+    """The ``(lr, λ)`` points :func:`finetune_select` tries, in its order (``"vanilla"``: λ = 0)."""
     if not lrs:
         raise InvalidParameterError("The 'lrs' parameter must hold at least one step size.")
     if method != "vanilla" and not lams:
@@ -58,6 +61,7 @@ def finetune_select(
     lrs: Sequence[float] = (0.01, 0.03, 0.1),
     lams: Sequence[float] = (0.01, 0.1, 1.0),
     select: str = "client",
+    scores: bool = True,
     **finetune_kwargs: Any,
 ) -> tuple[Params, dict[str, dict[str, float]], dict[str, Any]]:
     r"""Fine-tune over a grid of ``(lr, λ)`` and keep each client's best model on validation.
@@ -77,9 +81,16 @@ def finetune_select(
         own validation split (ties: lower validation loss, then the earlier grid point; clients
         without validation data keep the first grid point). ``"pooled"``: one grid point for
         all clients, the best pooled validation accuracy (reads every client's validation data).
+    scores : bool, default True
+        False: ``accuracies`` is empty (the caller scores the selected models itself, as
+        :func:`~privmtl.federated.end_of_run.finish.finish_pass` does block by block). The
+        models and the choice are the same.
     **finetune_kwargs
         Passed to :func:`~privmtl.federated.end_of_run.finetune.finetune` (``start``, ``epochs``,
-        ``batch_size``, ``seed``, ``batched``, ``global_params``, ...); not ``lr`` or ``lam``.
+        ``batch_size``, ``seed``, ``batched``, ``global_params``, ``client_index``, ...); not
+        ``lr`` or ``lam``. A client's selected model depends on nothing but its own data, its
+        start model, the anchor and its index (``client_index``, which seeds its minibatches):
+        a population finished a block of clients at a time gets the same models.
 
     Returns
     -------
@@ -99,7 +110,7 @@ def finetune_select(
             raise InvalidParameterError(
                 f"finetune_select searches '{name}' itself; pass the grid as '{name}s'."
             )
-    grid = _grid(method, lrs, lams)
+    grid = selection_grid(method, lrs, lams)
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     val_x, val_y = dataset.split("val")
     m = dataset.n_clients
@@ -130,7 +141,7 @@ def finetune_select(
         best_correct = np.where(better, correct, best_correct)
         best_loss = np.where(better, loss, best_loss)
     accuracies = {}
-    for split in ("val", "test"):
+    for split in ("val", "test") if scores else ():
         xs, ys = dataset.split(split)
         accuracies[split] = evaluate(model, chosen, buffers, xs, ys, personalized=True)
     selection = {

@@ -55,6 +55,7 @@ from privmtl.federated.blocks import (
     end_of_run_block,
 )
 from privmtl.federated.client_models import ClientModels
+from privmtl.federated.end_of_run import finetune_selection
 from privmtl.federated.end_of_run import local as end_of_run_local
 from privmtl.federated.end_of_run.final_models import (
     FINAL_MODEL_WORDS,
@@ -301,7 +302,7 @@ def finish_pass(
     kw: dict[str, Any] = {
         "batch_size": o.batch_size, "seed": o.seed, "lr": o.lr, "lam": o.lam, "start": o.start,
         "epochs": o.epochs, "plan": o.plan, "bar": bar, "device": o.device,
-        "local_solver": o.local_solver, "local_patience": o.local_patience,
+        "local_solver": o.local_solver, "local_patience": o.local_patience, "grid": o.grid,
     }  # fmt: skip
     book = None
     if o.score is not None:
@@ -540,13 +541,23 @@ def _finish_block(
     only: str | None = None,
     workers: int = 1,
     block: int = END_OF_RUN_BLOCK,
+    grid: tuple[Sequence[float], Sequence[float]] | None = None,
 ) -> ClientFinish:
     """:func:`finish_clients` of the clients of ``dataset`` at once (one block); ``only``: every
     client takes this candidate of :func:`vote_candidates` (the vote's winner); ``workers``: the
     threads of a network's grids (:func:`~privmtl.federated.end_of_run.local.train_local`);
-    ``block``: the most clients its candidates train at once (the pass's block)."""
+    ``block``: the most clients its candidates train at once (the pass's block); ``grid``: an
+    explicit method's ``(lrs, lams)``, each client's own choice among them."""
     if finetune == "none":
         return ClientFinish({n: p.clone() for n, p in trained.items()})
+    if finetune != "auto" and grid is not None:
+        # through its module: the mediation audit's mutants replace it there
+        params, _, sel = finetune_selection.finetune_select(
+            trained, dataset, model, method=finetune, lrs=grid[0], lams=grid[1], scores=False,
+            start=start, epochs=epochs, batch_size=batch_size, seed=seed,
+            global_params=billboard, client_index=client_index, device=device,
+        )  # fmt: skip
+        return ClientFinish(params, np.asarray(sel["choice"], dtype=np.int64))
     if finetune != "auto":
         params, _ = finetune_models(
             trained, dataset, model, method=finetune, start=start, epochs=epochs, lr=lr,

@@ -378,6 +378,13 @@ class FinishOptions:
         ``select="vote"``: the vote's winner, known already (elected over several parts of the
         population: a Flower node's clients finish with the winner the server announced); the
         shares are then not computed and ``vote`` not called.
+    grid : (lrs, lams), optional
+        An explicit fine-tuning method only: instead of ``lr`` and ``lam``, every client keeps
+        the point of this grid that validates best on its own split
+        (:func:`~privmtl.federated.end_of_run.finetune_selection.finetune_select`, run on each
+        block's clients); :attr:`~privmtl.federated.end_of_run.finish.ClientFinish.choice` is
+        every client's index in
+        :func:`~privmtl.federated.end_of_run.finetune_selection.selection_grid`.
     """
 
     finetune: str
@@ -401,6 +408,7 @@ class FinishOptions:
     voter_rng: np.random.Generator | None = None
     voters: np.ndarray | None = None
     winner: str | None = None
+    grid: tuple[Sequence[float], Sequence[float]] | None = None
 
 
 BlockSink = Callable[[np.ndarray, Params, FederatedDataset | None], None]

@@ -243,47 +243,34 @@ def finetune_trained(
 ) -> dict[str, Any]:
     """An explicit fine-tuning ``method`` of every client's trained model (or of the billboard,
     for a method without personalized models); ``grid``: each client's choice of ``(lr, lam)``
-    on its own validation split. Without a grid the clients are finished and scored in one pass
+    on its own validation split
+    (:func:`~privmtl.federated.end_of_run.finetune_selection.finetune_select`, a block of clients
+    at a time). The clients are finished and scored in one pass
     (:func:`~privmtl.federated.end_of_run.finish.finish_pass`): ``_params`` are spilled to disk
-    block by block, or None with ``keep_models=False``."""
+    block by block, or None with ``keep_models=False``; no step holds every client's model."""
     start = "personalized" if result.personalized_params is not None else "global"
-    extra: dict[str, Any] = {}
-    params: Params | None
+    options = FinishOptions(
+        method, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start, epochs=epochs,
+        device=result.config.device, workers=result.config.threads, score={}, grid=grid,
+    )  # fmt: skip
+    models = SpilledModels(ds.n_clients) if keep_models else None
+    fin = finish_pass(
+        options, ds, net,
+        stack_trained(result.personalized_params, result.global_params, ds.n_clients),
+        result.global_params, on_block=None if models is None else models.append,
+    )  # fmt: skip
+    assert fin.scores is not None
+    acc = {split: fin.scores[split]["final"] for split in fin.scores}
+    extra: dict[str, Any] = {"_per_client": fin.per_client}
     if grid is not None:
-        # through its module: the mediation audit's mutants replace it there
-        params, acc, sel = finetune_selection.finetune_select(
-            result,
-            ds,
-            net,
-            method=method,
-            lrs=grid[0],
-            lams=grid[1],
-            start=start,
-            epochs=epochs,
-            batch_size=batch_size,
-            seed=seed,
-        )
+        assert fin.choice is not None
+        points = finetune_selection.selection_grid(method, grid[0], grid[1])
         extra["finetune_selection"] = {
-            "select": sel["select"],
-            "grid": sel["grid"],
-            "choice_counts": [sel["choice"].count(g) for g in range(len(sel["grid"]))],
+            "select": "client",
+            "grid": points,
+            "choice_counts": np.bincount(fin.choice, minlength=len(points)).tolist(),
             "note": "each client chose (lr, lam) on its own validation split: no privacy cost",
         }
-    else:
-        options = FinishOptions(
-            method, batch_size=batch_size, seed=seed, lr=lr, lam=lam, start=start, epochs=epochs,
-            device=result.config.device, workers=result.config.threads, score={},
-        )  # fmt: skip
-        models = SpilledModels(ds.n_clients) if keep_models else None
-        fin = finish_pass(
-            options, ds, net,
-            stack_trained(result.personalized_params, result.global_params, ds.n_clients),
-            result.global_params, on_block=None if models is None else models.append,
-        )  # fmt: skip
-        params = models
-        assert fin.scores is not None
-        acc = {split: fin.scores[split]["final"] for split in fin.scores}
-        extra["_per_client"] = fin.per_client
     return {
         **extra,
         "finetune": method,
@@ -293,5 +280,5 @@ def finetune_trained(
         "mean_client_accuracy": float(acc["test"]["mean_client_accuracy"]),
         "val_accuracy": float(acc.get("val", {}).get("accuracy", float("nan"))),
         "finetune_note": FINETUNE_NOTE,
-        "_params": params,
+        "_params": models,
     }
