@@ -262,7 +262,7 @@ def _finish(
         parts = (
             finetune_from_billboard(
                 result, ds, net, request.epochs, grid[0] if grid else [lr], batch_size, seed,
-                request.select,
+                request.select, keep_models=keep_models,
             )
             if request.start == "billboard"
             else finetune_trained(

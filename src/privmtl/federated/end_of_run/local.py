@@ -56,7 +56,7 @@ from privmtl._device import one_thread_per_worker, resolve_device, to_device
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import Params, client_scores, evaluate
+from privmtl.federated.algorithms import BlockScores, Params, client_scores, evaluate
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks, concurrent_blocks
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.end_of_run.finetune import (
@@ -88,6 +88,12 @@ LOCAL_EPOCHS = (10, 30, 100)
 LOCAL_LRS = (0.03, 0.1)
 """Default grid of SGD step sizes of :func:`train_local`."""
 LOCAL_SELECT = ("client", "pooled")
+BlockSink = Callable[[np.ndarray, Params, FederatedDataset | None], None]
+"""What :func:`~privmtl.federated.end_of_run.finish.finish_pass` and :func:`train_local` hand
+every block's final models to, the blocks in the clients' order: ``(positions, models, data)``,
+``data`` the block's clients' data where the pass drew them in this process (the whole data set
+for one block; None where a worker process drew them, or the pass drew no data), so that a sink
+scoring the block need not draw it again."""
 LOCAL_SOLVERS = ("sgd", "adam", "ridge")
 """How :func:`train_local` trains: the minibatch-SGD grid, the same grid with Adam's steps (a
 network reaches in ``ADAM_EPOCHS`` what SGD needs ``LOCAL_EPOCHS`` for), or every client's
@@ -198,11 +204,13 @@ def _choose(
     scores: bool,
     select: str,
     on: torch.device,
-) -> tuple[Params, np.ndarray, np.ndarray, np.ndarray]:
+    fixed: int | None = None,
+) -> tuple[Params, np.ndarray, np.ndarray, np.ndarray, _ValScores]:
     """One block's choice among its grid's ``models``: every client's model (its own best on its
-    own validation split, or the pooled best with ``select="pooled"``), the grid index each
-    client took, and the grid's correct validation and test counts in the block (test: NaN
-    without ``scores``)."""
+    own validation split, the pooled best with ``select="pooled"``, or the grid point ``fixed``:
+    a pooled choice made over every block), the grid index each client took, the grid's correct
+    validation and test counts in the block (test: NaN without ``scores``) and every client's
+    correct validation predictions and loss at every grid point."""
     val_x, val_y = part.split("val")
     test_x, test_y = part.split("test")
     k = part.n_clients
@@ -210,17 +218,22 @@ def _choose(
     best_correct, best_loss = np.full(k, -1.0), np.full(k, np.inf)
     part_choice = np.zeros(k, dtype=np.int64)
     mine: Params = {}
+    val: _ValScores = ([], [])
     for g, params in enumerate(models):
         if scores or len(models) > 1:
             correct, loss = client_scores(net, params, buffers, val_x, val_y)
         else:  # one candidate: nothing to choose
             correct, loss = np.full(k, np.nan), np.zeros(k)
+        val[0].append(correct)
+        val[1].append(loss)
         vc[g] = correct.sum()
         if scores:
             tc[g] = client_scores(net, params, buffers, test_x, test_y)[0].sum()
         else:
             tc[g] = np.nan
-        if select == "pooled":
+        if fixed is not None:
+            better = np.full(k, g == fixed)
+        elif select == "pooled":
             better = np.full(
                 k,
                 g == 0 or (-correct.sum(), loss.sum()) < (-best_correct.sum(), best_loss.sum()),
@@ -237,7 +250,22 @@ def _choose(
         part_choice[better] = g
         best_correct = np.where(better, correct, best_correct)
         best_loss = np.where(better, loss, best_loss)
-    return mine, part_choice, vc, tc
+    return mine, part_choice, vc, tc, val
+
+
+_ValScores = tuple[list[np.ndarray], list[np.ndarray]]
+"""Every client's correct validation predictions and validation loss, one array per grid point."""
+
+
+def _pooled_point(val: _ValScores) -> int:
+    """``select="pooled"``'s grid point from every client's validation scores: the most correct
+    predictions over all clients, ties to the lower summed loss, then to the earlier point (the
+    rule :func:`_choose` applies to one block holding every client)."""
+    best = 0
+    for g in range(1, len(val[0])):
+        if (-val[0][g].sum(), val[1][g].sum()) < (-val[0][best].sum(), val[1][best].sum()):
+            best = g
+    return best
 
 
 @one_thread_per_worker()
@@ -261,6 +289,7 @@ def train_local(
     ridges: Sequence[float] = LOCAL_RIDGES,
     patience: int | None = None,
     scores: bool = True,
+    on_block: BlockSink | None = None,
 ) -> TrainResult:
     r"""Train every client alone on its own data, over a grid of epochs and step sizes.
 
@@ -340,6 +369,13 @@ def train_local(
         False: only the models and the choice (the end of run's candidates): the grid's pooled
         test accuracies are NaN, a one-point grid's validation accuracy too (it chooses nothing),
         and ``accuracies`` is empty. The models and the choice are the same.
+    on_block : callable, optional
+        Called with every block's positions and chosen models (CPU tensors, the blocks in the
+        clients' order; a :data:`BlockSink`, its data None) instead of stacking them: the
+        result's ``personalized_params`` is then None and ``accuracies`` are scored block by
+        block. ``select="pooled"`` then also goes a block at a time, in two passes: every
+        client's validation scores at every grid point, then the models of the chosen point (the
+        same choice and models as one block of every client).
 
     Returns
     -------
@@ -356,9 +392,9 @@ def train_local(
         dataset.n_clients, model, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select,
         seed=seed, client_chunk=client_chunk, batched=batched, client_index=client_index,
         block=block, workers=workers, device=device, solver=solver, ridges=ridges,
-        patience=patience, scores=scores,
+        patience=patience, scores=scores, sink=on_block is not None,
     )  # fmt: skip
-    return _train_local(dataset, model, run, on_clients)
+    return _train_local(dataset, model, run, on_clients, on_block)
 
 
 @dataclass(frozen=True)
@@ -407,6 +443,7 @@ def _check_local(
     ridges: Sequence[float],
     patience: int | None,
     scores: bool,
+    sink: bool = False,
 ) -> _LocalRun:
     """:func:`train_local`'s parameters checked and its defaults resolved, for ``m`` clients."""
     check_choice("select", select, LOCAL_SELECT)
@@ -441,8 +478,9 @@ def _check_local(
     on = resolve_device(device) if batched else torch.device("cpu")
     index = check_client_index(client_index, m)
     # each client chooses on its own validation split: the population is trained a block at a
-    # time; one pooled choice reads every client's validation data: one block
-    block = check_int("block", block, low=1) if select == "client" else m
+    # time; one pooled choice reads every client's validation data: one block, or two passes
+    # over the blocks where they go to a sink (every client's counts, then the models)
+    block = check_int("block", block, low=1) if select == "client" or sink else m
     workers = check_int("workers", workers, low=1)
     threads = (
         workers
@@ -476,6 +514,10 @@ class _BlockStep:
         self.buffers = {n: b.detach() for n, b in model.named_buffers()}
         self._on_clients = on_clients
         self._lock = threading.Lock()
+        #: a pooled choice made over every block: the grid point every client takes
+        self.fixed: int | None = None
+        #: scores of every block's chosen and initial models (their blocks go to a sink)
+        self.book: BlockScores | None = None
 
     def progress(self, k: int) -> None:
         """Report ``k`` more clients trained (under a lock: blocks may run in threads)."""
@@ -483,7 +525,7 @@ class _BlockStep:
             with self._lock:
                 self._on_clients(k)
 
-    def __call__(self, pos: np.ndarray) -> tuple[Params, np.ndarray, np.ndarray, np.ndarray]:
+    def __call__(self, pos: np.ndarray) -> _Block:
         run, m = self.run, self.dataset.n_clients
         # scoring swaps a module's parameters while it runs: a module per thread
         net = self.model if run.threads == 1 else copy.deepcopy(self.model)
@@ -499,10 +541,72 @@ class _BlockStep:
                 run.client_chunk, run.batched, ci, self.progress, run.patience, adam,
                 ADAM_EPOCH_STEPS if adam else None,
             )  # fmt: skip
-        return _choose(
+        mine, choice, vc, tc, val = _choose(
             net, self.buffers, part, models, run.n_grid, scores=run.scores, select=run.select,
-            on=run.on,
+            on=run.on, fixed=self.fixed,
         )  # fmt: skip
+        scored = None
+        if self.book is not None:  # scored while the block's data are at hand
+            scored = self.book.score("personalized", mine, True, part, net)
+            scored += self.book.score("global", self.init, False, part, net)
+        return mine, choice, vc, tc, val, scored
+
+
+_Block = tuple[
+    Params,
+    np.ndarray,
+    np.ndarray,
+    np.ndarray,
+    _ValScores,
+    list[tuple[str, str, tuple[np.ndarray, np.ndarray, float]]] | None,
+]
+"""One block of :class:`_BlockStep`: its chosen models, every client's choice, the grid's
+correct validation and test counts, every client's validation scores, and the block's scores
+(:attr:`_BlockStep.book`)."""
+
+
+def _pass(
+    step: _BlockStep,
+    blocks: list[np.ndarray],
+    m: int,
+    sink: BlockSink | None,
+    *,
+    keep: bool,
+) -> tuple[Params, np.ndarray, np.ndarray, np.ndarray, _ValScores]:
+    """One pass of ``step`` over the ``blocks`` of ``m`` clients: the chosen models stacked
+    (``keep``, without a ``sink``; else each block handed to ``sink`` or dropped), every client's
+    choice, the grid's correct validation and test counts, and every client's validation scores
+    at every grid point (``select="pooled"``'s first pass over several blocks; else empty)."""
+    run = step.run
+    chosen: Params = {}
+    choice = np.zeros(m, dtype=np.int64)
+    val_correct, test_correct = np.zeros(run.n_grid), np.zeros(run.n_grid)
+    vals: list[_ValScores] = []
+    with concurrent_blocks(run.threads, len(blocks), processes=False) as map_blocks:
+        for pos, (mine, part_choice, vc, tc, val, scored) in zip(
+            blocks, map_blocks(step, blocks), strict=True
+        ):
+            val_correct += vc
+            test_correct += tc
+            if step.book is not None and scored is not None:
+                step.book.keep(scored)  # in the blocks' order
+            if sink is not None:
+                sink(pos, to_device(mine, "cpu"), None)  # then dropped: no stack of all
+            elif keep and len(pos) == m:
+                chosen = mine
+            elif keep:
+                if not chosen:
+                    chosen = {n: p.new_empty((m, *p.shape[1:])) for n, p in mine.items()}
+                for n, p in mine.items():
+                    chosen[n][torch.from_numpy(pos).to(run.on)] = p
+            elif not keep and len(blocks) > 1:  # the pooled choice's first pass
+                vals.append(val)
+            choice[pos] = part_choice
+    every: _ValScores = (
+        [np.concatenate([v[0][g] for v in vals]) for g in range(run.n_grid)] if vals else [],
+        [np.concatenate([v[1][g] for v in vals]) for g in range(run.n_grid)] if vals else [],
+    )
+    return chosen, choice, val_correct, test_correct, every
 
 
 def _train_local(
@@ -510,37 +614,31 @@ def _train_local(
     model: nn.Module,
     run: _LocalRun,
     on_clients: Callable[[int], None] | None,
+    sink: BlockSink | None = None,
 ) -> TrainResult:
-    """:func:`train_local` on checked settings: every block trained and chosen, the choices put
-    together, and the result."""
+    """:func:`train_local` on checked settings: every block trained and chosen (in two passes
+    for a pooled choice over several blocks: every client's validation scores, then the models
+    at the chosen point), the choices put together, and the result."""
     t0 = time.perf_counter()
     m = dataset.n_clients
     if run.on.type != "cpu":  # the caller's module stays where it is
         model = copy.deepcopy(model).to(run.on)
     step = _BlockStep(run, dataset, model, on_clients)
     init, buffers = step.init, step.buffers
-    chosen: Params = {}
-    choice = np.zeros(m, dtype=np.int64)
-    val_correct, test_correct = np.zeros(run.n_grid), np.zeros(run.n_grid)
     blocks = list(client_blocks(m, run.block))
-    with concurrent_blocks(run.threads, len(blocks), processes=False) as map_blocks:
-        for pos, (mine, part_choice, vc, tc) in zip(blocks, map_blocks(step, blocks), strict=True):
-            val_correct += vc
-            test_correct += tc
-            if len(pos) == m:
-                chosen = mine
-            else:
-                if not chosen:
-                    chosen = {n: p.new_empty((m, *p.shape[1:])) for n, p in mine.items()}
-                for n, p in mine.items():
-                    chosen[n][torch.from_numpy(pos).to(run.on)] = p
-            choice[pos] = part_choice
+    if run.select == "pooled" and len(blocks) > 1:  # every client's counts, then the models
+        step.fixed = _pooled_point(_pass(step, blocks, m, None, keep=False)[4])
+    if sink is not None and run.scores:
+        step.book = BlockScores(model, buffers, ("val", "test"))
+    chosen, choice, val_correct, test_correct, _ = _pass(step, blocks, m, sink, keep=True)
     n_val = max(int(dataset.sizes("val").sum()), 1)
     n_test = int(dataset.sizes("test").sum())
     grid_val = [float(c / n_val) for c in val_correct]
     grid_test = [float(c / n_test) if n_test else float("nan") for c in test_correct]
     accuracies: dict[str, dict[str, dict[str, float]]] = {}
-    for split in ("val", "test") if run.scores else ():
+    if step.book is not None:
+        accuracies = step.book.summary()
+    for split in ("val", "test") if run.scores and step.book is None else ():
         xs, ys = dataset.split(split)
         accuracies[split] = {
             "personalized": evaluate(model, chosen, buffers, xs, ys, personalized=True),
@@ -580,7 +678,7 @@ def _train_local(
     return TrainResult(
         config=config,
         client_ids=list(dataset.client_ids),
-        personalized_params=to_device(chosen, "cpu"),
+        personalized_params=None if sink is not None else to_device(chosen, "cpu"),
         global_params=to_device(init, "cpu"),
         history=[],
         accuracies=accuracies,

@@ -17,7 +17,7 @@ from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.algorithms import Params
 from privmtl.federated.blocks import END_OF_RUN_BLOCK
-from privmtl.federated.end_of_run.local import LOCAL_SOLVER_CHOICES
+from privmtl.federated.end_of_run.local import LOCAL_SOLVER_CHOICES, BlockSink
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.privacy.release import billboard_carries_signal, billboard_noise_and_bound
 
@@ -410,10 +410,3 @@ class FinishOptions:
     winner: str | None = None
     grid: tuple[Sequence[float], Sequence[float]] | None = None
 
-
-BlockSink = Callable[[np.ndarray, Params, FederatedDataset | None], None]
-"""What :func:`~privmtl.federated.end_of_run.finish.finish_pass` hands every block's final
-models to, the blocks in the clients' order: ``(positions, models, data)``, ``data`` the block's
-clients' data where the pass drew them in this process (the whole data set for one block; None
-where a worker process drew them, or the pass drew no data), so that a sink scoring the block
-need not draw it again."""

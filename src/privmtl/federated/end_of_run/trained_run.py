@@ -6,6 +6,7 @@ training; all of them are post-processing of the recorded releases."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -64,16 +65,22 @@ def finetune_from_billboard(
     batch_size: int,
     seed: int,
     select: str,
+    *,
+    keep_models: bool = True,
 ) -> dict[str, Any]:
-    """Every client fine-tunes from the billboard: ``train_local`` started at the global model."""
-    import copy
-
+    """Every client fine-tunes from the billboard: ``train_local`` started at the global model,
+    a block of clients at a time (``select="pooled"``: in two passes, every client's validation
+    scores, then the models). ``_params``, the final models, are written to disk block by block
+    (:class:`~privmtl.federated.client_models.SpilledModels`), or dropped with
+    ``keep_models=False`` (None): no step holds every client's model."""
     start = copy.deepcopy(net)
     start.load_state_dict({**start.state_dict(), **result.global_params})
+    models = SpilledModels(ds.n_clients) if keep_models else None
     # through its module: the mediation audit's mutants replace it there
     tuned = end_of_run_local.train_local(
         ds, start, epochs=epochs, lrs=lrs, batch_size=batch_size, select=select, seed=seed,
         device=result.config.device,
+        on_block=models.append if models is not None else lambda pos, params, data: None,
     )  # fmt: skip
     sel = tuned.extra["local_selection"]
     test = tuned.accuracies["test"]["personalized"]
@@ -99,7 +106,7 @@ def finetune_from_billboard(
         "mean_client_accuracy": float(test["mean_client_accuracy"]),
         "val_accuracy": float(tuned.accuracies["val"]["personalized"]["accuracy"]),
         "finetune_note": FINETUNE_NOTE,
-        "_params": tuned.personalized_params,
+        "_params": models,
     }
 
 
