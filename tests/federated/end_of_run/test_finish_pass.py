@@ -9,11 +9,13 @@ import torch
 from finish_inputs import finish_inputs
 
 from privmtl.federated.client_models import ClientModels, StoredModels
+from privmtl.federated.end_of_run.finetune_selection import finetune_select
 from privmtl.federated.end_of_run.finish import (
     FinishOptions,
     auto_plan,
     finish_clients,
     finish_pass,
+    stack_trained,
 )
 from privmtl.federated.store import ClientStore
 
@@ -146,3 +148,35 @@ def test_blocks_from_worker_processes_reach_the_sink_without_their_data():
     seen = []
     finish_pass(options, ds, net, trained, board, on_block=lambda pos, p, data: seen.append(data))
     assert len(seen) == 9 and all(data is None for data in seen)
+
+
+@pytest.mark.parametrize(("method", "start"), [("vanilla", "personalized"), ("mr", "global")])
+def test_a_fine_tuning_grid_goes_a_block_at_a_time(method, start, monkeypatch):
+    """A grid of (lr, lam): the pass runs finetune_select on each block's clients (seeded by
+    their population indices) and every client ends with the model, the choice and the scores
+    of finetune_select run on the whole population at once."""
+    ds, net, trained, board = finish_inputs(12)
+    lrs, lams = (0.003, 0.3, 30.0), (0.1, 3.0)
+    kw = {"batch_size": 10, "seed": 0, "epochs": 2, "start": start}
+    pers = trained if start == "personalized" else stack_trained(None, board, ds.n_clients)
+    whole, acc, sel = finetune_select(
+        pers, ds, net, method=method, lrs=lrs, lams=lams, global_params=board, **kw
+    )
+    assert len(set(sel["choice"])) > 1  # the clients' choices differ
+    store = ClientStore(ds.n_clients, {"personal": {n: p[0] for n, p in pers.items()}})
+    store.scatter("personal", torch.arange(ds.n_clients), pers)
+    monkeypatch.setattr(ClientModels, "_stack", lambda self: pytest.fail("stacked every client"))
+    seen: list[tuple[np.ndarray, dict[str, torch.Tensor]]] = []
+    options = FinishOptions(
+        method, lr=0.1, lam=0.1, block=4, score={}, grid=(lrs, lams), **kw
+    )  # fmt: skip
+    fin = finish_pass(
+        options, ds, net, StoredModels(store, "personal"), board,
+        on_block=lambda pos, p, _: seen.append((pos, p)),
+    )  # fmt: skip
+    assert [len(pos) for pos, _ in seen] == [4, 4, 4]
+    for n, p in whole.items():
+        assert torch.equal(torch.cat([block[n] for _, block in seen]), p), n
+    assert fin.choice is not None and fin.choice.tolist() == sel["choice"]
+    assert fin.scores is not None
+    assert {split: fin.scores[split]["final"] for split in ("val", "test")} == acc

@@ -299,6 +299,39 @@ def test_blocks_of_clients_give_every_client_the_model_of_the_whole(block: int) 
         train_local(ds, model, block=0, **kw)
 
 
+@pytest.mark.parametrize("select", ["client", "pooled"])
+def test_blocks_handed_to_a_sink_are_the_models_of_the_whole(select: str) -> None:
+    """With ``on_block`` the blocks' chosen models go to the sink, never stacked, and they, the
+    choice, the grid's accuracies and the scores are those of the population trained at once
+    (``select="pooled"``: two passes, every client's validation scores, then the models)."""
+    ds = make_synthetic_federated(
+        n_clients=12, n_features=D, n_classes=C, samples_per_client=(20, 60), val_fraction=0.3,
+        random_state=6,
+    )  # fmt: skip
+    model = MultinomialLogReg(D, C, random_state=0)
+    kw = {"epochs": (1, 10), "lrs": (0.001, 0.05), "batch_size": B, "seed": SEED}
+    whole = train_local(ds, model, select=select, **kw)
+    seen: list[tuple[np.ndarray, dict[str, torch.Tensor]]] = []
+    parts = train_local(
+        ds, model, select=select, block=4, on_block=lambda pos, p, _: seen.append((pos, p)), **kw
+    )  # fmt: skip
+    assert parts.personalized_params is None and whole.personalized_params is not None
+    assert [pos.tolist() for pos, _ in seen] == [list(range(k, k + 4)) for k in (0, 4, 8)]
+    for n, p in whole.personalized_params.items():
+        assert torch.equal(torch.cat([block[n] for _, block in seen]), p), n
+    sel, got = whole.extra["local_selection"], parts.extra["local_selection"]
+    for key in ("choice", "grid_val_accuracy", "grid_test_accuracy"):
+        assert got[key] == sel[key], key
+    assert len(set(sel["choice"])) == (1 if select == "pooled" else 2)
+    for split, scores in whole.accuracies.items():  # losses: float32, summed by blocks
+        for name, want in scores.items():
+            got_scores = parts.accuracies[split][name]
+            assert {k: v for k, v in got_scores.items() if k != "loss"} == {
+                k: v for k, v in want.items() if k != "loss"
+            }, (split, name)
+            assert got_scores["loss"] == pytest.approx(want["loss"], rel=1e-6)  # float32 sums
+
+
 def test_patience_longer_than_the_run_changes_nothing(ds: FederatedDataset) -> None:
     model = MultinomialLogReg(D, C, random_state=0)
     kw = {"epochs": (1, 5), "lrs": (0.01, 0.1), "batch_size": B, "seed": SEED}

@@ -373,7 +373,8 @@ def train_local(
         Called with every block's positions and chosen models (CPU tensors, the blocks in the
         clients' order; a :data:`BlockSink`, its data None) instead of stacking them: the
         result's ``personalized_params`` is then None and ``accuracies`` are scored block by
-        block. ``select="pooled"`` then also goes a block at a time, in two passes: every
+        block (and ``extra["per_client"]`` holds every client's correct test predictions and
+        test examples). ``select="pooled"`` then also goes a block at a time, in two passes: every
         client's validation scores at every grid point, then the models of the chosen point (the
         same choice and models as one block of every client).
 
@@ -636,8 +637,10 @@ def _train_local(
     grid_val = [float(c / n_val) for c in val_correct]
     grid_test = [float(c / n_test) if n_test else float("nan") for c in test_correct]
     accuracies: dict[str, dict[str, dict[str, float]]] = {}
-    if step.book is not None:
+    extra: dict[str, Any] = {}
+    if step.book is not None:  # and every client's test predictions: its rows need no re-read
         accuracies = step.book.summary()
+        extra["per_client"] = step.book.per_client("test", "personalized")
     for split in ("val", "test") if run.scores and step.book is None else ():
         xs, ys = dataset.split(split)
         accuracies[split] = {
@@ -687,5 +690,5 @@ def _train_local(
         delta=0.0,
         seconds=seconds,
         seconds_per_round=seconds,
-        extra={"local_selection": selection},
+        extra={"local_selection": selection, **extra},
     )

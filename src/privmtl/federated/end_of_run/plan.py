@@ -14,7 +14,6 @@ import numpy as np
 from torch import nn
 
 from privmtl._validation import check_choice, check_int
-from privmtl.data.federated import FederatedDataset
 from privmtl.federated.algorithms import Params
 from privmtl.federated.blocks import END_OF_RUN_BLOCK
 from privmtl.federated.end_of_run.local import LOCAL_SOLVER_CHOICES, BlockSink
@@ -409,4 +408,3 @@ class FinishOptions:
     voters: np.ndarray | None = None
     winner: str | None = None
     grid: tuple[Sequence[float], Sequence[float]] | None = None
-

@@ -107,6 +107,7 @@ def finetune_from_billboard(
         "val_accuracy": float(tuned.accuracies["val"]["personalized"]["accuracy"]),
         "finetune_note": FINETUNE_NOTE,
         "_params": models,
+        "_per_client": {"final": tuned.extra["per_client"]} if "per_client" in tuned.extra else {},
     }
 
 
