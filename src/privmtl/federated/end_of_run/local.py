@@ -298,16 +298,14 @@ def train_local(
     dataset : FederatedDataset
         Client ``k`` trains on its ``train`` split; ``val`` selects, ``test`` scores.
     model : nn.Module
-        Architecture and initial parameters (the same initial model for every client, as for the
-        federated methods); the module itself is not modified.
+        Architecture and every client's initial parameters (as for the federated methods); kept.
     epochs : sequence of int, optional
         Numbers of passes over the client's training data tried (each >= 1); default
         :data:`LOCAL_EPOCHS` (``solver="adam"``: :data:`ADAM_EPOCHS`).
     lrs : sequence of float, optional
-        Step sizes tried (each > 0); default :data:`LOCAL_LRS` (``solver="adam"``:
-        :data:`ADAM_LRS`).
+        Step sizes tried (each > 0); default :data:`LOCAL_LRS` (``"adam"``: :data:`ADAM_LRS`).
     batch_size : int, default 10
-        Minibatch size ``B`` (the last minibatch of an epoch may be smaller).
+        Minibatch size ``B`` (an epoch's last minibatch may be smaller).
     select : {"client", "pooled"}, default "client"
         One setting per client by its own validation split (the most correct predictions, ties
         to the most training), or one for all clients by the pooled validation accuracy (not
@@ -324,9 +322,10 @@ def train_local(
         The population index of every client of ``dataset``, which seeds its minibatches
         (:func:`~privmtl.federated.end_of_run.finetune.finetune_plan`; default: its position).
     block : int, default :data:`~privmtl.federated.blocks.END_OF_RUN_BLOCK`
-        With ``select="client"``, the most clients trained at once (their grid of models is held
-        for one block at a time); the models do not depend on it. ``select="pooled"`` takes the
-        whole population at once.
+        The most clients trained at once (their grid of models is held for one block at a
+        time); the models do not depend on it. ``select="pooled"`` takes the whole population
+        at once, or, with ``on_block``, two passes over the blocks: every client's validation
+        scores at every grid point, then the models of the chosen point.
     workers : int, default 1
         Blocks trained at once, in threads with one torch thread each, for a network trained on
         the CPU by the SGD or Adam grid with ``select="client"`` (a network's steps are large operations
@@ -344,19 +343,17 @@ def train_local(
     solver : {"sgd", "adam", "ridge"}, default "sgd"
         ``"sgd"``: the grid of ``epochs`` x ``lrs`` of minibatch SGD. ``"adam"``: the same grid
         and minibatches with Adam's steps (:mod:`~privmtl.federated.end_of_run.local_grid`'s
-        ``ADAM_BETAS`` and ``ADAM_EPS``, moments from zero for every run; always batched), which train a network from its initial model in a
-        few epochs where SGD needs many: :data:`ADAM_EPOCHS` against :data:`LOCAL_EPOCHS`;
-        a grid point of ``e`` epochs is at least ``e`` epochs and at least the steps of ``e``
-        epochs of a client with :data:`~privmtl.federated.end_of_run.local_budget.ADAM_EPOCH_STEPS`
-        minibatches, so a small client trains more epochs
-        (:mod:`~privmtl.federated.end_of_run.local_budget`).
-        ``"ridge"`` (a
-        :class:`~privmtl.federated.models.MultinomialLogReg` only): every client's cross-entropy
-        with an L2 penalty towards ``model``'s parameters, worth ``c`` examples, for each ``c`` of
-        ``ridges``, solved for all clients of a block in batches
+        ``ADAM_BETAS`` and ``ADAM_EPS``, moments from zero for every run; always batched), which
+        train a network from its initial model in a few epochs where SGD needs many:
+        :data:`ADAM_EPOCHS` against :data:`LOCAL_EPOCHS`; a grid point of ``e`` epochs is at
+        least ``e`` epochs and at least the steps of ``e`` epochs of a client with
+        :data:`~privmtl.federated.end_of_run.local_budget.ADAM_EPOCH_STEPS` minibatches, so a
+        small client trains more epochs (:mod:`~privmtl.federated.end_of_run.local_budget`).
+        ``"ridge"`` (a :class:`~privmtl.federated.models.MultinomialLogReg` only): every client's
+        cross-entropy with an L2 penalty towards ``model``'s parameters, worth ``c`` examples,
+        for each ``c`` of ``ridges``, solved for a block's clients in batches
         (:func:`~privmtl.federated.ridge.ridge_logreg`; ``epochs``, ``lrs``, ``batch_size``,
-        ``client_chunk`` and ``batched`` are not used). Several times faster than the SGD grid;
-        its models differ from it.
+        ``client_chunk`` and ``batched`` unused): several times faster, other models.
     ridges : sequence of float, default :data:`LOCAL_RIDGES`
         ``solver="ridge"``: the prior strengths ``c`` (each > 0) of the grid, in its public order
         (ties of the choice go to the later).
@@ -366,17 +363,13 @@ def train_local(
         this many epochs (each >= 1; a client without validation data runs to the end); its
         later grid points are the stopped model. None (default): every run trains all epochs.
     scores : bool, default True
-        False: only the models and the choice (the end of run's candidates): the grid's pooled
-        test accuracies are NaN, a one-point grid's validation accuracy too (it chooses nothing),
-        and ``accuracies`` is empty. The models and the choice are the same.
+        False: only the models and the choice (the end of run's candidates, the same): the
+        grid's pooled test accuracies are NaN, a one-point grid's validation accuracy too (it
+        chooses nothing), and ``accuracies`` is empty.
     on_block : callable, optional
-        Called with every block's positions and chosen models (CPU tensors, the blocks in the
-        clients' order; a :data:`BlockSink`, its data None) instead of stacking them: the
-        result's ``personalized_params`` is then None and ``accuracies`` are scored block by
-        block (and ``extra["per_client"]`` holds every client's correct test predictions and
-        test examples). ``select="pooled"`` then also goes a block at a time, in two passes: every
-        client's validation scores at every grid point, then the models of the chosen point (the
-        same choice and models as one block of every client).
+        A :data:`BlockSink` (data None) taking every block's chosen models (CPU tensors) instead
+        of a stack: ``personalized_params`` is None, ``accuracies`` and ``extra["per_client"]``
+        (every client's correct test predictions and test examples) are scored block by block.
 
     Returns
     -------
