@@ -551,11 +551,11 @@ def _finish_block(
     if finetune == "none":
         return ClientFinish({n: p.clone() for n, p in trained.items()})
     if finetune != "auto" and grid is not None:
-        # through its module: the mediation audit's mutants replace it there
+        # through its module: the mediation audit's mutants replace it there; on the CPU
         params, _, sel = finetune_selection.finetune_select(
             trained, dataset, model, method=finetune, lrs=grid[0], lams=grid[1], scores=False,
             start=start, epochs=epochs, batch_size=batch_size, seed=seed,
-            global_params=billboard, client_index=client_index, device=device,
+            global_params=billboard, client_index=client_index,
         )  # fmt: skip
         return ClientFinish(params, np.asarray(sel["choice"], dtype=np.int64))
     if finetune != "auto":
