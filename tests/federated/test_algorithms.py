@@ -12,8 +12,9 @@ from privmtl.federated.algorithms import (
     pack_plan,
     pad_plan,
     partition_plan,
+    seed_sequence_states,
 )
-from privmtl.federated.client import ProxStep, local_sgd_batched, local_sgd_sets
+from privmtl.federated.client import ProxStep, local_sgd_batched
 from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.models import MultinomialLogReg
 
@@ -46,6 +47,22 @@ def test_partition_fewer_clients_than_groups() -> None:
     assert sorted(np.concatenate(groups).tolist()) == [0, 1]
     assert len(groups) == 2
     assert partition_plan([], 2, 8) == []
+
+
+def test_seed_sequence_states_are_numpys_for_every_word() -> None:
+    rng = np.random.default_rng(7)
+    entropy = rng.integers(0, 2**32, size=(300, 4), dtype=np.uint64)
+    entropy[:3] = 0
+    entropy[3:6] = 2**32 - 1
+    ours = seed_sequence_states(entropy)
+    for row, words in zip(entropy, ours, strict=True):
+        want = np.random.SeedSequence([int(v) for v in row]).generate_state(4, np.uint64)
+        assert np.array_equal(words, want)
+
+
+def test_seed_sequence_states_refuses_words_over_32_bits() -> None:
+    with pytest.raises(InvalidParameterError, match="entropy"):
+        seed_sequence_states(np.array([[0, 1, 2, 2**32]], dtype=np.uint64))
 
 
 @pytest.mark.parametrize("seed", [0, 12345, 2**32 - 1, 2**40, 2**70])
@@ -115,35 +132,6 @@ def test_a_clients_training_does_not_depend_on_the_others_or_their_order() -> No
             assert torch.equal(reversed_[nm][k - 1 - j], together[nm][j])
         assert np.isnan(loss[0]) == np.isnan(losses[j])
         assert np.isnan(loss[0]) or loss[0] == losses[j]
-
-
-@pytest.mark.parametrize("gather_bytes", [0, 1 << 26])
-def test_sets_trained_in_one_loop_are_each_set_trained_alone(
-    gather_bytes: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two sets of states of the same clients (one pulled to an anchor, one not: Ditto's) on
-    one plan, in one loop: each set's models and losses are those of its own training, bit
-    for bit, with the plan's rows gathered once or a step at a time."""
-    monkeypatch.setattr("privmtl.federated.client.GATHER_BYTES", gather_bytes)
-    g = torch.Generator().manual_seed(1)
-    d, c, n = 6, 3, 90
-    x, y = torch.randn(n, d, generator=g), torch.randint(0, c, (n,), generator=g)
-    plan = _random_plan(4, 5)
-    k = len(plan)
-    anchor = {"linear.weight": torch.randn(c, d, generator=g), "linear.bias": torch.ones(c)}
-    sets = [
-        (
-            {"linear.weight": torch.randn(k, c, d, generator=g), "linear.bias": torch.zeros(k, c)},
-            rule,
-        )
-        for rule in (ProxStep(lr=0.1, anchor=anchor, weight=0.5), ProxStep(lr=0.1))
-    ]
-    step = make_step_fn(MultinomialLogReg(d, c), {})
-    together = local_sgd_sets(step, sets, x, y, plan, 5)
-    for (starts, rule), (news, losses) in zip(sets, together, strict=True):
-        alone, alone_losses = local_sgd_batched(step, starts, rule, x, y, plan, 5)
-        assert all(torch.equal(news[nm], alone[nm]) for nm in starts)
-        assert np.array_equal(losses, alone_losses, equal_nan=True)
 
 
 def test_block_scores_keep_counts_small_and_read_them_back_alike() -> None:

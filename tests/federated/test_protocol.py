@@ -244,20 +244,6 @@ def test_ditto_billboard_is_fedavgs_and_its_personal_models_are_never_sent(data)
     assert float(gap.abs().max()) > 1e-2  # personal models are not the billboard
 
 
-def test_dittos_two_trainings_in_one_loop_are_the_trainings_one_after_the_other(data):
-    """In one pass the personal models and the billboard's copies train in one loop; in chunks
-    of clients they train one after the other: the same bits (releases, models, losses)."""
-    kw = {"server_update": "ditto", "lam": 0.5, "personal_init": "model", "local_epochs": 2}
-    together = Trainer(data, _model(data), _cfg(**kw))
-    apart = Trainer(data, _model(data), _cfg(client_chunk=3, **kw))
-    for a, b in zip(together, apart, strict=True):
-        assert _equal(a.released, b.released)
-        assert a.record["train_loss"] == b.record["train_loss"]
-    ra, rb = together.result(), apart.result()
-    assert _equal(ra.personalized_params, rb.personalized_params)
-    assert _equal(ra.global_params, rb.global_params)
-
-
 def test_ditto_with_partial_sharing_batched_equals_reference(data):
     """The billboard copy takes the shared parameters from the billboard and the personal ones
     from the client's own model; only the shared part is released (both training paths)."""

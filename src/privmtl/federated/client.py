@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +45,6 @@ __all__ = [
     "UpdateRule",
     "local_sgd_batched",
     "local_sgd_reference",
-    "local_sgd_sets",
     "split_names",
 ]
 
@@ -158,80 +157,41 @@ def local_sgd_batched(
     from rows gathered once for the whole plan (when they fit :data:`GATHER_BYTES`; else one
     gather a step). A client's arithmetic is the same whichever clients train beside it.
     """
-    return local_sgd_sets(step_fn, [(starts, rule)], x_all, y_all, plan, batch_size)[0]
-
-
-def local_sgd_sets(
-    step_fn: StepFn,
-    sets: Sequence[tuple[Params, UpdateRule]],
-    x_all: torch.Tensor,
-    y_all: torch.Tensor,
-    plan: list[list[np.ndarray]] | PackedPlan,
-    batch_size: int,
-) -> list[tuple[Params, list[float]]]:
-    """:func:`local_sgd_batched` of several sets of states of the same clients on the same plan,
-    each ``(starts, rule)`` with its own update rule, in one loop: each step takes the
-    gradients of every set's active clients in one call of ``step_fn`` (the sets' states one
-    after the other, each set's minibatch rows repeated), so a step's dispatch is paid once for
-    all sets. Each set's result is :func:`local_sgd_batched`'s of that set alone, bit for bit (a
-    client's arithmetic does not depend on the clients beside it). Ditto trains its personal
-    models and the copies of the billboard this way.
-    """
     packed = plan if isinstance(plan, PackedPlan) else pack_plan(plan, batch_size)
-    r = len(sets)
-    names = list(sets[0][0])
-    first = sets[0][0][names[0]]
+    names = list(starts)
+    first = starts[names[0]]
     device, dtype, k = first.device, first.dtype, packed.n_clients
     identity = bool((packed.order == np.arange(k)).all())
     order = torch.from_numpy(packed.order).to(device)
-    states = [
-        {n: s[n].clone() if identity else s[n].index_select(0, order) for n in names}
-        for s, _ in sets
-    ]
-    bounds = packed.bounds.tolist()
-    rows_np, weights_np = packed.rows, packed.weights
-    if r > 1:  # step s's minibatch rows once per set, the sets one after the other
-        slots = np.arange(len(rows_np))
-        slots = np.concatenate([np.tile(slots[a:b], r) for a, b in itertools.pairwise(bounds)])
-        rows_np, weights_np = rows_np[slots], weights_np[slots]
-    rows = torch.from_numpy(rows_np).to(device)
-    weights = torch.from_numpy(weights_np).to(device=device, dtype=dtype)
+    state = {n: starts[n].clone() if identity else starts[n].index_select(0, order) for n in names}
+    rows = torch.from_numpy(packed.rows).to(device)
+    weights = torch.from_numpy(packed.weights).to(device=device, dtype=dtype)
     row_bytes = x_all[:1].numel() * x_all.element_size() + y_all.element_size()
     gathered = rows.numel() * row_bytes <= GATHER_BYTES
     x_rows, y_rows = _gather(x_all, y_all, rows) if gathered else (x_all, y_all)
-    loss_sums = [torch.zeros(k, dtype=torch.float64, device=device) for _ in sets]
+    loss_sum = torch.zeros(k, dtype=torch.float64, device=device)
+    bounds = packed.bounds.tolist()
     with torch.no_grad():
         for a, b in itertools.pairwise(bounds):
             n = b - a
-            curs = [
-                state if n == k else {name: p[:n] for name, p in state.items()} for state in states
-            ]
+            cur = state if n == k else {name: p[:n] for name, p in state.items()}
             if gathered:
-                x, y = x_rows[r * a : r * b], y_rows[r * a : r * b]
+                x, y = x_rows[a:b], y_rows[a:b]
             else:
-                x, y = _gather(x_all, y_all, rows[r * a : r * b])
-            ats = [rule.params_at(cur) for cur, (_, rule) in zip(curs, sets, strict=True)]
-            at = ats[0] if r == 1 else {name: torch.cat([p[name] for p in ats]) for name in ats[0]}
-            grads, loss = step_fn(at, x, y, weights[r * a : r * b])
-            for i, (cur, (_, rule)) in enumerate(zip(curs, sets, strict=True)):
-                part = slice(i * n, (i + 1) * n)
-                rule.apply_(cur, grads if r == 1 else {name: g[part] for name, g in grads.items()})
-                got = (loss if r == 1 else loss[part]).double()
-                if n == k:
-                    loss_sums[i] += got
-                else:
-                    loss_sums[i][:n] += got
+                x, y = _gather(x_all, y_all, rows[a:b])
+            grads, loss = step_fn(rule.params_at(cur), x, y, weights[a:b])
+            rule.apply_(cur, grads)
+            if n == k:
+                loss_sum += loss.double()
+            else:
+                loss_sum[:n] += loss.double()
     n_steps = torch.from_numpy(packed.steps[packed.order]).to(device).double()
-    back = None if identity else torch.from_numpy(np.argsort(packed.order)).to(device)
-    out = []
-    for state, loss_sum in zip(states, loss_sums, strict=True):
-        losses = torch.where(n_steps > 0, loss_sum / n_steps.clamp_min(1), torch.nan)
-        if back is None:
-            out.append((state, losses.tolist()))
-        else:
-            news = {n: p.index_select(0, back) for n, p in state.items()}
-            out.append((news, losses.index_select(0, back).tolist()))
-    return out
+    losses = torch.where(n_steps > 0, loss_sum / n_steps.clamp_min(1), torch.nan)
+    if identity:
+        return state, losses.tolist()
+    back = torch.from_numpy(np.argsort(packed.order)).to(device)
+    news = {n: p.index_select(0, back) for n, p in state.items()}
+    return news, losses.index_select(0, back).tolist()
 
 
 def _gather(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
@@ -39,7 +39,6 @@ __all__ = [
     "TrainFn",
     "shared_names",
     "stack",
-    "train_sets",
 ]
 
 #: Default λ: PMTL's mean-regularization weight chosen on validation accuracy in the committed
@@ -70,20 +69,6 @@ class TrainFn(Protocol):
         stream: int | None = None,
         epochs: int | None = None,
     ) -> tuple[Params, list[float]]: ...
-
-
-def train_sets(
-    train: TrainFn, sets: Sequence[tuple[Params, UpdateRule]]
-) -> list[tuple[Params, list[float]]]:
-    """``[train(starts, rule) for starts, rule in sets]``: several sets of states of the round's
-    clients trained on the round's minibatches, each with its own rule. A backend whose train
-    function has a ``sets`` attribute (the in-process engine) trains them in one loop, paying
-    each step's dispatch once (:func:`~privmtl.federated.client.local_sgd_sets`); the results
-    are the same bits either way."""
-    together = getattr(train, "sets", None)
-    if together is not None:
-        return cast(list[tuple[Params, list[float]]], together(sets))
-    return [train(starts, rule) for starts, rule in sets]
 
 
 @dataclass
