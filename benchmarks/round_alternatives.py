@@ -10,9 +10,9 @@ workload's 200 clients of 10 000: ``privmtl pmtl --data synthetic --model logreg
   permutation splits train / validation / test), and draws of a stream that would change the
   data: only the training rows (validation and test drawn after them from the same stream, so
   a round draws none of them), float64 or float32 normals, numpy's or torch's generator;
-* **the two local trainings**: the batched loop as it is (``local_sgd_sets`` with the logistic
-  step that repeats autograd's kernels bit for bit), one training alone (what the second
-  costs), and the same loop with a step of the same mathematics and other kernels
+* **the two local trainings**: the batched loop as it is (``local_sgd_batched`` twice, with the
+  logistic step that repeats autograd's kernels bit for bit), one training alone (what the
+  second costs), and the same loop with a step of the same mathematics and other kernels
   (``logsumexp`` and the product ``grad^T x``, whose gradients differ in the last bits).
 
 Each variant runs ``R`` times (default 3), alternating; the median is printed. None of these
@@ -34,7 +34,7 @@ import torch
 from privmtl.data.streamed import SyntheticFederation
 from privmtl.experiments.pmtl import make_model
 from privmtl.federated.algorithms import draw_round_plan, pack_plan
-from privmtl.federated.client import ProxStep, local_sgd_sets
+from privmtl.federated.client import ProxStep, local_sgd_batched
 from privmtl.federated.config import TrainConfig
 from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.trainer import Trainer
@@ -201,11 +201,8 @@ def _train(which: str, inputs: list[tuple]) -> None:
         if which == "other kernels, rows shared":
             _ditto_sharing_rows(starts, anchor, x, y, packed, cfg)
             continue
-        if which == "two trainings, one after the other":  # the base's way
-            for one in sets:
-                local_sgd_sets(fn, [one], x, y, packed, cfg.batch_size)
-        else:
-            local_sgd_sets(fn, sets, x, y, packed, cfg.batch_size)
+        for state, rule in sets:  # the engine's way: one training after the other
+            local_sgd_batched(fn, state, rule, x, y, packed, cfg.batch_size)
 
 
 def _time(fn: Callable[[], None]) -> float:
@@ -231,7 +228,7 @@ def main() -> None:
     }
     inputs = _training_inputs(args.rounds)
     trains = [
-        "two trainings (stage 1)", "two trainings, one after the other", "one training",
+        "two trainings, one after the other", "one training",
         "other kernels", "other kernels, rows shared",
     ]  # fmt: skip
     got: dict[str, list[float]] = {k: [] for k in (*takes, *trains)}
