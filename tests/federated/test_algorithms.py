@@ -12,7 +12,6 @@ from privmtl.federated.algorithms import (
     pack_plan,
     pad_plan,
     partition_plan,
-    seed_sequence_states,
 )
 from privmtl.federated.client import ProxStep, local_sgd_batched
 from privmtl.federated.gradients import make_step_fn
@@ -47,22 +46,6 @@ def test_partition_fewer_clients_than_groups() -> None:
     assert sorted(np.concatenate(groups).tolist()) == [0, 1]
     assert len(groups) == 2
     assert partition_plan([], 2, 8) == []
-
-
-def test_seed_sequence_states_are_numpys_for_every_word() -> None:
-    rng = np.random.default_rng(7)
-    entropy = rng.integers(0, 2**32, size=(300, 4), dtype=np.uint64)
-    entropy[:3] = 0
-    entropy[3:6] = 2**32 - 1
-    ours = seed_sequence_states(entropy)
-    for row, words in zip(entropy, ours, strict=True):
-        want = np.random.SeedSequence([int(v) for v in row]).generate_state(4, np.uint64)
-        assert np.array_equal(words, want)
-
-
-def test_seed_sequence_states_refuses_words_over_32_bits() -> None:
-    with pytest.raises(InvalidParameterError, match="entropy"):
-        seed_sequence_states(np.array([[0, 1, 2, 2**32]], dtype=np.uint64))
 
 
 @pytest.mark.parametrize("seed", [0, 12345, 2**32 - 1, 2**40, 2**70])
