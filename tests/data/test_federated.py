@@ -384,11 +384,15 @@ def _majority_fraction(ds: FederatedDataset) -> float:
     return sum(np.bincount(y).max() for y in ys) / sum(len(y) for y in ys)
 
 
+SPLITS_30 = (("train", 22), ("val", 2), ("test", 6))  # 30 examples: 6 test, 2 val, 22 train
+
+
 def test_synthetic_feature_law_leaf_is_the_old_generator() -> None:
     # an independent re-implementation of LEAF's feature law (covariance diag(j^-1.2), client
     # means N(beta_k 1, I)) with the generator's streams and draw order: W_0, b_0 (then the
-    # sizes) from the seed's generator; client k's A_k, a_k, beta_k, v_k, examples and split
-    # permutation from its own, PCG64(SeedSequence(seed, spawn_key=(k,)))
+    # sizes) from the seed's generator; client k's A_k, a_k, beta_k, v_k, then its 22 training,
+    # 2 validation and 6 test examples' float32 normals, in turn, from its own,
+    # PCG64(SeedSequence(seed, spawn_key=(k,)))
     m, d, c = 6, 8, 4
     ds = make_synthetic_federated(
         n_clients=m, n_features=d, n_classes=c, samples_per_client=30, feature_cov="leaf",
@@ -401,11 +405,10 @@ def test_synthetic_feature_law_leaf_is_the_old_generator() -> None:
         wk, bk = w0 + 0.5 * rng.standard_normal((c, d)), b0 + 0.5 * rng.standard_normal(c)
         beta = rng.normal(0.0, 0.5)
         v = rng.normal(beta, 1.0, size=d)
-        x = v + rng.standard_normal((30, d)) * np.arange(1, d + 1) ** -0.6
-        perm = rng.permutation(30)
-        test = perm[:6]
-        assert np.allclose(ds.test_x[k].numpy(), x[test], atol=1e-6)
-        assert ds.test_y[k].tolist() == np.argmax(x[test] @ wk.T + bk, axis=1).tolist()
+        z = {split: rng.standard_normal((n, d), dtype=np.float32) for split, n in SPLITS_30}
+        x = v + z["test"] * np.arange(1, d + 1) ** -0.6
+        assert np.allclose(ds.test_x[k].numpy(), x, atol=1e-6)
+        assert ds.test_y[k].tolist() == np.argmax(x @ wk.T + bk, axis=1).tolist()
 
 
 def test_synthetic_default_feature_law_needs_a_model() -> None:

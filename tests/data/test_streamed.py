@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from privmtl.data.federated import make_synthetic_federated
+from privmtl.data.federated import SyntheticLaw, make_synthetic_federated
 from privmtl.data.streamed import SyntheticFederation
 from privmtl.exceptions import InvalidParameterError
 
@@ -19,14 +19,14 @@ CASES = [
 
 
 # make_synthetic_federated(**CASES[i]).content_sha256(): the clients every seed gives with the
-# per-client streams (SYNTHETIC_STREAM), pinned (numpy's SeedSequence and PCG64 streams of
-# standard normals, permutations and integers are fixed by its version); a faster draw must give
-# these same bytes
+# per-client streams (SYNTHETIC_STREAM: splits train, val, test in turn, float32 normals), pinned
+# (numpy's SeedSequence and PCG64 streams of standard normals, uniforms and integers are fixed by
+# its version); a faster draw must give these same bytes
 PINNED = [
-    "c79c20647db04c806abcb0bbd1db8767ae0a722745e1262b672eb872350220a4",
-    "725343548a23a91a4bb461ac55111b2cdfceb67bd43c67ac5bece5f98dc2c260",
-    "79be7725e715ea6d575f1848f6b71287cd471831998f3581bbf311e07cfea198",
-    "9f9f1b44f97291468d4bd9ba27890eb43fcd95e9c6b34cd79fc853fb47e6632b",
+    "512dcbfd73534c028c90daf7f670959f53524ef46bd5c9b179c433e09388c536",
+    "ff3b2a3676622b358b9c429eea6c636f83087675d19dacf1307d38dce84ba8de",
+    "f4f4458180147833d9e6359bfac389d282716e024cd79f470691d96ef3010f02",
+    "61f9625a555409d73bff7d7d9252d5e6d35371f8174e31a04c45a75163a89dea",
 ]
 
 
@@ -105,6 +105,61 @@ def test_client_k_is_drawn_from_its_own_stream(kw: dict) -> None:
             np.testing.assert_array_equal(arr, t.numpy())
 
 
+def _documented_stream(
+    law: SyntheticLaw, rng: np.random.Generator, n: int, splits: tuple[str, ...]
+) -> dict:
+    """Client draws as the documentation states them, with bare numpy calls: the client's
+    parameters, then each split in turn (float32 normals, coins, noise labels), up to the last
+    split of ``splits``; labels from the split's stored features."""
+    c, d, tau, flip = law.n_classes, law.n_features, law.heterogeneity, law.label_noise
+    wk = law.w0 + tau * rng.standard_normal((c, d))
+    bk = law.b0 + tau * rng.standard_normal(c)
+    beta = rng.normal(0.0, law.feature_shift) if law.feature_shift > 0 else 0.0
+    vk = rng.normal(beta, law.feature_spread, size=d).astype(np.float32)
+    scale = np.arange(1, d + 1, dtype=np.float64) ** -0.6 if law.feature_cov == "leaf" else None
+    out = {}
+    for split, size in zip(("train", "val", "test"), law.split_counts(n), strict=True):
+        z = rng.standard_normal((size, d), dtype=np.float32)
+        if flip > 0:
+            coins, noise = rng.random(size) < flip, rng.integers(0, c, size=size)
+        x = (z if scale is None else z * scale.astype(np.float32)) + vk
+        y = np.argmax(x.astype(np.float64) @ wk.T + bk, axis=1)
+        out[split] = (x, np.where(coins, noise, y) if flip > 0 else y)
+        if split == splits[-1]:
+            return out
+    return out
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_a_clients_stream_is_its_parameters_then_its_splits_in_turn(kw: dict) -> None:
+    # the documented stream: no permutation, the splits train, val, test drawn one after the
+    # other; asking for the training rows draws nothing after them (the generator is left where
+    # the documented draws leave it), asking for a later split alone draws the earlier ones
+    from privmtl.data.federated import synthetic_law
+    from privmtl.data.streamed import _GENERATOR_DEFAULTS
+
+    law, sizes = synthetic_law(**{**_GENERATOR_DEFAULTS, **kw})
+    eager = make_synthetic_federated(**kw)
+    for k in (0, 5, len(sizes) - 1):
+        n = int(sizes[k])
+        whole = _documented_stream(law, law.client_rng(k), n, ("test",))
+        for split, (x, y) in whole.items():
+            np.testing.assert_array_equal(getattr(eager, f"{split}_x")[k].numpy(), x)
+            np.testing.assert_array_equal(getattr(eager, f"{split}_y")[k].numpy(), y)
+        for asked in (("train",), ("val",), ("test",), ("train", "test")):
+            documented, drawn = law.client_rng(k), law.client_rng(k)
+            want = _documented_stream(law, documented, n, asked)
+            got = {
+                s: (np.empty_like(want[s][0]), np.empty_like(want[s][1], dtype=np.int64))
+                for s in asked
+            }
+            law.draw_into(drawn, n, got)
+            assert drawn.bit_generator.state == documented.bit_generator.state
+            for s in asked:
+                np.testing.assert_array_equal(got[s][0], want[s][0])
+                np.testing.assert_array_equal(got[s][1], want[s][1])
+
+
 def test_a_larger_population_begins_with_the_smaller_one() -> None:
     # the shared part draws the sizes in one vectorised call and each client has its own stream:
     # the first 40 clients of 300 are the federation of 40 for the same seed
@@ -165,7 +220,7 @@ def test_nothing_is_drawn_until_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert lazy._whole is None and mine._whole is None  # none of these held the federation
 
 
-def test_fingerprint_follows_the_data() -> None:
+def test_fingerprint_follows_the_data(monkeypatch: pytest.MonkeyPatch) -> None:
     a = SyntheticFederation(n_clients=50, random_state=0)
     assert a.content_sha256() == SyntheticFederation(n_clients=50, random_state=0).content_sha256()
     assert a.content_sha256() != SyntheticFederation(n_clients=50, random_state=1).content_sha256()
@@ -173,6 +228,12 @@ def test_fingerprint_follows_the_data() -> None:
         a.content_sha256()
         != SyntheticFederation(n_clients=50, label_noise=0.1, random_state=0).content_sha256()
     )
+    # the stream is part of it (pinned: a checkpoint of data drawn by an earlier stream, whose
+    # fingerprint this was not, is refused), and another stream's name gives another fingerprint
+    pinned = "244ca7bcf548abdb8801c7e5951c2e791d02a807f9ef3bc2227cbd946e3d8979"
+    assert a.content_sha256() == pinned
+    monkeypatch.setattr("privmtl.data.streamed.SYNTHETIC_STREAM", "another stream")
+    assert a.content_sha256() != pinned
 
 
 def test_bad_input_names_the_parameter() -> None:

@@ -27,8 +27,8 @@ def test_the_run_never_stacks_every_client_model(tmp_path, monkeypatch):
         per_client=tmp_path / "clients.csv",
     )  # fmt: skip
     # the numbers pinned for this run in tests/experiments/test_pmtl_steps.py
-    assert out["test_accuracy"] == 0.6503496503496503
-    assert out["mean_client_accuracy"] == 0.36003944885523836
+    assert out["test_accuracy"] == 0.6258741258741258
+    assert out["mean_client_accuracy"] == 0.2405219049955892
     monkeypatch.undo()
     again = evaluate_saved(tmp_path / "models")  # the saved final models are the ones scored
     assert again["test_accuracy"] == out["test_accuracy"]

@@ -323,3 +323,27 @@ def test_a_malformed_shard_is_refused_in_one_line(folders, tmp_path, capsys, cas
     lines = cap.err.strip().splitlines()
     assert len(lines) == 1 and key in lines[0] and "Traceback" not in cap.err
     assert cap.out == ""
+
+
+@pytest.mark.parametrize("stream", [None, "per-client PCG64 (SeedSequence spawn key k), version 2"])
+def test_a_folder_of_another_synthetic_stream_is_refused(folders, tmp_path, capsys, stream):
+    """model.json records the synthetic data's random stream; a folder saved by a version whose
+    stream drew other examples for the seed (none recorded, or another) is not scored on this
+    version's examples: refused in one line naming the stream (library and CLI)."""
+    from privmtl.data.federated import SYNTHETIC_STREAM
+    from privmtl.trust import sign
+
+    meta = json.loads((folders[0] / "model.json").read_text())
+    assert meta["data"]["stream"] == SYNTHETIC_STREAM
+    folder = tmp_path / "m"
+    shutil.copytree(folders[0], folder)
+    if stream is None:
+        del meta["data"]["stream"]
+    else:
+        meta["data"]["stream"] = stream
+    (folder / "model.json").write_text(json.dumps(sign(meta)))
+    with pytest.raises(DataFormatError, match=r"another random stream.*data\.stream"):
+        evaluate_saved(folder)
+    assert main(["evaluate", str(folder), "--json"]) == 2
+    cap = capsys.readouterr()
+    assert len(cap.err.strip().splitlines()) == 1 and "data.stream" in cap.err and cap.out == ""

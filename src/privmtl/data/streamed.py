@@ -125,20 +125,16 @@ class SyntheticFederation(FederatedDataset):
         per split for the whole block, none per client."""
         d = self.law.n_features
         stacked = {}
-        # where each split's rows lie in every client's permutation (the law's _split_rows, for
-        # the whole block at once): test first, then validation, then training
-        n_test = self._split_sizes["test"][idx].astype(np.int64)
-        first = {"test": 0 * n_test, "val": n_test, "train": n_test + self._split_sizes["val"][idx]}
-        outs = []
+        outs = {}
         for split in splits:
             sizes = self._split_sizes[split][idx].astype(np.int64)
             offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             n_rows = int(offsets[-1])
             x, y = np.empty((n_rows, d), np.float32), np.empty(n_rows, np.int64)
             stacked[split] = (x, y, offsets)
-            # the j-th client's rows of the split take its examples perm[lo:lo + size]
-            outs.append((x, y, first[split], first[split] + sizes))
+            outs[split] = (x, y)
         law = self.law
+        # each client's stream up to the last split asked for (training rows first)
         law.draw_block(law.client_rngs(self._keys[idx]), self._n[idx], outs)
         return stacked
 
@@ -167,7 +163,8 @@ class SyntheticFederation(FederatedDataset):
     def take(
         self, clients: Sequence[int] | np.ndarray, split: str = "train"
     ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
-        """:meth:`FederatedDataset.take`, drawing only the clients asked for."""
+        """:meth:`FederatedDataset.take`, drawing only the clients asked for, and of each only
+        its stream up to the split asked for (``"train"``: its parameters and training rows)."""
         _check_split(split)
         idx = self._positions(clients)
         if not idx:

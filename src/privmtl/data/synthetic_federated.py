@@ -6,8 +6,7 @@ from. (MP-MTL's synthetic regression data are :mod:`privmtl.data.synthetic`.)
 
 Random streams: the shared part (:math:`W_0`, then :math:`b_0`, then every client's size in one
 vectorised draw) comes from the generator of ``random_state`` (``numpy.random.default_rng(seed)``
-for an int). Client :math:`k`'s draws (its model, feature mean, features, label noise and the
-permutation that splits its examples) come from a generator of its own,
+for an int). Client :math:`k`'s draws come from a generator of its own,
 ``Generator(PCG64(SeedSequence(entropy, spawn_key=(k,))))`` (:meth:`SyntheticLaw.client_rng`): for
 an int seed ``entropy`` is the seed, so client :math:`k`'s generator is the :math:`k`-th child of
 ``SeedSequence(seed).spawn``; for a Generator (or None) ``entropy`` is 128 bits drawn from it once,
@@ -17,12 +16,22 @@ are those of the federation of :math:`m'` clients for the same seed, and
 :class:`~privmtl.data.streamed.SyntheticFederation` draws any client directly. SeedSequence's spawn
 keys give statistically independent streams; PCG64 is numpy's default bit generator and draws
 normals faster than Philox, whose keyed construction is slightly cheaper but a small part of a
-client's draw. The stream is named by :data:`SYNTHETIC_STREAM`, which the lazy federation's
-fingerprint includes.
+client's draw.
+
+Within client :math:`k`'s stream (:meth:`SyntheticLaw.draw_into`): its model, bias, feature shift
+and mean first, then its splits in the order train, validation, test (:data:`SPLIT_ORDER`), each
+split its own float32 standard normal features, label-noise coins and noise labels, its labels
+computed from its own features. A client's examples are i.i.d., so the split is positional (no
+permutation), and taking a round's training rows stops after them: the validation and test rows
+are drawn only when asked for. The stream is named by :data:`SYNTHETIC_STREAM`, which the lazy
+federation's fingerprint includes. Earlier versions drew every example of a client in float64,
+then a permutation that split them: the clients' sizes and the law of their data are unchanged,
+their examples are not, so seeded synthetic results differ from those versions'.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import numbers
 import operator
@@ -50,6 +59,7 @@ __all__ = [
     "FEATURE_COVS",
     "LEAF_SIZE_BOUNDS",
     "LEAF_SIZE_LOGNORMAL",
+    "SPLIT_ORDER",
     "SYNTHETIC_STREAM",
     "SyntheticClientIds",
     "SyntheticLaw",
@@ -69,12 +79,19 @@ LEAF_SIZE_BOUNDS = (5, 1000)
 """Smallest and largest client of LEAF's law: ``n_k = min(5 + floor(LogNormal(3, 2)), 1000)``."""
 DRAW_CHUNK_ROWS = 1 << 10
 """The most examples :meth:`SyntheticLaw.draw_block` draws at once (a client larger than it
-alone): its float64 features (half a MB at 60 features) stay in the core's cache between their
-draw and the labels' product, whatever the number of clients."""
-SYNTHETIC_STREAM = "per-client PCG64 (SeedSequence spawn key k), version 2"
-"""The random streams :func:`make_synthetic_federated` draws from (see its Notes): part of
-:meth:`~privmtl.data.streamed.SyntheticFederation.content_sha256`, so that data drawn by another
-stream never share a fingerprint."""
+alone): their features and the float64 copy the labels' product reads (half a MB at 60
+features) stay in the core's cache between their draw and the product, whatever the number of
+clients."""
+SYNTHETIC_STREAM = (
+    "per-client PCG64 (SeedSequence spawn key k); splits train, val, test drawn in turn, "
+    "float32 normals, no permutation; version 3"
+)
+"""The random streams :func:`make_synthetic_federated` draws from (the module's documentation):
+part of :meth:`~privmtl.data.streamed.SyntheticFederation.content_sha256`, so that data drawn by
+another stream never share a fingerprint."""
+SPLIT_ORDER = ("train", "val", "test")
+"""The order in which a client's stream draws its splits (:meth:`SyntheticLaw.draw_into`): the
+training rows first, so that a round stops drawing after them."""
 
 
 def synthetic_client_sizes(
@@ -362,24 +379,23 @@ class SyntheticLaw:
         )
         return {"train": n - n_test - n_val, "val": n_val, "test": n_test}
 
+    def split_counts(self, n: int) -> tuple[int, int, int]:
+        """:meth:`split_sizes` of one client of ``n`` examples: ``(n_train, n_val, n_test)``."""
+        n_test = min(round(self.test_fraction * n), n - 1)
+        n_val = min(math.floor(self.val_fraction * (n - n_test)), n - n_test - 1)
+        return n - n_test - n_val, n_val, n_test
+
     def draw_client(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, ...]:
         """Draw one client of ``n`` examples from ``rng`` (client ``k``'s is
         :meth:`client_rng`): ``(train_x, train_y, val_x, val_y, test_x, test_y)`` as
         ``float32`` / ``int64`` arrays."""
         d = self.n_features
         out = {
-            split: (np.empty((hi - lo, d), np.float32), np.empty(hi - lo, np.int64))
-            for split, (lo, hi) in self._split_rows(n).items()
+            split: (np.empty((size, d), np.float32), np.empty(size, np.int64))
+            for split, size in zip(SPLIT_ORDER, self.split_counts(n), strict=True)
         }
         self.draw_rows(rng, n, out)
-        return tuple(a for split in ("train", "val", "test") for a in out[split])
-
-    def _split_rows(self, n: int) -> dict[str, tuple[int, int]]:
-        """Where each split's rows lie in the permutation of a client of ``n`` examples: test
-        first, then validation, then training (sizes of :meth:`split_sizes`)."""
-        n_test = min(round(self.test_fraction * n), n - 1)
-        n_val = min(math.floor(self.val_fraction * (n - n_test)), n - n_test - 1)
-        return {"test": (0, n_test), "val": (n_test, n_test + n_val), "train": (n_test + n_val, n)}
+        return tuple(a for split in SPLIT_ORDER for a in out[split])
 
     def draw_rows(
         self,
@@ -390,107 +406,169 @@ class SyntheticLaw:
     ) -> None:
         """Draw one client of ``n`` examples and write its rows of each split of ``out``
         (``"train"``, ``"val"`` or ``"test"`` to ``(x, y)``: float32 ``(n_split, d)`` and int64
-        ``(n_split,)``, the split's size of :meth:`split_sizes`).
-
-        The client's draws: its model ``W_k = W_0 + tau A_k`` and bias, its feature shift and
-        mean, its standard normal features ``z`` (``(n, d)``), the label noise's coins, then a
-        permutation of its examples, whose first rows go to test, the next to validation and
-        the rest to training (:meth:`_split_rows`). Every label is computed from the client's
-        whole feature matrix ``v_k + z * scale`` (one product for every split asked for, so a
-        client's rows are the same whatever splits are asked); the splits not asked for are not
-        copied. ``work`` (float64, at least ``n * d`` long) holds the features without an
-        allocation per client. :meth:`draw_client` takes the same draws.
-        """
-        bounds = self._split_rows(n)
-        targets = [(out_x, out_y, *bounds[split]) for split, (out_x, out_y) in out.items()]
-        self.draw_into(rng, n, targets, work)
+        ``(n_split,)``, the split's size of :meth:`split_sizes`), drawing no split after the
+        last one asked for (see :meth:`draw_into`)."""
+        self.draw_into(rng, n, out, work)
 
     def draw_into(
         self,
         rng: np.random.Generator,
         n: int,
-        targets: Sequence[tuple[np.ndarray, np.ndarray, int, int]],
+        targets: Mapping[str, tuple[np.ndarray, np.ndarray]],
         work: np.ndarray | None = None,
     ) -> None:
-        """:meth:`draw_rows` with the rows of each split given by their place in the client's
-        permutation: ``(x, y, lo, hi)`` receives the examples ``perm[lo:hi]`` (the bounds of
-        :meth:`_split_rows`). The same draws, in the same order, as :meth:`draw_rows`."""
-        outs = [(x, y, np.array([lo]), np.array([hi])) for x, y, lo, hi in targets]
-        self.draw_block(iter([rng]), [n], outs, work)
+        """Client ``k``'s stream (``rng`` is :meth:`client_rng` ``(k)``; ``n`` its examples):
+        write the splits of ``targets`` (``{split: (x, y)}``, float32 ``(n_split, d)`` and int64
+        ``(n_split,)``, C-contiguous, sizes of :meth:`split_counts`).
+
+        The draws, in this order: the client's model ``W_k = W_0 + tau A_k`` (``A_k``, ``(C,
+        d)`` float64 normals), its bias ``b_k = b_0 + tau a_k``, its feature shift
+        ``beta_k`` and mean ``v_k`` (float64; the four in one call of standard normals, as
+        numpy's ``normal(loc, scale)`` is ``loc + scale * z``); then each split in the order of
+        :data:`SPLIT_ORDER` (train, validation, test): its ``n_split * d`` float32 standard
+        normals ``z`` (``rng.standard_normal(dtype=np.float32)``, written straight into the
+        split's ``x``), and when ``label_noise > 0`` its label-noise coins
+        (``rng.random(n_split) < label_noise``) and noise labels (``rng.integers(0, C,
+        n_split)``). A split's features are ``x = v_k + z * scale`` (float32) and its labels
+        ``argmax_c (W_k x + b_k)_c`` from those stored features (a float64 product), replaced by
+        the noise label where the coin says so. The rows are i.i.d., so the split is positional:
+        no permutation. Drawing stops after the last split asked for, so a round's training rows
+        cost the client's parameters and training rows alone; a later split asked for alone
+        draws the earlier ones' features and coins (into ``work``, float32, or a new buffer)
+        without computing their labels, so a client's rows are the same whatever splits are
+        asked for. :meth:`draw_rows`, :meth:`draw_client` and :meth:`draw_block` take the same
+        draws.
+        """
+        self.draw_block(iter([rng]), [n], targets, work)
 
     def draw_block(
         self,
         rngs: Iterator[np.random.Generator],
         sizes: Sequence[int] | np.ndarray,
-        outs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        outs: Mapping[str, tuple[np.ndarray, np.ndarray]],
         work: np.ndarray | None = None,
     ) -> None:
         """:meth:`draw_into` of many clients: the ``j``-th, of ``sizes[j]`` examples, from the
-        ``j``-th generator of ``rngs``. Each ``(x, y, lo, hi)`` of ``outs`` receives every
-        client's examples ``perm_j[lo[j]:hi[j]]``, client after client (the bounds of
-        :meth:`_split_rows`, which a caller computes for all clients at once from
-        :meth:`split_sizes`).
+        ``j``-th generator of ``rngs``. Each ``(x, y)`` of ``outs`` (``{split: (x, y)}``)
+        receives every client's rows of its split, client after client (float32 ``(N_split,
+        d)`` and int64 ``(N_split,)``, C-contiguous; the sizes of :meth:`split_sizes`).
 
         Each client takes the same draws in the same order as alone, and its rows are the same
         bits; only the element-wise steps (its model's and feature mean's shift, the bias, the
-        labels' argmax and the copies into ``outs``) run once for a chunk of clients instead of
-        once per client: every client's draws and its labels' product stay its own. Clients
-        are drawn in chunks of at most :data:`DRAW_CHUNK_ROWS` examples (a larger client
-        alone), whose features ``work`` (float64, at least the chunk's ``rows * d`` long)
-        holds without an allocation per chunk.
+        features' shift, the labels' argmax and noise) run once for a chunk of clients instead
+        of once per client: every client's draws and its labels' product (one for all its
+        splits asked for) stay its own. Clients are drawn in chunks of at most
+        :data:`DRAW_CHUNK_ROWS` examples (a larger client alone). ``work`` (float32) receives
+        the splits drawn but not asked for.
         """
-        n = np.asarray(sizes, dtype=np.int64)
-        counts = [np.asarray(hi) - np.asarray(lo) for _, _, lo, hi in outs]
-        firsts = [np.concatenate([[0], np.cumsum(c)]).tolist() for c in counts]
-        rows_needed = min(int(n.sum()), max(DRAW_CHUNK_ROWS, int(n.max(initial=0))))
-        if work is None or len(work) < rows_needed * self.n_features:
-            work = np.empty(rows_needed * self.n_features)
+        n = np.asarray(sizes, dtype=np.int64).reshape(-1)
+        d = self.n_features
+        unknown = sorted(set(outs) - set(SPLIT_ORDER))
+        if unknown:
+            raise InvalidParameterError(
+                f"The 'outs' parameter takes the splits {SPLIT_ORDER}; got {unknown}."
+            )
+        last = max((SPLIT_ORDER.index(split) for split in outs), default=-1)
+        drawn = SPLIT_ORDER[: last + 1]
+        counts = self.split_sizes(n)
+        firsts = {}
+        for split in outs:
+            firsts[split] = np.concatenate([[0], np.cumsum(counts[split])]).tolist()
+            x, y = outs[split]
+            if x.shape != (firsts[split][-1], d) or y.shape != (firsts[split][-1],):
+                raise InvalidParameterError(
+                    f"The {split!r} rows of 'outs' must be ({firsts[split][-1]}, {d}) features "
+                    f"and ({firsts[split][-1]},) labels; got {x.shape} and {y.shape}."
+                )
+        skipped = [split for split in drawn if split not in outs]
+        skip_rows = max((int(counts[s].max(initial=0)) for s in skipped), default=0)
+        if work is None or len(work) < skip_rows * d or work.dtype != np.float32:
+            work = np.empty(skip_rows * d, np.float32)
+        rows = np.zeros(len(n), dtype=np.int64)  # each client's rows drawn
+        for split in drawn:
+            rows += counts[split]
+        wanted = np.zeros(len(n), dtype=np.int64)  # each client's rows asked for
+        for split in outs:
+            wanted += counts[split]
+        chunk_rows = min(int(wanted.sum()), max(DRAW_CHUNK_ROWS, int(wanted.max(initial=0))))
+        x64 = np.empty(chunk_rows * d)  # the float64 features of a chunk's labels' products
+        ends = np.cumsum(rows).tolist()
         start = 0
         while start < len(n):
-            ends = np.cumsum(n[start:])
-            stop = start + max(1, int(np.searchsorted(ends, DRAW_CHUNK_ROWS, side="right")))
-            chunk = [
-                (x[f[start] : f[stop]], y[f[start] : f[stop]], lo[start:stop], hi[start:stop])
-                for (x, y, lo, hi), f in zip(outs, firsts, strict=True)
-            ]
-            self._draw_chunk(rngs, n[start:stop], chunk, work)
+            before = ends[start - 1] if start else 0
+            stop = start + max(
+                1, bisect.bisect_right(ends, before + DRAW_CHUNK_ROWS, lo=start) - start
+            )
+            chunk = {
+                split: (
+                    outs[split][0][f[start] : f[stop]],
+                    outs[split][1][f[start] : f[stop]],
+                    counts[split][start:stop],
+                )
+                for split, f in firsts.items()
+            }
+            skip = [counts[s][start:stop].tolist() for s in skipped]
+            self._draw_chunk(rngs, drawn, chunk, skip, work, x64, wanted[start:stop])
             start = stop
 
     def _draw_chunk(
         self,
         rngs: Iterator[np.random.Generator],
-        n: np.ndarray,
-        outs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+        drawn: tuple[str, ...],
+        chunk: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]],
+        skip: list[list[int]],
         work: np.ndarray,
+        x64: np.ndarray,
+        wanted: np.ndarray,
     ) -> None:
-        """One chunk of :meth:`draw_block`. A client's draws: its model ``W_k = W_0 + tau A_k``
-        and bias, its feature shift and mean, its standard normal features ``z`` (``(n, d)``),
-        the label noise's coins, then a permutation of its examples, whose first rows go to
-        test, the next to validation and the rest to training (:meth:`_split_rows`). Every
-        label is computed from the client's whole feature matrix ``v_k + z * scale`` (so a
-        client's rows are the same whatever splits are asked)."""
+        """One chunk of :meth:`draw_block`: ``chunk`` holds each asked split's ``(x, y,
+        counts)`` of the chunk's clients, ``skip`` the counts of the splits drawn and not asked
+        for (in :data:`SPLIT_ORDER`), ``x64`` room for the float64 copy of the asked rows."""
         c, d, tau, flip = self.n_classes, self.n_features, self.heterogeneity, self.label_noise
-        k, total = len(n), int(n.sum())
-        starts = np.concatenate([[0], np.cumsum(n)])
-        bounds = starts.tolist()
-        x = work[: total * d].reshape(total, d)
+        k = len(wanted)
         shift, spread = self.feature_shift, self.feature_spread
-        # a client's model, bias, feature shift (if any) and mean: one call of standard normals,
-        # the same draws as one call each (numpy's normal(loc, scale) is loc + scale * z)
         n_shift = 1 if shift > 0 else 0
         head = np.empty((k, c * d + c + n_shift + d))
-        # the block's row of each permuted example: a client's permutation(n) is shuffle(arange(n)),
-        # and shuffling its rows' block indices in place takes the same draws
-        place = np.arange(total, dtype=np.int64)
-        redraw, noise = np.empty(total, dtype=bool), np.empty(total, dtype=np.int64)
-        for j, rng in zip(range(k), rngs, strict=False):
-            a, b = bounds[j], bounds[j + 1]
-            rng.standard_normal(out=head[j])
-            rng.standard_normal(out=x[a:b])
-            if flip > 0:
-                redraw[a:b] = rng.random(b - a) < flip
-                noise[a:b] = rng.integers(0, c, size=b - a)
-            rng.shuffle(place[a:b])
+        # each client's draws in stream order: its head, then each split drawn in turn
+        bounds = {
+            s: np.concatenate([[0], np.cumsum(cnt)]).tolist() for s, (_, _, cnt) in chunk.items()
+        }
+        coins = (
+            {
+                s: (np.empty(len(y), dtype=bool), np.empty(len(y), dtype=np.int64))
+                for s, (_, y, _) in chunk.items()
+            }
+            if flip > 0
+            else {}
+        )
+        steps: list[tuple[Any, ...]] = []
+        skips = iter(skip)
+        for split in drawn:
+            if split in chunk:
+                steps.append((chunk[split][0], bounds[split], coins.get(split)))
+            else:
+                steps.append((None, next(skips), None))
+        if len(steps) == 1 and steps[0][0] is not None and flip == 0:
+            xs, bnd = steps[0][0], steps[0][1]
+            for j, rng in zip(range(k), rngs, strict=False):
+                rng.standard_normal(out=head[j])
+                rng.standard_normal(out=xs[bnd[j] : bnd[j + 1]], dtype=np.float32)
+        else:
+            for j, rng in zip(range(k), rngs, strict=False):
+                rng.standard_normal(out=head[j])
+                for xs, bnd, coin in steps:
+                    if xs is None:  # a split drawn, not asked for: its draws, no labels
+                        size = bnd[j]
+                        rng.standard_normal(out=work[: size * d], dtype=np.float32)
+                        if flip > 0:
+                            rng.random(size)
+                            rng.integers(0, c, size=size)
+                        continue
+                    a, b = bnd[j], bnd[j + 1]
+                    rng.standard_normal(out=xs[a:b], dtype=np.float32)
+                    if coin is not None:
+                        coin[0][a:b] = rng.random(b - a) < flip
+                        coin[1][a:b] = rng.integers(0, c, size=b - a)
         wk = head[:, : c * d].reshape(k, c, d) * tau
         wk += self.w0  # w0 + tau * a, element by element
         bk = head[:, c * d : c * d + c] * tau
@@ -498,24 +576,36 @@ class SyntheticLaw:
         loc = 0.0 + shift * head[:, c * d + c] if n_shift else np.zeros(k)
         vk = spread * head[:, c * d + c + n_shift :]
         vk += loc[:, None]  # normal(loc, spread): loc + spread * z
-        if self.feature_cov != "isotropic":  # z * 1 is z: isotropic features skip the product
-            x *= self._scale()
+        vk32 = vk.astype(np.float32)
+        total = int(wanted.sum())
+        feats = x64[: total * d].reshape(total, d)
+        # the asked rows of a client lie together in feats, its splits in stream order
+        client_first = np.concatenate([[0], np.cumsum(wanted)])
+        places = {}
+        split_first = client_first[:-1].copy()
+        for split in (s for s in drawn if s in chunk):
+            xs, _, cnt = chunk[split]
+            if self.feature_cov != "isotropic":  # z * 1 is z: isotropic features skip the product
+                xs *= self._scale().astype(np.float32)
+            xs += np.repeat(vk32, cnt, axis=0)  # vk + z * scale, element by element
+            if len(chunk) == 1:
+                np.copyto(feats, xs)
+                continue
+            place = np.repeat(split_first - np.concatenate([[0], np.cumsum(cnt)[:-1]]), cnt)
+            place += np.arange(len(xs))
+            feats[place] = xs
+            places[split] = place
+            split_first += cnt
         logits = np.empty((total, c))
-        for j in range(k):  # each client's features and their product, while in cache
-            xj = x[bounds[j] : bounds[j + 1]]
-            xj += vk[j]  # vk + z * scale, element by element
-            np.matmul(xj, wk[j].T, out=logits[bounds[j] : bounds[j + 1]])
-        logits += np.repeat(bk, n, axis=0)
-        y = logits.argmax(axis=1)
-        if flip > 0:
-            y = np.where(redraw, noise, y)
-        for out_x, out_y, lo, hi in outs:
-            count = hi - lo
-            first = np.concatenate([[0], np.cumsum(count)])
-            at = np.repeat(starts[:-1] + lo - first[:-1], count) + np.arange(int(first[-1]))
-            rows = place[at]
-            out_x[...] = x[rows]  # the float32 cast of astype
-            out_y[...] = y[rows]
+        cf = client_first.tolist()
+        for j in range(k):  # each client's labels' product: its float64 features, its model
+            np.matmul(feats[cf[j] : cf[j + 1]], wk[j].T, out=logits[cf[j] : cf[j + 1]])
+        logits += np.repeat(bk, wanted, axis=0)
+        labels = logits.argmax(axis=1)
+        for split, (_, y, _) in chunk.items():
+            y[...] = labels if len(chunk) == 1 else labels[places[split]]
+            if flip > 0:
+                np.copyto(y, coins[split][1], where=coins[split][0])
 
     def _scale(self) -> np.ndarray:
         """Square root of the diagonal within-client covariance."""

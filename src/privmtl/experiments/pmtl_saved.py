@@ -13,6 +13,7 @@ import torch
 
 from privmtl.data.federated import FederatedDataset
 from privmtl.data.registry import load_federated
+from privmtl.data.synthetic_federated import SYNTHETIC_STREAM
 from privmtl.exceptions import DataFormatError
 from privmtl.federated.algorithms import BlockScores, Params
 from privmtl.federated.blocks import client_blocks
@@ -186,6 +187,16 @@ def _saved_data(
         signed=is_signed(meta),
         where=where,
     )
+    if (
+        name == "synthetic"
+        and saved.get("data") == "synthetic"
+        and saved.get("stream") != SYNTHETIC_STREAM
+    ):
+        raise DataFormatError(
+            f"{where}: the models were trained on synthetic data drawn by another random stream "
+            f"(data.stream {saved.get('stream')!r}; this version's is {SYNTHETIC_STREAM!r}): the "
+            "same seed now gives other examples, so the saved models cannot be scored on theirs."
+        )
     table: dict[str, Any] = {k: v if v is not None else saved.get(k) for k, v in given.items()}
     scale = scaling if scaling is not None else saved.get("scaling", "none")
     if name == "table":

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from privmtl.data.synthetic_federated import SYNTHETIC_STREAM
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.federated.algorithms import block_rows
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
@@ -215,7 +216,13 @@ def _save_files(
             **({"factory": factory} if factory is not None else {}),
         },
         "client_ids": list(result.client_ids),
-        "data": {**data, "seed": summary.get("seed")},
+        "data": {
+            **data,
+            "seed": summary.get("seed"),
+            # the synthetic examples are the seed's through this stream: a reader of another
+            # version, whose stream draws other examples, refuses to score on them
+            **({"stream": SYNTHETIC_STREAM} if data.get("data") == "synthetic" else {}),
+        },
         "primary": (
             "personalized"
             if pers is not None and (result.primary == "personalized" or personalized is not None)
