@@ -8,12 +8,16 @@ import torch
 
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import (
+    PLAN_HASH_BITS,
+    RoundPlan,
     client_generators,
+    draw_round_plan,
     pack_plan,
     pad_plan,
     partition_plan,
 )
 from privmtl.federated.client import ProxStep, local_sgd_batched
+from privmtl.federated.config import TrainConfig
 from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.models import MultinomialLogReg
 
@@ -117,6 +121,73 @@ def test_a_clients_training_does_not_depend_on_the_others_or_their_order() -> No
         assert np.isnan(loss[0]) or loss[0] == losses[j]
 
 
+def _documented_epoch(seed: int, stream: int, t: int, k: int, e: int, n: int) -> np.ndarray:
+    """Epoch ``e``'s permutation of client ``k``'s ``n`` rows as draw_round_plan documents it,
+    with bare numpy and Python integers."""
+    w0, w1 = (
+        int(w)
+        for w in np.random.SeedSequence([seed, stream, t, k]).generate_state(4, np.uint64)[:2]
+    )
+    mask = (1 << 64) - 1
+
+    def fmix(x: int) -> int:
+        x ^= x >> 33
+        x = (x * 0xFF51AFD7ED558CCD) & mask
+        x ^= x >> 33
+        x = (x * 0xC4CEB9FE1A85EC53) & mask
+        return x ^ (x >> 33)
+
+    keys = [fmix(fmix((w0 + ((e << 32) + i) * 0x9E3779B97F4A7C15) & mask) ^ w1) for i in range(n)]
+    return np.array(sorted(range(n), key=lambda i: (keys[i] >> (64 - PLAN_HASH_BITS), i)))
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**32 + 5])
+def test_round_plan_epochs_are_the_documented_keyed_permutations(seed: int) -> None:
+    # every epoch of every client: its keyed hash's order, cut into minibatches in turn; the
+    # packed arrays are pack_plan's of the lists read from the plan
+    g = np.random.default_rng(seed % 97)
+    sizes = g.integers(0, 40, 30)
+    sizes[3] = 700  # rows beyond a byte
+    off = np.concatenate([[0], np.cumsum(sizes)])
+    sampled = np.array([3, 29, 0, 11, 12, 5])
+    cfg = TrainConfig(local_epochs=2, batch_size=4, seed=seed)
+    plan = draw_round_plan(sampled, off, 9, cfg, stream=3)
+    assert isinstance(plan, RoundPlan) and len(plan) == len(sampled)
+    for j, k in enumerate(sampled.tolist()):
+        n, per = int(sizes[k]), -(-int(sizes[k]) // 4)
+        assert len(plan[j]) == 2 * per
+        for e in range(2):
+            want = _documented_epoch(seed, 3, 9, k, e, n) + off[k]
+            got = plan[j][e * per : (e + 1) * per]
+            assert [len(b) for b in got] == [min(4, n - 4 * u) for u in range(per)]
+            assert np.array_equal(np.concatenate(got) if got else [], want)
+    packed = pack_plan(plan.lists(), 4)
+    for name in ("order", "steps", "bounds", "rows", "weights"):
+        assert np.array_equal(getattr(plan, name), getattr(packed, name))
+    assert pack_plan(plan, 4) is plan
+    with pytest.raises(InvalidParameterError, match="batch_size"):
+        pack_plan(plan, 5)
+
+
+def test_a_clients_plan_depends_on_its_own_size_and_the_seeds_alone() -> None:
+    # the same client in another round's company (other clients, sizes, order, more rows than
+    # the one-word sort holds) and at another place of the stacked rows: the same minibatches
+    cfg = TrainConfig(local_epochs=3, batch_size=5, seed=4)
+    sizes = np.array([12, 3, 40, 0, 9, 70_000])
+    off = np.concatenate([[0], np.cumsum(sizes)])
+    mine = draw_round_plan([4], off, 2, cfg)[0]
+    for company in ([0, 4, 1], [4, 2, 3], [5, 4]):
+        plan = draw_round_plan(company, off, 2, cfg)
+        j = company.index(4)
+        assert all(np.array_equal(a, b) for a, b in zip(plan[j], mine, strict=True))
+        starts = np.arange(len(company)) * 1000
+        moved = draw_round_plan(company, off, 2, cfg, starts=starts)[j]
+        assert all(
+            np.array_equal(a - off[4], b - starts[j]) for a, b in zip(mine, moved, strict=True)
+        )
+    assert draw_round_plan([4], off, 3, cfg)[0][0].tolist() != mine[0].tolist()
+
+
 def test_block_scores_keep_counts_small_and_read_them_back_alike() -> None:
     # the scores kept block by block cost 32-bit integers a client, read back in their own type
     # (the same arrays, the same summary)
@@ -138,3 +209,13 @@ def test_block_scores_keep_counts_small_and_read_them_back_alike() -> None:
     assert correct.dtype == np.float64 and counts.dtype == np.int64
     whole = evaluate(net, stacked, {}, *ds.split("test"), personalized=True)
     assert book.summary()["test"]["final"] == whole
+
+
+def test_round_plan_sorts_alike_when_rows_outgrow_one_word(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fallback (lexsort of segment, hash, row) orders as the one-word sort does
+    cfg = TrainConfig(local_epochs=2, batch_size=3, seed=1)
+    off = np.concatenate([[0], np.cumsum(np.arange(1, 60))])
+    fast = draw_round_plan(range(40), off, 0, cfg)
+    monkeypatch.setattr("privmtl.federated.algorithms._SORT_BITS", 0)
+    slow = draw_round_plan(range(40), off, 0, cfg)
+    assert np.array_equal(fast.rows, slow.rows) and np.array_equal(fast.weights, slow.weights)

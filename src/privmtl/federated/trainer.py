@@ -40,6 +40,7 @@ from privmtl.federated.algorithms import (
     LOCAL_TRAINING_STREAM,
     PackedPlan,
     Params,
+    RoundPlan,
     draw_round_plan,
     evaluate_dataset,
     pack_plan,
@@ -231,7 +232,7 @@ class Trainer:
         self._train_seconds = 0.0
         self._data_sha256: str | None = None
         self._step_fn: Any = None
-        self._last_packed: tuple[list[list[np.ndarray]], PackedPlan] | None = None
+        self._last_packed: tuple[RoundPlan, PackedPlan] | None = None
         self._local = threading.local()
         if self.checkpoint_dir is not None:
             self._open_checkpoint(resume)
@@ -376,14 +377,16 @@ class Trainer:
         self,
         starts: Params,
         rule: UpdateRule,
-        plan: list[list[np.ndarray]],
+        plan: RoundPlan,
         pool: Any,
         data: RoundData,
     ) -> tuple[Params, list[float]]:
         cfg = self.config
         k = len(plan)
         if not cfg.batched:
-            return local_sgd_reference(self.model, self.buffers, starts, rule, data.x, data.y, plan)
+            return local_sgd_reference(
+                self.model, self.buffers, starts, rule, data.x, data.y, plan.lists()
+            )
 
         def train_group(pos: np.ndarray) -> tuple[Params, list[float]]:
             idx = torch.from_numpy(pos).to(self.device)
@@ -416,7 +419,7 @@ class Trainer:
         news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, at) for n in starts}
         return news, [losses[int(i)] for i in order]
 
-    def _packed(self, plan: list[list[np.ndarray]]) -> PackedPlan:
+    def _packed(self, plan: RoundPlan) -> PackedPlan:
         """``pack_plan(plan)``, packed once for the methods that train twice on one plan."""
         held = self._last_packed
         if held is None or held[0] is not plan:
@@ -435,7 +438,7 @@ class Trainer:
         self,
         sampled: np.ndarray,
         round_index: int,
-        plan: list[list[np.ndarray]] | None,
+        plan: RoundPlan | None,
         pool: Any,
         data: RoundData | None = None,
     ) -> TrainFn:

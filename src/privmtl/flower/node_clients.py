@@ -32,6 +32,7 @@ from privmtl.federated.algorithms import (
     LOCAL_TRAINING_STREAM,
     BlockScores,
     Params,
+    RoundPlan,
     block_rows,
     client_scores,
     draw_round_plan,
@@ -363,7 +364,7 @@ class NodeClients:
         *,
         stream: int | None = None,
         epochs: int | None = None,
-    ) -> list[list[np.ndarray]]:
+    ) -> RoundPlan:
         """The minibatches of ``clients`` in round ``round_index`` as rows of their stacked
         data (the ``j``-th client's beginning at ``starts[j]``): each client's draws are those of
         the in-process engine (the population's offsets)."""
