@@ -77,11 +77,11 @@ FEATURE_COVS = ("isotropic", "leaf")
 """Within-client feature covariances of :func:`make_synthetic_federated`."""
 LEAF_SIZE_BOUNDS = (5, 1000)
 """Smallest and largest client of LEAF's law: ``n_k = min(5 + floor(LogNormal(3, 2)), 1000)``."""
-DRAW_CHUNK_ROWS = 1 << 10
+DRAW_CHUNK_ROWS = 1 << 11
 """The most examples :meth:`SyntheticLaw.draw_block` draws at once (a client larger than it
-alone): their features and the float64 copy the labels' product reads (half a MB at 60
-features) stay in the core's cache between their draw and the product, whatever the number of
-clients."""
+alone): their float32 features and the float64 copy the labels' product reads (1.5 MB at 60
+features) stay near the core between their draw and the product, and the chunk's element-wise
+steps are shared by a dozen clients or more, whatever the number of clients."""
 SYNTHETIC_STREAM = (
     "per-client PCG64 (SeedSequence spawn key k); splits train, val, test drawn in turn, "
     "float32 normals, no permutation; version 3"
