@@ -146,13 +146,15 @@ def test_the_dual_iterates_are_the_primal_iterates(wide: FederatedDataset) -> No
     x_all, y_all, offsets = wide.concat("train")
     n = np.diff(offsets)
     top = 24
-    rows = torch.from_numpy(
-        np.minimum(np.arange(top)[None, :], n[:, None] - 1) + offsets[:-1, None]
-    )
+    pos = np.arange(top)[None, :]
+    rows = torch.from_numpy(np.where(pos < n[:, None], pos + offsets[:-1, None], len(y_all)))
+    # the rows (x, 1), padded with a zero row
+    xt = torch.cat([x_all.double(), torch.ones(len(x_all), 1, dtype=torch.float64)], 1)
+    xt = torch.cat([xt, torch.zeros(1, WIDE + 1, dtype=torch.float64)])
     start = _start(d=WIDE)
     w0 = torch.cat([start["linear.weight"], start["linear.bias"].unsqueeze(1)], 1)
     args = (
-        x_all.double()[rows], y_all[rows], torch.from_numpy(n).double(), w0,
+        xt[rows], torch.cat([y_all, y_all[:1]])[rows], torch.from_numpy(n).double(), w0,
         torch.tensor([0.3, 30.0], dtype=torch.float64), 7,
     )  # fmt: skip
     torch.testing.assert_close(
