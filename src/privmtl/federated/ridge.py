@@ -28,16 +28,25 @@ span of the client's rows), so with :math:`K = \tilde X \tilde X^\top` and
 \tilde X`) the same iterates cost :math:`O(C n_k^2)` instead of :math:`O(C n_k d + C d^2)`
 (:func:`_solve_bucket_dual`; equal to the primal's up to rounding).
 
+Both forms run the same iteration (:func:`_iterate`) in few batched kernels: with
+:math:`E = (S(Z) - Y) D_k` (:math:`S` the softmax over the classes of the logits :math:`Z`,
+:math:`Y` the one-hot labels, :math:`D_k` the rows' weights, :math:`1/n_k` or 0), the primal's
+gradient :math:`E \tilde X + \lambda_k (W - W_0)` is one batched product added to the
+penalty's term, the dual's :math:`E + \lambda_k \alpha` two fused elementwise kernels; the
+step is one product with the precomputed inverse, the momentum one interpolation.
+
 The clients are sorted by size and solved in buckets of one padded length (:func:`padded_rows`;
-examples padded with zero weight), every prior strength of a bucket in the same vectorised call:
-:data:`RIDGE_ITERATIONS` Python steps per bucket, not one per minibatch of every client. Client
-``k``'s model reads its own training data, the start model and public constants only, down to
-the last bit: every bucket of a padded length has the same number of slots
-(:func:`bucket_clients`, empty slots solved for a placeholder and dropped), and the width
+examples padded with a row of zeros, of zero weight), every prior strength of a bucket in the
+same vectorised call: :data:`RIDGE_ITERATIONS` Python steps per bucket, not one per minibatch of
+every client. Client ``k``'s model reads its own training data, the start model and public
+constants only, down to the last bit: every bucket of a padded length has the same number of
+slots (:func:`bucket_clients`, empty slots solved for a placeholder and dropped), every pair of
+a client and a prior strength has a slot of its own in every batched product, and the width
 ``d + 1`` is padded with zero features to a multiple of :data:`RIDGE_WIDTH_STEP`, so that every
 batched call that involves client ``k`` has the same shapes and the same memory alignment of its
 slot whoever the other clients are (a batched inverse rounds by alignment). A client solved
-alone or beside any others gets the same bytes (``tests/federated/test_ridge.py``).
+alone or beside any others, for one prior strength or beside other strengths, gets the same
+bytes (``tests/federated/test_ridge.py``).
 """
 
 from __future__ import annotations
