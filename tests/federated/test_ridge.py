@@ -135,6 +135,19 @@ def test_a_client_model_is_the_same_bytes_alone_or_in_any_batch(fixture, request
         torch.testing.assert_close(small[n], together[0][n], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("fixture", ["ds", "wide", "sixty"])
+def test_a_strength_model_is_the_same_bytes_beside_other_strengths(fixture, request) -> None:
+    """Every (client, prior strength) pair has a slot of its own in the batched products: the
+    models of one strength do not depend on the other strengths of the call, bit for bit."""
+    data: FederatedDataset = request.getfixturevalue(fixture)
+    start = _start(torch.float32, d=data.n_features)
+    both = ridge_logreg(start, data, (2.0, 0.5))
+    for r, c in enumerate((2.0, 0.5)):
+        (alone,) = ridge_logreg(start, data, (c,))
+        for k in range(data.n_clients):
+            assert _bytes(both[r], k) == _bytes(alone, k), (k, c)
+
+
 def test_a_bucket_has_slots_set_by_public_constants() -> None:
     assert bucket_clients(8, 2) == RIDGE_BUCKET_ROWS // 16
     assert bucket_clients(8, 2, bucket_rows=64) == 4
@@ -146,13 +159,15 @@ def test_the_dual_iterates_are_the_primal_iterates(wide: FederatedDataset) -> No
     x_all, y_all, offsets = wide.concat("train")
     n = np.diff(offsets)
     top = 24
-    rows = torch.from_numpy(
-        np.minimum(np.arange(top)[None, :], n[:, None] - 1) + offsets[:-1, None]
-    )
+    pos = np.arange(top)[None, :]
+    rows = torch.from_numpy(np.where(pos < n[:, None], pos + offsets[:-1, None], len(y_all)))
+    # the rows (x, 1), padded with a zero row
+    xt = torch.cat([x_all.double(), torch.ones(len(x_all), 1, dtype=torch.float64)], 1)
+    xt = torch.cat([xt, torch.zeros(1, WIDE + 1, dtype=torch.float64)])
     start = _start(d=WIDE)
     w0 = torch.cat([start["linear.weight"], start["linear.bias"].unsqueeze(1)], 1)
     args = (
-        x_all.double()[rows], y_all[rows], torch.from_numpy(n).double(), w0,
+        xt[rows], torch.cat([y_all, y_all[:1]])[rows], torch.from_numpy(n).double(), w0,
         torch.tensor([0.3, 30.0], dtype=torch.float64), 7,
     )  # fmt: skip
     torch.testing.assert_close(

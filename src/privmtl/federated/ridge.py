@@ -28,16 +28,25 @@ span of the client's rows), so with :math:`K = \tilde X \tilde X^\top` and
 \tilde X`) the same iterates cost :math:`O(C n_k^2)` instead of :math:`O(C n_k d + C d^2)`
 (:func:`_solve_bucket_dual`; equal to the primal's up to rounding).
 
+Both forms run the same iteration (:func:`_iterate`) in few batched kernels: with
+:math:`E = (S(Z) - Y) D_k` (:math:`S` the softmax over the classes of the logits :math:`Z`,
+:math:`Y` the one-hot labels, :math:`D_k` the rows' weights, :math:`1/n_k` or 0), the primal's
+gradient :math:`E \tilde X + \lambda_k (W - W_0)` is one batched product added to the
+penalty's term, the dual's :math:`E + \lambda_k \alpha` two fused elementwise kernels; the
+step is one product with the precomputed inverse, the momentum one interpolation.
+
 The clients are sorted by size and solved in buckets of one padded length (:func:`padded_rows`;
-examples padded with zero weight), every prior strength of a bucket in the same vectorised call:
-:data:`RIDGE_ITERATIONS` Python steps per bucket, not one per minibatch of every client. Client
-``k``'s model reads its own training data, the start model and public constants only, down to
-the last bit: every bucket of a padded length has the same number of slots
-(:func:`bucket_clients`, empty slots solved for a placeholder and dropped), and the width
+examples padded with a row of zeros, of zero weight), every prior strength of a bucket in the
+same vectorised call: :data:`RIDGE_ITERATIONS` Python steps per bucket, not one per minibatch of
+every client. Client ``k``'s model reads its own training data, the start model and public
+constants only, down to the last bit: every bucket of a padded length has the same number of
+slots (:func:`bucket_clients`, empty slots solved for a placeholder and dropped), every pair of
+a client and a prior strength has a slot of its own in every batched product, and the width
 ``d + 1`` is padded with zero features to a multiple of :data:`RIDGE_WIDTH_STEP`, so that every
 batched call that involves client ``k`` has the same shapes and the same memory alignment of its
 slot whoever the other clients are (a batched inverse rounds by alignment). A client solved
-alone or beside any others gets the same bytes (``tests/federated/test_ridge.py``).
+alone or beside any others, for one prior strength or beside other strengths, gets the same
+bytes (``tests/federated/test_ridge.py``).
 """
 
 from __future__ import annotations
@@ -132,8 +141,12 @@ def ridge_logreg(
     m = dataset.n_clients
     x_all, y_all, offsets = dataset.concat("train")
     x_all = x_all.reshape(x_all.shape[0], -1).to(device=device, dtype=dtype)
-    x_all = torch.cat([x_all, x_all.new_zeros(x_all.shape[0], extra)], 1)
-    y_all = y_all.to(device)
+    # the rows (x, 0, 1) and, last, a row of zeros: the padding of every client (weight 0)
+    x_all = torch.cat(
+        [x_all, x_all.new_zeros(x_all.shape[0], extra), x_all.new_ones(x_all.shape[0], 1)], 1
+    )
+    x_all = torch.cat([x_all, x_all.new_zeros(1, x_all.shape[1])])
+    y_all = torch.cat([y_all.to(device), y_all.new_zeros(1, device=device)])
     n = np.diff(offsets).astype(np.int64)
     cs = torch.tensor([float(c) for c in ridges], dtype=dtype, device=device)
     out = w0.expand(len(ridges), m, *w0.shape).clone()
@@ -151,7 +164,8 @@ def ridge_logreg(
         # with copies of its first client (solved, then dropped): no call's shape depends on
         # how many clients of this length there are
         full = np.concatenate([idx, np.full(slots - len(idx), idx[0], dtype=idx.dtype)])
-        own = np.minimum(np.arange(rows_of)[None, :], n[full][:, None] - 1) + offsets[full][:, None]
+        pos = np.arange(rows_of)[None, :]
+        own = np.where(pos < n[full][:, None], pos + offsets[full][:, None], len(x_all) - 1)
         rows = torch.from_numpy(own).to(device)
         sizes = torch.from_numpy(n[full]).to(device=device, dtype=dtype)
         solve = _solve_bucket_dual if rows_of < d + 1 else _solve_bucket
@@ -164,55 +178,37 @@ def ridge_logreg(
     ]
 
 
-def _rows_and_weights(x: torch.Tensor, sizes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows ``(x, 1)`` with the padding zeroed ``(K, top, d + 1)``, and the rows' weights
-    ``(K, top)``: ``1 / n_k`` on client ``k``'s rows, 0 on its padding."""
-    top = x.shape[1]
-    valid = (torch.arange(top, device=x.device)[None, :] < sizes[:, None]).to(x.dtype)
-    xt = torch.cat([x, torch.ones_like(x[..., :1])], -1) * valid.unsqueeze(-1)
-    return xt, valid / sizes[:, None]
+def _weights(sizes: torch.Tensor, top: int) -> torch.Tensor:
+    """The rows' weights ``(K, top)``: ``1 / n_k`` on client ``k``'s rows, 0 on its padding."""
+    valid = torch.arange(top, device=sizes.device)[None, :] < sizes[:, None]
+    return valid.to(sizes.dtype) / sizes[:, None]
 
 
 def _solve_bucket(
-    x: torch.Tensor,
+    xt: torch.Tensor,
     y: torch.Tensor,
     sizes: torch.Tensor,
     w0: torch.Tensor,
     cs: torch.Tensor,
     iterations: int,
 ) -> torch.Tensor:
-    """``(len(cs), K, C, d + 1)``: the K clients' solutions, rows ``x (K, top, d)`` padded
-    (with the client's own last row, weight 0, zeroed) to ``top``, labels ``y (K, top)``,
-    ``sizes (K,)``."""
-    k = x.shape[0]
-    n_classes = w0.shape[0]
-    xt, weights = _rows_and_weights(x, sizes)
+    """``(len(cs), K, C, d + 1)``: the K clients' solutions, rows ``(x, 1)`` ``xt (K, top, d + 1)``
+    padded with zero rows to ``top``, labels ``y (K, top)``, ``sizes (K,)``."""
+    k, top, width = xt.shape
+    n_classes, n_ridges = w0.shape[0], len(cs)
+    weights = _weights(sizes, top)
     gram = torch.bmm(xt.transpose(1, 2), xt * weights.unsqueeze(-1))  # A_k
-    lam = cs[:, None] / sizes[None, :]  # (R, K)
-    eye = torch.eye(xt.shape[-1], dtype=x.dtype, device=x.device)
-    precond = 0.5 * gram.unsqueeze(0) + lam[..., None, None] * eye
-    inv = torch.cholesky_inverse(torch.linalg.cholesky(precond))
-    one_hot = torch.nn.functional.one_hot(y, n_classes).to(x.dtype)
-    target = (one_hot * weights.unsqueeze(-1)).transpose(1, 2).unsqueeze(0)  # (1, K, C, top)
-    xs = xt.unsqueeze(0)
-    xs_t = xt.transpose(1, 2).unsqueeze(0)  # (1, K, d + 1, top)
-    anchor = w0.expand(len(cs), k, *w0.shape)
-    w = anchor.clone()
-    prev = w
-    for t in range(iterations):
-        # class-major logits (R, K, C, top): the products with a short output dimension of C
-        # classes are the slow layout of batched matrix products
-        probs = torch.softmax(torch.matmul(w, xs_t), -2)
-        resid = probs * weights[None, :, None, :] - target
-        g = torch.matmul(resid, xs) + lam[..., None, None] * (w - anchor)
-        step = w - torch.matmul(g, inv)
-        w = step + (t / (t + 3)) * (step - prev)  # Nesterov momentum
-        prev = step
-    return prev
+    lam = cs[None, :] / sizes[:, None]  # (K, R)
+    eye = torch.eye(width, dtype=xt.dtype, device=xt.device)
+    precond = 0.5 * gram.unsqueeze(1) + lam[..., None, None] * eye
+    inv = torch.cholesky_inverse(torch.linalg.cholesky(precond)).reshape(-1, width, width)
+    xs = _per_ridge(xt, n_ridges)
+    w = _iterate(w0, xs.transpose(1, 2), xs, y, weights, lam, inv, iterations)
+    return w.view(k, n_ridges, n_classes, width).transpose(0, 1)
 
 
 def _solve_bucket_dual(
-    x: torch.Tensor,
+    xt: torch.Tensor,
     y: torch.Tensor,
     sizes: torch.Tensor,
     w0: torch.Tensor,
@@ -221,23 +217,63 @@ def _solve_bucket_dual(
 ) -> torch.Tensor:
     """:func:`_solve_bucket`'s iterates in the span of each client's rows (module docstring):
     ``W = W_0 + alpha X`` with ``alpha (len(cs), K, C, top)``; for ``top`` below ``d + 1``."""
-    k, top, _ = x.shape
-    n_classes = w0.shape[0]
-    xt, weights = _rows_and_weights(x, sizes)
+    k, top, _ = xt.shape
+    n_classes, n_ridges = w0.shape[0], len(cs)
+    weights = _weights(sizes, top)
     kern = torch.bmm(xt, xt.transpose(1, 2))  # K, zero on padding rows and columns
-    lam = cs[:, None] / sizes[None, :]  # (R, K)
-    eye = torch.eye(top, dtype=x.dtype, device=x.device)
-    m = 0.5 * (kern * weights.unsqueeze(1)).unsqueeze(0) + lam[..., None, None] * eye
-    inv = torch.cholesky_inverse(torch.linalg.cholesky(m))
-    one_hot = torch.nn.functional.one_hot(y, n_classes).to(x.dtype)
-    target = (one_hot * weights.unsqueeze(-1)).transpose(1, 2)  # (K, C, top)
+    lam = cs[None, :] / sizes[:, None]  # (K, R)
+    eye = torch.eye(top, dtype=xt.dtype, device=xt.device)
+    m = 0.5 * (kern * weights.unsqueeze(1)).unsqueeze(1) + lam[..., None, None] * eye
+    inv = torch.cholesky_inverse(torch.linalg.cholesky(m)).reshape(-1, top, top)
     logits0 = torch.bmm(w0.expand(k, *w0.shape), xt.transpose(1, 2))  # (K, C, top): W_0's
-    alpha = torch.zeros(len(cs), k, n_classes, top, dtype=x.dtype, device=x.device)
-    prev = alpha
+    alpha = _iterate(logits0, _per_ridge(kern, n_ridges), None, y, weights, lam, inv, iterations)
+    w = torch.baddbmm(w0.expand(k * n_ridges, *w0.shape), alpha, _per_ridge(xt, n_ridges))
+    return w.view(k, n_ridges, n_classes, -1).transpose(0, 1)
+
+
+def _per_ridge(t: torch.Tensor, n_ridges: int) -> torch.Tensor:
+    """``t (K, ...)`` once per prior strength: ``(K R, ...)``, client-major."""
+    return t.repeat_interleave(n_ridges, 0) if n_ridges > 1 else t.contiguous()
+
+
+def _iterate(
+    start: torch.Tensor,
+    basis: torch.Tensor,
+    rows: torch.Tensor | None,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    lam: torch.Tensor,
+    inv: torch.Tensor,
+    iterations: int,
+) -> torch.Tensor:
+    """The last step of the iterates ``V (K R, C, p)`` (client-major) of both forms, with
+    Nesterov momentum. The primal (``start``: ``W_0 (C, d + 1)``, ``rows`` the clients' rows
+    ``(K R, top, d + 1)``): ``V = W`` from ``W_0``, logits ``Z = W basis``, gradient
+    ``E rows + lambda (W - W_0)``. The dual (``start``: ``W_0 X^T (K, C, top)``, ``rows`` None):
+    ``V = alpha`` from 0, logits ``Z = W_0 X^T + alpha basis``, gradient ``E + lambda alpha``.
+    ``E = (S(Z) - Y) D_k`` (``Y``: the one-hot labels, ``D_k``: the rows' weights), ``basis
+    (K R, p, top)``; the step ``V - G inv`` (``inv (K R, p, p)``)."""
+    n_ridges, kr = lam.shape[1], lam.numel()
+    n_classes, p = start.shape[-2], basis.shape[1]
+    one_hot = torch.nn.functional.one_hot(y, n_classes).to(start.dtype)
+    neg_target = _per_ridge((one_hot * -weights.unsqueeze(-1)).transpose(1, 2), n_ridges)
+    w_rows = _per_ridge(weights.unsqueeze(1), n_ridges)  # (K R, 1, top)
+    lam_kr = lam.reshape(-1, 1, 1)
+    if rows is None:  # the dual
+        z0 = _per_ridge(start, n_ridges)
+        v = prev = start.new_zeros(kr, n_classes, p)
+    else:
+        v = prev = start.expand(kr, n_classes, p)
+        pull = -lam_kr * start  # the penalty's gradient is lambda W + pull
     for t in range(iterations):
-        probs = torch.softmax(logits0 + torch.matmul(alpha, kern), -2)  # (R, K, C, top)
-        g = probs * weights[None, :, None, :] - target + lam[..., None, None] * alpha
-        step = alpha - torch.matmul(g, inv)
-        alpha = step + (t / (t + 3)) * (step - prev)  # Nesterov momentum
+        if rows is None:
+            probs = torch.softmax(torch.baddbmm(z0, v, basis), 1)
+            grad = torch.addcmul(torch.addcmul(neg_target, probs, w_rows), v, lam_kr)
+        else:
+            probs = torch.softmax(torch.bmm(v, basis), 1)
+            resid = torch.addcmul(neg_target, probs, w_rows)
+            grad = torch.baddbmm(torch.addcmul(pull, v, lam_kr), resid, rows)
+        step = torch.baddbmm(v, grad, inv, alpha=-1)
+        v = torch.lerp(step, prev, -t / (t + 3))  # Nesterov: step + t / (t + 3) (step - prev)
         prev = step
-    return w0 + torch.matmul(prev, xt)
+    return prev
