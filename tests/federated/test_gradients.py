@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -13,9 +15,21 @@ class _Taped(MultinomialLogReg):
     """The same model through the generic path: autograd over ``forward_batched``."""
 
 
+def _within_rounding(fast: torch.Tensor, taped: torch.Tensor, scale: torch.Tensor) -> None:
+    """``|fast - taped| <= 16 eps scale`` element by element: two computations of the same
+    sum of terms, each rounded to the dtype (``eps``), whose absolute values sum to at most
+    ``scale``, differ by a few units of ``eps * scale`` (16: the exponential, the division and
+    the sums' reorderings, with room)."""
+    eps = torch.finfo(fast.dtype).eps
+    assert fast.shape == taped.shape and fast.dtype == taped.dtype
+    assert bool(((fast - taped).abs() <= 16 * eps * scale).all()), (fast - taped).abs().max()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(("k", "b"), [(1, 1), (3, 10), (64, 10), (17, 32)])
-def test_the_logreg_step_is_autograds_bit_for_bit(dtype: torch.dtype, k: int, b: int) -> None:
+def test_the_logreg_step_is_autograds_within_rounding(dtype: torch.dtype, k: int, b: int) -> None:
+    # the by-hand step computes autograd's mathematics with other kernels (a softmax by hand, the
+    # product g^T x): equal to the taped path's up to the rounding of each term
     d, c = 13, 5
     g = torch.Generator().manual_seed(k * 100 + b)
     params = {
@@ -30,10 +44,14 @@ def test_the_logreg_step_is_autograds_bit_for_bit(dtype: torch.dtype, k: int, b:
     taped = make_step_fn(_Taped(d, c), {})
     assert fast is not taped  # the by-hand step is taken for the model itself only
     (g_fast, l_fast), (g_taped, l_taped) = fast(params, x, y, w), taped(params, x, y, w)
-    assert torch.equal(l_fast, l_taped)
-    for name in params:
-        assert g_fast[name].dtype == dtype
-        assert torch.equal(g_fast[name], g_taped[name]), name
+    # a row's gradient term w_i (p_i - e_y) x_i is at most 2 w_i |x_i| in absolute value; its
+    # loss term w_i CE_i at most w_i (2 max |z_i| + log C)
+    logits = x @ params["linear.weight"].transpose(1, 2) + params["linear.bias"].unsqueeze(1)
+    ce_scale = (w * (2 * logits.abs().amax(-1) + math.log(c))).sum(1)
+    _within_rounding(l_fast, l_taped, ce_scale)
+    _within_rounding(g_fast["linear.weight"], g_taped["linear.weight"],
+                     2 * (w.unsqueeze(-1) * x.abs()).sum(1).unsqueeze(1))  # fmt: skip
+    _within_rounding(g_fast["linear.bias"], g_taped["linear.bias"], 2 * w.sum(1, keepdim=True))
 
 
 def test_the_logreg_step_is_the_gradient() -> None:

@@ -42,8 +42,8 @@ def make_step_fn(model: nn.Module, buffers: Params, vectorize: str = "auto") -> 
     per-client losses (client ``k``'s gradient is the gradient of that sum with respect to its
     slice); ``"auto"`` picks ``"model"`` when the model has ``forward_batched``. For a
     :class:`~privmtl.federated.models.MultinomialLogReg`, ``"model"`` computes that gradient
-    without the autograd tape (:func:`_logreg_step`): the same operations as autograd's backward
-    pass, hence the same bits.
+    without the autograd tape (:func:`_logreg_step`): the same mathematics with cheaper kernels,
+    equal to autograd's within the rounding of each term.
     """
     if vectorize == "auto":
         vectorize = "model" if callable(getattr(model, "forward_batched", None)) else "vmap"
@@ -79,24 +79,28 @@ def _logreg_step(
 ) -> tuple[Params, torch.Tensor]:
     r""":func:`make_step_fn`'s ``"model"`` step of a multinomial logistic regression, by hand.
 
-    The operations are those autograd runs for ``forward_batched`` (``baddbmm``), the
-    cross-entropy (``log_softmax`` then the negative log-likelihood) and the weighted sum: the
-    log-softmax backward kernel on :math:`g = -w \, e_y` (the gradient of
-    :math:`\sum_i w_i \mathrm{CE}_i` with respect to the log-probabilities), then the batched
-    products of ``baddbmm``'s backward, so the gradients and losses equal the autograd path's bit
-    for bit, without building and walking a tape every step.
+    With logits :math:`z = W x + b` (``baddbmm``, as ``forward_batched``), the row's log-sum-exp
+    :math:`\ell = m + \log \sum_c e^{z_c - m}` (:math:`m = \max_c z_c`, so no exponential
+    overflows), the loss :math:`\sum_i w_i (\ell_i - z_{i, y_i})` and the gradient of that
+    sum with respect to the logits, :math:`g_i = w_i (\mathrm{softmax}(z_i) - e_{y_i})`; the
+    weights' gradient is the product :math:`g^\top x` and the bias's :math:`\sum_i g_i`. The
+    mathematics of autograd's path through ``log_softmax`` and the negative log-likelihood, with
+    kernels that cost less at the engine's shapes (the softmax as a maximum, an exponential and
+    a sum, and the product :math:`g^\top x`, instead of the log-softmax kernels, whose rows of a
+    few classes are slow, and a product with a transposed output); the last bits differ from
+    autograd's, within a few units of the dtype's rounding of each term
+    (``tests/federated/test_gradients.py``).
     """
     weight, bias = params["linear.weight"], params["linear.bias"]
     k, b = x.shape[:2]
     xf = x.reshape(k, b, weight.shape[-1])
     logits = torch.baddbmm(bias.unsqueeze(1), xf, weight.transpose(1, 2))
-    logp = torch.log_softmax(logits, -1)
+    shifted = logits - logits.amax(-1, keepdim=True)
+    e = shifted.exp()
+    total = e.sum(-1, keepdim=True)
     at = y.unsqueeze(-1)
-    losses = (-logp.gather(-1, at).squeeze(-1) * w).sum(1)
-    grad_logp = torch.zeros_like(logp).scatter_(-1, at, (-w).unsqueeze(-1).to(logp.dtype))
-    grad = torch.ops.aten._log_softmax_backward_data(grad_logp, logp, -1, logp.dtype)
-    grads = {
-        "linear.weight": torch.bmm(xf.transpose(1, 2), grad).transpose(1, 2),
-        "linear.bias": grad.sum(1),
-    }
+    losses = ((total.log().squeeze(-1) - shifted.gather(-1, at).squeeze(-1)) * w).sum(1)
+    grad = e.mul_(w.unsqueeze(-1) / total)  # w_i softmax(z_i)
+    grad.scatter_add_(-1, at, (-w).unsqueeze(-1).to(grad.dtype))  # - w_i e_{y_i}
+    grads = {"linear.weight": torch.bmm(grad.transpose(1, 2), xf), "linear.bias": grad.sum(1)}
     return grads, losses
