@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from privmtl.federated.gradients import make_step_fn, tape_free
+from privmtl.federated.gradients import (
+    joins_sets,
+    logreg_sets_losses,
+    logreg_sets_step,
+    make_step_fn,
+    tape_free,
+)
 from privmtl.federated.models import FemnistCNN, MultinomialLogReg
 
 
@@ -79,3 +85,41 @@ def test_tape_free_is_the_logistic_regression_through_its_own_step() -> None:
     assert tape_free(MultinomialLogReg(3, 2)) and tape_free(MultinomialLogReg(3, 2), "model")
     assert not tape_free(MultinomialLogReg(3, 2), "vmap")
     assert not tape_free(_Taped(3, 2)) and not tape_free(FemnistCNN())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("k", "b", "r"), [(1, 1, 1), (3, 10, 2), (17, 32, 3)])
+def test_the_sets_step_is_each_models_step_within_rounding(
+    dtype: torch.dtype, k: int, b: int, r: int
+) -> None:
+    # r models of each client held as one (r C, d + 1) model, the bias as the last column and
+    # the rows with a column of ones: each model's gradient and loss are its own step's, within
+    # the rounding bound of the by-hand step against autograd
+    d, c = 13, 5
+    g = torch.Generator().manual_seed(k * 100 + b + r)
+    weights = torch.randn(r, k, c, d, generator=g, dtype=dtype)
+    biases = torch.randn(r, k, c, generator=g, dtype=dtype)
+    x = torch.randn(k, b, d, generator=g, dtype=dtype)
+    y = torch.randint(0, c, (k, b), generator=g)
+    w = torch.rand(k, b, generator=g, dtype=dtype)
+    joint = torch.cat([torch.cat([weights[i], biases[i].unsqueeze(-1)], -1) for i in range(r)], 1)
+    xa = torch.cat([x, torch.ones(k, b, 1, dtype=dtype)], -1)
+    neg_onehot = torch.zeros(k, b, 1, c, dtype=dtype).scatter_(
+        -1, y.view(k, b, 1, 1), -w.view(k, b, 1, 1)
+    )
+    at = y.view(k, b, 1, 1).expand(k, b, r, 1)
+    grad, picked, total = logreg_sets_step(joint, xa, at, w.view(k, b, 1, 1), neg_onehot)
+    losses = logreg_sets_losses(picked, total, w.view(k, b, 1, 1))
+    assert grad.shape == (k, r * c, d + 1) and losses.shape == (k, r)
+    step = make_step_fn(MultinomialLogReg(d, c), {})
+    assert joins_sets(step) and not joins_sets(make_step_fn(_Taped(d, c), {}))
+    row_scale = 2 * (w.unsqueeze(-1) * xa.abs()).sum(1).unsqueeze(1)  # |w_i (p_i - e_y) x_i| sums
+    for i in range(r):
+        one = {"linear.weight": weights[i], "linear.bias": biases[i]}
+        g_one, l_one = step(one, x, y, w)
+        logits = x @ weights[i].transpose(1, 2) + biases[i].unsqueeze(1)
+        ce_scale = (w * (2 * logits.abs().amax(-1) + math.log(c))).sum(1)
+        _within_rounding(losses[:, i], l_one, ce_scale)
+        part = grad[:, i * c : (i + 1) * c]
+        _within_rounding(part[..., :d], g_one["linear.weight"], row_scale[..., :d])
+        _within_rounding(part[..., d], g_one["linear.bias"], row_scale[..., d])

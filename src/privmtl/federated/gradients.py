@@ -18,7 +18,14 @@ from torch.func import functional_call, grad_and_value, vmap
 from privmtl.federated.algorithms import Params
 from privmtl.federated.models import MultinomialLogReg
 
-__all__ = ["StepFn", "make_step_fn", "tape_free"]
+__all__ = [
+    "StepFn",
+    "joins_sets",
+    "logreg_sets_losses",
+    "logreg_sets_step",
+    "make_step_fn",
+    "tape_free",
+]
 
 StepFn = Callable[..., tuple[Params, torch.Tensor]]
 
@@ -104,3 +111,49 @@ def _logreg_step(
     grad.scatter_add_(-1, at, (-w).unsqueeze(-1).to(grad.dtype))  # - w_i e_{y_i}
     grads = {"linear.weight": torch.bmm(grad.transpose(1, 2), xf), "linear.bias": grad.sum(1)}
     return grads, losses
+
+
+def joins_sets(step_fn: StepFn) -> bool:
+    """Whether ``step_fn`` is the by-hand logistic step, whose model several sets of states of
+    the same clients can share as one (:func:`logreg_sets_step`)."""
+    return step_fn is _logreg_step
+
+
+def logreg_sets_step(
+    weight: torch.Tensor,
+    x: torch.Tensor,
+    at: torch.Tensor,
+    w: torch.Tensor,
+    neg_onehot: torch.Tensor,
+    picked: torch.Tensor | None = None,
+    total: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r""":func:`_logreg_step` of ``r`` logistic models of each client at once, on the same rows.
+
+    ``weight (n, r C, d + 1)`` holds a client's ``r`` models one under the other, each its
+    weights with its bias as the last column; ``x (n, B, d + 1)`` the minibatch rows with a
+    last column of ones (so that one product gives every model's logits, bias included, and one
+    product every model's gradient, each row read once); ``at (n, B, r, 1)`` the labels,
+    ``w (n, B, 1, 1)`` the row weights and ``neg_onehot (n, B, 1, C)`` the rows' :math:`-w_i
+    e_{y_i}`. Returns each model's gradient of its own :math:`\sum_i w_i \mathrm{CE}_i`
+    (``(n, r C, d + 1)``, laid out as ``weight``) and what its losses are made of, the logit of
+    the label less the row's maximum and the sum of the shifted exponentials (``(n, B, r, 1)``
+    each, written to ``picked`` and ``total`` when given; :func:`logreg_sets_losses`): the
+    mathematics of :func:`_logreg_step` for each model alone, within the dtype's rounding of it.
+    """
+    n, b = x.shape[:2]
+    r = at.shape[2]
+    c = weight.shape[1] // r
+    logits = torch.bmm(x, weight.transpose(1, 2)).view(n, b, r, c)
+    shifted = logits.sub_(logits.amax(-1, keepdim=True))
+    picked = torch.gather(shifted, -1, at, out=picked)  # type: ignore[call-overload]
+    e = shifted.exp_()
+    total = torch.sum(e, -1, keepdim=True, out=total)  # type: ignore[call-overload]
+    grad = e.mul_(w / total).add_(neg_onehot)  # w_i (softmax(z_i) - e_{y_i})
+    return torch.bmm(grad.view(n, b, r * c).transpose(1, 2), x), picked, total
+
+
+def logreg_sets_losses(picked: torch.Tensor, total: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    r"""The losses :math:`\sum_i w_i (\log \sum_c e^{z_{ic} - m_i} - (z_{i y_i} - m_i))` of
+    :func:`logreg_sets_step`'s parts, ``(n, r)``."""
+    return (total.log().sub_(picked).mul_(w)).sum(1).squeeze(-1)
