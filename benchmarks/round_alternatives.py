@@ -13,7 +13,9 @@ workload's 200 clients of 10 000: ``privmtl pmtl --data synthetic --model logreg
 * **the two local trainings**: the batched loop as it is (``local_sgd_batched`` twice, with the
   logistic step that repeats autograd's kernels bit for bit), one training alone (what the
   second costs), and the same loop with a step of the same mathematics and other kernels
-  (``logsumexp`` and the product ``grad^T x``, whose gradients differ in the last bits).
+  (``logsumexp`` and the product ``grad^T x``, whose gradients differ in the last bits), and
+  the engine's ``local_sgd_sets`` (Ditto's two sets of a client as one model).
+  ``--training-only`` times the trainings alone.
 
 Each variant runs ``R`` times (default 3), alternating; the median is printed. None of these
 alternatives is in ``src``: they estimate what using the allowance "the synthetic stream may
@@ -34,7 +36,7 @@ import torch
 from privmtl.data.streamed import SyntheticFederation
 from privmtl.experiments.pmtl import make_model
 from privmtl.federated.algorithms import draw_round_plan, pack_plan
-from privmtl.federated.client import ProxStep, local_sgd_batched
+from privmtl.federated.client import ProxStep, local_sgd_batched, local_sgd_sets
 from privmtl.federated.config import TrainConfig
 from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.trainer import Trainer
@@ -198,6 +200,9 @@ def _train(which: str, inputs: list[tuple]) -> None:
         sets = (
             [(starts, pulled)] if which == "one training" else [(starts, pulled), (copies, plain)]
         )
+        if which == "the engine's two sets as one model (local_sgd_sets)":
+            local_sgd_sets(fn, sets, x, y, packed, cfg.batch_size)
+            continue
         if which == "other kernels, rows shared":
             _ditto_sharing_rows(starts, anchor, x, y, packed, cfg)
             continue
@@ -215,6 +220,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--training-only", action="store_true", help="time the trainings only")
     args = ap.parse_args()
     torch.set_num_threads(1)
     ds = SyntheticFederation(n_clients=M, random_state=0)
@@ -226,10 +232,13 @@ def main() -> None:
         "train rows only, float32": lambda d, k: _train_only(np.float32, d, k),
         "train rows only, float32, torch generator": _train_only_torch,
     }
+    if args.training_only:
+        takes = {}
     inputs = _training_inputs(args.rounds)
     trains = [
         "two trainings, one after the other", "one training",
         "other kernels", "other kernels, rows shared",
+        "the engine's two sets as one model (local_sgd_sets)",
     ]  # fmt: skip
     got: dict[str, list[float]] = {k: [] for k in (*takes, *trains)}
     for _ in range(args.repeats):

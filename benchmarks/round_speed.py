@@ -10,7 +10,7 @@ noise so that both engines must release the same billboard (its sha256 is printe
 compared). A run reports the process CPU seconds of its rounds (``time.process_time`` around the
 loop), the parts spent taking the sampled clients' rows (``Trainer._round_data``: the data set's
 draw), drawing the round plan (``draw_round_plan``) and in local training (the batched loop:
-``local_sgd_batched``, as the engine's trainer calls it), and the wall
+``local_sgd_batched`` and ``local_sgd_sets``, as the engine's trainer calls them), and the wall
 seconds. Results: ``benchmarks/results/round_speed.md``.
 """
 
@@ -63,7 +63,7 @@ def _worker(m: int, rounds: int) -> None:
 
     trainer._round_data = timed(trainer._round_data, "take")  # type: ignore[method-assign]
     for name, part in [
-        ("draw_round_plan", "plan"), ("local_sgd_batched", "train")
+        ("draw_round_plan", "plan"), ("local_sgd_batched", "train"), ("local_sgd_sets", "train")
     ]:  # fmt: skip
         if hasattr(trainer_module, name):
             setattr(trainer_module, name, timed(getattr(trainer_module, name), part))

@@ -222,8 +222,9 @@ def test_a_resumed_seeded_run_replays_within_its_budget(data, tmp_path):
 def test_ditto_billboard_is_fedavgs_and_its_personal_models_are_never_sent(data):
     """Ditto's message trains a copy of the billboard without the pull: with the same sampler,
     minibatches and seeded noise its billboard is FedAvg's, round by round; the personalized
-    models are trained with the pull (after one round: the offset run's models) and differ from
-    anything released."""
+    models are trained with the pull (after one round: the offset run's models, up to the
+    rounding of the kernels, since Ditto trains them beside the copies as one model) and differ
+    from anything released."""
     kw = {"lam": 0.5, "personal_init": "model"}
     ditto = Trainer(data, _model(data), _cfg(server_update="ditto", **kw))
     fedavg = Trainer(data, _model(data), _cfg(method="fedavg"))
@@ -234,7 +235,11 @@ def test_ditto_billboard_is_fedavgs_and_its_personal_models_are_never_sent(data)
     assert ditto.epsilon == fedavg.epsilon
     offset = Trainer(data, _model(data), _cfg(server_update="offset", rounds=1, **kw)).run()
     first = Trainer(data, _model(data), _cfg(server_update="ditto", rounds=1, **kw)).run()
-    assert _equal(first.personalized_params, offset.personalized_params)
+    assert first.personalized_params is not None and offset.personalized_params is not None
+    for n in offset.personalized_params:
+        torch.testing.assert_close(
+            first.personalized_params[n], offset.personalized_params[n], rtol=0, atol=1e-6
+        )
     assert not torch.allclose(
         first.global_params["linear.weight"], offset.global_params["linear.weight"]
     )
@@ -242,6 +247,35 @@ def test_ditto_billboard_is_fedavgs_and_its_personal_models_are_never_sent(data)
     assert res.personalized_params is not None
     gap = res.personalized_params["linear.weight"] - res.global_params["linear.weight"]
     assert float(gap.abs().max()) > 1e-2  # personal models are not the billboard
+
+
+def test_dittos_two_trainings_in_one_pass_share_one_model_and_match_them_apart(data, monkeypatch):
+    """In one pass the personal models and the billboard's copies train as one model (one
+    product a step for both sets); in chunks of clients they train one after the other: the
+    same releases, models and losses up to float32 rounding."""
+    import privmtl.federated.client as client_module
+
+    calls = []
+    joint = client_module.logreg_sets_step
+    monkeypatch.setattr(
+        client_module, "logreg_sets_step", lambda *a: calls.append(a[2].shape[2]) or joint(*a)
+    )
+    kw = {"server_update": "ditto", "lam": 0.5, "personal_init": "model", "local_epochs": 2}
+    together = Trainer(data, _model(data), _cfg(**kw))
+    apart = Trainer(data, _model(data), _cfg(client_chunk=3, **kw))
+    for a, b in zip(together, apart, strict=True):
+        for n in a.released:
+            torch.testing.assert_close(a.released[n], b.released[n], rtol=0, atol=1e-5)
+        assert a.record["train_loss"] == pytest.approx(b.record["train_loss"], abs=1e-6)
+    assert calls and set(calls) == {2}  # the one pass took the joint step, two sets a step
+    ra, rb = together.result(), apart.result()
+    assert ra.personalized_params is not None and rb.personalized_params is not None
+    for n in rb.personalized_params:
+        torch.testing.assert_close(
+            ra.personalized_params[n], rb.personalized_params[n], rtol=0, atol=1e-5
+        )
+    for n in rb.global_params:
+        torch.testing.assert_close(ra.global_params[n], rb.global_params[n], rtol=0, atol=1e-5)
 
 
 def test_ditto_with_partial_sharing_batched_equals_reference(data):

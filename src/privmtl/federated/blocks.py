@@ -9,6 +9,7 @@ padded batches cost memory for one block, whatever the population.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import itertools
 import multiprocessing
@@ -36,6 +37,7 @@ __all__ = [
     "client_blocks",
     "concurrent_blocks",
     "end_of_run_block",
+    "release_free_heap",
 ]
 
 T = TypeVar("T")
@@ -131,6 +133,7 @@ def _in_processes(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Ite
 
     token = next(_TOKENS)
     _JOBS[token] = fn  # before the pool forks its workers
+    release_free_heap()
     pool = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("fork"),
@@ -143,6 +146,16 @@ def _in_processes(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Ite
     finally:
         pool.shutdown(cancel_futures=True)
         del _JOBS[token]
+
+
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing where
+    the C library has none). Called before forking: the workers share the parent's pages, so a
+    page the parent freed but kept (the rounds' many short-lived arrays leave such pages) would
+    count in the memory of every process."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def _worker_process(parent: int) -> None:

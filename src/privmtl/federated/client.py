@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ from torch import nn
 from torch.func import functional_call
 
 from privmtl.federated.algorithms import PackedPlan, Params, pack_plan
+from privmtl.federated.gradients import joins_sets, logreg_sets_losses, logreg_sets_step
 
 __all__ = [
     "GATHER_BYTES",
@@ -45,6 +47,7 @@ __all__ = [
     "UpdateRule",
     "local_sgd_batched",
     "local_sgd_reference",
+    "local_sgd_sets",
     "split_names",
 ]
 
@@ -192,6 +195,147 @@ def local_sgd_batched(
     back = torch.from_numpy(np.argsort(packed.order)).to(device)
     news = {n: p.index_select(0, back) for n, p in state.items()}
     return news, losses.index_select(0, back).tolist()
+
+
+def local_sgd_sets(
+    step_fn: StepFn,
+    sets: Sequence[tuple[Params, UpdateRule]],
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    plan: list[list[np.ndarray]] | PackedPlan,
+    batch_size: int,
+) -> list[tuple[Params, list[float]]]:
+    """:func:`local_sgd_batched` of several sets of states of the same clients on the same plan,
+    each ``(starts, rule)`` with its own rule (Ditto: the personal models pulled to the
+    billboard, the billboard's copies not pulled): ``[local_sgd_batched(step_fn, starts, rule,
+    ...) for starts, rule in sets]``.
+
+    For the by-hand logistic step (:func:`~privmtl.federated.gradients.joins_sets`) and
+    :class:`ProxStep` rules of one learning rate without a ball, a client's models of every set
+    are held as one model (:func:`~privmtl.federated.gradients.logreg_sets_step`): a step reads
+    each minibatch row once and takes every set's gradients in two products and one update, each
+    set's mathematics its own (its loss, its pull); the last bits differ from the trainings one
+    after the other. Other steps and rules train the sets one after the other.
+    """
+    packed = plan if isinstance(plan, PackedPlan) else pack_plan(plan, batch_size)
+    row_bytes = (x_all[:1].numel() + 1) * x_all.element_size() + y_all.element_size()
+    if not (_joint_rules(sets) and joins_sets(step_fn)) or (
+        packed.rows.size * row_bytes > GATHER_BYTES
+    ):
+        return [local_sgd_batched(step_fn, s, r, x_all, y_all, packed, batch_size) for s, r in sets]
+    return _logreg_sets(sets, x_all, y_all, packed)
+
+
+_LOGREG = ("linear.weight", "linear.bias")
+
+
+def _joint_rules(sets: Sequence[tuple[Params, UpdateRule]]) -> bool:
+    """Whether every set is a logistic model's state under a :class:`ProxStep` of one learning
+    rate, without a ball, whose anchor (if it pulls) covers the whole model."""
+    if not all(type(r) is ProxStep for _, r in sets):
+        return False
+    rules = [cast(ProxStep, r) for _, r in sets]
+    if len({r.lr for r in rules}) != 1 or any(r.ball is not None for r in rules):
+        return False
+    for (starts, _), rule in zip(sets, rules, strict=True):
+        whole = rule.anchor is None or not rule.weight or set(rule.anchor) == set(_LOGREG)
+        if tuple(starts) != _LOGREG or not whole:
+            return False
+    return True
+
+
+def _logreg_sets(
+    sets: Sequence[tuple[Params, UpdateRule]],
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    packed: PackedPlan,
+) -> list[tuple[Params, list[float]]]:
+    """:func:`local_sgd_sets`'s loop with every set's logistic models of a client as one
+    ``(r C, d + 1)`` model (the bias as the last column, the rows with a last column of ones).
+
+    Everything a step needs beyond its products is prepared once for the plan (the rows, their
+    labels, weights and :math:`-w_i e_{y_i}`; each set's pull as one anchor and one weight per
+    row of the joint model), and the losses are computed after the loop from what each step
+    wrote into two buffers, so that a step is a few tensor operations whatever the sets."""
+    rules = [cast(ProxStep, r) for _, r in sets]
+    r, lr = len(sets), rules[0].lr
+    first = sets[0][0]["linear.weight"]
+    device, dtype, k = first.device, first.dtype, packed.n_clients
+    c, d = first.shape[1:]
+    order = torch.from_numpy(packed.order).to(device)
+    joint = [torch.cat([s["linear.weight"], s["linear.bias"].unsqueeze(-1)], -1) for s, _ in sets]
+    state = torch.cat(joint, 1).index_select(0, order)  # (K, r C, d + 1), packed order
+    pulls = [bool(rule.weight and rule.anchor is not None) for rule in rules]
+    anchor = rho = None
+    if any(pulls):  # each set's rows pulled to its anchor with its weight (0: not pulled)
+        zero = first.new_zeros((c, d + 1))
+        anchor = torch.cat([
+            torch.cat([rl.anchor["linear.weight"], rl.anchor["linear.bias"].unsqueeze(-1)], -1)
+            if p and rl.anchor is not None else zero
+            for rl, p in zip(rules, pulls, strict=True)
+        ]).unsqueeze(0)  # fmt: skip
+        rho = torch.tensor(
+            [float(rl.weight) if p else 0.0 for rl, p in zip(rules, pulls, strict=True)],
+            dtype=dtype, device=device,
+        ).repeat_interleave(c).view(1, r * c, 1)  # fmt: skip
+    rows = torch.from_numpy(packed.rows).to(device)
+    slots, b = rows.shape
+    flat = rows.reshape(-1)
+    x_rows = _gather_with_ones(x_all.reshape(len(x_all), d), flat).view(slots, b, d + 1)
+    y_rows = y_all.index_select(0, flat).view(slots, b, 1, 1)
+    w_rows = torch.from_numpy(packed.weights).to(device=device, dtype=dtype).view(slots, b, 1, 1)
+    neg_onehot = torch.zeros((slots, b, 1, c), dtype=dtype, device=device)
+    neg_onehot.scatter_(-1, y_rows, -w_rows)
+    at = y_rows.expand(slots, b, r, 1)
+    picked = torch.empty((slots, b, r, 1), dtype=dtype, device=device)
+    total = torch.empty_like(picked)
+    bounds = packed.bounds.tolist()
+    with torch.no_grad():
+        for a, e in itertools.pairwise(bounds):
+            cur = state[: e - a]
+            grad = logreg_sets_step(
+                cur, x_rows[a:e], at[a:e], w_rows[a:e], neg_onehot[a:e], picked[a:e], total[a:e]
+            )[0]
+            if (
+                anchor is not None and rho is not None
+            ):  # each pulled set's gradient plus rho (w - a)
+                grad.addcmul_(cur - anchor, rho)
+            cur.add_(grad, alpha=-lr)
+        # a slot's losses to its client (the slots of step s are the plan's first clients)
+        ends = packed.bounds[1:]
+        client = np.arange(slots) - np.repeat(packed.bounds[:-1], ends - packed.bounds[:-1])
+        per_slot = logreg_sets_losses(picked, total, w_rows).double()
+        loss_sum = per_slot.new_zeros((k, r)).index_add_(
+            0, torch.from_numpy(client).to(device), per_slot
+        )
+    n_steps = torch.from_numpy(packed.steps[packed.order]).to(device).double().unsqueeze(-1)
+    losses = torch.where(n_steps > 0, loss_sum / n_steps.clamp_min(1), torch.nan)
+    back = torch.from_numpy(np.argsort(packed.order)).to(device)
+    state, losses = state.index_select(0, back), losses.index_select(0, back)
+    out = []
+    for i in range(r):
+        own = state[:, i * c : (i + 1) * c]
+        news = {"linear.weight": own[..., :d].contiguous(), "linear.bias": own[..., d].contiguous()}
+        out.append((news, losses[:, i].tolist()))
+    return out
+
+
+#: Rows :func:`_gather_with_ones` copies through one buffer at a time.
+_ONES_CHUNK = 2048
+
+
+def _gather_with_ones(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``x[rows]`` with a last column of ones, ``(len(rows), d + 1)``: the rows are gathered a
+    chunk at a time through one small buffer, so that the round holds one array of its rows."""
+    n, d = len(rows), x.shape[1]
+    out = x.new_empty((n, d + 1))
+    out[:, d] = 1
+    buf = x.new_empty((min(n, _ONES_CHUNK), d))
+    for lo in range(0, n, _ONES_CHUNK):
+        hi = min(lo + _ONES_CHUNK, n)
+        part = torch.index_select(x, 0, rows[lo:hi], out=buf[: hi - lo])
+        out[lo:hi, :d] = part
+    return out
 
 
 def _gather(

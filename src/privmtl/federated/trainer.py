@@ -21,7 +21,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,12 @@ from privmtl.federated.backend import (
     run_result,
     setup_run,
 )
-from privmtl.federated.client import UpdateRule, local_sgd_batched, local_sgd_reference
+from privmtl.federated.client import (
+    UpdateRule,
+    local_sgd_batched,
+    local_sgd_reference,
+    local_sgd_sets,
+)
 from privmtl.federated.client_models import ClientModels
 from privmtl.federated.config import (
     CLIENT_CHUNK,
@@ -400,12 +405,12 @@ class Trainer:
                 cfg.batch_size,
             )
 
-        per_chunk = self._client_chunk()
-        if pool is None and (per_chunk is None or per_chunk >= k):  # the round in one pass
+        if self._one_pass(pool, k):  # the round in one pass
             return local_sgd_batched(
                 self._thread_step_fn(), starts, rule, data.x, data.y,
                 self._packed(plan), cfg.batch_size,
             )  # fmt: skip
+        per_chunk = self._client_chunk()
         if pool is not None:  # groups of equal work, one per thread at a time
             groups = partition_plan(plan, cfg.threads, per_chunk)
             results = list(pool.map(train_group, groups))
@@ -418,6 +423,11 @@ class Trainer:
         losses: list[float] = [v for _, ls in results for v in ls]
         news = {n: torch.cat([w[n] for w, _ in results]).index_select(0, at) for n in starts}
         return news, [losses[int(i)] for i in order]
+
+    def _one_pass(self, pool: Any, k: int) -> bool:
+        """Whether a round of ``k`` clients trains in one batched pass (no threads, no chunks)."""
+        per_chunk = self._client_chunk()
+        return self.config.batched and pool is None and (per_chunk is None or per_chunk >= k)
 
     def _packed(self, plan: RoundPlan) -> PackedPlan:
         """``pack_plan(plan)``, packed once for the methods that train twice on one plan."""
@@ -475,6 +485,17 @@ class Trainer:
             )  # fmt: skip
             return self._train_clients(starts, rule, own, pool, got)
 
+        def sets(runs: Sequence[tuple[Params, UpdateRule]]) -> list[tuple[Params, list[float]]]:
+            # several state sets of the round's clients on the round's plan: in one loop when
+            # the round trains in one pass (local_sgd_sets), else one training after the other
+            if plan is None or not self._one_pass(pool, len(plan)):
+                return [train(s, rule) for s, rule in runs]
+            got = rows()
+            return local_sgd_sets(
+                self._thread_step_fn(), runs, got.x, got.y, self._packed(plan), cfg.batch_size
+            )
+
+        train.sets = sets  # type: ignore[attr-defined]  # read by methods.base.train_sets
         return train
 
     def step(self, pool: Any = None) -> RoundRecord | None:

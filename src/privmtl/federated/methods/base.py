@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 import torch
 
@@ -39,6 +39,7 @@ __all__ = [
     "TrainFn",
     "shared_names",
     "stack",
+    "train_sets",
 ]
 
 #: Default λ: PMTL's mean-regularization weight chosen on validation accuracy in the committed
@@ -69,6 +70,20 @@ class TrainFn(Protocol):
         stream: int | None = None,
         epochs: int | None = None,
     ) -> tuple[Params, list[float]]: ...
+
+
+def train_sets(
+    train: TrainFn, sets: Sequence[tuple[Params, UpdateRule]]
+) -> list[tuple[Params, list[float]]]:
+    """``[train(starts, rule) for starts, rule in sets]``: several sets of states of the round's
+    clients trained on the round's minibatches, each with its own rule. A backend whose train
+    function has a ``sets`` attribute (the in-process engine, a round in one pass) trains them
+    together (:func:`~privmtl.federated.client.local_sgd_sets`: each set's mathematics, the
+    last bits may differ)."""
+    together = getattr(train, "sets", None)
+    if together is not None:
+        return cast(list[tuple[Params, list[float]]], together(sets))
+    return [train(starts, rule) for starts, rule in sets]
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from privmtl.exceptions import PrivmtlWarning
 from privmtl.federated.algorithms import Params
-from privmtl.federated.methods.base import ClientStep, Method, TrainFn
+from privmtl.federated.methods.base import ClientStep, Method, TrainFn, train_sets
 
 __all__ = ["PMTL"]
 
@@ -60,10 +60,12 @@ class PMTL(Method):
         the message is computed from it; else :meth:`Method.client_update`."""
         if self.message != "ditto":
             return super().client_update(billboard, shared, starts, anchor, train)
-        kept, losses = train(starts, self.rule(anchor))
         copies = {
             n: billboard[n].unsqueeze(0).expand_as(p).clone() if n in shared else p.clone()
             for n, p in starts.items()
         }
-        news = train(copies, self.rule(None))[0]
+        # the copies' training reads nothing of the personal models': both on the same rows
+        (kept, losses), (news, _) = train_sets(
+            train, [(starts, self.rule(anchor)), (copies, self.rule(None))]
+        )
         return ClientStep(kept, self.messages(billboard, shared, starts, news), losses)
