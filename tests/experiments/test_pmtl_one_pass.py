@@ -27,8 +27,8 @@ def test_the_run_never_stacks_every_client_model(tmp_path, monkeypatch):
         per_client=tmp_path / "clients.csv",
     )  # fmt: skip
     # the numbers pinned for this run in tests/experiments/test_pmtl_steps.py
-    assert out["test_accuracy"] == 0.6258741258741258
-    assert out["mean_client_accuracy"] == 0.2405219049955892
+    assert out["test_accuracy"] == 0.6328671328671329
+    assert out["mean_client_accuracy"] == 0.2689309959046801
     monkeypatch.undo()
     again = evaluate_saved(tmp_path / "models")  # the saved final models are the ones scored
     assert again["test_accuracy"] == out["test_accuracy"]
@@ -57,50 +57,50 @@ def test_the_run_never_assembles_the_final_models(finetune, monkeypatch):
     assert out["finetune"] == finetune and 0.0 < out["test_accuracy"] <= 1.0
 
 
-# Numbers recorded from each run before its end of run went a block of clients at a time (the
-# whole population at once then): accuracies, the grid's choice counts, digests of the
+# Numbers recorded from each run with the whole population finished as one block (the default
+# block is larger than these 12 clients): accuracies, the grid's choice counts, digests of the
 # per-client rows and of the saved personalized models (sha256 of each tensor's bytes).
 GRIDS = {
     "mr-grid": (
         {"finetune": "mr", "finetune_lrs": [0.03, 0.1], "finetune_lams": [0.01, 1.0]},
-        (0.4965034965034965, 0.5555555555555556, 0.281254746715273),
-        [6, 2, 4, 0],
-        "0960f4d8f93fdb3f",
-        ("8e15a14ad3c605a8", "efd566155fbe8137"),
+        (0.513986013986014, 0.6388888888888888, 0.3601430002745792),
+        [6, 2, 3, 1],
+        "8f1243c0dd42c00e",
+        ("92e0c147c9eb6c24", "0c2adfeb4d748f60"),
     ),
     "vanilla-grid": (
         {"finetune": "vanilla", "finetune_lrs": [0.01, 0.3]},
-        (0.5244755244755245, 0.5833333333333334, 0.27898070496754707),
+        (0.5209790209790209, 0.6111111111111112, 0.29843913396544974),
         [10, 2],
-        "62a7077228836531",
-        ("7c63aed35f19c562", "7175c8860a7370ef"),
+        "f86d12f72f4a0082",
+        ("ced628327b0a08a2", "610327b63defe54d"),
     ),
     "billboard-client": (
         {"finetune": "vanilla", "finetune_start": "billboard", "finetune_epochs": [1, 3],
          "finetune_lrs": [0.3, 3.0], "finetune_select": "client"},
-        (0.5629370629370629, 0.6759259259259259, 0.3130774926827558),
-        [1, 0, 1, 10],
-        "209b311bbb80ec77",
-        ("15f50a4093df17d3", "68e860d9dac1a27a"),
+        (0.5804195804195804, 0.6944444444444444, 0.21711402632455265),
+        [0, 0, 2, 10],
+        "640b1f5f6beaf9f1",
+        ("3984bff73c4edb7b", "5433f6789e1a549c"),
     ),
     "billboard-pooled": (
         {"finetune": "vanilla", "finetune_start": "billboard", "finetune_epochs": [1, 3],
          "finetune_lrs": [0.3, 3.0], "finetune_select": "pooled"},
-        (0.541958041958042, 0.6111111111111112, 0.11841174176700493),
+        (0.5769230769230769, 0.6759259259259259, 0.2289827131932395),
         [0, 0, 12, 0],
-        "ce5db0fccec9e188",
-        ("42eb8a08fa5ed58b", "57f7efc5be1b83f8"),
+        "c942401f7ca68acd",
+        ("c4abeca89423e4a4", "1d47465884364a2c"),
     ),
     "extra-grids": (
         {"finetune": "vanilla", "extra_finetunes": ["mr", "ewc"], "finetune_lrs": [0.03, 0.1],
          "finetune_lams": [0.1, 1.0]},
-        (0.5034965034965035, 0.5648148148148148, 0.28235123794334316),
-        [8, 4],
-        "8b9719ab3be2a575",
-        ("ca075438b6130ef8", "bdd7d8640100f064"),
+        (0.513986013986014, 0.6481481481481481, 0.33736457256194097),
+        [7, 5],
+        "86d9c28dd2abf4c0",
+        ("571f4f13b527ee9f", "3fbace7f35583e78"),
     ),
 }  # fmt: skip
-EXTRA_TEST = {"mr": 0.4125874125874126, "ewc": 0.47202797202797203}
+EXTRA_TEST = {"mr": 0.3916083916083916, "ewc": 0.5104895104895105}
 
 
 @pytest.mark.parametrize("case", list(GRIDS))
