@@ -278,6 +278,30 @@ def test_dittos_two_trainings_in_one_pass_share_one_model_and_match_them_apart(d
         torch.testing.assert_close(ra.global_params[n], rb.global_params[n], rtol=0, atol=1e-5)
 
 
+def test_a_rounds_train_function_is_freed_without_the_garbage_collector(data):
+    """The train function a round hands its method (with its ``sets`` attribute) is in no
+    reference cycle: it and the round's rows it holds go when the round drops it, not at the
+    collector's next full pass (the rounds' rows would pile up until then, and the end of run's
+    forked workers would inherit them)."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    tr = Trainer(data, _model(data), _cfg(server_update="ditto", lam=0.5))
+    sampled = np.array([0, 2, 3])
+    gc.collect()
+    gc.disable()
+    try:
+        train = tr._train_fn(sampled, 0, None, None)
+        assert callable(getattr(train, "sets", None))
+        gone = weakref.ref(train)
+        del train
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_ditto_with_partial_sharing_batched_equals_reference(data):
     """The billboard copy takes the shared parameters from the billboard and the personal ones
     from the client's own model; only the shared part is released (both training paths)."""

@@ -464,7 +464,7 @@ class Trainer:
                 held.append(self._round_data(sampled))
             return held[0]
 
-        def train(
+        def train_one(
             starts: Params,
             rule: UpdateRule,
             *,
@@ -489,12 +489,24 @@ class Trainer:
             # several state sets of the round's clients on the round's plan: in one loop when
             # the round trains in one pass (local_sgd_sets), else one training after the other
             if plan is None or not self._one_pass(pool, len(plan)):
-                return [train(s, rule) for s, rule in runs]
+                return [train_one(s, rule) for s, rule in runs]
             got = rows()
             return local_sgd_sets(
                 self._thread_step_fn(), runs, got.x, got.y, self._packed(plan), cfg.batch_size
             )
 
+        def train(
+            starts: Params,
+            rule: UpdateRule,
+            *,
+            stream: int | None = None,
+            epochs: int | None = None,
+        ) -> tuple[Params, list[float]]:
+            return train_one(starts, rule, stream=stream, epochs=epochs)
+
+        # neither closure refers to ``train``: a cycle through its ``sets`` attribute would keep
+        # the round's rows alive until the garbage collector's next full pass (every round's,
+        # inherited by the end of run's forked workers)
         train.sets = sets  # type: ignore[attr-defined]  # read by methods.base.train_sets
         return train
 
