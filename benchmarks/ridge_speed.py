@@ -19,16 +19,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _paired import ROOT, extract_src, run_worker
+
 RESULT = ROOT / "benchmarks" / "results" / "ridge_speed.md"
 
 
@@ -69,27 +66,8 @@ def _worker(m: int, repeats: int) -> None:
     print(json.dumps(out))
 
 
-def _extract(commit: str, into: Path) -> Path:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit, "src"], check=True, capture_output=True
-    ).stdout
-    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return into / "src"
-
-
 def _run(src: Path, m: int, repeats: int) -> dict[str, object]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(src),
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    cmd = [sys.executable, __file__, "--worker", "--clients", str(m), "--repeats", str(repeats)]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_worker(__file__, src, ["--clients", str(m), "--repeats", str(repeats)])
 
 
 def _us(r: dict[str, object], name: str) -> float:
@@ -111,7 +89,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         base_name = str(args.src) if args.src else args.base
-        base = args.src.resolve() if args.src else _extract(args.base, Path(tmp) / "base")
+        base = args.src.resolve() if args.src else extract_src(args.base, Path(tmp) / "base")
         engines = {"base": base, "new": ROOT / "src"}
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in engines}
         lines = []

@@ -19,16 +19,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _paired import ROOT, extract_src, run_worker
 
 
 def _worker(m: int, rounds: int) -> None:
@@ -82,27 +78,8 @@ def _worker(m: int, rounds: int) -> None:
     }))  # fmt: skip
 
 
-def _extract(commit: str, into: Path) -> Path:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit, "src"], check=True, capture_output=True
-    ).stdout
-    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return into / "src"
-
-
 def _run(src: Path, m: int, rounds: int) -> dict[str, float]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(src),
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    cmd = [sys.executable, __file__, "--worker", "--num-clients", str(m), "--rounds", str(rounds)]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_worker(__file__, src, ["--num-clients", str(m), "--rounds", str(rounds)])
 
 
 def _per_client(r: dict[str, float]) -> str:
@@ -124,7 +101,7 @@ def main() -> None:
         return
     bases = [b for b in args.base.split(",") if b]
     with tempfile.TemporaryDirectory() as tmp:
-        engines = {b: _extract(b, Path(tmp) / b) for b in bases}
+        engines = {b: extract_src(b, Path(tmp) / b) for b in bases}
         engines["new"] = ROOT / "src"
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
         for i in range(args.pairs):

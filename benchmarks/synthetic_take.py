@@ -14,18 +14,14 @@ and ``subset`` (every split of the 200 clients, as the end of the run draws a bl
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _paired import ROOT, extract_src, run_worker
+
 SPLITS = ("train", "val", "test", "subset")
 
 
@@ -55,27 +51,8 @@ def _worker(repeats: int) -> None:
     print(json.dumps(out))
 
 
-def _extract(commit: str, into: Path) -> Path:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit, "src"], check=True, capture_output=True
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return into / "src"
-
-
 def _run(src: Path, repeats: int) -> dict[str, float]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(src),
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    cmd = [sys.executable, __file__, "--worker", "--repeats", str(repeats)]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return run_worker(__file__, src, ["--repeats", str(repeats)])
 
 
 def main() -> None:
@@ -90,7 +67,7 @@ def main() -> None:
         return
     runs: dict[str, list[dict[str, float]]] = {"base": [], "new": []}
     with tempfile.TemporaryDirectory() as tmp:
-        engines = {"base": _extract(args.base, Path(tmp)), "new": ROOT / "src"}
+        engines = {"base": extract_src(args.base, Path(tmp)), "new": ROOT / "src"}
         for i in range(args.pairs):
             for name, src in engines.items():
                 r = _run(src, args.repeats)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -495,18 +496,11 @@ class Trainer:
                 self._thread_step_fn(), runs, got.x, got.y, self._packed(plan), cfg.batch_size
             )
 
-        def train(
-            starts: Params,
-            rule: UpdateRule,
-            *,
-            stream: int | None = None,
-            epochs: int | None = None,
-        ) -> tuple[Params, list[float]]:
-            return train_one(starts, rule, stream=stream, epochs=epochs)
-
-        # neither closure refers to ``train``: a cycle through its ``sets`` attribute would keep
-        # the round's rows alive until the garbage collector's next full pass (every round's,
-        # inherited by the end of run's forked workers)
+        # ``train_one`` itself would be in a cycle through its ``sets`` attribute (``sets``
+        # calls it), keeping the round's rows alive until the garbage collector's next full
+        # pass (every round's, inherited by the end of run's forked workers): the attribute
+        # sits on a partial of it instead
+        train = functools.partial(train_one)
         train.sets = sets  # type: ignore[attr-defined]  # read by methods.base.train_sets
         return train
 
