@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from stream_oracle import quantile_normals_oracle
 
 from privmtl.data.federated import (
     FederatedDataset,
@@ -18,6 +20,7 @@ from privmtl.data.federated import (
     make_synthetic_federated,
     synthetic_client_sizes,
 )
+from privmtl.data.synthetic_federated import normal_quantiles, quantile_normals
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 
 
@@ -387,12 +390,37 @@ def _majority_fraction(ds: FederatedDataset) -> float:
 SPLITS_30 = (("train", 22), ("val", 2), ("test", 6))  # 30 examples: 6 test, 2 val, 22 train
 
 
+def test_the_normal_quantiles_are_pinned() -> None:
+    table = normal_quantiles()
+    assert table.dtype == np.float32 and table.shape == (65536,) and not table.flags.writeable
+    # the same bytes on every machine: a stream drawn elsewhere is this one
+    digest = hashlib.sha256(table.tobytes()).hexdigest()
+    assert digest == "1cfbba1e07e34386a57626f82aeb43e6ed54ba70a3ea6b7d964dc66a841074a8"
+    # symmetric, increasing, a normal's moments up to the rounding to 2^16 cells
+    np.testing.assert_array_equal(table, -table[::-1])
+    assert (np.diff(table) > 0).all()
+    assert abs(float(table.astype(np.float64).var()) - 1) < 1e-4
+    assert 4.3 < float(table[-1]) < 4.35
+    np.testing.assert_array_equal(normal_quantiles(np.float64), table.astype(np.float64))
+    rng = np.random.default_rng(11)
+    for shape, dtype in (((5, 7), np.float32), ((13,), np.float64), ((0,), np.float32)):
+        out = np.empty(shape, dtype)
+        quantile_normals(np.random.default_rng(3), out)
+        expected = quantile_normals_oracle(np.random.default_rng(3), out.size)
+        np.testing.assert_array_equal(out.reshape(-1), expected.astype(dtype))
+    # one word of the generator per four normals: the generator is left after ceil(n / 4)
+    quantile_normals(rng, np.empty(5, np.float32))
+    after = np.random.default_rng(11)
+    after.bit_generator.random_raw(2)
+    assert rng.bit_generator.state == after.bit_generator.state
+
+
 def test_synthetic_feature_law_leaf_is_the_old_generator() -> None:
     # an independent re-implementation of LEAF's feature law (covariance diag(j^-1.2), client
     # means N(beta_k 1, I)) with the generator's streams and draw order: W_0, b_0 (then the
-    # sizes) from the seed's generator; client k's A_k, a_k, beta_k, v_k, then its 22 training,
-    # 2 validation and 6 test examples' float32 normals, in turn, from its own,
-    # PCG64(SeedSequence(seed, spawn_key=(k,)))
+    # sizes) from the seed's generator; client k's A_k, a_k, beta_k, v_k in one draw of
+    # quantile normals, then its 22 training, 2 validation and 6 test examples' normals, in
+    # turn, from its own, PCG64(SeedSequence(seed, spawn_key=(k,)))
     m, d, c = 6, 8, 4
     ds = make_synthetic_federated(
         n_clients=m, n_features=d, n_classes=c, samples_per_client=30, feature_cov="leaf",
@@ -402,10 +430,12 @@ def test_synthetic_feature_law_leaf_is_the_old_generator() -> None:
     w0, b0 = rng.standard_normal((c, d)), rng.standard_normal(c)
     for k in range(m):
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(5, spawn_key=(k,))))
-        wk, bk = w0 + 0.5 * rng.standard_normal((c, d)), b0 + 0.5 * rng.standard_normal(c)
-        beta = rng.normal(0.0, 0.5)
-        v = rng.normal(beta, 1.0, size=d)
-        z = {split: rng.standard_normal((n, d), dtype=np.float32) for split, n in SPLITS_30}
+        head = quantile_normals_oracle(rng, c * d + c + 1 + d).astype(np.float64)
+        wk = w0 + 0.5 * head[: c * d].reshape(c, d)
+        bk = b0 + 0.5 * head[c * d : c * d + c]
+        beta = 0.5 * head[c * d + c]
+        v = beta + 1.0 * head[c * d + c + 1 :]
+        z = {split: quantile_normals_oracle(rng, n * d).reshape(n, d) for split, n in SPLITS_30}
         x = v + z["test"] * np.arange(1, d + 1) ** -0.6
         assert np.allclose(ds.test_x[k].numpy(), x, atol=1e-6)
         assert ds.test_y[k].tolist() == np.argmax(x @ wk.T + bk, axis=1).tolist()

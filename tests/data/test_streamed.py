@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from stream_oracle import quantile_normals_oracle
 
 from privmtl.data.federated import SyntheticLaw, make_synthetic_federated
 from privmtl.data.streamed import SyntheticFederation
@@ -19,14 +20,14 @@ CASES = [
 
 
 # make_synthetic_federated(**CASES[i]).content_sha256(): the clients every seed gives with the
-# per-client streams (SYNTHETIC_STREAM: splits train, val, test in turn, float32 normals), pinned
-# (numpy's SeedSequence and PCG64 streams of standard normals, uniforms and integers are fixed by
+# per-client streams (SYNTHETIC_STREAM: splits train, val, test in turn, quantile normals), pinned
+# (numpy's SeedSequence and PCG64 streams of raw words, uniforms and integers are fixed by
 # its version); a faster draw must give these same bytes
 PINNED = [
-    "512dcbfd73534c028c90daf7f670959f53524ef46bd5c9b179c433e09388c536",
-    "ff3b2a3676622b358b9c429eea6c636f83087675d19dacf1307d38dce84ba8de",
-    "f4f4458180147833d9e6359bfac389d282716e024cd79f470691d96ef3010f02",
-    "61f9625a555409d73bff7d7d9252d5e6d35371f8174e31a04c45a75163a89dea",
+    "1866f0de7d04a01cb11133e9f6f3c5d543d63af9f1a54d2b9bbd47aa4600051d",
+    "f2f715ae8fdd2ef970292664c4b6eceeb92160f082fe03bd0eb673788569c2ff",
+    "33e199db9edd0bf311354ba0f55e5b8a0654a7a556f533e3fc7058adb1274146",
+    "a71c7f64918c9619cd5b68218561052839ec9cd13f6b08ea327d556499dadd90",
 ]
 
 
@@ -109,17 +110,19 @@ def _documented_stream(
     law: SyntheticLaw, rng: np.random.Generator, n: int, splits: tuple[str, ...]
 ) -> dict:
     """Client draws as the documentation states them, with bare numpy calls: the client's
-    parameters, then each split in turn (float32 normals, coins, noise labels), up to the last
+    parameters, then each split in turn (quantile normals, coins, noise labels), up to the last
     split of ``splits``; labels from the split's stored features."""
     c, d, tau, flip = law.n_classes, law.n_features, law.heterogeneity, law.label_noise
-    wk = law.w0 + tau * rng.standard_normal((c, d))
-    bk = law.b0 + tau * rng.standard_normal(c)
-    beta = rng.normal(0.0, law.feature_shift) if law.feature_shift > 0 else 0.0
-    vk = rng.normal(beta, law.feature_spread, size=d).astype(np.float32)
+    n_shift = 1 if law.feature_shift > 0 else 0
+    head = quantile_normals_oracle(rng, c * d + c + n_shift + d).astype(np.float64)
+    wk = law.w0 + tau * head[: c * d].reshape(c, d)
+    bk = law.b0 + tau * head[c * d : c * d + c]
+    beta = law.feature_shift * head[c * d + c] if n_shift else 0.0
+    vk = (beta + law.feature_spread * head[c * d + c + n_shift :]).astype(np.float32)
     scale = np.arange(1, d + 1, dtype=np.float64) ** -0.6 if law.feature_cov == "leaf" else None
     out = {}
     for split, size in zip(("train", "val", "test"), law.split_counts(n), strict=True):
-        z = rng.standard_normal((size, d), dtype=np.float32)
+        z = quantile_normals_oracle(rng, size * d).reshape(size, d)
         if flip > 0:
             coins, noise = rng.random(size) < flip, rng.integers(0, c, size=size)
         x = (z if scale is None else z * scale.astype(np.float32)) + vk
@@ -230,7 +233,7 @@ def test_fingerprint_follows_the_data(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     # the stream is part of it (pinned: a checkpoint of data drawn by an earlier stream, whose
     # fingerprint this was not, is refused), and another stream's name gives another fingerprint
-    pinned = "244ca7bcf548abdb8801c7e5951c2e791d02a807f9ef3bc2227cbd946e3d8979"
+    pinned = "13d68f5af4ccf3a6d87d9ae75f43ab9465a5156eba80d16558a9f732156a609b"
     assert a.content_sha256() == pinned
     monkeypatch.setattr("privmtl.data.streamed.SYNTHETIC_STREAM", "another stream")
     assert a.content_sha256() != pinned

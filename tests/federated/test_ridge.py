@@ -87,7 +87,7 @@ def test_each_client_reaches_its_own_minimum(request, data: str, d: int) -> None
     assert bool(dual.all()) if data == "wide" else not bool(dual.any())
     start = _start(d=d)
     ridges = (0.5, 5.0)
-    models = ridge_logreg(start, ds, ridges, iterations=300)
+    models = ridge_logreg(start, ds, ridges, iterations=600)
     for g, c in enumerate(ridges):
         for k in range(ds.n_clients):
             mine = {n: p[k] for n, p in models[g].items()}
