@@ -179,8 +179,8 @@ def test_the_dual_iterates_are_the_primal_iterates(wide: FederatedDataset) -> No
 def test_padded_rows_is_a_ladder_of_the_own_size() -> None:
     sizes = np.array([1, 8, 9, 64, 65, 80, 81, 1000])
     top = padded_rows(sizes)
-    assert top.tolist()[:5] == [8, 8, 16, 64, 80]
-    assert bool((top >= sizes).all()) and bool((top <= np.maximum(8, 1.25 * sizes + 8)).all())
+    assert top.tolist() == [8, 8, 16, 64, 72, 88, 88, 1096]
+    assert bool((top >= sizes).all()) and bool((top <= np.maximum(8, 1.125 * sizes + 8)).all())
 
 
 def test_more_prior_strength_stays_nearer_the_start(ds: FederatedDataset) -> None:

@@ -80,12 +80,12 @@ RIDGE_BUCKET_ROWS = 1 << 11
 
 def padded_rows(sizes: np.ndarray) -> np.ndarray:
     """The rows a client of each size is padded to: multiples of 8 up to 64, then steps of
-    about a quarter (a public ladder of its own size: the shapes of a client's solve never depend
-    on the other clients)."""
+    about an eighth, multiples of 8 (a public ladder of its own size: the shapes of a client's
+    solve never depend on the other clients)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     ladder = [8]
     while ladder[-1] < max(int(sizes.max(initial=0)), 1):
-        step = 8 if ladder[-1] < 64 else -(-ladder[-1] // 4 // 8) * 8
+        step = 8 if ladder[-1] < 64 else -(-ladder[-1] // 8 // 8) * 8
         ladder.append(ladder[-1] + step)
     return np.asarray(ladder, dtype=np.int64)[np.searchsorted(ladder, sizes)]
 
@@ -139,14 +139,18 @@ def ridge_logreg(
     zeros = weight.new_zeros(n_classes, extra)
     w0 = torch.cat([weight, zeros, bias.unsqueeze(1)], 1)  # (C, d + extra + 1): bias last
     m = dataset.n_clients
-    x_all, y_all, offsets = dataset.concat("train")
-    x_all = x_all.reshape(x_all.shape[0], -1).to(device=device, dtype=dtype)
-    # the rows (x, 0, 1) and, last, a row of zeros: the padding of every client (weight 0)
-    x_all = torch.cat(
-        [x_all, x_all.new_zeros(x_all.shape[0], extra), x_all.new_ones(x_all.shape[0], 1)], 1
-    )
-    x_all = torch.cat([x_all, x_all.new_zeros(1, x_all.shape[1])])
-    y_all = torch.cat([y_all.to(device), y_all.new_zeros(1, device=device)])
+    x_raw, y_raw, offsets = dataset.concat("train")
+    n_rows = x_raw.shape[0]
+    # the rows (x, 0, 1) and, last, a row of zeros: the padding of every client (weight 0),
+    # written once into one buffer
+    x_all = weight.new_empty(n_rows + 1, d + extra + 1)
+    x_all[:n_rows, :d] = x_raw.reshape(n_rows, -1)
+    x_all[:n_rows, d:] = 0
+    x_all[:n_rows, -1] = 1
+    x_all[n_rows] = 0
+    y_all = y_raw.new_empty(n_rows + 1, device=device)
+    y_all[:n_rows] = y_raw
+    y_all[n_rows] = 0
     n = np.diff(offsets).astype(np.int64)
     cs = torch.tensor([float(c) for c in ridges], dtype=dtype, device=device)
     out = w0.expand(len(ridges), m, *w0.shape).clone()
