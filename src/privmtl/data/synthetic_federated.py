@@ -616,10 +616,21 @@ class SyntheticLaw:
             else:
                 steps.append((None, next(skips), None))
         if len(steps) == 1 and steps[0][0] is not None and flip == 0:
+            # the head's and the split's quantile_normals from one draw of their words (the
+            # same words in the same order: a generator's raw words are one sequence)
             xs, bnd = steps[0][0], steps[0][1]
+            flat = xs.reshape(-1)
+            n_head = head.shape[1]
+            head_slots = 4 * ((n_head + 3) >> 2)
+            q32, q64 = normal_quantiles(np.float32), normal_quantiles(np.float64)
             for j, rng in zip(range(k), rngs, strict=False):
-                quantile_normals(rng, head[j])
-                quantile_normals(rng, xs[bnd[j] : bnd[j + 1]])
+                a, b = bnd[j] * d, bnd[j + 1] * d
+                words = rng.bit_generator.random_raw((head_slots + b - a + 3) >> 2)
+                if _BIG_ENDIAN:
+                    words = words.byteswap()
+                index = words.view(np.uint16)
+                q64.take(index[:n_head], out=head[j], mode="clip")
+                q32.take(index[head_slots : head_slots + b - a], out=flat[a:b], mode="clip")
         else:
             for j, rng in zip(range(k), rngs, strict=False):
                 quantile_normals(rng, head[j])
