@@ -120,18 +120,22 @@ def normal_quantiles(dtype: type = np.float32) -> np.ndarray:
     (``tests/data/test_federated.py`` pins their digest).
     """
     wide = np.dtype(dtype) == np.float64
-    if _QUANTILES[wide] is None:
-        if _QUANTILES[False] is None:
-            dist = statistics.NormalDist()
-            size = 1 << NORMAL_TABLE_BITS
-            cells = (np.arange(size) + 0.5) / size
-            table = np.array([dist.inv_cdf(p) for p in cells.tolist()], dtype=np.float32)
-            table.flags.writeable = False
-            _QUANTILES[False] = table
-        table = _QUANTILES[False].astype(np.float64 if wide else np.float32)
+    narrow = _QUANTILES[False]
+    if narrow is None:
+        dist = statistics.NormalDist()
+        size = 1 << NORMAL_TABLE_BITS
+        cells = (np.arange(size) + 0.5) / size
+        narrow = np.array([dist.inv_cdf(p) for p in cells.tolist()], dtype=np.float32)
+        narrow.flags.writeable = False
+        _QUANTILES[False] = narrow
+    if not wide:
+        return narrow
+    table = _QUANTILES[True]
+    if table is None:
+        table = narrow.astype(np.float64)
         table.flags.writeable = False
-        _QUANTILES[wide] = table
-    return cast(np.ndarray, _QUANTILES[wide])
+        _QUANTILES[True] = table
+    return table
 
 
 _QUANTILES: list[np.ndarray | None] = [None, None]  # float32, float64
