@@ -290,12 +290,17 @@ def _logreg_sets(
     picked = torch.empty((slots, b, r, 1), dtype=dtype, device=device)
     total = torch.empty_like(picked)
     bounds = packed.bounds.tolist()
+    sizes = np.diff(packed.bounds).tolist()
+    # every step's rows, as views made in one call a tensor (not seven slices a step)
+    steps = zip(
+        *(t.split(sizes) for t in (x_rows, at, w_rows, neg_onehot, picked, total)), strict=True
+    )
     with torch.no_grad():
-        for a, e in itertools.pairwise(bounds):
+        for (a, e), (xs, ats, ws, negs, picks, totals) in zip(
+            itertools.pairwise(bounds), steps, strict=True
+        ):
             cur = state[: e - a]
-            grad = logreg_sets_step(
-                cur, x_rows[a:e], at[a:e], w_rows[a:e], neg_onehot[a:e], picked[a:e], total[a:e]
-            )[0]
+            grad = logreg_sets_step(cur, xs, ats, ws, negs, picks, totals)[0]
             if (
                 anchor is not None and rho is not None
             ):  # each pulled set's gradient plus rho (w - a)
