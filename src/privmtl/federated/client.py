@@ -278,6 +278,9 @@ def _logreg_sets(
             [float(rl.weight) if p else 0.0 for rl, p in zip(rules, pulls, strict=True)],
             dtype=dtype, device=device,
         ).repeat_interleave(c).view(1, r * c, 1)  # fmt: skip
+        # one weight a parameter, laid out as a model: a product broadcast only over the
+        # clients (over the features too, it costs a step a third more)
+        rho = rho.expand(1, r * c, d + 1).contiguous()
     rows = torch.from_numpy(packed.rows).to(device)
     slots, b = rows.shape
     flat = rows.reshape(-1)
@@ -286,6 +289,9 @@ def _logreg_sets(
     w_rows = torch.from_numpy(packed.weights).to(device=device, dtype=dtype).view(slots, b, 1, 1)
     neg_onehot = torch.zeros((slots, b, 1, c), dtype=dtype, device=device)
     neg_onehot.scatter_(-1, y_rows, -w_rows)
+    # laid out for every model of a client: an added term of the model's shape (a broadcast
+    # add over the models costs a step several times the same add of a whole tensor)
+    neg_onehot = neg_onehot.expand(slots, b, r, c).contiguous()
     at = y_rows.expand(slots, b, r, 1)
     picked = torch.empty((slots, b, r, 1), dtype=dtype, device=device)
     total = torch.empty_like(picked)
