@@ -24,7 +24,7 @@ split its own standard normal features, label-noise coins and noise labels, its 
 computed from its own features. A client's standard normals (its model's, bias's and mean's,
 and its features') are read from a table of :math:`2^{16}` normal quantiles by 16-bit words of
 its generator (:func:`quantile_normals`): a normal variable rounded to the middle of its
-:math:`2^{-16}`-probability cell, four times cheaper to draw than numpy's ziggurat and the same
+:math:`2^{-16}`-probability cell, a table read per value instead of numpy's ziggurat, and the same
 bits on every machine. A client's examples are i.i.d., so the split is positional (no
 permutation), and taking a round's training rows stops after them: the validation and test rows
 are drawn only when asked for. The stream is named by :data:`SYNTHETIC_STREAM`, which the lazy
@@ -74,6 +74,7 @@ __all__ = [
     "client_id_list",
     "make_synthetic_federated",
     "normal_quantiles",
+    "quantile_indices",
     "quantile_normals",
     "synthetic_client_ids",
     "synthetic_client_sizes",
@@ -147,18 +148,24 @@ def quantile_normals(rng: np.random.Generator, out: np.ndarray) -> None:
     each read as four little-endian 16-bit indices, in order (the last word's unused ones
     dropped).
 
-    About four times cheaper than ``rng.standard_normal`` (a table read per value, no ziggurat),
-    and the same bits on every machine: integer draws and a table read, no floating-point
-    arithmetic.
+    Cheaper than ``rng.standard_normal`` (a table read per value, no ziggurat), and the same
+    bits on every machine: integer draws and a table read, no floating-point arithmetic.
     """
     n = out.size
-    words = rng.bit_generator.random_raw((n + 3) >> 2)
-    if _BIG_ENDIAN:
-        words = words.byteswap()
     table = _QUANTILES[out.dtype == np.float64]
     if table is None:
         table = normal_quantiles(out.dtype.type)
-    table.take(words.view(np.uint16)[:n], out=out.reshape(-1), mode="clip")
+    table.take(quantile_indices(rng, n)[:n], out=out.reshape(-1), mode="clip")
+
+
+def quantile_indices(rng: np.random.Generator, n: int) -> np.ndarray:
+    """The table indices of :func:`quantile_normals`' first ``n`` normals and the rest of their
+    last word: ``ceil(n / 4)`` raw 64-bit words of ``rng``'s bit generator as little-endian
+    16-bit integers (``4 ceil(n / 4)`` of them, in order)."""
+    words = rng.bit_generator.random_raw((n + 3) >> 2)
+    if _BIG_ENDIAN:
+        words = words.byteswap()
+    return words.view(np.uint16)
 
 
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -629,10 +636,7 @@ class SyntheticLaw:
             q32, q64 = normal_quantiles(np.float32), normal_quantiles(np.float64)
             for j, rng in zip(range(k), rngs, strict=False):
                 a, b = bnd[j] * d, bnd[j + 1] * d
-                words = rng.bit_generator.random_raw((head_slots + b - a + 3) >> 2)
-                if _BIG_ENDIAN:
-                    words = words.byteswap()
-                index = words.view(np.uint16)
+                index = quantile_indices(rng, head_slots + b - a)
                 q64.take(index[:n_head], out=head[j], mode="clip")
                 q32.take(index[head_slots : head_slots + b - a], out=flat[a:b], mode="clip")
         else:

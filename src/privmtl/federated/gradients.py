@@ -135,7 +135,8 @@ def logreg_sets_step(
     last column of ones (so that one product gives every model's logits, bias included, and one
     product every model's gradient, each row read once); ``at (n, B, r, 1)`` the labels,
     ``w (n, B, 1, 1)`` the row weights and ``neg_onehot (n, B, 1, C)`` the rows' :math:`-w_i
-    e_{y_i}` (or the same for every model, ``(n, B, r, C)``: the same sums, a faster add). Returns each model's gradient of its own :math:`\sum_i w_i \mathrm{CE}_i`
+    e_{y_i}` (or the same for every model, ``(n, B, r, C)``: the same sums, a faster add).
+    Returns each model's gradient of its own :math:`\sum_i w_i \mathrm{CE}_i`
     (``(n, r C, d + 1)``, laid out as ``weight``) and what its losses are made of, the logit of
     the label less the row's maximum and the sum of the shifted exponentials (``(n, B, r, 1)``
     each, written to ``picked`` and ``total`` when given; :func:`logreg_sets_losses`): the
