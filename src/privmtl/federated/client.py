@@ -295,17 +295,14 @@ def _logreg_sets(
     at = y_rows.expand(slots, b, r, 1)
     picked = torch.empty((slots, b, r, 1), dtype=dtype, device=device)
     total = torch.empty_like(picked)
-    bounds = packed.bounds.tolist()
-    sizes = np.diff(packed.bounds).tolist()
+    sizes = np.diff(packed.bounds).tolist()  # the clients a step trains: the plan's first
     # every step's rows, as views made in one call a tensor (not seven slices a step)
     steps = zip(
         *(t.split(sizes) for t in (x_rows, at, w_rows, neg_onehot, picked, total)), strict=True
     )
     with torch.no_grad():
-        for (a, e), (xs, ats, ws, negs, picks, totals) in zip(
-            itertools.pairwise(bounds), steps, strict=True
-        ):
-            cur = state[: e - a]
+        for size, (xs, ats, ws, negs, picks, totals) in zip(sizes, steps, strict=True):
+            cur = state[:size]
             grad = logreg_sets_step(cur, xs, ats, ws, negs, picks, totals)[0]
             if (
                 anchor is not None and rho is not None

@@ -145,7 +145,7 @@ def ridge_logreg(
     # written once into one buffer
     x_all = weight.new_empty(n_rows + 1, d + extra + 1)
     x_all[:n_rows, :d] = x_raw.reshape(n_rows, -1)
-    x_all[:n_rows, d:] = 0
+    x_all[:n_rows, d:-1] = 0
     x_all[:n_rows, -1] = 1
     x_all[n_rows] = 0
     y_all = y_raw.new_empty(n_rows + 1, device=device)
