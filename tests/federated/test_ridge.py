@@ -13,7 +13,13 @@ from privmtl.exceptions import InvalidParameterError
 from privmtl.federated import ridge as ridge_module
 from privmtl.federated.end_of_run.local import train_local
 from privmtl.federated.models import MultinomialLogReg
-from privmtl.federated.ridge import RIDGE_BUCKET_ROWS, bucket_clients, padded_rows, ridge_logreg
+from privmtl.federated.ridge import (
+    RIDGE_BUCKET_ROWS,
+    RIDGE_GAP,
+    bucket_clients,
+    padded_rows,
+    ridge_logreg,
+)
 
 D, C = 5, 3
 WIDE = 24  # features of the dual-solved clients (their padded rows are at most 24 < 25)
@@ -87,7 +93,7 @@ def test_each_client_reaches_its_own_minimum(request, data: str, d: int) -> None
     assert bool(dual.all()) if data == "wide" else not bool(dual.any())
     start = _start(d=d)
     ridges = (0.5, 5.0)
-    models = ridge_logreg(start, ds, ridges, iterations=600)
+    models = ridge_logreg(start, ds, ridges, iterations=600, gap=0.0)
     for g, c in enumerate(ridges):
         for k in range(ds.n_clients):
             mine = {n: p[k] for n, p in models[g].items()}
@@ -95,15 +101,38 @@ def test_each_client_reaches_its_own_minimum(request, data: str, d: int) -> None
             assert got == pytest.approx(_minimum(ds, k, start, c), abs=1e-8)
 
 
-def test_default_iterations_are_close_to_the_minimum(ds: FederatedDataset) -> None:
-    start = _start(torch.float32)
-    (models,) = ridge_logreg(start, ds, (1.0,))
+@pytest.mark.parametrize("c", [1.0, 30.0])
+def test_default_iterations_are_close_to_the_minimum(sixty: FederatedDataset, c: float) -> None:
+    start = _start(torch.float32, d=60)
+    (models,) = ridge_logreg(start, sixty, (c,))
     gaps = []
+    for k in range(sixty.n_clients):
+        mine = {n: p[k].double() for n, p in models.items()}
+        gaps.append(float(_objective(sixty, k, mine, start, c)) - _minimum(sixty, k, start, c))
+    assert max(gaps) < RIDGE_GAP
+    assert min(gaps) > -1e-5  # nothing below the minimum: the objective is the documented one
+
+
+@pytest.mark.parametrize(("data", "d"), [("ds", D), ("wide", WIDE)])
+@pytest.mark.parametrize("gap", [1e-2, 1e-4])
+def test_a_client_stops_once_its_gap_is_certified(request, data: str, d: int, gap: float) -> None:
+    """Iterations enough for every client to be certified (primal and dual): each one stops
+    within ``gap`` of its own minimum (an L-BFGS oracle), and short of it where ``gap`` is
+    loose: the solve did stop before its last iteration."""
+    ds = request.getfixturevalue(data)
+    start = _start(torch.float32, d=d)
+    (models,) = ridge_logreg(start, ds, (2.0,), iterations=600, gap=gap)
+    (full,) = ridge_logreg(start, ds, (2.0,), iterations=600, gap=0.0)
+    gaps, fulls = [], []
     for k in range(ds.n_clients):
         mine = {n: p[k].double() for n, p in models.items()}
-        gaps.append(float(_objective(ds, k, mine, start, 1.0)) - _minimum(ds, k, start, 1.0))
-    assert max(gaps) < 1e-3
-    assert min(gaps) > -1e-5  # nothing below the minimum: the objective is the documented one
+        best = _minimum(ds, k, start, 2.0)
+        gaps.append(float(_objective(ds, k, mine, start, 2.0)) - best)
+        fulls.append(
+            float(_objective(ds, k, {n: p[k].double() for n, p in full.items()}, start, 2.0)) - best
+        )
+    assert max(gaps) <= gap
+    assert max(gaps) > max(fulls)  # stopped early: farther from the minimum than 600 iterations
 
 
 def _bytes(models: dict[str, torch.Tensor], k: int) -> list[bytes]:
@@ -237,6 +266,11 @@ def test_bad_solver_settings_name_the_parameter(ds, kw, says) -> None:
         train_local(ds, MultinomialLogReg(D, C), **kw)
     for word in says:
         assert word in str(err.value)
+
+
+def test_a_negative_gap_names_the_parameter(ds: FederatedDataset) -> None:
+    with pytest.raises(InvalidParameterError, match=r"'gap'.*-0\.1"):
+        ridge_logreg(_start(torch.float32), ds, (1.0,), gap=-0.1)
 
 
 def test_ridge_needs_logistic_regression(ds: FederatedDataset) -> None:

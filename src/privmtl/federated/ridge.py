@@ -19,7 +19,13 @@ The solver is a fixed-preconditioner gradient method with Nesterov momentum: the
 mean cross-entropy is at most :math:`\tfrac12 I_C \otimes A_k` with
 :math:`A_k = \frac{1}{n_k}\sum_i \tilde x_i \tilde x_i^\top` (Böhning's bound), so
 :math:`P_k = \tfrac12 A_k + \lambda_k I` majorises the curvature of :math:`f_k` and the step
-:math:`W \leftarrow W - \nabla f_k(W) P_k^{-1}` never overshoots.
+:math:`W \leftarrow W - \nabla f_k(W) P_k^{-1}` never overshoots. A client stops as soon as its
+gap to its minimum is certified below :data:`RIDGE_GAP`: :math:`f_k` is
+:math:`\lambda_k`-strongly convex (:math:`\lambda_k = c / n_k`), so
+:math:`f_k(V) - \min f_k \le \lVert \nabla f_k(V) \rVert^2 / (2 \lambda_k)` at the point
+:math:`V` where the gradient is taken, and the step from :math:`V` only lowers :math:`f_k`; a
+certified client keeps that step while the others of its batch go on, so when it stops depends
+on its own iterates alone. At most :data:`RIDGE_ITERATIONS` iterations either way.
 
 A client with fewer (padded) rows than parameters per class is solved in its dual: the iterates
 stay :math:`W = W_0 + \alpha \tilde X` (the gradient and its preconditioned step lie in the
@@ -56,11 +62,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from privmtl._validation import check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.federated.algorithms import Params
 
 __all__ = [
     "RIDGE_BUCKET_ROWS",
+    "RIDGE_GAP",
     "RIDGE_ITERATIONS",
     "bucket_clients",
     "padded_rows",
@@ -68,8 +76,14 @@ __all__ = [
 ]
 
 RIDGE_ITERATIONS = 30
-"""Iterations of :func:`ridge_logreg`: the objective ends near its minimum, closer the stronger
-the prior (``tests/federated/test_ridge.py`` bounds the gap)."""
+"""The most iterations of :func:`ridge_logreg` (fewer once a client's gap is certified below
+:data:`RIDGE_GAP`): the objective ends near its minimum, closer the stronger the prior
+(``tests/federated/test_ridge.py`` bounds the gap)."""
+RIDGE_GAP = 1e-2
+"""A client's solve stops once its objective is certified within this of its minimum (nats per
+example): ``f_k`` is ``lambda_k``-strongly convex, so ``f_k(V) - min f_k <= |grad f_k(V)|^2 / (2
+lambda_k)``, and the step taken from ``V`` lowers ``f_k`` further. At most
+:data:`RIDGE_ITERATIONS` iterations either way."""
 RIDGE_WIDTH_STEP = 4
 """The width of a client's rows with the bias (``d + 1``) is padded with zero features to a
 multiple of this: ``(d + 1)^2`` floats then fill whole 64-byte lines, so that the matrices of a
@@ -104,6 +118,7 @@ def ridge_logreg(
     ridges: Sequence[float],
     *,
     iterations: int = RIDGE_ITERATIONS,
+    gap: float = RIDGE_GAP,
     bucket_rows: int = RIDGE_BUCKET_ROWS,
 ) -> list[Params]:
     """Every client's minimiser of ``f_k`` (module docstring) for every prior strength.
@@ -119,6 +134,10 @@ def ridge_logreg(
     ridges : sequence of float
         Prior strengths ``c`` (each > 0), in the order of the returned models.
     iterations : int, default :data:`RIDGE_ITERATIONS`
+        The most iterations of a client's solve.
+    gap : float, default :data:`RIDGE_GAP`
+        A client stops once its objective is certified within ``gap`` of its minimum (module
+        docstring); 0: every client runs ``iterations``.
     bucket_rows : int, default :data:`RIDGE_BUCKET_ROWS`
         Clients of one padded length are solved together in :func:`bucket_clients` slots: this
         many padded rows (times the prior strengths). A client's model does not depend on the
@@ -129,6 +148,7 @@ def ridge_logreg(
     list of dict of str to Tensor
         One stacked model ``(m, ...)`` per prior strength.
     """
+    gap = check_real("gap", gap, low=0.0)
     weight, bias = start["linear.weight"], start["linear.bias"]
     dtype, device = weight.dtype, weight.device
     n_classes, d = weight.shape
@@ -140,17 +160,9 @@ def ridge_logreg(
     w0 = torch.cat([weight, zeros, bias.unsqueeze(1)], 1)  # (C, d + extra + 1): bias last
     m = dataset.n_clients
     x_raw, y_raw, offsets = dataset.concat("train")
-    n_rows = x_raw.shape[0]
-    # the rows (x, 0, 1) and, last, a row of zeros: the padding of every client (weight 0),
-    # written once into one buffer
-    x_all = weight.new_empty(n_rows + 1, d + extra + 1)
-    x_all[:n_rows, :d] = x_raw.reshape(n_rows, -1)
-    x_all[:n_rows, d:-1] = 0
-    x_all[:n_rows, -1] = 1
-    x_all[n_rows] = 0
-    y_all = y_raw.new_empty(n_rows + 1, device=device)
-    y_all[:n_rows] = y_raw
-    y_all[n_rows] = 0
+    n_rows, width = x_raw.shape[0], d + extra + 1
+    x_flat = x_raw.reshape(n_rows, -1).to(device)
+    y_flat = y_raw.to(device)
     n = np.diff(offsets).astype(np.int64)
     cs = torch.tensor([float(c) for c in ridges], dtype=dtype, device=device)
     out = w0.expand(len(ridges), m, *w0.shape).clone()
@@ -169,11 +181,21 @@ def ridge_logreg(
         # how many clients of this length there are
         full = np.concatenate([idx, np.full(slots - len(idx), idx[0], dtype=idx.dtype)])
         pos = np.arange(rows_of)[None, :]
-        own = np.where(pos < n[full][:, None], pos + offsets[full][:, None], len(x_all) - 1)
-        rows = torch.from_numpy(own).to(device)
+        valid = pos < n[full][:, None]
+        own = torch.from_numpy(np.where(valid, pos + offsets[full][:, None], 0)).to(device)
+        pad = torch.from_numpy(np.flatnonzero(~valid)).to(device)
+        # the bucket's rows (x, 0, 1), its padding rows zero, gathered straight from the
+        # clients' rows (one read of them, the bucket's buffer staying in cache)
+        xt = x_flat.new_empty(slots, rows_of, width, dtype=dtype)
+        xt[..., :d] = x_flat[own]
+        xt[..., d:-1] = 0
+        xt[..., -1] = torch.from_numpy(valid).to(device)
+        xt.view(-1, width)[pad] = 0
+        yt = y_flat[own]
+        yt.view(-1)[pad] = 0
         sizes = torch.from_numpy(n[full]).to(device=device, dtype=dtype)
         solve = _solve_bucket_dual if rows_of < d + 1 else _solve_bucket
-        solved = solve(x_all[rows], y_all[rows], sizes, w0, cs, iterations)
+        solved = solve(xt, yt, sizes, w0, cs, iterations, gap)
         out[:, torch.from_numpy(idx).to(device)] = solved[:, : len(idx)]
         i = j
     return [
@@ -195,6 +217,7 @@ def _solve_bucket(
     w0: torch.Tensor,
     cs: torch.Tensor,
     iterations: int,
+    gap: float = 0.0,
 ) -> torch.Tensor:
     """``(len(cs), K, C, d + 1)``: the K clients' solutions, rows ``(x, 1)`` ``xt (K, top, d + 1)``
     padded with zero rows to ``top``, labels ``y (K, top)``, ``sizes (K,)``."""
@@ -207,7 +230,7 @@ def _solve_bucket(
     precond = 0.5 * gram.unsqueeze(1) + lam[..., None, None] * eye
     inv = torch.cholesky_inverse(torch.linalg.cholesky(precond)).reshape(-1, width, width)
     xs = _per_ridge(xt, n_ridges)
-    w = _iterate(w0, xs.transpose(1, 2), xs, y, weights, lam, inv, iterations)
+    w = _iterate(w0, xs.transpose(1, 2), xs, y, weights, lam, inv, iterations, gap)
     return w.view(k, n_ridges, n_classes, width).transpose(0, 1)
 
 
@@ -218,6 +241,7 @@ def _solve_bucket_dual(
     w0: torch.Tensor,
     cs: torch.Tensor,
     iterations: int,
+    gap: float = 0.0,
 ) -> torch.Tensor:
     """:func:`_solve_bucket`'s iterates in the span of each client's rows (module docstring):
     ``W = W_0 + alpha X`` with ``alpha (len(cs), K, C, top)``; for ``top`` below ``d + 1``."""
@@ -230,7 +254,9 @@ def _solve_bucket_dual(
     m = 0.5 * (kern * weights.unsqueeze(1)).unsqueeze(1) + lam[..., None, None] * eye
     inv = torch.cholesky_inverse(torch.linalg.cholesky(m)).reshape(-1, top, top)
     logits0 = torch.bmm(w0.expand(k, *w0.shape), xt.transpose(1, 2))  # (K, C, top): W_0's
-    alpha = _iterate(logits0, _per_ridge(kern, n_ridges), None, y, weights, lam, inv, iterations)
+    alpha = _iterate(
+        logits0, _per_ridge(kern, n_ridges), None, y, weights, lam, inv, iterations, gap
+    )
     w = torch.baddbmm(w0.expand(k * n_ridges, *w0.shape), alpha, _per_ridge(xt, n_ridges))
     return w.view(k, n_ridges, n_classes, -1).transpose(0, 1)
 
@@ -249,6 +275,7 @@ def _iterate(
     lam: torch.Tensor,
     inv: torch.Tensor,
     iterations: int,
+    gap: float = 0.0,
 ) -> torch.Tensor:
     """The last step of the iterates ``V (K R, C, p)`` (client-major) of both forms, with
     Nesterov momentum. The primal (``start``: ``W_0 (C, d + 1)``, ``rows`` the clients' rows
@@ -269,15 +296,34 @@ def _iterate(
     else:
         v = prev = start.expand(kr, n_classes, p)
         pull = -lam_kr * start  # the penalty's gradient is lambda W + pull
+    # certified once |grad|^2 <= 2 lambda gap: f is lambda-strongly convex, so its gap to the
+    # minimum is at most |grad|^2 / (2 lambda); the dual's norm costs a product: every other step
+    limit = (2.0 * gap) * lam_kr if gap > 0 else None
+    every = 1 if rows is not None else 2
+    done: torch.Tensor | None = None
     for t in range(iterations):
+        check = limit is not None and t % every == every - 1
         if rows is None:
             probs = torch.softmax(torch.baddbmm(z0, v, basis), 1)
             grad = torch.addcmul(torch.addcmul(neg_target, probs, w_rows), v, lam_kr)
+            # the primal gradient is grad X: its squared norm is tr(grad K grad^T)
+            sq = (torch.bmm(grad, basis) * grad).sum((1, 2), keepdim=True) if check else None
         else:
             probs = torch.softmax(torch.bmm(v, basis), 1)
             resid = torch.addcmul(neg_target, probs, w_rows)
             grad = torch.baddbmm(torch.addcmul(pull, v, lam_kr), resid, rows)
+            sq = grad.square().sum((1, 2), keepdim=True) if check else None
         step = torch.baddbmm(v, grad, inv, alpha=-1)
+        if done is not None:
+            step = torch.where(done, prev, step)  # a client certified before keeps its step
+        if sq is not None and limit is not None:
+            newly = sq <= limit
+            done = newly if done is None else done | newly
+            n_done = int(done.sum())
+            if n_done == kr:
+                return step
+            if n_done == 0:
+                done = None
         v = torch.lerp(step, prev, -t / (t + 3))  # Nesterov: step + t / (t + 3) (step - prev)
         prev = step
     return prev
