@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import block_rows
-from privmtl.federated.client_models import SpilledModels, StoredModels
+from privmtl.federated.algorithms import BlockScores, block_rows
+from privmtl.federated.client_models import FilledRows, SpilledModels, StoredModels, filled_rows
+from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.store import ClientStore
 
 
@@ -43,6 +45,49 @@ def test_stored_models_read_by_rows_without_stacking():
     assert models["w"].shape == (10, 2, 3) and models.stacked
     assert torch.equal(models["w"][pos], rows["w"])
     assert torch.equal(block_rows(models, pos)["b"], rows["b"])
+
+
+def test_filled_rows_hold_the_written_rows_and_score_as_the_rows():
+    """A block's stored models as the written clients' rows and one fill: the same models, so
+    the same correct predictions and examples (the loss up to rounding) as their stacked rows,
+    the fill's clients scored as one shared model's."""
+    m, d, c = 10, 4, 3
+    store = ClientStore(
+        m, {"personal": {"linear.weight": torch.zeros(c, d), "linear.bias": torch.zeros(c)}}
+    )
+    gen = torch.Generator().manual_seed(1)
+    store.scatter(
+        "personal", torch.tensor([2, 5, 9]),
+        {"linear.weight": torch.randn(3, c, d, generator=gen), "linear.bias": torch.randn(3, c, generator=gen)},
+    )  # fmt: skip
+    fill = {
+        "linear.weight": torch.randn(c, d, generator=gen),
+        "linear.bias": torch.randn(c, generator=gen),
+    }
+    models = StoredModels(store, "personal", fill)
+    pos = np.array([9, 0, 2, 4, 5, 7])
+    got = filled_rows(models, pos)
+    assert isinstance(got, FilledRows) and not models.stacked
+    assert got.has_own.tolist() == [True, False, True, False, True, False]
+    assert torch.equal(
+        got.own["linear.weight"], block_rows(models, pos[got.has_own])["linear.weight"]
+    )
+    data = make_synthetic_federated(
+        n_clients=m, n_features=d, n_classes=c, samples_per_client=(5, 40), random_state=0
+    ).subset(pos.tolist())
+    book = BlockScores(MultinomialLogReg(d, c), {}, ("val", "test"))
+    for (split, _, mine), (_, _, theirs) in zip(
+        book.score("p", got, True, data),
+        book.score("p", block_rows(models, pos), True, data),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(mine[0], theirs[0])
+        np.testing.assert_array_equal(mine[1], theirs[1])
+        assert mine[2] == pytest.approx(theirs[2], rel=1e-6), split
+    # no fill (or the stack held): the rows themselves
+    assert isinstance(filled_rows(StoredModels(store, "personal"), pos), dict)
+    models["linear.weight"]  # stacked
+    assert isinstance(filled_rows(models, pos), dict)
 
 
 def test_stored_models_without_fill_hold_the_default_and_pickle_as_the_stack():

@@ -32,7 +32,7 @@ from privmtl._seeding import WORD_MAX, generators_from_states, seed_sequence_sta
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
-from privmtl.federated.client_models import ClientModels, model_rows
+from privmtl.federated.client_models import ClientModels, FilledRows, model_rows
 from privmtl.privacy.noise import seeded_torch_generator
 from privmtl.privacy.release import clip_factors
 
@@ -625,7 +625,7 @@ class BlockScores:
     def score(
         self,
         name: str,
-        params: Params,
+        params: Params | FilledRows,
         personalized: bool,
         piece: FederatedDataset,
         model: nn.Module | None = None,
@@ -688,14 +688,18 @@ def _as_int32(a: np.ndarray) -> np.ndarray:
 
 def _correct_and_loss(
     model: nn.Module,
-    params: Params,
+    params: Params | FilledRows,
     buffers: Params,
     xs: list[torch.Tensor],
     ys: list[torch.Tensor],
     personalized: bool,
     chunk: int,
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Per-client correct predictions and examples, and the summed cross-entropy."""
+    """Per-client correct predictions and examples, and the summed cross-entropy (of
+    :class:`~privmtl.federated.client_models.FilledRows`: the clients with a model of their own
+    scored as personalized, the others as the fill's)."""
+    if isinstance(params, FilledRows):
+        return _filled_correct_and_loss(model, params, buffers, xs, ys, chunk)
     correct = np.zeros(len(ys))
     counts = np.array([y.shape[0] for y in ys], dtype=np.int64)
     loss_sum = 0.0
@@ -723,6 +727,29 @@ def _correct_and_loss(
             correct = (csum[offsets[1:]] - csum[offsets[:-1]]).astype(float)
     finally:
         model.train(was_training)
+    return correct, counts, loss_sum
+
+
+def _filled_correct_and_loss(
+    model: nn.Module,
+    params: FilledRows,
+    buffers: Params,
+    xs: list[torch.Tensor],
+    ys: list[torch.Tensor],
+    chunk: int,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    correct = np.zeros(len(ys))
+    counts = np.zeros(len(ys), dtype=np.int64)
+    loss_sum = 0.0
+    for at, part, personal in (
+        (np.flatnonzero(params.has_own), params.own, True),
+        (np.flatnonzero(~params.has_own), params.fill, False),
+    ):
+        got = _correct_and_loss(
+            model, part, buffers, [xs[i] for i in at], [ys[i] for i in at], personal, chunk
+        )
+        correct[at], counts[at] = got[0], got[1]
+        loss_sum += got[2]
     return correct, counts, loss_sum
 
 

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import ItemsView, Iterator, KeysView, ValuesView
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,14 @@ import torch
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.store import ClientStore
 
-__all__ = ["ClientModels", "SpilledModels", "StoredModels", "model_rows"]
+__all__ = [
+    "ClientModels",
+    "FilledRows",
+    "SpilledModels",
+    "StoredModels",
+    "filled_rows",
+    "model_rows",
+]
 
 Params = dict[str, torch.Tensor]
 
@@ -139,6 +147,18 @@ class StoredModels(ClientModels):
                     t[never] = self._fill[n]
         return out
 
+    def filled_rows(self, pos: np.ndarray) -> Params | FilledRows:
+        """The models of the clients ``pos``: the rows of those written, and the fill shared by
+        the others (:class:`FilledRows`), without a row per client for the fill; the rows
+        (:meth:`rows`) where there is no fill or the stack is held."""
+        if self._fill is None or self._stacked:
+            return self.rows(pos)
+        assert self._store is not None
+        sel = torch.from_numpy(np.asarray(pos, dtype=np.int64))
+        has = self._store.written(sel).numpy()
+        own = self._store.gather(self._field, sel[torch.from_numpy(has)])
+        return FilledRows(own, has, self._fill)
+
     def _release(self) -> None:
         self._store = None
 
@@ -194,6 +214,28 @@ class SpilledModels(ClientModels):
 
     def _release(self) -> None:
         self._cleanup()
+
+
+@dataclass(frozen=True)
+class FilledRows:
+    """The models of a block of ``K`` clients, those that never had one of their own holding one
+    shared model: ``own`` ``(K_own, ...)`` the rows of the clients where ``has_own`` (bool
+    ``(K,)``) is true, in their order, and ``fill`` the model of every other client. A client's
+    model is the same as in the stacked rows; only its storage differs (scoring computes the
+    fill's clients as one model's, :func:`~privmtl.federated.algorithms.client_scores` the
+    others)."""
+
+    own: Params
+    has_own: np.ndarray
+    fill: Params
+
+
+def filled_rows(params: Params, pos: np.ndarray) -> Params | FilledRows:
+    """The models of the clients ``pos``: :meth:`StoredModels.filled_rows` for a method's stored
+    models, else the rows of stacked models (:func:`model_rows`)."""
+    if isinstance(params, StoredModels):
+        return params.filled_rows(pos)
+    return model_rows(params, pos)
 
 
 def model_rows(params: Params, pos: np.ndarray) -> Params:

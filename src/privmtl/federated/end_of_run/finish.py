@@ -54,7 +54,7 @@ from privmtl.federated.blocks import (
     concurrent_blocks,
     end_of_run_block,
 )
-from privmtl.federated.client_models import ClientModels
+from privmtl.federated.client_models import ClientModels, filled_rows
 from privmtl.federated.end_of_run import finetune_selection
 from privmtl.federated.end_of_run import local as end_of_run_local
 from privmtl.federated.end_of_run.final_models import (
@@ -418,7 +418,8 @@ class _Book:
         if local is not None:
             out += self.scores.score("local", local, True, piece, model)
         for name, (params, personal) in self.others.items():
-            own = block_rows(params, pos) if personal and pos is not None else params
+            # a method's stored models: the sampled clients' rows, the others' shared fill
+            own = filled_rows(params, pos) if personal and pos is not None else params
             out += self.scores.score(name, own, personal, piece, model)
         return out, time.perf_counter() - t0
 
