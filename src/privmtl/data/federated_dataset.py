@@ -9,6 +9,7 @@ to reshape them (``(1, 28, 28)``); models reshape themselves. Its sources are
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from privmtl._validation import check_int
 from privmtl.exceptions import DataFormatError, InvalidParameterError
 from privmtl.io import arrays_sha256
 
-__all__ = ["FederatedDataset"]
+__all__ = ["FederatedDataset", "concat_key"]
 
 _SPLITS = ("train", "val", "test")
 
@@ -33,6 +34,17 @@ def _as_x(a: Any) -> torch.Tensor:
 def _as_y(a: Any) -> torch.Tensor:
     t = torch.as_tensor(np.asarray(a) if not torch.is_tensor(a) else a)
     return t.to(torch.int64)
+
+
+_VERSION = operator.attrgetter("_version")
+
+
+def concat_key(xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+    """What :meth:`FederatedDataset.concat`'s cache of one split checks: which tensors the
+    split's lists hold and their in-place versions (a list element replaced or a tensor written
+    in place invalidates it)."""
+    both = (*xs, *ys)
+    return tuple(map(id, both)), tuple(map(_VERSION, both))
 
 
 @dataclass
@@ -221,7 +233,7 @@ class FederatedDataset:
         or writing into it in place (also on a deep copy) rebuilds it.
         """
         xs, ys = self.split(split)
-        key = tuple((id(t), t._version) for t in (*xs, *ys))
+        key = concat_key(xs, ys)
         cached = self._concat_cache.get(split)
         if cached is None or cached[0] != key:
             offsets = np.concatenate([[0], np.cumsum([y.shape[0] for y in ys])]).astype(np.int64)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from privmtl.data.federated_dataset import FederatedDataset
+from privmtl.data.federated_dataset import FederatedDataset, concat_key
 from privmtl.exceptions import InvalidParameterError
 from privmtl.io import arrays_sha256
 
@@ -100,7 +100,7 @@ def stacked_dataset(
     out = FederatedDataset._unchecked(ids, parts, n_classes, feature_shape, name, scaling)
     for split, block in stacked.items():
         xs, ys = parts[f"{split}_x"], parts[f"{split}_y"]
-        out._concat_cache[split] = (tuple((id(t), t._version) for t in (*xs, *ys)), block)
+        out._concat_cache[split] = (concat_key(xs, ys), block)
     return out
 
 

@@ -27,6 +27,7 @@ from privmtl.data.federated import (
     make_synthetic_federated,
     synthetic_law,
 )
+from privmtl.data.federated_dataset import concat_key
 from privmtl.data.row_federation import check_positions
 from privmtl.data.synthetic_federated import SyntheticClientIds
 from privmtl.exceptions import InvalidParameterError
@@ -157,7 +158,7 @@ class SyntheticFederation(FederatedDataset):
         )
         for split, block in stacked.items():  # concat() is the drawn block itself, not a copy
             xs, ys = kw[_SPLIT_KEYS[split][0]], kw[_SPLIT_KEYS[split][1]]
-            out._concat_cache[split] = (tuple((id(t), t._version) for t in (*xs, *ys)), block)
+            out._concat_cache[split] = (concat_key(xs, ys), block)
         return out
 
     def take(

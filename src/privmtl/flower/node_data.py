@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from privmtl.data.federated import FederatedDataset
+from privmtl.data.federated_dataset import concat_key
 from privmtl.data.registry import load_federated
 from privmtl.data.streamed import SyntheticFederation
 from privmtl.io import arrays_sha256
@@ -111,7 +112,7 @@ def node_dataset(d: dict[str, Any]) -> FederatedDataset:
         str(d["name"]), str(d.get("scaling", "none")),
     )  # fmt: skip
     xs, ys = local.split("train")
-    key = tuple((id(t), t._version) for t in (*xs, *ys))
+    key = concat_key(xs, ys)
     offsets = d["train_offsets"].numpy().astype(np.int64)
     local._concat_cache["train"] = (key, (d["train_x"], d["train_y"], offsets))
     return local
