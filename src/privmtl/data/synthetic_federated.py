@@ -626,35 +626,7 @@ class SyntheticLaw:
                 steps.append((chunk[split][0], bounds[split], coins.get(split)))
             else:
                 steps.append((None, next(skips), None))
-        if len(steps) == 1 and steps[0][0] is not None and flip == 0:
-            # the head's and the split's quantile_normals from one draw of their words (the
-            # same words in the same order: a generator's raw words are one sequence)
-            xs, bnd = steps[0][0], steps[0][1]
-            flat = xs.reshape(-1)
-            n_head = head.shape[1]
-            head_slots = 4 * ((n_head + 3) >> 2)
-            q32, q64 = normal_quantiles(np.float32), normal_quantiles(np.float64)
-            for j, rng in zip(range(k), rngs, strict=False):
-                a, b = bnd[j] * d, bnd[j + 1] * d
-                index = quantile_indices(rng, head_slots + b - a)
-                q64.take(index[:n_head], out=head[j], mode="clip")
-                q32.take(index[head_slots : head_slots + b - a], out=flat[a:b], mode="clip")
-        else:
-            for j, rng in zip(range(k), rngs, strict=False):
-                quantile_normals(rng, head[j])
-                for xs, bnd, coin in steps:
-                    if xs is None:  # a split drawn, not asked for: its draws, no labels
-                        size = bnd[j]
-                        quantile_normals(rng, work[: size * d])
-                        if flip > 0:
-                            rng.random(size)
-                            rng.integers(0, c, size=size)
-                        continue
-                    a, b = bnd[j], bnd[j + 1]
-                    quantile_normals(rng, xs[a:b])
-                    if coin is not None:
-                        coin[0][a:b] = rng.random(b - a) < flip
-                        coin[1][a:b] = rng.integers(0, c, size=b - a)
+        self._draw_normals(rngs, head, steps, work)
         wk = head[:, : c * d].reshape(k, c, d) * tau
         wk += self.w0  # w0 + tau * a, element by element
         bk = head[:, c * d : c * d + c] * tau
@@ -692,6 +664,80 @@ class SyntheticLaw:
             y[...] = labels if len(chunk) == 1 else labels[places[split]]
             if flip > 0:
                 np.copyto(y, coins[split][1], where=coins[split][0])
+
+    def _draw_normals(
+        self,
+        rngs: Iterator[np.random.Generator],
+        head: np.ndarray,
+        steps: list[tuple[Any, ...]],
+        work: np.ndarray,
+    ) -> None:
+        """The draws of :meth:`_draw_chunk`'s clients in stream order: each client's head
+        (into ``head``), then each split drawn (``steps``: ``(x, row bounds, coins)`` of a split
+        asked for, ``(None, counts, None)`` of one only drawn), its normals and, with label
+        noise, its coins and noise labels."""
+        c, d, flip = self.n_classes, self.n_features, self.label_noise
+        k = len(head)
+        if len(steps) == 1 and steps[0][0] is not None and flip == 0:
+            # the head's and the split's quantile_normals from one draw of their words (the
+            # same words in the same order: a generator's raw words are one sequence)
+            xs, bnd = steps[0][0], steps[0][1]
+            flat = xs.reshape(-1)
+            n_head = head.shape[1]
+            head_slots = 4 * ((n_head + 3) >> 2)
+            q32, q64 = normal_quantiles(np.float32), normal_quantiles(np.float64)
+            for j, rng in zip(range(k), rngs, strict=False):
+                a, b = bnd[j] * d, bnd[j + 1] * d
+                index = quantile_indices(rng, head_slots + b - a)
+                q64.take(index[:n_head], out=head[j], mode="clip")
+                q32.take(index[head_slots : head_slots + b - a], out=flat[a:b], mode="clip")
+        elif flip == 0:
+            # the head's and every split's quantile_normals from one draw of their words, each
+            # part starting on a word of its own as when drawn alone
+            n_head = head.shape[1]
+            head_slots = 4 * ((n_head + 3) >> 2)
+            q32, q64 = normal_quantiles(np.float32), normal_quantiles(np.float64)
+            # each split's normals of every client (a split not asked for: its size in rows),
+            # and where they start in the client's indices: after the head and the splits before
+            sizes = (
+                np.array(
+                    [np.asarray(bnd[:k]) if xs is None else np.diff(bnd) for xs, bnd, _ in steps]
+                ).reshape(len(steps), k)
+                * d
+            )
+            ends = head_slots + np.cumsum(4 * ((sizes + 3) >> 2), axis=0)
+            starts = ends - 4 * ((sizes + 3) >> 2)
+            asked = [
+                (xs.reshape(-1), (np.asarray(bnd[:k]) * d).tolist(), st.tolist(), sz.tolist())
+                for (xs, bnd, _), st, sz in zip(steps, starts, sizes, strict=True)
+                if xs is not None
+            ]
+            # the finite list first: zip then takes no generator beyond this chunk's clients
+            for j, (words, rng) in enumerate(zip(ends[-1].tolist(), rngs, strict=False)):
+                index = quantile_indices(rng, words)
+                q64.take(index[:n_head], out=head[j], mode="clip")
+                for flat, first, at, size in asked:
+                    q32.take(
+                        index[at[j] : at[j] + size[j]],
+                        out=flat[first[j] : first[j] + size[j]],
+                        mode="clip",
+                    )
+        else:
+            for j, rng in zip(range(k), rngs, strict=False):
+                quantile_normals(rng, head[j])
+                for xs, bnd, coin in steps:
+                    if xs is None:  # a split drawn, not asked for: its draws, no labels
+                        size = bnd[j]
+                        quantile_normals(rng, work[: size * d])
+                        if flip > 0:
+                            rng.random(size)
+                            rng.integers(0, c, size=size)
+                        continue
+                    a, b = bnd[j], bnd[j + 1]
+                    quantile_normals(rng, xs[a:b])
+                    if coin is not None:
+                        coin[0][a:b] = rng.random(b - a) < flip
+                        coin[1][a:b] = rng.integers(0, c, size=b - a)
 
     def _scale(self) -> np.ndarray:
         """Square root of the diagonal within-client covariance."""
