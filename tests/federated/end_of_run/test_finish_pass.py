@@ -132,7 +132,10 @@ def test_the_sink_takes_each_block_s_data_as_the_pass_drew_it(workers, monkeypat
         FinishOptions("vanilla", block=4, **kw), ds, net, trained, board,
         on_block=lambda pos, p, data: seen.append((pos, data)),
     )  # fmt: skip
-    assert [pos.tolist() for pos, _ in seen] == drawn == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    blocks = [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+    # handed over in the blocks' order; drawn once each, by threads in whatever order they ran
+    assert [pos.tolist() for pos, _ in seen] == blocks
+    assert sorted(drawn) == blocks
     for pos, data in seen:
         assert data.n_clients == len(pos)
         for split in ("train", "test"):
