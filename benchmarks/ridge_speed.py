@@ -5,7 +5,7 @@
 ``privmtl pmtl --data synthetic --model logreg`` calls it on one block of a large population: one
 call per prior strength (``LOCAL_RIDGES`` around the initial model, ``AUTO_FINETUNE_RIDGES``
 around a second model standing for the billboard; the solve's cost does not depend on the
-start) on ``M`` clients (default 2 048, ``LARGE_END_OF_RUN_BLOCK``) of the synthetic federation
+start) on ``M`` clients (default 2 048) of the synthetic federation
 (60 features, 10 classes, LEAF's lognormal client sizes). Each run is its own process with one
 torch and one BLAS thread, this checkout and the base (``git archive`` of ``--base``, default
 ``897619b``, or the ``src`` folder ``--src``) alternating, A B A B. A run reports the process CPU

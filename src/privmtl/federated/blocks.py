@@ -46,7 +46,7 @@ R = TypeVar("R")
 END_OF_RUN_BLOCK = 1024
 """Most clients whose end of run is computed at once (vectorised within the block)."""
 
-LARGE_END_OF_RUN_BLOCK = 2048
+LARGE_END_OF_RUN_BLOCK = 4096
 """The block of a large population (:func:`end_of_run_block`): the ridge solves' buckets of one
 padded length are then fuller (fewer slots solved for placeholders), for one block's memory."""
 
