@@ -84,6 +84,20 @@ def test_filled_rows_hold_the_written_rows_and_score_as_the_rows():
         np.testing.assert_array_equal(mine[0], theirs[0])
         np.testing.assert_array_equal(mine[1], theirs[1])
         assert mine[2] == pytest.approx(theirs[2], rel=1e-6), split
+    # the fill scored first as a shared model of the block: its clients take those scores
+    memo: dict = {}
+    shared = book.score("g", dict(fill), False, data, memo=memo)
+    assert [len(v) for v in memo.values()] == [1, 1]
+    for (_, _, mine), (_, _, theirs) in zip(
+        book.score("p", got, True, data, memo=memo),
+        book.score("p", got, True, data),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(mine[0], theirs[0])
+        np.testing.assert_array_equal(mine[1], theirs[1])
+        assert mine[2] == pytest.approx(theirs[2], rel=1e-12)
+    assert [len(v) for v in memo.values()] == [1, 1]  # nothing shared added by FilledRows
+    assert shared[0][2][1].sum() == data.sizes("val").sum()
     # no fill (or the stack held): the rows themselves
     assert isinstance(filled_rows(StoredModels(store, "personal"), pos), dict)
     models["linear.weight"]  # stacked

@@ -629,15 +629,20 @@ class BlockScores:
         personalized: bool,
         piece: FederatedDataset,
         model: nn.Module | None = None,
+        memo: dict[str, _Memo] | None = None,
     ) -> list[tuple[str, str, tuple[np.ndarray, np.ndarray, float]]]:
         """:meth:`add`'s scores without keeping them (blocks scored concurrently are kept in
         their order with :meth:`keep`); ``model``: a copy of the architecture to compute with
-        (a thread's own: scoring swaps a module's parameters)."""
+        (a thread's own: scoring swaps a module's parameters); ``memo``: one per block, the
+        shared models scored on it by split (the clients of
+        :class:`~privmtl.federated.client_models.FilledRows` holding one of them take its
+        scores)."""
         net = self.model if model is None else model
         out = []
         for split in self.splits:
             xs, ys = piece.split(split)
-            part = _correct_and_loss(net, params, self.buffers, xs, ys, personalized, 256)
+            seen = None if memo is None else memo.setdefault(split, [])
+            part = _correct_and_loss(net, params, self.buffers, xs, ys, personalized, 256, seen)
             out.append((split, name, part))
         return out
 
@@ -686,6 +691,11 @@ def _as_int32(a: np.ndarray) -> np.ndarray:
     return a
 
 
+_Memo = list[tuple[Params, tuple[np.ndarray, np.ndarray, np.ndarray]]]
+"""Shared models already scored on one split of one block, with their per-client correct
+predictions, examples and summed cross-entropies."""
+
+
 def _correct_and_loss(
     model: nn.Module,
     params: Params | FilledRows,
@@ -694,40 +704,67 @@ def _correct_and_loss(
     ys: list[torch.Tensor],
     personalized: bool,
     chunk: int,
+    memo: _Memo | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Per-client correct predictions and examples, and the summed cross-entropy (of
     :class:`~privmtl.federated.client_models.FilledRows`: the clients with a model of their own
-    scored as personalized, the others as the fill's)."""
+    scored as personalized, the others as the fill's). ``memo``: the shared models scored on
+    these data before (a fill among them is not scored again), to which a shared model is
+    added."""
     if isinstance(params, FilledRows):
-        return _filled_correct_and_loss(model, params, buffers, xs, ys, chunk)
+        return _filled_correct_and_loss(model, params, buffers, xs, ys, chunk, memo)
+    if not personalized:
+        got = _shared_scores(model, params, buffers, xs, ys, chunk)
+        if memo is not None:
+            memo.append((params, got))
+        return got[0], got[1], float(got[2].sum())
     correct = np.zeros(len(ys))
     counts = np.array([y.shape[0] for y in ys], dtype=np.int64)
-    loss_sum = 0.0
     if counts.sum() == 0:
-        return correct, counts, loss_sum
-    first = next(iter(params.values()))
-    dtype, device = first.dtype, first.device
+        return correct, counts, 0.0
     was_training = model.training
     model.eval()
     try:
-        if personalized:
-            correct, losses = client_scores(model, params, buffers, xs, ys, chunk=chunk)
-            loss_sum = float(losses.sum())
-        else:
-            x_all, y_all = torch.cat(xs), torch.cat(ys)
-            hits = torch.empty(y_all.shape[0], dtype=torch.bool)
-            for i in range(0, y_all.shape[0], chunk):
-                xi = x_all[i : i + chunk].to(device=device, dtype=dtype)
-                logits = functional_call(model, (params, buffers), (xi,))
-                yy = y_all[i : i + chunk].to(device)
-                hits[i : i + chunk] = (logits.argmax(1) == yy).cpu()
-                loss_sum += float(F.cross_entropy(logits, yy, reduction="sum"))
-            offsets = np.concatenate([[0], np.cumsum(counts)])
-            csum = np.concatenate([[0], np.cumsum(hits.numpy())])
-            correct = (csum[offsets[1:]] - csum[offsets[:-1]]).astype(float)
+        correct, losses = client_scores(model, params, buffers, xs, ys, chunk=chunk)
     finally:
         model.train(was_training)
-    return correct, counts, loss_sum
+    return correct, counts, float(losses.sum())
+
+
+def _shared_scores(
+    model: nn.Module,
+    params: Params,
+    buffers: Params,
+    xs: list[torch.Tensor],
+    ys: list[torch.Tensor],
+    chunk: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One model's per-client correct predictions, examples and summed cross-entropies, its
+    logits computed over every client's examples at once, ``chunk`` rows at a time."""
+    counts = np.array([y.shape[0] for y in ys], dtype=np.int64)
+    if counts.sum() == 0:
+        return np.zeros(len(ys)), counts, np.zeros(len(ys))
+    first = next(iter(params.values()))
+    dtype, device = first.dtype, first.device
+    x_all, y_all = torch.cat(xs), torch.cat(ys)
+    hits = torch.empty(y_all.shape[0], dtype=torch.bool)
+    ce = torch.empty(y_all.shape[0], dtype=torch.float64)
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, y_all.shape[0], chunk):
+            xi = x_all[i : i + chunk].to(device=device, dtype=dtype)
+            logits = functional_call(model, (params, buffers), (xi,))
+            yy = y_all[i : i + chunk].to(device)
+            hits[i : i + chunk] = (logits.argmax(1) == yy).cpu()
+            ce[i : i + chunk] = F.cross_entropy(logits, yy, reduction="none").cpu()
+    finally:
+        model.train(was_training)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    csum = np.concatenate([[0], np.cumsum(hits.numpy())])
+    lsum = np.concatenate([[0.0], np.cumsum(ce.numpy())])
+    correct = (csum[offsets[1:]] - csum[offsets[:-1]]).astype(float)
+    return correct, counts, lsum[offsets[1:]] - lsum[offsets[:-1]]
 
 
 def _filled_correct_and_loss(
@@ -737,20 +774,35 @@ def _filled_correct_and_loss(
     xs: list[torch.Tensor],
     ys: list[torch.Tensor],
     chunk: int,
+    memo: _Memo | None,
 ) -> tuple[np.ndarray, np.ndarray, float]:
+    own, fill = np.flatnonzero(params.has_own), np.flatnonzero(~params.has_own)
     correct = np.zeros(len(ys))
     counts = np.zeros(len(ys), dtype=np.int64)
-    loss_sum = 0.0
-    for at, part, personal in (
-        (np.flatnonzero(params.has_own), params.own, True),
-        (np.flatnonzero(~params.has_own), params.fill, False),
-    ):
-        got = _correct_and_loss(
-            model, part, buffers, [xs[i] for i in at], [ys[i] for i in at], personal, chunk
+    got = _correct_and_loss(
+        model, params.own, buffers, [xs[i] for i in own], [ys[i] for i in own], True, chunk
+    )
+    correct[own], counts[own], loss_sum = got
+    # the fill's scores on these data where a shared model equal to it was scored before
+    seen = next((s for p, s in memo or () if _same_params(p, params.fill)), None)
+    if seen is None:
+        seen = _shared_scores(
+            model, params.fill, buffers, [xs[i] for i in fill], [ys[i] for i in fill], chunk
         )
-        correct[at], counts[at] = got[0], got[1]
-        loss_sum += got[2]
-    return correct, counts, loss_sum
+        at = np.arange(len(fill))
+    else:
+        at = fill
+    correct[fill], counts[fill] = seen[0][at], seen[1][at]
+    return correct, counts, loss_sum + float(seen[2][at].sum())
+
+
+def _same_params(a: Params, b: Params) -> bool:
+    return a.keys() == b.keys() and all(
+        a[n].shape == b[n].shape
+        and a[n].dtype == b[n].dtype
+        and torch.equal(a[n], b[n].to(a[n].device))
+        for n in a
+    )
 
 
 def _summary(correct: np.ndarray, counts: np.ndarray, loss_sum: float) -> dict[str, float]:

@@ -417,10 +417,14 @@ class _Book:
         out = self.scores.score("final", final, True, piece, model)
         if local is not None:
             out += self.scores.score("local", local, True, piece, model)
-        for name, (params, personal) in self.others.items():
+        memo: dict[str, Any] = {}  # the shared models first: a fill equal to one reuses it
+        others = {}
+        for name, (params, personal) in sorted(self.others.items(), key=lambda kv: kv[1][1]):
             # a method's stored models: the sampled clients' rows, the others' shared fill
             own = filled_rows(params, pos) if personal and pos is not None else params
-            out += self.scores.score(name, own, personal, piece, model)
+            others[name] = self.scores.score(name, own, personal, piece, model, memo)
+        for name in self.others:
+            out += others[name]
         return out, time.perf_counter() - t0
 
     def keep(self, scored: _Scored, block_seconds: float | None = None) -> None:
