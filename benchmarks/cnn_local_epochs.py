@@ -22,8 +22,8 @@ import torch
 
 from privmtl.data.registry import load_federated
 from privmtl.experiments.pmtl import make_model
-from privmtl.federated.algorithms import client_scores
 from privmtl.federated.end_of_run.local_grid import _train_grid
+from privmtl.federated.scoring import client_scores
 from privmtl.federated.spec import SPEC
 
 

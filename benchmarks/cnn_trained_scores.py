@@ -14,8 +14,8 @@ from pathlib import Path
 
 from privmtl.data.registry import load_federated
 from privmtl.experiments.pmtl import make_model
-from privmtl.federated.algorithms import client_scores
 from privmtl.federated.saved import load_models
+from privmtl.federated.scoring import client_scores
 
 
 def main() -> None:

@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, append_jsonl, machine_info
 
 from privmtl.data.streamed import SyntheticFederation
-from privmtl.federated.algorithms import client_scores
 from privmtl.federated.local import train_local
 from privmtl.federated.models import make_model
+from privmtl.federated.scoring import client_scores
 
 JSONL = RESULTS / "pmtl_population_million.jsonl"
 

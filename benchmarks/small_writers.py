@@ -171,10 +171,10 @@ def femnist_affected(data_path: str, seed: int) -> dict[str, Any]:
 
     from privmtl.data.leaf import load_leaf
     from privmtl.experiments.pmtl import make_model
-    from privmtl.federated.algorithms import client_scores
     from privmtl.federated.end_of_run.local import ADAM_EPOCHS, ADAM_LRS, select_per_client
     from privmtl.federated.end_of_run.local_budget import ADAM_EPOCH_STEPS
     from privmtl.federated.end_of_run.local_grid import _train_grid
+    from privmtl.federated.scoring import client_scores
 
     torch.set_num_threads(1)
     ds = load_leaf(data_path, random_state=seed)

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from privmtl.data.streamed import SyntheticFederation
-from privmtl.federated.algorithms import evaluate_dataset
 from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.scoring import evaluate_dataset
 
 
 def _best(fn, repeats):  # type: ignore[no-untyped-def]

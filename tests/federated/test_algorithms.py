@@ -269,29 +269,6 @@ def test_sets_whose_rules_project_train_one_after_the_other() -> None:
         assert np.array_equal(losses, alone_losses, equal_nan=True)
 
 
-def test_block_scores_keep_counts_small_and_read_them_back_alike() -> None:
-    # the scores kept block by block cost 32-bit integers a client, read back in their own type
-    # (the same arrays, the same summary)
-    from privmtl.data.streamed import SyntheticFederation
-    from privmtl.federated.algorithms import BlockScores, evaluate
-
-    ds = SyntheticFederation(n_clients=30, random_state=1).materialize()
-    net = MultinomialLogReg(ds.n_features, ds.n_classes)
-    torch.manual_seed(0)
-    stacked = {n: torch.randn(30, *p.shape) for n, p in net.named_parameters()}
-    book = BlockScores(net, {}, ("test",))
-    for pos in (np.arange(0, 12), np.arange(12, 30)):
-        part = ds.subset(pos.tolist())
-        book.add("final", {n: p[torch.from_numpy(pos)] for n, p in stacked.items()}, True, part)
-    assert all(
-        c.dtype == np.int32 and n.dtype == np.int32 for c, n, _ in book._parts[("test", "final")]
-    )
-    correct, counts = book.per_client("test", "final")
-    assert correct.dtype == np.float64 and counts.dtype == np.int64
-    whole = evaluate(net, stacked, {}, *ds.split("test"), personalized=True)
-    assert book.summary()["test"]["final"] == whole
-
-
 def test_round_plan_sorts_alike_when_rows_outgrow_one_word(monkeypatch: pytest.MonkeyPatch) -> None:
     # the fallback (lexsort of segment, hash, row) orders as the one-word sort does
     cfg = TrainConfig(local_epochs=2, batch_size=3, seed=1)

@@ -11,9 +11,9 @@ import torch
 
 from privmtl.data.federated import make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import BlockScores, block_rows
 from privmtl.federated.client_models import FilledRows, SpilledModels, StoredModels, filled_rows
 from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.scoring import BlockScores, block_rows
 from privmtl.federated.store import ClientStore
 
 

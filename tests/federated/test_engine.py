@@ -17,9 +17,10 @@ from scipy import stats
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError, PrivacyBudgetError
 from privmtl.federated import FemnistCNN, MultinomialLogReg, train
-from privmtl.federated.algorithms import draw_round_plan, evaluate
+from privmtl.federated.algorithms import draw_round_plan
 from privmtl.federated.engine import aggregate_batched, local_train_batched, make_step_fn
 from privmtl.federated.reference import aggregate_reference, local_train_reference
+from privmtl.federated.scoring import evaluate
 from privmtl.privacy.accounting import compute_epsilon
 from privmtl.privacy.sampling import make_sampler
 

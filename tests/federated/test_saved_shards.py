@@ -17,8 +17,8 @@ from privmtl.data.registry import load_federated
 from privmtl.exceptions import DataFormatError
 from privmtl.experiments.pmtl import evaluate_saved, make_model, run_pmtl
 from privmtl.federated import blocks, saved
-from privmtl.federated.algorithms import evaluate
 from privmtl.federated.saved import MODEL_SHARD_CLIENTS, iter_personalized, load_models, read_meta
+from privmtl.federated.scoring import evaluate
 from privmtl.locking import LOCK_NAME
 
 M, SHARD = 150, 70  # blocks of more and of fewer clients than client_scores vmaps together

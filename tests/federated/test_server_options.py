@@ -14,8 +14,8 @@ from engine_defaults import old_config
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated import MultinomialLogReg
-from privmtl.federated.algorithms import client_scores
 from privmtl.federated.protocol import Trainer
+from privmtl.federated.scoring import client_scores
 from privmtl.federated.server_optim import ServerOptimizer
 from privmtl.privacy.noise import SeededNoise
 from privmtl.privacy.release import clipped_mean

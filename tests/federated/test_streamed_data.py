@@ -10,8 +10,9 @@ import torch
 from privmtl.data.federated import make_synthetic_federated
 from privmtl.data.streamed import SyntheticFederation
 from privmtl.federated import MultinomialLogReg, TrainConfig
-from privmtl.federated.algorithms import draw_round_plan, evaluate, evaluate_dataset
+from privmtl.federated.algorithms import draw_round_plan
 from privmtl.federated.protocol import Trainer
+from privmtl.federated.scoring import evaluate, evaluate_dataset
 
 
 def test_round_plan_rows_into_the_sampled_clients_are_the_same_minibatches() -> None:

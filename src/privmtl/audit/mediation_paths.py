@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from privmtl.data.federated_table import load_federated_table
-from privmtl.federated.algorithms import client_scores
 from privmtl.federated.clusters import train_clusters
 from privmtl.federated.config import TrainConfig
 from privmtl.federated.end_of_run import finetune_selection, local
 from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.scoring import client_scores
 from privmtl.federated.workshop import train_workshop
 from privmtl.flower._core import run_options
 from privmtl.flower.node_clients import NodeClients

@@ -15,7 +15,7 @@ from privmtl.data.federated import FederatedDataset
 from privmtl.data.registry import load_federated
 from privmtl.data.synthetic_federated import SYNTHETIC_STREAM
 from privmtl.exceptions import DataFormatError
-from privmtl.federated.algorithms import BlockScores, Params
+from privmtl.federated.algorithms import Params
 from privmtl.federated.blocks import client_blocks
 from privmtl.federated.methods import method_class
 from privmtl.federated.saved import (
@@ -26,6 +26,7 @@ from privmtl.federated.saved import (
     personalized_blocks,
     read_meta,
 )
+from privmtl.federated.scoring import BlockScores
 from privmtl.federated.spec import RUN_METHODS
 from privmtl.gain import GAIN_LEVEL, gain_interval
 from privmtl.per_client import check_rows_path, pmtl_rows, read_rows, write_rows

@@ -47,9 +47,9 @@ from privmtl.experiments.sweep_selection import (
     ledger_events,
     select_candidates,
 )
-from privmtl.federated.algorithms import client_scores
 from privmtl.federated.methods import method_class
 from privmtl.federated.saved import load_models
+from privmtl.federated.scoring import client_scores
 from privmtl.federated.spec import SPEC, default_lam, resolve_clients_per_round
 from privmtl.io import write_json_atomic
 from privmtl.privacy.selection import SELECTION_METHODS

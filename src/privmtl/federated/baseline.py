@@ -22,9 +22,10 @@ import torch
 from torch import nn
 
 from privmtl.data.federated import FederatedDataset
-from privmtl.federated.algorithms import BlockScores, Params, block_rows
+from privmtl.federated.algorithms import Params
 from privmtl.federated.blocks import client_blocks
 from privmtl.federated.end_of_run import local as end_of_run_local
+from privmtl.federated.scoring import BlockScores, block_rows
 from privmtl.gain import GAIN_LEVEL, describe_gain, gain_interval
 
 __all__ = [

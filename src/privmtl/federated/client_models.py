@@ -4,7 +4,7 @@ A method that keeps a model per client (:class:`~privmtl.federated.store.ClientS
 ``"personal"`` field) holds rows only for the clients it sampled; every other client holds a
 fill (the initial model, or the billboard a client joining would download). The end of a run
 reads these models a block of clients at a time (:meth:`ClientModels.rows`,
-:func:`~privmtl.federated.algorithms.block_rows`), so a population of ``m`` clients costs the
+:func:`~privmtl.federated.scoring.block_rows`), so a population of ``m`` clients costs the
 sampled clients' rows and ``O(m)`` integers, never ``(m, ...)`` stacked models.
 
 It is also the ``dict`` of stacked ``(m, ...)`` tensors that
@@ -222,7 +222,7 @@ class FilledRows:
     shared model: ``own`` ``(K_own, ...)`` the rows of the clients where ``has_own`` (bool
     ``(K,)``) is true, in their order, and ``fill`` the model of every other client. A client's
     model is the same as in the stacked rows; only its storage differs (scoring computes the
-    fill's clients as one model's, :func:`~privmtl.federated.algorithms.client_scores` the
+    fill's clients as one model's, :func:`~privmtl.federated.scoring.client_scores` the
     others)."""
 
     own: Params

@@ -45,11 +45,12 @@ from torch import nn
 from privmtl._validation import check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import Params, evaluate
+from privmtl.federated.algorithms import Params
 from privmtl.federated.baselines import config_for_epsilon
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.engine import train
 from privmtl.federated.methods import method_class
+from privmtl.federated.scoring import evaluate
 from privmtl.federated.spec import default_lam
 from privmtl.privacy.calibration import noise_multiplier
 

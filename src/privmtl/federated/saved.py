@@ -61,10 +61,10 @@ import torch
 
 from privmtl.data.synthetic_federated import SYNTHETIC_STREAM
 from privmtl.exceptions import DataFormatError, InvalidParameterError
-from privmtl.federated.algorithms import block_rows
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks
 from privmtl.federated.client_models import ClientModels
 from privmtl.federated.models import MODELS, FemnistCNN, MultinomialLogReg
+from privmtl.federated.scoring import block_rows
 from privmtl.federated.spec import SPEC
 from privmtl.federated.user_model import factory_from_record, is_factory_spec, load_factory
 from privmtl.io import StagedFolder, read_json, staged_folder

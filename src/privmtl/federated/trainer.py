@@ -43,7 +43,6 @@ from privmtl.federated.algorithms import (
     Params,
     RoundPlan,
     draw_round_plan,
-    evaluate_dataset,
     pack_plan,
     partition_plan,
 )
@@ -74,6 +73,7 @@ from privmtl.federated.config import (
 )
 from privmtl.federated.gradients import make_step_fn, tape_free
 from privmtl.federated.methods import Method, TrainFn
+from privmtl.federated.scoring import evaluate_dataset
 from privmtl.federated.spec import EXECUTION
 from privmtl.federated.store import ClientStore
 from privmtl.locking import DirectoryLock

@@ -51,10 +51,11 @@ from torch import nn
 from privmtl._validation import check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import Params, evaluate
+from privmtl.federated.algorithms import Params
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs, resolve_config
 from privmtl.federated.end_of_run.finetune import finetune
 from privmtl.federated.projection import project_to_ball
+from privmtl.federated.scoring import evaluate
 from privmtl.federated.spec import default_lam
 from privmtl.federated.trainer import Trainer
 from privmtl.privacy.closed_form import pmtl_theorem1_valid, workshop_noise_std

@@ -30,11 +30,8 @@ from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
 from privmtl.federated.algorithms import (
     LOCAL_TRAINING_STREAM,
-    BlockScores,
     Params,
     RoundPlan,
-    block_rows,
-    client_scores,
     draw_round_plan,
 )
 from privmtl.federated.baseline import baseline_sample
@@ -46,6 +43,7 @@ from privmtl.federated.finish import auto_plan, finish_clients, resolve_local_so
 from privmtl.federated.local import train_local
 from privmtl.federated.methods import Method, TrainFn, get_method, method_class
 from privmtl.federated.models import make_model
+from privmtl.federated.scoring import BlockScores, block_rows, client_scores
 from privmtl.federated.store import ClientStore
 from privmtl.flower._core import (
     MODELS_FILE,

@@ -8,10 +8,10 @@ import torch
 
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import client_scores
 from privmtl.federated.end_of_run.finetune import finetune
 from privmtl.federated.end_of_run.finetune_selection import finetune_select
 from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.scoring import client_scores
 
 D, C = 6, 3
 

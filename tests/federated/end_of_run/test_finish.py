@@ -110,7 +110,7 @@ def test_concurrent_blocks_and_their_scores_equal_one_block_after_another(
     choices and scores as one after another; ``score``: the scores are those of evaluating the
     models afterwards."""
     from privmtl.federated import blocks
-    from privmtl.federated.algorithms import evaluate
+    from privmtl.federated.scoring import evaluate
 
     if in_processes:
         if not blocks.FORKED_WORKERS:

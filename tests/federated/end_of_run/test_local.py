@@ -12,7 +12,6 @@ from torch import nn
 
 from privmtl.data.federated import FederatedDataset, make_synthetic_federated
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import client_scores
 from privmtl.federated.end_of_run.finetune import finetune_plan
 from privmtl.federated.end_of_run.local import (
     ADAM_EPOCHS,
@@ -24,6 +23,7 @@ from privmtl.federated.end_of_run.local import (
 from privmtl.federated.end_of_run.local_budget import ADAM_EPOCH_STEPS
 from privmtl.federated.end_of_run.local_grid import _train_grid
 from privmtl.federated.models import FemnistCNN, MultinomialLogReg
+from privmtl.federated.scoring import client_scores
 
 D, C, SEED, B = 5, 3, 4, 4
 

@@ -59,8 +59,9 @@ from privmtl._device import resolve_device, to_device
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import Params, evaluate
+from privmtl.federated.algorithms import Params
 from privmtl.federated.config import TrainResult, check_inputs
+from privmtl.federated.scoring import evaluate
 from privmtl.federated.spec import FINETUNE_METHODS
 
 __all__ = [
@@ -497,7 +498,7 @@ def finetune(
         Fine-tuned models stacked ``(m, *shape)``.
     accuracies : dict
         ``{"val": metrics, "test": metrics}`` with ``metrics`` as returned by
-        :func:`~privmtl.federated.algorithms.evaluate` for per-client models (``accuracy`` pooled
+        :func:`~privmtl.federated.scoring.evaluate` for per-client models (``accuracy`` pooled
         over all examples, ``mean_client_accuracy``, ``loss``, ``n``).
     """
     check_choice("method", method, FINETUNE_METHODS)

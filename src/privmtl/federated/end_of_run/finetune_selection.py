@@ -29,9 +29,10 @@ from torch import nn
 from privmtl._validation import check_choice
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import Params, client_scores, evaluate
+from privmtl.federated.algorithms import Params
 from privmtl.federated.config import TrainResult
 from privmtl.federated.end_of_run.finetune import finetune
+from privmtl.federated.scoring import client_scores, evaluate
 
 __all__ = ["SELECT_MODES", "finetune_select", "selection_grid"]
 

@@ -46,7 +46,7 @@ from privmtl._progress import Progress
 from privmtl._validation import check_choice, check_int
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import BlockScores, Params, block_rows, client_scores
+from privmtl.federated.algorithms import Params
 from privmtl.federated.blocks import (
     END_OF_RUN_BLOCK,
     blocks_fork,
@@ -97,6 +97,7 @@ from privmtl.federated.end_of_run.plan import (
     vote_candidates,
     vote_voters,
 )
+from privmtl.federated.scoring import BlockScores, block_rows, client_scores
 from privmtl.privacy.selection import client_vote_shares
 
 __all__ = [

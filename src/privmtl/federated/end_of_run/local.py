@@ -56,7 +56,7 @@ from privmtl._device import one_thread_per_worker, resolve_device, to_device
 from privmtl._validation import check_choice, check_int, check_real
 from privmtl.data.federated import FederatedDataset
 from privmtl.exceptions import InvalidParameterError
-from privmtl.federated.algorithms import BlockScores, Params, client_scores, evaluate
+from privmtl.federated.algorithms import Params
 from privmtl.federated.blocks import END_OF_RUN_BLOCK, client_blocks, concurrent_blocks
 from privmtl.federated.config import TrainConfig, TrainResult, check_inputs
 from privmtl.federated.end_of_run.finetune import (
@@ -67,6 +67,7 @@ from privmtl.federated.end_of_run.local_grid import _train_grid
 from privmtl.federated.gradients import tape_free
 from privmtl.federated.models import MultinomialLogReg
 from privmtl.federated.ridge import RIDGE_ITERATIONS, ridge_logreg
+from privmtl.federated.scoring import BlockScores, client_scores, evaluate
 from privmtl.federated.spec import SPEC
 
 __all__ = [

@@ -13,7 +13,7 @@ from torch import nn
 from torch.func import grad, vmap
 
 from privmtl.data.federated import FederatedDataset
-from privmtl.federated.algorithms import Params, client_scores
+from privmtl.federated.algorithms import Params
 from privmtl.federated.end_of_run.finetune import (
     _pad_own,
     _plan_arrays,
@@ -23,6 +23,7 @@ from privmtl.federated.end_of_run.finetune import (
 from privmtl.federated.end_of_run.local_budget import client_epochs
 from privmtl.federated.gradients import make_step_fn
 from privmtl.federated.models import MultinomialLogReg
+from privmtl.federated.scoring import client_scores
 
 __all__ = ["ADAM_BETAS", "ADAM_EPS"]
 

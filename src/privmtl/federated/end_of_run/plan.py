@@ -334,8 +334,8 @@ class FinishOptions:
         Also score, on the validation and test splits, the final models (``"final"``) and these
         models (stacked ``(m, ...)`` when personalized, or a
         :class:`~privmtl.federated.client_models.ClientModels` read by rows), block by block
-        while each block's data are at hand (:class:`~privmtl.federated.algorithms.BlockScores`):
-        the scores are :func:`~privmtl.federated.algorithms.evaluate`'s, in
+        while each block's data are at hand (:class:`~privmtl.federated.scoring.BlockScores`):
+        the scores are :func:`~privmtl.federated.scoring.evaluate`'s, in
         :attr:`~privmtl.federated.end_of_run.finish.ClientFinish.scores`.
     workers : int, default 1
         Blocks computed at once on the CPU (worker processes or threads, one torch thread each:
