@@ -678,22 +678,10 @@ class SyntheticLaw:
         noise, its coins and noise labels."""
         c, d, flip = self.n_classes, self.n_features, self.label_noise
         k = len(head)
-        if len(steps) == 1 and steps[0][0] is not None and flip == 0:
-            # the head's and the split's quantile_normals from one draw of their words (the
-            # same words in the same order: a generator's raw words are one sequence)
-            xs, bnd = steps[0][0], steps[0][1]
-            flat = xs.reshape(-1)
-            n_head = head.shape[1]
-            head_slots = 4 * ((n_head + 3) >> 2)
-            q32, q64 = normal_quantiles(np.float32), normal_quantiles(np.float64)
-            for j, rng in zip(range(k), rngs, strict=False):
-                a, b = bnd[j] * d, bnd[j + 1] * d
-                index = quantile_indices(rng, head_slots + b - a)
-                q64.take(index[:n_head], out=head[j], mode="clip")
-                q32.take(index[head_slots : head_slots + b - a], out=flat[a:b], mode="clip")
-        elif flip == 0:
-            # the head's and every split's quantile_normals from one draw of their words, each
-            # part starting on a word of its own as when drawn alone
+        if flip == 0:
+            # the head's and every split's quantile_normals from one draw of their words (a
+            # generator's raw words are one sequence), each part starting on a word of its own
+            # as when drawn alone
             n_head = head.shape[1]
             head_slots = 4 * ((n_head + 3) >> 2)
             q32, q64 = normal_quantiles(np.float32), normal_quantiles(np.float64)
@@ -705,8 +693,9 @@ class SyntheticLaw:
                 ).reshape(len(steps), k)
                 * d
             )
-            ends = head_slots + np.cumsum(4 * ((sizes + 3) >> 2), axis=0)
-            starts = ends - 4 * ((sizes + 3) >> 2)
+            slots = 4 * ((sizes + 3) >> 2)  # whole words
+            ends = head_slots + np.cumsum(slots, axis=0)
+            starts = ends - slots
             asked = [
                 (xs.reshape(-1), (np.asarray(bnd[:k]) * d).tolist(), st.tolist(), sz.tolist())
                 for (xs, bnd, _), st, sz in zip(steps, starts, sizes, strict=True)
@@ -722,22 +711,20 @@ class SyntheticLaw:
                         out=flat[first[j] : first[j] + size[j]],
                         mode="clip",
                     )
-        else:
+        else:  # label noise: each split's coins and noise labels follow its normals
             for j, rng in zip(range(k), rngs, strict=False):
                 quantile_normals(rng, head[j])
                 for xs, bnd, coin in steps:
                     if xs is None:  # a split drawn, not asked for: its draws, no labels
                         size = bnd[j]
                         quantile_normals(rng, work[: size * d])
-                        if flip > 0:
-                            rng.random(size)
-                            rng.integers(0, c, size=size)
+                        rng.random(size)
+                        rng.integers(0, c, size=size)
                         continue
                     a, b = bnd[j], bnd[j + 1]
                     quantile_normals(rng, xs[a:b])
-                    if coin is not None:
-                        coin[0][a:b] = rng.random(b - a) < flip
-                        coin[1][a:b] = rng.integers(0, c, size=b - a)
+                    coin[0][a:b] = rng.random(b - a) < flip
+                    coin[1][a:b] = rng.integers(0, c, size=b - a)
 
     def _scale(self) -> np.ndarray:
         """Square root of the diagonal within-client covariance."""

@@ -308,16 +308,10 @@ def _correct_and_loss(
         if memo is not None:
             memo.append((params, got))
         return got[0], got[1], float(got[2].sum())
-    correct = np.zeros(len(ys))
     counts = np.array([y.shape[0] for y in ys], dtype=np.int64)
     if counts.sum() == 0:
-        return correct, counts, 0.0
-    was_training = model.training
-    model.eval()
-    try:
-        correct, losses = client_scores(model, params, buffers, xs, ys, chunk=chunk)
-    finally:
-        model.train(was_training)
+        return np.zeros(len(ys)), counts, 0.0
+    correct, losses = client_scores(model, params, buffers, xs, ys, chunk=chunk)  # in eval mode
     return correct, counts, float(losses.sum())
 
 
