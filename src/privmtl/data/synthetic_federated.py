@@ -678,7 +678,20 @@ class SyntheticLaw:
         noise, its coins and noise labels."""
         c, d, flip = self.n_classes, self.n_features, self.label_noise
         k = len(head)
-        if flip == 0:
+        if len(steps) == 1 and steps[0][0] is not None and flip == 0:
+            # a round's take (its training rows alone): the general case below, without its
+            # per-chunk bookkeeping, on the rounds' hot path
+            xs, bnd = steps[0][0], steps[0][1]
+            flat = xs.reshape(-1)
+            n_head = head.shape[1]
+            head_slots = 4 * ((n_head + 3) >> 2)
+            q32, q64 = normal_quantiles(np.float32), normal_quantiles(np.float64)
+            for j, rng in zip(range(k), rngs, strict=False):
+                a, b = bnd[j] * d, bnd[j + 1] * d
+                index = quantile_indices(rng, head_slots + b - a)
+                q64.take(index[:n_head], out=head[j], mode="clip")
+                q32.take(index[head_slots : head_slots + b - a], out=flat[a:b], mode="clip")
+        elif flip == 0:
             # the head's and every split's quantile_normals from one draw of their words (a
             # generator's raw words are one sequence), each part starting on a word of its own
             # as when drawn alone
